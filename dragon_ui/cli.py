@@ -1,0 +1,223 @@
+"""Command line: ``python -m dragon_ui train|runs|eval|score|stop``.
+
+Bad input ends with one line on stderr and exit status 2; a training that fails exits with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from .errors import DragonError
+
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return args.func(args)
+    except DragonError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dragon_ui", description="Dragon GRPO Studio: GRPO training from the command line.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a run from a YAML/JSON config, or resume one")
+    train.add_argument("config", nargs="?", help="run configuration (YAML or JSON), e.g. assets/recipes/arithmetic.yaml")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped or failed run from its latest checkpoint")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a setting, e.g. --set training.max_steps=5 (repeatable)")
+    train.add_argument("--run-dir", help="exact run directory to use (default: a new timestamped one under runs_dir)")
+    train.set_defaults(func=_cmd_train)
+
+    runs = sub.add_parser("runs", help="list runs")
+    runs.add_argument("--runs-dir", help="folder holding the runs (default: $DRAGON_UI_RUNS_DIR or ./runs)")
+    runs.set_defaults(func=_cmd_runs)
+
+    ev = sub.add_parser("eval", help="held-out reward of a run before vs after training, per reward")
+    ev.add_argument("run_dir")
+    ev.add_argument("--recompute", action="store_true", help="generate and score again instead of reading eval.json")
+    ev.set_defaults(func=_cmd_eval)
+
+    score = sub.add_parser("score", help="score one completion against a rewards file and print JSON")
+    score.add_argument("--rewards", required=True, help="YAML/JSON file: a list of rewards, or a run config with `rewards:`")
+    score.add_argument("--completion", required=True)
+    score.add_argument("--reference")
+    score.add_argument("--prompt", default="")
+    score.set_defaults(func=_cmd_score)
+
+    stop = sub.add_parser("stop", help="ask a running training (in any process) to stop after its current step")
+    stop.add_argument("run_dir")
+    stop.set_defaults(func=_cmd_stop)
+    return parser
+
+
+def load_config_with_overrides(path: str, overrides: list[str]):
+    """Read a config file and apply ``section.key=value`` overrides (values parsed as YAML) before validating."""
+    import yaml
+
+    from .config import RunConfig
+    from .errors import ConfigError
+
+    config_path = Path(path)
+    if not config_path.is_file():
+        raise ConfigError(f"No configuration file at {config_path}.")
+    if not overrides:
+        return RunConfig.from_file(config_path)
+    data = RunConfig.from_file(config_path).to_dict()
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects KEY=VALUE, like training.max_steps=5; got {item!r}.")
+        target = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(target.get(part), dict):
+                raise ConfigError(f"--set {key}: there is no section '{part}' in the configuration.")
+            target = target[part]
+        target[leaf] = yaml.safe_load(raw)
+    return RunConfig.from_dict(data)
+
+
+def _cmd_train(args) -> int:
+    from . import training
+    from .errors import ConfigError
+
+    if args.resume:
+        if args.config or args.set:
+            raise ConfigError("--resume continues a run with its own saved configuration; give no config file or --set with it.")
+        handle = training.resume(args.resume)
+    elif args.config:
+        config = load_config_with_overrides(args.config, args.set)
+        handle = training.start(config, run_dir=args.run_dir)
+    else:
+        raise ConfigError("Give a configuration file (e.g. assets/recipes/arithmetic.yaml) or --resume RUN_DIR.")
+    print(f"Run folder: {handle.run_dir}", flush=True)
+
+    interrupts = 0
+
+    def on_interrupt(signum, frame):
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts == 1:
+            print("\nStopping after the current step and saving a checkpoint (press Ctrl+C again to quit at once)...",
+                  file=sys.stderr, flush=True)
+            handle.stop()
+        else:
+            os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        while handle.is_alive():
+            handle.wait(timeout=0.5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    status = handle.run.read_status()
+    state = status.get("state")
+    if state == "failed":
+        print(f"Training failed: {status.get('error')}", file=sys.stderr)
+        print(f"Resume with: python -m dragon_ui train --resume {handle.run_dir}", file=sys.stderr)
+        return 1
+    _print_eval(handle.run.read_eval())
+    print(f"Run {state}: {handle.run_dir}")
+    return 0
+
+
+def _cmd_runs(args) -> int:
+    from .config import RUNS_DIR_ENV
+    from .runstore import list_runs
+
+    runs_dir = Path(args.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs").resolve()
+    runs = list_runs(runs_dir)
+    if not runs:
+        print(f"No runs in {runs_dir}.")
+        return 0
+    rows = [("id", "state", "step", "reward", "held-out before -> after", "model")]
+    for run in runs:
+        heldout = (f"{run['heldout_before']:.3f} -> {run['heldout_after']:.3f}" if run["heldout_after"] is not None
+                   and run["heldout_before"] is not None else "-")
+        rows.append((run["id"], run["state"], f"{run['step']}/{run['total_steps'] or '?'}",
+                     "-" if run["reward"] is None else f"{run['reward']:.3f}", heldout, run["model"]))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    from .evaluation import evaluate_run
+    from .runstore import RunDir
+
+    run = RunDir(Path(args.run_dir))
+    evaluation = run.read_eval()
+    if args.recompute or "before" not in evaluation or "after" not in evaluation:
+        evaluation = evaluate_run(run)
+    _print_eval(evaluation)
+    return 0
+
+
+def _print_eval(evaluation: dict) -> None:
+    before, after = evaluation.get("before"), evaluation.get("after")
+    if not before and not after:
+        return
+    names = list((before or after)["reward_breakdown"])
+    print(f"Held-out reward on {evaluation.get('n_prompts', '?')} prompts (greedy):")
+    print(f"  {'reward':<20}{'before':>10}{'after':>10}{'change':>10}")
+    for label, key in [("total", None)] + [(n, n) for n in names]:
+        values = [(side["reward_mean"] if key is None else side["reward_breakdown"].get(key)) if side else None
+                  for side in (before, after)]
+        change = values[1] - values[0] if None not in values else None
+        print(f"  {label:<20}" + "".join(f"{'-' if v is None else f'{v:.3f}':>10}" for v in values)
+              + (f"{change:>+10.3f}" if change is not None else f"{'-':>10}"))
+
+
+def _cmd_score(args) -> int:
+    import yaml
+
+    from .errors import ConfigError
+    from .rewards import build_rewards, parse_rewards, score_completion
+
+    path = Path(args.rewards)
+    if not path.is_file():
+        raise ConfigError(f"--rewards: no file at {path}.")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path.name} is not valid YAML or JSON: {str(exc).splitlines()[0]}") from None
+    items = data.get("rewards") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ConfigError(f"{path.name} must hold a list of rewards, or a run configuration with a `rewards:` list.")
+    rewards = build_rewards(parse_rewards(items), base_dir=str(path.parent.resolve()))
+    result = score_completion(rewards, args.completion, reference=args.reference, prompt=args.prompt)
+    print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    return 0
+
+
+def _cmd_stop(args) -> int:
+    from .runstore import RunDir
+
+    run = RunDir(Path(args.run_dir))
+    state = run.read_status().get("state")
+    if state not in ("queued", "running"):
+        print(f"The run {run.id} is not running (it is {state or 'unknown'}); nothing to stop.")
+        return 0
+    run.request_stop()
+    print(f"Asked {run.id} to stop after its current step; it will save a checkpoint first.")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""The one run configuration: typed sections, loaded from YAML/JSON, validated once, saved into every run.
+
+Defaults follow the GRPO reference API the product is built from (``dragon_reinforce``): group of 4 completions,
+beta 0.04, temperature 1.0, 128 new tokens, LoRA r16/alpha32, learning rate 1e-5, one epoch of 4 prompts per step.
+Every check raises :class:`ConfigError` with one sentence that names the field, so a mistake surfaces before a model
+is loaded, never as a TRL traceback twenty minutes later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .data import DataConfig
+from .errors import ConfigError
+from .rewards import RewardSpec, parse_rewards
+
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+RUNS_DIR_ENV = "DRAGON_UI_RUNS_DIR"
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none")
+DEVICES = ("auto", "cuda", "mps", "cpu")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+@dataclass
+class ModelConfig:
+    """Which weights to start from: a Hub id, a local model folder, or a finished run (its adapter is folded in)."""
+
+    id: str = DEFAULT_MODEL_ID
+    revision: str | None = None
+    trust_remote_code: bool = False
+
+    def validate(self, where: str = "model") -> None:
+        if not self.id.strip():
+            raise ConfigError(f"{where}.id is empty; give a Hub id like {DEFAULT_MODEL_ID}, a model folder or a run folder.")
+
+
+@dataclass
+class GRPOSettings:
+    """The reinforcement-learning knobs: how many completions per prompt and how far the model may drift."""
+
+    group_size: int = 4
+    beta: float = 0.04
+    temperature: float = 1.0
+    max_new_tokens: int = 128
+    loss_type: str = "dapo"  # TRL 1.16's default
+    scale_rewards: str = "group"
+
+    def validate(self, where: str = "grpo") -> None:
+        _check_range(f"{where}.group_size", self.group_size, 2, 64, "completions per prompt; GRPO compares them, so at least 2")
+        _check_range(f"{where}.beta", self.beta, 0.0, 10.0, "the KL penalty weight")
+        if not (0.0 < self.temperature <= 3.0):
+            raise ConfigError(f"{where}.temperature must be above 0 and at most 3 (got {self.temperature}); "
+                              "at 0 every completion in a group is the same and nothing is learned.")
+        _check_range(f"{where}.max_new_tokens", self.max_new_tokens, 1, 32768, "the length cap of each completion")
+        _check_choice(f"{where}.loss_type", self.loss_type, LOSS_TYPES)
+        _check_choice(f"{where}.scale_rewards", self.scale_rewards, SCALE_REWARDS)
+
+
+@dataclass
+class TrainingSettings:
+    """Optimiser and schedule. ``batch_size`` counts prompts, so a step samples batch_size * group_size completions."""
+
+    learning_rate: float = 1e-5
+    epochs: float = 1.0
+    max_steps: int | None = None
+    batch_size: int = 4
+    grad_accum: int = 1
+    save_steps: int = 20
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    gradient_checkpointing: bool = False
+    seed: int = 42
+
+    def validate(self, where: str = "training") -> None:
+        if not (0.0 < self.learning_rate <= 1.0):
+            raise ConfigError(f"{where}.learning_rate must be above 0 and at most 1 (got {self.learning_rate}); RL usually wants 1e-6 to 2e-5.")
+        if not (0.0 < self.epochs <= 1000):
+            raise ConfigError(f"{where}.epochs must be above 0 (got {self.epochs}).")
+        if self.max_steps is not None:
+            _check_range(f"{where}.max_steps", self.max_steps, 1, 10_000_000, "the number of optimiser steps")
+        _check_range(f"{where}.batch_size", self.batch_size, 1, 4096, "prompts per step")
+        _check_range(f"{where}.grad_accum", self.grad_accum, 1, 1024, "micro-batches per optimiser step")
+        _check_range(f"{where}.save_steps", self.save_steps, 1, 10_000_000, "steps between checkpoints")
+        _check_range(f"{where}.warmup_ratio", self.warmup_ratio, 0.0, 0.99, "the fraction of steps spent warming up")
+        _check_range(f"{where}.weight_decay", self.weight_decay, 0.0, 1.0, "AdamW weight decay")
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapter; ``enabled: false`` trains every weight instead (needs far more memory)."""
+
+    enabled: bool = True
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: str | list[str] = "all-linear"
+
+    def validate(self, where: str = "lora") -> None:
+        _check_range(f"{where}.r", self.r, 1, 1024, "the adapter rank")
+        _check_range(f"{where}.alpha", self.alpha, 1, 4096, "the adapter scale")
+        _check_range(f"{where}.dropout", self.dropout, 0.0, 0.99, "adapter dropout")
+        targets = [self.target_modules] if isinstance(self.target_modules, str) else self.target_modules
+        if not targets or any(not t.strip() for t in targets):
+            raise ConfigError(f"{where}.target_modules is empty; use \"all-linear\" or a list of layer names like [q_proj, v_proj].")
+        if "lm_head" in targets:
+            raise ConfigError(f"{where}.target_modules must not include lm_head: TRL reads the output layer's weights directly.")
+
+
+@dataclass
+class HardwareSettings:
+    """Where and in what precision to train; "auto" picks CUDA, then Apple MPS, then CPU (see hardware.py)."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    load_in_4bit: bool = False
+    cpu_threads: int | None = None  # None: chosen by hardware.default_cpu_threads()
+
+    def validate(self, where: str = "hardware") -> None:
+        _check_choice(f"{where}.device", self.device, DEVICES)
+        _check_choice(f"{where}.dtype", self.dtype, DTYPES)
+        if self.cpu_threads is not None:
+            _check_range(f"{where}.cpu_threads", self.cpu_threads, 1, 1024, "torch threads on the CPU")
+
+
+@dataclass
+class RunConfig:
+    """Everything one GRPO run needs. ``RunConfig.from_dict`` is the only way in, so every instance is valid."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rewards: list[RewardSpec] = field(default_factory=list)
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    hardware: HardwareSettings = field(default_factory=HardwareSettings)
+    n_samples: int = 10
+    name: str = ""
+    runs_dir: str = ""
+    # Folder the config file was read from: relative data and reward-file paths are looked up there too.
+    base_dir: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], base_dir: str | os.PathLike | None = None) -> RunConfig:
+        if not isinstance(data, dict):
+            raise ConfigError("The configuration must be a mapping of settings (model, data, rewards, ...).")
+        data = dict(data)
+        if isinstance(data.get("model"), str):  # `model: some/id` is the common short form
+            data["model"] = {"id": data["model"]}
+        rewards = data.pop("rewards", None)
+        config = _build(cls, data, "config", skip={"rewards"})
+        if rewards is None:
+            raise ConfigError("rewards is missing; add at least one reward, for example `- kind: numeric`.")
+        if not isinstance(rewards, list):
+            raise ConfigError("rewards must be a list of rewards, each with a kind (numeric, exact, length, ...).")
+        config.rewards = parse_rewards(rewards)
+        if base_dir is not None and not config.base_dir:
+            config.base_dir = str(Path(base_dir).resolve())
+        config.validate()
+        return config
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> RunConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"No configuration file at {path}.")
+        is_json = path.suffix.lower() == ".json"
+        try:
+            text = path.read_text(encoding="utf-8")  # inside the try: a binary file is "not readable" too
+            if is_json:
+                data = json.loads(text)
+            else:
+                import yaml
+
+                data = yaml.safe_load(text)
+        except Exception as exc:  # yaml and json raise many different types; all mean "not readable"
+            raise ConfigError(f"{path.name} is not valid {'JSON' if is_json else 'YAML'}: {_first_line(exc)}") from None
+        return cls.from_dict(data or {}, base_dir=path.parent)
+
+    def validate(self) -> None:
+        self.model.validate()
+        self.data.validate()
+        if not self.rewards:
+            raise ConfigError("rewards is empty; add at least one reward, for example `- kind: numeric`.")
+        self.grpo.validate()
+        self.training.validate()
+        self.lora.validate()
+        self.hardware.validate()
+        _check_range("n_samples", self.n_samples, 0, 10_000, "held-out prompts kept as sample replies")
+        if self.hardware.load_in_4bit and not self.lora.enabled:
+            raise ConfigError("hardware.load_in_4bit needs LoRA (lora.enabled: true): 4-bit weights cannot be trained directly.")
+        if not any(spec.weight > 0 for spec in self.rewards):
+            raise ConfigError("Every reward in rewards has weight 0, so the total reward is always 0 and nothing can be learned.")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["rewards"] = [spec.to_dict() for spec in self.rewards]
+        return out
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        data = self.to_dict()
+        data.pop("base_dir")
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+    def resolved_runs_dir(self) -> Path:
+        return Path(self.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs").expanduser().resolve()
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.training.batch_size * self.grpo.group_size * self.training.grad_accum
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Generic, strict loading of the dataclass sections from plain dicts.
+
+
+def _build(cls: type, data: Any, where: str, skip: set[str] = frozenset()) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping of settings, not {type(data).__name__}.")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{where} has an unknown setting '{key}'; known settings are: {', '.join(known)}.")
+    kwargs = {}
+    for name in known:
+        if name not in data:
+            continue
+        path = name if where == "config" else f"{where}.{name}"
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, data[name], path)
+        else:
+            kwargs[name] = _coerce(data[name], hint, path)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Convert a YAML/JSON value to the annotated type, accepting only lossless conversions."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, where)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[-1]
+    if origin is list:
+        (item_type,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, not {_describe(value)}.")
+        return [_coerce(item, item_type, f"{where}[{i}]") for i, item in enumerate(value)]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, not {_describe(value)}.")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{where} must be a whole number, not {_describe(value)}.")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{where} must be a finite number, not {value}.")
+            return float(value)
+        if isinstance(value, str):  # YAML reads "1e-5" (no dot) as a string
+            try:
+                return _coerce(float(value), float, where)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} must be a number, not {_describe(value)}.")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{where} must be text, not {_describe(value)}.")
+    raise TypeError(f"unsupported config type {hint!r} for {where}")  # a programming error, not a user one
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, str):
+        return f"the text {value!r}"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, dict)):
+        return f"a {'list' if isinstance(value, list) else 'mapping'}"
+    return repr(value)
+
+
+def _check_range(where: str, value: float, low: float, high: float, meaning: str) -> None:
+    if not (low <= value <= high):
+        raise ConfigError(f"{where} must be between {low:g} and {high:g} ({meaning}); got {value}.")
+
+
+def _check_choice(where: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{where} must be one of {', '.join(choices)}; got {value!r}.")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,457 @@
+"""Load a table of examples (local file or Hub dataset) and turn it into chat prompts for GRPO.
+
+The user points ``data.source`` at a file or a Hub dataset and says how to build the prompt (a column
+name or a template such as ``"Q: {question}"``), optionally a reference answer and a system message.
+Every column of a row also travels to the reward functions as text, in the ``row`` JSON field, so rewards
+can check any column, mapped or not.
+
+Errors are :class:`ConfigError` with one sentence naming the setting and the fix, because the people who
+read them are workshop participants, not Python programmers.  This module must stay free of gradio and
+torch; ``datasets`` is imported only when a Hub dataset is actually requested.
+"""
+
+import json
+import math
+import os
+import random
+import re
+import string
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dragon_ui.errors import ConfigError
+
+SUPPORTED_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet")
+
+# Fewer usable rows than this and nothing is held out: every example is needed for training.
+MIN_ROWS_FOR_EVAL = 20
+
+# Keys under which a JSON file may wrap its list of rows, e.g. {"data": [...]}.
+_JSON_WRAPPER_KEYS = ("data", "rows", "train")
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+_FILE_EXTENSION = re.compile(r"\.[A-Za-z]+$")
+
+
+@dataclass
+class DataConfig:
+    """Where the examples come from and how a row becomes a prompt; part of the saved run config."""
+
+    source: str = ""
+    prompt: str = ""
+    reference: str | None = None
+    system: str | None = None
+    hub_config: str | None = None
+    hub_split: str = "train"
+    eval_frac: float = 0.05
+    seed: int = 42
+    max_rows: int | None = None
+
+    def validate(self, where: str = "data") -> None:
+        """Check the settings that make sense without reading the data; raises ConfigError."""
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise ConfigError(
+                f"{where}.source is empty; choose a bundled dataset, a CSV/JSONL/Parquet file, "
+                "or a Hub dataset id like 'openai/gsm8k'."
+            )
+        if not isinstance(self.hub_split, str) or not self.hub_split.strip():
+            raise ConfigError(f"{where}.hub_split is empty; most Hub datasets have a split called 'train'.")
+        if self.hub_config is not None and not isinstance(self.hub_config, str):
+            raise ConfigError(f"{where}.hub_config must be text such as 'main', or empty.")
+        self._check_mapping_settings(where)
+
+    def _check_mapping_settings(self, where: str) -> None:
+        """The subset of validate() that map_rows needs; it does not care where the rows came from."""
+        if not isinstance(self.prompt, str) or not self.prompt.strip():
+            raise ConfigError(
+                f"{where}.prompt is empty; give a column name such as 'question' "
+                "or a template such as 'Q: {question}'."
+            )
+        for name in ("reference", "system"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{where}.{name} must be text (a column name or a template), or empty.")
+        frac = self.eval_frac
+        if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0 <= frac <= 0.5:
+            raise ConfigError(
+                f"{where}.eval_frac must be a number from 0 to 0.5 (the share of rows held out), got {frac!r}."
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"{where}.seed must be a whole number, got {self.seed!r}.")
+        rows = self.max_rows
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise ConfigError(
+                f"{where}.max_rows must be a whole number of at least 1, or empty to use all rows, got {rows!r}."
+            )
+
+
+@dataclass
+class MappedData:
+    """Training and held-out examples, ready for TRL, plus the counts shown to the user."""
+
+    train: list[dict]
+    eval: list[dict]
+    n_rows: int
+    n_skipped: int
+    columns: list[str]
+
+    def summary(self) -> str:
+        """One line for the UI, e.g. '400 rows: 380 for training, 20 held out, 0 skipped.'."""
+        rows = f"{self.n_rows} row" + ("" if self.n_rows == 1 else "s")
+        return f"{rows}: {len(self.train)} for training, {len(self.eval)} held out, {self.n_skipped} skipped."
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def is_hub_dataset_id(source: str) -> bool:
+    """True for 'owner/name' strings that are not a local path and do not end like a file name.
+
+    Any letters-only extension (.csv, but also .xlsx or .txt) means a file, so a mistyped file name gets
+    "no file at ..." instead of a puzzling Hub download attempt; Hub names like 'org/data-v1.2' still pass.
+    """
+    source = source.strip()
+    return bool(_HUB_ID.match(source)) and not _FILE_EXTENSION.search(source) and not Path(source).exists()
+
+
+def load_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None) -> list[dict]:
+    """Read all rows of a local file or Hub dataset as dicts.
+
+    A relative path is looked up in the current folder first, then in ``base_dir`` (the folder of the
+    config file), so a config and its data can be moved together.
+    """
+    source = source.strip()
+    candidates = [Path(source).expanduser()]
+    if base_dir is not None and not candidates[0].is_absolute():
+        candidates.append(Path(base_dir) / candidates[0])
+    path = next((p for p in candidates if p.exists()), None)
+    if path is None:
+        if is_hub_dataset_id(source):
+            return _load_hub(source, hub_config, hub_split)
+        tried = " or ".join(str(p.absolute()) for p in candidates)
+        raise ConfigError(f"data.source: no file at {tried}.")
+    if path.is_dir():
+        raise ConfigError(f"data.source: {path} is a folder; point it at a single data file inside it.")
+    suffix = path.suffix.lower()
+    if suffix not in SUPPORTED_EXTENSIONS:
+        raise ConfigError(
+            f"data.source: {path.name} has the unsupported file type '{suffix or '(none)'}'; "
+            f"use one of {', '.join(SUPPORTED_EXTENSIONS)}."
+        )
+    try:
+        if suffix in (".csv", ".tsv"):
+            rows = _read_delimited(path, "\t" if suffix == ".tsv" else ",")
+        elif suffix == ".parquet":
+            rows = _read_parquet(path)
+        elif suffix == ".json":
+            rows = _read_json(path)
+        else:
+            rows = _read_json_lines(path, "data.source: ")
+    except UnicodeDecodeError:
+        raise ConfigError(f"data.source: {path.name} is not UTF-8 text; save it again with UTF-8 encoding.") from None
+    except OSError as exc:
+        raise ConfigError(f"data.source: {path} could not be read ({exc.strerror or exc}).") from None
+    if not rows:
+        raise ConfigError(f"data.source: {path.name} has no rows.")
+    return rows
+
+
+def _read_delimited(path: Path, sep: str) -> list[dict]:
+    """CSV/TSV read as text only, so '007' stays '007' and empty cells stay '' instead of NaN."""
+    kind = "TSV" if sep == "\t" else "CSV"
+    try:
+        frame = pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    except pd.errors.EmptyDataError:
+        return []
+    except pd.errors.ParserError as exc:
+        reason = str(exc).strip().removeprefix("Error tokenizing data. C error: ")
+        raise ConfigError(f"data.source: {path.name} is not a valid {kind} file ({reason}).") from None
+    return frame.to_dict(orient="records")
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    """Parquet via pyarrow, which gives plain Python values and None for nulls (no NaN upcasting)."""
+    try:
+        table = pq.read_table(path)
+    except pa.ArrowException as exc:
+        raise ConfigError(f"data.source: {path.name} is not a valid Parquet file ({exc}).") from None
+    # pandas stores a non-default index as an extra column; it is not data the user meant to use.
+    index_columns = [c for c in table.column_names if c.startswith("__index_level_")]
+    return table.drop_columns(index_columns).to_pylist()
+
+
+def _read_json(path: Path) -> list[dict]:
+    """A JSON array of objects, or an object wrapping one under 'data', 'rows' or 'train'."""
+    text = path.read_text(encoding="utf-8-sig")
+    if not text.strip():
+        return []
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # one object per line saved as .json: read it as JSON Lines
+            return _read_json_lines(path, "data.source: ")
+        raise ConfigError(f"data.source: {path.name} is not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+    if isinstance(data, dict):
+        data = next((data[k] for k in _JSON_WRAPPER_KEYS if isinstance(data.get(k), list)), data)
+    if not isinstance(data, list):
+        raise ConfigError(
+            f"data.source: {path.name} must hold a list of objects (one per row), "
+            f"or an object with the list under {', '.join(repr(k) for k in _JSON_WRAPPER_KEYS)}."
+        )
+    for number, item in enumerate(data, start=1):
+        if not isinstance(item, dict):
+            raise ConfigError(f"data.source: item {number} of {path.name} is not an object with named fields.")
+    return data
+
+
+def _read_json_lines(path: Path, prefix: str) -> list[dict]:
+    """One JSON object per line; blank lines are ignored and a bad line is reported by its number."""
+    rows = []
+    with open(path, encoding="utf-8-sig") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{prefix}line {number} of {path.name} is not valid JSON ({exc.msg}).") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{prefix}line {number} of {path.name} is not a JSON object with named fields.")
+            rows.append(row)
+    return rows
+
+
+def _load_hub(source: str, hub_config: str | None, hub_split: str) -> list[dict]:
+    """Download a Hub dataset split; offline is the common workshop case, so it gets its own advice."""
+    import datasets  # heavy, and only needed for Hub sources
+
+    try:
+        dataset = datasets.load_dataset(source, name=hub_config, split=hub_split)
+    except Exception as exc:
+        if _is_network_error(exc):
+            raise ConfigError(
+                f"data.source: the Hugging Face Hub could not be reached to load '{source}'; "
+                "download the data as a CSV, JSONL or Parquet file and set data.source to that file."
+            ) from None
+        detail = f"config {hub_config!r}, " if hub_config else ""
+        raise ConfigError(
+            f"data.source: could not load the Hub dataset '{source}' ({detail}split '{hub_split}'): {exc}"
+        ) from None
+    rows = dataset.to_list()
+    if not rows:
+        raise ConfigError(f"data.source: the split '{hub_split}' of the Hub dataset '{source}' has no rows.")
+    return rows
+
+
+def _is_network_error(exc: BaseException) -> bool:
+    """datasets/huggingface_hub signal 'offline' or 'unreachable' as (a cause chain ending in) a ConnectionError."""
+    while exc is not None:
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def columns_of(rows: list[dict]) -> list[str]:
+    """All column names in first-seen order; JSON rows need not all have the same keys."""
+    return list(dict.fromkeys(key for row in rows for key in row))
+
+
+# --------------------------------------------------------------------------------------------- mapping
+
+
+def _is_missing(value) -> bool:
+    """Nulls from any source (JSON null, pandas NA/NaN/NaT) mean 'no value', not the text 'nan'."""
+    return value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and math.isnan(value))
+
+
+def _to_text(value) -> str:
+    """Scalars as the text a person would write: 85 and 85.0 -> '85', True -> 'true' (as in JSON)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _format_columns(columns: list[str], limit: int = 20) -> str:
+    """Column list for error messages, cut short so wide Hub datasets still give a readable sentence."""
+    shown = ", ".join(columns[:limit])
+    return shown + (f" and {len(columns) - limit} more" if len(columns) > limit else "")
+
+
+class _Mapping:
+    """How one setting (prompt, reference or system) turns a row's text fields into a string."""
+
+    def __init__(self, label: str, text: str, columns: list[str], constant_allowed: bool):
+        self.label = label
+        self.column: str | None = None
+        self.pieces: list[tuple[str, str | None]] = []  # (literal text, column or None)
+        # A stray space pasted around a column name is invisible in the UI, so it still counts as that column.
+        name = text if text in columns else text.strip()
+        if name in columns:
+            self.column = name
+            return
+        try:
+            parsed = list(string.Formatter().parse(text))
+        except ValueError:
+            raise ConfigError(
+                f"{label} has an unmatched '{{' or '}}'; write '{{{{' or '}}}}' for a literal brace."
+            ) from None
+        for literal, field, spec, conversion in parsed:
+            if field is None:
+                self.pieces.append((literal, None))
+                continue
+            # The whole text between the braces is the column name, so '{a.b}' or '{x:y}' name columns literally.
+            name = field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            if name not in columns:
+                # Braces around something that is no plausible column name are most likely meant literally (JSON).
+                brace_hint = "" if re.fullmatch(r"[\w .-]+", name) else "; write '{{' or '}}' for a literal brace"
+                raise ConfigError(
+                    f"{label} uses the column '{name}' in its template, but the file has no such column; "
+                    f"its columns are: {_format_columns(columns)}{brace_hint}."
+                )
+            self.pieces.append((literal, name))
+        if not constant_allowed and not self.used_columns:
+            raise ConfigError(
+                f"{label} '{text}' is neither a column of the file nor a template with {{column}} placeholders; "
+                f"columns are: {_format_columns(columns)}."
+            )
+
+    @property
+    def used_columns(self) -> list[str]:
+        if self.column is not None:
+            return [self.column]
+        return [name for _, name in self.pieces if name is not None]
+
+    def render(self, fields: dict[str, str]) -> str:
+        if self.column is not None:
+            return fields.get(self.column, "")
+        return "".join(literal + (fields.get(name, "") if name is not None else "") for literal, name in self.pieces)
+
+
+def _row_fields(row: dict, number: int, mapped: dict[str, str]) -> dict[str, str]:
+    """Every non-missing value as text; lists/dicts become JSON text unless a mapping needs real text."""
+    fields = {}
+    for key, value in row.items():
+        if _is_missing(value):
+            continue
+        if isinstance(value, list | tuple | dict):
+            if key in mapped:
+                kind = "dict" if isinstance(value, dict) else "list"
+                raise ConfigError(
+                    f"{mapped[key]} uses the column '{key}', but row {number} holds a {kind} there "
+                    "instead of text or a number."
+                )
+            fields[str(key)] = json.dumps(value, ensure_ascii=False, default=str)
+        else:
+            fields[str(key)] = _to_text(value)
+    return fields
+
+
+def map_rows(rows: list[dict], config: DataConfig) -> MappedData:
+    """Turn raw rows into chat-format examples and split off a seeded, reproducible held-out set."""
+    config._check_mapping_settings("data")
+    rows = rows[: config.max_rows] if config.max_rows is not None else rows
+    if not rows:
+        raise ConfigError("data.source: the dataset has no rows.")
+    columns = columns_of(rows)
+    prompt = _Mapping("data.prompt", config.prompt, columns, constant_allowed=False)
+    reference = _Mapping("data.reference", config.reference, columns, False) if _given(config.reference) else None
+    system = _Mapping("data.system", config.system, columns, True) if _given(config.system) else None
+    mapped = {}
+    for mapping in (prompt, reference, system):
+        for column in mapping.used_columns if mapping else ():
+            mapped.setdefault(column, mapping.label)
+
+    examples = []
+    for number, row in enumerate(rows, start=1):
+        fields = _row_fields(row, number, mapped)
+        user_text = prompt.render(fields)
+        if not user_text.strip():
+            continue
+        system_text = system.render(fields) if system else ""
+        messages = [{"role": "system", "content": system_text}] if system_text.strip() else []
+        messages.append({"role": "user", "content": user_text})
+        examples.append({
+            "prompt": messages,
+            "reference": reference.render(fields) if reference else "",
+            "row": json.dumps(fields, ensure_ascii=False),
+        })
+    if not examples:
+        used = prompt.used_columns
+        what = f"the column '{used[0]}' is" if len(used) == 1 else f"the columns {', '.join(map(repr, used))} are"
+        raise ConfigError(
+            f"data.prompt gave empty text for all {len(rows)} rows, so there is nothing to train on; "
+            f"check that {what} filled in."
+        )
+    train, held_out = _split(examples, config.eval_frac, config.seed)
+    return MappedData(train, held_out, len(rows), len(rows) - len(examples), columns)
+
+
+def _given(text: str | None) -> bool:
+    """An empty reference or system box in the UI means 'not used'."""
+    return text is not None and bool(text.strip())
+
+
+def _split(examples: list[dict], eval_frac: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """Hold out round(n * eval_frac) examples (at least 1 once there are enough), chosen by a seeded shuffle.
+
+    Both parts keep the file order, so previews show the first rows of the file.
+    """
+    n = len(examples)
+    if n < MIN_ROWS_FOR_EVAL or eval_frac <= 0:
+        return examples, []
+    n_eval = max(1, round(n * eval_frac))
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    held_out = set(order[:n_eval])
+    return (
+        [ex for i, ex in enumerate(examples) if i not in held_out],
+        [ex for i, ex in enumerate(examples) if i in held_out],
+    )
+
+
+def load_and_map(config: DataConfig, base_dir: str | None = None) -> MappedData:
+    """Validate, load and map in one go: what training and the data preview both need."""
+    config.validate()
+    rows = load_table(config.source, config.hub_config, config.hub_split, base_dir=base_dir)
+    return map_rows(rows, config)
+
+
+def prompt_text(example: dict) -> str:
+    """The text of the last user message (or the prompt itself if it is plain text), for display and rewards."""
+    prompt = example.get("prompt", "")
+    if isinstance(prompt, str):
+        return prompt
+    users = [m.get("content", "") for m in prompt if m.get("role") == "user"]
+    return users[-1] if users else ""
+
+
+# --------------------------------------------------------------------------------------------- JSONL files
+
+
+def write_jsonl(path, examples) -> None:
+    """Write one JSON object per line via a temp file and os.replace, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            for example in examples:
+                handle.write(json.dumps(example, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_jsonl(path) -> list[dict]:
+    """Read a file written by write_jsonl (or any JSON Lines file); a bad line is a ConfigError with its number."""
+    return _read_json_lines(Path(path), "")

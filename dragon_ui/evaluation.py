@@ -1,0 +1,131 @@
+"""Before/after evaluation on held-out prompts: greedy replies scored by the run's own rewards.
+
+Greedy decoding makes the comparison repeatable (the same model always gives the same reply), and scoring with the
+same rewards as training answers the question the user actually asked: did the model get better at *this*?
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from .data import prompt_text
+from .rewards import Reward, score_completion
+from .runstore import RunDir, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalResult:
+    reward_mean: float
+    breakdown: dict[str, float]  # reward name -> mean unweighted score
+    replies: list[str]
+    totals: list[float]
+    scores: list[dict[str, float]]
+    seconds: float
+
+    def summary(self) -> dict:
+        return {"reward_mean": self.reward_mean, "reward_breakdown": self.breakdown, "n_prompts": len(self.replies),
+                "seconds": round(self.seconds, 2)}
+
+
+def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int = 16,
+                     temperature: float = 0.0, should_stop=None) -> list[str]:
+    """Reply to each chat prompt (greedy when temperature is 0), batched with left padding."""
+    import torch
+
+    device = next(model.parameters()).device
+    texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
+    replies: list[str] = []
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(texts), batch_size):
+            if should_stop is not None and should_stop():
+                raise InterruptedError("cancelled")
+            batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True, padding_side="left",
+                              add_special_tokens=False).to(device)
+            sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
+            with torch.inference_mode():
+                out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                     top_k=None, **sampling)
+            new_tokens = out[:, batch["input_ids"].shape[1]:]
+            replies.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+    finally:
+        model.train(was_training)
+    return replies
+
+
+def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward], max_new_tokens: int) -> EvalResult:
+    """Greedy replies to every held-out example, scored with every reward; means are over prompts."""
+    started = time.monotonic()
+    replies = generate_replies(model, tokenizer, [ex["prompt"] for ex in examples], max_new_tokens)
+    totals, scores = [], []
+    for example, reply in zip(examples, replies):
+        result = score_completion(rewards, reply, reference=example.get("reference") or None,
+                                  prompt=prompt_text(example), row=json.loads(example.get("row") or "{}"))
+        totals.append(result.total)
+        scores.append(result.scores)
+    n = max(1, len(examples))
+    breakdown = {r.name: sum(s[r.name] for s in scores) / n for r in rewards}
+    return EvalResult(sum(totals) / n, breakdown, replies, totals, scores, time.monotonic() - started)
+
+
+def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict], n_samples: int) -> dict:
+    """Store one side ("before" or "after") in eval.json and samples.json, keeping the other side intact."""
+    evaluation = run.read_eval()
+    evaluation[stage] = result.summary()
+    evaluation["n_prompts"] = len(examples)
+    if "before" in evaluation and "after" in evaluation:
+        evaluation["improvement"] = evaluation["after"]["reward_mean"] - evaluation["before"]["reward_mean"]
+    write_json_atomic(run.eval_path, evaluation)
+
+    samples = run.read_samples() or [{"prompt": prompt_text(ex), "reference": ex.get("reference", "")}
+                                     for ex in examples[:n_samples]]
+    for sample, reply, total, scores in zip(samples, result.replies, result.totals, result.scores):
+        sample[stage] = {"reply": reply, "reward": total, "scores": scores}
+    write_json_atomic(run.samples_path, samples)
+    run.update_status(**{f"heldout_{stage}": result.reward_mean})
+    log.info("Held-out reward %s training: %.3f (%s) on %d prompts in %.1f s", stage, result.reward_mean,
+             ", ".join(f"{k} {v:.3f}" for k, v in result.breakdown.items()), len(examples), result.seconds)
+    return evaluation
+
+
+def evaluate_run(run: RunDir) -> dict:
+    """Recompute both sides for a finished run: its starting model, then the same model with the trained weights."""
+    from .data import read_jsonl
+    from .errors import ConfigError
+    from .hardware import resolve_hardware
+    from .models import ModelSource, load_model, load_tokenizer, resolve_model
+    from .rewards import build_rewards
+
+    config = run.read_config()
+    eval_path = run.data_dir / "eval.jsonl"
+    examples = read_jsonl(eval_path) if eval_path.is_file() else []
+    if not examples:
+        raise ConfigError(f"The run {run.id} has no held-out prompts (datasets under 20 rows keep none), so there is nothing to evaluate.")
+    if not run.has_final_weights():
+        raise ConfigError(f"The run {run.id} has no trained weights yet; evaluate it once it has finished.")
+    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
+    hardware = resolve_hardware(config.hardware)
+    source = resolve_model(config.model)
+    tokenizer = load_tokenizer(source)
+    model = load_model(source, hardware)
+
+    def side(stage: str, weights) -> dict:
+        result = evaluate_model(weights, tokenizer, examples, rewards, config.grpo.max_new_tokens)
+        return record_eval(run, stage, result, examples, config.n_samples)
+
+    if config.lora.enabled:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(run.adapter_dir))
+        with model.disable_adapter():  # the starting model is the same weights with the adapter switched off
+            side("before", model)
+        return side("after", model)
+    side("before", model)
+    del model
+    return side("after", load_model(ModelSource("local", str(run.full_model_dir), f"run {run.id}"), hardware))

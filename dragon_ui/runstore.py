@@ -1,0 +1,246 @@
+"""The run directory: the contract between the trainer (writer) and the UI and CLI (readers).
+
+Layout of ``runs/<id>/``::
+
+    config.json      the validated RunConfig, verbatim
+    status.json      state, step/total, timings, ETA, hardware, error (rewritten atomically)
+    log.txt          human-readable log of the run
+    progress.jsonl   one row per optimiser step (reward, reward_<name>, kl, lengths, ...)
+    rollouts.jsonl   per step, the sampled groups with per-reward scores and advantages
+    data/            the exact train/eval split used, so resume and evaluation never re-split
+    checkpoints/     checkpoint-<step>/ with adapter, optimiser, scheduler and RNG state
+    adapter/         the final LoRA adapter plus tokenizer (model/ instead for full fine-tuning)
+    eval.json        held-out reward before and after training, per reward
+    samples.json     n_samples held-out prompts answered by both models
+    stop.request     present while a stop has been asked for (seen by every training process)
+
+JSON files are replaced atomically (temp file + rename) so a reader never sees half a file; JSONL files are only
+appended to, one whole line per write, and readers ignore a trailing partial line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+ACTIVE_STATES = ("queued", "running")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, ensure_ascii=False, indent=1, allow_nan=False, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
+
+
+def append_jsonl(path: Path, row: dict) -> None:
+    line = json.dumps(row, ensure_ascii=False, allow_nan=False, default=str) + "\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+
+
+def read_jsonl(path: Path, start: int = 0) -> tuple[list[dict], int]:
+    """Rows appended after byte offset ``start``, and the offset to pass next time (cheap polling for the UI)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], start
+    end = data.rfind(b"\n") + 1  # a line still being written is left for the next read
+    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return rows, start + end
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:48] or "run"
+
+
+@dataclass
+class RunDir:
+    """Paths and safe reads/writes for one run directory. Cheap to create; holds no open files."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path).resolve()
+        self._status_lock = threading.Lock()
+
+    @classmethod
+    def create(cls, runs_dir: Path, name: str) -> RunDir:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        base = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(name)}"
+        for attempt in range(1, 1000):
+            candidate = runs_dir / (base if attempt == 1 else f"{base}-{attempt}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            return cls(candidate)
+        raise RuntimeError(f"could not create a run directory under {runs_dir}")
+
+    # --- paths -------------------------------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    config_path = property(lambda self: self.path / "config.json")
+    status_path = property(lambda self: self.path / "status.json")
+    log_path = property(lambda self: self.path / "log.txt")
+    progress_path = property(lambda self: self.path / "progress.jsonl")
+    rollouts_path = property(lambda self: self.path / "rollouts.jsonl")
+    data_dir = property(lambda self: self.path / "data")
+    checkpoints_dir = property(lambda self: self.path / "checkpoints")
+    adapter_dir = property(lambda self: self.path / "adapter")
+    full_model_dir = property(lambda self: self.path / "model")
+    eval_path = property(lambda self: self.path / "eval.json")
+    samples_path = property(lambda self: self.path / "samples.json")
+    stop_request_path = property(lambda self: self.path / "stop.request")
+
+    # --- config ------------------------------------------------------------------------------------------------
+    def write_config(self, config) -> None:
+        write_json_atomic(self.config_path, config.to_dict())
+
+    def read_config(self):
+        from .config import RunConfig
+
+        data = read_json(self.config_path)
+        if data is None:
+            from .errors import ConfigError
+
+            raise ConfigError(f"{self.path} is not a run folder (it has no readable config.json).")
+        return RunConfig.from_dict(data)
+
+    # --- status ------------------------------------------------------------------------------------------------
+    def read_status(self) -> dict:
+        """The status, with a run left "running" by a process that no longer exists reported (and saved) as failed."""
+        status = read_json(self.status_path, default={}) or {}
+        if (status.get("state") in ACTIVE_STATES and status.get("host") == socket.gethostname()
+                and isinstance(status.get("pid"), int) and not _pid_alive(status["pid"])):
+            status = self.update_status(state="failed", finished_at=time.time(),
+                                        error="Interrupted: the process running this training stopped unexpectedly "
+                                              "(closed, killed or out of memory). Resume continues from the latest checkpoint.")
+        return status
+
+    def update_status(self, **fields: Any) -> dict:
+        with self._status_lock:
+            status = read_json(self.status_path, default={}) or {}
+            status.update(fields, updated_at=time.time())
+            write_json_atomic(self.status_path, status)
+            return status
+
+    def mark_owner(self) -> None:
+        """Record which process owns the run, so readers can tell a live run from an abandoned one."""
+        self.update_status(pid=os.getpid(), host=socket.gethostname())
+
+    # --- progress and rollouts ---------------------------------------------------------------------------------
+    def append_progress(self, row: dict) -> None:
+        append_jsonl(self.progress_path, row)
+
+    def append_rollouts(self, row: dict) -> None:
+        append_jsonl(self.rollouts_path, row)
+
+    def read_progress(self) -> list[dict]:
+        return read_jsonl(self.progress_path)[0]
+
+    def read_rollouts(self) -> list[dict]:
+        return read_jsonl(self.rollouts_path)[0]
+
+    def truncate_after_step(self, step: int) -> None:
+        """Drop rows newer than ``step`` (the checkpoint a resume starts from), so the history has no duplicate steps."""
+        for path in (self.progress_path, self.rollouts_path):
+            rows, _ = read_jsonl(path)
+            kept = [row for row in rows if row.get("step", 0) <= step]
+            if len(kept) != len(rows):
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=self.path)
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
+                os.replace(tmp, path)
+
+    # --- checkpoints, weights, stop ----------------------------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        found = [p for p in self.checkpoints_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()
+                 and (p / "trainer_state.json").is_file()]  # written last by transformers: a complete checkpoint
+        return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+    def latest_checkpoint(self) -> Path | None:
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def has_final_weights(self) -> bool:
+        return (self.adapter_dir / "adapter_config.json").is_file() or (self.full_model_dir / "config.json").is_file()
+
+    def request_stop(self) -> None:
+        self.stop_request_path.write_text(time.strftime("%Y-%m-%d %H:%M:%S"), encoding="utf-8")
+
+    def stop_requested(self) -> bool:
+        return self.stop_request_path.exists()
+
+    def clear_stop_request(self) -> None:
+        self.stop_request_path.unlink(missing_ok=True)
+
+    # --- evaluation and log ------------------------------------------------------------------------------------
+    def read_eval(self) -> dict:
+        return read_json(self.eval_path, default={}) or {}
+
+    def read_samples(self) -> list[dict]:
+        return read_json(self.samples_path, default=[]) or []
+
+    def log_tail(self, max_chars: int = 20_000) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - max_chars))
+                return fh.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+def list_runs(runs_dir: Path) -> list[dict]:
+    """One summary per run folder, newest first: what ``python -m dragon_ui runs`` and the UI's run list show."""
+    if not runs_dir.is_dir():
+        return []
+    summaries = []
+    for path in sorted((p for p in runs_dir.iterdir() if (p / "config.json").is_file()), reverse=True):
+        run = RunDir(path)
+        status = run.read_status()
+        config = read_json(run.config_path, default={}) or {}
+        summaries.append({
+            "id": run.id, "dir": str(run.path), "state": status.get("state", "unknown"),
+            "step": status.get("step", 0), "total_steps": status.get("total_steps"),
+            "reward": status.get("reward"), "heldout_before": status.get("heldout_before"),
+            "heldout_after": status.get("heldout_after"),
+            "model": (config.get("model") or {}).get("id", ""), "started_at": status.get("started_at"),
+            "error": status.get("error"),
+        })
+    return summaries

@@ -1,0 +1,480 @@
+"""GRPO training in a background thread, writing everything it does into the run directory.
+
+``start(config)`` returns a :class:`RunHandle` at once; a worker thread loads data and model, scores the starting
+model on held-out prompts, runs TRL's ``GRPOTrainer`` (the algorithm is TRL's, not ours) and scores the trained
+model. A :class:`RunStoreCallback` turns TRL's logs into ``progress.jsonl`` / ``rollouts.jsonl`` rows and honours
+stop requests. Only one training runs per process: a model this size already takes the whole machine.
+
+Failure policy: every exception ends the run as ``failed`` with a readable reason; checkpoints already written stay;
+``resume(run_dir)`` continues from the latest one with step count, optimiser and schedule intact.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from transformers import PrinterCallback, TrainerCallback
+
+from .config import RunConfig
+from .data import load_and_map, read_jsonl, write_jsonl
+from .errors import BusyError, ConfigError, DragonError
+from .evaluation import evaluate_model, record_eval
+from .hardware import ResolvedHardware, resolve_hardware
+from .models import load_model, load_tokenizer, resolve_model
+from .rewards import Reward, RewardFailures, build_rewards, trl_reward_functions
+from .runstore import RunDir
+
+log = logging.getLogger("dragon_ui")
+
+_ACTIVE_LOCK = threading.Lock()
+_active: RunHandle | None = None
+
+
+class StopTraining(DragonError):
+    """Raised inside the worker when a stop arrives before the trainer exists (e.g. while the model loads)."""
+
+
+class RunHandle:
+    """A training started in this process: its run directory, its thread, and a thread-safe stop."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.path
+
+    def stop(self) -> None:
+        """Ask the training to end after the current step; it saves a checkpoint and marks the run cancelled."""
+        self.stop_event.set()
+        self.run.request_stop()
+
+    def stop_requested(self) -> bool:
+        return self.stop_event.is_set() or self.run.stop_requested()
+
+    def is_alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> str:
+        if self.thread is not None:
+            self.thread.join(timeout)
+        return self.run.read_status().get("state", "unknown")
+
+
+def active_run() -> RunHandle | None:
+    """The training running in this process, if any (the UI re-attaches to it after a page reload)."""
+    return _active if _active is not None and _active.is_alive() else None
+
+
+def start(config: RunConfig, run_dir: str | Path | None = None) -> RunHandle:
+    """Check the data, rewards and hardware, create the run directory and train in a background thread.
+
+    Mistakes that can be found without loading a model raise ConfigError here, before any folder is created; the
+    returned handle's thread does the slow part (model loading, baseline scoring, training).
+    """
+    _refuse_if_busy()
+    resolve_hardware(config.hardware)
+    mapped = load_and_map(config.data, base_dir=config.base_dir or None)
+    if len(mapped.train) < config.training.batch_size:
+        raise ConfigError(f"Only {len(mapped.train)} training prompts, fewer than training.batch_size "
+                          f"({config.training.batch_size}); add rows or lower the batch size.")
+    build_rewards(config.rewards, base_dir=config.base_dir or None)
+    if run_dir is None:
+        run = RunDir.create(config.resolved_runs_dir(), config.name or Path(config.model.id.rstrip("/")).name + "-grpo")
+    else:
+        run = RunDir(Path(run_dir))
+        run.path.mkdir(parents=True, exist_ok=True)
+    run.write_config(config)
+    write_jsonl(run.data_dir / "train.jsonl", mapped.train)
+    write_jsonl(run.data_dir / "eval.jsonl", mapped.eval)
+    run.update_status(state="queued", step=0, total_steps=None, phase="waiting to start", created_at=time.time(),
+                      reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
+                      n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped)
+    return _launch(run, config, resume_from=None)
+
+
+def resume(run_dir: str | Path) -> RunHandle:
+    """Continue a stopped, failed or interrupted run from its latest checkpoint (or from the start if it has none)."""
+    run = RunDir(Path(run_dir))
+    config = run.read_config()
+    state = run.read_status().get("state")
+    if state in ("queued", "running"):
+        raise BusyError(f"The run {run.id} is still {state}; stop it before resuming.")
+    if state == "succeeded":
+        raise ConfigError(f"The run {run.id} already finished; start a new run from it instead (use it as the model).")
+    _refuse_if_busy()
+    run.clear_stop_request()
+    checkpoint = run.latest_checkpoint()
+    run.update_status(state="queued", phase="waiting to resume", error=None, traceback=None, finished_at=None)
+    return _launch(run, config, resume_from=checkpoint)
+
+
+def _refuse_if_busy() -> None:
+    running = active_run()
+    if running is not None:
+        raise BusyError(f"A training is already running ({running.run.id}); stop it or wait for it to finish first.")
+
+
+def _launch(run: RunDir, config: RunConfig, resume_from: Path | None) -> RunHandle:
+    global _active
+    handle = RunHandle(run)
+    with _ACTIVE_LOCK:
+        _refuse_if_busy()
+        handle.thread = threading.Thread(target=_worker, args=(handle, config, resume_from), name=f"dragon-train-{run.id}",
+                                         daemon=True)
+        _active = handle
+        run.mark_owner()
+        handle.thread.start()
+    return handle
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The worker thread.
+
+
+def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> None:
+    run = handle.run
+    log_handler = _attach_run_log(run)
+    started = time.time()
+    run.update_status(state="running", started_at=started, phase="starting")
+    try:
+        if resume_from is not None:
+            log.info("Resuming %s from %s", run.id, resume_from.name)
+        outcome = _train(handle, config, resume_from)
+        run.update_status(state=outcome, phase="done", finished_at=time.time(), eta_s=0)
+        log.info("Run %s %s.", run.id, outcome)
+    except BaseException as exc:  # the thread must never die without saying why
+        reason = explain_failure(exc)
+        log.error("Run %s failed: %s", run.id, reason)
+        log.debug("".join(traceback.format_exception(exc)))
+        run.update_status(state="cancelled" if isinstance(exc, StopTraining) else "failed", phase="done",
+                          finished_at=time.time(), error=None if isinstance(exc, StopTraining) else reason,
+                          traceback=_traceback_tail(exc))
+    finally:
+        run.clear_stop_request()
+        logging.getLogger().removeHandler(log_handler)
+        log_handler.close()
+        _free_accelerator_memory()
+
+
+def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> str:
+    """Everything a run does, in order; returns the final state."""
+    run = handle.run
+
+    def phase(text: str) -> None:
+        if handle.stop_requested():
+            raise StopTraining("stopped before training began")
+        run.update_status(phase=text)
+        log.info("%s", text[0].upper() + text[1:] + "...")
+
+    phase("checking the hardware")
+    hardware = resolve_hardware(config.hardware)
+    _apply_threads(hardware)
+    run.update_status(device=hardware.device, dtype=hardware.dtype, cpu_threads=hardware.cpu_threads,
+                      hardware_reasons=hardware.reasons)
+    for reason in hardware.reasons:
+        log.info("Hardware: %s", reason)
+
+    train_rows = read_jsonl(run.data_dir / "train.jsonl")
+    eval_rows = read_jsonl(run.data_dir / "eval.jsonl")
+    log.info("Data: %s", run.read_status().get("data_summary") or f"{len(train_rows)} training prompts")
+    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
+
+    phase("loading the model")
+    source = resolve_model(config.model)
+    run.update_status(model_label=source.label)
+    log.info("Model: %s", source.label)
+    tokenizer = load_tokenizer(source)
+    model = load_model(source, hardware)
+
+    if eval_rows and "before" not in run.read_eval():
+        phase(f"scoring the starting model on {len(eval_rows)} held-out prompts")
+        result = evaluate_model(model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
+        record_eval(run, "before", result, eval_rows, config.n_samples)
+
+    phase("building the trainer")
+    failures = RewardFailures()
+    trainer = build_trainer(config, run, hardware, model, tokenizer, train_rows, rewards, failures)
+    callback = RunStoreCallback(run, trainer, handle, rewards, failures, config)
+    trainer.add_callback(callback)
+    if resume_from is not None:
+        run.truncate_after_step(int(resume_from.name.split("-")[-1]))
+
+    run.update_status(phase="training")
+    log.info("Training: %d prompts, %d completions per step (%d prompts x %d).", len(train_rows),
+             config.completions_per_step, config.training.batch_size * config.training.grad_accum, config.grpo.group_size)
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+
+    if callback.stopped:
+        log.info("Stopped at step %d; checkpoint saved.", trainer.state.global_step)
+        return "cancelled"
+
+    run.update_status(phase="saving the trained weights")
+    target = run.adapter_dir if config.lora.enabled else run.full_model_dir
+    trainer.save_model(str(target))
+    tokenizer.save_pretrained(str(target))
+    log.info("Saved the trained %s to %s", "adapter" if config.lora.enabled else "model", target)
+
+    if eval_rows:
+        run.update_status(phase=f"scoring the trained model on {len(eval_rows)} held-out prompts")
+        result = evaluate_model(trainer.model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
+        record_eval(run, "after", result, eval_rows, config.n_samples)
+    return "succeeded"
+
+
+def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, model, tokenizer, train_rows: list[dict],
+                  rewards: list[Reward], failures: RewardFailures):
+    """Translate the RunConfig into TRL's GRPOConfig/GRPOTrainer; TRL's constraints are met here by construction."""
+    import transformers
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    group, batch = config.grpo.group_size, config.training.batch_size
+    args = GRPOConfig(
+        output_dir=str(run.checkpoints_dir),
+        # TRL counts completions, not prompts: batch_size prompts x group_size completions per micro-batch, so the
+        # generation batch (this times grad_accum) is always divisible by num_generations.
+        per_device_train_batch_size=batch * group,
+        gradient_accumulation_steps=config.training.grad_accum,
+        num_generations=group,
+        learning_rate=config.training.learning_rate,
+        num_train_epochs=config.training.epochs,
+        max_steps=config.training.max_steps or -1,
+        warmup_steps=config.training.warmup_ratio,  # transformers 5 reads a value below 1 as a ratio
+        weight_decay=config.training.weight_decay,
+        seed=config.training.seed,
+        beta=config.grpo.beta,
+        temperature=config.grpo.temperature,
+        max_completion_length=config.grpo.max_new_tokens,
+        loss_type=config.grpo.loss_type,
+        scale_rewards=config.grpo.scale_rewards,
+        reward_weights=[r.weight for r in rewards],  # TRL's per-reward metrics stay unweighted and comparable
+        gradient_checkpointing=config.training.gradient_checkpointing,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=config.training.save_steps,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=hardware.device == "cpu",
+        bf16=hardware.dtype == "bfloat16",
+        fp16=hardware.dtype == "float16",
+        dataloader_pin_memory=hardware.device == "cuda",
+    )
+    peft_config = None
+    if config.lora.enabled:
+        peft_config = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
+                                 target_modules=config.lora.target_modules, task_type="CAUSAL_LM")
+    transformers.set_seed(config.training.seed)  # the LoRA initialisation happens before Trainer seeds itself
+
+    first_batch_seen: set[str] = set()
+
+    def on_batch(name: str, n_scored: int, n_failed: int) -> None:
+        """A reward that fails on every completion of its very first batch is broken, not unlucky: stop with its
+        error instead of training for hours on a signal of zeros. Later failures only count (see progress rows)."""
+        if name in first_batch_seen:
+            return
+        first_batch_seen.add(name)
+        if n_scored and n_failed == n_scored:
+            message = failures.first_errors().get(name, "unknown error")
+            raise ConfigError(f"The reward '{name}' failed on all {n_scored} completions of the first step, so "
+                              f"training stopped; fix the reward and resume. Its error: {message}")
+
+    reward_funcs = trl_reward_functions(rewards, failures, on_batch=on_batch)
+    reward_funcs[0] = _logging_references(reward_funcs[0])
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(train_rows),
+                          processing_class=tokenizer, peft_config=peft_config)
+    trainer.remove_callback(PrinterCallback)  # it prints raw log dicts; RunStoreCallback writes readable lines
+    return trainer
+
+
+def _logging_references(reward_func):
+    """Wrap one reward function so each batch's references reach TRL's rollout log (trainer._logs['extra'])."""
+
+    def wrapped(prompts, completions, **kwargs):
+        if "log_extra" in kwargs and "reference" in kwargs:
+            kwargs["log_extra"]("reference", list(kwargs["reference"]))
+        return reward_func(prompts=prompts, completions=completions, **kwargs)
+
+    wrapped.__name__ = reward_func.__name__
+    return wrapped
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The callback: TRL's logs -> run directory, and cooperative stopping.
+
+
+class RunStoreCallback(TrainerCallback):
+    """Writes one progress row and the sampled groups per step; ends training after the current step on stop.
+
+    Only the main process writes (under ``accelerate launch`` every process runs this callback), and the rollouts
+    are read from ``trainer._logs``, which TRL fills with the batch it just trained on before calling ``on_log``.
+    """
+
+    def __init__(self, run: RunDir, trainer, handle: RunHandle, rewards: list[Reward], failures: RewardFailures,
+                 config: RunConfig) -> None:
+        self.run, self.trainer, self.handle = run, trainer, handle
+        self.rewards, self.failures, self.config = rewards, failures, config
+        self.stopped = False
+        self._session_start = time.monotonic()
+        self._session_first_step: int | None = None
+        self._elapsed_before = 0.0
+        self._reported_errors: set[str] = set()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._session_first_step = state.global_step
+        self._elapsed_before = float(self.run.read_status().get("elapsed_s") or 0.0) if state.global_step else 0.0
+        if state.is_world_process_zero:
+            self.run.update_status(step=state.global_step, total_steps=state.max_steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.handle.stop_requested():
+            self.stopped = True
+            control.should_training_stop = True
+            control.should_save = True
+        elif state.global_step >= state.max_steps:
+            control.should_save = True  # the last step always leaves a checkpoint, whatever save_steps says
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.run.update_status(latest_checkpoint=f"checkpoint-{state.global_step}")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs or not state.is_world_process_zero:
+            return  # the end-of-training summary and eval logs carry no reward row
+        step, total = state.global_step, state.max_steps
+        elapsed_session = time.monotonic() - self._session_start
+        steps_done = max(1, step - (self._session_first_step or 0))
+        eta = elapsed_session / steps_done * max(0, total - step)
+        row = {
+            "step": step,
+            "epoch": round(state.epoch or 0.0, 4),
+            "elapsed_s": round(self._elapsed_before + elapsed_session, 2),
+            "eta_s": round(eta, 1),
+            "loss": logs.get("loss"),
+            "lr": logs.get("learning_rate"),
+            "kl": logs.get("kl"),
+            "reward": logs.get("reward"),
+            "reward_std": logs.get("reward_std"),
+            **{f"reward_{r.name}": logs.get(f"rewards/{r.name}/mean") for r in self.rewards},
+            "completion_len": logs.get("completions/mean_length"),
+            "clipped_ratio": logs.get("completions/clipped_ratio"),
+            "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
+            "step_time_s": logs.get("step_time"),
+            **{f"errors_{r.name}": self.failures.counts().get(r.name, 0) for r in self.rewards},
+        }
+        row = {k: _finite_or_none(v) for k, v in row.items()}
+        self.run.append_progress(row)
+        self.run.append_rollouts({"step": step, "groups": self._groups()})
+        self.run.update_status(step=step, total_steps=total, eta_s=row["eta_s"], elapsed_s=row["elapsed_s"],
+                               reward=row["reward"], reward_errors=self.failures.counts())
+        log.info("step %d/%d  reward %s  kl %s  len %s  (%.1f s/step, ETA %s)", step, total, _fmt(row["reward"]),
+                 _fmt(row["kl"]), _fmt(row["completion_len"]), elapsed_session / steps_done, _fmt_duration(eta))
+        for name, message in self.failures.first_errors().items():
+            if name not in self._reported_errors:
+                self._reported_errors.add(name)
+                log.warning("Reward '%s' failed on some completions (scored 0); first error: %s", name, message)
+
+    def _groups(self) -> list[dict]:
+        logs = self.trainer._logs
+        prompts, completions, advantages = list(logs["prompt"]), list(logs["completion"]), list(logs["advantages"])
+        references = list(logs["extra"].get("reference", []))
+        per_reward = {r.name: list(logs["rewards"].get(r.name, [])) for r in self.rewards}
+        group_size = self.config.grpo.group_size
+        groups = []
+        for start in range(0, len(prompts), group_size):
+            items = []
+            for i in range(start, min(start + group_size, len(prompts))):
+                scores = {name: _finite_or_none(values[i]) if i < len(values) else None for name, values in per_reward.items()}
+                total = sum((scores[r.name] or 0.0) * r.weight for r in self.rewards)
+                items.append({"text": _message_text(completions[i]), "scores": scores, "total": round(total, 6),
+                              "advantage": _finite_or_none(advantages[i]) if i < len(advantages) else None})
+            groups.append({"prompt": _message_text(prompts[start], last_user=True),
+                           "reference": references[start] if start < len(references) else "",
+                           "completions": items})
+        return groups
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Small helpers.
+
+
+def explain_failure(exc: BaseException) -> str:
+    """One plain sentence for the status file and the UI; the traceback tail is kept separately."""
+    if isinstance(exc, DragonError):
+        return str(exc)
+    name = type(exc).__name__
+    if "OutOfMemory" in name or "out of memory" in str(exc).lower():
+        return ("The model ran out of memory. Lower training.batch_size, grpo.group_size or grpo.max_new_tokens, "
+                "or turn on gradient checkpointing or 4-bit loading.")
+    if isinstance(exc, KeyboardInterrupt):
+        return "Interrupted by the user (Ctrl+C). Resume continues from the latest checkpoint."
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{name}: {first}" if first else name
+
+
+def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
+    return "\n".join("".join(traceback.format_exception(exc)).rstrip().splitlines()[-lines:])
+
+
+def _attach_run_log(run: RunDir) -> logging.Handler:
+    handler = logging.FileHandler(run.log_path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    handler.setLevel(logging.INFO)
+    handler.addFilter(lambda record: record.name.startswith(("dragon_ui", "trl", "transformers", "peft", "py.warnings")))
+    logging.getLogger().addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    return handler
+
+
+def _apply_threads(hardware: ResolvedHardware) -> None:
+    if hardware.device == "cpu":
+        import torch
+
+        torch.set_num_threads(hardware.cpu_threads)
+
+
+def _free_accelerator_memory() -> None:
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+def _message_text(value, last_user: bool = False) -> str:
+    """Text of a TRL prompt/completion, which is either a string or a list of chat messages."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        messages = [m for m in value if m.get("role") == "user"] if last_user else value
+        return str((messages or value)[-1].get("content", ""))
+    return ""
+
+
+def _finite_or_none(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"

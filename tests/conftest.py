@@ -1,0 +1,101 @@
+"""Shared fixtures: a tiny random Llama with a locally trained tokenizer (no Hub), and small run configs.
+
+The model has hidden size 16 and 2 layers, like TRL's own test models, so a GRPO step takes well under a second.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def _corpus() -> list[str]:
+    rng = random.Random(0)
+    lines = [f"What is {rng.randint(10, 99)} + {rng.randint(10, 99)}? Reply with just the number." for _ in range(200)]
+    lines += [str(n) for n in range(200)] + ["The answer is", "<think>", "</think>", "<answer>", "</answer>", "{\"name\": 1}"]
+    return lines
+
+
+def build_tiny_model(target: Path) -> Path:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(_corpus(), trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|end|>", pad_token="<pad>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+                         tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def write_arithmetic_csv(path: Path, rows: int = 30, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["question", "answer"])
+        for _ in range(rows):
+            a, b = rng.randint(1, 9), rng.randint(1, 9)
+            writer.writerow([f"What is {a} + {b}? Reply with just the number.", a + b])
+    return path
+
+
+@pytest.fixture
+def runs_dir(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "runs"
+    monkeypatch.setenv("DRAGON_UI_RUNS_DIR", str(path))
+    return path
+
+
+@pytest.fixture
+def tiny_config_dict(tiny_model_dir, tmp_path, runs_dir) -> dict:
+    """A complete, fast run config on the tiny model: 2 steps of 2 prompts x 2 completions x 6 tokens on the CPU."""
+    data = write_arithmetic_csv(tmp_path / "arithmetic.csv")
+    return {
+        "name": "tiny",
+        "model": {"id": str(tiny_model_dir)},
+        "data": {"source": str(data), "prompt": "question", "reference": "answer", "eval_frac": 0.2},
+        "rewards": [{"kind": "numeric"}, {"kind": "length", "max_chars": 12, "weight": 0.3}],
+        "grpo": {"group_size": 2, "max_new_tokens": 6},
+        "training": {"batch_size": 2, "max_steps": 2, "save_steps": 1, "learning_rate": 0.01},
+        "lora": {"r": 4, "alpha": 8},
+        "hardware": {"device": "cpu", "cpu_threads": 1},
+        "n_samples": 3,
+        "runs_dir": str(runs_dir),
+    }
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than a minute (real SmolLM2 weights); still runs in CI")
+    config.addinivalue_line("filterwarnings", "ignore::FutureWarning")
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning")

@@ -1,0 +1,92 @@
+"""The command line: train, runs, eval, score, stop; bad input exits 2 with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dragon_ui.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def config_file(tiny_config_dict, tmp_path) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_config_dict), encoding="utf-8")
+    return path
+
+
+def test_train_runs_eval_in_process(config_file, runs_dir, capsys):
+    assert main(["train", str(config_file), "--set", "training.max_steps=1", "--set", "name=cli-run"]) == 0
+    out = capsys.readouterr().out
+    assert "Run succeeded" in out and "Held-out reward" in out
+    (run_dir,) = list(runs_dir.iterdir())
+    assert run_dir.name.endswith("cli-run")
+    assert json.loads((run_dir / "status.json").read_text())["total_steps"] == 1
+
+    assert main(["runs"]) == 0
+    table = capsys.readouterr().out
+    assert run_dir.name in table and "succeeded" in table and "1/1" in table
+
+    assert main(["eval", str(run_dir)]) == 0
+    stored = capsys.readouterr().out
+    assert "numeric" in stored and "length" in stored and "before" in stored
+
+    before = json.loads((run_dir / "eval.json").read_text())
+    assert main(["eval", str(run_dir), "--recompute"]) == 0
+    capsys.readouterr()
+    # Greedy decoding: recomputing from the saved adapter gives the numbers training recorded.
+    after = json.loads((run_dir / "eval.json").read_text())
+    assert after["after"]["reward_mean"] == pytest.approx(before["after"]["reward_mean"])
+    assert after["before"]["reward_mean"] == pytest.approx(before["before"]["reward_mean"])
+
+    assert main(["stop", str(run_dir)]) == 0
+    assert "not running" in capsys.readouterr().out
+
+
+def test_score_prints_per_reward_json(tmp_path, capsys):
+    rewards = tmp_path / "rewards.yaml"
+    rewards.write_text("- kind: numeric\n- kind: length\n  max_chars: 12\n  weight: 0.3\n", encoding="utf-8")
+    assert main(["score", "--rewards", str(rewards), "--completion", "The answer is 1,234.", "--reference", "1234"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["scores"]["numeric"] == 1.0
+    assert result["scores"]["length"] == pytest.approx(1 - (20 - 12) / 12)
+    assert result["total"] == pytest.approx(1.0 + 0.3 * result["scores"]["length"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "missing.yaml"], "No configuration file"),
+    (["train"], "Give a configuration file"),
+    (["score", "--rewards", "missing.yaml", "--completion", "x"], "no file"),
+    (["eval", "/nonexistent/run"], "not a run folder"),
+])
+def test_bad_input_exits_2_with_one_line(argv, message, capsys, runs_dir):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and message in err and "\n" not in err
+
+
+def test_bad_setting_is_refused_before_training(config_file, capsys, runs_dir):
+    assert main(["train", str(config_file), "--set", "grpo.group_size=1"]) == 2
+    assert "grpo.group_size" in capsys.readouterr().err
+    assert main(["train", str(config_file), "--set", "grpo.nonsense=1"]) == 2
+    assert "nonsense" in capsys.readouterr().err
+
+
+def test_module_entry_point_trains_and_lists(config_file, runs_dir):
+    env = {**os.environ, "DRAGON_UI_RUNS_DIR": str(runs_dir), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "dragon_ui", "train", str(config_file), "--set", "training.max_steps=1"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Run folder:" in done.stdout and "step 1/1" in done.stderr
+    listing = subprocess.run([sys.executable, "-m", "dragon_ui", "runs"], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert "succeeded" in listing.stdout

@@ -1,0 +1,202 @@
+"""Tests for dragon_ui.hardware: "auto" resolves to the right device, precision and threads, and impossible choices fail.
+
+Every machine here is a hand-made HardwareInfo, so the CUDA and MPS paths are checked without a GPU.
+"""
+
+import pytest
+
+from dragon_ui.config import HardwareSettings
+from dragon_ui.errors import ConfigError
+from dragon_ui.hardware import (
+    CudaDevice,
+    HardwareInfo,
+    ResolvedHardware,
+    default_cpu_threads,
+    detect_hardware,
+    resolve_hardware,
+)
+
+
+def gpu(bf16: bool = True, index: int = 0, name: str = "Test GPU") -> CudaDevice:
+    return CudaDevice(index=index, name=name, total_gb=80.0, free_gb=70.0, bf16=bf16)
+
+
+# Named machines, reused across the tables below.
+CPU_ONLY = HardwareInfo(cpu_cores=4)
+CPU_BF16 = HardwareInfo(cpu_cores=4, cpu_bf16=True)
+MAC = HardwareInfo(mps=True, cpu_cores=8)
+CUDA_BF16 = HardwareInfo(cuda=[gpu(bf16=True)], cpu_cores=16, bitsandbytes=True)
+CUDA_FP16 = HardwareInfo(cuda=[gpu(bf16=False)], cpu_cores=16, bitsandbytes=True)
+CUDA_MIXED = HardwareInfo(cuda=[gpu(bf16=True), gpu(bf16=False, index=1)], cpu_cores=16)
+CUDA_AND_MPS = HardwareInfo(cuda=[gpu()], mps=True, cpu_cores=8)
+CUDA_NO_BNB = HardwareInfo(cuda=[gpu()], cpu_cores=16, bitsandbytes=False)
+
+MACHINES = {"cpu": CPU_ONLY, "cpu_bf16": CPU_BF16, "mac": MAC, "cuda_bf16": CUDA_BF16, "cuda_fp16": CUDA_FP16,
+            "cuda_mixed": CUDA_MIXED, "cuda_and_mps": CUDA_AND_MPS, "cuda_no_bnb": CUDA_NO_BNB}
+
+
+@pytest.mark.parametrize("machine, device", [
+    ("cuda_and_mps", "cuda"),
+    ("cuda_bf16", "cuda"),
+    ("mac", "mps"),
+    ("cpu", "cpu"),
+    ("cpu_bf16", "cpu"),
+])
+def test_auto_device_prefers_cuda_then_mps_then_cpu(machine, device):
+    resolved = resolve_hardware(HardwareSettings(), MACHINES[machine])
+    assert resolved.device == device
+    assert any(reason.startswith(f"device {device}") for reason in resolved.reasons)
+
+
+@pytest.mark.parametrize("machine, dtype", [
+    ("cuda_bf16", "bfloat16"),
+    ("cuda_fp16", "float16"),
+    ("cuda_mixed", "float16"),  # one GPU without bf16 decides for all
+    ("mac", "float32"),
+    ("cpu", "float32"),
+    ("cpu_bf16", "bfloat16"),
+])
+def test_auto_dtype_follows_the_device(machine, dtype):
+    resolved = resolve_hardware(HardwareSettings(), MACHINES[machine])
+    assert resolved.dtype == dtype
+    assert any(reason.startswith(f"precision {dtype}") for reason in resolved.reasons)
+
+
+@pytest.mark.parametrize("device, machine, dtype", [
+    ("cpu", "cuda_bf16", "float32"),  # CPU asked for on a GPU machine: the CPU's own bf16 speed decides
+    ("cpu", "mac", "float32"),
+    ("mps", "cuda_and_mps", "float32"),
+])
+def test_explicit_device_on_a_machine_with_better_options(device, machine, dtype):
+    resolved = resolve_hardware(HardwareSettings(device=device), MACHINES[machine])
+    assert (resolved.device, resolved.dtype) == (device, dtype)
+    assert f"device {device}: chosen in the settings" in resolved.reasons
+
+
+@pytest.mark.parametrize("settings, machine, expected", [
+    (HardwareSettings(device="cuda"), "cpu", "hardware.device is cuda"),
+    (HardwareSettings(device="cuda"), "mac", "hardware.device is cuda"),
+    (HardwareSettings(device="mps"), "cpu", "hardware.device is mps"),
+    (HardwareSettings(device="mps"), "cuda_bf16", "hardware.device is mps"),
+    (HardwareSettings(load_in_4bit=True), "cpu", "hardware.load_in_4bit"),
+    (HardwareSettings(load_in_4bit=True), "mac", "hardware.load_in_4bit"),
+    (HardwareSettings(device="cpu", load_in_4bit=True), "cuda_bf16", "hardware.load_in_4bit"),
+    (HardwareSettings(load_in_4bit=True), "cuda_no_bnb", "bitsandbytes"),
+    (HardwareSettings(dtype="float16"), "cpu", "hardware.dtype float16"),
+    (HardwareSettings(device="cpu", dtype="float16"), "cuda_bf16", "hardware.dtype float16"),
+    (HardwareSettings(dtype="bfloat16"), "cuda_fp16", "hardware.dtype is bfloat16"),
+    (HardwareSettings(dtype="bfloat16"), "cuda_mixed", "hardware.dtype is bfloat16"),
+])
+def test_impossible_choices_raise_config_error(settings, machine, expected):
+    with pytest.raises(ConfigError) as caught:
+        resolve_hardware(settings, MACHINES[machine])
+    assert expected in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_load_in_4bit_on_cuda_with_bitsandbytes():
+    resolved = resolve_hardware(HardwareSettings(load_in_4bit=True), CUDA_BF16)
+    assert resolved.load_in_4bit is True
+    assert any("4-bit" in reason for reason in resolved.reasons)
+    assert resolve_hardware(HardwareSettings(), CUDA_BF16).load_in_4bit is False
+
+
+@pytest.mark.parametrize("settings, machine, dtype", [
+    (HardwareSettings(dtype="float32"), "cuda_bf16", "float32"),
+    (HardwareSettings(dtype="float16"), "cuda_bf16", "float16"),
+    (HardwareSettings(dtype="bfloat16"), "cuda_bf16", "bfloat16"),
+    (HardwareSettings(dtype="bfloat16"), "cpu", "bfloat16"),  # allowed, just slow on CPUs without bf16
+    (HardwareSettings(dtype="float32"), "cpu_bf16", "float32"),
+    (HardwareSettings(dtype="float32"), "mac", "float32"),
+])
+def test_explicit_dtype_is_kept(settings, machine, dtype):
+    resolved = resolve_hardware(settings, MACHINES[machine])
+    assert resolved.dtype == dtype
+    assert any(reason.startswith(f"precision {dtype}") for reason in resolved.reasons)
+
+
+@pytest.mark.parametrize("cores, threads", [(1, 1), (2, 2), (3, 3), (4, 3), (8, 7), (16, 15)])
+def test_default_cpu_threads(cores, threads):
+    assert default_cpu_threads(cores) == threads
+    resolved = resolve_hardware(HardwareSettings(device="cpu"), HardwareInfo(cpu_cores=cores))
+    assert resolved.cpu_threads == threads
+    thread_reasons = [r for r in resolved.reasons if "CPU thread" in r]
+    assert len(thread_reasons) == 1 and thread_reasons[0].startswith(f"{threads} CPU thread")
+    assert f"{cores} cores available" in thread_reasons[0]
+    assert ("one left free" in thread_reasons[0]) == (threads < cores)
+
+
+def test_default_cpu_threads_without_argument_uses_this_machine():
+    assert 1 <= default_cpu_threads() <= max(1, detect_hardware().cpu_cores)
+
+
+@pytest.mark.parametrize("explicit, cores", [(1, 16), (2, 2), (6, 4)])
+def test_explicit_cpu_threads_win(explicit, cores):
+    resolved = resolve_hardware(HardwareSettings(device="cpu", cpu_threads=explicit), HardwareInfo(cpu_cores=cores))
+    assert resolved.cpu_threads == explicit
+    assert f"{explicit} CPU thread{'s' if explicit > 1 else ''}: chosen in the settings" in resolved.reasons
+
+
+EVERY_VALID_COMBINATION = [
+    (HardwareSettings(device=device, dtype=dtype, cpu_threads=threads), machine)
+    for machine in MACHINES
+    for device in ("auto", "cuda", "mps", "cpu")
+    for dtype in ("auto", "bfloat16", "float16", "float32")
+    for threads in (None, 2)
+]
+
+
+@pytest.mark.parametrize("machine", list(MACHINES))
+def test_every_resolved_result_explains_device_and_precision(machine):
+    resolved_any = False
+    for settings, name in EVERY_VALID_COMBINATION:
+        if name != machine:
+            continue
+        try:
+            resolved = resolve_hardware(settings, MACHINES[name])
+        except ConfigError:
+            continue
+        resolved_any = True
+        assert isinstance(resolved, ResolvedHardware)
+        assert resolved.device in ("cuda", "mps", "cpu") and resolved.dtype in ("bfloat16", "float16", "float32")
+        assert resolved.reasons and all(isinstance(r, str) and len(r) > 10 for r in resolved.reasons)
+        assert any(r.startswith(f"device {resolved.device}:") for r in resolved.reasons), (settings, resolved.reasons)
+        assert any(r.startswith(f"precision {resolved.dtype}:") for r in resolved.reasons), (settings, resolved.reasons)
+        if resolved.device == "cpu":
+            assert any("CPU thread" in r for r in resolved.reasons)
+    assert resolved_any
+
+
+def test_torch_dtype_maps_to_torch():
+    torch = pytest.importorskip("torch")
+    for name in ("bfloat16", "float16", "float32"):
+        assert ResolvedHardware("cpu", name, False, 1).torch_dtype is getattr(torch, name)
+
+
+def test_detect_hardware_on_this_machine():
+    torch = pytest.importorskip("torch")
+    info = detect_hardware()
+    assert info.cpu_cores >= 1
+    assert isinstance(info.cpu_bf16, bool)
+    assert bool(info.cuda) == torch.cuda.is_available()  # no CUDA on the CPU-only test machines
+    resolved = resolve_hardware(HardwareSettings(), info)
+    assert resolved.reasons
+
+
+@pytest.mark.parametrize("info, pieces", [
+    (HardwareInfo(cpu_cores=2), ["CPU: 2 cores"]),
+    (HardwareInfo(cpu_cores=4, cpu_bf16=True), ["CPU: 4 cores with fast bf16"]),
+    (MAC, ["Apple MPS", "CPU: 8 cores"]),
+    (CUDA_MIXED, ["CUDA 0: Test GPU, 70.0 of 80.0 GB free", "CUDA 1: Test GPU", "CPU: 16 cores"]),
+])
+def test_summary_is_one_readable_line(info, pieces):
+    summary = info.summary()
+    assert isinstance(summary, str) and summary and "\n" not in summary
+    assert summary[0].isupper()
+    for piece in pieces:
+        assert piece in summary
+
+
+def test_summary_of_this_machine():
+    summary = detect_hardware().summary()
+    assert "CPU:" in summary and "cores" in summary and "\n" not in summary

@@ -1,0 +1,230 @@
+"""End-to-end GRPO runs on the tiny random Llama: run-store contract, stop/resume, failures, chaining, one-at-a-time."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from dragon_ui import training
+from dragon_ui.config import RunConfig
+from dragon_ui.errors import BusyError
+from dragon_ui.runstore import RunDir
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def run_to_end(config_dict: dict) -> RunDir:
+    handle = training.start(RunConfig.from_dict(config_dict))
+    handle.wait(timeout=240)
+    assert not handle.is_alive(), "training did not finish in time"
+    return handle.run
+
+
+def custom_reward(code: str, name: str = "custom") -> dict:
+    return {"kind": "custom", "name": name, "code": code}
+
+
+def test_two_steps_write_the_whole_run_store(tiny_config_dict):
+    run = run_to_end(tiny_config_dict)
+
+    status = run.read_status()
+    assert status["state"] == "succeeded", status.get("error")
+    assert status["step"] == status["total_steps"] == 2
+    for key in ("started_at", "finished_at", "eta_s", "device", "dtype", "model_label", "reward_names",
+                "heldout_before", "heldout_after", "latest_checkpoint", "pid", "host"):
+        assert key in status, key
+    assert status["device"] == "cpu"
+
+    assert RunConfig.from_dict(json.loads(run.config_path.read_text())) == RunConfig.from_dict(tiny_config_dict)
+
+    progress = run.read_progress()
+    assert [row["step"] for row in progress] == [1, 2]
+    for row in progress:
+        for key in ("step", "epoch", "elapsed_s", "eta_s", "loss", "lr", "kl", "reward", "reward_std", "reward_numeric",
+                    "reward_length", "completion_len", "clipped_ratio", "frac_reward_zero_std", "errors_numeric"):
+            assert key in row, key
+        assert 0.0 <= row["reward_length"] <= 1.0
+        assert row["reward"] == pytest.approx(row["reward_numeric"] + 0.3 * row["reward_length"], abs=1e-5)
+        assert 0 < row["completion_len"] <= 6
+
+    rollouts = run.read_rollouts()
+    assert [r["step"] for r in rollouts] == [1, 2]
+    groups = rollouts[-1]["groups"]
+    assert len(groups) == 2  # batch_size prompts
+    for group in groups:
+        assert group["prompt"].startswith("What is") and group["reference"].isdigit()
+        assert len(group["completions"]) == 2  # group_size
+        for completion in group["completions"]:
+            assert set(completion["scores"]) == {"numeric", "length"}
+            assert completion["total"] == pytest.approx(completion["scores"]["numeric"] + 0.3 * completion["scores"]["length"], abs=1e-5)
+            assert isinstance(completion["advantage"], float)
+        advantages = [c["advantage"] for c in group["completions"]]
+        assert sum(advantages) == pytest.approx(0.0, abs=1e-4)  # group-relative
+
+    assert [p.name for p in run.checkpoints()] == ["checkpoint-1", "checkpoint-2"]
+    assert (run.checkpoints()[-1] / "optimizer.pt").is_file()
+    assert (run.adapter_dir / "adapter_config.json").is_file()
+    assert (run.adapter_dir / "tokenizer_config.json").is_file()
+
+    evaluation = run.read_eval()
+    assert evaluation["n_prompts"] == 6
+    for side in ("before", "after"):
+        assert set(evaluation[side]["reward_breakdown"]) == {"numeric", "length"}
+    samples = run.read_samples()
+    assert len(samples) == 3
+    assert {"prompt", "reference", "before", "after"} <= set(samples[0])
+    assert (run.data_dir / "train.jsonl").is_file() and (run.data_dir / "eval.jsonl").is_file()
+    log = run.log_tail()
+    assert "step 2/2" in log and "Held-out reward after training" in log
+
+
+def test_adapter_loads_with_peft(tiny_config_dict, tiny_model_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run = run_to_end(tiny_config_dict)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(run.adapter_dir))
+    assert any("lora_" in name for name, _ in model.named_parameters())
+
+
+def test_stop_mid_run_then_resume_continues_the_step_count(tiny_config_dict, runs_dir):
+    # A reward that asks the run to stop during step 1 (its first 6 calls score the held-out prompts before
+    # training), so the stop lands after step 1 deterministically.
+    marker = runs_dir.parent / "stopped-once"  # one stop only: the resumed run must be left alone
+    code = (
+        "import pathlib, glob\n"
+        "calls = [0]\n"
+        "def reward(prompt, completion, reference, row):\n"
+        "    calls[0] += 1\n"
+        f"    if calls[0] == 6 + 2 and not pathlib.Path({str(marker)!r}).exists():\n"
+        f"        pathlib.Path({str(marker)!r}).write_text('x')\n"
+        f"        for run in glob.glob({str(runs_dir)!r} + '/*/'):\n"
+        "            pathlib.Path(run, 'stop.request').write_text('test')\n"
+        "    return 1.0\n"
+    )
+    tiny_config_dict["rewards"].append(custom_reward(code, "stopper"))
+    tiny_config_dict["training"].update(max_steps=4, save_steps=10)
+    run = run_to_end(tiny_config_dict)
+
+    status = run.read_status()
+    assert status["state"] == "cancelled", status.get("error")
+    assert status["step"] == 1
+    assert [p.name for p in run.checkpoints()] == ["checkpoint-1"]  # a stop saves first, whatever save_steps says
+    assert not run.has_final_weights()
+    assert not run.stop_requested()
+
+    handle = training.resume(run.path)
+    handle.wait(timeout=240)
+    status = run.read_status()
+    assert status["state"] == "succeeded", status.get("error")
+    assert status["step"] == 4
+    assert [row["step"] for row in run.read_progress()] == [1, 2, 3, 4]
+    state = json.loads((run.checkpoints()[-1] / "trainer_state.json").read_text())
+    assert state["global_step"] == 4
+    assert "Resuming" in run.log_tail()
+    # The schedule continued where it stopped: the same learning rates as a run that was never interrupted.
+    uninterrupted = run_to_end(tiny_config_dict)
+    assert [row["lr"] for row in run.read_progress()] == pytest.approx([row["lr"] for row in uninterrupted.read_progress()])
+
+
+def test_resume_after_a_crash_truncates_rows_past_the_checkpoint(tiny_config_dict):
+    tiny_config_dict["training"].update(max_steps=3, save_steps=2)
+    run = run_to_end(tiny_config_dict)
+    # Simulate a crash after step 3 that lost checkpoint-3 but left its progress rows.
+    shutil.rmtree(run.checkpoints_dir / "checkpoint-3")
+    shutil.rmtree(run.adapter_dir)
+    run.update_status(state="failed", error="simulated crash")
+    handle = training.resume(run.path)
+    handle.wait(timeout=240)
+    assert run.read_status()["state"] == "succeeded"
+    assert [row["step"] for row in run.read_progress()] == [1, 2, 3]
+
+
+def test_a_reward_that_always_fails_ends_the_run_as_failed_with_its_message(tiny_config_dict):
+    tiny_config_dict["rewards"].append(custom_reward("def reward(prompt, completion, reference, row):\n"
+                                                     "    raise ValueError('my reward is broken')\n", "broken"))
+    run = run_to_end(tiny_config_dict)
+    status = run.read_status()
+    assert status["state"] == "failed"
+    assert "broken" in status["error"] and "my reward is broken" in status["error"]
+    assert "ValueError" in status["traceback"]
+    assert "failed" in run.log_tail()
+
+
+def test_a_reward_that_fails_sometimes_is_counted_and_training_goes_on(tiny_config_dict):
+    code = ("calls = [0]\n"
+            "def reward(prompt, completion, reference, row):\n"
+            "    calls[0] += 1\n"
+            "    if calls[0] % 3 == 0:\n"
+            "        raise ZeroDivisionError('every third call')\n"
+            "    return 0.5\n")
+    tiny_config_dict["rewards"].append(custom_reward(code, "flaky"))
+    run = run_to_end(tiny_config_dict)
+    status = run.read_status()
+    assert status["state"] == "succeeded", status.get("error")
+    progress = run.read_progress()
+    # 6 held-out calls come first (not counted: evaluation has its own tally), then 2 steps x 4 completions =
+    # calls 7..14, of which 9 and 12 fail.
+    assert progress[-1]["errors_flaky"] == 2
+    assert progress[-1]["errors_numeric"] == 0
+    assert status["reward_errors"]["flaky"] == 2
+    assert "every third call" in run.log_tail()
+
+
+def test_only_one_training_per_process(tiny_config_dict):
+    slow = "import time\ndef reward(prompt, completion, reference, row):\n    time.sleep(0.2)\n    return 1.0\n"
+    tiny_config_dict["rewards"].append(custom_reward(slow, "slow"))
+    first = training.start(RunConfig.from_dict(tiny_config_dict))
+    try:
+        assert training.active_run() is first
+        with pytest.raises(BusyError, match="already running"):
+            training.start(RunConfig.from_dict(tiny_config_dict))
+    finally:
+        first.stop()
+        first.wait(timeout=240)
+    assert first.run.read_status()["state"] == "cancelled"
+    assert training.active_run() is None
+
+
+def test_stop_before_training_begins_leaves_a_cancelled_run(tiny_config_dict):
+    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    handle.stop()
+    handle.wait(timeout=240)
+    status = handle.run.read_status()
+    assert status["state"] == "cancelled"
+    assert status.get("error") is None
+
+
+def test_a_finished_run_can_be_the_starting_model_of_the_next(tiny_config_dict):
+    first = run_to_end(tiny_config_dict)
+    tiny_config_dict["model"] = {"id": str(first.path)}
+    tiny_config_dict["name"] = "second-stage"
+    second = run_to_end(tiny_config_dict)
+    status = second.read_status()
+    assert status["state"] == "succeeded", status.get("error")
+    assert f"+ run {first.id}" in status["model_label"]
+    # The merged first stage is the reference for the second: its "before" equals the first run's "after" weights.
+    assert second.read_eval()["before"]["reward_mean"] == pytest.approx(first.read_eval()["after"]["reward_mean"])
+
+
+def test_full_fine_tuning_saves_the_whole_model(tiny_config_dict):
+    tiny_config_dict["lora"] = {"enabled": False}
+    run = run_to_end(tiny_config_dict)
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
+    assert (run.full_model_dir / "config.json").is_file()
+    assert not run.adapter_dir.exists()
+
+
+def test_bad_input_is_refused_before_a_run_folder_exists(tiny_config_dict, runs_dir):
+    from dragon_ui.errors import ConfigError
+
+    tiny_config_dict["data"]["prompt"] = "{nonexistent}"
+    with pytest.raises(ConfigError, match="nonexistent"):
+        training.start(RunConfig.from_dict(tiny_config_dict))
+    tiny_config_dict["data"]["prompt"] = "question"
+    tiny_config_dict["training"]["batch_size"] = 100
+    with pytest.raises(ConfigError, match="batch_size"):
+        training.start(RunConfig.from_dict(tiny_config_dict))
+    assert not runs_dir.exists() or not any(runs_dir.iterdir())
