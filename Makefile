@@ -23,7 +23,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 install: $(STAMP)
 
 run: install
-	$(BIN)/python -m dragon_ui train $(CONFIG)
+	$(BIN)/python app.py
 
 run-cli: install
 	$(BIN)/python -m dragon_ui train $(CONFIG)

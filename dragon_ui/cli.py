@@ -1,4 +1,4 @@
-"""Command line: ``python -m dragon_ui train|runs|eval|score|stop``.
+"""Command line: ``python -m dragon_ui train|runs|eval|score|stop|merge``.
 
 Bad input ends with one line on stderr and exit status 2; a training that fails exits with 1.
 """
@@ -21,7 +21,11 @@ EXIT_BAD_INPUT = 2
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    from .distributed import is_main_process
+
+    # Under accelerate/torchrun only the main process talks; the others report problems only.
+    logging.basicConfig(level=logging.INFO if is_main_process() else logging.WARNING,
+                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
@@ -59,9 +63,22 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--prompt", default="")
     score.set_defaults(func=_cmd_score)
 
+    export = sub.add_parser("export", help="write a self-contained folder that trains this config on several GPUs/nodes")
+    export.add_argument("config", help="run configuration (YAML or JSON)")
+    export.add_argument("--to", required=True, metavar="DIR", help="new folder to create")
+    export.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    export.add_argument("--nodes", type=int, default=1, help="number of training nodes (default 1)")
+    export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting first")
+    export.set_defaults(func=_cmd_export)
+
     stop = sub.add_parser("stop", help="ask a running training (in any process) to stop after its current step")
     stop.add_argument("run_dir")
     stop.set_defaults(func=_cmd_stop)
+
+    merge = sub.add_parser("merge", help="save a run's starting model with its trained adapter merged in, as a full model")
+    merge.add_argument("run_dir")
+    merge.add_argument("--to", metavar="DIR", help="folder to save the merged model in (default: RUN_DIR/merged)")
+    merge.set_defaults(func=_cmd_merge)
     return parser
 
 
@@ -105,7 +122,8 @@ def _cmd_train(args) -> int:
         handle = training.start(config, run_dir=args.run_dir)
     else:
         raise ConfigError("Give a configuration file (e.g. assets/recipes/arithmetic.yaml) or --resume RUN_DIR.")
-    print(f"Run folder: {handle.run_dir}", flush=True)
+    if not handle.run.read_only:
+        print(f"Run folder: {handle.run_dir}", flush=True)
 
     interrupts = 0
 
@@ -127,6 +145,8 @@ def _cmd_train(args) -> int:
         signal.signal(signal.SIGINT, previous)
     status = handle.run.read_status()
     state = status.get("state")
+    if handle.run.read_only:
+        return 1 if state == "failed" else 0
     if state == "failed":
         print(f"Training failed: {status.get('error')}", file=sys.stderr)
         print(f"Resume with: python -m dragon_ui train --resume {handle.run_dir}", file=sys.stderr)
@@ -206,6 +226,17 @@ def _cmd_score(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    from .scaleout import export_launch_folder
+
+    folder = export_launch_folder(load_config_with_overrides(args.config, args.set), args.to, args.gpus, args.nodes)
+    print(f"Exported to {folder}:")
+    for path in sorted(p for p in folder.iterdir() if p.name != "dragon_ui"):
+        print(f"  {path.name}{'/' if path.is_dir() else ''}")
+    print(f"Run it with: {folder}/launch.sh   (details in {folder}/README.md)")
+    return 0
+
+
 def _cmd_stop(args) -> int:
     from .runstore import RunDir
 
@@ -216,6 +247,16 @@ def _cmd_stop(args) -> int:
         return 0
     run.request_stop()
     print(f"Asked {run.id} to stop after its current step; it will save a checkpoint first.")
+    return 0
+
+
+def _cmd_merge(args) -> int:
+    from .export import merge_message, merge_model
+    from .runstore import RunDir
+
+    run = RunDir(Path(args.run_dir))
+    folder = merge_model(run, target_dir=args.to)
+    print(merge_message(run, folder))
     return 0
 
 

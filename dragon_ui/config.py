@@ -28,6 +28,8 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vesp
 SCALE_REWARDS = ("group", "batch", "none")
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
+GENERATION_BACKENDS = ("transformers", "vllm-colocate", "vllm-server")
 
 
 @dataclass
@@ -132,6 +134,46 @@ class HardwareSettings:
 
 
 @dataclass
+class DistributedSettings:
+    """How several GPUs share the work when the run is launched with accelerate/torchrun (see `export`).
+
+    ddp copies the model to every GPU; zero2 shards optimiser state and gradients (DeepSpeed); zero3 and fsdp also
+    shard the weights, for models that do not fit on one GPU. A single plain process ignores this setting.
+    """
+
+    strategy: str = "ddp"
+
+    def validate(self, where: str = "distributed") -> None:
+        _check_choice(f"{where}.strategy", self.strategy, STRATEGIES)
+
+
+@dataclass
+class GenerationSettings:
+    """Who writes the completions: transformers' generate (everywhere), or vLLM on CUDA (much faster sampling).
+
+    vllm-colocate runs vLLM inside each training process, sharing the GPU (``vllm_gpu_memory_utilization`` of it);
+    vllm-server sends prompts to a separate `trl vllm-serve` / `vllm serve` process at ``vllm_server_url``.
+    """
+
+    backend: str = "transformers"
+    vllm_server_url: str | None = None
+    vllm_gpu_memory_utilization: float = 0.3
+
+    def validate(self, where: str = "generation") -> None:
+        _check_choice(f"{where}.backend", self.backend, GENERATION_BACKENDS)
+        if self.backend == "vllm-server":
+            url = (self.vllm_server_url or "").strip()
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"{where}.vllm_server_url must be the vLLM server's address, like http://10.0.0.5:8000, "
+                                  "when generation.backend is vllm-server.")
+        elif self.vllm_server_url:
+            raise ConfigError(f"{where}.vllm_server_url is only used with generation.backend vllm-server.")
+        if not (0.05 <= self.vllm_gpu_memory_utilization <= 0.95):
+            raise ConfigError(f"{where}.vllm_gpu_memory_utilization must be between 0.05 and 0.95 (the share of GPU "
+                              f"memory vLLM may take); got {self.vllm_gpu_memory_utilization}.")
+
+
+@dataclass
 class RunConfig:
     """Everything one GRPO run needs. ``RunConfig.from_dict`` is the only way in, so every instance is valid."""
 
@@ -142,6 +184,8 @@ class RunConfig:
     training: TrainingSettings = field(default_factory=TrainingSettings)
     lora: LoraSettings = field(default_factory=LoraSettings)
     hardware: HardwareSettings = field(default_factory=HardwareSettings)
+    distributed: DistributedSettings = field(default_factory=DistributedSettings)
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
     n_samples: int = 10
     name: str = ""
     runs_dir: str = ""
@@ -194,6 +238,8 @@ class RunConfig:
         self.training.validate()
         self.lora.validate()
         self.hardware.validate()
+        self.distributed.validate()
+        self.generation.validate()
         _check_range("n_samples", self.n_samples, 0, 10_000, "held-out prompts kept as sample replies")
         if self.hardware.load_in_4bit and not self.lora.enabled:
             raise ConfigError("hardware.load_in_4bit needs LoRA (lora.enabled: true): 4-bit weights cannot be trained directly.")

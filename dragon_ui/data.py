@@ -118,6 +118,19 @@ def is_hub_dataset_id(source: str) -> bool:
     return bool(_HUB_ID.match(source)) and not _FILE_EXTENSION.search(source) and not Path(source).exists()
 
 
+def _candidate_paths(source: str, base_dir: str | None) -> list[Path]:
+    candidates = [Path(source.strip()).expanduser()]
+    if base_dir is not None and not candidates[0].is_absolute():
+        candidates.append(Path(base_dir) / candidates[0])
+    return candidates
+
+
+def resolve_source(source: str, base_dir: str | None = None) -> str:
+    """The absolute path of a local data file (looked up as load_table does), or the source unchanged (a Hub id)."""
+    found = next((p for p in _candidate_paths(source, base_dir) if p.exists()), None)
+    return str(found.resolve()) if found is not None else source
+
+
 def load_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None) -> list[dict]:
     """Read all rows of a local file or Hub dataset as dicts.
 
@@ -125,9 +138,7 @@ def load_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     config file), so a config and its data can be moved together.
     """
     source = source.strip()
-    candidates = [Path(source).expanduser()]
-    if base_dir is not None and not candidates[0].is_absolute():
-        candidates.append(Path(base_dir) / candidates[0])
+    candidates = _candidate_paths(source, base_dir)
     path = next((p for p in candidates if p.exists()), None)
     if path is None:
         if is_hub_dataset_id(source):

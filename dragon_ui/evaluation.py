@@ -63,6 +63,12 @@ def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward]
     """Greedy replies to every held-out example, scored with every reward; means are over prompts."""
     started = time.monotonic()
     replies = generate_replies(model, tokenizer, [ex["prompt"] for ex in examples], max_new_tokens)
+    return score_replies(examples, replies, rewards, time.monotonic() - started)
+
+
+def score_replies(examples: list[dict], replies: list[str], rewards: list[Reward], seconds: float) -> EvalResult:
+    """Score one reply per held-out example with every reward (also used by compare.evaluate_now, which generates
+    batch by batch to report progress)."""
     totals, scores = [], []
     for example, reply in zip(examples, replies):
         result = score_completion(rewards, reply, reference=example.get("reference") or None,
@@ -71,7 +77,7 @@ def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward]
         scores.append(result.scores)
     n = max(1, len(examples))
     breakdown = {r.name: sum(s[r.name] for s in scores) / n for r in rewards}
-    return EvalResult(sum(totals) / n, breakdown, replies, totals, scores, time.monotonic() - started)
+    return EvalResult(sum(totals) / n, breakdown, replies, totals, scores, seconds)
 
 
 def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict], n_samples: int) -> dict:

@@ -208,5 +208,7 @@ def load_model(source: ModelSource, hardware: ResolvedHardware):
 
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     if not hardware.load_in_4bit:
-        model = model.to(hardware.device)
+        # Under accelerate/torchrun each process owns the GPU numbered by its LOCAL_RANK.
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if hardware.device == "cuda" else hardware.device
+        model = model.to(device)
     return model

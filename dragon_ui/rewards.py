@@ -71,6 +71,16 @@ def is_public_demo() -> bool:
     return bool(os.environ.get("SPACE_ID")) or os.environ.get("DRAGON_UI_PUBLIC") == "1"
 
 
+def kind_fields(kind: str) -> tuple[str, ...]:
+    """The settings a reward of this kind takes besides kind, name and weight (what an editor form should show)."""
+    return _KIND_FIELDS[kind]
+
+
+def public_demo_refusal(kind: str) -> str | None:
+    """Why a public demo refuses rewards of this kind (they run code on the server), or None when it allows them."""
+    return _PUBLIC_REFUSALS.get(kind)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Numbers and answer extraction
 # --------------------------------------------------------------------------------------------------------------------

@@ -89,9 +89,14 @@ def _slug(text: str) -> str:
 
 @dataclass
 class RunDir:
-    """Paths and safe reads/writes for one run directory. Cheap to create; holds no open files."""
+    """Paths and safe reads/writes for one run directory. Cheap to create; holds no open files.
+
+    ``read_only`` is set on the non-main processes of a multi-process run: they read the shared directory but every
+    write is skipped, so exactly one process writes it.
+    """
 
     path: Path
+    read_only: bool = False
 
     def __post_init__(self) -> None:
         self.path = Path(self.path).resolve()
@@ -130,6 +135,8 @@ class RunDir:
 
     # --- config ------------------------------------------------------------------------------------------------
     def write_config(self, config) -> None:
+        if self.read_only:
+            return
         write_json_atomic(self.config_path, config.to_dict())
 
     def read_config(self):
@@ -154,6 +161,8 @@ class RunDir:
         return status
 
     def update_status(self, **fields: Any) -> dict:
+        if self.read_only:
+            return read_json(self.status_path, default={}) or {}
         with self._status_lock:
             status = read_json(self.status_path, default={}) or {}
             status.update(fields, updated_at=time.time())
@@ -166,10 +175,12 @@ class RunDir:
 
     # --- progress and rollouts ---------------------------------------------------------------------------------
     def append_progress(self, row: dict) -> None:
-        append_jsonl(self.progress_path, row)
+        if not self.read_only:
+            append_jsonl(self.progress_path, row)
 
     def append_rollouts(self, row: dict) -> None:
-        append_jsonl(self.rollouts_path, row)
+        if not self.read_only:
+            append_jsonl(self.rollouts_path, row)
 
     def read_progress(self) -> list[dict]:
         return read_jsonl(self.progress_path)[0]
@@ -179,6 +190,8 @@ class RunDir:
 
     def truncate_after_step(self, step: int) -> None:
         """Drop rows newer than ``step`` (the checkpoint a resume starts from), so the history has no duplicate steps."""
+        if self.read_only:
+            return
         for path in (self.progress_path, self.rollouts_path):
             rows, _ = read_jsonl(path)
             kept = [row for row in rows if row.get("step", 0) <= step]
@@ -208,6 +221,8 @@ class RunDir:
         return self.stop_request_path.exists()
 
     def clear_stop_request(self) -> None:
+        if self.read_only:
+            return
         self.stop_request_path.unlink(missing_ok=True)
 
     # --- evaluation and log ------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from transformers import PrinterCallback, TrainerCallback
 
+from . import distributed
 from .config import RunConfig
 from .data import load_and_map, read_jsonl, write_jsonl
 from .errors import BusyError, ConfigError, DragonError
@@ -80,29 +81,34 @@ def start(config: RunConfig, run_dir: str | Path | None = None) -> RunHandle:
     returned handle's thread does the slow part (model loading, baseline scoring, training).
     """
     _refuse_if_busy()
-    resolve_hardware(config.hardware)
+    distributed.check_runnable_here(config, resolve_hardware(config.hardware).device)
     mapped = load_and_map(config.data, base_dir=config.base_dir or None)
     if len(mapped.train) < config.training.batch_size:
         raise ConfigError(f"Only {len(mapped.train)} training prompts, fewer than training.batch_size "
                           f"({config.training.batch_size}); add rows or lower the batch size.")
     build_rewards(config.rewards, base_dir=config.base_dir or None)
-    if run_dir is None:
-        run = RunDir.create(config.resolved_runs_dir(), config.name or Path(config.model.id.rstrip("/")).name + "-grpo")
-    else:
-        run = RunDir(Path(run_dir))
-        run.path.mkdir(parents=True, exist_ok=True)
-    run.write_config(config)
-    write_jsonl(run.data_dir / "train.jsonl", mapped.train)
-    write_jsonl(run.data_dir / "eval.jsonl", mapped.eval)
-    run.update_status(state="queued", step=0, total_steps=None, phase="waiting to start", created_at=time.time(),
-                      reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
-                      n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped)
-    return _launch(run, config, resume_from=None)
+    path = None
+    if distributed.is_main_process():  # under accelerate/torchrun, one process creates and fills the folder
+        if run_dir is None:
+            run = RunDir.create(config.resolved_runs_dir(), config.name or Path(config.model.id.rstrip("/")).name + "-grpo")
+        else:
+            run = RunDir(Path(run_dir))
+            run.path.mkdir(parents=True, exist_ok=True)
+        run.write_config(config)
+        write_jsonl(run.data_dir / "train.jsonl", mapped.train)
+        write_jsonl(run.data_dir / "eval.jsonl", mapped.eval)
+        run.update_status(state="queued", step=0, total_steps=None, phase="waiting to start", created_at=time.time(),
+                          reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
+                          n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
+                          world_size=distributed.world_size())
+        path = str(run.path)
+    path = distributed.broadcast_from_main(path)
+    return _launch(RunDir(Path(path), read_only=not distributed.is_main_process()), config, resume_from=None)
 
 
 def resume(run_dir: str | Path) -> RunHandle:
     """Continue a stopped, failed or interrupted run from its latest checkpoint (or from the start if it has none)."""
-    run = RunDir(Path(run_dir))
+    run = RunDir(Path(run_dir), read_only=not distributed.is_main_process())
     config = run.read_config()
     state = run.read_status().get("state")
     if state in ("queued", "running"):
@@ -110,8 +116,9 @@ def resume(run_dir: str | Path) -> RunHandle:
     if state == "succeeded":
         raise ConfigError(f"The run {run.id} already finished; start a new run from it instead (use it as the model).")
     _refuse_if_busy()
-    run.clear_stop_request()
     checkpoint = run.latest_checkpoint()
+    distributed.barrier()  # every process has read the state before the main one changes it
+    run.clear_stop_request()
     run.update_status(state="queued", phase="waiting to resume", error=None, traceback=None, finished_at=None)
     return _launch(run, config, resume_from=checkpoint)
 
@@ -141,7 +148,7 @@ def _launch(run: RunDir, config: RunConfig, resume_from: Path | None) -> RunHand
 
 def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> None:
     run = handle.run
-    log_handler = _attach_run_log(run)
+    log_handler = None if run.read_only else _attach_run_log(run)
     started = time.time()
     run.update_status(state="running", started_at=started, phase="starting")
     try:
@@ -159,8 +166,9 @@ def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> N
                           traceback=_traceback_tail(exc))
     finally:
         run.clear_stop_request()
-        logging.getLogger().removeHandler(log_handler)
-        log_handler.close()
+        if log_handler is not None:
+            logging.getLogger().removeHandler(log_handler)
+            log_handler.close()
         _free_accelerator_memory()
 
 
@@ -169,7 +177,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     run = handle.run
 
     def phase(text: str) -> None:
-        if handle.stop_requested():
+        if distributed.any_process(handle.stop_requested()):
             raise StopTraining("stopped before training began")
         run.update_status(phase=text)
         log.info("%s", text[0].upper() + text[1:] + "...")
@@ -194,10 +202,12 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     tokenizer = load_tokenizer(source)
     model = load_model(source, hardware)
 
-    if eval_rows and "before" not in run.read_eval():
+    if distributed.broadcast_from_main(bool(eval_rows) and "before" not in run.read_eval()):
         phase(f"scoring the starting model on {len(eval_rows)} held-out prompts")
-        result = evaluate_model(model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
-        record_eval(run, "before", result, eval_rows, config.n_samples)
+        if not run.read_only:  # the main process evaluates; the others wait for it
+            result = evaluate_model(model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
+            record_eval(run, "before", result, eval_rows, config.n_samples)
+        distributed.barrier()
 
     phase("building the trainer")
     failures = RewardFailures()
@@ -208,8 +218,10 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
         run.truncate_after_step(int(resume_from.name.split("-")[-1]))
 
     run.update_status(phase="training")
-    log.info("Training: %d prompts, %d completions per step (%d prompts x %d).", len(train_rows),
-             config.completions_per_step, config.training.batch_size * config.training.grad_accum, config.grpo.group_size)
+    world = distributed.world_size()
+    log.info("Training: %d prompts, %d completions per step (%d prompts x %d completions%s).", len(train_rows),
+             config.completions_per_step * world, config.training.batch_size * config.training.grad_accum * world,
+             config.grpo.group_size, f", over {world} processes" if world > 1 else "")
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
 
     if callback.stopped:
@@ -218,14 +230,15 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
 
     run.update_status(phase="saving the trained weights")
     target = run.adapter_dir if config.lora.enabled else run.full_model_dir
-    trainer.save_model(str(target))
-    tokenizer.save_pretrained(str(target))
-    log.info("Saved the trained %s to %s", "adapter" if config.lora.enabled else "model", target)
-
-    if eval_rows:
-        run.update_status(phase=f"scoring the trained model on {len(eval_rows)} held-out prompts")
-        result = evaluate_model(trainer.model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
-        record_eval(run, "after", result, eval_rows, config.n_samples)
+    trainer.save_model(str(target))  # every process takes part (sharded weights are gathered); only the main one writes
+    if not run.read_only:
+        tokenizer.save_pretrained(str(target))
+        log.info("Saved the trained %s to %s", "adapter" if config.lora.enabled else "model", target)
+        if eval_rows:
+            run.update_status(phase=f"scoring the trained model on {len(eval_rows)} held-out prompts")
+            result = evaluate_model(trainer.model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
+            record_eval(run, "after", result, eval_rows, config.n_samples)
+    distributed.barrier()
     return "succeeded"
 
 
@@ -238,6 +251,12 @@ def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, mo
     from trl import GRPOConfig, GRPOTrainer
 
     group, batch = config.grpo.group_size, config.training.batch_size
+    vllm = {}
+    if config.generation.backend != "transformers":
+        vllm = dict(use_vllm=True, vllm_mode=config.generation.backend.removeprefix("vllm-"),
+                    vllm_gpu_memory_utilization=config.generation.vllm_gpu_memory_utilization)
+        if config.generation.backend == "vllm-server":
+            vllm["vllm_server_base_url"] = config.generation.vllm_server_url
     args = GRPOConfig(
         output_dir=str(run.checkpoints_dir),
         # TRL counts completions, not prompts: batch_size prompts x group_size completions per micro-batch, so the
@@ -267,6 +286,7 @@ def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, mo
         bf16=hardware.dtype == "bfloat16",
         fp16=hardware.dtype == "float16",
         dataloader_pin_memory=hardware.device == "cuda",
+        **vllm,
     )
     peft_config = None
     if config.lora.enabled:
@@ -335,7 +355,7 @@ class RunStoreCallback(TrainerCallback):
             self.run.update_status(step=state.global_step, total_steps=state.max_steps)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.handle.stop_requested():
+        if distributed.any_process(self.handle.stop_requested()):  # all processes leave at the same step
             self.stopped = True
             control.should_training_stop = True
             control.should_save = True
@@ -347,8 +367,12 @@ class RunStoreCallback(TrainerCallback):
             self.run.update_status(latest_checkpoint=f"checkpoint-{state.global_step}")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs or not state.is_world_process_zero:
+        if not logs or "reward" not in logs:
             return  # the end-of-training summary and eval logs carry no reward row
+        local_errors = [self.failures.counts().get(r.name, 0) for r in self.rewards]
+        errors = dict(zip((r.name for r in self.rewards), distributed.sum_over_processes(local_errors)))
+        if not state.is_world_process_zero:
+            return
         step, total = state.global_step, state.max_steps
         elapsed_session = time.monotonic() - self._session_start
         steps_done = max(1, step - (self._session_first_step or 0))
@@ -368,13 +392,15 @@ class RunStoreCallback(TrainerCallback):
             "clipped_ratio": logs.get("completions/clipped_ratio"),
             "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
             "step_time_s": logs.get("step_time"),
-            **{f"errors_{r.name}": self.failures.counts().get(r.name, 0) for r in self.rewards},
+            "world_size": distributed.world_size(),
+            "completions_per_step": self.config.completions_per_step * distributed.world_size(),
+            **{f"errors_{r.name}": errors[r.name] for r in self.rewards},
         }
         row = {k: _finite_or_none(v) for k, v in row.items()}
         self.run.append_progress(row)
         self.run.append_rollouts({"step": step, "groups": self._groups()})
         self.run.update_status(step=step, total_steps=total, eta_s=row["eta_s"], elapsed_s=row["elapsed_s"],
-                               reward=row["reward"], reward_errors=self.failures.counts())
+                               reward=row["reward"], reward_errors={k: v for k, v in errors.items() if v})
         log.info("step %d/%d  reward %s  kl %s  len %s  (%.1f s/step, ETA %s)", step, total, _fmt(row["reward"]),
                  _fmt(row["kl"]), _fmt(row["completion_len"]), elapsed_session / steps_done, _fmt_duration(eta))
         for name, message in self.failures.first_errors().items():

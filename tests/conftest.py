@@ -95,6 +95,57 @@ def tiny_config_dict(tiny_model_dir, tmp_path, runs_dir) -> dict:
     }
 
 
+@pytest.fixture
+def finished_run(tiny_config_dict):
+    """A tiny LoRA run trained to the end in float32 (so replies can be compared token for token): its RunDir."""
+    from dragon_ui import training
+    from dragon_ui.config import RunConfig
+
+    tiny_config_dict["hardware"]["dtype"] = "float32"
+    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    handle.wait(timeout=240)
+    status = handle.run.read_status()
+    assert status["state"] == "succeeded", status.get("error")
+    return handle.run
+
+
+def stop_after_last_checkpoint(run) -> tuple[dict, list]:
+    """Turn a finished run into what a stop after its last checkpoint leaves: no adapter/ folder, no "after" score.
+
+    Returns the original eval.json and samples.json contents, so a test can check that re-scoring gives them back.
+    """
+    import json
+    import shutil
+
+    original_eval, original_samples = run.read_eval(), run.read_samples()
+    shutil.rmtree(run.adapter_dir)
+    evaluation = {k: v for k, v in original_eval.items() if k not in ("after", "improvement")}
+    run.eval_path.write_text(json.dumps(evaluation), encoding="utf-8")
+    samples = [{k: v for k, v in sample.items() if k != "after"} for sample in original_samples]
+    run.samples_path.write_text(json.dumps(samples), encoding="utf-8")
+    run.update_status(state="cancelled", heldout_after=None)
+    return original_eval, original_samples
+
+
+
+def strengthen_adapter(run) -> None:
+    """Give the run's adapters (final and checkpoints) large random LoRA B weights, seeded.
+
+    Two GRPO steps on the random tiny model barely move an adapter (its B matrices start at zero), so "the trained
+    model" would answer exactly like the starting one; tests that must tell the two sides apart use this instead.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    generator = torch.Generator().manual_seed(0)
+    for path in sorted(run.path.glob("**/adapter_model.safetensors")):
+        weights = load_file(path)
+        for name, tensor in weights.items():
+            if "lora_B" in name:
+                weights[name] = torch.randn(tensor.shape, generator=generator).to(tensor.dtype)
+        save_file(weights, path, metadata={"format": "pt"})
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a minute (real SmolLM2 weights); still runs in CI")
     config.addinivalue_line("filterwarnings", "ignore::FutureWarning")

@@ -1,0 +1,390 @@
+"""A rough estimate of a run's memory and time per step, before anything is loaded.
+
+The model's size comes from its shape (a preset, or the numbers in a local ``config.json``: weights are never
+loaded). Memory adds the weights (by precision, or 4-bit), the trainable parameters with their gradients and AdamW
+states, and the larger of the generation KV cache and the training activations for ``batch_size * group_size``
+sequences of prompt + ``max_new_tokens``. Time per step adds:
+
+- generation, modelled per new token (a decoding step is latency-bound: a fixed cost per layer, or the weight
+  read, or the compute for all sequences, whichever is larger) times ``max_new_tokens``;
+- the policy's forward and backward, ~6 * params * tokens FLOPs (~4 with LoRA: no weight gradients for the frozen
+  base), and the reference forward when beta > 0, ~2 * params * tokens,
+
+at a throughput assumed per device: on the CPU a quick matmul probe (measured once per precision) times an
+efficiency calibrated on this fact: one GRPO step of SmolLM2-135M with 4 prompts x 6 completions x 16 tokens, LoRA,
+fp32 on two idle cores takes 36-39 s (the probe gives ~200 GFLOP/s there); on CUDA a conservative fraction of the
+GPU's peak, by name (30 TFLOP/s when the name is unknown). It is a rough estimate, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import RunConfig
+from .errors import ConfigError
+from .hardware import HardwareInfo, ResolvedHardware
+from .presets import PRESETS, ModelDims, find_preset
+
+GB = 1024**3
+# Prompt length assumed when the data is not read: a short question with its chat template and default system
+# message (the bundled recipes' prompts are 45-70 tokens).
+PROMPT_TOKENS = 56
+BYTES_PER_VALUE = {"float32": 4, "bfloat16": 2, "float16": 2}
+NF4_BYTES_PER_PARAM = 4.13 / 8  # 4-bit NF4 with double-quantized block scales
+ADAMW_LORA_BYTES = 16  # LoRA parameters stay fp32: weight, gradient and two AdamW moments
+RUNTIME_OVERHEAD_GB = {"cpu": 0.5, "mps": 0.5, "cuda": 0.8}  # Python, torch, tokenizer; the CUDA context
+
+# CPU: the share of the matmul probe a GRPO forward/backward achieves, and the fixed cost of one layer in one
+# decoding step (Python, small ops, thread wake-ups). Both calibrated on the SmolLM2-135M step described above.
+CPU_TRAIN_EFFICIENCY = 0.25
+CPU_LAYER_LATENCY_S = 1.5e-3
+CPU_MEMORY_BANDWIDTH = 20e9  # bytes/s, a conservative single-socket figure
+# GPUs: peak dense 16-bit tensor FLOP/s and memory bandwidth by name; small-model RL reaches a fraction of it.
+GPU_SPECS = (  # (name fragment, peak FLOP/s, bytes/s); checked in order, so "A100" comes before "A10"
+    ("H200", 989e12, 4.8e12), ("H100", 756e12, 2.0e12), ("A100", 312e12, 1.6e12), ("L40S", 362e12, 0.86e12),
+    ("L40", 181e12, 0.86e12), ("A10G", 70e12, 0.6e12), ("A10", 125e12, 0.6e12), ("L4", 121e12, 0.3e12),
+    ("T4", 65e12, 0.32e12), ("V100", 125e12, 0.9e12), ("4090", 165e12, 1.0e12), ("3090", 71e12, 0.94e12),
+)
+GPU_EFFICIENCY = 0.3
+GPU_DEFAULT_FLOPS = 30e12
+GPU_DEFAULT_BANDWIDTH = 0.5e12
+GPU_LAYER_LATENCY_S = 0.5e-3  # kernel launches and Python per layer per decoding step in transformers' generate
+GPU_FP32_SLOWDOWN = 8  # fp32 runs without tensor cores
+MPS_FLOPS, MPS_BANDWIDTH, MPS_LAYER_LATENCY_S = 2e12, 100e9, 1.0e-3
+QUANTIZED_SLOWDOWN = 1.5  # bitsandbytes dequantizes the 4-bit weights in every matmul
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model's shape.
+
+
+def dims_from_config(config: dict) -> ModelDims:
+    """The shape from a Hugging Face ``config.json`` (multimodal configs keep it under ``text_config``)."""
+    config = config.get("text_config") or config
+
+    def first(*keys, default=None):
+        for key in keys:
+            if config.get(key) is not None:
+                return config[key]
+        if default is None:
+            raise ConfigError(f"The model's config.json has no {keys[0]}, so its size cannot be estimated.")
+        return default
+
+    hidden = int(first("hidden_size", "n_embd", "d_model"))
+    heads = int(first("num_attention_heads", "n_head"))
+    return ModelDims(
+        hidden_size=hidden, num_layers=int(first("num_hidden_layers", "n_layer")),
+        intermediate_size=int(first("intermediate_size", "n_inner", default=4 * hidden)),
+        vocab_size=int(first("vocab_size")), num_heads=heads,
+        num_kv_heads=int(first("num_key_value_heads", default=heads)),
+        head_dim=config.get("head_dim"), tied_embeddings=bool(config.get("tie_word_embeddings", True)),
+    )
+
+
+def generic_dims(params: float) -> ModelDims:
+    """A typical shape of a given size (24 layers, 50k vocabulary, MLP 8/3 wide) when only the size is known."""
+    layers, vocab = 24, 50_000
+    # params ~= vocab * h + layers * 12 h^2  ->  solve for h, rounded up to a multiple of 64
+    hidden = (-vocab + math.sqrt(vocab**2 + 4 * layers * 12 * params)) / (2 * layers * 12)
+    hidden = max(64, math.ceil(hidden / 64) * 64)
+    return ModelDims(hidden, layers, hidden * 8 // 3, vocab, hidden // 64, hidden // 64)
+
+
+_SIZE_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*([mb])(?![a-z])", re.IGNORECASE)
+
+
+def model_dims(model_id: str) -> tuple[ModelDims, str]:
+    """The shape of ``model.id`` and where it came from; ConfigError when the size cannot be known here."""
+    model_id = model_id.strip()
+    preset = find_preset(model_id)
+    if preset is not None:
+        return preset.dims, "preset"
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        return _local_dims(path)
+    cached = _hub_cache_config(model_id)
+    if cached is not None:
+        return dims_from_config(json.loads(cached.read_text(encoding="utf-8"))), "config.json in the Hugging Face cache"
+    match = _SIZE_IN_NAME.search(model_id.rsplit("/", 1)[-1])
+    if match:
+        params = float(match.group(1)) * (1e6 if match.group(2).lower() == "m" else 1e9)
+        return generic_dims(params), f"size read from the name ({match.group(1)}{match.group(2).upper()}), typical shape assumed"
+    raise ConfigError(f"The size of {model_id} is unknown here (not a preset, not downloaded, no size in its name), "
+                      "so no estimate can be made; it may still train fine.")
+
+
+def _local_dims(path: Path) -> tuple[ModelDims, str]:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ConfigError(f"The folder {path} holds no config.json, so the model's size is unknown.")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise ConfigError(f"{config_path} is not readable JSON, so the model's size is unknown.") from None
+    if (path / "status.json").is_file() and isinstance(config.get("model"), dict):  # a run folder: its config is a RunConfig
+        if (path / "model" / "config.json").is_file():
+            return _local_dims(path / "model")
+        dims, source = model_dims(str(config["model"].get("id", "")))
+        return dims, f"the starting model of run {path.name} ({source})"
+    return dims_from_config(config), "config.json of the local folder"
+
+
+def _hub_cache_config(model_id: str) -> Path | None:
+    if model_id.count("/") != 1:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model_id, "config.json")
+    except Exception:  # a malformed id is simply "not cached"
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Memory.
+
+
+def lora_params(dims: ModelDims, r: int, target_modules: str | list[str]) -> int:
+    """Adapter parameters: r * (in + out) for each targeted projection of every block ("all-linear": all seven)."""
+    shapes = dims.projection_shapes()
+    targets = list(shapes) if target_modules == "all-linear" else [t for t in target_modules if t in shapes]
+    return dims.num_layers * sum(r * sum(shapes[t]) for t in targets)
+
+
+@dataclass
+class MemoryEstimate:
+    weights_gb: float
+    trainable_gb: float  # trainable weights, their gradients and AdamW states (and a reference copy without LoRA)
+    activations_gb: float  # training forward/backward for one micro-batch
+    generation_gb: float  # KV cache while sampling the completions
+    overhead_gb: float
+
+    @property
+    def total_gb(self) -> float:
+        return self.weights_gb + self.trainable_gb + max(self.activations_gb, self.generation_gb) + self.overhead_gb
+
+
+def _value_bytes(dtype: str, load_in_4bit: bool) -> int:
+    return 2 if load_in_4bit else BYTES_PER_VALUE[dtype]
+
+
+def estimate_memory(config: RunConfig, dims: ModelDims, dtype: str, load_in_4bit: bool, device: str,
+                    prompt_tokens: int = PROMPT_TOKENS) -> MemoryEstimate:
+    value = _value_bytes(dtype, load_in_4bit)
+    if load_in_4bit:
+        weights = dims.linear_params * NF4_BYTES_PER_PARAM + (dims.params - dims.linear_params) * value
+    else:
+        weights = dims.params * value
+
+    if config.lora.enabled:
+        trainable = lora_params(dims, config.lora.r, config.lora.target_modules) * ADAMW_LORA_BYTES
+    else:  # gradients and two AdamW moments in the weights' precision, plus a frozen reference copy if beta > 0
+        trainable = dims.params * value * (3 + (1 if config.grpo.beta > 0 else 0))
+
+    tokens = prompt_tokens + config.grpo.max_new_tokens
+    micro_batch = config.training.batch_size * config.grpo.group_size
+    h, i = dims.hidden_size, dims.intermediate_size
+    per_token_layer = 10 * h + 4 * i + 3 * dims.kv_width + dims.num_heads * tokens  # norms, q/k/v, MLP, attention scores
+    if config.lora.enabled:
+        shapes = dims.projection_shapes()
+        targets = shapes if config.lora.target_modules == "all-linear" else {t: shapes[t] for t in config.lora.target_modules if t in shapes}
+        per_token_layer += sum(n_in + config.lora.r for n_in, _ in targets.values())  # dropout output and A x per adapter
+    if config.training.gradient_checkpointing:  # only each block's input is kept; one block is recomputed at a time
+        activation_values = micro_batch * tokens * (dims.num_layers * h + per_token_layer)
+    else:
+        activation_values = micro_batch * tokens * dims.num_layers * per_token_layer
+    logits = micro_batch * config.grpo.max_new_tokens * dims.vocab_size * 4 * 2  # fp32 logits and log-softmax
+    activations = activation_values * value + logits
+
+    generation_batch = micro_batch * config.training.grad_accum  # TRL samples every micro-batch of a step at once
+    kv_cache = generation_batch * tokens * dims.num_layers * 2 * dims.kv_width * value
+    generation = kv_cache + generation_batch * dims.vocab_size * 4 * 2
+    return MemoryEstimate(weights / GB, trainable / GB, activations / GB, generation / GB, RUNTIME_OVERHEAD_GB[device])
+
+
+MINIMUM_SETTINGS = "LoRA on 16-bit weights, 2 prompts x 4 completions of up to 64 tokens"
+
+
+def minimum_memory_gb(dims: ModelDims) -> float:
+    """Memory for a small but useful run (see MINIMUM_SETTINGS): what the presets table shows."""
+    config = RunConfig()
+    config.training.batch_size, config.grpo.group_size, config.grpo.max_new_tokens = 2, 4, 64
+    return estimate_memory(config, dims, "bfloat16", load_in_4bit=False, device="cpu").total_gb
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Speed.
+
+
+@dataclass(frozen=True)
+class DeviceSpeed:
+    """What one device achieves on this workload (not its peak)."""
+
+    description: str
+    flops: float  # FLOP/s in forward and backward passes
+    bandwidth: float  # bytes/s for reading the weights
+    layer_latency_s: float  # fixed cost of one layer in one decoding step
+
+
+_CPU_PROBE: dict[str, float] = {}
+
+
+def cpu_flops_per_thread(dtype: str) -> float:
+    """FLOP/s per torch thread of a transformer-sized matmul on this CPU (measured once per precision, ~0.1 s)."""
+    if dtype not in _CPU_PROBE:
+        import torch
+
+        torch_dtype = getattr(torch, dtype)
+        a, b = torch.randn(512, 576, dtype=torch_dtype), torch.randn(576, 1536, dtype=torch_dtype)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(4):
+                a @ b
+            best = min(best, (time.perf_counter() - start) / 4)
+        _CPU_PROBE[dtype] = 2 * 512 * 576 * 1536 / best / torch.get_num_threads()
+    return _CPU_PROBE[dtype]
+
+
+def device_speed(hardware: ResolvedHardware, info: HardwareInfo, cpu_flops: float | None = None) -> DeviceSpeed:
+    """The assumed throughput of the resolved device. ``cpu_flops``: the matmul probe's FLOP/s with the run's
+    threads (measured here when not given)."""
+    if hardware.device == "cuda":
+        name = info.cuda[0].name if info.cuda else ""
+        spec = next(((f, b) for key, f, b in GPU_SPECS if key in name.upper()), None)
+        flops, bandwidth = (spec[0] * GPU_EFFICIENCY, spec[1]) if spec else (GPU_DEFAULT_FLOPS, GPU_DEFAULT_BANDWIDTH)
+        if hardware.dtype == "float32":
+            flops /= GPU_FP32_SLOWDOWN
+        described = f"{name or 'a CUDA GPU'}, assuming {flops / 1e12:.0f} TFLOP/s" + ("" if spec else " (unknown GPU)")
+        return DeviceSpeed(described, flops, bandwidth, GPU_LAYER_LATENCY_S)
+    if hardware.device == "mps":
+        return DeviceSpeed(f"Apple MPS, assuming {MPS_FLOPS / 1e12:.0f} TFLOP/s", MPS_FLOPS, MPS_BANDWIDTH, MPS_LAYER_LATENCY_S)
+    if cpu_flops is None:
+        cpu_flops = cpu_flops_per_thread(hardware.dtype) * hardware.cpu_threads
+    threads = f"{hardware.cpu_threads} CPU thread{'s' if hardware.cpu_threads > 1 else ''}"
+    return DeviceSpeed(f"{threads}, measured {cpu_flops / 1e9:.0f} GFLOP/s in {hardware.dtype}",
+                       cpu_flops * CPU_TRAIN_EFFICIENCY, CPU_MEMORY_BANDWIDTH, CPU_LAYER_LATENCY_S)
+
+
+@dataclass
+class StepTime:
+    generation_s: float
+    training_s: float  # policy forward and backward
+    reference_s: float  # reference model forward (beta > 0)
+
+    @property
+    def total_s(self) -> float:
+        return self.generation_s + self.training_s + self.reference_s
+
+
+def estimate_step_time(config: RunConfig, dims: ModelDims, speed: DeviceSpeed, dtype: str, load_in_4bit: bool,
+                       prompt_tokens: int = PROMPT_TOKENS) -> StepTime:
+    params = dims.params
+    sequences = config.training.batch_size * config.grpo.group_size * config.training.grad_accum
+    new_tokens = config.grpo.max_new_tokens
+    tokens = sequences * (prompt_tokens + new_tokens)
+    slowdown = QUANTIZED_SLOWDOWN if load_in_4bit else 1.0
+    weight_bytes = params * (NF4_BYTES_PER_PARAM if load_in_4bit else _value_bytes(dtype, False))
+
+    per_new_token = dims.num_layers * speed.layer_latency_s + max(2 * params * sequences / speed.flops,
+                                                                  weight_bytes / speed.bandwidth)
+    prefill = 2 * params * sequences * prompt_tokens / speed.flops
+    generation = (prefill + new_tokens * per_new_token) * slowdown
+
+    backward_factor = 4 if config.lora.enabled else 6  # LoRA computes no gradients for the frozen weights
+    if config.training.gradient_checkpointing:
+        backward_factor += 2  # every block's forward runs twice
+    training = backward_factor * params * tokens / speed.flops * slowdown
+    reference = 2 * params * tokens / speed.flops * slowdown if config.grpo.beta > 0 else 0.0
+    return StepTime(generation, training, reference)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Both, for the UI.
+
+
+@dataclass
+class Estimate:
+    model_id: str
+    params: int
+    dims_source: str
+    device: str
+    memory: MemoryEstimate
+    step: StepTime
+    speed: DeviceSpeed
+    max_steps: int | None
+    available_gb: float | None
+    prompt_tokens: int = PROMPT_TOKENS
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.available_gb is None else self.memory.total_gb <= self.available_gb
+
+    def describe(self) -> str:
+        """Markdown lines for the UI, starting with the plain warning that this is rough."""
+        m, s = self.memory, self.step
+        lines = [
+            f"**Rough estimate** for {self.model_id} ({format_params(self.params)} parameters, {self.dims_source}), "
+            f"assuming prompts of ~{self.prompt_tokens} tokens and completions that use every new token:",
+            f"- **Memory ≈ {m.total_gb:.1f} GB**: weights {m.weights_gb:.2f} GB, trainable + optimizer "
+            f"{m.trainable_gb:.2f} GB, activations {max(m.activations_gb, m.generation_gb):.2f} GB, runtime {m.overhead_gb:.1f} GB",
+            f"- **Time per step ≈ {format_seconds(s.total_s)}**: generation {format_seconds(s.generation_s)}, "
+            f"forward + backward {format_seconds(s.training_s)}"
+            + (f", reference model {format_seconds(s.reference_s)}" if s.reference_s else "") + f" ({self.speed.description})",
+        ]
+        if self.max_steps:
+            lines.append(f"- **{self.max_steps} steps ≈ {format_seconds(s.total_s * self.max_steps)}**, plus model "
+                         "loading and the before/after scoring")
+        if self.fits is False:
+            lines.append(f"- ⚠️ That is more than the {self.available_gb:.1f} GB available on the {self.device}: lower "
+                         "batch size, group size or max new tokens, turn on gradient checkpointing, or use 4-bit weights.")
+        lines += [f"- {note}" for note in self.notes]
+        lines.append("Real runs often differ by 2x either way; the Train tab shows the measured time per step.")
+        return "\n".join(lines)
+
+
+def estimate_run(config: RunConfig, hardware: ResolvedHardware, info: HardwareInfo, cpu_flops: float | None = None,
+                 prompt_tokens: int = PROMPT_TOKENS) -> Estimate:
+    """Memory and time per step of ``config`` on the resolved hardware (ConfigError when the size is unknown)."""
+    dims, source = model_dims(config.model.id)
+    speed = device_speed(hardware, info, cpu_flops)
+    memory = estimate_memory(config, dims, hardware.dtype, hardware.load_in_4bit, hardware.device, prompt_tokens)
+    step = estimate_step_time(config, dims, speed, hardware.dtype, hardware.load_in_4bit, prompt_tokens)
+    return Estimate(config.model.id, dims.params, source, hardware.device, memory, step, speed,
+                    config.training.max_steps, available_memory_gb(hardware, info), prompt_tokens)
+
+
+def available_memory_gb(hardware: ResolvedHardware, info: HardwareInfo) -> float | None:
+    """Free memory on the device that will hold the model: the GPU's free memory, else the machine's."""
+    if hardware.device == "cuda":
+        return info.cuda[0].free_gb if info.cuda else None
+    try:
+        pages = os.sysconf("SC_AVPHYS_PAGES" if hardware.device == "cpu" else "SC_PHYS_PAGES")
+        return pages * os.sysconf("SC_PAGE_SIZE") / GB
+    except (ValueError, OSError, AttributeError):  # not every platform names these
+        return None
+
+
+def format_params(params: float) -> str:
+    if params >= 1e9:
+        return f"{params / 1e9:.2f}B"
+    return f"{params / 1e6:.0f}M" if params >= 1e6 else f"{params / 1e3:.0f}K"
+
+
+def format_seconds(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+

@@ -1,0 +1,363 @@
+"""What the Data tab preview and the Rewards playground compute, without gradio, so tests can call it directly.
+
+Both show what training will see before a run starts: the same loading and mapping (data.py), the model's own chat
+template, the one scoring function (rewards.score_completion) and GRPO's group-relative advantage. A mapping mistake
+or a reward that gives every reply the same score then shows up here instead of twenty minutes into a run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .config import ModelConfig
+from .data import (MIN_ROWS_FOR_EVAL, DataConfig, columns_of, is_hub_dataset_id, load_table, map_rows, prompt_text,
+                   resolve_source)
+from .errors import ConfigError, DragonError
+from .rewards import Reward, ScoreResult, score_completion
+
+PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
+RENDERED_ROWS = 3  # rows whose full chat prompt is shown
+LENGTH_SAMPLE = 2000  # prompts measured for the length statistics; enough for min/mean/max, fast on big datasets
+ADVANTAGE_EPSILON = 1e-4  # as in GRPO: (total - mean) / (std + epsilon)
+TOKENIZER_RETRY_S = 60  # a tokenizer that failed to load (e.g. the Hub was unreachable) is tried again after this
+
+# Column names that usually hold the prompt / the reference answer, tried in this order when a new file arrives.
+PROMPT_GUESSES = ("prompt", "question", "problem", "instruction", "query", "input", "text")
+REFERENCE_GUESSES = ("answer", "reference", "solution", "target", "output", "label", "response")
+
+_CACHED_TABLES = 4
+_tables: OrderedDict[tuple, list[dict]] = OrderedDict()
+_tables_lock = threading.Lock()
+_tokenizers: dict[tuple, tuple[object | None, str, float]] = {}  # key -> (tokenizer or None, note, time of failure)
+_tokenizers_lock = threading.Lock()
+
+
+# --------------------------------------------------------------------------------------------- data preview
+
+
+@dataclass
+class LengthStats:
+    """Prompt lengths as the model will see them (tokens, chat template included), or in words without a tokenizer."""
+
+    unit: str  # "tokens" or "words"
+    minimum: int
+    mean: float
+    maximum: int
+    measured: int  # prompts measured (at most LENGTH_SAMPLE)
+    total: int  # prompts in the dataset
+
+    def summary(self) -> str:
+        scope = (f"all {self.total} prompts" if self.measured == self.total
+                 else f"the first {self.measured} of {self.total} prompts")
+        return (f"Prompt length in {self.unit}: min {self.minimum}, mean {self.mean:.1f}, max {self.maximum} "
+                f"({scope}).")
+
+
+@dataclass
+class DataPreview:
+    """Everything the Data tab shows for one data setting. ``error`` is set instead of raising."""
+
+    columns: list[str]
+    rows: list[dict]  # the first PREVIEW_ROWS rows of the file, every value as display text
+    examples: list[dict]  # those rows mapped to examples in file order (no held-out split), for prompts and playground
+    rendered: list[str]  # the full prompt text of the first RENDERED_ROWS examples
+    rendered_note: str  # how ``rendered`` was made: the model's chat template, or plain text and why
+    n_rows: int = 0
+    n_train: int = 0
+    n_eval: int = 0
+    n_skipped: int = 0
+    lengths: LengthStats | None = None
+    error: str | None = None
+    error_field: str | None = None  # "source" when the data could not be read, "mapping" when it could not be mapped
+
+    def counts_summary(self) -> str:
+        """One or two sentences with the split, e.g. '400 rows: 380 for training, 20 held out, 0 skipped.'."""
+        rows = f"{self.n_rows} row" + ("" if self.n_rows == 1 else "s")
+        text = f"{rows}: {self.n_train} for training, {self.n_eval} held out, {self.n_skipped} skipped."
+        if self.n_skipped:
+            text += " Skipped rows gave an empty prompt."
+        if self.n_eval == 0 and self.n_train < MIN_ROWS_FOR_EVAL:
+            text += (f" With fewer than {MIN_ROWS_FOR_EVAL} usable rows nothing is held out, so there will be no "
+                     "before/after evaluation.")
+        return text
+
+
+def load_rows(data: DataConfig, base_dir: str | None = None) -> list[dict]:
+    """load_table with a small cache, so editing the mapping does not re-read (or re-download) the data each time.
+
+    A local file is cached by its modification time and size, so saving it again is seen. Callers must not modify
+    the returned rows.
+    """
+    source = data.source.strip()
+    path = Path(resolve_source(source, base_dir))
+    if path.is_file():
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    elif is_hub_dataset_id(source):
+        key = (source, data.hub_config, data.hub_split)
+    else:
+        key = None  # a missing path or a folder: load_table explains the problem
+    with _tables_lock:
+        if key in _tables:
+            _tables.move_to_end(key)
+            return _tables[key]
+    rows = load_table(source, data.hub_config, data.hub_split, base_dir=base_dir)
+    with _tables_lock:
+        _tables[key] = rows
+        while len(_tables) > _CACHED_TABLES:
+            _tables.popitem(last=False)
+    return rows
+
+
+def error_field(message: str) -> str:
+    """Where the UI shows a data error: next to the source (file, Hub id, split) or under the mapping."""
+    return "source" if message.startswith(("data.source", "data.hub")) else "mapping"
+
+
+def display_text(value, limit: int = 300) -> str:
+    """A cell as one short line of text for the preview table; nested values as JSON."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def plain_prompt(messages: list[dict]) -> str:
+    """A chat prompt as 'system: ...' / 'user: ...' lines, for when no chat template is available."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def render_prompt(messages: list[dict], tokenizer) -> str:
+    """The exact text the model reads: the chat template with the assistant turn opened, as in generation."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def _render_all(examples: list[dict], tokenizer, tokenizer_note: str) -> tuple[list[str], str, bool]:
+    """(texts, note, templated): every prompt through the chat template, or all as plain text with the reason."""
+    if tokenizer is not None:
+        try:
+            return [render_prompt(ex["prompt"], tokenizer) for ex in examples], tokenizer_note, True
+        except Exception as exc:  # templates raise on messages they do not support (e.g. a system role)
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            note = f"Shown as plain text because the model's chat template rejected these messages ({reason})."
+            return [plain_prompt(ex["prompt"]) for ex in examples], note, False
+    return [plain_prompt(ex["prompt"]) for ex in examples], tokenizer_note, False
+
+
+def prompt_lengths(texts: list[str], total: int, tokenizer=None) -> LengthStats | None:
+    """Length statistics of the given prompt texts, in tokens with a tokenizer, else in words."""
+    if not texts:
+        return None
+    if tokenizer is not None:
+        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        unit = "tokens"
+    else:
+        lengths = [len(text.split()) for text in texts]
+        unit = "words"
+    return LengthStats(unit, min(lengths), sum(lengths) / len(lengths), max(lengths), len(texts), total)
+
+
+def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
+                 tokenizer_note: str = "") -> DataPreview:
+    """Load, map and measure a data setting the way training will; problems come back as ``error``, never raised.
+
+    ``tokenizer`` (with ``tokenizer_note`` saying whose chat template it is) renders prompts and counts tokens;
+    without one, prompts are plain 'system:/user:' text, measured in words, and the note says why.
+    """
+    empty = DataPreview(columns=[], rows=[], examples=[], rendered=[], rendered_note=tokenizer_note)
+    try:
+        data.validate()
+    except ConfigError as exc:
+        if error_field(str(exc)) == "source":
+            return replace(empty, error=str(exc), error_field="source")
+    try:
+        rows = load_rows(data, base_dir)
+    except ConfigError as exc:
+        return replace(empty, error=str(exc), error_field="source")
+    columns = columns_of(rows)
+    table = [{column: display_text(row.get(column)) for column in columns} for row in rows[:PREVIEW_ROWS]]
+    preview = replace(empty, columns=columns, rows=table)
+    try:
+        mapped = map_rows(rows, data)
+    except ConfigError as exc:
+        return replace(preview, error=str(exc), error_field="mapping")
+    try:  # the first rows in file order, unsplit; they may all be empty even when later rows are not
+        examples = map_rows(rows[:PREVIEW_ROWS], replace(data, eval_frac=0.0, max_rows=None)).train
+    except ConfigError:
+        examples = []
+    everything = mapped.train + mapped.eval
+    texts, note, templated = _render_all(everything[:LENGTH_SAMPLE], tokenizer, tokenizer_note)
+    shown, _, _ = _render_all(examples[:RENDERED_ROWS], tokenizer if templated else None, note)
+    return replace(
+        preview, examples=examples, rendered=shown, rendered_note=note, n_rows=mapped.n_rows,
+        n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
+        lengths=prompt_lengths(texts, len(everything), tokenizer),
+    )
+
+
+def preview_examples(data: DataConfig, base_dir: str | None = None) -> list[dict]:
+    """The first PREVIEW_ROWS rows as examples, in file order and unsplit: the playground's rows.
+
+    Raises ConfigError with the sentence to show when the data cannot be read or mapped.
+    """
+    data.validate()
+    return map_rows(load_rows(data, base_dir)[:PREVIEW_ROWS], replace(data, eval_frac=0.0, max_rows=None)).train
+
+
+def fit_mapping(data: DataConfig, rows: list[dict]) -> tuple[DataConfig, list[str]]:
+    """Adapt the mapping to a newly chosen table: settings that name columns it lacks are replaced by a good guess.
+
+    Returns the new setting and one sentence per change, so the user sees what was picked for them. Settings that
+    already work are kept as they are.
+    """
+    columns = columns_of(rows)
+    sample = rows[:PREVIEW_ROWS]
+    notes: list[str] = []
+    for _ in range(3):  # prompt, reference, system: each is fixed at most once
+        try:
+            map_rows(sample, replace(data, eval_frac=0.0, max_rows=None))
+            break
+        except ConfigError as exc:
+            message = str(exc)
+        prompt_guess = _guess(columns, PROMPT_GUESSES) or columns[0]
+        if message.startswith("data.prompt") and data.prompt != prompt_guess:
+            notes.append(f"The prompt now uses the column '{prompt_guess}' ('{data.prompt}' does not fit this data).")
+            data = replace(data, prompt=prompt_guess)
+        elif message.startswith("data.reference") and data.reference:
+            guess = _guess(columns, REFERENCE_GUESSES)
+            notes.append(f"The reference now uses the column '{guess}' ('{data.reference}' does not fit this data)."
+                         if guess else f"The reference '{data.reference}' does not fit this data, so it was cleared.")
+            data = replace(data, reference=guess)
+        elif message.startswith("data.system") and data.system:
+            notes.append(f"The system message '{data.system}' does not fit this data, so it was cleared.")
+            data = replace(data, system=None)
+        else:
+            break  # not a mapping problem (or not one a guess can fix): preview_data will explain it
+    return data, notes
+
+
+def _guess(columns: list[str], names: tuple[str, ...]) -> str | None:
+    lowered = {column.lower(): column for column in columns}
+    return next((lowered[name] for name in names if name in lowered), None)
+
+
+def preview_tokenizer(model: ModelConfig) -> tuple[object | None, str]:
+    """(tokenizer, note) of the starting model, loaded once per model; (None, reason) when it cannot be loaded.
+
+    Only the tokenizer is loaded, so the data preview stays cheap. The offline copy of the default model is the one
+    exception: it is converted once (about 20 s) before its tokenizer can be read. A failure is remembered for
+    TOKENIZER_RETRY_S seconds, so editing the mapping does not retry an unreachable Hub on every change.
+    """
+    from .models import load_tokenizer, resolve_model
+
+    key = (model.id.strip(), model.revision, model.trust_remote_code)
+    with _tokenizers_lock:  # held while loading, so concurrent previews wait for one load instead of repeating it
+        cached = _tokenizers.get(key)
+        if cached is not None and (cached[0] is not None or time.monotonic() - cached[2] < TOKENIZER_RETRY_S):
+            return cached[0], cached[1]
+        try:
+            source = resolve_model(model)
+            _tokenizers[key] = (load_tokenizer(source), f"Rendered with the chat template of {source.label}.", 0.0)
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, DragonError) else f"{type(exc).__name__}: {exc}"
+            _tokenizers[key] = (None, "Shown as plain system:/user: text, with lengths in words, because the "
+                                      f"tokenizer of {model.id} could not be loaded: {reason.splitlines()[0]}",
+                                time.monotonic())
+        return _tokenizers[key][0], _tokenizers[key][1]
+
+
+def data_config(draft: dict) -> DataConfig:
+    """The data section of a draft (a RunConfig.to_dict() shape) as a DataConfig; a missing section is empty."""
+    try:
+        return DataConfig(**(draft.get("data") or {}))
+    except TypeError as exc:
+        raise ConfigError(f"The data settings of this draft are not valid ({exc}); load a recipe again.") from None
+
+
+# --------------------------------------------------------------------------------------------- reward playground
+
+
+def score_example(rewards: list[Reward], example: dict, completion: str) -> ScoreResult:
+    """Score one reply to a mapped example exactly as training and evaluation do."""
+    return score_completion(rewards, completion, reference=example.get("reference") or None,
+                            prompt=prompt_text(example), row=json.loads(example.get("row") or "{}"))
+
+
+@dataclass
+class GroupScores:
+    """The replies to one prompt, scored, with GRPO's advantage: how much better than the group's mean each one is."""
+
+    prompt: str
+    reference: str
+    completions: list[str]
+    results: list[ScoreResult]
+    advantages: list[float]
+    mean: float
+    std: float
+
+    @property
+    def totals(self) -> list[float]:
+        return [result.total for result in self.results]
+
+    @property
+    def reward_names(self) -> list[str]:
+        return list(self.results[0].scores) if self.results else []
+
+
+def score_group(rewards: list[Reward], example: dict, completions: list[str]) -> GroupScores:
+    """Score every completion of one prompt and normalise within the group like GRPO: (total - mean) / (std + 1e-4).
+
+    The standard deviation is the sample one (n - 1), as TRL computes it per group.
+    """
+    results = [score_example(rewards, example, completion) for completion in completions]
+    totals = [result.total for result in results]
+    mean = statistics.fmean(totals) if totals else 0.0
+    std = statistics.stdev(totals) if len(totals) > 1 else 0.0
+    advantages = [(total - mean) / (std + ADVANTAGE_EPSILON) for total in totals]
+    return GroupScores(prompt_text(example), example.get("reference", ""), list(completions), results, advantages,
+                       mean, std)
+
+
+def no_signal_warning(group: GroupScores) -> str | None:
+    """The sentence to show when every reply of a group scored the same: GRPO then has nothing to learn from it."""
+    totals = group.totals
+    if len(totals) < 2 or max(totals) - min(totals) > 1e-6:
+        return None
+    return (f"All {len(totals)} replies to this prompt scored {totals[0]:.2f}: GRPO learns nothing from this group. "
+            "Try a higher temperature, a larger group, partial-credit rewards (length, format, json keys), "
+            "or easier prompts.")
+
+
+def reward_failures(group: GroupScores) -> list[str]:
+    """One sentence per reward that failed on some replies (a failure scores 0), with its first error message."""
+    failures: dict[str, tuple[int, str]] = {}
+    for result in group.results:
+        for name, error in result.errors.items():
+            count, first = failures.get(name, (0, error))
+            failures[name] = (count + 1, first)
+    return [f"The reward {name} failed on {count} of {len(group.results)} replies (scored 0): {first}"
+            for name, (count, first) in failures.items()]
+
+
+def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict], group_size: int,
+                    temperature: float, max_new_tokens: int,
+                    should_stop: Callable[[], bool] | None = None) -> Iterator[GroupScores]:
+    """Sample ``group_size`` replies to each example, as one GRPO step would, and yield each prompt's scored group.
+
+    ``should_stop`` is checked before each prompt, so a cancel takes effect between prompts.
+    """
+    from .evaluation import generate_replies
+
+    for example in examples:
+        if should_stop is not None and should_stop():
+            return
+        replies = generate_replies(model, tokenizer, [example["prompt"]] * group_size, max_new_tokens,
+                                   batch_size=group_size, temperature=temperature)
+        yield score_group(rewards, example, replies)

@@ -1,0 +1,188 @@
+"""Export a run configuration as a self-contained folder that trains on several GPUs or nodes.
+
+The folder holds everything the run needs and nothing of this machine: the engine package, the config with its
+paths made relative, the dataset file and custom reward files, an accelerate config for the chosen strategy, a
+``launch.sh`` for one node, a SLURM template for several, and a README. Nothing here re-implements distributed
+training: accelerate (DDP, DeepSpeed ZeRO, FSDP) and TRL's vLLM integration do the work.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import yaml
+
+from .config import RunConfig
+from .data import is_hub_dataset_id, resolve_source
+from .errors import ConfigError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REQUIREMENTS = PACKAGE_DIR.parent / "requirements.txt"
+VLLM_PORT = 8000
+
+
+def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, nodes: int = 1) -> Path:
+    """Write the launch folder for ``gpus`` GPUs per node on ``nodes`` nodes and return its path."""
+    if not 1 <= gpus <= 64:
+        raise ConfigError(f"--gpus must be between 1 and 64 GPUs per node; got {gpus}.")
+    if not 1 <= nodes <= 1024:
+        raise ConfigError(f"--nodes must be between 1 and 1024; got {nodes}.")
+    target = Path(target).expanduser().resolve()
+    if target.exists() and any(target.iterdir()):
+        raise ConfigError(f"{target} already exists and is not empty; choose a new folder so nothing is overwritten.")
+    (target / "data").mkdir(parents=True, exist_ok=True)
+
+    exported = copy.deepcopy(config)
+    base_dir = config.base_dir or None
+    source = Path(resolve_source(config.data.source, base_dir))
+    if source.is_file():
+        shutil.copy2(source, target / "data" / source.name)
+        exported.data.source = f"data/{source.name}"
+    elif not is_hub_dataset_id(config.data.source):  # a Hub id is downloaded by the cluster itself
+        raise ConfigError(f"data.source: no file at {source} to copy into the export.")
+    for spec in exported.rewards:
+        if spec.kind == "custom" and spec.file:
+            source = Path(spec.file) if Path(spec.file).is_absolute() else Path(base_dir or ".") / spec.file
+            if not source.is_file():
+                raise ConfigError(f"The custom reward '{spec.name}' reads {source}, which does not exist.")
+            (target / "rewards").mkdir(exist_ok=True)
+            shutil.copy2(source, target / "rewards" / source.name)
+            spec.file = f"rewards/{source.name}"
+    # The cluster decides its own hardware; runs land next to the launch files.
+    exported.hardware.device, exported.hardware.dtype, exported.hardware.cpu_threads = "auto", "auto", None
+    exported.runs_dir, exported.base_dir = "runs", ""
+
+    data = exported.to_dict()
+    data.pop("base_dir")
+    (target / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    (target / "accelerate.yaml").write_text(_accelerate_config(config.distributed.strategy, gpus, nodes), encoding="utf-8")
+    shutil.copytree(PACKAGE_DIR, target / "dragon_ui", ignore=shutil.ignore_patterns("__pycache__", "ui", "*.pyc"))
+    if REQUIREMENTS.is_file():
+        shutil.copy2(REQUIREMENTS, target / "requirements.txt")
+    vllm_server = config.generation.backend == "vllm-server"
+    _write_script(target / "launch.sh", _launch_script(gpus))
+    _write_script(target / "slurm.sbatch", _slurm_script(config, gpus, nodes, vllm_server))
+    (target / "README.md").write_text(_readme(config, gpus, nodes, vllm_server), encoding="utf-8")
+    return target
+
+
+def _accelerate_config(strategy: str, gpus: int, nodes: int) -> str:
+    template = yaml.safe_load((PACKAGE_DIR / "accelerate_configs" / f"{strategy}.yaml").read_text(encoding="utf-8"))
+    template.update(num_processes=gpus * nodes, num_machines=nodes)
+    header = f"# accelerate config for distributed.strategy {strategy}: {nodes} node(s) x {gpus} GPU(s).\n"
+    return header + yaml.safe_dump(template, sort_keys=False)
+
+
+def _write_script(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+    path.chmod(0o755)
+
+
+def _launch_script(gpus: int) -> str:
+    return f"""#!/usr/bin/env bash
+# Train this run on one node with {gpus} GPU(s):   ./launch.sh
+# Continue it after a stop or a crash:         ./launch.sh --resume runs/<id>
+# Smoke-test it on CPU processes (no GPU):      GPUS=2 ./launch.sh --cpu --set training.max_steps=2
+# Extra arguments go to `python -m dragon_ui train`, e.g. --set training.max_steps=100.
+# PYTHON picks the interpreter (default: python on PATH, e.g. your activated virtual environment).
+set -euo pipefail
+cd "$(dirname "$0")"
+export PYTHONPATH="$PWD${{PYTHONPATH:+:$PYTHONPATH}}"
+GPUS="${{GPUS:-{gpus}}}"
+
+if [ "${{1:-}}" = "--resume" ]; then
+  shift
+  TRAIN=(train --resume "$@")
+elif [ "${{1:-}}" = "--cpu" ]; then
+  shift
+  exec "${{PYTHON:-python}}" -m torch.distributed.run --standalone --nproc_per_node "$GPUS" \
+    -m dragon_ui train config.yaml --set hardware.device=cpu "$@"
+else
+  TRAIN=(train config.yaml "$@")
+fi
+exec "${{PYTHON:-python}}" -m accelerate.commands.launch --config_file accelerate.yaml --num_processes "$GPUS" \
+  --num_machines 1 -m dragon_ui "${{TRAIN[@]}}"
+"""
+
+
+def _slurm_script(config: RunConfig, gpus: int, nodes: int, vllm_server: bool) -> str:
+    total_nodes = nodes + (1 if vllm_server else 0)
+    vllm_block = ""
+    vllm_override = ""
+    if vllm_server:
+        vllm_block = f"""
+# The last node serves generations with vLLM; the training nodes send it prompts and weight updates.
+VLLM_NODE="${{NODES[-1]}}"
+TRAIN_NODES=$(IFS=,; echo "${{NODES[*]:0:{nodes}}}")
+srun --nodes=1 --ntasks=1 --nodelist="$VLLM_NODE" \\
+  trl vllm-serve --model "{config.model.id}" --tensor_parallel_size {gpus} --port {VLLM_PORT} &
+sleep 60  # give the server time to load the model
+"""
+        vllm_override = f' --set generation.vllm_server_url=http://$VLLM_NODE:{VLLM_PORT}'
+    else:
+        vllm_block = '\nTRAIN_NODES=$(IFS=,; echo "${NODES[*]}")\n'
+    return f"""#!/bin/bash
+# SLURM template: {nodes} training node(s) x {gpus} GPU(s){' + 1 vLLM server node' if vllm_server else ''}.
+# Adjust partition, account and time to your cluster, then: sbatch slurm.sbatch
+#SBATCH --job-name=dragon-grpo
+#SBATCH --nodes={total_nodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:{gpus}
+#SBATCH --exclusive
+#SBATCH --time=24:00:00
+#SBATCH --output=slurm-%j.out
+set -euo pipefail
+cd "$SLURM_SUBMIT_DIR"
+export PYTHONPATH="$PWD${{PYTHONPATH:+:$PYTHONPATH}}"
+NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+MAIN_NODE="${{NODES[0]}}"
+{vllm_block}
+# One task per training node; accelerate starts {gpus} processes on each. All share one run folder.
+srun --nodes={nodes} --ntasks={nodes} --nodelist="$TRAIN_NODES" bash -c '
+  accelerate launch --config_file accelerate.yaml \\
+    --num_machines {nodes} --num_processes {nodes * gpus} --machine_rank "$SLURM_PROCID" \\
+    --main_process_ip '"$MAIN_NODE"' --main_process_port 29500 \\
+    -m dragon_ui train config.yaml --run-dir "runs/slurm-$SLURM_JOB_ID"{vllm_override}
+'
+"""
+
+
+def _readme(config: RunConfig, gpus: int, nodes: int, vllm_server: bool) -> str:
+    return f"""# {config.name or 'Dragon GRPO run'}: exported for {nodes} node(s) x {gpus} GPU(s)
+
+This folder is self-contained: `config.yaml` (the run, with paths relative to this folder), `data/` (its dataset),
+`rewards/` (custom reward files, if any), `dragon_ui/` (the engine), `accelerate.yaml` (distributed strategy
+**{config.distributed.strategy}**, generation with **{config.generation.backend}**), `launch.sh` and `slurm.sbatch`.
+
+## Set up (once per machine)
+
+```bash
+python -m venv .venv && . .venv/bin/activate
+pip install -r requirements.txt{'  deepspeed' if config.distributed.strategy.startswith('zero') else ''}{'  vllm' if config.generation.backend != 'transformers' else ''}
+```
+
+## Run on one node
+
+```bash
+./launch.sh                                   # {gpus} GPU(s); GPUS=4 ./launch.sh to use fewer
+./launch.sh --set training.max_steps=50       # any setting can be overridden
+./launch.sh --resume runs/<id>                # continue after a stop or a crash
+GPUS=2 ./launch.sh --cpu --set training.max_steps=2   # smoke test with 2 CPU processes, no GPU needed
+```
+
+## Run on a SLURM cluster
+
+Edit the `#SBATCH` lines (partition, account, time), then `sbatch slurm.sbatch`.
+{'The last node runs `trl vllm-serve` and the training nodes generate through it; the model must be one vLLM can load (a Hub id or a merged model folder).' if vllm_server else ''}
+
+## Where results appear
+
+Every process trains its share of each batch; only the main process writes the run folder `runs/<id>/`
+(`runs/slurm-<job id>/` under SLURM): `status.json`, `progress.jsonl` (one row per step; `completions_per_step` and
+`world_size` show the global batch), `rollouts.jsonl`, `checkpoints/`, `adapter/`, `eval.json`, `log.txt`.
+To stop cleanly, create the file `runs/<id>/stop.request` (or run `python -m dragon_ui stop runs/<id>`): every process
+sees it, they stop at the same step and a checkpoint is saved. Copy the run folder back and open it in the app's
+Train and Compare tabs, or run `python -m dragon_ui eval runs/<id>`.
+"""

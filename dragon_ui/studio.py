@@ -1,0 +1,149 @@
+"""The backend the Gradio UI talks to: recipes, drafts, run control, and one cached model for previews.
+
+It holds the little state the UI needs across requests (where runs live, which model is loaded for previews) and
+delegates everything else to the engine modules. The UI receives a Studio as an argument, so tests can give it one
+pointed at a temporary runs folder and a tiny model.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from pathlib import Path
+
+from . import training
+from .config import HardwareSettings, ModelConfig, RunConfig
+from .data import resolve_source
+from .errors import BusyError, ConfigError
+from .hardware import HardwareInfo, ResolvedHardware, detect_hardware, resolve_hardware
+from .rewards import is_public_demo
+from .runstore import RunDir, list_runs
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_RECIPE = "arithmetic"
+
+
+class Studio:
+    """One per app process. Thread-safe: Gradio calls it from several worker threads at once."""
+
+    def __init__(self, runs_dir: str | Path | None = None, recipes_dir: str | Path | None = None) -> None:
+        self.runs_dir = Path(runs_dir).resolve() if runs_dir else RunConfig().resolved_runs_dir()
+        self.recipes_dir = Path(recipes_dir or ASSETS_DIR / "recipes").resolve()
+        self.public = is_public_demo()
+        self._model_lock = threading.Lock()
+        self._cached: tuple[tuple, object, object] | None = None  # (key, model, tokenizer)
+        self._hardware: HardwareInfo | None = None
+
+    # --- recipes and drafts --------------------------------------------------------------------------------------
+    def recipe_names(self) -> list[str]:
+        return sorted(p.stem for p in self.recipes_dir.glob("*.yaml"))
+
+    def load_recipe(self, name: str) -> dict:
+        """A recipe as a draft: the config dict the UI edits, with paths made absolute so they survive any cwd."""
+        path = self.recipes_dir / f"{name}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"There is no recipe called {name!r}; choose one of: {', '.join(self.recipe_names())}.")
+        config = RunConfig.from_file(path)
+        config.data.source = resolve_source(config.data.source, base_dir=config.base_dir)
+        config.runs_dir = str(self.runs_dir)
+        return config.to_dict()
+
+    def default_draft(self) -> dict:
+        return self.load_recipe(DEFAULT_RECIPE)
+
+    def validate(self, draft: dict) -> RunConfig:
+        """The draft as a validated RunConfig (raises ConfigError with the sentence to show)."""
+        return RunConfig.from_dict(copy.deepcopy(draft))
+
+    # --- hardware ------------------------------------------------------------------------------------------------
+    def hardware(self, refresh: bool = False) -> HardwareInfo:
+        if self._hardware is None or refresh:
+            self._hardware = detect_hardware()
+        return self._hardware
+
+    def resolve_hardware(self, draft: dict) -> ResolvedHardware:
+        return resolve_hardware(self.validate(draft).hardware, self.hardware())
+
+    # --- runs ----------------------------------------------------------------------------------------------------
+    def start(self, draft: dict) -> RunDir:
+        config = self.validate(draft)
+        self._refuse_if_training()
+        config.runs_dir = str(self.runs_dir)
+        self.release_model()  # training needs the memory more than a preview does
+        return training.start(config).run
+
+    def resume(self, run_id: str) -> RunDir:
+        self._refuse_if_training()
+        self.release_model()
+        return training.resume(self.run(run_id).path).run
+
+    def stop(self, run_id: str) -> None:
+        """Ask a run to stop after its current step, whichever process trains it."""
+        handle = training.active_run()
+        if handle is not None and handle.run.id == run_id:
+            handle.stop()
+        else:
+            self.run(run_id).request_stop()
+
+    def _refuse_if_training(self) -> None:
+        """One training per machine: a run started from the command line or another app counts too."""
+        active = self.active_run_id()
+        if active is not None:
+            raise BusyError(f"A training is already running ({active}); stop it on the Train tab or wait for it to "
+                            "finish first.")
+
+    def active_run_id(self) -> str | None:
+        """The run training right now, in this process or (seen through the run store) in another one."""
+        handle = training.active_run()
+        if handle is not None:
+            return handle.run.id
+        for summary in self.runs():
+            if summary["state"] in ("queued", "running"):
+                return summary["id"]
+        return None
+
+    def runs(self) -> list[dict]:
+        return list_runs(self.runs_dir)
+
+    def run(self, run_id: str) -> RunDir:
+        path = (self.runs_dir / run_id).resolve()
+        if path.parent != self.runs_dir or not (path / "config.json").is_file():
+            raise ConfigError(f"There is no run called {run_id!r} in {self.runs_dir}.")
+        return RunDir(path)
+
+    # --- one cached model for previews (playground and compare) ----------------------------------------------------
+    def inference_model(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
+        """(model, tokenizer) for previews, loaded once and kept until a different one is asked for.
+
+        With an adapter the result is a PeftModel: ``with model.disable_adapter():`` gives the starting model, so one
+        load answers both sides of a comparison.
+        """
+        if training.active_run() is not None and self.hardware().cuda == []:
+            raise BusyError("A training is running on this machine's CPU; generating previews now would slow it down "
+                            "badly. Wait for it to finish or stop it first.")
+        from .models import load_model, load_tokenizer, resolve_model
+
+        settings = settings or HardwareSettings()
+        key = (model.id, model.revision, str(adapter_dir) if adapter_dir else None, settings.device, settings.dtype)
+        with self._model_lock:
+            if self._cached is not None and self._cached[0] == key:
+                return self._cached[1], self._cached[2]
+            self._cached = None
+            source = resolve_model(model)
+            hardware = resolve_hardware(settings, self.hardware())
+            tokenizer = load_tokenizer(source)
+            weights = load_model(source, hardware)
+            if adapter_dir is not None:
+                from peft import PeftModel
+
+                weights = PeftModel.from_pretrained(weights, str(adapter_dir))
+            weights.eval()
+            self._cached = (key, weights, tokenizer)
+            return weights, tokenizer
+
+    def release_model(self) -> None:
+        with self._model_lock:
+            self._cached = None
+        import gc
+
+        gc.collect()

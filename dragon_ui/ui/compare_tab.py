@@ -1,0 +1,198 @@
+"""Tab 5, Compare: the starting model against the trained one on held-out prompts, a free prompt, and exports.
+
+Handlers are module-level functions taking the Studio first (wired with functools.partial), so tests call exactly
+what the buttons call. The engine work lives in dragon_ui/compare.py and dragon_ui/export.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+
+from .. import compare, export
+from ..studio import Studio
+from .common import Shared, explain, message, shows_errors
+
+CHART_HEIGHT = 340
+BEFORE_COLOR, AFTER_COLOR = "#94a3b8", "#10b981"
+NO_RUN = ("No run to compare yet: start one on the Model & Hardware tab. A run appears here once it has scored its "
+          "starting model or saved weights.")
+
+# Runs whose "Evaluate now" was cancelled: the evaluation checks this between batches (gradio's cancel alone would
+# leave the batch running in its worker thread and the model busy).
+_cancel_requests: set[str] = set()
+_cancel_lock = threading.Lock()
+
+
+def chart(bars: list[dict]) -> go.Figure | None:
+    """Grouped bars, before vs after, for the total and each reward (None clears the plot when nothing is scored)."""
+    if not bars:
+        return None
+    labels = [bar["reward"] for bar in bars]
+    figure = go.Figure()
+    for side, color in (("before", BEFORE_COLOR), ("after", AFTER_COLOR)):
+        values = [bar[side] for bar in bars]
+        figure.add_trace(go.Bar(name="before training" if side == "before" else "after training", x=labels, y=values,
+                                marker_color=color, text=["" if v is None else f"{v:.2f}" for v in values],
+                                textposition="outside"))
+    figure.update_layout(barmode="group", height=CHART_HEIGHT, uirevision="compare", margin=dict(l=40, r=20, t=40, b=40),
+                         title="Mean held-out reward (greedy replies)", yaxis_title="mean reward",
+                         legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+    return figure
+
+
+def table(rows: list[list]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=compare.TABLE_HEADERS)
+
+
+def run_choices(studio: Studio) -> list[tuple[str, str]]:
+    return compare.comparable_runs(studio.runs())
+
+
+def pick(choices: list[tuple[str, str]], *preferred: str) -> str | None:
+    """The first preferred run id that is in the list, else the newest run, else None."""
+    ids = [run_id for _, run_id in choices]
+    return next((run_id for run_id in preferred if run_id in ids), ids[0] if ids else None)
+
+
+def comparison_outputs(studio: Studio, run_id: str | None):
+    """Summary, chart, table and whether Evaluate now is offered, for one run."""
+    if not run_id:
+        return message(NO_RUN, "info"), None, table([]), gr.Row(visible=False)
+    shown = compare.comparison(studio.run(run_id))
+    return message(shown.summary, "info"), chart(shown.bars), table(shown.table), gr.Row(visible=shown.can_evaluate)
+
+
+show_run = shows_errors(comparison_outputs)
+
+
+@shows_errors
+def refresh(studio: Studio, preferred: str | None, fallback: str | None):
+    """Re-list the runs and show one: ``preferred`` if it is listed, else ``fallback``, else the newest.
+
+    The Refresh button prefers the run on screen; a change of the shared run (Train tab, page load) prefers that one.
+    """
+    choices = run_choices(studio)
+    chosen = pick(choices, preferred or "", fallback or "")
+    return (gr.Dropdown(choices=choices, value=chosen), *show_run(studio, chosen))
+
+
+def evaluate(studio: Studio, run_id: str | None):
+    """Generator: progress lines while evaluate_now runs, then the refreshed comparison.
+
+    Errors become the status line (a generator's exceptions would escape shows_errors)."""
+    keep = (gr.skip(),) * 4
+    if not run_id:
+        yield message("Choose a run first.", "error"), *keep
+        return
+    with _cancel_lock:
+        _cancel_requests.discard(run_id)
+    stopped = threading.Event()
+
+    def should_stop() -> bool:
+        if run_id in _cancel_requests:
+            stopped.set()
+        return stopped.is_set()
+
+    try:
+        for progress in compare.evaluate_now(studio, studio.run(run_id), should_stop=should_stop):
+            yield message(progress, "info"), *keep
+        yield message(progress, "warn" if stopped.is_set() else "ok"), *comparison_outputs(studio, run_id)
+    except Exception as exc:
+        yield message(explain(exc), "error"), *keep
+
+
+def cancel_evaluation(run_id: str | None) -> str:
+    with _cancel_lock:
+        _cancel_requests.add(run_id or "")
+    return message("Cancelling after the current batch of prompts...", "warn")
+
+
+@shows_errors
+def ask(studio: Studio, run_id: str | None, prompt: str, max_new_tokens: int, temperature: float):
+    """The free prompt answered by the starting and the trained model."""
+    if not run_id:
+        raise gr.Error("Choose a run first.", print_exception=False)
+    return compare.answer_both(studio, studio.run(run_id), prompt, int(max_new_tokens), float(temperature))
+
+
+@shows_errors
+def download_adapter(studio: Studio, run_id: str | None) -> str:
+    if not run_id:
+        raise gr.Error("Choose a run first.", print_exception=False)
+    return str(export.zip_adapter(studio.run(run_id)))
+
+
+@shows_errors
+def merge(studio: Studio, run_id: str | None):
+    """(folder, sentence): the merged full model's folder and how to load it."""
+    if not run_id:
+        raise gr.Error("Choose a run first.", print_exception=False)
+    run = studio.run(run_id)
+    folder = export.merge_model(run)
+    return str(folder), message(export.merge_message(run, folder), "ok")
+
+
+def build(shared: Shared) -> None:
+    studio = shared.studio
+    choices = run_choices(studio)
+    with gr.Row(equal_height=True):
+        # Custom values: API clients name any run id (an unknown one gets a sentence, not gradio's choice check).
+        run_picker = gr.Dropdown(choices, value=pick(choices), label="Run", scale=4, allow_custom_value=True,
+                                 info="Runs that have scored the starting model or saved trained weights.",
+                                 elem_id="compare-run")
+        refresh_button = gr.Button("↻ Refresh", size="sm", scale=0, min_width=110, elem_id="compare-refresh")
+    summary = gr.Markdown(elem_id="compare-summary")
+    with gr.Row(visible=False, elem_id="compare-evaluate-row") as evaluate_row:
+        evaluate_button = gr.Button("Evaluate now", variant="primary", elem_id="compare-evaluate")
+        cancel_button = gr.Button("Cancel", variant="stop", elem_id="compare-cancel")
+    evaluate_status = gr.Markdown(elem_id="compare-evaluate-status")
+    plot = gr.Plot(label="Before vs after", elem_id="compare-chart")
+    samples = gr.Dataframe(value=table([]), headers=compare.TABLE_HEADERS, interactive=False, wrap=True,
+                           max_height=420, label="Held-out prompts answered by both models", elem_id="compare-table")
+
+    gr.Markdown("### Ask both models")
+    with gr.Row():
+        prompt = gr.Textbox(label="Your prompt", lines=2, scale=4, elem_id="compare-prompt",
+                            placeholder="What is 23 + 58? Reply with just the number.")
+        with gr.Column(scale=1, min_width=220):
+            max_new_tokens = gr.Slider(8, 512, value=128, step=8, label="Max new tokens", elem_id="compare-max-tokens")
+            temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                                    elem_id="compare-temperature")
+    with gr.Row():
+        ask_button = gr.Button("Ask both", variant="primary", elem_id="compare-ask")
+        ask_cancel = gr.Button("Cancel", elem_id="compare-ask-cancel")
+    with gr.Row():
+        before_reply = gr.Textbox(label="Before training", lines=4, interactive=False, elem_id="compare-before")
+        after_reply = gr.Textbox(label="After training", lines=4, interactive=False, elem_id="compare-after")
+
+    gr.Markdown("### Take the trained model with you")
+    with gr.Row():
+        zip_button = gr.Button("Zip the adapter", elem_id="compare-zip")
+        merge_button = gr.Button("Merge into a full model", elem_id="compare-merge")
+    with gr.Row():
+        zip_file = gr.File(label="Adapter (.zip with a README on loading it with peft)", interactive=False,
+                           elem_id="compare-zip-file")
+        merged_folder = gr.Textbox(label="Merged model folder", interactive=False, elem_id="compare-merged-folder")
+    merge_status = gr.Markdown(elem_id="compare-merge-status")
+
+    shown = [summary, plot, samples, evaluate_row]
+    refresh_button.click(functools.partial(refresh, studio), [run_picker, shared.run_id], [run_picker, *shown],
+                         api_name="compare_runs")
+    shared.run_id.change(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
+                         api_visibility="private")
+    run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
+    evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
+                                       api_name="compare_evaluate")
+    cancel_button.click(cancel_evaluation, [run_picker], [evaluate_status], cancels=[evaluation],
+                        api_name="compare_cancel")
+    answering = ask_button.click(functools.partial(ask, studio), [run_picker, prompt, max_new_tokens, temperature],
+                                 [before_reply, after_reply], api_name="compare_ask")
+    ask_cancel.click(None, cancels=[answering], api_visibility="private")
+    zip_button.click(functools.partial(download_adapter, studio), [run_picker], [zip_file], api_name="compare_zip")
+    merge_button.click(functools.partial(merge, studio), [run_picker], [merged_folder, merge_status],
+                       api_name="compare_merge")

@@ -1,0 +1,71 @@
+"""Plotly figures of a run's progress rows (one row per optimiser step, see training.RunStoreCallback).
+
+Pure functions, so the Train tab and the tests build the same figures. Only basic scatter traces: the browser's
+bundled plotly.js draws them without extra modules. A constant ``uirevision`` keeps the user's zoom when the figure
+is replaced on the next refresh.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+HEIGHT = 300
+UIREVISION = "dragon-train"
+NO_STEPS = "No steps yet"
+
+
+def line_figure(rows: list[dict], series: list[tuple[str, str]], title: str, y_title: str,
+                empty_text: str = "No values yet") -> go.Figure:
+    """One line per (row key, legend label), against the step; an annotation instead of an empty plot."""
+    figure = go.Figure()
+    steps = [row.get("step") for row in rows]
+    for key, label in series:
+        values = [row.get(key) for row in rows]
+        if any(isinstance(v, (int, float)) for v in values):
+            figure.add_trace(go.Scatter(x=steps, y=values, mode="lines+markers", name=label, connectgaps=False))
+    figure.update_layout(title={"text": title, "x": 0.02}, height=HEIGHT, uirevision=UIREVISION,
+                         margin={"l": 50, "r": 20, "t": 45, "b": 40}, xaxis_title="step", yaxis_title=y_title,
+                         legend={"orientation": "h", "y": -0.25}, template="plotly_white")
+    if not figure.data:
+        figure.add_annotation(text=NO_STEPS if not rows else empty_text, showarrow=False, x=0.5, y=0.5,
+                              xref="paper", yref="paper", font={"size": 16, "color": "#888"})
+        figure.update_xaxes(visible=False)
+        figure.update_yaxes(visible=False)
+    return figure
+
+
+def reward_names_of(rows: list[dict]) -> list[str]:
+    """The per-reward columns (reward_<name>) present in the rows, in first-seen order."""
+    names: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            if key.startswith("reward_") and key != "reward_std":
+                names.setdefault(key[len("reward_"):], None)
+    return list(names)
+
+
+def reward_figure(rows: list[dict], reward_names: list[str] | None = None) -> go.Figure:
+    """Total reward (weighted sum) and each reward's mean: what the model is being pushed towards."""
+    names = reward_names if reward_names is not None else reward_names_of(rows)
+    return line_figure(rows, [("reward", "total"), *((f"reward_{n}", n) for n in names)], "Reward", "mean reward")
+
+
+def spread_figure(rows: list[dict]) -> go.Figure:
+    """How different the completions of a group score: no spread, no learning signal."""
+    return line_figure(rows, [("reward_std", "reward std"), ("frac_reward_zero_std", "groups with no spread")],
+                       "Reward spread", "std / fraction")
+
+
+def kl_figure(rows: list[dict]) -> go.Figure:
+    return line_figure(rows, [("kl", "KL to the starting model")], "KL divergence", "KL",
+                       empty_text="No KL: it is only computed when beta > 0")
+
+
+def length_figure(rows: list[dict], max_new_tokens: int | None = None) -> go.Figure:
+    """Mean completion length, with the cap (max new tokens) as a dashed line: lengths at the cap mean cut-off answers."""
+    figure = line_figure(rows, [("completion_len", "mean completion length")], "Completion length", "tokens")
+    if figure.data and max_new_tokens:
+        steps = [row.get("step") for row in rows]
+        figure.add_trace(go.Scatter(x=[min(steps), max(steps)], y=[max_new_tokens] * 2, mode="lines", name="cap",
+                                    line={"dash": "dash", "color": "#999"}))
+    return figure

@@ -1,0 +1,440 @@
+"""Tab 2 · Rewards: build the list of rewards, then try it in a playground before spending a training run on it.
+
+The editor is one form for every kind; only the settings of the selected kind are shown (rewards.kind_fields).
+Each add or save goes through rewards.parse_rewards, the same validation as a run, and writes draft["rewards"] as
+RewardSpec.to_dict() dicts; a rejected form leaves the draft as it was and says why next to the buttons.
+
+The playground scores a typed reply with rewards.score_completion, or samples a group of replies from the starting
+model and shows GRPO's view of them: per-reward scores, totals, advantages, and a warning when a group has no
+learning signal.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import shlex
+import time
+from dataclasses import fields
+
+import gradio as gr
+import pandas as pd
+
+from ..data import prompt_text
+from ..errors import DragonError
+from ..playground import (GroupScores, data_config, generate_groups, no_signal_warning, preview_examples,
+                          reward_failures, score_example)
+from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, build_rewards, kind_fields,
+                       parse_rewards, public_demo_refusal)
+from ..studio import Studio
+from .common import Shared, explain, message, shows_errors
+
+# The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.
+SETTINGS = tuple(f.name for f in fields(RewardSpec) if f.name not in ("kind", "name", "weight"))
+DEFAULTS = {f.name: f.default for f in fields(RewardSpec)}
+LIST_SETTINGS = ("keys", "words", "tags")  # typed as comma-separated text
+STARTER_CODE = '''def reward(prompt, completion, reference, row):
+    """Return a number; higher means a better reply. row holds every column of the data row as text."""
+    return 1.0 if reference and reference.strip() in completion else 0.0
+'''
+KIND_HELP = {
+    "exact": "1 when the (extracted) reply equals the reference answer, else 0.",
+    "contains": "1 when the reference answer appears in the (extracted) reply, else 0.",
+    "numeric": "1 when the reply's number equals the reference's number (within the tolerance), else 0.",
+    "regex": "1 when the regular expression matches anywhere in the reply, else 0.",
+    "json": "1 when the reply is valid JSON; with keys, the share of those keys it has (partial credit).",
+    "length": "1 inside the character bounds, less the further outside them (partial credit).",
+    "keyword": "'any': 1 when one of the words appears; 'all': the share of the words that appear.",
+    "format": "1 for exactly the tag layout, e.g. <think>…</think><answer>…</answer>; partial credit per tag pair.",
+    "command": "Runs a program for each reply; the score comes from its exit code or the last number it prints.",
+    "custom": "Your own Python function reward(prompt, completion, reference, row) that returns a number.",
+}
+
+
+# --------------------------------------------------------------------------------------------- the editor
+
+
+def visible_settings(kind: str, public: bool) -> set[str]:
+    """The settings to show for a kind; none for a kind a public demo refuses (its reason is shown instead)."""
+    if kind not in REWARD_KINDS or (public and public_demo_refusal(kind)):
+        return set()
+    return set(kind_fields(kind))
+
+
+def kind_help(kind: str, public: bool) -> str:
+    """What a kind scores, in one sentence; in a public demo, why code-running kinds are refused."""
+    if public and public_demo_refusal(kind):
+        return message(f"{kind.capitalize()} rewards: {public_demo_refusal(kind)}", "warn")
+    return KIND_HELP.get(kind, "")
+
+
+def form_values(spec: dict) -> list:
+    """A reward dict (RewardSpec.to_dict shape) as the form shows it, in SETTINGS order; unset settings as defaults."""
+    values = []
+    for setting in SETTINGS:
+        value = spec.get(setting, DEFAULTS[setting])
+        if setting in LIST_SETTINGS:
+            value = ", ".join(value or [])
+        elif setting == "argv":
+            value = shlex.join(value) if isinstance(value, list) else (value or "")
+        elif setting == "code":  # a starting point for a new custom reward, unless it reads a file instead
+            value = value or ("" if spec.get("file") else STARTER_CODE)
+        elif value is None and setting in ("pattern", "file"):
+            value = ""
+        values.append(value)
+    return values
+
+
+def form_to_dict(kind: str, name: str | None, weight: float | None, values) -> dict:
+    """The form as a reward dict for RewardSpec.from_dict: only the selected kind's settings, lists split on commas."""
+    spec: dict = {"kind": kind, "name": (name or "").strip(), "weight": weight}
+    for setting, value in zip(SETTINGS, values, strict=True):
+        if kind not in REWARD_KINDS or setting not in kind_fields(kind):
+            continue
+        if setting in LIST_SETTINGS:
+            value = [item.strip() for item in (value or "").split(",") if item.strip()] or None
+        spec[setting] = value
+    return spec
+
+
+def rewards_table(rewards: list[dict]) -> pd.DataFrame:
+    """One line per reward: name, kind, weight and the settings that differ from their defaults."""
+    def settings(spec: dict) -> str:
+        shown = []
+        for key, value in spec.items():
+            if key in ("kind", "name", "weight"):
+                continue
+            if key == "code":
+                shown.append(f"code ({len(value.splitlines())} lines)")
+            else:
+                shown.append(f"{key}: {', '.join(map(str, value)) if isinstance(value, list) else value}")
+        return "; ".join(shown)
+
+    return pd.DataFrame([[spec.get("name") or spec["kind"], spec["kind"], spec.get("weight", 1.0), settings(spec)]
+                         for spec in rewards], columns=["name", "kind", "weight", "settings"])
+
+
+def _names(draft: dict) -> list[str]:
+    return [spec.get("name") or spec["kind"] for spec in draft.get("rewards") or []]
+
+
+def _unique_name(kind: str, taken: list[str]) -> str:
+    """numeric, numeric_2, numeric_3, ...: a second reward of a kind needs its own name (it becomes a column)."""
+    name, number = kind, 1
+    while name in taken:
+        number += 1
+        name = f"{kind}_{number}"
+    return name
+
+
+def _with_rewards(draft: dict, rewards: list[dict], selected: str | None, status: str) -> tuple:
+    """Validate a new reward list; (draft, table, selector, status), the draft unchanged when the list is invalid."""
+    try:
+        specs = parse_rewards(rewards) if rewards else []
+    except DragonError as exc:
+        return draft, gr.skip(), gr.skip(), message(str(exc), "error")
+    new_draft = copy.deepcopy(draft)
+    new_draft["rewards"] = [spec.to_dict() for spec in specs]
+    names = _names(new_draft)
+    if not names:
+        status = message("There are no rewards left; add at least one before training.", "warn")
+    return (new_draft, rewards_table(new_draft["rewards"]),
+            gr.Dropdown(choices=names, value=selected if selected in names else (names[0] if names else None)), status)
+
+
+def add_reward(draft: dict, kind: str, name: str, weight: float, *values) -> tuple:
+    """Append the form as a new reward. Returns (draft, table, selector, status)."""
+    spec = form_to_dict(kind, name, weight, values)
+    current = list(draft.get("rewards") or [])
+    if not spec["name"] and kind in REWARD_KINDS:
+        spec["name"] = _unique_name(kind, _names(draft))
+    return _with_rewards(draft, [*current, spec], spec["name"] or kind,
+                         message(f"Added the reward {spec['name'] or kind}.", "ok"))
+
+
+def save_reward(draft: dict, selected: str | None, kind: str, name: str, weight: float, *values) -> tuple:
+    """Replace the selected reward with the form. Returns (draft, table, selector, status)."""
+    names = _names(draft)
+    if selected not in names:
+        return draft, gr.skip(), gr.skip(), message("Select a reward to change, or press Add for a new one.", "warn")
+    spec = form_to_dict(kind, name, weight, values)
+    spec["name"] = spec["name"] or kind
+    rewards = list(draft["rewards"])
+    rewards[names.index(selected)] = spec
+    return _with_rewards(draft, rewards, spec["name"], message(f"Saved the reward {spec['name']}.", "ok"))
+
+
+def remove_reward(draft: dict, selected: str | None) -> tuple:
+    """Remove the selected reward. Returns (draft, table, selector, status)."""
+    names = _names(draft)
+    if selected not in names:
+        return draft, gr.skip(), gr.skip(), message("Select the reward to remove.", "warn")
+    rewards = [spec for spec, name in zip(draft["rewards"], names, strict=True) if name != selected]
+    return _with_rewards(draft, rewards, None, message(f"Removed the reward {selected}.", "ok"))
+
+
+def show_kind(kind: str, public: bool) -> list:
+    """Show only the selected kind's settings, and what the kind does (or why a public demo refuses it)."""
+    shown = visible_settings(kind, public)
+    return [kind_help(kind, public), *(gr.update(visible=setting in shown) for setting in SETTINGS)]
+
+
+def select_reward(draft: dict, selected: str | None, public: bool) -> list:
+    """Load the selected reward into the form. Returns (kind, name, weight, help, *settings)."""
+    names = _names(draft)
+    if selected not in names:
+        return [gr.skip()] * (4 + len(SETTINGS))
+    spec = draft["rewards"][names.index(selected)]
+    kind = spec["kind"]
+    shown = visible_settings(kind, public)
+    return [kind, spec.get("name") or kind, spec.get("weight", 1.0), kind_help(kind, public),
+            *(gr.update(value=value, visible=setting in shown) for setting, value in zip(SETTINGS, form_values(spec)))]
+
+
+def fill_rewards(draft: dict, public: bool) -> list:
+    """A whole new draft arrived: list its rewards and load the first into the form.
+
+    Returns (table, selector, kind, name, weight, help, *settings).
+    """
+    names = _names(draft)
+    first = names[0] if names else None
+    return [rewards_table(draft.get("rewards") or []), gr.Dropdown(choices=names, value=first),
+            *select_reward(draft, first, public)]
+
+
+# --------------------------------------------------------------------------------------------- the playground
+
+
+def _row_label(number: int, example: dict) -> str:
+    text = " ".join(prompt_text(example).split())
+    return f"{number}: {text[:70]}{'…' if len(text) > 70 else ''}"
+
+
+def playground_rows(draft: dict, current: int | None) -> tuple:
+    """The rows one can try (the first mapped rows of the draft's data). Returns (row picker, row status)."""
+    try:
+        config = data_config(draft)
+        examples = preview_examples(config, draft.get("base_dir") or None) if config.source else []
+    except DragonError as exc:
+        return gr.Dropdown(choices=[], value=None), message(f"No rows to try: {exc}", "warn")
+    choices = [(_row_label(number, example), number - 1) for number, example in enumerate(examples, 1)]
+    keep = current if isinstance(current, int) and 0 <= current < len(choices) else (0 if choices else None)
+    return gr.Dropdown(choices=choices, value=keep), show_row(draft, keep, examples)
+
+
+def _example(draft: dict, row: int | None) -> dict:
+    """The mapped example at a playground row (raises ConfigError when the data cannot be mapped)."""
+    examples = preview_examples(data_config(draft), draft.get("base_dir") or None)
+    if row is None or not 0 <= row < len(examples):
+        raise gr.Error("Choose a row to try first.")
+    return examples[row]
+
+
+def show_row(draft: dict, row: int | None, examples: list[dict] | None = None) -> str:
+    """The chosen row's prompt and reference answer, which the rewards will see."""
+    if row is None:
+        return ""
+    try:
+        example = examples[row] if examples is not None else _example(draft, row)
+    except DragonError as exc:
+        return message(str(exc), "error")
+    system = next((m["content"] for m in example["prompt"] if m["role"] == "system"), "")
+    lines = [f"**Prompt:** {prompt_text(example)}", f"**Reference:** {example.get('reference') or '(none)'}"]
+    return "\n\n".join(([f"**System:** {system}"] if system else []) + lines)
+
+
+def _built_rewards(draft: dict):
+    """The draft's rewards, validated and built as a run would build them."""
+    return build_rewards(parse_rewards(draft.get("rewards") or []), base_dir=draft.get("base_dir") or None)
+
+
+@shows_errors
+def score_typed(draft: dict, row: int | None, completion: str) -> tuple:
+    """Score a typed reply to the chosen row with every reward. Returns (scores table, total line)."""
+    rewards = _built_rewards(draft)
+    result = score_example(rewards, _example(draft, row), completion or "")
+    weights = {reward.name: reward.weight for reward in rewards}
+    table = pd.DataFrame([[name, weights[name], round(score, 4), round(weights[name] * score, 4),
+                           result.errors.get(name, "")] for name, score in result.scores.items()],
+                         columns=["reward", "weight", "score", "weighted", "problem"])
+    total = f"**Total (weighted sum): {result.total:.3f}**"
+    if result.errors:
+        total += "\n\n" + message("Failed rewards score 0; see the problem column.", "warn")
+    return table, total
+
+
+def group_table(groups: list[GroupScores], first_row: int) -> pd.DataFrame:
+    """One line per sampled reply: which row, the reply, each reward's score, the total and the advantage."""
+    names = groups[0].reward_names if groups else []
+    lines = []
+    for offset, group in enumerate(groups):
+        for completion, result, advantage in zip(group.completions, group.results, group.advantages, strict=True):
+            lines.append([first_row + offset + 1, completion, *(round(result.scores[n], 3) for n in names),
+                          round(result.total, 3), round(advantage, 2)])
+    return pd.DataFrame(lines, columns=["row", "completion", *names, "total", "advantage"])
+
+
+def group_warnings(groups: list[GroupScores], first_row: int) -> str:
+    """Per row: the no-learning-signal warning and failing rewards, or one line saying every group is usable."""
+    lines = []
+    for offset, group in enumerate(groups):
+        problems = [no_signal_warning(group), *reward_failures(group)]
+        lines += [message(f"Row {first_row + offset + 1}: {text}", "warn") for text in problems if text]
+    return "\n\n".join(lines) or message("Every group has different scores, so GRPO can learn from each of them.", "ok")
+
+
+_cancelled_sessions: set[str] = set()
+
+
+def cancel_generation(request: gr.Request | None = None) -> str:
+    """The Cancel button: stop before the next prompt (the reply being generated finishes first)."""
+    if request is not None and request.session_hash:
+        _cancelled_sessions.add(request.session_hash)
+    return message("Cancelled.", "info")
+
+
+def generate_samples(studio: Studio, draft: dict, row: int | None, n_prompts: int, request: gr.Request | None = None):
+    """Sample a GRPO group (group_size replies) for 1-3 rows from the starting model and score them.
+
+    A generator: yields (progress, group table, warnings) after loading the model and after each prompt.
+    """
+    session = request.session_hash if request is not None else None
+    _cancelled_sessions.discard(session)
+    if row is None:
+        yield message("Choose a row to try first.", "warn"), gr.skip(), ""
+        return
+    try:
+        config = studio.validate(draft)
+        examples = preview_examples(config.data, config.base_dir or None)[row:row + int(n_prompts)]
+        rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
+        yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
+        model, tokenizer = studio.inference_model(config.model, settings=config.hardware)
+    except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
+        yield message(explain(exc), "error"), gr.skip(), ""
+        return
+    group_size, started, groups = config.grpo.group_size, time.monotonic(), []
+    yield (message(f"Generating {group_size} replies to row {row + 1} (temperature {config.grpo.temperature:g}, up "
+                   f"to {config.grpo.max_new_tokens} tokens each)…", "info"), gr.skip(), "")
+    try:
+        for group in generate_groups(model, tokenizer, rewards, examples, group_size, config.grpo.temperature,
+                                     config.grpo.max_new_tokens, should_stop=lambda: session in _cancelled_sessions):
+            groups.append(group)
+            done = len(groups) == len(examples)
+            progress = (f"Sampled {len(groups) * group_size} replies to {len(groups)} row(s) in "
+                        f"{time.monotonic() - started:.1f} s." if done else
+                        f"Row {row + len(groups)} done; generating row {row + len(groups) + 1}…")
+            yield message(progress, "ok" if done else "info"), group_table(groups, row), group_warnings(groups, row)
+    except Exception as exc:
+        yield message(explain(exc), "error"), gr.skip(), gr.skip()
+    finally:
+        _cancelled_sessions.discard(session)
+
+
+# --------------------------------------------------------------------------------------------- layout and events
+
+
+def _setting_components(shown: set[str]) -> list:
+    """One input per RewardSpec setting, in SETTINGS order, labelled for a workshop participant.
+
+    Only the ``shown`` ones start visible; show_kind and select_reward switch them when the kind changes.
+    """
+    components = {
+        "extract": gr.Dropdown(list(EXTRACT_MODES), value="whole", label="Compare which part of the reply",
+                               info="whole; last_number; after_hashes (text after ####); boxed (\\boxed{…}); "
+                                    "answer_tag (<answer>…</answer>)."),
+        "case_sensitive": gr.Checkbox(False, label="Case-sensitive"),
+        "tolerance": gr.Number(DEFAULTS["tolerance"], label="Tolerance", step=0.01,
+                               info="Relative: 0.01 accepts numbers within 1% of the reference."),
+        "pattern": gr.Textbox(label="Regular expression",
+                              info="Python syntax, e.g. ^\\d+$ for a reply that is only digits."),
+        "keys": gr.Textbox(label="Required keys", info="Comma-separated, e.g. name, age, city; empty only checks that "
+                                                       "the reply is JSON."),
+        "min_chars": gr.Number(None, precision=0, label="At least this many characters"),
+        "max_chars": gr.Number(None, precision=0, label="At most this many characters"),
+        "words": gr.Textbox(label="Words", info="Comma-separated; case does not matter."),
+        "mode": gr.Radio(["any", "all"], value="any", label="Needs",
+                         info="any: one of the words; all: the share found."),
+        "preset": gr.Dropdown(list(FORMAT_PRESETS), value=None, label="Preset", info="think_answer: <think>…</think> "
+                                                                                      "then <answer>…</answer>."),
+        "tags": gr.Textbox(label="…or your own tags",
+                           info="Comma-separated tag names in order, e.g. reasoning, answer."),
+        "argv": gr.Textbox(label="Command",
+                           info="The program and its arguments, e.g. python check.py {completion_file}."),
+        "input": gr.Radio(["stdin", "file"], value="stdin", label="The reply goes to",
+                          info="stdin, or a temporary file whose path replaces {completion_file}."),
+        "score_from": gr.Radio(["exit_code", "stdout"], value="exit_code", label="Score from",
+                               info="exit_code: 1 when it exits with 0; stdout: the last number it prints."),
+        "min_score": gr.Number(DEFAULTS["min_score"], label="Printed number that means 0"),
+        "max_score": gr.Number(DEFAULTS["max_score"], label="Printed number that means 1"),
+        "timeout": gr.Number(DEFAULTS["timeout"], label="Timeout in seconds"),
+        "code": gr.Code(STARTER_CODE, language="python", label="Python code", elem_id="rewards-code"),
+        "file": gr.Textbox(label="…or a .py file", info="Used instead of the code above when the code is empty."),
+        "function": gr.Textbox(DEFAULTS["function"], label="Function name"),
+    }
+    for setting, component in components.items():
+        component.visible = setting in shown
+    return [components[setting] for setting in SETTINGS]
+
+
+def build(shared: Shared) -> None:
+    studio, public = shared.studio, shared.studio.public
+    gr.Markdown("Rewards score each reply; GRPO pushes the model towards replies that score above their group's "
+                "average. The total is the weighted sum of all rewards.")
+    table = gr.Dataframe(label="Rewards", interactive=False, max_height=260, wrap=True, elem_id="rewards-table")
+    with gr.Row():
+        with gr.Column(scale=1):
+            selected = gr.Dropdown(label="Reward to edit", elem_id="rewards-selected")
+            kind = gr.Dropdown(list(REWARD_KINDS), value="numeric", label="Kind", elem_id="rewards-kind",
+                               info="custom and command are turned off in this public demo." if public else None)
+            name = gr.Textbox(label="Name", elem_id="rewards-name",
+                              info="Letters, digits and _; empty means the kind's name.")
+            weight = gr.Number(1.0, label="Weight", step=0.1, minimum=0, elem_id="rewards-weight")
+            help_text = gr.Markdown(kind_help("numeric", public), elem_id="rewards-kind-help")
+        with gr.Column(scale=2):
+            settings = _setting_components(visible_settings("numeric", public))
+    with gr.Row():
+        add = gr.Button("Add as new reward", variant="primary", elem_id="rewards-add")
+        save = gr.Button("Save changes", elem_id="rewards-save")
+        remove = gr.Button("Remove", variant="stop", elem_id="rewards-remove")
+    status = gr.Markdown(elem_id="rewards-status")
+
+    form = [kind, name, weight, *settings]
+    listing = [shared.draft, table, selected, status]
+    add.click(add_reward, [shared.draft, *form], listing, api_name="rewards_add")
+    save.click(save_reward, [shared.draft, selected, *form], listing, api_name="rewards_save")
+    remove.click(remove_reward, [shared.draft, selected], listing, api_name="rewards_remove")
+    kind.input(functools.partial(show_kind, public=public), [kind], [help_text, *settings], api_visibility="private")
+    selected.change(functools.partial(select_reward, public=public), [shared.draft, selected],
+                    [kind, name, weight, help_text, *settings], api_visibility="private")
+    shared.config_loaded.change(functools.partial(fill_rewards, public=public), [shared.draft],
+                                [table, selected, kind, name, weight, help_text, *settings], api_visibility="private")
+
+    gr.Markdown("## Playground\nTry the rewards on a reply before training: type one, or let the starting model "
+                "sample a group of replies the way one GRPO step would.")
+    with gr.Row():
+        with gr.Column():
+            row = gr.Dropdown(label="Row", elem_id="rewards-row")
+            row_text = gr.Markdown(elem_id="rewards-row-text")
+            completion = gr.Textbox(label="A reply to score", lines=3, elem_id="rewards-completion")
+            score = gr.Button("Score this reply", elem_id="rewards-score")
+        with gr.Column():
+            scores = gr.Dataframe(label="Scores", interactive=False, elem_id="rewards-scores")
+            total = gr.Markdown(elem_id="rewards-total")
+    with gr.Row():
+        n_prompts = gr.Slider(1, 3, value=1, step=1, label="Rows to sample (starting at the chosen row)",
+                              elem_id="rewards-n-prompts")
+        generate = gr.Button("Generate a group", variant="primary", elem_id="rewards-generate")
+        cancel = gr.Button("Cancel", variant="stop", elem_id="rewards-cancel")
+    progress = gr.Markdown(elem_id="rewards-progress")
+    groups = gr.Dataframe(label="Sampled replies", interactive=False, wrap=True, max_height=420,
+                          elem_id="rewards-groups")
+    warnings = gr.Markdown(elem_id="rewards-warnings")
+
+    shared.draft.change(playground_rows, [shared.draft, row], [row, row_text], show_progress="hidden",
+                        api_visibility="private")
+    row.input(show_row, [shared.draft, row], [row_text], api_visibility="private")
+    score.click(score_typed, [shared.draft, row, completion], [scores, total], api_name="rewards_score")
+    completion.submit(score_typed, [shared.draft, row, completion], [scores, total], api_visibility="private")
+    generating = generate.click(functools.partial(generate_samples, studio), [shared.draft, row, n_prompts],
+                                [progress, groups, warnings], api_name="rewards_generate")
+    cancel.click(cancel_generation, None, [progress], cancels=[generating], api_visibility="private")

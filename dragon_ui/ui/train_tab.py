@@ -1,0 +1,287 @@
+"""Tab 4 · Train: the run in ``shared.run_id``, live: status and progress, charts, the latest completions with their
+scores, health alerts with fixes, the log, Stop / Resume, and the past runs.
+
+The shared timer ticks once a second while a run is active. A tick reads only what the run directory gained
+(monitor.read_snapshot) and leaves every output whose input did not change untouched (gr.skip), so watching costs
+next to nothing while the same CPU trains.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import gradio as gr
+
+from ..errors import DragonError
+from ..estimate import format_seconds
+from ..monitor import Alert, Snapshot, health_alerts, read_snapshot
+from ..runstore import ACTIVE_STATES, read_json
+from ..studio import Studio
+from . import plots
+from .common import Shared, message, shows_errors
+
+MAX_GROUPS_SHOWN = 4
+STATE_ICONS = {"queued": "⏳", "running": "🏃", "succeeded": "✅", "failed": "❌", "cancelled": "⏹️"}
+RUN_COLUMNS = ["Run", "State", "Step", "Reward", "Held-out before", "Held-out after", "Model", "Started"]
+NO_RUN = "No run to show yet: press **Start training** on the Model & Hardware tab, or open a past run below."
+BEST_STYLE, WORST_STYLE = "background:#e7f6ec", "background:#fdecec"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pieces of the view, as pure functions of the run's data.
+
+
+def status_markdown(run_id: str, status: dict) -> str:
+    state = status.get("state", "unknown")
+    parts = [f"{STATE_ICONS.get(state, '')} **{state}**", status.get("phase") or ""]
+    if status.get("model_label"):
+        parts.append(status["model_label"])
+    if status.get("device"):
+        device = f"{status['device']} {status.get('dtype', '')}".strip()
+        if status["device"] == "cpu" and status.get("cpu_threads"):
+            device += f", {status['cpu_threads']} thread{'s' if status['cpu_threads'] > 1 else ''}"
+        parts.append(device)
+    text = f"Run `{run_id}` · " + " · ".join(p for p in parts if p)
+    if state == "failed" and status.get("error"):
+        text += "\n\n" + message(status["error"], "error")
+    elif state == "cancelled":
+        text += "\n\n" + message("Stopped; a checkpoint was saved. Resume continues from it.", "info")
+    elif state == "succeeded" and status.get("heldout_after") is not None and status.get("heldout_before") is not None:
+        text += "\n\n" + message(f"Held-out reward {status['heldout_before']:.3f} → {status['heldout_after']:.3f}; "
+                                 "compare replies on the Compare tab.", "ok")
+    return text
+
+
+def progress_html(status: dict) -> str:
+    """A bar with step / total, elapsed time and ETA."""
+    step, total = status.get("step") or 0, status.get("total_steps")
+    fraction = min(1.0, step / total) if total else 0.0
+    caption = [f"Step {step} / {total if total else '?'}"]
+    if total:
+        caption.append(f"{fraction:.0%}")
+    if status.get("elapsed_s"):
+        caption.append(f"elapsed {format_seconds(status['elapsed_s'])}")
+    if status.get("state") in ACTIVE_STATES and status.get("eta_s") and step:
+        caption.append(f"about {format_seconds(status['eta_s'])} left")
+    return (f'<div role="progressbar" aria-valuemin="0" aria-valuemax="{total or 0}" aria-valuenow="{step}">'
+            '<div style="background:#e5e7eb;border-radius:6px;height:12px;overflow:hidden">'
+            f'<div style="width:{fraction * 100:.1f}%;height:100%;background:#10b981"></div></div>'
+            f'<div style="font-size:0.9em;margin-top:4px">{html.escape(" · ".join(caption))}</div></div>')
+
+
+def alerts_markdown(alerts: list[Alert]) -> str:
+    if not alerts:
+        return ""
+    return "\n\n".join(message(f"**{alert.title}.** {alert.fix}", alert.level) for alert in alerts)
+
+
+def _number(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "–"
+
+
+def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int = MAX_GROUPS_SHOWN) -> str:
+    """The latest step's groups: each completion with its per-reward scores, total and advantage; the best and
+    worst of a group highlighted. Everything from the run is escaped: completions are untrusted text."""
+    if not rollout or not rollout.get("groups"):
+        return "<p>No completions yet: they appear after the first step.</p>"
+    groups = rollout["groups"]
+    parts = [f"<p><b>Step {rollout.get('step', '?')}</b>: {min(len(groups), max_groups)} of {len(groups)} prompts. "
+             "Green: the best completion of its group, red: the worst; the advantage is how much each is "
+             "reinforced.</p>"]
+    header = "".join(f"<th>{html.escape(name)}</th>" for name in ["#", "Completion", *reward_names, "Total", "Advantage"])
+    for group in groups[:max_groups]:
+        completions = group.get("completions") or []
+        totals = [c.get("total") for c in completions if isinstance(c.get("total"), (int, float))]
+        spread = bool(totals) and max(totals) > min(totals)
+        parts.append(f"<div style='margin:12px 0'><div><b>Prompt:</b> <span style='white-space:pre-wrap'>"
+                     f"{html.escape(str(group.get('prompt', '')))}</span></div>"
+                     f"<div><b>Reference:</b> {html.escape(str(group.get('reference', '')))}</div>")
+        rows = []
+        for number, completion in enumerate(completions, start=1):
+            style = ""
+            if spread and completion.get("total") == max(totals):
+                style = BEST_STYLE
+            elif spread and completion.get("total") == min(totals):
+                style = WORST_STYLE
+            scores = completion.get("scores") or {}
+            cells = [str(number), f"<span style='white-space:pre-wrap'>{html.escape(str(completion.get('text', '')))}</span>",
+                     *(_number(scores.get(name)) for name in reward_names),
+                     _number(completion.get("total")), _number(completion.get("advantage"))]
+            rows.append(f"<tr style='{style}'>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
+        parts.append(f"<table style='width:100%'><thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        if not spread:
+            parts.append("<div><i>Every completion scored the same, so this prompt teaches nothing this step.</i></div>")
+        parts.append("</div>")
+    return "".join(parts)
+
+
+def runs_table(runs: list[dict]) -> list[list[Any]]:
+    def started(run: dict) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(run["started_at"])) if run.get("started_at") else ""
+
+    return [[run["id"], run["state"], f"{run['step']}/{run['total_steps'] or '?'}", _number(run.get("reward")),
+             _number(run.get("heldout_before")), _number(run.get("heldout_after")), run["model"], started(run)]
+            for run in runs]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The whole view.
+
+
+@dataclass
+class TrainView:
+    """The Train tab's outputs, in the order the events list them; gr.skip() where nothing changed."""
+
+    watch: Any
+    status: Any
+    progress: Any
+    reward_plot: Any
+    spread_plot: Any
+    kl_plot: Any
+    length_plot: Any
+    alerts: Any
+    rollouts: Any
+    log: Any
+    stop: Any
+    resume: Any
+    runs: Any
+    run_choices: Any
+    timer: Any
+
+    def outputs(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+def _runs_outputs(studio: Studio) -> tuple[list[list[Any]], gr.Dropdown]:
+    runs = studio.runs()
+    return runs_table(runs), gr.Dropdown(choices=[run["id"] for run in runs])
+
+
+def empty_view(studio: Studio, text: str = NO_RUN) -> TrainView:
+    return TrainView({}, text, progress_html({}), plots.reward_figure([]), plots.spread_figure([]),
+                     plots.kl_figure([]), plots.length_figure([]), "", rollouts_html(None, []), "",
+                     gr.Button(interactive=False), gr.Button(interactive=False), *_runs_outputs(studio),
+                     gr.Timer(active=False))
+
+
+def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> TrainView:
+    """What changed in ``run_id`` since ``watch`` (the previous refresh's state); ``full`` redraws everything, as
+    when another run is shown. Turns the timer off once the run is no longer active."""
+    skip = gr.skip()
+    if not run_id:
+        if full or watch:
+            return empty_view(studio)
+        return TrainView(*[skip] * (len(fields(TrainView)) - 1), timer=gr.Timer(active=False))
+    try:
+        run = studio.run(run_id)
+    except DragonError as exc:
+        return empty_view(studio, message(str(exc), "error"))
+    same_run = not full and watch.get("run_id") == run_id
+    snap: Snapshot = read_snapshot(run.path, since=watch.get("snapshot") if same_run else None)
+    config = watch["config"] if same_run else read_json(run.config_path, default={}) or {}
+    new_watch = {"run_id": run_id, "snapshot": snap.to_state(), "config": config}
+    if same_run and not snap.changed:
+        return TrainView(new_watch, *[skip] * (len(fields(TrainView)) - 1))
+
+    status, rows = snap.status, snap.progress
+    reward_names = status.get("reward_names") or plots.reward_names_of(rows)
+    state_changed = not same_run or status.get("state") != watch["snapshot"]["status"].get("state")
+    runs, run_choices = _runs_outputs(studio) if state_changed else (skip, skip)
+    max_new_tokens = (config.get("grpo") or {}).get("max_new_tokens")
+    return TrainView(
+        watch=new_watch,
+        status=status_markdown(run_id, status) if snap.status_changed else skip,
+        progress=progress_html(status) if snap.status_changed else skip,
+        reward_plot=plots.reward_figure(rows, reward_names) if snap.progress_changed else skip,
+        spread_plot=plots.spread_figure(rows) if snap.progress_changed else skip,
+        kl_plot=plots.kl_figure(rows) if snap.progress_changed else skip,
+        length_plot=plots.length_figure(rows, max_new_tokens) if snap.progress_changed else skip,
+        alerts=alerts_markdown(health_alerts(rows, status, config, snap.log)),
+        rollouts=rollouts_html(snap.rollouts, reward_names) if snap.rollouts_changed else skip,
+        log=snap.log if snap.log_changed else skip,
+        stop=gr.Button(interactive=snap.active) if state_changed else skip,
+        resume=gr.Button(interactive=status.get("state") in ("failed", "cancelled")) if state_changed else skip,
+        runs=runs,
+        run_choices=run_choices,
+        timer=gr.Timer(active=snap.active) if state_changed else skip,
+    )
+
+
+def stop_run(studio: Studio, run_id: str) -> str:
+    if not run_id:
+        return message("There is no run to stop.", "info")
+    state = studio.run(run_id).read_status().get("state")
+    if state not in ACTIVE_STATES:
+        return message(f"The run {run_id} is not training (it is {state}).", "info")
+    studio.stop(run_id)
+    return message("Stopping after the current step; a checkpoint is saved so you can resume.", "ok")
+
+
+def resume_run(studio: Studio, run_id: str) -> tuple[str, Any]:
+    """(message, timer): a run that cannot be resumed, or a busy machine, is explained in the message."""
+    if not run_id:
+        return message("There is no run to resume.", "info"), gr.skip()
+    try:
+        run = studio.resume(run_id)
+    except DragonError as exc:
+        return message(str(exc), "error"), gr.skip()
+    checkpoint = run.latest_checkpoint()
+    where = f"from {checkpoint.name}" if checkpoint else "from the start (it had no checkpoint yet)"
+    return message(f"Resuming {run_id} {where}.", "ok"), gr.Timer(active=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The tab.
+
+
+def build(shared: Shared) -> None:
+    studio = shared.studio
+    initial = empty_view(studio)
+    watch = gr.State({})
+
+    status = gr.Markdown(initial.status, elem_id="train-status")
+    progress = gr.HTML(initial.progress, elem_id="train-progress")
+    with gr.Row():
+        stop = gr.Button("Stop (saves a checkpoint)", variant="stop", interactive=False, elem_id="train-stop")
+        resume = gr.Button("Resume", interactive=False, elem_id="train-resume")
+    action = gr.Markdown(elem_id="train-action")
+    alerts = gr.Markdown(elem_id="train-alerts")
+    with gr.Row():
+        reward_plot = gr.Plot(initial.reward_plot, show_label=False, elem_id="train-plot-reward")
+        spread_plot = gr.Plot(initial.spread_plot, show_label=False, elem_id="train-plot-spread")
+    with gr.Row():
+        kl_plot = gr.Plot(initial.kl_plot, show_label=False, elem_id="train-plot-kl")
+        length_plot = gr.Plot(initial.length_plot, show_label=False, elem_id="train-plot-length")
+    gr.Markdown("### What the model writes now")
+    rollouts = gr.HTML(initial.rollouts, elem_id="train-rollouts")
+    log = gr.Textbox(label="Log (last 40 lines)", lines=10, max_lines=40, autoscroll=True, interactive=False,
+                     elem_id="train-log")
+    with gr.Accordion("Past runs", open=False):
+        runs = gr.Dataframe(initial.runs, headers=RUN_COLUMNS, interactive=False, max_height=320, elem_id="train-runs")
+        with gr.Row():
+            run_choice = gr.Dropdown(initial.run_choices.choices, value=None, label="Run", scale=3,
+                                     elem_id="train-run-choice", info="Click a row above or pick a run, then Open.")
+            open_run = gr.Button("Open", scale=1, elem_id="train-open")
+            refresh_runs = gr.Button("Refresh list", scale=1, elem_id="train-refresh-runs")
+
+    view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, log, stop, resume,
+            runs, run_choice, shared.timer]
+    shared.timer.tick(lambda run_id, state: refresh(studio, run_id, state).outputs(), [shared.run_id, watch], view,
+                      api_name="train_tick", show_progress="hidden")
+    shared.run_id.change(lambda run_id, state: refresh(studio, run_id, state, full=True).outputs(), [shared.run_id, watch],
+                         view, api_name="train_show", show_progress="hidden")
+
+    stop.click(shows_errors(lambda run_id: stop_run(studio, run_id)), [shared.run_id], [action], api_name="train_stop")
+    resume.click(shows_errors(lambda run_id: resume_run(studio, run_id)), [shared.run_id], [action, shared.timer],
+                 api_name="train_resume")
+
+    def pick_row(event: gr.SelectData):
+        return event.row_value[0]
+
+    runs.select(pick_row, None, [run_choice], api_visibility="private")
+    open_run.click(lambda run_id: run_id or gr.skip(), [run_choice], [shared.run_id], api_name="train_open")
+    refresh_runs.click(lambda: _runs_outputs(studio), None, [runs, run_choice], api_name="train_runs",
+                       show_progress="hidden")

@@ -1,0 +1,185 @@
+"""Before/after comparison of a run: chart and table data, evaluate-now on a stopped run, and the free prompt."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import stop_after_last_checkpoint, strengthen_adapter
+
+from dragon_ui import compare, training
+from dragon_ui.config import RunConfig
+from dragon_ui.errors import BusyError, ConfigError
+from dragon_ui.evaluation import evaluate_model, generate_replies
+from dragon_ui.rewards import build_rewards
+from dragon_ui.studio import Studio
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def studio(runs_dir):
+    return Studio(runs_dir=runs_dir)
+
+
+def base_and_adapter(tiny_model_dir, adapter_dir):
+    """The starting model and the same with the adapter applied, loaded independently of the Studio's cache."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                                        str(adapter_dir))
+    return base, adapted, tokenizer
+
+
+def test_comparison_of_a_finished_run(finished_run, studio):
+    evaluation, samples = finished_run.read_eval(), finished_run.read_samples()
+    shown = compare.comparison(finished_run)
+
+    assert [bar["reward"] for bar in shown.bars] == ["total", "numeric", "length"]
+    assert shown.bars[0] == {"reward": "total", "before": evaluation["before"]["reward_mean"],
+                             "after": evaluation["after"]["reward_mean"]}
+    for bar in shown.bars[1:]:
+        assert bar["before"] == evaluation["before"]["reward_breakdown"][bar["reward"]]
+        assert bar["after"] == evaluation["after"]["reward_breakdown"][bar["reward"]]
+
+    assert len(shown.table) == len(samples) == 3
+    for row, sample in zip(shown.table, samples):
+        assert len(row) == len(compare.TABLE_HEADERS)
+        assert row[:4] == [sample["prompt"], sample["reference"], sample["before"]["reply"], sample["after"]["reply"]]
+        assert row[4] == pytest.approx(sample["before"]["reward"], abs=1e-3)
+        assert "numeric" in row[6] and "length" in row[6] and "→" in row[6]
+    assert not shown.can_evaluate
+    assert f"{evaluation['before']['reward_mean']:.3f} before" in shown.summary and "6 prompts" in shown.summary
+
+    assert compare.comparable_runs(studio.runs()) == [(f"{finished_run.id} · succeeded", finished_run.id)]
+
+
+def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_run, studio, tiny_model_dir):
+    strengthen_adapter(finished_run)
+    original_eval, _ = stop_after_last_checkpoint(finished_run)
+    shown = compare.comparison(finished_run)
+    assert shown.can_evaluate and "Evaluate now" in shown.summary and "checkpoint-2" in shown.summary
+    assert [bar["after"] for bar in shown.bars] == [None, None, None]
+
+    # A cancel before the first batch leaves the files as they were.
+    progress = list(compare.evaluate_now(studio, finished_run, should_stop=lambda: True))
+    assert progress[-1].startswith("Cancelled") and "after" not in finished_run.read_eval()
+
+    progress = list(compare.evaluate_now(studio, finished_run))
+    assert progress[-1].startswith("Done") and "checkpoint-2" in progress[-1]
+    evaluation = finished_run.read_eval()
+    assert evaluation["before"] == original_eval["before"]  # already scored by training: kept, not recomputed
+    assert evaluation["after"]["weights"] == "checkpoint-2"
+    assert evaluation["improvement"] == pytest.approx(evaluation["after"]["reward_mean"] - evaluation["before"]["reward_mean"])
+    # The same numbers and replies as an evaluation of the checkpoint done independently of the Studio.
+    config = finished_run.read_config()
+    examples = compare.held_out_examples(finished_run)
+    _, adapted, tokenizer = base_and_adapter(tiny_model_dir, finished_run.latest_checkpoint())
+    expected = evaluate_model(adapted, tokenizer, examples, build_rewards(config.rewards), config.grpo.max_new_tokens)
+    assert evaluation["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
+    assert evaluation["after"]["reward_breakdown"] == pytest.approx(expected.breakdown)
+    samples = finished_run.read_samples()
+    assert [s["after"]["reply"] for s in samples] == expected.replies[:3]
+    assert all(s["before"]["reply"] != s["after"]["reply"] for s in samples)
+    assert not compare.comparison(finished_run).can_evaluate
+
+    # Without any stored score, both sides are computed; "before" matches what training recorded.
+    finished_run.eval_path.unlink()
+    finished_run.samples_path.unlink()
+    list(compare.evaluate_now(studio, finished_run))
+    evaluation = finished_run.read_eval()
+    assert evaluation["before"]["reward_mean"] == pytest.approx(original_eval["before"]["reward_mean"])
+    assert evaluation["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
+
+
+def test_evaluate_now_explains_what_is_missing(finished_run, studio):
+    with pytest.raises(ConfigError, match="still running"):
+        finished_run.update_status(state="running", pid=None)
+        next(compare.evaluate_now(studio, finished_run))
+    finished_run.update_status(state="cancelled")
+    # What a dataset too small to hold prompts out leaves: an empty eval.jsonl and no scores.
+    (finished_run.data_dir / "eval.jsonl").write_text("")
+    finished_run.eval_path.unlink()
+    finished_run.samples_path.unlink()
+    with pytest.raises(ConfigError, match="no held-out prompts"):
+        next(compare.evaluate_now(studio, finished_run))
+    shown = compare.comparison(finished_run)
+    assert "no held-out prompts" in shown.summary and not shown.can_evaluate and shown.bars == shown.table == []
+
+
+def test_answer_both_gives_the_starting_and_the_trained_reply(tiny_config_dict, studio, tiny_model_dir):
+    tiny_config_dict["data"]["system"] = "Answer with one number."  # the free prompt is asked like training prompts
+    tiny_config_dict["hardware"]["dtype"] = "float32"
+    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    handle.wait(timeout=240)
+    run = handle.run
+    strengthen_adapter(run)
+
+    before, after = compare.answer_both(studio, run, "What is 3 + 4?", max_new_tokens=12)
+    assert isinstance(before, str) and isinstance(after, str) and before != after
+    base, adapted, tokenizer = base_and_adapter(tiny_model_dir, run.adapter_dir)
+    conversation = [[{"role": "system", "content": "Answer with one number."}, {"role": "user", "content": "What is 3 + 4?"}]]
+    assert before == generate_replies(base, tokenizer, conversation, 12)[0]
+    assert after == generate_replies(adapted, tokenizer, conversation, 12)[0]
+    # The cached model is left with its adapter on, and asking again gives the same greedy replies.
+    assert compare.answer_both(studio, run, "What is 3 + 4?", max_new_tokens=12) == (before, after)
+
+    sampled = compare.answer_both(studio, run, "What is 3 + 4?", max_new_tokens=12, temperature=1.0)
+    assert all(isinstance(reply, str) for reply in sampled)
+    with pytest.raises(ConfigError, match="Type a prompt"):
+        compare.answer_both(studio, run, "   ")
+
+
+def test_answer_both_refuses_while_training_uses_the_cpu(finished_run, tiny_config_dict, studio):
+    slow = "import time\ndef reward(prompt, completion, reference, row):\n    time.sleep(0.2)\n    return 1.0\n"
+    tiny_config_dict["rewards"].append({"kind": "custom", "name": "slow", "code": slow})
+    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    try:
+        with pytest.raises(BusyError, match="training is running"):
+            compare.answer_both(studio, finished_run, "What is 3 + 4?")
+    finally:
+        handle.stop()
+        handle.wait(timeout=240)
+
+
+def test_a_run_without_weights_cannot_answer(finished_run, studio):
+    import shutil
+
+    shutil.rmtree(finished_run.adapter_dir)
+    shutil.rmtree(finished_run.checkpoints_dir)
+    with pytest.raises(ConfigError, match="no trained weights yet"):
+        compare.answer_both(studio, finished_run, "What is 3 + 4?")
+    assert not compare.comparison(finished_run).can_evaluate
+
+
+def test_full_fine_tuning_runs_compare_two_separate_models(tiny_config_dict, studio, tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tiny_config_dict["lora"] = {"enabled": False}
+    tiny_config_dict["hardware"]["dtype"] = "float32"
+    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    handle.wait(timeout=240)
+    run = handle.run
+    # Make the trained model visibly different from the starting one.
+    trained = AutoModelForCausalLM.from_pretrained(run.full_model_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in trained.model.layers.parameters():
+            parameter.add_(torch.randn_like(parameter))
+    trained.save_pretrained(run.full_model_dir)
+
+    before, after = compare.answer_both(studio, run, "What is 3 + 4?", max_new_tokens=12)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    conversation = [[{"role": "user", "content": "What is 3 + 4?"}]]
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert before == generate_replies(base, tokenizer, conversation, 12)[0]
+    assert after == generate_replies(trained, tokenizer, conversation, 12)[0] != before
+
+    list(compare.evaluate_now(studio, run))
+    config = run.read_config()
+    expected = evaluate_model(trained, tokenizer, compare.held_out_examples(run), build_rewards(config.rewards),
+                              config.grpo.max_new_tokens)
+    assert run.read_eval()["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
+    assert run.read_eval()["after"]["weights"] == "the final model"

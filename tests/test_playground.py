@@ -1,0 +1,268 @@
+"""Tests for dragon_ui.playground: the data preview and the reward playground's group scoring, without a browser."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dragon_ui.config import ModelConfig
+from dragon_ui.data import DataConfig, load_table, prompt_text
+from dragon_ui.playground import (
+    PREVIEW_ROWS,
+    RENDERED_ROWS,
+    data_config,
+    fit_mapping,
+    generate_groups,
+    load_rows,
+    no_signal_warning,
+    preview_data,
+    preview_examples,
+    preview_tokenizer,
+    reward_failures,
+    score_group,
+)
+from dragon_ui.rewards import build_rewards, parse_rewards
+from dragon_ui.studio import ASSETS_DIR, Studio
+
+DATASETS = ASSETS_DIR / "datasets"
+ARITHMETIC = DataConfig(source=str(DATASETS / "arithmetic.csv"), prompt="question", reference="answer")
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def example(question: str, reference: str = "", system: str = "") -> dict:
+    """An example as data.map_rows makes it."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    return {"prompt": messages, "reference": reference, "row": json.dumps({"question": question, "answer": reference})}
+
+
+# --------------------------------------------------------------------------------------------- data preview
+
+
+@pytest.mark.parametrize("recipe", Studio(runs_dir="unused").recipe_names())
+def test_preview_of_each_bundled_dataset(recipe):
+    data = DataConfig(**Studio(runs_dir="unused").load_recipe(recipe)["data"])
+    rows = load_table(data.source)
+    preview = preview_data(data)
+    assert preview.error is None
+    assert preview.n_rows == len(rows)
+    assert preview.n_train + preview.n_eval + preview.n_skipped == len(rows)
+    assert preview.n_eval == round(len(rows) * data.eval_frac)
+    assert preview.columns == list(rows[0])
+    assert len(preview.rows) == PREVIEW_ROWS and set(preview.rows[0]) == set(preview.columns)
+    assert all(isinstance(value, str) for row in preview.rows for value in row.values())
+    assert len(preview.examples) == PREVIEW_ROWS and len(preview.rendered) == RENDERED_ROWS
+    first_prompt = prompt_text(preview.examples[0])
+    assert first_prompt and first_prompt in preview.rendered[0]
+    assert preview.rendered[0].startswith("system: " if data.system else "user: ")
+    assert preview.lengths.unit == "words" and preview.lengths.total == preview.n_train + preview.n_eval
+    assert 0 < preview.lengths.minimum <= preview.lengths.mean <= preview.lengths.maximum
+
+
+def test_the_recipes_cover_every_bundled_dataset():
+    studio = Studio(runs_dir="unused")
+    used = {Path(studio.load_recipe(name)["data"]["source"]).name for name in studio.recipe_names()}
+    bundled = {p.name for p in DATASETS.iterdir() if p.suffix in (".csv", ".jsonl")}
+    assert used == bundled
+
+
+@pytest.mark.parametrize("changes, field, fragment", [
+    ({"prompt": "Q: {nope}"}, "mapping", "uses the column 'nope' in its template, but the file has no such column"),
+    ({"prompt": "nope"}, "mapping", "is neither a column of the file nor a template"),
+    ({"reference": "{answr}"}, "mapping", "data.reference uses the column 'answr'"),
+    ({"prompt": ""}, "mapping", "data.prompt is empty"),
+    ({"source": "missing.csv"}, "source", "no file at"),
+    ({"source": ""}, "source", "data.source is empty"),
+    ({"source": str(DATASETS / "make_datasets.py")}, "source", "unsupported file type '.py'"),
+    ({"source": "someone/dataset"}, "source", "the Hugging Face Hub could not be reached"),
+])
+def test_preview_errors_are_sentences_for_the_right_field(changes, field, fragment):
+    data = DataConfig(**{**ARITHMETIC.__dict__, **changes})
+    preview = preview_data(data)
+    assert fragment in preview.error
+    assert preview.error_field == field
+    assert preview.examples == [] and preview.lengths is None
+    # a mapping problem still shows the table, so the right column can be picked
+    assert (preview.columns == ["question", "answer"]) == (field == "mapping")
+
+
+def test_skipped_rows_and_small_files_are_explained(tmp_path):
+    source = tmp_path / "few.jsonl"
+    source.write_text("".join(json.dumps({"q": q, "a": "1"}) + "\n" for q in ["one", "", "three"]), encoding="utf-8")
+    preview = preview_data(DataConfig(source=str(source), prompt="q", reference="a", eval_frac=0.5))
+    assert (preview.n_rows, preview.n_train, preview.n_eval, preview.n_skipped) == (3, 2, 0, 1)
+    summary = preview.counts_summary()
+    assert "3 rows: 2 for training, 0 held out, 1 skipped." in summary
+    assert "empty prompt" in summary and "nothing is held out" in summary
+
+
+def test_token_stats_use_the_chat_template(tiny_tokenizer):
+    preview = preview_data(ARITHMETIC, tokenizer=tiny_tokenizer, tokenizer_note="Rendered with the tiny model.")
+    texts = [tiny_tokenizer.apply_chat_template([{"role": "user", "content": row["question"]}],
+                                                add_generation_prompt=True, tokenize=False)
+             for row in load_table(ARITHMETIC.source)]
+    lengths = [len(tiny_tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    stats = preview.lengths
+    assert stats.unit == "tokens" and stats.measured == stats.total == 400
+    assert (stats.minimum, stats.maximum) == (min(lengths), max(lengths))
+    assert math.isclose(stats.mean, sum(lengths) / len(lengths))
+    assert preview.rendered[0] == texts[0] and preview.rendered[0].endswith("<|assistant|>")
+    assert preview.rendered_note == "Rendered with the tiny model."
+    assert "Prompt length in tokens: min" in stats.summary() and "(all 400 prompts)" in stats.summary()
+
+
+def test_a_template_that_rejects_the_messages_falls_back_to_plain_text(tiny_tokenizer):
+    strict = tiny_tokenizer.__class__.from_pretrained(tiny_tokenizer.name_or_path)
+    strict.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                            "{% endif %}" + tiny_tokenizer.chat_template)
+    data = DataConfig(**{**ARITHMETIC.__dict__, "system": "Be brief."})
+    preview = preview_data(data, tokenizer=strict, tokenizer_note="Rendered with the tiny model.")
+    assert preview.error is None
+    assert "rejected these messages (System role not supported)" in preview.rendered_note
+    assert preview.rendered[0] == "system: Be brief.\nuser: What is 66 + 24? Reply with just the number."
+    assert preview.lengths.unit == "tokens"  # still counted with the model's tokenizer, on the plain text
+
+
+def test_preview_tokenizer_is_cached_and_explains_failures(tiny_model_dir):
+    tokenizer, note = preview_tokenizer(ModelConfig(id=str(tiny_model_dir)))
+    assert tokenizer is not None and "chat template of local model" in note
+    assert preview_tokenizer(ModelConfig(id=str(tiny_model_dir)))[0] is tokenizer
+    missing, reason = preview_tokenizer(ModelConfig(id="/no/such/model"))
+    assert missing is None
+    assert "could not be loaded: model.id: no folder at /no/such/model" in reason
+
+
+def test_a_failed_tokenizer_is_retried_only_after_a_while(monkeypatch, tmp_path):
+    import dragon_ui.models
+    import dragon_ui.playground
+
+    calls = []
+    real = dragon_ui.models.resolve_model
+    monkeypatch.setattr(dragon_ui.models, "resolve_model", lambda config: calls.append(1) or real(config))
+    model = ModelConfig(id=str(tmp_path / "not-yet"))
+    assert preview_tokenizer(model)[0] is None and preview_tokenizer(model)[0] is None
+    assert len(calls) == 1
+    monkeypatch.setattr(dragon_ui.playground, "TOKENIZER_RETRY_S", 0)
+    assert preview_tokenizer(model)[0] is None and len(calls) == 2
+
+
+def test_load_rows_sees_a_file_saved_again(tmp_path):
+    source = tmp_path / "data.csv"
+    source.write_text("question,answer\nq1,1\n", encoding="utf-8")
+    data = DataConfig(source=str(source), prompt="question")
+    assert load_rows(data) is load_rows(data)  # cached
+    source.write_text("question,answer\nq1,1\nq2,2\n", encoding="utf-8")
+    assert len(load_rows(data)) == 2
+
+
+@pytest.mark.parametrize("mapping, expected, notes", [
+    ({"prompt": "text", "reference": "{name}"}, {"prompt": "text", "reference": "{name}"}, 0),
+    ({"prompt": "question", "reference": "answer"}, {"prompt": "text", "reference": "answer"}, 1),
+    ({"prompt": "Q: {question}", "reference": "{solution}", "system": "Use {style}."},
+     {"prompt": "text", "reference": "answer", "system": None}, 3),
+    ({"prompt": "text", "system": "You reply with JSON only."}, {"system": "You reply with JSON only."}, 0),
+])
+def test_fit_mapping_guesses_only_what_does_not_fit(mapping, expected, notes):
+    rows = load_table(str(DATASETS / "json_answers.jsonl"))
+    fitted, messages = fit_mapping(DataConfig(source="x", **mapping), rows)
+    for key, value in expected.items():
+        assert getattr(fitted, key) == value
+    assert len(messages) == notes
+
+
+def test_fit_mapping_without_a_reference_column_clears_it():
+    fitted, messages = fit_mapping(DataConfig(source="x", prompt="question", reference="answer"),
+                                   [{"body": "hello"}, {"body": "world"}])
+    assert (fitted.prompt, fitted.reference) == ("body", None)
+    assert messages == ["The prompt now uses the column 'body' ('question' does not fit this data).",
+                        "The reference 'answer' does not fit this data, so it was cleared."]
+
+
+def test_preview_examples_and_data_config():
+    draft = Studio(runs_dir="unused").default_draft()
+    examples = preview_examples(data_config(draft))
+    assert len(examples) == PREVIEW_ROWS
+    assert prompt_text(examples[0]) == "What is 66 + 24? Reply with just the number."
+    assert examples[0]["reference"] == "90"
+    assert data_config({}).source == ""
+    with pytest.raises(Exception, match="data.prompt uses the column 'nope'"):
+        preview_examples(DataConfig(**{**ARITHMETIC.__dict__, "prompt": "{nope}"}))
+
+
+# --------------------------------------------------------------------------------------------- group scoring
+
+
+ARITHMETIC_REWARDS = build_rewards(parse_rewards([{"kind": "numeric"},
+                                                  {"kind": "length", "max_chars": 12, "weight": 0.3}]))
+
+
+@pytest.mark.parametrize("completions, totals", [
+    (["90", "91", "The answer is 90", "no idea"], [1.3, 0.3, 1.0 + 0.3 * (1 - 4 / 12), 0.3]),
+    (["90", "90"], [1.3, 1.3]),
+    (["1", "2", "3", "4", "5", "6"], [0.3] * 6),
+])
+def test_score_group_totals_and_advantages(completions, totals):
+    group = score_group(ARITHMETIC_REWARDS, example("What is 66 + 24?", "90"), completions)
+    assert group.prompt == "What is 66 + 24?" and group.reference == "90"
+    assert group.reward_names == ["numeric", "length"]
+    assert group.totals == pytest.approx(totals)
+    assert sum(group.advantages) == pytest.approx(0.0, abs=1e-9)
+    mean = sum(totals) / len(totals)
+    std = math.sqrt(sum((t - mean) ** 2 for t in totals) / (len(totals) - 1))
+    assert (group.mean, group.std) == (pytest.approx(mean), pytest.approx(std))
+    assert group.advantages == pytest.approx([(t - mean) / (std + 1e-4) for t in totals])
+    best = max(range(len(totals)), key=totals.__getitem__)
+    assert group.advantages[best] == max(group.advantages)
+
+
+@pytest.mark.parametrize("completions, fires", [
+    (["90", "91"], False),
+    (["1", "2", "3", "4", "5", "6"], True),  # all wrong and all short: 0.3 each
+    (["90", "90", "90"], True),
+    (["90"], False),  # a single reply is no group
+    (["The answer is 90", "90"], False),
+])
+def test_no_signal_warning_fires_only_when_all_equal(completions, fires):
+    warning = no_signal_warning(score_group(ARITHMETIC_REWARDS, example("What is 66 + 24?", "90"), completions))
+    assert (warning is not None) == fires
+    if fires:
+        assert warning.startswith(f"All {len(completions)} replies to this prompt scored ")
+        assert "GRPO learns nothing from this group" in warning and "higher temperature" in warning
+
+
+def test_reward_failures_are_counted_with_the_first_message():
+    group = score_group(ARITHMETIC_REWARDS, example("What is 66 + 24?", reference=""), ["90", "91", "x"])
+    assert group.totals == pytest.approx([0.3, 0.3, 0.3])
+    assert reward_failures(group) == [
+        "The reward numeric failed on 3 of 3 replies (scored 0): this row has no reference answer to compare against"]
+    assert reward_failures(score_group(ARITHMETIC_REWARDS, example("q", "90"), ["90"])) == []
+
+
+def test_generate_groups_with_the_tiny_model(tiny_model_dir, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    examples = [example("What is 12 + 30?", "42"), example("What is 1 + 1?", "2")]
+    groups = list(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples, group_size=3,
+                                  temperature=1.0, max_new_tokens=4))
+    assert [g.prompt for g in groups] == ["What is 12 + 30?", "What is 1 + 1?"]
+    assert all(len(g.completions) == 3 and len(g.results) == 3 for g in groups)
+    assert all(sum(g.advantages) == pytest.approx(0.0, abs=1e-9) for g in groups)
+
+    checks = []
+
+    def stop_after_the_first_prompt() -> bool:
+        checks.append(1)
+        return len(checks) > 1
+
+    stopped = list(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples, group_size=2,
+                                   temperature=1.0, max_new_tokens=2, should_stop=stop_after_the_first_prompt))
+    assert len(stopped) == 1  # checked before each prompt: the second one never started

@@ -1,0 +1,99 @@
+"""The Compare tab, through the handlers its buttons are wired to (found by api_name in the built app)."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+from conftest import stop_after_last_checkpoint
+
+from dragon_ui import compare
+from dragon_ui.studio import Studio
+from dragon_ui.ui import build_app
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def app(runs_dir, finished_run):
+    """The whole app over a runs folder holding one finished tiny run."""
+    return build_app(Studio(runs_dir=runs_dir))
+
+
+def handler(app: gr.Blocks, api_name: str):
+    (fn,) = [block_fn.fn for block_fn in app.fns.values() if block_fn.api_name == api_name]
+    return fn
+
+
+def test_selecting_a_run_shows_chart_and_table(app, finished_run):
+    summary, figure, table, evaluate_row = handler(app, "compare_show")(finished_run.id)
+    assert "before" in summary and "after" in summary
+    assert isinstance(figure, go.Figure) and figure.layout.height and figure.layout.uirevision
+    assert [trace.name for trace in figure.data] == ["before training", "after training"]
+    assert list(figure.data[0].x) == ["total", "numeric", "length"]
+    assert list(figure.data[1].y)[0] == pytest.approx(finished_run.read_eval()["after"]["reward_mean"])
+    assert isinstance(table, pd.DataFrame) and list(table.columns) == compare.TABLE_HEADERS and len(table) == 3
+    assert evaluate_row.visible is False
+
+
+def test_refresh_lists_runs_and_keeps_the_shown_one(app, finished_run):
+    dropdown, summary, figure, table, _ = handler(app, "compare_runs")("", finished_run.id)
+    assert dropdown.value == finished_run.id
+    assert [value for _, value in dropdown.choices] == [finished_run.id]
+    assert isinstance(figure, go.Figure) and len(table) == 3
+
+
+def test_free_prompt_is_answered_by_both_models(app, finished_run):
+    before, after = handler(app, "compare_ask")(finished_run.id, "What is 3 + 4?", 12, 0.0)
+    assert isinstance(before, str) and isinstance(after, str)
+    with pytest.raises(gr.Error, match="Type a prompt"):
+        handler(app, "compare_ask")(finished_run.id, "", 12, 0.0)
+
+
+def test_download_and_merge(app, finished_run):
+    path = handler(app, "compare_zip")(finished_run.id)
+    assert path.endswith(".zip") and zipfile.is_zipfile(path)
+    folder, status = handler(app, "compare_merge")(finished_run.id)
+    assert (Path(folder) / "config.json").is_file() and folder in status
+
+
+def test_evaluate_now_streams_progress_and_can_be_cancelled(app, finished_run):
+    stop_after_last_checkpoint(finished_run)
+    assert handler(app, "compare_show")(finished_run.id)[3].visible is True
+
+    evaluation = handler(app, "compare_evaluate")(finished_run.id)
+    first = next(evaluation)
+    assert "Loading the model" in first[0]
+    assert "Cancelling" in handler(app, "compare_cancel")(finished_run.id)
+    *_, last = evaluation
+    assert "Cancelled" in last[0] and "after" not in finished_run.read_eval()
+
+    outputs = list(handler(app, "compare_evaluate")(finished_run.id))
+    status, summary, figure, table, evaluate_row = outputs[-1]
+    assert "Done" in status and "checkpoint-2" in summary
+    assert figure.data[1].y[0] == pytest.approx(finished_run.read_eval()["after"]["reward_mean"])
+    assert evaluate_row.visible is False
+    assert any("answered" in output[0] for output in outputs[:-1])
+
+
+def test_unknown_or_missing_runs_give_sentences(app, runs_dir):
+    with pytest.raises(gr.Error, match="There is no run called 'nope'"):
+        handler(app, "compare_show")("nope")
+    for name, args in [("compare_ask", ("", "hi", 8, 0.0)), ("compare_zip", ("",)), ("compare_merge", ("",))]:
+        with pytest.raises(gr.Error, match="Choose a run first"):
+            handler(app, name)(*args)
+    (status, *_), = list(handler(app, "compare_evaluate")("nope"))
+    assert "There is no run called 'nope'" in status
+
+    summary, figure, *_ = handler(app, "compare_show")("")
+    assert "No run to compare yet" in summary and figure is None
+
+
+def test_the_app_builds_with_no_runs(tmp_path):
+    app = build_app(Studio(runs_dir=tmp_path / "empty"))
+    dropdown, summary, *_ = handler(app, "compare_runs")("", "")
+    assert dropdown.choices == [] and dropdown.value is None and "No run to compare yet" in summary
