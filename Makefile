@@ -9,7 +9,7 @@ TORCH_SPEC ?=
 CONFIG ?= assets/recipes/arithmetic.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install run run-cli test test-fast clean
+.PHONY: install run run-cli test test-fast bench bench-quick clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,20 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Benchmarks report, they do not assert: JSON in bench/results/, a table on stdout. Run them on an idle machine.
+bench: install
+	cd bench && ../$(BIN)/python overhead.py --steps 5 --repeats 2
+	cd bench && ../$(BIN)/python breakdown.py --steps 5 --dtype float32
+	cd bench && ../$(BIN)/python breakdown.py --steps 5 --dtype bfloat16
+	cd bench && ../$(BIN)/python ui_latency.py --seconds 120
+	cd bench && ../$(BIN)/python learning.py --minutes 5 10 15
+
+bench-quick: install
+	cd bench && ../$(BIN)/python overhead.py --steps 3 --repeats 1
+	cd bench && ../$(BIN)/python breakdown.py --steps 3
+	cd bench && ../$(BIN)/python ui_latency.py --seconds 30
+	cd bench && ../$(BIN)/python learning.py --minutes 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -5,8 +5,8 @@ loaded). Memory adds the weights (by precision, or 4-bit), the trainable paramet
 states, and the larger of the generation KV cache and the training activations for ``batch_size * group_size``
 sequences of prompt + ``max_new_tokens``. Time per step adds:
 
-- generation, modelled per new token (a decoding step is latency-bound: a fixed cost per layer, or the weight
-  read, or the compute for all sequences, whichever is larger) times ``max_new_tokens``;
+- generation: the prompts' forward pass, then ``max_new_tokens`` decoding steps, each latency-bound: a fixed cost
+  per layer plus the larger of reading the weights and the compute for all sequences (~2 * params * sequences);
 - the policy's forward and backward, ~6 * params * tokens FLOPs (~4 with LoRA: no weight gradients for the frozen
   base), and the reference forward when beta > 0, ~2 * params * tokens,
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from .config import RunConfig
 from .errors import ConfigError
 from .hardware import HardwareInfo, ResolvedHardware
-from .presets import PRESETS, ModelDims, find_preset
+from .presets import ModelDims, find_preset
 
 GB = 1024**3
 # Prompt length assumed when the data is not read: a short question with its chat template and default system
@@ -38,12 +38,17 @@ PROMPT_TOKENS = 56
 BYTES_PER_VALUE = {"float32": 4, "bfloat16": 2, "float16": 2}
 NF4_BYTES_PER_PARAM = 4.13 / 8  # 4-bit NF4 with double-quantized block scales
 ADAMW_LORA_BYTES = 16  # LoRA parameters stay fp32: weight, gradient and two AdamW moments
+# Measured peak of a LoRA forward + backward of SmolLM2-135M on the CPU against the counted values: 1.5x (temporary
+# copies and allocator slack): +4.7 GB for 24 x 63 tokens in fp32, +2.5 GB for 8 x 120 tokens in bf16.
+ACTIVATION_FACTOR = 1.5
 RUNTIME_OVERHEAD_GB = {"cpu": 0.5, "mps": 0.5, "cuda": 0.8}  # Python, torch, tokenizer; the CUDA context
 
 # CPU: the share of the matmul probe a GRPO forward/backward achieves, and the fixed cost of one layer in one
-# decoding step (Python, small ops, thread wake-ups). Both calibrated on the SmolLM2-135M step described above.
-CPU_TRAIN_EFFICIENCY = 0.25
-CPU_LAYER_LATENCY_S = 1.5e-3
+# decoding step (Python, small ops, thread wake-ups), calibrated on the SmolLM2-135M step described above. In bf16 a
+# CPU with native bf16 runs the probe 4.4x faster than fp32 but the whole step only ~2x (36.6 s -> 21 s measured on
+# the same 2 cores): elementwise work and fp32 upcasts do not speed up.
+CPU_TRAIN_EFFICIENCY = {"float32": 0.21, "bfloat16": 0.10}
+CPU_LAYER_LATENCY_S = 1.0e-3
 CPU_MEMORY_BANDWIDTH = 20e9  # bytes/s, a conservative single-socket figure
 # GPUs: peak dense 16-bit tensor FLOP/s and memory bandwidth by name; small-model RL reaches a fraction of it.
 GPU_SPECS = (  # (name fragment, peak FLOP/s, bytes/s); checked in order, so "A100" comes before "A10"
@@ -114,7 +119,8 @@ def model_dims(model_id: str) -> tuple[ModelDims, str]:
     match = _SIZE_IN_NAME.search(model_id.rsplit("/", 1)[-1])
     if match:
         params = float(match.group(1)) * (1e6 if match.group(2).lower() == "m" else 1e9)
-        return generic_dims(params), f"size read from the name ({match.group(1)}{match.group(2).upper()}), typical shape assumed"
+        size = f"{match.group(1)}{match.group(2).upper()}"
+        return generic_dims(params), f"size read from the name ({size}), typical shape assumed"
     raise ConfigError(f"The size of {model_id} is unknown here (not a preset, not downloaded, no size in its name), "
                       "so no estimate can be made; it may still train fine.")
 
@@ -127,7 +133,7 @@ def _local_dims(path: Path) -> tuple[ModelDims, str]:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         raise ConfigError(f"{config_path} is not readable JSON, so the model's size is unknown.") from None
-    if (path / "status.json").is_file() and isinstance(config.get("model"), dict):  # a run folder: its config is a RunConfig
+    if (path / "status.json").is_file() and isinstance(config.get("model"), dict):  # a run folder: a RunConfig
         if (path / "model" / "config.json").is_file():
             return _local_dims(path / "model")
         dims, source = model_dims(str(config["model"].get("id", "")))
@@ -171,13 +177,9 @@ class MemoryEstimate:
         return self.weights_gb + self.trainable_gb + max(self.activations_gb, self.generation_gb) + self.overhead_gb
 
 
-def _value_bytes(dtype: str, load_in_4bit: bool) -> int:
-    return 2 if load_in_4bit else BYTES_PER_VALUE[dtype]
-
-
 def estimate_memory(config: RunConfig, dims: ModelDims, dtype: str, load_in_4bit: bool, device: str,
                     prompt_tokens: int = PROMPT_TOKENS) -> MemoryEstimate:
-    value = _value_bytes(dtype, load_in_4bit)
+    value = 2 if load_in_4bit else BYTES_PER_VALUE[dtype]  # 4-bit weights compute in 16 bits
     if load_in_4bit:
         weights = dims.linear_params * NF4_BYTES_PER_PARAM + (dims.params - dims.linear_params) * value
     else:
@@ -191,17 +193,19 @@ def estimate_memory(config: RunConfig, dims: ModelDims, dtype: str, load_in_4bit
     tokens = prompt_tokens + config.grpo.max_new_tokens
     micro_batch = config.training.batch_size * config.grpo.group_size
     h, i = dims.hidden_size, dims.intermediate_size
-    per_token_layer = 10 * h + 4 * i + 3 * dims.kv_width + dims.num_heads * tokens  # norms, q/k/v, MLP, attention scores
-    if config.lora.enabled:
+    # Values kept for the backward pass per token and block: norms, q/k/v, MLP, attention scores.
+    per_token_layer = 10 * h + 4 * i + 3 * dims.kv_width + dims.num_heads * tokens
+    if config.lora.enabled:  # each adapter keeps its dropped-out input and A x
         shapes = dims.projection_shapes()
-        targets = shapes if config.lora.target_modules == "all-linear" else {t: shapes[t] for t in config.lora.target_modules if t in shapes}
-        per_token_layer += sum(n_in + config.lora.r for n_in, _ in targets.values())  # dropout output and A x per adapter
+        targets = list(shapes) if config.lora.target_modules == "all-linear" else config.lora.target_modules
+        per_token_layer += sum(shapes[t][0] + config.lora.r for t in targets if t in shapes)
     if config.training.gradient_checkpointing:  # only each block's input is kept; one block is recomputed at a time
         activation_values = micro_batch * tokens * (dims.num_layers * h + per_token_layer)
     else:
         activation_values = micro_batch * tokens * dims.num_layers * per_token_layer
     logits = micro_batch * config.grpo.max_new_tokens * dims.vocab_size * 4 * 2  # fp32 logits and log-softmax
-    activations = activation_values * value + logits
+    # Norms, rotary embeddings and softmax upcast to fp32, so 16-bit activations take ~3 bytes a value on average.
+    activations = activation_values * ACTIVATION_FACTOR * (4 if value == 4 else 3) + logits
 
     generation_batch = micro_batch * config.training.grad_accum  # TRL samples every micro-batch of a step at once
     kv_cache = generation_batch * tokens * dims.num_layers * 2 * dims.kv_width * value
@@ -233,24 +237,34 @@ class DeviceSpeed:
     layer_latency_s: float  # fixed cost of one layer in one decoding step
 
 
-_CPU_PROBE: dict[str, float] = {}
+# dtype -> (best FLOP/s per thread seen, when it was last measured). A probe that ran while the CPU was busy (the
+# page loading, a training) reads low, so it is repeated now and then and the best value is kept.
+_CPU_PROBE: dict[str, tuple[float, float]] = {}
+PROBE_REFRESH_S = 60.0
 
 
 def cpu_flops_per_thread(dtype: str) -> float:
-    """FLOP/s per torch thread of a transformer-sized matmul on this CPU (measured once per precision, ~0.1 s)."""
-    if dtype not in _CPU_PROBE:
-        import torch
+    """FLOP/s per torch thread of a transformer-sized matmul on this CPU (~0.05 s, at most once a minute)."""
+    best, measured_at = _CPU_PROBE.get(dtype, (0.0, -math.inf))
+    if time.monotonic() - measured_at >= PROBE_REFRESH_S:
+        best = max(best, _measure_matmul(dtype))
+        _CPU_PROBE[dtype] = (best, time.monotonic())
+    return best
 
-        torch_dtype = getattr(torch, dtype)
-        a, b = torch.randn(512, 576, dtype=torch_dtype), torch.randn(576, 1536, dtype=torch_dtype)
-        best = float("inf")
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(4):
-                a @ b
-            best = min(best, (time.perf_counter() - start) / 4)
-        _CPU_PROBE[dtype] = 2 * 512 * 576 * 1536 / best / torch.get_num_threads()
-    return _CPU_PROBE[dtype]
+
+def _measure_matmul(dtype: str) -> float:
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    a, b = torch.randn(512, 576, dtype=torch_dtype), torch.randn(576, 1536, dtype=torch_dtype)
+    a @ b  # the first call sets up kernels and threads
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        best = min(best, (time.perf_counter() - start) / 4)
+    return 2 * 512 * 576 * 1536 / best / torch.get_num_threads()
 
 
 def device_speed(hardware: ResolvedHardware, info: HardwareInfo, cpu_flops: float | None = None) -> DeviceSpeed:
@@ -265,12 +279,13 @@ def device_speed(hardware: ResolvedHardware, info: HardwareInfo, cpu_flops: floa
         described = f"{name or 'a CUDA GPU'}, assuming {flops / 1e12:.0f} TFLOP/s" + ("" if spec else " (unknown GPU)")
         return DeviceSpeed(described, flops, bandwidth, GPU_LAYER_LATENCY_S)
     if hardware.device == "mps":
-        return DeviceSpeed(f"Apple MPS, assuming {MPS_FLOPS / 1e12:.0f} TFLOP/s", MPS_FLOPS, MPS_BANDWIDTH, MPS_LAYER_LATENCY_S)
+        return DeviceSpeed(f"Apple MPS, assuming {MPS_FLOPS / 1e12:.0f} TFLOP/s", MPS_FLOPS, MPS_BANDWIDTH,
+                           MPS_LAYER_LATENCY_S)
     if cpu_flops is None:
         cpu_flops = cpu_flops_per_thread(hardware.dtype) * hardware.cpu_threads
     threads = f"{hardware.cpu_threads} CPU thread{'s' if hardware.cpu_threads > 1 else ''}"
     return DeviceSpeed(f"{threads}, measured {cpu_flops / 1e9:.0f} GFLOP/s in {hardware.dtype}",
-                       cpu_flops * CPU_TRAIN_EFFICIENCY, CPU_MEMORY_BANDWIDTH, CPU_LAYER_LATENCY_S)
+                       cpu_flops * CPU_TRAIN_EFFICIENCY[hardware.dtype], CPU_MEMORY_BANDWIDTH, CPU_LAYER_LATENCY_S)
 
 
 @dataclass
@@ -291,7 +306,7 @@ def estimate_step_time(config: RunConfig, dims: ModelDims, speed: DeviceSpeed, d
     new_tokens = config.grpo.max_new_tokens
     tokens = sequences * (prompt_tokens + new_tokens)
     slowdown = QUANTIZED_SLOWDOWN if load_in_4bit else 1.0
-    weight_bytes = params * (NF4_BYTES_PER_PARAM if load_in_4bit else _value_bytes(dtype, False))
+    weight_bytes = params * (NF4_BYTES_PER_PARAM if load_in_4bit else BYTES_PER_VALUE[dtype])
 
     per_new_token = dims.num_layers * speed.layer_latency_s + max(2 * params * sequences / speed.flops,
                                                                   weight_bytes / speed.bandwidth)
@@ -331,23 +346,25 @@ class Estimate:
     def describe(self) -> str:
         """Markdown lines for the UI, starting with the plain warning that this is rough."""
         m, s = self.memory, self.step
+        reference = f", reference model {format_seconds(s.reference_s)}" if s.reference_s else ""
         lines = [
             f"**Rough estimate** for {self.model_id} ({format_params(self.params)} parameters, {self.dims_source}), "
             f"assuming prompts of ~{self.prompt_tokens} tokens and completions that use every new token:",
             f"- **Memory ≈ {m.total_gb:.1f} GB**: weights {m.weights_gb:.2f} GB, trainable + optimizer "
-            f"{m.trainable_gb:.2f} GB, activations {max(m.activations_gb, m.generation_gb):.2f} GB, runtime {m.overhead_gb:.1f} GB",
+            f"{m.trainable_gb:.2f} GB, activations {max(m.activations_gb, m.generation_gb):.2f} GB, "
+            f"runtime {m.overhead_gb:.1f} GB",
             f"- **Time per step ≈ {format_seconds(s.total_s)}**: generation {format_seconds(s.generation_s)}, "
-            f"forward + backward {format_seconds(s.training_s)}"
-            + (f", reference model {format_seconds(s.reference_s)}" if s.reference_s else "") + f" ({self.speed.description})",
+            f"forward + backward {format_seconds(s.training_s)}{reference} ({self.speed.description})",
         ]
         if self.max_steps:
             lines.append(f"- **{self.max_steps} steps ≈ {format_seconds(s.total_s * self.max_steps)}**, plus model "
                          "loading and the before/after scoring")
         if self.fits is False:
-            lines.append(f"- ⚠️ That is more than the {self.available_gb:.1f} GB available on the {self.device}: lower "
-                         "batch size, group size or max new tokens, turn on gradient checkpointing, or use 4-bit weights.")
+            lines.append(f"- ⚠️ That is more than the {self.available_gb:.1f} GB available on the {self.device}: "
+                         "lower batch size, group size or max new tokens, turn on gradient checkpointing, or use "
+                         "4-bit weights.")
         lines += [f"- {note}" for note in self.notes]
-        lines.append("Real runs often differ by 2x either way; the Train tab shows the measured time per step.")
+        lines.append("\n*Real runs often differ by 2x either way; the Train tab shows the measured time per step.*")
         return "\n".join(lines)
 
 
@@ -358,16 +375,25 @@ def estimate_run(config: RunConfig, hardware: ResolvedHardware, info: HardwareIn
     speed = device_speed(hardware, info, cpu_flops)
     memory = estimate_memory(config, dims, hardware.dtype, hardware.load_in_4bit, hardware.device, prompt_tokens)
     step = estimate_step_time(config, dims, speed, hardware.dtype, hardware.load_in_4bit, prompt_tokens)
-    return Estimate(config.model.id, dims.params, source, hardware.device, memory, step, speed,
-                    config.training.max_steps, available_memory_gb(hardware, info), prompt_tokens)
+    result = Estimate(config.model.id, dims.params, source, hardware.device, memory, step, speed,
+                      config.training.max_steps, available_memory_gb(hardware, info), prompt_tokens)
+    if config.generation.backend != "transformers":
+        result.notes.append("vLLM generation is usually several times faster than the generation time assumed here.")
+    return result
 
 
 def available_memory_gb(hardware: ResolvedHardware, info: HardwareInfo) -> float | None:
-    """Free memory on the device that will hold the model: the GPU's free memory, else the machine's."""
+    """Free memory on the device that will hold the model: the GPU's free memory, else the machine's (for Apple
+    MPS, which shares the machine's memory, all of it)."""
     if hardware.device == "cuda":
         return info.cuda[0].free_gb if info.cuda else None
+    return system_memory_gb(free=hardware.device == "cpu")
+
+
+def system_memory_gb(free: bool = True) -> float | None:
+    """The machine's free (or total) memory, where the platform tells (Linux and macOS do)."""
     try:
-        pages = os.sysconf("SC_AVPHYS_PAGES" if hardware.device == "cpu" else "SC_PHYS_PAGES")
+        pages = os.sysconf("SC_AVPHYS_PAGES" if free else "SC_PHYS_PAGES")
         return pages * os.sysconf("SC_PAGE_SIZE") / GB
     except (ValueError, OSError, AttributeError):  # not every platform names these
         return None

@@ -140,7 +140,9 @@ CLIPPED_FRAC = 0.5
 KL_HIGH = 1.0
 KL_FLOOR = 0.1
 KL_GROWTH = 3.0
-_REWARD_ERROR_LINE = re.compile(r"Reward '(?P<name>[^']+)' failed on some completions \(scored 0\); first error: (?P<error>.*)")
+# The line training.RunStoreCallback logs the first time a reward fails.
+_REWARD_ERROR_LINE = re.compile(r"Reward '(?P<name>[^']+)' failed on some completions \(scored 0\); "
+                                r"first error: (?P<error>.*)")
 
 
 @dataclass(frozen=True)
@@ -205,9 +207,11 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     first_errors = {m["name"]: m["error"].strip() for m in _REWARD_ERROR_LINE.finditer(log)}
     for name, count in errors.items():
         if isinstance(count, (int, float)) and count > 0:
-            detail = f"First error: {first_errors[name]}" if name in first_errors else "The log below shows its first error."
-            alerts.append(Alert("error", f"The reward '{name}' failed on {int(count)} completion{'s' if count != 1 else ''} "
-                                "so far (they scored 0)",
+            detail = f"First error: {first_errors[name]}" if name in first_errors else \
+                "Its first error is in the run's log (log.txt in the run folder)."
+            plural = "s" if count != 1 else ""
+            alerts.append(Alert("error", f"The reward '{name}' failed on {int(count)} completion{plural} so far "
+                                "(they scored 0)",
                                 f"{detail} Fix the reward on the Rewards tab (test it there on a sample reply), then "
                                 "start a new run."))
     return alerts

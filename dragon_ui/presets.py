@@ -79,7 +79,8 @@ PRESETS: tuple[ModelPreset, ...] = (
     ModelPreset("Qwen/Qwen2.5-0.5B-Instruct", ModelDims(896, 24, 4864, 151936, 14, 2),
                 "Much better at maths than SmolLM2 of its size; a GPU is recommended."),
     ModelPreset("Qwen/Qwen3-0.6B", ModelDims(1024, 28, 3072, 151936, 16, 8, head_dim=128),
-                "Thinks before answering (<think>...</think>) unless told not to; give it room in max new tokens. GPU recommended."),
+                "Thinks before answering (<think>...</think>) unless told not to; give it room in max new tokens. "
+                "GPU recommended."),
     ModelPreset("google/gemma-3-1b-it", ModelDims(1152, 26, 6912, 262144, 4, 1, head_dim=256),
                 "Gated: accept the licence on its Hub page and log in (`hf auth login`). Large vocabulary, so more "
                 "memory per token. GPU.", gated=True),

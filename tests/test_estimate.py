@@ -126,7 +126,8 @@ def memory(config: RunConfig, dtype: str = "bfloat16", load_in_4bit: bool = Fals
     return estimate_memory(config, SMOLLM2, dtype, load_in_4bit, "cuda")
 
 
-@pytest.mark.parametrize("change", [{"training__batch_size": 8}, {"grpo__group_size": 12}, {"grpo__max_new_tokens": 64}])
+@pytest.mark.parametrize("change", [{"training__batch_size": 8}, {"grpo__group_size": 12},
+                                    {"grpo__max_new_tokens": 64}])
 def test_memory_grows_with_the_sequences_per_step(change):
     base, bigger = memory(arithmetic_config()), memory(arithmetic_config(**change))
     assert bigger.total_gb > base.total_gb
@@ -149,7 +150,7 @@ def test_four_bit_weights_lower_the_weight_memory_about_threefold():
 
 def test_full_fine_tuning_needs_far_more_than_lora():
     lora, full = memory(arithmetic_config()), memory(arithmetic_config(lora__enabled=False))
-    assert full.trainable_gb > 20 * lora.trainable_gb
+    assert full.trainable_gb > 10 * lora.trainable_gb
     no_reference = memory(arithmetic_config(lora__enabled=False, grpo__beta=0.0))
     assert full.trainable_gb - no_reference.trainable_gb == pytest.approx(full.weights_gb)  # the reference copy
 
@@ -157,7 +158,8 @@ def test_full_fine_tuning_needs_far_more_than_lora():
 def test_gradient_checkpointing_and_precision():
     assert memory(arithmetic_config(training__gradient_checkpointing=True)).activations_gb < \
         memory(arithmetic_config()).activations_gb / 5
-    assert memory(arithmetic_config(), dtype="float32").weights_gb == pytest.approx(2 * memory(arithmetic_config()).weights_gb)
+    fp32, bf16 = memory(arithmetic_config(), dtype="float32"), memory(arithmetic_config())
+    assert fp32.weights_gb == pytest.approx(2 * bf16.weights_gb)
 
 
 def test_cpu_calibration_one_smollm2_step_takes_36_to_39_seconds():
@@ -167,6 +169,15 @@ def test_cpu_calibration_one_smollm2_step_takes_36_to_39_seconds():
     step = estimate_step_time(arithmetic_config(), SMOLLM2, speed, "float32", False, prompt_tokens=47)
     assert 33 <= step.total_s <= 42
     assert step.generation_s > 0.1 * step.total_s  # generation is latency-bound, never free
+
+
+def test_cpu_calibration_bf16_is_about_twice_as_fast_as_fp32():
+    """On the same 2 cores (native bf16, probe 914 GFLOP/s in bf16) the step took 21 s instead of 36.6 s."""
+    def seconds(dtype: str, probe: float) -> float:
+        speed = estimate.device_speed(replace(CPU, dtype=dtype), CPU_INFO, cpu_flops=probe)
+        return estimate_step_time(arithmetic_config(), SMOLLM2, speed, dtype, False, prompt_tokens=47).total_s
+
+    assert 1.6 <= seconds("float32", 206e9) / seconds("bfloat16", 914e9) <= 2.4
 
 
 def step_seconds(config: RunConfig, speed: DeviceSpeed | None = None) -> float:
@@ -187,9 +198,9 @@ def test_no_reference_model_without_kl_penalty():
     assert estimate_step_time(arithmetic_config(), SMOLLM2, speed, "float32", False).reference_s > 0
 
 
-@pytest.mark.parametrize(("gpu", "flops"), [("NVIDIA H100 80GB HBM3", 756e12 * 0.3), ("NVIDIA A100-SXM4-40GB", 312e12 * 0.3),
-                                            ("NVIDIA A10G", 70e12 * 0.3), ("Tesla T4", 65e12 * 0.3),
-                                            ("Some Future GPU", 30e12)])
+@pytest.mark.parametrize(("gpu", "flops"), [("NVIDIA H100 80GB HBM3", 756e12 * 0.3),
+                                            ("NVIDIA A100-SXM4-40GB", 312e12 * 0.3), ("NVIDIA A10G", 70e12 * 0.3),
+                                            ("Tesla T4", 65e12 * 0.3), ("Some Future GPU", 30e12)])
 def test_gpu_throughput_by_name(gpu, flops):
     info = HardwareInfo(cuda=[CudaDevice(0, gpu, 80.0, 79.0, True)])
     speed = estimate.device_speed(replace(CPU, device="cuda", dtype="bfloat16"), info)
@@ -203,10 +214,17 @@ def test_a_gpu_step_is_much_faster_than_a_cpu_step():
     assert step_seconds(arithmetic_config(), gpu) < step_seconds(arithmetic_config()) / 5
 
 
-def test_the_cpu_probe_is_measured_once():
+def test_the_cpu_probe_is_cached_and_keeps_its_best_value(monkeypatch):
+    monkeypatch.setattr(estimate, "_CPU_PROBE", {})
     first = estimate.cpu_flops_per_thread("float32")
     assert first > 1e8  # any CPU of this century does 0.1 GFLOP/s per thread
+    monkeypatch.setattr(estimate, "_measure_matmul", lambda dtype: pytest.fail("measured again within a minute"))
     assert estimate.cpu_flops_per_thread("float32") == first
+    monkeypatch.setattr(estimate, "PROBE_REFRESH_S", 0.0)
+    monkeypatch.setattr(estimate, "_measure_matmul", lambda dtype: first / 10)  # a busy moment
+    assert estimate.cpu_flops_per_thread("float32") == first
+    monkeypatch.setattr(estimate, "_measure_matmul", lambda dtype: first * 2)  # an idle one
+    assert estimate.cpu_flops_per_thread("float32") == first * 2
 
 
 def test_estimate_run_says_it_is_rough_and_warns_when_memory_is_short():
@@ -220,3 +238,11 @@ def test_estimate_run_says_it_is_rough_and_warns_when_memory_is_short():
     assert result.fits is False and "more than the 0.5 GB available" in text
     roomy = estimate_run(config, gpu, HardwareInfo(cuda=[CudaDevice(0, "Tesla T4", 16.0, 15.0, False)]))
     assert roomy.fits is True and "available" not in roomy.describe()
+
+
+def test_vllm_generation_is_noted_as_faster():
+    config = arithmetic_config()
+    assert estimate_run(config, CPU, CPU_INFO, cpu_flops=206e9).notes == []
+    config.generation.backend = "vllm-colocate"
+    text = estimate_run(config, CPU, CPU_INFO, cpu_flops=206e9).describe()
+    assert "- vLLM generation is usually several times faster" in text

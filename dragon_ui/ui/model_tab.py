@@ -11,7 +11,7 @@ import copy
 import hashlib
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,7 +19,7 @@ import gradio as gr
 
 from ..config import DEVICES, DTYPES, LOSS_TYPES, SCALE_REWARDS
 from ..errors import DragonError
-from ..estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb
+from ..estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb, system_memory_gb
 from ..hardware import HardwareInfo, resolve_hardware
 from ..presets import PRESETS
 from ..studio import Studio
@@ -50,22 +50,82 @@ def _target_modules_text(value: str | list[str]) -> str:
 
 @dataclass(frozen=True)
 class Setting:
+    """One field of the form: the draft key it edits, its widget with a one-line explanation, and how its value
+    converts between the form and the draft."""
+
     key: str
+    label: str
+    info: str
+    widget: Callable[..., Any] = gr.Number
+    options: dict = field(default_factory=dict)  # more keyword arguments for the widget
     to_draft: Callable[[Any], Any] = lambda value: value
     to_field: Callable[[Any], Any] = lambda value: value
 
 
+WHOLE = {"precision": 0}
 SECTIONS: dict[str, tuple[Setting, ...]] = {
-    "model": (Setting("id", lambda value: (value or "").strip()),),
-    "hardware": (Setting("device"), Setting("dtype"), Setting("load_in_4bit"),
-                 Setting("cpu_threads", _whole_or_auto, lambda value: value or 0)),
-    "lora": (Setting("enabled"), Setting("r"), Setting("alpha"), Setting("dropout"),
-             Setting("target_modules", _target_modules, _target_modules_text)),
-    "grpo": (Setting("group_size"), Setting("beta"), Setting("temperature"), Setting("max_new_tokens"),
-             Setting("loss_type"), Setting("scale_rewards")),
-    "training": (Setting("learning_rate"), Setting("epochs"), Setting("max_steps", _whole_or_auto, lambda value: value or 0),
-                 Setting("batch_size"), Setting("save_steps"), Setting("gradient_checkpointing")),
+    "model": (
+        Setting("id", "Starting model", "A preset from the table, any Hub id (owner/name) or the path of a local "
+                "model folder.", gr.Dropdown, {"choices": [p.id for p in PRESETS], "allow_custom_value": True},
+                lambda value: (value or "").strip()),
+    ),
+    "hardware": (
+        Setting("device", "Device", "auto picks a CUDA GPU, then Apple MPS, then the CPU.", gr.Radio,
+                {"choices": list(DEVICES)}),
+        Setting("dtype", "Precision", "auto: bf16 where it is fast, else fp32 (fp16 on GPUs without bf16).",
+                gr.Dropdown, {"choices": list(DTYPES)}),
+        Setting("load_in_4bit", "4-bit weights (QLoRA)", "About 4x less memory for the weights; needs a CUDA GPU, "
+                "bitsandbytes and LoRA.", gr.Checkbox),
+        Setting("cpu_threads", "CPU threads", "Torch threads on the CPU; 0 = automatic (all cores on small machines, "
+                "one spare from 4).", options={**WHOLE, "minimum": 0}, to_draft=_whole_or_auto,
+                to_field=lambda value: value or 0),
+    ),
+    "lora": (
+        Setting("enabled", "Train a LoRA adapter", "A small add-on instead of every weight: far less memory, and the "
+                "base stays intact.", gr.Checkbox),
+        Setting("r", "Rank r", "The adapter's capacity; 8-32 is plenty for RL.", options=WHOLE),
+        Setting("alpha", "Alpha", "The adapter's scale; usually 2 x r.", options=WHOLE),
+        Setting("dropout", "Dropout", "Dropout on the adapter's input while training.", options={"step": 0.01}),
+        Setting("target_modules", "Target modules", "Layers that get an adapter: all-linear, or names like q_proj, "
+                "v_proj.", gr.Textbox, to_draft=_target_modules, to_field=_target_modules_text),
+    ),
+    "grpo": (
+        Setting("group_size", "Group size", "Completions per prompt; GRPO compares them, so more gives a clearer "
+                "signal but costs time.", options=WHOLE),
+        Setting("beta", "Beta (KL penalty)", "How strongly the model is held near where it started; 0 skips the "
+                "reference model.", options={"step": 0.01}),
+        Setting("temperature", "Temperature", "Sampling randomness: higher gives more varied completions, too high "
+                "gives nonsense.", options={"step": 0.1}),
+        Setting("max_new_tokens", "Max new tokens", "Length cap of each completion; answers cut off here usually "
+                "score badly.", options=WHOLE),
+        Setting("loss_type", "Loss type", "How token losses are averaged; dapo (TRL's default) averages over all "
+                "tokens of the batch.", gr.Dropdown, {"choices": list(LOSS_TYPES)}),
+        Setting("scale_rewards", "Scale rewards", "Divide advantages by the reward spread of the group, the batch, "
+                "or not at all.", gr.Dropdown, {"choices": list(SCALE_REWARDS)}),
+    ),
+    "training": (
+        Setting("learning_rate", "Learning rate", "Size of each update; 1e-6 to 2e-5 is typical for RL, LoRA "
+                "tolerates more."),
+        Setting("epochs", "Epochs", "Passes over the training prompts (ignored when max steps is set).",
+                options={"step": 0.5}),
+        Setting("max_steps", "Max steps", "Stop after this many steps; 0 = train for the epochs above.",
+                options={**WHOLE, "minimum": 0}, to_draft=_whole_or_auto, to_field=lambda value: value or 0),
+        Setting("batch_size", "Batch size (prompts per step)", "Each step samples batch size x group size "
+                "completions.", options=WHOLE),
+        Setting("save_steps", "Save every (steps)", "Checkpoint interval; Stop always saves one, and Resume starts "
+                "from the latest.", options=WHOLE),
+        Setting("gradient_checkpointing", "Gradient checkpointing", "Recompute activations in the backward pass: "
+                "much less memory, about 30% slower.", gr.Checkbox),
+    ),
 }
+
+
+def widgets(section: str, draft: dict) -> list:
+    """The form fields of one section, showing the draft's values (elem_id model-<section>-<key>)."""
+    stored = draft.get(section) or {}
+    return [setting.widget(value=setting.to_field(stored.get(setting.key)), label=setting.label, info=setting.info,
+                           elem_id=f"model-{section}-{setting.key.replace('_', '-')}", **setting.options)
+            for setting in SECTIONS[section]]
 
 
 def update_section(draft: dict, section: str, *values: Any) -> dict:
@@ -113,7 +173,8 @@ def finished_runs(studio: Studio) -> list[tuple[str, str]]:
     choices = []
     for run in studio.runs():
         if run["state"] == "succeeded":
-            reward = f", held-out reward {run['heldout_after']:.2f}" if isinstance(run.get("heldout_after"), (int, float)) else ""
+            after = run.get("heldout_after")
+            reward = f", held-out reward {after:.2f}" if isinstance(after, (int, float)) else ""
             choices.append((f"{run['id']} ({run['model']}{reward})", run["dir"]))
     return choices
 
@@ -121,11 +182,13 @@ def finished_runs(studio: Studio) -> list[tuple[str, str]]:
 def hardware_markdown(info: HardwareInfo) -> str:
     lines = [f"**Detected:** {info.summary()}."]
     if info.cuda:
-        lines += [f"- GPU {d.index} " + ("supports bf16." if d.bf16 else "has no bf16, so fp16 is used.") for d in info.cuda]
+        lines += [f"- GPU {d.index} " + ("supports bf16." if d.bf16 else "has no bf16, so fp16 is used.")
+                  for d in info.cuda]
     else:
         lines.append("- No CUDA GPU is visible to PyTorch" + (", but Apple MPS is." if info.mps else "."))
-    lines.append(f"- CPU: {info.cpu_cores} cores available; bf16 is "
-                 + ("measured faster than fp32 here." if info.cpu_bf16 else "not faster than fp32 here (measured)."))
+    free, total = system_memory_gb(free=True), system_memory_gb(free=False)
+    if free is not None and total is not None:
+        lines.append(f"- Memory: {free:.1f} GB free of {total:.1f} GB.")
     lines.append("- 4-bit loading: " + ("available (bitsandbytes is installed)." if info.bitsandbytes else
                                           "not available (bitsandbytes is not installed)."))
     return "\n".join(lines)
@@ -175,26 +238,22 @@ def build_preview(studio: Studio, draft: dict) -> Preview:
         problem = message(str(exc), "error")
         return Preview(problem, "", "The estimate appears once the settings are valid.",
                        f"# The settings are not valid yet:\n# {exc}", cli, None)
+    yaml_text = config.to_yaml()
+    download = str(write_config_file(draft, yaml_text))  # also for another machine, whatever this one has
     try:
         resolved = resolve_hardware(config.hardware, studio.hardware())
     except DragonError as exc:
         return Preview(message("The settings are valid.", "ok"), message(str(exc), "error"),
-                       "The estimate appears once the hardware choice works on this machine.",
-                       config.to_yaml(), cli, None)
+                       "The estimate appears once the hardware choice works on this machine.", yaml_text, cli, download)
     choice = (f"**This run will use:** {resolved.device} · {resolved.dtype}"
               + (" · 4-bit weights" if resolved.load_in_4bit else "")
               + (f" · {resolved.cpu_threads} CPU threads" if resolved.device == "cpu" else "") + "\n"
               + "\n".join(f"- {reason}" for reason in resolved.reasons))
     try:
-        estimate = estimate_run(config, resolved, studio.hardware())
-        if config.generation.backend != "transformers":
-            estimate.notes.append("vLLM generation is usually several times faster than the generation time assumed here.")
-        described = estimate.describe()
+        described = estimate_run(config, resolved, studio.hardware()).describe()
     except DragonError as exc:
         described = message(str(exc), "info")
-    yaml_text = config.to_yaml()
-    return Preview(message("The settings are valid.", "ok"), choice, described, yaml_text, cli,
-                   str(write_config_file(draft, yaml_text)))
+    return Preview(message("The settings are valid.", "ok"), choice, described, yaml_text, cli, download)
 
 
 def start_run(studio: Studio, draft: dict) -> tuple:
@@ -215,13 +274,14 @@ def start_run(studio: Studio, draft: dict) -> tuple:
 def build(shared: Shared) -> None:
     studio = shared.studio
     initial = studio.default_draft()
-    values = iter(field_values(initial))
+    # Computed now, while nothing else runs: the estimate's CPU probe reads low when the handlers of a page load
+    # run at the same time.
+    preview = build_preview(studio, initial)
 
     gr.Markdown("### Model")
     with gr.Row():
-        model_id = gr.Dropdown([preset.id for preset in PRESETS], value=next(values), allow_custom_value=True,
-                               label="Starting model", scale=3, elem_id="model-id",
-                               info="A preset from the table, any Hub id (owner/name) or the path of a local model folder.")
+        with gr.Column(scale=3):
+            (model_id,) = widgets("model", initial)
         continue_from = gr.Dropdown(finished_runs(studio), value=None, label="…or continue from a finished run",
                                     scale=2, elem_id="model-continue",
                                     info="Starts from that run's trained model; its folder becomes the model id.")
@@ -235,85 +295,35 @@ def build(shared: Shared) -> None:
         detected = gr.Markdown(hardware_markdown(studio.hardware()), elem_id="model-hardware-detected")
         detect_again = gr.Button("Detect again", size="sm", scale=0, elem_id="model-detect")
     with gr.Row():
-        device = gr.Radio(list(DEVICES), value=next(values), label="Device", elem_id="model-device",
-                          info="auto picks a CUDA GPU, then Apple MPS, then the CPU.")
-        dtype = gr.Dropdown(list(DTYPES), value=next(values), label="Precision", elem_id="model-dtype",
-                            info="auto: bf16 where it is fast, else fp32 (fp16 on GPUs without bf16).")
-        load_in_4bit = gr.Checkbox(value=next(values), label="4-bit weights (QLoRA)", elem_id="model-4bit",
-                                   info="About 4x less memory for the weights; needs a CUDA GPU, bitsandbytes and LoRA.")
-        cpu_threads = gr.Number(value=next(values), precision=0, minimum=0, label="CPU threads", elem_id="model-threads",
-                                info="Torch threads on the CPU; 0 = automatic (all cores on small machines, one spare from 4).")
-    hardware_choice = gr.Markdown(elem_id="model-hardware-choice")
+        section_fields = {"model": [model_id], "hardware": widgets("hardware", initial)}
+    hardware_choice = gr.Markdown(preview.hardware, elem_id="model-hardware-choice")
 
     with gr.Row(equal_height=False):
-        with gr.Column():
-            gr.Markdown("### LoRA")
-            lora_enabled = gr.Checkbox(value=next(values), label="Train a LoRA adapter", elem_id="model-lora",
-                                       info="A small add-on instead of every weight: far less memory; the base stays intact.")
-            lora_r = gr.Number(value=next(values), precision=0, label="Rank r", elem_id="model-lora-r",
-                               info="The adapter's capacity; 8-32 is plenty for RL.")
-            lora_alpha = gr.Number(value=next(values), precision=0, label="Alpha", elem_id="model-lora-alpha",
-                                   info="The adapter's scale; usually 2 x r.")
-            lora_dropout = gr.Number(value=next(values), step=0.01, label="Dropout", elem_id="model-lora-dropout",
-                                     info="Dropout on the adapter's input while training.")
-            lora_targets = gr.Textbox(value=next(values), label="Target modules", elem_id="model-lora-targets",
-                                      info="Layers that get an adapter: all-linear, or names like q_proj, v_proj.")
-        with gr.Column():
-            gr.Markdown("### GRPO")
-            group_size = gr.Number(value=next(values), precision=0, label="Group size", elem_id="model-group-size",
-                                   info="Completions per prompt; GRPO compares them, so more gives a clearer signal but costs time.")
-            beta = gr.Number(value=next(values), step=0.01, label="Beta (KL penalty)", elem_id="model-beta",
-                             info="How strongly the model is held near where it started; 0 skips the reference model.")
-            temperature = gr.Number(value=next(values), step=0.1, label="Temperature", elem_id="model-temperature",
-                                    info="Sampling randomness: higher gives more varied completions, too high gives nonsense.")
-            max_new_tokens = gr.Number(value=next(values), precision=0, label="Max new tokens", elem_id="model-max-new-tokens",
-                                       info="Length cap of each completion; answers cut off here usually score badly.")
-            loss_type = gr.Dropdown(list(LOSS_TYPES), value=next(values), label="Loss type", elem_id="model-loss-type",
-                                    info="How token losses are averaged; dapo (TRL's default) averages over all tokens of the batch.")
-            scale_rewards = gr.Dropdown(list(SCALE_REWARDS), value=next(values), label="Scale rewards",
-                                        elem_id="model-scale-rewards",
-                                        info="Divide advantages by the reward spread of the group, the batch, or not at all.")
-        with gr.Column():
-            gr.Markdown("### Training")
-            learning_rate = gr.Number(value=next(values), label="Learning rate", elem_id="model-learning-rate",
-                                      info="Size of each update; 1e-6 to 2e-5 is typical for RL, LoRA tolerates more.")
-            epochs = gr.Number(value=next(values), step=0.5, label="Epochs", elem_id="model-epochs",
-                               info="Passes over the training prompts (ignored when max steps is set).")
-            max_steps = gr.Number(value=next(values), precision=0, minimum=0, label="Max steps", elem_id="model-max-steps",
-                                  info="Stop after this many steps; 0 = train for the epochs above.")
-            batch_size = gr.Number(value=next(values), precision=0, label="Batch size (prompts per step)",
-                                   elem_id="model-batch-size",
-                                   info="Each step samples batch size x group size completions.")
-            save_steps = gr.Number(value=next(values), precision=0, label="Save every (steps)", elem_id="model-save-steps",
-                                   info="Checkpoint interval; Stop always saves one, and Resume starts from the latest.")
-            checkpointing = gr.Checkbox(value=next(values), label="Gradient checkpointing", elem_id="model-checkpointing",
-                                        info="Recompute activations in the backward pass: much less memory, ~30% slower.")
+        for section, title in (("lora", "LoRA"), ("grpo", "GRPO"), ("training", "Training")):
+            with gr.Column():
+                gr.Markdown(f"### {title}")
+                section_fields[section] = widgets(section, initial)
 
     gr.Markdown("### Before you start")
-    check = gr.Markdown(elem_id="model-check")
-    estimate = gr.Markdown(elem_id="model-estimate")
+    check = gr.Markdown(preview.check, elem_id="model-check")
+    estimate = gr.Markdown(preview.estimate, elem_id="model-estimate")
     with gr.Accordion("The whole configuration (YAML) and the command line", open=False):
-        yaml_view = gr.Code(language="yaml", label="Configuration", interactive=False, elem_id="model-yaml")
-        cli = gr.Markdown(elem_id="model-cli")
-        download = gr.DownloadButton("Download the YAML", size="sm", interactive=False, elem_id="model-download")
+        yaml_view = gr.Code(preview.yaml, language="yaml", label="Configuration", interactive=False,
+                            elem_id="model-yaml")
+        cli = gr.Markdown(preview.cli, elem_id="model-cli")
+        download = gr.DownloadButton("Download the YAML", preview.download, size="sm",
+                                     interactive=preview.download is not None, elem_id="model-download")
     with gr.Row(equal_height=True):
-        run_name = gr.Textbox(value=next(values), label="Run name", scale=3, elem_id="model-run-name",
+        run_name = gr.Textbox(value=initial.get("name", ""), label="Run name", scale=3, elem_id="model-run-name",
                               info="Names the run's folder; leave empty to name it after the model.")
         start = gr.Button("Start training", variant="primary", scale=1, elem_id="model-start")
     start_status = gr.Markdown(elem_id="model-start-status")
 
-    section_fields = {
-        "model": [model_id],
-        "hardware": [device, dtype, load_in_4bit, cpu_threads],
-        "lora": [lora_enabled, lora_r, lora_alpha, lora_dropout, lora_targets],
-        "grpo": [group_size, beta, temperature, max_new_tokens, loss_type, scale_rewards],
-        "training": [learning_rate, epochs, max_steps, batch_size, save_steps, checkpointing],
-    }
-    all_fields = [field for fields in section_fields.values() for field in fields] + [run_name]
+    all_fields = [widget for section in section_fields.values() for widget in section] + [run_name]
 
-    for section, fields in section_fields.items():
-        gr.on([field.input for field in fields], _section_handler(section), [shared.draft, *fields], [shared.draft],
-              api_name=f"model_set_{section}", show_progress="hidden")
+    for section, section_widgets in section_fields.items():
+        gr.on([widget.input for widget in section_widgets], _section_handler(section), [shared.draft, *section_widgets],
+              [shared.draft], api_name=f"model_set_{section}", show_progress="hidden")
     run_name.input(set_run_name, [shared.draft, run_name], [shared.draft], api_name="model_set_name",
                    show_progress="hidden")
 

@@ -62,7 +62,7 @@ def kl_figure(rows: list[dict]) -> go.Figure:
 
 
 def length_figure(rows: list[dict], max_new_tokens: int | None = None) -> go.Figure:
-    """Mean completion length, with the cap (max new tokens) as a dashed line: lengths at the cap mean cut-off answers."""
+    """Mean completion length, with the cap (max new tokens) dashed: lengths at the cap mean cut-off answers."""
     figure = line_figure(rows, [("completion_len", "mean completion length")], "Completion length", "tokens")
     if figure.data and max_new_tokens:
         steps = [row.get("step") for row in rows]

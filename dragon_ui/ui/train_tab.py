@@ -91,7 +91,8 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
     parts = [f"<p><b>Step {rollout.get('step', '?')}</b>: {min(len(groups), max_groups)} of {len(groups)} prompts. "
              "Green: the best completion of its group, red: the worst; the advantage is how much each is "
              "reinforced.</p>"]
-    header = "".join(f"<th>{html.escape(name)}</th>" for name in ["#", "Completion", *reward_names, "Total", "Advantage"])
+    columns = ["#", "Completion", *reward_names, "Total", "Advantage"]
+    header = "".join(f"<th>{html.escape(name)}</th>" for name in columns)
     for group in groups[:max_groups]:
         completions = group.get("completions") or []
         totals = [c.get("total") for c in completions if isinstance(c.get("total"), (int, float))]
@@ -107,13 +108,16 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
             elif spread and completion.get("total") == min(totals):
                 style = WORST_STYLE
             scores = completion.get("scores") or {}
-            cells = [str(number), f"<span style='white-space:pre-wrap'>{html.escape(str(completion.get('text', '')))}</span>",
+            text = html.escape(str(completion.get("text", "")))
+            cells = [str(number), f"<span style='white-space:pre-wrap'>{text}</span>",
                      *(_number(scores.get(name)) for name in reward_names),
                      _number(completion.get("total")), _number(completion.get("advantage"))]
             rows.append(f"<tr style='{style}'>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
-        parts.append(f"<table style='width:100%'><thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        parts.append(f"<table style='width:100%'><thead><tr>{header}</tr></thead>"
+                     f"<tbody>{''.join(rows)}</tbody></table>")
         if not spread:
-            parts.append("<div><i>Every completion scored the same, so this prompt teaches nothing this step.</i></div>")
+            parts.append("<div><i>Every completion scored the same, so this prompt teaches nothing this step.</i>"
+                         "</div>")
         parts.append("</div>")
     return "".join(parts)
 
@@ -239,40 +243,41 @@ def resume_run(studio: Studio, run_id: str) -> tuple[str, Any]:
 
 def build(shared: Shared) -> None:
     studio = shared.studio
-    initial = empty_view(studio)
+    past_runs = studio.runs()
     watch = gr.State({})
 
-    status = gr.Markdown(initial.status, elem_id="train-status")
-    progress = gr.HTML(initial.progress, elem_id="train-progress")
+    status = gr.Markdown(NO_RUN, elem_id="train-status")
+    progress = gr.HTML(progress_html({}), elem_id="train-progress")
     with gr.Row():
         stop = gr.Button("Stop (saves a checkpoint)", variant="stop", interactive=False, elem_id="train-stop")
         resume = gr.Button("Resume", interactive=False, elem_id="train-resume")
     action = gr.Markdown(elem_id="train-action")
     alerts = gr.Markdown(elem_id="train-alerts")
     with gr.Row():
-        reward_plot = gr.Plot(initial.reward_plot, show_label=False, elem_id="train-plot-reward")
-        spread_plot = gr.Plot(initial.spread_plot, show_label=False, elem_id="train-plot-spread")
+        reward_plot = gr.Plot(plots.reward_figure([]), show_label=False, elem_id="train-plot-reward")
+        spread_plot = gr.Plot(plots.spread_figure([]), show_label=False, elem_id="train-plot-spread")
     with gr.Row():
-        kl_plot = gr.Plot(initial.kl_plot, show_label=False, elem_id="train-plot-kl")
-        length_plot = gr.Plot(initial.length_plot, show_label=False, elem_id="train-plot-length")
+        kl_plot = gr.Plot(plots.kl_figure([]), show_label=False, elem_id="train-plot-kl")
+        length_plot = gr.Plot(plots.length_figure([]), show_label=False, elem_id="train-plot-length")
     gr.Markdown("### What the model writes now")
-    rollouts = gr.HTML(initial.rollouts, elem_id="train-rollouts")
+    rollouts = gr.HTML(rollouts_html(None, []), elem_id="train-rollouts")
     log = gr.Textbox(label="Log (last 40 lines)", lines=10, max_lines=40, autoscroll=True, interactive=False,
                      elem_id="train-log")
     with gr.Accordion("Past runs", open=False):
-        runs = gr.Dataframe(initial.runs, headers=RUN_COLUMNS, interactive=False, max_height=320, elem_id="train-runs")
+        runs = gr.Dataframe(runs_table(past_runs), headers=RUN_COLUMNS, interactive=False, max_height=320,
+                            elem_id="train-runs")
         with gr.Row():
-            run_choice = gr.Dropdown(initial.run_choices.choices, value=None, label="Run", scale=3,
+            run_choice = gr.Dropdown([run["id"] for run in past_runs], value=None, label="Run", scale=3,
                                      elem_id="train-run-choice", info="Click a row above or pick a run, then Open.")
             open_run = gr.Button("Open", scale=1, elem_id="train-open")
             refresh_runs = gr.Button("Refresh list", scale=1, elem_id="train-refresh-runs")
 
-    view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, log, stop, resume,
-            runs, run_choice, shared.timer]
+    view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, log, stop,
+            resume, runs, run_choice, shared.timer]
     shared.timer.tick(lambda run_id, state: refresh(studio, run_id, state).outputs(), [shared.run_id, watch], view,
                       api_name="train_tick", show_progress="hidden")
-    shared.run_id.change(lambda run_id, state: refresh(studio, run_id, state, full=True).outputs(), [shared.run_id, watch],
-                         view, api_name="train_show", show_progress="hidden")
+    shared.run_id.change(lambda run_id, state: refresh(studio, run_id, state, full=True).outputs(),
+                         [shared.run_id, watch], view, api_name="train_show", show_progress="hidden")
 
     stop.click(shows_errors(lambda run_id: stop_run(studio, run_id)), [shared.run_id], [action], api_name="train_stop")
     resume.click(shows_errors(lambda run_id: resume_run(studio, run_id)), [shared.run_id], [action, shared.timer],

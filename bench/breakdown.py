@@ -1,0 +1,187 @@
+"""Where the time of a GRPO step goes, next to the floor the FLOPs and this machine's matmul throughput imply.
+
+Trains the arithmetic recipe through Dragon's engine with timers around TRL's own methods: generation, the
+reference log-prob pass, reward scoring, the policy forward, the backward, the optimiser step, and Dragon's
+callback (progress/rollout files). The floor for each part is its FLOPs divided by the throughput this run
+measures for matmuls of the same shape (prefill/training-sized and decode-sized), in the same dtype and threads.
+
+    python bench/breakdown.py [--steps 4] [--dtype float32] [--threads 2] [--tag NAME]
+"""
+
+import argparse
+import contextlib
+import json
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from common import bench_config_dict, matmul_gflops, median, table, write_result
+
+PARTS = ["generation", "reference_pass", "rewards", "policy_forward", "backward", "optimizer", "dragon_callback"]
+
+
+class Timers:
+    """Seconds per part for the step in progress; a thread-local flag tells the two log-prob passes apart."""
+
+    def __init__(self):
+        self.current = defaultdict(float)
+        self.steps: list[dict] = []
+        self.local = threading.local()
+        self.step_started = None
+
+    @contextlib.contextmanager
+    def part(self, name):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.current[name] += time.perf_counter() - start
+
+    def wrap(self, owner, method, name_for_call):
+        original = getattr(owner, method)
+        timers = self
+
+        def timed(*args, **kwargs):
+            name = name_for_call()
+            if name is None:
+                return original(*args, **kwargs)
+            with timers.part(name):
+                return original(*args, **kwargs)
+
+        setattr(owner, method, timed)
+
+
+def instrument(timers: Timers) -> None:
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    from dragon_ui import training
+
+    scoring = lambda: getattr(timers.local, "scoring", False)  # noqa: E731
+
+    original_score = GRPOTrainer._generate_and_score_completions
+
+    def generate_and_score(self, *args, **kwargs):
+        timers.local.scoring = True
+        try:
+            return original_score(self, *args, **kwargs)
+        finally:
+            timers.local.scoring = False
+
+    GRPOTrainer._generate_and_score_completions = generate_and_score
+    timers.wrap(GRPOTrainer, "_generate", lambda: "generation")
+    timers.wrap(GRPOTrainer, "_calculate_rewards", lambda: "rewards")
+    timers.wrap(GRPOTrainer, "_get_per_token_logps_and_entropies",
+                lambda: "reference_pass" if scoring() else "policy_forward")
+    for hook in ("on_log", "on_step_end", "on_save"):
+        timers.wrap(training.RunStoreCallback, hook, lambda: "dragon_callback")
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            timers.current = defaultdict(float)
+            timers.step_started = time.perf_counter()
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            timers.optimizer_started = time.perf_counter()
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            timers.current["optimizer"] += time.perf_counter() - timers.optimizer_started
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "reward" in logs and timers.step_started is not None:
+                row = dict(timers.current)
+                row["total"] = time.perf_counter() - timers.step_started
+                row["completion_len"] = logs.get("completions/mean_length")
+                timers.steps.append(row)
+
+    original_build = training.build_trainer
+
+    def build_trainer(*args, **kwargs):
+        trainer = original_build(*args, **kwargs)
+        timers.wrap(trainer.accelerator, "backward", lambda: "backward")
+        trainer.add_callback(StepClock())
+        return trainer
+
+    training.build_trainer = build_trainer
+
+
+def model_shape(model_dir: str) -> dict:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    hidden, layers, inter = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = hidden // heads
+    per_layer = hidden * (hidden + 2 * kv * head_dim) + hidden * hidden + 3 * hidden * inter
+    return {"hidden": hidden, "intermediate": inter, "body_params": layers * per_layer,
+            "head_params": hidden * config["vocab_size"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+
+    import torch
+
+    from dragon_ui import training
+    from dragon_ui.config import ModelConfig, RunConfig
+    from dragon_ui.models import load_tokenizer, resolve_model
+
+    torch.set_num_threads(args.threads)
+    timers = Timers()
+    instrument(timers)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = RunConfig.from_dict(bench_config_dict(args.steps, Path(tmp), dtype=args.dtype, threads=args.threads))
+        handle = training.start(config)
+        handle.wait()
+        status = handle.run.read_status()
+        assert status["state"] == "succeeded", status.get("error")
+        examples = [json.loads(line) for line in (handle.run.data_dir / "train.jsonl").read_text().splitlines()]
+
+    source = resolve_model(ModelConfig())
+    tokenizer = load_tokenizer(source)
+    prompt_tokens = median([len(tokenizer(tokenizer.apply_chat_template(ex["prompt"], add_generation_prompt=True, tokenize=False),
+                                          add_special_tokens=False)["input_ids"]) for ex in examples[:50]])
+    shape = model_shape(source.path)
+    sequences = config.training.batch_size * config.grpo.group_size
+    steps = timers.steps[1:]  # the first step includes warm-up
+    completion = median([s["completion_len"] for s in steps])
+    params = shape["body_params"] + shape["head_params"]
+    big_m = int(sequences * (prompt_tokens + completion))
+    big = matmul_gflops(big_m, shape["hidden"], shape["intermediate"], args.dtype)
+    small = matmul_gflops(sequences, shape["hidden"], shape["intermediate"], args.dtype)
+    forward_flops = 2 * params * big_m
+    floors = {
+        # prefill at training-sized throughput, then one decode step per new token at decode-sized throughput
+        "generation": 2 * params * sequences * prompt_tokens / (big * 1e9) + 2 * params * sequences * completion / (small * 1e9),
+        "reference_pass": forward_flops / (big * 1e9) if config.grpo.beta > 0 else 0.0,
+        "rewards": 0.0,
+        "policy_forward": forward_flops / (big * 1e9),
+        # LoRA: the frozen weights need only input gradients, about one forward's worth of FLOPs
+        "backward": forward_flops / (big * 1e9),
+        "optimizer": 0.0,
+        "dragon_callback": 0.0,
+    }
+    measured = {part: median([s.get(part, 0.0) for s in steps]) for part in PARTS}
+    total = median([s["total"] for s in steps])
+    other = max(0.0, total - sum(measured.values()))
+    floor_total = sum(floors.values())
+    rows = [[part, measured[part], floors[part], measured[part] / floors[part] if floors[part] else "-"] for part in PARTS]
+    rows += [["other (TRL/transformers bookkeeping)", other, 0.0, "-"], ["step", total, floor_total, total / floor_total]]
+    print(f"dtype {args.dtype}, {args.threads} thread(s), {sequences} sequences x ({prompt_tokens:.0f} prompt + "
+          f"{completion:.1f} new tokens); matmul throughput: {big:.1f} GFLOP/s (M={big_m}), {small:.1f} GFLOP/s (M={sequences})")
+    print(table([[r[0], f"{r[1]:.4f}", f"{r[2]:.3f}", r[3]] for r in rows], ["part", "median s", "floor s", "x floor"]))
+    path = write_result(f"breakdown-{args.dtype}{'-' + args.tag if args.tag else ''}", {
+        "settings": vars(args), "sequences": sequences, "prompt_tokens": prompt_tokens, "completion_tokens": completion,
+        "params": params, "gflops_training_shape": big, "gflops_decode_shape": small, "measured_median_s": measured,
+        "other_s": other, "step_median_s": total, "floors_s": floors, "floor_step_s": floor_total,
+        "step_over_floor": total / floor_total, "per_step": steps})
+    print(f"step / floor = {total / floor_total:.2f}  ->  {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""The Train tab: plots, rollout viewer and status pieces, and the live monitor driven through its tick handler
+while a tiny run trains (handlers found by api_name in the built app)."""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+import plotly.graph_objects as go
+import pytest
+
+from dragon_ui import training
+from dragon_ui.studio import Studio
+from dragon_ui.ui import build_app, plots, train_tab
+from dragon_ui.ui.train_tab import TrainView
+
+pytestmark = pytest.mark.timeout(300)
+SKIP = gr.skip()
+
+
+@pytest.fixture
+def studio(runs_dir):
+    studio = Studio(runs_dir=runs_dir)
+    yield studio
+    handle = training.active_run()
+    if handle is not None:  # never leave a training thread behind
+        handle.stop()
+        handle.wait(120)
+    assert training.active_run() is None
+
+
+@pytest.fixture
+def app(studio):
+    return build_app(studio)
+
+
+def handler(app: gr.Blocks, api_name: str):
+    (fn,) = [block_fn.fn for block_fn in app.fns.values() if block_fn.api_name == api_name]
+    return fn
+
+
+def skipped(value) -> bool:
+    return isinstance(value, dict) and value == SKIP
+
+
+def view(values: tuple) -> TrainView:
+    return TrainView(*values)
+
+
+@pytest.fixture
+def tiny_draft(studio, tiny_config_dict) -> dict:
+    draft = studio.default_draft()
+    draft.update({key: value for key, value in tiny_config_dict.items() if key != "runs_dir"})
+    return draft
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure pieces.
+
+ROWS = [{"step": 1, "reward": 0.2, "reward_std": 0.3, "reward_numeric": 0.1, "reward_length": 0.4, "kl": 0.0,
+         "completion_len": 12.0, "frac_reward_zero_std": 0.5},
+        {"step": 2, "reward": 0.4, "reward_std": 0.2, "reward_numeric": 0.3, "reward_length": 0.5, "kl": 0.01,
+         "completion_len": 9.0, "frac_reward_zero_std": 0.25}]
+
+
+@pytest.mark.parametrize("build", [plots.reward_figure, plots.spread_figure, plots.kl_figure, plots.length_figure])
+def test_empty_plots_say_no_steps_yet(build):
+    figure = build([])
+    assert isinstance(figure, go.Figure) and not figure.data
+    assert [a.text for a in figure.layout.annotations] == ["No steps yet"]
+    assert figure.layout.height == plots.HEIGHT and figure.layout.uirevision == plots.UIREVISION
+
+
+def test_plots_of_progress_rows():
+    reward = plots.reward_figure(ROWS)
+    assert [trace.name for trace in reward.data] == ["total", "numeric", "length"]
+    assert list(reward.data[0].x) == [1, 2] and list(reward.data[0].y) == [0.2, 0.4]
+    assert reward.layout.uirevision == plots.UIREVISION and not reward.layout.annotations
+    assert [t.name for t in plots.reward_figure(ROWS, ["numeric"]).data] == ["total", "numeric"]
+    assert [t.name for t in plots.spread_figure(ROWS).data] == ["reward std", "groups with no spread"]
+    assert list(plots.kl_figure(ROWS).data[0].y) == [0.0, 0.01]
+    length = plots.length_figure(ROWS, max_new_tokens=16)
+    assert [t.name for t in length.data] == ["mean completion length", "cap"] and list(length.data[1].y) == [16, 16]
+
+
+def test_kl_plot_explains_a_missing_kl():
+    figure = plots.kl_figure([{**row, "kl": None} for row in ROWS])
+    assert not figure.data and figure.layout.annotations[0].text == "No KL: it is only computed when beta > 0"
+
+
+def completion(text: str, total: float, advantage: float) -> dict:
+    return {"text": text, "scores": {"numeric": total, "length": 1.0}, "total": total, "advantage": advantage}
+
+
+def test_rollouts_are_escaped_and_best_and_worst_highlighted():
+    rollout = {"step": 7, "groups": [
+        {"prompt": "What is 2 + 2? <b>", "reference": "4",
+         "completions": [completion("<script>alert(1)</script>", 0.0, -1.0), completion("4", 1.0, 1.0),
+                         completion("four", 0.5, 0.0)]},
+        {"prompt": "Same?", "reference": "x", "completions": [completion("a", 1.0, 0.0), completion("b", 1.0, 0.0)]},
+    ]}
+    text = train_tab.rollouts_html(rollout, ["numeric", "length"])
+    assert "<script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "What is 2 + 2? &lt;b&gt;" in text and "<b>Step 7</b>: 2 of 2 prompts" in text
+    assert text.count(train_tab.BEST_STYLE) == 1 and text.count(train_tab.WORST_STYLE) == 1
+    best_row = text[text.index(train_tab.BEST_STYLE):]
+    assert best_row.index(">4<") < best_row.index("</tr>")
+    assert text.count("Every completion scored the same") == 1  # the second group
+    assert "<th>numeric</th><th>length</th><th>Total</th><th>Advantage</th>" in text
+    assert "No completions yet" in train_tab.rollouts_html(None, [])
+    many = {"step": 1, "groups": rollout["groups"] * 5}
+    assert "4 of 10 prompts" in train_tab.rollouts_html(many, ["numeric"])
+
+
+def test_status_line_and_progress_bar():
+    status = {"state": "failed", "phase": "done", "device": "cpu", "dtype": "float32", "cpu_threads": 1,
+              "error": "The model ran out of memory."}
+    failed = train_tab.status_markdown("run-1", status)
+    assert failed.startswith("Run `run-1` · ❌ **failed** · done · cpu float32, 1 thread")
+    assert failed.endswith("❌ The model ran out of memory.")
+    bar = train_tab.progress_html({"state": "running", "step": 5, "total_steps": 20, "elapsed_s": 50, "eta_s": 150})
+    assert "width:25.0%" in bar and "Step 5 / 20 · 25% · elapsed 50 s · about 2 min left" in bar
+    assert "Step 0 / ?" in train_tab.progress_html({"state": "queued"})
+
+
+def test_alerts_markdown():
+    from dragon_ui.monitor import Alert
+
+    assert train_tab.alerts_markdown([]) == ""
+    text = train_tab.alerts_markdown([Alert("warn", "Title", "Do this."), Alert("error", "Broken", "Fix it.")])
+    assert text == "⚠️ **Title.** Do this.\n\n❌ **Broken.** Fix it."
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The live monitor.
+
+
+def test_tick_without_a_run_changes_nothing_and_stops_the_timer(app):
+    result = view(handler(app, "train_tick")("", {}))
+    assert result.outputs()[:-1] == (SKIP,) * (len(result.outputs()) - 1)
+    assert isinstance(result.timer, gr.Timer) and not result.timer.active
+    shown = view(handler(app, "train_show")("", {}))
+    assert shown.status == train_tab.NO_RUN and not shown.timer.active
+
+
+def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
+    run_id, timer, _, _ = handler(app, "model_start")(tiny_draft)
+    assert timer.active
+    shown = view(handler(app, "train_show")(run_id, {}))  # shared.run_id changed
+    assert shown.timer.active and shown.stop.interactive and not shown.resume.interactive
+    assert shown.status.startswith(f"Run `{run_id}` · ")
+    assert run_id in [row[0] for row in shown.runs]
+
+    tick, watch = handler(app, "train_tick"), shown.watch
+    seen = {"status": [], "plots": 0, "rollouts": [], "timer": [], "stop": []}
+    handle = training.active_run()
+    while True:
+        alive = handle.is_alive()
+        result = view(tick(run_id, watch))
+        watch = result.watch
+        if not skipped(result.status):
+            seen["status"].append(result.status)
+        if not skipped(result.reward_plot):
+            seen["plots"] += 1
+        if not skipped(result.rollouts):
+            seen["rollouts"].append(result.rollouts)
+        if not skipped(result.timer):
+            seen["timer"].append(result.timer.active)
+            seen["stop"].append(result.stop.interactive)
+        if not alive:
+            break
+        time.sleep(0.2)
+
+    assert "✅ **succeeded**" in seen["status"][-1] and "Held-out reward" in seen["status"][-1]
+    assert seen["timer"][-1] is False and seen["stop"][-1] is False  # the run ended: the timer stops, Stop greys out
+    assert seen["plots"] >= 1 and "<b>Step 2</b>" in seen["rollouts"][-1]
+    assert [row["step"] for row in watch["snapshot"]["progress"]] == [1, 2]
+    assert "Run " in watch["snapshot"]["log"] and "succeeded" in watch["snapshot"]["log"]
+
+    again = view(tick(run_id, watch))  # nothing new: everything skipped
+    assert again.outputs()[1:] == (SKIP,) * (len(again.outputs()) - 1)
+
+    reopened = view(handler(app, "train_show")(run_id, {}))  # a page reload re-renders everything from the files
+    assert [t.name for t in reopened.reward_plot.data] == ["total", "numeric", "length"]
+    assert list(reopened.reward_plot.data[0].x) == [1, 2]
+    assert "<b>Step 2</b>" in reopened.rollouts and not reopened.timer.active
+
+
+def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
+    tiny_draft["training"].update(max_steps=200, save_steps=100)
+    run_id, *_ = handler(app, "model_start")(tiny_draft)
+    handle = training.active_run()
+    run = studio.run(run_id)
+    deadline = time.time() + 120
+    while not run.read_progress() and time.time() < deadline:  # wait for the first step
+        time.sleep(0.1)
+
+    stopping = handler(app, "train_stop")(run_id)
+    assert stopping == "✅ Stopping after the current step; a checkpoint is saved so you can resume."
+    assert handle.wait(120) == "cancelled"
+    assert handler(app, "train_stop")(run_id) == f"ℹ️ The run {run_id} is not training (it is cancelled)."
+    shown = view(handler(app, "train_show")(run_id, {}))
+    assert "⏹️ **cancelled**" in shown.status and shown.resume.interactive and not shown.stop.interactive
+
+    text, timer = handler(app, "train_resume")(run_id)
+    assert text.startswith(f"✅ Resuming {run_id} from checkpoint-") and timer.active
+    resumed = training.active_run()
+    busy_text, busy_timer = handler(app, "train_resume")(run_id)
+    assert busy_text.startswith("❌ A training is already running") and busy_timer == SKIP
+    studio.stop(run_id)
+    assert resumed.wait(120) == "cancelled"
+
+
+def test_open_a_past_run(app, studio):
+    assert handler(app, "train_open")("20250101-000000-old") == "20250101-000000-old"
+    assert handler(app, "train_open")(None) == SKIP
+    table, choices = handler(app, "train_runs")()
+    assert table == [] and choices.choices == []
+    missing = view(handler(app, "train_show")("no-such-run", {}))
+    assert missing.status.startswith("❌ There is no run called 'no-such-run'")
