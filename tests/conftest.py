@@ -71,6 +71,34 @@ def write_arithmetic_csv(path: Path, rows: int = 30, seed: int = 0) -> Path:
 
 
 @pytest.fixture
+def studio(runs_dir):
+    """The app's backend on a temporary runs folder; fails the test if it leaves a training thread behind."""
+    from dragon_ui import training
+    from dragon_ui.studio import Studio
+
+    studio = Studio(runs_dir=runs_dir)
+    yield studio
+    handle = training.active_run()
+    if handle is not None:
+        handle.stop()
+        handle.wait(120)
+    assert training.active_run() is None
+
+
+@pytest.fixture
+def app(studio):
+    from dragon_ui.ui import build_app
+
+    return build_app(studio)
+
+
+def handler(app, api_name: str):
+    """The Python function behind the app's event with this api_name, to call it directly in a test."""
+    (fn,) = [block_fn.fn for block_fn in app.fns.values() if block_fn.api_name == api_name]
+    return fn
+
+
+@pytest.fixture
 def runs_dir(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "runs"
     monkeypatch.setenv("DRAGON_UI_RUNS_DIR", str(path))

@@ -9,6 +9,7 @@ import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
+from conftest import handler
 from conftest import stop_after_last_checkpoint
 
 from dragon_ui import compare
@@ -22,11 +23,6 @@ pytestmark = pytest.mark.timeout(300)
 def app(runs_dir, finished_run):
     """The whole app over a runs folder holding one finished tiny run."""
     return build_app(Studio(runs_dir=runs_dir))
-
-
-def handler(app: gr.Blocks, api_name: str):
-    (fn,) = [block_fn.fn for block_fn in app.fns.values() if block_fn.api_name == api_name]
-    return fn
 
 
 def test_selecting_a_run_shows_chart_and_table(app, finished_run):

@@ -6,36 +6,15 @@ import copy
 
 import gradio as gr
 import pytest
+from conftest import handler
 import yaml
 
 from dragon_ui import training
 from dragon_ui.config import RunConfig
-from dragon_ui.studio import Studio
-from dragon_ui.ui import build_app, model_tab
+from dragon_ui.ui import model_tab
 from dragon_ui.ui.common import TAB_TRAIN
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def studio(runs_dir):
-    studio = Studio(runs_dir=runs_dir)
-    yield studio
-    handle = training.active_run()
-    if handle is not None:  # never leave a training thread behind
-        handle.stop()
-        handle.wait(120)
-    assert training.active_run() is None
-
-
-@pytest.fixture
-def app(studio):
-    return build_app(studio)
-
-
-def handler(app: gr.Blocks, api_name: str):
-    (fn,) = [block_fn.fn for block_fn in app.fns.values() if block_fn.api_name == api_name]
-    return fn
 
 
 @pytest.fixture
@@ -177,3 +156,23 @@ def test_start_with_a_bad_draft_explains_and_stays(app, tiny_draft):
     assert (run_id, timer, tabs) == (gr.skip(),) * 3
     assert status.startswith("❌ Only ") and "fewer than training.batch_size (500)" in status
     assert training.active_run() is None
+
+
+def test_export_for_a_cluster_gives_a_zip_of_the_launch_folder(app, studio):
+    import zipfile
+
+    export = handler(app, "model_export")
+    draft = studio.default_draft()
+    draft["distributed"]["strategy"] = "zero3"
+    archive, note = export(draft, 4, 2)
+    assert "launch.sh" in note
+    names = zipfile.ZipFile(archive).namelist()
+    folder = names[0].split("/")[0]
+    assert {f"{folder}/launch.sh", f"{folder}/slurm.sbatch", f"{folder}/config.yaml", f"{folder}/accelerate.yaml",
+            f"{folder}/data/arithmetic.csv"} <= set(names)
+    accelerate = zipfile.ZipFile(archive).read(f"{folder}/accelerate.yaml").decode()
+    assert "zero_stage: 3" in accelerate and "num_processes: 8" in accelerate
+
+    draft["grpo"]["group_size"] = 1
+    archive, note = export(draft, 4, 1)
+    assert "grpo.group_size" in note  # an invalid draft is explained, nothing is written

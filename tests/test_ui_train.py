@@ -8,35 +8,14 @@ import time
 import gradio as gr
 import plotly.graph_objects as go
 import pytest
+from conftest import handler
 
 from dragon_ui import training
-from dragon_ui.studio import Studio
-from dragon_ui.ui import build_app, plots, train_tab
+from dragon_ui.ui import plots, train_tab
 from dragon_ui.ui.train_tab import TrainView
 
 pytestmark = pytest.mark.timeout(300)
 SKIP = gr.skip()
-
-
-@pytest.fixture
-def studio(runs_dir):
-    studio = Studio(runs_dir=runs_dir)
-    yield studio
-    handle = training.active_run()
-    if handle is not None:  # never leave a training thread behind
-        handle.stop()
-        handle.wait(120)
-    assert training.active_run() is None
-
-
-@pytest.fixture
-def app(studio):
-    return build_app(studio)
-
-
-def handler(app: gr.Blocks, api_name: str):
-    (fn,) = [block_fn.fn for block_fn in app.fns.values() if block_fn.api_name == api_name]
-    return fn
 
 
 def skipped(value) -> bool:

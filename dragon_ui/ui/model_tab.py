@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,12 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from ..config import DEVICES, DTYPES, LOSS_TYPES, SCALE_REWARDS
+from ..config import DEVICES, DTYPES, GENERATION_BACKENDS, LOSS_TYPES, SCALE_REWARDS, STRATEGIES
 from ..errors import DragonError
 from ..estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb, system_memory_gb
 from ..hardware import HardwareInfo, resolve_hardware
 from ..presets import PRESETS
+from ..scaleout import export_launch_folder
 from ..studio import Studio
 from .common import TAB_TRAIN, Shared, message, shows_errors
 
@@ -116,6 +118,16 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
                 "from the latest.", options=WHOLE),
         Setting("gradient_checkpointing", "Gradient checkpointing", "Recompute activations in the backward pass: "
                 "much less memory, about 30% slower.", gr.Checkbox),
+    ),
+    "distributed": (
+        Setting("strategy", "Multi-GPU strategy", "ddp: a model copy per GPU; zero2: shard optimiser state; zero3 / "
+                "fsdp: shard the weights too, for models too big for one GPU.", gr.Dropdown, {"choices": list(STRATEGIES)}),
+    ),
+    "generation": (
+        Setting("backend", "Generation", "transformers works everywhere; vLLM (CUDA only) samples much faster, "
+                "inside each process (colocate) or on a server.", gr.Dropdown, {"choices": list(GENERATION_BACKENDS)}),
+        Setting("vllm_server_url", "vLLM server URL", "Only for vllm-server, e.g. http://10.0.0.5:8000.", gr.Textbox,
+                to_draft=lambda value: (value or "").strip() or None, to_field=lambda value: value or ""),
     ),
 }
 
@@ -256,6 +268,19 @@ def build_preview(studio: Studio, draft: dict) -> Preview:
     return Preview(message("The settings are valid.", "ok"), choice, described, yaml_text, cli, download)
 
 
+def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tuple:
+    """(zip path or skip, message): the draft as a self-contained launch folder for ``nodes`` x ``gpus`` GPUs."""
+    try:
+        config = studio.validate(draft)
+        folder = Path(tempfile.mkdtemp(prefix="dragon-export-")) / f"{config_file_name(draft)[:-5]}-{int(nodes)}x{int(gpus)}gpu"
+        export_launch_folder(config, folder, int(gpus), int(nodes))
+    except (DragonError, TypeError, ValueError) as exc:
+        return gr.skip(), message(str(exc) if isinstance(exc, DragonError) else "GPUs and nodes must be whole numbers.", "error")
+    archive = shutil.make_archive(str(folder), "zip", folder.parent, folder.name)
+    return archive, message(f"Unzip it on the GPU machine and run `./launch.sh` there ({folder.name}/README.md explains "
+                            "the SLURM template and where results appear).", "ok")
+
+
 def start_run(studio: Studio, draft: dict) -> tuple:
     """Start training the draft: (run id, timer, tabs, message); a busy machine or a bad setting is explained
     in the message and nothing else changes."""
@@ -304,6 +329,19 @@ def build(shared: Shared) -> None:
                 gr.Markdown(f"### {title}")
                 section_fields[section] = widgets(section, initial)
 
+    with gr.Accordion("Scale out: several GPUs or a cluster", open=False):
+        gr.Markdown("Train this exact run on a multi-GPU machine or a SLURM cluster: the download is a folder with "
+                    "the config, the data, the engine, an accelerate config, `launch.sh` and a SLURM template.")
+        with gr.Row():
+            section_fields["distributed"] = widgets("distributed", initial)
+            section_fields["generation"] = widgets("generation", initial)
+        with gr.Row(equal_height=True):
+            gpus = gr.Number(8, label="GPUs per node", precision=0, minimum=1, elem_id="model-export-gpus")
+            nodes = gr.Number(1, label="Nodes", precision=0, minimum=1, elem_id="model-export-nodes")
+            export = gr.Button("Export launch folder", elem_id="model-export")
+        export_status = gr.Markdown(elem_id="model-export-status")
+        export_file = gr.File(label="Launch folder (zip)", interactive=False, elem_id="model-export-file")
+
     gr.Markdown("### Before you start")
     check = gr.Markdown(preview.check, elem_id="model-check")
     estimate = gr.Markdown(preview.estimate, elem_id="model-estimate")
@@ -344,6 +382,9 @@ def build(shared: Shared) -> None:
 
     shared.config_loaded.change(fill_fields, [shared.draft], [*all_fields, continue_from], api_visibility="private",
                                 show_progress="hidden")
+
+    export.click(lambda draft, gpus, nodes: export_for_cluster(studio, draft, gpus, nodes), [shared.draft, gpus, nodes],
+                 [export_file, export_status], api_name="model_export")
 
     preview_outputs = [check, hardware_choice, estimate, yaml_view, cli, download]
     shared.draft.change(lambda draft: build_preview(studio, draft).outputs(), [shared.draft], preview_outputs,

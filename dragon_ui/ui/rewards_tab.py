@@ -431,7 +431,7 @@ def build(shared: Shared) -> None:
     warnings = gr.Markdown(elem_id="rewards-warnings")
 
     shared.draft.change(playground_rows, [shared.draft, row], [row, row_text], show_progress="hidden",
-                        api_visibility="private")
+                        api_name="rewards_rows")
     row.input(show_row, [shared.draft, row], [row_text], api_visibility="private")
     score.click(score_typed, [shared.draft, row, completion], [scores, total], api_name="rewards_score")
     completion.submit(score_typed, [shared.draft, row, completion], [scores, total], api_visibility="private")
