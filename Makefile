@@ -9,7 +9,7 @@ TORCH_SPEC ?=
 CONFIG ?= assets/recipes/arithmetic.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install run run-cli test test-fast bench bench-quick clean
+.PHONY: install run run-cli test test-fast screenshots bench bench-quick clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The README's pictures: the browser test on the real default model (a few minutes of CPU training).
+screenshots: install
+	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_browser.py -p no:cacheprovider
 
 # Benchmarks report, they do not assert: JSON in bench/results/, a table on stdout. Run them on an idle machine.
 bench: install

@@ -252,11 +252,19 @@ class RunConfig:
         return out
 
     def to_yaml(self) -> str:
+        """The config as a YAML file a person can read: sections in order, multi-line code as literal blocks."""
         import yaml
 
+        class Dumper(yaml.SafeDumper):
+            pass
+
+        def text(dumper, value: str):
+            return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+        Dumper.add_representer(str, text)
         data = self.to_dict()
         data.pop("base_dir")
-        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+        return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True)
 
     def resolved_runs_dir(self) -> Path:
         return Path(self.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs").expanduser().resolve()

@@ -10,8 +10,10 @@ UI once there are cores to spare.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .config import HardwareSettings
 from .errors import ConfigError
@@ -68,29 +70,79 @@ def available_cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-_BF16_PROBE: list[bool] = []
+_BF16_PROBE: dict[str, bool] = {}
+
+
+def cache_dir() -> Path:
+    """Where converted models and machine measurements are kept (DRAGON_UI_CACHE, else ~/.cache/dragon_ui)."""
+    root = os.environ.get("DRAGON_UI_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
+                                                             "dragon_ui")
+    return Path(root)
 
 
 def cpu_bf16_is_fast() -> bool:
-    """True when this CPU runs an MLP block (forward + backward) at least 1.5x faster in bf16 than in fp32."""
-    if not _BF16_PROBE:
-        import time
+    """True when this CPU runs an MLP block (forward + backward) at least 1.5x faster in bf16 than in fp32.
 
-        import torch
+    Measured once per CPU model and torch version and remembered on disk, so the precision a run picks does not
+    flip with the machine's load; the rounds alternate between the two precisions and keep each one's best time,
+    which a busy core slows down for both alike.
+    """
+    import platform
 
-        def seconds(dtype) -> float:
-            x = torch.randn(64, 576, dtype=dtype)
-            up = torch.randn(1536, 576, dtype=dtype, requires_grad=True)
-            down = torch.randn(576, 1536, dtype=dtype, requires_grad=True)
-            best = float("inf")
-            for _ in range(3):
-                start = time.perf_counter()
-                torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(x, up)), down).sum().backward()
-                best = min(best, time.perf_counter() - start)
-            return best
+    import torch
 
-        _BF16_PROBE.append(seconds(torch.bfloat16) * 1.5 < seconds(torch.float32))
-    return _BF16_PROBE[0]
+    key = f"{_cpu_model()}|{platform.machine()}|torch {torch.__version__}"
+    if key not in _BF16_PROBE:
+        path = cache_dir() / "cpu_bf16.json"
+        try:
+            known = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+        if key not in known:
+            ratio = _fp32_over_bf16_time()
+            known[key] = {"fast": ratio >= 1.5, "fp32_over_bf16": round(ratio, 2)}
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(known, indent=1), encoding="utf-8")
+            except OSError:
+                pass  # a read-only home: measure again next time
+        _BF16_PROBE[key] = bool(known[key]["fast"])
+    return _BF16_PROBE[key]
+
+
+def _fp32_over_bf16_time(rounds: int = 7) -> float:
+    import time
+
+    import torch
+
+    def tensors(dtype):
+        return (torch.randn(64, 576, dtype=dtype), torch.randn(1536, 576, dtype=dtype, requires_grad=True),
+                torch.randn(576, 1536, dtype=dtype, requires_grad=True))
+
+    def once(x, up, down) -> float:
+        start = time.perf_counter()
+        torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(x, up)), down).sum().backward()
+        return time.perf_counter() - start
+
+    fp32, bf16 = tensors(torch.float32), tensors(torch.bfloat16)
+    best = {"fp32": float("inf"), "bf16": float("inf")}
+    for _ in range(rounds):
+        best["fp32"] = min(best["fp32"], once(*fp32))
+        best["bf16"] = min(best["bf16"], once(*bf16))
+    return best["fp32"] / best["bf16"]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
 
 
 def detect_hardware() -> HardwareInfo:

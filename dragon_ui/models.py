@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 from .config import DEFAULT_MODEL_ID, ModelConfig
 from .errors import ConfigError
-from .hardware import ResolvedHardware
+from .hardware import ResolvedHardware, cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,6 @@ class ModelSource:
     trust_remote_code: bool = False
     local_files_only: bool = False
     adapters: list[str] = field(default_factory=list)
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("DRAGON_UI_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "dragon_ui")
-    return Path(root)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

@@ -54,9 +54,7 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
     exported.hardware.device, exported.hardware.dtype, exported.hardware.cpu_threads = "auto", "auto", None
     exported.runs_dir, exported.base_dir = "runs", ""
 
-    data = exported.to_dict()
-    data.pop("base_dir")
-    (target / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    (target / "config.yaml").write_text(exported.to_yaml(), encoding="utf-8")
     (target / "accelerate.yaml").write_text(_accelerate_config(config.distributed.strategy, gpus, nodes), encoding="utf-8")
     shutil.copytree(PACKAGE_DIR, target / "dragon_ui", ignore=shutil.ignore_patterns("__pycache__", "ui", "*.pyc"))
     if REQUIREMENTS.is_file():

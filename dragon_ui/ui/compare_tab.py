@@ -12,6 +12,7 @@ import threading
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
+from gradio.context import get_render_context
 
 from .. import compare, export
 from ..studio import Studio
@@ -19,6 +20,7 @@ from .common import Shared, explain, message, shows_errors
 
 CHART_HEIGHT = 340
 BEFORE_COLOR, AFTER_COLOR = "#94a3b8", "#10b981"
+EMPTY_REPLY = "(empty reply)"
 NO_RUN = ("No run to compare yet: start one on the Model & Hardware tab. A run appears here once it has scored its "
           "starting model or saved weights.")
 
@@ -38,7 +40,7 @@ def chart(bars: list[dict]) -> go.Figure | None:
         values = [bar[side] for bar in bars]
         figure.add_trace(go.Bar(name="before training" if side == "before" else "after training", x=labels, y=values,
                                 marker_color=color, text=["" if v is None else f"{v:.2f}" for v in values],
-                                textposition="outside"))
+                                textposition="outside", cliponaxis=False))  # a label above a full bar stays whole
     figure.update_layout(barmode="group", height=CHART_HEIGHT, uirevision="compare", margin=dict(l=40, r=20, t=40, b=40),
                          title="Mean held-out reward (greedy replies)", yaxis_title="mean reward",
                          legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
@@ -46,7 +48,14 @@ def chart(bars: list[dict]) -> go.Figure | None:
 
 
 def table(rows: list[list]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=compare.TABLE_HEADERS)
+    """The sample rows; a scored reply that is empty says so, or it would look like a side not scored yet."""
+    def shown(row: list) -> list:
+        prompt, reference, before, after, before_reward, after_reward, *rest = row
+        replies = [EMPTY_REPLY if reward is not None and not str(reply).strip() else reply
+                   for reply, reward in ((before, before_reward), (after, after_reward))]
+        return [prompt, reference, *replies, before_reward, after_reward, *rest]
+
+    return pd.DataFrame([shown(row) for row in rows], columns=compare.TABLE_HEADERS)
 
 
 def run_choices(studio: Studio) -> list[tuple[str, str]]:
@@ -139,6 +148,7 @@ def merge(studio: Studio, run_id: str | None):
 
 def build(shared: Shared) -> None:
     studio = shared.studio
+    this_tab = get_render_context()  # the gr.Tab that app.build_app builds this tab in
     choices = run_choices(studio)
     with gr.Row(equal_height=True):
         # Custom values: API clients name any run id (an unknown one gets a sentence, not gradio's choice check).
@@ -185,6 +195,10 @@ def build(shared: Shared) -> None:
                          api_name="compare_runs")
     shared.run_id.change(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
                          api_visibility="private")
+    # A run becomes comparable (its starting model scored, a stop, the end of training) while another tab is open:
+    # opening this tab re-lists the runs and shows the one the Train tab shows.
+    this_tab.select(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
+                    api_visibility="private", show_progress="hidden")
     run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
     evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
                                        api_name="compare_evaluate")

@@ -259,7 +259,8 @@ def build_preview(studio: Studio, draft: dict) -> Preview:
                        "The estimate appears once the hardware choice works on this machine.", yaml_text, cli, download)
     choice = (f"**This run will use:** {resolved.device} · {resolved.dtype}"
               + (" · 4-bit weights" if resolved.load_in_4bit else "")
-              + (f" · {resolved.cpu_threads} CPU threads" if resolved.device == "cpu" else "") + "\n"
+              + (f" · {resolved.cpu_threads} CPU thread{'s' if resolved.cpu_threads != 1 else ''}"
+                 if resolved.device == "cpu" else "") + "\n"
               + "\n".join(f"- {reason}" for reason in resolved.reasons))
     try:
         described = estimate_run(config, resolved, studio.hardware()).describe()

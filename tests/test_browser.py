@@ -1,0 +1,216 @@
+"""The app in a real browser (Debian's chromium through Playwright): every tab opened, a run started, watched,
+stopped and compared, the way a workshop participant clicks through it.
+
+The Studio reads its recipes from a temporary folder whose "arithmetic" recipe points at the tiny random Llama, so
+the page opens pre-filled exactly as the real app does, only with a model that trains in a fraction of a second per
+step. A custom reward that sleeps per completion keeps the run going long enough to be watched and stopped. Each tab
+is saved as a full-page screenshot (in the test's temporary folder).
+
+`make screenshots` runs this same test for the README's pictures: DRAGON_UI_SCREENSHOTS names the folder to save
+them in, and the run uses the real default model (its offline copy) instead of the tiny one, so the pictures show
+what a participant sees. That takes a few minutes of CPU training.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import textwrap
+from pathlib import Path
+
+import gradio as gr
+import pytest
+from playwright import sync_api
+
+from dragon_ui import training
+from dragon_ui.config import DEFAULT_MODEL_ID
+from dragon_ui.studio import ASSETS_DIR
+from dragon_ui.ui import build_app
+from test_app_client import served_app
+
+expect = sync_api.expect
+
+pytestmark = pytest.mark.timeout(300)
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's; .ci/run installs it (Playwright's own download is not used)
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+README_SCREENSHOTS = os.environ.get("DRAGON_UI_SCREENSHOTS")  # set by `make screenshots`
+VIEWPORT = {"width": 1400, "height": 1000}
+STEPS_BEFORE_STOP = 6
+# The tiny random model trains in a fraction of a second per step; the real SmolLM2-135M takes seconds.
+SCENARIO = ({"model": DEFAULT_MODEL_ID, "group_size": 4, "max_new_tokens": 16, "learning_rate": 2e-5, "lora_r": 16,
+             "hardware": "device: cpu", "wait_ms": 600_000} if README_SCREENSHOTS else
+            {"model": None, "group_size": 2, "max_new_tokens": 8, "learning_rate": 0.01, "lora_r": 4,
+             "hardware": "device: cpu\n  dtype: float32\n  cpu_threads: 1", "wait_ms": 60_000})
+WAIT_MS = SCENARIO["wait_ms"]
+
+# A reward a participant might write: pays for a reply that is only digits. The sleep stands for an expensive
+# check, so that a step takes long enough for the test to watch several steps and stop the run before step 200.
+DIGITS_ONLY = '''
+import time
+
+def reward(prompt, completion, reference, row):
+    time.sleep(0.05)
+    return 1.0 if completion.strip().isdigit() else 0.0
+'''
+
+
+def write_recipe(folder: Path, model_dir: Path | str) -> Path:
+    """The arithmetic recipe at sizes a 2-CPU machine trains quickly (the tiny model: well under a second a step)."""
+    folder.mkdir(parents=True)
+    code = textwrap.indent(DIGITS_ONLY.strip("\n"), " " * 6)
+    (folder / "arithmetic.yaml").write_text(f"""\
+name: arithmetic
+model: {model_dir}
+data:
+  source: {ASSETS_DIR / "datasets" / "arithmetic.csv"}
+  prompt: question
+  reference: answer
+  eval_frac: 0.05
+rewards:
+  - kind: numeric
+  - kind: length
+    max_chars: 12
+    weight: 0.3
+  - kind: custom
+    name: digits_only
+    weight: 0.5
+    code: |
+{code}
+grpo:
+  group_size: {SCENARIO["group_size"]}
+  max_new_tokens: {SCENARIO["max_new_tokens"]}
+training:
+  learning_rate: {SCENARIO["learning_rate"]}
+  batch_size: 2
+  max_steps: 200
+  save_steps: 50
+lora:
+  r: {SCENARIO["lora_r"]}
+  alpha: {2 * SCENARIO["lora_r"]}
+hardware:
+  {SCENARIO["hardware"]}
+n_samples: 5
+""", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture
+def recipes_dir(tmp_path, tiny_model_dir, monkeypatch) -> Path:
+    # Not a public demo, which would refuse the custom reward; cleared before conftest's studio reads it.
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("DRAGON_UI_PUBLIC", raising=False)
+    return write_recipe(tmp_path / "recipes", SCENARIO["model"] or tiny_model_dir)
+
+
+@pytest.fixture
+def studio(recipes_dir, studio):
+    """conftest's studio (its teardown stops any training left behind), reading the tiny arithmetic recipe."""
+    studio.recipes_dir = recipes_dir
+    return studio
+
+
+@pytest.fixture
+def page(studio):
+    """A chromium page on the app, served with the real app's theme and CSS so the screenshots match it."""
+    if not CHROMIUM.exists():
+        message = "Debian's chromium is needed for the browser test: sudo apt-get install chromium"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+    look = {"theme": gr.themes.Soft(primary_hue="emerald"), "css_paths": [str(ASSETS_DIR / "app.css")]}
+    with served_app(build_app(studio), **look) as url, sync_api.sync_playwright() as playwright:
+        expect.set_options(timeout=WAIT_MS)
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.set_default_timeout(WAIT_MS)
+            page.goto(url)
+            yield page
+        finally:
+            browser.close()
+
+
+def open_tab(page, tab: str) -> None:
+    page.locator(f"#tab-{tab}-button").click()
+    expect(page.locator(f"#tab-{tab}")).to_be_visible()
+
+
+@pytest.fixture
+def screenshots(tmp_path) -> Path:
+    folder = Path(README_SCREENSHOTS) if README_SCREENSHOTS else tmp_path / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def screenshot(page, folder: Path, tab: str) -> None:
+    page.mouse.move(0, 0)  # no hover effects (plot toolbars, tooltips) left from the last click...
+    # ...and no fade-out still under way when the picture is taken
+    page.screenshot(path=str(folder / f"{tab}.png"), full_page=True, animations="disabled")
+
+
+def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model_dir, screenshots):
+    model = SCENARIO["model"] or str(tiny_model_dir)
+    # 1 · Data: the recipe's table and the prompts as the model reads them.
+    expect(page.locator("#data-preview")).to_contain_text("What is")
+    expect(page.locator("#data-counts")).to_contain_text("400 rows")
+    expect(page.locator("#data-rendered")).to_contain_text("What is")
+    screenshot(page, screenshots, "data")
+
+    # 2 · Rewards: the recipe's three rewards, and a typed reply scored in the playground.
+    open_tab(page, "rewards")
+    rewards = page.locator("#rewards-table")
+    for name in ("numeric", "length", "digits_only"):
+        expect(rewards).to_contain_text(name)
+    expect(page.locator("#rewards-row-text")).to_contain_text("Reference:")
+    reference = page.locator("#rewards-row-text").inner_text().rsplit("Reference:", 1)[1].strip()
+    page.locator("#rewards-completion textarea").fill(reference)
+    page.locator("#rewards-score").click()
+    expect(page.locator("#rewards-total")).to_contain_text("Total (weighted sum): 1.800")
+    expect(page.locator("#rewards-scores")).to_contain_text("digits_only")
+    page.locator("#rewards-generate").click()  # a GRPO group sampled from the starting model, as one step would
+    expect(page.locator("#rewards-progress")).to_contain_text(f"Sampled {SCENARIO['group_size']} replies")
+    expect(page.locator("#rewards-groups")).to_contain_text("advantage")
+    screenshot(page, screenshots, "rewards")
+
+    # 3 · Model & Hardware: the tiny model in the form, a valid YAML, and Start.
+    open_tab(page, "model")
+    expect(page.locator("#model-check")).to_contain_text("The settings are valid")
+    expect(page.locator("#model-estimate")).to_contain_text("200 steps")
+    screenshot(page, screenshots, "model")  # before opening the YAML: its editor draws only the lines scrolled into view
+    page.get_by_text("The whole configuration (YAML)").click()
+    yaml_view = page.locator("#model-yaml")
+    expect(yaml_view).to_contain_text(model)
+    expect(yaml_view).to_contain_text(f"group_size: {SCENARIO['group_size']}")
+    page.locator("#model-start").click()
+
+    # 4 · Train: Start switches here; the charts and the latest completions fill in as steps complete.
+    expect(page.locator("#tab-train")).to_be_visible()
+    status = page.locator("#train-status")
+    expect(status).to_contain_text("running")
+    several_steps = re.compile(rf"^([{STEPS_BEFORE_STOP}-9]|[1-9]\d+)$")
+    expect(page.locator("#train-progress [role=progressbar]")).to_have_attribute("aria-valuenow", several_steps)
+    expect(page.locator("#train-plot-reward .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#train-plot-reward")).to_contain_text("digits_only")
+    expect(page.locator("#train-rollouts table").first).to_be_visible()
+    screenshot(page, screenshots, "train")
+    page.locator("#train-stop").click()
+    expect(page.locator("#train-action")).to_contain_text("Stopping after the current step")
+    expect(status).to_contain_text("cancelled")
+    expect(page.locator("#train-resume")).to_be_enabled()
+    (run,) = studio.runs()
+    assert run["state"] == "cancelled" and STEPS_BEFORE_STOP <= run["step"] < run["total_steps"] == 200, run
+    # The worker thread writes "cancelled" just before it exits; Evaluate now refuses while it is alive.
+    handle = training.active_run()
+    assert handle is None or handle.wait(30) == "cancelled"
+    assert training.active_run() is None
+
+    # 5 · Compare: opening the tab shows the stopped run, which has a checkpoint but no "after" score yet; Evaluate
+    # now scores it.
+    open_tab(page, "compare")
+    expect(page.locator("#compare-summary")).to_contain_text("Press Evaluate now")
+    page.locator("#compare-evaluate").click()
+    expect(page.locator("#compare-evaluate-status")).to_contain_text("Done")
+    expect(page.locator("#compare-chart .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#compare-chart")).to_contain_text("after training")
+    expect(page.locator("#compare-table")).to_contain_text("What is")
+    expect(page.locator("#compare-summary")).to_contain_text("before")
+    screenshot(page, screenshots, "compare")
