@@ -2,8 +2,11 @@
 
 Trains the arithmetic recipe through Dragon's engine with timers around TRL's own methods: generation, the
 reference log-prob pass, reward scoring, the policy forward, the backward, the optimiser step, and Dragon's
-callback (progress/rollout files). The floor for each part is its FLOPs divided by the throughput this run
-measures for matmuls of the same shape (prefill/training-sized and decode-sized), in the same dtype and threads.
+callback (progress/rollout files). The floor for each part is the time its matmuls take on their own: every linear
+layer of the model (q, k, v, o, gate, up, down, LM head) is timed at the exact shape the part uses (prefill, one
+decode step, the training forward, the input-gradient of the backward) in the same dtype and threads, and the
+floor adds those times up. A second, "peak" floor divides the same FLOPs by the best throughput any shape reached,
+which is what the machine could do if every matmul ran as well as its best one.
 
     python bench/breakdown.py [--steps 4] [--dtype float32] [--threads 2] [--tag NAME]
 """
@@ -107,14 +110,45 @@ def instrument(timers: Timers) -> None:
     training.build_trainer = build_trainer
 
 
-def model_shape(model_dir: str) -> dict:
+def linear_shapes(model_dir: str) -> list[tuple[int, int, int]]:
+    """(in_features, out_features, count) of every linear layer, the LM head included."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     hidden, layers, inter = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
-    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
-    head_dim = hidden // heads
-    per_layer = hidden * (hidden + 2 * kv * head_dim) + hidden * hidden + 3 * hidden * inter
-    return {"hidden": hidden, "intermediate": inter, "body_params": layers * per_layer,
-            "head_params": hidden * config["vocab_size"]}
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads", heads) * (config.get("head_dim") or hidden // heads)
+    per_layer = [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden), (hidden, inter), (hidden, inter),
+                 (inter, hidden)]
+    shapes: dict[tuple[int, int], int] = {}
+    for shape in per_layer:
+        shapes[shape] = shapes.get(shape, 0) + layers
+    shapes[(hidden, config["vocab_size"])] = 1
+    return [(k, n, count) for (k, n), count in shapes.items()]
+
+
+class Floors:
+    """Time of a model's matmuls at a given batch of rows, from measured per-shape throughput (cached)."""
+
+    def __init__(self, shapes, dtype: str):
+        self.shapes, self.dtype, self.measured = shapes, dtype, {}
+
+    def gflops(self, m: int, k: int, n: int) -> float:
+        if (m, k, n) not in self.measured:
+            self.measured[(m, k, n)] = matmul_gflops(m, k, n, self.dtype, seconds=0.3)
+        return self.measured[(m, k, n)]
+
+    def seconds(self, rows: int, backward: bool = False) -> float:
+        """One pass over ``rows`` tokens; ``backward``: the input gradients (out -> in) the frozen weights need."""
+        total = 0.0
+        for k, n, count in self.shapes:
+            shape = (rows, n, k) if backward else (rows, k, n)
+            total += count * 2 * rows * k * n / (self.gflops(*shape) * 1e9)
+        return total
+
+    def flops(self, rows: int) -> float:
+        return sum(count * 2 * rows * k * n for k, n, count in self.shapes)
+
+    def peak(self) -> float:
+        return max(self.measured.values())
 
 
 def main() -> None:
@@ -146,26 +180,25 @@ def main() -> None:
     tokenizer = load_tokenizer(source)
     prompt_tokens = median([len(tokenizer(tokenizer.apply_chat_template(ex["prompt"], add_generation_prompt=True, tokenize=False),
                                           add_special_tokens=False)["input_ids"]) for ex in examples[:50]])
-    shape = model_shape(source.path)
     sequences = config.training.batch_size * config.grpo.group_size
     steps = timers.steps[1:]  # the first step includes warm-up
     completion = median([s["completion_len"] for s in steps])
-    params = shape["body_params"] + shape["head_params"]
-    big_m = int(sequences * (prompt_tokens + completion))
-    big = matmul_gflops(big_m, shape["hidden"], shape["intermediate"], args.dtype)
-    small = matmul_gflops(sequences, shape["hidden"], shape["intermediate"], args.dtype)
-    forward_flops = 2 * params * big_m
+    floors_of = Floors(linear_shapes(source.path), args.dtype)
+    prompt_rows, train_rows = int(sequences * prompt_tokens), int(sequences * (prompt_tokens + completion))
+    reference = config.grpo.beta > 0
     floors = {
-        # prefill at training-sized throughput, then one decode step per new token at decode-sized throughput
-        "generation": 2 * params * sequences * prompt_tokens / (big * 1e9) + 2 * params * sequences * completion / (small * 1e9),
-        "reference_pass": forward_flops / (big * 1e9) if config.grpo.beta > 0 else 0.0,
+        "generation": floors_of.seconds(prompt_rows) + completion * floors_of.seconds(sequences),
+        "reference_pass": floors_of.seconds(train_rows) if reference else 0.0,
         "rewards": 0.0,
-        "policy_forward": forward_flops / (big * 1e9),
-        # LoRA: the frozen weights need only input gradients, about one forward's worth of FLOPs
-        "backward": forward_flops / (big * 1e9),
+        "policy_forward": floors_of.seconds(train_rows),
+        "backward": floors_of.seconds(train_rows, backward=True),  # LoRA: input gradients of the frozen weights
         "optimizer": 0.0,
         "dragon_callback": 0.0,
     }
+    peak = floors_of.peak()
+    step_flops = (floors_of.flops(prompt_rows) + completion * floors_of.flops(sequences)
+                  + (2 + reference) * floors_of.flops(train_rows))  # policy forward, its backward, reference
+    peak_floor = step_flops / (peak * 1e9)
     measured = {part: median([s.get(part, 0.0) for s in steps]) for part in PARTS}
     total = median([s["total"] for s in steps])
     other = max(0.0, total - sum(measured.values()))
@@ -173,13 +206,15 @@ def main() -> None:
     rows = [[part, measured[part], floors[part], measured[part] / floors[part] if floors[part] else "-"] for part in PARTS]
     rows += [["other (TRL/transformers bookkeeping)", other, 0.0, "-"], ["step", total, floor_total, total / floor_total]]
     print(f"dtype {args.dtype}, {args.threads} thread(s), {sequences} sequences x ({prompt_tokens:.0f} prompt + "
-          f"{completion:.1f} new tokens); matmul throughput: {big:.1f} GFLOP/s (M={big_m}), {small:.1f} GFLOP/s (M={sequences})")
+          f"{completion:.1f} new tokens); matmul throughput by shape: {min(floors_of.measured.values()):.1f} to "
+          f"{peak:.1f} GFLOP/s; peak-throughput floor of a step: {peak_floor:.2f} s")
     print(table([[r[0], f"{r[1]:.4f}", f"{r[2]:.3f}", r[3]] for r in rows], ["part", "median s", "floor s", "x floor"]))
     path = write_result(f"breakdown-{args.dtype}{'-' + args.tag if args.tag else ''}", {
         "settings": vars(args), "sequences": sequences, "prompt_tokens": prompt_tokens, "completion_tokens": completion,
-        "params": params, "gflops_training_shape": big, "gflops_decode_shape": small, "measured_median_s": measured,
-        "other_s": other, "step_median_s": total, "floors_s": floors, "floor_step_s": floor_total,
-        "step_over_floor": total / floor_total, "per_step": steps})
+        "matmul_gflops_by_shape": {f"{m}x{k}x{n}": g for (m, k, n), g in floors_of.measured.items()},
+        "peak_gflops": peak, "peak_floor_step_s": peak_floor, "measured_median_s": measured, "other_s": other,
+        "step_median_s": total, "floors_s": floors, "floor_step_s": floor_total, "step_over_floor": total / floor_total,
+        "per_step": steps})
     print(f"step / floor = {total / floor_total:.2f}  ->  {path}")
 
 

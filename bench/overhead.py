@@ -1,7 +1,9 @@
 """Overhead: the same GRPO steps through Dragon's engine (run store, rollouts, callbacks) and a plain TRL script.
 
-Runs alternate (plain, dragon, dragon, plain, ...) as fresh processes so drift on a shared machine hits both
-equally; the first step of every run is dropped (warm-up) and the medians of the rest are compared.
+Both train on the same rows in the same order with the same seed, so they sample the same prompts (the table
+shows each side's mean completion length, which sets the work per step). Runs alternate (plain, dragon, dragon,
+plain, ...) as fresh processes so drift on a shared machine hits both equally; the first step of every run is
+dropped (warm-up) and the medians of the rest are compared.
 
     python bench/overhead.py [--steps 4] [--repeats 2] [--dtype float32] [--threads 2]
 """
@@ -18,22 +20,24 @@ import yaml
 from common import REPO, bench_config_dict, median, table, write_result
 
 
-def dragon_steps(config: dict, workdir: Path) -> list[float]:
+def dragon_steps(config: dict, workdir: Path) -> tuple[list[float], list[float]]:
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     subprocess.run([sys.executable, "-m", "dragon_ui", "train", str(path)], cwd=REPO, check=True,
                    capture_output=True, text=True)
     (run,) = list(Path(config["runs_dir"]).iterdir())
-    elapsed = [json.loads(line)["elapsed_s"] for line in (run / "progress.jsonl").read_text().splitlines()]
-    return [b - a for a, b in zip([0.0] + elapsed, elapsed)]
+    rows = [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+    elapsed = [row["elapsed_s"] for row in rows]
+    return [b - a for a, b in zip([0.0] + elapsed, elapsed)], [row["completion_len"] for row in rows]
 
 
-def plain_steps(model_dir: str, steps: int, dtype: str, threads: int, workdir: Path) -> list[float]:
+def plain_steps(model_dir: str, prompts: Path, steps: int, dtype: str, threads: int, workdir: Path):
     out = workdir / "plain.json"
-    subprocess.run([sys.executable, "bench/plain_trl.py", "--model-dir", model_dir, "--steps", str(steps),
-                    "--dtype", dtype, "--threads", str(threads), "--out", str(out)], cwd=REPO, check=True,
-                   capture_output=True, text=True)
-    return json.loads(out.read_text())["step_seconds"]
+    subprocess.run([sys.executable, "bench/plain_trl.py", "--model-dir", model_dir, "--prompts", str(prompts),
+                    "--steps", str(steps), "--dtype", dtype, "--threads", str(threads), "--out", str(out)],
+                   cwd=REPO, check=True, capture_output=True, text=True)
+    result = json.loads(out.read_text())
+    return result["step_seconds"], result["completion_len"]
 
 
 def main() -> None:
@@ -43,29 +47,36 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    from dragon_ui.config import ModelConfig
+    from dragon_ui.config import ModelConfig, RunConfig
+    from dragon_ui.data import load_and_map, write_jsonl
     from dragon_ui.models import resolve_model
 
     model_dir = resolve_model(ModelConfig()).path
+    config = RunConfig.from_dict(bench_config_dict(args.steps, Path("unused"), dtype=args.dtype, threads=args.threads))
+    prompts = Path(tempfile.mkdtemp()) / "train.jsonl"
+    write_jsonl(prompts, load_and_map(config.data, base_dir=config.base_dir).train)  # Dragon's exact training rows
     measured = {"plain": [], "dragon": []}
+    lengths = {"plain": [], "dragon": []}
     for repeat in range(args.repeats):
         order = ["plain", "dragon"] if repeat % 2 == 0 else ["dragon", "plain"]
         for variant in order:
             with tempfile.TemporaryDirectory() as tmp:
                 tmp = Path(tmp)
                 if variant == "plain":
-                    steps = plain_steps(model_dir, args.steps, args.dtype, args.threads, tmp)
+                    steps, length = plain_steps(model_dir, prompts, args.steps, args.dtype, args.threads, tmp)
                 else:
-                    config = bench_config_dict(args.steps, tmp / "runs", dtype=args.dtype, threads=args.threads)
-                    steps = dragon_steps(config, tmp)
+                    run_config = bench_config_dict(args.steps, tmp / "runs", dtype=args.dtype, threads=args.threads)
+                    steps, length = dragon_steps(run_config, tmp)
             measured[variant].extend(steps[1:])
+            lengths[variant].extend(length[1:])
             print(f"repeat {repeat + 1} {variant:6s}: " + " ".join(f"{s:.2f}" for s in steps), flush=True)
     plain, dragon = median(measured["plain"]), median(measured["dragon"])
-    result = {"settings": vars(args), "step_seconds": measured, "median_plain_s": plain, "median_dragon_s": dragon,
-              "overhead_ratio": dragon / plain}
+    result = {"settings": vars(args), "step_seconds": measured, "completion_len": lengths, "median_plain_s": plain,
+              "median_dragon_s": dragon, "overhead_ratio": dragon / plain}
     path = write_result(f"overhead-{args.dtype}", result)
-    print(table([["plain TRL", plain, len(measured["plain"])], ["Dragon engine", dragon, len(measured["dragon"])]],
-                ["variant", "median s/step", "steps"]))
+    print(table([["plain TRL", plain, median(lengths["plain"]), len(measured["plain"])],
+                 ["Dragon engine", dragon, median(lengths["dragon"]), len(measured["dragon"])]],
+                ["variant", "median s/step", "median completion tokens", "steps"]))
     print(f"overhead: {100 * (dragon / plain - 1):+.1f}% per step  ->  {path}")
 
 

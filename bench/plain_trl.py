@@ -3,11 +3,13 @@
 Same model, data, rewards and GRPO settings as the arithmetic recipe, with nothing of Dragon in the training path:
 no run store, no callbacks beyond one that notes the time of each step's log.
 
-    python bench/plain_trl.py --model-dir DIR --steps 5 --out times.json [--dtype float32] [--threads 2]
+    python bench/plain_trl.py --model-dir DIR --prompts train.jsonl --steps 5 --out times.json [--dtype float32] [--threads 2]
+
+``--prompts`` is a JSONL file of {"prompt": [chat messages], "reference": str}: the overhead benchmark passes the
+exact training rows Dragon uses, in the same order, so both sample the same prompts and are timed on equal work.
 """
 
 import argparse
-import csv
 import json
 import re
 import time
@@ -49,7 +51,7 @@ class StepTimes(TrainerCallback):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-dir", required=True)
-    parser.add_argument("--data", default="assets/datasets/arithmetic.csv")
+    parser.add_argument("--prompts", required=True)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=2)
@@ -57,10 +59,9 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    with open(args.data, newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}], "reference": r["answer"]}
-                                 for r in rows[:380]])
+    with open(args.prompts, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "reference": r["reference"]} for r in rows])
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=getattr(torch, args.dtype))
     config = GRPOConfig(
@@ -76,8 +77,9 @@ def main():
     start = time.perf_counter()
     trainer.train()
     marks = [start] + times.times
+    lengths = [row["completions/mean_length"] for row in trainer.state.log_history if "reward" in row]
     with open(args.out, "w") as fh:
-        json.dump({"step_seconds": [b - a for a, b in zip(marks, marks[1:])]}, fh)
+        json.dump({"step_seconds": [b - a for a, b in zip(marks, marks[1:])], "completion_len": lengths}, fh)
 
 
 if __name__ == "__main__":

@@ -157,12 +157,13 @@ def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> N
         outcome = _train(handle, config, resume_from)
         run.update_status(state=outcome, phase="done", finished_at=time.time(), eta_s=0)
         log.info("Run %s %s.", run.id, outcome)
+    except StopTraining:
+        log.info("Run %s stopped before training began.", run.id)
+        run.update_status(state="cancelled", phase="done", finished_at=time.time())
     except BaseException as exc:  # the thread must never die without saying why
         reason = explain_failure(exc)
         log.error("Run %s failed: %s", run.id, reason)
-        log.debug("".join(traceback.format_exception(exc)))
-        run.update_status(state="cancelled" if isinstance(exc, StopTraining) else "failed", phase="done",
-                          finished_at=time.time(), error=None if isinstance(exc, StopTraining) else reason,
+        run.update_status(state="failed", phase="done", finished_at=time.time(), error=reason,
                           traceback=_traceback_tail(exc))
     finally:
         run.clear_stop_request()
@@ -392,6 +393,7 @@ class RunStoreCallback(TrainerCallback):
             "clipped_ratio": logs.get("completions/clipped_ratio"),
             "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
             "step_time_s": logs.get("step_time"),
+            "peak_gpu_mem_gb": _peak_gpu_memory_gb(),
             "world_size": distributed.world_size(),
             "completions_per_step": self.config.completions_per_step * distributed.world_size(),
             **{f"errors_{r.name}": errors[r.name] for r in self.rewards},
@@ -466,6 +468,12 @@ def _apply_threads(hardware: ResolvedHardware) -> None:
         import torch
 
         torch.set_num_threads(hardware.cpu_threads)
+
+
+def _peak_gpu_memory_gb() -> float | None:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
 
 
 def _free_accelerator_memory() -> None:
