@@ -470,20 +470,24 @@ def _require_reference(reference: str | None) -> str:
     return reference
 
 
+def _normalised_reference(reference: str | None, case_sensitive: bool) -> str:
+    """An empty reference would match every reply (and be contained in every reply), so it is a failure."""
+    expected = _normalise(_require_reference(reference), case_sensitive)
+    if not expected:
+        raise RewardError("the reference answer is empty")
+    return expected
+
+
 def _exact(spec: RewardSpec) -> Scorer:
     def score(prompt, completion, reference, row):
-        expected = _normalise(_require_reference(reference), spec.case_sensitive)
-        if not expected:
-            raise RewardError("the reference answer is empty")
+        expected = _normalised_reference(reference, spec.case_sensitive)
         return float(_normalise(extract_answer(completion, spec.extract), spec.case_sensitive) == expected)
     return score
 
 
 def _contains(spec: RewardSpec) -> Scorer:
     def score(prompt, completion, reference, row):
-        expected = _normalise(_require_reference(reference), spec.case_sensitive)
-        if not expected:
-            raise RewardError("the reference answer is empty")
+        expected = _normalised_reference(reference, spec.case_sensitive)
         return float(expected in _normalise(extract_answer(completion, spec.extract), spec.case_sensitive))
     return score
 
