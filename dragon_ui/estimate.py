@@ -406,6 +406,8 @@ def format_params(params: float) -> str:
 
 
 def format_seconds(seconds: float) -> str:
+    if seconds < 0.1:
+        return "under 0.1 s"
     if seconds < 10:
         return f"{seconds:.1f} s"
     if seconds < 120:

@@ -43,7 +43,8 @@ def chart(bars: list[dict]) -> go.Figure | None:
                                 textposition="outside", cliponaxis=False))  # a label above a full bar stays whole
     figure.update_layout(barmode="group", height=CHART_HEIGHT, uirevision="compare", margin=dict(l=40, r=20, t=40, b=40),
                          title="Mean held-out reward (greedy replies)", yaxis_title="mean reward",
-                         legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+                         legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+                         template="plotly_white")  # the Train tab's charts use it too
     return figure
 
 
@@ -163,7 +164,8 @@ def build(shared: Shared) -> None:
     evaluate_status = gr.Markdown(elem_id="compare-evaluate-status")
     plot = gr.Plot(label="Before vs after", elem_id="compare-chart")
     samples = gr.Dataframe(value=table([]), headers=compare.TABLE_HEADERS, interactive=False, wrap=True,
-                           max_height=420, label="Held-out prompts answered by both models", elem_id="compare-table")
+                           max_height=420, label="Held-out prompts answered by both models", elem_id="compare-table",
+                           column_widths=["22%", "8%", "20%", "20%", "8%", "8%", "14%"])
 
     gr.Markdown("### Ask both models")
     with gr.Row():
