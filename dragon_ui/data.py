@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dragon_ui.errors import ConfigError
+from dragon_ui.rewards import last_user_text
 
 SUPPORTED_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet")
 
@@ -438,11 +439,7 @@ def load_and_map(config: DataConfig, base_dir: str | None = None) -> MappedData:
 
 def prompt_text(example: dict) -> str:
     """The text of the last user message (or the prompt itself if it is plain text), for display and rewards."""
-    prompt = example.get("prompt", "")
-    if isinstance(prompt, str):
-        return prompt
-    users = [m.get("content", "") for m in prompt if m.get("role") == "user"]
-    return users[-1] if users else ""
+    return last_user_text(example.get("prompt", ""))
 
 
 # --------------------------------------------------------------------------------------------- JSONL files

@@ -831,7 +831,7 @@ def _message_text(content) -> str:
     return ""
 
 
-def _prompt_text(prompt) -> str:
+def last_user_text(prompt) -> str:
     """The last user message of a conversational prompt (what the reward calls "the prompt"), or a plain string."""
     if isinstance(prompt, str):
         return prompt
@@ -841,7 +841,7 @@ def _prompt_text(prompt) -> str:
     return ""
 
 
-def _completion_text(completion) -> str:
+def completion_text(completion) -> str:
     """The last assistant message's text of a conversational completion, or a plain string."""
     if isinstance(completion, str):
         return completion
@@ -877,7 +877,7 @@ def _trl_function(reward: Reward, failures: RewardFailures, on_batch) -> Callabl
                 if row not in parsed:
                     parsed[row] = json.loads(row)
                 row = parsed[row]
-            score, error = safe_score(reward, _prompt_text(prompt), _completion_text(completion), reference or None,
+            score, error = safe_score(reward, last_user_text(prompt), completion_text(completion), reference or None,
                                       row or {}, failures)
             scores.append(score)
             failed += error is not None

@@ -27,7 +27,7 @@ from .errors import BusyError, ConfigError, DragonError
 from .evaluation import evaluate_model, record_eval
 from .hardware import ResolvedHardware, resolve_hardware
 from .models import load_model, load_tokenizer, resolve_model
-from .rewards import Reward, RewardFailures, build_rewards, trl_reward_functions
+from .rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
 from .runstore import RunDir
 
 log = logging.getLogger("dragon_ui")
@@ -422,9 +422,9 @@ class RunStoreCallback(TrainerCallback):
             for i in range(start, min(start + group_size, len(prompts))):
                 scores = {name: _finite_or_none(values[i]) if i < len(values) else None for name, values in per_reward.items()}
                 total = sum((scores[r.name] or 0.0) * r.weight for r in self.rewards)
-                items.append({"text": _message_text(completions[i]), "scores": scores, "total": round(total, 6),
+                items.append({"text": completion_text(completions[i]), "scores": scores, "total": round(total, 6),
                               "advantage": _finite_or_none(advantages[i]) if i < len(advantages) else None})
-            groups.append({"prompt": _message_text(prompts[start], last_user=True),
+            groups.append({"prompt": last_user_text(prompts[start]),
                            "reference": references[start] if start < len(references) else "",
                            "completions": items})
         return groups
@@ -487,16 +487,6 @@ def _free_accelerator_memory() -> None:
             torch.cuda.empty_cache()
     except ImportError:
         pass
-
-
-def _message_text(value, last_user: bool = False) -> str:
-    """Text of a TRL prompt/completion, which is either a string or a list of chat messages."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value:
-        messages = [m for m in value if m.get("role") == "user"] if last_user else value
-        return str((messages or value)[-1].get("content", ""))
-    return ""
 
 
 def _finite_or_none(value):
