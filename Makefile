@@ -40,7 +40,7 @@ screenshots: install
 
 # Benchmarks report, they do not assert: JSON in bench/results/, a table on stdout. Run them on an idle machine.
 bench: install
-	cd bench && ../$(BIN)/python overhead.py --steps 5 --repeats 2
+	cd bench && ../$(BIN)/python overhead.py --steps 6 --repeats 4 --dtype bfloat16
 	cd bench && ../$(BIN)/python breakdown.py --steps 5 --dtype float32
 	cd bench && ../$(BIN)/python breakdown.py --steps 5 --dtype bfloat16
 	cd bench && ../$(BIN)/python ui_latency.py --seconds 120
