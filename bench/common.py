@@ -45,8 +45,10 @@ def device() -> str:
 def machine() -> dict:
     import torch
 
+    from dragon_ui.hardware import available_cpu_cores, cpu_model
+
     info = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "cpu": _cpu_name(), "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+            "cpu": cpu_model(), "cores": available_cpu_cores()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     import transformers
@@ -54,16 +56,6 @@ def machine() -> dict:
 
     info.update(trl=trl.__version__, transformers=transformers.__version__)
     return info
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def matmul_gflops(m: int, k: int, n: int, dtype: str = "float32", seconds: float = 0.5) -> float:

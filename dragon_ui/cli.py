@@ -238,11 +238,11 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_stop(args) -> int:
-    from .runstore import RunDir
+    from .runstore import ACTIVE_STATES, RunDir
 
     run = RunDir(Path(args.run_dir))
     state = run.read_status().get("state")
-    if state not in ("queued", "running"):
+    if state not in ACTIVE_STATES:
         print(f"The run {run.id} is not running (it is {state or 'unknown'}); nothing to stop.")
         return 0
     run.request_stop()

@@ -91,7 +91,7 @@ def cpu_bf16_is_fast() -> bool:
 
     import torch
 
-    key = f"{_cpu_model()}|{platform.machine()}|torch {torch.__version__}"
+    key = f"{cpu_model()}|{platform.machine()}|torch {torch.__version__}"
     if key not in _BF16_PROBE:
         path = cache_dir() / "cpu_bf16.json"
         try:
@@ -132,7 +132,7 @@ def _fp32_over_bf16_time(rounds: int = 7) -> float:
     return best["fp32"] / best["bf16"]
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:

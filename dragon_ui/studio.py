@@ -17,7 +17,7 @@ from .data import resolve_source
 from .errors import BusyError, ConfigError
 from .hardware import HardwareInfo, ResolvedHardware, detect_hardware, resolve_hardware
 from .rewards import is_public_demo
-from .runstore import RunDir, list_runs
+from .runstore import ACTIVE_STATES, RunDir, list_runs
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_RECIPE = "arithmetic"
@@ -98,7 +98,7 @@ class Studio:
         if handle is not None:
             return handle.run.id
         for summary in self.runs():
-            if summary["state"] in ("queued", "running"):
+            if summary["state"] in ACTIVE_STATES:
                 return summary["id"]
         return None
 

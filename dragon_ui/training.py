@@ -28,7 +28,7 @@ from .evaluation import evaluate_model, record_eval
 from .hardware import ResolvedHardware, resolve_hardware
 from .models import load_model, load_tokenizer, resolve_model
 from .rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
-from .runstore import RunDir
+from .runstore import ACTIVE_STATES, RunDir
 
 log = logging.getLogger("dragon_ui")
 
@@ -111,7 +111,7 @@ def resume(run_dir: str | Path) -> RunHandle:
     run = RunDir(Path(run_dir), read_only=not distributed.is_main_process())
     config = run.read_config()
     state = run.read_status().get("state")
-    if state in ("queued", "running"):
+    if state in ACTIVE_STATES:
         raise BusyError(f"The run {run.id} is still {state}; stop it before resuming.")
     if state == "succeeded":
         raise ConfigError(f"The run {run.id} already finished; start a new run from it instead (use it as the model).")
