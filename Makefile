@@ -43,12 +43,15 @@ bench: install
 	cd bench && ../$(BIN)/python overhead.py --steps 6 --repeats 4 --dtype bfloat16
 	cd bench && ../$(BIN)/python breakdown.py --steps 5 --dtype float32
 	cd bench && ../$(BIN)/python breakdown.py --steps 5 --dtype bfloat16
+	cd bench && ../$(BIN)/python speedups.py --dtype bfloat16 --rounds 2
+	cd bench && ../$(BIN)/python speedups.py --dtype float32 --rounds 1
 	cd bench && ../$(BIN)/python ui_latency.py --seconds 120
 	cd bench && ../$(BIN)/python learning.py --minutes 5 10 15
 
 bench-quick: install
 	cd bench && ../$(BIN)/python overhead.py --steps 3 --repeats 1
 	cd bench && ../$(BIN)/python breakdown.py --steps 3
+	cd bench && ../$(BIN)/python speedups.py --rounds 1 --steps 3
 	cd bench && ../$(BIN)/python ui_latency.py --seconds 30
 	cd bench && ../$(BIN)/python learning.py --minutes 2
 

@@ -5,10 +5,13 @@ reference log-prob pass, reward scoring, the policy forward, the backward, the o
 callback (progress/rollout files). The floor for each part is the time its matmuls take on their own: every linear
 layer of the model (q, k, v, o, gate, up, down, LM head) is timed at the exact shape the part uses (prefill, one
 decode step, the training forward, the input-gradient of the backward) in the same dtype and threads, and the
-floor adds those times up. A second, "peak" floor divides the same FLOPs by the best throughput any shape reached,
+floor adds those times up. The LM head counts only the rows that need it: the last prompt position and each new
+token when sampling, the completion tokens when scoring. Attention scores and the non-matmul ops count as zero. A second, "peak" floor divides the same FLOPs by the best throughput any shape reached,
 which is what the machine could do if every matmul ran as well as its best one.
 
-    python bench/breakdown.py [--steps 4] [--dtype float32] [--threads 2] [--tag NAME]
+    python bench/breakdown.py [--steps 4] [--dtype float32] [--threads 2] [--set lora.dropout=0] [--tag NAME]
+
+DRAGON_UI_SPEEDUPS chooses the speed-ups (dragon_ui/speedups.py); bench/speedups.py compares them.
 """
 
 import argparse
@@ -20,7 +23,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from common import bench_config_dict, matmul_gflops, median, table, write_result
+from common import apply_settings, bench_config_dict, matmul_gflops, median, table, write_result
 
 PARTS = ["generation", "reference_pass", "rewards", "policy_forward", "backward", "optimizer", "dragon_callback"]
 
@@ -97,6 +100,7 @@ def instrument(timers: Timers) -> None:
                 row = dict(timers.current)
                 row["total"] = time.perf_counter() - timers.step_started
                 row["completion_len"] = logs.get("completions/mean_length")
+                row["reward"] = logs.get("reward")
                 timers.steps.append(row)
 
     original_build = training.build_trainer
@@ -111,7 +115,7 @@ def instrument(timers: Timers) -> None:
 
 
 def linear_shapes(model_dir: str) -> list[tuple[int, int, int]]:
-    """(in_features, out_features, count) of every linear layer, the LM head included."""
+    """(in_features, out_features, count) of every linear layer; the LM head comes last."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     hidden, layers, inter = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
     heads = config["num_attention_heads"]
@@ -136,16 +140,19 @@ class Floors:
             self.measured[(m, k, n)] = matmul_gflops(m, k, n, self.dtype, seconds=0.3)
         return self.measured[(m, k, n)]
 
-    def seconds(self, rows: int, backward: bool = False) -> float:
-        """One pass over ``rows`` tokens; ``backward``: the input gradients (out -> in) the frozen weights need."""
+    def seconds(self, rows: int, head_rows: int, backward: bool = False) -> float:
+        """One pass over ``rows`` tokens of which ``head_rows`` reach the LM head; ``backward``: the input gradients
+        (out -> in) the frozen weights need."""
         total = 0.0
-        for k, n, count in self.shapes:
-            shape = (rows, n, k) if backward else (rows, k, n)
-            total += count * 2 * rows * k * n / (self.gflops(*shape) * 1e9)
+        for index, (k, n, count) in enumerate(self.shapes):
+            m = head_rows if index == len(self.shapes) - 1 else rows
+            shape = (m, n, k) if backward else (m, k, n)
+            total += count * 2 * m * k * n / (self.gflops(*shape) * 1e9)
         return total
 
-    def flops(self, rows: int) -> float:
-        return sum(count * 2 * rows * k * n for k, n, count in self.shapes)
+    def flops(self, rows: int, head_rows: int) -> float:
+        *layers, (k, n, _) = self.shapes
+        return sum(count * 2 * rows * k * n for k, n, count in layers) + 2 * head_rows * k * n
 
     def peak(self) -> float:
         return max(self.measured.values())
@@ -156,12 +163,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
 
     import torch
 
-    from dragon_ui import training
+    from dragon_ui import speedups, training
     from dragon_ui.config import ModelConfig, RunConfig
     from dragon_ui.models import load_tokenizer, resolve_model
 
@@ -169,7 +177,8 @@ def main() -> None:
     timers = Timers()
     instrument(timers)
     with tempfile.TemporaryDirectory() as tmp:
-        config = RunConfig.from_dict(bench_config_dict(args.steps, Path(tmp), dtype=args.dtype, threads=args.threads))
+        data = bench_config_dict(args.steps, Path(tmp), dtype=args.dtype, threads=args.threads)
+        config = RunConfig.from_dict(apply_settings(data, args.set))
         handle = training.start(config)
         handle.wait()
         status = handle.run.read_status()
@@ -185,19 +194,21 @@ def main() -> None:
     completion = median([s["completion_len"] for s in steps])
     floors_of = Floors(linear_shapes(source.path), args.dtype)
     prompt_rows, train_rows = int(sequences * prompt_tokens), int(sequences * (prompt_tokens + completion))
+    scored_rows = int(sequences * completion)
     reference = config.grpo.beta > 0
     floors = {
-        "generation": floors_of.seconds(prompt_rows) + completion * floors_of.seconds(sequences),
-        "reference_pass": floors_of.seconds(train_rows) if reference else 0.0,
+        "generation": floors_of.seconds(prompt_rows, sequences) + completion * floors_of.seconds(sequences, sequences),
+        "reference_pass": floors_of.seconds(train_rows, scored_rows) if reference else 0.0,
         "rewards": 0.0,
-        "policy_forward": floors_of.seconds(train_rows),
-        "backward": floors_of.seconds(train_rows, backward=True),  # LoRA: input gradients of the frozen weights
+        "policy_forward": floors_of.seconds(train_rows, scored_rows),
+        # LoRA: the input gradients of the frozen weights
+        "backward": floors_of.seconds(train_rows, scored_rows, backward=True),
         "optimizer": 0.0,
         "dragon_callback": 0.0,
     }
     peak = floors_of.peak()
-    step_flops = (floors_of.flops(prompt_rows) + completion * floors_of.flops(sequences)
-                  + (2 + reference) * floors_of.flops(train_rows))  # policy forward, its backward, reference
+    step_flops = (floors_of.flops(prompt_rows, sequences) + completion * floors_of.flops(sequences, sequences)
+                  + (2 + reference) * floors_of.flops(train_rows, scored_rows))  # policy forward, backward, reference
     peak_floor = step_flops / (peak * 1e9)
     measured = {part: median([s.get(part, 0.0) for s in steps]) for part in PARTS}
     total = median([s["total"] for s in steps])
@@ -205,12 +216,14 @@ def main() -> None:
     floor_total = sum(floors.values())
     rows = [[part, measured[part], floors[part], measured[part] / floors[part] if floors[part] else "-"] for part in PARTS]
     rows += [["other (TRL/transformers bookkeeping)", other, 0.0, "-"], ["step", total, floor_total, total / floor_total]]
+    active = [name for name in speedups.ALL if speedups.enabled(name)]
+    print(f"speed-ups: {', '.join(active) or 'none'}")
     print(f"dtype {args.dtype}, {args.threads} thread(s), {sequences} sequences x ({prompt_tokens:.0f} prompt + "
           f"{completion:.1f} new tokens); matmul throughput by shape: {min(floors_of.measured.values()):.1f} to "
           f"{peak:.1f} GFLOP/s; peak-throughput floor of a step: {peak_floor:.2f} s")
     print(table([[r[0], f"{r[1]:.4f}", f"{r[2]:.3f}", r[3]] for r in rows], ["part", "median s", "floor s", "x floor"]))
     path = write_result(f"breakdown-{args.dtype}{'-' + args.tag if args.tag else ''}", {
-        "settings": vars(args), "sequences": sequences, "prompt_tokens": prompt_tokens, "completion_tokens": completion,
+        "settings": vars(args), "speedups": active, "sequences": sequences, "prompt_tokens": prompt_tokens, "completion_tokens": completion,
         "matmul_gflops_by_shape": {f"{m}x{k}x{n}": g for (m, k, n), g in floors_of.measured.items()},
         "peak_gflops": peak, "peak_floor_step_s": peak_floor, "measured_median_s": measured, "other_s": other,
         "step_median_s": total, "floors_s": floors, "floor_step_s": floor_total, "step_over_floor": total / floor_total,

@@ -16,9 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
-from common import RESULTS, bench_config_dict, table, write_result
+from common import RESULTS, apply_settings, bench_config_dict, table, write_result
 
 
 def fresh_problems(dataset_questions: set[str], n: int = 100, seed: int = 7) -> list[dict]:
@@ -61,10 +59,7 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="dragon-learning-"))
     data = bench_config_dict(100_000, workdir / "runs", dtype=args.dtype, threads=args.threads)
-    for item in args.set:
-        key, _, value = item.partition("=")
-        section, _, leaf = key.partition(".")
-        data[section][leaf] = yaml.safe_load(value)
+    apply_settings(data, args.set)
     data["training"]["save_steps"] = 100_000
     config = RunConfig.from_dict(data)
     rewards = build_rewards(config.rewards)

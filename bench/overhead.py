@@ -1,15 +1,18 @@
 """Overhead: the same GRPO steps through Dragon's engine (run store, rollouts, callbacks) and a plain TRL script.
 
 Both train on the same rows in the same order with the same seed, so they sample the same prompts (the table
-shows each side's mean completion length, which sets the work per step). Runs alternate (plain, dragon, dragon,
-plain, ...) as fresh processes so drift on a shared machine hits both equally; the first step of every run is
-dropped (warm-up) and the medians of the rest are compared.
+shows each side's mean completion length, which sets the work per step). Dragon runs twice: with its speed-ups
+off (``DRAGON_UI_SPEEDUPS=none``), which is exactly plain TRL's work plus Dragon's own code, so the difference is
+the engine's overhead; and as shipped, with the speed-ups on. Runs alternate in a rotating order as fresh
+processes so drift on a shared machine hits every side equally; the first step of every run is dropped (warm-up)
+and the medians of the rest are compared.
 
     python bench/overhead.py [--steps 4] [--repeats 2] [--dtype float32] [--threads 2]
 """
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -20,11 +23,14 @@ import yaml
 from common import REPO, bench_config_dict, median, table, write_result
 
 
-def dragon_steps(config: dict, workdir: Path) -> tuple[list[float], list[float]]:
+SIDES = {"plain": "plain TRL script", "dragon-none": "Dragon, speed-ups off", "dragon": "Dragon as shipped"}
+
+
+def dragon_steps(config: dict, workdir: Path, speedups: str) -> tuple[list[float], list[float]]:
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     subprocess.run([sys.executable, "-m", "dragon_ui", "train", str(path)], cwd=REPO, check=True,
-                   capture_output=True, text=True)
+                   capture_output=True, text=True, env={**os.environ, "DRAGON_UI_SPEEDUPS": speedups})
     (run,) = list(Path(config["runs_dir"]).iterdir())
     rows = [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
     elapsed = [row["elapsed_s"] for row in rows]
@@ -55,29 +61,32 @@ def main() -> None:
     config = RunConfig.from_dict(bench_config_dict(args.steps, Path("unused"), dtype=args.dtype, threads=args.threads))
     prompts = Path(tempfile.mkdtemp()) / "train.jsonl"
     write_jsonl(prompts, load_and_map(config.data, base_dir=config.base_dir).train)  # Dragon's exact training rows
-    measured = {"plain": [], "dragon": []}
-    lengths = {"plain": [], "dragon": []}
+    measured = {side: [] for side in SIDES}
+    lengths = {side: [] for side in SIDES}
+    sides = list(SIDES)
     for repeat in range(args.repeats):
-        order = ["plain", "dragon"] if repeat % 2 == 0 else ["dragon", "plain"]
-        for variant in order:
+        order = sides[repeat % len(sides):] + sides[:repeat % len(sides)]
+        for side in order:
             with tempfile.TemporaryDirectory() as tmp:
                 tmp = Path(tmp)
-                if variant == "plain":
+                if side == "plain":
                     steps, length = plain_steps(model_dir, prompts, args.steps, args.dtype, args.threads, tmp)
                 else:
                     run_config = bench_config_dict(args.steps, tmp / "runs", dtype=args.dtype, threads=args.threads)
-                    steps, length = dragon_steps(run_config, tmp)
-            measured[variant].extend(steps[1:])
-            lengths[variant].extend(length[1:])
-            print(f"repeat {repeat + 1} {variant:6s}: " + " ".join(f"{s:.2f}" for s in steps), flush=True)
-    plain, dragon = median(measured["plain"]), median(measured["dragon"])
-    result = {"settings": vars(args), "step_seconds": measured, "completion_len": lengths, "median_plain_s": plain,
-              "median_dragon_s": dragon, "overhead_ratio": dragon / plain}
+                    steps, length = dragon_steps(run_config, tmp, "none" if side == "dragon-none" else "all")
+            measured[side].extend(steps[1:])
+            lengths[side].extend(length[1:])
+            print(f"repeat {repeat + 1} {side:11s}: " + " ".join(f"{s:.2f}" for s in steps), flush=True)
+    medians = {side: median(measured[side]) for side in SIDES}
+    plain = medians["plain"]
+    result = {"settings": vars(args), "step_seconds": measured, "completion_len": lengths, "median_s": medians,
+              "overhead_ratio": medians["dragon-none"] / plain, "shipped_ratio": medians["dragon"] / plain}
     path = write_result(f"overhead-{args.dtype}", result)
-    print(table([["plain TRL", plain, median(lengths["plain"]), len(measured["plain"])],
-                 ["Dragon engine", dragon, median(lengths["dragon"]), len(measured["dragon"])]],
-                ["variant", "median s/step", "median completion tokens", "steps"]))
-    print(f"overhead: {100 * (dragon / plain - 1):+.1f}% per step  ->  {path}")
+    print(table([[label, medians[side], median(lengths[side]), len(measured[side]), f"{medians[side] / plain:.3f}"]
+                 for side, label in SIDES.items()],
+                ["variant", "median s/step", "median completion tokens", "steps", "vs plain"]))
+    print(f"engine overhead (speed-ups off): {100 * (medians['dragon-none'] / plain - 1):+.1f}% per step; as shipped: "
+          f"{plain / medians['dragon']:.2f}x the speed of plain TRL  ->  {path}")
 
 
 if __name__ == "__main__":

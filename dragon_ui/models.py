@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from . import speedups
 from .config import DEFAULT_MODEL_ID, ModelConfig
 from .errors import ConfigError
 from .hardware import ResolvedHardware, cache_dir
@@ -206,4 +207,5 @@ def load_model(source: ModelSource, hardware: ResolvedHardware):
         # Under accelerate/torchrun each process owns the GPU numbered by its LOCAL_RANK.
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if hardware.device == "cuda" else hardware.device
         model = model.to(device)
+    speedups.contiguous_lm_head_input(model)
     return model

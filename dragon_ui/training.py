@@ -11,6 +11,7 @@ Failure policy: every exception ends the run as ``failed`` with a readable reaso
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from transformers import PrinterCallback, TrainerCallback
 
-from . import distributed
+from . import distributed, speedups
 from .config import RunConfig
 from .data import load_and_map, read_jsonl, write_jsonl
 from .errors import BusyError, ConfigError, DragonError
@@ -249,7 +250,7 @@ def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, mo
     import transformers
     from datasets import Dataset
     from peft import LoraConfig
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     group, batch = config.grpo.group_size, config.training.batch_size
     vllm = {}
@@ -310,10 +311,26 @@ def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, mo
 
     reward_funcs = trl_reward_functions(rewards, failures, on_batch=on_batch)
     reward_funcs[0] = _logging_references(reward_funcs[0])
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(train_rows),
-                          processing_class=tokenizer, peft_config=peft_config)
+    speedups.score_completion_tokens_only()
+    trainer = _studio_trainer_class()(model=model, reward_funcs=reward_funcs, args=args,
+                                      train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
+                                      peft_config=peft_config)
     trainer.remove_callback(PrinterCallback)  # it prints raw log dicts; RunStoreCallback writes readable lines
     return trainer
+
+
+@functools.cache
+def _studio_trainer_class():
+    """TRL's GRPOTrainer, sampling in the mode ``speedups.sampling_mode`` explains (built lazily: TRL imports slowly)."""
+    from trl import GRPOTrainer
+
+    class StudioGRPOTrainer(GRPOTrainer):
+        # Not ``_generate``: TRL reads ``model.training`` there to file the step's metrics under train or eval.
+        def _generate_single_turn(self, *args, **kwargs):
+            with speedups.sampling_mode(self.model):
+                return super()._generate_single_turn(*args, **kwargs)
+
+    return StudioGRPOTrainer
 
 
 def _logging_references(reward_func):
