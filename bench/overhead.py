@@ -79,14 +79,25 @@ def main() -> None:
             print(f"repeat {repeat + 1} {side:11s}: " + " ".join(f"{s:.2f}" for s in steps), flush=True)
     medians = {side: median(measured[side]) for side in SIDES}
     plain = medians["plain"]
+    paired = paired_ratios(measured, args.steps - 1)
     result = {"settings": vars(args), "step_seconds": measured, "completion_len": lengths, "median_s": medians,
-              "overhead_ratio": medians["dragon-none"] / plain, "shipped_ratio": medians["dragon"] / plain}
+              "overhead_ratio": medians["dragon-none"] / plain, "shipped_ratio": medians["dragon"] / plain,
+              "paired_overhead_ratios": paired, "paired_overhead_median": median(paired)}
     path = write_result(f"overhead-{args.dtype}", result)
     print(table([[label, medians[side], median(lengths[side]), len(measured[side]), f"{medians[side] / plain:.3f}"]
                  for side, label in SIDES.items()],
                 ["variant", "median s/step", "median completion tokens", "steps", "vs plain"]))
-    print(f"engine overhead (speed-ups off): {100 * (medians['dragon-none'] / plain - 1):+.1f}% per step; as shipped: "
+    print(f"engine overhead (speed-ups off): {100 * (medians['dragon-none'] / plain - 1):+.1f}% per step over all steps, "
+          f"{100 * (median(paired) - 1):+.1f}% as the median of the repeats' own ratios "
+          f"({', '.join(f'{100 * (r - 1):+.1f}%' for r in paired)}); as shipped: "
           f"{plain / medians['dragon']:.2f}x the speed of plain TRL  ->  {path}")
+
+
+def paired_ratios(measured: dict[str, list[float]], per_run: int) -> list[float]:
+    """Dragon-with-speed-ups-off over plain TRL within each repeat: robust to a repeat the machine slowed down."""
+    chunks = lambda values: [values[i:i + per_run] for i in range(0, len(values), per_run)]  # noqa: E731
+    return [median(none) / median(plain) for none, plain in zip(chunks(measured["dragon-none"]),
+                                                                  chunks(measured["plain"]))]
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ sequences of prompt + ``max_new_tokens``. Time per step adds:
   base), and the reference forward when beta > 0, ~2 * params * tokens,
 
 at a throughput assumed per device: on the CPU a quick matmul probe (measured once per precision) times an
-efficiency calibrated on this fact: one GRPO step of SmolLM2-135M with 4 prompts x 6 completions x 16 tokens, LoRA,
-fp32 on two idle cores takes 36-39 s (the probe gives ~200 GFLOP/s there); on CUDA a conservative fraction of the
-GPU's peak, by name (30 TFLOP/s when the name is unknown). It is a rough estimate, and says so.
+efficiency calibrated on Dragon's own measured step (``bench/speedups.py``): SmolLM2-135M with 4 prompts x 6
+completions x up to 16 tokens, LoRA, on two idle cores takes ~12.4 s in fp32 (the probe gives ~206 GFLOP/s there)
+and ~5.8 s in bf16 (probe ~914 GFLOP/s); on CUDA a conservative fraction of the GPU's peak, by name (30 TFLOP/s
+when the name is unknown). It is a rough estimate, and says so.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ RUNTIME_OVERHEAD_GB = {"cpu": 0.5, "mps": 0.5, "cuda": 0.8}  # Python, torch, to
 
 # CPU: the share of the matmul probe a GRPO forward/backward achieves, and the fixed cost of one layer in one
 # decoding step (Python, small ops, thread wake-ups), calibrated on the SmolLM2-135M step described above. In bf16 a
-# CPU with native bf16 runs the probe 4.4x faster than fp32 but the whole step only ~2x (36.6 s -> 21 s measured on
-# the same 2 cores): elementwise work and fp32 upcasts do not speed up.
-CPU_TRAIN_EFFICIENCY = {"float32": 0.21, "bfloat16": 0.10}
+# CPU with native bf16 runs the probe 4.4x faster than fp32 but the whole step only ~2.1x (12.4 s -> 5.8 s measured
+# on the same 2 cores): elementwise work, attention and adapter dropout do not speed up.
+CPU_TRAIN_EFFICIENCY = {"float32": 0.65, "bfloat16": 0.33}
 CPU_LAYER_LATENCY_S = 1.0e-3
 CPU_MEMORY_BANDWIDTH = 20e9  # bytes/s, a conservative single-socket figure
 # GPUs: peak dense 16-bit tensor FLOP/s and memory bandwidth by name; small-model RL reaches a fraction of it.
