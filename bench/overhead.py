@@ -95,9 +95,11 @@ def main() -> None:
 
 def paired_ratios(measured: dict[str, list[float]], per_run: int) -> list[float]:
     """Dragon-with-speed-ups-off over plain TRL within each repeat: robust to a repeat the machine slowed down."""
-    chunks = lambda values: [values[i:i + per_run] for i in range(0, len(values), per_run)]  # noqa: E731
-    return [median(none) / median(plain) for none, plain in zip(chunks(measured["dragon-none"]),
-                                                                  chunks(measured["plain"]))]
+    def runs(side: str) -> list[list[float]]:
+        values = measured[side]
+        return [values[i:i + per_run] for i in range(0, len(values), per_run)]
+
+    return [median(none) / median(plain) for none, plain in zip(runs("dragon-none"), runs("plain"))]
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 from common import RESULTS, median, table, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dragon_ui.speedups import ALL  # noqa: E402
+from dragon_ui.speedups import ALL
 
 PARTS = ["generation", "reference_pass", "policy_forward", "backward"]
 
