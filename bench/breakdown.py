@@ -6,8 +6,9 @@ callback (progress/rollout files). The floor for each part is the time its matmu
 layer of the model (q, k, v, o, gate, up, down, LM head) is timed at the exact shape the part uses (prefill, one
 decode step, the training forward, the input-gradient of the backward) in the same dtype and threads, and the
 floor adds those times up. The LM head counts only the rows that need it: the last prompt position and each new
-token when sampling, the completion tokens when scoring. Attention scores and the non-matmul ops count as zero. A second, "peak" floor divides the same FLOPs by the best throughput any shape reached,
-which is what the machine could do if every matmul ran as well as its best one.
+token when sampling, the completion tokens when scoring. Attention scores and the non-matmul ops count as zero. A
+second, "peak" floor divides the same FLOPs by the best throughput any shape reached, which is what the machine
+could do if every matmul ran as well as its best one.
 
     python bench/breakdown.py [--steps 4] [--dtype float32] [--threads 2] [--set lora.dropout=0] [--tag NAME]
 
@@ -223,7 +224,8 @@ def main() -> None:
           f"{peak:.1f} GFLOP/s; peak-throughput floor of a step: {peak_floor:.2f} s")
     print(table([[r[0], f"{r[1]:.4f}", f"{r[2]:.3f}", r[3]] for r in rows], ["part", "median s", "floor s", "x floor"]))
     path = write_result(f"breakdown-{args.dtype}{'-' + args.tag if args.tag else ''}", {
-        "settings": vars(args), "speedups": active, "sequences": sequences, "prompt_tokens": prompt_tokens, "completion_tokens": completion,
+        "settings": vars(args), "speedups": active, "sequences": sequences, "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
         "matmul_gflops_by_shape": {f"{m}x{k}x{n}": g for (m, k, n), g in floors_of.measured.items()},
         "peak_gflops": peak, "peak_floor_step_s": peak_floor, "measured_median_s": measured, "other_s": other,
         "step_median_s": total, "floors_s": floors, "floor_step_s": floor_total, "step_over_floor": total / floor_total,

@@ -87,7 +87,8 @@ def main() -> None:
     print(table([[label, medians[side], median(lengths[side]), len(measured[side]), f"{medians[side] / plain:.3f}"]
                  for side, label in SIDES.items()],
                 ["variant", "median s/step", "median completion tokens", "steps", "vs plain"]))
-    print(f"engine overhead (speed-ups off): {100 * (medians['dragon-none'] / plain - 1):+.1f}% per step over all steps, "
+    print(f"engine overhead (speed-ups off): {100 * (medians['dragon-none'] / plain - 1):+.1f}% per step over all "
+          "steps, "
           f"{100 * (median(paired) - 1):+.1f}% as the median of the repeats' own ratios "
           f"({', '.join(f'{100 * (r - 1):+.1f}%' for r in paired)}); as shipped: "
           f"{plain / medians['dragon']:.2f}x the speed of plain TRL  ->  {path}")

@@ -46,7 +46,7 @@ def enabled(name: str) -> bool:
 
 
 def score_completion_tokens_only() -> None:
-    """Make TRL's fused log-prob head skip prompt positions on every device, not only on Triton ones.
+    """Make TRL's fused log-prob head skip prompt positions on the CPU and MPS too, not only on Triton devices.
 
     TRL decides per call with ``trl.trainer.utils._use_triton(device)``; the Triton kernels themselves are chosen
     by the copy in ``trl.kernels.chunked_logprob``, which stays untouched, so off CUDA the torch fallback still runs.
