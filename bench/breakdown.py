@@ -24,7 +24,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from common import apply_settings, bench_config_dict, matmul_gflops, median, table, write_result
+from common import bench_config_dict, matmul_gflops, median, table, write_result
 
 PARTS = ["generation", "reference_pass", "rewards", "policy_forward", "backward", "optimizer", "dragon_callback"]
 
@@ -171,7 +171,7 @@ def main() -> None:
     import torch
 
     from dragon_ui import speedups, training
-    from dragon_ui.config import ModelConfig, RunConfig
+    from dragon_ui.config import ModelConfig, RunConfig, apply_overrides
     from dragon_ui.models import load_tokenizer, resolve_model
 
     torch.set_num_threads(args.threads)
@@ -179,7 +179,7 @@ def main() -> None:
     instrument(timers)
     with tempfile.TemporaryDirectory() as tmp:
         data = bench_config_dict(args.steps, Path(tmp), dtype=args.dtype, threads=args.threads)
-        config = RunConfig.from_dict(apply_settings(data, args.set))
+        config = RunConfig.from_dict(apply_overrides(data, args.set))
         handle = training.start(config)
         handle.wait()
         status = handle.run.read_status()

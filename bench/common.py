@@ -36,17 +36,6 @@ def bench_config_dict(steps: int, runs_dir: Path, dtype: str = "float32", thread
     return data
 
 
-def apply_settings(data: dict, items: list[str]) -> dict:
-    """``--set section.key=value`` options (values in YAML syntax) applied to a config dict."""
-    import yaml
-
-    for item in items:
-        key, _, value = item.partition("=")
-        section, _, leaf = key.partition(".")
-        data[section][leaf] = yaml.safe_load(value)
-    return data
-
-
 def device() -> str:
     import torch
 

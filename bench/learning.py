@@ -51,7 +51,7 @@ def main() -> None:
     from peft import PeftModel
 
     from dragon_ui import training
-    from dragon_ui.config import RunConfig
+    from dragon_ui.config import RunConfig, apply_overrides
     from dragon_ui.data import load_and_map
     from dragon_ui.hardware import resolve_hardware
     from dragon_ui.models import load_model, load_tokenizer, resolve_model
@@ -59,7 +59,7 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="dragon-learning-"))
     data = bench_config_dict(100_000, workdir / "runs", dtype=args.dtype, threads=args.threads)
-    apply_settings(data, args.set)
+    apply_overrides(data, args.set)
     data["training"]["save_steps"] = 100_000
     config = RunConfig.from_dict(data)
     rewards = build_rewards(config.rewards)

@@ -84,9 +84,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def load_config_with_overrides(path: str, overrides: list[str]):
     """Read a config file and apply ``section.key=value`` overrides (values parsed as YAML) before validating."""
-    import yaml
-
-    from .config import RunConfig
+    from .config import RunConfig, apply_overrides
     from .errors import ConfigError
 
     config_path = Path(path)
@@ -94,19 +92,7 @@ def load_config_with_overrides(path: str, overrides: list[str]):
         raise ConfigError(f"No configuration file at {config_path}.")
     if not overrides:
         return RunConfig.from_file(config_path)
-    data = RunConfig.from_file(config_path).to_dict()
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set expects KEY=VALUE, like training.max_steps=5; got {item!r}.")
-        target = data
-        *parents, leaf = key.split(".")
-        for part in parents:
-            if not isinstance(target.get(part), dict):
-                raise ConfigError(f"--set {key}: there is no section '{part}' in the configuration.")
-            target = target[part]
-        target[leaf] = yaml.safe_load(raw)
-    return RunConfig.from_dict(data)
+    return RunConfig.from_dict(apply_overrides(RunConfig.from_file(config_path).to_dict(), overrides))
 
 
 def _cmd_train(args) -> int:

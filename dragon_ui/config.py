@@ -274,6 +274,24 @@ class RunConfig:
         return self.training.batch_size * self.grpo.group_size * self.training.grad_accum
 
 
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``section.key=value`` overrides (values parsed as YAML) to a config dict, before it is validated."""
+    import yaml
+
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects KEY=VALUE, like training.max_steps=5; got {item!r}.")
+        target = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(target.get(part), dict):
+                raise ConfigError(f"--set {key}: there is no section '{part}' in the configuration.")
+            target = target[part]
+        target[leaf] = yaml.safe_load(raw)
+    return data
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Generic, strict loading of the dataclass sections from plain dicts.
 
