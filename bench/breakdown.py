@@ -3,12 +3,13 @@
 Trains the arithmetic recipe through Dragon's engine with timers around TRL's own methods: generation, the
 reference log-prob pass, reward scoring, the policy forward, the backward, the optimiser step, and Dragon's
 callback (progress/rollout files). The floor for each part is the time its matmuls take on their own: every linear
-layer of the model (q, k, v, o, gate, up, down, LM head) is timed at the exact shape the part uses (prefill, one
-decode step, the training forward, the input-gradient of the backward) in the same dtype and threads, and the
-floor adds those times up. The LM head counts only the rows that need it: the last prompt position and each new
-token when sampling, the completion tokens when scoring. Attention scores and the non-matmul ops count as zero. A
-second, "peak" floor divides the same FLOPs by the best throughput any shape reached, which is what the machine
-could do if every matmul ran as well as its best one.
+layer of the model (q, k, v, o, gate, up, down, LM head) and, with LoRA, the adapters' thin matmuls (see
+``Floors``) are timed at the exact shapes the part uses (prefill, one decode step, the training forward, the
+backward's gradients) in the same dtype and threads, and the floor adds those times up. The LM head counts only
+the rows that need it: the last prompt position and each new token when sampling, the completion tokens when
+scoring. Attention scores (about 2 % of the FLOPs at these lengths) and the non-matmul ops count as zero. A second,
+"peak" floor divides the same FLOPs by the best throughput any shape reached, which is what the machine could do
+if every matmul ran as well as its best one.
 
     python bench/breakdown.py [--steps 4] [--dtype float32] [--threads 2] [--set lora.dropout=0] [--tag NAME]
 
@@ -115,45 +116,54 @@ def instrument(timers: Timers) -> None:
     training.build_trainer = build_trainer
 
 
-def linear_shapes(model_dir: str) -> list[tuple[int, int, int]]:
-    """(in_features, out_features, count) of every linear layer; the LM head comes last."""
+def linear_shapes(model_dir: str) -> list[tuple[str, int, int, int]]:
+    """(name, in_features, out_features, count) of every linear layer; the LM head comes last."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     hidden, layers, inter = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
     heads = config["num_attention_heads"]
     kv = config.get("num_key_value_heads", heads) * (config.get("head_dim") or hidden // heads)
-    per_layer = [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden), (hidden, inter), (hidden, inter),
-                 (inter, hidden)]
-    shapes: dict[tuple[int, int], int] = {}
-    for shape in per_layer:
-        shapes[shape] = shapes.get(shape, 0) + layers
-    shapes[(hidden, config["vocab_size"])] = 1
-    return [(k, n, count) for (k, n), count in shapes.items()]
+    per_layer = [("q_proj", hidden, hidden), ("k_proj", hidden, kv), ("v_proj", hidden, kv), ("o_proj", hidden, hidden),
+                 ("gate_proj", hidden, inter), ("up_proj", hidden, inter), ("down_proj", inter, hidden)]
+    return [(name, k, n, layers) for name, k, n in per_layer] + [("lm_head", hidden, config["vocab_size"], 1)]
 
 
 class Floors:
-    """Time of a model's matmuls at a given batch of rows, from measured per-shape throughput (cached)."""
+    """Time of a model's matmuls at a given batch of rows, from measured per-shape throughput (cached).
 
-    def __init__(self, shapes, dtype: str):
-        self.shapes, self.dtype, self.measured = shapes, dtype, {}
+    With LoRA the adapters' own matmuls count too: x·A and (x·A)·B in a forward; in the backward, the gradients
+    flowing back through B and A and the gradients of A's and B's weights. They are thin (rank 16), so they run
+    far below the machine's best throughput, but a LoRA step cannot do without them. Without LoRA the backward
+    counts every weight's gradient instead.
+    """
+
+    def __init__(self, shapes, dtype: str, lora_rank: int = 0, adapted: str | list[str] = "all-linear"):
+        self.shapes, self.dtype, self.rank, self.measured = shapes, dtype, lora_rank, {}
+        self.adapted = {name for name, *_ in shapes[:-1]} if adapted == "all-linear" else set(adapted)
 
     def gflops(self, m: int, k: int, n: int) -> float:
         if (m, k, n) not in self.measured:
             self.measured[(m, k, n)] = matmul_gflops(m, k, n, self.dtype, seconds=0.3)
         return self.measured[(m, k, n)]
 
-    def seconds(self, rows: int, head_rows: int, backward: bool = False) -> float:
-        """One pass over ``rows`` tokens of which ``head_rows`` reach the LM head; ``backward``: the input gradients
-        (out -> in) the frozen weights need."""
-        total = 0.0
-        for index, (k, n, count) in enumerate(self.shapes):
-            m = head_rows if index == len(self.shapes) - 1 else rows
-            shape = (m, n, k) if backward else (m, k, n)
-            total += count * 2 * m * k * n / (self.gflops(*shape) * 1e9)
-        return total
+    def matmuls(self, rows: int, head_rows: int, backward: bool, adapters: bool) -> list[tuple[int, int, int, int]]:
+        """(m, k, n, count) of every matmul of one pass over ``rows`` tokens, ``head_rows`` of which reach the LM head."""
+        r, found = self.rank, []
+        for name, k, n, count in self.shapes:
+            m = head_rows if name == "lm_head" else rows
+            found.append(((m, n, k) if backward else (m, k, n)) + (count,))
+            if backward and not r:  # full fine-tuning: the weight gradients too
+                found.append((n, m, k, count))
+            if adapters and r and name in self.adapted:
+                found += [(m, n, r, count), (m, r, k, count), (r, m, n, count), (k, m, r, count)] if backward \
+                    else [(m, k, r, count), (m, r, n, count)]
+        return found
 
-    def flops(self, rows: int, head_rows: int) -> float:
-        *layers, (k, n, _) = self.shapes
-        return sum(count * 2 * rows * k * n for k, n, count in layers) + 2 * head_rows * k * n
+    def seconds(self, rows: int, head_rows: int, backward: bool = False, adapters: bool = True) -> float:
+        return sum(count * 2 * m * k * n / (self.gflops(m, k, n) * 1e9)
+                   for m, k, n, count in self.matmuls(rows, head_rows, backward, adapters))
+
+    def flops(self, rows: int, head_rows: int, backward: bool = False, adapters: bool = True) -> float:
+        return sum(count * 2 * m * k * n for m, k, n, count in self.matmuls(rows, head_rows, backward, adapters))
 
     def peak(self) -> float:
         return max(self.measured.values())
@@ -193,23 +203,30 @@ def main() -> None:
     sequences = config.training.batch_size * config.grpo.group_size
     steps = timers.steps[1:]  # the first step includes warm-up
     completion = median([s["completion_len"] for s in steps])
-    floors_of = Floors(linear_shapes(source.path), args.dtype)
+    lora_rank = config.lora.r if config.lora.enabled else 0
+    floors_of = Floors(linear_shapes(source.path), args.dtype, lora_rank, config.lora.target_modules)
     prompt_rows, train_rows = int(sequences * prompt_tokens), int(sequences * (prompt_tokens + completion))
     scored_rows = int(sequences * completion)
     reference = config.grpo.beta > 0
     floors = {
         "generation": floors_of.seconds(prompt_rows, sequences) + completion * floors_of.seconds(sequences, sequences),
-        "reference_pass": floors_of.seconds(train_rows, scored_rows) if reference else 0.0,
+        # with LoRA, TRL's reference pass is the same model with its adapters switched off
+        "reference_pass": floors_of.seconds(train_rows, scored_rows, adapters=False) if reference else 0.0,
         "rewards": 0.0,
         "policy_forward": floors_of.seconds(train_rows, scored_rows),
-        # LoRA: the input gradients of the frozen weights
         "backward": floors_of.seconds(train_rows, scored_rows, backward=True),
         "optimizer": 0.0,
         "dragon_callback": 0.0,
     }
+    # the floor without the adapters' matmuls, as this benchmark counted it before they were added
+    base_floor = (floors_of.seconds(prompt_rows, sequences, adapters=False)
+                  + completion * floors_of.seconds(sequences, sequences, adapters=False)
+                  + (1 + reference) * floors_of.seconds(train_rows, scored_rows, adapters=False)
+                  + floors_of.seconds(train_rows, scored_rows, backward=True, adapters=False))
     peak = floors_of.peak()
     step_flops = (floors_of.flops(prompt_rows, sequences) + completion * floors_of.flops(sequences, sequences)
-                  + (2 + reference) * floors_of.flops(train_rows, scored_rows))  # policy forward, backward, reference
+                  + floors_of.flops(train_rows, scored_rows) + floors_of.flops(train_rows, scored_rows, backward=True)
+                  + reference * floors_of.flops(train_rows, scored_rows, adapters=False))
     peak_floor = step_flops / (peak * 1e9)
     measured = {part: median([s.get(part, 0.0) for s in steps]) for part in PARTS}
     total = median([s["total"] for s in steps])
@@ -229,8 +246,9 @@ def main() -> None:
         "matmul_gflops_by_shape": {f"{m}x{k}x{n}": g for (m, k, n), g in floors_of.measured.items()},
         "peak_gflops": peak, "peak_floor_step_s": peak_floor, "measured_median_s": measured, "other_s": other,
         "step_median_s": total, "floors_s": floors, "floor_step_s": floor_total, "step_over_floor": total / floor_total,
-        "per_step": steps})
-    print(f"step / floor = {total / floor_total:.2f}  ->  {path}")
+        "floor_without_adapters_s": base_floor, "per_step": steps})
+    print(f"step / floor = {total / floor_total:.2f} (without the adapters' matmuls in the floor: "
+          f"{base_floor:.2f} s, {total / base_floor:.2f})  ->  {path}")
 
 
 if __name__ == "__main__":

@@ -208,4 +208,5 @@ def load_model(source: ModelSource, hardware: ResolvedHardware):
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if hardware.device == "cuda" else hardware.device
         model = model.to(device)
     speedups.contiguous_lm_head_input(model)
+    speedups.short_sequence_attention(model)
     return model

@@ -70,6 +70,40 @@ def test_completion_only_logprobs_equal_the_all_positions_ones_with_their_gradie
     assert not chunked_logprob._use_triton(torch.device("cpu"))  # the kernel choice is TRL's, untouched
 
 
+def test_cache_sized_logprob_tiles_give_the_same_logprobs_and_gradients(tiny_model_dir, monkeypatch):
+    from trl.trainer import utils
+    from trl.trainer.utils import add_fused_lm_head
+
+    trl_function = getattr(utils._ChunkedLogProbFunction, "wrapped", utils._ChunkedLogProbFunction)
+    monkeypatch.setattr(utils, "_ChunkedLogProbFunction", trl_function)  # TRL's own, whatever ran before
+    widths = []
+    original_apply = trl_function.apply
+
+    def recording_apply(hidden, weight, bias, targets, temperature, chunk_size, *rest):
+        widths.append(chunk_size)
+        return original_apply(hidden, weight, bias, targets, temperature, chunk_size, *rest)
+
+    monkeypatch.setattr(trl_function, "apply", recording_apply)
+    model = _tiny(tiny_model_dir)
+    add_fused_lm_head(model, temperature=0.8, outputs=("log_probs", "entropy"))
+    input_ids = torch.randint(5, model.config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(4))
+
+    def logprobs_and_grads():
+        model.zero_grad()
+        out = model(input_ids=input_ids, labels=input_ids, fused_lm_head=True)
+        (out.log_probs.sum() + out.entropy.sum()).backward()
+        return out.log_probs.detach(), out.entropy.detach(), model.lm_head.weight.grad.clone()
+
+    one_tile = logprobs_and_grads()  # TRL's width is wider than the tiny vocabulary
+    monkeypatch.setattr(speedups, "CPU_LOGPROB_TILE", 7)  # many tiles, the last one partly filled
+    speedups.cache_sized_logprob_tiles()
+    speedups.cache_sized_logprob_tiles()  # a second call wraps nothing twice
+    many_tiles = logprobs_and_grads()
+    assert widths == [utils._CHUNKED_LOGPROB_CHUNK_SIZE, 7] and model.config.vocab_size % 7
+    for got, want in zip(many_tiles, one_tile, strict=True):  # summed in another order: float32 rounding apart
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_contiguous_lm_head_input_gives_the_same_logits_and_generations(tiny_model_dir):
     model = _tiny(tiny_model_dir).eval()
     model.requires_grad_(False)  # frozen, as under LoRA: the case torch.matmul handles with a copy per sequence
@@ -109,8 +143,106 @@ def test_sampling_mode_does_nothing_when_its_speedup_is_off(tiny_model_dir, monk
         assert model.training
 
 
-@pytest.mark.parametrize("setting, sampled_in_training_mode", [("all", False), ("none", True)])
-def test_a_run_samples_its_completions_in_eval_mode(tiny_config_dict, monkeypatch, setting, sampled_in_training_mode):
+def _draw_counts(probs: torch.Tensor, draws: int) -> torch.Tensor:
+    """How often each token was drawn, in ``draws`` calls of generation's ``torch.multinomial(probs, num_samples=1)``."""
+    rows = probs.expand(draws, -1)
+    tokens = torch.multinomial(rows, num_samples=1)
+    assert tokens.shape == (draws, 1) and tokens.dtype == torch.int64
+    return torch.bincount(tokens.squeeze(1), minlength=probs.shape[-1])
+
+
+def test_inverse_cdf_sampling_draws_from_the_same_distribution_as_torch(tiny_model_dir):
+    probs = torch.softmax(torch.randn(1, 50, generator=torch.Generator().manual_seed(0)) * 2, dim=-1)
+    probs[0, [3, 17, 49]] = 0.0  # filtered by top-k/top-p, including the last token: never to be drawn
+    probs /= probs.sum()
+    draws = 200_000
+    torch.manual_seed(0)
+    with speedups.sampling_mode(_tiny(tiny_model_dir)):
+        assert torch.multinomial.__name__ == "multinomial"  # wrapped, so it still reads as torch's function
+        counts = _draw_counts(probs, draws)
+        one_row = torch.multinomial(probs[0], num_samples=1)
+        assert one_row.shape == (1,)
+    assert counts[[3, 17, 49]].sum() == 0
+    expected = probs[0] * draws
+    kept = expected > 0
+    chi_square = (((counts - expected)[kept] ** 2) / expected[kept]).sum().item()
+    assert chi_square < 100, chi_square  # 46 degrees of freedom: the 1-in-a-million bound is about 100
+    torch_counts = _draw_counts(probs, draws)  # outside sampling_mode: torch's own sampler, the same frequencies
+    assert (counts - torch_counts).abs().max().item() < 5 * (draws * probs.max().item()) ** 0.5
+
+
+def test_inverse_cdf_sampling_leaves_other_calls_and_invalid_tables_to_torch(tiny_model_dir):
+    probs = torch.tensor([[0.2, 0.3, 0.5]])
+    with speedups.sampling_mode(_tiny(tiny_model_dir)):
+        assert torch.multinomial(probs, num_samples=3).sort().values.tolist() == [[0, 1, 2]]  # without replacement
+        with pytest.raises(RuntimeError, match="probability tensor contains"):
+            torch.multinomial(torch.tensor([[float("nan"), 1.0]]), num_samples=1)
+        with pytest.raises(RuntimeError):
+            torch.multinomial(torch.zeros(1, 3), num_samples=1)
+        drawn_elsewhere = []
+        thread = __import__("threading").Thread(
+            target=lambda: drawn_elsewhere.append(getattr(speedups._sampling, "active", False)))
+        thread.start()
+        thread.join()
+        assert drawn_elsewhere == [False]  # only the thread that samples completions uses the inverse CDF
+    assert not getattr(speedups._sampling, "active", False)
+
+
+def test_sparse_dropout_drops_each_element_independently_at_the_set_rate():
+    dropout = speedups.sparse_dropout_class()(0.3).train()
+    x = torch.ones(400, 500)
+    out = dropout(x)
+    dropped = (out == 0).float()
+    assert abs(dropped.mean().item() - 0.3) < 0.005
+    assert abs(dropped.mean(0).std().item() - (0.3 * 0.7 / 400) ** 0.5) < 0.01  # columns vary as binomials do
+    flat = dropped.flatten()
+    assert abs((flat[1:] * flat[:-1]).mean().item() - 0.09) < 0.005  # neighbours independent: 0.3 x 0.3
+    kept = out[out != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.7))  # the survivors scaled as nn.Dropout does
+
+
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.99])
+def test_dropped_positions_cover_the_whole_range_whatever_the_rate(p):
+    torch.manual_seed(1)
+    positions = speedups.dropped_positions(10_000, p)
+    assert positions.dtype == torch.int64
+    assert positions.min().item() >= 0 and positions.max().item() < 10_000
+    assert torch.equal(positions, positions.unique())  # sorted and distinct
+    assert abs(len(positions) / 10_000 - p) < 5 * (p * (1 - p) / 10_000) ** 0.5
+    assert positions.max().item() > 9_000  # no part of the range is left undrawn
+
+
+def test_sparse_dropout_backward_zeroes_exactly_the_dropped_positions():
+    dropout = speedups.sparse_dropout_class()(0.2).train()
+    x = (torch.rand(6, 7, 9) + 0.5).transpose(0, 2).requires_grad_(True)  # not contiguous, as a slice can be
+    weights = torch.randn(9, 7, 6)
+    out = dropout(x)
+    (out * weights).sum().backward()
+    torch.testing.assert_close(x.grad, torch.where(out == 0, 0.0, weights / 0.8))
+    assert dropout.eval()(x) is x  # eval mode: nothing dropped, nothing copied
+
+
+def test_a_peft_model_gets_sparse_dropout_with_the_same_rate_and_the_same_adapter_file(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_tiny(tiny_model_dir), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1,
+                                                             target_modules="all-linear"))
+    keys_before = set(model.state_dict())
+    speedups.sparse_adapter_dropout(model)
+    dropouts = [d for m in model.modules() if isinstance(getattr(m, "lora_dropout", None), torch.nn.ModuleDict)
+                for d in m.lora_dropout.values()]
+    assert dropouts and all(type(d) is speedups.sparse_dropout_class() and d.p == 0.1 for d in dropouts)
+    assert set(model.state_dict()) == keys_before
+    model.train()
+    input_ids = torch.randint(5, model.config.vocab_size, (2, 8))
+    model(input_ids=input_ids, labels=input_ids).loss.backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
+
+
+@pytest.mark.parametrize("setting, sampled_in_training_mode, dropout_class", [
+    ("all", False, "SparseDropout"), ("none", True, "Dropout")])
+def test_a_run_samples_its_completions_in_eval_mode(tiny_config_dict, monkeypatch, setting, sampled_in_training_mode,
+                                                     dropout_class):
     """End to end: what the trainer's model looks like each time transformers' generate runs during a real run."""
     from transformers import GenerationMixin
 
@@ -118,11 +250,12 @@ def test_a_run_samples_its_completions_in_eval_mode(tiny_config_dict, monkeypatc
     from dragon_ui.config import RunConfig
 
     monkeypatch.setenv(speedups.ENV, setting)
-    modes = []
+    modes, dropouts = [], set()
     original = GenerationMixin.generate
 
     def recording_generate(self, *args, **kwargs):
         modes.append(self.training)
+        dropouts.update(type(m).__name__ for m in self.modules() if isinstance(m, torch.nn.Dropout))
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(GenerationMixin, "generate", recording_generate)
@@ -132,5 +265,95 @@ def test_a_run_samples_its_completions_in_eval_mode(tiny_config_dict, monkeypatc
     handle.wait(timeout=240)
     assert handle.run.read_status()["state"] == "succeeded", handle.run.read_status().get("error")
     assert modes and all(mode == sampled_in_training_mode for mode in modes)
+    assert dropouts == {dropout_class}
     row = handle.run.read_progress()[0]
     assert row["completion_len"] is not None and row["clipped_ratio"] is not None  # TRL filed them as training metrics
+
+
+def _attention_pair(tiny_model_dir, dtype=torch.bfloat16):
+    """The tiny model twice with the same weights: on transformers' SDPA, and through short_sequence_attention."""
+    from transformers import AutoModelForCausalLM
+
+    sdpa = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype)
+    routed = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype)
+    assert sdpa.config._attn_implementation == "sdpa"
+    speedups.short_sequence_attention(routed)
+    assert routed.config._attn_implementation == speedups.SHORT_ATTENTION
+    return sdpa, routed
+
+
+@pytest.fixture
+def eager_calls(monkeypatch):
+    """The query length of every call to the tiny (Llama) model's own eager attention."""
+    from transformers.models.llama import modeling_llama
+
+    calls, original = [], modeling_llama.eager_attention_forward
+
+    def spy(module, query, *args, **kwargs):
+        calls.append(query.shape[2])
+        return original(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", spy)
+    return calls
+
+
+def test_short_bf16_sequences_take_eager_attention_with_the_same_logits_and_gradients(tiny_model_dir, eager_calls):
+    sdpa, routed = _attention_pair(tiny_model_dir)
+    input_ids = torch.randint(5, sdpa.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(2))
+    padded = torch.ones_like(input_ids)
+    padded[0, :4] = 0  # left padding, as in a GRPO batch
+    for attention_mask in (None, padded):  # no mask: SDPA's mask helper leaves the causal mask to the kernel
+        eager_calls.clear()
+        results = []
+        for model in (sdpa, routed):
+            model.zero_grad()
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+            logits.float().square().mean().backward()
+            results.append((logits.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
+        assert eager_calls == [10, 10]  # both layers of the routed model, none of the SDPA one
+        keep = slice(None) if attention_mask is None else attention_mask.bool()
+        torch.testing.assert_close(results[1][0][keep], results[0][0][keep], rtol=0.02, atol=0.02)
+        torch.testing.assert_close(results[1][1], results[0][1], rtol=0.05, atol=1e-3)
+
+
+def test_decoding_float32_and_long_batches_stay_on_sdpa(tiny_model_dir, eager_calls, monkeypatch):
+    from transformers.integrations import sdpa_attention
+
+    sdpa, routed = _attention_pair(tiny_model_dir)
+    sdpa_masks, original = [], sdpa_attention.sdpa_attention_forward
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        sdpa_masks.append((query.shape[2], None if attention_mask is None else attention_mask.dtype))
+        return original(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", spy)
+    input_ids = torch.randint(5, sdpa.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        generated = routed.generate(input_ids=input_ids, max_new_tokens=4, do_sample=False,
+                                    return_dict_in_generate=True, output_scores=True)
+        reference = sdpa(input_ids=generated.sequences).logits[:, 5:-1].float()
+    assert eager_calls == [6, 6]  # the prompt's forward only; each new token is decoded by SDPA ...
+    assert sdpa_masks == [(1, torch.bool)] * 6  # ... given a mask, its fast path in bf16
+    torch.testing.assert_close(torch.stack(generated.scores, dim=1), reference, rtol=0.02, atol=0.02)
+    eager_calls.clear()
+    monkeypatch.setattr(speedups, "EAGER_MAX_SCORES", 2 * 2 * 6 * 6 - 1)  # batch x heads x queries x keys
+    with torch.no_grad():
+        routed(input_ids=input_ids)
+    assert eager_calls == []
+    _, float32 = _attention_pair(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        float32(input_ids=input_ids)
+    assert eager_calls == []  # SDPA is as fast as eager in float32 on the CPU
+
+
+def test_a_model_that_chose_its_attention_keeps_it_and_saved_configs_never_name_dragons(tiny_model_dir, tmp_path):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager")
+    speedups.short_sequence_attention(eager)
+    assert eager.config._attn_implementation == "eager"
+    _, routed = _attention_pair(tiny_model_dir)
+    routed.save_pretrained(tmp_path)
+    assert "dragon" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
