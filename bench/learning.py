@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, apply_settings, bench_config_dict, table, write_result
+from common import RESULTS, bench_config_dict, table, write_result
 
 
 def fresh_problems(dataset_questions: set[str], n: int = 100, seed: int = 7) -> list[dict]:

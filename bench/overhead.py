@@ -37,10 +37,12 @@ def dragon_steps(config: dict, workdir: Path, speedups: str) -> tuple[list[float
     return [b - a for a, b in zip([0.0] + elapsed, elapsed)], [row["completion_len"] for row in rows]
 
 
-def plain_steps(model_dir: str, prompts: Path, steps: int, dtype: str, threads: int, workdir: Path):
-    out = workdir / "plain.json"
+def plain_steps(model_dir: str, prompts: Path, config: dict, steps: int, dtype: str, threads: int, workdir: Path):
+    out, settings = workdir / "plain.json", workdir / "config.json"
+    settings.write_text(json.dumps(config))
     subprocess.run([sys.executable, "bench/plain_trl.py", "--model-dir", model_dir, "--prompts", str(prompts),
-                    "--steps", str(steps), "--dtype", dtype, "--threads", str(threads), "--out", str(out)],
+                    "--config", str(settings), "--steps", str(steps), "--dtype", dtype, "--threads", str(threads),
+                    "--out", str(out)],
                    cwd=REPO, check=True, capture_output=True, text=True)
     result = json.loads(out.read_text())
     return result["step_seconds"], result["completion_len"]
@@ -70,7 +72,8 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 tmp = Path(tmp)
                 if side == "plain":
-                    steps, length = plain_steps(model_dir, prompts, args.steps, args.dtype, args.threads, tmp)
+                    steps, length = plain_steps(model_dir, prompts, config.to_dict(), args.steps, args.dtype,
+                                                args.threads, tmp)
                 else:
                     run_config = bench_config_dict(args.steps, tmp / "runs", dtype=args.dtype, threads=args.threads)
                     steps, length = dragon_steps(run_config, tmp, "none" if side == "dragon-none" else "all")

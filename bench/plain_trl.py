@@ -3,10 +3,13 @@
 Same model, data, rewards and GRPO settings as the arithmetic recipe, with nothing of Dragon in the training path:
 no run store, no callbacks beyond one that notes the time of each step's log.
 
-    python bench/plain_trl.py --model-dir DIR --prompts train.jsonl --steps 5 --out times.json [--dtype float32] [--threads 2]
+    python bench/plain_trl.py --model-dir DIR --prompts train.jsonl --config run.json --steps 5 --out times.json \
+        [--dtype float32] [--threads 2]
 
-``--prompts`` is a JSONL file of {"prompt": [chat messages], "reference": str}: the overhead benchmark passes the
-exact training rows Dragon uses, in the same order, so both sample the same prompts and are timed on equal work.
+``--prompts`` is a JSONL file of {"prompt": [chat messages], "reference": str} and ``--config`` the run config as
+JSON (its ``grpo``, ``training``, ``lora`` and ``rewards`` sections are read as plain values): the overhead
+benchmark passes the exact training rows and settings Dragon uses, so both sample the same prompts at the same
+temperature and are timed on equal work.
 """
 
 import argparse
@@ -34,9 +37,12 @@ def numeric(prompts, completions, reference, **kwargs):
     return scores
 
 
-def length(prompts, completions, **kwargs):
-    sizes = [len(c[0]["content"].strip()) for c in completions]
-    return [1.0 if n <= 12 else max(0.0, 1 - (n - 12) / 12) for n in sizes]
+def length_reward(max_chars):
+    def length(prompts, completions, **kwargs):
+        sizes = [len(c[0]["content"].strip()) for c in completions]
+        return [1.0 if n <= max_chars else max(0.0, 1 - (n - max_chars) / max_chars) for n in sizes]
+
+    return length
 
 
 class StepTimes(TrainerCallback):
@@ -52,6 +58,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--prompts", required=True)
+    parser.add_argument("--config", required=True)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=2)
@@ -61,18 +68,29 @@ def main():
 
     with open(args.prompts, encoding="utf-8") as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
+    with open(args.config, encoding="utf-8") as fh:
+        run = json.load(fh)
+    grpo, training, lora_settings = run["grpo"], run["training"], run["lora"]
+    numeric_reward, length_settings = run["rewards"]
+    assert (numeric_reward["kind"], length_settings["kind"]) == ("numeric", "length"), "the arithmetic recipe's rewards"
     dataset = Dataset.from_list([{"prompt": r["prompt"], "reference": r["reference"]} for r in rows])
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=getattr(torch, args.dtype))
     config = GRPOConfig(
-        output_dir="/tmp/plain-trl-bench", per_device_train_batch_size=24, num_generations=6, max_completion_length=16,
-        learning_rate=1e-5, beta=0.04, temperature=1.0, max_steps=args.steps, logging_steps=1, save_strategy="no",
+        output_dir="/tmp/plain-trl-bench", per_device_train_batch_size=training["batch_size"] * grpo["group_size"],
+        num_generations=grpo["group_size"], max_completion_length=grpo["max_new_tokens"],
+        learning_rate=training["learning_rate"], beta=grpo["beta"], temperature=grpo["temperature"],
+        loss_type=grpo["loss_type"], scale_rewards=grpo["scale_rewards"], warmup_steps=training["warmup_ratio"],
+        weight_decay=training["weight_decay"], max_steps=args.steps, logging_steps=1, save_strategy="no",
         report_to="none", use_cpu=not torch.cuda.is_available(), bf16=args.dtype == "bfloat16",
-        gradient_checkpointing=False, reward_weights=[1.0, 0.3], disable_tqdm=True, seed=42,
+        gradient_checkpointing=False, reward_weights=[numeric_reward["weight"], length_settings["weight"]],
+        disable_tqdm=True, seed=training["seed"],
     )
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
+    lora = LoraConfig(r=lora_settings["r"], lora_alpha=lora_settings["alpha"], lora_dropout=lora_settings["dropout"],
+                      target_modules=lora_settings["target_modules"], task_type="CAUSAL_LM")
     times = StepTimes()
-    trainer = GRPOTrainer(model=model, reward_funcs=[numeric, length], args=config, train_dataset=dataset,
+    reward_funcs = [numeric, length_reward(length_settings["max_chars"])]
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=config, train_dataset=dataset,
                           processing_class=tokenizer, peft_config=lora, callbacks=[times])
     start = time.perf_counter()
     trainer.train()

@@ -12,8 +12,8 @@ sequences of prompt + ``max_new_tokens``. Time per step adds:
 
 at a throughput assumed per device: on the CPU a quick matmul probe (measured once per precision) times an
 efficiency calibrated on Dragon's own measured step (``bench/speedups.py``): SmolLM2-135M with 4 prompts x 6
-completions x up to 16 tokens, LoRA, on two idle cores takes ~12.4 s in fp32 (the probe gives ~206 GFLOP/s there)
-and ~5.8 s in bf16 (probe ~914 GFLOP/s); on CUDA a conservative fraction of the GPU's peak, by name (30 TFLOP/s
+completions x up to 16 tokens, LoRA, on two idle cores takes ~9.5 s in fp32 (the probe gives ~206 GFLOP/s there)
+and ~3.9 s in bf16 (probe ~914 GFLOP/s); on CUDA a conservative fraction of the GPU's peak, by name (30 TFLOP/s
 when the name is unknown). It is a rough estimate, and says so.
 """
 
@@ -46,9 +46,9 @@ RUNTIME_OVERHEAD_GB = {"cpu": 0.5, "mps": 0.5, "cuda": 0.8}  # Python, torch, to
 
 # CPU: the share of the matmul probe a GRPO forward/backward achieves, and the fixed cost of one layer in one
 # decoding step (Python, small ops, thread wake-ups), calibrated on the SmolLM2-135M step described above. In bf16 a
-# CPU with native bf16 runs the probe 4.4x faster than fp32 but the whole step only ~2.1x (12.4 s -> 5.8 s measured
-# on the same 2 cores): elementwise work, attention and adapter dropout do not speed up.
-CPU_TRAIN_EFFICIENCY = {"float32": 0.65, "bfloat16": 0.33}
+# CPU with native bf16 runs the probe 4.4x faster than fp32 but the whole step only ~2.4x (9.5 s -> 3.9 s measured
+# on the same 2 cores): elementwise work, attention and per-token decoding do not speed up.
+CPU_TRAIN_EFFICIENCY = {"float32": 0.85, "bfloat16": 0.5}
 CPU_LAYER_LATENCY_S = 1.0e-3
 CPU_MEMORY_BANDWIDTH = 20e9  # bytes/s, a conservative single-socket figure
 # GPUs: peak dense 16-bit tensor FLOP/s and memory bandwidth by name; small-model RL reaches a fraction of it.

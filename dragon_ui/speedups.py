@@ -104,9 +104,6 @@ def contiguous_lm_head_input(model) -> None:
     head.dragon_contiguous = True
 
 
-_sampling = threading.local()
-
-
 CPU_LOGPROB_TILE = 4096  # vocabulary columns per tile of TRL's fused log-prob head on the CPU
 
 
@@ -122,11 +119,10 @@ def cache_sized_logprob_tiles() -> None:
 
     if getattr(utils._ChunkedLogProbFunction, "dragon_cpu_tiles", False):
         return
-    function = utils._ChunkedLogProbFunction
 
     class CpuTiles:
         dragon_cpu_tiles = True
-        wrapped = function
+        wrapped = utils._ChunkedLogProbFunction
 
         @staticmethod
         def apply(hidden, weight, bias, targets, temperature, chunk_size, *rest):
@@ -135,6 +131,9 @@ def cache_sized_logprob_tiles() -> None:
             return CpuTiles.wrapped.apply(hidden, weight, bias, targets, temperature, chunk_size, *rest)
 
     utils._ChunkedLogProbFunction = CpuTiles
+
+
+_sampling = threading.local()  # .active: this thread is sampling completions inside sampling_mode
 
 
 @contextlib.contextmanager
