@@ -10,6 +10,7 @@ UI once there are cores to spare.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -68,6 +69,49 @@ def available_cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS and Windows have no affinity API
         return os.cpu_count() or 1
+
+
+def release_openmp_threads() -> bool:
+    """Let the OpenMP worker threads of the calling thread exit; True if the OpenMP runtime did so.
+
+    Why: torch's CPU ops run on OpenMP, which keeps a pool of worker threads for every thread that ever ran a
+    parallel op. GNU OpenMP counts the workers of all pools, and once they outnumber the cores it stops
+    spin-waiting at the barriers that end each parallel op and sleeps there instead, so the training thread's many
+    small ops each pay a wake-up: after 50 matmuls on the main thread, a step on this 2-vCPU machine took 6.0 s
+    instead of 4.0 s. OpenMP 5's ``omp_pause_resource_all`` frees the calling thread's pool, so a thread that has
+    done torch work calls this before handing the machine to the trainer.
+    """
+    runtime = _openmp_runtime()
+    return runtime is not None and runtime.omp_pause_resource_all(1) == 0  # 1: omp_pause_soft
+
+
+@functools.cache
+def _openmp_runtime():
+    """torch's OpenMP library (GNU libgomp or LLVM libomp), found in this process's memory map.
+
+    Other packages bring their own copies (sentencepiece has a libgomp of its own), so the one inside torch's
+    folder wins; pausing another copy would free nothing of torch's.
+    """
+    import ctypes
+
+    import torch
+
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:  # not Linux: macOS and Windows use their own runtimes, left alone
+        return None
+    torch_dir = str(Path(torch.__file__).parent)
+    runtimes = {line.split()[-1] for line in maps.splitlines()
+                if Path(line.split()[-1]).name.startswith(("libgomp", "libomp", "libiomp"))}
+    ranked = sorted(runtimes, key=lambda path: not path.startswith((torch_dir, torch_dir + ".libs")))
+    if not ranked:
+        return None
+    try:
+        runtime = ctypes.CDLL(ranked[0])
+        runtime.omp_pause_resource_all.argtypes = [ctypes.c_int]
+        return runtime
+    except (OSError, AttributeError):  # an OpenMP before version 5 has no pause
+        return None
 
 
 _BF16_PROBE: dict[str, bool] = {}

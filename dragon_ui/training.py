@@ -26,7 +26,7 @@ from .config import RunConfig
 from .data import load_and_map, read_jsonl, write_jsonl
 from .errors import BusyError, ConfigError, DragonError
 from .evaluation import evaluate_model, record_eval
-from .hardware import ResolvedHardware, resolve_hardware
+from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
 from .models import load_model, load_tokenizer, resolve_model
 from .rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
 from .runstore import ACTIVE_STATES, RunDir
@@ -132,6 +132,7 @@ def _refuse_if_busy() -> None:
 
 def _launch(run: RunDir, config: RunConfig, resume_from: Path | None) -> RunHandle:
     global _active
+    release_openmp_threads()  # this thread's idle torch workers would slow every step (see the function)
     handle = RunHandle(run)
     with _ACTIVE_LOCK:
         _refuse_if_busy()

@@ -3,6 +3,12 @@
 Every machine here is a hand-made HardwareInfo, so the CUDA and MPS paths are checked without a GPU.
 """
 
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
 from dragon_ui.config import HardwareSettings
@@ -200,3 +206,32 @@ def test_summary_is_one_readable_line(info, pieces):
 def test_summary_of_this_machine():
     summary = detect_hardware().summary()
     assert "CPU:" in summary and "cores" in summary and "\n" not in summary
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torch's OpenMP in /proc/self/maps")
+def test_release_openmp_threads_ends_the_calling_threads_torch_workers():
+    """A thread that ran a parallel torch op keeps OpenMP workers; releasing them is what keeps the trainer fast."""
+    import torch
+
+    from dragon_ui import hardware
+
+    assert Path(hardware._openmp_runtime()._name).is_relative_to(Path(torch.__file__).parent)  # not another copy
+    counts = {}
+
+    def torch_work_then_release():
+        torch.set_num_threads(2)
+        a = torch.randn(512, 512)
+        for _ in range(5):
+            a @ a
+        counts["busy"] = len(os.listdir("/proc/self/task"))
+        counts["released"] = hardware.release_openmp_threads()
+        deadline = time.monotonic() + 5
+        while len(os.listdir("/proc/self/task")) >= counts["busy"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        counts["after"] = len(os.listdir("/proc/self/task"))
+
+    worker = threading.Thread(target=torch_work_then_release)
+    worker.start()
+    worker.join()
+    assert counts["released"] is True
+    assert counts["after"] < counts["busy"]  # its OpenMP worker has exited
