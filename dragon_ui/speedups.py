@@ -1,4 +1,4 @@
-"""Faster GRPO steps that learn the same thing: five fixes to how TRL 1.16, PEFT and transformers 5 run a step.
+"""Faster GRPO steps that learn the same thing: seven fixes to how TRL 1.16, PEFT and transformers 5 run a step.
 
 Each one was found with the profiler and is measured before and after by ``bench/speedups.py``; the README's
 Performance section has the figures. They are on by default; ``DRAGON_UI_SPEEDUPS`` names the ones to use
@@ -281,18 +281,19 @@ def short_sequence_attention_forward(module, query, key, value, attention_mask, 
 
     batch, heads, queries, _ = query.shape
     keys = key.shape[2]
+
+    def fused(mask):
+        return sdpa_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
+
     if query.device.type != "cpu" or query.dtype not in (torch.bfloat16, torch.float16):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                      **kwargs)
+        return fused(attention_mask)
     if queries == 1:
         if attention_mask is None:  # torch's CPU kernel decodes one token 5x faster in bf16 when given a mask
             attention_mask = torch.ones(batch, 1, 1, keys, dtype=torch.bool, device=query.device)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                      **kwargs)
+        return fused(attention_mask)
     eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if eager is None or scaling is None or batch * heads * queries * keys > EAGER_MAX_SCORES:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                      **kwargs)
+        return fused(attention_mask)
     if attention_mask is None:  # SDPA's masks leave out a plain causal one
         attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
     if attention_mask.dtype == torch.bool:  # eager attention adds its mask to the scores
