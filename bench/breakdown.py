@@ -208,25 +208,24 @@ def main() -> None:
     prompt_rows, train_rows = int(sequences * prompt_tokens), int(sequences * (prompt_tokens + completion))
     scored_rows = int(sequences * completion)
     reference = config.grpo.beta > 0
-    floors = {
-        "generation": floors_of.seconds(prompt_rows, sequences) + completion * floors_of.seconds(sequences, sequences),
+    # each part's matmul passes: (times, rows, rows reaching the LM head, backward, with the adapters)
+    passes = {
+        "generation": [(1, prompt_rows, sequences, False, True), (completion, sequences, sequences, False, True)],
         # with LoRA, TRL's reference pass is the same model with its adapters switched off
-        "reference_pass": floors_of.seconds(train_rows, scored_rows, adapters=False) if reference else 0.0,
-        "rewards": 0.0,
-        "policy_forward": floors_of.seconds(train_rows, scored_rows),
-        "backward": floors_of.seconds(train_rows, scored_rows, backward=True),
-        "optimizer": 0.0,
-        "dragon_callback": 0.0,
+        "reference_pass": [(1, train_rows, scored_rows, False, False)] if reference else [],
+        "policy_forward": [(1, train_rows, scored_rows, False, True)],
+        "backward": [(1, train_rows, scored_rows, True, True)],
     }
+
+    def floor_of(part: str, measure=floors_of.seconds, adapters: bool = True) -> float:
+        return sum(times * measure(rows, head, backward=backward, adapters=adapters and with_adapters)
+                   for times, rows, head, backward, with_adapters in passes.get(part, []))
+
+    floors = {part: floor_of(part) for part in PARTS}
     # the floor without the adapters' matmuls, as this benchmark counted it before they were added
-    base_floor = (floors_of.seconds(prompt_rows, sequences, adapters=False)
-                  + completion * floors_of.seconds(sequences, sequences, adapters=False)
-                  + (1 + reference) * floors_of.seconds(train_rows, scored_rows, adapters=False)
-                  + floors_of.seconds(train_rows, scored_rows, backward=True, adapters=False))
+    base_floor = sum(floor_of(part, adapters=False) for part in PARTS)
     peak = floors_of.peak()
-    step_flops = (floors_of.flops(prompt_rows, sequences) + completion * floors_of.flops(sequences, sequences)
-                  + floors_of.flops(train_rows, scored_rows) + floors_of.flops(train_rows, scored_rows, backward=True)
-                  + reference * floors_of.flops(train_rows, scored_rows, adapters=False))
+    step_flops = sum(floor_of(part, floors_of.flops) for part in PARTS)
     peak_floor = step_flops / (peak * 1e9)
     measured = {part: median([s.get(part, 0.0) for s in steps]) for part in PARTS}
     total = median([s["total"] for s in steps])

@@ -103,7 +103,7 @@ def _openmp_runtime():
     torch_dir = str(Path(torch.__file__).parent)
     runtimes = {line.split()[-1] for line in maps.splitlines()
                 if Path(line.split()[-1]).name.startswith(("libgomp", "libomp", "libiomp"))}
-    ranked = sorted(runtimes, key=lambda path: not path.startswith((torch_dir, torch_dir + ".libs")))
+    ranked = sorted(runtimes, key=lambda path: not path.startswith((torch_dir + os.sep, torch_dir + ".libs" + os.sep)))
     if not ranked:
         return None
     try:
