@@ -5,7 +5,10 @@ reference log-prob pass, reward scoring, the policy forward, the backward, the o
 callback (progress/rollout files). The floor for each part is the time its matmuls take on their own: every linear
 layer of the model (q, k, v, o, gate, up, down, LM head) and, with LoRA, the adapters' thin matmuls (see
 ``Floors``) are timed at the exact shapes the part uses (prefill, one decode step, the training forward, the
-backward's gradients) in the same dtype and threads, and the floor adds those times up. The LM head counts only
+backward's gradients) in the same dtype and threads, and the floor adds those times up. Each shape is timed with
+its weight read from main memory, as in a real pass over the model (whose weights are several times the size of
+this machine's caches): a decoding step's matmuls of 24 rows run 1.5 times slower that way than with one weight
+reused from the cache, which no pass over a model ever gets. The LM head counts only
 the rows that need it: the last prompt position and each new token when sampling, the completion tokens when
 scoring. Attention scores (about 2 % of the FLOPs at these lengths) and the non-matmul ops count as zero. A second,
 "peak" floor divides the same FLOPs by the best throughput any shape reached, which is what the machine could do
@@ -139,10 +142,15 @@ class Floors:
     def __init__(self, shapes, dtype: str, lora_rank: int = 0, adapted: str | list[str] = "all-linear"):
         self.shapes, self.dtype, self.rank, self.measured = shapes, dtype, lora_rank, {}
         self.adapted = {name for name, *_ in shapes[:-1]} if adapted == "all-linear" else set(adapted)
+        bytes_per_value = 2 if dtype in ("bfloat16", "float16") else 4
+        self.weights_mib = sum(k * n * count for _, k, n, count in shapes) * bytes_per_value / 2**20
 
     def gflops(self, m: int, k: int, n: int) -> float:
+        """Throughput of one shape, its weights cycling through as much memory as the model's own weights fill; the
+        best of three timings, since a busy moment on a shared machine only ever makes a matmul slower."""
         if (m, k, n) not in self.measured:
-            self.measured[(m, k, n)] = matmul_gflops(m, k, n, self.dtype, seconds=0.3)
+            self.measured[(m, k, n)] = max(matmul_gflops(m, k, n, self.dtype, seconds=0.15, weights_mib=self.weights_mib)
+                                           for _ in range(3))
         return self.measured[(m, k, n)]
 
     def matmuls(self, rows: int, head_rows: int, backward: bool, adapters: bool) -> list[tuple[int, int, int, int]]:
@@ -205,8 +213,9 @@ def main() -> None:
     completion = median([s["completion_len"] for s in steps])
     lora_rank = config.lora.r if config.lora.enabled else 0
     floors_of = Floors(linear_shapes(source.path), args.dtype, lora_rank, config.lora.target_modules)
-    prompt_rows, train_rows = int(sequences * prompt_tokens), int(sequences * (prompt_tokens + completion))
-    scored_rows = int(sequences * completion)
+    # whole tokens per sequence, as in every real pass: oneDNN is up to 2x slower at some odd row counts (1444)
+    prompt_rows, train_rows = sequences * round(prompt_tokens), sequences * round(prompt_tokens + completion)
+    scored_rows = sequences * round(completion)
     reference = config.grpo.beta > 0
     # each part's matmul passes: (times, rows, rows reaching the LM head, backward, with the adapters)
     passes = {
@@ -236,12 +245,14 @@ def main() -> None:
     active = [name for name in speedups.ALL if speedups.enabled(name)]
     print(f"speed-ups: {', '.join(active) or 'none'}")
     print(f"dtype {args.dtype}, {args.threads} thread(s), {sequences} sequences x ({prompt_tokens:.0f} prompt + "
-          f"{completion:.1f} new tokens); matmul throughput by shape: {min(floors_of.measured.values()):.1f} to "
-          f"{peak:.1f} GFLOP/s; peak-throughput floor of a step: {peak_floor:.2f} s")
+          f"{completion:.1f} new tokens); matmul throughput by shape, weights from {floors_of.weights_mib:.0f} MiB "
+          f"of memory: {min(floors_of.measured.values()):.1f} to {peak:.1f} GFLOP/s; peak-throughput floor of a "
+          f"step: {peak_floor:.2f} s")
     print(table([[r[0], f"{r[1]:.4f}", f"{r[2]:.3f}", r[3]] for r in rows], ["part", "median s", "floor s", "x floor"]))
     path = write_result(f"breakdown-{args.dtype}{'-' + args.tag if args.tag else ''}", {
         "settings": vars(args), "speedups": active, "sequences": sequences, "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
+        "matmul_weights_mib": floors_of.weights_mib,
         "matmul_gflops_by_shape": {f"{m}x{k}x{n}": g for (m, k, n), g in floors_of.measured.items()},
         "peak_gflops": peak, "peak_floor_step_s": peak_floor, "measured_median_s": measured, "other_s": other,
         "step_median_s": total, "floors_s": floors, "floor_step_s": floor_total, "step_over_floor": total / floor_total,

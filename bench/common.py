@@ -58,22 +58,46 @@ def machine() -> dict:
     return info
 
 
-def matmul_gflops(m: int, k: int, n: int, dtype: str = "float32", seconds: float = 0.5) -> float:
-    """Measured throughput of ``x[m,k] @ w[k,n]`` on this machine with the current torch thread setting."""
+def matmul_gflops(m: int, k: int, n: int, dtype: str = "float32", seconds: float = 0.5,
+                  weights_mib: float = 0) -> float:
+    """Measured throughput of ``x[m,k] @ w[k,n]`` on this machine with the current torch thread setting.
+
+    With ``weights_mib``, each call multiplies by the next of as many different ``w`` as fill that much memory, as
+    a pass over a model does: every layer's weight then comes from main memory, not from the cache the previous
+    call filled. For a few rows (one decoding step) that is what the machine can really do; a single reused
+    ``w`` would measure the cache instead. For hundreds of rows it makes no difference.
+    """
     import torch
 
     dt = getattr(torch, dtype)
     dev = device()
-    x, w = torch.randn(m, k, dtype=dt, device=dev), torch.randn(n, k, dtype=dt, device=dev)
-    for _ in range(3):
+    x = torch.randn(m, k, dtype=dt, device=dev)
+    size = k * n
+    count = max(1, int(weights_mib * 2**20 / (size * x.element_size())))
+    pool = _weight_pool(count * size, dtype, dev)
+    weights = [pool[i * size:(i + 1) * size].view(n, k) for i in range(count)]
+    for w in weights[:3]:
         torch.nn.functional.linear(x, w)
     _sync()
-    count, start = 0, time.perf_counter()
+    calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        torch.nn.functional.linear(x, w)
-        count += 1
+        torch.nn.functional.linear(x, weights[calls % count])
+        calls += 1
     _sync()
-    return 2 * m * k * n * count / (time.perf_counter() - start) / 1e9
+    return 2 * m * k * n * calls / (time.perf_counter() - start) / 1e9
+
+
+_pools: dict = {}
+
+
+def _weight_pool(elements: int, dtype: str, dev: str):
+    """One buffer of random values per dtype, grown as needed, that the weights of ``matmul_gflops`` are views of."""
+    import torch
+
+    pool = _pools.get((dtype, dev))
+    if pool is None or pool.numel() < elements:
+        pool = _pools[(dtype, dev)] = torch.empty(elements, dtype=getattr(torch, dtype), device=dev).uniform_(-1, 1)
+    return pool
 
 
 def _sync() -> None:

@@ -10,12 +10,18 @@ no run store, no callbacks beyond one that notes the time of each step's log.
 JSON (its ``grpo``, ``training``, ``lora`` and ``rewards`` sections are read as plain values): the overhead
 benchmark passes the exact training rows and settings Dragon uses, so both sample the same prompts at the same
 temperature and are timed on equal work.
+
+``--speedups`` applies Dragon's CPU speed-ups (``dragon_ui/speedups.py``, as ``DRAGON_UI_SPEEDUPS`` chooses them)
+to this same script: the work of Dragon as shipped without Dragon's engine (run store, callbacks, worker thread),
+so the engine's own cost can be measured at the speed users actually train at.
 """
 
 import argparse
 import json
 import re
+import sys
 import time
+from pathlib import Path
 
 import torch
 from datasets import Dataset
@@ -63,6 +69,7 @@ def main():
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--speedups", action="store_true", help="apply Dragon's speed-ups to this plain script")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -76,6 +83,15 @@ def main():
     dataset = Dataset.from_list([{"prompt": r["prompt"], "reference": r["reference"]} for r in rows])
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=getattr(torch, args.dtype))
+    trainer_class = GRPOTrainer
+    if args.speedups:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from dragon_ui import speedups
+        from dragon_ui.training import _studio_trainer_class
+
+        speedups.apply_to_loaded_model(model)
+        speedups.apply_to_trl()
+        trainer_class = _studio_trainer_class()  # GRPOTrainer sampling in speedups.sampling_mode
     config = GRPOConfig(
         output_dir="/tmp/plain-trl-bench", per_device_train_batch_size=training["batch_size"] * grpo["group_size"],
         num_generations=grpo["group_size"], max_completion_length=grpo["max_new_tokens"],
@@ -90,8 +106,10 @@ def main():
                       target_modules=lora_settings["target_modules"], task_type="CAUSAL_LM")
     times = StepTimes()
     reward_funcs = [numeric, length_reward(length_settings["max_chars"])]
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, peft_config=lora, callbacks=[times])
+    trainer = trainer_class(model=model, reward_funcs=reward_funcs, args=config, train_dataset=dataset,
+                            processing_class=tokenizer, peft_config=lora, callbacks=[times])
+    if args.speedups:
+        speedups.apply_to_trainer_model(trainer.model)
     start = time.perf_counter()
     trainer.train()
     marks = [start] + times.times

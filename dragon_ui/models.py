@@ -207,6 +207,5 @@ def load_model(source: ModelSource, hardware: ResolvedHardware):
         # Under accelerate/torchrun each process owns the GPU numbered by its LOCAL_RANK.
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if hardware.device == "cuda" else hardware.device
         model = model.to(device)
-    speedups.contiguous_lm_head_input(model)
-    speedups.short_sequence_attention(model)
+    speedups.apply_to_loaded_model(model)
     return model

@@ -312,12 +312,11 @@ def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, mo
 
     reward_funcs = trl_reward_functions(rewards, failures, on_batch=on_batch)
     reward_funcs[0] = _logging_references(reward_funcs[0])
-    speedups.score_completion_tokens_only()
-    speedups.cache_sized_logprob_tiles()
+    speedups.apply_to_trl()
     trainer = _studio_trainer_class()(model=model, reward_funcs=reward_funcs, args=args,
                                       train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
                                       peft_config=peft_config)
-    speedups.sparse_adapter_dropout(trainer.model)
+    speedups.apply_to_trainer_model(trainer.model)
     trainer.remove_callback(PrinterCallback)  # it prints raw log dicts; RunStoreCallback writes readable lines
     return trainer
 

@@ -58,3 +58,21 @@ def test_linear_shapes_read_the_model_config(breakdown, tiny_model_dir):
     assert [name for name, *_ in shapes] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                             "down_proj", "lm_head"]
     assert shapes[1][1:] == (16, 8, 2)  # 1 of 2 heads for keys and values: 16 -> 8, in each of the 2 layers
+
+
+def test_the_floor_times_each_matmul_with_weights_from_a_model_sized_pool(breakdown, monkeypatch):
+    import common
+
+    floors = breakdown.Floors(SHAPES, "bfloat16", lora_rank=4)
+    assert floors.weights_mib == (8 * 8 * 2 + 16 * 8 * 2 + 8 * 100) * 2 / 2**20  # the model's weights in bf16
+    seen = []
+    monkeypatch.setattr(breakdown, "matmul_gflops", lambda *args, **kwargs: seen.append(kwargs["weights_mib"]) or 1.0)
+    floors.seconds(10, 3)
+    assert seen and set(seen) == {floors.weights_mib}
+
+    import torch
+
+    used, original = [], torch.nn.functional.linear
+    monkeypatch.setattr("torch.nn.functional.linear", lambda x, w: used.append(w.data_ptr()) or original(x, w))
+    assert common.matmul_gflops(2, 8, 16, weights_mib=64 * 8 * 16 * 4 / 2**20, seconds=0.02) > 0
+    assert len(set(used)) == 64  # one different weight per call until the pool's memory is used up

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -357,3 +359,105 @@ def test_a_model_that_chose_its_attention_keeps_it_and_saved_configs_never_name_
     _, routed = _attention_pair(tiny_model_dir)
     routed.save_pretrained(tmp_path)
     assert "dragon" not in json.dumps(json.loads((tmp_path / "config.json").read_text()))
+
+
+def test_dropped_positions_are_geometric_gaps_apart():
+    torch.manual_seed(4)
+    gaps = torch.diff(speedups.dropped_positions(2_000_000, 0.05))
+    assert gaps.min().item() >= 1
+    assert abs((gaps == 1).float().mean().item() - 0.05) < 0.005  # P(gap = 1) = p
+    assert abs((gaps > 20).float().mean().item() - 0.95 ** 20) < 0.01  # P(gap > k) = (1 - p)^k
+    assert abs(gaps.float().mean().item() - 20) < 0.5  # mean 1 / p
+
+
+def _lora_pair(tiny_model_dir, dtype, dropout=0.1, sparse=True, **lora_kwargs):
+    """A PEFT LoRA model (non-zero B, as after some training) and an identical copy with lean adapter layers."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_tiny(tiny_model_dir).to(dtype),
+                           LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules="all-linear", **lora_kwargs))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.5, generator=torch.Generator().manual_seed(len(name)))
+    if sparse:
+        speedups.sparse_adapter_dropout(model)
+    lean = copy.deepcopy(model)
+    speedups.lean_adapter_layers(lean)
+    return model, lean
+
+
+def _forward_backward(model, input_ids, seed, autocast):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)  # the same dropout masks for both models
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=input_ids).logits
+    logits.float().square().mean().backward()
+    return logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("dtype, autocast, sparse", [
+    (torch.bfloat16, True, True),  # a bf16 CPU run: the input dropped out in bf16, without the fp32 round trip
+    (torch.bfloat16, True, False),  # torch's own dropout draws its mask per dtype, so the round trip stays
+    (torch.float32, False, True),
+    (torch.float32, False, False),
+])
+def test_lean_adapter_layers_give_bit_identical_logits_and_gradients(tiny_model_dir, dtype, autocast, sparse):
+    peft_model, lean = _lora_pair(tiny_model_dir, dtype, sparse=sparse)
+    assert type(lean.base_model.model.model.layers[0].self_attn.q_proj) is speedups.lean_lora_class()
+    input_ids = torch.randint(5, peft_model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(1))
+    for model in (peft_model, lean):
+        model.train()
+    (logits, grads), (lean_logits, lean_grads) = (_forward_backward(m, input_ids, 7, autocast) for m in (peft_model, lean))
+    assert torch.equal(logits, lean_logits)
+    assert grads.keys() == lean_grads.keys() and len(grads) == 2 * 7 * 2  # A and B of 7 layers in each of 2 blocks
+    assert all(torch.equal(grads[name], lean_grads[name]) for name in grads)
+
+
+def test_lean_adapter_layers_sample_and_score_the_reference_like_peft(tiny_model_dir):
+    peft_model, lean = _lora_pair(tiny_model_dir, torch.bfloat16)
+    input_ids = torch.randint(5, peft_model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(2))
+    outputs = []
+    for model in (peft_model, lean):
+        with torch.no_grad():
+            model.eval()  # sampling: no autocast, fp32 adapters on bf16 inputs
+            torch.manual_seed(3)
+            sampled = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
+                                     max_new_tokens=5, min_new_tokens=5, pad_token_id=0)
+            with torch.autocast("cpu", dtype=torch.bfloat16), model.disable_adapter():  # TRL's reference pass
+                reference = model(input_ids=input_ids).logits
+            adapted = model(input_ids=input_ids).logits
+        outputs.append((sampled, reference, adapted))
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+    assert not torch.equal(outputs[1][1], outputs[1][2])  # the adapters do change the logits
+
+
+def test_unusual_lora_layers_go_through_peft(tiny_model_dir):
+    _, dora = _lora_pair(tiny_model_dir, torch.float32, use_dora=True)
+    _, lean = _lora_pair(tiny_model_dir, torch.float32)
+    x = torch.randn(2, 3, lean.config.hidden_size)
+    layer = lean.base_model.model.model.layers[0].mlp.up_proj
+    assert layer._lean_applies(x)
+    assert not dora.base_model.model.model.layers[0].mlp.up_proj._lean_applies(x)  # DoRA: PEFT's variant code
+    handle = layer.base_layer.register_forward_hook(lambda *args: None)
+    assert not layer._lean_applies(x)  # hooks must run, so PEFT calls the module
+    handle.remove()
+    layer.merge()
+    assert not layer._lean_applies(x)
+    layer.unmerge()
+    assert layer._lean_applies(x) and not layer._lean_applies(x.to("meta"))
+
+
+def test_lean_adapter_layers_keep_the_adapter_file_and_can_be_turned_off(tiny_model_dir, monkeypatch, tmp_path):
+    peft_model, lean = _lora_pair(tiny_model_dir, torch.float32)
+    assert lean.state_dict().keys() == peft_model.state_dict().keys()
+    lean.save_pretrained(tmp_path / "lean")
+    peft_model.save_pretrained(tmp_path / "peft")
+    configs = [json.loads((tmp_path / name / "adapter_config.json").read_text()) for name in ("lean", "peft")]
+    for config in configs:
+        config["target_modules"] = sorted(config["target_modules"])  # saved from a set, in any order
+    assert configs[0] == configs[1]
+    monkeypatch.setenv(speedups.ENV, "none")
+    _, untouched = _lora_pair(tiny_model_dir, torch.float32)
+    assert not any(type(m) is speedups.lean_lora_class() for m in untouched.modules())
