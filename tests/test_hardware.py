@@ -235,3 +235,46 @@ def test_release_openmp_threads_ends_the_calling_threads_torch_workers():
     worker.join()
     assert counts["released"] is True
     assert counts["after"] < counts["busy"]  # its OpenMP worker has exited
+
+
+# A fresh interpreter runs the setup, then the imports the engine needs (numpy's BLAS starts threads as it loads),
+# then a thread that allocates, and prints how many heaps glibc's malloc_info reports.
+ARENA_PROBE = """
+import ctypes, sys, tempfile, threading
+{setup}
+import dragon_ui.hardware
+kept = []
+worker = threading.Thread(target=lambda: kept.extend(bytearray(4096) for _ in range(1000)))
+worker.start()
+worker.join()
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+path = tempfile.mktemp()
+report = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(report))
+libc.fclose(ctypes.c_void_p(report))
+print("heaps", open(path).read().count("<heap nr="))
+"""
+ENTRY_POINT_SETUPS = {
+    "nothing (the default: one heap per thread)": ("", False),
+    "use_one_malloc_arena": ("import dragon_ui\nassert dragon_ui.use_one_malloc_arena()", True),
+    "app.py": ("import runpy\nrunpy.run_path('app.py')", True),  # imports the whole UI, does not launch it
+    "python -m dragon_ui": ("import runpy\nsys.argv = ['dragon_ui', 'runs', '--runs-dir', tempfile.mkdtemp()]\n"
+                            "try:\n    runpy.run_module('dragon_ui', run_name='__main__')\nexcept SystemExit:\n    pass",
+                            True),
+}
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="malloc arenas are glibc's")
+@pytest.mark.parametrize("setup, one_heap", ENTRY_POINT_SETUPS.values(), ids=ENTRY_POINT_SETUPS.keys())
+def test_entry_points_give_every_thread_the_main_heap(setup, one_heap):
+    """The trainer's thread allocates from the main heap when started from app.py or the CLI (see
+    use_one_malloc_arena: its own heap made steps up to a third slower)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", ARENA_PROBE.format(setup=setup)], cwd=repo, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    heaps = int(done.stdout.split("heaps")[-1])
+    assert (heaps == 1) if one_heap else (heaps > 1)
