@@ -2,11 +2,7 @@
 
 import sys
 
-import dragon_ui
-
-dragon_ui.use_one_malloc_arena()  # first, before gradio or torch start threads (see the function)
-
-from dragon_ui.ui.app import main  # noqa: E402
+from dragon_ui.ui.app import main
 
 if __name__ == "__main__":
     sys.exit(main())

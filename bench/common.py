@@ -18,10 +18,6 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 RECIPE = REPO / "assets" / "recipes" / "arithmetic.yaml"
 sys.path.insert(0, str(REPO))
-import dragon_ui  # noqa: E402
-
-# Benchmarks run the engine in this process as the app does: with one malloc arena (see the function).
-dragon_ui.use_one_malloc_arena()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # benchmarks use the offline SmolLM2 copy unless told otherwise
 
 

@@ -1,9 +1,5 @@
 import sys
 
-from . import use_one_malloc_arena
-
-use_one_malloc_arena()  # first, before any import starts a thread (see the function)
-
-from .cli import main  # noqa: E402
+from .cli import main
 
 sys.exit(main())
