@@ -370,14 +370,15 @@ def test_dropped_positions_are_geometric_gaps_apart():
     assert abs(gaps.float().mean().item() - 20) < 0.5  # mean 1 / p
 
 
-def _lora_pair(tiny_model_dir, dtype, dropout=0.1, sparse=True, **lora_kwargs):
-    """A PEFT LoRA model (non-zero B, as after some training) and an identical copy with lean adapter layers."""
+def _lora_pair(tiny_model_dir, dtype, dropout=0.1, sparse=True, alpha=8, **lora_kwargs):
+    """A PEFT LoRA model (non-zero B, as after some training) and an identical copy with lean adapter layers; the
+    default alpha / r = 2 takes the lean layer's power-of-two path."""
     import copy
 
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(_tiny(tiny_model_dir).to(dtype),
-                           LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules="all-linear", **lora_kwargs))
+                           LoraConfig(r=4, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear", **lora_kwargs))
     for name, param in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.5, generator=torch.Generator().manual_seed(len(name)))
@@ -397,14 +398,17 @@ def _forward_backward(model, input_ids, seed, autocast):
     return logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("dtype, autocast, sparse", [
-    (torch.bfloat16, True, True),  # a bf16 CPU run: the input dropped out in bf16, without the fp32 round trip
-    (torch.bfloat16, True, False),  # torch's own dropout draws its mask per dtype, so the round trip stays
-    (torch.float32, False, True),
-    (torch.float32, False, False),
+@pytest.mark.parametrize("dtype, autocast, sparse, alpha", [
+    (torch.bfloat16, True, True, 8),  # a bf16 CPU run: the input dropped out in bf16, without the fp32 round trip
+    (torch.bfloat16, True, False, 8),  # torch's own dropout draws its mask per dtype, so the round trip stays
+    (torch.float32, False, True, 8),
+    (torch.float32, False, False, 8),
+    (torch.bfloat16, True, True, 2),  # scaling 0.5: still a power of two, scaled in the rank-r middle
+    (torch.bfloat16, True, True, 6),  # scaling 1.5: scaled on the output, as PEFT does
+    (torch.float32, False, True, 6),
 ])
-def test_lean_adapter_layers_give_bit_identical_logits_and_gradients(tiny_model_dir, dtype, autocast, sparse):
-    peft_model, lean = _lora_pair(tiny_model_dir, dtype, sparse=sparse)
+def test_lean_adapter_layers_give_bit_identical_logits_and_gradients(tiny_model_dir, dtype, autocast, sparse, alpha):
+    peft_model, lean = _lora_pair(tiny_model_dir, dtype, sparse=sparse, alpha=alpha)
     assert type(lean.base_model.model.model.layers[0].self_attn.q_proj) is speedups.lean_lora_class()
     input_ids = torch.randint(5, peft_model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(1))
     for model in (peft_model, lean):
