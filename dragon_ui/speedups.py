@@ -43,8 +43,9 @@ Performance section has the figures. They are on by default; ``DRAGON_UI_SPEEDUP
   bf16 input out directly (the same numbers: torch multiplies bf16 in fp32 and rounds once) and calls the matmuls
   itself: a layer's forward and backward are a third faster, with bit-identical outputs and gradients. Where LoRA's
   scaling is a power of two (alpha = 2r, the usual choice) it scales the rank-r middle rather than the layer's wide
-  output, forward and backward: again the same bits, from 16 numbers per token instead of up to 1,536. Anything
-  unusual (several active adapters, DoRA and other variants, hooks, GPUs, extra arguments) goes through PEFT.
+  output, forward and backward: again the same bits, from r numbers per token (16 in the recipes) instead of up to
+  1,536. Anything unusual (several active adapters, DoRA and other variants, hooks, GPUs, extra arguments) goes
+  through PEFT.
 """
 
 from __future__ import annotations
