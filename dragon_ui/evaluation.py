@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from .data import prompt_text
+from .hardware import release_openmp_threads
 from .rewards import Reward, score_completion
 from .runstore import RunDir, write_json_atomic
 
@@ -56,6 +57,9 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
             replies.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
     finally:
         model.train(was_training)
+        # Previews run here on the UI's pooled threads, which outlive the request; their idle OpenMP workers would
+        # slow a later training by half (see release_openmp_threads).
+        release_openmp_threads()
     return replies
 
 

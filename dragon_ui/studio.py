@@ -15,7 +15,7 @@ from . import training
 from .config import HardwareSettings, ModelConfig, RunConfig
 from .data import resolve_source
 from .errors import BusyError, ConfigError
-from .hardware import HardwareInfo, ResolvedHardware, detect_hardware, resolve_hardware
+from .hardware import HardwareInfo, ResolvedHardware, detect_hardware, release_openmp_threads, resolve_hardware
 from .rewards import is_public_demo
 from .runstore import ACTIVE_STATES, RunDir, list_runs
 
@@ -138,6 +138,7 @@ class Studio:
 
                 weights = PeftModel.from_pretrained(weights, str(adapter_dir))
             weights.eval()
+            release_openmp_threads()  # loading ran torch ops on this UI thread; see evaluation.generate_replies
             self._cached = (key, weights, tokenizer)
             return weights, tokenizer
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
+
 import pytest
 import torch
 from conftest import stop_after_last_checkpoint, strengthen_adapter
@@ -183,3 +188,30 @@ def test_full_fine_tuning_runs_compare_two_separate_models(tiny_config_dict, stu
                               config.grpo.max_new_tokens)
     assert run.read_eval()["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
     assert run.read_eval()["after"]["weights"] == "the final model"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts this process's threads in /proc/self/task")
+def test_replies_on_a_borrowed_thread_leave_no_openmp_workers_behind(tiny_model_dir):
+    """The UI's previews run on pooled threads that outlive the request; OpenMP workers left on them would make a
+    later training's every step wait (see hardware.release_openmp_threads)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    counts = {}
+
+    def preview():
+        torch.set_num_threads(2)
+        weights = torch.randn(512, 512)
+        for _ in range(5):  # parallel torch work, as loading a real model does: this thread now has OpenMP workers
+            weights @ weights
+        counts["busy"] = len(os.listdir("/proc/self/task"))
+        generate_replies(model, tokenizer, [[{"role": "user", "content": "What is 3 + 4?"}]], 4)
+        deadline = time.monotonic() + 5
+        while len(os.listdir("/proc/self/task")) >= counts["busy"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        counts["after"] = len(os.listdir("/proc/self/task"))
+
+    borrowed = threading.Thread(target=preview)
+    borrowed.start()
+    borrowed.join()
+    assert counts["after"] < counts["busy"]
