@@ -15,7 +15,13 @@ from . import training
 from .config import HardwareSettings, ModelConfig, RunConfig
 from .data import resolve_source
 from .errors import BusyError, ConfigError
-from .hardware import HardwareInfo, ResolvedHardware, detect_hardware, release_openmp_threads, resolve_hardware
+from .hardware import (
+    HardwareInfo,
+    ResolvedHardware,
+    detect_hardware,
+    release_openmp_threads,
+    resolve_hardware,
+)
 from .rewards import is_public_demo
 from .runstore import ACTIVE_STATES, RunDir, list_runs
 
