@@ -174,6 +174,34 @@ def strengthen_adapter(run) -> None:
         save_file(weights, path, metadata={"format": "pt"})
 
 
+def openmp_threads_around(action) -> tuple[int, int, object]:
+    """(threads while busy, threads after, action's result): a fresh thread runs parallel torch work, which leaves it
+    OpenMP workers, then ``action()``, then waits up to 5 s for the process's thread count to drop (Linux only)."""
+    import threading
+    import time
+
+    import torch
+
+    found = {}
+
+    def busy_then_act():
+        torch.set_num_threads(2)
+        weights = torch.randn(512, 512)
+        for _ in range(5):
+            weights @ weights
+        found["busy"] = len(os.listdir("/proc/self/task"))
+        found["result"] = action()
+        deadline = time.monotonic() + 5
+        while len(os.listdir("/proc/self/task")) >= found["busy"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        found["after"] = len(os.listdir("/proc/self/task"))
+
+    worker = threading.Thread(target=busy_then_act)
+    worker.start()
+    worker.join()
+    return found["busy"], found["after"], found["result"]
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a minute (real SmolLM2 weights); still runs in CI")
     config.addinivalue_line("filterwarnings", "ignore::FutureWarning")

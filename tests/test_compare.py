@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
-import time
 
 import pytest
 import torch
-from conftest import stop_after_last_checkpoint, strengthen_adapter
+from conftest import (
+    openmp_threads_around,
+    stop_after_last_checkpoint,
+    strengthen_adapter,
+)
 
 from dragon_ui import compare, training
 from dragon_ui.config import RunConfig
@@ -197,21 +198,6 @@ def test_replies_on_a_borrowed_thread_leave_no_openmp_workers_behind(tiny_model_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
-    counts = {}
-
-    def preview():
-        torch.set_num_threads(2)
-        weights = torch.randn(512, 512)
-        for _ in range(5):  # parallel torch work, as loading a real model does: this thread now has OpenMP workers
-            weights @ weights
-        counts["busy"] = len(os.listdir("/proc/self/task"))
-        generate_replies(model, tokenizer, [[{"role": "user", "content": "What is 3 + 4?"}]], 4)
-        deadline = time.monotonic() + 5
-        while len(os.listdir("/proc/self/task")) >= counts["busy"] and time.monotonic() < deadline:
-            time.sleep(0.01)
-        counts["after"] = len(os.listdir("/proc/self/task"))
-
-    borrowed = threading.Thread(target=preview)
-    borrowed.start()
-    borrowed.join()
-    assert counts["after"] < counts["busy"]
+    conversation = [{"role": "user", "content": "What is 3 + 4?"}]
+    busy, after, _ = openmp_threads_around(lambda: generate_replies(model, tokenizer, [conversation], 4))
+    assert after < busy

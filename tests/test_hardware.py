@@ -3,13 +3,11 @@
 Every machine here is a hand-made HardwareInfo, so the CUDA and MPS paths are checked without a GPU.
 """
 
-import os
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from conftest import openmp_threads_around
 
 from dragon_ui.config import HardwareSettings
 from dragon_ui.errors import ConfigError
@@ -216,22 +214,6 @@ def test_release_openmp_threads_ends_the_calling_threads_torch_workers():
     from dragon_ui import hardware
 
     assert Path(hardware._openmp_runtime()._name).is_relative_to(Path(torch.__file__).parent)  # not another copy
-    counts = {}
-
-    def torch_work_then_release():
-        torch.set_num_threads(2)
-        a = torch.randn(512, 512)
-        for _ in range(5):
-            a @ a
-        counts["busy"] = len(os.listdir("/proc/self/task"))
-        counts["released"] = hardware.release_openmp_threads()
-        deadline = time.monotonic() + 5
-        while len(os.listdir("/proc/self/task")) >= counts["busy"] and time.monotonic() < deadline:
-            time.sleep(0.01)
-        counts["after"] = len(os.listdir("/proc/self/task"))
-
-    worker = threading.Thread(target=torch_work_then_release)
-    worker.start()
-    worker.join()
-    assert counts["released"] is True
-    assert counts["after"] < counts["busy"]  # its OpenMP worker has exited
+    busy, after, released = openmp_threads_around(hardware.release_openmp_threads)
+    assert released is True
+    assert after < busy  # its OpenMP worker has exited
