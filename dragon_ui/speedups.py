@@ -1,4 +1,4 @@
-"""Faster GRPO steps that learn the same thing: eight fixes to how TRL 1.16, PEFT and transformers 5 run a step.
+"""Faster GRPO steps that learn the same thing: ten fixes to how TRL 1.16, PEFT and transformers 5 run a step.
 
 Each one was found with the profiler and is measured before and after by ``bench/speedups.py``; the README's
 Performance section has the figures. They are on by default; ``DRAGON_UI_SPEEDUPS`` names the ones to use
@@ -46,6 +46,21 @@ Performance section has the figures. They are on by default; ``DRAGON_UI_SPEEDUP
   output, forward and backward: again the same bits, from r numbers per token (16 in the recipes) instead of up to
   1,536. Anything unusual (several active adapters, DoRA and other variants, hooks, GPUs, extra arguments) goes
   through PEFT.
+- ``lean_logprob_head``: TRL's CPU fold of the log-prob head (written for devices without Triton) makes a dozen
+  passes over every tile, each into a fresh tensor, and its backward copies every tile of logit gradients and of the
+  head to float32 for a float32 matmul, so that no tile's product is rounded to bf16 before the sum. Dragon's
+  version folds into reused buffers with the same operations (log-probs and entropy bit-identical), and in bf16 the
+  backward collects the gradients of a block of rows over the whole vocabulary and multiplies once: the matmul
+  accumulates all of it in float32 and rounds once, like TRL's float32 sum rounded to the bf16 the model gets
+  back. In bf16 the head's forward plus backward takes half the time. With a trained LM head (full fine-tuning),
+  a bias, soft-capping or other outputs, TRL's function runs.
+- ``merged_sampling``: while the trainer samples, each lean LoRA layer multiplies by a copy of its weight with the
+  adapter merged in (W + scaling * B @ A, computed in float32 and rounded once), made when sampling starts and
+  dropped when it ends: one matmul per layer per token instead of three, and none of the adapters' casts and adds.
+  It is the same policy up to rounding (in bf16, the merged weight's), as TRL's vLLM path samples from merged
+  weights too; the log-probs that are trained still come from the unmerged layers. The copy takes the adapted
+  weights' size again (214 MB for SmolLM2-135M in bf16), so it is made only where that is at most a quarter of the
+  free memory.
 """
 
 from __future__ import annotations
@@ -58,9 +73,11 @@ import sys
 import threading
 
 from .errors import ConfigError
+from .estimate import system_memory_gb
 
 ALL = ("completion_logprobs", "contiguous_lm_head", "sampling_without_dropout", "sparse_dropout",
-       "inverse_cdf_sampling", "short_sequence_attention", "cache_sized_logprob_tiles", "lean_adapter_layers")
+       "inverse_cdf_sampling", "short_sequence_attention", "cache_sized_logprob_tiles", "lean_adapter_layers",
+       "lean_logprob_head", "merged_sampling")
 ENV = "DRAGON_UI_SPEEDUPS"
 
 
@@ -88,7 +105,7 @@ def apply_to_loaded_model(model) -> None:
 def apply_to_trl() -> None:
     """The speed-ups that patch TRL itself; call before building a ``GRPOTrainer``."""
     score_completion_tokens_only()
-    cache_sized_logprob_tiles()
+    cpu_logprob_head()
 
 
 def apply_to_trainer_model(model) -> None:
@@ -131,33 +148,147 @@ def contiguous_lm_head_input(model) -> None:
     head.dragon_contiguous = True
 
 
-CPU_LOGPROB_TILE = 4096  # vocabulary columns per tile of TRL's fused log-prob head on the CPU
+CPU_LOGPROB_TILE = 4096  # vocabulary columns per tile of the fused log-prob head on the CPU
+LOGIT_GRADIENT_BLOCK_BYTES = 64 << 20  # the lean head's low-precision logit gradients held at once (rows x vocabulary)
 
 
-def cache_sized_logprob_tiles() -> None:
-    """Make TRL's fused log-prob head use ``CPU_LOGPROB_TILE``-column tiles for CPU tensors; GPUs keep TRL's width.
+def cpu_logprob_head() -> None:
+    """Route TRL's fused log-prob head on CPU tensors through ``cache_sized_logprob_tiles`` and
+    ``lean_logprob_head``; GPUs, and whatever the lean head does not cover, keep TRL's function.
 
     TRL passes its tile width to ``_ChunkedLogProbFunction.apply`` on every call, so the function is wrapped rather
-    than the module constant changed: a CUDA run in the same process still gets TRL's own tiles.
+    than the module constant changed: a CUDA run in the same process still gets TRL's own tiles. Which speed-ups
+    apply is read on each call, so ``DRAGON_UI_SPEEDUPS`` can rule either out in a running process.
     """
-    if not enabled("cache_sized_logprob_tiles"):
+    if not (enabled("cache_sized_logprob_tiles") or enabled("lean_logprob_head")):
         return
     from trl.trainer import utils
 
-    if getattr(utils._ChunkedLogProbFunction, "dragon_cpu_tiles", False):
+    if getattr(utils._ChunkedLogProbFunction, "dragon_cpu_head", False):
         return
 
-    class CpuTiles:
-        dragon_cpu_tiles = True
+    class CpuLogProbHead:
+        dragon_cpu_head = True
         wrapped = utils._ChunkedLogProbFunction
 
         @staticmethod
-        def apply(hidden, weight, bias, targets, temperature, chunk_size, *rest):
+        def apply(hidden, weight, bias, targets, temperature, chunk_size, softcap=None, logit_scale=1.0,
+                  outputs=("log_probs",)):
             if hidden.device.type == "cpu":
-                chunk_size = min(chunk_size, CPU_LOGPROB_TILE)
-            return CpuTiles.wrapped.apply(hidden, weight, bias, targets, temperature, chunk_size, *rest)
+                if enabled("lean_logprob_head") and bias is None and softcap is None and not weight.requires_grad \
+                        and set(outputs) <= {"log_probs", "entropy"}:
+                    factor = logit_scale * (1 / temperature)  # TRL's two factors: exact when logit_scale is 1
+                    logprobs, entropy = lean_logprob_head_class().apply(hidden, weight, targets, factor,
+                                                                        "entropy" in outputs)
+                    return logprobs, entropy, None, None, None
+                if enabled("cache_sized_logprob_tiles"):
+                    chunk_size = min(chunk_size, CPU_LOGPROB_TILE)
+            return CpuLogProbHead.wrapped.apply(hidden, weight, bias, targets, temperature, chunk_size, softcap,
+                                                logit_scale, outputs)
 
-    utils._ChunkedLogProbFunction = CpuTiles
+    utils._ChunkedLogProbFunction = CpuLogProbHead
+
+
+@functools.cache
+def lean_logprob_head_class():
+    """The ``LeanLogProbHead`` autograd function (made on first use, like the other torch classes here)."""
+    import torch
+
+    def tile_logits(hidden, weight, start, cols, factor, product, logits):
+        """``hidden @ weight[start:start+cols].T`` in the compute dtype, as float32 ``logits`` times ``factor``."""
+        out = product[:, :cols]
+        torch.mm(hidden, weight[start:start + cols].to(hidden.dtype).t(), out=out)
+        z = logits[:, :cols]
+        if logits is not product:
+            z.copy_(out)
+        if factor != 1.0:
+            z.mul_(factor)
+        return z
+
+    class LeanLogProbHead(torch.autograd.Function):
+        """Log-probabilities of ``targets`` (and the entropy) under ``softmax(factor * hidden @ weight.T)``, folded
+        over cache-sized tiles of the vocabulary into reused buffers: TRL's CPU fold with its arithmetic, in fewer
+        passes. In bf16/fp16 the backward writes the logits' gradients of a block of rows into one buffer and
+        multiplies it by the head once, accumulating over the whole vocabulary in the matmul's float32 (no rounding
+        per tile), instead of TRL's float32 copies and float32 matmul per tile."""
+
+        @staticmethod
+        def forward(ctx, hidden, weight, targets, factor, with_entropy):
+            compute = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else hidden.dtype
+            h = hidden.to(compute)
+            n, vocab = h.shape[0], weight.shape[0]
+            width = min(CPU_LOGPROB_TILE, vocab)
+            running_max = torch.full((n,), -math.inf)
+            sum_exp, x_sum_exp, target_logit = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+            product = torch.empty(n, width, dtype=compute)
+            logits = product if compute == torch.float32 else torch.empty(n, width)
+            exps, rows = torch.empty(n, width), torch.arange(n)
+            for start in range(0, vocab, width):
+                cols = min(width, vocab - start)
+                z = tile_logits(h, weight, start, cols, factor, product, logits)
+                new_max = torch.maximum(running_max, z.amax(-1))
+                rescale = (running_max - new_max).exp_()
+                e = torch.sub(z, new_max.unsqueeze(-1), out=exps[:, :cols]).exp_()
+                sum_exp.mul_(rescale).add_(e.sum(-1))
+                if with_entropy:
+                    x_sum_exp.mul_(rescale).add_(e.mul_(z).sum(-1))
+                running_max = new_max
+                local = targets - start
+                inside = (local >= 0) & (local < cols)
+                target_logit[inside] = z[rows[inside], local[inside]]
+            log_z = running_max + sum_exp.log()
+            entropy = log_z - x_sum_exp / sum_exp if with_entropy else None
+            ctx.save_for_backward(hidden, weight, targets, log_z, log_z if entropy is None else entropy)
+            ctx.factor, ctx.compute = factor, compute
+            ctx.set_materialize_grads(False)  # an entropy logged but not trained on brings no gradient work
+            return target_logit - log_z, entropy
+
+        @staticmethod
+        def backward(ctx, grad_logprobs, grad_entropy):
+            hidden, weight, targets, log_z, entropy = ctx.saved_tensors
+            if grad_logprobs is None and grad_entropy is None:
+                return None, None, None, None, None
+            factor, compute = ctx.factor, ctx.compute
+            h = hidden.to(compute)
+            n, vocab = h.shape[0], weight.shape[0]
+            width = min(CPU_LOGPROB_TILE, vocab)
+            g = None if grad_logprobs is None else grad_logprobs.float() * factor
+            g_entropy = None if grad_entropy is None else grad_entropy.float() * factor
+            low = compute != torch.float32
+            block = max(1, min(n, LOGIT_GRADIENT_BLOCK_BYTES // (vocab * h.element_size())) if low else n)
+            product = torch.empty(block, width, dtype=compute)
+            logits = torch.empty(block, width) if low else product
+            probs = torch.empty(block, width)
+            logit_grads = torch.empty(block, vocab, dtype=compute) if low else None
+            grad_hidden = torch.zeros(n, h.shape[1], dtype=compute)
+            for first in range(0, n, block):
+                last = min(first + block, n)
+                m, rows = last - first, torch.arange(last - first)
+                for start in range(0, vocab, width):
+                    cols = min(width, vocab - start)
+                    log_p = tile_logits(h[first:last], weight, start, cols, factor, product[:m], logits[:m])
+                    log_p.sub_(log_z[first:last].unsqueeze(-1))
+                    p = torch.exp(log_p, out=probs[:m, :cols])
+                    if g_entropy is not None:  # d entropy / dz = -p (log p + entropy)
+                        log_p.add_(entropy[first:last].unsqueeze(-1)).mul_(p).mul_(-g_entropy[first:last].unsqueeze(-1))
+                    if g is None:
+                        grad = log_p
+                    else:  # d log p(target) / dz = 1[target] - p
+                        grad = p.mul_(-g[first:last].unsqueeze(-1))
+                        if g_entropy is not None:
+                            grad.add_(log_p)
+                        local = targets[first:last] - start
+                        inside = (local >= 0) & (local < cols)
+                        grad[rows[inside], local[inside]] += g[first:last][inside]
+                    if low:
+                        logit_grads[:m, start:start + cols].copy_(grad)
+                    else:
+                        grad_hidden[first:last].addmm_(grad, weight[start:start + cols])
+                if low:
+                    torch.mm(logit_grads[:m], weight.to(compute), out=grad_hidden[first:last])
+            return grad_hidden.to(hidden.dtype), None, None, None, None
+
+    return LeanLogProbHead
 
 
 _sampling = threading.local()  # .active: this thread is sampling completions inside sampling_mode
@@ -173,11 +304,42 @@ def sampling_mode(model):
     if enabled("inverse_cdf_sampling"):
         _install_inverse_cdf_sampler()
         _sampling.active = True
+    merged = merge_adapters_for_sampling(model) if enabled("merged_sampling") else []
     try:
         yield
     finally:
+        for module in merged:
+            module.sampling_weight = None
         model.train(was_training)
         _sampling.active = was_sampling
+
+
+MERGED_SAMPLING_MEMORY_SHARE = 0.25  # of the machine's free memory, at most, for the merged copy of the weights
+
+
+def merge_adapters_for_sampling(model) -> list:
+    """Give each lean LoRA layer of ``model`` a ``sampling_weight``, its weight with the adapter merged in, for the
+    no-grad eval-mode forwards of sampling (see ``merged_sampling``); returns the layers, whose weights the caller
+    drops afterwards. Nothing is merged where the copies would take more than ``MERGED_SAMPLING_MEMORY_SHARE`` of
+    the free memory, or in training mode, where the adapters' dropout must apply."""
+    import torch
+
+    if model.training or not enabled("lean_adapter_layers"):
+        return []
+    layers = [module for module in model.modules() if type(module) is lean_lora_class()
+              and module._lean_applies(module.base_layer.weight) and not module.disable_adapters]
+    needed_gb = sum(layer.base_layer.weight.nbytes for layer in layers) / 2**30
+    free_gb = system_memory_gb()
+    if not layers or free_gb is None or needed_gb > MERGED_SAMPLING_MEMORY_SHARE * free_gb:
+        return []
+    with torch.no_grad():
+        for layer in layers:
+            name = layer.active_adapters[0]
+            weight, a, b = layer.base_layer.weight, layer.lora_A[name].weight, layer.lora_B[name].weight
+            # W + scaling * B @ A in float32 (adapters train in float32), rounded once to the weight's dtype
+            layer.sampling_weight = torch.addmm(weight.float(), b.float(), a.float(), alpha=layer.scaling[name]) \
+                .to(weight.dtype)
+    return layers
 
 
 @functools.cache
@@ -314,10 +476,14 @@ def lean_lora_class():
         return isinstance(scaling, (int, float)) and scaling > 0 and math.frexp(scaling)[0] == 0.5
 
     class LeanLoraLinear(Linear):
+        sampling_weight = None  # set by merge_adapters_for_sampling while the trainer samples
+
         def forward(self, x, *args, **kwargs):
             if args or kwargs or not self._lean_applies(x):
                 return super().forward(x, *args, **kwargs)
             base = self.base_layer
+            if self.sampling_weight is not None and not self.disable_adapters and not torch.is_grad_enabled():
+                return F.linear(x, self.sampling_weight, base.bias)
             result = F.linear(x, base.weight, base.bias)
             if self.disable_adapters:
                 return result

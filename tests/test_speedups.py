@@ -72,12 +72,20 @@ def test_completion_only_logprobs_equal_the_all_positions_ones_with_their_gradie
     assert not chunked_logprob._use_triton(torch.device("cpu"))  # the kernel choice is TRL's, untouched
 
 
+def _trl_logprob_function(monkeypatch):
+    """TRL's own fused log-prob function, with whatever an earlier test installed taken out for this test."""
+    from trl.trainer import utils
+
+    trl_function = getattr(utils._ChunkedLogProbFunction, "wrapped", utils._ChunkedLogProbFunction)
+    monkeypatch.setattr(utils, "_ChunkedLogProbFunction", trl_function)
+    return trl_function
+
+
 def test_cache_sized_logprob_tiles_give_the_same_logprobs_and_gradients(tiny_model_dir, monkeypatch):
     from trl.trainer import utils
     from trl.trainer.utils import add_fused_lm_head
 
-    trl_function = getattr(utils._ChunkedLogProbFunction, "wrapped", utils._ChunkedLogProbFunction)
-    monkeypatch.setattr(utils, "_ChunkedLogProbFunction", trl_function)  # TRL's own, whatever ran before
+    trl_function = _trl_logprob_function(monkeypatch)
     widths = []
     original_apply = trl_function.apply
 
@@ -98,12 +106,82 @@ def test_cache_sized_logprob_tiles_give_the_same_logprobs_and_gradients(tiny_mod
 
     one_tile = logprobs_and_grads()  # TRL's width is wider than the tiny vocabulary
     monkeypatch.setattr(speedups, "CPU_LOGPROB_TILE", 7)  # many tiles, the last one partly filled
-    speedups.cache_sized_logprob_tiles()
-    speedups.cache_sized_logprob_tiles()  # a second call wraps nothing twice
-    many_tiles = logprobs_and_grads()
+    speedups.cpu_logprob_head()
+    speedups.cpu_logprob_head()  # a second call wraps nothing twice
+    many_tiles = logprobs_and_grads()  # a trained LM head: TRL's function with Dragon's tiles, not the lean head
     assert widths == [utils._CHUNKED_LOGPROB_CHUNK_SIZE, 7] and model.config.vocab_size % 7
     for got, want in zip(many_tiles, one_tile, strict=True):  # summed in another order: float32 rounding apart
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, entropy_trained", [
+    (torch.float32, False), (torch.float32, True), (torch.bfloat16, False), (torch.bfloat16, True)])
+def test_the_lean_logprob_head_matches_trls_log_probs_entropy_and_gradients(monkeypatch, dtype, entropy_trained):
+    trl_function = _trl_logprob_function(monkeypatch)
+    monkeypatch.setattr(speedups, "CPU_LOGPROB_TILE", 16)  # several tiles, the last one partly filled
+    monkeypatch.setattr(speedups, "LOGIT_GRADIENT_BLOCK_BYTES", 7 * 50 * 2)  # row blocks of 7, the last of 5
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(50, 24, generator=generator).to(dtype)  # frozen, as under LoRA
+    hidden = torch.randn(19, 24, generator=generator).to(dtype)
+    targets = torch.randint(0, 50, (19,), generator=generator)
+    loss_weights = torch.randn(19, generator=generator)
+
+    def head(function, *inputs):
+        x = hidden.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logprobs, entropy = function(x, *inputs)[:2]
+        loss = (logprobs * loss_weights).sum() + (entropy.sum() * 0.3 if entropy_trained else 0)
+        loss.backward()
+        return logprobs.detach(), entropy.detach(), x.grad
+
+    want = head(lambda x, *a: trl_function.apply(x, weight, None, targets, 0.8, 16, None, 1.0, ("log_probs", "entropy")))
+    got = head(lambda x: speedups.lean_logprob_head_class().apply(x, weight, targets, 1 / 0.8, True))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # the same operations on the same numbers
+    # TRL sums the gradient in float32 and rounds to bf16 once; the lean head's matmul does too, in another order
+    tolerance = {"rtol": 1e-5, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-6}
+    torch.testing.assert_close(got[2], want[2], **tolerance)
+
+
+def test_the_lean_logprob_head_trains_a_model_like_trl_and_leaves_other_cases_to_it(tiny_model_dir, monkeypatch):
+    from trl.trainer.utils import add_fused_lm_head
+
+    _trl_logprob_function(monkeypatch)
+    model = _tiny(tiny_model_dir)
+    model.lm_head.weight.requires_grad_(False)  # as under LoRA
+    add_fused_lm_head(model, temperature=0.8, outputs=("log_probs", "entropy"))
+    input_ids = torch.randint(5, model.config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(5))
+    lean_calls = []
+    lean_apply = speedups.lean_logprob_head_class().apply
+    monkeypatch.setattr(speedups.lean_logprob_head_class(), "apply", lambda *a: lean_calls.append(1) or lean_apply(*a))
+
+    def logprobs_and_grads():
+        model.zero_grad()
+        out = model(input_ids=input_ids, labels=input_ids, fused_lm_head=True)
+        out.log_probs.sum().backward()
+        return out.log_probs.detach(), out.entropy.detach(), model.model.norm.weight.grad.clone()
+
+    trls = logprobs_and_grads()
+    speedups.cpu_logprob_head()
+    leans = logprobs_and_grads()
+    assert lean_calls == [1]
+    for got, want in zip(leans, trls, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+    model.lm_head.weight.requires_grad_(True)  # full fine-tuning trains the head: TRL's function computes its gradient
+    assert logprobs_and_grads()[0].shape == trls[0].shape and lean_calls == [1]
+    model.lm_head.weight.requires_grad_(False)
+    monkeypatch.setenv(speedups.ENV, "cache_sized_logprob_tiles")
+    torch.testing.assert_close(logprobs_and_grads()[0], trls[0])
+    assert lean_calls == [1]
+
+
+def test_the_lean_logprob_head_scores_an_empty_batch():
+    weight = torch.randn(30, 8)
+    hidden = torch.zeros(0, 8, requires_grad=True)
+    logprobs, entropy = speedups.lean_logprob_head_class().apply(hidden, weight, torch.zeros(0, dtype=torch.long), 1.0,
+                                                                 True)
+    logprobs.sum().backward()
+    assert logprobs.shape == entropy.shape == (0,) and hidden.grad.shape == (0, 8)
 
 
 def test_contiguous_lm_head_input_gives_the_same_logits_and_generations(tiny_model_dir):
@@ -435,6 +513,57 @@ def test_lean_adapter_layers_sample_and_score_the_reference_like_peft(tiny_model
         outputs.append((sampled, reference, adapted))
     assert all(torch.equal(a, b) for a, b in zip(*outputs))
     assert not torch.equal(outputs[1][1], outputs[1][2])  # the adapters do change the logits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_merged_sampling_samples_the_adapted_weights_and_drops_them_after(tiny_model_dir, dtype):
+    _, lean = _lora_pair(tiny_model_dir, dtype)
+    input_ids = torch.randint(5, lean.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(2))
+    layers = [module for module in lean.modules() if type(module) is speedups.lean_lora_class()]
+
+    def logits(**switches):
+        with torch.set_grad_enabled(switches.get("grad", False)):
+            if switches.get("base"):
+                with lean.disable_adapter():
+                    return lean(input_ids=input_ids).logits.detach()
+            return lean(input_ids=input_ids).logits.detach()
+
+    for round_ in range(2):  # the second time with changed adapters, as after an optimizer step
+        lean.eval()
+        unmerged, base = logits(), logits(base=True)
+        lean.train()
+        with speedups.sampling_mode(lean):
+            assert len(layers) == 14 and all(layer.sampling_weight is not None for layer in layers)
+            merged, merged_base, scored = logits(), logits(base=True), logits(grad=True)
+        assert lean.training and all(layer.sampling_weight is None for layer in layers)
+        assert torch.equal(merged_base, base) and torch.equal(scored, unmerged)  # only sampling uses the merge
+        # the same policy up to rounding (float32's, or bf16's in the merged weights): far from the base model's
+        if dtype == torch.float32:
+            torch.testing.assert_close(merged, unmerged, rtol=1e-5, atol=1e-5)
+        assert (merged - unmerged).abs().max() < 0.1 * (unmerged - base).abs().max()
+        with torch.no_grad():
+            for layer in layers:
+                layer.lora_B["default"].weight.mul_(-1)
+
+
+def test_merged_sampling_needs_the_memory_and_its_speedups(tiny_model_dir, monkeypatch):
+    _, lean = _lora_pair(tiny_model_dir, torch.float32)
+
+    def merged_layers():
+        with speedups.sampling_mode(lean):
+            return sum(getattr(module, "sampling_weight", None) is not None for module in lean.modules())
+
+    assert merged_layers() == 14
+    monkeypatch.setattr(speedups, "MERGED_SAMPLING_MEMORY_SHARE", 1e-9)
+    assert merged_layers() == 0
+    monkeypatch.setattr(speedups, "MERGED_SAMPLING_MEMORY_SHARE", 0.25)
+    monkeypatch.setattr(speedups, "system_memory_gb", lambda: None)  # a platform that does not say
+    assert merged_layers() == 0
+    monkeypatch.undo()
+    monkeypatch.setenv(speedups.ENV, ",".join(name for name in speedups.ALL if name != "merged_sampling"))
+    assert merged_layers() == 0
+    monkeypatch.setenv(speedups.ENV, "merged_sampling")  # sampling in training mode: dropout must apply
+    assert merged_layers() == 0
 
 
 def test_unusual_lora_layers_go_through_peft(tiny_model_dir):
