@@ -8,7 +8,9 @@ layer of the model (q, k, v, o, gate, up, down, LM head) and, with LoRA, the ada
 backward's gradients) in the same dtype and threads, and the floor adds those times up. Each shape is timed with
 its weight read from main memory, as in a real pass over the model (whose weights are several times the size of
 this machine's caches): a decoding step's matmuls of 24 rows run 1.5 times slower that way than with one weight
-reused from the cache, which no pass over a model ever gets. The LM head counts only
+reused from the cache, which no pass over a model ever gets. With ``merged_sampling``, generation counts the
+merged weights' matmuls and the merge itself (B @ A per adapted layer, in float32) instead of the adapters' matmuls
+per token. The LM head counts only
 the rows that need it: the last prompt position and each new token when sampling, the completion tokens when
 scoring. Attention scores (about 2 % of the FLOPs at these lengths) and the non-matmul ops count as zero. A second,
 "peak" floor divides the same FLOPs by the best throughput any shape reached, which is what the machine could do
@@ -173,6 +175,17 @@ class Floors:
     def flops(self, rows: int, head_rows: int, backward: bool = False, adapters: bool = True) -> float:
         return sum(count * 2 * m * k * n for m, k, n, count in self.matmuls(rows, head_rows, backward, adapters))
 
+    def merge_matmuls(self) -> list[tuple[int, int, int, int]]:
+        """(m, k, n, count) of ``merged_sampling``'s B @ A per adapted layer, in float32 as the adapters are."""
+        return [(n, self.rank, k, count) for name, k, n, count in self.shapes if name in self.adapted]
+
+    def merge_seconds(self) -> float:
+        return sum(count * 2 * m * k * n / (max(matmul_gflops(m, k, n, "float32", seconds=0.15) for _ in range(3)) * 1e9)
+                   for m, k, n, count in self.merge_matmuls())
+
+    def merge_flops(self) -> float:
+        return sum(count * 2 * m * k * n for m, k, n, count in self.merge_matmuls())
+
     def peak(self) -> float:
         return max(self.measured.values())
 
@@ -217,9 +230,12 @@ def main() -> None:
     prompt_rows, train_rows = sequences * round(prompt_tokens), sequences * round(prompt_tokens + completion)
     scored_rows = sequences * round(completion)
     reference = config.grpo.beta > 0
+    # merged_sampling samples through the adapted weights merged into one matrix per layer, made once per step
+    merged = bool(lora_rank) and speedups.enabled("merged_sampling")
     # each part's matmul passes: (times, rows, rows reaching the LM head, backward, with the adapters)
     passes = {
-        "generation": [(1, prompt_rows, sequences, False, True), (completion, sequences, sequences, False, True)],
+        "generation": [(1, prompt_rows, sequences, False, not merged),
+                       (completion, sequences, sequences, False, not merged)],
         # with LoRA, TRL's reference pass is the same model with its adapters switched off
         "reference_pass": [(1, train_rows, scored_rows, False, False)] if reference else [],
         "policy_forward": [(1, train_rows, scored_rows, False, True)],
@@ -231,10 +247,11 @@ def main() -> None:
                    for times, rows, head, backward, with_adapters in passes.get(part, []))
 
     floors = {part: floor_of(part) for part in PARTS}
+    floors["generation"] += floors_of.merge_seconds() if merged else 0.0
     # the floor without the adapters' matmuls, as this benchmark counted it before they were added
     base_floor = sum(floor_of(part, adapters=False) for part in PARTS)
     peak = floors_of.peak()
-    step_flops = sum(floor_of(part, floors_of.flops) for part in PARTS)
+    step_flops = sum(floor_of(part, floors_of.flops) for part in PARTS) + (floors_of.merge_flops() if merged else 0)
     peak_floor = step_flops / (peak * 1e9)
     measured = {part: median([s.get(part, 0.0) for s in steps]) for part in PARTS}
     total = median([s["total"] for s in steps])

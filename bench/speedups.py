@@ -65,11 +65,17 @@ def main() -> None:
 
     summary, rows = {}, []
     baseline = None
-    # The floor is the machine's and the shapes', not the variant's: pooled over every run, it steadies the small
-    # matmul timings it is built from.
-    floor_s = median([run["floor_step_s"] for runs in results.values() for run in runs])
+    # The floor is the machine's and the shapes', not the variant's: pooled over every run that counts the same
+    # matmuls, it steadies the small matmul timings it is built from. merged_sampling changes what generation
+    # multiplies (merged weights instead of the adapters per token), so its runs pool their own floor.
+    def floor_kind(run: dict) -> bool:
+        return "merged_sampling" in run["speedups"]
+
+    all_runs = [run for runs in results.values() for run in runs]
+    floors = {kind: median([run["floor_step_s"] for run in all_runs if floor_kind(run) == kind]) for kind in (False, True)}
     for label, _, _ in chosen:
         runs = results[label]
+        floor_s = floors[floor_kind(runs[0])]
         steps = [step for run in runs for step in run["per_step"]]
         step_s = median([step["total"] for step in steps])
         baseline = baseline or step_s
