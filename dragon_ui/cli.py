@@ -164,13 +164,16 @@ def _cmd_runs(args) -> int:
 
 
 def _cmd_eval(args) -> int:
-    from .evaluation import evaluate_run
+    from .compare import evaluate_now
     from .runstore import RunDir
+    from .studio import Studio
 
     run = RunDir(Path(args.run_dir))
     evaluation = run.read_eval()
     if args.recompute or "before" not in evaluation or "after" not in evaluation:
-        evaluation = evaluate_run(run)
+        for progress in evaluate_now(Studio(runs_dir=run.path.parent), run, rescore_before=args.recompute):
+            print(progress)
+        evaluation = run.read_eval()
     _print_eval(evaluation)
     return 0
 

@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from .config import ModelConfig, RunConfig
 from .data import read_jsonl
 from .errors import ConfigError
-from .evaluation import generate_replies, record_eval, score_replies
+from .evaluation import EVAL_BATCH, generate_replies, record_eval, score_replies
 from .export import TrainedWeights, trained_weights
 from .rewards import build_rewards
 from .runstore import ACTIVE_STATES, RunDir, write_json_atomic
 
 SIDES = ("before", "after")
 TABLE_HEADERS = ["Prompt", "Reference", "Before", "After", "Before reward", "After reward", "Per reward (before → after)"]
-EVAL_BATCH = 8  # prompts per generate call: one progress line (and one chance to cancel) per batch
 
 # The cached PeftModel is shared by every request; switching its adapter off for one request must not change what
 # another request generates at the same moment.
@@ -181,11 +180,13 @@ def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = N
     return replies[0], replies[1]
 
 
-def evaluate_now(studio, run: RunDir, should_stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
-    """Score the run's newest weights (and the starting model, if not scored yet) on its held-out prompts.
+def evaluate_now(studio, run: RunDir, should_stop: Callable[[], bool] = lambda: False,
+                 rescore_before: bool = False) -> Iterator[str]:
+    """Score the run's newest weights (and the starting model, if not scored yet or ``rescore_before``) on its
+    held-out prompts: the Compare tab's "Evaluate now" and ``python -m dragon_ui eval``.
 
-    A generator of progress sentences for the UI; eval.json and samples.json are written with record_eval exactly as
-    training writes them, one side at a time. When ``should_stop()`` turns true it stops between batches, leaving
+    A generator of progress sentences, one per batch; eval.json and samples.json are written with record_eval exactly
+    as training writes them, one side at a time. When ``should_stop()`` turns true it stops between batches, leaving
     the files as they were before the unfinished side.
     """
     config = run.read_config()
@@ -198,7 +199,7 @@ def evaluate_now(studio, run: RunDir, should_stop: Callable[[], bool] = lambda: 
                           "nothing to evaluate.")
     weights = trained_weights(run)
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
-    sides = [side for side in SIDES if side == "after" or "before" not in run.read_eval()]
+    sides = [side for side in SIDES if side == "after" or rescore_before or "before" not in run.read_eval()]
     yield f"Loading the model with {weights.label}..."
     for side in sides:
         started = time.monotonic()

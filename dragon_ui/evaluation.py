@@ -18,6 +18,8 @@ from .runstore import RunDir, write_json_atomic
 
 log = logging.getLogger(__name__)
 
+EVAL_BATCH = 16  # prompts per generate call; training, the Compare tab and the CLI batch alike, so greedy replies match
+
 
 @dataclass
 class EvalResult:
@@ -33,7 +35,7 @@ class EvalResult:
                 "seconds": round(self.seconds, 2)}
 
 
-def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int = 16,
+def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int = EVAL_BATCH,
                      temperature: float = 0.0, should_stop=None) -> list[str]:
     """Reply to each chat prompt (greedy when temperature is 0), batched with left padding."""
     import torch
@@ -102,40 +104,3 @@ def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict
     log.info("Held-out reward %s training: %.3f (%s) on %d prompts in %.1f s", stage, result.reward_mean,
              ", ".join(f"{k} {v:.3f}" for k, v in result.breakdown.items()), len(examples), result.seconds)
     return evaluation
-
-
-def evaluate_run(run: RunDir) -> dict:
-    """Recompute both sides for a finished run: its starting model, then the same model with the trained weights."""
-    from .data import read_jsonl
-    from .errors import ConfigError
-    from .hardware import resolve_hardware
-    from .models import ModelSource, load_model, load_tokenizer, resolve_model
-    from .rewards import build_rewards
-
-    config = run.read_config()
-    eval_path = run.data_dir / "eval.jsonl"
-    examples = read_jsonl(eval_path) if eval_path.is_file() else []
-    if not examples:
-        raise ConfigError(f"The run {run.id} has no held-out prompts (datasets under 20 rows keep none), so there is nothing to evaluate.")
-    if not run.has_final_weights():
-        raise ConfigError(f"The run {run.id} has no trained weights yet; evaluate it once it has finished.")
-    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
-    hardware = resolve_hardware(config.hardware)
-    source = resolve_model(config.model)
-    tokenizer = load_tokenizer(source)
-    model = load_model(source, hardware)
-
-    def side(stage: str, weights) -> dict:
-        result = evaluate_model(weights, tokenizer, examples, rewards, config.grpo.max_new_tokens)
-        return record_eval(run, stage, result, examples, config.n_samples)
-
-    if config.lora.enabled:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(run.adapter_dir))
-        with model.disable_adapter():  # the starting model is the same weights with the adapter switched off
-            side("before", model)
-        return side("after", model)
-    side("before", model)
-    del model
-    return side("after", load_model(ModelSource("local", str(run.full_model_dir), f"run {run.id}"), hardware))

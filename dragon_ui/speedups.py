@@ -479,11 +479,13 @@ def lean_lora_class():
         sampling_weight = None  # set by merge_adapters_for_sampling while the trainer samples
 
         def forward(self, x, *args, **kwargs):
+            if self.sampling_weight is not None and not (args or kwargs or self.disable_adapters
+                                                         or torch.is_grad_enabled()):
+                # merge_adapters_for_sampling checked _lean_applies when it made the weight; skipping it per token
+                return F.linear(x, self.sampling_weight, self.base_layer.bias)
             if args or kwargs or not self._lean_applies(x):
                 return super().forward(x, *args, **kwargs)
             base = self.base_layer
-            if self.sampling_weight is not None and not self.disable_adapters and not torch.is_grad_enabled():
-                return F.linear(x, self.sampling_weight, base.bias)
             result = F.linear(x, base.weight, base.bias)
             if self.disable_adapters:
                 return result

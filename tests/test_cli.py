@@ -41,9 +41,12 @@ def test_train_runs_eval_in_process(config_file, runs_dir, capsys):
     assert "numeric" in stored and "length" in stored and "before" in stored
 
     before = json.loads((run_dir / "eval.json").read_text())
+    tampered = json.loads(json.dumps(before))
+    tampered["before"]["reward_mean"] = tampered["after"]["reward_mean"] = -1.0
+    (run_dir / "eval.json").write_text(json.dumps(tampered))
     assert main(["eval", str(run_dir), "--recompute"]) == 0
-    capsys.readouterr()
-    # Greedy decoding: recomputing from the saved adapter gives the numbers training recorded.
+    assert "Done: the trained model" in capsys.readouterr().out  # the Compare tab's evaluation, with its progress
+    # Greedy decoding in the same batches: recomputing both sides from the saved adapter gives training's numbers.
     after = json.loads((run_dir / "eval.json").read_text())
     assert after["after"]["reward_mean"] == pytest.approx(before["after"]["reward_mean"])
     assert after["before"]["reward_mean"] == pytest.approx(before["before"]["reward_mean"])

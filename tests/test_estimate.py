@@ -4,6 +4,7 @@ and the CPU calibration against a measured GRPO step."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -255,3 +256,19 @@ def test_durations_read_naturally(seconds, text):
     from dragon_ui.estimate import format_seconds
 
     assert format_seconds(seconds) == text
+
+
+@pytest.mark.parametrize("meminfo, expected_gb", [
+    ("MemTotal:       24684000 kB\nMemFree:         1048576 kB\nMemAvailable:    8388608 kB\n", 8.0),  # caches count
+    ("MemTotal:       24684000 kB\nMemFree:         1048576 kB\n", None),  # an old kernel: sysconf's free pages
+    (None, None),  # no /proc/meminfo (macOS): sysconf
+])
+def test_free_memory_counts_what_the_kernel_can_hand_back(tmp_path, monkeypatch, meminfo, expected_gb):
+    path = tmp_path / "meminfo"
+    if meminfo is not None:
+        path.write_text(meminfo)
+    monkeypatch.setattr(estimate, "MEMINFO", path)
+    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / estimate.GB
+    found = estimate.system_memory_gb()
+    assert found == pytest.approx(expected_gb if expected_gb is not None else pages, rel=0.05)
+    assert estimate.system_memory_gb(free=False) >= found
