@@ -132,6 +132,12 @@ def linear_shapes(model_dir: str) -> list[tuple[str, int, int, int]]:
     return [(name, k, n, layers) for name, k, n in per_layer] + [("lm_head", hidden, config["vocab_size"], 1)]
 
 
+def best_gflops(m: int, k: int, n: int, dtype: str, weights_mib: float = 0) -> float:
+    """The best of three timings of one shape, since a busy moment on a shared machine only ever makes a matmul
+    slower."""
+    return max(matmul_gflops(m, k, n, dtype, seconds=0.15, weights_mib=weights_mib) for _ in range(3))
+
+
 class Floors:
     """Time of a model's matmuls at a given batch of rows, from measured per-shape throughput (cached).
 
@@ -148,11 +154,9 @@ class Floors:
         self.weights_mib = sum(k * n * count for _, k, n, count in shapes) * bytes_per_value / 2**20
 
     def gflops(self, m: int, k: int, n: int) -> float:
-        """Throughput of one shape, its weights cycling through as much memory as the model's own weights fill; the
-        best of three timings, since a busy moment on a shared machine only ever makes a matmul slower."""
+        """Throughput of one shape, its weights cycling through as much memory as the model's own weights fill."""
         if (m, k, n) not in self.measured:
-            self.measured[(m, k, n)] = max(matmul_gflops(m, k, n, self.dtype, seconds=0.15, weights_mib=self.weights_mib)
-                                           for _ in range(3))
+            self.measured[(m, k, n)] = best_gflops(m, k, n, self.dtype, weights_mib=self.weights_mib)
         return self.measured[(m, k, n)]
 
     def matmuls(self, rows: int, head_rows: int, backward: bool, adapters: bool) -> list[tuple[int, int, int, int]]:
@@ -180,8 +184,7 @@ class Floors:
         return [(n, self.rank, k, count) for name, k, n, count in self.shapes if name in self.adapted]
 
     def merge_seconds(self) -> float:
-        return sum(count * 2 * m * k * n / (max(matmul_gflops(m, k, n, "float32", seconds=0.15) for _ in range(3)) * 1e9)
-                   for m, k, n, count in self.merge_matmuls())
+        return sum(count * 2 * m * k * n / (best_gflops(m, k, n, "float32") * 1e9) for m, k, n, count in self.merge_matmuls())
 
     def merge_flops(self) -> float:
         return sum(count * 2 * m * k * n for m, k, n, count in self.merge_matmuls())

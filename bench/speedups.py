@@ -4,9 +4,9 @@ Every variant runs ``bench/breakdown.py`` in its own process (some speed-ups pat
 ``DRAGON_UI_SPEEDUPS`` naming the speed-ups on so far, and the rounds alternate (none, +1, +2, ..., none, +1, ...)
 so that a machine getting slower or faster over the run does not favour one variant. Reported per variant: the
 median step, its parts, the step over the floor (each run over its own, then the median), and the mean sampled
-reward of the steps, which must stay the same within noise (same seed; a speed-up must not change what is learned). A last, separate
-row switches off LoRA dropout as well: that one does change training, so it is reported for information and is not
-a default.
+reward of the steps, which must stay the same within noise (same seed; a speed-up must not change what is learned).
+A last, separate row switches off LoRA dropout as well: that one does change training, so it is reported for
+information and is not a default.
 
     python bench/speedups.py [--dtype bfloat16] [--rounds 2] [--steps 4]
 """
