@@ -10,9 +10,9 @@ its weight read from main memory, as in a real pass over the model (whose weight
 this machine's caches): a decoding step's matmuls of 24 rows run 1.5 times slower that way than with one weight
 reused from the cache, which no pass over a model ever gets. With ``merged_sampling``, generation counts the
 merged weights' matmuls and the merge itself (B @ A per adapted layer, in float32) instead of the adapters' matmuls
-per token. The LM head counts only
-the rows that need it: the last prompt position and each new token when sampling, the completion tokens when
-scoring. Attention scores (about 2 % of the FLOPs at these lengths) and the non-matmul ops count as zero. A second,
+per token. With ``shared_prompts``, the floor counts each distinct prompt once where the step reads it once: when
+sampling, in the reference pass and, without dropout, in the policy pass. The LM head counts only the rows that
+need it: the last prompt position and each new token when sampling, the completion tokens when scoring. Attention scores (about 2 % of the FLOPs at these lengths) and the non-matmul ops count as zero. A second,
 "peak" floor divides the same FLOPs by the best throughput any shape reached, which is what the machine could do
 if every matmul ran as well as its best one.
 
@@ -164,6 +164,8 @@ class Floors:
         r, found = self.rank, []
         for name, k, n, count in self.shapes:
             m = head_rows if name == "lm_head" else rows
+            if not m:
+                continue
             found.append(((m, n, k) if backward else (m, k, n)) + (count,))
             if backward and not r:  # full fine-tuning: the weight gradients too
                 found.append((n, m, k, count))
@@ -235,14 +237,27 @@ def main() -> None:
     reference = config.grpo.beta > 0
     # merged_sampling samples through the adapted weights merged into one matrix per layer, made once per step
     merged = bool(lora_rank) and speedups.enabled("merged_sampling")
+    # shared_prompts runs each group's prompt once, then the completions on top, in the reference pass and, where
+    # nothing drops out, in the policy pass
+    shared = speedups.enabled("shared_prompts")
+    shared_policy = shared and not (lora_rank and config.lora.dropout)
+    distinct_prompt_rows = config.training.batch_size * round(prompt_tokens)
+
+    def scoring(backward: bool, adapters: bool, share: bool) -> list[tuple]:
+        if share:
+            return [(1, distinct_prompt_rows, 0, backward, adapters), (1, scored_rows, scored_rows, backward, adapters)]
+        return [(1, train_rows, scored_rows, backward, adapters)]
+
+    # sampling reads each distinct prompt but its last token once, then that token for every sequence
+    prefill = [(1, config.training.batch_size * (round(prompt_tokens) - 1), 0, False, not merged),
+               (1, sequences, sequences, False, not merged)] if shared else [(1, prompt_rows, sequences, False, not merged)]
     # each part's matmul passes: (times, rows, rows reaching the LM head, backward, with the adapters)
     passes = {
-        "generation": [(1, prompt_rows, sequences, False, not merged),
-                       (completion, sequences, sequences, False, not merged)],
+        "generation": prefill + [(completion, sequences, sequences, False, not merged)],
         # with LoRA, TRL's reference pass is the same model with its adapters switched off
-        "reference_pass": [(1, train_rows, scored_rows, False, False)] if reference else [],
-        "policy_forward": [(1, train_rows, scored_rows, False, True)],
-        "backward": [(1, train_rows, scored_rows, True, True)],
+        "reference_pass": scoring(False, False, shared) if reference else [],
+        "policy_forward": scoring(False, True, shared_policy),
+        "backward": scoring(True, True, shared_policy),
     }
 
     def floor_of(part: str, measure=floors_of.seconds, adapters: bool = True) -> float:

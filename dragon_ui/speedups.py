@@ -1,4 +1,4 @@
-"""Faster GRPO steps that learn the same thing: ten fixes to how TRL 1.16, PEFT and transformers 5 run a step.
+"""Faster GRPO steps that learn the same thing: eleven fixes to how TRL 1.16, PEFT and transformers 5 run a step.
 
 Each one was found with the profiler and is measured before and after by ``bench/speedups.py``; the README's
 Performance section has the figures. They are on by default; ``DRAGON_UI_SPEEDUPS`` names the ones to use
@@ -61,12 +61,21 @@ Performance section has the figures. They are on by default; ``DRAGON_UI_SPEEDUP
   weights too; the log-probs that are trained still come from the unmerged layers. The copy takes the adapted
   weights' size again (214 MB for SmolLM2-135M in bf16), so it is made only where that is at most a quarter of the
   free memory.
+- ``shared_prompts``: TRL scores each completion of a group with its own copy of the group's prompt, so the
+  reference pass runs every prompt through the model once per completion (6 times in the recipes) although, with no
+  gradients and the adapters off, the prompt's keys and values are the same numbers each time: its tokens never see
+  the completions. Dragon runs each distinct prompt once, hands its keys and values to every completion of the
+  group, and runs only the completions on top: the same attention over the same keys, positions and masks, for a
+  third of the rows in the recipes (prompts are three times longer than completions). The policy pass shares
+  prompts the same way when nothing in the model drops out (``lora.dropout: 0``), gradients included; with dropout
+  every copy of a prompt draws masks of its own, so it keeps its copies.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import os
 import sys
@@ -77,7 +86,7 @@ from .estimate import system_memory_gb
 
 ALL = ("completion_logprobs", "contiguous_lm_head", "sampling_without_dropout", "sparse_dropout",
        "inverse_cdf_sampling", "short_sequence_attention", "cache_sized_logprob_tiles", "lean_adapter_layers",
-       "lean_logprob_head", "merged_sampling")
+       "lean_logprob_head", "merged_sampling", "shared_prompts")
 ENV = "DRAGON_UI_SPEEDUPS"
 
 
@@ -296,8 +305,9 @@ _sampling = threading.local()  # .active: this thread is sampling completions in
 
 @contextlib.contextmanager
 def sampling_mode(model):
-    """The model in eval mode while it samples completions (see ``sampling_without_dropout``), and this thread's
-    ``torch.multinomial`` calls drawing by inverse CDF (see ``inverse_cdf_sampling``); then both as they were."""
+    """The model in eval mode while it samples completions (see ``sampling_without_dropout``), this thread's
+    ``torch.multinomial`` calls drawing by inverse CDF (see ``inverse_cdf_sampling``), the adapters merged (see
+    ``merged_sampling``) and each distinct prompt read once (see ``shared_prompts``); then all as they were."""
     was_training, was_sampling = model.training, getattr(_sampling, "active", False)
     if enabled("sampling_without_dropout"):
         model.eval()
@@ -306,7 +316,8 @@ def sampling_mode(model):
         _sampling.active = True
     merged = merge_adapters_for_sampling(model) if enabled("merged_sampling") else []
     try:
-        yield
+        with shared_prompt_prefill(model):
+            yield
     finally:
         for module in merged:
             module.sampling_weight = None
@@ -340,6 +351,162 @@ def merge_adapters_for_sampling(model) -> list:
             layer.sampling_weight = torch.addmm(weight.float(), b.float(), a.float(), alpha=layer.scaling[name]) \
                 .to(weight.dtype)
     return layers
+
+
+@contextlib.contextmanager
+def shared_prompts(model, prompt_length: int):
+    """While TRL scores ``prompt_length`` prompt tokens plus completions with ``model``, its backbone runs each
+    distinct prompt once; see ``shared_prompts``. Nothing changes where anything drops out, since each copy of a
+    prompt would draw masks of its own."""
+    backbone = _backbone_of(model)
+    if not enabled("shared_prompts") or backbone is None or prompt_length < 1 or _drops_out(model):
+        yield
+        return
+    had_own_forward, original = "forward" in vars(backbone), backbone.forward
+
+    def forward(input_ids=None, attention_mask=None, use_cache=None, **kwargs):
+        shared = None
+        if input_ids is not None and attention_mask is not None and input_ids.device.type == "cpu" \
+                and input_ids.size(1) > prompt_length and not any(value is not None for value in kwargs.values()):
+            shared = forward_sharing_prompts(backbone, original, input_ids, attention_mask, prompt_length)
+        if shared is None:
+            shared = original(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache, **kwargs)
+        return shared
+
+    backbone.forward = forward
+    try:
+        yield
+    finally:
+        if had_own_forward:
+            backbone.forward = original
+        else:
+            del backbone.forward
+
+
+@contextlib.contextmanager
+def shared_prompt_prefill(model):
+    """While the trainer samples, ``model.generate`` reads each distinct prompt once (all but its last token, whose
+    logits start the sampling) and gives every completion of the group those keys and values; see
+    ``shared_prompts``."""
+    import torch
+
+    backbone = _backbone_of(model)
+    if not enabled("shared_prompts") or backbone is None or _drops_out(model):
+        yield
+        return
+    had_own_generate, original = "generate" in vars(model), model.generate
+
+    def generate(*args, input_ids=None, attention_mask=None, **kwargs):
+        settings = kwargs.get("generation_config") or model.generation_config
+        plain_text = not any(torch.is_tensor(value) for value in kwargs.values()) \
+            and not {"cache", "past_key_values", "cache_implementation", "use_cache"} & set(kwargs)
+        if plain_text and not args and input_ids is not None and attention_mask is not None \
+                and input_ids.device.type == "cpu" and input_ids.size(1) > 1 and settings.use_cache is not False \
+                and settings.cache_implementation is None:
+            cache = prefill_sharing_prompts(backbone, input_ids, attention_mask)
+            if cache is not None:
+                kwargs[_cache_keyword(backbone)] = cache
+        return original(*args, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    model.generate = generate
+    try:
+        yield
+    finally:
+        if had_own_generate:
+            model.generate = original
+        else:
+            del model.generate
+
+
+def prefill_sharing_prompts(backbone, input_ids, attention_mask):
+    """A key-value cache of every row's prompt but its last token, each distinct prompt computed once, at the
+    positions transformers' ``generate`` gives a left-padded prompt; None where every row has a prompt of its own."""
+    import torch
+    from transformers import DynamicCache
+
+    distinct_rows = _distinct_rows(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1))
+    if distinct_rows is None:
+        return None
+    first_row, row_prompt = distinct_rows
+    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    cache = DynamicCache(config=backbone.config)
+    backbone(input_ids=input_ids[first_row, :-1], attention_mask=attention_mask[first_row, :-1],
+             position_ids=positions[first_row, :-1], use_cache=True, **{_cache_keyword(backbone): cache})
+    for layer in cache.layers:
+        layer.batch_select_indices(row_prompt)
+    return cache
+
+
+def _distinct_rows(rows):
+    """(the first row of each distinct row, each row's distinct index), or None where all rows differ."""
+    import torch
+
+    distinct, index = torch.unique(rows, dim=0, return_inverse=True)
+    if distinct.size(0) == rows.size(0):
+        return None
+    first = torch.full((distinct.size(0),), rows.size(0), dtype=torch.long, device=rows.device)
+    return first.scatter_reduce_(0, index, torch.arange(rows.size(0), device=rows.device), "amin"), index
+
+
+def _cache_keyword(backbone) -> str:
+    """transformers 5 renamed ``past_key_values`` to ``cache`` (the old name still works until 5.40)."""
+    return "cache" if "cache" in inspect.signature(type(backbone).forward).parameters else "past_key_values"
+
+
+def forward_sharing_prompts(backbone, forward, input_ids, attention_mask, prompt_length: int):
+    """``backbone``'s output (from its original ``forward``) for ``input_ids``, with each distinct prompt (tokens
+    and padding) run once; None where every row has a prompt of its own.
+
+    The prompts' keys and values go to every row that shares them, and the rest of each row runs on top of them, at
+    the positions and under the masks the full rows would have had. Only the hidden states that score the
+    completions are returned: the last prompt position's and the completion's; the earlier prompt positions, which
+    TRL never scores, are zero.
+    """
+    import torch
+    from transformers import DynamicCache
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    rows = input_ids.size(0)
+    distinct_rows = _distinct_rows(torch.cat([input_ids[:, :prompt_length],
+                                              attention_mask[:, :prompt_length].to(input_ids.dtype)], dim=1))
+    if distinct_rows is None:
+        return None
+    first_row, row_prompt = distinct_rows
+    cache = DynamicCache(config=backbone.config)
+    keyword = _cache_keyword(backbone)
+    prompt = forward(input_ids=input_ids[first_row, :prompt_length],
+                     attention_mask=attention_mask[first_row, :prompt_length], use_cache=True, **{keyword: cache})
+    for layer in cache.layers:
+        layer.batch_select_indices(row_prompt)
+    rest = forward(input_ids=input_ids[:, prompt_length:], attention_mask=attention_mask, use_cache=True,
+                   **{keyword: cache})
+    last_prompt = prompt.last_hidden_state[row_prompt, -1:]
+    unscored = last_prompt.new_zeros(rows, prompt_length - 1, last_prompt.size(-1))
+    return BaseModelOutputWithPast(last_hidden_state=torch.cat([unscored, last_prompt, rest.last_hidden_state], dim=1))
+
+
+def _backbone_of(model):
+    """The transformer under the LM head that TRL's fused head calls (``base_model``), through PEFT and DDP."""
+    model = getattr(model, "module", model)
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    backbone = getattr(model, "base_model", None)
+    return None if backbone is None or backbone is model else backbone
+
+
+def _drops_out(model) -> bool:
+    """Whether a forward of ``model`` would drop anything out: in training mode, attention dropout or a dropout
+    module with a rate, other than the dropouts of switched-off adapters (TRL's reference pass)."""
+    import torch
+
+    if not model.training:
+        return False
+    if getattr(getattr(model, "config", None), "attention_dropout", 0.0):
+        return True
+    idle = {id(dropout) for module in model.modules() if getattr(module, "disable_adapters", False)
+            for dropout in getattr(module, "lora_dropout", {}).values()}
+    return any(module.training and module.p > 0 and id(module) not in idle for module in model.modules()
+               if isinstance(module, torch.nn.modules.dropout._DropoutNd))
 
 
 @functools.cache

@@ -323,7 +323,8 @@ def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, mo
 
 @functools.cache
 def _studio_trainer_class():
-    """TRL's GRPOTrainer, sampling in the mode ``speedups.sampling_mode`` explains (built lazily: TRL imports slowly)."""
+    """TRL's GRPOTrainer, sampling in the mode ``speedups.sampling_mode`` explains and scoring with each group's
+    prompt run once (``speedups.shared_prompts``); built lazily, since TRL imports slowly."""
     from trl import GRPOTrainer
 
     class StudioGRPOTrainer(GRPOTrainer):
@@ -331,6 +332,12 @@ def _studio_trainer_class():
         def _generate_single_turn(self, *args, **kwargs):
             with speedups.sampling_mode(self.model):
                 return super()._generate_single_turn(*args, **kwargs)
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args,
+                                               **kwargs):
+            with speedups.shared_prompts(model, input_ids.size(1) - logits_to_keep):
+                return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                                  *args, **kwargs)
 
     return StudioGRPOTrainer
 

@@ -53,6 +53,12 @@ def test_the_floor_counts_each_matmul_a_pass_needs(breakdown, rank, adapted, bac
     assert floors.flops(10, 3, backward=backward, adapters=adapters) == sum(2 * m * k * n * c for m, k, n, c in expected)
 
 
+def test_a_pass_that_scores_no_token_has_no_lm_head_matmul(breakdown):
+    """shared_prompts' prompt pass: every layer over the prompt rows, the LM head over none."""
+    floors = breakdown.Floors(SHAPES, "float32")
+    assert floors.matmuls(10, 0, backward=False, adapters=False) == [(10, 8, 8, 2), (10, 16, 8, 2)]
+
+
 def test_linear_shapes_read_the_model_config(breakdown, tiny_model_dir):
     shapes = breakdown.linear_shapes(str(tiny_model_dir))
     assert [name for name, *_ in shapes] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",

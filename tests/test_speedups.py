@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -594,3 +595,169 @@ def test_lean_adapter_layers_keep_the_adapter_file_and_can_be_turned_off(tiny_mo
     monkeypatch.setenv(speedups.ENV, "none")
     _, untouched = _lora_pair(tiny_model_dir, torch.float32)
     assert not any(type(m) is speedups.lean_lora_class() for m in untouched.modules())
+
+
+def _grouped_batch(vocab_size: int, prompt_len=9, completion_len=5, groups=2, group_size=3, seed=0):
+    """A GRPO batch: ``groups`` left-padded prompts, each repeated for ``group_size`` completions (one cut short)."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(5, vocab_size, (groups, prompt_len), generator=generator)
+    prompt_mask = torch.ones_like(prompts)
+    prompt_mask[0, :3] = 0
+    rows = groups * group_size
+    input_ids = torch.cat([prompts.repeat_interleave(group_size, 0),
+                           torch.randint(5, vocab_size, (rows, completion_len), generator=generator)], dim=1)
+    attention_mask = torch.cat([prompt_mask.repeat_interleave(group_size, 0),
+                                torch.ones(rows, completion_len, dtype=torch.long)], dim=1)
+    attention_mask[1, -2:] = 0  # a completion that ended early
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    labels[:, :prompt_len] = -100
+    return input_ids, attention_mask, labels
+
+
+@pytest.fixture
+def sharing_calls(monkeypatch):
+    """Each call of forward_sharing_prompts: True where it shared prompts, False where it left the rows alone."""
+    calls = []
+    original = speedups.forward_sharing_prompts
+
+    def recording(*args, **kwargs):
+        result = original(*args, **kwargs)
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(speedups, "forward_sharing_prompts", recording)
+    return calls
+
+
+def _fused_tiny(tiny_model_dir, lora_dropout=None):
+    from peft import LoraConfig, get_peft_model
+    from trl.trainer.utils import add_fused_lm_head
+
+    speedups.score_completion_tokens_only()
+    model = _tiny(tiny_model_dir)
+    add_fused_lm_head(model, temperature=0.8, outputs=("log_probs", "entropy"))
+    if lora_dropout is not None:
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=lora_dropout, task_type="CAUSAL_LM",
+                                                 target_modules="all-linear"))
+        speedups.apply_to_trainer_model(model)
+        model.train()
+    return model
+
+
+def _score(model, batch, prompt_len, shared, grad):
+    """Log-probs, entropies and parameter gradients of the completions, as TRL's passes compute them."""
+    input_ids, attention_mask, labels = batch
+    model.zero_grad()
+    with torch.set_grad_enabled(grad), (speedups.shared_prompts(model, prompt_len) if shared
+                                        else contextlib.nullcontext()):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+    completion = slice(prompt_len, None)
+    if grad:
+        (out.log_probs.sum() + out.entropy[:, completion].sum()).backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    return out.log_probs[:, completion].detach(), out.entropy[:, completion].detach(), grads
+
+
+@pytest.mark.parametrize("grad, lora_dropout, adapters", [
+    (False, None, True), (True, None, True), (True, 0.0, True), (False, 0.1, False)])
+def test_shared_prompts_score_completions_like_full_rows_with_the_same_gradients(tiny_model_dir, sharing_calls, grad,
+                                                                                  lora_dropout, adapters):
+    """Without a model, with dropout-free adapters, and with dropping adapters switched off (TRL's reference pass)."""
+    model = _fused_tiny(tiny_model_dir, lora_dropout)
+    batch = _grouped_batch(model.config.vocab_size)
+    with contextlib.nullcontext() if adapters else model.disable_adapter():
+        full = _score(model, batch, 9, shared=False, grad=grad)
+        shared = _score(model, batch, 9, shared=True, grad=grad)
+    assert sharing_calls == [True]
+    torch.testing.assert_close(shared[0], full[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(shared[1], full[1], rtol=1e-5, atol=1e-6)
+    assert bool(shared[2]) == grad
+    for got, want in zip(shared[2], full[2], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert "forward" not in vars(speedups._backbone_of(model))  # the backbone's own forward is back
+
+
+def test_shared_prompts_leave_alone_distinct_prompts_dropout_and_a_switched_off_speedup(
+        tiny_model_dir, sharing_calls, monkeypatch):
+    model = _fused_tiny(tiny_model_dir, lora_dropout=0.1)
+    input_ids, attention_mask, labels = _grouped_batch(model.config.vocab_size)
+    model.eval()
+    distinct = (input_ids[::3], attention_mask[::3], labels[::3])  # one completion per prompt
+    torch.testing.assert_close(_score(model, distinct, 9, shared=True, grad=False)[0],
+                               _score(model, distinct, 9, shared=False, grad=False)[0])
+    assert sharing_calls == [False]
+    model.train()
+    for grad in (False, True):  # each copy of a prompt draws dropout masks of its own
+        _score(model, (input_ids, attention_mask, labels), 9, shared=True, grad=grad)
+    model.eval()
+    monkeypatch.setenv(speedups.ENV, "none")
+    _score(model, (input_ids, attention_mask, labels), 9, shared=True, grad=False)
+    assert sharing_calls == [False]
+
+
+def test_a_run_samples_and_scores_its_reference_pass_with_shared_prompts(tiny_config_dict, sharing_calls,
+                                                                         prefill_calls):
+    """End to end: sampling and TRL's reference pass (beta > 0, adapters off) read each prompt once."""
+    from dragon_ui import training
+    from dragon_ui.config import RunConfig
+
+    tiny_config_dict["training"]["max_steps"] = 1
+    tiny_config_dict["grpo"]["beta"] = 0.04
+    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    handle.wait(timeout=240)
+    assert handle.run.read_status()["state"] == "succeeded", handle.run.read_status().get("error")
+    assert True in sharing_calls and True in prefill_calls
+
+
+@pytest.fixture
+def prefill_calls(monkeypatch):
+    """Each call of prefill_sharing_prompts: True where it made a shared cache, False where it left the rows alone."""
+    calls = []
+    original = speedups.prefill_sharing_prompts
+
+    def recording(*args, **kwargs):
+        result = original(*args, **kwargs)
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(speedups, "prefill_sharing_prompts", recording)
+    return calls
+
+
+def _generate(model, input_ids, attention_mask, shared, do_sample, **kwargs):
+    torch.manual_seed(1)
+    with torch.no_grad(), speedups.shared_prompt_prefill(model) if shared else contextlib.nullcontext():
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=do_sample,
+                             pad_token_id=0, output_scores=True, return_dict_in_generate=True, **kwargs)
+    return out.sequences, torch.stack(out.scores)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_shared_prompt_prefill_generates_what_full_prompts_generate(tiny_model_dir, prefill_calls, do_sample):
+    model = _tiny(tiny_model_dir)
+    speedups.apply_to_loaded_model(model)
+    input_ids, attention_mask, _ = _grouped_batch(model.config.vocab_size)
+    prompts, prompt_mask = input_ids[:, :9], attention_mask[:, :9]  # left-padded, three rows per prompt
+    full_tokens, full_scores = _generate(model, prompts, prompt_mask, shared=False, do_sample=do_sample)
+    shared_tokens, shared_scores = _generate(model, prompts, prompt_mask, shared=True, do_sample=do_sample)
+    assert prefill_calls == [True]
+    assert torch.equal(shared_tokens, full_tokens)
+    torch.testing.assert_close(shared_scores, full_scores, rtol=1e-5, atol=1e-6)  # -inf where top-k cut alike
+    assert "generate" not in vars(model)
+
+
+def test_shared_prompt_prefill_leaves_alone_distinct_prompts_dropout_and_chosen_caches(tiny_model_dir, prefill_calls):
+    from peft import LoraConfig, get_peft_model
+
+    model = _tiny(tiny_model_dir)
+    input_ids, attention_mask, _ = _grouped_batch(model.config.vocab_size)
+    prompts, prompt_mask = input_ids[:, :9], attention_mask[:, :9]
+    _generate(model, prompts[::3], prompt_mask[::3], shared=True, do_sample=False)
+    assert prefill_calls == [False]  # every prompt is different
+    _generate(model, prompts, prompt_mask, shared=True, do_sample=False, cache_implementation="static")
+    assert prefill_calls == [False]  # a cache the caller chose
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, task_type="CAUSAL_LM",
+                                             target_modules="all-linear"))
+    model.train()  # sampling with dropout, as TRL does without sampling_without_dropout
+    _generate(model, prompts, prompt_mask, shared=True, do_sample=False)
+    assert prefill_calls == [False]
