@@ -8,7 +8,10 @@ reward of the steps, which must stay the same within noise (same seed; a speed-u
 A last, separate row switches off LoRA dropout as well: that one does change training, so it is reported for
 information and is not a default.
 
-    python bench/speedups.py [--dtype bfloat16] [--rounds 2] [--steps 4]
+    python bench/speedups.py [--dtype bfloat16] [--rounds 2] [--steps 4] [--start merged_sampling]
+
+``--start NAME`` runs only the rows from the one that adds NAME on (a check of the latest speed-ups; the whole table
+takes about 25 minutes in bf16) and writes ``speedups-<dtype>-from-<NAME>.json``.
 """
 
 import argparse
@@ -64,9 +67,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--start", choices=ALL, help="run only the rows from the one that adds this speed-up on")
     args = parser.parse_args()
 
     chosen = variants()
+    if args.start:
+        chosen = chosen[[label for label, _, _ in chosen].index(f"+ {args.start}"):]
     results: dict[str, list[dict]] = {label: [] for label, _, _ in chosen}
     for round_ in range(1, args.rounds + 1):
         for index, (label, setting, sets) in enumerate(chosen):
@@ -84,13 +90,14 @@ def main() -> None:
         over_floor = step_over_floor(runs)
         summary[label] = {"step_s": step_s, "floor_s": median([run["floor_step_s"] for run in runs]),
                           "run_floors_s": [run["floor_step_s"] for run in runs], "step_over_floor": over_floor,
-                          "speedup_vs_none": baseline / step_s, "parts_s": parts, "mean_sampled_reward": reward,
+                          "speedup_vs_first_row": baseline / step_s, "parts_s": parts, "mean_sampled_reward": reward,
                           "step_times": [step["total"] for step in steps], "rewards": [step["reward"] for step in steps]}
         rows.append([label, step_s, *parts.values(), f"{over_floor:.2f}", f"{baseline / step_s:.2f}x", reward])
     print(f"\ndtype {args.dtype}, {args.threads} threads, {args.rounds} alternating rounds x {args.steps - 1} "
           "timed steps")
-    print(table(rows, ["speed-ups", "step s", *PARTS, "x floor", "vs none", "mean reward"]))
-    path = write_result(f"speedups-{args.dtype}", {"settings": vars(args), "variants": summary})
+    print(table(rows, ["speed-ups", "step s", *PARTS, "x floor", "vs first row", "mean reward"]))
+    name = f"speedups-{args.dtype}" + (f"-from-{args.start}" if args.start else "")
+    path = write_result(name, {"settings": vars(args), "variants": summary})
     print(f"-> {path}")
 
 

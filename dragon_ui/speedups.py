@@ -357,9 +357,14 @@ def merge_adapters_for_sampling(model) -> list:
 def shared_prompts(model, prompt_length: int):
     """While TRL scores ``prompt_length`` prompt tokens plus completions with ``model``, its backbone runs each
     distinct prompt once; see ``shared_prompts``. Nothing changes where anything drops out, since each copy of a
-    prompt would draw masks of its own."""
+    prompt would draw masks of its own, nor under gradient checkpointing with gradients on."""
+    import torch
+
     backbone = _backbone_of(model)
-    if not enabled("shared_prompts") or backbone is None or prompt_length < 1 or _drops_out(model):
+    # gradient checkpointing drops a layer's cache when gradients are on, so the completions would lose their prompt
+    checkpointed = torch.is_grad_enabled() and any(getattr(module, "gradient_checkpointing", False) and module.training
+                                                   for module in backbone.modules()) if backbone is not None else False
+    if not enabled("shared_prompts") or backbone is None or prompt_length < 1 or _drops_out(model) or checkpointed:
         yield
         return
     had_own_forward, original = "forward" in vars(backbone), backbone.forward
@@ -606,7 +611,7 @@ def sparse_dropout_class():
         """``nn.Dropout`` that draws only the dropped positions on the CPU; elsewhere, or in eval mode, the usual."""
 
         def forward(self, x):
-            if not self.training or x.device.type != "cpu" or not x.numel():
+            if not self.training or not self.p or x.device.type != "cpu" or not x.numel():
                 return super().forward(x)
             return DropPositions.apply(x, self.p)
 

@@ -293,6 +293,13 @@ def test_dropped_positions_cover_the_whole_range_whatever_the_rate(p):
     assert positions.max().item() > 9_000  # no part of the range is left undrawn
 
 
+def test_sparse_dropout_at_rate_zero_keeps_every_element():
+    dropout = speedups.sparse_dropout_class()(0.1)
+    dropout.p = 0.0  # e.g. a rate lowered after the swap
+    x = torch.randn(4, 32)
+    assert torch.equal(dropout(x), x)
+
+
 def test_sparse_dropout_backward_zeroes_exactly_the_dropped_positions():
     dropout = speedups.sparse_dropout_class()(0.2).train()
     x = (torch.rand(6, 7, 9) + 0.5).transpose(0, 2).requires_grad_(True)  # not contiguous, as a slice can be
@@ -677,7 +684,7 @@ def test_shared_prompts_score_completions_like_full_rows_with_the_same_gradients
     assert "forward" not in vars(speedups._backbone_of(model))  # the backbone's own forward is back
 
 
-def test_shared_prompts_leave_alone_distinct_prompts_dropout_and_a_switched_off_speedup(
+def test_shared_prompts_leave_alone_distinct_prompts_dropout_checkpointing_and_a_switched_off_speedup(
         tiny_model_dir, sharing_calls, monkeypatch):
     model = _fused_tiny(tiny_model_dir, lora_dropout=0.1)
     input_ids, attention_mask, labels = _grouped_batch(model.config.vocab_size)
@@ -689,6 +696,10 @@ def test_shared_prompts_leave_alone_distinct_prompts_dropout_and_a_switched_off_
     model.train()
     for grad in (False, True):  # each copy of a prompt draws dropout masks of its own
         _score(model, (input_ids, attention_mask, labels), 9, shared=True, grad=grad)
+    undropped = _fused_tiny(tiny_model_dir, lora_dropout=0.0)
+    undropped.base_model.model.gradient_checkpointing_enable()  # it would drop the prompts' cache in the backward
+    undropped.train()
+    _score(undropped, (input_ids, attention_mask, labels), 9, shared=True, grad=True)
     model.eval()
     monkeypatch.setenv(speedups.ENV, "none")
     _score(model, (input_ids, attention_mask, labels), 9, shared=True, grad=False)
