@@ -14,7 +14,9 @@ per token. With ``shared_prompts``, the floor counts each distinct prompt once w
 sampling, in the reference pass and, without dropout, in the policy pass. The LM head counts only the rows that
 need it: the last prompt position and each new token when sampling, the completion tokens when scoring. Attention scores (about 2 % of the FLOPs at these lengths) and the non-matmul ops count as zero. A second,
 "peak" floor divides the same FLOPs by the best throughput any shape reached, which is what the machine could do
-if every matmul ran as well as its best one.
+if every matmul ran as well as its best one. A third, "TRL's floor", counts the passes plain TRL makes for the same
+step (every copy of a prompt read, the adapters applied per token), to show what the speed-ups that remove matmul
+work gain against the hardware limit of TRL's own way.
 
     python bench/breakdown.py [--steps 4] [--dtype float32] [--threads 2] [--set lora.dropout=0] [--tag NAME]
 
@@ -243,27 +245,34 @@ def main() -> None:
     shared_policy = shared and not (lora_rank and config.lora.dropout)
     distinct_prompt_rows = config.training.batch_size * round(prompt_tokens)
 
-    def scoring(backward: bool, adapters: bool, share: bool) -> list[tuple]:
-        if share:
-            return [(1, distinct_prompt_rows, 0, backward, adapters), (1, scored_rows, scored_rows, backward, adapters)]
-        return [(1, train_rows, scored_rows, backward, adapters)]
+    def passes_for(share: bool, share_policy: bool, merge: bool) -> dict[str, list[tuple]]:
+        """Each part's matmul passes: (times, rows, rows reaching the LM head, backward, with the adapters)."""
+        def scoring(backward: bool, adapters: bool, shared_rows: bool) -> list[tuple]:
+            if shared_rows:
+                return [(1, distinct_prompt_rows, 0, backward, adapters),
+                        (1, scored_rows, scored_rows, backward, adapters)]
+            return [(1, train_rows, scored_rows, backward, adapters)]
 
-    # sampling reads each distinct prompt but its last token once, then that token for every sequence
-    prefill = [(1, config.training.batch_size * (round(prompt_tokens) - 1), 0, False, not merged),
-               (1, sequences, sequences, False, not merged)] if shared else [(1, prompt_rows, sequences, False, not merged)]
-    # each part's matmul passes: (times, rows, rows reaching the LM head, backward, with the adapters)
-    passes = {
-        "generation": prefill + [(completion, sequences, sequences, False, not merged)],
-        # with LoRA, TRL's reference pass is the same model with its adapters switched off
-        "reference_pass": scoring(False, False, shared) if reference else [],
-        "policy_forward": scoring(False, True, shared_policy),
-        "backward": scoring(True, True, shared_policy),
-    }
+        # sampling with shared prompts reads each distinct prompt but its last token once, then that token per sequence
+        prefill = [(1, config.training.batch_size * (round(prompt_tokens) - 1), 0, False, not merge),
+                   (1, sequences, sequences, False, not merge)] if share else [(1, prompt_rows, sequences, False,
+                                                                                 not merge)]
+        return {
+            "generation": prefill + [(completion, sequences, sequences, False, not merge)],
+            # with LoRA, TRL's reference pass is the same model with its adapters switched off
+            "reference_pass": scoring(False, False, share) if reference else [],
+            "policy_forward": scoring(False, True, share_policy),
+            "backward": scoring(True, True, share_policy),
+        }
 
-    def floor_of(part: str, measure=floors_of.seconds, adapters: bool = True) -> float:
+    passes = passes_for(shared, shared_policy, merged)
+
+    def floor_of(part: str, measure=floors_of.seconds, adapters: bool = True, of=passes) -> float:
         return sum(times * measure(rows, head, backward=backward, adapters=adapters and with_adapters)
-                   for times, rows, head, backward, with_adapters in passes.get(part, []))
+                   for times, rows, head, backward, with_adapters in of.get(part, []))
 
+    # the floor of the passes TRL itself makes (every prompt copy read, the adapters applied per token)
+    trl_floor = sum(floor_of(part, of=passes_for(False, False, False)) for part in PARTS)
     floors = {part: floor_of(part) for part in PARTS}
     floors["generation"] += floors_of.merge_seconds() if merged else 0.0
     # the floor without the adapters' matmuls, as this benchmark counted it before they were added
@@ -291,9 +300,11 @@ def main() -> None:
         "matmul_gflops_by_shape": {f"{m}x{k}x{n}": g for (m, k, n), g in floors_of.measured.items()},
         "peak_gflops": peak, "peak_floor_step_s": peak_floor, "measured_median_s": measured, "other_s": other,
         "step_median_s": total, "floors_s": floors, "floor_step_s": floor_total, "step_over_floor": total / floor_total,
-        "floor_without_adapters_s": base_floor, "per_step": steps})
+        "floor_without_adapters_s": base_floor, "trl_floor_step_s": trl_floor, "step_over_trl_floor": total / trl_floor,
+        "per_step": steps})
     print(f"step / floor = {total / floor_total:.2f} (without the adapters' matmuls in the floor: "
-          f"{base_floor:.2f} s, {total / base_floor:.2f})  ->  {path}")
+          f"{base_floor:.2f} s, {total / base_floor:.2f}; against the floor of the passes TRL makes itself: "
+          f"{trl_floor:.2f} s, {total / trl_floor:.2f})  ->  {path}")
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
                 "base stays intact.", gr.Checkbox),
         Setting("r", "Rank r", "The adapter's capacity; 8-32 is plenty for RL.", options=WHOLE),
         Setting("alpha", "Alpha", "The adapter's scale; usually 2 x r.", options=WHOLE),
-        Setting("dropout", "Dropout", "Dropout on the adapter's input while training.", options={"step": 0.01}),
+        Setting("dropout", "Dropout", "Dropout on the adapter's input while training. At 0, steps on a CPU are about "
+                "a third shorter: each prompt is read once per group.", options={"step": 0.01}),
         Setting("target_modules", "Target modules", "Layers that get an adapter: all-linear, or names like q_proj, "
                 "v_proj.", gr.Textbox, to_draft=_target_modules, to_field=_target_modules_text),
     ),
