@@ -61,12 +61,12 @@ Performance section has the figures. They are on by default; ``DRAGON_UI_SPEEDUP
   weights too; the log-probs that are trained still come from the unmerged layers. The copy takes the adapted
   weights' size again (214 MB for SmolLM2-135M in bf16), so it is made only where that is at most a quarter of the
   free memory.
-- ``shared_prompts``: TRL scores each completion of a group with its own copy of the group's prompt, so the
-  reference pass runs every prompt through the model once per completion (6 times in the recipes) although, with no
-  gradients and the adapters off, the prompt's keys and values are the same numbers each time: its tokens never see
-  the completions. Dragon runs each distinct prompt once, hands its keys and values to every completion of the
-  group, and runs only the completions on top: the same attention over the same keys, positions and masks, for a
-  third of the rows in the recipes (prompts are three times longer than completions). The policy pass shares
+- ``shared_prompts``: TRL gives each completion of a group its own copy of the group's prompt, so sampling's first
+  forward and the reference pass run every prompt through the model once per completion (6 times in the recipes),
+  although the copies compute the same keys and values each time: a prompt's tokens never see the completions, and
+  nothing drops out in those passes. Dragon runs each distinct prompt once, hands its keys and values to every
+  completion of the group, and runs only the rest on top: the same attention over the same keys, positions and
+  masks, for a third of the rows in the recipes (prompts are three times longer than completions). The policy pass shares
   prompts the same way when nothing in the model drops out (``lora.dropout: 0``), gradients included; with dropout
   every copy of a prompt draws masks of its own, so it keeps its copies.
 """
@@ -358,16 +358,12 @@ def shared_prompts(model, prompt_length: int):
     """While TRL scores ``prompt_length`` prompt tokens plus completions with ``model``, its backbone runs each
     distinct prompt once; see ``shared_prompts``. Nothing changes where anything drops out, since each copy of a
     prompt would draw masks of its own, nor under gradient checkpointing with gradients on."""
-    import torch
-
     backbone = _backbone_of(model)
-    # gradient checkpointing drops a layer's cache when gradients are on, so the completions would lose their prompt
-    checkpointed = torch.is_grad_enabled() and any(getattr(module, "gradient_checkpointing", False) and module.training
-                                                   for module in backbone.modules()) if backbone is not None else False
-    if not enabled("shared_prompts") or backbone is None or prompt_length < 1 or _drops_out(model) or checkpointed:
+    if not enabled("shared_prompts") or backbone is None or prompt_length < 1 or _drops_out(model) \
+            or _checkpoints_with_gradients(backbone):
         yield
         return
-    had_own_forward, original = "forward" in vars(backbone), backbone.forward
+    original = backbone.forward
 
     def forward(input_ids=None, attention_mask=None, use_cache=None, **kwargs):
         shared = None
@@ -378,14 +374,8 @@ def shared_prompts(model, prompt_length: int):
             shared = original(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache, **kwargs)
         return shared
 
-    backbone.forward = forward
-    try:
+    with _replaced(backbone, "forward", forward):
         yield
-    finally:
-        if had_own_forward:
-            backbone.forward = original
-        else:
-            del backbone.forward
 
 
 @contextlib.contextmanager
@@ -399,7 +389,7 @@ def shared_prompt_prefill(model):
     if not enabled("shared_prompts") or backbone is None or _drops_out(model):
         yield
         return
-    had_own_generate, original = "generate" in vars(model), model.generate
+    original = model.generate
 
     def generate(*args, input_ids=None, attention_mask=None, **kwargs):
         settings = kwargs.get("generation_config") or model.generation_config
@@ -413,33 +403,35 @@ def shared_prompt_prefill(model):
                 kwargs[_cache_keyword(backbone)] = cache
         return original(*args, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
-    model.generate = generate
-    try:
+    with _replaced(model, "generate", generate):
         yield
-    finally:
-        if had_own_generate:
-            model.generate = original
-        else:
-            del model.generate
 
 
 def prefill_sharing_prompts(backbone, input_ids, attention_mask):
     """A key-value cache of every row's prompt but its last token, each distinct prompt computed once, at the
     positions transformers' ``generate`` gives a left-padded prompt; None where every row has a prompt of its own."""
     import torch
-    from transformers import DynamicCache
 
     distinct_rows = _distinct_rows(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1))
     if distinct_rows is None:
         return None
-    first_row, row_prompt = distinct_rows
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    _, cache = _run_prompts_once(backbone, backbone, *distinct_rows, input_ids=input_ids[:, :-1],
+                                 attention_mask=attention_mask[:, :-1], position_ids=positions[:, :-1])
+    return cache
+
+
+def _run_prompts_once(backbone, forward, first_row, row_prompt, **inputs):
+    """Run ``forward`` on the first row of each distinct prompt into a new cache, then give every row its prompt's
+    keys and values: (the prompts' output, the cache)."""
+    from transformers import DynamicCache
+
     cache = DynamicCache(config=backbone.config)
-    backbone(input_ids=input_ids[first_row, :-1], attention_mask=attention_mask[first_row, :-1],
-             position_ids=positions[first_row, :-1], use_cache=True, **{_cache_keyword(backbone): cache})
+    output = forward(**{name: value[first_row] for name, value in inputs.items()}, use_cache=True,
+                     **{_cache_keyword(backbone): cache})
     for layer in cache.layers:
         layer.batch_select_indices(row_prompt)
-    return cache
+    return output, cache
 
 
 def _distinct_rows(rows):
@@ -468,7 +460,6 @@ def forward_sharing_prompts(backbone, forward, input_ids, attention_mask, prompt
     TRL never scores, are zero.
     """
     import torch
-    from transformers import DynamicCache
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
     rows = input_ids.size(0)
@@ -477,14 +468,10 @@ def forward_sharing_prompts(backbone, forward, input_ids, attention_mask, prompt
     if distinct_rows is None:
         return None
     first_row, row_prompt = distinct_rows
-    cache = DynamicCache(config=backbone.config)
-    keyword = _cache_keyword(backbone)
-    prompt = forward(input_ids=input_ids[first_row, :prompt_length],
-                     attention_mask=attention_mask[first_row, :prompt_length], use_cache=True, **{keyword: cache})
-    for layer in cache.layers:
-        layer.batch_select_indices(row_prompt)
+    prompt, cache = _run_prompts_once(backbone, forward, first_row, row_prompt, input_ids=input_ids[:, :prompt_length],
+                                      attention_mask=attention_mask[:, :prompt_length])
     rest = forward(input_ids=input_ids[:, prompt_length:], attention_mask=attention_mask, use_cache=True,
-                   **{keyword: cache})
+                   **{_cache_keyword(backbone): cache})
     last_prompt = prompt.last_hidden_state[row_prompt, -1:]
     unscored = last_prompt.new_zeros(rows, prompt_length - 1, last_prompt.size(-1))
     return BaseModelOutputWithPast(last_hidden_state=torch.cat([unscored, last_prompt, rest.last_hidden_state], dim=1))
@@ -497,6 +484,29 @@ def _backbone_of(model):
         model = model.get_base_model()
     backbone = getattr(model, "base_model", None)
     return None if backbone is None or backbone is model else backbone
+
+
+def _checkpoints_with_gradients(backbone) -> bool:
+    """Gradient checkpointing with gradients on: transformers then drops a layer's cache, so a completion run on top
+    of its prompt's keys and values would lose them."""
+    import torch
+
+    return torch.is_grad_enabled() and any(getattr(module, "gradient_checkpointing", False) and module.training
+                                           for module in backbone.modules())
+
+
+@contextlib.contextmanager
+def _replaced(owner, name: str, replacement):
+    """``owner.name`` is ``replacement`` inside the block, then what it was (its class's method, or its own)."""
+    had_own, original = name in vars(owner), getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        if had_own:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
 
 
 def _drops_out(model) -> bool:
