@@ -621,19 +621,23 @@ def _grouped_batch(vocab_size: int, prompt_len=9, completion_len=5, groups=2, gr
     return input_ids, attention_mask, labels
 
 
-@pytest.fixture
-def sharing_calls(monkeypatch):
-    """Each call of forward_sharing_prompts: True where it shared prompts, False where it left the rows alone."""
+def _record_sharing(monkeypatch, name: str) -> list[bool]:
+    """Each call of ``speedups.<name>``: True where it shared prompts, False where it left the rows alone (None)."""
     calls = []
-    original = speedups.forward_sharing_prompts
+    original = getattr(speedups, name)
 
     def recording(*args, **kwargs):
         result = original(*args, **kwargs)
         calls.append(result is not None)
         return result
 
-    monkeypatch.setattr(speedups, "forward_sharing_prompts", recording)
+    monkeypatch.setattr(speedups, name, recording)
     return calls
+
+
+@pytest.fixture
+def sharing_calls(monkeypatch):
+    return _record_sharing(monkeypatch, "forward_sharing_prompts")
 
 
 def _fused_tiny(tiny_model_dir, lora_dropout=None):
@@ -722,17 +726,7 @@ def test_a_run_samples_and_scores_its_reference_pass_with_shared_prompts(tiny_co
 
 @pytest.fixture
 def prefill_calls(monkeypatch):
-    """Each call of prefill_sharing_prompts: True where it made a shared cache, False where it left the rows alone."""
-    calls = []
-    original = speedups.prefill_sharing_prompts
-
-    def recording(*args, **kwargs):
-        result = original(*args, **kwargs)
-        calls.append(result is not None)
-        return result
-
-    monkeypatch.setattr(speedups, "prefill_sharing_prompts", recording)
-    return calls
+    return _record_sharing(monkeypatch, "prefill_sharing_prompts")
 
 
 def _generate(model, input_ids, attention_mask, shared, do_sample, **kwargs):
