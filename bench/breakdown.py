@@ -12,8 +12,8 @@ reused from the cache, which no pass over a model ever gets. With ``merged_sampl
 merged weights' matmuls and the merge itself (B @ A per adapted layer, in float32) instead of the adapters' matmuls
 per token. With ``shared_prompts``, the floor counts each distinct prompt once where the step reads it once: when
 sampling, in the reference pass and, without dropout, in the policy pass. The LM head counts only the rows that
-need it: the last prompt position and each new token when sampling, the completion tokens when scoring. Attention scores (about 2 % of the FLOPs at these lengths) and the non-matmul ops count as zero. A second,
-"peak" floor divides the same FLOPs by the best throughput any shape reached, which is what the machine could do
+need it: the last prompt position and each new token when sampling, the completion tokens when scoring. Attention
+scores (about 2 % of the FLOPs at these lengths) and the non-matmul ops count as zero. A second, "peak" floor divides the same FLOPs by the best throughput any shape reached, which is what the machine could do
 if every matmul ran as well as its best one. A third, "TRL's floor", counts the passes plain TRL makes for the same
 step (every copy of a prompt read, the adapters applied per token), to show what the speed-ups that remove matmul
 work gain against the hardware limit of TRL's own way.
@@ -253,10 +253,10 @@ def main() -> None:
                         (1, scored_rows, scored_rows, backward, adapters)]
             return [(1, train_rows, scored_rows, backward, adapters)]
 
-        # sampling with shared prompts reads each distinct prompt but its last token once, then that token per sequence
-        prefill = [(1, config.training.batch_size * (round(prompt_tokens) - 1), 0, False, not merge),
-                   (1, sequences, sequences, False, not merge)] if share else [(1, prompt_rows, sequences, False,
-                                                                                 not merge)]
+        prefill = [(1, prompt_rows, sequences, False, not merge)]
+        if share:  # each distinct prompt but its last token once, then that last token for every sequence
+            prefill = [(1, distinct_prompt_rows - config.training.batch_size, 0, False, not merge),
+                       (1, sequences, sequences, False, not merge)]
         return {
             "generation": prefill + [(completion, sequences, sequences, False, not merge)],
             # with LoRA, TRL's reference pass is the same model with its adapters switched off

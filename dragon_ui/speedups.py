@@ -66,9 +66,9 @@ Performance section has the figures. They are on by default; ``DRAGON_UI_SPEEDUP
   although the copies compute the same keys and values each time: a prompt's tokens never see the completions, and
   nothing drops out in those passes. Dragon runs each distinct prompt once, hands its keys and values to every
   completion of the group, and runs only the rest on top: the same attention over the same keys, positions and
-  masks, for a third of the rows in the recipes (prompts are three times longer than completions). The policy pass shares
-  prompts the same way when nothing in the model drops out (``lora.dropout: 0``), gradients included; with dropout
-  every copy of a prompt draws masks of its own, so it keeps its copies.
+  masks, for a third of the rows in the recipes (prompts are three times longer than completions). The policy pass
+  shares prompts the same way when nothing in the model drops out (``lora.dropout: 0``), gradients included; with
+  dropout every copy of a prompt draws masks of its own, so it keeps its copies.
 """
 
 from __future__ import annotations
@@ -410,9 +410,7 @@ def shared_prompt_prefill(model):
 def prefill_sharing_prompts(backbone, input_ids, attention_mask):
     """A key-value cache of every row's prompt but its last token, each distinct prompt computed once, at the
     positions transformers' ``generate`` gives a left-padded prompt; None where every row has a prompt of its own."""
-    import torch
-
-    distinct_rows = _distinct_rows(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1))
+    distinct_rows = _distinct_prompts(input_ids, attention_mask)
     if distinct_rows is None:
         return None
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
@@ -434,10 +432,12 @@ def _run_prompts_once(backbone, forward, first_row, row_prompt, **inputs):
     return output, cache
 
 
-def _distinct_rows(rows):
-    """(the first row of each distinct row, each row's distinct index), or None where all rows differ."""
+def _distinct_prompts(input_ids, attention_mask):
+    """(the first row of each distinct prompt, tokens and padding alike; each row's prompt index), or None where
+    every row has a prompt of its own."""
     import torch
 
+    rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
     distinct, index = torch.unique(rows, dim=0, return_inverse=True)
     if distinct.size(0) == rows.size(0):
         return None
@@ -463,8 +463,7 @@ def forward_sharing_prompts(backbone, forward, input_ids, attention_mask, prompt
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
     rows = input_ids.size(0)
-    distinct_rows = _distinct_rows(torch.cat([input_ids[:, :prompt_length],
-                                              attention_mask[:, :prompt_length].to(input_ids.dtype)], dim=1))
+    distinct_rows = _distinct_prompts(input_ids[:, :prompt_length], attention_mask[:, :prompt_length])
     if distinct_rows is None:
         return None
     first_row, row_prompt = distinct_rows
