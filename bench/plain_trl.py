@@ -99,7 +99,7 @@ def main():
         loss_type=grpo["loss_type"], scale_rewards=grpo["scale_rewards"], warmup_steps=training["warmup_ratio"],
         weight_decay=training["weight_decay"], max_steps=args.steps, logging_steps=1, save_strategy="no",
         report_to="none", use_cpu=not torch.cuda.is_available(), bf16=args.dtype == "bfloat16",
-        gradient_checkpointing=False, reward_weights=[numeric_reward["weight"], length_settings["weight"]],
+        activation_checkpointing=False, reward_weights=[numeric_reward["weight"], length_settings["weight"]],
         disable_tqdm=True, seed=training["seed"],
     )
     lora = LoraConfig(r=lora_settings["r"], lora_alpha=lora_settings["alpha"], lora_dropout=lora_settings["dropout"],

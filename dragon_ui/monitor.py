@@ -7,11 +7,13 @@ last poll stopped. Its cursor is plain data, kept by the UI between polls. A res
 (dropping steps after the checkpoint); the new file has a new inode, which resets the cursor.
 
 :func:`health_alerts` turns the progress rows into warnings with a concrete fix, so a participant learns *why* a
-run is not improving instead of watching a flat line.
+run is not improving instead of watching a flat line. It reads the rows through :func:`series`, as the charts do
+(dragon_ui.ui.plots), so an alert that quotes a number quotes what the chart shows at that step.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import statistics
@@ -132,14 +134,50 @@ def tail_lines(text: str, count: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Progress series: what the Train tab's charts draw, and what the health alerts read.
+
+
+def series(rows: list[dict], key: str) -> tuple[list, list[float | None]]:
+    """(steps, values) of one progress key, one point per row; None where a row has no finite number (a gap in the
+    chart). The charts draw exactly this and the alerts read exactly this, so they cannot disagree."""
+    return [row.get("step") for row in rows], [_number(row.get(key)) for row in rows]
+
+
+def points(rows: list[dict], key: str) -> list[tuple[int, float]]:
+    """The (step, value) points a chart of ``key`` shows, oldest first."""
+    return [(step, value) for step, value in zip(*series(rows, key)) if value is not None]
+
+
+def reward_names_of(rows: list[dict]) -> list[str]:
+    """The per-reward columns (reward_<name>) present in the rows, in first-seen order."""
+    names: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            if key.startswith("reward_") and key != "reward_std":
+                names.setdefault(key[len("reward_"):], None)
+    return list(names)
+
+
+def _number(value) -> float | None:
+    """The value if the charts can draw it (a finite number, not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Health alerts.
 
 WINDOW = 3  # "the last few steps"
-ZERO_SPREAD_FRAC = 0.9  # frac_reward_zero_std at or above this counts as "every group scores the same"
+FLAT_STEPS = 5  # a reward whose mean is 0 this many steps in a row never gives credit
+MOST_GROUPS_SAME = 0.9  # frac_reward_zero_std at or above this, WINDOW steps running: little left to learn from
 CLIPPED_FRAC = 0.5
 KL_HIGH = 1.0
-KL_FLOOR = 0.1
-KL_GROWTH = 3.0
+KL_NOTABLE = 0.1  # below this, KL growth is harmless however fast
+KL_GROWTH = 3.0  # rising: the last WINDOW steps all above the WINDOW before, the latest 3x their mean
+KL_SPIKE = 2.0  # a spike: one step above twice the highest of the WINDOW steps before it...
+KL_SPIKE_MIN = 0.3  # ...and high enough to matter
+SAME = 1e-9  # float noise: values closer than this count as equal
 # The line training.RunStoreCallback logs the first time a reward fails.
 _REWARD_ERROR_LINE = re.compile(r"Reward '(?P<name>[^']+)' failed on some completions \(scored 0\); "
                                 r"first error: (?P<error>.*)")
@@ -147,71 +185,171 @@ _REWARD_ERROR_LINE = re.compile(r"Reward '(?P<name>[^']+)' failed on some comple
 
 @dataclass(frozen=True)
 class Alert:
+    """A warning with its fix. ``kind`` names the check that fired; ``value`` is the number the title quotes, the
+    value the chart of progress key ``key`` shows at ``step`` (None where the alert quotes no progress value)."""
+
     level: str  # "warn" | "error"
     title: str
     fix: str
-
-
-def _values(rows: list[dict], key: str) -> list[float]:
-    return [row[key] for row in rows if isinstance(row.get(key), (int, float))]
+    kind: str = ""
+    key: str | None = None
+    step: int | None = None
+    value: float | None = None
 
 
 def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: str = "") -> list[Alert]:
-    """Warnings about the run so far, each with a suggested fix. ``config`` is the run's config as a dict
-    (config.json); ``log`` is the log tail, where the trainer writes each failing reward's first error.
+    """Warnings about the run so far, each with a suggested fix, computed from the values the charts draw (see
+    :func:`series`). ``config`` is the run's config as a dict (config.json); ``log`` is the log tail, where the
+    trainer writes each failing reward's first error.
 
-    - every group scores the same: frac_reward_zero_std >= 0.9 on each of the last 3 steps;
-    - most completions hit the length cap: mean clipped_ratio of the last 3 steps > 0.5;
-    - KL rising fast: mean KL of the last 3 steps > 1.0, or > 0.1 and more than 3x the 3 steps before;
-    - reward errors: errors_<name> > 0 in the latest row (or in status.reward_errors).
+    - a reward failing: errors_<name> > 0 in the latest row (or in status.reward_errors);
+    - a reward that teaches nothing: a mean of 0 on each of the last FLAT_STEPS steps, or one mean on every step;
+    - every group scoring the same: frac_reward_zero_std == 1 in the latest row (or >= 0.9 for WINDOW steps running);
+    - most completions cut off: clipped_ratio > 0.5 in the latest row;
+    - KL: a spike among the last WINDOW steps, the latest above 1.0, or rising for WINDOW steps to 3x the level before.
     """
     grpo = config.get("grpo") or {}
     training = config.get("training") or {}
-    recent = progress_rows[-WINDOW:]
-    alerts: list[Alert] = []
-
-    spread = _values(recent, "frac_reward_zero_std")
-    if len(recent) == WINDOW and len(spread) == WINDOW and min(spread) >= ZERO_SPREAD_FRAC:
-        rewards = _values(recent, "reward")
-        knobs = f"group_size (now {grpo.get('group_size', '?')}) or temperature (now {grpo.get('temperature', '?')})"
-        if rewards and max(abs(r) for r in rewards) < 1e-9:
-            alerts.append(Alert("warn", "Every completion scores 0, so there is nothing to learn from",
-                                "The task is too hard for this model or the rewards too strict: give partial credit "
-                                f"(a format or length reward), use easier prompts, or raise {knobs}."))
-        else:
-            alerts.append(Alert("warn", "Every completion in a group gets the same reward",
-                                "GRPO learns from differences within a group. Add a reward that tells better answers "
-                                f"from worse ones (partial credit), or raise {knobs}. If all already score full marks, "
-                                "the task is learned: make it harder."))
-
-    clipped = _values(recent, "clipped_ratio")
-    if clipped and statistics.fmean(clipped) > CLIPPED_FRAC:
-        alerts.append(Alert("warn", f"Most completions hit the length cap ({statistics.fmean(clipped):.0%} cut off)",
-                            f"Answers are cut off before they finish: raise max new tokens (now "
-                            f"{grpo.get('max_new_tokens', '?')}), or reward short answers with a length reward."))
-
-    kl = _values(progress_rows, "kl")
-    if kl:
-        now = statistics.fmean(kl[-WINDOW:])
-        before = statistics.fmean(kl[-2 * WINDOW:-WINDOW]) if len(kl) >= 2 * WINDOW else None
-        if now > KL_HIGH or (before is not None and now > KL_FLOOR and now > KL_GROWTH * before):
-            alerts.append(Alert("warn", f"KL is rising fast (now {now:.2f})",
-                                "The model is drifting quickly from where it started, which often ends in repetitive "
-                                f"or garbled text: lower the learning rate (now {training.get('learning_rate', '?')}) "
-                                f"or raise beta (now {grpo.get('beta', '?')})."))
-
-    latest = progress_rows[-1] if progress_rows else {}
-    errors = {key[len("errors_"):]: value for key, value in latest.items() if key.startswith("errors_")}
-    for name, count in (status.get("reward_errors") or {}).items():
-        errors.setdefault(name, count)
-    first_errors = {m["name"]: m["error"].strip() for m in _REWARD_ERROR_LINE.finditer(log)}
-    for name, count in errors.items():
-        if isinstance(count, (int, float)) and count > 0:
-            detail = f"First error: {first_errors[name]}" if name in first_errors else \
-                "Its first error is in the run's log (log.txt in the run folder)."
-            plural = "s" if count != 1 else ""
-            alerts.append(Alert("error", f"The reward '{name}' failed on {int(count)} completion{plural} so far "
-                                "(they scored 0)",
-                                f"{detail} Fix the reward on the Rewards tab (test it there on a sample reply), then "
-                                "start a new run."))
+    alerts = _reward_error_alerts(progress_rows, status, log)
+    failing = {alert.key.removeprefix("errors_") for alert in alerts}  # their zeros are explained already
+    alerts += _flat_reward_alerts(progress_rows, skip=failing)
+    alerts += _spread_alerts(progress_rows, grpo)
+    alerts += _length_alerts(progress_rows, grpo)
+    alerts += _kl_alerts(progress_rows, grpo, training)
     return alerts
+
+
+def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert]:
+    """The counts are cumulative (training.RunStoreCallback), so the latest row has them all; the row before tells
+    whether the reward is still failing."""
+    latest = rows[-1] if rows else {}
+    before = rows[-2] if len(rows) > 1 else {}
+    counts = {key.removeprefix("errors_"): _number(value) for key, value in latest.items() if key.startswith("errors_")}
+    for name, count in (status.get("reward_errors") or {}).items():
+        counts.setdefault(name, _number(count))
+    first_errors = {m["name"]: m["error"].strip() for m in _REWARD_ERROR_LINE.finditer(log)}
+    per_step = _number(latest.get("completions_per_step"))
+    alerts = []
+    for name, count in counts.items():
+        if (count or 0) <= 0:
+            continue
+        title = f"The reward '{name}' failed on {int(count)} completion{'s' if count != 1 else ''} so far"
+        if latest:
+            earlier = _number(before.get(f"errors_{name}")) or 0
+            new = count - earlier if count >= earlier else count  # a resume starts the counts again
+            of = f" of {int(per_step)}" if per_step else ""
+            title += f", {int(new)}{of} in step {latest.get('step')}" if new else f", none in step {latest.get('step')}"
+        detail = f"First error: {first_errors[name]}" if name in first_errors else \
+            "Its first error is in the run's log (log.txt in the run folder)."
+        alerts.append(Alert("error", title + " (they scored 0)",
+                            f"{detail} Fix the reward on the Rewards tab (test it there on a sample reply), then "
+                            "start a new run.", "reward_errors", f"errors_{name}", latest.get("step"), count))
+    return alerts
+
+
+def _flat_reward_alerts(rows: list[dict], skip: set[str]) -> list[Alert]:
+    """A reward that teaches nothing: a mean of 0 on each of the last FLAT_STEPS steps (it never gives credit), or
+    one mean on every step of the run (it gives everything the same score). A mean between 0 and 1 can repeat over a
+    few steps by chance, hence the whole run for that one."""
+    alerts = []
+    for name in reward_names_of(rows):
+        if name in skip:
+            continue
+        key = f"reward_{name}"
+        steps, values = series(rows, key)
+        recent = values[-FLAT_STEPS:]
+        if len(recent) < FLAT_STEPS or None in recent:
+            continue
+        step, value = steps[-1], values[-1]
+        if all(abs(v) <= SAME for v in recent):
+            alerts.append(Alert("warn", f"The reward '{name}' scored 0 on each of the last {FLAT_STEPS} steps",
+                                "It never gives credit, so it teaches nothing. Test it on the Rewards tab with a reply "
+                                "that should score (a wrong answer format or reference column is the usual cause), or "
+                                "give partial credit.", "reward_flat", key, step, value))
+        elif None not in values and max(values) - min(values) <= SAME:
+            alerts.append(Alert("warn", f"The reward '{name}' gave {value:.3f} on every step so far ({len(values)} "
+                                "steps)", "It gives every completion the same score, so it teaches nothing. If that is "
+                                "full marks, it is too easy: make it stricter or remove it; otherwise test it on the "
+                                "Rewards tab with replies that should score differently.", "reward_flat", key, step,
+                                value))
+    return alerts
+
+
+def _spread_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
+    """frac_reward_zero_std is the share of groups whose completions all scored the same (the spread chart's "groups
+    with no spread"); GRPO learns only from the others. The chart's other line, reward_std, is TRL's spread over the
+    whole batch: above 0 whenever groups differ from each other, even if each group agrees within itself."""
+    steps, recent = series(rows[-WINDOW:], "frac_reward_zero_std")
+    if not recent or recent[-1] is None:
+        return []
+    step, frac = steps[-1], recent[-1]
+    knobs = f"group_size (now {grpo.get('group_size', '?')}) or temperature (now {grpo.get('temperature', '?')})"
+    if frac >= 1 - SAME:
+        reward = _number(rows[-1].get("reward"))
+        if reward is not None and abs(reward) <= SAME:
+            return [Alert("warn", f"Every completion scored 0 at step {step}, so there is nothing to learn from",
+                          "The task is too hard for this model or the rewards too strict: give partial credit (a "
+                          f"format or length reward), use easier prompts, or raise {knobs}.",
+                          "all_zero", "reward", step, reward)]
+        return [Alert("warn", f"Every group scored the same at step {step}: no completion did better than the others "
+                      "of its group", "GRPO learns from differences within a group. Add a reward that tells better "
+                      f"answers from worse ones (partial credit), or raise {knobs}. If all already score full marks, "
+                      "the task is learned: make it harder.", "no_spread", "frac_reward_zero_std", step, frac)]
+    if len(recent) == WINDOW and None not in recent and min(recent) >= MOST_GROUPS_SAME:
+        return [Alert("warn", f"Almost every group scores the same ({frac:.0%} of them at step {step}, "
+                      f"{WINDOW} steps running)", "Only the few groups with different scores teach anything. Add a "
+                      f"reward that gives partial credit, or raise {knobs}.",
+                      "little_spread", "frac_reward_zero_std", step, frac)]
+    return []
+
+
+def _length_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
+    """Completions cut off at max_new_tokens: the length chart's mean length sits at its dashed cap."""
+    if not rows or (clipped := _number(rows[-1].get("clipped_ratio"))) is None or clipped <= CLIPPED_FRAC:
+        return []
+    step, length, cap = rows[-1].get("step"), _number(rows[-1].get("completion_len")), grpo.get("max_new_tokens", "?")
+    mean = f", mean length {length:.1f} of {cap} tokens" if length is not None else ""
+    return [Alert("warn", f"Most completions hit the length cap at step {step} ({clipped:.0%} cut off{mean})",
+                  "Answers are cut off before they finish, so they rarely reach the part that earns the reward: raise "
+                  f"max new tokens (now {cap}), or add a length reward that pays for shorter answers.",
+                  "clipped", "clipped_ratio", step, clipped)]
+
+
+def _kl_alerts(rows: list[dict], grpo: dict, training: dict) -> list[Alert]:
+    """At most one KL alert: a spike first (the most specific), then a high KL, then a steady rise."""
+    kl = points(rows, "kl")
+    if not kl:
+        return []
+    knobs = (f"lower the learning rate (now {training.get('learning_rate', '?')}) or raise beta "
+             f"(now {grpo.get('beta', '?')})")
+    now_step, now = kl[-1]
+    spike = _recent_spike(kl)
+    if spike is not None:
+        step, value, level = spike
+        later = f", now {now:.3f} at step {now_step}" if step != now_step else ""
+        return [Alert("warn", f"KL jumped to {value:.3f} at step {step} (the {WINDOW} steps before stayed at or below "
+                      f"{level:.3f}{later})", "One update moved the model much further from where it started than the "
+                      "steps before. A spike that settles back is harmless; if the replies below turn repetitive or "
+                      f"garbled, stop and start again and {knobs}.", "kl_spike", "kl", step, value)]
+    drift = "The model is drifting far from where it started, which often ends in repetitive or garbled text: "
+    if now > KL_HIGH:
+        return [Alert("warn", f"KL is high (now {now:.3f} at step {now_step})", drift + knobs + ".",
+                      "kl_high", "kl", now_step, now)]
+    if len(kl) >= 2 * WINDOW:
+        earlier, recent = [v for _, v in kl[-2 * WINDOW:-WINDOW]], [v for _, v in kl[-WINDOW:]]
+        if now > KL_NOTABLE and min(recent) > max(earlier) and now > KL_GROWTH * statistics.fmean(earlier):
+            first_step, first = kl[-2 * WINDOW]
+            return [Alert("warn", f"KL is rising steadily (now {now:.3f} at step {now_step}, up from {first:.3f} at "
+                          f"step {first_step})", drift + knobs + ".", "kl_rising", "kl", now_step, now)]
+    return []
+
+
+def _recent_spike(kl: list[tuple[int, float]]) -> tuple[int, float, float] | None:
+    """(step, value, level before) of the latest of the last WINDOW points that jumped above KL_SPIKE times the
+    highest of the WINDOW points before it: kept for WINDOW steps, so a one-step jump does not flash by unseen."""
+    for i in range(len(kl) - 1, max(WINDOW, len(kl) - WINDOW) - 1, -1):
+        step, value = kl[i]
+        level = max(v for _, v in kl[i - WINDOW:i])
+        if value >= KL_SPIKE_MIN and value > KL_SPIKE * level:
+            return step, value, level
+    return None

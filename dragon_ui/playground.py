@@ -73,6 +73,7 @@ class DataPreview:
     n_train: int = 0
     n_eval: int = 0
     n_skipped: int = 0
+    held_out_reason: str = ""  # why more rows are held out than the fraction asks for (MappedData.held_out_reason)
     lengths: LengthStats | None = None
     error: str | None = None
     error_field: str | None = None  # "source" when the data could not be read, "mapping" when it could not be mapped
@@ -83,6 +84,8 @@ class DataPreview:
         text = f"{rows}: {self.n_train} for training, {self.n_eval} held out, {self.n_skipped} skipped."
         if self.n_skipped:
             text += " Skipped rows gave an empty prompt."
+        if self.held_out_reason:
+            text += " " + self.held_out_reason
         if self.n_eval == 0 and self.n_train < MIN_ROWS_FOR_EVAL:
             text += (f" With fewer than {MIN_ROWS_FOR_EVAL} usable rows nothing is held out, so there will be no "
                      "before/after evaluation.")
@@ -198,7 +201,7 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
     return replace(
         preview, examples=examples, rendered=shown, rendered_note=note, n_rows=mapped.n_rows,
         n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
-        lengths=prompt_lengths(texts, len(everything), tokenizer),
+        held_out_reason=mapped.held_out_reason(), lengths=prompt_lengths(texts, len(everything), tokenizer),
     )
 
 

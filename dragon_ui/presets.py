@@ -60,6 +60,9 @@ class ModelDims:
 
 @dataclass(frozen=True)
 class ModelPreset:
+    """``notes`` say what the model is good for and what it needs, never how fast it runs: speeds shown to a
+    person come from estimate.py, computed for their machine and settings."""
+
     id: str
     dims: ModelDims
     notes: str
@@ -72,10 +75,9 @@ class ModelPreset:
 
 PRESETS: tuple[ModelPreset, ...] = (
     ModelPreset(DEFAULT_MODEL_ID, ModelDims(576, 30, 1536, 49152, 9, 3),
-                "Default. CPU ok (about 40 s per step of the arithmetic recipe on 2 cores); works offline via the "
-                "bundled copy."),
+                "Default. Trains on a CPU; works offline via the bundled copy."),
     ModelPreset("HuggingFaceTB/SmolLM2-360M-Instruct", ModelDims(960, 32, 2560, 49152, 15, 5),
-                "About 3x slower than 135M; fine on a laptop CPU for short runs, comfortable on any GPU."),
+                "Answers better than 135M; a laptop CPU manages short runs, any GPU is comfortable."),
     ModelPreset("Qwen/Qwen2.5-0.5B-Instruct", ModelDims(896, 24, 4864, 151936, 14, 2),
                 "Much better at maths than SmolLM2 of its size; a GPU is recommended."),
     ModelPreset("Qwen/Qwen3-0.6B", ModelDims(1024, 28, 3072, 151936, 16, 8, head_dim=128),

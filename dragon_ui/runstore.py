@@ -3,7 +3,8 @@
 Layout of ``runs/<id>/``::
 
     config.json      the validated RunConfig, verbatim
-    status.json      state, step/total, timings, ETA, hardware, error (rewritten atomically)
+    status.json      state, step/total, timings (started_at: the first start; resumed_at: the latest resume),
+                     ETA, hardware, error (rewritten atomically)
     log.txt          human-readable log of the run
     progress.jsonl   one row per optimiser step (reward, reward_<name>, kl, lengths, ...)
     rollouts.jsonl   per step, the sampled groups with per-reward scores and advantages
@@ -33,6 +34,14 @@ from typing import Any
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 ACTIVE_STATES = ("queued", "running")
+# How a person reads a state, where that differs from the stored value (which stays: status.json is a contract).
+# "cancelled" sounded final, but a stopped run keeps its checkpoints and resumes from the latest.
+STATE_LABELS = {"cancelled": "stopped — can resume"}
+
+
+def state_label(state: str | None) -> str:
+    """A run state as the UI and the CLI show it."""
+    return STATE_LABELS.get(state, state or "unknown")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -8,6 +8,7 @@ pointed at a temporary runs folder and a tiny model.
 from __future__ import annotations
 
 import copy
+import secrets
 import threading
 from pathlib import Path
 
@@ -23,10 +24,13 @@ from .hardware import (
     resolve_hardware,
 )
 from .rewards import is_public_demo
-from .runstore import ACTIVE_STATES, RunDir, list_runs
+from .runstore import ACTIVE_STATES, RunDir, list_runs, read_json, write_json_atomic
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_RECIPE = "arithmetic"
+# What sampling a group in the playground reads from a draft: the model, where it runs, the data and rewards, GRPO's
+# sampling settings, and LoRA (4-bit loading needs it).
+SAMPLING_SETTINGS = ("model", "data", "rewards", "grpo", "hardware", "lora", "base_dir", "runs_dir")
 
 
 class Studio:
@@ -57,9 +61,32 @@ class Studio:
     def default_draft(self) -> dict:
         return self.load_recipe(DEFAULT_RECIPE)
 
+    def run_settings(self, run_id: str) -> tuple[dict, str]:
+        """(draft, what it is): a past run's settings as a draft, to train them again or change them."""
+        if not run_id:
+            raise ConfigError("Choose a run first.")
+        config = self.run(run_id).read_config()
+        config.runs_dir = str(self.runs_dir)
+        return config.to_dict(), f"the settings of run {run_id}"
+
+    def browser_secret(self) -> str:
+        """The key the browser's copy of the draft is encrypted with, kept beside the runs so that a restarted app
+        still reads what browsers kept (gradio would make a new one each start)."""
+        path = self.runs_dir / ".browser-secret.json"
+        secret = read_json(path)
+        if not isinstance(secret, str) or not secret:
+            secret = secrets.token_urlsafe(24)
+            write_json_atomic(path, secret)
+        return secret
+
     def validate(self, draft: dict) -> RunConfig:
         """The draft as a validated RunConfig (raises ConfigError with the sentence to show)."""
         return RunConfig.from_dict(copy.deepcopy(draft))
+
+    def validate_for_sampling(self, draft: dict) -> RunConfig:
+        """The settings the playground's sampling uses, validated; the others are left at their defaults, so a
+        learning rate half typed on the Model tab does not stop anyone trying rewards."""
+        return self.validate({key: value for key, value in draft.items() if key in SAMPLING_SETTINGS})
 
     # --- hardware ------------------------------------------------------------------------------------------------
     def hardware(self, refresh: bool = False) -> HardwareInfo:

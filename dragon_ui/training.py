@@ -85,7 +85,9 @@ def start(config: RunConfig, run_dir: str | Path | None = None) -> RunHandle:
     distributed.check_runnable_here(config, resolve_hardware(config.hardware).device)
     mapped = load_and_map(config.data, base_dir=config.base_dir or None)
     if len(mapped.train) < config.training.batch_size:
-        raise ConfigError(f"Only {len(mapped.train)} training prompts, fewer than training.batch_size "
+        held_out = (f" ({len(mapped.eval)} more are held out for the before/after comparison; data.eval_frac 0 "
+                    "trains on them too)") if mapped.eval else ""
+        raise ConfigError(f"Only {len(mapped.train)} training prompts{held_out}, fewer than training.batch_size "
                           f"({config.training.batch_size}); add rows or lower the batch size.")
     build_rewards(config.rewards, base_dir=config.base_dir or None)
     path = None
@@ -151,8 +153,9 @@ def _launch(run: RunDir, config: RunConfig, resume_from: Path | None) -> RunHand
 def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> None:
     run = handle.run
     log_handler = None if run.read_only else _attach_run_log(run)
-    started = time.time()
-    run.update_status(state="running", started_at=started, phase="starting")
+    now = time.time()
+    first_run = not run.read_status().get("started_at")  # a resume keeps the first start: the runs list shows it
+    run.update_status(state="running", phase="starting", **{"started_at" if first_run else "resumed_at": now})
     try:
         if resume_from is not None:
             log.info("Resuming %s from %s", run.id, resume_from.name)
@@ -170,8 +173,7 @@ def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> N
     finally:
         run.clear_stop_request()
         if log_handler is not None:
-            logging.getLogger().removeHandler(log_handler)
-            log_handler.close()
+            _detach_run_log(log_handler)
         _free_accelerator_memory()
 
 
@@ -279,7 +281,7 @@ def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, mo
         loss_type=config.grpo.loss_type,
         scale_rewards=config.grpo.scale_rewards,
         reward_weights=[r.weight for r in rewards],  # TRL's per-reward metrics stay unweighted and comparable
-        gradient_checkpointing=config.training.gradient_checkpointing,
+        activation_checkpointing=config.training.gradient_checkpointing,
         logging_steps=1,
         save_strategy="steps",
         save_steps=config.training.save_steps,
@@ -479,14 +481,23 @@ def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
 
 
 def _attach_run_log(run: RunDir) -> logging.Handler:
+    """Dragon's lines and the libraries' warnings go to log.txt; Python warnings are routed through logging so the
+    real ones (a reward's, TRL's) land there too instead of only on a terminal nobody watches."""
     handler = logging.FileHandler(run.log_path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.setLevel(logging.INFO)
     handler.addFilter(lambda record: record.name.startswith(("dragon_ui", "trl", "transformers", "peft", "py.warnings")))
     logging.getLogger().addHandler(handler)
+    logging.captureWarnings(True)
     if log.getEffectiveLevel() > logging.INFO:
         log.setLevel(logging.INFO)
     return handler
+
+
+def _detach_run_log(handler: logging.Handler) -> None:
+    logging.captureWarnings(False)
+    logging.getLogger().removeHandler(handler)
+    handler.close()
 
 
 def _apply_threads(hardware: ResolvedHardware) -> None:

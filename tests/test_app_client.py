@@ -1,15 +1,15 @@
 """End to end through gradio_client: the real app served on a local port, driven only through its public API.
 
-A client session never runs ``demo.load``, so it starts from an empty draft: the test loads the arithmetic recipe,
-points the data at a small CSV and the model at the tiny random Llama with the Data and Model tabs' endpoints, then
-starts a run and follows it with the Train tab's tick until it finishes, as a browser would.
+The HTTP API takes whole configurations: ``/recipe`` gives one, the test edits it in Python (a small CSV, the tiny
+random Llama, two quick steps), ``/check`` validates it and ``/start`` trains it. A client session never runs
+``demo.load``, so it opens the run on the Train tab itself (``/train_open``) and follows it with the tick until it
+finishes, as a browser's timer would, then reads the comparison.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import gradio as gr
 import pytest
 from gradio_client import Client
+from gradio_client.exceptions import AppError
 
 from conftest import write_arithmetic_csv
 from dragon_ui.studio import Studio
@@ -61,36 +62,49 @@ def plot_traces(plot: dict) -> list[dict]:
     return figure["data"]
 
 
-def configure_tiny_run(client: Client, csv_path, model_dir) -> None:
-    """The tiny model and sizes, set field by field through the Data and Model tabs' endpoints."""
-    client.predict("arithmetic", api_name="/load_recipe")
-    data = client.predict(str(csv_path), "", "train", "question", "answer", "", 0.05, api_name="/data_update")
-    source_status, counts = data[7], data[10]
-    assert source_status == "", source_status
-    assert "30 rows" in counts and "2 held out" in counts, counts
-    client.predict(str(model_dir), api_name="/model_set_model")
-    client.predict("cpu", "auto", False, 1, api_name="/model_set_hardware")
-    client.predict(True, 4, 8, 0.05, "all-linear", api_name="/model_set_lora")
-    client.predict(2, 0.04, 1.0, 6, "dapo", "group", api_name="/model_set_grpo")
-    client.predict(0.01, 1.0, 2, 2, 1, False, api_name="/model_set_training")
-    client.predict("client-run", api_name="/model_set_name")
+def tiny_config(client: Client, csv_path, model_dir) -> dict:
+    """The arithmetic recipe from ``/recipe``, edited in Python: the tiny model, a small CSV and two quick steps."""
+    config = client.predict("arithmetic", api_name="/recipe")
+    assert isinstance(config, dict) and config["rewards"], config
+    config["data"].update(source=str(csv_path), prompt="question", reference="answer", eval_frac=0.05)
+    config["model"]["id"] = str(model_dir)
+    config["hardware"].update(device="cpu", dtype="auto", load_in_4bit=False, cpu_threads=1)
+    config["lora"].update(enabled=True, r=4, alpha=8, dropout=0.05, target_modules="all-linear")
+    config["grpo"].update(group_size=2, beta=0.04, temperature=1.0, max_new_tokens=6, loss_type="dapo",
+                          scale_rewards="group")
+    config["training"].update(learning_rate=0.01, epochs=1.0, max_steps=2, batch_size=2, save_steps=1,
+                              gradient_checkpointing=False)
+    config["name"] = "client-run"
+    return config
+
+
+def test_the_api_is_whole_configs_and_run_control(client):
+    """The UI's own events are private: a client sees /recipe, /check, /start and the Train and Compare endpoints."""
+    endpoints = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
+    assert {"/recipe", "/check", "/start"} <= endpoints
+    assert {"/train_tick", "/train_show", "/train_stop", "/train_resume", "/train_open", "/train_runs",
+            "/compare_runs", "/compare_show", "/compare_evaluate", "/compare_ask"} <= endpoints
+    others = endpoints - {"/recipe", "/check", "/start"}
+    assert all(name.startswith(("/train_", "/compare_")) for name in others), sorted(others)
 
 
 def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path, tiny_model_dir):
-    configure_tiny_run(client, write_arithmetic_csv(tmp_path / "small.csv"), tiny_model_dir)
+    config = tiny_config(client, write_arithmetic_csv(tmp_path / "small.csv"), tiny_model_dir)
+    assert client.predict(config, api_name="/check") == "valid"
 
-    check, _, _, yaml_text, _, _ = client.predict(api_name="/model_preview")
-    assert "settings are valid" in check, check
-    assert str(tiny_model_dir) in yaml_text and "max_steps: 2" in yaml_text and "group_size: 2" in yaml_text
-    assert "device: cpu" in yaml_text
+    run_id = client.predict(config, api_name="/start")
+    assert isinstance(run_id, str) and run_id.endswith("-client-run"), run_id
+    assert [run["id"] for run in studio.runs()] == [run_id]
+    trained = studio.run(run_id).read_config()  # the run trains exactly the configuration sent
+    assert trained.model.id == str(tiny_model_dir) and trained.training.max_steps == 2
+    assert trained.grpo.group_size == 2 and trained.hardware.device == "cpu"
+    assert trained.data.source == str(tmp_path / "small.csv")
 
-    _, started = client.predict(api_name="/model_start")
-    assert "Started" in started, started
-    run_id = re.search(r"Started (\S+);", started).group(1)
-    assert run_id.endswith("-client-run") and [run["id"] for run in studio.runs()] == [run_id]
-
-    # Follow the run the way the browser's timer does: the tick reads the session's run id and watch state, and
-    # returns only what changed (the client gets an empty update for the rest), so keep the latest of each.
+    # Follow the run the way the browser's timer does: open it in this session (the Train tab's run list, then
+    # Open), then tick; the tick reads the session's run id and watch state and returns only what changed (the
+    # client gets an empty update for the rest), so keep the latest of each.
+    client.predict(api_name="/train_runs")
+    client.predict(run_id, api_name="/train_open")
     deadline = time.monotonic() + RUN_TIMEOUT_S
     statuses, latest = [], {}
     while time.monotonic() < deadline:
@@ -104,7 +118,7 @@ def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path
                 break
         time.sleep(0.5)
     assert run_state(studio, run_id) == "succeeded", studio.run(run_id).read_status().get("error")
-    assert any("running" in status and run_id in status for status in statuses), statuses
+    assert any(run_id in status for status in statuses), statuses
     assert "succeeded" in latest["status"] and "Held-out reward" in latest["status"], latest["status"]
     assert 'aria-valuenow="2"' in latest["progress"] and "Step 2 / 2" in latest["progress"]
     assert {trace["name"] for trace in plot_traces(latest["reward_plot"])} == {"total", "numeric", "length"}
@@ -120,38 +134,32 @@ def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path
         assert trace["x"][0] == "total" and {"numeric", "length"} <= set(trace["x"])
         assert all(value is not None for value in trace["y"])
     assert table["headers"][:4] == ["Prompt", "Reference", "Before", "After"]
-    assert len(table["data"]) == 2  # the two held-out prompts of a 30-row file
+    held_out = studio.run(run_id).read_status()
+    assert "30 rows" in held_out["data_summary"] and held_out["n_eval"] >= 2, held_out["data_summary"]
+    assert len(table["data"]) == held_out["n_eval"]  # one row per held-out prompt
     for prompt, reference, before, after, before_reward, after_reward, _ in table["data"]:
         assert "What is" in prompt and reference
         assert before_reward is not None and after_reward is not None
         assert before.strip() and after.strip()  # a scored side never shows a blank cell, even for an empty reply
 
-    # The Rewards playground scores a typed reply to the first row with the recipe's rewards. The row list is
-    # filled by a change of the draft, which a client does not trigger: it asks for the rows itself.
-    row, row_text = client.predict(None, api_name="/rewards_rows")
-    assert row["value"] == 0 and row["choices"][0][0].startswith("1: What is"), row
-    assert "**Reference:**" in row_text, row_text
-    reference = row_text.rsplit("**Reference:**", 1)[1].strip()
-    scores, total = client.predict(0, reference, api_name="/rewards_score")
-    by_name = {line[0]: line for line in scores["data"]}
-    assert set(by_name) == {"numeric", "length"}
-    assert by_name["numeric"][2] == 1.0 and by_name["length"][2] == 1.0  # the right sum, and short
-    assert "Total (weighted sum): 1.300" in total, total
-    scores, _ = client.predict(0, "I think it is probably 1000", api_name="/rewards_score")
-    wrong = {line[0]: line[2] for line in scores["data"]}
-    assert wrong["numeric"] == 0.0 and 0.0 <= wrong["length"] < 1.0, wrong
 
+def test_client_errors_are_sentences(studio, client, tmp_path, tiny_model_dir):
+    """An unknown recipe, an invalid setting and a missing data file come back as readable sentences, not
+    tracebacks, and nothing is started."""
+    with pytest.raises(AppError, match="There is no recipe called 'nope'; choose one of: .*arithmetic"):
+        client.predict("nope", api_name="/recipe")
 
-def test_client_errors_are_sentences(studio, client, tmp_path):
-    """A missing data file and an invalid setting come back as readable sentences, not tracebacks."""
-    client.predict("arithmetic", api_name="/load_recipe")
-    data = client.predict(str(tmp_path / "missing.csv"), "", "train", "question", "answer", "", 0.05,
-                          api_name="/data_update")
-    assert data[7].startswith("❌") and "missing.csv" in data[7], data[7]
+    config = tiny_config(client, write_arithmetic_csv(tmp_path / "small.csv"), tiny_model_dir)
+    config["grpo"]["group_size"] = 1  # one completion per prompt: nothing to compare
+    problem = client.predict(config, api_name="/check")
+    assert problem.startswith("grpo.group_size must be between 2 and 64"), problem  # the file's words
+    with pytest.raises(AppError, match="grpo.group_size must be between 2 and 64") as started:
+        client.predict(config, api_name="/start")
+    assert "Traceback" not in str(started.value)
 
-    client.predict(1, 0.04, 1.0, 6, "dapo", "group", api_name="/model_set_grpo")  # group size 1 cannot compare
-    check, *_ = client.predict(api_name="/model_preview")
-    assert "group_size" in check and "Traceback" not in check, check
-    _, started = client.predict(api_name="/model_start")
-    assert started.startswith("❌") and "group_size" in started, started
+    config["grpo"]["group_size"] = 2
+    config["data"]["source"] = str(tmp_path / "missing.csv")
+    with pytest.raises(AppError, match="missing.csv") as started:
+        client.predict(config, api_name="/start")
+    assert "Traceback" not in str(started.value)
     assert studio.runs() == []

@@ -13,9 +13,11 @@ what a participant sees. That takes a few minutes of CPU training.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import textwrap
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -194,7 +196,7 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     screenshot(page, screenshots, "train")
     page.locator("#train-stop").click()
     expect(page.locator("#train-action")).to_contain_text("Stopping after the current step")
-    expect(status).to_contain_text("cancelled")
+    expect(status).to_contain_text("stopped — can resume")
     expect(page.locator("#train-resume")).to_be_enabled()
     (run,) = studio.runs()
     assert run["state"] == "cancelled" and STEPS_BEFORE_STOP <= run["step"] < run["total_steps"] == 200, run
@@ -214,3 +216,163 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     expect(page.locator("#compare-table")).to_contain_text("What is")
     expect(page.locator("#compare-summary")).to_contain_text("before")
     screenshot(page, screenshots, "compare")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The form is the run: what a fast typist sees on screen is what trains, a reload keeps it, the rewards list is
+# what the editor shows.
+
+KEY_DELAY_MS = 20  # faster than a fast typist (30-40 ms a key)
+
+
+def type_into(page, selector: str, text: str) -> None:
+    """Clear a field and type into it key by key, the way a person does (no blur afterwards)."""
+    field = page.locator(selector)
+    field.click()
+    field.press("ControlOrMeta+a")
+    field.press_sequentially(text, delay=KEY_DELAY_MS)
+
+
+def choose(page, selector: str, option: str) -> None:
+    """Pick an option of a gradio dropdown by its label."""
+    page.locator(f"{selector} input").click()
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def wait_until_loaded(page) -> None:
+    expect(page.locator("#data-counts")).to_contain_text("400 rows")
+
+
+def started_config(studio) -> dict:
+    """The config.json of the one run Start made (stopped at once: only its settings matter here)."""
+    deadline = time.monotonic() + 60
+    while not studio.runs() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (run,) = studio.runs()
+    handle = training.active_run()
+    if handle is not None:
+        handle.stop()
+        handle.wait(60)
+    return json.loads((Path(run["dir"]) / "config.json").read_text(encoding="utf-8"))
+
+
+# (selector, typed text, config path, value expected in config.json)
+TYPED_MODEL_FIELDS = [
+    ("#model-hardware-cpu-threads input", "1", "hardware.cpu_threads", 1),
+    ("#model-lora-r input", "6", "lora.r", 6),
+    ("#model-lora-alpha input", "12", "lora.alpha", 12),
+    ("#model-lora-dropout input", "0.1", "lora.dropout", 0.1),
+    ("#model-lora-target-modules textarea", "q_proj, v_proj", "lora.target_modules", ["q_proj", "v_proj"]),
+    ("#model-grpo-group-size input", "3", "grpo.group_size", 3),
+    ("#model-grpo-beta input", "0.02", "grpo.beta", 0.02),
+    ("#model-grpo-temperature input", "0.9", "grpo.temperature", 0.9),
+    ("#model-grpo-max-new-tokens input", "7", "grpo.max_new_tokens", 7),
+    ("#model-training-learning-rate input", "0.0002", "training.learning_rate", 0.0002),
+    ("#model-training-epochs input", "2.5", "training.epochs", 2.5),
+    ("#model-training-max-steps input", "30", "training.max_steps", 30),
+    ("#model-training-batch-size input", "3", "training.batch_size", 3),
+    ("#model-training-save-steps input", "15", "training.save_steps", 15),
+    ("#model-run-name textarea", "fast-typist", "name", "fast-typist"),
+]
+
+
+def at_path(config: dict, path: str):
+    for part in path.split("."):
+        config = config[part]
+    return config
+
+
+def test_typed_fast_every_field_trains_exactly_what_the_form_shows(page, studio):
+    wait_until_loaded(page)
+    type_into(page, "#data-system input", "Answer with digits only.")
+    type_into(page, "#data-prompt input", "Q: {question}")
+    open_tab(page, "rewards")
+    type_into(page, "#rewards-name textarea", "numeric_answer")  # the selected reward (numeric), renamed and saved
+    type_into(page, "#rewards-weight input", "2.5")
+    page.locator("#rewards-save").click()
+    expect(page.locator("#rewards-table")).to_contain_text("numeric_answer")
+    open_tab(page, "model")
+    for selector, text, _, _ in TYPED_MODEL_FIELDS:
+        type_into(page, selector, text)
+    page.locator("#model-start").click()  # at once: no pause for any event to catch up
+
+    config = started_config(studio)
+    for _, text, path, expected in TYPED_MODEL_FIELDS:
+        assert at_path(config, path) == expected, (path, text, at_path(config, path))
+    assert config["data"]["prompt"] == "Q: {question}" and config["data"]["system"] == "Answer with digits only."
+    assert [(r["name"], r["weight"]) for r in config["rewards"]] == [("numeric_answer", 2.5), ("length", 0.3),
+                                                                     ("digits_only", 0.5)]
+
+
+def test_a_reload_mid_edit_keeps_the_draft(page, studio):
+    wait_until_loaded(page)
+    open_tab(page, "model")
+    type_into(page, "#model-training-max-steps input", "37")
+    type_into(page, "#model-grpo-temperature input", "0.7")
+    open_tab(page, "rewards")
+    choose(page, "#rewards-selected", "digits_only")
+    page.locator("#rewards-remove").click()
+    expect(page.locator("#rewards-table")).not_to_contain_text("digits_only")
+    open_tab(page, "data")
+    type_into(page, "#data-system input", "Be brief.")
+    page.locator("#data-system input").press("Enter")
+    page.wait_for_timeout(1500)  # the browser saves the draft once the last change is handled
+
+    page.reload()
+    expect(page.locator("#data-counts")).to_contain_text("400 rows")
+    expect(page.locator("#data-system input")).to_have_value("Be brief.")
+    open_tab(page, "model")
+    expect(page.locator("#model-training-max-steps input")).to_have_value("37")
+    expect(page.locator("#model-grpo-temperature input")).to_have_value("0.7")
+    open_tab(page, "rewards")
+    expect(page.locator("#rewards-table")).to_contain_text("length")
+    expect(page.locator("#rewards-table")).not_to_contain_text("digits_only")
+
+    # Loading a recipe over the edited draft asks first; keeping it changes nothing.
+    page.locator("#load-recipe").click()
+    expect(page.locator("#replace-draft-text")).to_contain_text("Replace them with the arithmetic recipe?")
+    page.locator("#replace-draft-no").click()
+    open_tab(page, "model")
+    expect(page.locator("#model-training-max-steps input")).to_have_value("37")
+    page.locator("#load-recipe").click()
+    page.locator("#replace-draft-yes").click()
+    expect(page.locator("#model-training-max-steps input")).to_have_value("200")
+
+
+def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, studio):
+    wait_until_loaded(page)
+    open_tab(page, "rewards")
+    table = page.locator("#rewards-table")
+    for name in ("numeric", "length", "digits_only"):  # the recipe's rewards, removed in list order
+        choose(page, "#rewards-selected", name)
+        page.locator("#rewards-remove").click()
+        expect(table).not_to_contain_text(name)
+    expect(page.locator("#rewards-name textarea")).to_have_value("numeric")  # a new reward, with its defaults
+    choose(page, "#rewards-kind", "json")
+    expect(page.locator("#rewards-name textarea")).to_have_value("json")
+    expect(page.locator("#rewards-weight input")).to_have_value("1")
+    page.locator("#rewards-add").click()
+    expect(table).to_contain_text("json")
+    choose(page, "#rewards-selected", "➕ New reward")
+    choose(page, "#rewards-kind", "keyword")
+    type_into(page, "#rewards-settings-words textarea", "hello, world")
+    page.locator("#rewards-add").click()
+    expect(table).to_contain_text("keyword")
+    choose(page, "#rewards-selected", "json")
+    expect(page.locator("#rewards-kind input")).to_have_value("json")
+    type_into(page, "#rewards-weight input", "2")
+    page.locator("#rewards-save").click()
+    choose(page, "#rewards-selected", "➕ New reward")
+    choose(page, "#rewards-kind", "length")
+    type_into(page, "#rewards-settings-max-chars input", "40")
+    page.locator("#rewards-add").click()
+    choose(page, "#rewards-selected", "keyword")
+    page.locator("#rewards-remove").click()
+    expect(table).not_to_contain_text("keyword")
+    open_tab(page, "model")
+    page.locator("#model-start").click()
+
+    config = started_config(studio)
+    assert [(r["name"], r["kind"], r["weight"]) for r in config["rewards"]] == [("json", "json", 2.0),
+                                                                                 ("length", "length", 1.0)]
+    assert config["rewards"][1]["max_chars"] == 40

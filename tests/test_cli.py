@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from dragon_ui.cli import main
+from dragon_ui.runstore import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(300)
@@ -54,6 +55,12 @@ def test_train_runs_eval_in_process(config_file, runs_dir, capsys):
     assert main(["stop", str(run_dir)]) == 0
     assert "not running" in capsys.readouterr().out
 
+    RunDir(run_dir).update_status(state="cancelled")  # as a stop leaves it: shown as it reads, stored as it was
+    for argv in (["runs"], ["stop", str(run_dir)]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert "stopped — can resume" in out and "cancelled" not in out
+
 
 def test_score_prints_per_reward_json(tmp_path, capsys):
     rewards = tmp_path / "rewards.yaml"
@@ -90,6 +97,8 @@ def test_module_entry_point_trains_and_lists(config_file, runs_dir):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Run folder:" in done.stdout and "step 1/1" in done.stderr
+    for noise in ("Warning", "deprecated", "bitsandbytes", "gemm_4bit"):  # the terminal shows Dragon's own lines
+        assert noise not in done.stderr, done.stderr[-2000:]
     listing = subprocess.run([sys.executable, "-m", "dragon_ui", "runs"], cwd=REPO, env=env, capture_output=True,
                              text=True, timeout=120)
     assert "succeeded" in listing.stdout

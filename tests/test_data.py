@@ -402,7 +402,8 @@ def test_empty_prompts_are_skipped_and_counted():
     mapped = map_rows(rows, config())
     assert (mapped.n_rows, mapped.n_skipped) == (28, 3)
     assert len(mapped.train) + len(mapped.eval) == 25
-    assert mapped.summary() == "28 rows: 24 for training, 1 held out, 3 skipped."
+    assert mapped.summary() == ("28 rows: 20 for training, 5 held out, 3 skipped. 5 rows are held out for the "
+                                "before/after comparison (5% would be only 1, too few to compare).")
 
 
 def test_all_prompts_empty_is_an_error():
@@ -418,11 +419,28 @@ def test_no_rows_is_an_error():
 # ----------------------------------------------------------------------------------------- split
 
 
-@pytest.mark.parametrize(("n", "frac", "held_out"), [(19, 0.05, 0), (19, 0.5, 0), (20, 0.05, 1), (20, 0.01, 1),
-                                                     (400, 0.05, 20), (100, 0.0, 0), (100, 0.5, 50)])
+@pytest.mark.parametrize(("n", "frac", "held_out"), [
+    (19, 0.05, 0), (19, 0.5, 0),  # too few rows to spare any
+    (20, 0.05, 4), (20, 0.01, 4), (30, 0.05, 6),  # a fifth of the rows, since 10 would be more
+    (60, 0.05, 10), (100, 0.05, 10), (1000, 0.001, 10),  # at least 10, however small the fraction
+    (200, 0.05, 10), (400, 0.05, 20), (100, 0.5, 50),  # the fraction, once it gives 10 or more
+    (100, 0.0, 0),  # 0 means none
+])
 def test_split_sizes(n, frac, held_out):
     mapped = map_rows(numbered_rows(n), config(eval_frac=frac))
     assert (len(mapped.train), len(mapped.eval)) == (n - held_out, held_out)
+
+
+@pytest.mark.parametrize(("n", "frac", "reason"), [
+    (60, 0.05, "10 rows are held out for the before/after comparison (5% would be only 3, too few to compare)."),
+    (20, 0.01, "4 rows are held out for the before/after comparison (1% would be none)."),
+    (120, 0.025, "10 rows are held out for the before/after comparison (2.5% would be only 3, too few to compare)."),
+    (400, 0.05, ""), (100, 0.0, ""), (19, 0.5, ""),
+])
+def test_the_summary_says_why_more_rows_are_held_out_than_asked(n, frac, reason):
+    mapped = map_rows(numbered_rows(n), config(eval_frac=frac))
+    assert mapped.held_out_reason() == reason
+    assert mapped.summary().endswith(reason or "skipped.")
 
 
 def test_split_is_deterministic_and_disjoint():

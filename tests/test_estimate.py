@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -62,6 +63,17 @@ def test_presets_cover_the_issue_list_and_the_default_comes_first():
     assert [p.id for p in PRESETS if p.gated] == ["google/gemma-3-1b-it", "meta-llama/Llama-3.2-1B-Instruct"]
     assert find_preset("huggingfacetb/smollm2-135m-instruct") is PRESETS[0]
     assert find_preset("someone/else") is None
+
+
+# A speed stated in words or numbers: "40 s per step", "3x slower", "about 2 minutes".
+STATED_SPEED = re.compile(r"\d\s*(s|sec|seconds?|min|minutes?|h|hours?|x)\b|per step|/step|faster|slower|quick",
+                          re.IGNORECASE)
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.id)
+def test_preset_notes_state_no_speed(preset):
+    """The estimate computes speeds for the machine at hand; a note's fixed number contradicted it (40 s vs 9 s)."""
+    assert preset.notes and not STATED_SPEED.search(preset.notes), preset.notes
 
 
 def test_params_from_the_smollm2_config_json():

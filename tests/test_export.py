@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import zipfile
@@ -12,6 +13,7 @@ from conftest import stop_after_last_checkpoint, strengthen_adapter
 
 from dragon_ui import export
 from dragon_ui.cli import main
+from dragon_ui.data import read_jsonl, write_jsonl
 from dragon_ui.errors import ConfigError
 from dragon_ui.runstore import RunDir
 
@@ -63,6 +65,53 @@ def test_adapter_zip_loads_with_peft(finished_run, tiny_model_dir, tmp_path):
         assert greedy_ids(model, tokenizer) != greedy_ids(adapter_applied(tiny_model_dir, adapter), tokenizer)
 
 
+JSON_PROMPT = [{"role": "system", "content": "Reply with JSON only."},
+               {"role": "user", "content": 'Give {"name": "Ana", "age": 30} back as JSON.'}]
+
+
+def readme_of(run: RunDir) -> str:
+    with zipfile.ZipFile(export.zip_adapter(run)) as archive:
+        return archive.read("README.txt").decode("utf-8")
+
+
+def readme_code(readme: str) -> str:
+    """The README's Python: its indented lines (a run started from a model folder has no merge command there)."""
+    return "\n".join(line[2:] for line in readme.splitlines() if line.startswith("  "))
+
+
+def readme_messages(readme: str) -> list[dict]:
+    """The chat messages of the README's example, read as the Python literal they are written as."""
+    code = readme_code(readme)
+    start = code.index("messages = [")
+    return ast.literal_eval(code[start:code.index("\n]", start) + 2].split("=", 1)[1].strip())
+
+
+@pytest.mark.parametrize("held_out, training, expected, origin", [
+    ([JSON_PROMPT], [], JSON_PROMPT, "a held-out prompt of this run"),
+    ([], [JSON_PROMPT], JSON_PROMPT, "a training prompt of this run"),
+    (None, None, export.PLACEHOLDER_PROMPT, "a placeholder"),
+], ids=["held-out", "nothing-held-out", "no-data-files"])
+def test_the_readme_example_asks_the_runs_own_kind_of_prompt(finished_run, held_out, training, expected, origin):
+    """A JSON run's README used to show an arithmetic question."""
+    shutil.rmtree(finished_run.data_dir)
+    if held_out is not None:
+        write_jsonl(finished_run.data_dir / "eval.jsonl", [{"prompt": p, "reference": ""} for p in held_out])
+        write_jsonl(finished_run.data_dir / "train.jsonl", [{"prompt": p, "reference": ""} for p in training])
+    readme = readme_of(finished_run)
+    assert "12 + 30" not in readme and origin in readme
+    assert readme_messages(readme) == expected
+
+
+def test_the_readme_code_runs(finished_run, tmp_path, monkeypatch, capsys):
+    with zipfile.ZipFile(export.zip_adapter(finished_run)) as archive:
+        archive.extractall(tmp_path)
+    readme = (tmp_path / "README.txt").read_text(encoding="utf-8")
+    assert readme_messages(readme) == read_jsonl(finished_run.data_dir / "eval.jsonl")[0]["prompt"]
+    monkeypatch.chdir(tmp_path)  # the README loads "adapter", the folder of the zip
+    exec(readme_code(readme), {})
+    assert capsys.readouterr().out  # it printed the reply
+
+
 def test_a_stopped_run_zips_its_latest_checkpoint(finished_run):
     stop_after_last_checkpoint(finished_run)
     path = export.zip_adapter(finished_run)
@@ -97,6 +146,38 @@ def test_merged_model_answers_like_the_adapter(finished_run, tiny_model_dir):
     assert str(folder) in sentence and "the final adapter" in sentence and "no peft needed" in sentence
 
     assert export.merge_model(finished_run) == folder  # merging again replaces its own earlier merge
+
+
+def test_the_merged_model_downloads_as_a_zip_built_once(finished_run, tmp_path):
+    """The merged folder used to stay on the server; the zip is reused until the weights change."""
+    from transformers import AutoModelForCausalLM
+
+    merged = export.merged_download(finished_run)
+    assert merged.folder == finished_run.path / "merged" and merged.archive.parent == finished_run.path
+    assert merged.archive_bytes == merged.archive.stat().st_size > 0
+    with zipfile.ZipFile(merged.archive) as archive:
+        archive.extractall(tmp_path)
+    AutoModelForCausalLM.from_pretrained(tmp_path / f"{finished_run.id}-merged")
+    message = export.merged_download_message(finished_run, merged)
+    folder_size = export.format_size(sum(p.stat().st_size for p in merged.folder.iterdir()))
+    for piece in (str(merged.folder), folder_size, merged.archive.name, export.format_size(merged.archive_bytes)):
+        assert piece in message, piece
+
+    written = merged.archive.stat().st_mtime_ns, (merged.folder / "config.json").stat().st_mtime_ns
+    again = export.merged_download(finished_run)
+    assert again == merged
+    assert (again.archive.stat().st_mtime_ns, (again.folder / "config.json").stat().st_mtime_ns) == written
+
+    strengthen_adapter(finished_run)  # new weights: merged and zipped again
+    changed = export.merged_download(finished_run)
+    assert changed.archive.stat().st_mtime_ns > written[0]
+    assert (changed.folder / "config.json").stat().st_mtime_ns > written[1]
+
+
+@pytest.mark.parametrize("n_bytes, shown", [(512, "512 bytes"), (2048, "2.0 KB"), (5 * 2**20, "5.0 MB"),
+                                            (int(3.4 * 2**30), "3.4 GB")])
+def test_format_size(n_bytes, shown):
+    assert export.format_size(n_bytes) == shown
 
 
 def test_merge_refuses_to_overwrite_a_foreign_folder(finished_run, tmp_path):

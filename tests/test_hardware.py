@@ -3,6 +3,9 @@
 Every machine here is a hand-made HardwareInfo, so the CUDA and MPS paths are checked without a GPU.
 """
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from dragon_ui.hardware import (
     detect_hardware,
     resolve_hardware,
 )
+from dragon_ui.quantization import bitsandbytes_installed
 
 
 def gpu(bf16: bool = True, index: int = 0, name: str = "Test GPU") -> CudaDevice:
@@ -217,3 +221,49 @@ def test_release_openmp_threads_ends_the_calling_threads_torch_workers():
     busy, after, released = openmp_threads_around(hardware.release_openmp_threads)
     assert released is True
     assert after < busy  # its OpenMP worker has exited
+
+
+# ----------------------------------------------------------------------------------------- bitsandbytes
+
+REPO = Path(__file__).resolve().parents[1]
+LOADED_BITSANDBYTES = "sorted(m for m, module in sys.modules.items() if m.split('.')[0] == 'bitsandbytes' and module)"
+
+
+def run_python(code: str, tmp_path) -> list:
+    """What ``code`` prints last, as JSON, run in a fresh interpreter (imports cannot be undone in this one)."""
+    result = subprocess.run([sys.executable, "-c", "import json, sys\n" + code], cwd=REPO, capture_output=True,
+                            text=True, timeout=240, env={**os.environ, "DRAGON_UI_RUNS_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.mark.timeout(250)
+def test_starting_the_app_and_detecting_hardware_leave_bitsandbytes_unimported(tmp_path):
+    """Its import prints "Failed to load CPU gemm_4bit_forward ..." on CPUs; only a 4-bit run needs it."""
+    loaded, detected = run_python(
+        "from dragon_ui.studio import Studio\n"
+        "from dragon_ui.ui import build_app\n"
+        "import dragon_ui.training, dragon_ui.export, dragon_ui.compare\n"
+        "studio = Studio()\n"
+        "build_app(studio)\n"
+        "detected = studio.hardware().bitsandbytes\n"
+        f"print(json.dumps([{LOADED_BITSANDBYTES}, detected]))\n", tmp_path)
+    assert loaded == []
+    assert detected == bitsandbytes_installed()
+
+
+@pytest.mark.skipif(not bitsandbytes_installed(), reason="bitsandbytes is not installed here")
+@pytest.mark.timeout(250)
+def test_asking_for_4_bit_lets_transformers_and_peft_find_bitsandbytes_again(tmp_path):
+    """They remember "not installed" from checks made before; 4-bit loading must not fail on that memory."""
+    before, after, loaded = run_python(
+        "import dragon_ui.training\n"
+        "from peft.import_utils import is_bnb_4bit_available\n"
+        "from transformers.utils import is_bitsandbytes_available\n"
+        "from dragon_ui.quantization import allow_bitsandbytes\n"
+        "before = [is_bitsandbytes_available(), is_bnb_4bit_available()]\n"
+        "allow_bitsandbytes()\n"
+        "after = [is_bitsandbytes_available(), is_bnb_4bit_available()]\n"
+        f"print(json.dumps([before, after, {LOADED_BITSANDBYTES}[:1]]))\n", tmp_path)
+    assert before == [False, False]
+    assert after == [True, True] and loaded == ["bitsandbytes"]

@@ -13,6 +13,7 @@ from dragon_ui import monitor, training
 from dragon_ui.config import RunConfig
 from dragon_ui.monitor import health_alerts, read_snapshot
 from dragon_ui.runstore import RunDir
+from dragon_ui.ui import plots
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -151,73 +152,153 @@ def test_snapshots_follow_a_real_training_run(tiny_config_dict):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Health alerts.
+# Health alerts, on recorded progress rows.
 
 CONFIG = {"grpo": {"group_size": 4, "temperature": 1.0, "max_new_tokens": 16, "beta": 0.04},
           "training": {"learning_rate": 1e-5}}
 
-
-def titles(rows: list[dict], status: dict | None = None, log: str = "") -> list[str]:
-    return [alert.title for alert in health_alerts(rows, status or {}, CONFIG, log)]
-
-
-def steps(n: int, **values) -> list[dict]:
-    return [progress_row(step, **values) for step in range(1, n + 1)]
-
-
-@pytest.mark.parametrize("rows", [[], steps(1), steps(10)])
-def test_a_healthy_run_has_no_alerts(rows):
-    assert titles(rows) == []
-
-
-@pytest.mark.parametrize(("rows", "expected"), [
-    (steps(3, frac_reward_zero_std=1.0), ["Every completion in a group gets the same reward"]),
-    (steps(3, frac_reward_zero_std=0.9), ["Every completion in a group gets the same reward"]),
-    (steps(3, frac_reward_zero_std=1.0, reward=0.0, reward_numeric=0.0),
-     ["Every completion scores 0, so there is nothing to learn from"]),
-    (steps(2, frac_reward_zero_std=1.0), []),  # too few steps to tell
-    (steps(5) + steps(2, frac_reward_zero_std=1.0), []),  # only the last two
-    (steps(3, frac_reward_zero_std=0.85), []),
-])
-def test_no_spread_alert_needs_the_last_three_steps(rows, expected):
-    assert titles(rows) == expected
+# A healthy run of the arithmetic recipe (rewards numeric, weight 1, and format, weight 0.5; 2 prompts x 4
+# completions per step): step, numeric, format, kl, completion_len, clipped_ratio, frac_reward_zero_std, reward_std.
+RECORDED = [
+    (1, 0.250, 0.375, 0.0000, 14.1, 0.250, 0.50, 0.42),
+    (2, 0.250, 0.500, 0.0011, 13.6, 0.125, 0.50, 0.45),
+    (3, 0.375, 0.500, 0.0024, 12.9, 0.125, 0.25, 0.47),
+    (4, 0.375, 0.625, 0.0041, 12.2, 0.000, 0.50, 0.44),
+    (5, 0.500, 0.625, 0.0063, 11.8, 0.125, 0.25, 0.49),
+    (6, 0.500, 0.750, 0.0085, 11.1, 0.000, 0.25, 0.46),
+    (7, 0.625, 0.750, 0.0102, 10.7, 0.000, 0.50, 0.41),
+    (8, 0.500, 0.875, 0.0131, 10.2, 0.125, 0.25, 0.43),
+    (9, 0.625, 0.875, 0.0150, 9.8, 0.000, 0.50, 0.38),
+    (10, 0.750, 0.875, 0.0172, 9.5, 0.000, 0.50, 0.35),
+]
 
 
-@pytest.mark.parametrize(("clipped", "fires"), [([0.6, 0.6, 0.6], True), ([0.0, 0.0, 1.0], False),
-                                                ([0.5, 0.5, 0.5], False), ([0.0, 0.8, 0.8], True)])
-def test_length_cap_alert(clipped, fires):
-    rows = [progress_row(i + 1, clipped_ratio=c) for i, c in enumerate(clipped)]
+def recorded_row(step, numeric, format_, kl, completion_len, clipped_ratio, frac_reward_zero_std, reward_std) -> dict:
+    """One progress row with exactly the keys training.RunStoreCallback writes."""
+    return {"step": step, "epoch": round(step / 40, 4), "elapsed_s": round(6.2 * step, 2),
+            "eta_s": round(6.2 * (40 - step), 1), "loss": 0.0123, "lr": 1e-05, "kl": kl,
+            "reward": round(numeric + 0.5 * format_, 6), "reward_std": reward_std, "reward_numeric": numeric,
+            "reward_format": format_, "completion_len": completion_len, "clipped_ratio": clipped_ratio,
+            "frac_reward_zero_std": frac_reward_zero_std, "step_time_s": 6.2, "peak_gpu_mem_gb": None, "world_size": 1,
+            "completions_per_step": 8, "errors_numeric": 0, "errors_format": 0}
+
+
+def recorded(**last: list) -> list[dict]:
+    """The recorded run with the values of its last steps replaced, key by key: ``kl=[0.4, 0.97]`` sets the KL of
+    steps 9 and 10."""
+    rows = [recorded_row(*values) for values in RECORDED]
+    for key, values in last.items():
+        for row, value in zip(rows[-len(values):], values):
+            row[key] = value
+    return rows
+
+
+RISING_KL = [0.02, 0.03, 0.04, 0.15, 0.28, 0.404]
+KL_SPIKE = [0.1, 0.25, 0.31, 0.4, 0.97]
+ZERO = {"frac_reward_zero_std": [1.0], "reward": [0.0], "reward_numeric": [0.0], "reward_format": [0.0],
+        "reward_std": [0.0]}
+
+# rows -> each alert as (kind, step, value it quotes, how the title quotes it)
+CASES = {
+    "healthy": (recorded(), []),
+    "healthy, one step": (recorded()[:1], []),
+    "no steps yet": ([], []),
+    "no KL (beta 0)": (recorded(kl=[None] * 10), []),
+    "rising KL": (recorded(kl=RISING_KL), [("kl_rising", 10, 0.404, "now 0.404 at step 10")]),
+    "KL spike": (recorded(kl=KL_SPIKE), [("kl_spike", 10, 0.97, "KL jumped to 0.970 at step 10")]),
+    "KL spike two steps ago": (recorded(kl=[0.1, 0.25, 0.4, 0.97, 0.35, 0.3]),
+                               [("kl_spike", 8, 0.97, "KL jumped to 0.970 at step 8")]),
+    "KL spike long ago": (recorded(kl=[0.1, 0.25, 0.4, 0.97, 0.35, 0.3, 0.32, 0.3]), []),
+    "KL high": (recorded(kl=[1.4, 1.5, 1.6, 1.5]), [("kl_high", 10, 1.5, "now 1.500 at step 10")]),
+    "KL grew 6x but is tiny": (recorded(kl=[0.01, 0.01, 0.01, 0.05, 0.06, 0.07]), []),
+    "KL above 0.1 but not rising fast": (recorded(kl=[0.2, 0.2, 0.2, 0.3, 0.3, 0.3]), []),
+    "KL jump too small to matter": (recorded(kl=[0.02, 0.03, 0.02, 0.09]), []),
+    "zero spread at the last step": (recorded(frac_reward_zero_std=[1.0], reward_std=[0.29]),
+                                     [("no_spread", 10, 1.0, "Every group scored the same at step 10")]),
+    "zero spread earlier only": (recorded(frac_reward_zero_std=[1.0, 0.25]), []),
+    "every completion scores 0": (recorded(**ZERO), [("all_zero", 10, 0.0, "Every completion scored 0 at step 10")]),
+    "almost no spread, three steps": (recorded(frac_reward_zero_std=[0.9, 0.95, 0.9]),
+                                      [("little_spread", 10, 0.9, "90% of them at step 10")]),
+    "almost no spread, two steps": (recorded(frac_reward_zero_std=[0.9, 0.95]), []),
+    "clipped lengths": (recorded(clipped_ratio=[0.75], completion_len=[15.6]),
+                        [("clipped", 10, 0.75, "75% cut off, mean length 15.6 of 16 tokens")]),
+    "half clipped": (recorded(clipped_ratio=[0.5]), []),
+    "clipped earlier only": (recorded(clipped_ratio=[0.75, 0.0]), []),
+    "failing reward": (recorded(errors_numeric=[3, 7, 12]),
+                       [("reward_errors", 10, 12, "failed on 12 completions so far, 5 of 8 in step 10")]),
+    "failed once, not since": (recorded(errors_format=[1, 1]),
+                               [("reward_errors", 10, 1, "failed on 1 completion so far, none in step 10")]),
+    "reward always 0": (recorded(reward_format=[0.0] * 5),
+                        [("reward_flat", 10, 0.0, "'format' scored 0 on each of the last 5 steps")]),
+    "reward 0 for four steps": (recorded(reward_format=[0.0] * 4), []),
+    "reward constant all run": (recorded(reward_format=[1.0] * 10),
+                                [("reward_flat", 10, 1.0, "'format' gave 1.000 on every step so far")]),
+}
+FIX_MENTIONS = {"kl_rising": "learning rate (now 1e-05) or raise beta (now 0.04)",
+                "kl_spike": "learning rate (now 1e-05) or raise beta (now 0.04)",
+                "kl_high": "learning rate (now 1e-05) or raise beta (now 0.04)",
+                "no_spread": "group_size (now 4) or temperature (now 1.0)",
+                "all_zero": "group_size (now 4) or temperature (now 1.0)",
+                "little_spread": "group_size (now 4) or temperature (now 1.0)",
+                "clipped": "max new tokens (now 16)", "reward_errors": "Rewards tab", "reward_flat": "Rewards tab"}
+
+
+@pytest.mark.parametrize(("rows", "expected"), CASES.values(), ids=CASES.keys())
+def test_alerts_on_recorded_rows(rows, expected):
+    """Which alerts fire, and the number each quotes is the value recorded at the step it names."""
     alerts = health_alerts(rows, {}, CONFIG)
-    assert [a.title.startswith("Most completions hit the length cap") for a in alerts] == ([True] if fires else [])
-    if fires:
-        assert "now 16" in alerts[0].fix
+    assert [(a.kind, a.step, a.value) for a in alerts] == [case[:3] for case in expected]
+    for alert, (_, step, _, quoted) in zip(alerts, expected):
+        assert quoted in alert.title
+        assert alert.value == next(row for row in rows if row["step"] == step)[alert.key]
+        assert FIX_MENTIONS[alert.kind] in alert.fix
 
 
-@pytest.mark.parametrize(("kl", "fires"), [
-    ([0.01] * 6, False),
-    ([1.5] * 3, True),  # high, however it got there
-    ([0.02, 0.02, 0.02, 0.2, 0.3, 0.4], True),  # more than 3x in three steps, above 0.1
-    ([0.01, 0.01, 0.01, 0.05, 0.06, 0.07], False),  # grew 6x but still tiny
-    ([0.2, 0.2, 0.2, 0.3, 0.3, 0.3], False),  # above 0.1 but not fast
-    ([None] * 6, False),  # beta 0: no KL logged
-])
-def test_kl_alert(kl, fires):
-    rows = [progress_row(i + 1, kl=value) for i, value in enumerate(kl)]
-    alerts = health_alerts(rows, {}, CONFIG)
-    assert [a.title.startswith("KL is rising fast") for a in alerts] == ([True] if fires else [])
-    if fires:
-        assert "learning rate (now 1e-05)" in alerts[0].fix and "beta (now 0.04)" in alerts[0].fix
+@pytest.mark.parametrize(("rows", "chart", "line"), [
+    (recorded(kl=RISING_KL), plots.kl_figure, "KL to the starting model"),
+    (recorded(kl=KL_SPIKE), plots.kl_figure, "KL to the starting model"),
+    (recorded(kl=[1.4, 1.5, 1.6, 1.5]), plots.kl_figure, "KL to the starting model"),
+    (recorded(frac_reward_zero_std=[1.0]), plots.spread_figure, "groups with no spread"),
+    (recorded(frac_reward_zero_std=[0.9, 0.95, 0.9]), plots.spread_figure, "groups with no spread"),
+    (recorded(**ZERO), plots.reward_figure, "total"),
+    (recorded(reward_format=[0.0] * 5), plots.reward_figure, "format"),
+], ids=["rising KL", "KL spike", "KL high", "zero spread", "little spread", "all zero", "reward always 0"])
+def test_the_number_an_alert_quotes_is_the_charts_last_point(rows, chart, line):
+    (alert,) = health_alerts(rows, {}, CONFIG)
+    (trace,) = [trace for trace in chart(rows).data if trace.name == line]
+    assert (trace.x[-1], trace.y[-1]) == (alert.step, alert.value)
+
+
+def test_the_kl_alert_quotes_the_latest_kl_as_the_log_line_and_chart_show_it():
+    """The report: the log said 0.404, the alert an average of the last steps (0.16), and a jump to 0.97 said
+    nothing."""
+    rows = recorded(kl=RISING_KL)
+    (alert,) = health_alerts(rows, {}, CONFIG)
+    assert f"now {training._fmt(rows[-1]['kl'])}" in alert.title and plots.kl_figure(rows).data[0].y[-1] == 0.404
+    (spike,) = health_alerts(recorded(kl=RISING_KL[:-1] + [0.97]), {}, CONFIG)
+    assert spike.kind == "kl_spike" and spike.value == 0.97
+
+
+def test_the_clipped_alert_quotes_the_length_charts_last_point():
+    rows = recorded(clipped_ratio=[0.8], completion_len=[15.8])
+    (alert,) = health_alerts(rows, {}, CONFIG)
+    line, cap = plots.length_figure(rows, max_new_tokens=16).data
+    assert f"mean length {line.y[-1]:.1f} of {cap.y[-1]} tokens" in alert.title
 
 
 def test_reward_errors_alert_quotes_the_first_error_from_the_log():
     log = ("09:00:01 INFO step 1/4\n09:00:01 WARNING Reward 'numeric' failed on some completions (scored 0); "
            "first error: ValueError: could not convert 'x' to a number\n")
-    rows = steps(2, errors_numeric=3, errors_custom=0)
-    (alert,) = health_alerts(rows, {}, CONFIG, log)
+    (alert,) = health_alerts(recorded(errors_numeric=[1, 3]), {}, CONFIG, log)
     assert alert.level == "error"
-    assert alert.title == "The reward 'numeric' failed on 3 completions so far (they scored 0)"
+    assert alert.title == "The reward 'numeric' failed on 3 completions so far, 2 of 8 in step 10 (they scored 0)"
     assert alert.fix.startswith("First error: ValueError: could not convert 'x' to a number")
     (from_status,) = health_alerts([], {"reward_errors": {"custom": 1}}, CONFIG)
-    assert from_status.title.startswith("The reward 'custom' failed on 1 completion so")
+    assert from_status.title == "The reward 'custom' failed on 1 completion so far (they scored 0)"
     assert from_status.fix.startswith("Its first error is in the run's log")
-    assert health_alerts(steps(2, errors_numeric=0), {"reward_errors": {"numeric": 0}}, CONFIG) == []
+    assert health_alerts(recorded(), {"reward_errors": {"numeric": 0}}, CONFIG) == []
+
+
+def test_a_failing_reward_is_not_also_reported_as_always_0():
+    rows = recorded(reward_numeric=[0.0] * 5, reward=[0.4375] * 5, errors_numeric=[8, 16, 24, 32, 40])
+    assert [alert.kind for alert in health_alerts(rows, {}, CONFIG)] == ["reward_errors"]

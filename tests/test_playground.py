@@ -104,6 +104,18 @@ def test_skipped_rows_and_small_files_are_explained(tmp_path):
     assert "empty prompt" in summary and "nothing is held out" in summary
 
 
+@pytest.mark.parametrize("rows, frac, expected", [
+    (60, 0.05, "60 rows: 50 for training, 10 held out, 0 skipped. 10 rows are held out for the before/after "
+               "comparison (5% would be only 3, too few to compare)."),
+    (400, 0.05, "400 rows: 380 for training, 20 held out, 0 skipped."),
+    (60, 0.0, "60 rows: 60 for training, 0 held out, 0 skipped."),
+])
+def test_the_counts_say_how_many_are_held_out_and_why(tmp_path, rows, frac, expected):
+    source = tmp_path / "data.jsonl"
+    source.write_text("".join(json.dumps({"q": f"question {i}"}) + "\n" for i in range(rows)), encoding="utf-8")
+    assert preview_data(DataConfig(source=str(source), prompt="q", eval_frac=frac)).counts_summary() == expected
+
+
 def test_token_stats_use_the_chat_template(tiny_tokenizer):
     preview = preview_data(ARITHMETIC, tokenizer=tiny_tokenizer, tokenizer_note="Rendered with the tiny model.")
     texts = [tiny_tokenizer.apply_chat_template([{"role": "user", "content": row["question"]}],

@@ -147,6 +147,16 @@ def test_read_jsonl_skips_blank_lines(tmp_path):
 # ----------------------------------------------------------------------------------------------------- status
 
 
+@pytest.mark.parametrize("state, label", [
+    ("cancelled", "stopped — can resume"),  # "cancelled" sounded final; the run resumes from its checkpoint
+    ("queued", "queued"), ("running", "running"), ("succeeded", "succeeded"), ("failed", "failed"),
+    (None, "unknown"),
+])
+def test_states_as_people_read_them(state, label):
+    assert runstore.state_label(state) == label
+    assert "cancelled" in runstore.STATES  # what status.json stores is a contract and stays
+
+
 def test_update_status_merges_fields(run):
     assert run.read_status() == {}
     first = run.update_status(state="queued", step=0, total_steps=10)

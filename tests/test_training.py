@@ -114,12 +114,14 @@ def test_stop_mid_run_then_resume_continues_the_step_count(tiny_config_dict, run
     assert [p.name for p in run.checkpoints()] == ["checkpoint-1"]  # a stop saves first, whatever save_steps says
     assert not run.has_final_weights()
     assert not run.stop_requested()
+    first_start = status["started_at"]
 
     handle = training.resume(run.path)
     handle.wait(timeout=240)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
     assert status["step"] == 4
+    assert status["started_at"] == first_start < status["resumed_at"]  # the runs list shows when it began
     assert [row["step"] for row in run.read_progress()] == [1, 2, 3, 4]
     state = json.loads((run.checkpoints()[-1] / "trainer_state.json").read_text())
     assert state["global_step"] == 4
@@ -140,6 +142,27 @@ def test_resume_after_a_crash_truncates_rows_past_the_checkpoint(tiny_config_dic
     handle.wait(timeout=240)
     assert run.read_status()["state"] == "succeeded"
     assert [row["step"] for row in run.read_progress()] == [1, 2, 3]
+
+
+UNSURE_REWARD = ("import warnings\n"
+                 "def reward(prompt, completion, reference, row):\n"
+                 "    warnings.warn('this reward is unsure')\n"
+                 "    return 0.5\n")
+
+
+@pytest.mark.filterwarnings("always")  # every warning raised, so a hidden one cannot pass for a fixed one
+@pytest.mark.parametrize("lora, checkpointing", [(True, False), (True, True), (False, True)],
+                         ids=["lora", "lora-checkpointing", "full-checkpointing"])
+def test_the_run_log_has_real_warnings_but_no_deprecation_notices(tiny_config_dict, lora, checkpointing):
+    """transformers' FutureWarnings about renamed arguments used to fill every run's log."""
+    tiny_config_dict["lora"]["enabled"] = lora
+    tiny_config_dict["training"]["gradient_checkpointing"] = checkpointing
+    tiny_config_dict["rewards"].append(custom_reward(UNSURE_REWARD, "unsure"))
+    run = run_to_end(tiny_config_dict)
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
+    log = run.log_path.read_text(encoding="utf-8")
+    assert "UserWarning: this reward is unsure" in log
+    assert "FutureWarning" not in log and "DeprecationWarning" not in log and "deprecated" not in log
 
 
 def test_a_reward_that_always_fails_ends_the_run_as_failed_with_its_message(tiny_config_dict):
@@ -225,6 +248,7 @@ def test_bad_input_is_refused_before_a_run_folder_exists(tiny_config_dict, runs_
         training.start(RunConfig.from_dict(tiny_config_dict))
     tiny_config_dict["data"]["prompt"] = "question"
     tiny_config_dict["training"]["batch_size"] = 100
-    with pytest.raises(ConfigError, match="batch_size"):
+    with pytest.raises(ConfigError, match=r"Only 24 training prompts \(6 more are held out .* data\.eval_frac 0 trains "
+                                          r"on them too\), fewer than training\.batch_size \(100\)"):
         training.start(RunConfig.from_dict(tiny_config_dict))
     assert not runs_dir.exists() or not any(runs_dir.iterdir())

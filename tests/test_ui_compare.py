@@ -12,7 +12,7 @@ import pytest
 from conftest import handler
 from conftest import stop_after_last_checkpoint
 
-from dragon_ui import compare
+from dragon_ui import compare, export
 from dragon_ui.studio import Studio
 from dragon_ui.ui import build_app
 
@@ -53,8 +53,11 @@ def test_free_prompt_is_answered_by_both_models(app, finished_run):
 def test_download_and_merge(app, finished_run):
     path = handler(app, "compare_zip")(finished_run.id)
     assert path.endswith(".zip") and zipfile.is_zipfile(path)
-    folder, status = handler(app, "compare_merge")(finished_run.id)
+    archive, folder, status = handler(app, "compare_merge")(finished_run.id)
     assert (Path(folder) / "config.json").is_file() and folder in status
+    with zipfile.ZipFile(archive) as zipped:  # the merged model as a download, not only a folder on the server
+        assert f"{finished_run.id}-merged/config.json" in zipped.namelist()
+    assert Path(archive).name in status and export.format_size(Path(archive).stat().st_size) in status
 
 
 def test_evaluate_now_streams_progress_and_can_be_cancelled(app, finished_run):

@@ -1,4 +1,8 @@
-"""The Data tab's handlers, called directly with good and bad inputs (no browser needed)."""
+"""The Data tab's handlers, called directly with good and bad inputs (no browser needed).
+
+The handlers get the draft the form composes from what the screen shows (common.Form.compose); these tests compose
+it the same way, from the app's own form, so empty boxes mean what they mean on the screen.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +14,26 @@ import pytest
 
 from dragon_ui.studio import ASSETS_DIR, Studio
 from dragon_ui.ui import build_app, data_tab
+from dragon_ui.ui.common import Form
 
 DATASETS = ASSETS_DIR / "datasets"
+ARITHMETIC = str(DATASETS / "arithmetic.csv")
 
 
 @pytest.fixture
 def studio(tmp_path):
     return Studio(runs_dir=tmp_path / "runs")
+
+
+@pytest.fixture(scope="module")
+def form(tmp_path_factory) -> Form:
+    """The app's form: its fields, their config paths and their labels."""
+    return build_app(Studio(runs_dir=tmp_path_factory.mktemp("runs"))).form
+
+
+@pytest.fixture(scope="module")
+def labels(form) -> dict[str, str]:
+    return form.labels
 
 
 @pytest.fixture
@@ -27,21 +44,58 @@ def draft(studio, tiny_model_dir):
     return draft
 
 
-def form(draft: dict, **changes) -> list:
-    """The Data tab's form values for update_data, as the browser would send them (empty boxes as "")."""
-    data = {**draft["data"], **changes}
-    return [draft, data["source"], data["hub_config"] or "", data["hub_split"], data["prompt"],
-            data["reference"] or "", data["system"] or "", data["eval_frac"]]
+def value_at(draft: dict, path: str):
+    for part in path.split("."):
+        draft = draft.get(part) if isinstance(draft, dict) else None
+    return draft
+
+
+def on_screen(form: Form, draft: dict, shown: dict | None = None) -> dict:
+    """The draft handlers get when the form shows ``draft`` with some fields typed in (``shown``: path -> what the
+    field holds, "" for an empty box)."""
+    shown = shown or {}
+    return form.compose(draft, *(shown.get(f.path, value_at(draft, f.path)) for f in form.fields))
+
+
+def shown_table(draft: dict) -> list:
+    """The shown_table state after the draft's data was previewed: the table it reads."""
+    return data_tab.table_identity(data_tab.data_config(draft))
 
 
 def outputs(values: tuple) -> dict:
-    """update_data / pick_example / upload_file results by name."""
+    """update_data / use_source results by name."""
     assert len(values) == len(data_tab.UPDATED)
     return dict(zip(data_tab.UPDATED, values, strict=True))
 
 
-def test_the_app_builds(studio):
-    assert isinstance(build_app(studio), gr.Blocks)
+def is_skip(value) -> bool:
+    return isinstance(value, dict) and value == gr.skip()
+
+
+def homework(tmp_path, rows: int = 30):
+    """A JSONL file whose columns fit none of the arithmetic recipe's mapping."""
+    path = tmp_path / "homework.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"What is {i} * 2?", "solution": str(2 * i)}) + "\n"
+                            for i in range(rows)), encoding="utf-8")
+    return path
+
+
+def test_the_app_builds_with_the_data_fields_in_its_form(studio):
+    demo = build_app(studio)
+    assert isinstance(demo, gr.Blocks)
+    labels = demo.form.labels
+    assert {path: labels[path] for path in data_tab.MAPPING_PATHS} == {
+        "data.prompt": "Prompt", "data.reference": "Reference answer", "data.system": "System message"}
+    assert labels["data.source"] == "Data source"
+
+
+def test_the_form_composes_the_draft_from_what_it_shows(form, draft):
+    assert on_screen(form, draft) == draft  # a loaded draft shown unedited composes back to itself
+    composed = on_screen(form, draft, {"data.source": f"  {ARITHMETIC} ", "data.reference": "", "data.system": "",
+                                       "data.hub_config": "", "data.hub_split": "", "data.eval_frac": 0.5})
+    assert composed["data"] == {**draft["data"], "source": ARITHMETIC, "reference": None, "system": None,
+                                "hub_config": None, "hub_split": "train", "eval_frac": 0.5}
+    assert draft["data"]["eval_frac"] == 0.05  # the loaded draft is left alone
 
 
 def test_bundled_datasets_are_the_data_files():
@@ -49,10 +103,10 @@ def test_bundled_datasets_are_the_data_files():
     assert names == ["arithmetic.csv", "json_answers.jsonl", "think_answer.jsonl"]
 
 
-def test_fill_fields_shows_the_draft_and_its_preview(draft):
+def test_fill_fields_shows_the_draft_and_its_preview(draft, labels):
     (source, example, hub_config, hub_split, prompt, reference, system, eval_frac, source_status, table,
-     mapping_status, counts, rendered, lengths, previewed) = data_tab.fill_fields(draft)
-    assert source == example == str(DATASETS / "arithmetic.csv")
+     mapping_status, counts, rendered, lengths, shown, previewed) = data_tab.fill_fields(draft, labels)
+    assert source == example == ARITHMETIC
     assert (hub_config, hub_split, eval_frac) == ("", "train", 0.05)
     assert (prompt.value, reference.value, system.value) == ("question", "answer", "")
     assert prompt.choices == [("question", "question"), ("answer", "answer")]
@@ -62,83 +116,147 @@ def test_fill_fields_shows_the_draft_and_its_preview(draft):
     assert "<|user|>What is 66 + 24? Reply with just the number.<|end|><|assistant|>" in rendered
     assert "Rendered with the chat template of local model" in rendered
     assert lengths.startswith("Prompt length in tokens: min ")
+    assert shown == [ARITHMETIC, None, "train"]
     assert previewed == f"{draft['model']['id']}@"
 
 
-def test_upload_a_file_shows_its_columns_and_fits_the_mapping(draft, tmp_path):
-    upload = tmp_path / "homework.jsonl"
-    upload.write_text("".join(json.dumps({"problem": f"What is {i} * 2?", "solution": str(2 * i)}) + "\n"
-                              for i in range(30)), encoding="utf-8")
-    out = outputs(data_tab.upload_file(draft, str(upload), "question", "answer", "", 0.05))
-    assert out["draft"]["data"] == {**draft["data"], "source": str(upload), "prompt": "problem",
-                                    "reference": "solution"}
-    assert draft["data"]["source"] == str(DATASETS / "arithmetic.csv")  # the input draft is left alone
+def test_upload_a_file_shows_its_columns_and_fits_the_mapping(form, labels, draft, tmp_path):
+    upload = homework(tmp_path)
+    before = json.dumps(draft, sort_keys=True)
+    out = outputs(data_tab.use_source(on_screen(form, draft), str(upload), shown_table(draft), labels))
+    assert json.dumps(draft, sort_keys=True) == before  # the draft it was given is left alone
     assert out["source"] == str(upload) and out["example"] is None
-    assert list(out["table"].columns) == ["problem", "solution"] and len(out["table"]) == 20
-    assert out["prompt"].value == "problem" and out["reference"].value == "solution"
-    assert "The prompt now uses the column 'problem'" in out["mapping_status"]
-    assert "30 rows: 28 for training, 2 held out, 0 skipped." in out["counts"]
-    assert "<|user|>What is 0 * 2?<|end|><|assistant|>" in out["rendered"]
-
-
-def test_pick_an_example_resets_the_hub_settings(draft):
-    hub_draft = {**draft, "data": {**draft["data"], "hub_config": "main", "hub_split": "test"}}
-    path = str(DATASETS / "think_answer.jsonl")
-    out = outputs(data_tab.pick_example(hub_draft, path, "question", "answer", "", 0.05))
-    assert out["draft"]["data"]["source"] == out["source"] == out["example"] == path
     assert (out["hub_config"], out["hub_split"]) == ("", "train")
-    assert out["draft"]["data"]["hub_config"] is None and out["draft"]["data"]["hub_split"] == "train"
-    assert "200 rows" in out["counts"] and out["mapping_status"] == ""
-    assert data_tab.pick_example(draft, None, "question", "answer", "", 0.05) == (gr.skip(),) * len(data_tab.UPDATED)
+    assert list(out["table"].columns) == ["problem", "solution"] and len(out["table"]) == 20
+    # the mapping fields show the fitted columns, with the new choices
+    assert out["prompt"].value == "problem" and out["reference"].value == "solution"
+    assert out["prompt"].choices == [("problem", "problem"), ("solution", "solution")]
+    assert out["system"].value == ""
+    assert "The prompt now uses the column 'problem'" in out["mapping_status"]
+    assert "30 rows: " in out["counts"] and "0 skipped" in out["counts"]  # the held-out share is the engine's
+    assert "<|user|>What is 0 * 2?<|end|><|assistant|>" in out["rendered"]
+    assert out["shown_table"] == [str(upload), None, "train"]
 
 
-@pytest.mark.parametrize("changes, where, fragment", [
-    ({"prompt": "Q: {nope}"}, "mapping_status", "data.prompt uses the column 'nope' in its template"),
-    ({"reference": "solution"}, "mapping_status", "data.reference 'solution' is neither a column"),
-    ({"source": "/no/such/file.csv"}, "source_status", "data.source: no file at /no/such/file.csv."),
-    ({"source": "someone/dataset"}, "source_status", "the Hugging Face Hub could not be reached"),
+def test_pick_an_example_resets_the_hub_settings(form, labels, draft):
+    shown = on_screen(form, draft, {"data.hub_config": "main", "data.hub_split": "test"})
+    path = str(DATASETS / "think_answer.jsonl")
+    out = outputs(data_tab.use_source(shown, path, shown_table(shown), labels))
+    assert out["source"] == out["example"] == path
+    assert (out["hub_config"], out["hub_split"]) == ("", "train")
+    assert out["shown_table"] == [path, None, "train"]
+    assert "200 rows" in out["counts"] and out["source_status"] == ""
+    assert data_tab.use_source(shown, None, shown_table(shown), labels) == (gr.skip(),) * len(data_tab.UPDATED)
+
+
+@pytest.mark.parametrize("typed, refits", [
+    ("same table", False),  # the table previewed: a mapping that does not fit is explained, not replaced
+    ("other table", True),  # a newly typed path: the mapping is fitted to it and the fields show the new values
+    ("nothing shown yet", True),
 ])
-def test_bad_settings_give_a_sentence_next_to_the_field(draft, changes, where, fragment):
-    out = outputs(data_tab.update_data(*form(draft, **changes)))
-    assert fragment in out[where] and out[where].startswith("❌")
+def test_the_mapping_is_fitted_only_when_the_table_changes(form, labels, draft, tmp_path, typed, refits):
+    upload = str(homework(tmp_path))
+    shown = on_screen(form, draft, {"data.source": upload})
+    before = {"same table": [upload, None, "train"], "other table": [ARITHMETIC, None, "train"],
+              "nothing shown yet": []}[typed]
+    out = outputs(data_tab.update_data(shown, before, labels))
+    assert is_skip(out["source"])  # typed by the user: never written back
+    assert out["shown_table"] == [upload, None, "train"]
+    if refits:
+        assert out["prompt"].value == "problem" and out["reference"].value == "solution"
+        assert "The prompt now uses the column 'problem'" in out["mapping_status"]
+        assert "30 rows" in out["counts"]
+    else:
+        assert "value" not in out["prompt"].constructor_args  # choices only: what is typed there stays
+        assert out["prompt"].choices[0] == ("problem", "problem")
+        assert "Prompt 'question' is neither a column" in out["mapping_status"]
+        assert out["counts"] == ""
+
+
+@pytest.mark.parametrize("shown, where, words", [
+    ({"data.prompt": "Q: {nope}"}, "mapping_status", ["Prompt uses the column 'nope' in its template"]),
+    ({"data.reference": "solution"}, "mapping_status", ["Reference answer 'solution' is neither a column"]),
+    ({"data.system": "Be {tone}."}, "mapping_status", ["System message uses the column 'tone'"]),
+    ({"data.prompt": "Q: {question"}, "mapping_status", ["Prompt has an unmatched '{' or '}'"]),
+    ({"data.source": "/no/such/file.csv"}, "source_status", ["Data source: no file at /no/such/file.csv."]),
+    ({"data.source": "someone/dataset"}, "source_status",
+     ["the Hugging Face Hub could not be reached", "set “Data source” to that file"]),
+])
+def test_bad_settings_give_a_sentence_in_the_forms_words_next_to_the_field(form, labels, draft, shown, where,
+                                                                              words):
+    composed = on_screen(form, draft, shown)
+    out = outputs(data_tab.update_data(composed, shown_table(composed), labels))
+    for fragment in words:
+        assert fragment in out[where]
+    assert "data." not in out[where]  # no config paths: the labels on the screen
+    if where == "mapping_status":  # the data could be read: the sentence says which columns it has, once
+        assert out[where].count("question, answer") == 1
     other = "source_status" if where == "mapping_status" else "mapping_status"
     assert out[other] == ""
     assert out["counts"] == out["rendered"] == out["lengths"] == ""
-    for key, value in changes.items():  # the draft records what was typed; validation at Start says the same
-        assert out["draft"]["data"][key] == value
 
 
-def test_template_and_system_message_and_held_out_fraction(draft):
-    out = outputs(data_tab.update_data(*form(draft, prompt="Q: {question}", system="Answer briefly.",
-                                             eval_frac=0.5)))
-    assert out["draft"]["data"]["prompt"] == "Q: {question}"
-    assert out["draft"]["data"]["system"] == "Answer briefly."
-    assert out["draft"]["data"]["eval_frac"] == 0.5
+def test_a_mapping_problem_lists_the_columns_when_the_engine_does_not(form, labels, draft, tmp_path):
+    data = tmp_path / "blank.csv"
+    data.write_text("question,answer\n,1\n,2\n", encoding="utf-8")
+    composed = on_screen(form, draft, {"data.source": str(data)})
+    out = outputs(data_tab.update_data(composed, shown_table(composed), labels))
+    assert "Prompt gave empty text for all 2 rows" in out["mapping_status"]
+    assert "The columns of this data are: question, answer." in out["mapping_status"]
+    assert out["source_status"] == ""
+
+
+def test_without_labels_the_messages_keep_the_config_paths(draft):
+    draft["data"]["prompt"] = "Q: {nope}"
+    out = outputs(data_tab.update_data(draft, shown_table(draft)))
+    assert "data.prompt uses the column 'nope'" in out["mapping_status"]
+
+
+def test_template_and_system_message_and_held_out_fraction(form, labels, draft):
+    composed = on_screen(form, draft, {"data.prompt": "Q: {question}", "data.system": "Answer briefly.",
+                                       "data.eval_frac": 0.5})
+    out = outputs(data_tab.update_data(composed, shown_table(composed), labels))
+    assert out["mapping_status"] == out["source_status"] == ""
     assert "400 rows: 200 for training, 200 held out" in out["counts"]
     assert "<|system|>Answer briefly.<|end|><|user|>Q: What is 66 + 24?" in out["rendered"]
     # fields the user may still be typing in are not overwritten: the source is skipped, the mappings get choices only
-    assert out["source"] == out["hub_config"] == gr.skip()
-    assert "value" not in out["prompt"].constructor_args and out["prompt"].choices[0] == ("question", "question")
+    assert is_skip(out["source"]) and is_skip(out["hub_config"]) and is_skip(out["hub_split"])
+    for field in ("prompt", "reference", "system"):
+        assert "value" not in out[field].constructor_args
+    assert out["prompt"].choices[0] == ("question", "question")
 
 
-def test_empty_reference_and_system_mean_not_used(draft):
-    out = outputs(data_tab.update_data(*form(draft, reference="", system="")))
-    assert out["draft"]["data"]["reference"] is None and out["draft"]["data"]["system"] is None
+def test_empty_reference_and_system_mean_not_used(form, labels, draft):
+    composed = on_screen(form, draft, {"data.reference": "", "data.system": ""})
+    assert composed["data"]["reference"] is None and composed["data"]["system"] is None
+    out = outputs(data_tab.update_data(composed, shown_table(composed), labels))
     assert "<|user|>" in out["rendered"] and "<|system|>" not in out["rendered"]
+    assert out["mapping_status"] == ""
 
 
-def test_without_a_tokenizer_prompts_are_plain_text_with_the_reason(draft):
-    draft["model"]["id"] = "/no/such/model"
-    out = outputs(data_tab.update_data(*form(draft)))
+def test_without_a_tokenizer_prompts_are_plain_text_with_the_reason(form, labels, draft):
+    composed = on_screen(form, draft, {"model.id": "/no/such/model"})
+    out = outputs(data_tab.update_data(composed, shown_table(composed), labels))
     assert "could not be loaded: model.id: no folder at /no/such/model" in out["rendered"]
     assert "user: What is 66 + 24?" in out["rendered"]
     assert out["lengths"].startswith("Prompt length in words: min 11")
+    assert out["previewed_model"] == "/no/such/model@"
 
 
-def test_a_new_starting_model_refreshes_the_preview(draft):
-    previewed = data_tab.fill_fields(draft)[-1]
-    assert data_tab.refresh_for_model(draft, previewed) == (gr.skip(),) * 7  # nothing changed
-    assert data_tab.refresh_for_model(draft, "") == (gr.skip(),) * 7  # no preview yet: fill_fields makes it
+def test_a_new_starting_model_refreshes_the_preview(draft, labels):
+    previewed = data_tab.fill_fields(draft, labels)[-1]
+    assert data_tab.refresh_for_model(draft, previewed, labels) == (gr.skip(),) * 7  # nothing changed
+    assert data_tab.refresh_for_model(draft, "", labels) == (gr.skip(),) * 7  # no preview yet: fill_fields makes it
     other = {**draft, "model": {**draft["model"], "id": "/no/such/model"}}
-    source_status, table, mapping_status, counts, rendered, lengths, now = data_tab.refresh_for_model(other, previewed)
+    source_status, table, mapping_status, counts, rendered, lengths, now = data_tab.refresh_for_model(
+        other, previewed, labels)
     assert now == "/no/such/model@" and "plain system:/user: text" in rendered and "in words" in lengths
+    assert source_status == mapping_status == "" and "400 rows" in counts
+
+
+def test_refreshing_for_a_model_words_a_mapping_problem_with_the_labels(draft, labels):
+    previewed = data_tab.fill_fields(draft, labels)[-1]
+    other = {**draft, "model": {**draft["model"], "id": "/no/such/model"},
+             "data": {**draft["data"], "reference": "solution"}}
+    source_status, table, mapping_status, *_ = data_tab.refresh_for_model(other, previewed, labels)
+    assert "Reference answer 'solution' is neither a column" in mapping_status and source_status == ""

@@ -1,4 +1,6 @@
-"""The Model & Hardware tab, through the handlers its fields and buttons are wired to (found by api_name)."""
+"""The Model & Hardware tab: the form's fields and the draft they compose, the preview (check, problems next to
+their fields, hardware, estimate, YAML), Start and the cluster export, through the tab's functions and the handlers
+its buttons are wired to."""
 
 from __future__ import annotations
 
@@ -6,15 +8,42 @@ import copy
 
 import gradio as gr
 import pytest
-from conftest import handler
 import yaml
 
 from dragon_ui import training
 from dragon_ui.config import RunConfig
+from dragon_ui.draft import same_settings
+from dragon_ui.hardware import CudaDevice, HardwareInfo
 from dragon_ui.ui import model_tab
-from dragon_ui.ui.common import TAB_TRAIN
+from dragon_ui.ui.common import TAB_TRAIN, message
 
 pytestmark = pytest.mark.timeout(300)
+ERROR, OK = message("", "error"), message("", "ok")  # how a check's sentence says what kind it is
+NO_GPU = HardwareInfo(cuda=[], mps=False, cpu_cores=2)
+MODEL_TAB_PATHS = [f"{section}.{setting.key}" for section, settings in model_tab.SECTIONS.items()
+                   for setting in settings] + ["name"]
+
+
+def get_path(draft: dict, path: str):
+    value = draft
+    for part in path.split("."):
+        value = (value or {}).get(part)
+    return value
+
+
+def screen(app, draft: dict, **edits) -> list:
+    """The form's inputs (the loaded draft, then every field's value) when the fields show ``draft``, with some
+    fields typed over: ``edits`` maps a config path (dots as "__") to what the field shows."""
+    shown = dict(zip(MODEL_TAB_PATHS, model_tab.field_values(draft), strict=True))
+    shown.update({path.replace("__", "."): value for path, value in edits.items()})
+    return [draft, *(shown[f.path] if f.path in shown else get_path(draft, f.path) for f in app.form.fields)]
+
+
+def button(app, elem_id: str, event: str = "click"):
+    """The Python function wired to an event of the component with this elem_id."""
+    ids = {block_id for block_id, block in app.blocks.items() if getattr(block, "elem_id", None) == elem_id}
+    (fn,) = [f.fn for f in app.fns.values() if any(target in ids and name == event for target, name in f.targets)]
+    return fn
 
 
 @pytest.fixture
@@ -30,86 +59,123 @@ def tiny_draft(studio, tiny_model_dir) -> dict:
     return draft
 
 
-def test_every_section_handler_updates_only_its_section(app, studio):
+def test_the_form_composes_what_the_screen_shows(app, studio):
     draft = studio.default_draft()
-    draft["training"]["grad_accum"] = 3  # not on this tab: must survive
+    draft["training"]["grad_accum"] = 3  # not on the form: comes from the draft last loaded
     original = copy.deepcopy(draft)
+    values = screen(app, draft, model__id="  Qwen/Qwen2.5-0.5B-Instruct ", name=" my run ",
+                    lora__enabled=True, lora__r=8, lora__alpha=16, lora__dropout=0.1, lora__target_modules="q_proj, v_proj",
+                    training__learning_rate=2e-5, training__epochs=2.0, training__max_steps=0, training__batch_size=8,
+                    training__save_steps=10, training__gradient_checkpointing=True,
+                    grpo__group_size=8, grpo__beta=0.0, grpo__temperature=0.7, grpo__max_new_tokens=64,
+                    grpo__loss_type="grpo", grpo__scale_rewards="none",
+                    hardware__device="cpu", hardware__dtype="float32", hardware__load_in_4bit=False,
+                    hardware__cpu_threads=0)
+    new = app.form.compose(*values)
 
-    new = handler(app, "model_set_lora")(draft, True, 8, 16, 0.1, "q_proj, v_proj")
     assert new["lora"] == {"enabled": True, "r": 8, "alpha": 16, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}
-    new = handler(app, "model_set_training")(new, 2e-5, 2.0, 0, 8, 10, True)
     assert new["training"] == {**original["training"], "learning_rate": 2e-5, "epochs": 2.0, "max_steps": None,
                                "batch_size": 8, "save_steps": 10, "gradient_checkpointing": True, "grad_accum": 3}
-    new = handler(app, "model_set_grpo")(new, 8, 0.0, 0.7, 64, "grpo", "none")
     assert new["grpo"] == {"group_size": 8, "beta": 0.0, "temperature": 0.7, "max_new_tokens": 64, "loss_type": "grpo",
                            "scale_rewards": "none"}
-    new = handler(app, "model_set_hardware")(new, "cpu", "float32", False, 0)
     assert new["hardware"] == {"device": "cpu", "dtype": "float32", "load_in_4bit": False, "cpu_threads": None}
-    new = handler(app, "model_set_model")(new, "  Qwen/Qwen2.5-0.5B-Instruct ")
     assert new["model"]["id"] == "Qwen/Qwen2.5-0.5B-Instruct"
-    new = handler(app, "model_set_name")(new, " my run ")
     assert new["name"] == "my run"
 
-    assert draft == original  # handlers never change their input
-    for section in ("data", "rewards", "runs_dir"):
+    assert draft == original  # composing never changes the loaded draft
+    for section in ("data", "rewards", "runs_dir", "base_dir"):
         assert new[section] == original[section]
     RunConfig.from_dict(new)  # still a complete, valid config
 
 
-def test_the_form_shows_the_draft_and_round_trips(studio):
+def test_a_handler_that_takes_the_draft_gets_what_the_screen_shows(app, studio):
+    seen = []
+    handler = app.form.takes_draft(lambda draft, extra: seen.append((draft, extra)) or "done")
+    assert handler(*screen(app, studio.default_draft(), training__learning_rate=3e-6), "more") == "done"
+    (draft, extra), = seen
+    assert draft["training"]["learning_rate"] == 3e-6 and extra == "more"
+
+
+def test_the_form_shows_the_draft_and_round_trips(app, studio):
     draft = studio.default_draft()
     draft["lora"]["target_modules"] = ["q_proj", "v_proj"]
     values = model_tab.field_values(draft)
-    assert values[0] == draft["model"]["id"]
-    assert "q_proj, v_proj" in values and values[-1] == draft["name"]
-    assert values[model_tab.field_values(draft).index("q_proj, v_proj") + 1] == draft["grpo"]["group_size"]
-    rebuilt = copy.deepcopy(draft)
-    position = 0
-    for section, settings in model_tab.SECTIONS.items():
-        rebuilt = model_tab.update_section(rebuilt, section, *values[position:position + len(settings)])
-        position += len(settings)
-    assert rebuilt == draft
+    assert values[0] == draft["model"]["id"] and values[-1] == draft["name"]
+    assert values[MODEL_TAB_PATHS.index("lora.target_modules")] == "q_proj, v_proj"
+    assert values[MODEL_TAB_PATHS.index("grpo.group_size")] == draft["grpo"]["group_size"]
+    # The Model tab's fields are in the form in this order, so the tab's fill on load puts each value in its field.
+    assert [f.path for f in app.form.fields if f.path in MODEL_TAB_PATHS] == MODEL_TAB_PATHS
+    assert app.form.compose(*screen(app, draft)) == draft
 
 
 def test_a_valid_draft_previews_its_yaml_cli_and_estimate(app, studio):
     draft = studio.default_draft()
-    check, hardware, estimate, yaml_text, cli, download = handler(app, "model_preview")(draft)
-    assert check == "✅ The settings are valid."
-    assert hardware.startswith("**This run will use:** cpu") and "- device cpu:" in hardware
-    assert estimate.startswith("**Rough estimate** for HuggingFaceTB/SmolLM2-135M-Instruct (135M parameters")
-    assert "Memory ≈" in estimate and "Time per step ≈" in estimate
-    assert RunConfig.from_dict(yaml.safe_load(yaml_text), base_dir=draft["base_dir"]) == studio.validate(draft)
-    assert "python -m dragon_ui train arithmetic.yaml" in cli
+    preview = model_tab.build_preview(studio, draft, app.form.labels)
+    assert preview.check == message("The settings are valid.", "ok") and preview.problems == {}
+    assert preview.hardware.startswith("**This run will use:** ") and "- device " in preview.hardware
+    assert preview.estimate.startswith("**Rough estimate** for HuggingFaceTB/SmolLM2-135M-Instruct (135M parameters")
+    assert "Memory ≈" in preview.estimate and "Time per step ≈" in preview.estimate
+    assert RunConfig.from_dict(yaml.safe_load(preview.yaml), base_dir=draft["base_dir"]) == studio.validate(draft)
+    assert "python -m dragon_ui train arithmetic.yaml" in preview.cli
+    outputs = preview.outputs()
+    download = outputs[5]
     assert download.value["orig_name"] == "arithmetic.yaml" and download.interactive
     with open(download.value["path"], encoding="utf-8") as fh:
-        assert fh.read() == yaml_text
+        assert fh.read() == preview.yaml
+    assert outputs[6:] == ("",) * len(model_tab.PROBLEM_AREAS)  # no problem shown next to any fields
 
 
-@pytest.mark.parametrize(("section", "values", "sentence"), [
-    ("grpo", (1, 0.04, 1.0, 16, "dapo", "group"), "grpo.group_size must be between 2 and 64"),
-    ("grpo", (4, 0.04, 0.0, 16, "dapo", "group"), "grpo.temperature must be above 0"),
-    ("training", (0.0, 1.0, 0, 4, 20, False), "training.learning_rate must be above 0"),
-    ("lora", (True, 16, 32, 0.05, ""), "lora.target_modules is empty"),
-    ("model", ("",), "model.id is empty"),
+@pytest.mark.parametrize(("edits", "area", "sentence", "path"), [
+    ({"grpo__group_size": 1}, "grpo", "Group size must be between 2 and 64", "grpo.group_size"),
+    ({"grpo__temperature": 0.0}, "grpo", "Temperature must be above 0", "grpo.temperature"),
+    ({"training__learning_rate": 0.0}, "training", "Learning rate must be above 0", "training.learning_rate"),
+    ({"lora__target_modules": ""}, "lora", "Target modules is empty", "lora.target_modules"),
+    ({"model__id": "  "}, "model", "Starting model is empty", "model.id"),
+    ({"hardware__load_in_4bit": True, "lora__enabled": False}, "hardware",
+     "4-bit weights (QLoRA) needs LoRA (“Train a LoRA adapter” ticked)", "lora.enabled"),
+    ({"generation__vllm_server_url": "http://10.0.0.5:8000"}, "scaleout",
+     "vLLM server URL is only used with “Generation” vllm-server", "generation.backend"),
 ])
-def test_an_invalid_value_shows_the_sentence(app, studio, section, values, sentence):
-    draft = handler(app, f"model_set_{section}")(studio.default_draft(), *values)
-    check, _, estimate, yaml_text, _, download = handler(app, "model_preview")(draft)
-    assert check.startswith("❌ ") and sentence in check
-    assert yaml_text.startswith("# The settings are not valid yet:")
+def test_an_invalid_value_is_named_in_the_forms_words_next_to_its_fields(app, studio, edits, area, sentence, path):
+    draft = app.form.compose(*screen(app, studio.default_draft(), **edits))
+    preview = model_tab.build_preview(studio, draft, app.form.labels)
+    assert preview.check.startswith(ERROR) and sentence in preview.check, preview.check
+    assert path not in preview.check  # the form's words, not the config file's
+    assert "tab)" not in preview.check  # it is on this tab
+    assert set(preview.problems) == {area} and sentence in preview.problems[area]
+    assert preview.yaml.startswith("# The settings are not valid yet:")
+    download = preview.outputs()[5]
     assert download.value is None and not download.interactive
 
 
-def test_an_impossible_hardware_choice_is_a_sentence(app, studio):
-    if studio.hardware().cuda:
-        pytest.skip("this machine has a CUDA GPU")
-    draft = handler(app, "model_set_hardware")(studio.default_draft(), "cuda", "auto", False, 0)
-    check, hardware, estimate, yaml_text, _, download = handler(app, "model_preview")(draft)
-    assert check == "✅ The settings are valid."
-    assert hardware == ("❌ hardware.device is cuda, but no CUDA GPU is visible to PyTorch on this machine; "
-                        "choose auto or cpu.")
-    assert "once the hardware choice works" in estimate
-    assert "device: cuda" in yaml_text and download.interactive  # a config for a GPU machine can still be saved
+@pytest.mark.parametrize(("section", "value", "tab", "sentence"), [
+    ("data", {"prompt": ""}, "Data", "Prompt is empty; give a column name"),
+    ("rewards", [{"kind": "regex", "name": "shape", "pattern": "("}], "Rewards",
+     "The 1st reward (shape): the regular expression is not a valid regular expression"),
+])
+def test_a_problem_on_another_tab_is_named_with_that_tab(app, studio, section, value, tab, sentence):
+    draft = studio.default_draft()
+    draft[section] = {**draft[section], **value} if isinstance(value, dict) else value
+    preview = model_tab.build_preview(studio, draft, app.form.labels)
+    assert preview.check.startswith(ERROR) and sentence in preview.check, preview.check
+    assert preview.check.endswith(f"(on the {tab} tab)")
+    assert preview.problems == {}  # nothing next to this tab's fields
+
+
+def test_a_hardware_choice_this_machine_cannot_run_is_a_problem_of_the_hardware(app, studio):
+    studio._hardware = NO_GPU  # whatever this machine has
+    draft = app.form.compose(*screen(app, studio.default_draft(), hardware__device="cuda"))
+    preview = model_tab.build_preview(studio, draft, app.form.labels)
+    assert preview.check.startswith(ERROR) and "settings are valid" not in preview.check
+    assert "Device is cuda, but no CUDA GPU is visible" in preview.check and "hardware.device" not in preview.check
+    assert set(preview.problems) == {"hardware"} and "no CUDA GPU" in preview.problems["hardware"]
+    assert preview.hardware == "" and "once the hardware choice works" in preview.estimate
+    assert "device: cuda" in preview.yaml and preview.outputs()[5].interactive  # still saved for a GPU machine
+
+    draft = app.form.compose(*screen(app, studio.default_draft(), hardware__load_in_4bit=True, lora__enabled=True))
+    preview = model_tab.build_preview(studio, draft, app.form.labels)
+    assert preview.check.startswith(ERROR) and "4-bit weights (QLoRA) needs a CUDA GPU" in preview.check
+    assert set(preview.problems) == {"hardware"}
 
 
 def test_the_presets_table():
@@ -125,47 +191,60 @@ def test_hardware_panel_lists_what_was_found(studio):
     assert text.startswith(f"**Detected:** {studio.hardware().summary()}.")
     assert "- 4-bit loading: " in text and "- Memory: " in text and " GB free of " in text
 
+    no_gpu = model_tab.hardware_markdown(NO_GPU)
+    assert "No CUDA GPU is visible" in no_gpu and "4-bit loading: not available (it needs a CUDA GPU)" in no_gpu
+    gpu = HardwareInfo(cuda=[CudaDevice(0, "Test GPU", 80.0, 70.0, True)], cpu_cores=2, bitsandbytes=False)
+    with_gpu = model_tab.hardware_markdown(gpu)
+    assert "GPU 0 supports bf16" in with_gpu and "not available (bitsandbytes is not installed)" in with_gpu
+    assert "available (bitsandbytes is installed)" in model_tab.hardware_markdown(
+        HardwareInfo(cuda=gpu.cuda, cpu_cores=2, bitsandbytes=True))
 
-def test_start_trains_and_switches_to_the_train_tab_then_busy_then_continue(app, studio, tiny_draft):
-    start = handler(app, "model_start")
-    run_id, timer, tabs, status = start(tiny_draft)
+
+def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio, tiny_draft):
+    # The Start button composes the draft from the fields at the moment it is pressed: a value typed just before
+    # (here the run name and the steps) is what trains.
+    inputs = screen(app, tiny_draft, name="typed-name", training__max_steps=2, training__save_steps=2)
+    run_id, timer, tabs, status = button(app, "model-start")(*inputs)
     handle = training.active_run()
-    assert handle is not None and handle.run.id == run_id
+    assert handle is not None and handle.run.id == run_id and run_id.endswith("-typed-name")
     assert isinstance(timer, gr.Timer) and timer.active
     assert isinstance(tabs, gr.Tabs) and tabs.selected == TAB_TRAIN
-    assert status == f"✅ Started {run_id}; follow it on the Train tab."
+    assert status == message(f"Started {run_id}; follow it on the Train tab.", "ok")
+    config = studio.run(run_id).read_config()
+    assert config.name == "typed-name" and config.training.save_steps == 2
+    assert same_settings(config.to_dict(), app.form.compose(*inputs))
 
-    busy = start(tiny_draft)
+    busy = model_tab.start_run(studio, tiny_draft)
     assert busy[:3] == (gr.skip(),) * 3
-    assert busy[3] == (f"❌ A training is already running ({run_id}); stop it on the Train tab or wait for it to "
-                       "finish first.")
+    assert busy[3] == message(f"A training is already running ({run_id}); stop it on the Train tab or wait for it "
+                              "to finish first.", "error")
 
     assert handle.wait(120) == "succeeded"
     (label, path), = model_tab.finished_runs(studio)
     assert label.startswith(run_id) and path == str(studio.run(run_id).path)
-    draft, model_id = handler(app, "model_continue")(tiny_draft, path)
-    assert draft["model"]["id"] == model_id == path
-    check, _, estimate, *_ = handler(app, "model_preview")(draft)
-    assert check == "✅ The settings are valid."
-    assert f"the starting model of run {run_id}" in estimate
+    assert button(app, "model-continue", "input")(path) == path  # picking the run puts its folder in the model id
+    assert button(app, "model-continue", "input")(None) == gr.skip()
+    draft = app.form.compose(*screen(app, tiny_draft, model__id=path))
+    preview = model_tab.build_preview(studio, draft, app.form.labels)
+    assert preview.check == message("The settings are valid.", "ok")
+    assert f"the starting model of run {run_id}" in preview.estimate
 
 
-def test_start_with_a_bad_draft_explains_and_stays(app, tiny_draft):
+def test_start_with_a_bad_draft_explains_and_stays(studio, tiny_draft):
     tiny_draft["training"]["batch_size"] = 500
-    run_id, timer, tabs, status = handler(app, "model_start")(tiny_draft)
+    run_id, timer, tabs, status = model_tab.start_run(studio, tiny_draft)
     assert (run_id, timer, tabs) == (gr.skip(),) * 3
-    assert status.startswith("❌ Only ") and "fewer than training.batch_size (500)" in status
-    assert training.active_run() is None
+    assert status.startswith(ERROR) and "Only " in status and "fewer than training.batch_size (500)" in status
+    assert training.active_run() is None and studio.runs() == []
 
 
-def test_export_for_a_cluster_gives_a_zip_of_the_launch_folder(app, studio):
+def test_export_for_a_cluster_gives_a_zip_of_the_launch_folder(studio):
     import zipfile
 
-    export = handler(app, "model_export")
     draft = studio.default_draft()
     draft["distributed"]["strategy"] = "zero3"
-    archive, note = export(draft, 4, 2)
-    assert "launch.sh" in note
+    archive, note = model_tab.export_for_cluster(studio, draft, 4, 2)
+    assert "launch.sh" in note and note.startswith(OK)
     names = zipfile.ZipFile(archive).namelist()
     folder = names[0].split("/")[0]
     assert {f"{folder}/launch.sh", f"{folder}/slurm.sbatch", f"{folder}/config.yaml", f"{folder}/accelerate.yaml",
@@ -174,5 +253,8 @@ def test_export_for_a_cluster_gives_a_zip_of_the_launch_folder(app, studio):
     assert "zero_stage: 3" in accelerate and "num_processes: 8" in accelerate
 
     draft["grpo"]["group_size"] = 1
-    archive, note = export(draft, 4, 1)
-    assert "grpo.group_size" in note  # an invalid draft is explained, nothing is written
+    archive, note = model_tab.export_for_cluster(studio, draft, 4, 1)
+    assert archive == gr.skip() and note.startswith(ERROR) and "group_size" in note  # explained, nothing written
+    draft["grpo"]["group_size"] = 4
+    archive, note = model_tab.export_for_cluster(studio, draft, None, 1)
+    assert archive == gr.skip() and "GPUs and nodes must be whole numbers" in note

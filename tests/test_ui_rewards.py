@@ -1,19 +1,29 @@
-"""The Rewards tab's handlers, called directly: editing the reward list, public mode, and the playground."""
+"""The Rewards tab's handlers, called directly: editing the reward list, public mode, and the playground.
+
+The list is a field of the form (a gr.State at "rewards"); the editor handlers take it and return
+(rewards, table, selector, status, *editor). ``Screen`` applies those outputs the way the browser does, so mixed
+sequences of clicks can be checked against what the form shows after each one.
+"""
 
 from __future__ import annotations
 
+import copy
+import re
 from types import SimpleNamespace
 
 import gradio as gr
 import pandas as pd
 import pytest
 
-from dragon_ui.errors import BusyError
-from dragon_ui.rewards import REWARD_KINDS, kind_fields, public_demo_refusal
+from dragon_ui.errors import BusyError, DragonError
+from dragon_ui.rewards import REWARD_KINDS, kind_fields, parse_rewards, public_demo_refusal
 from dragon_ui.studio import Studio
 from dragon_ui.ui import build_app, rewards_tab
 
 SETTINGS = rewards_tab.SETTINGS
+NEW = rewards_tab.NEW_REWARD
+NUMERIC = {"kind": "numeric", "name": "numeric", "weight": 1.0}
+LENGTH = {"kind": "length", "name": "length", "weight": 0.3, "max_chars": 12}
 
 
 @pytest.fixture
@@ -34,6 +44,18 @@ def draft(studio):
     return studio.default_draft()  # arithmetic: numeric (weight 1) + length (max 12 chars, weight 0.3)
 
 
+@pytest.fixture
+def recipe(draft) -> list[dict]:
+    assert draft["rewards"] == [NUMERIC, LENGTH]
+    return draft["rewards"]
+
+
+@pytest.fixture(scope="module")
+def labels(tmp_path_factory) -> dict[str, str]:
+    """The form's labels (config path -> the words on the screen), which the playground's messages use."""
+    return build_app(Studio(runs_dir=tmp_path_factory.mktemp("runs"))).form.labels
+
+
 def settings(kind: str = "numeric", **values) -> list:
     """Form values for the settings fields, as the form shows a new reward of ``kind`` with some fields typed in."""
     form = rewards_tab.form_values({"kind": kind})
@@ -42,8 +64,121 @@ def settings(kind: str = "numeric", **values) -> list:
     return form
 
 
-def test_the_app_builds(studio):
-    assert isinstance(build_app(studio), gr.Blocks)
+def is_skip(value) -> bool:
+    return isinstance(value, dict) and value == gr.skip()
+
+
+def split_editor(editor: list) -> dict:
+    """The editor outputs by name: kind, name, weight, help, settings (list of updates), add, save, remove."""
+    assert len(editor) == rewards_tab.EDITOR_SIZE
+    kind, name, weight, help_text, *rest = editor
+    return {"kind": kind, "name": name, "weight": weight, "help": help_text, "settings": rest[:len(SETTINGS)],
+            "add": rest[len(SETTINGS)], "save": rest[len(SETTINGS) + 1], "remove": rest[len(SETTINGS) + 2]}
+
+
+def visible(editor: dict) -> set[str]:
+    return {setting for setting, update in zip(SETTINGS, editor["settings"], strict=True) if update["visible"]}
+
+
+def listing(result: list) -> dict:
+    """A list handler's outputs by name: rewards, table, selector, status, and the editor's."""
+    assert len(result) == 4 + rewards_tab.EDITOR_SIZE
+    rewards, table, selector, status, *editor = result
+    return {"rewards": rewards, "table": table, "selector": selector, "status": status, **split_editor(editor)}
+
+
+class Screen:
+    """The Rewards editor as the browser shows it: each handler's outputs land in the fields (a skip keeps what the
+    field holds), and the next click sends what the fields hold."""
+
+    def __init__(self, rewards: list[dict], public: bool = False):
+        self.public = public
+        self.status = ""
+        self.values = settings("numeric")
+        self._show_listing(rewards_tab.fill_rewards({"rewards": rewards}, public=public))
+
+    # what the user does
+    def select(self, name: str):
+        self._show_listing(rewards_tab.select_reward(self.rewards, name, public=self.public))
+
+    def new(self):
+        self.select(NEW)
+
+    def kind_(self, kind: str):
+        self.kind = kind
+        self._show_editor(rewards_tab.change_kind(self.rewards, self.selected, kind, self.name, self.weight,
+                                                  public=self.public))
+
+    def type(self, field: str, value):
+        if field in ("name", "weight"):
+            setattr(self, field, value)
+        else:
+            self.values[SETTINGS.index(field)] = value
+
+    def add(self):
+        self._show_listing(rewards_tab.add_reward(self.rewards, self.kind, self.name, self.weight, *self.values,
+                                                  public=self.public))
+
+    def save(self):
+        self._show_listing(rewards_tab.save_reward(self.rewards, self.selected, self.kind, self.name, self.weight,
+                                                   *self.values, public=self.public))
+
+    def remove(self):
+        self._show_listing(rewards_tab.remove_reward(self.rewards, self.selected, public=self.public))
+
+    def do(self, step: tuple):
+        action, *args = step
+        {"select": self.select, "new": self.new, "kind": self.kind_, "type": self.type, "add": self.add,
+         "save": self.save, "remove": self.remove}[action](*args)
+
+    # what the form shows
+    def _show_listing(self, result: list):
+        out = listing(result)
+        self.rewards = out["rewards"]
+        if not is_skip(out["selector"]):
+            self.selected, self.choices = out["selector"].value, out["selector"].choices
+        if not is_skip(out["table"]):
+            self.table = out["table"]
+        self.status = out["status"]
+        self._show_editor(result[4:])
+
+    def _show_editor(self, editor: list):
+        shown = split_editor(editor)
+        for field in ("kind", "name", "weight"):
+            if not is_skip(shown[field]):
+                setattr(self, field, shown[field])
+        for index, update in enumerate(shown["settings"]):
+            if "value" in update:
+                self.values[index] = update["value"]
+        if not is_skip(shown["add"]):
+            self.buttons = {button for button in ("add", "save", "remove") if shown[button].visible}
+
+    def form_reward(self) -> dict:
+        """The reward the form shows, validated as a run would store it."""
+        spec = rewards_tab.form_to_dict(self.kind, self.name, self.weight, self.values)
+        return parse_rewards([spec])[0].to_dict()
+
+    def check_shows_the_selection(self):
+        """The form shows exactly the selected reward, or a fresh new one; the buttons fit."""
+        names = [spec["name"] for spec in self.rewards]
+        assert self.choices == [(name, name) for name in names] + [(rewards_tab.NEW_REWARD_LABEL, NEW)]
+        assert self.table["name"].tolist() == names
+        if self.selected == NEW:
+            assert self.form_reward() == {"kind": "numeric", "name": rewards_tab.unique_name("numeric", names),
+                                          "weight": 1.0}
+            assert self.buttons == {"add"}
+        else:
+            assert self.form_reward() == self.rewards[names.index(self.selected)]
+            assert self.buttons == {"save", "remove"}
+
+
+# --------------------------------------------------------------------------------------------- the editor
+
+
+def test_the_app_builds_with_the_rewards_list_in_its_form(studio):
+    demo = build_app(studio)
+    assert isinstance(demo, gr.Blocks)
+    assert isinstance(demo.form.component("rewards"), gr.State) and demo.form.labels["rewards"] == "Rewards"
 
 
 def component(demo: gr.Blocks, elem_id: str) -> dict:
@@ -57,21 +192,35 @@ def test_public_app_hides_the_code_editor(studio, public_studio):
     assert "turned off in this public demo" in component(demo, "rewards-kind")["props"]["info"]
 
 
-def test_fill_rewards_lists_the_draft_and_loads_the_first(draft):
-    table, selector, kind, name, weight, help_text, *fields = rewards_tab.fill_rewards(draft, public=False)
-    assert table.values.tolist() == [["numeric", "numeric", 1.0, ""], ["length", "length", 0.3, "max_chars: 12"]]
-    assert selector.value == "numeric" and selector.choices == [("numeric", "numeric"), ("length", "length")]
-    assert (kind, name, weight) == ("numeric", "numeric", 1.0)
-    assert "number equals the reference" in help_text
-    shown = {setting for setting, update in zip(SETTINGS, fields, strict=True) if update["visible"]}
-    assert shown == {"extract", "tolerance"}
+def test_fill_rewards_lists_the_draft_and_shows_the_first(draft):
+    out = listing(rewards_tab.fill_rewards(draft, public=False))
+    assert out["rewards"] == [NUMERIC, LENGTH] and out["rewards"] is not draft["rewards"]
+    assert out["table"].values.tolist() == [["numeric", "numeric", 1.0, ""], ["length", "length", 0.3, "max_chars: 12"]]
+    assert out["selector"].value == "numeric"
+    assert out["selector"].choices == [("numeric", "numeric"), ("length", "length"),
+                                       (rewards_tab.NEW_REWARD_LABEL, NEW)]
+    assert (out["kind"], out["name"], out["weight"]) == ("numeric", "numeric", 1.0)
+    assert "number equals the reference" in out["help"]
+    assert visible(out) == {"extract", "tolerance"}
+    assert not out["add"].visible and out["save"].visible and out["remove"].visible
+    assert out["status"] == ""
+
+
+def test_fill_rewards_without_rewards_shows_a_new_one(draft):
+    out = listing(rewards_tab.fill_rewards({**draft, "rewards": []}, public=False))
+    assert out["rewards"] == [] and out["selector"].value == NEW
+    assert (out["kind"], out["name"], out["weight"]) == ("numeric", "numeric", 1.0)
+    assert out["add"].visible and not out["save"].visible and not out["remove"].visible
 
 
 @pytest.mark.parametrize("kind", REWARD_KINDS)
-def test_only_the_kinds_settings_are_shown(kind):
-    help_text, *updates = rewards_tab.show_kind(kind, public=False)
-    assert {s for s, u in zip(SETTINGS, updates, strict=True) if u["visible"]} == set(kind_fields(kind))
-    assert help_text == rewards_tab.KIND_HELP[kind]
+def test_only_the_kinds_settings_are_shown(recipe, kind):
+    shown = split_editor(rewards_tab.change_kind(recipe, NEW, kind, "numeric_2", 1.0, public=False))
+    assert visible(shown) == set(kind_fields(kind))
+    assert shown["help"] == rewards_tab.KIND_HELP[kind]
+    assert shown["kind"] == kind and shown["weight"] == 1.0
+    # every setting is set, hidden ones to their defaults, so nothing of a reward shown before stays behind
+    assert [update["value"] for update in shown["settings"]] == rewards_tab.form_values({"kind": kind})
 
 
 @pytest.mark.parametrize("kind, name, weight, values, stored", [
@@ -90,103 +239,268 @@ def test_only_the_kinds_settings_are_shown(kind):
       "input": "file"}),
     ("custom", "mine", 1.0, {}, {"kind": "custom", "name": "mine", "weight": 1.0, "code": rewards_tab.STARTER_CODE}),
 ])
-def test_add_reward_appends_to_the_draft(draft, kind, name, weight, values, stored):
-    new, table, selector, status = rewards_tab.add_reward(draft, kind, name, weight, *settings(kind, **values))
-    assert new["rewards"] == [*draft["rewards"], stored]
-    assert len(draft["rewards"]) == 2  # the input draft is left alone
-    assert table.values.tolist()[-1][:3] == [stored["name"], kind, stored["weight"]]
-    assert selector.value == stored["name"] and status.startswith("✅ Added the reward")
+def test_add_reward_appends_to_the_list_and_shows_it(recipe, kind, name, weight, values, stored):
+    out = listing(rewards_tab.add_reward(recipe, kind, name, weight, *settings(kind, **values)))
+    assert out["rewards"] == [NUMERIC, LENGTH, stored]
+    assert recipe == [NUMERIC, LENGTH]  # the list it was given is left alone
+    assert out["table"].values.tolist()[-1][:3] == [stored["name"], kind, stored["weight"]]
+    assert out["selector"].value == stored["name"] and "Added the reward " + stored["name"] in out["status"]
+    assert (out["kind"], out["name"], out["weight"]) == (kind, stored["name"], stored["weight"])
+    assert out["save"].visible and out["remove"].visible and not out["add"].visible
 
 
-def test_save_and_remove(draft):
-    new, table, selector, status = rewards_tab.save_reward(draft, "length", "length", "short", 0.5,
-                                                           *settings("length", max_chars=20, min_chars=2))
-    assert new["rewards"][1] == {"kind": "length", "name": "short", "weight": 0.5, "min_chars": 2, "max_chars": 20}
-    assert selector.value == "short" and "Saved the reward short" in status
-    kind, name, weight, help_text, *fields = rewards_tab.select_reward(new, "short", public=False)
-    assert (kind, name, weight) == ("length", "short", 0.5)
-    assert fields[SETTINGS.index("max_chars")]["value"] == 20 and fields[SETTINGS.index("max_chars")]["visible"]
+def test_save_and_remove(recipe):
+    out = listing(rewards_tab.save_reward(recipe, "length", "length", "short", 0.5,
+                                          *settings("length", max_chars=20, min_chars=2)))
+    assert out["rewards"] == [NUMERIC, {"kind": "length", "name": "short", "weight": 0.5, "min_chars": 2,
+                                        "max_chars": 20}]
+    assert out["selector"].value == "short" and "Saved the reward short" in out["status"]
+    shown = listing(rewards_tab.select_reward(out["rewards"], "short", public=False))
+    assert (shown["kind"], shown["name"], shown["weight"]) == ("length", "short", 0.5)
+    max_chars = shown["settings"][SETTINGS.index("max_chars")]
+    assert max_chars["value"] == 20 and max_chars["visible"]
 
-    new, table, selector, status = rewards_tab.remove_reward(new, "numeric")
-    assert [spec["name"] for spec in new["rewards"]] == ["short"] and selector.value == "short"
-    new, table, selector, status = rewards_tab.remove_reward(new, "short")
-    assert new["rewards"] == [] and selector.value is None and "add at least one" in status
+    out = listing(rewards_tab.remove_reward(out["rewards"], "numeric"))
+    assert [spec["name"] for spec in out["rewards"]] == ["short"] and out["selector"].value == "short"
+    assert "Removed the reward numeric" in out["status"]
+    out = listing(rewards_tab.remove_reward(out["rewards"], "short"))
+    assert out["rewards"] == [] and out["selector"].value == NEW and "add at least one" in out["status"]
+    assert out["add"].visible and not out["remove"].visible
 
 
-def test_a_custom_reward_from_a_file_round_trips_through_the_form(draft, tmp_path):
+def test_a_custom_reward_from_a_file_round_trips_through_the_form(recipe, tmp_path):
     script = tmp_path / "score.py"
     script.write_text("def reward(prompt, completion, reference, row):\n    return 0.5\n", encoding="utf-8")
     spec = {"kind": "custom", "name": "mine", "weight": 1.0, "file": str(script)}
-    draft = {**draft, "rewards": [*draft["rewards"], spec]}
-    kind, name, weight, help_text, *fields = rewards_tab.select_reward(draft, "mine", public=False)
-    values = [field["value"] for field in fields]
+    rewards = [*recipe, spec]
+    shown = listing(rewards_tab.select_reward(rewards, "mine", public=False))
+    values = [update["value"] for update in shown["settings"]]
     assert values[SETTINGS.index("code")] == "" and values[SETTINGS.index("file")] == str(script)
-    new, table, selector, status = rewards_tab.save_reward(draft, "mine", kind, name, weight, *values)
-    assert new["rewards"][-1] == spec and status == "✅ Saved the reward mine."
+    out = listing(rewards_tab.save_reward(rewards, "mine", shown["kind"], shown["name"], shown["weight"], *values))
+    assert out["rewards"][-1] == spec and "Saved the reward mine." in out["status"]
 
 
-@pytest.mark.parametrize("handler, args, fragment", [
-    ("add", ("regex", "bad", 1.0, {"pattern": "("}), "rewards[2].pattern is not a valid regular expression"),
-    ("add", ("regex", "", 1.0, {}), "rewards[2].pattern is missing"),
-    ("add", ("length", "length", 1.0, {"max_chars": 5}), "two rewards are named 'length'"),
-    ("add", ("length", "", 1.0, {"min_chars": 9, "max_chars": 5}), "min_chars (9) is larger than"),
-    ("add", ("numeric", "has space", 1.0, {}), "may only use letters, digits and underscores"),
-    ("add", ("numeric", "neg", -1, {}), "weight must be zero or more"),
-    ("add", ("custom", "broken", 1.0, {"code": "def reward(:\n"}), "has a syntax error on line 1"),
-    ("save", ("numeric", "length", 1.0, {}), "two rewards are named 'length'"),
-    ("save_unselected", ("numeric", "numeric", 1.0, {}), "Select a reward to change"),
+@pytest.mark.parametrize("handler, args, words", [
+    ("add", ("regex", "bad", 1.0, {"pattern": "("}),
+     ["The 3rd reward (bad)", "the regular expression is not a valid regular expression"]),
+    ("add", ("regex", "", 1.0, {}), ["The 3rd reward (regex)", "the regular expression is missing"]),
+    ("add", ("length", "length", 1.0, {"max_chars": 5}), ["The 3rd reward (length)", "two rewards are named 'length'"]),
+    ("add", ("length", "", 1.0, {"min_chars": 9, "max_chars": 5}),
+     ["The 3rd reward (length_2)", "the minimum length (9) is larger than"]),
+    ("add", ("numeric", "has space", 1.0, {}), ["The 3rd reward (has space)",
+                                                "may only use letters, digits and underscores"]),
+    ("add", ("numeric", "neg", -1, {}), ["The 3rd reward (neg)", "the weight must be zero or more"]),
+    ("add", ("custom", "broken", 1.0, {"code": "def reward(:\n"}),
+     ["The 3rd reward (broken)", "the Python code has a syntax error on line 1"]),
+    ("save", ("numeric", "length", 1.0, {}), ["two rewards are named 'length'"]),
+    ("save_unselected", ("numeric", "numeric", 1.0, {}), ["Choose the reward to change first"]),
+    ("save_new", ("numeric", "numeric_2", 1.0, {}), ["Choose the reward to change first"]),
+    ("remove_unselected", ("numeric", "numeric", 1.0, {}), ["Choose the reward to remove first"]),
 ])
-def test_bad_forms_show_the_error_and_leave_the_draft(draft, handler, args, fragment):
+def test_bad_forms_show_the_error_and_leave_the_list(recipe, handler, args, words):
     kind, name, weight, values = args
     form = settings(kind, **values)
     if handler == "add":
-        result = rewards_tab.add_reward(draft, kind, name, weight, *form)
+        result = rewards_tab.add_reward(recipe, kind, name, weight, *form)
+    elif handler == "remove_unselected":
+        result = rewards_tab.remove_reward(recipe, "nothing")
     else:
-        selected = "numeric" if handler == "save" else "nothing"
-        result = rewards_tab.save_reward(draft, selected, kind, name, weight, *form)
-    new, table, selector, status = result
-    assert new is draft and table == selector == gr.skip()
-    assert fragment in status
+        selected = {"save": "numeric", "save_unselected": "nothing", "save_new": NEW}[handler]
+        result = rewards_tab.save_reward(recipe, selected, kind, name, weight, *form)
+    rewards, table, selector, status, *editor = result
+    assert rewards == [NUMERIC, LENGTH] and is_skip(table) and is_skip(selector)
+    assert all(is_skip(update) for update in editor)  # the form keeps what was typed, to be corrected
+    for fragment in words:
+        assert fragment in status
+    assert not re.match(r"\W*rewards\[", status)  # in the form's words, not a config path
 
 
 def test_public_mode_hides_custom_code_and_refuses_code_rewards(public_studio):
-    draft = public_studio.default_draft()
+    rewards = public_studio.default_draft()["rewards"]
     for kind in ("custom", "command"):
-        help_text, *updates = rewards_tab.show_kind(kind, public=True)
-        assert "turned off in this public demo" in help_text
-        assert not any(update["visible"] for update in updates)  # the code editor and every other field hidden
+        shown = split_editor(rewards_tab.change_kind(rewards, NEW, kind, "numeric_2", 1.0, public=True))
+        assert "turned off in this public demo" in shown["help"]
+        assert visible(shown) == set()  # the code editor and every other field hidden
         values = {"argv": "python check.py"} if kind == "command" else {}
-        new, table, selector, status = rewards_tab.add_reward(draft, kind, "mine", 1.0, *settings(kind, **values))
-        assert new is draft and "turned off in this public demo" in status
-    help_text, *updates = rewards_tab.show_kind("regex", public=True)
-    assert help_text == rewards_tab.KIND_HELP["regex"] and updates[SETTINGS.index("pattern")]["visible"]
+        result = rewards_tab.add_reward(rewards, kind, "mine", 1.0, *settings(kind, **values), public=True)
+        assert result[0] == rewards and "turned off in this public demo" in result[3]
+    shown = split_editor(rewards_tab.change_kind(rewards, NEW, "regex", "numeric_2", 1.0, public=True))
+    assert shown["help"] == rewards_tab.KIND_HELP["regex"] and visible(shown) == set(kind_fields("regex"))
     assert [kind for kind in REWARD_KINDS if public_demo_refusal(kind)] == ["command", "custom"]
+
+
+# Mixed orders of clicks, starting from the arithmetic recipe's list [numeric, length (weight 0.3, max 12 chars)].
+# Each case: the steps, then the list, the selected reward and words of the status after the last step.
+SEQUENCES = {
+    "remove every reward, then json and Add": (
+        [("select", "numeric"), ("remove",), ("remove",), ("kind", "json"), ("add",)],
+        [{"kind": "json", "name": "json", "weight": 1.0}], "json", "Added the reward json"),
+    "remove from the top: the next one is shown": (
+        [("select", "numeric"), ("remove",)], [LENGTH], "length", "Removed the reward numeric"),
+    "remove the last: the one before is shown": (
+        [("select", "length"), ("remove",)], [NUMERIC], "numeric", "Removed the reward length"),
+    "remove the only one: a new one is shown": (
+        [("select", "length"), ("remove",), ("remove",)], [], NEW, "no rewards left"),
+    "remove in the middle": (
+        [("new",), ("kind", "json"), ("add",), ("select", "length"), ("remove",)],
+        [NUMERIC, {"kind": "json", "name": "json", "weight": 1.0}], "json", "Removed the reward length"),
+    "two of a kind get numbered names": (
+        [("select", "numeric"), ("remove",), ("remove",), ("add",), ("new",), ("add",)],
+        [{"kind": "numeric", "name": "numeric", "weight": 1.0}, {"kind": "numeric", "name": "numeric_2",
+                                                                 "weight": 1.0}], "numeric_2",
+        "Added the reward numeric_2"),
+    "two json rewards get numbered names": (
+        [("new",), ("kind", "json"), ("add",), ("new",), ("kind", "json"), ("add",)],
+        [NUMERIC, LENGTH, {"kind": "json", "name": "json", "weight": 1.0},
+         {"kind": "json", "name": "json_2", "weight": 1.0}], "json_2", "Added the reward json_2"),
+    "select shows exactly it": (
+        [("select", "length"), ("select", "numeric"), ("select", "length")], [NUMERIC, LENGTH], "length", ""),
+    "select, edit, then select another: the edit is dropped": (
+        [("select", "length"), ("type", "weight", 5.0), ("select", "numeric"), ("select", "length")],
+        [NUMERIC, LENGTH], "length", ""),
+    "save after select replaces that one only": (
+        [("select", "numeric"), ("select", "length"), ("type", "weight", 0.5), ("type", "max_chars", 20),
+         ("save",)],
+        [NUMERIC, {"kind": "length", "name": "length", "weight": 0.5, "max_chars": 20}], "length",
+        "Saved the reward length"),
+    "save a rename": (
+        [("select", "numeric"), ("type", "name", "correct"), ("save",)],
+        [{"kind": "numeric", "name": "correct", "weight": 1.0}, LENGTH], "correct", "Saved the reward correct"),
+    "save another kind under the same name": (
+        [("select", "length"), ("kind", "regex"), ("type", "pattern", r"^\d+$"), ("save",)],
+        [NUMERIC, {"kind": "regex", "name": "length", "weight": 0.3, "pattern": r"^\d+$"}], "length",
+        "Saved the reward length"),
+    "back to its own kind shows its own settings": (
+        [("select", "length"), ("kind", "numeric"), ("kind", "length"), ("save",)], [NUMERIC, LENGTH], "length",
+        "Saved the reward length"),
+    "a new reward's automatic name follows its kind": (
+        [("new",), ("kind", "regex"), ("kind", "numeric"), ("kind", "json"), ("type", "weight", 2.0), ("add",)],
+        [NUMERIC, LENGTH, {"kind": "json", "name": "json", "weight": 2.0}], "json", "Added the reward json"),
+    "a typed name stays when the kind changes": (
+        [("new",), ("type", "name", "mine"), ("kind", "json"), ("add",)],
+        [NUMERIC, LENGTH, {"kind": "json", "name": "mine", "weight": 1.0}], "mine", "Added the reward mine"),
+    "a rejected add changes nothing": (
+        [("new",), ("kind", "regex"), ("type", "pattern", "("), ("add",)], [NUMERIC, LENGTH], NEW,
+        "The 3rd reward (regex): the regular expression is not a valid regular expression"),
+    "a rejected add, corrected, is added": (
+        [("new",), ("kind", "regex"), ("type", "pattern", "("), ("add",), ("type", "pattern", r"\d"), ("add",)],
+        [NUMERIC, LENGTH, {"kind": "regex", "name": "regex", "weight": 1.0, "pattern": r"\d"}], "regex",
+        "Added the reward regex"),
+}
+
+
+@pytest.mark.parametrize("steps, rewards, selected, status", SEQUENCES.values(), ids=SEQUENCES.keys())
+def test_the_editor_in_mixed_orders(recipe, steps, rewards, selected, status):
+    screen = Screen(copy.deepcopy(recipe))
+    screen.check_shows_the_selection()
+    for step in steps:
+        screen.do(step)
+        if step[0] in ("select", "new", "add", "save", "remove") and "❌" not in screen.status:
+            screen.check_shows_the_selection()
+    assert screen.rewards == rewards
+    assert screen.selected == selected
+    assert status in screen.status
+
+
+def test_the_editor_after_removing_everything_starts_from_the_kinds_defaults(recipe):
+    """The bug: after removing the rewards the form kept the last one's name and weight, so Add made a json reward
+    named "length" with weight 0.3."""
+    screen = Screen(copy.deepcopy(recipe))
+    screen.select("length")
+    screen.remove()
+    assert (screen.selected, screen.kind, screen.name, screen.weight) == ("numeric", "numeric", "numeric", 1.0)
+    screen.remove()
+    assert (screen.selected, screen.kind, screen.name, screen.weight) == (NEW, "numeric", "numeric", 1.0)
+    assert screen.values == settings("numeric")  # length's max_chars 12 is not left behind
+    screen.kind_("json")
+    assert (screen.name, screen.weight) == ("json", 1.0)
+    screen.add()
+    assert screen.rewards == [{"kind": "json", "name": "json", "weight": 1.0}]
+
+
+@pytest.mark.parametrize("rewards, selected, kind, name, shows", [
+    ([], NEW, "json", "numeric", "json"),  # automatic: follows the kind
+    ([NUMERIC, LENGTH], NEW, "numeric", "regex", "numeric_2"),  # automatic, made unique
+    ([NUMERIC, {"kind": "json", "name": "json"}], NEW, "json", "numeric_2", "json_2"),
+    ([NUMERIC, LENGTH], NEW, "json", "", "json"),  # an emptied name is automatic too
+    ([NUMERIC, LENGTH], NEW, "json", "mine", "mine"),  # typed: kept
+    ([NUMERIC, LENGTH], NEW, "json", "json_answers", "json_answers"),
+    ([NUMERIC, LENGTH], "length", "numeric", "length", "length"),  # an existing reward keeps its name
+])
+def test_change_kind_names_a_new_reward_after_its_kind_unless_typed(rewards, selected, kind, name, shows):
+    shown = split_editor(rewards_tab.change_kind(rewards, selected, kind, name, 0.7, public=False))
+    assert (shown["kind"], shown["name"], shown["weight"]) == (kind, shows, 0.7)  # the weight shown is kept
+    editing = selected != NEW
+    assert (shown["add"].visible, shown["save"].visible, shown["remove"].visible) == (not editing, editing, editing)
+
+
+@pytest.mark.parametrize("rewards, words", [
+    ([], "Add at least one reward"),
+    ([{"kind": "numeric", "weight": 0.0}, {"kind": "length", "max_chars": 5, "weight": 0}],
+     "Every reward has weight 0"),
+    ([NUMERIC, {"kind": "regex", "name": "digits"}], "The 2nd reward (digits): the regular expression is missing"),
+    ([NUMERIC, LENGTH], None),
+])
+def test_rewards_problem_says_what_stops_training(rewards, words):
+    problem = rewards_tab.rewards_problem(rewards)
+    if words is None:
+        assert problem == ""
+    else:
+        assert words in problem
 
 
 # --------------------------------------------------------------------------------------------- playground
 
 
-def test_playground_rows_and_scoring_a_typed_completion(draft):
-    picker, row_text = rewards_tab.playground_rows(draft, None)
+def with_setting(draft: dict, path: str, value) -> dict:
+    changed = copy.deepcopy(draft)
+    section, key = path.split(".")
+    changed[section][key] = value
+    return changed
+
+
+def test_playground_rows_and_scoring_a_typed_completion(draft, labels):
+    picker, row_text = rewards_tab.playground_rows(draft, None, labels)
     assert len(picker.choices) == 20 and picker.value == 0
     assert picker.choices[0] == ("1: What is 66 + 24? Reply with just the number.", 0)
     assert row_text == "**Prompt:** What is 66 + 24? Reply with just the number.\n\n**Reference:** 90"
+    assert rewards_tab.playground_rows(draft, 5, labels)[0].value == 5  # the chosen row is kept
+    assert rewards_tab.playground_rows(draft, 99, labels)[0].value == 0
 
     table, total = rewards_tab.score_typed(draft, 0, "90")
     assert isinstance(table, pd.DataFrame)
     assert table[["reward", "weight", "score", "weighted"]].values.tolist() == [["numeric", 1.0, 1.0, 1.0],
                                                                                ["length", 0.3, 1.0, 0.3]]
-    assert total == "**Total (weighted sum): 1.300**"
+    assert "Total (weighted sum): 1.300" in total
     table, total = rewards_tab.score_typed(draft, 1, "The sum is 30, I think.")  # row 2 is 10 + 21 = 31
     assert table["score"].tolist() == [0.0, pytest.approx(1 - (23 - 12) / 12, abs=1e-4)]
 
 
-def test_playground_explains_problems(draft):
-    no_reference = {**draft, "data": {**draft["data"], "reference": None}}
+@pytest.mark.parametrize("path, value", [
+    ("training.learning_rate", -1),
+    ("training.learning_rate", None),  # an emptied box
+    ("training.learning_rate", "abc"),
+    ("training.batch_size", 0),
+])
+def test_the_playground_ignores_settings_it_does_not_use(studio, draft, labels, path, value):
+    bad = with_setting(draft, path, value)
+    with pytest.raises(DragonError, match=path.replace(".", r"\.")):
+        studio.validate(bad)  # Start would refuse it ...
+    config = studio.validate_for_sampling(bad)  # ... sampling does not need it
+    assert config.grpo.max_new_tokens == draft["grpo"]["max_new_tokens"] and len(config.rewards) == 2
+    picker, row_text = rewards_tab.playground_rows(bad, None, labels)
+    assert len(picker.choices) == 20 and "What is 66 + 24?" in row_text
+    table, total = rewards_tab.score_typed(bad, 0, "90")
+    assert "1.300" in total
+
+
+def test_playground_explains_problems(draft, labels):
+    no_reference = with_setting(draft, "data.reference", None)
     table, total = rewards_tab.score_typed(no_reference, 0, "90")
     assert "no reference answer" in table.loc[0, "problem"] and "Failed rewards score 0" in total
-    picker, row_text = rewards_tab.playground_rows({**draft, "data": {**draft["data"], "prompt": "{nope}"}}, 3)
-    assert picker.choices == [] and "No rows to try: data.prompt uses the column 'nope'" in row_text
+    picker, row_text = rewards_tab.playground_rows(with_setting(draft, "data.prompt", "{nope}"), 3, labels)
+    assert picker.choices == [] and picker.value is None
+    assert "No rows to try: Prompt uses the column 'nope'" in row_text and "(on the Data tab)" in row_text
     with pytest.raises(gr.Error, match="Choose a row"):
         rewards_tab.score_typed(draft, None, "90")
 
@@ -200,11 +514,61 @@ def tiny_draft(studio, tiny_model_dir):
     return draft
 
 
-def test_generate_a_group_with_the_tiny_model(studio, tiny_draft):
-    updates = list(rewards_tab.generate_samples(studio, tiny_draft, 0, 2))
-    assert updates[0][0].startswith("ℹ️ Loading ")
+@pytest.fixture
+def no_model(studio, monkeypatch):
+    """Fails a test that loads a model; records that a load was asked for."""
+    asked = []
+
+    def load(*args, **kwargs):
+        asked.append(args)
+        raise BusyError("A training is running on this machine's CPU; generating previews now would slow it down "
+                        "badly. Wait for it to finish or stop it first.")
+
+    monkeypatch.setattr(studio, "inference_model", load)
+    return asked
+
+
+@pytest.mark.parametrize("path, value, words, tab", [
+    ("grpo.max_new_tokens", 0, "Max new tokens must be between 1 and 32768", "(on the Model & Hardware tab)"),
+    ("grpo.max_new_tokens", None, "Max new tokens must be a whole number", "(on the Model & Hardware tab)"),
+    ("grpo.temperature", 0, "Temperature must be above 0", "(on the Model & Hardware tab)"),
+    ("data.prompt", "{nope}", "Prompt uses the column 'nope'", "(on the Data tab)"),
+])
+def test_generation_names_the_setting_and_its_tab_before_loading_a_model(studio, tiny_draft, labels, no_model, path,
+                                                                         value, words, tab):
+    updates = list(rewards_tab.generate_samples(studio, with_setting(tiny_draft, path, value), 0, 1, labels=labels))
+    assert len(updates) == 1 and not no_model  # said at once, no model loaded
+    (progress, table, warnings), = updates
+    assert words in progress and progress.rstrip().endswith(tab)
+    assert path not in progress and is_skip(table)
+
+
+def test_a_reward_problem_in_generation_is_said_without_a_tab(studio, tiny_draft, labels, no_model):
+    bad = {**tiny_draft, "rewards": [NUMERIC, {"kind": "regex", "name": "digits"}]}
+    (progress, table, warnings), = rewards_tab.generate_samples(studio, bad, 0, 1, labels=labels)
+    assert "The 2nd reward (digits): the regular expression is missing" in progress and "(on the" not in progress
+    assert not no_model
+
+
+def test_generation_goes_on_with_an_invalid_learning_rate(studio, tiny_draft, labels, no_model):
+    bad = with_setting(tiny_draft, "training.learning_rate", -1)
+    updates = list(rewards_tab.generate_samples(studio, bad, 0, 1, labels=labels))
+    assert "Loading " in updates[0][0] and len(no_model) == 1  # got as far as loading the model
+    assert "A training is running on this machine's CPU" in updates[-1][0]
+    assert "earning rate" not in " ".join(update[0] for update in updates)
+
+
+def test_generation_without_labels_keeps_the_config_paths(studio, tiny_draft, no_model):
+    (progress, table, warnings), = rewards_tab.generate_samples(
+        studio, with_setting(tiny_draft, "grpo.temperature", 0), 0, 1)
+    assert "grpo.temperature must be above 0" in progress
+
+
+def test_generate_a_group_with_the_tiny_model(studio, tiny_draft, labels):
+    updates = list(rewards_tab.generate_samples(studio, tiny_draft, 0, 2, labels=labels))
+    assert "Loading " in updates[0][0]
     progress, table, warnings = updates[-1]
-    assert progress.startswith("✅ Sampled 12 replies to 2 row(s)")  # group_size 6 from the arithmetic recipe
+    assert "Sampled 12 replies to 2 row(s)" in progress  # group_size 6 from the arithmetic recipe
     assert list(table.columns) == ["row", "completion", "numeric", "length", "total", "advantage"]
     assert table["row"].tolist() == [1] * 6 + [2] * 6
     for _, group in table.groupby("row"):
@@ -218,22 +582,13 @@ def test_generation_can_be_cancelled_between_prompts(studio, tiny_draft):
     for progress, table, warnings in generation:
         if isinstance(table, pd.DataFrame):
             break
-    assert rewards_tab.cancel_generation(request) == "ℹ️ Cancelled."
+    assert "Cancelled" in rewards_tab.cancel_generation(request)
     assert list(generation) == []  # the second row never started
     assert set(table["row"]) == {1}
 
 
-def test_generation_shows_busy_and_config_errors(studio, tiny_draft, monkeypatch):
-    def busy(*args, **kwargs):
-        raise BusyError("A training is running on this machine's CPU; generating previews now would slow it down "
-                        "badly. Wait for it to finish or stop it first.")
-
-    monkeypatch.setattr(studio, "inference_model", busy)
+def test_generation_shows_busy_errors_and_asks_for_a_row(studio, tiny_draft, no_model):
     progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 0, 1))[-1]
-    assert progress.startswith("❌ A training is running on this machine's CPU") and table == gr.skip()
-
-    bad = {**tiny_draft, "grpo": {**tiny_draft["grpo"], "temperature": 0}}
-    (progress, table, warnings), = rewards_tab.generate_samples(studio, bad, 0, 1)
-    assert "grpo.temperature must be above 0" in progress
+    assert "A training is running on this machine's CPU" in progress and is_skip(table)
     (progress, table, warnings), = rewards_tab.generate_samples(studio, tiny_draft, None, 1)
     assert "Choose a row" in progress

@@ -1,5 +1,5 @@
 """The Train tab: plots, rollout viewer and status pieces, and the live monitor driven through its tick handler
-while a tiny run trains (handlers found by api_name in the built app)."""
+while a tiny run trains (handlers found by api_name in the built app; runs started as the Model tab's Start does)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 from conftest import handler
 
 from dragon_ui import training
-from dragon_ui.ui import plots, train_tab
+from dragon_ui.draft import same_settings
+from dragon_ui.errors import ConfigError
+from dragon_ui.ui import model_tab, plots, train_tab
 from dragon_ui.ui.train_tab import TrainView
 
 pytestmark = pytest.mark.timeout(300)
@@ -91,6 +93,28 @@ def test_rollouts_are_escaped_and_best_and_worst_highlighted():
     assert "4 of 10 prompts" in train_tab.rollouts_html(many, ["numeric"])
 
 
+@pytest.mark.parametrize("status, shown, note", [
+    ({"state": "cancelled", "latest_checkpoint": "checkpoint-4"}, "⏸️ **stopped — can resume**",
+     "Stopped, not finished: Resume continues from checkpoint-4."),
+    ({"state": "cancelled"}, "⏸️ **stopped — can resume**", "Resume starts it again, since it stopped before its first"),
+    ({"state": "running", "phase": "training"}, "🏃 **running** · training", ""),
+    ({"state": "succeeded"}, "✅ **succeeded**", ""),
+])
+def test_states_read_as_people_read_them(status, shown, note):
+    """A stopped run said "cancelled", which sounds final; it resumes from its latest checkpoint."""
+    text = train_tab.status_markdown("run-1", status)
+    assert shown in text and note in text and "cancelled" not in text
+
+
+@pytest.mark.parametrize("state, shown", [("cancelled", "stopped — can resume"), ("failed", "failed"),
+                                          ("succeeded", "succeeded"), ("running", "running")])
+def test_runs_table_states_and_first_start(state, shown):
+    first_start = time.mktime((2025, 3, 4, 9, 30, 0, 0, 0, -1))
+    run = {"id": "r", "state": state, "step": 3, "total_steps": 10, "reward": 0.5, "heldout_before": None,
+           "heldout_after": None, "model": "m", "started_at": first_start}
+    assert train_tab.runs_table([run]) == [["r", shown, "3/10", "0.50", "–", "–", "m", "2025-03-04 09:30"]]
+
+
 def test_status_line_and_progress_bar():
     status = {"state": "failed", "phase": "done", "device": "cpu", "dtype": "float32", "cpu_threads": 1,
               "error": "The model ran out of memory."}
@@ -123,7 +147,7 @@ def test_tick_without_a_run_changes_nothing_and_stops_the_timer(app):
 
 
 def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
-    run_id, timer, _, _ = handler(app, "model_start")(tiny_draft)
+    run_id, timer, _, _ = model_tab.start_run(studio, tiny_draft)
     assert timer.active
     shown = view(handler(app, "train_show")(run_id, {}))  # shared.run_id changed
     assert shown.timer.active and shown.stop.interactive and not shown.resume.interactive
@@ -164,10 +188,17 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
     assert list(reopened.reward_plot.data[0].x) == [1, 2]
     assert "<b>Step 2</b>" in reopened.rollouts and not reopened.timer.active
 
+    # "Load these settings" gives the run's settings back as a draft, to train them again or change them.
+    settings, label = studio.run_settings(run_id)
+    assert same_settings(settings, tiny_draft) and run_id in label
+    assert settings["runs_dir"] == str(studio.runs_dir)
+    with pytest.raises(ConfigError, match="Choose a run first"):
+        studio.run_settings("")
+
 
 def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
     tiny_draft["training"].update(max_steps=200, save_steps=100)
-    run_id, *_ = handler(app, "model_start")(tiny_draft)
+    run_id, *_ = model_tab.start_run(studio, tiny_draft)
     handle = training.active_run()
     run = studio.run(run_id)
     deadline = time.time() + 120
@@ -179,7 +210,9 @@ def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
     assert handle.wait(120) == "cancelled"
     assert handler(app, "train_stop")(run_id) == f"ℹ️ The run {run_id} is not training (it is cancelled)."
     shown = view(handler(app, "train_show")(run_id, {}))
-    assert "⏹️ **cancelled**" in shown.status and shown.resume.interactive and not shown.stop.interactive
+    assert "⏸️ **stopped — can resume**" in shown.status and "Resume continues from checkpoint-" in shown.status
+    assert shown.resume.interactive and not shown.stop.interactive
+    first_start = run.read_status()["started_at"]
 
     text, timer = handler(app, "train_resume")(run_id)
     assert text.startswith(f"✅ Resuming {run_id} from checkpoint-") and timer.active
@@ -188,6 +221,11 @@ def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
     assert busy_text.startswith("❌ A training is already running") and busy_timer == SKIP
     studio.stop(run_id)
     assert resumed.wait(120) == "cancelled"
+    status = run.read_status()
+    assert status["started_at"] == first_start < status["resumed_at"]  # the runs list's "Started" is the first start
+    (row,) = train_tab.runs_table(studio.runs())
+    assert row[1] == "stopped — can resume"
+    assert row[-1] == time.strftime("%Y-%m-%d %H:%M", time.localtime(first_start))
 
 
 def test_open_a_past_run(app, studio):

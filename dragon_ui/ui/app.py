@@ -1,7 +1,8 @@
 """Build the Dragon GRPO Studio app: a recipe picker over five tabs, each a module with ``build(shared)``.
 
 The app never owns a training: it asks the Studio to start one and then only reads the run directory, so a page
-reload or a second browser simply re-attaches (``demo.load``) to whatever is running.
+reload or a second browser simply re-attaches (``demo.load``) to whatever is running. The settings being edited live
+in the form (common.Form) and, between visits, in the browser (``gr.BrowserState``).
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ import os
 
 import gradio as gr
 
+from ..draft import same_settings
+from ..errors import DragonError
 from ..studio import ASSETS_DIR, DEFAULT_RECIPE, Studio
 from . import compare_tab, data_tab, model_tab, rewards_tab, train_tab
-from .common import TAB_COMPARE, TAB_DATA, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Shared, message, shows_errors
+from .common import TAB_COMPARE, TAB_DATA, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Form, Shared, message, shows_errors
 
 TITLE = "Dragon GRPO Studio"
 INTRO = ("Teach a small language model with rewards you can check: pick data, build rewards, choose a model and "
          "press **Start**, then watch it learn and compare it with where it began.")
+
+
+DRAFT_STORAGE_KEY = "dragon-grpo-studio-draft"
 
 
 def build_app(studio: Studio | None = None) -> gr.Blocks:
@@ -30,40 +36,116 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                                      info="Loads data, rewards and settings in one click.", elem_id="recipe")
                 load_recipe = gr.Button("Load recipe", size="sm", elem_id="load-recipe")
         recipe_status = gr.Markdown(elem_id="recipe-status")
+        with gr.Row(visible=False, elem_id="replace-draft") as confirm_row:
+            confirm_text = gr.Markdown(elem_id="replace-draft-text")
+            replace_button = gr.Button("Replace my settings", variant="stop", scale=0, min_width=200,
+                                       elem_id="replace-draft-yes")
+            keep_button = gr.Button("Keep my settings", scale=0, min_width=180, elem_id="replace-draft-no")
         if studio.public:
             gr.Markdown(message("This is a public demo: custom Python and command rewards are turned off here. "
                                 "Run it on your own machine (`make run`) to use them.", "warn"))
-        shared = Shared(studio=studio, draft=gr.State({}), config_loaded=gr.State(0), run_id=gr.State(""),
-                        timer=gr.Timer(1.0, active=False), tabs=None)
+        shared = Shared(studio=studio, form=Form(gr.State({})), pristine=gr.State({}), config_loaded=gr.State(0),
+                        auto_name=gr.State(""), run_id=gr.State(""), timer=gr.Timer(1.0, active=False))
+        pending = gr.State(None)  # {"draft", "label"} waiting for the user to confirm replacing an edited draft
+        # The draft lives in the browser too: a reload, or another tab of the same browser, finds it as it was.
+        saved = gr.BrowserState(None, storage_key=DRAFT_STORAGE_KEY, secret=studio.browser_secret())
+        form = shared.form
+        loading = [form.loaded, shared.pristine, shared.config_loaded, shared.auto_name]
+        asking = [confirm_row, confirm_text, pending, recipe_status]
+
+        def loaded(new_draft: dict, label: str, count: int) -> tuple:
+            return (new_draft, new_draft, count + 1, new_draft.get("name", ""), gr.Row(visible=False), "", None,
+                    message(f"Loaded {label}: data, rewards and settings.", "ok"))
+
+        def offer(pristine: dict, count: int, *args) -> tuple:
+            """Load a draft (a recipe, a past run's settings), asking first when the form has been edited since the
+            last load. ``args``: the form's inputs, then the inputs of the function that gives the new draft."""
+            current, (get_draft, *rest) = form.compose(*args[:len(form.inputs)]), args[len(form.inputs):]
+            try:
+                new_draft, label = get_draft(*rest)
+            except DragonError as exc:
+                return (*[gr.skip()] * len(loading), gr.skip(), gr.skip(), gr.skip(), message(str(exc), "error"))
+            if not pristine or same_settings(current, pristine):
+                return loaded(new_draft, label, count)
+            question = message(f"You have changed the settings since they were loaded. Replace them with {label}? "
+                               "What you changed is lost.", "warn")
+            return (*[gr.skip()] * len(loading), gr.Row(visible=True), question,
+                    {"draft": new_draft, "label": label}, "")
+
+        def offer_draft(trigger, get_draft, inputs: list) -> None:
+            """Wire ``trigger`` to load the draft that ``get_draft(*inputs)`` returns as (draft, what it is)."""
+            trigger(lambda pristine, count, *args: offer(pristine, count, *args[:len(form.inputs)], get_draft,
+                                                         *args[len(form.inputs):]),
+                    [shared.pristine, shared.config_loaded, *form.inputs, *inputs], [*loading, *asking],
+                    api_visibility="private", show_progress="hidden")
+
+        shared.offer_draft = offer_draft
         with gr.Tabs(elem_id="tabs") as tabs:
             shared.tabs = tabs
             with gr.Tab("1 · Data", id=TAB_DATA, elem_id="tab-data"):
-                data_tab.build(shared)
+                connectors = [data_tab.build(shared)]
             with gr.Tab("2 · Rewards", id=TAB_REWARDS, elem_id="tab-rewards"):
-                rewards_tab.build(shared)
+                connectors.append(rewards_tab.build(shared))
             with gr.Tab("3 · Model & Hardware", id=TAB_MODEL, elem_id="tab-model"):
-                model_tab.build(shared)
+                connectors.append(model_tab.build(shared))
             with gr.Tab("4 · Train", id=TAB_TRAIN, elem_id="tab-train"):
                 train_tab.build(shared)
             with gr.Tab("5 · Compare", id=TAB_COMPARE, elem_id="tab-compare"):
                 compare_tab.build(shared)
+        for connect in connectors:  # events that read the whole form, now that every tab has added its fields
+            connect()
 
-        @shows_errors
-        def on_recipe(name: str, loaded: int):
-            return studio.load_recipe(name), loaded + 1, message(f"Loaded the {name} recipe: data, rewards and settings.", "ok")
+        offer_draft(load_recipe.click, lambda name: (studio.load_recipe(name), f"the {name} recipe"), [recipe])
+        replace_button.click(lambda wanted, count: loaded(wanted["draft"], wanted["label"], count) if wanted
+                             else (*[gr.skip()] * len(loading), gr.Row(visible=False), "", None, ""),
+                             [pending, shared.config_loaded], [*loading, *asking], api_visibility="private",
+                             show_progress="hidden")
+        keep_button.click(lambda: (gr.Row(visible=False), "", None, message("Kept your settings.", "info")), None,
+                          asking, api_visibility="private", show_progress="hidden")
 
-        load_recipe.click(on_recipe, [recipe, shared.config_loaded], [shared.draft, shared.config_loaded, recipe_status],
-                          api_name="load_recipe")
+        def remember(draft: dict, pristine: dict, auto_name: str):
+            if not pristine:  # nothing loaded yet (the page is still opening): keep what the browser has
+                return gr.skip()
+            return {"draft": draft, "pristine": pristine, "auto_name": auto_name}
 
-        def on_page_load(loaded: int):
-            """Fresh draft from the default recipe, and re-attach to a running (or the latest) run."""
+        form.watch(remember, [saved], [shared.pristine, shared.auto_name])
+        form.connect_watchers()
+
+        def on_page_load(kept: dict | None, count: int):
+            """The draft this browser kept (or the default recipe), and re-attach to a running (or the latest) run."""
             active = studio.active_run_id()
             runs = studio.runs()
             run_id = active or (runs[0]["id"] if runs else "")
-            return studio.default_draft(), loaded + 1, run_id, gr.Timer(active=bool(active))
+            if isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
+                draft, pristine, auto_name = kept["draft"], kept.get("pristine") or {}, kept.get("auto_name") or ""
+            else:
+                draft = pristine = studio.default_draft()
+                auto_name = draft.get("name", "")
+            return draft, pristine, count + 1, auto_name, run_id, gr.Timer(active=bool(active))
 
-        demo.load(on_page_load, [shared.config_loaded], [shared.draft, shared.config_loaded, shared.run_id, shared.timer],
+        demo.load(on_page_load, [saved, shared.config_loaded], [*loading, shared.run_id, shared.timer],
                   api_visibility="private")
+
+        # The HTTP API (gradio_client): whole configs in, the same validation and run control as the buttons.
+        def recipe(name: str) -> dict:
+            """A recipe as a configuration to change and start."""
+            return studio.load_recipe(name)
+
+        def check(config: dict) -> str:
+            """"valid", or the first problem, in the configuration file's words (dotted setting names)."""
+            try:
+                studio.validate(config)
+            except DragonError as exc:
+                return str(exc)
+            return "valid"
+
+        def start(config: dict) -> str:
+            """Start training a configuration; returns the run's id (follow it with /train_tick or the run list)."""
+            return studio.start(config).id
+
+        for endpoint in (recipe, check, start):
+            gr.api(shows_errors(endpoint), api_name=endpoint.__name__)
+    demo.form = form  # the fields and their config paths, for tests and for apps that embed this one
     return demo
 
 

@@ -1,13 +1,18 @@
-"""What the tabs share: the cross-tab state, and one way to show engine errors as sentences."""
+"""What the tabs share: the form every tab adds its fields to, the cross-tab state, and one way to show engine
+errors as sentences."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import gradio as gr
 
+from .. import draft as drafts
 from ..errors import DragonError
 from ..studio import Studio
 
@@ -17,15 +22,115 @@ TAB_DATA, TAB_REWARDS, TAB_MODEL, TAB_TRAIN, TAB_COMPARE = "data", "rewards", "m
 
 
 @dataclass
+class FormField:
+    path: str  # where the value goes in the config ("training.max_steps")
+    component: Any
+    label: str  # the words on the screen, used in messages about this setting
+    to_draft: Callable[[Any], Any]
+
+
+class Form:
+    """Every component whose value is part of the run's config, and the config path it fills.
+
+    The form is the only copy of the settings being edited: a handler that acts on the config takes ``inputs`` and
+    gets the draft composed from what the screen shows at that moment (``takes_draft``), so no event dropped or
+    still pending can make it act on other values than the ones shown.
+    """
+
+    def __init__(self, loaded: gr.State) -> None:
+        self.loaded = loaded  # the draft last loaded: the settings the form does not show come from it
+        self.fields: list[FormField] = []
+        self._watchers: list[tuple[Callable[..., Any], list, list]] = []
+
+    def add(self, path: str, component, to_draft: Callable[[Any], Any] = lambda value: value, label: str | None = None):
+        self.fields.append(FormField(path, component, label or component.label or path, to_draft))
+        return component
+
+    @property
+    def inputs(self) -> list:
+        return [self.loaded, *(f.component for f in self.fields)]
+
+    @property
+    def triggers(self) -> list:
+        """A change of any field (typed, or filled in by a load)."""
+        return [f.component.change for f in self.fields]
+
+    def component(self, path: str):
+        (found,) = [f.component for f in self.fields if f.path == path]
+        return found
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {f.path: f.label for f in self.fields}
+
+    def compose(self, loaded: dict, *values) -> dict:
+        return drafts.compose(loaded, {f.path: f.to_draft(value) for f, value in zip(self.fields, values, strict=True)})
+
+    def takes_draft(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn(draft, *rest)`` as a handler whose inputs are ``[*self.inputs, *rest]`` (a generator stays one).
+
+        Not functools.wraps: gradio would read ``fn``'s parameters and inject request objects at wrong places.
+        """
+        count = len(self.inputs)
+        if inspect.isgeneratorfunction(fn):
+            def stream(*args):
+                yield from fn(self.compose(*args[:count]), *args[count:])
+
+            return stream
+
+        def handler(*args):
+            return fn(self.compose(*args[:count]), *args[count:])
+
+        return handler
+
+    def watch(self, fn: Callable[..., Any], outputs: list, inputs: list = ()) -> None:
+        """Run ``fn(draft, *inputs)`` for ``outputs`` after every change of the form."""
+        self._watchers.append((fn, list(outputs), list(inputs)))
+
+    def connect_watchers(self) -> None:
+        """One event for every change of the form that runs all watchers on one draft: each event a keystroke
+        fires costs the browser time, so there is one, not one per watcher. always_last: a change while it is
+        running is not dropped but handled once it is done, with the values the form shows then."""
+        count = len(self.inputs)
+
+        def on_change(*args):
+            draft, rest, shown = self.compose(*args[:count]), list(args[count:]), []
+            for fn, outputs, inputs in self._watchers:
+                values, rest = rest[:len(inputs)], rest[len(inputs):]
+                result = fn(draft, *values)
+                shown.extend(result if len(outputs) > 1 else [result])
+            return shown
+
+        gr.on(self.triggers, on_change, [*self.inputs, *(c for _, _, inputs in self._watchers for c in inputs)],
+              [c for _, outputs, _ in self._watchers for c in outputs], trigger_mode="always_last",
+              show_progress="hidden", api_visibility="private")
+
+    def problem(self, exc: BaseException, draft: dict) -> drafts.Problem:
+        """An engine error about the draft, placed and worded for the screen."""
+        return drafts.place_problem(explain(exc), self.labels, draft.get("rewards") or [])
+
+
+@dataclass
 class Shared:
     """Components every tab may read or write. Built once by app.build_app before the tabs."""
 
     studio: Studio
-    draft: gr.State  # the run configuration being edited, as a plain dict (RunConfig.to_dict() shape)
-    config_loaded: gr.State  # bumped when a whole draft is replaced (recipe, page load): tabs refill their fields
+    form: Form
+    pristine: gr.State  # the draft as last loaded, unedited: replacing an edited draft asks first
+    config_loaded: gr.State  # bumped when a whole draft is loaded (recipe, past run, page load): tabs refill fields
+    auto_name: gr.State  # the run name the app chose (from the recipe or the data file); a typed one is kept
     run_id: gr.State  # the run shown on the Train and Compare tabs ("" when none)
     timer: gr.Timer  # drives the Train tab's refresh while a run is active
-    tabs: gr.Tabs
+    tabs: gr.Tabs | None = None
+    # Events that put a new data source in the form (a pick, an upload, a typed path): the run name follows them.
+    source_replaced: list = field(default_factory=list)
+    # Tabs that replace the whole draft (a past run's "Load these settings") call this with their trigger and a
+    # function of their inputs that returns (draft, what it is); app.build_app provides it.
+    offer_draft: Callable[..., Any] = field(default=lambda *args, **kwargs: None)
+
+    @property
+    def loaded(self) -> gr.State:
+        return self.form.loaded
 
 
 def message(text: str, kind: str = "info") -> str:

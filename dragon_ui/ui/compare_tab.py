@@ -139,12 +139,12 @@ def download_adapter(studio: Studio, run_id: str | None) -> str:
 
 @shows_errors
 def merge(studio: Studio, run_id: str | None):
-    """(folder, sentence): the merged full model's folder and how to load it."""
+    """(zip, folder, sentence): the merged full model to download, its folder on the server, and both sizes."""
     if not run_id:
         raise gr.Error("Choose a run first.", print_exception=False)
     run = studio.run(run_id)
-    folder = export.merge_model(run)
-    return str(folder), message(export.merge_message(run, folder), "ok")
+    merged = export.merged_download(run)
+    return str(merged.archive), str(merged.folder), message(export.merged_download_message(run, merged), "ok")
 
 
 def build(shared: Shared) -> None:
@@ -157,6 +157,8 @@ def build(shared: Shared) -> None:
                                  info="Runs that have scored the starting model or saved trained weights.",
                                  elem_id="compare-run")
         refresh_button = gr.Button("↻ Refresh", size="sm", scale=0, min_width=110, elem_id="compare-refresh")
+        load_settings = gr.Button("Load these settings", size="sm", scale=0, min_width=170,
+                                  elem_id="compare-load-settings")
     summary = gr.Markdown(elem_id="compare-summary")
     with gr.Row(visible=False, elem_id="compare-evaluate-row") as evaluate_row:
         evaluate_button = gr.Button("Evaluate now", variant="primary", elem_id="compare-evaluate")
@@ -189,7 +191,11 @@ def build(shared: Shared) -> None:
     with gr.Row():
         zip_file = gr.File(label="Adapter (.zip with a README on loading it with peft)", interactive=False,
                            elem_id="compare-zip-file")
-        merged_folder = gr.Textbox(label="Merged model folder", interactive=False, elem_id="compare-merged-folder")
+        with gr.Column():
+            merged_file = gr.File(label="Merged full model (.zip of the folder below)", interactive=False,
+                                  elem_id="compare-merged-file")
+            merged_folder = gr.Textbox(label="Merged model folder on the server", interactive=False,
+                                       elem_id="compare-merged-folder")
     merge_status = gr.Markdown(elem_id="compare-merge-status")
 
     shown = [summary, plot, samples, evaluate_row]
@@ -202,6 +208,7 @@ def build(shared: Shared) -> None:
     this_tab.select(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
                     api_visibility="private", show_progress="hidden")
     run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
+    shared.offer_draft(load_settings.click, studio.run_settings, [run_picker])
     evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
                                        api_name="compare_evaluate")
     cancel_button.click(cancel_evaluation, [run_picker], [evaluate_status], cancels=[evaluation],
@@ -210,5 +217,5 @@ def build(shared: Shared) -> None:
                                  [before_reply, after_reply], api_name="compare_ask")
     ask_cancel.click(None, cancels=[answering], api_visibility="private")
     zip_button.click(functools.partial(download_adapter, studio), [run_picker], [zip_file], api_name="compare_zip")
-    merge_button.click(functools.partial(merge, studio), [run_picker], [merged_folder, merge_status],
+    merge_button.click(functools.partial(merge, studio), [run_picker], [merged_file, merged_folder, merge_status],
                        api_name="compare_merge")

@@ -22,11 +22,13 @@ from ..config import DEVICES, DTYPES, GENERATION_BACKENDS, LOSS_TYPES, SCALE_REW
 from ..errors import DragonError
 from ..estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb, system_memory_gb
 from ..hardware import HardwareInfo, resolve_hardware
+from ..draft import Problem, place_problem, renamed
 from ..presets import PRESETS
 from ..scaleout import export_launch_folder
 from ..studio import Studio
-from .common import TAB_TRAIN, Shared, message, shows_errors
+from .common import TAB_TRAIN, Form, Shared, message, shows_errors
 
+TAB_TITLE = "Model & Hardware"
 CLI_TEMPLATE = "python -m dragon_ui train {file}"
 CONFIG_DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "dragon_ui_configs"
 
@@ -133,34 +135,16 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
 }
 
 
-def widgets(section: str, draft: dict) -> list:
-    """The form fields of one section, showing the draft's values (elem_id model-<section>-<key>)."""
+def widgets(section: str, draft: dict, form: Form) -> list:
+    """The form fields of one section, showing the draft's values (elem_id model-<section>-<key>), each added to
+    the form at its config path."""
     stored = draft.get(section) or {}
-    return [setting.widget(value=setting.to_field(stored.get(setting.key)), label=setting.label, info=setting.info,
-                           elem_id=f"model-{section}-{setting.key.replace('_', '-')}", **setting.options)
+    return [form.add(f"{section}.{setting.key}",
+                     setting.widget(value=setting.to_field(stored.get(setting.key)), label=setting.label,
+                                    info=setting.info, elem_id=f"model-{section}-{setting.key.replace('_', '-')}",
+                                    **setting.options),
+                     setting.to_draft)
             for setting in SECTIONS[section]]
-
-
-def update_section(draft: dict, section: str, *values: Any) -> dict:
-    """A new draft with ``section``'s shown settings set from the form (its other settings are kept)."""
-    new = copy.deepcopy(draft)
-    target = new.setdefault(section, {})
-    for setting, value in zip(SECTIONS[section], values, strict=True):
-        target[setting.key] = setting.to_draft(value)
-    return new
-
-
-def _section_handler(section: str):
-    def handler(draft: dict, *values: Any) -> dict:
-        return update_section(draft, section, *values)
-
-    return handler
-
-
-def set_run_name(draft: dict, name: str) -> dict:
-    new = copy.deepcopy(draft)
-    new["name"] = (name or "").strip()
-    return new
 
 
 def field_values(draft: dict) -> list[Any]:
@@ -202,14 +186,24 @@ def hardware_markdown(info: HardwareInfo) -> str:
     free, total = system_memory_gb(free=True), system_memory_gb(free=False)
     if free is not None and total is not None:
         lines.append(f"- Memory: {free:.1f} GB free of {total:.1f} GB.")
-    lines.append("- 4-bit loading: " + ("available (bitsandbytes is installed)." if info.bitsandbytes else
-                                          "not available (bitsandbytes is not installed)."))
+    if not info.cuda:
+        lines.append("- 4-bit loading: not available (it needs a CUDA GPU).")
+    else:
+        lines.append("- 4-bit loading: " + ("available (bitsandbytes is installed)." if info.bitsandbytes else
+                                              "not available (bitsandbytes is not installed)."))
     return "\n".join(lines)
+
+
+# Which area of this tab shows a problem with a config section; problems of other tabs' sections are shown there
+# and named in the check, problems without a section only in the check.
+PROBLEM_AREAS = ("model", "hardware", "lora", "grpo", "training", "scaleout", "name")
+AREA_OF_SECTION = {"model": "model", "hardware": "hardware", "lora": "lora", "grpo": "grpo", "training": "training",
+                   "distributed": "scaleout", "generation": "scaleout", "name": "name"}
 
 
 @dataclass
 class Preview:
-    """Everything below the settings, recomputed when the draft changes."""
+    """Everything below the settings, recomputed whenever the form changes."""
 
     check: str
     hardware: str
@@ -217,10 +211,12 @@ class Preview:
     yaml: str
     cli: str
     download: str | None
+    problems: dict[str, str] = field(default_factory=dict)  # PROBLEM_AREAS key -> message next to those fields
 
     def outputs(self) -> tuple:
         return (self.check, self.hardware, self.estimate, self.yaml, self.cli,
-                gr.DownloadButton(value=self.download, interactive=self.download is not None))
+                gr.DownloadButton(value=self.download, interactive=self.download is not None),
+                *(self.problems.get(area, "") for area in PROBLEM_AREAS))
 
 
 def config_file_name(draft: dict) -> str:
@@ -238,26 +234,36 @@ def write_config_file(draft: dict, yaml_text: str) -> Path:
     return path
 
 
-def build_preview(studio: Studio, draft: dict) -> Preview:
-    """Validate the draft and describe it: the sentence for the first problem, the hardware choice with its
-    reasons, the estimate, the YAML and the equivalent command line."""
+def placed(problem: Problem) -> tuple[str, dict[str, str]]:
+    """(the check's sentence, {area: message}) for a problem: next to its fields, and in the check with the tab
+    it is on when that is another tab."""
+    area = AREA_OF_SECTION.get(problem.section or "")
+    return message(problem.seen_from(TAB_TITLE), "error"), ({area: message(problem.text, "error")} if area else {})
+
+
+def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = None) -> Preview:
+    """Validate the draft and describe it: the first problem, placed next to its fields and worded with their
+    ``labels``; the hardware choice with its reasons, the estimate, the YAML and the equivalent command line."""
     if not draft:
         return Preview(message("Loading the settings…"), "", "", "", "", None)
+    labels = labels or {}
     cli = f"Run the same training without the app: save the YAML as `{config_file_name(draft)}` and run\n" \
           f"```\n{CLI_TEMPLATE.format(file=config_file_name(draft))}\n```"
     try:
         config = studio.validate(draft)
     except DragonError as exc:
-        problem = message(str(exc), "error")
-        return Preview(problem, "", "The estimate appears once the settings are valid.",
-                       f"# The settings are not valid yet:\n# {exc}", cli, None)
+        problem = place_problem(str(exc), labels, draft.get("rewards") or [])
+        check, problems = placed(problem)
+        return Preview(check, "", "The estimate appears once the settings are valid.",
+                       f"# The settings are not valid yet:\n# {exc}", cli, None, problems)
     yaml_text = config.to_yaml()
     download = str(write_config_file(draft, yaml_text))  # also for another machine, whatever this one has
     try:
         resolved = resolve_hardware(config.hardware, studio.hardware())
     except DragonError as exc:
-        return Preview(message("The settings are valid.", "ok"), message(str(exc), "error"),
-                       "The estimate appears once the hardware choice works on this machine.", yaml_text, cli, download)
+        check, problems = placed(place_problem(str(exc), labels))
+        return Preview(check, "", "The estimate appears once the hardware choice works on this machine.", yaml_text,
+                       cli, download, problems)
     choice = (f"**This run will use:** {resolved.device} · {resolved.dtype}"
               + (" · 4-bit weights" if resolved.load_in_4bit else "")
               + (f" · {resolved.cpu_threads} CPU thread{'s' if resolved.cpu_threads != 1 else ''}"
@@ -298,20 +304,28 @@ def start_run(studio: Studio, draft: dict) -> tuple:
 # The tab.
 
 
-def build(shared: Shared) -> None:
-    studio = shared.studio
+def problem_area(area: str) -> gr.Markdown:
+    return gr.Markdown(elem_id=f"model-{area}-problem", show_label=False)
+
+
+def build(shared: Shared) -> Callable[[], None]:
+    """The tab's components; returns the function that wires the events that read the whole form (app.build_app
+    calls it once every tab has added its fields)."""
+    studio, form = shared.studio, shared.form
     initial = studio.default_draft()
     # Computed now, while nothing else runs: the estimate's CPU probe reads low when the handlers of a page load
     # run at the same time.
     preview = build_preview(studio, initial)
+    areas: dict[str, gr.Markdown] = {}
 
     gr.Markdown("### Model")
     with gr.Row():
         with gr.Column(scale=3):
-            (model_id,) = widgets("model", initial)
+            (model_id,) = widgets("model", initial, form)
         continue_from = gr.Dropdown(finished_runs(studio), value=None, label="…or continue from a finished run",
                                     scale=2, elem_id="model-continue",
                                     info="Starts from that run's trained model; its folder becomes the model id.")
+    areas["model"] = problem_area("model")
     with gr.Accordion("Presets (click a row to use it)", open=False):
         gr.Markdown(f"Min. memory: {MINIMUM_SETTINGS}; CPU training is practical up to about 360M parameters.")
         presets = gr.Dataframe(preset_rows(), headers=["Model", "Parameters", "Min. memory", "Notes"],
@@ -322,21 +336,24 @@ def build(shared: Shared) -> None:
         detected = gr.Markdown(hardware_markdown(studio.hardware()), elem_id="model-hardware-detected")
         detect_again = gr.Button("Detect again", size="sm", scale=0, elem_id="model-detect")
     with gr.Row():
-        section_fields = {"model": [model_id], "hardware": widgets("hardware", initial)}
+        widgets("hardware", initial, form)
+    areas["hardware"] = problem_area("hardware")
     hardware_choice = gr.Markdown(preview.hardware, elem_id="model-hardware-choice")
 
     with gr.Row(equal_height=False):
         for section, title in (("lora", "LoRA"), ("grpo", "GRPO"), ("training", "Training")):
             with gr.Column():
                 gr.Markdown(f"### {title}")
-                section_fields[section] = widgets(section, initial)
+                widgets(section, initial, form)
+                areas[section] = problem_area(section)
 
     with gr.Accordion("Scale out: several GPUs or a cluster", open=False):
         gr.Markdown("Train this exact run on a multi-GPU machine or a SLURM cluster: the download is a folder with "
                     "the config, the data, the engine, an accelerate config, `launch.sh` and a SLURM template.")
         with gr.Row():
-            section_fields["distributed"] = widgets("distributed", initial)
-            section_fields["generation"] = widgets("generation", initial)
+            widgets("distributed", initial, form)
+            widgets("generation", initial, form)
+        areas["scaleout"] = problem_area("scaleout")
         with gr.Row(equal_height=True):
             gpus = gr.Number(8, label="GPUs per node", precision=0, minimum=1, elem_id="model-export-gpus")
             nodes = gr.Number(1, label="Nodes", precision=0, minimum=1, elem_id="model-export-nodes")
@@ -354,50 +371,57 @@ def build(shared: Shared) -> None:
         download = gr.DownloadButton("Download the YAML", preview.download, size="sm",
                                      interactive=preview.download is not None, elem_id="model-download")
     with gr.Row(equal_height=True):
-        run_name = gr.Textbox(value=initial.get("name", ""), label="Run name", scale=3, elem_id="model-run-name",
-                              info="Names the run's folder; leave empty to name it after the model.")
+        run_name = form.add("name", gr.Textbox(value=initial.get("name", ""), label="Run name", scale=3,
+                                               elem_id="model-run-name",
+                                               info="Names the run's folder; it follows the data file until you "
+                                                    "type one. Empty: named after the model."),
+                            lambda value: (value or "").strip())
         start = gr.Button("Start training", variant="primary", scale=1, elem_id="model-start")
+    areas["name"] = problem_area("name")
     start_status = gr.Markdown(elem_id="model-start-status")
+    own_fields = [f.component for f in form.fields if f.path.split(".")[0] in (*SECTIONS, "name")]
 
-    all_fields = [widget for section in section_fields.values() for widget in section] + [run_name]
-
-    for section, section_widgets in section_fields.items():
-        gr.on([widget.input for widget in section_widgets], _section_handler(section), [shared.draft, *section_widgets],
-              [shared.draft], api_name=f"model_set_{section}", show_progress="hidden")
-    run_name.input(set_run_name, [shared.draft, run_name], [shared.draft], api_name="model_set_name",
-                   show_progress="hidden")
-
-    def use_model(draft: dict, model: str):
-        return update_section(draft, "model", model), model
-
-    continue_from.input(use_model, [shared.draft, continue_from], [shared.draft, model_id], api_name="model_continue")
+    continue_from.input(lambda folder: folder or gr.skip(), [continue_from], [model_id], api_visibility="private")
     continue_from.focus(lambda: gr.Dropdown(choices=finished_runs(studio)), None, [continue_from],
                         api_visibility="private", show_progress="hidden")
+    def pick_preset(event: gr.SelectData) -> str:
+        return PRESETS[event.index[0]].id
 
-    def pick_preset(draft: dict, event: gr.SelectData):
-        return use_model(draft, PRESETS[event.index[0]].id)
-
-    presets.select(pick_preset, [shared.draft], [shared.draft, model_id], api_visibility="private")
+    presets.select(pick_preset, None, [model_id], api_visibility="private")
 
     def fill_fields(draft: dict):
         return *field_values(draft), gr.Dropdown(choices=finished_runs(studio), value=None)
 
-    shared.config_loaded.change(fill_fields, [shared.draft], [*all_fields, continue_from], api_visibility="private",
+    shared.config_loaded.change(fill_fields, [shared.loaded], [*own_fields, continue_from], api_visibility="private",
                                 show_progress="hidden")
 
-    export.click(lambda draft, gpus, nodes: export_for_cluster(studio, draft, gpus, nodes), [shared.draft, gpus, nodes],
-                 [export_file, export_status], api_name="model_export")
+    def connect() -> None:
+        preview_outputs = [check, hardware_choice, estimate, yaml_view, cli, download,
+                           *(areas[area] for area in PROBLEM_AREAS)]
 
-    preview_outputs = [check, hardware_choice, estimate, yaml_view, cli, download]
-    shared.draft.change(lambda draft: build_preview(studio, draft).outputs(), [shared.draft], preview_outputs,
-                        api_name="model_preview", show_progress="hidden")
+        def describe(draft: dict) -> tuple:
+            return build_preview(studio, draft, form.labels).outputs()
 
-    @shows_errors
-    def redetect(draft: dict):
-        info = studio.hardware(refresh=True)
-        return (hardware_markdown(info), *build_preview(studio, draft).outputs())
+        # A failed Start's message goes as soon as the settings change.
+        form.watch(lambda draft: (*describe(draft), ""), [*preview_outputs, start_status])
 
-    detect_again.click(redetect, [shared.draft], [detected, *preview_outputs], api_name="model_detect_hardware")
+        @shows_errors
+        def redetect(draft: dict):
+            info = studio.hardware(refresh=True)
+            return (hardware_markdown(info), *describe(draft))
 
-    start.click(shows_errors(lambda draft: start_run(studio, draft)), [shared.draft],
-                [shared.run_id, shared.timer, shared.tabs, start_status], api_name="model_start")
+        detect_again.click(form.takes_draft(redetect), form.inputs, [detected, *preview_outputs],
+                           api_visibility="private")
+        export.click(form.takes_draft(lambda draft, gpus, nodes: export_for_cluster(studio, draft, gpus, nodes)),
+                     [*form.inputs, gpus, nodes], [export_file, export_status], api_visibility="private")
+        start.click(form.takes_draft(shows_errors(lambda draft: start_run(studio, draft))), form.inputs,
+                    [shared.run_id, shared.timer, shared.tabs, start_status], api_visibility="private",
+                    show_progress="hidden")
+
+        # The run name follows the data file while the app chose it; a typed name is kept.
+        source = form.component("data.source")
+        for replaced in shared.source_replaced:
+            replaced.then(lambda name, auto, src: renamed(name, auto, src or ""), [run_name, shared.auto_name, source],
+                          [run_name, shared.auto_name], api_visibility="private", show_progress="hidden")
+
+    return connect

@@ -2,26 +2,28 @@
 
 Pure functions, so the Train tab and the tests build the same figures. Only basic scatter traces: the browser's
 bundled plotly.js draws them without extra modules. A constant ``uirevision`` keeps the user's zoom when the figure
-is replaced on the next refresh.
+is replaced on the next refresh. The values come from monitor.series, which the health alerts read too, so an alert
+and the chart beside it always show the same numbers.
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from ..monitor import reward_names_of, series
+
 HEIGHT = 300
 UIREVISION = "dragon-train"
 NO_STEPS = "No steps yet"
 
 
-def line_figure(rows: list[dict], series: list[tuple[str, str]], title: str, y_title: str,
+def line_figure(rows: list[dict], lines: list[tuple[str, str]], title: str, y_title: str,
                 empty_text: str = "No values yet") -> go.Figure:
     """One line per (row key, legend label), against the step; an annotation instead of an empty plot."""
     figure = go.Figure()
-    steps = [row.get("step") for row in rows]
-    for key, label in series:
-        values = [row.get(key) for row in rows]
-        if any(isinstance(v, (int, float)) for v in values):
+    for key, label in lines:
+        steps, values = series(rows, key)
+        if any(v is not None for v in values):
             figure.add_trace(go.Scatter(x=steps, y=values, mode="lines+markers", name=label, connectgaps=False))
     figure.update_layout(title={"text": title, "x": 0.02}, height=HEIGHT, uirevision=UIREVISION,
                          margin={"l": 50, "r": 20, "t": 45, "b": 40}, xaxis_title="step", yaxis_title=y_title,
@@ -32,16 +34,6 @@ def line_figure(rows: list[dict], series: list[tuple[str, str]], title: str, y_t
         figure.update_xaxes(visible=False)
         figure.update_yaxes(visible=False)
     return figure
-
-
-def reward_names_of(rows: list[dict]) -> list[str]:
-    """The per-reward columns (reward_<name>) present in the rows, in first-seen order."""
-    names: dict[str, None] = {}
-    for row in rows:
-        for key in row:
-            if key.startswith("reward_") and key != "reward_std":
-                names.setdefault(key[len("reward_"):], None)
-    return list(names)
 
 
 def reward_figure(rows: list[dict], reward_names: list[str] | None = None) -> go.Figure:

@@ -11,16 +11,18 @@ learning signal.
 
 from __future__ import annotations
 
-import copy
 import functools
+import re
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import fields
 
 import gradio as gr
 import pandas as pd
 
 from ..data import prompt_text
+from ..draft import place_problem
 from ..errors import DragonError
 from ..playground import (GroupScores, data_config, generate_groups, no_signal_warning, preview_examples,
                           reward_failures, score_example)
@@ -31,6 +33,8 @@ from .common import Shared, explain, message, shows_errors
 
 # The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.
 SETTINGS = tuple(f.name for f in fields(RewardSpec) if f.name not in ("kind", "name", "weight"))
+EDITOR_SIZE = 4 + len(SETTINGS) + 3  # kind, name, weight, help, the settings, and the Add / Save / Remove buttons
+TAB_TITLE = "Rewards"
 DEFAULTS = {f.name: f.default for f in fields(RewardSpec)}
 LIST_SETTINGS = ("keys", "words", "tags")  # typed as comma-separated text
 STARTER_CODE = '''def reward(prompt, completion, reference, row):
@@ -114,11 +118,15 @@ def rewards_table(rewards: list[dict]) -> pd.DataFrame:
                          for spec in rewards], columns=["name", "kind", "weight", "settings"])
 
 
-def _names(draft: dict) -> list[str]:
-    return [spec.get("name") or spec["kind"] for spec in draft.get("rewards") or []]
+NEW_REWARD = "+ new"  # the selector's "New reward" entry; no reward can have this name (it has a space)
+NEW_REWARD_LABEL = "➕ New reward"
 
 
-def _unique_name(kind: str, taken: list[str]) -> str:
+def _names(rewards: list[dict]) -> list[str]:
+    return [spec.get("name") or spec["kind"] for spec in rewards]
+
+
+def unique_name(kind: str, taken: list[str]) -> str:
     """numeric, numeric_2, numeric_3, ...: a second reward of a kind needs its own name (it becomes a column)."""
     name, number = kind, 1
     while name in taken:
@@ -127,79 +135,138 @@ def _unique_name(kind: str, taken: list[str]) -> str:
     return name
 
 
-def _with_rewards(draft: dict, rewards: list[dict], selected: str | None, status: str) -> tuple:
-    """Validate a new reward list; (draft, table, selector, status), the draft unchanged when the list is invalid."""
-    try:
-        specs = parse_rewards(rewards) if rewards else []
-    except DragonError as exc:
-        return draft, gr.skip(), gr.skip(), message(str(exc), "error")
-    new_draft = copy.deepcopy(draft)
-    new_draft["rewards"] = [spec.to_dict() for spec in specs]
-    names = _names(new_draft)
-    if not names:
-        status = message("There are no rewards left; add at least one before training.", "warn")
-    return (new_draft, rewards_table(new_draft["rewards"]),
-            gr.Dropdown(choices=names, value=selected if selected in names else (names[0] if names else None)), status)
+def _is_automatic_name(name: str) -> bool:
+    """A name the editor chose (a kind's name, perhaps numbered), which follows the kind; a typed one is kept."""
+    base = re.sub(r"_\d+$", "", (name or "").strip())
+    return not name or base in REWARD_KINDS
 
 
-def add_reward(draft: dict, kind: str, name: str, weight: float, *values) -> tuple:
-    """Append the form as a new reward. Returns (draft, table, selector, status)."""
-    spec = form_to_dict(kind, name, weight, values)
-    current = list(draft.get("rewards") or [])
-    if not spec["name"] and kind in REWARD_KINDS:
-        spec["name"] = _unique_name(kind, _names(draft))
-    return _with_rewards(draft, [*current, spec], spec["name"] or kind,
-                         message(f"Added the reward {spec['name'] or kind}.", "ok"))
+def selector(rewards: list[dict], selected: str) -> gr.Dropdown:
+    choices = [(name, name) for name in _names(rewards)] + [(NEW_REWARD_LABEL, NEW_REWARD)]
+    return gr.Dropdown(choices=choices, value=selected)
 
 
-def save_reward(draft: dict, selected: str | None, kind: str, name: str, weight: float, *values) -> tuple:
-    """Replace the selected reward with the form. Returns (draft, table, selector, status)."""
-    names = _names(draft)
-    if selected not in names:
-        return draft, gr.skip(), gr.skip(), message("Select a reward to change, or press Add for a new one.", "warn")
-    spec = form_to_dict(kind, name, weight, values)
-    spec["name"] = spec["name"] or kind
-    rewards = list(draft["rewards"])
-    rewards[names.index(selected)] = spec
-    return _with_rewards(draft, rewards, spec["name"], message(f"Saved the reward {spec['name']}.", "ok"))
+def editor(spec: dict, public: bool, editing: bool) -> list:
+    """The editor showing one reward: (kind, name, weight, help, *settings, add, save, remove).
 
-
-def remove_reward(draft: dict, selected: str | None) -> tuple:
-    """Remove the selected reward. Returns (draft, table, selector, status)."""
-    names = _names(draft)
-    if selected not in names:
-        return draft, gr.skip(), gr.skip(), message("Select the reward to remove.", "warn")
-    rewards = [spec for spec, name in zip(draft["rewards"], names, strict=True) if name != selected]
-    return _with_rewards(draft, rewards, None, message(f"Removed the reward {selected}.", "ok"))
-
-
-def show_kind(kind: str, public: bool) -> list:
-    """Show only the selected kind's settings, and what the kind does (or why a public demo refuses it)."""
-    shown = visible_settings(kind, public)
-    return [kind_help(kind, public), *(gr.update(visible=setting in shown) for setting in SETTINGS)]
-
-
-def select_reward(draft: dict, selected: str | None, public: bool) -> list:
-    """Load the selected reward into the form. Returns (kind, name, weight, help, *settings)."""
-    names = _names(draft)
-    if selected not in names:
-        return [gr.skip()] * (4 + len(SETTINGS))
-    spec = draft["rewards"][names.index(selected)]
+    ``editing``: an existing reward (Save and Remove), or a new one (Add). Every setting is set, hidden ones to
+    their defaults, so nothing of a reward shown before stays behind in the form.
+    """
     kind = spec["kind"]
     shown = visible_settings(kind, public)
     return [kind, spec.get("name") or kind, spec.get("weight", 1.0), kind_help(kind, public),
-            *(gr.update(value=value, visible=setting in shown) for setting, value in zip(SETTINGS, form_values(spec)))]
+            *(gr.update(value=value, visible=setting in shown) for setting, value in zip(SETTINGS, form_values(spec))),
+            gr.Button(visible=not editing), gr.Button(visible=editing), gr.Button(visible=editing)]
 
 
-def fill_rewards(draft: dict, public: bool) -> list:
-    """A whole new draft arrived: list its rewards and load the first into the form.
+def new_spec(kind: str, rewards: list[dict]) -> dict:
+    """A new reward of a kind with that kind's defaults: named after the kind (made unique), weight 1."""
+    return {"kind": kind, "name": unique_name(kind, _names(rewards)), "weight": 1.0}
 
-    Returns (table, selector, kind, name, weight, help, *settings).
-    """
-    names = _names(draft)
-    first = names[0] if names else None
-    return [rewards_table(draft.get("rewards") or []), gr.Dropdown(choices=names, value=first),
-            *select_reward(draft, first, public)]
+
+def _listing(rewards: list[dict], selected: str, status: str, public: bool) -> list:
+    """Everything the editor shows after the list or the selection changed: (rewards, table, selector, status,
+    *editor), with the form showing exactly the selected reward (or a fresh new one)."""
+    names = _names(rewards)
+    if selected in names:
+        shown = editor(rewards[names.index(selected)], public, editing=True)
+    else:
+        selected, shown = NEW_REWARD, editor(new_spec("numeric", rewards), public, editing=False)
+    return [rewards, rewards_table(rewards), selector(rewards, selected), status, *shown]
+
+
+def _problem(exc: DragonError, rewards: list[dict]) -> str:
+    return message(place_problem(str(exc), {}, rewards).text, "error")
+
+
+def _validated(rewards: list[dict], keep: list[dict], selected: str, status: str, public: bool) -> list:
+    """The new list validated as a run would; rejected, the list and the form stay as they are and the status says
+    why (``keep`` is the list before)."""
+    try:
+        specs = [spec.to_dict() for spec in parse_rewards(rewards)] if rewards else []
+    except DragonError as exc:
+        return [keep, gr.skip(), gr.skip(), _problem(exc, rewards), *[gr.skip()] * EDITOR_SIZE]
+    if not specs:
+        status = message("There are no rewards left; add at least one before training.", "warn")
+    return _listing(specs, selected, status, public)
+
+
+def add_reward(rewards: list[dict], kind: str, name: str, weight: float, *values, public: bool = False) -> list:
+    """Append the form as a new reward and select it. Returns (rewards, table, selector, status, *editor)."""
+    spec = form_to_dict(kind, name, weight, values)
+    spec["name"] = spec["name"] or unique_name(kind, _names(rewards))
+    return _validated([*rewards, spec], rewards, spec["name"], message(f"Added the reward {spec['name']}.", "ok"),
+                      public)
+
+
+def save_reward(rewards: list[dict], selected: str, kind: str, name: str, weight: float, *values,
+                public: bool = False) -> list:
+    """Replace the selected reward with the form. Returns (rewards, table, selector, status, *editor)."""
+    names = _names(rewards)
+    if selected not in names:
+        return [rewards, gr.skip(), gr.skip(), message("Choose the reward to change first.", "warn"),
+                *[gr.skip()] * EDITOR_SIZE]
+    spec = form_to_dict(kind, name, weight, values)
+    spec["name"] = spec["name"] or kind
+    changed = list(rewards)
+    changed[names.index(selected)] = spec
+    return _validated(changed, rewards, spec["name"], message(f"Saved the reward {spec['name']}.", "ok"), public)
+
+
+def remove_reward(rewards: list[dict], selected: str, public: bool = False) -> list:
+    """Remove the selected reward; the next one (or a new one) is shown. Returns (rewards, table, selector, status,
+    *editor)."""
+    names = _names(rewards)
+    if selected not in names:
+        return [rewards, gr.skip(), gr.skip(), message("Choose the reward to remove first.", "warn"),
+                *[gr.skip()] * EDITOR_SIZE]
+    position = names.index(selected)
+    left = [spec for spec, name in zip(rewards, names, strict=True) if name != selected]
+    following = _names(left)[min(position, len(left) - 1)] if left else NEW_REWARD
+    return _validated(left, rewards, following, message(f"Removed the reward {selected}.", "ok"), public)
+
+
+def select_reward(rewards: list[dict], selected: str, public: bool = False) -> list:
+    """Show the chosen reward in the form (or a fresh new one). Returns (rewards, table, selector, status,
+    *editor)."""
+    return _listing(rewards, selected, "", public)
+
+
+def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight: float,
+                public: bool = False) -> list:
+    """Another kind was chosen: the settings start from that kind's defaults (a saved reward of that kind shows its
+    own). A new reward's automatic name follows the kind; the weight shown is kept. Returns the editor."""
+    names = _names(rewards)
+    editing = selected in names
+    stored = rewards[names.index(selected)] if editing else {}
+    spec = dict(stored) if stored.get("kind") == kind else {"kind": kind}
+    if editing:
+        spec.update(name=name, weight=weight)
+    else:
+        spec.update(name=unique_name(kind, names) if _is_automatic_name(name) else name, weight=weight)
+    return editor(spec, public, editing)
+
+
+def fill_rewards(draft: dict, public: bool = False) -> list:
+    """A whole new draft was loaded: list its rewards and show the first. Returns (rewards, table, selector, status,
+    *editor)."""
+    rewards = list(draft.get("rewards") or [])
+    names = _names(rewards)
+    return _listing(rewards, names[0] if names else NEW_REWARD, "", public)
+
+
+def rewards_problem(rewards: list[dict]) -> str:
+    """What stops the list from training, next to it: no rewards, an invalid one, or every weight 0."""
+    if not rewards:
+        return message("Add at least one reward: training needs something to score replies with.", "warn")
+    try:
+        specs = parse_rewards(rewards)
+    except DragonError as exc:
+        return _problem(exc, rewards)
+    if not any(spec.weight > 0 for spec in specs):
+        return message("Every reward has weight 0, so the total is always 0 and nothing can be learned; give one "
+                       "a weight above 0.", "error")
+    return ""
 
 
 # --------------------------------------------------------------------------------------------- the playground
@@ -210,13 +277,13 @@ def _row_label(number: int, example: dict) -> str:
     return f"{number}: {text[:70]}{'…' if len(text) > 70 else ''}"
 
 
-def playground_rows(draft: dict, current: int | None) -> tuple:
+def playground_rows(draft: dict, current: int | None, labels: dict[str, str] | None = None) -> tuple:
     """The rows one can try (the first mapped rows of the draft's data). Returns (row picker, row status)."""
     try:
         config = data_config(draft)
         examples = preview_examples(config, draft.get("base_dir") or None) if config.source else []
     except DragonError as exc:
-        return gr.Dropdown(choices=[], value=None), message(f"No rows to try: {exc}", "warn")
+        return gr.Dropdown(choices=[], value=None), message(f"No rows to try: {sentence(exc, draft, labels)}", "warn")
     choices = [(_row_label(number, example), number - 1) for number, example in enumerate(examples, 1)]
     keep = current if isinstance(current, int) and 0 <= current < len(choices) else (0 if choices else None)
     return gr.Dropdown(choices=choices, value=keep), show_row(draft, keep, examples)
@@ -237,7 +304,7 @@ def show_row(draft: dict, row: int | None, examples: list[dict] | None = None) -
     try:
         example = examples[row] if examples is not None else _example(draft, row)
     except DragonError as exc:
-        return message(str(exc), "error")
+        return message(sentence(exc, draft, None), "error")
     system = next((m["content"] for m in example["prompt"] if m["role"] == "system"), "")
     lines = [f"**Prompt:** {prompt_text(example)}", f"**Reference:** {example.get('reference') or '(none)'}"]
     return "\n\n".join(([f"**System:** {system}"] if system else []) + lines)
@@ -293,7 +360,13 @@ def cancel_generation(request: gr.Request | None = None) -> str:
     return message("Cancelled.", "info")
 
 
-def generate_samples(studio: Studio, draft: dict, row: int | None, n_prompts: int, request: gr.Request | None = None):
+def sentence(exc: BaseException, draft: dict, labels: dict[str, str] | None) -> str:
+    """An error as this tab says it: in the form's words, naming the tab it concerns when that is another one."""
+    return place_problem(explain(exc), labels or {}, draft.get("rewards") or []).seen_from(TAB_TITLE)
+
+
+def generate_samples(studio: Studio, draft: dict, row: int | None, n_prompts: int, request: gr.Request | None = None,
+                     labels: dict[str, str] | None = None):
     """Sample a GRPO group (group_size replies) for 1-3 rows from the starting model and score them.
 
     A generator: yields (progress, group table, warnings) after loading the model and after each prompt.
@@ -304,13 +377,13 @@ def generate_samples(studio: Studio, draft: dict, row: int | None, n_prompts: in
         yield message("Choose a row to try first.", "warn"), gr.skip(), ""
         return
     try:
-        config = studio.validate(draft)
+        config = studio.validate_for_sampling(draft)
         examples = preview_examples(config.data, config.base_dir or None)[row:row + int(n_prompts)]
         rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.inference_model(config.model, settings=config.hardware)
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
-        yield message(explain(exc), "error"), gr.skip(), ""
+        yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
         return
     group_size, started, groups = config.grpo.group_size, time.monotonic(), []
     yield (message(f"Generating {group_size} replies to row {row + 1} (temperature {config.grpo.temperature:g}, up "
@@ -373,41 +446,53 @@ def _setting_components(shown: set[str]) -> list:
     }
     for setting, component in components.items():
         component.visible = setting in shown
+        component.elem_id = component.elem_id or f"rewards-settings-{setting.replace('_', '-')}"
     return [components[setting] for setting in SETTINGS]
 
 
-def build(shared: Shared) -> None:
-    studio, public = shared.studio, shared.studio.public
+def build(shared: Shared) -> Callable[[], None]:
+    """The editor, the list (a field of the form at "rewards") and the playground; returns the function that wires
+    the playground, which reads the whole form, once every tab is built."""
+    studio, public, form = shared.studio, shared.studio.public, shared.form
     gr.Markdown("Rewards score each reply; GRPO pushes the model towards replies that score above their group's "
                 "average. The total is the weighted sum of all rewards.")
-    table = gr.Dataframe(label="Rewards", interactive=False, max_height=260, wrap=True, elem_id="rewards-table")
+    rewards = form.add("rewards", gr.State([]), label="Rewards")
+    table = gr.Dataframe(label="Rewards (what training uses)", interactive=False, max_height=260, wrap=True,
+                         elem_id="rewards-table")
+    problem = gr.Markdown(elem_id="rewards-problem")
     with gr.Row():
         with gr.Column(scale=1):
-            selected = gr.Dropdown(label="Reward to edit", elem_id="rewards-selected")
+            selected = gr.Dropdown([(NEW_REWARD_LABEL, NEW_REWARD)], value=NEW_REWARD, label="Reward to edit",
+                                   elem_id="rewards-selected",
+                                   info="A reward of the list, or a new one to add.")
             kind = gr.Dropdown(list(REWARD_KINDS), value="numeric", label="Kind", elem_id="rewards-kind",
                                info="custom and command are turned off in this public demo." if public else None)
-            name = gr.Textbox(label="Name", elem_id="rewards-name",
-                              info="Letters, digits and _; empty means the kind's name.")
+            name = gr.Textbox("numeric", label="Name", elem_id="rewards-name",
+                              info="Letters, digits and _; it names the reward's column and chart line.")
             weight = gr.Number(1.0, label="Weight", step=0.1, minimum=0, elem_id="rewards-weight")
             help_text = gr.Markdown(kind_help("numeric", public), elem_id="rewards-kind-help")
         with gr.Column(scale=2):
             settings = _setting_components(visible_settings("numeric", public))
     with gr.Row():
-        add = gr.Button("Add as new reward", variant="primary", elem_id="rewards-add")
-        save = gr.Button("Save changes", elem_id="rewards-save")
-        remove = gr.Button("Remove", variant="stop", elem_id="rewards-remove")
+        add = gr.Button("Add reward", variant="primary", elem_id="rewards-add")
+        save = gr.Button("Save changes", variant="primary", visible=False, elem_id="rewards-save")
+        remove = gr.Button("Remove", variant="stop", visible=False, elem_id="rewards-remove")
     status = gr.Markdown(elem_id="rewards-status")
 
-    form = [kind, name, weight, *settings]
-    listing = [shared.draft, table, selected, status]
-    add.click(add_reward, [shared.draft, *form], listing, api_name="rewards_add")
-    save.click(save_reward, [shared.draft, selected, *form], listing, api_name="rewards_save")
-    remove.click(remove_reward, [shared.draft, selected], listing, api_name="rewards_remove")
-    kind.input(functools.partial(show_kind, public=public), [kind], [help_text, *settings], api_visibility="private")
-    selected.change(functools.partial(select_reward, public=public), [shared.draft, selected],
-                    [kind, name, weight, help_text, *settings], api_visibility="private")
-    shared.config_loaded.change(functools.partial(fill_rewards, public=public), [shared.draft],
-                                [table, selected, kind, name, weight, help_text, *settings], api_visibility="private")
+    values = [kind, name, weight, *settings]
+    shown_editor = [kind, name, weight, help_text, *settings, add, save, remove]
+    listing = [rewards, table, selected, status, *shown_editor]
+    # always_last everywhere: a click while the previous one is still being handled runs after it, on the list
+    # that one left, instead of being dropped.
+    edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private"}
+    add.click(functools.partial(add_reward, public=public), [rewards, *values], listing, **edits)
+    save.click(functools.partial(save_reward, public=public), [rewards, selected, *values], listing, **edits)
+    remove.click(functools.partial(remove_reward, public=public), [rewards, selected], listing, **edits)
+    selected.input(functools.partial(select_reward, public=public), [rewards, selected], listing, **edits)
+    kind.input(functools.partial(change_kind, public=public), [rewards, selected, kind, name, weight], shown_editor,
+               **edits)
+    shared.config_loaded.change(functools.partial(fill_rewards, public=public), [shared.loaded], listing, **edits)
+    rewards.change(rewards_problem, [rewards], [problem], **edits)
 
     gr.Markdown("## Playground\nTry the rewards on a reply before training: type one, or let the starting model "
                 "sample a group of replies the way one GRPO step would.")
@@ -430,11 +515,26 @@ def build(shared: Shared) -> None:
                           elem_id="rewards-groups")
     warnings = gr.Markdown(elem_id="rewards-warnings")
 
-    shared.draft.change(playground_rows, [shared.draft, row], [row, row_text], show_progress="hidden",
-                        api_name="rewards_rows")
-    row.input(show_row, [shared.draft, row], [row_text], api_visibility="private")
-    score.click(score_typed, [shared.draft, row, completion], [scores, total], api_name="rewards_score")
-    completion.submit(score_typed, [shared.draft, row, completion], [scores, total], api_visibility="private")
-    generating = generate.click(functools.partial(generate_samples, studio), [shared.draft, row, n_prompts],
-                                [progress, groups, warnings], api_name="rewards_generate")
-    cancel.click(cancel_generation, None, [progress], cancels=[generating], api_visibility="private")
+    def connect() -> None:
+        playground = {"show_progress": "hidden", "api_visibility": "private"}
+        data_fields = [form.component(path) for path in ("data.source", "data.hub_config", "data.hub_split",
+                                                         "data.prompt", "data.reference", "data.system")]
+        gr.on([field.change for field in data_fields], form.takes_draft(
+            lambda draft, current: playground_rows(draft, current, form.labels)), [*form.inputs, row],
+            [row, row_text], trigger_mode="always_last", **playground)
+        row.input(form.takes_draft(show_row), [*form.inputs, row], [row_text], **playground)
+        score.click(form.takes_draft(score_typed), [*form.inputs, row, completion], [scores, total], **playground)
+        completion.submit(form.takes_draft(score_typed), [*form.inputs, row, completion], [scores, total],
+                          **playground)
+        count = len(form.inputs)
+
+        def sample(request: gr.Request, *args):
+            yield from generate_samples(studio, form.compose(*args[:count]), *args[count:], request=request,
+                                        labels=form.labels)
+
+        generating = generate.click(sample, [*form.inputs, row, n_prompts], [progress, groups, warnings],
+                                    api_visibility="private")
+        cancel.click(cancel_generation, None, [progress], cancels=[generating], api_visibility="private",
+                     show_progress="hidden")
+
+    return connect

@@ -18,13 +18,14 @@ import gradio as gr
 from ..errors import DragonError
 from ..estimate import format_seconds
 from ..monitor import Alert, Snapshot, health_alerts, read_snapshot
-from ..runstore import ACTIVE_STATES, read_json
+from ..runstore import ACTIVE_STATES, read_json, state_label
 from ..studio import Studio
 from . import plots
 from .common import Shared, message, shows_errors
 
 MAX_GROUPS_SHOWN = 4
-STATE_ICONS = {"queued": "⏳", "running": "🏃", "succeeded": "✅", "failed": "❌", "cancelled": "⏹️"}
+# By stored state; "cancelled" (shown as "stopped — can resume", see runstore.STATE_LABELS) pauses, it does not end.
+STATE_ICONS = {"queued": "⏳", "running": "🏃", "succeeded": "✅", "failed": "❌", "cancelled": "⏸️"}
 RUN_COLUMNS = ["Run", "State", "Step", "Reward", "Held-out before", "Held-out after", "Model", "Started"]
 NO_RUN = "No run to show yet: press **Start training** on the Model & Hardware tab, or open a past run below."
 BEST_STYLE, WORST_STYLE = "background:#e7f6ec", "background:#fdecec"
@@ -36,7 +37,7 @@ BEST_STYLE, WORST_STYLE = "background:#e7f6ec", "background:#fdecec"
 
 def status_markdown(run_id: str, status: dict) -> str:
     state = status.get("state", "unknown")
-    parts = [f"{STATE_ICONS.get(state, '')} **{state}**", status.get("phase") or ""]
+    parts = [f"{STATE_ICONS.get(state, '')} **{state_label(state)}**", status.get("phase") or ""]
     if status.get("model_label"):
         parts.append(status["model_label"])
     if status.get("device"):
@@ -48,7 +49,9 @@ def status_markdown(run_id: str, status: dict) -> str:
     if state == "failed" and status.get("error"):
         text += "\n\n" + message(status["error"], "error")
     elif state == "cancelled":
-        text += "\n\n" + message("Stopped; a checkpoint was saved. Resume continues from it.", "info")
+        resumes_from = (f"continues from {status['latest_checkpoint']}" if status.get("latest_checkpoint")
+                        else "starts it again, since it stopped before its first checkpoint")
+        text += "\n\n" + message(f"Stopped, not finished: Resume {resumes_from}.", "info")
     elif state == "succeeded" and status.get("heldout_after") is not None and status.get("heldout_before") is not None:
         text += "\n\n" + message(f"Held-out reward {status['heldout_before']:.3f} → {status['heldout_after']:.3f}; "
                                  "compare replies on the Compare tab.", "ok")
@@ -124,10 +127,12 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
 
 def runs_table(runs: list[dict]) -> list[list[Any]]:
     def started(run: dict) -> str:
+        """The first start, also for a resumed run."""
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(run["started_at"])) if run.get("started_at") else ""
 
-    return [[run["id"], run["state"], f"{run['step']}/{run['total_steps'] or '?'}", _number(run.get("reward")),
-             _number(run.get("heldout_before")), _number(run.get("heldout_after")), run["model"], started(run)]
+    return [[run["id"], state_label(run["state"]), f"{run['step']}/{run['total_steps'] or '?'}",
+             _number(run.get("reward")), _number(run.get("heldout_before")), _number(run.get("heldout_after")),
+             run["model"], started(run)]
             for run in runs]
 
 
@@ -270,6 +275,7 @@ def build(shared: Shared) -> None:
             run_choice = gr.Dropdown([run["id"] for run in past_runs], value=None, label="Run", scale=3,
                                      elem_id="train-run-choice", info="Click a row above or pick a run, then Open.")
             open_run = gr.Button("Open", scale=1, elem_id="train-open")
+            load_settings = gr.Button("Load these settings", scale=1, elem_id="train-load-settings")
             refresh_runs = gr.Button("Refresh list", scale=1, elem_id="train-refresh-runs")
 
     view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, log, stop,
@@ -279,14 +285,18 @@ def build(shared: Shared) -> None:
     shared.run_id.change(lambda run_id, state: refresh(studio, run_id, state, full=True).outputs(),
                          [shared.run_id, watch], view, api_name="train_show", show_progress="hidden")
 
-    stop.click(shows_errors(lambda run_id: stop_run(studio, run_id)), [shared.run_id], [action], api_name="train_stop")
+    stop.click(shows_errors(lambda run_id: stop_run(studio, run_id)), [shared.run_id], [action], api_name="train_stop",
+               show_progress="hidden")
     resume.click(shows_errors(lambda run_id: resume_run(studio, run_id)), [shared.run_id], [action, shared.timer],
-                 api_name="train_resume")
+                 api_name="train_resume", show_progress="hidden")
 
     def pick_row(event: gr.SelectData):
         return event.row_value[0]
 
     runs.select(pick_row, None, [run_choice], api_visibility="private")
     open_run.click(lambda run_id: run_id or gr.skip(), [run_choice], [shared.run_id], api_name="train_open")
+    # The picked run's settings, or the shown run's, back in every tab (asking first if the form was edited).
+    shared.offer_draft(load_settings.click, lambda picked, shown: studio.run_settings(picked or shown),
+                       [run_choice, shared.run_id])
     refresh_runs.click(lambda: _runs_outputs(studio), None, [runs, run_choice], api_name="train_runs",
                        show_progress="hidden")

@@ -1,0 +1,139 @@
+"""The draft the app edits, as plain data: composed from what the form shows, named, and its problems placed.
+
+The app keeps no copy of the settings that could fall behind the screen. Every action that uses them (Start, the
+check, the estimate, the YAML, the command line, the cluster export, the playground) composes the draft from the
+form's values at that moment (:func:`compose`), on top of the draft last loaded (a recipe, a past run, or the one the
+browser kept), which supplies the settings the form does not show.
+
+The engine's validation errors name dotted config paths (``training.learning_rate must be ...``), which is right for
+a YAML file and the command line. :func:`place_problem` says the same in the words on the screen ("Learning rate must
+be ...", "The 4th reward (my_check): ...") and which part of the form the problem belongs to.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import RunConfig
+from .errors import DragonError
+
+SECTIONS = ("model", "data", "rewards", "grpo", "training", "lora", "hardware", "distributed", "generation",
+            "n_samples", "name", "runs_dir")
+# A config path at the start of an engine message: "training.learning_rate", "rewards[3].code", "data.source".
+_LEADING_PATH = re.compile(r"^(?P<path>(?P<section>[a-z_]+)(?:\[(?P<index>\d+)\])?(?:\.[a-z_0-9]+)*)(?=[\s:;,.]|$)")
+_REWARD_PATH = re.compile(r"^rewards\[(?P<index>\d+)\](?:\.(?P<field>[a-z_]+))?$")
+REWARD_FIELD_WORDS = {"code": "the Python code", "file": "the .py file", "function": "the function name",
+                      "pattern": "the regular expression", "keys": "the required keys", "words": "the words",
+                      "tags": "the tags", "argv": "the command", "name": "the name", "weight": "the weight",
+                      "kind": "the kind", "min_chars": "the minimum length", "max_chars": "the maximum length",
+                      "tolerance": "the tolerance", "extract": "the part of the reply compared"}
+
+
+def set_path(draft: dict, path: str, value: Any) -> None:
+    """Set ``draft["a"]["b"]`` for the path "a.b", creating missing sections."""
+    *parents, leaf = path.split(".")
+    target = draft
+    for part in parents:
+        target = target.setdefault(part, {})
+    target[leaf] = value
+
+
+def compose(base: dict, values: dict[str, Any]) -> dict:
+    """``base`` (the draft last loaded) with every form value written at its config path; ``base`` is not changed."""
+    draft = copy.deepcopy(base or {})
+    for path, value in values.items():
+        set_path(draft, path, value)
+    return draft
+
+
+def same_settings(one: dict, other: dict) -> bool:
+    """Whether two drafts describe the same run: compared after validation, so 1e-5 and 0.00001 are equal."""
+    try:
+        return RunConfig.from_dict(copy.deepcopy(one)).to_dict() == RunConfig.from_dict(copy.deepcopy(other)).to_dict()
+    except DragonError:
+        return one == other
+
+
+def run_name_for(source: str) -> str:
+    """A run name from a data source: the file's name without extension, or a Hub id's dataset name."""
+    stem = Path(source.rstrip("/")).stem if source else ""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-")[:40]
+
+
+def renamed(current: str, auto_name: str, source: str) -> tuple[str, str]:
+    """(run name, name chosen automatically) after the data source changed to ``source``.
+
+    The name follows the data while it is the one chosen automatically (from the recipe or the previous file) or
+    empty; a name the user typed is kept.
+    """
+    current = (current or "").strip()
+    if current and current != auto_name:
+        return current, auto_name
+    name = run_name_for(source) or current
+    return name, name
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validation problem as the app shows it: where it belongs and the sentence in the screen's words."""
+
+    section: str | None  # the config section it concerns ("training", "rewards", "data", ...), None if general
+    path: str | None  # the full config path ("training.learning_rate"), None if the message names none
+    text: str
+
+    @property
+    def tab(self) -> str | None:
+        """The app tab whose fields it concerns."""
+        if self.section is None:
+            return None
+        return {"data": "Data", "rewards": "Rewards"}.get(self.section, "Model & Hardware")
+
+    def seen_from(self, tab: str) -> str:
+        """The sentence as shown on ``tab``: naming the tab it is on when that is another one."""
+        return self.text if self.tab in (None, tab) else f"{self.text} (on the {self.tab} tab)"
+
+
+def ordinal(number: int) -> str:
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
+def place_problem(message: str, labels: dict[str, str], rewards: list[dict] | None = None) -> Problem:
+    """Where an engine message belongs and how to say it with the form's ``labels`` (config path -> label).
+
+    Other config paths inside the message are replaced by their labels too.
+    """
+    match = _LEADING_PATH.match(message)
+    if not match or match["section"] not in SECTIONS:
+        return Problem(None, None, _with_labels(message, labels))
+    path, rest = match["path"], message[match.end():]
+    reward = _REWARD_PATH.match(path)
+    if reward:
+        number = int(reward["index"])
+        spec = (rewards or [])[number] if number < len(rewards or []) else {}
+        name = (spec.get("name") or spec.get("kind")) if isinstance(spec, dict) else None
+        field = REWARD_FIELD_WORDS.get(reward["field"] or "", reward["field"] or "")
+        subject = f"The {ordinal(number + 1)} reward" + (f" ({name})" if name else "")
+        text = f"{subject}: {field}{rest}" if field else f"{subject}{rest}"
+        return Problem("rewards", path, _with_labels(text, labels))
+    label = labels.get(path)
+    text = f"{label}{rest}" if label else message
+    return Problem(match["section"], path, _with_labels(text, labels, skip_start=len(label or "")))
+
+
+def _with_labels(text: str, labels: dict[str, str], skip_start: int = 0) -> str:
+    """Replace config paths inside a sentence by their quoted labels ("lora.enabled: true" -> "“Train a LoRA
+    adapter” ticked"); the first ``skip_start`` characters are already in the screen's words."""
+    head, tail = text[:skip_start], text[skip_start:]
+    for path in sorted(labels, key=len, reverse=True):
+        if "." not in path:  # a bare section ("name", "rewards") is also a plain word: "give a column name"
+            continue
+        quoted = f"“{labels[path]}”"
+        tail = re.sub(rf"(?<![\w.]){re.escape(path)}: true\b", f"{quoted} ticked", tail)
+        tail = re.sub(rf"(?<![\w.]){re.escape(path)}: false\b", f"{quoted} unticked", tail)
+        tail = re.sub(rf"(?<![\w.]){re.escape(path)}(?![\w\[])", quoted, tail)
+    return head + tail
