@@ -50,7 +50,7 @@ def comparable_runs(summaries: list[dict]) -> list[tuple[str, str]]:
     for summary in summaries:
         run = RunDir(summary["dir"])
         if run.eval_path.is_file() or run.has_final_weights() or run.latest_checkpoint() is not None:
-            choices.append((f"{summary['id']} · {summary['state']}", summary["id"]))
+            choices.append((f"{summary['id']} · {state_label(summary['state'])}", summary["id"]))
     return choices
 
 

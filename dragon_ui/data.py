@@ -69,13 +69,15 @@ class DataConfig:
             raise ConfigError(f"{where}.hub_config must be text such as 'main', or empty.")
         self._check_mapping_settings(where)
 
-    def _check_mapping_settings(self, where: str) -> None:
-        """The subset of validate() that map_rows needs; it does not care where the rows came from."""
+    def _check_mapping_settings(self, where: str, columns: list[str] | None = None) -> None:
+        """The subset of validate() that map_rows needs; it does not care where the rows came from. With the
+        data's ``columns`` known, a missing prompt suggests them."""
         if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise ConfigError(
-                f"{where}.prompt is empty; give a column name such as 'question' "
-                "or a template such as 'Q: {question}'."
-            )
+            if columns:
+                raise ConfigError(f"{where}.prompt is empty; choose the column that holds the prompts (one of: "
+                                  f"{', '.join(columns)}) or a template such as 'Q: {{{columns[0]}}}'.")
+            raise ConfigError(f"{where}.prompt is empty; give the name of the column that holds the prompts, or a "
+                              "template with column names in braces such as 'Q: {question}'.")
         for name in ("reference", "system"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{where}.{name} must be text (a column name or a template), or empty.")
@@ -384,7 +386,7 @@ def _row_fields(row: dict, number: int, mapped: dict[str, str]) -> dict[str, str
 
 def map_rows(rows: list[dict], config: DataConfig) -> MappedData:
     """Turn raw rows into chat-format examples and split off a seeded, reproducible held-out set."""
-    config._check_mapping_settings("data")
+    config._check_mapping_settings("data", columns_of(rows))
     rows = rows[: config.max_rows] if config.max_rows is not None else rows
     if not rows:
         raise ConfigError("data.source: the dataset has no rows.")

@@ -113,22 +113,38 @@ def place_problem(message: str, labels: dict[str, str], rewards: list[dict] | No
     path, rest = match["path"], message[match.end():]
     reward = _REWARD_PATH.match(path)
     if reward:
-        number = int(reward["index"])
-        spec = (rewards or [])[number] if number < len(rewards or []) else {}
-        name = (spec.get("name") or spec.get("kind")) if isinstance(spec, dict) else None
         field = REWARD_FIELD_WORDS.get(reward["field"] or "", reward["field"] or "")
-        subject = f"The {ordinal(number + 1)} reward" + (f" ({name})" if name else "")
-        text = f"{subject}: {field}{rest}" if field else f"{subject}{rest}"
-        return Problem("rewards", path, _with_labels(text, labels))
+        subject = _reward_words(int(reward["index"]), rewards)
+        text = f"{subject[0].upper()}{subject[1:]}: {field}{rest}" if field else f"{subject[0].upper()}{subject[1:]}{rest}"
+        return Problem("rewards", path, _with_labels(text, labels, rewards, own_reward=int(reward["index"])))
     label = labels.get(path)
     text = f"{label}{rest}" if label else message
-    return Problem(match["section"], path, _with_labels(text, labels, skip_start=len(label or "")))
+    return Problem(match["section"], path, _with_labels(text, labels, rewards, skip_start=len(label or "")))
 
 
-def _with_labels(text: str, labels: dict[str, str], skip_start: int = 0) -> str:
+def _reward_words(index: int, rewards: list[dict] | None) -> str:
+    """'the 4th reward (my_check)': a reward as the Rewards tab lists it."""
+    spec = (rewards or [])[index] if index < len(rewards or []) else {}
+    name = (spec.get("name") or spec.get("kind")) if isinstance(spec, dict) else None
+    return f"the {ordinal(index + 1)} reward" + (f" ({name})" if name else "")
+
+
+def _with_labels(text: str, labels: dict[str, str], rewards: list[dict] | None = None, skip_start: int = 0,
+                 own_reward: int | None = None) -> str:
     """Replace config paths inside a sentence by their quoted labels ("lora.enabled: true" -> "“Train a LoRA
-    adapter” ticked"); the first ``skip_start`` characters are already in the screen's words."""
+    adapter” ticked", "rewards[2].max_chars" -> "the maximum length of the 3rd reward (length)"); the first
+    ``skip_start`` characters are already in the screen's words; a setting of ``own_reward``, the reward the
+    sentence is about, is named without repeating which reward."""
     head, tail = text[:skip_start], text[skip_start:]
+
+    def reward_words(match: re.Match) -> str:
+        subject = _reward_words(int(match["index"]), rewards)
+        field = REWARD_FIELD_WORDS.get(match["field"] or "", match["field"] or "")
+        if field and int(match["index"]) == own_reward:
+            return field
+        return f"{field} of {subject}" if field else subject
+
+    tail = re.sub(r"(?<![\w.])rewards\[(?P<index>\d+)\](?:\.(?P<field>[a-z_]+))?", reward_words, tail)
     for path in sorted(labels, key=len, reverse=True):
         if "." not in path:  # a bare section ("name", "rewards") is also a plain word: "give a column name"
             continue

@@ -69,7 +69,7 @@ PROBLEMS = [
     ({"hardware.device": "tpu"}, "hardware", "hardware.device", "Device must be one of auto, cuda, mps, cpu", ["'tpu'"]),
     ({"hardware.load_in_4bit": True, "lora.enabled": False}, "hardware", "hardware.load_in_4bit",
      "4-bit weights (QLoRA) needs LoRA (“Train a LoRA adapter” ticked)", ["cannot be trained directly"]),
-    ({"data.prompt": ""}, "data", "data.prompt", "Prompt is empty", ["give a column name such as"]),
+    ({"data.prompt": ""}, "data", "data.prompt", "Prompt is empty", ["the column that holds the prompts"]),
     ({"data.source": ""}, "data", "data.source", "Data source is empty", ["Hub dataset id"]),
     ({"data.eval_frac": 0.9}, "data", "data.eval_frac", "Held-out fraction must be a number from 0 to 0.5", ["0.9"]),
     ({"distributed.strategy": "tp"}, "distributed", "distributed.strategy", "Multi-GPU strategy must be one of", []),

@@ -260,3 +260,14 @@ def test_refreshing_for_a_model_words_a_mapping_problem_with_the_labels(draft, l
              "data": {**draft["data"], "reference": "solution"}}
     source_status, table, mapping_status, *_ = data_tab.refresh_for_model(other, previewed, labels)
     assert "Reference answer 'solution' is neither a column" in mapping_status and source_status == ""
+
+
+def test_an_empty_prompt_suggests_the_files_own_columns(draft, tmp_path):
+    """The issue's case: a file with columns text, name, city and no prompt chosen yet names those columns."""
+    people = tmp_path / "people.csv"
+    people.write_text("text,name,city\n" + "Hana moved to Riga last spring.,Hana,Riga\n" * 30, encoding="utf-8")
+    labels = build_app(Studio(runs_dir=tmp_path / "runs")).form.labels
+    draft["data"].update(source=str(people), prompt="", reference=None)
+    out = outputs(data_tab.update_data(draft, data_tab.table_identity(data_tab.data_config(draft)), labels))
+    assert "Prompt is empty" in out["mapping_status"] and "question" not in out["mapping_status"]
+    assert out["mapping_status"].count("text, name, city") == 1, out["mapping_status"]

@@ -208,7 +208,7 @@ def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
     stopping = handler(app, "train_stop")(run_id)
     assert stopping == "✅ Stopping after the current step; a checkpoint is saved so you can resume."
     assert handle.wait(120) == "cancelled"
-    assert handler(app, "train_stop")(run_id) == f"ℹ️ The run {run_id} is not training (it is cancelled)."
+    assert "is not training (it is stopped — can resume)" in handler(app, "train_stop")(run_id)
     shown = view(handler(app, "train_show")(run_id, {}))
     assert "⏸️ **stopped — can resume**" in shown.status and "Resume continues from checkpoint-" in shown.status
     assert shown.resume.interactive and not shown.stop.interactive

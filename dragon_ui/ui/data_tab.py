@@ -60,7 +60,7 @@ def problem_text(preview: DataPreview, labels: dict[str, str]) -> str:
     """The preview's problem in the form's words; a mapping problem also lists the columns there are."""
     problem = place_problem(preview.error or "", labels)
     text = problem.text
-    if problem.path in MAPPING_PATHS and preview.columns and "columns are:" not in text:  # not twice
+    if problem.path in MAPPING_PATHS and preview.columns and ", ".join(preview.columns) not in text:  # not twice
         text += f" The columns of this data are: {', '.join(preview.columns)}."
     return message(text, "error")
 

@@ -7,7 +7,6 @@ every change of the draft, from any tab, refreshes the checks, the estimate and 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
 import shutil
@@ -19,10 +18,11 @@ from typing import Any, Callable
 import gradio as gr
 
 from ..config import DEVICES, DTYPES, GENERATION_BACKENDS, LOSS_TYPES, SCALE_REWARDS, STRATEGIES
+from ..draft import Problem, place_problem, renamed
 from ..errors import DragonError
 from ..estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb, system_memory_gb
 from ..hardware import HardwareInfo, resolve_hardware
-from ..draft import Problem, place_problem, renamed
+from ..playground import preview_examples
 from ..presets import PRESETS
 from ..scaleout import export_launch_folder
 from ..studio import Studio
@@ -120,7 +120,7 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
         Setting("save_steps", "Save every (steps)", "Checkpoint interval; Stop always saves one, and Resume starts "
                 "from the latest.", options=WHOLE),
         Setting("gradient_checkpointing", "Gradient checkpointing", "Recompute activations in the backward pass: "
-                "much less memory, about 30% slower.", gr.Checkbox),
+                "much less memory, but each step recomputes part of the forward pass.", gr.Checkbox),
     ),
     "distributed": (
         Setting("strategy", "Multi-GPU strategy", "ddp: a model copy per GPU; zero2: shard optimiser state; zero3 / "
@@ -251,6 +251,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
           f"```\n{CLI_TEMPLATE.format(file=config_file_name(draft))}\n```"
     try:
         config = studio.validate(draft)
+        preview_examples(config.data, config.base_dir or None)  # the data as the Data tab shows it: read and mapped
     except DragonError as exc:
         problem = place_problem(str(exc), labels, draft.get("rewards") or [])
         check, problems = placed(problem)

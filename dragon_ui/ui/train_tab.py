@@ -224,7 +224,7 @@ def stop_run(studio: Studio, run_id: str) -> str:
         return message("There is no run to stop.", "info")
     state = studio.run(run_id).read_status().get("state")
     if state not in ACTIVE_STATES:
-        return message(f"The run {run_id} is not training (it is {state}).", "info")
+        return message(f"The run {run_id} is not training (it is {state_label(state)}).", "info")
     studio.stop(run_id)
     return message("Stopping after the current step; a checkpoint is saved so you can resume.", "ok")
 
