@@ -29,9 +29,11 @@ run-cli: install
 	$(BIN)/python -m dragon_ui train $(CONFIG)
 
 test: install
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: install
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The README's pictures: the browser test on the real default model (a few minutes of CPU training).

@@ -72,7 +72,7 @@ def instrument(timers: Timers) -> None:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from dragon_ui import training
+    from dragon_ui.engine import training
 
     scoring = lambda: getattr(timers.local, "scoring", False)  # noqa: E731
 
@@ -208,9 +208,10 @@ def main() -> None:
 
     import torch
 
-    from dragon_ui import speedups, training
+    from dragon_ui import speedups
     from dragon_ui.config import ModelConfig, RunConfig, apply_overrides
-    from dragon_ui.models import load_tokenizer, resolve_model
+    from dragon_ui.engine import training
+    from dragon_ui.engine.models import load_tokenizer, resolve_model
 
     torch.set_num_threads(args.threads)
     timers = Timers()

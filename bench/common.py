@@ -45,7 +45,7 @@ def device() -> str:
 def machine() -> dict:
     import torch
 
-    from dragon_ui.hardware import available_cpu_cores, cpu_model
+    from dragon_ui.engine.hardware import available_cpu_cores, cpu_model
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
             "cpu": cpu_model(), "cores": available_cpu_cores()}

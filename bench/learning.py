@@ -31,7 +31,7 @@ def fresh_problems(dataset_questions: set[str], n: int = 100, seed: int = 7) -> 
 
 
 def score(model, tokenizer, examples, rewards, max_new_tokens) -> dict:
-    from dragon_ui.evaluation import evaluate_model
+    from dragon_ui.engine.evaluation import evaluate_model
 
     result = evaluate_model(model, tokenizer, examples, rewards, max_new_tokens)
     total_weight = sum(r.weight for r in rewards)
@@ -50,11 +50,11 @@ def main() -> None:
 
     from peft import PeftModel
 
-    from dragon_ui import training
     from dragon_ui.config import RunConfig, apply_overrides
     from dragon_ui.data import load_and_map
-    from dragon_ui.hardware import resolve_hardware
-    from dragon_ui.models import load_model, load_tokenizer, resolve_model
+    from dragon_ui.engine import training
+    from dragon_ui.engine.hardware import resolve_hardware
+    from dragon_ui.engine.models import load_model, load_tokenizer, resolve_model
     from dragon_ui.rewards import build_rewards
 
     workdir = Path(tempfile.mkdtemp(prefix="dragon-learning-"))

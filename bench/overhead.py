@@ -63,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     from dragon_ui.config import ModelConfig, RunConfig
     from dragon_ui.data import load_and_map, write_jsonl
-    from dragon_ui.models import resolve_model
+    from dragon_ui.engine.models import resolve_model
 
     model_dir = resolve_model(ModelConfig()).path
     config = RunConfig.from_dict(bench_config_dict(args.steps, Path("unused"), dtype=args.dtype, threads=args.threads))

@@ -87,7 +87,7 @@ def main():
     if args.speedups:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from dragon_ui import speedups
-        from dragon_ui.training import _studio_trainer_class
+        from dragon_ui.engine.training import _studio_trainer_class
 
         speedups.apply_to_loaded_model(model)
         speedups.apply_to_trl()

@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
 
-    from dragon_ui.studio import Studio
+    from dragon_ui.studio.backend import Studio
     from dragon_ui.ui import train_tab
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,7 +49,7 @@ def main() -> None:
             time.sleep(max(0.0, 1.0 - elapsed))
         studio.stop(run.id)
         steps = len(run.read_progress())
-        from dragon_ui import training
+        from dragon_ui.engine import training
 
         handle = training.active_run()
         if handle is not None:

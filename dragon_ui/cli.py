@@ -22,7 +22,7 @@ EXIT_BAD_INPUT = 2
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from .distributed import is_main_process
+    from .scaleout.distributed import is_main_process
 
     # Under accelerate/torchrun only the main process talks; the others report problems only.
     logging.basicConfig(level=logging.INFO if is_main_process() else logging.WARNING,
@@ -97,7 +97,7 @@ def load_config_with_overrides(path: str, overrides: list[str]):
 
 
 def _cmd_train(args) -> int:
-    from . import training
+    from .engine import training
     from .errors import ConfigError
 
     if args.resume:
@@ -167,14 +167,14 @@ def _cmd_runs(args) -> int:
 
 
 def _cmd_eval(args) -> int:
-    from .compare import evaluate_now
+    from .engine.evaluation import evaluate_now
+    from .engine.models import ModelCache
     from .runstore import RunDir
-    from .studio import Studio
 
     run = RunDir(Path(args.run_dir))
     evaluation = run.read_eval()
     if args.recompute or "before" not in evaluation or "after" not in evaluation:
-        for progress in evaluate_now(Studio(runs_dir=run.path.parent), run, rescore_before=args.recompute):
+        for progress in evaluate_now(ModelCache().load, run, rescore_before=args.recompute):
             print(progress)
         evaluation = run.read_eval()
     _print_eval(evaluation)
@@ -219,7 +219,7 @@ def _cmd_score(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from .scaleout import export_launch_folder
+    from .scaleout.launch_folder import export_launch_folder
 
     folder = export_launch_folder(load_config_with_overrides(args.config, args.set), args.to, args.gpus, args.nodes)
     print(f"Exported to {folder}:")
@@ -243,7 +243,7 @@ def _cmd_stop(args) -> int:
 
 
 def _cmd_merge(args) -> int:
-    from .export import merge_message, merge_model
+    from .engine.weights import merge_message, merge_model
     from .runstore import RunDir
 
     run = RunDir(Path(args.run_dir))

@@ -119,7 +119,7 @@ class LoraSettings:
 
 @dataclass
 class HardwareSettings:
-    """Where and in what precision to train; "auto" picks CUDA, then Apple MPS, then CPU (see hardware.py)."""
+    """Where and in what precision to train; "auto" picks CUDA, then Apple MPS, then CPU (see engine/hardware.py)."""
 
     device: str = "auto"
     dtype: str = "auto"

@@ -1,7 +1,7 @@
 """Faster GRPO steps that learn the same thing: eleven fixes to how TRL 1.16, PEFT and transformers 5 run a step.
 
-Each one was found with the profiler and is measured before and after by ``bench/speedups.py``; the README's
-Performance section has the figures. They are on by default; ``DRAGON_UI_SPEEDUPS`` names the ones to use
+Each one was found with the profiler and is measured before and after by ``bench/speedups.py``; docs/performance.md
+has the figures. They are on by default; ``DRAGON_UI_SPEEDUPS`` names the ones to use
 (comma-separated, or ``none``), so a suspected speed-up can be ruled out without editing code.
 
 - ``completion_logprobs``: TRL's fused log-prob head scores only completion tokens on CUDA/XPU, but on other devices
@@ -81,8 +81,8 @@ import os
 import sys
 import threading
 
+from .engine.hardware import system_memory_gb
 from .errors import ConfigError
-from .estimate import system_memory_gb
 
 ALL = ("completion_logprobs", "contiguous_lm_head", "sampling_without_dropout", "sparse_dropout",
        "inverse_cdf_sampling", "short_sequence_attention", "cache_sized_logprob_tiles", "lean_adapter_layers",

@@ -73,8 +73,8 @@ def write_arithmetic_csv(path: Path, rows: int = 30, seed: int = 0) -> Path:
 @pytest.fixture
 def studio(runs_dir):
     """The app's backend on a temporary runs folder; fails the test if it leaves a training thread behind."""
-    from dragon_ui import training
-    from dragon_ui.studio import Studio
+    from dragon_ui.engine import training
+    from dragon_ui.studio.backend import Studio
 
     studio = Studio(runs_dir=runs_dir)
     yield studio
@@ -126,8 +126,8 @@ def tiny_config_dict(tiny_model_dir, tmp_path, runs_dir) -> dict:
 @pytest.fixture
 def finished_run(tiny_config_dict):
     """A tiny LoRA run trained to the end in float32 (so replies can be compared token for token): its RunDir."""
-    from dragon_ui import training
     from dragon_ui.config import RunConfig
+    from dragon_ui.engine import training
 
     tiny_config_dict["hardware"]["dtype"] = "float32"
     handle = training.start(RunConfig.from_dict(tiny_config_dict))
@@ -200,9 +200,3 @@ def openmp_threads_around(action) -> tuple[int, int, object]:
     worker.start()
     worker.join()
     return found["busy"], found["after"], found["result"]
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes more than a minute (real SmolLM2 weights); still runs in CI")
-    config.addinivalue_line("filterwarnings", "ignore::FutureWarning")
-    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning")

@@ -20,7 +20,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from conftest import write_arithmetic_csv
-from dragon_ui.studio import Studio
+from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app
 
 pytestmark = pytest.mark.timeout(300)

@@ -24,9 +24,9 @@ import gradio as gr
 import pytest
 from playwright import sync_api
 
-from dragon_ui import training
 from dragon_ui.config import DEFAULT_MODEL_ID
-from dragon_ui.studio import ASSETS_DIR
+from dragon_ui.engine import training
+from dragon_ui.studio.backend import ASSETS_DIR
 from dragon_ui.ui import build_app
 from test_app_client import served_app
 
@@ -216,6 +216,17 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     expect(page.locator("#compare-table")).to_contain_text("What is")
     expect(page.locator("#compare-summary")).to_contain_text("before")
     screenshot(page, screenshots, "compare")
+
+    # The run's settings come back into every tab: after an edit, Load these settings asks first, then replaces it.
+    open_tab(page, "model")
+    type_into(page, "#model-training-max-steps input", "5")
+    open_tab(page, "compare")
+    page.locator("#compare-load-settings").click()
+    expect(page.locator("#replace-draft-text")).to_contain_text(f"the settings of run {run['id']}")
+    page.locator("#replace-draft-yes").click()
+    expect(page.locator("#recipe-status")).to_contain_text(f"Loaded the settings of run {run['id']}")
+    open_tab(page, "model")
+    expect(page.locator("#model-training-max-steps input")).to_have_value("200")
 
 
 # ---------------------------------------------------------------------------------------------------------------

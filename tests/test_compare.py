@@ -12,12 +12,14 @@ from conftest import (
     strengthen_adapter,
 )
 
-from dragon_ui import compare, training
 from dragon_ui.config import RunConfig
+from dragon_ui.engine import training
+from dragon_ui.engine import evaluation
+from dragon_ui.engine.evaluation import evaluate_model, generate_replies
 from dragon_ui.errors import BusyError, ConfigError
-from dragon_ui.evaluation import evaluate_model, generate_replies
 from dragon_ui.rewards import build_rewards
-from dragon_ui.studio import Studio
+from dragon_ui.studio import compare
+from dragon_ui.studio.backend import Studio
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,22 +72,22 @@ def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_r
     assert [bar["after"] for bar in shown.bars] == [None, None, None]
 
     # A cancel before the first batch leaves the files as they were.
-    progress = list(compare.evaluate_now(studio, finished_run, should_stop=lambda: True))
+    progress = list(evaluation.evaluate_now(studio.inference_model, finished_run, should_stop=lambda: True))
     assert progress[-1].startswith("Cancelled") and "after" not in finished_run.read_eval()
 
-    progress = list(compare.evaluate_now(studio, finished_run))
+    progress = list(evaluation.evaluate_now(studio.inference_model, finished_run))
     assert progress[-1].startswith("Done") and "checkpoint-2" in progress[-1]
-    evaluation = finished_run.read_eval()
-    assert evaluation["before"] == original_eval["before"]  # already scored by training: kept, not recomputed
-    assert evaluation["after"]["weights"] == "checkpoint-2"
-    assert evaluation["improvement"] == pytest.approx(evaluation["after"]["reward_mean"] - evaluation["before"]["reward_mean"])
+    scored = finished_run.read_eval()
+    assert scored["before"] == original_eval["before"]  # already scored by training: kept, not recomputed
+    assert scored["after"]["weights"] == "checkpoint-2"
+    assert scored["improvement"] == pytest.approx(scored["after"]["reward_mean"] - scored["before"]["reward_mean"])
     # The same numbers and replies as an evaluation of the checkpoint done independently of the Studio.
     config = finished_run.read_config()
-    examples = compare.held_out_examples(finished_run)
+    examples = evaluation.held_out_examples(finished_run)
     _, adapted, tokenizer = base_and_adapter(tiny_model_dir, finished_run.latest_checkpoint())
     expected = evaluate_model(adapted, tokenizer, examples, build_rewards(config.rewards), config.grpo.max_new_tokens)
-    assert evaluation["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
-    assert evaluation["after"]["reward_breakdown"] == pytest.approx(expected.breakdown)
+    assert scored["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
+    assert scored["after"]["reward_breakdown"] == pytest.approx(expected.breakdown)
     samples = finished_run.read_samples()
     assert [s["after"]["reply"] for s in samples] == expected.replies[:3]
     assert all(s["before"]["reply"] != s["after"]["reply"] for s in samples)
@@ -94,23 +96,23 @@ def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_r
     # Without any stored score, both sides are computed; "before" matches what training recorded.
     finished_run.eval_path.unlink()
     finished_run.samples_path.unlink()
-    list(compare.evaluate_now(studio, finished_run))
-    evaluation = finished_run.read_eval()
-    assert evaluation["before"]["reward_mean"] == pytest.approx(original_eval["before"]["reward_mean"])
-    assert evaluation["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
+    list(evaluation.evaluate_now(studio.inference_model, finished_run))
+    scored = finished_run.read_eval()
+    assert scored["before"]["reward_mean"] == pytest.approx(original_eval["before"]["reward_mean"])
+    assert scored["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
 
 
 def test_evaluate_now_explains_what_is_missing(finished_run, studio):
     with pytest.raises(ConfigError, match="still running"):
         finished_run.update_status(state="running", pid=None)
-        next(compare.evaluate_now(studio, finished_run))
+        next(evaluation.evaluate_now(studio.inference_model, finished_run))
     finished_run.update_status(state="cancelled")
     # What a dataset too small to hold prompts out leaves: an empty eval.jsonl and no scores.
     (finished_run.data_dir / "eval.jsonl").write_text("")
     finished_run.eval_path.unlink()
     finished_run.samples_path.unlink()
     with pytest.raises(ConfigError, match="no held-out prompts"):
-        next(compare.evaluate_now(studio, finished_run))
+        next(evaluation.evaluate_now(studio.inference_model, finished_run))
     shown = compare.comparison(finished_run)
     assert "no held-out prompts" in shown.summary and not shown.can_evaluate and shown.bars == shown.table == []
 
@@ -183,9 +185,9 @@ def test_full_fine_tuning_runs_compare_two_separate_models(tiny_config_dict, stu
     assert before == generate_replies(base, tokenizer, conversation, 12)[0]
     assert after == generate_replies(trained, tokenizer, conversation, 12)[0] != before
 
-    list(compare.evaluate_now(studio, run))
+    list(evaluation.evaluate_now(studio.inference_model, run))
     config = run.read_config()
-    expected = evaluate_model(trained, tokenizer, compare.held_out_examples(run), build_rewards(config.rewards),
+    expected = evaluate_model(trained, tokenizer, evaluation.held_out_examples(run), build_rewards(config.rewards),
                               config.grpo.max_new_tokens)
     assert run.read_eval()["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
     assert run.read_eval()["after"]["weights"] == "the final model"

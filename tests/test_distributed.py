@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dragon_ui import distributed
 from dragon_ui.config import RunConfig
 from dragon_ui.errors import ConfigError
-from dragon_ui.scaleout import export_launch_folder
+from dragon_ui.scaleout import distributed
+from dragon_ui.scaleout.launch_folder import export_launch_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,8 @@ def test_export_writes_a_self_contained_folder(tiny_config_dict, tmp_path):
     slurm = (folder / "slurm.sbatch").read_text()
     assert "#SBATCH --nodes=3" in slurm and "vllm-serve" in slurm and "--gres=gpu:4" in slurm
     assert os.access(folder / "launch.sh", os.X_OK)
-    assert (folder / "dragon_ui" / "training.py").is_file() and not (folder / "dragon_ui" / "ui").exists()
+    assert (folder / "dragon_ui" / "engine" / "training.py").is_file() and not (folder / "dragon_ui" / "ui").exists()
+    assert not (folder / "dragon_ui" / "studio").exists()  # the engine and the CLI only
     assert "zero2" in (folder / "README.md").read_text()
     # The exported config is valid where it lands (paths relative to its folder).
     RunConfig.from_file(folder / "config.yaml")

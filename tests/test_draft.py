@@ -1,4 +1,4 @@
-"""The draft the app edits (dragon_ui.draft): composed from the form, compared, named after the data, and the
+"""The draft the app edits (dragon_ui.studio.draft): composed from the form, compared, named after the data, and the
 engine's problems with it said in the form's words and placed with the fields they concern.
 
 The messages are the engine's own, produced by validating real bad configs, and the labels are the app's own
@@ -11,11 +11,11 @@ import copy
 
 import pytest
 
-from dragon_ui import draft as drafts
 from dragon_ui.config import RunConfig
-from dragon_ui.draft import Problem, compose, ordinal, place_problem, renamed, run_name_for, same_settings, set_path
 from dragon_ui.errors import DragonError
-from dragon_ui.studio import ASSETS_DIR, Studio
+from dragon_ui.studio import draft as drafts
+from dragon_ui.studio.backend import ASSETS_DIR, Studio
+from dragon_ui.studio.draft import Problem, compose, ordinal, place_problem, renamed, run_name_for, same_settings, set_path
 from dragon_ui.ui import build_app, model_tab
 from dragon_ui.ui.common import message
 

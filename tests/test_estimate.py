@@ -4,19 +4,18 @@ and the CPU calibration against a measured GRPO step."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import replace
 
 import pytest
 
-from dragon_ui import estimate
 from dragon_ui.config import RunConfig
 from dragon_ui.errors import ConfigError
-from dragon_ui.estimate import (DeviceSpeed, dims_from_config, estimate_memory, estimate_run, estimate_step_time,
+from dragon_ui.studio import estimate
+from dragon_ui.studio.estimate import (DeviceSpeed, dims_from_config, estimate_memory, estimate_run, estimate_step_time,
                                 lora_params, model_dims)
-from dragon_ui.hardware import CudaDevice, HardwareInfo, ResolvedHardware
-from dragon_ui.presets import PRESETS, find_preset
+from dragon_ui.engine.hardware import CudaDevice, HardwareInfo, ResolvedHardware
+from dragon_ui.studio.presets import PRESETS, find_preset
 
 # SmolLM2-135M-Instruct's config.json on the Hub (the keys the estimate reads, plus some it ignores).
 SMOLLM2_135M_CONFIG = {
@@ -265,22 +264,6 @@ def test_vllm_generation_is_noted_as_faster():
 @pytest.mark.parametrize("seconds, text", [(0.004, "under 0.1 s"), (3.0, "3.0 s"), (45, "45 s"), (600, "10 min"),
                                            (9000, "2.5 h")])
 def test_durations_read_naturally(seconds, text):
-    from dragon_ui.estimate import format_seconds
+    from dragon_ui.studio.estimate import format_seconds
 
     assert format_seconds(seconds) == text
-
-
-@pytest.mark.parametrize("meminfo, expected_gb", [
-    ("MemTotal:       24684000 kB\nMemFree:         1048576 kB\nMemAvailable:    8388608 kB\n", 8.0),  # caches count
-    ("MemTotal:       24684000 kB\nMemFree:         1048576 kB\n", None),  # an old kernel: sysconf's free pages
-    (None, None),  # no /proc/meminfo (macOS): sysconf
-])
-def test_free_memory_counts_what_the_kernel_can_hand_back(tmp_path, monkeypatch, meminfo, expected_gb):
-    path = tmp_path / "meminfo"
-    if meminfo is not None:
-        path.write_text(meminfo)
-    monkeypatch.setattr(estimate, "MEMINFO", path)
-    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / estimate.GB
-    found = estimate.system_memory_gb()
-    assert found == pytest.approx(expected_gb if expected_gb is not None else pages, rel=0.05)
-    assert estimate.system_memory_gb(free=False) >= found

@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import stop_after_last_checkpoint, strengthen_adapter
 
-from dragon_ui import export
 from dragon_ui.cli import main
 from dragon_ui.data import read_jsonl, write_jsonl
+from dragon_ui.engine import weights
 from dragon_ui.errors import ConfigError
 from dragon_ui.runstore import RunDir
 
@@ -43,7 +43,7 @@ def test_adapter_zip_loads_with_peft(finished_run, tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
     strengthen_adapter(finished_run)
-    path = export.zip_adapter(finished_run)
+    path = weights.zip_adapter(finished_run)
     assert path.parent == finished_run.path and path.suffix == ".zip"
     with zipfile.ZipFile(path) as archive:
         names = set(archive.namelist())
@@ -70,7 +70,7 @@ JSON_PROMPT = [{"role": "system", "content": "Reply with JSON only."},
 
 
 def readme_of(run: RunDir) -> str:
-    with zipfile.ZipFile(export.zip_adapter(run)) as archive:
+    with zipfile.ZipFile(weights.zip_adapter(run)) as archive:
         return archive.read("README.txt").decode("utf-8")
 
 
@@ -89,7 +89,7 @@ def readme_messages(readme: str) -> list[dict]:
 @pytest.mark.parametrize("held_out, training, expected, origin", [
     ([JSON_PROMPT], [], JSON_PROMPT, "a held-out prompt of this run"),
     ([], [JSON_PROMPT], JSON_PROMPT, "a training prompt of this run"),
-    (None, None, export.PLACEHOLDER_PROMPT, "a placeholder"),
+    (None, None, weights.PLACEHOLDER_PROMPT, "a placeholder"),
 ], ids=["held-out", "nothing-held-out", "no-data-files"])
 def test_the_readme_example_asks_the_runs_own_kind_of_prompt(finished_run, held_out, training, expected, origin):
     """A JSON run's README used to show an arithmetic question."""
@@ -103,7 +103,7 @@ def test_the_readme_example_asks_the_runs_own_kind_of_prompt(finished_run, held_
 
 
 def test_the_readme_code_runs(finished_run, tmp_path, monkeypatch, capsys):
-    with zipfile.ZipFile(export.zip_adapter(finished_run)) as archive:
+    with zipfile.ZipFile(weights.zip_adapter(finished_run)) as archive:
         archive.extractall(tmp_path)
     readme = (tmp_path / "README.txt").read_text(encoding="utf-8")
     assert readme_messages(readme) == read_jsonl(finished_run.data_dir / "eval.jsonl")[0]["prompt"]
@@ -114,7 +114,7 @@ def test_the_readme_code_runs(finished_run, tmp_path, monkeypatch, capsys):
 
 def test_a_stopped_run_zips_its_latest_checkpoint(finished_run):
     stop_after_last_checkpoint(finished_run)
-    path = export.zip_adapter(finished_run)
+    path = weights.zip_adapter(finished_run)
     assert "checkpoint-2" in path.name
     with zipfile.ZipFile(path) as archive:
         names = {name.split("/")[-1] for name in archive.namelist()}
@@ -127,7 +127,7 @@ def test_merged_model_answers_like_the_adapter(finished_run, tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     strengthen_adapter(finished_run)
-    folder = export.merge_model(finished_run)
+    folder = weights.merge_model(finished_run)
     assert folder == finished_run.path / "merged"
     merged = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     assert not any("lora_" in name for name, _ in merged.named_parameters())
@@ -141,35 +141,35 @@ def test_merged_model_answers_like_the_adapter(finished_run, tiny_model_dir):
             base_logits = with_adapter(**inputs).logits
     assert torch.allclose(merged_logits, adapter_logits, atol=1e-4)
     assert not torch.allclose(merged_logits, base_logits, atol=1e-2)  # the adapter really was folded in
-    assert json.loads((folder / export.MERGE_MARKER).read_text())["run"] == finished_run.id
-    sentence = export.merge_message(finished_run, folder)
+    assert json.loads((folder / weights.MERGE_MARKER).read_text())["run"] == finished_run.id
+    sentence = weights.merge_message(finished_run, folder)
     assert str(folder) in sentence and "the final adapter" in sentence and "no peft needed" in sentence
 
-    assert export.merge_model(finished_run) == folder  # merging again replaces its own earlier merge
+    assert weights.merge_model(finished_run) == folder  # merging again replaces its own earlier merge
 
 
 def test_the_merged_model_downloads_as_a_zip_built_once(finished_run, tmp_path):
     """The merged folder used to stay on the server; the zip is reused until the weights change."""
     from transformers import AutoModelForCausalLM
 
-    merged = export.merged_download(finished_run)
+    merged = weights.merged_download(finished_run)
     assert merged.folder == finished_run.path / "merged" and merged.archive.parent == finished_run.path
     assert merged.archive_bytes == merged.archive.stat().st_size > 0
     with zipfile.ZipFile(merged.archive) as archive:
         archive.extractall(tmp_path)
     AutoModelForCausalLM.from_pretrained(tmp_path / f"{finished_run.id}-merged")
-    message = export.merged_download_message(finished_run, merged)
-    folder_size = export.format_size(sum(p.stat().st_size for p in merged.folder.iterdir()))
-    for piece in (str(merged.folder), folder_size, merged.archive.name, export.format_size(merged.archive_bytes)):
+    message = weights.merged_download_message(finished_run, merged)
+    folder_size = weights.format_size(sum(p.stat().st_size for p in merged.folder.iterdir()))
+    for piece in (str(merged.folder), folder_size, merged.archive.name, weights.format_size(merged.archive_bytes)):
         assert piece in message, piece
 
     written = merged.archive.stat().st_mtime_ns, (merged.folder / "config.json").stat().st_mtime_ns
-    again = export.merged_download(finished_run)
+    again = weights.merged_download(finished_run)
     assert again == merged
     assert (again.archive.stat().st_mtime_ns, (again.folder / "config.json").stat().st_mtime_ns) == written
 
     strengthen_adapter(finished_run)  # new weights: merged and zipped again
-    changed = export.merged_download(finished_run)
+    changed = weights.merged_download(finished_run)
     assert changed.archive.stat().st_mtime_ns > written[0]
     assert (changed.folder / "config.json").stat().st_mtime_ns > written[1]
 
@@ -177,7 +177,7 @@ def test_the_merged_model_downloads_as_a_zip_built_once(finished_run, tmp_path):
 @pytest.mark.parametrize("n_bytes, shown", [(512, "512 bytes"), (2048, "2.0 KB"), (5 * 2**20, "5.0 MB"),
                                             (int(3.4 * 2**30), "3.4 GB")])
 def test_format_size(n_bytes, shown):
-    assert export.format_size(n_bytes) == shown
+    assert weights.format_size(n_bytes) == shown
 
 
 def test_merge_refuses_to_overwrite_a_foreign_folder(finished_run, tmp_path):
@@ -185,14 +185,14 @@ def test_merge_refuses_to_overwrite_a_foreign_folder(finished_run, tmp_path):
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
     with pytest.raises(ConfigError, match="not a model merged here"):
-        export.merge_model(finished_run, target_dir=foreign)
+        weights.merge_model(finished_run, target_dir=foreign)
     assert (foreign / "notes.txt").read_text() == "keep me"
 
 
 def test_runs_without_usable_weights_are_refused_with_sentences(finished_run):
     shutil.rmtree(finished_run.adapter_dir)
     shutil.rmtree(finished_run.checkpoints_dir)
-    for action in (export.zip_adapter, export.merge_model):
+    for action in (weights.zip_adapter, weights.merge_model):
         with pytest.raises(ConfigError, match="has no trained weights yet"):
             action(finished_run)
 
@@ -202,12 +202,12 @@ def test_a_4bit_run_is_not_merged(finished_run):
     config["hardware"]["load_in_4bit"] = True
     finished_run.config_path.write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="4-bit"):
-        export.merge_model(finished_run)
+        weights.merge_model(finished_run)
 
 
 def test_full_fine_tuning_already_is_a_full_model(tiny_config_dict, tmp_path):
-    from dragon_ui import training
     from dragon_ui.config import RunConfig
+    from dragon_ui.engine import training
     from transformers import AutoModelForCausalLM
 
     tiny_config_dict["lora"] = {"enabled": False}
@@ -215,11 +215,11 @@ def test_full_fine_tuning_already_is_a_full_model(tiny_config_dict, tmp_path):
     handle.wait(timeout=240)
     run = handle.run
     assert run.read_status()["state"] == "succeeded"
-    assert export.merge_model(run) == run.full_model_dir
-    assert "already is a full model" in export.merge_message(run, run.full_model_dir)
+    assert weights.merge_model(run) == run.full_model_dir
+    assert "already is a full model" in weights.merge_message(run, run.full_model_dir)
     with pytest.raises(ConfigError, match="no adapter"):
-        export.zip_adapter(run)
-    copy = export.merge_model(run, target_dir=tmp_path / "copy")
+        weights.zip_adapter(run)
+    copy = weights.merge_model(run, target_dir=tmp_path / "copy")
     assert not (copy / "training_args.bin").exists()
     AutoModelForCausalLM.from_pretrained(copy)
 
@@ -238,7 +238,7 @@ def test_merge_command(finished_run, tmp_path, capsys):
 
 
 def test_trained_weights_names_where_they_come_from(finished_run):
-    assert export.trained_weights(finished_run).label == "the final adapter"
+    assert weights.trained_weights(finished_run).label == "the final adapter"
     stop_after_last_checkpoint(finished_run)
-    weights = export.trained_weights(RunDir(finished_run.path))
-    assert (weights.label, weights.is_final, weights.path.name) == ("checkpoint-2", False, "checkpoint-2")
+    found = weights.trained_weights(RunDir(finished_run.path))
+    assert (found.label, found.is_final, found.path.name) == ("checkpoint-2", False, "checkpoint-2")

@@ -1,4 +1,4 @@
-"""Tests for dragon_ui.hardware: "auto" resolves to the right device, precision and threads, and impossible choices fail.
+"""Tests for dragon_ui.engine.hardware: "auto" resolves to the right device, precision and threads, and impossible choices fail.
 
 Every machine here is a hand-made HardwareInfo, so the CUDA and MPS paths are checked without a GPU.
 """
@@ -13,8 +13,8 @@ import pytest
 from conftest import openmp_threads_around
 
 from dragon_ui.config import HardwareSettings
-from dragon_ui.errors import ConfigError
-from dragon_ui.hardware import (
+from dragon_ui.engine import hardware
+from dragon_ui.engine.hardware import (
     CudaDevice,
     HardwareInfo,
     ResolvedHardware,
@@ -22,7 +22,8 @@ from dragon_ui.hardware import (
     detect_hardware,
     resolve_hardware,
 )
-from dragon_ui.quantization import bitsandbytes_installed
+from dragon_ui.engine.quantization import bitsandbytes_installed
+from dragon_ui.errors import ConfigError
 
 
 def gpu(bf16: bool = True, index: int = 0, name: str = "Test GPU") -> CudaDevice:
@@ -215,7 +216,7 @@ def test_release_openmp_threads_ends_the_calling_threads_torch_workers():
     """A thread that ran a parallel torch op keeps OpenMP workers; releasing them is what keeps the trainer fast."""
     import torch
 
-    from dragon_ui import hardware
+    from dragon_ui.engine import hardware
 
     assert Path(hardware._openmp_runtime()._name).is_relative_to(Path(torch.__file__).parent)  # not another copy
     busy, after, released = openmp_threads_around(hardware.release_openmp_threads)
@@ -241,9 +242,9 @@ def run_python(code: str, tmp_path) -> list:
 def test_starting_the_app_and_detecting_hardware_leave_bitsandbytes_unimported(tmp_path):
     """Its import prints "Failed to load CPU gemm_4bit_forward ..." on CPUs; only a 4-bit run needs it."""
     loaded, detected = run_python(
-        "from dragon_ui.studio import Studio\n"
+        "from dragon_ui.studio.backend import Studio\n"
         "from dragon_ui.ui import build_app\n"
-        "import dragon_ui.training, dragon_ui.export, dragon_ui.compare\n"
+        "import dragon_ui.engine.training, dragon_ui.engine.weights, dragon_ui.studio.compare\n"
         "studio = Studio()\n"
         "build_app(studio)\n"
         "detected = studio.hardware().bitsandbytes\n"
@@ -257,13 +258,29 @@ def test_starting_the_app_and_detecting_hardware_leave_bitsandbytes_unimported(t
 def test_asking_for_4_bit_lets_transformers_and_peft_find_bitsandbytes_again(tmp_path):
     """They remember "not installed" from checks made before; 4-bit loading must not fail on that memory."""
     before, after, loaded = run_python(
-        "import dragon_ui.training\n"
+        "import dragon_ui.engine.training\n"
         "from peft.import_utils import is_bnb_4bit_available\n"
         "from transformers.utils import is_bitsandbytes_available\n"
-        "from dragon_ui.quantization import allow_bitsandbytes\n"
+        "from dragon_ui.engine.quantization import allow_bitsandbytes\n"
         "before = [is_bitsandbytes_available(), is_bnb_4bit_available()]\n"
         "allow_bitsandbytes()\n"
         "after = [is_bitsandbytes_available(), is_bnb_4bit_available()]\n"
         f"print(json.dumps([before, after, {LOADED_BITSANDBYTES}[:1]]))\n", tmp_path)
     assert before == [False, False]
     assert after == [True, True] and loaded == ["bitsandbytes"]
+
+
+@pytest.mark.parametrize("meminfo, expected_gb", [
+    ("MemTotal:       24684000 kB\nMemFree:         1048576 kB\nMemAvailable:    8388608 kB\n", 8.0),  # caches count
+    ("MemTotal:       24684000 kB\nMemFree:         1048576 kB\n", None),  # an old kernel: sysconf's free pages
+    (None, None),  # no /proc/meminfo (macOS): sysconf
+])
+def test_free_memory_counts_what_the_kernel_can_hand_back(tmp_path, monkeypatch, meminfo, expected_gb):
+    path = tmp_path / "meminfo"
+    if meminfo is not None:
+        path.write_text(meminfo)
+    monkeypatch.setattr(hardware, "MEMINFO", path)
+    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / hardware.GB
+    found = hardware.system_memory_gb()
+    assert found == pytest.approx(expected_gb if expected_gb is not None else pages, rel=0.05)
+    assert hardware.system_memory_gb(free=False) >= found

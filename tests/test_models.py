@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from dragon_ui import models
 from dragon_ui.config import DEFAULT_MODEL_ID, ModelConfig, RunConfig
+from dragon_ui.engine import models
+from dragon_ui.engine.hardware import HardwareSettings, resolve_hardware
 from dragon_ui.errors import ConfigError
-from dragon_ui.hardware import HardwareSettings, resolve_hardware
 
 
 def test_local_folder_is_used_as_is(tiny_model_dir):
@@ -82,7 +82,7 @@ def test_offline_default_converts_once_generates_and_trains(tmp_path, monkeypatc
     assert type(model).__name__ == "LlamaForCausalLM"
     assert getattr(model, "is_quantized", False) is False
 
-    from dragon_ui.evaluation import generate_replies
+    from dragon_ui.engine.evaluation import generate_replies
 
     (reply,) = generate_replies(model, tokenizer, [[{"role": "user", "content": "What is 2 + 3?"}]], max_new_tokens=12)
     assert reply.strip(), "the offline model gave an empty reply"
@@ -90,7 +90,7 @@ def test_offline_default_converts_once_generates_and_trains(tmp_path, monkeypatc
 
     # TRL accepts the dequantized copy for LoRA training (a GGUF-flagged model would be refused as quantized).
     from conftest import write_arithmetic_csv
-    from dragon_ui import training
+    from dragon_ui.engine import training
 
     config = RunConfig.from_dict({
         "data": {"source": str(write_arithmetic_csv(tmp_path / "a.csv", rows=8)), "prompt": "question", "reference": "answer"},

@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from dragon_ui import monitor, training
 from dragon_ui.config import RunConfig
-from dragon_ui.monitor import health_alerts, read_snapshot
+from dragon_ui.engine import training
 from dragon_ui.runstore import RunDir
+from dragon_ui.studio import monitor
+from dragon_ui.studio.monitor import health_alerts, read_snapshot
 from dragon_ui.ui import plots
 
 pytestmark = pytest.mark.timeout(240)

@@ -1,4 +1,4 @@
-"""Tests for dragon_ui.playground: the data preview and the reward playground's group scoring, without a browser."""
+"""Tests for dragon_ui.studio.playground: the data preview and the reward playground's group scoring, without a browser."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from dragon_ui.config import ModelConfig
 from dragon_ui.data import DataConfig, load_table, prompt_text
-from dragon_ui.playground import (
+from dragon_ui.studio.playground import (
     PREVIEW_ROWS,
     RENDERED_ROWS,
     data_config,
@@ -25,7 +25,7 @@ from dragon_ui.playground import (
     score_group,
 )
 from dragon_ui.rewards import build_rewards, parse_rewards
-from dragon_ui.studio import ASSETS_DIR, Studio
+from dragon_ui.studio.backend import ASSETS_DIR, Studio
 
 DATASETS = ASSETS_DIR / "datasets"
 ARITHMETIC = DataConfig(source=str(DATASETS / "arithmetic.csv"), prompt="question", reference="answer")
@@ -153,16 +153,16 @@ def test_preview_tokenizer_is_cached_and_explains_failures(tiny_model_dir):
 
 
 def test_a_failed_tokenizer_is_retried_only_after_a_while(monkeypatch, tmp_path):
-    import dragon_ui.models
-    import dragon_ui.playground
+    import dragon_ui.engine.models
+    import dragon_ui.studio.playground
 
     calls = []
-    real = dragon_ui.models.resolve_model
-    monkeypatch.setattr(dragon_ui.models, "resolve_model", lambda config: calls.append(1) or real(config))
+    real = dragon_ui.engine.models.resolve_model
+    monkeypatch.setattr(dragon_ui.engine.models, "resolve_model", lambda config: calls.append(1) or real(config))
     model = ModelConfig(id=str(tmp_path / "not-yet"))
     assert preview_tokenizer(model)[0] is None and preview_tokenizer(model)[0] is None
     assert len(calls) == 1
-    monkeypatch.setattr(dragon_ui.playground, "TOKENIZER_RETRY_S", 0)
+    monkeypatch.setattr(dragon_ui.studio.playground, "TOKENIZER_RETRY_S", 0)
     assert preview_tokenizer(model)[0] is None and len(calls) == 2
 
 

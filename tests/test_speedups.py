@@ -334,8 +334,8 @@ def test_a_run_samples_its_completions_in_eval_mode(tiny_config_dict, monkeypatc
     """End to end: what the trainer's model looks like each time transformers' generate runs during a real run."""
     from transformers import GenerationMixin
 
-    from dragon_ui import training
     from dragon_ui.config import RunConfig
+    from dragon_ui.engine import training
 
     monkeypatch.setenv(speedups.ENV, setting)
     modes, dropouts = [], set()
@@ -713,8 +713,8 @@ def test_shared_prompts_leave_alone_distinct_prompts_dropout_checkpointing_and_a
 def test_a_run_samples_and_scores_its_reference_pass_with_shared_prompts(tiny_config_dict, sharing_calls,
                                                                          prefill_calls):
     """End to end: sampling and TRL's reference pass (beta > 0, adapters off) read each prompt once."""
-    from dragon_ui import training
     from dragon_ui.config import RunConfig
+    from dragon_ui.engine import training
 
     tiny_config_dict["training"]["max_steps"] = 1
     tiny_config_dict["grpo"]["beta"] = 0.04

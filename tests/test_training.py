@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from dragon_ui import training
 from dragon_ui.config import RunConfig
+from dragon_ui.engine import training
 from dragon_ui.errors import BusyError
 from dragon_ui.runstore import RunDir
 

@@ -12,8 +12,9 @@ import pytest
 from conftest import handler
 from conftest import stop_after_last_checkpoint
 
-from dragon_ui import compare, export
-from dragon_ui.studio import Studio
+from dragon_ui.engine import weights
+from dragon_ui.studio import compare
+from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app
 
 pytestmark = pytest.mark.timeout(300)
@@ -57,7 +58,7 @@ def test_download_and_merge(app, finished_run):
     assert (Path(folder) / "config.json").is_file() and folder in status
     with zipfile.ZipFile(archive) as zipped:  # the merged model as a download, not only a folder on the server
         assert f"{finished_run.id}-merged/config.json" in zipped.namelist()
-    assert Path(archive).name in status and export.format_size(Path(archive).stat().st_size) in status
+    assert Path(archive).name in status and weights.format_size(Path(archive).stat().st_size) in status
 
 
 def test_evaluate_now_streams_progress_and_can_be_cancelled(app, finished_run):

@@ -10,10 +10,10 @@ import gradio as gr
 import pytest
 import yaml
 
-from dragon_ui import training
 from dragon_ui.config import RunConfig
-from dragon_ui.draft import same_settings
-from dragon_ui.hardware import CudaDevice, HardwareInfo
+from dragon_ui.engine import training
+from dragon_ui.engine.hardware import CudaDevice, HardwareInfo
+from dragon_ui.studio.draft import same_settings
 from dragon_ui.ui import model_tab
 from dragon_ui.ui.common import TAB_TRAIN, message
 
@@ -149,7 +149,7 @@ def test_an_invalid_value_is_named_in_the_forms_words_next_to_its_fields(app, st
 
 
 @pytest.mark.parametrize(("section", "value", "tab", "sentence"), [
-    ("data", {"prompt": ""}, "Data", "Prompt is empty; give a column name"),
+    ("data", {"prompt": ""}, "Data", "Prompt is empty; give the name of the column"),
     ("rewards", [{"kind": "regex", "name": "shape", "pattern": "("}], "Rewards",
      "The 1st reward (shape): the regular expression is not a valid regular expression"),
 ])

@@ -17,7 +17,7 @@ import pytest
 
 from dragon_ui.errors import BusyError, DragonError
 from dragon_ui.rewards import REWARD_KINDS, kind_fields, parse_rewards, public_demo_refusal
-from dragon_ui.studio import Studio
+from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app, rewards_tab
 
 SETTINGS = rewards_tab.SETTINGS

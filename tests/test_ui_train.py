@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 import pytest
 from conftest import handler
 
-from dragon_ui import training
-from dragon_ui.draft import same_settings
+from dragon_ui.engine import training
 from dragon_ui.errors import ConfigError
+from dragon_ui.studio.draft import same_settings
 from dragon_ui.ui import model_tab, plots, train_tab
 from dragon_ui.ui.train_tab import TrainView
 
@@ -127,7 +127,7 @@ def test_status_line_and_progress_bar():
 
 
 def test_alerts_markdown():
-    from dragon_ui.monitor import Alert
+    from dragon_ui.studio.monitor import Alert
 
     assert train_tab.alerts_markdown([]) == ""
     text = train_tab.alerts_markdown([Alert("warn", "Title", "Do this."), Alert("error", "Broken", "Fix it.")])

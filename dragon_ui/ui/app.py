@@ -12,9 +12,9 @@ import os
 
 import gradio as gr
 
-from ..draft import same_settings
 from ..errors import DragonError
-from ..studio import ASSETS_DIR, DEFAULT_RECIPE, Studio
+from ..studio.backend import ASSETS_DIR, DEFAULT_RECIPE, Studio
+from ..studio.draft import same_settings
 from . import compare_tab, data_tab, model_tab, rewards_tab, train_tab
 from .common import TAB_COMPARE, TAB_DATA, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Form, Shared, message, shows_errors
 

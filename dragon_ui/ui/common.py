@@ -12,9 +12,9 @@ from typing import Any
 
 import gradio as gr
 
-from .. import draft as drafts
 from ..errors import DragonError
-from ..studio import Studio
+from ..studio import draft as drafts
+from ..studio.backend import Studio
 
 log = logging.getLogger(__name__)
 

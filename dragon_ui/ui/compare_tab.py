@@ -1,7 +1,7 @@
 """Tab 5, Compare: the starting model against the trained one on held-out prompts, a free prompt, and exports.
 
 Handlers are module-level functions taking the Studio first (wired with functools.partial), so tests call exactly
-what the buttons call. The engine work lives in dragon_ui/compare.py and dragon_ui/export.py.
+what the buttons call. The work behind them lives in studio/compare.py and engine/weights.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from gradio.context import get_render_context
 
-from .. import compare, export
-from ..studio import Studio
+from ..engine import weights
+from ..engine.evaluation import evaluate_now
+from ..studio import compare
+from ..studio.backend import Studio
 from .common import Shared, explain, message, shows_errors
 
 CHART_HEIGHT = 340
@@ -109,7 +111,7 @@ def evaluate(studio: Studio, run_id: str | None):
         return stopped.is_set()
 
     try:
-        for progress in compare.evaluate_now(studio, studio.run(run_id), should_stop=should_stop):
+        for progress in evaluate_now(studio.inference_model, studio.run(run_id), should_stop=should_stop):
             yield message(progress, "info"), *keep
         yield message(progress, "warn" if stopped.is_set() else "ok"), *comparison_outputs(studio, run_id)
     except Exception as exc:
@@ -134,7 +136,7 @@ def ask(studio: Studio, run_id: str | None, prompt: str, max_new_tokens: int, te
 def download_adapter(studio: Studio, run_id: str | None) -> str:
     if not run_id:
         raise gr.Error("Choose a run first.", print_exception=False)
-    return str(export.zip_adapter(studio.run(run_id)))
+    return str(weights.zip_adapter(studio.run(run_id)))
 
 
 @shows_errors
@@ -143,8 +145,8 @@ def merge(studio: Studio, run_id: str | None):
     if not run_id:
         raise gr.Error("Choose a run first.", print_exception=False)
     run = studio.run(run_id)
-    merged = export.merged_download(run)
-    return str(merged.archive), str(merged.folder), message(export.merged_download_message(run, merged), "ok")
+    merged = weights.merged_download(run)
+    return str(merged.archive), str(merged.folder), message(weights.merged_download_message(run, merged), "ok")
 
 
 def build(shared: Shared) -> None:

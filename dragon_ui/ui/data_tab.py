@@ -15,10 +15,10 @@ import pandas as pd
 
 from ..config import ModelConfig
 from ..data import SUPPORTED_EXTENSIONS, DataConfig
-from ..draft import place_problem
 from ..errors import DragonError
-from ..playground import DataPreview, data_config, fit_mapping, load_rows, preview_data, preview_tokenizer
-from ..studio import ASSETS_DIR
+from ..studio.backend import ASSETS_DIR
+from ..studio.draft import place_problem
+from ..studio.playground import DataPreview, data_config, fit_mapping, load_rows, preview_data, preview_tokenizer
 from .common import Shared, message, shows_errors
 
 DATASETS_DIR = ASSETS_DIR / "datasets"

@@ -18,14 +18,14 @@ from typing import Any, Callable
 import gradio as gr
 
 from ..config import DEVICES, DTYPES, GENERATION_BACKENDS, LOSS_TYPES, SCALE_REWARDS, STRATEGIES
-from ..draft import Problem, place_problem, renamed
+from ..engine.hardware import HardwareInfo, resolve_hardware, system_memory_gb
 from ..errors import DragonError
-from ..estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb, system_memory_gb
-from ..hardware import HardwareInfo, resolve_hardware
-from ..playground import preview_examples
-from ..presets import PRESETS
-from ..scaleout import export_launch_folder
-from ..studio import Studio
+from ..scaleout.launch_folder import export_launch_folder
+from ..studio.backend import Studio
+from ..studio.draft import Problem, place_problem, renamed
+from ..studio.estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb
+from ..studio.playground import preview_examples
+from ..studio.presets import PRESETS
 from .common import TAB_TRAIN, Form, Shared, message, shows_errors
 
 TAB_TITLE = "Model & Hardware"

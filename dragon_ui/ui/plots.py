@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ..monitor import reward_names_of, series
+from ..studio.monitor import reward_names_of, series
 
 HEIGHT = 300
 UIREVISION = "dragon-train"

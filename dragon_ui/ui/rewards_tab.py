@@ -22,13 +22,13 @@ import gradio as gr
 import pandas as pd
 
 from ..data import prompt_text
-from ..draft import place_problem
 from ..errors import DragonError
-from ..playground import (GroupScores, data_config, generate_groups, no_signal_warning, preview_examples,
+from ..studio.draft import place_problem
+from ..studio.playground import (GroupScores, data_config, generate_groups, no_signal_warning, preview_examples,
                           reward_failures, score_example)
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, build_rewards, kind_fields,
                        parse_rewards, public_demo_refusal)
-from ..studio import Studio
+from ..studio.backend import Studio
 from .common import Shared, explain, message, shows_errors
 
 # The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.

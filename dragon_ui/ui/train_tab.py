@@ -16,10 +16,10 @@ from typing import Any
 import gradio as gr
 
 from ..errors import DragonError
-from ..estimate import format_seconds
-from ..monitor import Alert, Snapshot, health_alerts, read_snapshot
 from ..runstore import ACTIVE_STATES, read_json, state_label
-from ..studio import Studio
+from ..studio.backend import Studio
+from ..studio.estimate import format_seconds
+from ..studio.monitor import Alert, Snapshot, health_alerts, read_snapshot
 from . import plots
 from .common import Shared, message, shows_errors
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import DEFAULT_MODEL_ID
+from ..config import DEFAULT_MODEL_ID
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,21 @@ same rewards as training answers the question the user actually asked: did the m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .data import prompt_text
+from ..config import ModelConfig, RunConfig
+from ..data import prompt_text, read_jsonl
+from ..errors import ConfigError
+from ..rewards import Reward, build_rewards, score_completion
+from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
-from .rewards import Reward, score_completion
-from .runstore import RunDir, write_json_atomic
+from .weights import TrainedWeights, trained_weights
 
 log = logging.getLogger(__name__)
 
@@ -104,3 +110,80 @@ def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict
     log.info("Held-out reward %s training: %.3f (%s) on %d prompts in %.1f s", stage, result.reward_mean,
              ", ".join(f"{k} {v:.3f}" for k, v in result.breakdown.items()), len(examples), result.seconds)
     return evaluation
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Evaluating a finished or stopped run again, outside training.
+
+SIDES = ("before", "after")
+# The cached PeftModel is shared by every request; switching its adapter off for one request must not change what
+# another request generates at the same moment.
+_GENERATION_LOCK = threading.Lock()
+# What gives a (model, tokenizer): engine.models.ModelCache.load, or the app's version that refuses while training.
+LoadModel = Callable[..., tuple]
+
+
+def held_out_examples(run: RunDir) -> list[dict]:
+    path = run.data_dir / "eval.jsonl"
+    return read_jsonl(path) if path.is_file() else []
+
+
+@contextlib.contextmanager
+def model_for(load: LoadModel, config: RunConfig, weights: TrainedWeights, side: str):
+    """(model, tokenizer) for one side ("before": the starting model, "after": the trained one), held exclusively while
+    the caller generates; ``load`` is a ModelCache.load or the app's guarded version of it."""
+    with _GENERATION_LOCK:
+        if weights.is_adapter:
+            model, tokenizer = load(config.model, adapter_dir=weights.path, settings=config.hardware)
+            if side == "before":
+                with model.disable_adapter():
+                    yield model, tokenizer
+            else:
+                yield model, tokenizer
+        else:  # full fine-tuning: two different models, so the cache swaps between them
+            model_config = config.model if side == "before" else ModelConfig(id=str(weights.path))
+            yield load(model_config, settings=config.hardware)
+
+
+def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] = lambda: False,
+                 rescore_before: bool = False) -> Iterator[str]:
+    """Score the run's newest weights (and the starting model, if not scored yet or ``rescore_before``) on its
+    held-out prompts: the Compare tab's "Evaluate now" and ``python -m dragon_ui eval``, with ``load`` giving the
+    models (a ModelCache.load).
+
+    A generator of progress sentences, one per batch; eval.json and samples.json are written with record_eval exactly
+    as training writes them, one side at a time. When ``should_stop()`` turns true it stops between batches, leaving
+    the files as they were before the unfinished side.
+    """
+    config = run.read_config()
+    state = run.read_status().get("state")
+    if state in ACTIVE_STATES:
+        raise ConfigError(f"The run {run.id} is still {state}; it scores the trained model itself when it finishes.")
+    examples = held_out_examples(run)
+    if not examples:
+        raise ConfigError(f"The run {run.id} has no held-out prompts (datasets under 20 rows keep none), so there is "
+                          "nothing to evaluate.")
+    weights = trained_weights(run)
+    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
+    sides = [side for side in SIDES if side == "after" or rescore_before or "before" not in run.read_eval()]
+    yield f"Loading the model with {weights.label}..."
+    for side in sides:
+        started = time.monotonic()
+        replies: list[str] = []
+        for start in range(0, len(examples), EVAL_BATCH):
+            if should_stop():
+                yield f"Cancelled; the {side} side was not saved."
+                return
+            with model_for(load, config, weights, side) as (model, tokenizer):
+                replies += generate_replies(model, tokenizer, [ex["prompt"] for ex in examples[start:start + EVAL_BATCH]],
+                                            config.grpo.max_new_tokens, batch_size=EVAL_BATCH)
+            model_name = "starting model" if side == "before" else f"trained model ({weights.label})"
+            yield f"The {model_name} answered {len(replies)} of {len(examples)} held-out prompts..."
+        result = score_replies(examples, replies, rewards, time.monotonic() - started)
+        evaluation = record_eval(run, side, result, examples, config.n_samples)
+        if side == "after":  # say where "after" came from, so a later checkpoint shows up as newer
+            evaluation["after"]["weights"] = weights.label
+            write_json_atomic(run.eval_path, evaluation)
+    after = run.read_eval()["after"]["reward_mean"]
+    yield f"Done: the trained model ({weights.label}) scored {after:.3f} on {len(examples)} held-out prompts."
+

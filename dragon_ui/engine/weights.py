@@ -17,8 +17,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError
-from .runstore import RunDir, state_label
+from ..errors import ConfigError
+from ..runstore import RunDir, state_label
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def merge_model(run: RunDir, target_dir: str | Path | None = None) -> Path:
 
     from peft import PeftModel
 
-    from .config import HardwareSettings
+    from ..config import HardwareSettings
     from .hardware import resolve_hardware
     from .models import load_model, load_tokenizer, resolve_model
 

@@ -10,6 +10,7 @@ train it and ``save_pretrained`` fails.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import importlib.util
 import json
 import logging
@@ -20,14 +21,16 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from . import speedups
-from .config import DEFAULT_MODEL_ID, ModelConfig
-from .errors import ConfigError
-from .hardware import ResolvedHardware, cache_dir
+from .. import speedups
+from ..config import DEFAULT_MODEL_ID, HardwareSettings, ModelConfig
+from ..errors import ConfigError
+from .hardware import (HardwareInfo, ResolvedHardware, cache_dir, detect_hardware, release_openmp_threads,
+                       resolve_hardware)
 from .quantization import allow_bitsandbytes
 
 log = logging.getLogger(__name__)
@@ -167,7 +170,7 @@ def resolve_model(config: ModelConfig, check_hub: bool = True) -> ModelSource:
 
 def _resolve_run(run_dir: Path) -> ModelSource:
     """A finished run: its own starting model plus its adapter, so stages chain (adapters are merged in order)."""
-    from .runstore import RunDir, state_label
+    from ..runstore import RunDir, state_label
 
     run = RunDir(run_dir)
     if not run.has_final_weights():
@@ -225,3 +228,44 @@ def load_model(source: ModelSource, hardware: ResolvedHardware):
         model = model.to(device)
     speedups.apply_to_loaded_model(model)
     return model
+
+
+class ModelCache:
+    """One model kept loaded for generating outside training (the playground, Compare, ``dragon_ui eval``), until a
+    different one is asked for. Thread-safe: the app asks from several worker threads at once.
+
+    With an adapter the model is a PeftModel: ``with model.disable_adapter():`` gives the starting model, so one load
+    answers both sides of a comparison.
+    """
+
+    def __init__(self, hardware: Callable[[], HardwareInfo] = detect_hardware) -> None:
+        self._hardware = hardware
+        self._lock = threading.Lock()
+        self._cached: tuple[tuple, object, object] | None = None  # (key, model, tokenizer)
+
+    def load(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
+        """(model, tokenizer), in eval mode, on the device and precision ``settings`` resolve to here."""
+        settings = settings or HardwareSettings()
+        key = (model.id, model.revision, str(adapter_dir) if adapter_dir else None, settings.device, settings.dtype)
+        with self._lock:
+            if self._cached is not None and self._cached[0] == key:
+                return self._cached[1], self._cached[2]
+            self._cached = None
+            source = resolve_model(model)
+            tokenizer = load_tokenizer(source)
+            weights = load_model(source, resolve_hardware(settings, self._hardware()))
+            if adapter_dir is not None:
+                from peft import PeftModel
+
+                weights = PeftModel.from_pretrained(weights, str(adapter_dir))
+            weights.eval()
+            release_openmp_threads()  # loading ran torch ops on the caller's thread; see evaluation.generate_replies
+            self._cached = (key, weights, tokenizer)
+            return weights, tokenizer
+
+    def release(self) -> None:
+        """Free the memory (a training needs it more)."""
+        with self._lock:
+            self._cached = None
+        gc.collect()
+

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig
-from .errors import DragonError
+from ..config import RunConfig
+from ..errors import DragonError
 
 SECTIONS = ("model", "data", "rewards", "grpo", "training", "lora", "hardware", "distributed", "generation",
             "n_samples", "name", "runs_dir")

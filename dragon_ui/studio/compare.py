@@ -1,34 +1,24 @@
-"""The starting model against the trained one: what the Compare tab shows, and the evaluations it can run itself.
+"""The starting model against the trained one: what the Compare tab shows.
 
-Training already writes eval.json and samples.json (greedy replies on the held-out prompts, scored by the run's
-rewards). This module turns them into chart and table data, evaluates a stopped run from its latest checkpoint the
-same way, and answers a free prompt with both models. Both models come from one cached load (Studio.inference_model):
-the trained adapter on the starting model, switched off for the "before" side.
+Training writes eval.json and samples.json (greedy replies on the held-out prompts, scored by the run's rewards), and
+engine.evaluation.evaluate_now scores a stopped run the same way. This module turns them into chart and table data,
+and answers a free prompt with both models, from one cached load (Studio.inference_model): the trained adapter on the
+starting model, switched off for the "before" side.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .config import ModelConfig, RunConfig
-from .data import read_jsonl
-from .errors import ConfigError
-from .evaluation import EVAL_BATCH, generate_replies, record_eval, score_replies
-from .export import TrainedWeights, trained_weights
-from .rewards import build_rewards
-from .runstore import ACTIVE_STATES, RunDir, state_label, write_json_atomic
+from ..data import read_jsonl
+from ..engine.evaluation import SIDES, generate_replies, model_for
+from ..engine.weights import TrainedWeights, trained_weights
+from ..errors import ConfigError
+from ..runstore import ACTIVE_STATES, RunDir, state_label
 
-SIDES = ("before", "after")
 TABLE_HEADERS = ["Prompt", "Reference", "Before", "After", "Before reward", "After reward", "Per reward (before → after)"]
 
-# The cached PeftModel is shared by every request; switching its adapter off for one request must not change what
-# another request generates at the same moment.
-_GENERATION_LOCK = threading.Lock()
 
 
 @dataclass
@@ -52,11 +42,6 @@ def comparable_runs(summaries: list[dict]) -> list[tuple[str, str]]:
         if run.eval_path.is_file() or run.has_final_weights() or run.latest_checkpoint() is not None:
             choices.append((f"{summary['id']} · {state_label(summary['state'])}", summary["id"]))
     return choices
-
-
-def held_out_examples(run: RunDir) -> list[dict]:
-    path = run.data_dir / "eval.jsonl"
-    return read_jsonl(path) if path.is_file() else []
 
 
 def _has_held_out(run: RunDir) -> bool:
@@ -140,22 +125,6 @@ def _summary(run: RunDir, evaluation: dict, state: str, weights: TrainedWeights 
 # Generating with both models.
 
 
-@contextlib.contextmanager
-def _model_for(studio, config: RunConfig, weights: TrainedWeights, side: str):
-    """(model, tokenizer) for one side, held exclusively while the caller generates."""
-    with _GENERATION_LOCK:
-        if weights.is_adapter:
-            model, tokenizer = studio.inference_model(config.model, adapter_dir=weights.path, settings=config.hardware)
-            if side == "before":
-                with model.disable_adapter():
-                    yield model, tokenizer
-            else:
-                yield model, tokenizer
-        else:  # full fine-tuning: two different models, so the cache swaps between them
-            model_config = config.model if side == "before" else ModelConfig(id=str(weights.path))
-            yield studio.inference_model(model_config, settings=config.hardware)
-
-
 def _shared_system_message(run: RunDir) -> list[dict]:
     """The system message every training prompt had (recipes use one), so a free prompt is asked the same way."""
     path = run.data_dir / "train.jsonl"
@@ -175,49 +144,6 @@ def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = N
     tokens = max_new_tokens or config.grpo.max_new_tokens
     replies = []
     for side in SIDES:
-        with _model_for(studio, config, weights, side) as (model, tokenizer):
+        with model_for(studio.inference_model, config, weights, side) as (model, tokenizer):
             replies += generate_replies(model, tokenizer, [conversation], tokens, temperature=temperature)
     return replies[0], replies[1]
-
-
-def evaluate_now(studio, run: RunDir, should_stop: Callable[[], bool] = lambda: False,
-                 rescore_before: bool = False) -> Iterator[str]:
-    """Score the run's newest weights (and the starting model, if not scored yet or ``rescore_before``) on its
-    held-out prompts: the Compare tab's "Evaluate now" and ``python -m dragon_ui eval``.
-
-    A generator of progress sentences, one per batch; eval.json and samples.json are written with record_eval exactly
-    as training writes them, one side at a time. When ``should_stop()`` turns true it stops between batches, leaving
-    the files as they were before the unfinished side.
-    """
-    config = run.read_config()
-    state = run.read_status().get("state")
-    if state in ACTIVE_STATES:
-        raise ConfigError(f"The run {run.id} is still {state}; it scores the trained model itself when it finishes.")
-    examples = held_out_examples(run)
-    if not examples:
-        raise ConfigError(f"The run {run.id} has no held-out prompts (datasets under 20 rows keep none), so there is "
-                          "nothing to evaluate.")
-    weights = trained_weights(run)
-    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
-    sides = [side for side in SIDES if side == "after" or rescore_before or "before" not in run.read_eval()]
-    yield f"Loading the model with {weights.label}..."
-    for side in sides:
-        started = time.monotonic()
-        replies: list[str] = []
-        for start in range(0, len(examples), EVAL_BATCH):
-            if should_stop():
-                yield f"Cancelled; the {side} side was not saved."
-                return
-            with _model_for(studio, config, weights, side) as (model, tokenizer):
-                replies += generate_replies(model, tokenizer, [ex["prompt"] for ex in examples[start:start + EVAL_BATCH]],
-                                            config.grpo.max_new_tokens, batch_size=EVAL_BATCH)
-            model_name = "starting model" if side == "before" else f"trained model ({weights.label})"
-            yield f"The {model_name} answered {len(replies)} of {len(examples)} held-out prompts..."
-        result = score_replies(examples, replies, rewards, time.monotonic() - started)
-        evaluation = record_eval(run, side, result, examples, config.n_samples)
-        if side == "after":  # say where "after" came from, so a later checkpoint shows up as newer
-            evaluation["after"]["weights"] = weights.label
-            write_json_atomic(run.eval_path, evaluation)
-    after = run.read_eval()["after"]["reward_mean"]
-    yield f"Done: the trained model ({weights.label}) scored {after:.3f} on {len(examples)} held-out prompts."
-

@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .config import ModelConfig
-from .data import (MIN_ROWS_FOR_EVAL, DataConfig, columns_of, is_hub_dataset_id, load_table, map_rows, prompt_text,
+from ..config import ModelConfig
+from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, columns_of, is_hub_dataset_id, load_table, map_rows, prompt_text,
                    resolve_source)
-from .errors import ConfigError, DragonError
-from .rewards import Reward, ScoreResult, score_completion
+from ..errors import ConfigError, DragonError
+from ..rewards import Reward, ScoreResult, score_completion
 
 PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
 RENDERED_ROWS = 3  # rows whose full chat prompt is shown
@@ -258,7 +258,7 @@ def preview_tokenizer(model: ModelConfig) -> tuple[object | None, str]:
     exception: it is converted once (about 20 s) before its tokenizer can be read. A failure is remembered for
     TOKENIZER_RETRY_S seconds, so editing the mapping does not retry an unreachable Hub on every change.
     """
-    from .models import load_tokenizer, resolve_model
+    from ..engine.models import load_tokenizer, resolve_model
 
     key = (model.id.strip(), model.revision, model.trust_remote_code)
     with _tokenizers_lock:  # held while loading, so concurrent previews wait for one load instead of repeating it
@@ -356,7 +356,7 @@ def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict
 
     ``should_stop`` is checked before each prompt, so a cancel takes effect between prompts.
     """
-    from .evaluation import generate_replies
+    from ..engine.evaluation import generate_replies
 
     for example in examples:
         if should_stop is not None and should_stop():

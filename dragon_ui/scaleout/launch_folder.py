@@ -14,11 +14,12 @@ from pathlib import Path
 
 import yaml
 
-from .config import RunConfig
-from .data import is_hub_dataset_id, resolve_source
-from .errors import ConfigError
+from ..config import RunConfig
+from ..data import is_hub_dataset_id, resolve_source
+from ..errors import ConfigError
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # dragon_ui, copied into the launch folder
+ACCELERATE_CONFIGS = Path(__file__).resolve().parent / "accelerate_configs"
 REQUIREMENTS = PACKAGE_DIR.parent / "requirements.txt"
 VLLM_PORT = 8000
 
@@ -56,7 +57,9 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
 
     (target / "config.yaml").write_text(exported.to_yaml(), encoding="utf-8")
     (target / "accelerate.yaml").write_text(_accelerate_config(config.distributed.strategy, gpus, nodes), encoding="utf-8")
-    shutil.copytree(PACKAGE_DIR, target / "dragon_ui", ignore=shutil.ignore_patterns("__pycache__", "ui", "*.pyc"))
+    # The engine and the CLI; not the app (ui/ and its backend, studio/), which a cluster job never runs.
+    shutil.copytree(PACKAGE_DIR, target / "dragon_ui",
+                    ignore=shutil.ignore_patterns("__pycache__", "ui", "studio", "*.pyc"))
     if REQUIREMENTS.is_file():
         shutil.copy2(REQUIREMENTS, target / "requirements.txt")
     vllm_server = config.generation.backend == "vllm-server"
@@ -67,7 +70,7 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
 
 
 def _accelerate_config(strategy: str, gpus: int, nodes: int) -> str:
-    template = yaml.safe_load((PACKAGE_DIR / "accelerate_configs" / f"{strategy}.yaml").read_text(encoding="utf-8"))
+    template = yaml.safe_load((ACCELERATE_CONFIGS / f"{strategy}.yaml").read_text(encoding="utf-8"))
     template.update(num_processes=gpus * nodes, num_machines=nodes)
     header = f"# accelerate config for distributed.strategy {strategy}: {nodes} node(s) x {gpus} GPU(s).\n"
     return header + yaml.safe_dump(template, sort_keys=False)

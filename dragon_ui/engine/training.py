@@ -21,15 +21,16 @@ from pathlib import Path
 
 from transformers import PrinterCallback, TrainerCallback
 
-from . import distributed, speedups
-from .config import RunConfig
-from .data import load_and_map, read_jsonl, write_jsonl
-from .errors import BusyError, ConfigError, DragonError
+from .. import speedups
+from ..config import RunConfig
+from ..data import load_and_map, read_jsonl, write_jsonl
+from ..errors import BusyError, ConfigError, DragonError
+from ..rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
+from ..runstore import ACTIVE_STATES, RunDir
+from ..scaleout import distributed
 from .evaluation import evaluate_model, record_eval
 from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
 from .models import load_model, load_tokenizer, resolve_model
-from .rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
-from .runstore import ACTIVE_STATES, RunDir
 
 log = logging.getLogger("dragon_ui")
 

@@ -9,24 +9,18 @@ from __future__ import annotations
 
 import copy
 import secrets
-import threading
 from pathlib import Path
 
-from . import training
-from .config import HardwareSettings, ModelConfig, RunConfig
-from .data import resolve_source
-from .errors import BusyError, ConfigError
-from .hardware import (
-    HardwareInfo,
-    ResolvedHardware,
-    detect_hardware,
-    release_openmp_threads,
-    resolve_hardware,
-)
-from .rewards import is_public_demo
-from .runstore import ACTIVE_STATES, RunDir, list_runs, read_json, write_json_atomic
+from ..config import HardwareSettings, ModelConfig, RunConfig
+from ..data import resolve_source
+from ..engine import training
+from ..engine.hardware import HardwareInfo, ResolvedHardware, detect_hardware, resolve_hardware
+from ..engine.models import ModelCache
+from ..errors import BusyError, ConfigError
+from ..rewards import is_public_demo
+from ..runstore import ACTIVE_STATES, RunDir, list_runs, read_json, write_json_atomic
 
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_RECIPE = "arithmetic"
 # What sampling a group in the playground reads from a draft: the model, where it runs, the data and rewards, GRPO's
 # sampling settings, and LoRA (4-bit loading needs it).
@@ -40,9 +34,8 @@ class Studio:
         self.runs_dir = Path(runs_dir).resolve() if runs_dir else RunConfig().resolved_runs_dir()
         self.recipes_dir = Path(recipes_dir or ASSETS_DIR / "recipes").resolve()
         self.public = is_public_demo()
-        self._model_lock = threading.Lock()
-        self._cached: tuple[tuple, object, object] | None = None  # (key, model, tokenizer)
         self._hardware: HardwareInfo | None = None
+        self.models = ModelCache(self.hardware)
 
     # --- recipes and drafts --------------------------------------------------------------------------------------
     def recipe_names(self) -> list[str]:
@@ -146,38 +139,12 @@ class Studio:
 
     # --- one cached model for previews (playground and compare) ----------------------------------------------------
     def inference_model(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
-        """(model, tokenizer) for previews, loaded once and kept until a different one is asked for.
-
-        With an adapter the result is a PeftModel: ``with model.disable_adapter():`` gives the starting model, so one
-        load answers both sides of a comparison.
-        """
+        """(model, tokenizer) for previews from the one cached load (engine.models.ModelCache); refused while a
+        training uses this machine's CPU."""
         if training.active_run() is not None and self.hardware().cuda == []:
             raise BusyError("A training is running on this machine's CPU; generating previews now would slow it down "
                             "badly. Wait for it to finish or stop it first.")
-        from .models import load_model, load_tokenizer, resolve_model
-
-        settings = settings or HardwareSettings()
-        key = (model.id, model.revision, str(adapter_dir) if adapter_dir else None, settings.device, settings.dtype)
-        with self._model_lock:
-            if self._cached is not None and self._cached[0] == key:
-                return self._cached[1], self._cached[2]
-            self._cached = None
-            source = resolve_model(model)
-            hardware = resolve_hardware(settings, self.hardware())
-            tokenizer = load_tokenizer(source)
-            weights = load_model(source, hardware)
-            if adapter_dir is not None:
-                from peft import PeftModel
-
-                weights = PeftModel.from_pretrained(weights, str(adapter_dir))
-            weights.eval()
-            release_openmp_threads()  # loading ran torch ops on this UI thread; see evaluation.generate_replies
-            self._cached = (key, weights, tokenizer)
-            return weights, tokenizer
+        return self.models.load(model, adapter_dir, settings)
 
     def release_model(self) -> None:
-        with self._model_lock:
-            self._cached = None
-        import gc
-
-        gc.collect()
+        self.models.release()

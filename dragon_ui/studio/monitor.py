@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runstore import ACTIVE_STATES, RunDir, read_jsonl
+from ..runstore import ACTIVE_STATES, RunDir, read_jsonl
 
 LOG_LINES = 40
 LOG_TAIL_CHARS = 16_000

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import RunConfig
-from .errors import ConfigError
-from .hardware import HardwareInfo, ResolvedHardware
+from ..config import RunConfig
+from ..engine.hardware import HardwareInfo, ResolvedHardware, system_memory_gb
+from ..errors import ConfigError
 from .presets import ModelDims, find_preset
 
 GB = 1024**3
@@ -389,30 +388,6 @@ def available_memory_gb(hardware: ResolvedHardware, info: HardwareInfo) -> float
     if hardware.device == "cuda":
         return info.cuda[0].free_gb if info.cuda else None
     return system_memory_gb(free=hardware.device == "cpu")
-
-
-MEMINFO = Path("/proc/meminfo")
-
-
-def system_memory_gb(free: bool = True) -> float | None:
-    """The machine's free (or total) memory, where the platform tells (Linux and macOS do).
-
-    Free is Linux's MemAvailable where there is one: unused memory plus the file caches the kernel hands back on
-    demand. Unused pages alone (sysconf's count, the fallback) undercount it on any machine that has been reading
-    files, such as one that has just loaded a model: 12.6 against 17.3 GB on this project's 24 GB machine.
-    """
-    if free:
-        try:
-            for line in MEMINFO.read_text().splitlines():
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 / GB  # in kB
-        except (OSError, ValueError, IndexError):
-            pass
-    try:
-        pages = os.sysconf("SC_AVPHYS_PAGES" if free else "SC_PHYS_PAGES")
-        return pages * os.sysconf("SC_PAGE_SIZE") / GB
-    except (ValueError, OSError, AttributeError):  # not every platform names these
-        return None
 
 
 def format_params(params: float) -> str:

@@ -77,7 +77,7 @@ def check_runnable_here(config, device: str) -> None:
     """Refuse, with a sentence, scale-out settings this machine or this launch cannot honour (raises ConfigError)."""
     import importlib.util
 
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     backend = config.generation.backend
     if backend != "transformers":

@@ -1,0 +1,69 @@
+"""The folder list is the architecture, and these are its boundaries: checked on the imports in the source, so a
+lazy import inside a function counts too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "dragon_ui"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, as absolute dotted names (relative imports resolved against its package)."""
+    package = ".".join(("dragon_ui", *path.relative_to(PACKAGE).parent.parts))
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found.add(module)
+            found |= {f"{module}.{alias.name}" for alias in node.names}  # "from . import training" names a module
+    return found
+
+
+def files(folder: str = "") -> list[Path]:
+    return sorted((PACKAGE / folder).rglob("*.py"))
+
+
+def importers(modules: list[Path], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    hits = {}
+    for path in modules:
+        bad = sorted(name for name in imported_modules(path)
+                     if any(name == f or name.startswith(f + ".") for f in forbidden))
+        if bad:
+            hits[str(path.relative_to(PACKAGE))] = bad
+    return hits
+
+
+def test_only_the_ui_imports_gradio():
+    outside_ui = [path for path in files() if "ui" not in path.relative_to(PACKAGE).parts[:1]]
+    assert importers(outside_ui, ("gradio", "gradio_client", "dragon_ui.ui")) == {}
+
+
+@pytest.mark.parametrize("part", ["engine", "speedups.py", "scaleout", "cli.py"])
+def test_the_engine_and_the_command_line_know_nothing_of_the_app(part):
+    """Training, its speed-ups, the scale-out folder and the CLI run where the app's backend is not even copied."""
+    modules = files(part) if (PACKAGE / part).is_dir() else [PACKAGE / part]
+    assert importers(modules, ("dragon_ui.studio", "dragon_ui.ui", "gradio")) == {}
+
+
+@pytest.mark.parametrize("module", ["data.py", "rewards.py", "config.py", "errors.py", "runstore.py"])
+def test_the_runs_description_needs_no_torch(module):
+    """Validating a config, mapping data and scoring rewards happen before (and without) a model."""
+    assert importers([PACKAGE / module], ("torch", "transformers", "trl", "peft", "dragon_ui.engine")) == {}
+
+
+def test_the_checker_sees_relative_and_lazy_imports():
+    """The checks above would pass on anything if the import reader missed imports."""
+    found = imported_modules(PACKAGE / "engine" / "training.py")
+    assert {"dragon_ui.config", "dragon_ui.engine.models", "dragon_ui.runstore"} <= found
+    assert "dragon_ui.scaleout.distributed" in found
+    assert "gradio" in imported_modules(PACKAGE / "ui" / "app.py")
