@@ -75,7 +75,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import inspect
+import logging
 import math
 import os
 import sys
@@ -84,14 +86,39 @@ import threading
 from .engine.hardware import system_memory_gb
 from .errors import ConfigError
 
-ALL = ("completion_logprobs", "contiguous_lm_head", "sampling_without_dropout", "sparse_dropout",
-       "inverse_cdf_sampling", "short_sequence_attention", "cache_sized_logprob_tiles", "lean_adapter_layers",
-       "lean_logprob_head", "merged_sampling", "shared_prompts")
+log = logging.getLogger(__name__)
+
+# What each speed-up replaces, and the library versions it was verified against (bit-identity and distribution tests,
+# bench/speedups.py). Outside them it stays off and the library's own code runs: an internal renamed upstream would
+# otherwise fail every run, or silently change what a speed-up does.
+TORCH, TRL, TRANSFORMERS, PEFT = (("torch", ">=2.13,<2.14"), ("trl", ">=1.16,<1.17"),
+                                  ("transformers", ">=5.24,<5.25"), ("peft", ">=0.21,<0.22"))
+VERIFIED: dict[str, dict[str, str]] = {
+    "completion_logprobs": dict([TRL]),  # trl.trainer.utils._use_triton
+    "contiguous_lm_head": dict([TORCH, TRANSFORMERS]),  # a pre-hook on the output embeddings
+    "sampling_without_dropout": dict([TRL]),  # GRPOTrainer._generate_single_turn
+    "sparse_dropout": dict([TORCH, PEFT]),  # LoRA layers' lora_dropout entries
+    "inverse_cdf_sampling": dict([TORCH, TRANSFORMERS]),  # torch.multinomial while generate samples
+    "short_sequence_attention": dict([TORCH, TRANSFORMERS]),  # the model's attention functions
+    "cache_sized_logprob_tiles": dict([TRL]),  # trl.trainer.utils._ChunkedLogProbFunction
+    "lean_adapter_layers": dict([TORCH, PEFT]),  # the class of LoRA Linear layers
+    "lean_logprob_head": dict([TORCH, TRL]),  # trl.trainer.utils._ChunkedLogProbFunction
+    "merged_sampling": dict([TORCH, PEFT]),  # the lean LoRA layers' weights while sampling
+    "shared_prompts": dict([TORCH, TRANSFORMERS, TRL]),  # cache internals, generate with a pre-filled cache
+}
+ALL = tuple(VERIFIED)
 ENV = "DRAGON_UI_SPEEDUPS"
+LIBRARIES = ("torch", "trl", "transformers", "peft", "accelerate", "gradio")
+_failed: dict[str, str] = {}  # speed-up -> why it was switched off in this process (it raised while installing)
 
 
 def enabled(name: str) -> bool:
-    """Whether the speed-up ``name`` is on: all are, unless DRAGON_UI_SPEEDUPS lists others (or says ``none``)."""
+    """Whether the speed-up ``name`` is on: all are, unless DRAGON_UI_SPEEDUPS lists others (or says ``none``), or
+    an installed library is outside the versions it was verified against, or it failed to install."""
+    return _chosen(name) and off_reason(name) is None
+
+
+def _chosen(name: str) -> bool:
     if name not in ALL:
         raise ValueError(f"unknown speed-up {name!r}; known: {', '.join(ALL)}")
     chosen = os.environ.get(ENV, "").strip()
@@ -103,6 +130,84 @@ def enabled(name: str) -> bool:
         raise ConfigError(f"{ENV} names unknown speed-ups: {', '.join(sorted(unknown))}; known: {', '.join(ALL)}, "
                          "or none")
     return name in names
+
+
+def off_reason(name: str) -> str | None:
+    """Why a chosen speed-up is off anyway (None when it is on); said once in the log."""
+    reason = _failed.get(name) or _version_reason(name)
+    if reason:
+        _say_off(name, reason)
+    return reason
+
+
+@functools.cache
+def _say_off(name: str, reason: str) -> None:
+    log.info("Speed-up %s is off (%s); the libraries' own code runs instead.", name, reason)
+
+
+@functools.cache
+def _version_reason(name: str) -> str | None:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    for package, verified in VERIFIED[name].items():
+        installed = library_version(package)
+        if installed is None:
+            return f"{package} is not installed"
+        if Version(Version(installed).base_version) not in SpecifierSet(verified):  # 2.13.0+cpu counts as 2.13.0
+            return f"verified with {package}{verified}, found {installed}"
+    return None
+
+
+@functools.cache
+def library_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def library_versions() -> dict[str, str | None]:
+    """The versions a run trained with, for its status.json."""
+    return {package: library_version(package) for package in LIBRARIES}
+
+
+def status() -> dict:
+    """{"active": [...], "disabled": {name: reason}} for status.json and the Model & Hardware tab."""
+    active, disabled = [], {}
+    for name in ALL:
+        if not _chosen(name):
+            disabled[name] = f"not chosen in {ENV}"
+        elif (reason := off_reason(name)) is not None:
+            disabled[name] = reason
+        else:
+            active.append(name)
+    return {"active": active, "disabled": disabled}
+
+
+def switch_off(name: str, exc: BaseException) -> None:
+    """A speed-up raised while installing or running: off for the rest of the process, said once, the run goes on."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    _failed.setdefault(name, f"it raised {type(exc).__name__}{': ' + first if first else ''}")
+    log.warning("Speed-up %s raised %s; it is off from now on and the libraries' own code runs.", name,
+                type(exc).__name__, exc_info=exc)
+
+
+def falls_back(*names: str):
+    """An installer that, if it raises, switches its speed-ups off instead of failing the run."""
+    def decorate(install):
+        @functools.wraps(install)
+        def guarded(*args, **kwargs):
+            try:
+                return install(*args, **kwargs)
+            except Exception as exc:  # a library moved: run without this speed-up, never fail the run
+                for name in names:
+                    switch_off(name, exc)
+                return None
+
+        return guarded
+
+    return decorate
 
 
 def apply_to_loaded_model(model) -> None:
@@ -123,6 +228,7 @@ def apply_to_trainer_model(model) -> None:
     lean_adapter_layers(model)
 
 
+@falls_back("completion_logprobs")
 def score_completion_tokens_only() -> None:
     """Make TRL's fused log-prob head skip prompt positions on the CPU and MPS too, not only on Triton devices.
 
@@ -146,6 +252,7 @@ def score_completion_tokens_only() -> None:
     utils._use_triton = compact_everywhere
 
 
+@falls_back("contiguous_lm_head")
 def contiguous_lm_head_input(model) -> None:
     """Give the LM head contiguous inputs; see ``contiguous_lm_head`` above. Costs one small copy per forward."""
     if not enabled("contiguous_lm_head"):
@@ -161,6 +268,7 @@ CPU_LOGPROB_TILE = 4096  # vocabulary columns per tile of the fused log-prob hea
 LOGIT_GRADIENT_BLOCK_BYTES = 64 << 20  # the lean head's low-precision logit gradients held at once (rows x vocabulary)
 
 
+@falls_back("cache_sized_logprob_tiles", "lean_logprob_head")
 def cpu_logprob_head() -> None:
     """Route TRL's fused log-prob head on CPU tensors through ``cache_sized_logprob_tiles`` and
     ``lean_logprob_head``; GPUs, and whatever the lean head does not cover, keep TRL's function.
@@ -312,9 +420,12 @@ def sampling_mode(model):
     if enabled("sampling_without_dropout"):
         model.eval()
     if enabled("inverse_cdf_sampling"):
-        _install_inverse_cdf_sampler()
-        _sampling.active = True
-    merged = merge_adapters_for_sampling(model) if enabled("merged_sampling") else []
+        try:
+            _install_inverse_cdf_sampler()
+            _sampling.active = True
+        except Exception as exc:  # torch moved: sample with its own multinomial
+            switch_off("inverse_cdf_sampling", exc)
+    merged = (merge_adapters_for_sampling(model) or []) if enabled("merged_sampling") else []
     try:
         with shared_prompt_prefill(model):
             yield
@@ -328,6 +439,7 @@ def sampling_mode(model):
 MERGED_SAMPLING_MEMORY_SHARE = 0.25  # of the machine's free memory, at most, for the merged copy of the weights
 
 
+@falls_back("merged_sampling")
 def merge_adapters_for_sampling(model) -> list:
     """Give each lean LoRA layer of ``model`` a ``sampling_weight``, its weight with the adapter merged in, for the
     no-grad eval-mode forwards of sampling (see ``merged_sampling``); returns the layers, whose weights the caller
@@ -368,8 +480,12 @@ def shared_prompts(model, prompt_length: int):
     def forward(input_ids=None, attention_mask=None, use_cache=None, **kwargs):
         shared = None
         if input_ids is not None and attention_mask is not None and input_ids.device.type == "cpu" \
-                and input_ids.size(1) > prompt_length and not any(value is not None for value in kwargs.values()):
-            shared = forward_sharing_prompts(backbone, original, input_ids, attention_mask, prompt_length)
+                and input_ids.size(1) > prompt_length and not any(value is not None for value in kwargs.values()) \
+                and enabled("shared_prompts"):  # off once it raised, for the rest of this pass too
+            try:
+                shared = forward_sharing_prompts(backbone, original, input_ids, attention_mask, prompt_length)
+            except Exception as exc:  # transformers' cache moved: every row runs its own prompt, as in TRL
+                switch_off("shared_prompts", exc)
         if shared is None:
             shared = original(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache, **kwargs)
         return shared
@@ -398,7 +514,11 @@ def shared_prompt_prefill(model):
         if plain_text and not args and input_ids is not None and attention_mask is not None \
                 and input_ids.device.type == "cpu" and input_ids.size(1) > 1 and settings.use_cache is not False \
                 and settings.cache_implementation is None:
-            cache = prefill_sharing_prompts(backbone, input_ids, attention_mask)
+            try:
+                cache = prefill_sharing_prompts(backbone, input_ids, attention_mask)
+            except Exception as exc:  # transformers' cache or generate moved: generate reads every row's prompt
+                switch_off("shared_prompts", exc)
+                cache = None
             if cache is not None:
                 kwargs[_cache_keyword(backbone)] = cache
         return original(*args, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
@@ -553,6 +673,7 @@ def inverse_cdf_multinomial(input, num_samples, replacement=False, *, generator=
     return torch_multinomial(input, num_samples, replacement, generator=generator, out=out)
 
 
+@falls_back("sparse_dropout")
 def sparse_adapter_dropout(model) -> None:
     """Swap every adapter dropout of a PEFT model for a ``SparseDropout`` of the same rate; see ``sparse_dropout``."""
     if not enabled("sparse_dropout"):
@@ -627,6 +748,7 @@ def sparse_dropout_class():
     return SparseDropout
 
 
+@falls_back("lean_adapter_layers")
 def lean_adapter_layers(model) -> None:
     """Give every PEFT LoRA ``Linear`` of ``model`` the forward of ``lean_lora_class``; see ``lean_adapter_layers``."""
     if not enabled("lean_adapter_layers"):
@@ -711,6 +833,7 @@ SHORT_ATTENTION = "dragon_short_sequence"
 EAGER_MAX_SCORES = 1 << 22  # attention scores per layer (batch x heads x queries x keys) the eager formula may keep
 
 
+@falls_back("short_sequence_attention")
 def short_sequence_attention(model) -> None:
     """Route a model's attention through :func:`short_sequence_attention_forward`; see ``short_sequence_attention``.
 

@@ -34,6 +34,118 @@ def test_an_unknown_speedup_name_is_an_error_that_lists_the_known_ones(monkeypat
         speedups.enabled("contiguous_lm_head")
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The registry: a speed-up outside the library versions it was verified with, or one that raises, is off and the run
+# goes on with the libraries' own code.
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    """The registry's per-process memory (versions read, reasons said, speed-ups switched off), cleared around a
+    test, so what one test switches off does not leak into the next."""
+    monkeypatch.delenv(speedups.ENV, raising=False)
+
+    caches = (speedups._version_reason, speedups._say_off, speedups.library_version)  # before a test replaces one
+
+    def clear():
+        speedups._failed.clear()
+        for cached in caches:
+            cached.cache_clear()
+
+    clear()
+    yield
+    clear()
+
+
+def test_every_speedup_declares_the_versions_it_was_verified_with():
+    assert set(speedups.VERIFIED) == set(speedups.ALL)
+    for name, libraries in speedups.VERIFIED.items():
+        assert libraries and set(libraries) <= {"torch", "trl", "transformers", "peft"}, name
+
+
+def test_with_the_installed_libraries_every_speedup_is_on(fresh_registry):
+    assert speedups.status() == {"active": list(speedups.ALL), "disabled": {}}
+
+
+@pytest.mark.parametrize("name", speedups.ALL)
+def test_a_library_outside_the_verified_versions_turns_the_speedup_off_with_the_reason(name, fresh_registry,
+                                                                                       monkeypatch, caplog):
+    moved = next(iter(speedups.VERIFIED[name]))
+    real = speedups.library_version
+    monkeypatch.setattr(speedups, "library_version", lambda package: "99.0" if package == moved else real(package))
+    with caplog.at_level("INFO", logger=speedups.__name__):
+        assert not speedups.enabled(name)
+        speedups.enabled(name)  # asked again: said once
+    reason = speedups.status()["disabled"][name]
+    assert moved in reason and "found 99.0" in reason
+    assert [r.getMessage() for r in caplog.records].count(
+        f"Speed-up {name} is off ({reason}); the libraries' own code runs instead.") == 1
+    others = [other for other in speedups.ALL if moved not in speedups.VERIFIED[other]]
+    assert all(speedups.enabled(other) for other in others)
+
+
+def test_a_local_build_tag_counts_as_its_release(fresh_registry, monkeypatch):
+    real = speedups.library_version
+    monkeypatch.setattr(speedups, "library_version", lambda package: "2.13.0+cu128" if package == "torch"
+                        else real(package))
+    assert speedups.enabled("lean_adapter_layers")
+
+
+class _BrokenModel:
+    """What a model looks like to a speed-up after a library moved: the attribute it relies on raises."""
+
+    def __getattr__(self, name):
+        raise AttributeError(f"'{name}' moved in this release")
+
+    def modules(self):
+        raise RuntimeError("modules() moved in this release")
+
+
+@pytest.mark.parametrize("install, names", [
+    (speedups.contiguous_lm_head_input, ["contiguous_lm_head"]),
+    (speedups.short_sequence_attention, ["short_sequence_attention"]),
+    (speedups.sparse_adapter_dropout, ["sparse_dropout"]),
+    (speedups.lean_adapter_layers, ["lean_adapter_layers"]),
+    (speedups.merge_adapters_for_sampling, ["merged_sampling"]),
+])
+def test_an_installer_that_raises_switches_its_speedup_off_and_the_run_goes_on(install, names, fresh_registry,
+                                                                               caplog):
+    with caplog.at_level("WARNING", logger=speedups.__name__):
+        assert install(_BrokenModel()) is None  # no exception reaches the run
+    for name in names:
+        assert not speedups.enabled(name)
+        assert speedups.status()["disabled"][name].startswith(("it raised AttributeError", "it raised RuntimeError"))
+    assert any("is off from now on" in record.getMessage() for record in caplog.records)
+
+
+def test_a_trl_patch_whose_target_moved_switches_off(fresh_registry, monkeypatch):
+    from trl.kernels import chunked_logprob
+    from trl.trainer import utils
+
+    monkeypatch.delattr(chunked_logprob, "_use_triton")  # a TRL release without the function
+    monkeypatch.setattr(utils, "_use_triton", lambda device: False)  # not yet patched; restored after the test
+    speedups.score_completion_tokens_only()
+    assert speedups.status()["disabled"]["completion_logprobs"].startswith("it raised AttributeError")
+
+
+def test_a_shared_prompt_pass_that_raises_falls_back_to_every_row_its_own(tiny_model_dir, fresh_registry,
+                                                                          monkeypatch):
+    model = _tiny(tiny_model_dir).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9]] * 2 + [[5, 6, 7, 10, 11]] * 2)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+
+    def moved(*args, **kwargs):
+        raise TypeError("DynamicCache.batch_select_indices() got an unexpected keyword argument")
+
+    monkeypatch.setattr(speedups, "forward_sharing_prompts", moved)
+    with torch.no_grad(), speedups.shared_prompts(model, prompt_length=3):
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(logits, expected)
+    assert speedups.status()["disabled"]["shared_prompts"].startswith("it raised TypeError")
+
+
 def _tiny(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from dragon_ui import speedups
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import training
 from dragon_ui.errors import BusyError
@@ -36,6 +37,10 @@ def test_two_steps_write_the_whole_run_store(tiny_config_dict):
                 "heldout_before", "heldout_after", "latest_checkpoint", "pid", "host"):
         assert key in status, key
     assert status["device"] == "cpu"
+    # Which speed-ups ran and the library versions: what a run that behaves differently elsewhere is compared by.
+    assert status["speedups"] == speedups.status() and set(status["speedups"]["active"]) == set(speedups.ALL)
+    assert set(status["versions"]) == set(speedups.LIBRARIES)
+    assert status["versions"]["trl"].startswith("1.16") and status["versions"]["torch"]
 
     assert RunConfig.from_dict(json.loads(run.config_path.read_text())) == RunConfig.from_dict(tiny_config_dict)
 
@@ -252,3 +257,21 @@ def test_bad_input_is_refused_before_a_run_folder_exists(tiny_config_dict, runs_
                                           r"on them too\), fewer than training\.batch_size \(100\)"):
         training.start(RunConfig.from_dict(tiny_config_dict))
     assert not runs_dir.exists() or not any(runs_dir.iterdir())
+
+
+def test_a_speedup_that_raises_while_training_is_switched_off_and_the_run_succeeds(tiny_config_dict, monkeypatch):
+    """As when a transformers release changes the cache a speed-up relies on: the step runs TRL's way instead."""
+    def moved(*args, **kwargs):
+        raise TypeError("an internal this speed-up relies on changed")
+
+    monkeypatch.setattr(speedups, "forward_sharing_prompts", moved)
+    monkeypatch.setattr(speedups, "prefill_sharing_prompts", moved)
+    monkeypatch.setattr(speedups, "_failed", {})  # switched off for this test's process state only
+    tiny_config_dict["lora"]["dropout"] = 0.0  # so that the policy pass would share prompts too
+    run = run_to_end(tiny_config_dict)
+    status = run.read_status()
+    assert status["state"] == "succeeded", status.get("error")
+    assert status["step"] == 2
+    assert status["speedups"]["disabled"]["shared_prompts"].startswith("it raised TypeError")
+    assert "Speed-up shared_prompts raised TypeError" in run.log_path.read_text(encoding="utf-8")
+

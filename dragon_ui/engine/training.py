@@ -161,7 +161,8 @@ def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> N
         if resume_from is not None:
             log.info("Resuming %s from %s", run.id, resume_from.name)
         outcome = _train(handle, config, resume_from)
-        run.update_status(state=outcome, phase="done", finished_at=time.time(), eta_s=0)
+        # A speed-up that raised while training was switched off: the final status says so.
+        run.update_status(state=outcome, phase="done", finished_at=time.time(), eta_s=0, speedups=speedups.status())
         log.info("Run %s %s.", run.id, outcome)
     except StopTraining:
         log.info("Run %s stopped before training began.", run.id)
@@ -223,7 +224,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     if resume_from is not None:
         run.truncate_after_step(int(resume_from.name.split("-")[-1]))
 
-    run.update_status(phase="training")
+    run.update_status(phase="training", speedups=speedups.status(), versions=speedups.library_versions())
     world = distributed.world_size()
     log.info("Training: %d prompts, %d completions per step (%d prompts x %d completions%s).", len(train_rows),
              config.completions_per_step * world, config.training.batch_size * config.training.grad_accum * world,

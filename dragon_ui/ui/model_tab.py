@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
+from .. import speedups
 from ..config import DEVICES, DTYPES, GENERATION_BACKENDS, LOSS_TYPES, SCALE_REWARDS, STRATEGIES
 from ..engine.hardware import HardwareInfo, resolve_hardware, system_memory_gb
 from ..errors import DragonError
@@ -186,6 +187,7 @@ def hardware_markdown(info: HardwareInfo) -> str:
     free, total = system_memory_gb(free=True), system_memory_gb(free=False)
     if free is not None and total is not None:
         lines.append(f"- Memory: {free:.1f} GB free of {total:.1f} GB.")
+    lines.append(speedups_markdown(speedups.status()))
     if not info.cuda:
         lines.append("- 4-bit loading: not available (it needs a CUDA GPU).")
     else:
@@ -199,6 +201,15 @@ def hardware_markdown(info: HardwareInfo) -> str:
 PROBLEM_AREAS = ("model", "hardware", "lora", "grpo", "training", "scaleout", "name")
 AREA_OF_SECTION = {"model": "model", "hardware": "hardware", "lora": "lora", "grpo": "grpo", "training": "training",
                    "distributed": "scaleout", "generation": "scaleout", "name": "name"}
+
+
+def speedups_markdown(state: dict) -> str:
+    """Which of Dragon's speed-ups are on (most apply to CPU and Apple GPU runs), and why any is off."""
+    active, disabled = state["active"], state["disabled"]
+    line = f"- Speed-ups: {len(active)} of {len(active) + len(disabled)} on"
+    if not disabled:
+        return line + " (most of them speed up training on the CPU)."
+    return line + ":\n" + "\n".join(f"  - {name} is off: {reason}." for name, reason in disabled.items())
 
 
 @dataclass
