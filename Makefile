@@ -32,9 +32,10 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Everything but the real-model and browser tests: what to run while editing.
 test-fast: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
 # The README's pictures: the browser test on the real default model (a few minutes of CPU training).
 screenshots: install

@@ -223,7 +223,7 @@ def main() -> None:
         handle.wait()
         status = handle.run.read_status()
         assert status["state"] == "succeeded", status.get("error")
-        examples = [json.loads(line) for line in (handle.run.data_dir / "train.jsonl").read_text().splitlines()]
+        examples = [json.loads(line) for line in (handle.run.train_data_path).read_text().splitlines()]
 
     source = resolve_model(ModelConfig())
     tokenizer = load_tokenizer(source)

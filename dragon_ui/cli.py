@@ -146,10 +146,10 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_runs(args) -> int:
-    from .config import RUNS_DIR_ENV
+    from .config import resolve_runs_dir
     from .runstore import list_runs
 
-    runs_dir = Path(args.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs").resolve()
+    runs_dir = resolve_runs_dir(args.runs_dir)
     runs = list_runs(runs_dir)
     if not runs:
         print(f"No runs in {runs_dir}.")
@@ -199,7 +199,7 @@ def _print_eval(evaluation: dict) -> None:
 def _cmd_score(args) -> int:
     import yaml
 
-    from .errors import ConfigError
+    from .errors import ConfigError, first_line
     from .rewards import build_rewards, parse_rewards, score_completion
 
     path = Path(args.rewards)
@@ -208,7 +208,7 @@ def _cmd_score(args) -> int:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path.name} is not valid YAML or JSON: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"{path.name} is not valid YAML or JSON: {first_line(exc)}") from None
     items = data.get("rewards") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise ConfigError(f"{path.name} must hold a list of rewards, or a run configuration with a `rewards:` list.")

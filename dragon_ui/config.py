@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import DataConfig
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 from .rewards import RewardSpec, parse_rewards
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -226,7 +226,7 @@ class RunConfig:
 
                 data = yaml.safe_load(text)
         except Exception as exc:  # yaml and json raise many different types; all mean "not readable"
-            raise ConfigError(f"{path.name} is not valid {'JSON' if is_json else 'YAML'}: {_first_line(exc)}") from None
+            raise ConfigError(f"{path.name} is not valid {'JSON' if is_json else 'YAML'}: {first_line(exc) or type(exc).__name__}") from None
         return cls.from_dict(data or {}, base_dir=path.parent)
 
     def validate(self) -> None:
@@ -267,11 +267,16 @@ class RunConfig:
         return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True)
 
     def resolved_runs_dir(self) -> Path:
-        return Path(self.runs_dir or os.environ.get(RUNS_DIR_ENV) or "runs").expanduser().resolve()
+        return resolve_runs_dir(self.runs_dir)
 
     @property
     def completions_per_step(self) -> int:
         return self.training.batch_size * self.grpo.group_size * self.training.grad_accum
+
+
+def resolve_runs_dir(chosen: str | os.PathLike | None = None) -> Path:
+    """Where runs live: the folder chosen (a config's runs_dir, --runs-dir), else $DRAGON_UI_RUNS_DIR, else ./runs."""
+    return Path(chosen or os.environ.get(RUNS_DIR_ENV) or "runs").expanduser().resolve()
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -386,7 +391,3 @@ def _check_range(where: str, value: float, low: float, high: float, meaning: str
 def _check_choice(where: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{where} must be one of {', '.join(choices)}; got {value!r}.")
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

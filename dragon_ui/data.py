@@ -12,11 +12,9 @@ torch; ``datasets`` is imported only when a Hub dataset is actually requested.
 
 import json
 import math
-import os
 import random
 import re
 import string
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dragon_ui.errors import ConfigError
+from dragon_ui.files import replaced_atomically
 from dragon_ui.rewards import last_user_text
 
 SUPPORTED_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet")
@@ -472,17 +471,9 @@ def prompt_text(example: dict) -> str:
 
 def write_jsonl(path, examples) -> None:
     """Write one JSON object per line via a temp file and os.replace, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            for example in examples:
-                handle.write(json.dumps(example, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replaced_atomically(Path(path)) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+        for example in examples:
+            handle.write(json.dumps(example, ensure_ascii=False) + "\n")
 
 
 def read_jsonl(path) -> list[dict]:

@@ -11,3 +11,16 @@ class ConfigError(DragonError, ValueError):
 
 class BusyError(DragonError):
     """Another training is already running in this process."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message ("" when it has none): library errors can run to pages."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def describe(exc: BaseException) -> str:
+    """"TypeError: its first line", or just the type when the message is empty."""
+    first = first_line(exc)
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+

@@ -25,14 +25,14 @@ import json
 import os
 import re
 import socket
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+from .files import replaced_atomically
+
 ACTIVE_STATES = ("queued", "running")
 # How a person reads a state, where that differs from the stored value (which stays: status.json is a contract).
 # "cancelled" sounded final, but a stopped run keeps its checkpoints and resumes from the latest.
@@ -45,15 +45,8 @@ def state_label(state: str | None) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, ensure_ascii=False, indent=1, allow_nan=False, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replaced_atomically(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, ensure_ascii=False, indent=1, allow_nan=False, default=str)
 
 
 def read_json(path: Path, default: Any = None) -> Any:
@@ -69,8 +62,12 @@ def append_jsonl(path: Path, row: dict) -> None:
         fh.write(line)
 
 
-def read_jsonl(path: Path, start: int = 0) -> tuple[list[dict], int]:
-    """Rows appended after byte offset ``start``, and the offset to pass next time (cheap polling for the UI)."""
+def read_appended_rows(path: Path, start: int = 0) -> tuple[list[dict], int]:
+    """Rows appended after byte offset ``start``, and the offset to pass next time (cheap polling for the UI).
+
+    For the append-only logs a training writes while others read them (progress, rollouts): a line still being
+    written is left for the next read. data.read_jsonl is the strict reader of whole files.
+    """
     try:
         with open(path, "rb") as fh:
             fh.seek(start)
@@ -92,8 +89,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:48] or "run"
+def slug(text: str, empty: str = "run") -> str:
+    """A name safe in a folder or file name (a run's folder, a downloaded config): other characters become "-"."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:48] or empty
 
 
 @dataclass
@@ -114,7 +112,7 @@ class RunDir:
     @classmethod
     def create(cls, runs_dir: Path, name: str) -> RunDir:
         runs_dir.mkdir(parents=True, exist_ok=True)
-        base = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(name)}"
+        base = f"{time.strftime('%Y%m%d-%H%M%S')}-{slug(name)}"
         for attempt in range(1, 1000):
             candidate = runs_dir / (base if attempt == 1 else f"{base}-{attempt}")
             try:
@@ -135,6 +133,8 @@ class RunDir:
     progress_path = property(lambda self: self.path / "progress.jsonl")
     rollouts_path = property(lambda self: self.path / "rollouts.jsonl")
     data_dir = property(lambda self: self.path / "data")
+    train_data_path = property(lambda self: self.data_dir / "train.jsonl")  # the mapped training examples
+    eval_data_path = property(lambda self: self.data_dir / "eval.jsonl")  # the held-out ones (empty when none)
     checkpoints_dir = property(lambda self: self.path / "checkpoints")
     adapter_dir = property(lambda self: self.path / "adapter")
     full_model_dir = property(lambda self: self.path / "model")
@@ -192,23 +192,21 @@ class RunDir:
             append_jsonl(self.rollouts_path, row)
 
     def read_progress(self) -> list[dict]:
-        return read_jsonl(self.progress_path)[0]
+        return read_appended_rows(self.progress_path)[0]
 
     def read_rollouts(self) -> list[dict]:
-        return read_jsonl(self.rollouts_path)[0]
+        return read_appended_rows(self.rollouts_path)[0]
 
     def truncate_after_step(self, step: int) -> None:
         """Drop rows newer than ``step`` (the checkpoint a resume starts from), so the history has no duplicate steps."""
         if self.read_only:
             return
         for path in (self.progress_path, self.rollouts_path):
-            rows, _ = read_jsonl(path)
+            rows, _ = read_appended_rows(path)
             kept = [row for row in rows if row.get("step", 0) <= step]
             if len(kept) != len(rows):
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=self.path)
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                with replaced_atomically(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
                     fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
-                os.replace(tmp, path)
 
     # --- checkpoints, weights, stop ----------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:

@@ -84,7 +84,7 @@ import sys
 import threading
 
 from .engine.hardware import system_memory_gb
-from .errors import ConfigError
+from .errors import ConfigError, describe
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +187,7 @@ def status() -> dict:
 
 def switch_off(name: str, exc: BaseException) -> None:
     """A speed-up raised while installing or running: off for the rest of the process, said once, the run goes on."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    _failed.setdefault(name, f"it raised {type(exc).__name__}{': ' + first if first else ''}")
+    _failed.setdefault(name, f"it raised {describe(exc)}")
     log.warning("Speed-up %s raised %s; it is off from now on and the libraries' own code runs.", name,
                 type(exc).__name__, exc_info=exc)
 

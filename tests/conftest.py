@@ -105,13 +105,12 @@ def runs_dir(tmp_path, monkeypatch) -> Path:
     return path
 
 
-@pytest.fixture
-def tiny_config_dict(tiny_model_dir, tmp_path, runs_dir) -> dict:
+def tiny_config(model_dir: Path, data_dir: Path, runs_dir: Path) -> dict:
     """A complete, fast run config on the tiny model: 2 steps of 2 prompts x 2 completions x 6 tokens on the CPU."""
-    data = write_arithmetic_csv(tmp_path / "arithmetic.csv")
+    data = write_arithmetic_csv(data_dir / "arithmetic.csv")
     return {
         "name": "tiny",
-        "model": {"id": str(tiny_model_dir)},
+        "model": {"id": str(model_dir)},
         "data": {"source": str(data), "prompt": "question", "reference": "answer", "eval_frac": 0.2},
         "rewards": [{"kind": "numeric"}, {"kind": "length", "max_chars": 12, "weight": 0.3}],
         "grpo": {"group_size": 2, "max_new_tokens": 6},
@@ -124,17 +123,43 @@ def tiny_config_dict(tiny_model_dir, tmp_path, runs_dir) -> dict:
 
 
 @pytest.fixture
-def finished_run(tiny_config_dict):
-    """A tiny LoRA run trained to the end in float32 (so replies can be compared token for token): its RunDir."""
+def tiny_config_dict(tiny_model_dir, tmp_path, runs_dir) -> dict:
+    return tiny_config(tiny_model_dir, tmp_path, runs_dir)
+
+
+@pytest.fixture(scope="session")
+def _trained_tiny_run(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny LoRA run trained to the end once per test session, in float32 (so replies can be compared token for
+    token); finished_run hands each test its own copy."""
     from dragon_ui.config import RunConfig
     from dragon_ui.engine import training
 
-    tiny_config_dict["hardware"]["dtype"] = "float32"
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    folder = tmp_path_factory.mktemp("trained")
+    config = tiny_config(tiny_model_dir, folder, folder / "runs")
+    config["hardware"]["dtype"] = "float32"
+    handle = training.start(RunConfig.from_dict(config))
     handle.wait(timeout=240)
     status = handle.run.read_status()
     assert status["state"] == "succeeded", status.get("error")
-    return handle.run
+    return handle.run.path
+
+
+@pytest.fixture
+def finished_run(_trained_tiny_run, runs_dir):
+    """A tiny LoRA run trained to the end: a copy of the session's, in this test's runs folder (its config says so),
+    so a test may change, resume or re-evaluate it freely. Its RunDir."""
+    import json
+    import shutil
+
+    from dragon_ui.config import RunConfig
+    from dragon_ui.runstore import RunDir
+
+    copy = runs_dir / _trained_tiny_run.name
+    shutil.copytree(_trained_tiny_run, copy)
+    config = json.loads((copy / "config.json").read_text(encoding="utf-8"))
+    config["runs_dir"] = str(runs_dir)
+    (copy / "config.json").write_text(json.dumps(RunConfig.from_dict(config).to_dict()), encoding="utf-8")
+    return RunDir(copy)
 
 
 def stop_after_last_checkpoint(run) -> tuple[dict, list]:

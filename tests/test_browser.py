@@ -32,7 +32,7 @@ from test_app_client import served_app
 
 expect = sync_api.expect
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's; .ci/run installs it (Playwright's own download is not used)
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]

@@ -108,7 +108,7 @@ def test_evaluate_now_explains_what_is_missing(finished_run, studio):
         next(evaluation.evaluate_now(studio.inference_model, finished_run))
     finished_run.update_status(state="cancelled")
     # What a dataset too small to hold prompts out leaves: an empty eval.jsonl and no scores.
-    (finished_run.data_dir / "eval.jsonl").write_text("")
+    (finished_run.eval_data_path).write_text("")
     finished_run.eval_path.unlink()
     finished_run.samples_path.unlink()
     with pytest.raises(ConfigError, match="no held-out prompts"):

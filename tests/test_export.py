@@ -95,8 +95,8 @@ def test_the_readme_example_asks_the_runs_own_kind_of_prompt(finished_run, held_
     """A JSON run's README used to show an arithmetic question."""
     shutil.rmtree(finished_run.data_dir)
     if held_out is not None:
-        write_jsonl(finished_run.data_dir / "eval.jsonl", [{"prompt": p, "reference": ""} for p in held_out])
-        write_jsonl(finished_run.data_dir / "train.jsonl", [{"prompt": p, "reference": ""} for p in training])
+        write_jsonl(finished_run.eval_data_path, [{"prompt": p, "reference": ""} for p in held_out])
+        write_jsonl(finished_run.train_data_path, [{"prompt": p, "reference": ""} for p in training])
     readme = readme_of(finished_run)
     assert "12 + 30" not in readme and origin in readme
     assert readme_messages(readme) == expected
@@ -106,7 +106,7 @@ def test_the_readme_code_runs(finished_run, tmp_path, monkeypatch, capsys):
     with zipfile.ZipFile(weights.zip_adapter(finished_run)) as archive:
         archive.extractall(tmp_path)
     readme = (tmp_path / "README.txt").read_text(encoding="utf-8")
-    assert readme_messages(readme) == read_jsonl(finished_run.data_dir / "eval.jsonl")[0]["prompt"]
+    assert readme_messages(readme) == read_jsonl(finished_run.eval_data_path)[0]["prompt"]
     monkeypatch.chdir(tmp_path)  # the README loads "adapter", the folder of the zip
     exec(readme_code(readme), {})
     assert capsys.readouterr().out  # it printed the reply

@@ -49,7 +49,7 @@ def test_first_snapshot_reads_everything(run):
 def test_nothing_changed_means_nothing_read(run, monkeypatch):
     first = read_snapshot(run.path)
     reads = []
-    monkeypatch.setattr(monitor, "read_jsonl", lambda *args: reads.append(args) or ([], 0))
+    monkeypatch.setattr(monitor, "read_appended_rows", lambda *args: reads.append(args) or ([], 0))
     monkeypatch.setattr(RunDir, "read_status", lambda self: pytest.fail("status re-read although unchanged"))
     monkeypatch.setattr(RunDir, "log_tail", lambda self, n: pytest.fail("log re-read although unchanged"))
     again = read_snapshot(run.path, since=first.to_state())
@@ -275,7 +275,7 @@ def test_the_kl_alert_quotes_the_latest_kl_as_the_log_line_and_chart_show_it():
     nothing."""
     rows = recorded(kl=RISING_KL)
     (alert,) = health_alerts(rows, {}, CONFIG)
-    assert f"now {training._fmt(rows[-1]['kl'])}" in alert.title and plots.kl_figure(rows).data[0].y[-1] == 0.404
+    assert f"now {training._log_number(rows[-1]['kl'])}" in alert.title and plots.kl_figure(rows).data[0].y[-1] == 0.404
     (spike,) = health_alerts(recorded(kl=RISING_KL[:-1] + [0.97]), {}, CONFIG)
     assert spike.kind == "kl_spike" and spike.value == 0.97
 

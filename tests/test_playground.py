@@ -59,8 +59,8 @@ def test_preview_of_each_bundled_dataset(recipe):
     assert preview.columns == list(rows[0])
     assert len(preview.rows) == PREVIEW_ROWS and set(preview.rows[0]) == set(preview.columns)
     assert all(isinstance(value, str) for row in preview.rows for value in row.values())
-    assert len(preview.examples) == PREVIEW_ROWS and len(preview.rendered) == RENDERED_ROWS
-    first_prompt = prompt_text(preview.examples[0])
+    assert len(preview.rendered) == RENDERED_ROWS
+    first_prompt = prompt_text(preview_examples(data)[0])  # the playground's first row is the first rendered one
     assert first_prompt and first_prompt in preview.rendered[0]
     assert preview.rendered[0].startswith("system: " if data.system else "user: ")
     assert preview.lengths.unit == "words" and preview.lengths.total == preview.n_train + preview.n_eval
@@ -89,7 +89,7 @@ def test_preview_errors_are_sentences_for_the_right_field(changes, field, fragme
     preview = preview_data(data)
     assert fragment in preview.error
     assert preview.error_field == field
-    assert preview.examples == [] and preview.lengths is None
+    assert preview.rendered == [] and preview.lengths is None
     # a mapping problem still shows the table, so the right column can be picked
     assert (preview.columns == ["question", "answer"]) == (field == "mapping")
 

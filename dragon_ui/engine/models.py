@@ -48,7 +48,7 @@ _HUB_CHECK: dict[str, tuple[float, bool]] = {}
 class ModelSource:
     """Where the starting weights come from. ``adapters`` are earlier runs' LoRA adapters to fold in, oldest first."""
 
-    kind: str  # "hub" | "local" | "offline" | "run"
+    kind: str  # "hub" | "local" | "offline" (a run resolves to where its starting model came from)
     path: str  # what from_pretrained receives: a Hub id or a folder
     label: str  # shown in the UI and the run log
     revision: str | None = None

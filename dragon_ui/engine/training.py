@@ -24,7 +24,7 @@ from transformers import PrinterCallback, TrainerCallback
 from .. import speedups
 from ..config import RunConfig
 from ..data import load_and_map, read_jsonl, write_jsonl
-from ..errors import BusyError, ConfigError, DragonError
+from ..errors import BusyError, ConfigError, DragonError, describe
 from ..rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
 from ..runstore import ACTIVE_STATES, RunDir
 from ..scaleout import distributed
@@ -99,8 +99,8 @@ def start(config: RunConfig, run_dir: str | Path | None = None) -> RunHandle:
             run = RunDir(Path(run_dir))
             run.path.mkdir(parents=True, exist_ok=True)
         run.write_config(config)
-        write_jsonl(run.data_dir / "train.jsonl", mapped.train)
-        write_jsonl(run.data_dir / "eval.jsonl", mapped.eval)
+        write_jsonl(run.train_data_path, mapped.train)
+        write_jsonl(run.eval_data_path, mapped.eval)
         run.update_status(state="queued", step=0, total_steps=None, phase="waiting to start", created_at=time.time(),
                           reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
                           n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
@@ -197,8 +197,8 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     for reason in hardware.reasons:
         log.info("Hardware: %s", reason)
 
-    train_rows = read_jsonl(run.data_dir / "train.jsonl")
-    eval_rows = read_jsonl(run.data_dir / "eval.jsonl")
+    train_rows = read_jsonl(run.train_data_path)
+    eval_rows = read_jsonl(run.eval_data_path)
     log.info("Data: %s", run.read_status().get("data_summary") or f"{len(train_rows)} training prompts")
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
 
@@ -433,8 +433,9 @@ class RunStoreCallback(TrainerCallback):
         self.run.append_rollouts({"step": step, "groups": self._groups()})
         self.run.update_status(step=step, total_steps=total, eta_s=row["eta_s"], elapsed_s=row["elapsed_s"],
                                reward=row["reward"], reward_errors={k: v for k, v in errors.items() if v})
-        log.info("step %d/%d  reward %s  kl %s  len %s  (%.1f s/step, ETA %s)", step, total, _fmt(row["reward"]),
-                 _fmt(row["kl"]), _fmt(row["completion_len"]), elapsed_session / steps_done, _fmt_duration(eta))
+        log.info("step %d/%d  reward %s  kl %s  len %s  (%.1f s/step, ETA %s)", step, total,
+                 _log_number(row["reward"]), _log_number(row["kl"]), _log_number(row["completion_len"]),
+                 elapsed_session / steps_done, _fmt_duration(eta))
         for name, message in self.failures.first_errors().items():
             if name not in self._reported_errors:
                 self._reported_errors.add(name)
@@ -474,8 +475,7 @@ def explain_failure(exc: BaseException) -> str:
                 "or turn on gradient checkpointing or 4-bit loading.")
     if isinstance(exc, KeyboardInterrupt):
         return "Interrupted by the user (Ctrl+C). Resume continues from the latest checkpoint."
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{name}: {first}" if first else name
+    return describe(exc)
 
 
 def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
@@ -534,7 +534,8 @@ def _finite_or_none(value):
     return value
 
 
-def _fmt(value) -> str:
+def _log_number(value) -> str:
+    """A score in a log line: three decimals, "-" when there is none."""
     return "-" if value is None else f"{value:.3f}"
 
 

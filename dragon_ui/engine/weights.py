@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..files import replaced_atomically
 from ..runstore import RunDir, state_label
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,8 @@ PLACEHOLDER_PROMPT = [{"role": "user", "content": "Write a prompt like the ones 
 def example_prompt(run: RunDir) -> tuple[list[dict], str]:
     """(chat messages, where they come from) for the README's example: the run's first held-out prompt, else its
     first training prompt, so the example asks what the adapter was trained for, system message included."""
-    for path, origin in ((run.data_dir / "eval.jsonl", "a held-out prompt of this run"),
-                         (run.data_dir / "train.jsonl", "a training prompt of this run")):
+    for path, origin in ((run.eval_data_path, "a held-out prompt of this run"),
+                         (run.train_data_path, "a training prompt of this run")):
         try:
             with open(path, encoding="utf-8") as fh:
                 return json.loads(fh.readline())["prompt"], origin
@@ -131,17 +132,10 @@ def zip_adapter(run: RunDir) -> Path:
     files = sorted(p for p in weights.path.iterdir() if p.is_file() and _is_export_file(p.name))
     suffix = "" if weights.is_final else f"-{weights.label}"
     target = run.path / f"{run.id}{suffix}-adapter.zip"
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=run.path)
-    os.close(fd)
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            for path in files:
-                archive.write(path, f"adapter/{path.name}")
-            archive.writestr("README.txt", _readme(run, weights))
-        os.replace(tmp, target)  # a download never sees half a zip
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replaced_atomically(target) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for path in files:
+            archive.write(path, f"adapter/{path.name}")
+        archive.writestr("README.txt", _readme(run, weights))
     return target
 
 
@@ -248,18 +242,11 @@ def merged_download(run: RunDir) -> MergedDownload:
     folder = merge_model(run)
     archive = run.path / f"{run.id}-merged.zip"
     if not archive.is_file() or archive.stat().st_mtime_ns < _newest_change(folder):
-        fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", dir=run.path)
-        os.close(fd)
-        try:
-            with zipfile.ZipFile(tmp, "w") as zipped:
-                for path in _model_files(folder):
-                    weights = path.suffix in (".safetensors", ".bin", ".pt")
-                    zipped.write(path, f"{run.id}-merged/{path.relative_to(folder)}",
-                                 compress_type=zipfile.ZIP_STORED if weights else zipfile.ZIP_DEFLATED)
-            os.replace(tmp, archive)  # a download never sees half a zip
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with replaced_atomically(archive) as tmp, zipfile.ZipFile(tmp, "w") as zipped:
+            for path in _model_files(folder):
+                weights = path.suffix in (".safetensors", ".bin", ".pt")
+                zipped.write(path, f"{run.id}-merged/{path.relative_to(folder)}",
+                             compress_type=zipfile.ZIP_STORED if weights else zipfile.ZIP_DEFLATED)
         log.info("Zipped the merged model of run %s into %s", run.id, archive)
     return MergedDownload(folder, archive, archive.stat().st_size)
 

@@ -11,7 +11,7 @@ import copy
 import secrets
 from pathlib import Path
 
-from ..config import HardwareSettings, ModelConfig, RunConfig
+from ..config import HardwareSettings, ModelConfig, RunConfig, resolve_runs_dir
 from ..data import resolve_source
 from ..engine import training
 from ..engine.hardware import HardwareInfo, ResolvedHardware, detect_hardware, resolve_hardware
@@ -31,7 +31,7 @@ class Studio:
     """One per app process. Thread-safe: Gradio calls it from several worker threads at once."""
 
     def __init__(self, runs_dir: str | Path | None = None, recipes_dir: str | Path | None = None) -> None:
-        self.runs_dir = Path(runs_dir).resolve() if runs_dir else RunConfig().resolved_runs_dir()
+        self.runs_dir = resolve_runs_dir(runs_dir)
         self.recipes_dir = Path(recipes_dir or ASSETS_DIR / "recipes").resolve()
         self.public = is_public_demo()
         self._hardware: HardwareInfo | None = None

@@ -25,7 +25,6 @@ TABLE_HEADERS = ["Prompt", "Reference", "Before", "After", "Before reward", "Aft
 class Comparison:
     """Everything the Compare tab shows for one run."""
 
-    run_id: str
     summary: str  # one or two sentences above the chart
     bars: list[dict]  # {"reward": "total" | reward name, "before": float | None, "after": float | None}
     table: list[list]  # rows under TABLE_HEADERS, one per sample prompt
@@ -46,7 +45,7 @@ def comparable_runs(summaries: list[dict]) -> list[tuple[str, str]]:
 
 def _has_held_out(run: RunDir) -> bool:
     """Without reading the file: training writes an empty eval.jsonl when it keeps no held-out prompts."""
-    path = run.data_dir / "eval.jsonl"
+    path = run.eval_data_path
     return path.is_file() and path.stat().st_size > 0
 
 
@@ -74,19 +73,22 @@ def comparison(run: RunDir) -> Comparison:
     stale = after is not None and weights is not None and scored_from is not None and scored_from != weights.label
     can_evaluate = (state not in ACTIVE_STATES and weights is not None and (after is None or stale)
                     and _has_held_out(run))
-    return Comparison(run.id, _summary(run, evaluation, state, weights, can_evaluate), bars if before or after else [],
+    return Comparison(_summary(run, evaluation, state, weights, can_evaluate), bars if before or after else [],
                       table, can_evaluate)
 
 
 def _table_row(sample: dict, names: list[str]) -> list:
     before, after = sample.get("before") or {}, sample.get("after") or {}
-    per_reward = "; ".join(f"{name} {_fmt(before.get('scores', {}).get(name))} → {_fmt(after.get('scores', {}).get(name))}"
-                           for name in names)
+    def side(scored: dict, name: str) -> str:
+        return _cell_number(scored.get("scores", {}).get(name))
+
+    per_reward = "; ".join(f"{name} {side(before, name)} → {side(after, name)}" for name in names)
     return [sample.get("prompt", ""), sample.get("reference", ""), before.get("reply", ""), after.get("reply", ""),
             _rounded(before.get("reward")), _rounded(after.get("reward")), per_reward]
 
 
-def _fmt(value) -> str:
+def _cell_number(value) -> str:
+    """A score in the Compare table: two decimals, "–" when that side is not scored."""
     return "–" if value is None else f"{value:.2f}"
 
 
@@ -127,7 +129,7 @@ def _summary(run: RunDir, evaluation: dict, state: str, weights: TrainedWeights 
 
 def _shared_system_message(run: RunDir) -> list[dict]:
     """The system message every training prompt had (recipes use one), so a free prompt is asked the same way."""
-    path = run.data_dir / "train.jsonl"
+    path = run.train_data_path
     examples = read_jsonl(path) if path.is_file() else []
     systems = {json.dumps([m for m in ex["prompt"] if m.get("role") == "system"]) for ex in examples}
     return json.loads(systems.pop()) if len(systems) == 1 else []

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..config import RunConfig
 from ..errors import DragonError
+from ..runstore import slug
 
 SECTIONS = ("model", "data", "rewards", "grpo", "training", "lora", "hardware", "distributed", "generation",
             "n_samples", "name", "runs_dir")
@@ -61,7 +62,7 @@ def same_settings(one: dict, other: dict) -> bool:
 def run_name_for(source: str) -> str:
     """A run name from a data source: the file's name without extension, or a Hub id's dataset name."""
     stem = Path(source.rstrip("/")).stem if source else ""
-    return re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-")[:40]
+    return slug(stem, empty="")
 
 
 def renamed(current: str, auto_name: str, source: str) -> tuple[str, str]:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runstore import ACTIVE_STATES, RunDir, read_jsonl
+from ..runstore import ACTIVE_STATES, RunDir, read_appended_rows
 
 LOG_LINES = 40
 LOG_TAIL_CHARS = 16_000
@@ -125,7 +125,7 @@ def _read_new_rows(path: Path, position: list[int] | None) -> tuple[list[dict], 
     start = 0 if reset or position is None else position[1]
     if position is not None and not reset and info.st_size == start:
         return [], False, position  # nothing appended: no need to open the file
-    rows, offset = read_jsonl(path, start)
+    rows, offset = read_appended_rows(path, start)
     return rows, reset, [info.st_ino, offset]
 
 

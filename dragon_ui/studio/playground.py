@@ -19,7 +19,7 @@ from pathlib import Path
 from ..config import ModelConfig
 from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, columns_of, is_hub_dataset_id, load_table, map_rows, prompt_text,
                    resolve_source)
-from ..errors import ConfigError, DragonError
+from ..errors import ConfigError, DragonError, first_line
 from ..rewards import Reward, ScoreResult, score_completion
 
 PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
@@ -66,7 +66,6 @@ class DataPreview:
 
     columns: list[str]
     rows: list[dict]  # the first PREVIEW_ROWS rows of the file, every value as display text
-    examples: list[dict]  # those rows mapped to examples in file order (no held-out split), for prompts and playground
     rendered: list[str]  # the full prompt text of the first RENDERED_ROWS examples
     rendered_note: str  # how ``rendered`` was made: the model's chat template, or plain text and why
     n_rows: int = 0
@@ -148,7 +147,7 @@ def _render_all(examples: list[dict], tokenizer, tokenizer_note: str) -> tuple[l
         try:
             return [render_prompt(ex["prompt"], tokenizer) for ex in examples], tokenizer_note, True
         except Exception as exc:  # templates raise on messages they do not support (e.g. a system role)
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = first_line(exc) or type(exc).__name__
             note = f"Shown as plain text because the model's chat template rejected these messages ({reason})."
             return [plain_prompt(ex["prompt"]) for ex in examples], note, False
     return [plain_prompt(ex["prompt"]) for ex in examples], tokenizer_note, False
@@ -174,7 +173,7 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
     ``tokenizer`` (with ``tokenizer_note`` saying whose chat template it is) renders prompts and counts tokens;
     without one, prompts are plain 'system:/user:' text, measured in words, and the note says why.
     """
-    empty = DataPreview(columns=[], rows=[], examples=[], rendered=[], rendered_note=tokenizer_note)
+    empty = DataPreview(columns=[], rows=[], rendered=[], rendered_note=tokenizer_note)
     try:
         data.validate()
     except ConfigError as exc:
@@ -199,7 +198,7 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
     texts, note, templated = _render_all(everything[:LENGTH_SAMPLE], tokenizer, tokenizer_note)
     shown, _, _ = _render_all(examples[:RENDERED_ROWS], tokenizer if templated else None, note)
     return replace(
-        preview, examples=examples, rendered=shown, rendered_note=note, n_rows=mapped.n_rows,
+        preview, rendered=shown, rendered_note=note, n_rows=mapped.n_rows,
         n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
         held_out_reason=mapped.held_out_reason(), lengths=prompt_lengths(texts, len(everything), tokenizer),
     )

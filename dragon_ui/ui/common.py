@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from ..errors import DragonError
+from ..errors import DragonError, describe
 from ..studio import draft as drafts
 from ..studio.backend import Studio
 
@@ -144,8 +144,7 @@ def explain(exc: BaseException) -> str:
     if isinstance(exc, DragonError):
         return str(exc)
     log.exception("unexpected error in the UI")
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"Something went wrong: {type(exc).__name__}{': ' + first if first else ''}"
+    return f"Something went wrong: {describe(exc)}"
 
 
 def shows_errors(fn):

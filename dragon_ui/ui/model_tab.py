@@ -21,6 +21,7 @@ from .. import speedups
 from ..config import DEVICES, DTYPES, GENERATION_BACKENDS, LOSS_TYPES, SCALE_REWARDS, STRATEGIES
 from ..engine.hardware import HardwareInfo, resolve_hardware, system_memory_gb
 from ..errors import DragonError
+from ..runstore import slug
 from ..scaleout.launch_folder import export_launch_folder
 from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
@@ -231,8 +232,7 @@ class Preview:
 
 
 def config_file_name(draft: dict) -> str:
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", (draft.get("name") or "").strip()).strip("-.") or "my-run"
-    return f"{stem}.yaml"
+    return f"{slug((draft.get('name') or '').strip(), empty='my-run')}.yaml"
 
 
 def write_config_file(draft: dict, yaml_text: str) -> Path:
