@@ -416,23 +416,21 @@ def sampling_mode(model):
     ``torch.multinomial`` calls drawing by inverse CDF (see ``inverse_cdf_sampling``), the adapters merged (see
     ``merged_sampling``) and each distinct prompt read once (see ``shared_prompts``); then all as they were."""
     was_training, was_sampling = model.training, getattr(_sampling, "active", False)
-    if enabled("sampling_without_dropout"):
-        model.eval()
-    if enabled("inverse_cdf_sampling"):
-        try:
-            _install_inverse_cdf_sampler()
-            _sampling.active = True
-        except Exception as exc:  # torch moved: sample with its own multinomial
-            switch_off("inverse_cdf_sampling", exc)
-    merged = (merge_adapters_for_sampling(model) or []) if enabled("merged_sampling") else []
-    try:
-        with shared_prompt_prefill(model):
-            yield
-    finally:
-        for module in merged:
-            module.sampling_weight = None
-        model.train(was_training)
-        _sampling.active = was_sampling
+    with contextlib.ExitStack() as restore:  # undone in reverse order, whatever happens inside
+        if enabled("sampling_without_dropout"):
+            model.eval()
+        restore.callback(model.train, was_training)
+        if enabled("inverse_cdf_sampling"):
+            try:
+                restore.enter_context(inverse_cdf_sampler())
+                _sampling.active = True
+            except Exception as exc:  # torch moved: sample with its own multinomial
+                switch_off("inverse_cdf_sampling", exc)
+        restore.callback(setattr, _sampling, "active", was_sampling)
+        for module in (merge_adapters_for_sampling(model) or []) if enabled("merged_sampling") else []:
+            restore.callback(setattr, module, "sampling_weight", None)
+        restore.enter_context(shared_prompt_prefill(model))
+        yield
 
 
 MERGED_SAMPLING_MEMORY_SHARE = 0.25  # of the machine's free memory, at most, for the merged copy of the weights
@@ -642,14 +640,32 @@ def _drops_out(model) -> bool:
                if isinstance(module, torch.nn.modules.dropout._DropoutNd))
 
 
-@functools.cache
-def _install_inverse_cdf_sampler() -> None:
-    """Route ``torch.multinomial`` through :func:`inverse_cdf_multinomial`, which only acts inside ``sampling_mode``
-    on the thread that entered it; every other call, and every other thread, gets torch's own function."""
+_samplers_lock = threading.Lock()
+_samplers = 0  # sampling_mode blocks open now, in any thread: torch.multinomial is replaced while there are any
+_torch_multinomial = None  # torch's own function, while it is replaced
+
+
+@contextlib.contextmanager
+def inverse_cdf_sampler():
+    """``torch.multinomial`` routed through :func:`inverse_cdf_multinomial` while the block runs, torch's own again
+    after the last such block ends. The replacement only acts on the thread that entered ``sampling_mode``; every
+    other call, and every other thread, gets torch's own function."""
     import torch
 
-    torch.multinomial = functools.wraps(torch.multinomial)(
-        functools.partial(inverse_cdf_multinomial, torch_multinomial=torch.multinomial))
+    global _samplers, _torch_multinomial
+    with _samplers_lock:
+        if _samplers == 0:
+            _torch_multinomial = torch.multinomial
+            torch.multinomial = functools.wraps(_torch_multinomial)(
+                functools.partial(inverse_cdf_multinomial, torch_multinomial=_torch_multinomial))
+        _samplers += 1
+    try:
+        yield
+    finally:
+        with _samplers_lock:
+            _samplers -= 1
+            if _samplers == 0:
+                torch.multinomial, _torch_multinomial = _torch_multinomial, None
 
 
 def inverse_cdf_multinomial(input, num_samples, replacement=False, *, generator=None, out=None, torch_multinomial):

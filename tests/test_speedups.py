@@ -364,6 +364,21 @@ def test_inverse_cdf_sampling_draws_from_the_same_distribution_as_torch(tiny_mod
     assert (counts - torch_counts).abs().max().item() < 5 * (draws * probs.max().item()) ** 0.5
 
 
+def test_torch_multinomial_is_replaced_only_while_something_samples(tiny_model_dir):
+    """Not for good: a process that trained once must call torch's own multinomial again afterwards."""
+    torchs = torch.multinomial
+    model = _tiny(tiny_model_dir)
+    with speedups.sampling_mode(model):
+        assert torch.multinomial is not torchs
+        with speedups.sampling_mode(model):  # nested (or another thread's) block: still replaced
+            pass
+        assert torch.multinomial is not torchs
+    assert torch.multinomial is torchs
+    with pytest.raises(KeyError), speedups.sampling_mode(model):
+        raise KeyError("a failing generate")
+    assert torch.multinomial is torchs and not getattr(speedups._sampling, "active", False)
+
+
 def test_inverse_cdf_sampling_leaves_other_calls_and_invalid_tables_to_torch(tiny_model_dir):
     probs = torch.tensor([[0.2, 0.3, 0.5]])
     with speedups.sampling_mode(_tiny(tiny_model_dir)):
