@@ -79,8 +79,8 @@ def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward]
 
 
 def score_replies(examples: list[dict], replies: list[str], rewards: list[Reward], seconds: float) -> EvalResult:
-    """Score one reply per held-out example with every reward (also used by compare.evaluate_now, which generates
-    batch by batch to report progress)."""
+    """Score one reply per held-out example with every reward (also used by evaluate_now, which generates batch
+    by batch to report progress)."""
     totals, scores = [], []
     for example, reply in zip(examples, replies):
         result = score_completion(rewards, reply, reference=example.get("reference") or None,

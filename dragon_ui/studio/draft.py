@@ -13,6 +13,7 @@ be ...", "The 4th reward (my_check): ...") and which part of the form the proble
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,7 @@ from ..config import RunConfig
 from ..errors import DragonError
 from ..runstore import slug
 
-SECTIONS = ("model", "data", "rewards", "grpo", "training", "lora", "hardware", "distributed", "generation",
-            "n_samples", "name", "runs_dir")
+SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))  # the first word of every config path
 # A config path at the start of an engine message: "training.learning_rate", "rewards[3].code", "data.source".
 _LEADING_PATH = re.compile(r"^(?P<path>(?P<section>[a-z_]+)(?:\[(?P<index>\d+)\])?(?:\.[a-z_0-9]+)*)(?=[\s:;,.]|$)")
 _REWARD_PATH = re.compile(r"^rewards\[(?P<index>\d+)\](?:\.(?P<field>[a-z_]+))?$")

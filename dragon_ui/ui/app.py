@@ -8,6 +8,7 @@ in the form (common.Form) and, between visits, in the browser (``gr.BrowserState
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
 import gradio as gr
@@ -57,10 +58,10 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             return (new_draft, new_draft, count + 1, new_draft.get("name", ""), gr.Row(visible=False), "", None,
                     message(f"Loaded {label}: data, rewards and settings.", "ok"))
 
-        def offer(pristine: dict, count: int, *args) -> tuple:
-            """Load a draft (a recipe, a past run's settings), asking first when the form has been edited since the
-            last load. ``args``: the form's inputs, then the inputs of the function that gives the new draft."""
-            current, (get_draft, *rest) = form.compose(*args[:len(form.inputs)]), args[len(form.inputs):]
+        def offer(get_draft, pristine: dict, count: int, *args) -> tuple:
+            """Load the draft ``get_draft`` gives (a recipe, a past run's settings), asking first when the form has
+            been edited since the last load. ``args``: the form's inputs, then ``get_draft``'s."""
+            current, rest = form.compose(*args[:len(form.inputs)]), args[len(form.inputs):]
             try:
                 new_draft, label = get_draft(*rest)
             except DragonError as exc:
@@ -74,9 +75,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
 
         def offer_draft(trigger, get_draft, inputs: list) -> None:
             """Wire ``trigger`` to load the draft that ``get_draft(*inputs)`` returns as (draft, what it is)."""
-            trigger(lambda pristine, count, *args: offer(pristine, count, *args[:len(form.inputs)], get_draft,
-                                                         *args[len(form.inputs):]),
-                    [shared.pristine, shared.config_loaded, *form.inputs, *inputs], [*loading, *asking],
+            trigger(functools.partial(offer, get_draft), [shared.pristine, shared.config_loaded, *form.inputs, *inputs],
+                    [*loading, *asking],
                     api_visibility="private", show_progress="hidden")
 
         shared.offer_draft = offer_draft

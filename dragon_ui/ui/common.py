@@ -105,10 +105,6 @@ class Form:
               [c for _, outputs, _ in self._watchers for c in outputs], trigger_mode="always_last",
               show_progress="hidden", api_visibility="private")
 
-    def problem(self, exc: BaseException, draft: dict) -> drafts.Problem:
-        """An engine error about the draft, placed and worded for the screen."""
-        return drafts.place_problem(explain(exc), self.labels, draft.get("rewards") or [])
-
 
 @dataclass
 class Shared:
@@ -125,8 +121,8 @@ class Shared:
     # Events that put a new data source in the form (a pick, an upload, a typed path): the run name follows them.
     source_replaced: list = field(default_factory=list)
     # Tabs that replace the whole draft (a past run's "Load these settings") call this with their trigger and a
-    # function of their inputs that returns (draft, what it is); app.build_app provides it.
-    offer_draft: Callable[..., Any] = field(default=lambda *args, **kwargs: None)
+    # function of their inputs that returns (draft, what it is); app.build_app sets it before building the tabs.
+    offer_draft: Callable[..., Any] | None = None
 
     @property
     def loaded(self) -> gr.State:

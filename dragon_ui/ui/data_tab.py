@@ -214,7 +214,7 @@ def build(shared: Shared) -> Callable[[], None]:
                 info="Pick a column, or type a template such as Q: {question}"), lambda value: value or "")
             reference = form.add("data.reference", gr.Dropdown(
                 label="Reference answer", allow_custom_value=True, elem_id="data-reference",
-                info="A column or template the rewards compare replies with; may stay empty."), _text_or_none)
+                info="A column or template the rewards compare replies with; may stay empty."), lambda value: value or None)
             system = form.add("data.system", gr.Dropdown(
                 label="System message", allow_custom_value=True, elem_id="data-system",
                 info="Fixed text, a column or a template; may stay empty."), lambda value: value or None)

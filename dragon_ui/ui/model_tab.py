@@ -396,6 +396,7 @@ def build(shared: Shared) -> Callable[[], None]:
     continue_from.input(lambda folder: folder or gr.skip(), [continue_from], [model_id], api_visibility="private")
     continue_from.focus(lambda: gr.Dropdown(choices=finished_runs(studio)), None, [continue_from],
                         api_visibility="private", show_progress="hidden")
+
     def pick_preset(event: gr.SelectData) -> str:
         return PRESETS[event.index[0]].id
 
