@@ -20,7 +20,7 @@ work gain against the hardware limit of TRL's own way.
 
     python bench/breakdown.py [--steps 4] [--dtype float32] [--threads 2] [--set lora.dropout=0] [--tag NAME]
 
-DRAGON_UI_SPEEDUPS chooses the speed-ups (dragon_ui/speedups.py); bench/speedups.py compares them.
+DRAGON_UI_SPEEDUPS chooses the speed-ups (dragon_ui/speedups/); bench/speedups.py compares them.
 """
 
 import argparse

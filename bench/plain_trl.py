@@ -11,7 +11,7 @@ JSON (its ``grpo``, ``training``, ``lora`` and ``rewards`` sections are read as 
 benchmark passes the exact training rows and settings Dragon uses, so both sample the same prompts at the same
 temperature and are timed on equal work.
 
-``--speedups`` applies Dragon's CPU speed-ups (``dragon_ui/speedups.py``, as ``DRAGON_UI_SPEEDUPS`` chooses them)
+``--speedups`` applies Dragon's CPU speed-ups (``dragon_ui/speedups/``, as ``DRAGON_UI_SPEEDUPS`` chooses them)
 to this same script: the work of Dragon as shipped without Dragon's engine (run store, callbacks, worker thread),
 so the engine's own cost can be measured at the speed users actually train at.
 """
@@ -87,11 +87,9 @@ def main():
     if args.speedups:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from dragon_ui import speedups
-        from dragon_ui.engine.training import _studio_trainer_class
 
         speedups.apply_to_loaded_model(model)
-        speedups.apply_to_trl()
-        trainer_class = _studio_trainer_class()  # GRPOTrainer sampling in speedups.sampling_mode
+        trainer_class = speedups.grpo_trainer_class()  # GRPOTrainer sampling and scoring with the speed-ups
     config = GRPOConfig(
         output_dir="/tmp/plain-trl-bench", per_device_train_batch_size=training["batch_size"] * grpo["group_size"],
         num_generations=grpo["group_size"], max_completion_length=grpo["max_new_tokens"],

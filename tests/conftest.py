@@ -225,3 +225,16 @@ def openmp_threads_around(action) -> tuple[int, int, object]:
     worker.start()
     worker.join()
     return found["busy"], found["after"], found["result"]
+
+
+def said(text: str) -> list[tuple[str, str]]:
+    """What the messages in ``text`` (Markdown from ``ui.common.message``, one per paragraph) mean: (kind, words)
+    each, whatever icon draws the kind; a paragraph that is no message has the kind None."""
+    from dragon_ui.ui.common import MESSAGE_ICONS
+
+    meanings = []
+    for paragraph in text.split("\n\n"):
+        kind = next((kind for kind, icon in MESSAGE_ICONS.items() if paragraph.startswith(icon + " ")), None)
+        meanings.append((kind, paragraph.removeprefix(f"{MESSAGE_ICONS[kind]} ") if kind else paragraph))
+    return meanings
+

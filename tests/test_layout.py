@@ -48,7 +48,7 @@ def test_only_the_ui_imports_gradio():
     assert importers(outside_ui, ("gradio", "gradio_client", "dragon_ui.ui")) == {}
 
 
-@pytest.mark.parametrize("part", ["engine", "speedups.py", "scaleout", "cli.py"])
+@pytest.mark.parametrize("part", ["engine", "speedups", "scaleout", "cli.py"])
 def test_the_engine_and_the_command_line_know_nothing_of_the_app(part):
     """Training, its speed-ups, the scale-out folder and the CLI run where the app's backend is not even copied."""
     modules = files(part) if (PACKAGE / part).is_dir() else [PACKAGE / part]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dragon_ui import speedups
+from dragon_ui.speedups import attention, lm_head, lora_layers, registry, sampling, shared_prompts
 from dragon_ui.errors import ConfigError
 
 
@@ -45,10 +46,10 @@ def fresh_registry(monkeypatch):
     test, so what one test switches off does not leak into the next."""
     monkeypatch.delenv(speedups.ENV, raising=False)
 
-    caches = (speedups._version_reason, speedups._say_off, speedups.library_version)  # before a test replaces one
+    caches = (registry._version_reason, registry._say_off, registry.library_version)  # before a test replaces one
 
     def clear():
-        speedups._failed.clear()
+        registry._failed.clear()
         for cached in caches:
             cached.cache_clear()
 
@@ -57,10 +58,16 @@ def fresh_registry(monkeypatch):
     clear()
 
 
-def test_every_speedup_declares_the_versions_it_was_verified_with():
-    assert set(speedups.VERIFIED) == set(speedups.ALL)
-    for name, libraries in speedups.VERIFIED.items():
-        assert libraries and set(libraries) <= {"torch", "trl", "transformers", "peft"}, name
+def test_every_speedup_declares_its_family_what_it_changes_and_the_versions_it_was_verified_with():
+    import importlib
+
+    assert tuple(registry.SPEEDUPS) == speedups.ALL
+    for name, speedup in registry.SPEEDUPS.items():
+        assert speedup.verified and {package for package, _ in speedup.verified} <= {"torch", "trl", "transformers",
+                                                                                      "peft"}, name
+        assert speedup.changes and speedup.lasts, name
+        family = importlib.import_module(f"dragon_ui.speedups.{speedup.family}")
+        assert f"``{name}``" in family.__doc__, f"{family.__name__} does not explain {name}"
 
 
 def test_with_the_installed_libraries_every_speedup_is_on(fresh_registry):
@@ -70,9 +77,9 @@ def test_with_the_installed_libraries_every_speedup_is_on(fresh_registry):
 @pytest.mark.parametrize("name", speedups.ALL)
 def test_a_library_outside_the_verified_versions_turns_the_speedup_off_with_the_reason(name, fresh_registry,
                                                                                        monkeypatch, caplog):
-    moved = next(iter(speedups.VERIFIED[name]))
-    real = speedups.library_version
-    monkeypatch.setattr(speedups, "library_version", lambda package: "99.0" if package == moved else real(package))
+    moved = registry.SPEEDUPS[name].verified[0][0]
+    real = registry.library_version
+    monkeypatch.setattr(registry, "library_version", lambda package: "99.0" if package == moved else real(package))
     with caplog.at_level("INFO", logger=speedups.__name__):
         assert not speedups.enabled(name)
         speedups.enabled(name)  # asked again: said once
@@ -80,13 +87,13 @@ def test_a_library_outside_the_verified_versions_turns_the_speedup_off_with_the_
     assert moved in reason and "found 99.0" in reason
     assert [r.getMessage() for r in caplog.records].count(
         f"Speed-up {name} is off ({reason}); the libraries' own code runs instead.") == 1
-    others = [other for other in speedups.ALL if moved not in speedups.VERIFIED[other]]
+    others = [other for other, speedup in registry.SPEEDUPS.items() if moved not in dict(speedup.verified)]
     assert all(speedups.enabled(other) for other in others)
 
 
 def test_a_local_build_tag_counts_as_its_release(fresh_registry, monkeypatch):
-    real = speedups.library_version
-    monkeypatch.setattr(speedups, "library_version", lambda package: "2.13.0+cu128" if package == "torch"
+    real = registry.library_version
+    monkeypatch.setattr(registry, "library_version", lambda package: "2.13.0+cu128" if package == "torch"
                         else real(package))
     assert speedups.enabled("lean_adapter_layers")
 
@@ -102,11 +109,10 @@ class _BrokenModel:
 
 
 @pytest.mark.parametrize("install, names", [
-    (speedups.contiguous_lm_head_input, ["contiguous_lm_head"]),
-    (speedups.short_sequence_attention, ["short_sequence_attention"]),
-    (speedups.sparse_adapter_dropout, ["sparse_dropout"]),
-    (speedups.lean_adapter_layers, ["lean_adapter_layers"]),
-    (speedups.merge_adapters_for_sampling, ["merged_sampling"]),
+    (lm_head.contiguous_lm_head_input, ["contiguous_lm_head"]),
+    (attention.short_sequence_attention, ["short_sequence_attention"]),
+    (lora_layers.sparse_adapter_dropout, ["sparse_dropout"]),
+    (lora_layers.lean_adapter_layers, ["lean_adapter_layers"]),
 ])
 def test_an_installer_that_raises_switches_its_speedup_off_and_the_run_goes_on(install, names, fresh_registry,
                                                                                caplog):
@@ -118,14 +124,37 @@ def test_an_installer_that_raises_switches_its_speedup_off_and_the_run_goes_on(i
     assert any("is off from now on" in record.getMessage() for record in caplog.records)
 
 
-def test_a_trl_patch_whose_target_moved_switches_off(fresh_registry, monkeypatch):
-    from trl.kernels import chunked_logprob
-    from trl.trainer import utils
+@pytest.mark.parametrize("owner, attribute, names", [
+    ("torch", "multinomial", ["inverse_cdf_sampling"]),
+    ("trl.trainer.utils", "_use_triton", ["completion_logprobs"]),
+    ("trl.trainer.utils", "_ChunkedLogProbFunction", ["cache_sized_logprob_tiles", "lean_logprob_head"]),
+])
+def test_a_library_function_that_moved_switches_its_speedup_off_and_the_step_runs(owner, attribute, names,
+                                                                                  tiny_model_dir, fresh_registry,
+                                                                                  monkeypatch):
+    import importlib
 
-    monkeypatch.delattr(chunked_logprob, "_use_triton")  # a TRL release without the function
-    monkeypatch.setattr(utils, "_use_triton", lambda device: False)  # not yet patched; restored after the test
-    speedups.score_completion_tokens_only()
-    assert speedups.status()["disabled"]["completion_logprobs"].startswith("it raised AttributeError")
+    monkeypatch.delattr(importlib.import_module(owner), attribute)  # a release without it
+    model = _tiny(tiny_model_dir)
+    ran = []
+    with speedups.sampling_mode(model), speedups.scoring_mode(model, prompt_length=3):
+        ran.append(True)
+    assert ran
+    disabled = speedups.status()["disabled"]
+    assert set(disabled) == set(names) and all(disabled[name].startswith("it raised AttributeError") for name in names)
+
+
+def test_a_model_whose_attributes_moved_samples_without_the_speedups_that_read_them(fresh_registry):
+    with speedups.sampling_mode(_BrokenModel()):
+        pass
+    assert set(speedups.status()["disabled"]) == {"sampling_without_dropout", "merged_sampling"}
+
+
+def test_what_a_step_raises_is_the_steps_and_switches_nothing_off(tiny_model_dir, fresh_registry):
+    model = _tiny(tiny_model_dir)
+    with pytest.raises(KeyError), speedups.sampling_mode(model), speedups.scoring_mode(model, prompt_length=3):
+        raise KeyError("a reward failed")
+    assert speedups.status()["disabled"] == {}
 
 
 def test_a_shared_prompt_pass_that_raises_falls_back_to_every_row_its_own(tiny_model_dir, fresh_registry,
@@ -139,8 +168,8 @@ def test_a_shared_prompt_pass_that_raises_falls_back_to_every_row_its_own(tiny_m
     def moved(*args, **kwargs):
         raise TypeError("DynamicCache.batch_select_indices() got an unexpected keyword argument")
 
-    monkeypatch.setattr(speedups, "forward_sharing_prompts", moved)
-    with torch.no_grad(), speedups.shared_prompts(model, prompt_length=3):
+    monkeypatch.setattr(shared_prompts, "forward_sharing_prompts", moved)
+    with torch.no_grad(), shared_prompts.scoring_shared_prompts(model, prompt_length=3):
         logits = model(input_ids=ids, attention_mask=mask).logits
     assert torch.equal(logits, expected)
     assert speedups.status()["disabled"]["shared_prompts"].startswith("it raised TypeError")
@@ -157,7 +186,7 @@ def test_completion_only_logprobs_equal_the_all_positions_ones_with_their_gradie
     from trl.trainer import utils
     from trl.trainer.utils import add_fused_lm_head
 
-    monkeypatch.setattr(utils, "_use_triton", chunked_logprob._use_triton)  # TRL's choice, whatever ran before
+    assert utils._use_triton is chunked_logprob._use_triton  # TRL's own: no earlier block left it replaced
     model = _tiny(tiny_model_dir)
     add_fused_lm_head(model, temperature=0.8, outputs=("log_probs", "entropy"))
     input_ids = torch.randint(5, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
@@ -175,9 +204,10 @@ def test_completion_only_logprobs_equal_the_all_positions_ones_with_their_gradie
 
     all_positions = logprobs_and_grads()
     assert not utils._use_triton(torch.device("cpu"))  # TRL's own choice on the CPU: score every position
-    speedups.score_completion_tokens_only()
-    assert utils._use_triton(torch.device("cpu"))
-    completions_only = logprobs_and_grads()
+    with lm_head.completion_tokens_only():
+        assert utils._use_triton(torch.device("cpu"))
+        completions_only = logprobs_and_grads()
+    assert utils._use_triton is chunked_logprob._use_triton  # TRL's own again after the block
     torch.testing.assert_close(completions_only[0], all_positions[0])
     torch.testing.assert_close(completions_only[1], all_positions[1])
     for got, want in zip(completions_only[2], all_positions[2], strict=True):
@@ -185,20 +215,20 @@ def test_completion_only_logprobs_equal_the_all_positions_ones_with_their_gradie
     assert not chunked_logprob._use_triton(torch.device("cpu"))  # the kernel choice is TRL's, untouched
 
 
-def _trl_logprob_function(monkeypatch):
-    """TRL's own fused log-prob function, with whatever an earlier test installed taken out for this test."""
+def _trl_logprob_function():
+    """TRL's own fused log-prob function, as every test finds it: no earlier block left it replaced."""
+    from trl import kernels
     from trl.trainer import utils
 
-    trl_function = getattr(utils._ChunkedLogProbFunction, "wrapped", utils._ChunkedLogProbFunction)
-    monkeypatch.setattr(utils, "_ChunkedLogProbFunction", trl_function)
-    return trl_function
+    assert utils._ChunkedLogProbFunction is kernels.ChunkedLogProbFunction
+    return utils._ChunkedLogProbFunction
 
 
 def test_cache_sized_logprob_tiles_give_the_same_logprobs_and_gradients(tiny_model_dir, monkeypatch):
     from trl.trainer import utils
     from trl.trainer.utils import add_fused_lm_head
 
-    trl_function = _trl_logprob_function(monkeypatch)
+    trl_function = _trl_logprob_function()
     widths = []
     original_apply = trl_function.apply
 
@@ -218,10 +248,10 @@ def test_cache_sized_logprob_tiles_give_the_same_logprobs_and_gradients(tiny_mod
         return out.log_probs.detach(), out.entropy.detach(), model.lm_head.weight.grad.clone()
 
     one_tile = logprobs_and_grads()  # TRL's width is wider than the tiny vocabulary
-    monkeypatch.setattr(speedups, "CPU_LOGPROB_TILE", 7)  # many tiles, the last one partly filled
-    speedups.cpu_logprob_head()
-    speedups.cpu_logprob_head()  # a second call wraps nothing twice
-    many_tiles = logprobs_and_grads()  # a trained LM head: TRL's function with Dragon's tiles, not the lean head
+    monkeypatch.setattr(lm_head, "CPU_LOGPROB_TILE", 7)  # many tiles, the last one partly filled
+    with lm_head.cpu_logprob_head(), lm_head.cpu_logprob_head():  # nested blocks share one replacement
+        many_tiles = logprobs_and_grads()  # a trained LM head: TRL's function with Dragon's tiles, not the lean head
+    assert utils._ChunkedLogProbFunction is trl_function
     assert widths == [utils._CHUNKED_LOGPROB_CHUNK_SIZE, 7] and model.config.vocab_size % 7
     for got, want in zip(many_tiles, one_tile, strict=True):  # summed in another order: float32 rounding apart
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
@@ -230,9 +260,9 @@ def test_cache_sized_logprob_tiles_give_the_same_logprobs_and_gradients(tiny_mod
 @pytest.mark.parametrize("dtype, entropy_trained", [
     (torch.float32, False), (torch.float32, True), (torch.bfloat16, False), (torch.bfloat16, True)])
 def test_the_lean_logprob_head_matches_trls_log_probs_entropy_and_gradients(monkeypatch, dtype, entropy_trained):
-    trl_function = _trl_logprob_function(monkeypatch)
-    monkeypatch.setattr(speedups, "CPU_LOGPROB_TILE", 16)  # several tiles, the last one partly filled
-    monkeypatch.setattr(speedups, "LOGIT_GRADIENT_BLOCK_BYTES", 7 * 50 * 2)  # row blocks of 7, the last of 5
+    trl_function = _trl_logprob_function()
+    monkeypatch.setattr(lm_head, "CPU_LOGPROB_TILE", 16)  # several tiles, the last one partly filled
+    monkeypatch.setattr(lm_head, "LOGIT_GRADIENT_BLOCK_BYTES", 7 * 50 * 2)  # row blocks of 7, the last of 5
     generator = torch.Generator().manual_seed(3)
     weight = torch.randn(50, 24, generator=generator).to(dtype)  # frozen, as under LoRA
     hidden = torch.randn(19, 24, generator=generator).to(dtype)
@@ -248,7 +278,7 @@ def test_the_lean_logprob_head_matches_trls_log_probs_entropy_and_gradients(monk
         return logprobs.detach(), entropy.detach(), x.grad
 
     want = head(lambda x, *a: trl_function.apply(x, weight, None, targets, 0.8, 16, None, 1.0, ("log_probs", "entropy")))
-    got = head(lambda x: speedups.lean_logprob_head_class().apply(x, weight, targets, 1 / 0.8, True))
+    got = head(lambda x: lm_head.lean_logprob_head_class().apply(x, weight, targets, 1 / 0.8, True))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # the same operations on the same numbers
     # TRL sums the gradient in float32 and rounds to bf16 once; the lean head's matmul does too, in another order
     tolerance = {"rtol": 1e-5, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-6}
@@ -258,14 +288,14 @@ def test_the_lean_logprob_head_matches_trls_log_probs_entropy_and_gradients(monk
 def test_the_lean_logprob_head_trains_a_model_like_trl_and_leaves_other_cases_to_it(tiny_model_dir, monkeypatch):
     from trl.trainer.utils import add_fused_lm_head
 
-    _trl_logprob_function(monkeypatch)
+    _trl_logprob_function()
     model = _tiny(tiny_model_dir)
     model.lm_head.weight.requires_grad_(False)  # as under LoRA
     add_fused_lm_head(model, temperature=0.8, outputs=("log_probs", "entropy"))
     input_ids = torch.randint(5, model.config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(5))
     lean_calls = []
-    lean_apply = speedups.lean_logprob_head_class().apply
-    monkeypatch.setattr(speedups.lean_logprob_head_class(), "apply", lambda *a: lean_calls.append(1) or lean_apply(*a))
+    lean_apply = lm_head.lean_logprob_head_class().apply
+    monkeypatch.setattr(lm_head.lean_logprob_head_class(), "apply", lambda *a: lean_calls.append(1) or lean_apply(*a))
 
     def logprobs_and_grads():
         model.zero_grad()
@@ -274,24 +304,24 @@ def test_the_lean_logprob_head_trains_a_model_like_trl_and_leaves_other_cases_to
         return out.log_probs.detach(), out.entropy.detach(), model.model.norm.weight.grad.clone()
 
     trls = logprobs_and_grads()
-    speedups.cpu_logprob_head()
-    leans = logprobs_and_grads()
-    assert lean_calls == [1]
-    for got, want in zip(leans, trls, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with lm_head.cpu_logprob_head():
+        leans = logprobs_and_grads()
+        assert lean_calls == [1]
+        for got, want in zip(leans, trls, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
-    model.lm_head.weight.requires_grad_(True)  # full fine-tuning trains the head: TRL's function computes its gradient
-    assert logprobs_and_grads()[0].shape == trls[0].shape and lean_calls == [1]
-    model.lm_head.weight.requires_grad_(False)
-    monkeypatch.setenv(speedups.ENV, "cache_sized_logprob_tiles")
-    torch.testing.assert_close(logprobs_and_grads()[0], trls[0])
-    assert lean_calls == [1]
+        model.lm_head.weight.requires_grad_(True)  # full fine-tuning trains the head: TRL's function's gradient
+        assert logprobs_and_grads()[0].shape == trls[0].shape and lean_calls == [1]
+        model.lm_head.weight.requires_grad_(False)
+        monkeypatch.setenv(speedups.ENV, "cache_sized_logprob_tiles")  # read on each call, in a running process
+        torch.testing.assert_close(logprobs_and_grads()[0], trls[0])
+        assert lean_calls == [1]
 
 
 def test_the_lean_logprob_head_scores_an_empty_batch():
     weight = torch.randn(30, 8)
     hidden = torch.zeros(0, 8, requires_grad=True)
-    logprobs, entropy = speedups.lean_logprob_head_class().apply(hidden, weight, torch.zeros(0, dtype=torch.long), 1.0,
+    logprobs, entropy = lm_head.lean_logprob_head_class().apply(hidden, weight, torch.zeros(0, dtype=torch.long), 1.0,
                                                                  True)
     logprobs.sum().backward()
     assert logprobs.shape == entropy.shape == (0,) and hidden.grad.shape == (0, 8)
@@ -307,8 +337,8 @@ def test_contiguous_lm_head_input_gives_the_same_logits_and_generations(tiny_mod
         before_logits = model.lm_head(hidden)
         before = model.generate(input_ids=input_ids, max_new_tokens=6, do_sample=False)
         seen = []
-        speedups.contiguous_lm_head_input(model)
-        speedups.contiguous_lm_head_input(model)  # a second call adds nothing
+        lm_head.contiguous_lm_head_input(model)
+        lm_head.contiguous_lm_head_input(model)  # a second call adds nothing
         model.lm_head.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
         torch.testing.assert_close(model.lm_head(hidden), before_logits)
         after = model.generate(input_ids=input_ids, max_new_tokens=6, do_sample=False)
@@ -376,7 +406,7 @@ def test_torch_multinomial_is_replaced_only_while_something_samples(tiny_model_d
     assert torch.multinomial is torchs
     with pytest.raises(KeyError), speedups.sampling_mode(model):
         raise KeyError("a failing generate")
-    assert torch.multinomial is torchs and not getattr(speedups._sampling, "active", False)
+    assert torch.multinomial is torchs and not getattr(sampling._sampling, "active", False)
 
 
 def test_inverse_cdf_sampling_leaves_other_calls_and_invalid_tables_to_torch(tiny_model_dir):
@@ -389,15 +419,15 @@ def test_inverse_cdf_sampling_leaves_other_calls_and_invalid_tables_to_torch(tin
             torch.multinomial(torch.zeros(1, 3), num_samples=1)
         drawn_elsewhere = []
         thread = __import__("threading").Thread(
-            target=lambda: drawn_elsewhere.append(getattr(speedups._sampling, "active", False)))
+            target=lambda: drawn_elsewhere.append(getattr(sampling._sampling, "active", False)))
         thread.start()
         thread.join()
         assert drawn_elsewhere == [False]  # only the thread that samples completions uses the inverse CDF
-    assert not getattr(speedups._sampling, "active", False)
+    assert not getattr(sampling._sampling, "active", False)
 
 
 def test_sparse_dropout_drops_each_element_independently_at_the_set_rate():
-    dropout = speedups.sparse_dropout_class()(0.3).train()
+    dropout = lora_layers.sparse_dropout_class()(0.3).train()
     x = torch.ones(400, 500)
     out = dropout(x)
     dropped = (out == 0).float()
@@ -412,7 +442,7 @@ def test_sparse_dropout_drops_each_element_independently_at_the_set_rate():
 @pytest.mark.parametrize("p", [0.05, 0.5, 0.99])
 def test_dropped_positions_cover_the_whole_range_whatever_the_rate(p):
     torch.manual_seed(1)
-    positions = speedups.dropped_positions(10_000, p)
+    positions = lora_layers.dropped_positions(10_000, p)
     assert positions.dtype == torch.int64
     assert positions.min().item() >= 0 and positions.max().item() < 10_000
     assert torch.equal(positions, positions.unique())  # sorted and distinct
@@ -421,14 +451,14 @@ def test_dropped_positions_cover_the_whole_range_whatever_the_rate(p):
 
 
 def test_sparse_dropout_at_rate_zero_keeps_every_element():
-    dropout = speedups.sparse_dropout_class()(0.1)
+    dropout = lora_layers.sparse_dropout_class()(0.1)
     dropout.p = 0.0  # e.g. a rate lowered after the swap
     x = torch.randn(4, 32)
     assert torch.equal(dropout(x), x)
 
 
 def test_sparse_dropout_backward_zeroes_exactly_the_dropped_positions():
-    dropout = speedups.sparse_dropout_class()(0.2).train()
+    dropout = lora_layers.sparse_dropout_class()(0.2).train()
     x = (torch.rand(6, 7, 9) + 0.5).transpose(0, 2).requires_grad_(True)  # not contiguous, as a slice can be
     weights = torch.randn(9, 7, 6)
     out = dropout(x)
@@ -443,10 +473,10 @@ def test_a_peft_model_gets_sparse_dropout_with_the_same_rate_and_the_same_adapte
     model = get_peft_model(_tiny(tiny_model_dir), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1,
                                                              target_modules="all-linear"))
     keys_before = set(model.state_dict())
-    speedups.sparse_adapter_dropout(model)
+    lora_layers.sparse_adapter_dropout(model)
     dropouts = [d for m in model.modules() if isinstance(getattr(m, "lora_dropout", None), torch.nn.ModuleDict)
                 for d in m.lora_dropout.values()]
-    assert dropouts and all(type(d) is speedups.sparse_dropout_class() and d.p == 0.1 for d in dropouts)
+    assert dropouts and all(type(d) is lora_layers.sparse_dropout_class() and d.p == 0.1 for d in dropouts)
     assert set(model.state_dict()) == keys_before
     model.train()
     input_ids = torch.randint(5, model.config.vocab_size, (2, 8))
@@ -492,8 +522,8 @@ def _attention_pair(tiny_model_dir, dtype=torch.bfloat16):
     sdpa = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype)
     routed = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype)
     assert sdpa.config._attn_implementation == "sdpa"
-    speedups.short_sequence_attention(routed)
-    assert routed.config._attn_implementation == speedups.SHORT_ATTENTION
+    attention.short_sequence_attention(routed)
+    assert routed.config._attn_implementation == attention.SHORT_ATTENTION
     return sdpa, routed
 
 
@@ -551,7 +581,7 @@ def test_decoding_float32_and_long_batches_stay_on_sdpa(tiny_model_dir, eager_ca
     assert sdpa_masks == [(1, torch.bool)] * 6  # ... given a mask, its fast path in bf16
     torch.testing.assert_close(torch.stack(generated.scores, dim=1), reference, rtol=0.02, atol=0.02)
     eager_calls.clear()
-    monkeypatch.setattr(speedups, "EAGER_MAX_SCORES", 2 * 2 * 6 * 6 - 1)  # batch x heads x queries x keys
+    monkeypatch.setattr(attention, "EAGER_MAX_SCORES", 2 * 2 * 6 * 6 - 1)  # batch x heads x queries x keys
     with torch.no_grad():
         routed(input_ids=input_ids)
     assert eager_calls == []
@@ -567,7 +597,7 @@ def test_a_model_that_chose_its_attention_keeps_it_and_saved_configs_never_name_
     from transformers import AutoModelForCausalLM
 
     eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager")
-    speedups.short_sequence_attention(eager)
+    attention.short_sequence_attention(eager)
     assert eager.config._attn_implementation == "eager"
     _, routed = _attention_pair(tiny_model_dir)
     routed.save_pretrained(tmp_path)
@@ -576,7 +606,7 @@ def test_a_model_that_chose_its_attention_keeps_it_and_saved_configs_never_name_
 
 def test_dropped_positions_are_geometric_gaps_apart():
     torch.manual_seed(4)
-    gaps = torch.diff(speedups.dropped_positions(2_000_000, 0.05))
+    gaps = torch.diff(lora_layers.dropped_positions(2_000_000, 0.05))
     assert gaps.min().item() >= 1
     assert abs((gaps == 1).float().mean().item() - 0.05) < 0.005  # P(gap = 1) = p
     assert abs((gaps > 20).float().mean().item() - 0.95 ** 20) < 0.01  # P(gap > k) = (1 - p)^k
@@ -596,9 +626,9 @@ def _lora_pair(tiny_model_dir, dtype, dropout=0.1, sparse=True, alpha=8, **lora_
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.5, generator=torch.Generator().manual_seed(len(name)))
     if sparse:
-        speedups.sparse_adapter_dropout(model)
+        lora_layers.sparse_adapter_dropout(model)
     lean = copy.deepcopy(model)
-    speedups.lean_adapter_layers(lean)
+    lora_layers.lean_adapter_layers(lean)
     return model, lean
 
 
@@ -622,7 +652,7 @@ def _forward_backward(model, input_ids, seed, autocast):
 ])
 def test_lean_adapter_layers_give_bit_identical_logits_and_gradients(tiny_model_dir, dtype, autocast, sparse, alpha):
     peft_model, lean = _lora_pair(tiny_model_dir, dtype, sparse=sparse, alpha=alpha)
-    assert type(lean.base_model.model.model.layers[0].self_attn.q_proj) is speedups.lean_lora_class()
+    assert type(lean.base_model.model.model.layers[0].self_attn.q_proj) is lora_layers.lean_lora_class()
     input_ids = torch.randint(5, peft_model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(1))
     for model in (peft_model, lean):
         model.train()
@@ -654,7 +684,7 @@ def test_lean_adapter_layers_sample_and_score_the_reference_like_peft(tiny_model
 def test_merged_sampling_samples_the_adapted_weights_and_drops_them_after(tiny_model_dir, dtype):
     _, lean = _lora_pair(tiny_model_dir, dtype)
     input_ids = torch.randint(5, lean.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(2))
-    layers = [module for module in lean.modules() if type(module) is speedups.lean_lora_class()]
+    layers = [module for module in lean.modules() if type(module) is lora_layers.lean_lora_class()]
 
     def logits(**switches):
         with torch.set_grad_enabled(switches.get("grad", False)):
@@ -689,10 +719,10 @@ def test_merged_sampling_needs_the_memory_and_its_speedups(tiny_model_dir, monke
             return sum(getattr(module, "sampling_weight", None) is not None for module in lean.modules())
 
     assert merged_layers() == 14
-    monkeypatch.setattr(speedups, "MERGED_SAMPLING_MEMORY_SHARE", 1e-9)
+    monkeypatch.setattr(lora_layers, "MERGED_SAMPLING_MEMORY_SHARE", 1e-9)
     assert merged_layers() == 0
-    monkeypatch.setattr(speedups, "MERGED_SAMPLING_MEMORY_SHARE", 0.25)
-    monkeypatch.setattr(speedups, "system_memory_gb", lambda: None)  # a platform that does not say
+    monkeypatch.setattr(lora_layers, "MERGED_SAMPLING_MEMORY_SHARE", 0.25)
+    monkeypatch.setattr(lora_layers, "system_memory_gb", lambda: None)  # a platform that does not say
     assert merged_layers() == 0
     monkeypatch.undo()
     monkeypatch.setenv(speedups.ENV, ",".join(name for name in speedups.ALL if name != "merged_sampling"))
@@ -728,7 +758,7 @@ def test_lean_adapter_layers_keep_the_adapter_file_and_can_be_turned_off(tiny_mo
     assert configs[0] == configs[1]
     monkeypatch.setenv(speedups.ENV, "none")
     _, untouched = _lora_pair(tiny_model_dir, torch.float32)
-    assert not any(type(m) is speedups.lean_lora_class() for m in untouched.modules())
+    assert not any(type(m) is lora_layers.lean_lora_class() for m in untouched.modules())
 
 
 def _grouped_batch(vocab_size: int, prompt_len=9, completion_len=5, groups=2, group_size=3, seed=0):
@@ -749,16 +779,17 @@ def _grouped_batch(vocab_size: int, prompt_len=9, completion_len=5, groups=2, gr
 
 
 def _record_sharing(monkeypatch, name: str) -> list[bool]:
-    """Each call of ``speedups.<name>``: True where it shared prompts, False where it left the rows alone (None)."""
+    """Each call of ``shared_prompts.<name>``: True where it shared prompts, False where it left the rows alone
+    (None)."""
     calls = []
-    original = getattr(speedups, name)
+    original = getattr(shared_prompts, name)
 
     def recording(*args, **kwargs):
         result = original(*args, **kwargs)
         calls.append(result is not None)
         return result
 
-    monkeypatch.setattr(speedups, name, recording)
+    monkeypatch.setattr(shared_prompts, name, recording)
     return calls
 
 
@@ -771,7 +802,6 @@ def _fused_tiny(tiny_model_dir, lora_dropout=None):
     from peft import LoraConfig, get_peft_model
     from trl.trainer.utils import add_fused_lm_head
 
-    speedups.score_completion_tokens_only()
     model = _tiny(tiny_model_dir)
     add_fused_lm_head(model, temperature=0.8, outputs=("log_probs", "entropy"))
     if lora_dropout is not None:
@@ -786,8 +816,8 @@ def _score(model, batch, prompt_len, shared, grad):
     """Log-probs, entropies and parameter gradients of the completions, as TRL's passes compute them."""
     input_ids, attention_mask, labels = batch
     model.zero_grad()
-    with torch.set_grad_enabled(grad), (speedups.shared_prompts(model, prompt_len) if shared
-                                        else contextlib.nullcontext()):
+    with torch.set_grad_enabled(grad), lm_head.completion_tokens_only(), \
+            (shared_prompts.scoring_shared_prompts(model, prompt_len) if shared else contextlib.nullcontext()):
         out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
     completion = slice(prompt_len, None)
     if grad:
@@ -812,7 +842,7 @@ def test_shared_prompts_score_completions_like_full_rows_with_the_same_gradients
     assert bool(shared[2]) == grad
     for got, want in zip(shared[2], full[2], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
-    assert "forward" not in vars(speedups._backbone_of(model))  # the backbone's own forward is back
+    assert "forward" not in vars(shared_prompts._backbone_of(model))  # the backbone's own forward is back
 
 
 def test_shared_prompts_leave_alone_distinct_prompts_dropout_checkpointing_and_a_switched_off_speedup(
@@ -837,18 +867,23 @@ def test_shared_prompts_leave_alone_distinct_prompts_dropout_checkpointing_and_a
     assert sharing_calls == [False]
 
 
-def test_a_run_samples_and_scores_its_reference_pass_with_shared_prompts(tiny_config_dict, sharing_calls,
-                                                                         prefill_calls):
-    """End to end: sampling and TRL's reference pass (beta > 0, adapters off) read each prompt once."""
+def test_a_run_shares_prompts_and_leaves_the_libraries_as_it_found_them(tiny_config_dict, sharing_calls,
+                                                                        prefill_calls):
+    """End to end: sampling and TRL's reference pass (beta > 0, adapters off) read each prompt once; afterwards
+    torch and TRL run their own functions again."""
+    from trl.trainer import utils
+
     from dragon_ui.config import RunConfig
     from dragon_ui.engine import training
 
+    libraries_own = (torch.multinomial, utils._use_triton, utils._ChunkedLogProbFunction)
     tiny_config_dict["training"]["max_steps"] = 1
     tiny_config_dict["grpo"]["beta"] = 0.04
     handle = training.start(RunConfig.from_dict(tiny_config_dict))
     handle.wait(timeout=240)
     assert handle.run.read_status()["state"] == "succeeded", handle.run.read_status().get("error")
     assert True in sharing_calls and True in prefill_calls
+    assert (torch.multinomial, utils._use_triton, utils._ChunkedLogProbFunction) == libraries_own
 
 
 @pytest.fixture
@@ -858,7 +893,7 @@ def prefill_calls(monkeypatch):
 
 def _generate(model, input_ids, attention_mask, shared, do_sample, **kwargs):
     torch.manual_seed(1)
-    with torch.no_grad(), speedups.shared_prompt_prefill(model) if shared else contextlib.nullcontext():
+    with torch.no_grad(), shared_prompts.sampling_shared_prompts(model) if shared else contextlib.nullcontext():
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=do_sample,
                              pad_token_id=0, output_scores=True, return_dict_in_generate=True, **kwargs)
     return out.sequences, torch.stack(out.scores)

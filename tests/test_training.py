@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from dragon_ui import speedups
+from dragon_ui.speedups import registry, shared_prompts
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import training
 from dragon_ui.errors import BusyError
@@ -264,9 +265,9 @@ def test_a_speedup_that_raises_while_training_is_switched_off_and_the_run_succee
     def moved(*args, **kwargs):
         raise TypeError("an internal this speed-up relies on changed")
 
-    monkeypatch.setattr(speedups, "forward_sharing_prompts", moved)
-    monkeypatch.setattr(speedups, "prefill_sharing_prompts", moved)
-    monkeypatch.setattr(speedups, "_failed", {})  # switched off for this test's process state only
+    monkeypatch.setattr(shared_prompts, "forward_sharing_prompts", moved)
+    monkeypatch.setattr(shared_prompts, "prefill_sharing_prompts", moved)
+    monkeypatch.setattr(registry, "_failed", {})  # switched off for this test's process state only
     tiny_config_dict["lora"]["dropout"] = 0.0  # so that the policy pass would share prompts too
     run = run_to_end(tiny_config_dict)
     status = run.read_status()

@@ -8,7 +8,7 @@ import time
 import gradio as gr
 import plotly.graph_objects as go
 import pytest
-from conftest import handler
+from conftest import handler, said
 
 from dragon_ui.engine import training
 from dragon_ui.errors import ConfigError
@@ -94,16 +94,17 @@ def test_rollouts_are_escaped_and_best_and_worst_highlighted():
 
 
 @pytest.mark.parametrize("status, shown, note", [
-    ({"state": "cancelled", "latest_checkpoint": "checkpoint-4"}, "⏸️ **stopped — can resume**",
-     "Stopped, not finished: Resume continues from checkpoint-4."),
-    ({"state": "cancelled"}, "⏸️ **stopped — can resume**", "Resume starts it again, since it stopped before its first"),
-    ({"state": "running", "phase": "training"}, "🏃 **running** · training", ""),
-    ({"state": "succeeded"}, "✅ **succeeded**", ""),
+    ({"state": "cancelled", "latest_checkpoint": "checkpoint-4"}, "**stopped — can resume**",
+     [("info", "Stopped, not finished: Resume continues from checkpoint-4.")]),
+    ({"state": "cancelled"}, "**stopped — can resume**",
+     [("info", "Stopped, not finished: Resume starts it again, since it stopped before its first checkpoint.")]),
+    ({"state": "running", "phase": "training"}, "**running** · training", []),
+    ({"state": "succeeded"}, "**succeeded**", []),
 ])
 def test_states_read_as_people_read_them(status, shown, note):
     """A stopped run said "cancelled", which sounds final; it resumes from its latest checkpoint."""
-    text = train_tab.status_markdown("run-1", status)
-    assert shown in text and note in text and "cancelled" not in text
+    line, *notes = said(train_tab.status_markdown("run-1", status))
+    assert shown in line[1] and notes == note and "cancelled" not in line[1]
 
 
 @pytest.mark.parametrize("state, shown", [("cancelled", "stopped — can resume"), ("failed", "failed"),
@@ -118,9 +119,9 @@ def test_runs_table_states_and_first_start(state, shown):
 def test_status_line_and_progress_bar():
     status = {"state": "failed", "phase": "done", "device": "cpu", "dtype": "float32", "cpu_threads": 1,
               "error": "The model ran out of memory."}
-    failed = train_tab.status_markdown("run-1", status)
-    assert failed.startswith("Run `run-1` · ❌ **failed** · done · cpu float32, 1 thread")
-    assert failed.endswith("❌ The model ran out of memory.")
+    (_, line), reason = said(train_tab.status_markdown("run-1", status))
+    assert line.startswith("Run `run-1` · ") and line.endswith(" **failed** · done · cpu float32, 1 thread")
+    assert reason == ("error", "The model ran out of memory.")
     bar = train_tab.progress_html({"state": "running", "step": 5, "total_steps": 20, "elapsed_s": 50, "eta_s": 150})
     assert "width:25.0%" in bar and "Step 5 / 20 · 25% · elapsed 50 s · about 2 min left" in bar
     assert "Step 0 / ?" in train_tab.progress_html({"state": "queued"})
@@ -131,7 +132,7 @@ def test_alerts_markdown():
 
     assert train_tab.alerts_markdown([]) == ""
     text = train_tab.alerts_markdown([Alert("warn", "Title", "Do this."), Alert("error", "Broken", "Fix it.")])
-    assert text == "⚠️ **Title.** Do this.\n\n❌ **Broken.** Fix it."
+    assert said(text) == [("warn", "**Title.** Do this."), ("error", "**Broken.** Fix it.")]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -174,7 +175,8 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
             break
         time.sleep(0.2)
 
-    assert "✅ **succeeded**" in seen["status"][-1] and "Held-out reward" in seen["status"][-1]
+    line, held_out = said(seen["status"][-1])
+    assert "**succeeded**" in line[1] and held_out[0] == "ok" and held_out[1].startswith("Held-out reward")
     assert seen["timer"][-1] is False and seen["stop"][-1] is False  # the run ended: the timer stops, Stop greys out
     assert seen["plots"] >= 1 and "<b>Step 2</b>" in seen["rollouts"][-1]
     assert [row["step"] for row in watch["snapshot"]["progress"]] == [1, 2]
@@ -206,19 +208,23 @@ def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
         time.sleep(0.1)
 
     stopping = handler(app, "train_stop")(run_id)
-    assert stopping == "✅ Stopping after the current step; a checkpoint is saved so you can resume."
+    assert said(stopping) == [("ok", "Stopping after the current step; a checkpoint is saved so you can resume.")]
     assert handle.wait(120) == "cancelled"
     assert "is not training (it is stopped — can resume)" in handler(app, "train_stop")(run_id)
     shown = view(handler(app, "train_show")(run_id, {}))
-    assert "⏸️ **stopped — can resume**" in shown.status and "Resume continues from checkpoint-" in shown.status
+    line, resumes = said(shown.status)
+    assert "**stopped — can resume**" in line[1] and resumes[1].startswith("Stopped, not finished: Resume continues "
+                                                                          "from checkpoint-")
     assert shown.resume.interactive and not shown.stop.interactive
     first_start = run.read_status()["started_at"]
 
     text, timer = handler(app, "train_resume")(run_id)
-    assert text.startswith(f"✅ Resuming {run_id} from checkpoint-") and timer.active
+    ((kind, words),) = said(text)
+    assert kind == "ok" and words.startswith(f"Resuming {run_id} from checkpoint-") and timer.active
     resumed = training.active_run()
     busy_text, busy_timer = handler(app, "train_resume")(run_id)
-    assert busy_text.startswith("❌ A training is already running") and busy_timer == SKIP
+    ((kind, words),) = said(busy_text)
+    assert kind == "error" and words.startswith("A training is already running") and busy_timer == SKIP
     studio.stop(run_id)
     assert resumed.wait(120) == "cancelled"
     status = run.read_status()
@@ -234,4 +240,5 @@ def test_open_a_past_run(app, studio):
     table, choices = handler(app, "train_runs")()
     assert table == [] and choices.choices == []
     missing = view(handler(app, "train_show")("no-such-run", {}))
-    assert missing.status.startswith("❌ There is no run called 'no-such-run'")
+    ((kind, words),) = said(missing.status)
+    assert kind == "error" and words.startswith("There is no run called 'no-such-run'")

@@ -11,7 +11,6 @@ Failure policy: every exception ends the run as ``failed`` with a readable reaso
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import threading
@@ -316,34 +315,12 @@ def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, mo
 
     reward_funcs = trl_reward_functions(rewards, failures, on_batch=on_batch)
     reward_funcs[0] = _logging_references(reward_funcs[0])
-    speedups.apply_to_trl()
-    trainer = _studio_trainer_class()(model=model, reward_funcs=reward_funcs, args=args,
-                                      train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
-                                      peft_config=peft_config)
+    trainer = speedups.grpo_trainer_class()(model=model, reward_funcs=reward_funcs, args=args,
+                                            train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
+                                            peft_config=peft_config)
     speedups.apply_to_trainer_model(trainer.model)
     trainer.remove_callback(PrinterCallback)  # it prints raw log dicts; RunStoreCallback writes readable lines
     return trainer
-
-
-@functools.cache
-def _studio_trainer_class():
-    """TRL's GRPOTrainer, sampling in the mode ``speedups.sampling_mode`` explains and scoring with each group's
-    prompt run once (``speedups.shared_prompts``); built lazily, since TRL imports slowly."""
-    from trl import GRPOTrainer
-
-    class StudioGRPOTrainer(GRPOTrainer):
-        # Not ``_generate``: TRL reads ``model.training`` there to file the step's metrics under train or eval.
-        def _generate_single_turn(self, *args, **kwargs):
-            with speedups.sampling_mode(self.model):
-                return super()._generate_single_turn(*args, **kwargs)
-
-        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args,
-                                               **kwargs):
-            with speedups.shared_prompts(model, input_ids.size(1) - logits_to_keep):
-                return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                                  *args, **kwargs)
-
-    return StudioGRPOTrainer
 
 
 def _logging_references(reward_func):

@@ -129,10 +129,12 @@ class Shared:
         return self.form.loaded
 
 
+MESSAGE_ICONS = {"info": "ℹ️", "ok": "✅", "warn": "⚠️", "error": "❌"}
+
+
 def message(text: str, kind: str = "info") -> str:
-    """A one-line status shown next to the control it concerns (Markdown)."""
-    icon = {"info": "ℹ️", "ok": "✅", "warn": "⚠️", "error": "❌"}[kind]
-    return f"{icon} {text}"
+    """A one-line status shown next to the control it concerns (Markdown), its kind drawn as an icon."""
+    return f"{MESSAGE_ICONS[kind]} {text}"
 
 
 def explain(exc: BaseException) -> str:

@@ -1,0 +1,38 @@
+"""Faster GRPO steps that learn the same thing: eleven changes to how TRL 1.16, PEFT and transformers 5 run a step.
+
+Each was found with the profiler and is measured before and after by ``bench/speedups.py`` (docs/performance.md has
+the figures); each family's module explains its speed-ups. ``registry`` lists them with what each changes, how long
+the change lasts and the library versions it was verified with, and says which are on: all, unless
+``DRAGON_UI_SPEEDUPS`` names others (comma-separated, or ``none``), a library is outside the verified versions, or
+one raised. An entry point applies them at three places:
+
+- ``apply_to_loaded_model`` as a model is loaded (training, evaluation and chat alike);
+- ``apply_to_trainer_model`` once TRL has added the adapters;
+- ``trainer_hooks.grpo_trainer_class``, the trainer that samples and scores inside the blocks that install the rest
+  and undo them afterwards.
+"""
+
+from __future__ import annotations
+
+from .attention import short_sequence_attention
+from .lm_head import contiguous_lm_head_input
+from .lora_layers import lean_adapter_layers, sparse_adapter_dropout
+from .registry import ALL, ENV, LIBRARIES, SPEEDUPS, enabled, library_versions, status
+from .trainer_hooks import grpo_trainer_class, sampling_mode, scoring_mode
+
+__all__ = ["ALL", "ENV", "LIBRARIES", "SPEEDUPS", "apply_to_loaded_model", "apply_to_trainer_model", "enabled",
+           "grpo_trainer_class", "library_versions", "sampling_mode", "scoring_mode", "status"]
+
+
+def apply_to_loaded_model(model) -> None:
+    """The speed-ups that belong to a model as it is loaded, for its life (``contiguous_lm_head``,
+    ``short_sequence_attention``)."""
+    contiguous_lm_head_input(model)
+    short_sequence_attention(model)
+
+
+def apply_to_trainer_model(model) -> None:
+    """The speed-ups for the adapters TRL has just added to the model (``trainer.model``), for its life
+    (``sparse_dropout``, ``lean_adapter_layers``)."""
+    sparse_adapter_dropout(model)
+    lean_adapter_layers(model)
