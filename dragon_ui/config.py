@@ -274,9 +274,16 @@ class RunConfig:
         return self.training.batch_size * self.grpo.group_size * self.training.grad_accum
 
 
+SPACE_STORAGE = Path("/data")  # a Hugging Face Space's persistent storage, where it has some
+
+
 def resolve_runs_dir(chosen: str | os.PathLike | None = None) -> Path:
-    """Where runs live: the folder chosen (a config's runs_dir, --runs-dir), else $DRAGON_UI_RUNS_DIR, else ./runs."""
-    return Path(chosen or os.environ.get(RUNS_DIR_ENV) or "runs").expanduser().resolve()
+    """Where runs live: the folder chosen (a config's runs_dir, --runs-dir), else $DRAGON_UI_RUNS_DIR, else
+    ``runs`` in a Space's persistent storage (which outlives a restart of the Space), else ./runs."""
+    default = "runs"
+    if os.environ.get("SPACE_ID") and SPACE_STORAGE.is_dir() and os.access(SPACE_STORAGE, os.W_OK):
+        default = str(SPACE_STORAGE / "runs")
+    return Path(chosen or os.environ.get(RUNS_DIR_ENV) or default).expanduser().resolve()
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

@@ -24,9 +24,11 @@ import pyarrow.parquet as pq
 
 from dragon_ui.errors import ConfigError
 from dragon_ui.files import replaced_atomically
+from dragon_ui.public import LIFT, Limits, is_public_demo, visitor
 from dragon_ui.rewards import last_user_text
 
 SUPPORTED_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet")
+BUNDLED_DATASETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "datasets"
 
 # Fewer usable rows than this and nothing is held out: every example is needed for training.
 MIN_ROWS_FOR_EVAL = 20
@@ -125,14 +127,37 @@ class MappedData:
 # --------------------------------------------------------------------------------------------- loading
 
 
-def is_hub_dataset_id(source: str) -> bool:
-    """True for 'owner/name' strings that are not a local path and do not end like a file name.
+def is_hub_dataset_id(source: str, look_on_disk: bool = True) -> bool:
+    """True for 'owner/name' strings that do not end like a file name (and, looking on disk, are no local path).
 
     Any letters-only extension (.csv, but also .xlsx or .txt) means a file, so a mistyped file name gets
     "no file at ..." instead of a puzzling Hub download attempt; Hub names like 'org/data-v1.2' still pass.
     """
     source = source.strip()
-    return bool(_HUB_ID.match(source)) and not _FILE_EXTENSION.search(source) and not Path(source).exists()
+    shaped = bool(_HUB_ID.match(source)) and not _FILE_EXTENSION.search(source)
+    return shaped and not (look_on_disk and Path(source).exists())
+
+
+def bundled_datasets() -> list[Path]:
+    """The example datasets shipped in assets/datasets."""
+    return [path for path in sorted(BUNDLED_DATASETS_DIR.iterdir()) if path.suffix.lower() in SUPPORTED_EXTENSIONS]
+
+
+def public_source_refusal(source: str, base_dir: str | None = None, uploads=()) -> str | None:
+    """Why a public demo will not read ``source``, or None where it may: a bundled dataset, one of this visitor's
+    ``uploads`` or a Hub dataset id; never any other path on the server. Decided from the text alone: nothing
+    on the disk is looked at for a source that is refused."""
+    source = source.strip()
+    if is_hub_dataset_id(source, look_on_disk=False):
+        return None
+    path = Path(source).expanduser()
+    if base_dir is not None and not path.is_absolute():
+        path = Path(base_dir) / path
+    path = path.resolve()
+    if path in {p.resolve() for p in bundled_datasets()} or path in {Path(u).resolve() for u in uploads}:
+        return None
+    return ("data.source must be one of the bundled datasets, a file you upload here, or a Hub dataset id like "
+            f"openai/gsm8k: this public demo reads no other files on the server ({LIFT} to use any file).")
 
 
 def _candidate_paths(source: str, base_dir: str | None) -> list[Path]:
@@ -152,9 +177,16 @@ def load_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     """Read all rows of a local file or Hub dataset as dicts.
 
     A relative path is looked up in the current folder first, then in ``base_dir`` (the folder of the
-    config file), so a config and its data can be moved together.
+    config file), so a config and its data can be moved together. A public demo reads only what
+    :func:`public_source_refusal` allows (the visitor's own uploads among them), and a Hub id from the Hub alone.
     """
     source = source.strip()
+    if is_public_demo():
+        refusal = public_source_refusal(source, base_dir, visitor().uploads)
+        if refusal:
+            raise ConfigError(refusal)
+        if is_hub_dataset_id(source, look_on_disk=False):
+            return _load_hub(source, hub_config, hub_split)
     candidates = _candidate_paths(source, base_dir)
     path = next((p for p in candidates if p.exists()), None)
     if path is None:
@@ -389,6 +421,10 @@ def map_rows(rows: list[dict], config: DataConfig) -> MappedData:
     rows = rows[: config.max_rows] if config.max_rows is not None else rows
     if not rows:
         raise ConfigError("data.source: the dataset has no rows.")
+    limit = Limits.from_env().dataset_rows if is_public_demo() else None
+    if limit is not None and len(rows) > limit:
+        raise ConfigError(f"data.max_rows must be at most {limit:,} here: the data has {len(rows):,} rows, more than "
+                          f"this public demo's limit of {limit:,} rows of data ({LIFT} to train on all of it).")
     columns = columns_of(rows)
     prompt = _Mapping("data.prompt", config.prompt, columns, constant_allowed=False)
     reference = _Mapping("data.reference", config.reference, columns, False) if _given(config.reference) else None

@@ -13,6 +13,10 @@ class BusyError(DragonError):
     """Another training is already running in this process."""
 
 
+class NotYoursError(DragonError):
+    """A public demo's visitor asked to change or take a run another visitor started."""
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message ("" when it has none): library errors can run to pages."""
     text = str(exc).strip()

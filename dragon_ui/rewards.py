@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
 from dragon_ui.errors import ConfigError, DragonError
+from dragon_ui.public import LIFT, is_public_demo
 
 REWARD_KINDS: tuple[str, ...] = (
     "exact", "contains", "numeric", "regex", "json", "length", "keyword", "format", "command", "custom",
@@ -55,20 +56,15 @@ _TAG_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _ENV_TEXT_LIMIT = 32_000
 
 _PUBLIC_REFUSALS = {
-    "custom": "custom Python rewards are turned off in this public demo because they run arbitrary code on the "
-              "server; run Dragon GRPO Studio on your own machine (make run) to use them.",
-    "command": "command rewards are turned off in this public demo because they run arbitrary programs on the "
-               "server; run Dragon GRPO Studio on your own machine (make run) to use them.",
+    "custom": f"custom Python rewards are turned off in this public demo because they run arbitrary code on the "
+              f"server; {LIFT} to use them.",
+    "command": f"command rewards are turned off in this public demo because they run arbitrary programs on the "
+               f"server; {LIFT} to use them.",
 }
 
 
 class RewardError(DragonError):
     """An expected reward failure (timeout, missing reference, ...) whose message is already readable as is."""
-
-
-def is_public_demo() -> bool:
-    """True on Hugging Face Spaces (``SPACE_ID``) or with ``DRAGON_UI_PUBLIC=1``: code-running rewards are refused."""
-    return bool(os.environ.get("SPACE_ID")) or os.environ.get("DRAGON_UI_PUBLIC") == "1"
 
 
 def kind_fields(kind: str) -> tuple[str, ...]:

@@ -57,10 +57,18 @@ def reward(prompt, completion, reference, row):
 '''
 
 
-def write_recipe(folder: Path, model_dir: Path | str) -> Path:
-    """The arithmetic recipe at sizes a 2-CPU machine trains quickly (the tiny model: well under a second a step)."""
+def write_recipe(folder: Path, model_dir: Path | str, custom_reward: bool = True, max_steps: int = 200) -> Path:
+    """The arithmetic recipe at sizes a 2-CPU machine trains quickly (the tiny model: well under a second a step),
+    with the digits_only custom reward unless ``custom_reward`` is False (a public demo refuses it)."""
     folder.mkdir(parents=True)
     code = textwrap.indent(DIGITS_ONLY.strip("\n"), " " * 6)
+    custom = f"""\
+  - kind: custom
+    name: digits_only
+    weight: 0.5
+    code: |
+{code}
+""" if custom_reward else ""
     (folder / "arithmetic.yaml").write_text(f"""\
 name: arithmetic
 model: {model_dir}
@@ -74,18 +82,13 @@ rewards:
   - kind: length
     max_chars: 12
     weight: 0.3
-  - kind: custom
-    name: digits_only
-    weight: 0.5
-    code: |
-{code}
-grpo:
+{custom}grpo:
   group_size: {SCENARIO["group_size"]}
   max_new_tokens: {SCENARIO["max_new_tokens"]}
 training:
   learning_rate: {SCENARIO["learning_rate"]}
   batch_size: 2
-  max_steps: 200
+  max_steps: {max_steps}
   save_steps: 50
 lora:
   r: {SCENARIO["lora_r"]}

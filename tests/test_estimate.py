@@ -11,11 +11,11 @@ import pytest
 
 from dragon_ui.config import RunConfig
 from dragon_ui.errors import ConfigError
-from dragon_ui.studio import estimate
-from dragon_ui.studio.estimate import (DeviceSpeed, dims_from_config, estimate_memory, estimate_run, estimate_step_time,
+from dragon_ui.engine import estimate
+from dragon_ui.engine.estimate import (DeviceSpeed, dims_from_config, estimate_memory, estimate_run, estimate_step_time,
                                 lora_params, model_dims)
 from dragon_ui.engine.hardware import CudaDevice, HardwareInfo, ResolvedHardware
-from dragon_ui.studio.presets import PRESETS, find_preset
+from dragon_ui.engine.presets import PRESETS, find_preset
 
 # SmolLM2-135M-Instruct's config.json on the Hub (the keys the estimate reads, plus some it ignores).
 SMOLLM2_135M_CONFIG = {
@@ -264,6 +264,6 @@ def test_vllm_generation_is_noted_as_faster():
 @pytest.mark.parametrize("seconds, text", [(0.004, "under 0.1 s"), (3.0, "3.0 s"), (45, "45 s"), (600, "10 min"),
                                            (9000, "2.5 h")])
 def test_durations_read_naturally(seconds, text):
-    from dragon_ui.studio.estimate import format_seconds
+    from dragon_ui.engine.estimate import format_seconds
 
     assert format_seconds(seconds) == text

@@ -93,6 +93,25 @@ def test_the_space_front_matter_comes_first():
     assert front["title"] == "Dragon GRPO Studio"
 
 
+def test_the_space_builds_with_the_python_and_gradio_the_app_is_tested_with():
+    """Spaces default to Python 3.10 and pick gradio by sdk_version: both must be ones the libraries accept."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    front = yaml.safe_load(README.split("---\n")[1])
+    python = Version(str(front["python_version"]))
+    for package in ("torch", "trl", "transformers", "peft", "accelerate", "datasets", "gradio"):
+        requires = importlib.metadata.metadata(package).get("Requires-Python") or ""
+        assert python in SpecifierSet(requires), f"{package} needs Python {requires}, the Space has {python}"
+    gradio = Version(front["sdk_version"])
+    required = next(Requirement(line) for line in (ROOT / "requirements.txt").read_text().splitlines()
+                    if line.startswith("gradio"))
+    assert gradio in required.specifier and gradio == Version(importlib.metadata.version("gradio"))
+
+
 def test_the_two_commands_come_first():
     body = README.split("---\n", 2)[2]
     before_any_section = body.split("\n## ")[0]

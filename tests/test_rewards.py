@@ -10,6 +10,7 @@ import time
 import pytest
 
 from dragon_ui.errors import ConfigError
+from dragon_ui.public import is_public_demo
 from dragon_ui.rewards import (
     EXTRACT_MODES,
     REWARD_KINDS,
@@ -18,7 +19,6 @@ from dragon_ui.rewards import (
     ScoreResult,
     build_rewards,
     extract_answer,
-    is_public_demo,
     parse_rewards,
     safe_score,
     score_completion,

@@ -104,10 +104,10 @@ def test_bundled_datasets_are_the_data_files():
 
 
 def test_fill_fields_shows_the_draft_and_its_preview(draft, labels):
-    (source, example, hub_config, hub_split, prompt, reference, system, eval_frac, source_status, table,
+    (source, example, hub_config, hub_split, prompt, reference, system, eval_frac, max_rows, source_status, table,
      mapping_status, counts, rendered, lengths, shown, previewed) = data_tab.fill_fields(draft, labels)
     assert source == example == ARITHMETIC
-    assert (hub_config, hub_split, eval_frac) == ("", "train", 0.05)
+    assert (hub_config, hub_split, eval_frac, max_rows) == ("", "train", 0.05, None)
     assert (prompt.value, reference.value, system.value) == ("question", "answer", "")
     assert prompt.choices == [("question", "question"), ("answer", "answer")]
     assert source_status == mapping_status == ""

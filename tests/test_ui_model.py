@@ -10,6 +10,7 @@ import gradio as gr
 import pytest
 import yaml
 
+from conftest import said
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import training
 from dragon_ui.engine.hardware import CudaDevice, HardwareInfo
@@ -178,9 +179,14 @@ def test_a_hardware_choice_this_machine_cannot_run_is_a_problem_of_the_hardware(
     assert set(preview.problems) == {"hardware"}
 
 
-def test_the_presets_table():
-    rows = model_tab.preset_rows()
+def test_the_presets_table(studio, monkeypatch, tiny_model_dir):
+    rows = model_tab.preset_rows(model_tab.offered_presets(studio))
     assert len(rows) == 8 and rows[0][:2] == ["HuggingFaceTB/SmolLM2-135M-Instruct", "135M"]
+    monkeypatch.setattr(studio, "public", True)  # a public demo offers only the presets it allows
+    monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
+    monkeypatch.setenv("DRAGON_UI_PUBLIC_MODELS", "Qwen/Qwen3-0.6B")
+    assert [preset.id for preset in model_tab.offered_presets(studio)][-1] == "Qwen/Qwen3-0.6B"
+    assert "google/gemma-3-1b-it" not in [preset.id for preset in model_tab.offered_presets(studio)]
     memories = [float(row[2].strip("~ GB")) for row in rows]
     assert memories[0] < 4.0 and all(m > memories[0] for m in memories[1:])
     assert "offline" in rows[0][3] and "Gated" in rows[4][3]
@@ -214,10 +220,10 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
     assert config.name == "typed-name" and config.training.save_steps == 2
     assert same_settings(config.to_dict(), app.form.compose(*inputs))
 
-    busy = model_tab.start_run(studio, tiny_draft)
-    assert busy[:3] == (gr.skip(),) * 3
-    assert busy[3] == message(f"A training is already running ({run_id}); stop it on the Train tab or wait for it "
-                              "to finish first.", "error")
+    queued_id, _, _, queued = model_tab.start_run(studio, tiny_draft)  # a busy machine queues the next run
+    ((kind, words),) = said(queued)
+    assert queued_id != run_id and kind == "ok"
+    assert words.startswith(f"Queued {queued_id} behind the run training now (1st in line; expected to start in ")
 
     assert handle.wait(120) == "succeeded"
     (label, path), = model_tab.finished_runs(studio)

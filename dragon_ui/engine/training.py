@@ -24,9 +24,11 @@ from .. import speedups
 from ..config import RunConfig
 from ..data import load_and_map, read_jsonl, write_jsonl
 from ..errors import BusyError, ConfigError, DragonError, describe
+from ..public import Limits, is_public_demo, visitor
 from ..rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
 from ..runstore import ACTIVE_STATES, RunDir
 from ..scaleout import distributed
+from . import policy
 from .evaluation import evaluate_model, record_eval
 from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
 from .models import load_model, load_tokenizer, resolve_model
@@ -78,10 +80,19 @@ def active_run() -> RunHandle | None:
 def start(config: RunConfig, run_dir: str | Path | None = None) -> RunHandle:
     """Check the data, rewards and hardware, create the run directory and train in a background thread.
 
-    Mistakes that can be found without loading a model raise ConfigError here, before any folder is created; the
-    returned handle's thread does the slow part (model loading, baseline scoring, training).
+    Mistakes that can be found without loading a model raise ConfigError here, before any folder is created; so
+    does a setting a public demo refuses. The returned handle's thread does the slow part (model loading, baseline
+    scoring, training).
     """
     _refuse_if_busy()
+    run = prepare(config, run_dir)
+    return _launch(run, config, resume_from=None)
+
+
+def prepare(config: RunConfig, run_dir: str | Path | None = None) -> RunDir:
+    """Everything of ``start`` but the training: the checks, then the run folder with its config and its mapped
+    data, in state queued (``queue.py`` keeps it waiting there for its turn)."""
+    policy.check_run(config)
     distributed.check_runnable_here(config, resolve_hardware(config.hardware).device)
     mapped = load_and_map(config.data, base_dir=config.base_dir or None)
     if len(mapped.train) < config.training.batch_size:
@@ -101,29 +112,45 @@ def start(config: RunConfig, run_dir: str | Path | None = None) -> RunHandle:
         write_jsonl(run.train_data_path, mapped.train)
         write_jsonl(run.eval_data_path, mapped.eval)
         run.update_status(state="queued", step=0, total_steps=None, phase="waiting to start", created_at=time.time(),
+                          owner=visitor().key,
                           reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
                           n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
                           world_size=distributed.world_size())
         path = str(run.path)
     path = distributed.broadcast_from_main(path)
-    return _launch(RunDir(Path(path), read_only=not distributed.is_main_process()), config, resume_from=None)
+    return RunDir(Path(path), read_only=not distributed.is_main_process())
 
 
 def resume(run_dir: str | Path) -> RunHandle:
     """Continue a stopped, failed or interrupted run from its latest checkpoint (or from the start if it has none)."""
+    run = check_resumable(run_dir)
+    _refuse_if_busy()
+    checkpoint = run.latest_checkpoint()
+    distributed.barrier()  # every process has read the state before the main one changes it
+    run.clear_stop_request()
+    run.update_status(state="queued", phase="waiting to resume", error=None, traceback=None, finished_at=None,
+                      stop_reason=None)
+    return _launch(run, run.read_config(), resume_from=checkpoint)
+
+
+def check_resumable(run_dir: str | Path) -> RunDir:
+    """The run, if it can be resumed (raises BusyError or ConfigError with the reason otherwise)."""
     run = RunDir(Path(run_dir), read_only=not distributed.is_main_process())
-    config = run.read_config()
+    policy.check_run(run.read_config(), reads_data=False)  # its data was read (and checked) when it started
     state = run.read_status().get("state")
     if state in ACTIVE_STATES:
         raise BusyError(f"The run {run.id} is still {state}; stop it before resuming.")
     if state == "succeeded":
         raise ConfigError(f"The run {run.id} already finished; start a new run from it instead (use it as the model).")
+    return run
+
+
+def start_waiting(run: RunDir, resume: bool) -> RunHandle:
+    """Train a run that waited in the queue: from its start, or (``resume``) from its latest checkpoint."""
     _refuse_if_busy()
-    checkpoint = run.latest_checkpoint()
-    distributed.barrier()  # every process has read the state before the main one changes it
     run.clear_stop_request()
-    run.update_status(state="queued", phase="waiting to resume", error=None, traceback=None, finished_at=None)
-    return _launch(run, config, resume_from=checkpoint)
+    run.update_status(waiting=None, phase="waiting to resume" if resume else "waiting to start", stop_reason=None)
+    return _launch(run, run.read_config(), resume_from=run.latest_checkpoint() if resume else None)
 
 
 def _refuse_if_busy() -> None:
@@ -218,7 +245,9 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     phase("building the trainer")
     failures = RewardFailures()
     trainer = build_trainer(config, run, hardware, model, tokenizer, train_rows, rewards, failures)
-    callback = RunStoreCallback(run, trainer, handle, rewards, failures, config)
+    limit_minutes = Limits.from_env().run_minutes if is_public_demo() else None
+    callback = RunStoreCallback(run, trainer, handle, rewards, failures, config,
+                                time_limit_s=None if limit_minutes is None else limit_minutes * 60)
     trainer.add_callback(callback)
     if resume_from is not None:
         run.truncate_after_step(int(resume_from.name.split("-")[-1]))
@@ -231,6 +260,11 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
 
     if callback.stopped:
+        if callback.out_of_time:
+            reason = (f"It reached this public demo's limit of {limit_minutes:g} minutes of training per run; "
+                      "Resume trains it further (after any runs waiting before it).")
+            run.update_status(stop_reason=reason)
+            log.info("%s", reason)
         log.info("Stopped at step %d; checkpoint saved.", trainer.state.global_step)
         return "cancelled"
 
@@ -347,10 +381,12 @@ class RunStoreCallback(TrainerCallback):
     """
 
     def __init__(self, run: RunDir, trainer, handle: RunHandle, rewards: list[Reward], failures: RewardFailures,
-                 config: RunConfig) -> None:
+                 config: RunConfig, time_limit_s: float | None = None) -> None:
         self.run, self.trainer, self.handle = run, trainer, handle
         self.rewards, self.failures, self.config = rewards, failures, config
+        self.time_limit_s = time_limit_s  # a public demo's limit on this start's training time
         self.stopped = False
+        self.out_of_time = False
         self._session_start = time.monotonic()
         self._session_first_step: int | None = None
         self._elapsed_before = 0.0
@@ -363,7 +399,9 @@ class RunStoreCallback(TrainerCallback):
             self.run.update_status(step=state.global_step, total_steps=state.max_steps)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if distributed.any_process(self.handle.stop_requested()):  # all processes leave at the same step
+        out_of_time = self.time_limit_s is not None and time.monotonic() - self._session_start >= self.time_limit_s
+        if distributed.any_process(self.handle.stop_requested() or out_of_time):  # all leave at the same step
+            self.out_of_time = distributed.any_process(out_of_time)
             self.stopped = True
             control.should_training_stop = True
             control.should_save = True

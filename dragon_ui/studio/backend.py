@@ -8,22 +8,30 @@ pointed at a temporary runs folder and a tiny model.
 from __future__ import annotations
 
 import copy
+import math
+import os
 import secrets
+import shutil
+import tempfile
 from pathlib import Path
 
 from ..config import HardwareSettings, ModelConfig, RunConfig, resolve_runs_dir
 from ..data import resolve_source
-from ..engine import training
+from ..engine import policy, queue, training
+from ..engine.estimate import estimate_run, format_seconds
 from ..engine.hardware import HardwareInfo, ResolvedHardware, detect_hardware, resolve_hardware
 from ..engine.models import ModelCache
-from ..errors import BusyError, ConfigError
-from ..rewards import is_public_demo
-from ..runstore import ACTIVE_STATES, RunDir, list_runs, read_json, write_json_atomic
+from ..errors import BusyError, ConfigError, DragonError, NotYoursError
+from ..public import Limits, is_public_demo, visitor
+from ..runstore import RunDir, list_runs, read_json, write_json_atomic
+from .draft import ordinal
+from .visitors import Visitors
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_RECIPE = "arithmetic"
 # What sampling a group in the playground reads from a draft: the model, where it runs, the data and rewards, GRPO's
 # sampling settings, and LoRA (4-bit loading needs it).
+ESTIMATED_START_S = 60  # loading the model and scoring it on the held-out prompts, before a run's first step
 SAMPLING_SETTINGS = ("model", "data", "rewards", "grpo", "hardware", "lora", "base_dir", "runs_dir")
 
 
@@ -36,6 +44,7 @@ class Studio:
         self.public = is_public_demo()
         self._hardware: HardwareInfo | None = None
         self.models = ModelCache(self.hardware)
+        self.visitors = Visitors()
 
     # --- recipes and drafts --------------------------------------------------------------------------------------
     def recipe_names(self) -> list[str]:
@@ -73,8 +82,11 @@ class Studio:
         return secret
 
     def validate(self, draft: dict) -> RunConfig:
-        """The draft as a validated RunConfig (raises ConfigError with the sentence to show)."""
-        return RunConfig.from_dict(copy.deepcopy(draft))
+        """The draft as a validated RunConfig that this demo allows (raises ConfigError with the sentence to show)."""
+        config = RunConfig.from_dict(copy.deepcopy(draft))
+        config.runs_dir = str(self.runs_dir)  # the app keeps runs in its own folder, whatever a draft says
+        policy.check_run(config)
+        return config
 
     def validate_for_sampling(self, draft: dict) -> RunConfig:
         """The settings the playground's sampling uses, validated; the others are left at their defaults, so a
@@ -92,44 +104,101 @@ class Studio:
 
     # --- runs ----------------------------------------------------------------------------------------------------
     def start(self, draft: dict) -> RunDir:
+        """Start the draft, or queue it while another run trains (engine.queue)."""
         config = self.validate(draft)
-        self._refuse_if_training()
-        config.runs_dir = str(self.runs_dir)
-        self.release_model()  # training needs the memory more than a preview does
-        return training.start(config).run
+        if queue.training_run_id(self.runs_dir) is None:
+            self.release_model()  # training needs the memory more than a preview does
+        return queue.submit(config)
 
     def resume(self, run_id: str) -> RunDir:
-        self._refuse_if_training()
-        self.release_model()
-        return training.resume(self.run(run_id).path).run
+        run = self.owned_run(run_id, "resume it")
+        if queue.training_run_id(self.runs_dir) is None:
+            self.release_model()
+        return queue.submit_resume(run.path)
 
     def stop(self, run_id: str) -> None:
-        """Ask a run to stop after its current step, whichever process trains it."""
+        """Ask a run to stop after its current step, whichever process trains it; a waiting run leaves the queue."""
+        run = self.owned_run(run_id, "stop it")
+        if run.read_status().get("waiting"):
+            queue.take_out(run)
+            return
         handle = training.active_run()
         if handle is not None and handle.run.id == run_id:
             handle.stop()
         else:
-            self.run(run_id).request_stop()
+            run.request_stop()
 
-    def _refuse_if_training(self) -> None:
-        """One training per machine: a run started from the command line or another app counts too."""
-        active = self.active_run_id()
-        if active is not None:
-            raise BusyError(f"A training is already running ({active}); stop it on the Train tab or wait for it to "
-                            "finish first.")
+    def start_queue(self) -> queue.Scheduler:
+        """Start the waiting runs one after another, from now on (the app does this once, when it starts)."""
+        return queue.Scheduler(self.runs_dir).start()
+
+    def queue_place(self, run_id: str) -> str:
+        """Where a waiting run is in the queue and when it should start: "2nd in line; expected to start in
+        about 20 min"; "" for a run that is not waiting."""
+        run = self.run(run_id)
+        place = queue.place_in_line(run)
+        if place is None:
+            return ""
+        ahead = [self.run(active)] if (active := queue.training_run_id(self.runs_dir)) else []
+        ahead += queue.waiting_runs(self.runs_dir)[:place - 1]
+        seconds = [self._seconds_left(other) for other in ahead]
+        when = (f"expected to start in about {format_seconds(sum(seconds))}" if None not in seconds
+                else "its start time is not known yet")
+        return f"{ordinal(place)} in line; {when}"
+
+    def _seconds_left(self, run: RunDir) -> float | None:
+        """How long ``run`` should still train: its own ETA once it trains, else its estimate; never more than a
+        public demo's time limit."""
+        status = run.read_status()
+        limit = Limits.from_env().run_minutes * 60 if self.public else None
+        seconds = status.get("eta_s") if status.get("state") == "running" and status.get("step") else None
+        if seconds is None:
+            try:
+                config = run.read_config()
+                estimate = estimate_run(config, resolve_hardware(config.hardware, self.hardware()), self.hardware())
+                steps = config.training.max_steps or math.ceil(
+                    config.training.epochs * (status.get("n_train") or 0)
+                    / (config.training.batch_size * config.training.grad_accum))
+                seconds = estimate.step.total_s * steps + ESTIMATED_START_S
+            except DragonError:
+                seconds = None
+        if limit is not None:
+            seconds = min(seconds, limit + ESTIMATED_START_S) if seconds is not None else limit + ESTIMATED_START_S
+        return seconds
 
     def active_run_id(self) -> str | None:
         """The run training right now, in this process or (seen through the run store) in another one."""
-        handle = training.active_run()
-        if handle is not None:
-            return handle.run.id
-        for summary in self.runs():
-            if summary["state"] in ACTIVE_STATES:
-                return summary["id"]
-        return None
+        return queue.training_run_id(self.runs_dir)
 
     def runs(self) -> list[dict]:
         return list_runs(self.runs_dir)
+
+    def owned_run(self, run_id: str, action: str) -> RunDir:
+        """The run, if the current visitor may change or take it (its starter; everyone outside public mode)."""
+        run = self.run(run_id)
+        if not visitor().owns(run.read_status().get("owner")):
+            raise NotYoursError(f"The run {run_id} belongs to another visitor: only the browser that started it can "
+                                f"{action} (or this demo's owner, with the owner key).")
+        return run
+
+    def handed_out(self, path: Path) -> str:
+        """A file of a run to hand to its owner's browser: the file itself where the runs folder is served (your
+        own machine); in a public demo, where it is not, a link to it (or a copy) in a new temporary folder, which
+        the server then hands to that browser alone."""
+        if not self.public:
+            return str(path)
+        target = Path(tempfile.mkdtemp(prefix="dragon-download-")) / Path(path).name
+        try:
+            os.link(path, target)  # no copy of a large model where the folders share a disk
+        except OSError:
+            shutil.copy2(path, target)
+        return str(target)
+
+    def whose(self, summary: dict) -> str:
+        """"yours" or "another visitor's" in a public demo, for the runs list; "" elsewhere."""
+        if not self.public:
+            return ""
+        return "yours" if visitor().owns(summary.get("owner")) else "another visitor's"
 
     def run(self, run_id: str) -> RunDir:
         path = (self.runs_dir / run_id).resolve()
@@ -141,6 +210,7 @@ class Studio:
     def inference_model(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
         """(model, tokenizer) for previews from the one cached load (engine.models.ModelCache); refused while a
         training uses this machine's CPU."""
+        policy.check_model(model, str(self.runs_dir))
         if training.active_run() is not None and self.hardware().cuda == []:
             raise BusyError("A training is running on this machine's CPU; generating previews now would slow it down "
                             "badly. Wait for it to finish or stop it first.")

@@ -18,8 +18,10 @@ from pathlib import Path
 
 from ..config import ModelConfig
 from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, columns_of, is_hub_dataset_id, load_table, map_rows, prompt_text,
+                   public_source_refusal,
                    resolve_source)
 from ..errors import ConfigError, DragonError, first_line
+from ..public import is_public_demo, visitor
 from ..rewards import Reward, ScoreResult, score_completion
 
 PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
@@ -98,6 +100,8 @@ def load_rows(data: DataConfig, base_dir: str | None = None) -> list[dict]:
     the returned rows.
     """
     source = data.source.strip()
+    if is_public_demo() and (refusal := public_source_refusal(source, base_dir, visitor().uploads)):
+        raise ConfigError(refusal)  # before anything on the disk is looked at
     path = Path(resolve_source(source, base_dir))
     if path.is_file():
         stat = path.stat()
@@ -258,7 +262,12 @@ def preview_tokenizer(model: ModelConfig) -> tuple[object | None, str]:
     TOKENIZER_RETRY_S seconds, so editing the mapping does not retry an unreachable Hub on every change.
     """
     from ..engine.models import load_tokenizer, resolve_model
+    from ..engine.policy import PublicDemoRefusal, check_model
 
+    try:
+        check_model(model)  # a public demo loads no tokenizer of a model it does not offer
+    except PublicDemoRefusal as refusal:
+        return None, f"Shown as plain system:/user: text, with lengths in words: {refusal}"
     key = (model.id.strip(), model.revision, model.trust_remote_code)
     with _tokenizers_lock:  # held while loading, so concurrent previews wait for one load instead of repeating it
         cached = _tokenizers.get(key)

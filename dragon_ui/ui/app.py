@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import os
 
 import gradio as gr
+from gradio.context import LocalContext
 
 from ..errors import DragonError
+from ..public import Limits, visitor, visiting
 from ..studio.backend import ASSETS_DIR, DEFAULT_RECIPE, Studio
 from ..studio.draft import same_settings
 from . import compare_tab, data_tab, model_tab, rewards_tab, train_tab
@@ -25,6 +28,8 @@ INTRO = ("Teach a small language model with rewards you can check: pick data, bu
 
 
 DRAFT_STORAGE_KEY = "dragon-grpo-studio-draft"
+VISITOR_STORAGE_KEY = "dragon-grpo-studio-visitor"  # the random token that tells this browser's runs from others'
+OWNER_KEY_STORAGE_KEY = "dragon-grpo-studio-owner-key"
 
 
 def build_app(studio: Studio | None = None) -> gr.Blocks:
@@ -43,13 +48,27 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                                        elem_id="replace-draft-yes")
             keep_button = gr.Button("Keep my settings", scale=0, min_width=180, elem_id="replace-draft-no")
         if studio.public:
-            gr.Markdown(message("This is a public demo: custom Python and command rewards are turned off here. "
-                                "Run it on your own machine (`make run`) to use them.", "warn"))
+            limits = Limits.from_env()
+            gr.Markdown(message(
+                "This is a public demo shared with other visitors: your runs are yours (others see them, but only "
+                f"this browser can stop or download them); each run trains for at most {limits.run_minutes:g} "
+                "minutes; custom Python and command rewards are turned off, and only the bundled datasets, your "
+                "uploads and Hub datasets can be read. Run it on your own machine (`make run`) without limits.",
+                "warn"), elem_id="public-notice")
+            with gr.Accordion("Owner of this demo?", open=False, elem_id="owner-panel"):
+                with gr.Row():
+                    owner_key = gr.Textbox(label="Owner key", type="password", scale=3, elem_id="owner-key",
+                                           info="The DRAGON_UI_OWNER_KEY this demo was started with: lets this "
+                                                "browser stop, resume and download every run.")
+                    unlock = gr.Button("Unlock", scale=1, elem_id="owner-unlock")
+                owner_status = gr.Markdown(elem_id="owner-status")
         shared = Shared(studio=studio, form=Form(gr.State({})), pristine=gr.State({}), config_loaded=gr.State(0),
                         auto_name=gr.State(""), run_id=gr.State(""), timer=gr.Timer(1.0, active=False))
         pending = gr.State(None)  # {"draft", "label"} waiting for the user to confirm replacing an edited draft
         # The draft lives in the browser too: a reload, or another tab of the same browser, finds it as it was.
         saved = gr.BrowserState(None, storage_key=DRAFT_STORAGE_KEY, secret=studio.browser_secret())
+        visitor_token = gr.BrowserState(None, storage_key=VISITOR_STORAGE_KEY, secret=studio.browser_secret())
+        kept_owner_key = gr.BrowserState("", storage_key=OWNER_KEY_STORAGE_KEY, secret=studio.browser_secret())
         form = shared.form
         loading = [form.loaded, shared.pristine, shared.config_loaded, shared.auto_name]
         asking = [confirm_row, confirm_text, pending, recipe_status]
@@ -111,20 +130,40 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         form.watch(remember, [saved], [shared.pristine, shared.auto_name])
         form.connect_watchers()
 
-        def on_page_load(kept: dict | None, count: int):
-            """The draft this browser kept (or the default recipe), and re-attach to a running (or the latest) run."""
-            active = studio.active_run_id()
-            runs = studio.runs()
-            run_id = active or (runs[0]["id"] if runs else "")
-            if isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
-                draft, pristine, auto_name = kept["draft"], kept.get("pristine") or {}, kept.get("auto_name") or ""
-            else:
-                draft = pristine = studio.default_draft()
-                auto_name = draft.get("name", "")
-            return draft, pristine, count + 1, auto_name, run_id, gr.Timer(active=bool(active))
+        def on_page_load(token: str | None, owner_key_kept: str, kept: dict | None, count: int,
+                         request: gr.Request):
+            """Who this browser is (the token it keeps), the draft it kept (or the default recipe), and re-attach
+            to a running (or the latest) run."""
+            token = studio.visitors.arrive(request.session_hash, token)
+            who = studio.visitors.of(request.session_hash)
+            who = studio.visitors.unlock(who, owner_key_kept) or who
+            with visiting(who):
+                active = studio.active_run_id()
+                runs = studio.runs()
+                run_id = active or (runs[0]["id"] if runs else "")
+                if isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
+                    draft, pristine = kept["draft"], kept.get("pristine") or {}
+                    auto_name = kept.get("auto_name") or ""
+                else:
+                    draft = pristine = studio.default_draft()
+                    auto_name = draft.get("name", "")
+                return (token, draft, pristine, count + 1, auto_name, run_id, gr.Timer(active=bool(active)),
+                        *train_tab.runs_outputs(studio))
 
-        demo.load(on_page_load, [saved, shared.config_loaded], [*loading, shared.run_id, shared.timer],
+        demo.load(on_page_load, [visitor_token, kept_owner_key, saved, shared.config_loaded],
+                  [visitor_token, *loading, shared.run_id, shared.timer, *shared.runs_list],
                   api_visibility="private")
+        if studio.public:
+            def unlock_everything(key: str):
+                who = studio.visitors.unlock(visitor(), key)
+                if who is None:
+                    return gr.skip(), message("That is not this demo's owner key.", "error"), gr.skip()
+                with visiting(who):
+                    return key, message("Unlocked: this browser can stop, resume and download every run.",
+                                        "ok"), train_tab.runs_outputs(studio)[0]
+
+            unlock.click(unlock_everything, [owner_key], [kept_owner_key, owner_status, shared.runs_list[0]],
+                         api_visibility="private")
 
         # The HTTP API (gradio_client): whole configs in, the same validation and run control as the buttons.
         def recipe(name: str) -> dict:
@@ -145,8 +184,58 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
 
         for endpoint in (recipe, check, start):
             gr.api(shows_errors(endpoint), api_name=endpoint.__name__)
+    serve_as_visitors(demo, studio)
     demo.form = form  # the fields and their config paths, for tests and for apps that embed this one
     return demo
+
+
+def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
+    """Run every event of ``demo`` as the visitor whose page (or API session) sent it (``public.visiting``), so the
+    engine's public-mode checks know whose uploads and runs are whose without each handler passing it along.
+
+    Gradio sets the request of the event being served (``LocalContext.request``) around each handler; an event
+    without one is served as ``public.NOBODY``, which owns nothing. Outside public mode everyone is the operator,
+    and nothing is wrapped.
+    """
+    if not studio.public:
+        return
+
+    def as_visitor(fn):
+        def who():
+            request = LocalContext.request.get(None)
+            return studio.visitors.of(getattr(request, "session_hash", None))
+
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def generator(*args, **kwargs):
+                asking = who()
+                with visiting(asking):
+                    steps = fn(*args, **kwargs)
+                try:
+                    while True:
+                        with visiting(asking):
+                            try:
+                                item = next(steps)
+                            except StopIteration:
+                                return
+                        yield item
+                finally:
+                    steps.close()
+
+            return generator
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(f"{fn!r}: the app's handlers are synchronous (see serve_as_visitors)")
+
+        @functools.wraps(fn)
+        def handler(*args, **kwargs):
+            with visiting(who()):
+                return fn(*args, **kwargs)
+
+        return handler
+
+    for block_fn in demo.fns.values():
+        if block_fn.fn is not None:
+            block_fn.fn = as_visitor(block_fn.fn)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,9 +250,18 @@ def main(argv: list[str] | None = None) -> int:
 
     studio = Studio(runs_dir=args.runs_dir)
     demo = build_app(studio)
+    studio.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
     demo.queue(default_concurrency_limit=4).launch(
         server_name=args.host, server_port=args.port, share=args.share, inbrowser=not (args.no_browser or on_space),
         theme=gr.themes.Soft(primary_hue="emerald"), css_paths=[str(ASSETS_DIR / "app.css")],
-        allowed_paths=[str(studio.runs_dir)], show_error=True, footer_links=["api", "gradio"],
+        show_error=True, footer_links=["api", "gradio"], **serving_options(studio),
     )
     return 0
+
+
+def serving_options(studio: Studio) -> dict:
+    """What the server may hand out: on your own machine the runs folder (downloads come straight from it); in a
+    public demo nothing of it (downloads are copies, handed to their owner alone) and uploads up to the limit."""
+    if studio.public:
+        return {"max_file_size": f"{Limits.from_env().upload_mb:g}mb"}
+    return {"allowed_paths": [str(studio.runs_dir)]}

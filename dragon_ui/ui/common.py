@@ -120,6 +120,9 @@ class Shared:
     tabs: gr.Tabs | None = None
     # Events that put a new data source in the form (a pick, an upload, a typed path): the run name follows them.
     source_replaced: list = field(default_factory=list)
+    # The Train tab's list of past runs and its run picker, refreshed when a page loads (each visitor sees whose
+    # runs are whose); set by train_tab.build.
+    runs_list: list = field(default_factory=list)
     # Tabs that replace the whole draft (a past run's "Load these settings") call this with their trigger and a
     # function of their inputs that returns (draft, what it is); app.build_app sets it before building the tabs.
     offer_draft: Callable[..., Any] | None = None

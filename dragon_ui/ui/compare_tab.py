@@ -111,14 +111,18 @@ def evaluate(studio: Studio, run_id: str | None):
         return stopped.is_set()
 
     try:
-        for progress in evaluate_now(studio.inference_model, studio.run(run_id), should_stop=should_stop):
+        run = studio.owned_run(run_id, "score it again")
+        for progress in evaluate_now(studio.inference_model, run, should_stop=should_stop):
             yield message(progress, "info"), *keep
         yield message(progress, "warn" if stopped.is_set() else "ok"), *comparison_outputs(studio, run_id)
     except Exception as exc:
         yield message(explain(exc), "error"), *keep
 
 
-def cancel_evaluation(run_id: str | None) -> str:
+@shows_errors
+def cancel_evaluation(studio: Studio, run_id: str | None) -> str:
+    if run_id:
+        studio.owned_run(run_id, "cancel its scoring")
     with _cancel_lock:
         _cancel_requests.add(run_id or "")
     return message("Cancelling after the current batch of prompts...", "warn")
@@ -136,7 +140,7 @@ def ask(studio: Studio, run_id: str | None, prompt: str, max_new_tokens: int, te
 def download_adapter(studio: Studio, run_id: str | None) -> str:
     if not run_id:
         raise gr.Error("Choose a run first.", print_exception=False)
-    return str(weights.zip_adapter(studio.run(run_id)))
+    return studio.handed_out(weights.zip_adapter(studio.owned_run(run_id, "download its adapter")))
 
 
 @shows_errors
@@ -144,9 +148,10 @@ def merge(studio: Studio, run_id: str | None):
     """(zip, folder, sentence): the merged full model to download, its folder on the server, and both sizes."""
     if not run_id:
         raise gr.Error("Choose a run first.", print_exception=False)
-    run = studio.run(run_id)
+    run = studio.owned_run(run_id, "merge and download its model")
     merged = weights.merged_download(run)
-    return str(merged.archive), str(merged.folder), message(weights.merged_download_message(run, merged), "ok")
+    return (studio.handed_out(merged.archive), str(merged.folder),
+            message(weights.merged_download_message(run, merged), "ok"))
 
 
 def build(shared: Shared) -> None:
@@ -213,7 +218,7 @@ def build(shared: Shared) -> None:
     shared.offer_draft(load_settings.click, studio.run_settings, [run_picker])
     evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
                                        api_name="compare_evaluate")
-    cancel_button.click(cancel_evaluation, [run_picker], [evaluate_status], cancels=[evaluation],
+    cancel_button.click(functools.partial(cancel_evaluation, studio), [run_picker], [evaluate_status], cancels=[evaluation],
                         api_name="compare_cancel")
     answering = ask_button.click(functools.partial(ask, studio), [run_picker, prompt, max_new_tokens, temperature],
                                  [before_reply, after_reply], api_name="compare_ask")

@@ -16,6 +16,7 @@ import pandas as pd
 from ..config import ModelConfig
 from ..data import SUPPORTED_EXTENSIONS, DataConfig
 from ..errors import DragonError
+from ..public import visitor, visiting
 from ..studio.backend import ASSETS_DIR
 from ..studio.draft import place_problem
 from ..studio.playground import DataPreview, data_config, fit_mapping, load_rows, preview_data, preview_tokenizer
@@ -172,8 +173,8 @@ def fill_fields(draft: dict, labels: dict[str, str] | None = None) -> tuple:
     columns = preview.columns
     return (setting.source, _example_value(setting.source), setting.hub_config or "", setting.hub_split,
             _column_picker(columns, setting.prompt), _column_picker(columns, setting.reference),
-            _column_picker(columns, setting.system), setting.eval_frac, *preview_views(preview, labels),
-            table_identity(setting), _model_key(draft))
+            _column_picker(columns, setting.system), setting.eval_frac, setting.max_rows,
+            *preview_views(preview, labels), table_identity(setting), _model_key(draft))
 
 
 def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] | None = None) -> tuple:
@@ -223,6 +224,10 @@ def build(shared: Shared) -> Callable[[], None]:
                 0, 0.5, value=0.05, step=0.01, label="Held-out fraction", elem_id="data-eval-frac",
                 info="Rows kept aside to compare the model before and after training."),
                 lambda value: float(value) if value is not None else 0.05)
+            max_rows = form.add("data.max_rows", gr.Number(
+                label="Max rows", precision=0, minimum=1, elem_id="data-max-rows",
+                info="Train on the first rows only; empty for all of them."),
+                lambda value: int(value) if value not in (None, "") else None)
             counts = gr.Markdown(elem_id="data-counts")
             lengths = gr.Markdown(elem_id="data-lengths")
     table = gr.Dataframe(label="First rows", interactive=False, max_height=360, wrap=True, elem_id="data-preview")
@@ -235,8 +240,8 @@ def build(shared: Shared) -> Callable[[], None]:
     updated = [source, example, hub_config, hub_split, prompt, reference, system, *views, shown_table,
                previewed_model]
     shared.config_loaded.change(lambda draft: fill_fields(draft, form.labels), [shared.loaded],
-                                [source, example, hub_config, hub_split, prompt, reference, system, eval_frac, *views,
-                                 shown_table, previewed_model], api_visibility="private")
+                                [source, example, hub_config, hub_split, prompt, reference, system, eval_frac, max_rows,
+                                 *views, shown_table, previewed_model], api_visibility="private")
 
     def connect() -> None:
         def update(draft, shown):
@@ -245,15 +250,23 @@ def build(shared: Shared) -> Callable[[], None]:
         def replace_source(draft, new_source, shown):
             return use_source(draft, new_source, shown, form.labels)
 
+        def take_upload(draft, new_source, shown):
+            """An uploaded file becomes the source, and this visitor's to read from now on (a public demo reads no
+            other file on the server)."""
+            if not new_source:
+                return replace_source(draft, new_source, shown)
+            with visiting(shared.studio.visitors.add_upload(visitor(), new_source)):
+                return replace_source(draft, new_source, shown)
+
         # always_last: a field changed while the preview computes is previewed again with what the form shows then.
         modes = {"trigger_mode": "always_last", "api_visibility": "private"}
         gr.on([source.blur, hub_config.submit, hub_config.blur, hub_split.submit, hub_split.blur, prompt.input,
-               reference.input, system.input, eval_frac.release], shows_errors(form.takes_draft(update)),
+               reference.input, system.input, eval_frac.release, max_rows.submit, max_rows.blur], shows_errors(form.takes_draft(update)),
               [*form.inputs, shown_table], updated, **modes)
         submitted = source.submit(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, **modes)
         picked = example.input(shows_errors(form.takes_draft(replace_source)), [*form.inputs, example, shown_table],
                                updated, **modes)
-        uploaded = upload.upload(shows_errors(form.takes_draft(replace_source)), [*form.inputs, upload, shown_table],
+        uploaded = upload.upload(shows_errors(form.takes_draft(take_upload)), [*form.inputs, upload, shown_table],
                                  updated, **modes)
         shared.source_replaced.extend([submitted, picked, uploaded])
         form.component("model.id").change(

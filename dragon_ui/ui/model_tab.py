@@ -25,9 +25,11 @@ from ..runstore import slug
 from ..scaleout.launch_folder import export_launch_folder
 from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
-from ..studio.estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb
+from ..engine.estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb
 from ..studio.playground import preview_examples
-from ..studio.presets import PRESETS
+from ..engine import policy
+from ..engine.presets import PRESETS
+from ..public import visitor
 from .common import TAB_TRAIN, Form, Shared, message, shows_errors
 
 TAB_TITLE = "Model & Hardware"
@@ -162,16 +164,24 @@ def field_values(draft: dict) -> list[Any]:
 # What the tab shows about the draft.
 
 
-def preset_rows() -> list[list[str]]:
+def offered_presets(studio: Studio) -> list:
+    """The presets to offer: all of them, or in a public demo those it allows."""
+    if not studio.public:
+        return list(PRESETS)
+    allowed = {model_id.lower() for model_id in policy.allowed_models()}
+    return [preset for preset in PRESETS if preset.id.lower() in allowed]
+
+
+def preset_rows(presets) -> list[list[str]]:
     return [[preset.id, format_params(preset.params), f"~{minimum_memory_gb(preset.dims):.1f} GB", preset.notes]
-            for preset in PRESETS]
+            for preset in presets]
 
 
 def finished_runs(studio: Studio) -> list[tuple[str, str]]:
-    """(label, run folder) of the runs a new run can continue from."""
+    """(label, run folder) of the runs a new run can continue from (in a public demo, the visitor's own)."""
     choices = []
     for run in studio.runs():
-        if run["state"] == "succeeded":
+        if run["state"] == "succeeded" and visitor().owns(run.get("owner")):
             after = run.get("heldout_after")
             reward = f", held-out reward {after:.2f}" if isinstance(after, (int, float)) else ""
             choices.append((f"{run['id']} ({run['model']}{reward})", run["dir"]))
@@ -308,8 +318,12 @@ def start_run(studio: Studio, draft: dict) -> tuple:
         run = studio.start(draft)
     except DragonError as exc:
         return gr.skip(), gr.skip(), gr.skip(), message(str(exc), "error")
-    return (run.id, gr.Timer(active=True), gr.Tabs(selected=TAB_TRAIN),
-            message(f"Started {run.id}; follow it on the Train tab.", "ok"))
+    if run.read_status().get("waiting"):
+        said = (f"Queued {run.id} behind the run training now ({studio.queue_place(run.id)}): it starts by itself "
+                "when its turn comes, even with this page closed. Follow it on the Train tab.")
+    else:
+        said = f"Started {run.id}; follow it on the Train tab."
+    return run.id, gr.Timer(active=True), gr.Tabs(selected=TAB_TRAIN), message(said, "ok")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -334,13 +348,15 @@ def build(shared: Shared) -> Callable[[], None]:
     with gr.Row():
         with gr.Column(scale=3):
             (model_id,) = widgets("model", initial, form)
+            if studio.public:  # the models this demo offers; typing another gets the reason it is not offered
+                model_id.choices = [(model, model) for model in policy.allowed_models()]
         continue_from = gr.Dropdown(finished_runs(studio), value=None, label="…or continue from a finished run",
                                     scale=2, elem_id="model-continue",
                                     info="Starts from that run's trained model; its folder becomes the model id.")
     areas["model"] = problem_area("model")
     with gr.Accordion("Presets (click a row to use it)", open=False):
         gr.Markdown(f"Min. memory: {MINIMUM_SETTINGS}; CPU training is practical up to about 360M parameters.")
-        presets = gr.Dataframe(preset_rows(), headers=["Model", "Parameters", "Min. memory", "Notes"],
+        presets = gr.Dataframe(preset_rows(offered_presets(studio)), headers=["Model", "Parameters", "Min. memory", "Notes"],
                                interactive=False, wrap=True, elem_id="model-presets")
 
     gr.Markdown("### Hardware")
@@ -398,7 +414,7 @@ def build(shared: Shared) -> Callable[[], None]:
                         api_visibility="private", show_progress="hidden")
 
     def pick_preset(event: gr.SelectData) -> str:
-        return PRESETS[event.index[0]].id
+        return event.row_value[0]
 
     presets.select(pick_preset, None, [model_id], api_visibility="private")
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import html
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 import gradio as gr
 
+from ..engine.estimate import format_seconds
 from ..errors import DragonError
+from ..public import visitor
 from ..runstore import ACTIVE_STATES, read_json, state_label
 from ..studio.backend import Studio
-from ..studio.estimate import format_seconds
 from ..studio.monitor import Alert, Snapshot, health_alerts, read_snapshot
 from . import plots
 from .common import Shared, message, shows_errors
@@ -35,7 +37,9 @@ BEST_STYLE, WORST_STYLE = "background:#e7f6ec", "background:#fdecec"
 # Pieces of the view, as pure functions of the run's data.
 
 
-def status_markdown(run_id: str, status: dict) -> str:
+def status_markdown(run_id: str, status: dict, queue_place: str = "") -> str:
+    """The run's state line, then what to know about it: why it failed, how it resumes, where it is in the
+    queue (``queue_place``, for a waiting run), how it scored."""
     state = status.get("state", "unknown")
     parts = [f"{STATE_ICONS.get(state, '')} **{state_label(state)}**", status.get("phase") or ""]
     if status.get("model_label"):
@@ -46,12 +50,17 @@ def status_markdown(run_id: str, status: dict) -> str:
             device += f", {status['cpu_threads']} thread{'s' if status['cpu_threads'] > 1 else ''}"
         parts.append(device)
     text = f"Run `{run_id}` · " + " · ".join(p for p in parts if p)
-    if state == "failed" and status.get("error"):
+    if status.get("waiting") and queue_place:
+        text += "\n\n" + message(f"Waiting in the queue: {queue_place}. It starts by itself; Stop takes it out of "
+                                 "the queue.", "info")
+    elif state == "failed" and status.get("error"):
         text += "\n\n" + message(status["error"], "error")
     elif state == "cancelled":
         resumes_from = (f"continues from {status['latest_checkpoint']}" if status.get("latest_checkpoint")
                         else "starts it again, since it stopped before its first checkpoint")
         text += "\n\n" + message(f"Stopped, not finished: Resume {resumes_from}.", "info")
+        if status.get("stop_reason"):
+            text += "\n\n" + message(status["stop_reason"], "info")
     elif state == "succeeded" and status.get("heldout_after") is not None and status.get("heldout_before") is not None:
         text += "\n\n" + message(f"Held-out reward {status['heldout_before']:.3f} → {status['heldout_after']:.3f}; "
                                  "compare replies on the Compare tab.", "ok")
@@ -125,15 +134,20 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
     return "".join(parts)
 
 
-def runs_table(runs: list[dict]) -> list[list[Any]]:
+def runs_table(runs: list[dict], whose: Callable[[dict], str] | None = None) -> list[list[Any]]:
+    """One row per run; in a public demo (``whose``) a last column says whose run it is."""
     def started(run: dict) -> str:
         """The first start, also for a resumed run."""
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(run["started_at"])) if run.get("started_at") else ""
 
     return [[run["id"], state_label(run["state"]), f"{run['step']}/{run['total_steps'] or '?'}",
              _number(run.get("reward")), _number(run.get("heldout_before")), _number(run.get("heldout_after")),
-             run["model"], started(run)]
+             run["model"], started(run), *([whose(run)] if whose else [])]
             for run in runs]
+
+
+def run_columns(studio: Studio) -> list[str]:
+    return [*RUN_COLUMNS, "Whose"] if studio.public else RUN_COLUMNS
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -164,15 +178,17 @@ class TrainView:
         return tuple(getattr(self, f.name) for f in fields(self))
 
 
-def _runs_outputs(studio: Studio) -> tuple[list[list[Any]], gr.Dropdown]:
+def runs_outputs(studio: Studio) -> tuple[list[list[Any]], gr.Dropdown]:
+    """The runs list (whose run each is, in a public demo) and the run picker's choices."""
     runs = studio.runs()
-    return runs_table(runs), gr.Dropdown(choices=[run["id"] for run in runs])
+    return (runs_table(runs, studio.whose if studio.public else None),
+            gr.Dropdown(choices=[run["id"] for run in runs]))
 
 
 def empty_view(studio: Studio, text: str = NO_RUN) -> TrainView:
     return TrainView({}, text, progress_html({}), plots.reward_figure([]), plots.spread_figure([]),
                      plots.kl_figure([]), plots.length_figure([]), "", rollouts_html(None, []), "",
-                     gr.Button(interactive=False), gr.Button(interactive=False), *_runs_outputs(studio),
+                     gr.Button(interactive=False), gr.Button(interactive=False), *runs_outputs(studio),
                      gr.Timer(active=False))
 
 
@@ -191,18 +207,21 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
     same_run = not full and watch.get("run_id") == run_id
     snap: Snapshot = read_snapshot(run.path, since=watch.get("snapshot") if same_run else None)
     config = watch["config"] if same_run else read_json(run.config_path, default={}) or {}
-    new_watch = {"run_id": run_id, "snapshot": snap.to_state(), "config": config}
-    if same_run and not snap.changed:
+    queue_place = studio.queue_place(run_id) if snap.status.get("waiting") else ""
+    new_watch = {"run_id": run_id, "snapshot": snap.to_state(), "config": config, "queue_place": queue_place}
+    if same_run and not snap.changed and queue_place == watch.get("queue_place", ""):
         return TrainView(new_watch, *[skip] * (len(fields(TrainView)) - 1))
 
     status, rows = snap.status, snap.progress
     reward_names = status.get("reward_names") or plots.reward_names_of(rows)
     state_changed = not same_run or status.get("state") != watch["snapshot"]["status"].get("state")
-    runs, run_choices = _runs_outputs(studio) if state_changed else (skip, skip)
+    runs, run_choices = runs_outputs(studio) if state_changed else (skip, skip)
+    mine = visitor().owns(status.get("owner"))
     max_new_tokens = (config.get("grpo") or {}).get("max_new_tokens")
     return TrainView(
         watch=new_watch,
-        status=status_markdown(run_id, status) if snap.status_changed else skip,
+        status=status_markdown(run_id, status, queue_place)
+        if snap.status_changed or queue_place != watch.get("queue_place", "") else skip,
         progress=progress_html(status) if snap.status_changed else skip,
         reward_plot=plots.reward_figure(rows, reward_names) if snap.progress_changed else skip,
         spread_plot=plots.spread_figure(rows) if snap.progress_changed else skip,
@@ -211,8 +230,9 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
         alerts=alerts_markdown(health_alerts(rows, status, config, snap.log)),
         rollouts=rollouts_html(snap.rollouts, reward_names) if snap.rollouts_changed else skip,
         log=snap.log if snap.log_changed else skip,
-        stop=gr.Button(interactive=snap.active) if state_changed else skip,
-        resume=gr.Button(interactive=status.get("state") in ("failed", "cancelled")) if state_changed else skip,
+        stop=gr.Button(interactive=snap.active and mine) if state_changed else skip,
+        resume=gr.Button(interactive=mine and status.get("state") in ("failed", "cancelled")) if state_changed
+        else skip,
         runs=runs,
         run_choices=run_choices,
         timer=gr.Timer(active=snap.active) if state_changed else skip,
@@ -225,7 +245,10 @@ def stop_run(studio: Studio, run_id: str) -> str:
     state = studio.run(run_id).read_status().get("state")
     if state not in ACTIVE_STATES:
         return message(f"The run {run_id} is not training (it is {state_label(state)}).", "info")
+    waiting = studio.run(run_id).read_status().get("waiting")
     studio.stop(run_id)
+    if waiting:
+        return message(f"Took {run_id} out of the queue; Resume puts it back in line.", "ok")
     return message("Stopping after the current step; a checkpoint is saved so you can resume.", "ok")
 
 
@@ -269,8 +292,8 @@ def build(shared: Shared) -> None:
     log = gr.Textbox(label="Log (last 40 lines)", lines=10, max_lines=40, autoscroll=True, interactive=False,
                      elem_id="train-log")
     with gr.Accordion("Past runs", open=False):
-        runs = gr.Dataframe(runs_table(past_runs), headers=RUN_COLUMNS, interactive=False, max_height=320,
-                            elem_id="train-runs")
+        runs = gr.Dataframe(runs_outputs(studio)[0], headers=run_columns(studio), interactive=False,
+                            max_height=320, elem_id="train-runs")
         with gr.Row():
             run_choice = gr.Dropdown([run["id"] for run in past_runs], value=None, label="Run", scale=3,
                                      elem_id="train-run-choice", info="Click a row above or pick a run, then Open.")
@@ -293,10 +316,11 @@ def build(shared: Shared) -> None:
     def pick_row(event: gr.SelectData):
         return event.row_value[0]
 
+    shared.runs_list = [runs, run_choice]
     runs.select(pick_row, None, [run_choice], api_visibility="private")
     open_run.click(lambda run_id: run_id or gr.skip(), [run_choice], [shared.run_id], api_name="train_open")
     # The picked run's settings, or the shown run's, back in every tab (asking first if the form was edited).
     shared.offer_draft(load_settings.click, lambda picked, shown: studio.run_settings(picked or shown),
                        [run_choice, shared.run_id])
-    refresh_runs.click(lambda: _runs_outputs(studio), None, [runs, run_choice], api_name="train_runs",
+    refresh_runs.click(lambda: runs_outputs(studio), None, [runs, run_choice], api_name="train_runs",
                        show_progress="hidden")

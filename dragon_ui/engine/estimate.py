@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import RunConfig
-from ..engine.hardware import HardwareInfo, ResolvedHardware, system_memory_gb
+from .hardware import HardwareInfo, ResolvedHardware, system_memory_gb
 from ..errors import ConfigError
 from .presets import ModelDims, find_preset
 

@@ -1,0 +1,135 @@
+"""The run queue: one training at a time per machine, and every other run waiting its turn in the runs folder.
+
+A run started (or resumed) while another trains is prepared at once, so its mistakes are found while its owner is
+there to read them, and then waits in state ``queued`` with ``"waiting": "start"`` (or ``"resume"``) and the time it
+joined (``queued_at``) in its status.json. A :class:`Scheduler` thread starts the oldest waiting run whenever
+nothing trains, with nobody's browser open; the queue is the runs folder itself, so it survives a restart of the
+app. A workshop's shared machine and a public Space use it alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from ..config import RunConfig
+from ..errors import BusyError
+from ..public import Limits, is_public_demo
+from ..runstore import RunDir, list_runs
+from . import training
+
+log = logging.getLogger("dragon_ui")
+
+_lock = threading.Lock()  # one decision at a time between "start it now" and "queue it"
+
+
+def training_run_id(runs_dir: Path) -> str | None:
+    """The run training on this machine now: in this process, or (seen through the runs folder) in another one."""
+    handle = training.active_run()
+    if handle is not None:
+        return handle.run.id
+    for summary in list_runs(runs_dir):
+        if summary["state"] == "running" or (summary["state"] == "queued" and not summary.get("waiting")):
+            return summary["id"]
+    return None
+
+
+def waiting_runs(runs_dir: Path) -> list[RunDir]:
+    """The runs waiting their turn, first in line first."""
+    waiting = [summary for summary in list_runs(runs_dir) if summary["state"] == "queued" and summary.get("waiting")]
+    return [RunDir(Path(summary["dir"])) for summary in sorted(waiting, key=lambda s: s.get("queued_at") or 0)]
+
+
+def place_in_line(run: RunDir) -> int | None:
+    """1 for the next run to start, 2 for the one after it...; None for a run that is not waiting."""
+    ids = [waiting.id for waiting in waiting_runs(run.path.parent)]
+    return ids.index(run.id) + 1 if run.id in ids else None
+
+
+def submit(config: RunConfig) -> RunDir:
+    """Start ``config`` now if nothing trains and nobody waits, or else put it in the queue; either way its mistakes
+    are raised here and its folder exists when this returns."""
+    runs_dir = config.resolved_runs_dir()
+    with _lock:
+        if training_run_id(runs_dir) is None and not waiting_runs(runs_dir):
+            return training.start(config).run
+        _refuse_if_full(runs_dir)
+        run = training.prepare(config)
+        run.update_status(waiting="start", queued_at=time.time(), phase="waiting for its turn")
+        return run
+
+
+def submit_resume(run_dir: Path) -> RunDir:
+    """Resume the run now if nothing trains and nobody waits, or else put it back in the queue."""
+    run = training.check_resumable(run_dir)
+    with _lock:
+        if training_run_id(run.path.parent) is None and not waiting_runs(run.path.parent):
+            return training.resume(run.path).run
+        _refuse_if_full(run.path.parent)
+        run.update_status(state="queued", waiting="resume", queued_at=time.time(), phase="waiting for its turn",
+                          error=None, traceback=None, finished_at=None, stop_reason=None)
+        return run
+
+
+def take_out(run: RunDir) -> None:
+    """Take a waiting run out of the queue; it stays, stopped, to be resumed (queued again) later."""
+    with _lock:
+        if run.read_status().get("waiting"):
+            run.update_status(state="cancelled", waiting=None, phase="done", finished_at=time.time(),
+                              stop_reason="It was taken out of the queue before its turn came.")
+
+
+def start_next(runs_dir: Path) -> RunDir | None:
+    """Start the first waiting run if nothing trains; a run that cannot start is marked failed with the reason,
+    and the next one gets its turn at the next call."""
+    with _lock:
+        if training_run_id(runs_dir) is not None:
+            return None
+        waiting = waiting_runs(runs_dir)
+        if not waiting:
+            return None
+        run = waiting[0]
+        resume = run.read_status().get("waiting") == "resume"
+        try:
+            return training.start_waiting(run, resume=resume).run
+        except Exception as exc:  # a waiting run must never block the queue
+            log.error("The queued run %s could not start: %s", run.id, exc)
+            run.update_status(state="failed", waiting=None, phase="done", finished_at=time.time(),
+                              error=f"It could not start when its turn came: {exc}")
+            return None
+
+
+def _refuse_if_full(runs_dir: Path) -> None:
+    if not is_public_demo():
+        return
+    limit = Limits.from_env().queue_length
+    if len(waiting_runs(runs_dir)) >= limit:
+        raise BusyError(f"The queue is full: {limit} runs are already waiting, this public demo's limit of runs "
+                        "waiting in the queue. Try again when one of them has started, or run Dragon GRPO Studio on "
+                        "your own machine (make run).")
+
+
+class Scheduler:
+    """A daemon thread that starts the next waiting run whenever nothing trains (every ``interval_s`` seconds)."""
+
+    def __init__(self, runs_dir: Path, interval_s: float = 2.0) -> None:
+        self.runs_dir, self.interval_s = runs_dir, interval_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dragon-queue", daemon=True)
+
+    def start(self) -> Scheduler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            try:
+                start_next(self.runs_dir)
+            except Exception:  # the queue must outlive any one bad run folder
+                log.exception("The run queue could not start the next run")

@@ -1,0 +1,120 @@
+"""Public mode's switch, the limits its owner sets, and who is asking: what a Hugging Face Space or a workshop's
+shared machine allows each visitor. The checks that apply them are in ``engine/policy.py``; this module only reads
+the environment and the current visitor, so the rewards, the data loader and the app can all ask "is this public,
+and who wants it?" without the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from contextvars import ContextVar
+from dataclasses import dataclass, field, fields
+
+from .errors import ConfigError
+
+PUBLIC_ENV = "DRAGON_UI_PUBLIC"
+MODELS_ENV = "DRAGON_UI_PUBLIC_MODELS"
+OWNER_KEY_ENV = "DRAGON_UI_OWNER_KEY"
+LIFT = "run Dragon GRPO Studio on your own machine (make run)"  # how every refusal says a limit is lifted
+
+
+def is_public_demo() -> bool:
+    """True on Hugging Face Spaces (``SPACE_ID``) or with ``DRAGON_UI_PUBLIC=1``."""
+    return bool(os.environ.get("SPACE_ID")) or os.environ.get(PUBLIC_ENV) == "1"
+
+
+def _limit(default: float, env: str, meaning: str):
+    return field(default=default, metadata={"env": env, "meaning": meaning})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one visitor's run may take on a public demo. The defaults suit a free 2-vCPU, 16 GB CPU Space: a run
+    of the bundled recipes fits in 15 minutes and the machine stays responsive for the next visitor."""
+
+    run_minutes: float = _limit(15, "DRAGON_UI_MAX_RUN_MINUTES", "minutes of training per run")
+    max_new_tokens: int = _limit(256, "DRAGON_UI_MAX_NEW_TOKENS", "new tokens per completion")
+    completions_per_step: int = _limit(32, "DRAGON_UI_MAX_COMPLETIONS_PER_STEP", "completions per step")
+    dataset_rows: int = _limit(10_000, "DRAGON_UI_MAX_DATASET_ROWS", "rows of data")
+    upload_mb: float = _limit(20, "DRAGON_UI_MAX_UPLOAD_MB", "MB per uploaded file")
+    queue_length: int = _limit(10, "DRAGON_UI_MAX_QUEUE", "runs waiting in the queue")
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        """The defaults, with each limit the environment sets; a value that is not a positive number is refused
+        when the app starts, not when a visitor meets it."""
+        values = {}
+        for limit in fields(cls):
+            raw = os.environ.get(limit.metadata["env"], "").strip()
+            if not raw:
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                value = float("nan")  # refused just below
+            if not value > 0 or (limit.type == "int" and not value.is_integer()):
+                kind = "a whole number" if limit.type == "int" else "a number"
+                raise ConfigError(f"{limit.metadata['env']} must be {kind} above 0 ({limit.metadata['meaning']}); "
+                                  f"got {raw!r}.")
+            values[limit.name] = int(value) if limit.type == "int" else value
+        return cls(**values)
+
+    @staticmethod
+    def documented() -> list[tuple[str, str, float]]:
+        """(environment variable, what it limits, default) of every limit, for the README and the app."""
+        return [(limit.metadata["env"], limit.metadata["meaning"], limit.default) for limit in fields(Limits)]
+
+
+def extra_models() -> tuple[str, ...]:
+    """The model ids the owner adds to the public allow-list (``DRAGON_UI_PUBLIC_MODELS``, comma-separated)."""
+    return tuple(part.strip() for part in os.environ.get(MODELS_ENV, "").split(",") if part.strip())
+
+
+def owner_key() -> str:
+    """The key that unlocks every run for the Space's owner or the workshop's instructor; empty: nobody has it."""
+    return os.environ.get(OWNER_KEY_ENV, "").strip()
+
+
+@dataclass(frozen=True)
+class Visitor:
+    """Who is asking. ``key`` identifies one browser (a hash of the random token it keeps) or one API client; the
+    operator (the command line, and everyone when the app is not public) has no key and owns every run, and so
+    does a visitor who entered the owner key. ``uploads`` are the files this visitor uploaded: the only files on
+    the server a public demo reads for them."""
+
+    key: str | None = None
+    uploads: frozenset[str] = frozenset()
+    unlocked: bool = False
+
+    @property
+    def owns_everything(self) -> bool:
+        return self.key is None or self.unlocked
+
+    def owns(self, run_owner: str | None) -> bool:
+        """Whether this visitor may stop, resume, delete or download a run that ``run_owner`` started."""
+        return not is_public_demo() or self.owns_everything or (run_owner is not None and run_owner == self.key)
+
+
+OPERATOR = Visitor()
+NOBODY = Visitor(key="")  # an event nobody could be told apart for: it owns nothing and has uploaded nothing
+_current: ContextVar[Visitor | None] = ContextVar("dragon_ui_visitor", default=None)
+
+
+def visitor() -> Visitor:
+    """The visitor of the request being served: set by the app for each event; the operator outside public mode
+    and on the command line; NOBODY for anything else in public mode (safe: it may do nothing of its own)."""
+    current = _current.get()
+    if current is not None:
+        return current
+    return NOBODY if is_public_demo() else OPERATOR
+
+
+@contextlib.contextmanager
+def visiting(who: Visitor):
+    """Serve the block as ``who``."""
+    token = _current.set(who)
+    try:
+        yield
+    finally:
+        _current.reset(token)

@@ -1,0 +1,90 @@
+"""A public demo shared by two visitors, each in their own real browser (two chromium contexts: two sets of
+browser storage, as two people's laptops): B cannot stop A's run, A's Stop works, and B's Start is queued and starts
+by itself when A's run ends."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+from playwright import sync_api
+
+from dragon_ui import public
+from dragon_ui.engine import training
+from dragon_ui.studio.backend import ASSETS_DIR
+from dragon_ui.ui import build_app
+from test_app_client import served_app
+from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, open_tab, screenshot, wait_until_loaded, write_recipe
+
+expect = sync_api.expect
+pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
+WAIT_MS = 60_000
+
+
+@pytest.fixture
+def public_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir):
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
+    from dragon_ui.studio.backend import Studio
+
+    # The arithmetic recipe on the tiny model, with nothing a public demo refuses, long enough to be stopped.
+    recipes = write_recipe(tmp_path / "recipes", tiny_model_dir, custom_reward=False, max_steps=5000)
+    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes)
+    scheduler = studio.start_queue()
+    yield studio
+    scheduler.stop()
+    while (handle := training.active_run()) is not None:
+        handle.stop()
+        handle.wait(120)
+
+
+def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is needed for the browser test: sudo apt-get install chromium")
+    look = {"theme": gr.themes.Soft(primary_hue="emerald"), "css_paths": [str(ASSETS_DIR / "app.css")]}
+    with served_app(build_app(public_studio), **look) as url, sync_api.sync_playwright() as playwright:
+        expect.set_options(timeout=WAIT_MS)
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            alice, bob = (browser.new_context(viewport=VIEWPORT).new_page() for _ in range(2))
+            for page in (alice, bob):
+                page.set_default_timeout(WAIT_MS)
+                page.goto(url)
+                wait_until_loaded(page)
+            expect(alice.locator("#public-notice")).to_contain_text("your runs are yours")
+
+            # Alice starts a run; it trains.
+            open_tab(alice, "model")
+            alice.locator("#model-start").click()
+            expect(alice.locator("#train-status")).to_contain_text("running")
+            (alices_run,) = public_studio.runs()
+
+            # Bob sees it, read-only: his Stop stays greyed out, and the list says whose it is.
+            bob.reload()
+            wait_until_loaded(bob)
+            open_tab(bob, "train")
+            expect(bob.locator("#train-status")).to_contain_text(alices_run["id"])
+            expect(bob.locator("#train-status")).to_contain_text("running")
+            expect(bob.locator("#train-stop")).to_be_disabled()
+            bob.get_by_text("Past runs").click()
+            expect(bob.locator("#train-runs")).to_contain_text("another visitor's")
+
+            # Bob's Start does not fail: his run waits its turn.
+            open_tab(bob, "model")
+            bob.locator("#model-start").click()
+            expect(bob.locator("#train-status")).to_contain_text("Waiting in the queue: 1st in line")
+            screenshot(bob, tmp_path, "public-bob-queued")
+            bobs_run = next(run for run in public_studio.runs() if run["id"] != alices_run["id"])
+            assert bobs_run["waiting"] == "start" and bobs_run["owner"] != alices_run["owner"]
+
+            # Alice stops hers (Stop is hers to press); Bob's run then starts by itself.
+            expect(alice.locator("#train-stop")).to_be_enabled()
+            alice.locator("#train-stop").click()
+            expect(alice.locator("#train-action")).to_contain_text("Stopping after the current step")
+            expect(alice.locator("#train-status")).to_contain_text("stopped — can resume")
+            expect(bob.locator("#train-status")).to_contain_text("running", timeout=90_000)
+            expect(bob.locator("#train-stop")).to_be_enabled()
+            screenshot(bob, tmp_path, "public-bob-running")
+            bob.locator("#train-stop").click()
+            expect(bob.locator("#train-status")).to_contain_text("stopped — can resume")
+        finally:
+            browser.close()

@@ -1,0 +1,358 @@
+"""Public mode (a Space, a workshop's shared machine): hostile settings are refused with one sentence each, through
+the engine, the command line and the app's HTTP API, and nothing is read, written or started."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+
+from dragon_ui import data, public
+from dragon_ui.cli import main
+from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
+from dragon_ui.engine import policy, training
+from dragon_ui.errors import ConfigError
+
+MAKE_RUN = "on your own machine (make run)"
+
+
+@pytest.fixture
+def public_mode(monkeypatch, tiny_model_dir):
+    """DRAGON_UI_PUBLIC=1, with the tiny test model on the allow-list (as an owner would add a model)."""
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
+    for limit in public.Limits.documented():
+        monkeypatch.delenv(limit[0], raising=False)
+
+
+@pytest.fixture
+def public_config(tiny_config_dict) -> dict:
+    """The tiny run on a bundled dataset: a config a public demo accepts from anyone."""
+    tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
+    return tiny_config_dict
+
+
+@pytest.fixture
+def nothing_is_read(monkeypatch):
+    """Every data reader fails the test if it is called: a refused source must be refused before it is opened."""
+    def read(*args, **kwargs):
+        raise AssertionError(f"a data file was read: {args[:1]}")
+
+    for reader in ("_read_delimited", "_read_parquet", "_read_json", "_read_json_lines", "_load_hub"):
+        monkeypatch.setattr(data, reader, read)
+
+
+def with_setting(config: dict, dotted: str, value) -> dict:
+    changed = copy.deepcopy(config)
+    *parents, leaf = dotted.split(".")
+    target = changed
+    for part in parents:
+        target = target[part]
+    target[leaf] = value
+    return changed
+
+
+SECRET = "/etc/passwd"
+
+# (setting, value, what the refusal says): each one a visitor could send to a public demo.
+HOSTILE = {
+    "remote code": ("model.trust_remote_code", True, "model.trust_remote_code is turned off in this public demo"),
+    "a big model": ("model.id", "Qwen/Qwen2.5-7B-Instruct", "'Qwen/Qwen2.5-7B-Instruct' is not offered in this public demo"),
+    "a server path as model": ("model.id", "/root/.cache", "is not offered in this public demo"),
+    "a server file": ("data.source", SECRET, "this public demo reads no other files on the server"),
+    "a server csv": ("data.source", "/var/lib/secret/customers.csv", "reads no other files on the server"),
+    "a relative escape": ("data.source", "../../../etc/hosts.csv", "reads no other files on the server"),
+    "a bundled-looking escape": ("data.source", str(data.BUNDLED_DATASETS_DIR / ".." / ".." / "README.md"),
+                                 "reads no other files on the server"),
+    "all the rows": ("data.max_rows", 10_000_000, "data.max_rows must be at most 10,000 in this public demo"),
+    "days of tokens": ("grpo.max_new_tokens", 32768, "grpo.max_new_tokens must be at most 256 in this public demo"),
+    "a huge step": ("training.batch_size", 64, "more than this public demo's limit of 32"),
+    "a vLLM server": ("generation", {"backend": "vllm-server", "vllm_server_url": "http://169.254.169.254"},
+                      "vllm-server is turned off in this public demo"),
+    "runs elsewhere": ("runs_dir", "/tmp/elsewhere", "runs_dir must be left empty in this public demo"),
+    "custom code": ("rewards", [{"kind": "custom", "code": "def reward(completion, **kw):\n    return 1.0"}],
+                    "custom Python rewards are turned off in this public demo"),
+    "a command": ("rewards", [{"kind": "command", "command": "cat /etc/passwd"}],
+                  "command rewards are turned off in this public demo"),
+}
+
+
+@pytest.mark.parametrize("setting, value, refusal", HOSTILE.values(), ids=HOSTILE.keys())
+def test_the_engine_refuses_a_hostile_run_before_reading_or_writing_anything(public_mode, nothing_is_read,
+                                                                             public_config, runs_dir, setting,
+                                                                             value, refusal):
+    hostile = with_setting(public_config, setting, value)
+    with pytest.raises(ConfigError, match=refusal) as raised:
+        training.start(RunConfig.from_dict(hostile))
+    assert MAKE_RUN in str(raised.value) and "\n" not in str(raised.value)
+    assert training.active_run() is None
+    assert not runs_dir.exists() or not any(runs_dir.iterdir())
+
+
+@pytest.mark.parametrize("setting, value, refusal", HOSTILE.values(), ids=HOSTILE.keys())
+def test_the_command_line_refuses_it_too(public_mode, nothing_is_read, public_config, runs_dir, tmp_path, capsys,
+                                        setting, value, refusal):
+    config_file = tmp_path / "hostile.yaml"
+    config_file.write_text(yaml.safe_dump(with_setting(public_config, setting, value)), encoding="utf-8")
+    assert main(["train", str(config_file)]) == 2
+    assert refusal.replace("\\", "") in capsys.readouterr().err
+    assert not runs_dir.exists() or not any(runs_dir.iterdir())
+
+
+def test_a_public_run_of_allowed_settings_trains(public_mode, tiny_config_dict):
+    """The same checks let an ordinary run through: the visitor's own upload and a model on the allow-list."""
+    upload = tiny_config_dict["data"]["source"]
+    with public.visiting(public.Visitor(key="someone", uploads=frozenset({upload}))):
+        handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    assert handle.wait(240) == "succeeded", handle.run.read_status().get("error")
+
+
+def test_uploads_are_the_uploaders_own(public_mode, nothing_is_read, tiny_config_dict):
+    upload = tiny_config_dict["data"]["source"]
+    with public.visiting(public.Visitor(key="someone-else", uploads=frozenset({"/tmp/gradio/other.csv"}))), \
+            pytest.raises(ConfigError, match="reads no other files on the server"):
+        training.start(RunConfig.from_dict(tiny_config_dict))
+    assert data.public_source_refusal(upload, uploads={upload}) is None
+
+
+def test_bundled_datasets_and_hub_ids_are_allowed_without_looking_at_the_disk(public_mode, monkeypatch):
+    for bundled in data.bundled_datasets():
+        assert data.public_source_refusal(str(bundled)) is None
+    assert data.public_source_refusal("openai/gsm8k") is None
+    monkeypatch.chdir("/")
+    assert data.public_source_refusal("etc/passwd") is None  # shaped like a Hub id: it goes to the Hub, never to disk
+    assert not data.is_hub_dataset_id("etc/passwd")  # looking on the disk, the same text is a local path
+    fetched = []
+    monkeypatch.setattr(data, "_load_hub", lambda source, *args: fetched.append(source) or [{"q": "1"}])
+    assert data.load_table("etc/passwd") == [{"q": "1"}] and fetched == ["etc/passwd"]  # the Hub's, not /etc's
+
+
+def test_too_many_rows_are_refused_with_the_limit(public_mode, tmp_path, monkeypatch):
+    csv = tmp_path / "many.csv"
+    csv.write_text("question,answer\n" + "".join(f"{i}+1,{i + 1}\n" for i in range(30)), encoding="utf-8")
+    monkeypatch.setenv("DRAGON_UI_MAX_DATASET_ROWS", "20")
+    config = data.DataConfig(source=str(csv), prompt="question", reference="answer")
+    with public.visiting(public.Visitor(key="v", uploads=frozenset({str(csv)}))):
+        with pytest.raises(ConfigError, match="data.max_rows must be at most 20 here: the data has 30 rows"):
+            data.load_and_map(config)
+        assert len(data.load_and_map(data.DataConfig(**{**vars(config), "max_rows": 20})).train) > 0
+
+
+def test_the_owner_sets_the_limits_and_a_bad_value_is_refused_at_start(monkeypatch):
+    monkeypatch.setenv("DRAGON_UI_MAX_NEW_TOKENS", "512")
+    monkeypatch.setenv("DRAGON_UI_MAX_RUN_MINUTES", "2.5")
+    limits = public.Limits.from_env()
+    assert limits.max_new_tokens == 512 and limits.run_minutes == 2.5 and limits.completions_per_step == 32
+    for bad in ("0", "-3", "lots", "1.5"):
+        monkeypatch.setenv("DRAGON_UI_MAX_QUEUE", bad)
+        with pytest.raises(ConfigError, match="DRAGON_UI_MAX_QUEUE must be a whole number above 0"):
+            public.Limits.from_env()
+
+
+def test_the_allow_list_has_the_bundled_model_fitting_presets_and_the_owners_additions(monkeypatch):
+    monkeypatch.setenv(public.MODELS_ENV, "my-org/tiny-model, other/model")
+    allowed = policy.allowed_models()
+    assert allowed[0] == DEFAULT_MODEL_ID and allowed[-2:] == ["my-org/tiny-model", "other/model"]
+    assert not {"google/gemma-3-1b-it", "meta-llama/Llama-3.2-1B-Instruct"} & set(allowed)  # gated: need a login
+
+
+def test_outside_public_mode_nothing_is_refused(monkeypatch, tiny_config_dict):
+    monkeypatch.delenv(public.PUBLIC_ENV, raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    config = RunConfig.from_dict(with_setting(tiny_config_dict, "grpo.max_new_tokens", 32768))
+    policy.check_run(config)
+    assert public.visitor() is public.OPERATOR and public.visitor().owns("anyone")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Visitors own their runs; the time limit.
+
+
+def test_each_browser_and_api_session_is_its_own_visitor_and_keeps_its_token(monkeypatch):
+    from dragon_ui.studio.visitors import Visitors
+
+    visitors = Visitors()
+    token = visitors.arrive("page-1", None)
+    assert visitors.arrive("page-2", token) == token  # the same browser, reloaded: the same visitor
+    assert visitors.of("page-1") == visitors.of("page-2") != visitors.of("api-client")
+    assert visitors.of("api-client") == visitors.of("api-client")
+    assert token not in visitors.of("page-1").key  # status.json keeps a hash: it cannot be replayed as a token
+    assert visitors.of(None) is public.NOBODY
+    monkeypatch.setenv(public.OWNER_KEY_ENV, "s3cret")
+    assert visitors.unlock(visitors.of("api-client"), "guess") is None
+    assert visitors.unlock(visitors.of("api-client"), "s3cret").owns_everything
+
+
+def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, studio, public_config, monkeypatch):
+    from dragon_ui.errors import NotYoursError
+    from dragon_ui.ui import compare_tab
+
+    alice, bob = public.Visitor(key="alice"), public.Visitor(key="bob")
+    public_config["training"].update(max_steps=500, save_steps=1)
+    with public.visiting(alice):
+        run = studio.start(public_config)
+    assert run.read_status()["owner"] == "alice"
+    with public.visiting(bob):
+        assert studio.whose({"owner": "alice"}) == "another visitor's"
+        with pytest.raises(NotYoursError, match="belongs to another visitor: only the browser that started it can "
+                                                "stop it"):
+            studio.stop(run.id)
+        with pytest.raises(gr_error(), match="belongs to another visitor"):
+            compare_tab.download_adapter(studio, run.id)
+    monkeypatch.setenv(public.OWNER_KEY_ENV, "s3cret")
+    with public.visiting(studio.visitors.unlock(public.Visitor(key="teacher"), "s3cret")):
+        assert studio.whose({"owner": "alice"}) == "yours"
+    with public.visiting(alice):
+        assert studio.whose({"owner": "alice"}) == "yours"
+        studio.stop(run.id)
+    assert training.active_run().wait(120) == "cancelled"
+    with public.visiting(bob), pytest.raises(NotYoursError, match="can resume it"):
+        studio.resume(run.id)
+
+
+def gr_error():
+    import gradio as gr
+
+    return gr.Error
+
+
+def test_a_run_stops_with_a_checkpoint_at_the_time_limit_and_says_why(public_mode, public_config, monkeypatch):
+    monkeypatch.setenv("DRAGON_UI_MAX_RUN_MINUTES", "0.0001")  # 6 ms: the first step already reaches it
+    public_config["training"].update(max_steps=50, save_steps=100)
+    handle = training.start(RunConfig.from_dict(public_config))
+    assert handle.wait(240) == "cancelled"
+    status = handle.run.read_status()
+    assert status["step"] == 1 and status["latest_checkpoint"] == "checkpoint-1"
+    assert (handle.run.checkpoints_dir / "checkpoint-1").is_dir()
+    assert status["stop_reason"].startswith("It reached this public demo's limit of 0.0001 minutes of training")
+
+
+def test_a_spaces_persistent_storage_keeps_the_runs(monkeypatch, tmp_path):
+    from dragon_ui import config
+
+    monkeypatch.delenv("DRAGON_UI_RUNS_DIR", raising=False)
+    monkeypatch.setattr(config, "SPACE_STORAGE", tmp_path)
+    monkeypatch.setenv("SPACE_ID", "someone/dragon")
+    assert config.resolve_runs_dir() == tmp_path / "runs"
+    monkeypatch.setattr(config, "SPACE_STORAGE", tmp_path / "none")  # a Space without persistent storage
+    assert config.resolve_runs_dir() == (config.Path("runs")).resolve()
+
+
+def test_every_event_of_the_app_knows_its_visitor(public_mode, studio):
+    """Two API clients are two visitors; each event runs as the one that sent it (app.serve_as_visitors)."""
+    import gradio as gr
+    from gradio_client import Client
+
+    from dragon_ui.ui.app import serve_as_visitors
+    from test_app_client import served_app
+
+    with gr.Blocks() as demo:
+        def who() -> str:
+            return public.visitor().key
+
+        def who_over_time():
+            yield public.visitor().key
+            yield public.visitor().key
+
+        gr.api(who, api_name="who")
+        gr.Button().click(who_over_time, None, gr.Textbox(), api_name="who_over_time")  # a generator's each step
+    serve_as_visitors(demo, studio)
+    with served_app(demo) as url:
+        first, second = Client(url, verbose=False), Client(url, verbose=False)
+        assert first.predict(api_name="/who") == first.predict(api_name="/who") != second.predict(api_name="/who")
+        assert first.predict(api_name="/who_over_time") == first.predict(api_name="/who")
+
+
+def test_the_readme_lists_every_limit_with_its_default():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    for env, meaning, default in public.Limits.documented():
+        assert f"| `{env}` | {meaning} | {default:g} |" in readme
+    for name in (public.PUBLIC_ENV, public.MODELS_ENV, public.OWNER_KEY_ENV):
+        assert f"`{name}" in readme
+
+
+def test_a_visitor_continues_from_their_own_finished_run_only(public_mode, finished_run, runs_dir):
+    from dragon_ui.config import ModelConfig
+
+    finished_run.update_status(owner="alice")
+    with public.visiting(public.Visitor(key="alice")):
+        policy.check_model(ModelConfig(id=str(finished_run.path)), str(runs_dir))
+    with public.visiting(public.Visitor(key="bob")), pytest.raises(ConfigError, match="is not offered"):
+        policy.check_model(ModelConfig(id=str(finished_run.path)), str(runs_dir))
+
+
+def test_the_row_limit_is_said_in_the_data_tabs_words():
+    from dragon_ui.studio.draft import place_problem
+
+    refusal = "data.max_rows must be at most 10,000 here: the data has 12,000 rows, more than this public demo's limit"
+    assert place_problem(refusal, {"data.max_rows": "Max rows"}).text.startswith("Max rows must be at most 10,000")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The app's HTTP API, as a stranger's script would use it.
+
+
+@pytest.fixture
+def public_client(public_mode, runs_dir):
+    """A gradio_client of the app served in public mode, and a second client (another visitor)."""
+    from gradio_client import Client
+
+    from dragon_ui.studio.backend import Studio
+    from dragon_ui.ui import build_app
+    from dragon_ui.ui.app import serving_options
+    from test_app_client import served_app
+
+    studio = Studio(runs_dir=runs_dir)
+    with served_app(build_app(studio), **serving_options(studio)) as url:
+        yield studio, Client(url, verbose=False), Client(url, verbose=False)
+    while (handle := training.active_run()) is not None:
+        handle.stop()
+        handle.wait(120)
+
+
+@pytest.mark.parametrize("setting, value, refusal", HOSTILE.values(), ids=HOSTILE.keys())
+def test_the_http_api_refuses_it_too(public_client, nothing_is_read, public_config, runs_dir, setting, value,
+                                     refusal):
+    from gradio_client.exceptions import AppError
+
+    studio, client, _ = public_client
+    hostile = with_setting(public_config, setting, value)
+    hostile.pop("runs_dir") if setting != "runs_dir" else None  # the app keeps runs in its own folder anyway
+    checked = client.predict(hostile, api_name="/check")
+    with pytest.raises(AppError) as started:
+        client.predict(hostile, api_name="/start")
+    if setting == "runs_dir":  # the app never reads a draft's runs_dir: it puts runs in its own folder
+        assert checked == "valid"
+        return
+    assert re.search(refusal, checked) and re.search(refusal, str(started.value)), (checked, started.value)
+    assert training.active_run() is None and studio.runs() == []
+
+
+def test_over_the_api_one_visitor_cannot_stop_anothers_run(public_client, public_config):
+    from gradio_client.exceptions import AppError
+
+    studio, alice, bob = public_client
+    public_config["training"].update(max_steps=500, save_steps=1)
+    public_config.pop("runs_dir")
+    run_id = alice.predict(public_config, api_name="/start")
+    bob.predict(api_name="/train_runs")  # the run list, as the Train tab's Refresh shows it, then Open
+    bob.predict(run_id, api_name="/train_open")
+    with pytest.raises(AppError, match="belongs to another visitor"):
+        bob.predict(api_name="/train_stop")
+    assert studio.run(run_id).read_status()["state"] in ("queued", "running")
+    alice.predict(api_name="/train_runs")
+    alice.predict(run_id, api_name="/train_open")
+    assert "Stopping after the current step" in alice.predict(api_name="/train_stop")
+    assert training.active_run().wait(120) == "cancelled"
+
+
+def test_uploads_are_capped_at_the_limit(public_mode, monkeypatch, runs_dir):
+    from dragon_ui.studio.backend import Studio
+    from dragon_ui.ui.app import serving_options
+
+    monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "5")
+    assert serving_options(Studio(runs_dir=runs_dir)) == {"max_file_size": "5mb"}  # the runs folder is not served
