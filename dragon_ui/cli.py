@@ -1,4 +1,4 @@
-"""Command line: ``python -m dragon_ui train|runs|eval|score|stop|merge``.
+"""Command line: ``python -m dragon_ui train|check|runs|eval|score|export|stop|merge``.
 
 Bad input ends with one line on stderr and exit status 2; a training that fails exits with 1.
 """
@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="override a setting, e.g. --set training.max_steps=5 (repeatable)")
     train.add_argument("--run-dir", help="exact run directory to use (default: a new timestamped one under runs_dir)")
     train.set_defaults(func=_cmd_train)
+
+    check = sub.add_parser("check", help="check a config as Start would, without training: data, prompts, "
+                                         "hardware and the estimate")
+    check.add_argument("config", help="run configuration (YAML or JSON)")
+    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a setting, e.g. --set data.max_rows=100 (repeatable)")
+    check.set_defaults(func=_cmd_check)
 
     runs = sub.add_parser("runs", help="list runs")
     runs.add_argument("--runs-dir", help="folder holding the runs (default: $DRAGON_UI_RUNS_DIR or ./runs)")
@@ -142,6 +149,30 @@ def _cmd_train(args) -> int:
     print(f"Run {state_label(state)}: {handle.run_dir}")
     if state == "cancelled":
         print(f"Resume with: python -m dragon_ui train --resume {handle.run_dir}")
+    return 0
+
+
+def _cmd_check(args) -> int:
+    """Exit 0 when a training of the config could start, 2 with the first problem's sentence when it could not."""
+    from .engine import training
+    from .engine.estimate import estimate_run
+    from .engine.hardware import detect_hardware
+
+    config = load_config_with_overrides(args.config, args.set)
+    found = training.inspect(config)
+    hardware = found.hardware
+    threads = f", {hardware.cpu_threads} thread{'s' if hardware.cpu_threads > 1 else ''}" \
+        if hardware.device == "cpu" else ""
+    print(f"Data: {found.mapped.summary()}")
+    print(f"Rewards: {', '.join(spec.name for spec in config.rewards)}")
+    print(f"Hardware: {hardware.device} {hardware.dtype}{threads}" +
+          "".join(f"\n  - {reason}" for reason in hardware.reasons))
+    try:
+        print(f"Estimate:\n{estimate_run(config, hardware, detect_hardware()).describe()}")
+    except DragonError as exc:  # an unknown model size: the run can still start
+        print(f"Estimate: none ({exc})")
+    print(f"A training could start: python -m dragon_ui train {args.config}"
+          + "".join(f" --set {item}" for item in args.set))
     return 0
 
 

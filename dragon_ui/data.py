@@ -15,19 +15,18 @@ import math
 import random
 import re
 import string
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dragon_ui.errors import ConfigError
 from dragon_ui.files import replaced_atomically
 from dragon_ui.public import LIFT, Limits, is_public_demo, visitor
 from dragon_ui.rewards import last_user_text
+from dragon_ui.tables import SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, read_file, read_json_lines
 
-SUPPORTED_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet")
 BUNDLED_DATASETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "datasets"
 
 # Fewer usable rows than this and nothing is held out: every example is needed for training.
@@ -36,8 +35,6 @@ MIN_ROWS_FOR_EVAL = 20
 # but never more than a fifth of the rows, so small data still trains on the other four fifths.
 MIN_HELD_OUT = 10
 
-# Keys under which a JSON file may wrap its list of rows, e.g. {"data": [...]}.
-_JSON_WRAPPER_KEYS = ("data", "rows", "train")
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 _FILE_EXTENSION = re.compile(r"\.[A-Za-z]+$")
@@ -56,6 +53,8 @@ class DataConfig:
     eval_frac: float = 0.05
     seed: int = 42
     max_rows: int | None = None
+    sheet: str | None = None  # a spreadsheet's sheet to read; None for the first
+    max_prompt_tokens: int | None = None  # longer prompts are dropped; None: 512 on the CPU, the context elsewhere
 
     def validate(self, where: str = "data") -> None:
         """Check the settings that make sense without reading the data; raises ConfigError."""
@@ -68,6 +67,9 @@ class DataConfig:
             raise ConfigError(f"{where}.hub_split is empty; most Hub datasets have a split called 'train'.")
         if self.hub_config is not None and not isinstance(self.hub_config, str):
             raise ConfigError(f"{where}.hub_config must be text such as 'main', or empty.")
+        if self.sheet is not None and (not isinstance(self.sheet, str) or not self.sheet.strip()):
+            raise ConfigError(f"{where}.sheet must be the name of a sheet of the spreadsheet, or empty for the "
+                              "first one.")
         self._check_mapping_settings(where)
 
     def _check_mapping_settings(self, where: str, columns: list[str] | None = None) -> None:
@@ -89,6 +91,10 @@ class DataConfig:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"{where}.seed must be a whole number, got {self.seed!r}.")
+        tokens = self.max_prompt_tokens
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ConfigError(f"{where}.max_prompt_tokens must be a whole number of at least 1, or empty for the "
+                              f"default (512 on the CPU, the model's context elsewhere), got {tokens!r}.")
         rows = self.max_rows
         if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
             raise ConfigError(
@@ -106,12 +112,14 @@ class MappedData:
     n_skipped: int
     columns: list[str]
     eval_frac: float = 0.0
+    notes: list[str] = dataclasses.field(default_factory=list)  # how the file was read (tables.Table.notes)
 
     def summary(self) -> str:
-        """One line for the UI and the run log, e.g. '400 rows: 380 for training, 20 held out, 0 skipped.'."""
+        """One line for the UI and the run log, e.g. '400 rows: 380 for training, 20 held out, 0 skipped. Read
+        as Windows-1252.'."""
         rows = f"{self.n_rows} row" + ("" if self.n_rows == 1 else "s")
         counts = f"{rows}: {len(self.train)} for training, {len(self.eval)} held out, {self.n_skipped} skipped."
-        return " ".join(filter(None, [counts, self.held_out_reason()]))
+        return " ".join(filter(None, [counts, self.held_out_reason(), *self.notes]))
 
     def held_out_reason(self) -> str:
         """Why more rows are held out than eval_frac asks for, or '' when they are not."""
@@ -174,7 +182,13 @@ def resolve_source(source: str, base_dir: str | None = None) -> str:
 
 
 def load_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None) -> list[dict]:
-    """Read all rows of a local file or Hub dataset as dicts.
+    """The rows of ``source`` (see read_table), for callers that need nothing else."""
+    return read_table(source, hub_config, hub_split, base_dir).rows
+
+
+def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None,
+               sheet: str | None = None) -> Table:
+    """Read all rows of a local file (``sheet`` of a spreadsheet) or a Hub dataset, and what reading them took.
 
     A relative path is looked up in the current folder first, then in ``base_dir`` (the folder of the
     config file), so a config and its data can be moved together. A public demo reads only what
@@ -186,12 +200,12 @@ def load_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
         if refusal:
             raise ConfigError(refusal)
         if is_hub_dataset_id(source, look_on_disk=False):
-            return _load_hub(source, hub_config, hub_split)
+            return Table(_load_hub(source, hub_config, hub_split))
     candidates = _candidate_paths(source, base_dir)
     path = next((p for p in candidates if p.exists()), None)
     if path is None:
         if is_hub_dataset_id(source):
-            return _load_hub(source, hub_config, hub_split)
+            return Table(_load_hub(source, hub_config, hub_split))
         tried = " or ".join(str(p.absolute()) for p in candidates)
         raise ConfigError(f"data.source: no file at {tried}.")
     if path.is_dir():
@@ -202,87 +216,16 @@ def load_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
             f"data.source: {path.name} has the unsupported file type '{suffix or '(none)'}'; "
             f"use one of {', '.join(SUPPORTED_EXTENSIONS)}."
         )
+    if sheet is not None and suffix not in SPREADSHEET_EXTENSIONS:
+        raise ConfigError(f"data.sheet is only for spreadsheets ({', '.join(SPREADSHEET_EXTENSIONS)}); "
+                          f"{path.name} has no sheets, so leave it empty.")
     try:
-        if suffix in (".csv", ".tsv"):
-            rows = _read_delimited(path, "\t" if suffix == ".tsv" else ",")
-        elif suffix == ".parquet":
-            rows = _read_parquet(path)
-        elif suffix == ".json":
-            rows = _read_json(path)
-        else:
-            rows = _read_json_lines(path, "data.source: ")
-    except UnicodeDecodeError:
-        raise ConfigError(f"data.source: {path.name} is not UTF-8 text; save it again with UTF-8 encoding.") from None
+        table = read_file(path, sheet)
     except OSError as exc:
         raise ConfigError(f"data.source: {path} could not be read ({exc.strerror or exc}).") from None
-    if not rows:
+    if not table.rows:
         raise ConfigError(f"data.source: {path.name} has no rows.")
-    return rows
-
-
-def _read_delimited(path: Path, sep: str) -> list[dict]:
-    """CSV/TSV read as text only, so '007' stays '007' and empty cells stay '' instead of NaN."""
-    kind = "TSV" if sep == "\t" else "CSV"
-    try:
-        frame = pd.read_csv(path, sep=sep, dtype=str, keep_default_na=False, encoding="utf-8-sig")
-    except pd.errors.EmptyDataError:
-        return []
-    except pd.errors.ParserError as exc:
-        reason = str(exc).strip().removeprefix("Error tokenizing data. C error: ")
-        raise ConfigError(f"data.source: {path.name} is not a valid {kind} file ({reason}).") from None
-    return frame.to_dict(orient="records")
-
-
-def _read_parquet(path: Path) -> list[dict]:
-    """Parquet via pyarrow, which gives plain Python values and None for nulls (no NaN upcasting)."""
-    try:
-        table = pq.read_table(path)
-    except pa.ArrowException as exc:
-        raise ConfigError(f"data.source: {path.name} is not a valid Parquet file ({exc}).") from None
-    # pandas stores a non-default index as an extra column; it is not data the user meant to use.
-    index_columns = [c for c in table.column_names if c.startswith("__index_level_")]
-    return table.drop_columns(index_columns).to_pylist()
-
-
-def _read_json(path: Path) -> list[dict]:
-    """A JSON array of objects, or an object wrapping one under 'data', 'rows' or 'train'."""
-    text = path.read_text(encoding="utf-8-sig")
-    if not text.strip():
-        return []
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        if exc.msg == "Extra data":  # one object per line saved as .json: read it as JSON Lines
-            return _read_json_lines(path, "data.source: ")
-        raise ConfigError(f"data.source: {path.name} is not valid JSON (line {exc.lineno}: {exc.msg}).") from None
-    if isinstance(data, dict):
-        data = next((data[k] for k in _JSON_WRAPPER_KEYS if isinstance(data.get(k), list)), data)
-    if not isinstance(data, list):
-        raise ConfigError(
-            f"data.source: {path.name} must hold a list of objects (one per row), "
-            f"or an object with the list under {', '.join(repr(k) for k in _JSON_WRAPPER_KEYS)}."
-        )
-    for number, item in enumerate(data, start=1):
-        if not isinstance(item, dict):
-            raise ConfigError(f"data.source: item {number} of {path.name} is not an object with named fields.")
-    return data
-
-
-def _read_json_lines(path: Path, prefix: str) -> list[dict]:
-    """One JSON object per line; blank lines are ignored and a bad line is reported by its number."""
-    rows = []
-    with open(path, encoding="utf-8-sig") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{prefix}line {number} of {path.name} is not valid JSON ({exc.msg}).") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{prefix}line {number} of {path.name} is not a JSON object with named fields.")
-            rows.append(row)
-    return rows
+    return table
 
 
 def _load_hub(source: str, hub_config: str | None, hub_split: str) -> list[dict]:
@@ -493,8 +436,10 @@ def _split(examples: list[dict], eval_frac: float, seed: int) -> tuple[list[dict
 def load_and_map(config: DataConfig, base_dir: str | None = None) -> MappedData:
     """Validate, load and map in one go: what training and the data preview both need."""
     config.validate()
-    rows = load_table(config.source, config.hub_config, config.hub_split, base_dir=base_dir)
-    return map_rows(rows, config)
+    table = read_table(config.source, config.hub_config, config.hub_split, base_dir=base_dir, sheet=config.sheet)
+    mapped = map_rows(table.rows, config)
+    mapped.notes = table.notes
+    return mapped
 
 
 def prompt_text(example: dict) -> str:
@@ -514,4 +459,5 @@ def write_jsonl(path, examples) -> None:
 
 def read_jsonl(path) -> list[dict]:
     """Read a file written by write_jsonl (or any JSON Lines file); a bad line is a ConfigError with its number."""
-    return _read_json_lines(Path(path), "")
+    path = Path(path)
+    return read_json_lines(path.read_text(encoding="utf-8"), path.name, prefix="")

@@ -106,9 +106,9 @@ def test_skipped_rows_and_small_files_are_explained(tmp_path):
 
 @pytest.mark.parametrize("rows, frac, expected", [
     (60, 0.05, "60 rows: 50 for training, 10 held out, 0 skipped. 10 rows are held out for the before/after "
-               "comparison (5% would be only 3, too few to compare)."),
-    (400, 0.05, "400 rows: 380 for training, 20 held out, 0 skipped."),
-    (60, 0.0, "60 rows: 60 for training, 0 held out, 0 skipped."),
+               "comparison (5% would be only 3, too few to compare). Read as UTF-8."),
+    (400, 0.05, "400 rows: 380 for training, 20 held out, 0 skipped. Read as UTF-8."),
+    (60, 0.0, "60 rows: 60 for training, 0 held out, 0 skipped. Read as UTF-8."),
 ])
 def test_the_counts_say_how_many_are_held_out_and_why(tmp_path, rows, frac, expected):
     source = tmp_path / "data.jsonl"
@@ -172,7 +172,7 @@ def test_load_rows_sees_a_file_saved_again(tmp_path):
     data = DataConfig(source=str(source), prompt="question")
     assert load_rows(data) is load_rows(data)  # cached
     source.write_text("question,answer\nq1,1\nq2,2\n", encoding="utf-8")
-    assert len(load_rows(data)) == 2
+    assert len(load_rows(data).rows) == 2
 
 
 @pytest.mark.parametrize("mapping, expected, notes", [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import re
 
+import gradio as gr
 import pytest
 import yaml
 
@@ -40,7 +41,7 @@ def nothing_is_read(monkeypatch):
     def read(*args, **kwargs):
         raise AssertionError(f"a data file was read: {args[:1]}")
 
-    for reader in ("_read_delimited", "_read_parquet", "_read_json", "_read_json_lines", "_load_hub"):
+    for reader in ("read_file", "_load_hub"):  # every local file, and the Hub
         monkeypatch.setattr(data, reader, read)
 
 
@@ -199,7 +200,7 @@ def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, stud
         with pytest.raises(NotYoursError, match="belongs to another visitor: only the browser that started it can "
                                                 "stop it"):
             studio.stop(run.id)
-        with pytest.raises(gr_error(), match="belongs to another visitor"):
+        with pytest.raises(gr.Error, match="belongs to another visitor"):
             compare_tab.download_adapter(studio, run.id)
     monkeypatch.setenv(public.OWNER_KEY_ENV, "s3cret")
     with public.visiting(studio.visitors.unlock(public.Visitor(key="teacher"), "s3cret")):
@@ -210,12 +211,6 @@ def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, stud
     assert training.active_run().wait(120) == "cancelled"
     with public.visiting(bob), pytest.raises(NotYoursError, match="can resume it"):
         studio.resume(run.id)
-
-
-def gr_error():
-    import gradio as gr
-
-    return gr.Error
 
 
 def test_a_run_stops_with_a_checkpoint_at_the_time_limit_and_says_why(public_mode, public_config, monkeypatch):
@@ -242,7 +237,6 @@ def test_a_spaces_persistent_storage_keeps_the_runs(monkeypatch, tmp_path):
 
 def test_every_event_of_the_app_knows_its_visitor(public_mode, studio):
     """Two API clients are two visitors; each event runs as the one that sent it (app.serve_as_visitors)."""
-    import gradio as gr
     from gradio_client import Client
 
     from dragon_ui.ui.app import serve_as_visitors
@@ -256,13 +250,19 @@ def test_every_event_of_the_app_knows_its_visitor(public_mode, studio):
             yield public.visitor().key
             yield public.visitor().key
 
+        def who_and_which_page(request: gr.Request) -> str:
+            return f"{public.visitor().key} {request.session_hash}"
+
         gr.api(who, api_name="who")
         gr.Button().click(who_over_time, None, gr.Textbox(), api_name="who_over_time")  # a generator's each step
+        gr.Button().click(who_and_which_page, None, gr.Textbox(), api_name="who_and_which_page")
     serve_as_visitors(demo, studio)
     with served_app(demo) as url:
         first, second = Client(url, verbose=False), Client(url, verbose=False)
         assert first.predict(api_name="/who") == first.predict(api_name="/who") != second.predict(api_name="/who")
         assert first.predict(api_name="/who_over_time") == first.predict(api_name="/who")
+        key, session = first.predict(api_name="/who_and_which_page").split()  # gradio still hands it the request
+        assert key == first.predict(api_name="/who") and session == first.session_hash
 
 
 def test_the_readme_lists_every_limit_with_its_default():
@@ -356,3 +356,11 @@ def test_uploads_are_capped_at_the_limit(public_mode, monkeypatch, runs_dir):
 
     monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "5")
     assert serving_options(Studio(runs_dir=runs_dir)) == {"max_file_size": "5mb"}  # the runs folder is not served
+
+
+def test_the_data_preview_reads_no_server_path(public_mode, nothing_is_read):
+    from dragon_ui.studio.playground import preview_data
+
+    preview = preview_data(data.DataConfig(source=SECRET, prompt="question"))
+    assert preview.error_field == "source" and "reads no other files on the server" in preview.error
+    assert preview.rows == [] and preview.columns == []

@@ -105,7 +105,8 @@ def test_bundled_datasets_are_the_data_files():
 
 def test_fill_fields_shows_the_draft_and_its_preview(draft, labels):
     (source, example, hub_config, hub_split, prompt, reference, system, eval_frac, max_rows, source_status, table,
-     mapping_status, counts, rendered, lengths, shown, previewed) = data_tab.fill_fields(draft, labels)
+     mapping_status, counts, rendered, lengths, sheet, shown, previewed) = data_tab.fill_fields(draft, labels)
+    assert not sheet.visible  # a CSV has no sheets
     assert source == example == ARITHMETIC
     assert (hub_config, hub_split, eval_frac, max_rows) == ("", "train", 0.05, None)
     assert (prompt.value, reference.value, system.value) == ("question", "answer", "")
@@ -245,10 +246,10 @@ def test_without_a_tokenizer_prompts_are_plain_text_with_the_reason(form, labels
 
 def test_a_new_starting_model_refreshes_the_preview(draft, labels):
     previewed = data_tab.fill_fields(draft, labels)[-1]
-    assert data_tab.refresh_for_model(draft, previewed, labels) == (gr.skip(),) * 7  # nothing changed
-    assert data_tab.refresh_for_model(draft, "", labels) == (gr.skip(),) * 7  # no preview yet: fill_fields makes it
+    assert data_tab.refresh_for_model(draft, previewed, labels) == (gr.skip(),) * 8  # nothing changed
+    assert data_tab.refresh_for_model(draft, "", labels) == (gr.skip(),) * 8  # no preview yet: fill_fields makes it
     other = {**draft, "model": {**draft["model"], "id": "/no/such/model"}}
-    source_status, table, mapping_status, counts, rendered, lengths, now = data_tab.refresh_for_model(
+    source_status, table, mapping_status, counts, rendered, lengths, _, now = data_tab.refresh_for_model(
         other, previewed, labels)
     assert now == "/no/such/model@" and "plain system:/user: text" in rendered and "in words" in lengths
     assert source_status == mapping_status == "" and "400 rows" in counts

@@ -16,13 +16,14 @@ import math
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PrinterCallback, TrainerCallback
 
 from .. import speedups
 from ..config import RunConfig
-from ..data import load_and_map, read_jsonl, write_jsonl
+from ..data import MappedData, load_and_map, read_jsonl, write_jsonl
 from ..errors import BusyError, ConfigError, DragonError, describe
 from ..public import Limits, is_public_demo, visitor
 from ..rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
@@ -32,6 +33,7 @@ from . import policy
 from .evaluation import evaluate_model, record_eval
 from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
 from .models import load_model, load_tokenizer, resolve_model
+from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
 
 log = logging.getLogger("dragon_ui")
 
@@ -89,18 +91,39 @@ def start(config: RunConfig, run_dir: str | Path | None = None) -> RunHandle:
     return _launch(run, config, resume_from=None)
 
 
-def prepare(config: RunConfig, run_dir: str | Path | None = None) -> RunDir:
-    """Everything of ``start`` but the training: the checks, then the run folder with its config and its mapped
-    data, in state queued (``queue.py`` keeps it waiting there for its turn)."""
+@dataclass
+class Inspection:
+    """What a run would train on, found without loading any weights: the data (the prompts the model cannot read
+    already dropped), what counting the prompts found, and the hardware it would use."""
+
+    mapped: MappedData
+    prompts: PromptFit
+    hardware: ResolvedHardware
+
+
+def inspect(config: RunConfig) -> Inspection:
+    """Every check a run passes before it trains (the public demo's, the data's, the prompts', the rewards'), with
+    what they found; ConfigError with the sentence to show at the first that fails. ``check`` prints it."""
     policy.check_run(config)
-    distributed.check_runnable_here(config, resolve_hardware(config.hardware).device)
+    hardware = resolve_hardware(config.hardware)
+    distributed.check_runnable_here(config, hardware.device)
     mapped = load_and_map(config.data, base_dir=config.base_dir or None)
+    source = resolve_model(config.model)
+    limit, why = prompt_limit(config, hardware.device, context_length(source))
+    mapped, prompts = fit_prompts(mapped, load_tokenizer(source), limit, why)
     if len(mapped.train) < config.training.batch_size:
         held_out = (f" ({len(mapped.eval)} more are held out for the before/after comparison; data.eval_frac 0 "
                     "trains on them too)") if mapped.eval else ""
         raise ConfigError(f"Only {len(mapped.train)} training prompts{held_out}, fewer than training.batch_size "
                           f"({config.training.batch_size}); add rows or lower the batch size.")
     build_rewards(config.rewards, base_dir=config.base_dir or None)
+    return Inspection(mapped, prompts, hardware)
+
+
+def prepare(config: RunConfig, run_dir: str | Path | None = None) -> RunDir:
+    """Everything of ``start`` but the training: the checks, then the run folder with its config and its mapped
+    data, in state queued (``queue.py`` keeps it waiting there for its turn)."""
+    mapped = inspect(config).mapped
     path = None
     if distributed.is_main_process():  # under accelerate/torchrun, one process creates and fills the folder
         if run_dir is None:

@@ -13,16 +13,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..config import ModelConfig
-from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, columns_of, is_hub_dataset_id, load_table, map_rows, prompt_text,
-                   public_source_refusal,
-                   resolve_source)
+from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, columns_of, is_hub_dataset_id, map_rows, prompt_text,
+                   public_source_refusal, read_table, resolve_source)
 from ..errors import ConfigError, DragonError, first_line
 from ..public import is_public_demo, visitor
 from ..rewards import Reward, ScoreResult, score_completion
+from ..tables import Table
 
 PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
 RENDERED_ROWS = 3  # rows whose full chat prompt is shown
@@ -54,12 +54,18 @@ class LengthStats:
     maximum: int
     measured: int  # prompts measured (at most LENGTH_SAMPLE)
     total: int  # prompts in the dataset
+    limit: int | None = None  # the most tokens a prompt may have (engine.prompts), where known
+    too_long: int = 0  # measured prompts longer than the limit: training drops them
 
     def summary(self) -> str:
         scope = (f"all {self.total} prompts" if self.measured == self.total
                  else f"the first {self.measured} of {self.total} prompts")
-        return (f"Prompt length in {self.unit}: min {self.minimum}, mean {self.mean:.1f}, max {self.maximum} "
+        text = (f"Prompt length in {self.unit}: min {self.minimum}, mean {self.mean:.1f}, max {self.maximum} "
                 f"({scope}).")
+        if self.too_long:
+            text += (f" {self.too_long} of them {'is' if self.too_long == 1 else 'are'} longer than {self.limit} "
+                     "tokens (data.max_prompt_tokens) and will be dropped when the run starts.")
+        return text
 
 
 @dataclass
@@ -75,6 +81,8 @@ class DataPreview:
     n_eval: int = 0
     n_skipped: int = 0
     held_out_reason: str = ""  # why more rows are held out than the fraction asks for (MappedData.held_out_reason)
+    notes: list[str] = field(default_factory=list)  # how the file was read: encoding, sheet, repaired lines
+    sheets: list[str] = field(default_factory=list)  # a spreadsheet's sheet names
     lengths: LengthStats | None = None
     error: str | None = None
     error_field: str | None = None  # "source" when the data could not be read, "mapping" when it could not be mapped
@@ -90,14 +98,16 @@ class DataPreview:
         if self.n_eval == 0 and self.n_train < MIN_ROWS_FOR_EVAL:
             text += (f" With fewer than {MIN_ROWS_FOR_EVAL} usable rows nothing is held out, so there will be no "
                      "before/after evaluation.")
+        if self.notes:
+            text += " " + " ".join(self.notes)
         return text
 
 
-def load_rows(data: DataConfig, base_dir: str | None = None) -> list[dict]:
-    """load_table with a small cache, so editing the mapping does not re-read (or re-download) the data each time.
+def load_rows(data: DataConfig, base_dir: str | None = None) -> Table:
+    """read_table with a small cache, so editing the mapping does not re-read (or re-download) the data each time.
 
-    A local file is cached by its modification time and size, so saving it again is seen. Callers must not modify
-    the returned rows.
+    A local file is cached by its modification time and size (and the sheet read), so saving it again is seen.
+    Callers must not modify the returned rows.
     """
     source = data.source.strip()
     if is_public_demo() and (refusal := public_source_refusal(source, base_dir, visitor().uploads)):
@@ -105,7 +115,7 @@ def load_rows(data: DataConfig, base_dir: str | None = None) -> list[dict]:
     path = Path(resolve_source(source, base_dir))
     if path.is_file():
         stat = path.stat()
-        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, data.sheet)
     elif is_hub_dataset_id(source):
         key = (source, data.hub_config, data.hub_split)
     else:
@@ -114,17 +124,17 @@ def load_rows(data: DataConfig, base_dir: str | None = None) -> list[dict]:
         if key in _tables:
             _tables.move_to_end(key)
             return _tables[key]
-    rows = load_table(source, data.hub_config, data.hub_split, base_dir=base_dir)
+    table = read_table(source, data.hub_config, data.hub_split, base_dir=base_dir, sheet=data.sheet)
     with _tables_lock:
-        _tables[key] = rows
+        _tables[key] = table
         while len(_tables) > _CACHED_TABLES:
             _tables.popitem(last=False)
-    return rows
+    return table
 
 
 def error_field(message: str) -> str:
-    """Where the UI shows a data error: next to the source (file, Hub id, split) or under the mapping."""
-    return "source" if message.startswith(("data.source", "data.hub")) else "mapping"
+    """Where the UI shows a data error: next to the source (file, sheet, Hub id, split) or under the mapping."""
+    return "source" if message.startswith(("data.source", "data.hub", "data.sheet")) else "mapping"
 
 
 def display_text(value, limit: int = 300) -> str:
@@ -157,8 +167,9 @@ def _render_all(examples: list[dict], tokenizer, tokenizer_note: str) -> tuple[l
     return [plain_prompt(ex["prompt"]) for ex in examples], tokenizer_note, False
 
 
-def prompt_lengths(texts: list[str], total: int, tokenizer=None) -> LengthStats | None:
-    """Length statistics of the given prompt texts, in tokens with a tokenizer, else in words."""
+def prompt_lengths(texts: list[str], total: int, tokenizer=None, limit: int | None = None) -> LengthStats | None:
+    """Length statistics of the given prompt texts, in tokens with a tokenizer, else in words; with a token
+    ``limit``, how many are longer."""
     if not texts:
         return None
     if tokenizer is not None:
@@ -167,11 +178,13 @@ def prompt_lengths(texts: list[str], total: int, tokenizer=None) -> LengthStats 
     else:
         lengths = [len(text.split()) for text in texts]
         unit = "words"
-    return LengthStats(unit, min(lengths), sum(lengths) / len(lengths), max(lengths), len(texts), total)
+    too_long = sum(length > limit for length in lengths) if limit is not None and tokenizer is not None else 0
+    return LengthStats(unit, min(lengths), sum(lengths) / len(lengths), max(lengths), len(texts), total, limit,
+                       too_long)
 
 
 def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
-                 tokenizer_note: str = "") -> DataPreview:
+                 tokenizer_note: str = "", prompt_limit: int | None = None) -> DataPreview:
     """Load, map and measure a data setting the way training will; problems come back as ``error``, never raised.
 
     ``tokenizer`` (with ``tokenizer_note`` saying whose chat template it is) renders prompts and counts tokens;
@@ -184,12 +197,13 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
         if error_field(str(exc)) == "source":
             return replace(empty, error=str(exc), error_field="source")
     try:
-        rows = load_rows(data, base_dir)
+        loaded = load_rows(data, base_dir)
     except ConfigError as exc:
         return replace(empty, error=str(exc), error_field="source")
+    rows = loaded.rows
     columns = columns_of(rows)
     table = [{column: display_text(row.get(column)) for column in columns} for row in rows[:PREVIEW_ROWS]]
-    preview = replace(empty, columns=columns, rows=table)
+    preview = replace(empty, columns=columns, rows=table, notes=loaded.notes, sheets=loaded.sheets)
     try:
         mapped = map_rows(rows, data)
     except ConfigError as exc:
@@ -204,7 +218,8 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
     return replace(
         preview, rendered=shown, rendered_note=note, n_rows=mapped.n_rows,
         n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
-        held_out_reason=mapped.held_out_reason(), lengths=prompt_lengths(texts, len(everything), tokenizer),
+        held_out_reason=mapped.held_out_reason(),
+        lengths=prompt_lengths(texts, len(everything), tokenizer, prompt_limit),
     )
 
 
@@ -214,7 +229,7 @@ def preview_examples(data: DataConfig, base_dir: str | None = None) -> list[dict
     Raises ConfigError with the sentence to show when the data cannot be read or mapped.
     """
     data.validate()
-    return map_rows(load_rows(data, base_dir)[:PREVIEW_ROWS], replace(data, eval_frac=0.0, max_rows=None)).train
+    return map_rows(load_rows(data, base_dir).rows[:PREVIEW_ROWS], replace(data, eval_frac=0.0, max_rows=None)).train
 
 
 def fit_mapping(data: DataConfig, rows: list[dict]) -> tuple[DataConfig, list[str]]:

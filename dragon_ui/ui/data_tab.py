@@ -13,13 +13,16 @@ from dataclasses import replace
 import gradio as gr
 import pandas as pd
 
-from ..config import ModelConfig
-from ..data import SUPPORTED_EXTENSIONS, DataConfig
+from ..config import HardwareSettings, ModelConfig
+from ..data import DataConfig
+from ..engine.hardware import resolve_hardware
+from ..engine.prompts import CPU_PROMPT_TOKENS
 from ..errors import DragonError
 from ..public import visitor, visiting
 from ..studio.backend import ASSETS_DIR
 from ..studio.draft import place_problem
 from ..studio.playground import DataPreview, data_config, fit_mapping, load_rows, preview_data, preview_tokenizer
+from ..tables import SUPPORTED_EXTENSIONS
 from .common import Shared, message, shows_errors
 
 DATASETS_DIR = ASSETS_DIR / "datasets"
@@ -67,25 +70,39 @@ def problem_text(preview: DataPreview, labels: dict[str, str]) -> str:
 
 
 def preview_views(preview: DataPreview, labels: dict[str, str] | None = None) -> tuple:
-    """What the preview components show: source status, table, mapping status, counts, rendered prompts, lengths."""
+    """What the preview components show: source status, table, mapping status, counts, rendered prompts, lengths,
+    and the sheet picker's choices (shown for a spreadsheet only)."""
     problem = problem_text(preview, labels or {}) if preview.error else ""
     source_status = problem if preview.error_field == "source" else ""
     mapping_status = problem if preview.error_field == "mapping" else ""
     table = pd.DataFrame(preview.rows, columns=preview.columns)
     if preview.error:
-        return source_status, table, mapping_status, "", "", ""
+        return source_status, table, mapping_status, "", "", "", gr.skip()
     rendered = "\n\n".join(f"**Row {number}**\n\n{_fence(text)}" for number, text in enumerate(preview.rendered, 1))
     if not preview.rendered:
         rendered = message("The first rows all have an empty prompt, so there is no example to show.", "warn")
     rendered = f"{preview.rendered_note}\n\n{rendered}" if preview.rendered_note else rendered
     lengths = preview.lengths.summary() if preview.lengths else ""
-    return source_status, table, mapping_status, message(preview.counts_summary(), "ok"), rendered, lengths
+    sheets = gr.Dropdown(choices=preview.sheets, visible=bool(preview.sheets))
+    return source_status, table, mapping_status, message(preview.counts_summary(), "ok"), rendered, lengths, sheets
 
 
 def _preview(draft: dict, setting: DataConfig) -> DataPreview:
     """The preview of a data setting, rendered with the tokenizer of the draft's starting model."""
     tokenizer, note = _tokenizer(draft)
-    return preview_data(setting, draft.get("base_dir") or None, tokenizer, note)
+    return preview_data(setting, draft.get("base_dir") or None, tokenizer, note, _prompt_limit(draft, setting))
+
+
+def _prompt_limit(draft: dict, setting: DataConfig) -> int | None:
+    """The prompt length a run of the draft would keep to, where the form alone says it (engine.prompts): the
+    setting, or the CPU's default; the model's context is checked when the run starts."""
+    if setting.max_prompt_tokens is not None:
+        return setting.max_prompt_tokens
+    try:
+        device = resolve_hardware(HardwareSettings(**(draft.get("hardware") or {}))).device
+    except (DragonError, TypeError):
+        return None
+    return CPU_PROMPT_TOKENS if device == "cpu" else None
 
 
 def table_identity(data: DataConfig) -> list:
@@ -95,7 +112,7 @@ def table_identity(data: DataConfig) -> list:
 
 # What update_data, pick_example and upload_file return, in order (the component names used in build).
 UPDATED = ("source", "example", "hub_config", "hub_split", "prompt", "reference", "system", "source_status",
-           "table", "mapping_status", "counts", "rendered", "lengths", "shown_table", "previewed_model")
+           "table", "mapping_status", "counts", "rendered", "lengths", "sheet", "shown_table", "previewed_model")
 
 
 _KEEP = object()  # "leave the field's value as it is"
@@ -122,11 +139,13 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
     notes: list[str] = []
     if setting.source and table_identity(setting) != (shown_table or []):
         try:
-            setting, notes = fit_mapping(setting, load_rows(setting, draft.get("base_dir") or None))
+            setting, notes = fit_mapping(setting, load_rows(setting, draft.get("base_dir") or None).rows)
         except DragonError:  # unreadable data: preview_data reports it next to the source field
             notes = []
     preview = _preview(draft, setting)
-    source_status, table, mapping_status, counts, rendered, lengths = preview_views(preview, labels)
+    source_status, table, mapping_status, counts, rendered, lengths, sheets = preview_views(preview, labels)
+    if show_source and preview.sheets:  # another file: its first sheet, whichever sheet the last one read
+        sheets = gr.Dropdown(choices=preview.sheets, value=setting.sheet, visible=True)
     if notes:
         mapping_status = "\n\n".join([message(" ".join(notes), "info"), mapping_status]).strip()
 
@@ -139,7 +158,7 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
 
     return (source_field(setting.source), _example_value(setting.source), source_field(setting.hub_config or ""),
             source_field(setting.hub_split), mapping_field(setting.prompt), mapping_field(setting.reference),
-            mapping_field(setting.system), source_status, table, mapping_status, counts, rendered, lengths,
+            mapping_field(setting.system), source_status, table, mapping_status, counts, rendered, lengths, sheets,
             table_identity(setting), _model_key(draft))
 
 
@@ -158,32 +177,34 @@ def use_source(draft: dict, source: str | None, shown_table: list | None,
     reset). Gradio keeps an upload in its cache folder for the life of the app."""
     if not source:
         return (gr.skip(),) * len(UPDATED)
-    setting = replace(data_config(draft), source=source, hub_config=None, hub_split="train")
+    setting = replace(data_config(draft), source=source, hub_config=None, hub_split="train", sheet=None)
     return _apply(draft, setting, shown_table, True, labels or {})
 
 
 def fill_fields(draft: dict, labels: dict[str, str] | None = None) -> tuple:
     """A whole new draft was loaded (recipe, past run, page load): show its data settings and their preview.
 
-    Returns (source, example, hub config, hub split, prompt, reference, system, held-out fraction, source status,
-    table, mapping status, counts, rendered prompts, lengths, shown table, previewed model).
+    Returns (source, example, hub config, hub split, prompt, reference, system, held-out fraction, max rows,
+    source status, table, mapping status, counts, rendered prompts, lengths, sheet, shown table, previewed model).
     """
     setting = data_config(draft)
     preview = _preview(draft, setting)
     columns = preview.columns
+    *views, _ = preview_views(preview, labels)
+    sheet = gr.Dropdown(choices=preview.sheets, value=setting.sheet, visible=bool(preview.sheets or setting.sheet))
     return (setting.source, _example_value(setting.source), setting.hub_config or "", setting.hub_split,
             _column_picker(columns, setting.prompt), _column_picker(columns, setting.reference),
-            _column_picker(columns, setting.system), setting.eval_frac, setting.max_rows,
-            *preview_views(preview, labels), table_identity(setting), _model_key(draft))
+            _column_picker(columns, setting.system), setting.eval_frac, setting.max_rows, *views, sheet,
+            table_identity(setting), _model_key(draft))
 
 
 def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] | None = None) -> tuple:
     """Another starting model was chosen (Model tab): re-render prompts and token counts with its tokenizer.
 
-    Returns (source status, table, mapping status, counts, rendered prompts, lengths, previewed model).
+    Returns (source status, table, mapping status, counts, rendered prompts, lengths, sheet, previewed model).
     """
     if not previewed_model or _model_key(draft) == previewed_model:
-        return (gr.skip(),) * 7
+        return (gr.skip(),) * 8
     return (*preview_views(_preview(draft, data_config(draft)), labels), _model_key(draft))
 
 
@@ -224,6 +245,9 @@ def build(shared: Shared) -> Callable[[], None]:
                 0, 0.5, value=0.05, step=0.01, label="Held-out fraction", elem_id="data-eval-frac",
                 info="Rows kept aside to compare the model before and after training."),
                 lambda value: float(value) if value is not None else 0.05)
+            sheet = form.add("data.sheet", gr.Dropdown(
+                label="Sheet", choices=[], value=None, allow_custom_value=True, visible=False, elem_id="data-sheet",
+                info="Which sheet of the spreadsheet to read; empty for the first."), _text_or_none)
             max_rows = form.add("data.max_rows", gr.Number(
                 label="Max rows", precision=0, minimum=1, elem_id="data-max-rows",
                 info="Train on the first rows only; empty for all of them."),
@@ -236,7 +260,7 @@ def build(shared: Shared) -> Callable[[], None]:
     shown_table = gr.State([])  # table_identity of the table previewed now
     previewed_model = gr.State("")
 
-    views = [source_status, table, mapping_status, counts, rendered, lengths]
+    views = [source_status, table, mapping_status, counts, rendered, lengths, sheet]
     updated = [source, example, hub_config, hub_split, prompt, reference, system, *views, shown_table,
                previewed_model]
     shared.config_loaded.change(lambda draft: fill_fields(draft, form.labels), [shared.loaded],
@@ -261,7 +285,7 @@ def build(shared: Shared) -> Callable[[], None]:
         # always_last: a field changed while the preview computes is previewed again with what the form shows then.
         modes = {"trigger_mode": "always_last", "api_visibility": "private"}
         gr.on([source.blur, hub_config.submit, hub_config.blur, hub_split.submit, hub_split.blur, prompt.input,
-               reference.input, system.input, eval_frac.release, max_rows.submit, max_rows.blur], shows_errors(form.takes_draft(update)),
+               reference.input, system.input, eval_frac.release, max_rows.submit, max_rows.blur, sheet.input], shows_errors(form.takes_draft(update)),
               [*form.inputs, shown_table], updated, **modes)
         submitted = source.submit(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, **modes)
         picked = example.input(shows_errors(form.takes_draft(replace_source)), [*form.inputs, example, shown_table],

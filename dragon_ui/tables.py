@@ -1,0 +1,233 @@
+"""Reading a file of examples into rows of text, the way the person who saved it meant them.
+
+Files come from Excel, from other tools and from other people's machines, so this module decodes the common
+encodings (saying which it used), reads spreadsheets, and never lets a broken line pass silently: an unterminated
+quote is an error naming its line, a line with more fields than the header is skipped and counted, a header that
+names a column twice gets the second one renamed, and every such repair is said in the table's ``notes``.
+Values stay text ("007" stays "007", an empty cell stays ""), except in Parquet and JSON, which have types.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import datetime
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError
+
+SPREADSHEET_EXTENSIONS = (".xlsx", ".xlsm", ".xls", ".ods")
+SUPPORTED_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet", *SPREADSHEET_EXTENSIONS)
+# Keys under which a JSON file may wrap its list of rows, e.g. {"data": [...]}.
+JSON_WRAPPER_KEYS = ("data", "rows", "train")
+# Single-byte encodings tried, in this order, when a text file is not UTF-8: what Excel and Windows tools save.
+SINGLE_BYTE_ENCODINGS = {"cp1252": "Windows-1252", "latin_1": "Latin-1"}
+SKIPPED_LINES_SHOWN = 3  # line numbers listed in a note; the count covers the rest
+# The csv module refuses cells over 128 KiB; a long prompt is the prompt filter's to judge (engine/prompts.py), with
+# a sentence, not the reader's. Process-wide, as the csv module keeps it; 2**31 - 1 fits a C long everywhere.
+csv.field_size_limit(2**31 - 1)
+
+
+@dataclass
+class Table:
+    """The rows of a file, as dicts of column -> value, and what was done to read them."""
+
+    rows: list[dict]
+    notes: list[str] = field(default_factory=list)  # e.g. "Read as Windows-1252." or "Line 7 was skipped: ..."
+    sheets: list[str] = field(default_factory=list)  # a spreadsheet's sheet names, the one read among them
+
+
+def read_file(path: Path, sheet: str | None = None) -> Table:
+    """The table in a local file, by its extension; ConfigError with the sentence to show when it cannot be read."""
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        text, encoding = decode(path)
+        table = _read_delimited(text, "\t" if suffix == ".tsv" else ",", path.name)
+        table.notes.insert(0, f"Read as {encoding}.")
+        return table
+    if suffix == ".parquet":
+        return Table(_read_parquet(path))
+    if suffix in SPREADSHEET_EXTENSIONS:
+        return _read_spreadsheet(path, sheet)
+    text, encoding = decode(path)
+    rows = _read_json(text, path.name) if suffix == ".json" else read_json_lines(text, path.name)
+    return Table(rows, [f"Read as {encoding}."])
+
+
+def decode(path: Path) -> tuple[str, str]:
+    """(the text of a file, the name of its encoding): UTF-8 with or without BOM, UTF-16 with a BOM, else the
+    single-byte encoding Windows tools save (Windows-1252, or Latin-1 for the bytes it lacks). A file with NUL bytes
+    and no UTF-16 BOM is binary, not text, and is refused with the advice to save it as UTF-8."""
+    raw = path.read_bytes()
+    if raw.startswith(codecs.BOM_UTF8):
+        return raw[len(codecs.BOM_UTF8):].decode("utf-8", errors="strict"), "UTF-8 (with a byte-order mark)"
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            return raw.decode("utf-16"), "UTF-16"
+        except UnicodeDecodeError:
+            pass
+    else:
+        try:
+            return raw.decode("utf-8"), "UTF-8"
+        except UnicodeDecodeError:
+            pass
+    if b"\x00" not in raw:
+        from charset_normalizer import from_bytes
+
+        best = from_bytes(raw, cp_isolation=list(SINGLE_BYTE_ENCODINGS)).best()
+        if best is not None:
+            return str(best), SINGLE_BYTE_ENCODINGS.get(best.encoding, best.encoding)
+    raise ConfigError(f"data.source: {path.name} is not UTF-8 text; save it again with UTF-8 encoding.")
+
+
+def _read_delimited(text: str, sep: str, name: str) -> Table:
+    """CSV/TSV cells as text. A quote that never closes is an error naming its line; a line with more fields than
+    the header is skipped (and counted); a line with fewer gets empty cells; blank lines are ignored."""
+    kind = "TSV" if sep == "\t" else "CSV"
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=sep, strict=True)
+    records, started = [], 1
+    try:
+        for record in reader:
+            records.append((started, record))
+            started = reader.line_num + 1
+    except csv.Error as exc:
+        if "unexpected end of data" in str(exc) or "EOF" in str(exc):
+            raise ConfigError(f"data.source: line {started} of {name} opens a quote (\") that never closes, so "
+                              "the rest of the file would become one cell; close the quote or remove it.") from None
+        raise ConfigError(f"data.source: line {started} of {name} is not valid {kind} ({exc}); a quote inside a "
+                          'cell must be doubled ("") or the whole cell quoted.') from None
+    records = [(line, record) for line, record in records if any(cell.strip() for cell in record)]
+    if not records:
+        return Table([])
+    (_, header), body = records[0], records[1:]
+    columns, notes = unique_columns(header)
+    rows, skipped = [], []
+    for line, record in body:
+        if len(record) > len(columns):
+            skipped.append((line, len(record)))
+            continue
+        rows.append(dict(zip(columns, record + [""] * (len(columns) - len(record)), strict=True)))
+    if skipped:
+        shown = ", ".join(str(line) for line, _ in skipped[:SKIPPED_LINES_SHOWN])
+        more = f" and {len(skipped) - SKIPPED_LINES_SHOWN} more" if len(skipped) > SKIPPED_LINES_SHOWN else ""
+        notes.append(f"{len(skipped)} line{'s' if len(skipped) > 1 else ''} skipped (line {shown}{more}): more "
+                     f"fields than the header's {len(columns)}, usually a {'tab' if sep == chr(9) else 'comma'} "
+                     "inside a cell that is not quoted.")
+        if not rows:
+            raise ConfigError(f"data.source: every line of {name} has more fields than its header "
+                              f"({len(columns)}); check the separator, or quote the cells that contain it.")
+    return Table(rows, notes)
+
+
+def unique_columns(header: list) -> tuple[list[str], list[str]]:
+    """Column names from a header row, each once: an empty one becomes "column N", a repeated one gets " (2)"; the
+    notes say which were renamed."""
+    columns, notes = [], []
+    for number, raw in enumerate(header, start=1):
+        name = str(raw).strip() or f"column {number}"
+        if name in columns:
+            renamed, copy = name, 2
+            while renamed in columns or renamed in header:
+                renamed, copy = f"{name} ({copy})", copy + 1
+            notes.append(f"Two columns are called '{name}': column {number} is read as '{renamed}'.")
+            name = renamed
+        elif not str(raw).strip():
+            notes.append(f"Column {number} has no name in the header: it is read as '{name}'.")
+        columns.append(name)
+    return columns, notes
+
+
+def _read_spreadsheet(path: Path, sheet: str | None) -> Table:
+    """The first sheet (or ``sheet``) of an Excel or OpenDocument file through python-calamine, which reads
+    .xlsx, .xls and .ods alike with the values Excel last calculated. The first non-empty row is the header."""
+    from python_calamine import CalamineError, CalamineWorkbook
+
+    try:
+        workbook = CalamineWorkbook.from_path(str(path))
+    except (CalamineError, OSError, ValueError) as exc:
+        raise ConfigError(f"data.source: {path.name} is not a spreadsheet this app can read ({exc}).") from None
+    names = list(workbook.sheet_names)
+    if not names:
+        raise ConfigError(f"data.source: {path.name} has no sheets.")
+    chosen = names[0] if sheet is None else sheet
+    if chosen not in names:
+        raise ConfigError(f"data.sheet: {path.name} has no sheet called {sheet!r}; its sheets are: "
+                          f"{', '.join(names)}.")
+    cells = [[cell_text(value) for value in row] for row in workbook.get_sheet_by_name(chosen).to_python()]
+    cells = [row for row in cells if any(value.strip() for value in row)]
+    notes = [f"Read the sheet '{chosen}'" + (f" (of {len(names)}: {', '.join(names)})." if len(names) > 1 else ".")]
+    if not cells:
+        return Table([], notes, names)
+    columns, renamed = unique_columns(cells[0])
+    width = len(columns)
+    rows = [dict(zip(columns, (row + [""] * width)[:width], strict=True)) for row in cells[1:]]
+    return Table(rows, notes + renamed, names)
+
+
+def cell_text(value) -> str:
+    """A spreadsheet cell as the text a person sees in it: 90 not 90.0, TRUE/FALSE, dates as 2024-03-01."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ", timespec="seconds").removesuffix(" 00:00:00")
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return str(value)
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    """Parquet via pyarrow, which gives plain Python values and None for nulls (no NaN upcasting)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except pa.ArrowException as exc:
+        raise ConfigError(f"data.source: {path.name} is not a valid Parquet file ({exc}).") from None
+    # pandas stores a non-default index as an extra column; it is not data the user meant to use.
+    index_columns = [c for c in table.column_names if c.startswith("__index_level_")]
+    return table.drop_columns(index_columns).to_pylist()
+
+
+def _read_json(text: str, name: str) -> list[dict]:
+    """A JSON array of objects, or an object wrapping one under 'data', 'rows' or 'train'."""
+    if not text.strip():
+        return []
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # one object per line saved as .json: read it as JSON Lines
+            return read_json_lines(text, name)
+        raise ConfigError(f"data.source: {name} is not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+    if isinstance(data, dict):
+        data = next((data[k] for k in JSON_WRAPPER_KEYS if isinstance(data.get(k), list)), data)
+    if not isinstance(data, list):
+        raise ConfigError(f"data.source: {name} must hold a list of objects (one per row), or an object with the "
+                          f"list under {', '.join(repr(k) for k in JSON_WRAPPER_KEYS)}.")
+    for number, item in enumerate(data, start=1):
+        if not isinstance(item, dict):
+            raise ConfigError(f"data.source: item {number} of {name} is not an object with named fields.")
+    return data
+
+
+def read_json_lines(text: str, name: str, prefix: str = "data.source: ") -> list[dict]:
+    """One JSON object per line; blank lines are ignored and a bad line is reported by its number."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{prefix}line {number} of {name} is not valid JSON ({exc.msg}).") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{prefix}line {number} of {name} is not a JSON object with named fields.")
+        rows.append(row)
+    return rows
