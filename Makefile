@@ -9,10 +9,10 @@ TORCH_SPEC ?=
 CONFIG ?= assets/recipes/arithmetic.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install run run-cli test test-fast screenshots bench bench-quick clean
+.PHONY: install python-check run run-cli test test-fast screenshots bench bench-quick clean
 
 $(STAMP): requirements.txt requirements-dev.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || { $(MAKE) -s python-check PYTHON="$(PYTHON)" && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(if $(TORCH_SPEC),$(BIN)/python -m pip install -q "$(TORCH_SPEC)")
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
@@ -21,6 +21,13 @@ $(STAMP): requirements.txt requirements-dev.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# TRL 1.16 and transformers 5 need Python 3.11 or newer (macOS ships 3.9): say so before pip fails obscurely.
+python-check:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  found=$$($(PYTHON) --version 2>/dev/null) || found="not installed"; \
+	  echo "Dragon GRPO Studio needs Python 3.11 or newer, but $(PYTHON) is $$found: install Python 3.12 (python.org, brew install python@3.12, or uv python install 3.12) and run make again with PYTHON=python3.12." >&2; \
+	  exit 1; }
 
 run: install
 	$(BIN)/python app.py
