@@ -242,3 +242,27 @@ def test_trained_weights_names_where_they_come_from(finished_run):
     stop_after_last_checkpoint(finished_run)
     found = weights.trained_weights(RunDir(finished_run.path))
     assert (found.label, found.is_final, found.path.name) == ("checkpoint-2", False, "checkpoint-2")
+
+
+def test_the_zipped_adapter_names_its_base_by_hub_id_not_by_a_folder_of_this_machine(finished_run, tmp_path):
+    """A run from the offline copy of the default model: PEFT wrote the copy's cache folder as the base; the zip says
+    the Hub id and revision, which load anywhere. A local model folder has no Hub id and stays as it is."""
+    import json
+    import subprocess
+    import sys
+
+    from dragon_ui.config import DEFAULT_MODEL_ID
+
+    local = json.loads((finished_run.adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+    with zipfile.ZipFile(weights.zip_adapter(finished_run)) as archive:
+        assert json.loads(archive.read("adapter/adapter_config.json"))["base_model_name_or_path"] == local
+
+    config = json.loads(finished_run.config_path.read_text())
+    config["model"].update(id=DEFAULT_MODEL_ID, revision="main")
+    finished_run.config_path.write_text(json.dumps(config))
+    with zipfile.ZipFile(weights.zip_adapter(finished_run)) as archive:
+        archive.extractall(tmp_path / "unzipped")
+    read = subprocess.run([sys.executable, "-c", "import sys; from peft import PeftConfig; c = "
+                           "PeftConfig.from_pretrained(sys.argv[1]); print(c.base_model_name_or_path, c.revision)",
+                           str(tmp_path / "unzipped" / "adapter")], capture_output=True, text=True, timeout=120)
+    assert read.stdout.split() == [DEFAULT_MODEL_ID, "main"], read.stderr

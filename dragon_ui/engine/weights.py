@@ -134,9 +134,30 @@ def zip_adapter(run: RunDir) -> Path:
     target = run.path / f"{run.id}{suffix}-adapter.zip"
     with replaced_atomically(target) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for path in files:
-            archive.write(path, f"adapter/{path.name}")
+            if path.name == "adapter_config.json":
+                archive.writestr(f"adapter/{path.name}", portable_adapter_config(path, run.read_config().model))
+            else:
+                archive.write(path, f"adapter/{path.name}")
         archive.writestr("README.txt", _readme(run, weights))
     return target
+
+
+def portable_adapter_config(path: Path, model) -> str:
+    """The adapter's config with ``base_model_name_or_path`` as the starting model's Hub id (and revision), so that
+    ``PeftModel.from_pretrained`` finds the base anywhere; PEFT writes the folder the weights were loaded from,
+    which for the offline copy of the default model is a cache folder that exists on this machine only. A local
+    model folder or an earlier run stays as it is: it has no Hub id (the README says how to load those)."""
+    adapter_config = json.loads(path.read_text(encoding="utf-8"))
+    model_id = model.id.strip()
+    if is_hub_model_id(model_id):
+        adapter_config["base_model_name_or_path"] = model_id
+        adapter_config["revision"] = model.revision
+    return json.dumps(adapter_config, indent=2, sort_keys=True)
+
+
+def is_hub_model_id(model_id: str) -> bool:
+    """"owner/name", not a path on this machine."""
+    return model_id.count("/") == 1 and not model_id.startswith((".", "/", "~")) and not Path(model_id).exists()
 
 
 def _check_merge_target(target: Path) -> None:
