@@ -168,6 +168,13 @@ def public_source_refusal(source: str, base_dir: str | None = None, uploads=()) 
             f"openai/gsm8k: this public demo reads no other files on the server ({LIFT} to use any file).")
 
 
+def check_public_source(source: str, base_dir: str | None = None) -> None:
+    """In a public demo, refuse a source it does not read (see public_source_refusal, with the current visitor's
+    uploads), before anything on the disk is looked at; nothing outside public mode."""
+    if is_public_demo() and (refusal := public_source_refusal(source, base_dir, visitor().uploads)):
+        raise ConfigError(refusal)
+
+
 def _candidate_paths(source: str, base_dir: str | None) -> list[Path]:
     candidates = [Path(source.strip()).expanduser()]
     if base_dir is not None and not candidates[0].is_absolute():
@@ -176,14 +183,9 @@ def _candidate_paths(source: str, base_dir: str | None) -> list[Path]:
 
 
 def resolve_source(source: str, base_dir: str | None = None) -> str:
-    """The absolute path of a local data file (looked up as load_table does), or the source unchanged (a Hub id)."""
+    """The absolute path of a local data file (looked up as read_table does), or the source unchanged (a Hub id)."""
     found = next((p for p in _candidate_paths(source, base_dir) if p.exists()), None)
     return str(found.resolve()) if found is not None else source
-
-
-def load_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None) -> list[dict]:
-    """The rows of ``source`` (see read_table), for callers that need nothing else."""
-    return read_table(source, hub_config, hub_split, base_dir).rows
 
 
 def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None,
@@ -195,12 +197,9 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     :func:`public_source_refusal` allows (the visitor's own uploads among them), and a Hub id from the Hub alone.
     """
     source = source.strip()
-    if is_public_demo():
-        refusal = public_source_refusal(source, base_dir, visitor().uploads)
-        if refusal:
-            raise ConfigError(refusal)
-        if is_hub_dataset_id(source, look_on_disk=False):
-            return Table(_load_hub(source, hub_config, hub_split))
+    check_public_source(source, base_dir)
+    if is_public_demo() and is_hub_dataset_id(source, look_on_disk=False):
+        return Table(_load_hub(source, hub_config, hub_split))
     candidates = _candidate_paths(source, base_dir)
     path = next((p for p in candidates if p.exists()), None)
     if path is None:

@@ -19,7 +19,7 @@ from dragon_ui.data import (
     columns_of,
     is_hub_dataset_id,
     load_and_map,
-    load_table,
+    read_table,
     map_rows,
     prompt_text,
     read_jsonl,
@@ -81,7 +81,7 @@ def fields(example: dict) -> dict:
 @pytest.mark.parametrize("suffix", SUPPORTED_EXTENSIONS)
 def test_every_format_loads_the_same_rows(tmp_path, suffix):
     path = write_table(tmp_path / f"table{suffix}", TABLE)
-    rows = load_table(str(path))
+    rows = read_table(str(path)).rows
     assert rows == TABLE
     assert columns_of(rows) == ["question", "answer", "code", "note"]
     mapped = map_rows(rows, config(reference="answer"))
@@ -93,21 +93,21 @@ def test_every_format_loads_the_same_rows(tmp_path, suffix):
 def test_json_wrapped_in_an_object(tmp_path, key):
     path = tmp_path / "wrapped.json"
     path.write_text(json.dumps({"info": "x", key: TABLE}), encoding="utf-8")
-    assert load_table(str(path)) == TABLE
+    assert read_table(str(path)).rows == TABLE
 
 
 def test_json_file_holding_json_lines_is_read_line_by_line(tmp_path):
     path = write_table(tmp_path / "really_lines.jsonl", TABLE).rename(tmp_path / "really_lines.json")
-    assert load_table(str(path)) == TABLE
+    assert read_table(str(path)).rows == TABLE
 
 
 def test_csv_with_byte_order_mark_and_blank_jsonl_lines(tmp_path):
     csv_path = tmp_path / "excel.csv"
     csv_path.write_bytes("\ufeffquestion,answer\nq,1\n".encode("utf-8"))
-    assert load_table(str(csv_path)) == [{"question": "q", "answer": "1"}]
+    assert read_table(str(csv_path)).rows == [{"question": "q", "answer": "1"}]
     jsonl = tmp_path / "gaps.jsonl"
     jsonl.write_text('{"question": "a"}\n\n   \n{"question": "b"}\n', encoding="utf-8")
-    assert load_table(str(jsonl)) == [{"question": "a"}, {"question": "b"}]
+    assert read_table(str(jsonl)).rows == [{"question": "a"}, {"question": "b"}]
 
 
 def test_relative_path_found_in_cwd_then_base_dir(tmp_path, monkeypatch):
@@ -115,9 +115,9 @@ def test_relative_path_found_in_cwd_then_base_dir(tmp_path, monkeypatch):
     config_dir.mkdir()
     write_table(config_dir / "mine.csv", TABLE)
     monkeypatch.chdir(tmp_path)
-    assert load_table("mine.csv", base_dir=str(config_dir)) == TABLE
+    assert read_table("mine.csv", base_dir=str(config_dir)).rows == TABLE
     write_table(tmp_path / "mine.csv", TABLE[:1])  # the current folder wins
-    assert load_table("mine.csv", base_dir=str(config_dir)) == TABLE[:1]
+    assert read_table("mine.csv", base_dir=str(config_dir)).rows == TABLE[:1]
 
 
 # ----------------------------------------------------------------------------------------- load errors
@@ -125,40 +125,40 @@ def test_relative_path_found_in_cwd_then_base_dir(tmp_path, monkeypatch):
 
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match=r"data\.source: no file at .*nope\.csv"):
-        load_table(str(tmp_path / "nope.csv"))
+        read_table(str(tmp_path / "nope.csv")).rows
 
 
 def test_a_broken_spreadsheet_is_refused_with_a_sentence(tmp_path):
     path = tmp_path / "sheet.xlsx"
     path.write_bytes(b"PK")
     with pytest.raises(ConfigError, match=r"sheet\.xlsx is not a spreadsheet this app can read \(.*\)\."):
-        load_table(str(path))
+        read_table(str(path)).rows
 
 
 def test_unsupported_extension(tmp_path):
     path = tmp_path / "notes.docx"
     path.write_bytes(b"PK")
     with pytest.raises(ConfigError, match=r"unsupported file type '\.docx'.*\.csv"):
-        load_table(str(path))
+        read_table(str(path)).rows
 
 
 def test_folder_instead_of_file(tmp_path):
     with pytest.raises(ConfigError, match="is a folder"):
-        load_table(str(tmp_path))
+        read_table(str(tmp_path)).rows
 
 
 def test_malformed_json_line_names_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"question": "a"}\n{"question": "b"}\n{"question": oops}\n', encoding="utf-8")
     with pytest.raises(ConfigError, match=r"line 3 of bad\.jsonl is not valid JSON"):
-        load_table(str(path))
+        read_table(str(path)).rows
 
 
 def test_json_line_that_is_not_an_object(tmp_path):
     path = tmp_path / "list.ndjson"
     path.write_text('{"question": "a"}\n[1, 2]\n', encoding="utf-8")
     with pytest.raises(ConfigError, match="line 2 of list.ndjson is not a JSON object"):
-        load_table(str(path))
+        read_table(str(path)).rows
 
 
 @pytest.mark.parametrize(
@@ -173,7 +173,7 @@ def test_malformed_json_file(tmp_path, text, message):
     path = tmp_path / "bad.json"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError, match=message):
-        load_table(str(path))
+        read_table(str(path)).rows
 
 
 @pytest.mark.parametrize(
@@ -187,14 +187,14 @@ def test_malformed_csv(tmp_path, text, message):
     path = tmp_path / "bad.csv"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError, match=message):
-        load_table(str(path))
+        read_table(str(path)).rows
 
 
 def test_not_parquet(tmp_path):
     path = tmp_path / "fake.parquet"
     path.write_text("question\nq\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="fake.parquet is not a valid Parquet file"):
-        load_table(str(path))
+        read_table(str(path)).rows
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_not_parquet(tmp_path):
 def test_empty_file(tmp_path, name, content):
     (tmp_path / name).write_text(content, encoding="utf-8")
     with pytest.raises(ConfigError, match=f"{name} has no rows"):
-        load_table(str(tmp_path / name))
+        read_table(str(tmp_path / name)).rows
 
 
 # ----------------------------------------------------------------------------------------- Hub
@@ -266,7 +266,7 @@ def test_hub_unreachable_gives_offline_advice(monkeypatch):
     fake_datasets(monkeypatch, load_dataset)
     advice = r"Hugging Face Hub could not be reached to load 'openai/gsm8k'; download the data as a CSV"
     with pytest.raises(ConfigError, match=advice):
-        load_table("openai/gsm8k")
+        read_table("openai/gsm8k").rows
 
 
 def test_hub_other_failure_is_reported(monkeypatch):
@@ -276,7 +276,7 @@ def test_hub_other_failure_is_reported(monkeypatch):
     fake_datasets(monkeypatch, load_dataset)
     message = r"could not load the Hub dataset 'owner/name' \(split 'tset'\).*Unknown split"
     with pytest.raises(ConfigError, match=message):
-        load_table("owner/name", hub_split="tset")
+        read_table("owner/name", hub_split="tset").rows
 
 
 @pytest.mark.timeout(120)
@@ -284,9 +284,9 @@ def test_real_datasets_offline_fails_fast_with_advice(tmp_path):
     """The real `datasets` in offline mode, in a fresh process so the offline switches take effect at import."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     code = (
-        "from dragon_ui.data import load_table\n"
+        "from dragon_ui.data import read_table\n"
         "from dragon_ui.errors import ConfigError\n"
-        "try:\n    load_table('openai/gsm8k', hub_config='main')\n"
+        "try:\n    read_table('openai/gsm8k', hub_config='main').rows\n"
         "except ConfigError as exc:\n    print(exc)\n"
     )
     result = subprocess.run(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dragon_ui.config import ModelConfig
-from dragon_ui.data import DataConfig, load_table, prompt_text
+from dragon_ui.data import DataConfig, prompt_text, read_table
 from dragon_ui.studio.playground import (
     PREVIEW_ROWS,
     RENDERED_ROWS,
@@ -50,7 +50,7 @@ def example(question: str, reference: str = "", system: str = "") -> dict:
 @pytest.mark.parametrize("recipe", Studio(runs_dir="unused").recipe_names())
 def test_preview_of_each_bundled_dataset(recipe):
     data = DataConfig(**Studio(runs_dir="unused").load_recipe(recipe)["data"])
-    rows = load_table(data.source)
+    rows = read_table(data.source).rows
     preview = preview_data(data)
     assert preview.error is None
     assert preview.n_rows == len(rows)
@@ -120,7 +120,7 @@ def test_token_stats_use_the_chat_template(tiny_tokenizer):
     preview = preview_data(ARITHMETIC, tokenizer=tiny_tokenizer, tokenizer_note="Rendered with the tiny model.")
     texts = [tiny_tokenizer.apply_chat_template([{"role": "user", "content": row["question"]}],
                                                 add_generation_prompt=True, tokenize=False)
-             for row in load_table(ARITHMETIC.source)]
+             for row in read_table(ARITHMETIC.source).rows]
     lengths = [len(tiny_tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
     stats = preview.lengths
     assert stats.unit == "tokens" and stats.measured == stats.total == 400
@@ -183,7 +183,7 @@ def test_load_rows_sees_a_file_saved_again(tmp_path):
     ({"prompt": "text", "system": "You reply with JSON only."}, {"system": "You reply with JSON only."}, 0),
 ])
 def test_fit_mapping_guesses_only_what_does_not_fit(mapping, expected, notes):
-    rows = load_table(str(DATASETS / "json_answers.jsonl"))
+    rows = read_table(str(DATASETS / "json_answers.jsonl")).rows
     fitted, messages = fit_mapping(DataConfig(source="x", **mapping), rows)
     for key, value in expected.items():
         assert getattr(fitted, key) == value

@@ -127,7 +127,7 @@ def test_bundled_datasets_and_hub_ids_are_allowed_without_looking_at_the_disk(pu
     assert not data.is_hub_dataset_id("etc/passwd")  # looking on the disk, the same text is a local path
     fetched = []
     monkeypatch.setattr(data, "_load_hub", lambda source, *args: fetched.append(source) or [{"q": "1"}])
-    assert data.load_table("etc/passwd") == [{"q": "1"}] and fetched == ["etc/passwd"]  # the Hub's, not /etc's
+    assert data.read_table("etc/passwd").rows == [{"q": "1"}] and fetched == ["etc/passwd"]  # the Hub's, not /etc's
 
 
 def test_too_many_rows_are_refused_with_the_limit(public_mode, tmp_path, monkeypatch):

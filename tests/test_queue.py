@@ -15,6 +15,12 @@ from dragon_ui.errors import BusyError
 pytestmark = pytest.mark.timeout(300)
 
 
+def place_in_line(run) -> int | None:
+    """1 for the next run to start, 2 for the one after it; None for a run that is not waiting."""
+    ids = [waiting.id for waiting in queue.waiting_runs(run.path.parent)]
+    return ids.index(run.id) + 1 if run.id in ids else None
+
+
 def wait_for(condition, timeout: float = 120, what: str = "") -> None:
     deadline = time.time() + timeout
     while not condition():
@@ -32,12 +38,12 @@ def test_runs_started_while_one_trains_wait_their_turn_and_start_by_themselves(s
     second = studio.start({**tiny_config_dict, "name": "second"})
     third = studio.start({**tiny_config_dict, "name": "third"})
     assert [second.read_status()["waiting"], third.read_status()["waiting"]] == ["start", "start"]
-    assert second.read_status()["state"] == "queued" and queue.place_in_line(third) == 2
+    assert second.read_status()["state"] == "queued" and place_in_line(third) == 2
     assert studio.queue_place(second.id).startswith("1st in line; ")
     assert studio.active_run_id() == first.id
 
     studio.stop(third.id)  # out of the queue, kept to be resumed later
-    assert third.read_status()["state"] == "cancelled" and queue.place_in_line(third) is None
+    assert third.read_status()["state"] == "cancelled" and place_in_line(third) is None
     assert "taken out of the queue" in third.read_status()["stop_reason"]
 
     scheduler = studio.start_queue()
@@ -59,7 +65,7 @@ def test_the_queue_is_the_runs_folder_and_survives_a_restart(studio, tiny_config
     assert training.active_run().wait(120) == "cancelled"
     assert waiting.read_status()["waiting"] == "start"  # no scheduler ran: it still waits, as after a crash
     resumed = studio.resume(first.id)  # a resume while one waits queues behind it
-    assert resumed.read_status()["waiting"] == "resume" and queue.place_in_line(resumed) == 2
+    assert resumed.read_status()["waiting"] == "resume" and place_in_line(resumed) == 2
 
     scheduler = queue.Scheduler(runs_dir, interval_s=0.2).start()  # "the app started again"
     try:

@@ -143,6 +143,12 @@ def _is_run_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "status.json").is_file()
 
 
+def is_hub_id(model_id: str) -> bool:
+    """Whether ``model.id`` names a model on the Hub ("owner/name") rather than a folder of this machine."""
+    return not Path(model_id).expanduser().is_dir() and not model_id.startswith((".", "/", "~")) \
+        and model_id.count("/") <= 1
+
+
 def resolve_model(config: ModelConfig, check_hub: bool = True) -> ModelSource:
     """Decide where the weights come from, failing early with a sentence when they cannot be had."""
     model_id = config.id.strip()
@@ -155,7 +161,7 @@ def resolve_model(config: ModelConfig, check_hub: bool = True) -> ModelSource:
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.id: the folder {path} holds no model (no config.json) and is not a finished run.")
         return ModelSource("local", str(path), f"local model {path}", **common)
-    if model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:  # a path, not "owner/name"
+    if not is_hub_id(model_id):  # a path that is no folder
         raise ConfigError(f"model.id: no folder at {path}; give a Hub id like {DEFAULT_MODEL_ID}, a model folder or a run folder.")
     if not check_hub or hub_reachable():
         return ModelSource("hub", model_id, model_id, **common)

@@ -20,7 +20,7 @@ import functools
 from pathlib import Path
 
 from ..config import DEFAULT_MODEL_ID, ModelConfig, RunConfig, resolve_runs_dir
-from ..data import public_source_refusal
+from ..data import check_public_source
 from ..errors import ConfigError
 from ..public import LIFT, MODELS_ENV, Limits, extra_models, is_public_demo, visitor
 from ..runstore import RunDir
@@ -37,9 +37,8 @@ def check_run(config: RunConfig, reads_data: bool = True) -> None:
         return
     limits = Limits.from_env()
     check_model(config.model, config.runs_dir or None)
-    refusal = public_source_refusal(config.data.source, config.base_dir or None, visitor().uploads)
-    if reads_data and refusal:
-        raise PublicDemoRefusal(refusal)
+    if reads_data:
+        check_public_source(config.data.source, config.base_dir or None)
     if config.data.max_rows is not None and config.data.max_rows > limits.dataset_rows:
         raise PublicDemoRefusal(f"data.max_rows must be at most {limits.dataset_rows:,} in this public demo (its "
                                 f"limit of rows of data); got {config.data.max_rows:,} ({LIFT} to train on more).")

@@ -42,10 +42,9 @@ def waiting_runs(runs_dir: Path) -> list[RunDir]:
     return [RunDir(Path(summary["dir"])) for summary in sorted(waiting, key=lambda s: s.get("queued_at") or 0)]
 
 
-def place_in_line(run: RunDir) -> int | None:
-    """1 for the next run to start, 2 for the one after it...; None for a run that is not waiting."""
-    ids = [waiting.id for waiting in waiting_runs(run.path.parent)]
-    return ids.index(run.id) + 1 if run.id in ids else None
+def _free(runs_dir: Path) -> bool:
+    """Nothing trains and nobody waits: a new run may start at once."""
+    return training_run_id(runs_dir) is None and not waiting_runs(runs_dir)
 
 
 def submit(config: RunConfig) -> RunDir:
@@ -53,7 +52,7 @@ def submit(config: RunConfig) -> RunDir:
     are raised here and its folder exists when this returns."""
     runs_dir = config.resolved_runs_dir()
     with _lock:
-        if training_run_id(runs_dir) is None and not waiting_runs(runs_dir):
+        if _free(runs_dir):
             return training.start(config).run
         _refuse_if_full(runs_dir)
         run = training.prepare(config)
@@ -65,7 +64,7 @@ def submit_resume(run_dir: Path) -> RunDir:
     """Resume the run now if nothing trains and nobody waits, or else put it back in the queue."""
     run = training.check_resumable(run_dir)
     with _lock:
-        if training_run_id(run.path.parent) is None and not waiting_runs(run.path.parent):
+        if _free(run.path.parent):
             return training.resume(run.path).run
         _refuse_if_full(run.path.parent)
         run.update_status(state="queued", waiting="resume", queued_at=time.time(), phase="waiting for its turn",

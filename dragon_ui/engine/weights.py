@@ -147,17 +147,13 @@ def portable_adapter_config(path: Path, model) -> str:
     ``PeftModel.from_pretrained`` finds the base anywhere; PEFT writes the folder the weights were loaded from,
     which for the offline copy of the default model is a cache folder that exists on this machine only. A local
     model folder or an earlier run stays as it is: it has no Hub id (the README says how to load those)."""
+    from .models import is_hub_id
+
     adapter_config = json.loads(path.read_text(encoding="utf-8"))
-    model_id = model.id.strip()
-    if is_hub_model_id(model_id):
-        adapter_config["base_model_name_or_path"] = model_id
+    if is_hub_id(model.id.strip()):
+        adapter_config["base_model_name_or_path"] = model.id.strip()
         adapter_config["revision"] = model.revision
     return json.dumps(adapter_config, indent=2, sort_keys=True)
-
-
-def is_hub_model_id(model_id: str) -> bool:
-    """"owner/name", not a path on this machine."""
-    return model_id.count("/") == 1 and not model_id.startswith((".", "/", "~")) and not Path(model_id).exists()
 
 
 def _check_merge_target(target: Path) -> None:

@@ -29,9 +29,9 @@ from .visitors import Visitors
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_RECIPE = "arithmetic"
+ESTIMATED_START_S = 60  # loading the model and scoring it on the held-out prompts, before a run's first step
 # What sampling a group in the playground reads from a draft: the model, where it runs, the data and rewards, GRPO's
 # sampling settings, and LoRA (4-bit loading needs it).
-ESTIMATED_START_S = 60  # loading the model and scoring it on the held-out prompts, before a run's first step
 SAMPLING_SETTINGS = ("model", "data", "rewards", "grpo", "hardware", "lora", "base_dir", "runs_dir")
 
 
@@ -135,12 +135,12 @@ class Studio:
     def queue_place(self, run_id: str) -> str:
         """Where a waiting run is in the queue and when it should start: "2nd in line; expected to start in
         about 20 min"; "" for a run that is not waiting."""
-        run = self.run(run_id)
-        place = queue.place_in_line(run)
+        waiting = queue.waiting_runs(self.runs_dir)
+        place = next((number for number, run in enumerate(waiting, start=1) if run.id == run_id), None)
         if place is None:
             return ""
         ahead = [self.run(active)] if (active := queue.training_run_id(self.runs_dir)) else []
-        ahead += queue.waiting_runs(self.runs_dir)[:place - 1]
+        ahead += waiting[:place - 1]
         seconds = [self._seconds_left(other) for other in ahead]
         when = (f"expected to start in about {format_seconds(sum(seconds))}" if None not in seconds
                 else "its start time is not known yet")
@@ -162,8 +162,8 @@ class Studio:
                 seconds = estimate.step.total_s * steps + ESTIMATED_START_S
             except DragonError:
                 seconds = None
-        if limit is not None:
-            seconds = min(seconds, limit + ESTIMATED_START_S) if seconds is not None else limit + ESTIMATED_START_S
+        if limit is not None:  # an unknown length is the whole limit
+            seconds = min(limit + ESTIMATED_START_S, math.inf if seconds is None else seconds)
         return seconds
 
     def active_run_id(self) -> str | None:

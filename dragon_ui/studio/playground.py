@@ -17,10 +17,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..config import ModelConfig
-from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, columns_of, is_hub_dataset_id, map_rows, prompt_text,
-                   public_source_refusal, read_table, resolve_source)
+from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, check_public_source, columns_of, is_hub_dataset_id, map_rows,
+                   prompt_text, read_table, resolve_source)
 from ..errors import ConfigError, DragonError, first_line
-from ..public import is_public_demo, visitor
 from ..rewards import Reward, ScoreResult, score_completion
 from ..tables import Table
 
@@ -110,8 +109,7 @@ def load_rows(data: DataConfig, base_dir: str | None = None) -> Table:
     Callers must not modify the returned rows.
     """
     source = data.source.strip()
-    if is_public_demo() and (refusal := public_source_refusal(source, base_dir, visitor().uploads)):
-        raise ConfigError(refusal)  # before anything on the disk is looked at
+    check_public_source(source, base_dir)  # before anything on the disk is looked at
     path = Path(resolve_source(source, base_dir))
     if path.is_file():
         stat = path.stat()
@@ -119,7 +117,7 @@ def load_rows(data: DataConfig, base_dir: str | None = None) -> Table:
     elif is_hub_dataset_id(source):
         key = (source, data.hub_config, data.hub_split)
     else:
-        key = None  # a missing path or a folder: load_table explains the problem
+        key = None  # a missing path or a folder: read_table explains the problem
     with _tables_lock:
         if key in _tables:
             _tables.move_to_end(key)

@@ -14,24 +14,19 @@ import gradio as gr
 import pandas as pd
 
 from ..config import HardwareSettings, ModelConfig
-from ..data import DataConfig
+from ..data import DataConfig, bundled_datasets as shipped_datasets
 from ..engine.hardware import resolve_hardware
 from ..engine.prompts import CPU_PROMPT_TOKENS
 from ..errors import DragonError
 from ..public import visitor, visiting
-from ..studio.backend import ASSETS_DIR
 from ..studio.draft import place_problem
 from ..studio.playground import DataPreview, data_config, fit_mapping, load_rows, preview_data, preview_tokenizer
 from ..tables import SUPPORTED_EXTENSIONS
 from .common import Shared, message, shows_errors
 
-DATASETS_DIR = ASSETS_DIR / "datasets"
-
-
 def bundled_datasets() -> list[tuple[str, str]]:
-    """(file name, absolute path) of every example dataset shipped in assets/datasets."""
-    return [(path.name, str(path)) for path in sorted(DATASETS_DIR.iterdir())
-            if path.suffix.lower() in SUPPORTED_EXTENSIONS]
+    """(file name, absolute path) of every example dataset shipped in assets/datasets, for the picker."""
+    return [(path.name, str(path)) for path in shipped_datasets()]
 
 
 def _model_key(draft: dict) -> str:
