@@ -125,10 +125,15 @@ class HardwareSettings:
     dtype: str = "auto"
     load_in_4bit: bool = False
     cpu_threads: int | None = None  # None: chosen by hardware.default_cpu_threads()
+    # Which CUDA GPU one process trains on, counted among the GPUs it sees (CUDA_VISIBLE_DEVICES narrows them);
+    # None: the first. A launcher (accelerate, torchrun) gives each process its own GPU instead.
+    gpu: int | None = None
 
     def validate(self, where: str = "hardware") -> None:
         _check_choice(f"{where}.device", self.device, DEVICES)
         _check_choice(f"{where}.dtype", self.dtype, DTYPES)
+        if self.gpu is not None:
+            _check_range(f"{where}.gpu", self.gpu, 0, 1023, "the number of the CUDA GPU to train on, 0 for the first")
         if self.cpu_threads is not None:
             _check_range(f"{where}.cpu_threads", self.cpu_threads, 1, 1024, "torch threads on the CPU")
 
@@ -138,7 +143,9 @@ class DistributedSettings:
     """How several GPUs share the work when the run is launched with accelerate/torchrun (see `export`).
 
     ddp copies the model to every GPU; zero2 shards optimiser state and gradients (DeepSpeed); zero3 and fsdp also
-    shard the weights, for models that do not fit on one GPU. A single plain process ignores this setting.
+    shard the weights as they load, for models whose training does not fit on one GPU (the before/after scores are
+    then taken after training, with the model loaded whole on the main process's GPU). A single plain process
+    ignores this setting.
     """
 
     strategy: str = "ddp"

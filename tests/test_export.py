@@ -197,12 +197,14 @@ def test_runs_without_usable_weights_are_refused_with_sentences(finished_run):
             action(finished_run)
 
 
-def test_a_4bit_run_is_not_merged(finished_run):
+def test_a_4bit_run_merges_into_the_full_precision_model_on_the_cpu(finished_run):
+    """A QLoRA run trained on a CUDA GPU is merged here, on a CPU without bitsandbytes' 4-bit kernels."""
     config = json.loads(finished_run.config_path.read_text())
-    config["hardware"]["load_in_4bit"] = True
+    config["hardware"].update(load_in_4bit=True, device="cuda", dtype="float16")
     finished_run.config_path.write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match="4-bit"):
-        weights.merge_model(finished_run)
+    merged = weights.merge_model(finished_run, finished_run.path / "merged-4bit")
+    saved = json.loads((merged / "config.json").read_text())
+    assert "quantization_config" not in saved
 
 
 def test_full_fine_tuning_already_is_a_full_model(tiny_config_dict, tmp_path):

@@ -60,7 +60,7 @@ def test_auto_device_prefers_cuda_then_mps_then_cpu(machine, device):
 @pytest.mark.parametrize("machine, dtype", [
     ("cuda_bf16", "bfloat16"),
     ("cuda_fp16", "float16"),
-    ("cuda_mixed", "float16"),  # one GPU without bf16 decides for all
+    ("cuda_mixed", "bfloat16"),  # one process trains on the first GPU, which has bf16
     ("mac", "float32"),
     ("cpu", "float32"),
     ("cpu_bf16", "bfloat16"),
@@ -94,7 +94,9 @@ def test_explicit_device_on_a_machine_with_better_options(device, machine, dtype
     (HardwareSettings(dtype="float16"), "cpu", "hardware.dtype float16"),
     (HardwareSettings(device="cpu", dtype="float16"), "cuda_bf16", "hardware.dtype float16"),
     (HardwareSettings(dtype="bfloat16"), "cuda_fp16", "hardware.dtype is bfloat16"),
-    (HardwareSettings(dtype="bfloat16"), "cuda_mixed", "hardware.dtype is bfloat16"),
+    (HardwareSettings(dtype="bfloat16", gpu=1), "cuda_mixed", "hardware.dtype is bfloat16"),
+    (HardwareSettings(gpu=2), "cuda_mixed", "hardware.gpu is 2"),
+    (HardwareSettings(gpu=1), "cuda_bf16", "hardware.gpu is 1"),
 ])
 def test_impossible_choices_raise_config_error(settings, machine, expected):
     with pytest.raises(ConfigError) as caught:
@@ -284,3 +286,119 @@ def test_free_memory_counts_what_the_kernel_can_hand_back(tmp_path, monkeypatch,
     found = hardware.system_memory_gb()
     assert found == pytest.approx(expected_gb if expected_gb is not None else pages, rel=0.05)
     assert hardware.system_memory_gb(free=False) >= found
+
+
+# --- one GPU per process, and native bf16 only --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings, gpu, dtype, why", [
+    (HardwareSettings(), 0, "bfloat16", "the first of 2 visible GPUs"),
+    (HardwareSettings(gpu=1), 1, "float16", "chosen in the settings"),
+    (HardwareSettings(gpu=0), 0, "bfloat16", "chosen in the settings"),
+])
+def test_one_process_trains_on_one_gpu_and_says_which(settings, gpu, dtype, why):
+    resolved = resolve_hardware(settings, CUDA_MIXED)
+    assert (resolved.gpu, resolved.dtype, resolved.torch_device) == (gpu, dtype, f"cuda:{gpu}")
+    assert any(reason.startswith(f"GPU {gpu} (Test GPU): {why}") for reason in resolved.reasons)
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_a_launched_process_uses_the_gpu_of_its_local_rank_and_all_agree_on_the_precision(monkeypatch, local_rank):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    resolved = resolve_hardware(HardwareSettings(gpu=1), CUDA_MIXED)
+    assert resolved.torch_device == f"cuda:{local_rank}"
+    assert resolved.dtype == "float16"  # GPU 1 has no bf16, so no process uses it
+    assert any("LOCAL_RANK" in reason and "hardware.gpu applies to one process only" in reason
+               for reason in resolved.reasons)
+
+
+def test_a_launch_with_more_processes_than_gpus_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    with pytest.raises(ConfigError, match="LOCAL_RANK"):
+        resolve_hardware(HardwareSettings(), CUDA_MIXED)
+
+
+class FakeProperties:
+    def __init__(self, name: str, capability: tuple[int, int]):
+        self.name, (self.major, self.minor), self.total_memory = name, capability, 16 * 2**30
+
+
+def fake_cuda(monkeypatch, gpus: list[tuple[str, tuple[int, int]]], failing: tuple[int, ...] = ()) -> list[int]:
+    """torch.cuda answering as a machine with these GPUs; returns the GPUs asked for their free memory."""
+    import torch
+
+    asked: list[int] = []
+
+    def mem_get_info(index):
+        asked.append(index)
+        if index in failing:
+            raise RuntimeError("CUDA error: all CUDA-capable devices are busy or unavailable")
+        return 8 * 2**30, 16 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: FakeProperties(*gpus[index]))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)  # what torch says of emulation
+    return asked
+
+
+@pytest.mark.parametrize("name, capability, bf16", [
+    ("Tesla T4", (7, 5), False),
+    ("Tesla V100-SXM2-16GB", (7, 0), False),
+    ("NVIDIA GeForce RTX 2080", (7, 5), False),
+    ("NVIDIA GeForce GTX 1080", (6, 1), False),
+    ("NVIDIA A100-SXM4-40GB", (8, 0), True),
+    ("NVIDIA GeForce RTX 3090", (8, 6), True),
+    ("NVIDIA H100 80GB HBM3", (9, 0), True),
+])
+def test_bf16_is_chosen_only_on_gpus_that_compute_it_natively(monkeypatch, name, capability, bf16):
+    fake_cuda(monkeypatch, [(name, capability)])
+    info = detect_hardware()
+    assert info.cuda[0].bf16 is bf16
+    assert resolve_hardware(HardwareSettings(), info).dtype == ("bfloat16" if bf16 else "float16")
+
+
+def test_a_launched_process_asks_only_its_own_gpu_for_free_memory(monkeypatch):
+    asked = fake_cuda(monkeypatch, [("NVIDIA A100", (8, 0))] * 4)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    info = detect_hardware()
+    assert asked == [2]  # asking creates a CUDA context on that GPU
+    assert [d.free_gb for d in info.cuda] == [None, None, 8.0, None]
+    assert "CUDA 0: NVIDIA A100, 16.0 GB" in info.summary()
+
+
+def test_a_gpu_that_does_not_answer_leaves_its_free_memory_unknown(monkeypatch):
+    fake_cuda(monkeypatch, [("NVIDIA A100", (8, 0)), ("NVIDIA A100", (8, 0))], failing=(1,))
+    assert [d.free_gb for d in detect_hardware().cuda] == [8.0, None]
+
+
+@pytest.mark.parametrize("dtype, lora, weights", [
+    ("float16", False, "float32"),  # the gradient scaler needs fp32 master weights
+    ("float16", True, "float16"),  # LoRA's own matrices are fp32
+    ("bfloat16", False, "bfloat16"),
+    ("float32", False, "float32"),
+])
+def test_fp16_full_fine_tuning_keeps_fp32_weights(dtype, lora, weights):
+    assert ResolvedHardware("cuda", dtype, False, 1, gpu=0).weights_dtype(lora) == weights
+
+
+@pytest.mark.parametrize("settings, machine, device, dtype", [
+    (HardwareSettings(device="cuda", dtype="float16", load_in_4bit=True), "mac", "mps", "float32"),
+    (HardwareSettings(device="cuda", dtype="bfloat16", load_in_4bit=True), "cpu", "cpu", "float32"),
+    (HardwareSettings(load_in_4bit=True), "cuda_no_bnb", "cuda", "bfloat16"),
+    (HardwareSettings(device="cpu", dtype="float32"), "cpu", "cpu", "float32"),  # its own settings work: kept
+])
+def test_a_run_trained_elsewhere_is_looked_at_with_what_this_machine_has(settings, machine, device, dtype):
+    resolved = hardware.resolve_for_this_machine(settings, MACHINES[machine])
+    assert (resolved.device, resolved.dtype, resolved.load_in_4bit) == (device, dtype, False)
+    fell_back = settings.load_in_4bit
+    assert any("not available here" in reason for reason in resolved.reasons) == fell_back
+
+
+def test_a_gpu_number_on_a_machine_without_cuda_says_it_is_not_used():
+    resolved = resolve_hardware(HardwareSettings(gpu=1), CPU_ONLY)
+    assert resolved.gpu is None and "hardware.gpu 1 is not used: the run trains on cpu" in resolved.reasons

@@ -180,7 +180,7 @@ def test_every_command_line_command_is_documented_and_every_documented_one_exist
 SECTIONS = [f.name for f in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(getattr(RunConfig(), f.name))]
 # Defaults the configuration leaves empty and fills in when it runs, described in words in the table.
 DESCRIBED_DEFAULTS = {"name": "model name + `-grpo`", "runs_dir": "`$DRAGON_UI_RUNS_DIR` or `./runs`",
-                      "hardware.cpu_threads": "auto"}
+                      "hardware.cpu_threads": "auto", "hardware.gpu": "the first"}
 
 
 def settings() -> dict[str, object]:

@@ -71,7 +71,7 @@ def test_the_form_composes_what_the_screen_shows(app, studio):
                     grpo__group_size=8, grpo__beta=0.0, grpo__temperature=0.7, grpo__max_new_tokens=64,
                     grpo__loss_type="grpo", grpo__scale_rewards="none",
                     hardware__device="cpu", hardware__dtype="float32", hardware__load_in_4bit=False,
-                    hardware__cpu_threads=0)
+                    hardware__cpu_threads=0, hardware__gpu=1)
     new = app.form.compose(*values)
 
     assert new["lora"] == {"enabled": True, "r": 8, "alpha": 16, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}
@@ -79,7 +79,8 @@ def test_the_form_composes_what_the_screen_shows(app, studio):
                                "batch_size": 8, "save_steps": 10, "gradient_checkpointing": True, "grad_accum": 3}
     assert new["grpo"] == {"group_size": 8, "beta": 0.0, "temperature": 0.7, "max_new_tokens": 64, "loss_type": "grpo",
                            "scale_rewards": "none"}
-    assert new["hardware"] == {"device": "cpu", "dtype": "float32", "load_in_4bit": False, "cpu_threads": None}
+    assert new["hardware"] == {"device": "cpu", "dtype": "float32", "load_in_4bit": False, "cpu_threads": None,
+                               "gpu": 1}
     assert new["model"]["id"] == "Qwen/Qwen2.5-0.5B-Instruct"
     assert new["name"] == "my run"
 

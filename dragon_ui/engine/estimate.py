@@ -213,6 +213,23 @@ def estimate_memory(config: RunConfig, dims: ModelDims, dtype: str, load_in_4bit
     return MemoryEstimate(weights / GB, trainable / GB, activations / GB, generation / GB, RUNTIME_OVERHEAD_GB[device])
 
 
+PREVIEW_REPLIES, PREVIEW_TOKENS = 16, 512  # the Compare tab's generation batch, and a generous reply with its prompt
+ALLOCATOR_MARGIN = 1.2  # CUDA's caching allocator rounds blocks up and fragments
+
+
+def preview_memory_gb(model_id: str, dtype: str, load_in_4bit: bool) -> float:
+    """GPU memory a second copy of a model takes to generate previews beside a training: its weights and the KV
+    cache and logits of one batch of replies (the CUDA context is the training's). ConfigError if the size is
+    unknown here."""
+    dims, _ = model_dims(model_id)
+    value = BYTES_PER_VALUE[dtype]
+    weights = (dims.linear_params * NF4_BYTES_PER_PARAM + (dims.params - dims.linear_params) * value) \
+        if load_in_4bit else dims.params * value
+    kv_cache = PREVIEW_REPLIES * PREVIEW_TOKENS * dims.num_layers * 2 * dims.kv_width * value
+    logits = PREVIEW_REPLIES * dims.vocab_size * 4 * 2
+    return (weights + kv_cache + logits) * ALLOCATOR_MARGIN / GB
+
+
 MINIMUM_SETTINGS = "LoRA on 16-bit weights, 2 prompts x 4 completions of up to 64 tokens"
 
 
@@ -271,7 +288,7 @@ def device_speed(hardware: ResolvedHardware, info: HardwareInfo, cpu_flops: floa
     """The assumed throughput of the resolved device. ``cpu_flops``: the matmul probe's FLOP/s with the run's
     threads (measured here when not given)."""
     if hardware.device == "cuda":
-        name = info.cuda[0].name if info.cuda else ""
+        name = info.cuda[hardware.gpu or 0].name if info.cuda else ""
         spec = next(((f, b) for key, f, b in GPU_SPECS if key in name.upper()), None)
         flops, bandwidth = (spec[0] * GPU_EFFICIENCY, spec[1]) if spec else (GPU_DEFAULT_FLOPS, GPU_DEFAULT_BANDWIDTH)
         if hardware.dtype == "float32":
@@ -386,7 +403,7 @@ def available_memory_gb(hardware: ResolvedHardware, info: HardwareInfo) -> float
     """Free memory on the device that will hold the model: the GPU's free memory, else the machine's (for Apple
     MPS, which shares the machine's memory, all of it)."""
     if hardware.device == "cuda":
-        return info.cuda[0].free_gb if info.cuda else None
+        return info.cuda[hardware.gpu or 0].free_gb if info.cuda else None
     return system_memory_gb(free=hardware.device == "cpu")
 
 

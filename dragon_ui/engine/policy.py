@@ -101,7 +101,7 @@ def _fitting_presets() -> tuple[str, ...]:
     info = detect_hardware()
     hardware = resolve_hardware(RunConfig().hardware, info)
     # all of it, not what is free now: the list must not change while a visitor's run holds some of it
-    memory_gb = info.cuda[0].total_gb if hardware.device == "cuda" else system_memory_gb(free=False)
+    memory_gb = info.cuda[hardware.gpu].total_gb if hardware.device == "cuda" else system_memory_gb(free=False)
     config = RunConfig()  # the defaults (4 prompts a step, LoRA), at the public limit of completion length
     config.grpo.max_new_tokens = limits.max_new_tokens
     fitting = [DEFAULT_MODEL_ID]  # the bundled offline copy: a demo always has one model

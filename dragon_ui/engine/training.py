@@ -30,9 +30,9 @@ from ..rewards import Reward, RewardFailures, build_rewards, completion_text, la
 from ..runstore import ACTIVE_STATES, RunDir
 from ..scaleout import distributed
 from . import policy
-from .evaluation import evaluate_model, record_eval
+from .evaluation import evaluate_model, evaluate_now, record_eval
 from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
-from .models import load_model, load_tokenizer, resolve_model
+from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
 
 log = logging.getLogger("dragon_ui")
@@ -240,7 +240,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
 
     phase("checking the hardware")
     hardware = resolve_hardware(config.hardware)
-    _apply_threads(hardware)
+    _use_hardware(hardware)
     run.update_status(device=hardware.device, dtype=hardware.dtype, cpu_threads=hardware.cpu_threads,
                       hardware_reasons=hardware.reasons)
     for reason in hardware.reasons:
@@ -250,15 +250,20 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     eval_rows = read_jsonl(run.eval_data_path)
     log.info("Data: %s", run.read_status().get("data_summary") or f"{len(train_rows)} training prompts")
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
+    # Before the model: under ZeRO-3 the training arguments make transformers shard the weights as they load.
+    args = grpo_args(config, run, hardware)
+    sharded = distributed.shards_weights(config)
 
     phase("loading the model")
     source = resolve_model(config.model)
     run.update_status(model_label=source.label)
     log.info("Model: %s", source.label)
     tokenizer = load_tokenizer(source)
-    model = load_model(source, hardware)
+    model = load_model(source, hardware, dtype=hardware.weights_dtype(config.lora.enabled),
+                       placement=BY_LAUNCHER if sharded else ON_DEVICE)
 
-    if distributed.broadcast_from_main(bool(eval_rows) and "before" not in run.read_eval()):
+    # With sharded weights no process holds the whole model, so both sides are scored after training instead.
+    if not sharded and distributed.broadcast_from_main(bool(eval_rows) and "before" not in run.read_eval()):
         phase(f"scoring the starting model on {len(eval_rows)} held-out prompts")
         if not run.read_only:  # the main process evaluates; the others wait for it
             result = evaluate_model(model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
@@ -267,7 +272,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
 
     phase("building the trainer")
     failures = RewardFailures()
-    trainer = build_trainer(config, run, hardware, model, tokenizer, train_rows, rewards, failures)
+    trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures)
     limit_minutes = Limits.from_env().run_minutes if is_public_demo() else None
     callback = RunStoreCallback(run, trainer, handle, rewards, failures, config,
                                 time_limit_s=None if limit_minutes is None else limit_minutes * 60)
@@ -297,20 +302,43 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     if not run.read_only:
         tokenizer.save_pretrained(str(target))
         log.info("Saved the trained %s to %s", "adapter" if config.lora.enabled else "model", target)
-        if eval_rows:
-            run.update_status(phase=f"scoring the trained model on {len(eval_rows)} held-out prompts")
-            result = evaluate_model(trainer.model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
-            record_eval(run, "after", result, eval_rows, config.n_samples)
+    if eval_rows and sharded:
+        del trainer, model, callback  # the shards and their optimiser state leave the GPUs first
+        _free_accelerator_memory()
+        distributed.barrier()
+        if not run.read_only:
+            _evaluate_saved_weights(run)
+    elif eval_rows and not run.read_only:
+        run.update_status(phase=f"scoring the trained model on {len(eval_rows)} held-out prompts")
+        result = evaluate_model(trainer.model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
+        record_eval(run, "after", result, eval_rows, config.n_samples)
     distributed.barrier()
     return "succeeded"
 
 
-def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, model, tokenizer, train_rows: list[dict],
-                  rewards: list[Reward], failures: RewardFailures):
-    """Translate the RunConfig into TRL's GRPOConfig/GRPOTrainer; TRL's constraints are met here by construction."""
-    import transformers
-    from datasets import Dataset
-    from peft import LoraConfig
+def _evaluate_saved_weights(run: RunDir) -> None:
+    """Score the starting and the trained model from the saved weights, loaded whole on the main process's GPU once
+    the sharded trainer has let go of every GPU (the others wait at a barrier).
+
+    A model sharded because it is too big for one GPU may not fit there even to generate; the trained weights are
+    saved by then, so that ends with a warning naming the command that scores them elsewhere, not a failed run.
+    """
+    cache = ModelCache()
+    try:
+        for message in evaluate_now(cache.load, run, rescore_before="before" not in run.read_eval(),
+                                    while_training=True):
+            run.update_status(phase=message[0].lower() + message[1:].rstrip("."))
+            log.info("%s", message)
+    except Exception as exc:
+        log.warning("The held-out prompts could not be scored with the model whole on one GPU (%s); the trained "
+                    "weights are saved: score them with `python -m dragon_ui eval %s` where there is more memory.",
+                    explain_failure(exc), run.path)
+    finally:
+        cache.release()
+
+
+def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware):
+    """The RunConfig as TRL's GRPOConfig; TRL's constraints are met here by construction."""
     from trl import GRPOConfig
 
     group, batch = config.grpo.group_size, config.training.batch_size
@@ -338,7 +366,7 @@ def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, mo
         max_completion_length=config.grpo.max_new_tokens,
         loss_type=config.grpo.loss_type,
         scale_rewards=config.grpo.scale_rewards,
-        reward_weights=[r.weight for r in rewards],  # TRL's per-reward metrics stay unweighted and comparable
+        reward_weights=[spec.weight for spec in config.rewards],  # TRL's per-reward metrics stay unweighted
         activation_checkpointing=config.training.gradient_checkpointing,
         logging_steps=1,
         save_strategy="steps",
@@ -349,8 +377,37 @@ def build_trainer(config: RunConfig, run: RunDir, hardware: ResolvedHardware, mo
         bf16=hardware.dtype == "bfloat16",
         fp16=hardware.dtype == "float16",
         dataloader_pin_memory=hardware.device == "cuda",
+        ddp_timeout=int(distributed.COLLECTIVE_TIMEOUT.total_seconds()),
         **vllm,
     )
+    if hardware.device == "cuda" and not distributed.is_distributed():
+        _train_on_one_gpu(args, hardware.gpu)
+    return args
+
+
+def _train_on_one_gpu(args, gpu: int) -> None:
+    """Make a single process train on GPU ``gpu`` alone.
+
+    transformers (5.24, TrainingArguments._setup_devices) gives one process every visible GPU, to be used through
+    nn.DataParallel, which TRL's GRPOTrainer refuses, and always puts that process on GPU 0. Its device setup runs
+    first (it also builds accelerate's state); then the GPU count becomes 1 and the device the chosen GPU.
+    """
+    import torch
+
+    if args.n_gpu <= 1 and args.device == torch.device("cuda", gpu):
+        return
+    args._n_gpu = 1
+    args.__dict__["_setup_devices"] = torch.device("cuda", gpu)  # the cached_property behind args.device
+    torch.cuda.set_device(gpu)
+
+
+def build_trainer(config: RunConfig, args, model, tokenizer, train_rows: list[dict], rewards: list[Reward],
+                  failures: RewardFailures):
+    """TRL's GRPOTrainer for this run, with Dragon's rewards and the speed-ups that apply."""
+    import transformers
+    from datasets import Dataset
+    from peft import LoraConfig
+
     peft_config = None
     if config.lora.enabled:
         peft_config = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
@@ -540,11 +597,15 @@ def _detach_run_log(handler: logging.Handler) -> None:
     handler.close()
 
 
-def _apply_threads(hardware: ResolvedHardware) -> None:
-    if hardware.device == "cpu":
-        import torch
+def _use_hardware(hardware: ResolvedHardware) -> None:
+    """Set up the worker thread: its torch threads on the CPU; its GPU on CUDA, since a thread's current CUDA
+    device starts at GPU 0 whatever accelerate chose for the process's main thread."""
+    import torch
 
+    if hardware.device == "cpu":
         torch.set_num_threads(hardware.cpu_threads)
+    elif hardware.device == "cuda":
+        torch.cuda.set_device(hardware.gpu)
 
 
 def _peak_gpu_memory_gb() -> float | None:

@@ -181,13 +181,12 @@ def merge_model(run: RunDir, target_dir: str | Path | None = None) -> Path:
     """The starting model with the trained adapter folded in (peft merge_and_unload), saved as a full model folder.
 
     Merging happens on the CPU in float32, so the merged model answers exactly like the adapter applied at runtime.
+    An adapter trained on 4-bit weights (QLoRA) is folded into the full-precision starting model, as QLoRA adapters
+    are everywhere: folding it into the 4-bit weights would round it away.
     Default target: ``<run>/merged``; a merge of the same weights already there is reused. A full fine-tuning run
     already has a full model: it is returned as is, or copied when another target is given.
     """
     config = run.read_config()
-    if config.hardware.load_in_4bit:
-        raise ConfigError(f"The run {run.id} trained on 4-bit weights; merging its adapter into them would round the "
-                          "result. Download the adapter instead and apply it with peft to the same 4-bit model.")
     weights = trained_weights(run)
     target = Path(target_dir).expanduser().resolve() if target_dir else run.path / "merged"
     if not weights.is_adapter:

@@ -9,6 +9,12 @@ leave the training loop at the same step instead of deadlocking in the next grad
 from __future__ import annotations
 
 import os
+from datetime import timedelta
+
+# How long a process waits at a collective for the others. NCCL's default of 10 minutes is shorter than the main
+# process may take alone (writing the run folder, scoring held-out prompts), and a timeout kills the whole job.
+COLLECTIVE_TIMEOUT = timedelta(hours=2)
+SHARDED_STRATEGIES = ("zero3", "fsdp")
 
 
 def world_size() -> int:
@@ -23,11 +29,23 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def local_rank() -> int:
+    """This process's number on its own machine, which is also the number of the GPU it owns."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def shards_weights(config) -> bool:
+    """True when the launch splits the weights themselves over the processes (ZeRO-3, FSDP): then no process may
+    load or use a whole model on its own while the trainer holds the shards."""
+    return is_distributed() and config.distributed.strategy in SHARDED_STRATEGIES
+
+
 def _state():
-    """accelerate's process state; creating it joins the process group (gloo on CPU, nccl on CUDA)."""
+    """accelerate's process state; the first call joins the process group (gloo on CPU, nccl on CUDA) with
+    COLLECTIVE_TIMEOUT; transformers' own setup later finds the group made and keeps it."""
     from accelerate import PartialState
 
-    return PartialState()
+    return PartialState(timeout=COLLECTIVE_TIMEOUT)
 
 
 def broadcast_from_main(value):
@@ -36,9 +54,10 @@ def broadcast_from_main(value):
         return value
     import torch.distributed as dist
 
-    _state()
     holder = [value]
-    dist.broadcast_object_list(holder, src=0)
+    # The device must be named: NCCL sends through this process's own GPU, and the calling thread's current CUDA
+    # device is not it (a worker thread starts on GPU 0).
+    dist.broadcast_object_list(holder, src=0, device=_state().device)
     return holder[0]
 
 
@@ -92,6 +111,10 @@ def check_runnable_here(config, device: str) -> None:
         return
     if device != "cuda":
         raise ConfigError(f"distributed.strategy {strategy} needs CUDA GPUs; use ddp to train on several CPU processes.")
+    if strategy in SHARDED_STRATEGIES and config.hardware.load_in_4bit:
+        raise ConfigError(f"hardware.load_in_4bit cannot be combined with distributed.strategy {strategy}: sharding "
+                          "4-bit weights over GPUs is not supported here; use ddp or zero2 with 4-bit, or turn "
+                          "4-bit off.")
     if strategy in ("zero2", "zero3"):
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError(f"distributed.strategy {strategy} needs the deepspeed package (pip install deepspeed).")

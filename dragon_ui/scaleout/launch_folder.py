@@ -51,8 +51,9 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
             (target / "rewards").mkdir(exist_ok=True)
             shutil.copy2(source, target / "rewards" / source.name)
             spec.file = f"rewards/{source.name}"
-    # The cluster decides its own hardware; runs land next to the launch files.
-    exported.hardware.device, exported.hardware.dtype, exported.hardware.cpu_threads = "auto", "auto", None
+    # The cluster decides its own devices (a precision chosen in the settings is kept); runs land next to the
+    # launch files.
+    exported.hardware.device, exported.hardware.cpu_threads, exported.hardware.gpu = "auto", None, None
     exported.runs_dir, exported.base_dir = "runs", ""
 
     (target / "config.yaml").write_text(exported.to_yaml(), encoding="utf-8")
@@ -70,6 +71,9 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
 
 
 def _accelerate_config(strategy: str, gpus: int, nodes: int) -> str:
+    """The strategy's accelerate config for this many processes. Its mixed_precision stays "no": the run resolves
+    hardware.dtype on the GPUs themselves and tells TRL (bf16/fp16), and transformers takes the launcher's value
+    only when neither is set, so any other value here would turn an explicit float32 run into bf16."""
     template = yaml.safe_load((ACCELERATE_CONFIGS / f"{strategy}.yaml").read_text(encoding="utf-8"))
     template.update(num_processes=gpus * nodes, num_machines=nodes)
     header = f"# accelerate config for distributed.strategy {strategy}: {nodes} node(s) x {gpus} GPU(s).\n"
@@ -113,15 +117,26 @@ def _slurm_script(config: RunConfig, gpus: int, nodes: int, vllm_server: bool) -
     vllm_block = ""
     vllm_override = ""
     if vllm_server:
+        # Data parallel serving: every GPU of the node holds a whole copy of the model, which works for any model
+        # that fits on one GPU. Tensor parallelism would need a GPU count that divides the attention heads (the
+        # default model has 9), so it is left as a choice for models too big for one GPU.
         vllm_block = f"""
 # The last node serves generations with vLLM; the training nodes send it prompts and weight updates.
+# Each of its {gpus} GPU(s) serves a whole copy of the model (data parallel). For a model too big for one GPU, use
+# --tensor_parallel_size N instead, with N dividing the model's number of attention heads.
 VLLM_NODE="${{NODES[-1]}}"
+VLLM_URL="http://$VLLM_NODE:{VLLM_PORT}"
 TRAIN_NODES=$(IFS=,; echo "${{NODES[*]:0:{nodes}}}")
 srun --nodes=1 --ntasks=1 --nodelist="$VLLM_NODE" \\
-  trl vllm-serve --model "{config.model.id}" --tensor_parallel_size {gpus} --port {VLLM_PORT} &
-sleep 60  # give the server time to load the model
+  trl vllm-serve --model "{config.model.id}" --data_parallel_size {gpus} --port {VLLM_PORT} &
+echo "Waiting for the vLLM server at $VLLM_URL..."
+for _ in $(seq "${{VLLM_WAIT_TRIES:-180}}"); do
+  curl -sf "$VLLM_URL/health" >/dev/null && break
+  sleep 5
+done
+curl -sf "$VLLM_URL/health" >/dev/null || {{ echo "The vLLM server at $VLLM_URL did not answer; see its output above." >&2; exit 1; }}
 """
-        vllm_override = f' --set generation.vllm_server_url=http://$VLLM_NODE:{VLLM_PORT}'
+        vllm_override = ' --set generation.vllm_server_url=\'"$VLLM_URL"\''
     else:
         vllm_block = '\nTRAIN_NODES=$(IFS=,; echo "${NODES[*]}")\n'
     return f"""#!/bin/bash
@@ -141,6 +156,7 @@ NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
 MAIN_NODE="${{NODES[0]}}"
 {vllm_block}
 # One task per training node; accelerate starts {gpus} processes on each. All share one run folder.
+# The quoted command is run by each task's own shell: this script's variables are spliced in with '"$NAME"'.
 srun --nodes={nodes} --ntasks={nodes} --nodelist="$TRAIN_NODES" bash -c '
   accelerate launch --config_file accelerate.yaml \\
     --num_machines {nodes} --num_processes {nodes * gpus} --machine_rank "$SLURM_PROCID" \\
@@ -161,7 +177,7 @@ This folder is self-contained: `config.yaml` (the run, with paths relative to th
 
 ```bash
 python -m venv .venv && . .venv/bin/activate
-pip install -r requirements.txt{'  deepspeed' if config.distributed.strategy.startswith('zero') else ''}{'  vllm' if config.generation.backend != 'transformers' else ''}
+pip install -r requirements.txt{'  deepspeed' if config.distributed.strategy.startswith('zero') else ''}{"  'vllm>=0.22,<=0.31'" if config.generation.backend != 'transformers' else ''}
 ```
 
 ## Run on one node

@@ -18,8 +18,9 @@ from pathlib import Path
 from ..config import HardwareSettings, ModelConfig, RunConfig, resolve_runs_dir
 from ..data import resolve_source
 from ..engine import policy, queue, training
-from ..engine.estimate import estimate_run, format_seconds
-from ..engine.hardware import HardwareInfo, ResolvedHardware, detect_hardware, resolve_hardware
+from ..engine.estimate import estimate_run, format_seconds, preview_memory_gb
+from ..engine.hardware import (HardwareInfo, ResolvedHardware, detect_hardware, resolve_for_this_machine,
+                               resolve_hardware)
 from ..engine.models import ModelCache
 from ..errors import BusyError, ConfigError, DragonError, NotYoursError
 from ..public import Limits, is_public_demo, visitor
@@ -211,10 +212,30 @@ class Studio:
         """(model, tokenizer) for previews from the one cached load (engine.models.ModelCache); refused while a
         training uses this machine's CPU."""
         policy.check_model(model, str(self.runs_dir))
-        if training.active_run() is not None and self.hardware().cuda == []:
-            raise BusyError("A training is running on this machine's CPU; generating previews now would slow it down "
-                            "badly. Wait for it to finish or stop it first.")
+        settings = settings or HardwareSettings()
+        if training.active_run() is not None and not self.models.holds(model, adapter_dir, settings):
+            self._refuse_unless_room_beside_training(model, settings)
         return self.models.load(model, adapter_dir, settings)
+
+    def _refuse_unless_room_beside_training(self, model: ModelConfig, settings: HardwareSettings) -> None:
+        """A second model beside a running training only on a GPU with room for it: on the CPU (or a Mac's shared
+        memory) it would slow the training badly, and on a full GPU it would end it out of memory."""
+        info = self.hardware(refresh=True)  # the free memory of now, with the training's share taken
+        hardware = resolve_for_this_machine(settings, info)
+        if hardware.device != "cuda":
+            where = "this Mac's GPU" if hardware.device == "mps" else "this machine's CPU"
+            raise BusyError(f"A training is running on {where}; generating previews now would slow it down badly. "
+                            "Wait for it to finish or stop it first.")
+        free = info.cuda[hardware.gpu].free_gb
+        try:
+            needed = preview_memory_gb(model.id, hardware.dtype, hardware.load_in_4bit)
+        except ConfigError:
+            needed = None
+        if needed is None or free is None or needed > free:
+            need = f"about {needed:.1f} GB" if needed is not None else "an amount of memory unknown here"
+            have = f"{free:.1f} GB are free" if free is not None else "its free memory is unknown"
+            raise BusyError(f"A training is using GPU {hardware.gpu}, and a preview of {model.id} beside it needs "
+                            f"{need} while {have}; wait for the training to finish or stop it first.")
 
     def release_model(self) -> None:
         self.models.release()

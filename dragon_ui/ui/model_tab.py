@@ -87,6 +87,9 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
         Setting("cpu_threads", "CPU threads", "Torch threads on the CPU; 0 = automatic (all cores on small machines, "
                 "one spare from 4).", options={**WHOLE, "minimum": 0}, to_draft=_whole_or_auto,
                 to_field=lambda value: value or 0),
+        Setting("gpu", "GPU number", "Which CUDA GPU trains, on a machine with several: 0 is the first; empty = "
+                "the first. Launched runs use every GPU.", options={**WHOLE, "minimum": 0},
+                to_draft=lambda value: None if value in (None, "") else int(value)),
     ),
     "lora": (
         Setting("enabled", "Train a LoRA adapter", "A small add-on instead of every weight: far less memory, and the "
@@ -287,6 +290,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
         return Preview(check, "", "The estimate appears once the hardware choice works on this machine.", yaml_text,
                        cli, download, problems)
     choice = (f"**This run will use:** {resolved.device} · {resolved.dtype}"
+              + (f" · GPU {resolved.gpu}" if resolved.device == "cuda" else "")
               + (" · 4-bit weights" if resolved.load_in_4bit else "")
               + (f" · {resolved.cpu_threads} CPU thread{'s' if resolved.cpu_threads != 1 else ''}"
                  if resolved.device == "cpu" else "") + "\n"
