@@ -9,9 +9,11 @@ TORCH_SPEC ?=
 CONFIG ?= assets/recipes/arithmetic.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install python-check run run-cli test test-fast screenshots bench bench-quick clean
+DESKTOP_STAMP := $(VENV)/.desktop-installed
 
-$(STAMP): requirements.txt requirements-dev.txt
+.PHONY: install python-check run desktop run-cli test test-fast screenshots bench bench-quick clean
+
+$(STAMP): requirements.txt requirements-dev.txt requirements-desktop.txt
 	test -x $(BIN)/python || { $(MAKE) -s python-check PYTHON="$(PYTHON)" && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(if $(TORCH_SPEC),$(BIN)/python -m pip install -q "$(TORCH_SPEC)")
@@ -32,6 +34,14 @@ python-check:
 run: install
 	$(BIN)/python app.py
 
+# The app in a window of its own; its packages (requirements-desktop.txt) are installed on first use.
+desktop: install $(DESKTOP_STAMP)
+	$(BIN)/python app.py --desktop
+
+$(DESKTOP_STAMP): requirements-desktop.txt
+	$(BIN)/python -m pip install -q -r requirements-desktop.txt
+	touch $(DESKTOP_STAMP)
+
 run-cli: install
 	$(BIN)/python -m dragon_ui train $(CONFIG)
 
@@ -44,9 +54,11 @@ test-fast: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
-# The README's pictures: the browser test on the real default model (a few minutes of CPU training).
+# The README's pictures: the browser test on the real default model (a few minutes of CPU training), and the
+# desktop window on a virtual screen (Xvfb, openbox, xdotool, x11-utils).
 screenshots: install
 	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_browser.py -k click_through -p no:cacheprovider
+	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_desktop.py -k real_window -p no:cacheprovider
 
 # Benchmarks report, they do not assert: JSON in bench/results/, a table on stdout. Run them on an idle machine.
 bench: install

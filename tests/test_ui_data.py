@@ -98,6 +98,12 @@ def test_the_form_composes_the_draft_from_what_it_shows(form, draft):
     assert draft["data"]["eval_frac"] == 0.05  # the loaded draft is left alone
 
 
+@pytest.mark.parametrize("shown, max_rows", [("", None), (None, None), (0, None), (30, 30)])
+def test_max_rows_empty_or_0_means_all(form, draft, shown, max_rows):
+    """0 as well as empty: before the field has its value, the page may send 0 for it."""
+    assert on_screen(form, draft, {"data.max_rows": shown})["data"]["max_rows"] == max_rows
+
+
 def test_bundled_datasets_are_the_data_files():
     names = [name for name, _ in data_tab.bundled_datasets()]
     assert names == ["arithmetic.csv", "json_answers.jsonl", "think_answer.jsonl"]

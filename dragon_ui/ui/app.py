@@ -238,24 +238,38 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
             block_fn.fn = as_visitor(block_fn.fn)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, desktop_driver=None) -> int:
+    """The app in the browser, or (--desktop) in its own window; ``desktop_driver`` runs with that window once it
+    is shown (tests and the README's screenshot drive it)."""
     parser = argparse.ArgumentParser(prog="python app.py", description=f"{TITLE}: point-and-click GRPO in the browser.")
     on_space = bool(os.environ.get("SPACE_ID"))
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0" if on_space else "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
+    parser.add_argument("--desktop", action="store_true",
+                        help="open the app in a window of its own (needs requirements-desktop.txt; make desktop)")
     parser.add_argument("--runs-dir", help="folder for runs (default: $DRAGON_UI_RUNS_DIR or ./runs)")
     args = parser.parse_args(argv)
 
     studio = Studio(runs_dir=args.runs_dir)
     demo = build_app(studio)
     studio.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
-    demo.queue(default_concurrency_limit=4).launch(
-        server_name=args.host, server_port=args.port, share=args.share, inbrowser=not (args.no_browser or on_space),
-        theme=gr.themes.Soft(primary_hue="emerald"), css_paths=[str(ASSETS_DIR / "app.css")],
-        show_error=True, footer_links=["api", "gradio"], **serving_options(studio),
-    )
+
+    def serve(host: str, port: int, inbrowser: bool, block: bool = True) -> str:
+        """Serve the app; with ``block`` until the process is stopped, else in the background. Its address."""
+        demo.queue(default_concurrency_limit=4).launch(
+            server_name=host, server_port=port, share=args.share, inbrowser=inbrowser, prevent_thread_lock=not block,
+            theme=gr.themes.Soft(primary_hue="emerald"), css_paths=[str(ASSETS_DIR / "app.css")],
+            show_error=True, footer_links=["api", "gradio"], **serving_options(studio),
+        )
+        return demo.local_url
+
+    if args.desktop:
+        from . import desktop
+
+        return desktop.run(studio, serve, driver=desktop_driver)
+    serve(args.host, args.port, inbrowser=not (args.no_browser or on_space))
     return 0
 
 

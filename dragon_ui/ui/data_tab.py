@@ -244,9 +244,10 @@ def build(shared: Shared) -> Callable[[], None]:
                 label="Sheet", choices=[], value=None, allow_custom_value=True, visible=False, elem_id="data-sheet",
                 info="Which sheet of the spreadsheet to read; empty for the first."), _text_or_none)
             max_rows = form.add("data.max_rows", gr.Number(
-                label="Max rows", precision=0, minimum=1, elem_id="data-max-rows",
-                info="Train on the first rows only; empty for all of them."),
-                lambda value: int(value) if value not in (None, "") else None)
+                # 0 means all, as empty does: before the field has a value, the page may send 0 for it.
+                label="Max rows", precision=0, minimum=0, elem_id="data-max-rows",
+                info="Train on the first rows only; empty or 0 for all of them."),
+                lambda value: int(value) if value not in (None, "", 0) else None)
             counts = gr.Markdown(elem_id="data-counts")
             lengths = gr.Markdown(elem_id="data-lengths")
     table = gr.Dataframe(label="First rows", interactive=False, max_height=360, wrap=True, elem_id="data-preview")

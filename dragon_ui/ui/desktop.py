@@ -1,0 +1,201 @@
+"""Dragon GRPO Studio in a window of its own: ``python app.py --desktop`` or ``make desktop``.
+
+The window (pywebview: WebKit on macOS, WebView2 on Windows, Qt WebEngine or GTK WebKit on Linux) shows the same
+Gradio app, served by this process on 127.0.0.1 on a free port, so nothing else on the network sees it. Closing the
+window while a run trains asks whether to stop it (a checkpoint is saved) or to keep training in the background;
+the process then ends when its last run has finished, and ``make desktop`` (or ``make run``) shows it again
+meanwhile. Where no window can be opened (no screen, no web view), one sentence says what to install and the app
+opens in the browser instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from ..engine import queue, training
+from ..engine.hardware import cache_dir
+from ..runstore import write_json_atomic
+from ..studio.backend import Studio
+
+TITLE = "Dragon GRPO Studio"
+ICON = Path(__file__).resolve().parents[2] / "assets" / "icon.png"
+DEFAULT_SIZE = (1280, 900)
+MIN_SIZE = (900, 600)
+INSTALL = "pip install -r requirements-desktop.txt (make desktop does it)"
+CLOSE_QUESTION = ("A run is still training. Stop it now? A checkpoint is saved first.\n\n"
+                  "OK stops the training. Cancel keeps it training in the background after the window closes; "
+                  "make desktop (or make run) shows it again.")
+# What a window finds of an earlier window's process that still trains in the background (its address and pid).
+SERVER_FILE = ".desktop-server.json"
+
+Driver = Callable[[object], None]  # runs with the window once it is shown (tests and screenshots drive it)
+
+
+def window_backend() -> tuple[str | None, str | None]:
+    """(pywebview's GUI to use, None) where a window can open here, else (None, the sentence saying why)."""
+    if importlib.util.find_spec("webview") is None:
+        return None, f"The desktop window needs pywebview: {INSTALL}."
+    if sys.platform in ("darwin", "win32"):  # the system's own web view (WebKit, WebView2)
+        return "native", None
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        return None, "There is no screen here (neither DISPLAY nor WAYLAND_DISPLAY is set), so no window can open."
+    if _qt_window_opens():
+        return "qt", None
+    if _gtk_webkit_present():
+        return "gtk", None
+    return None, (f"No web view for the window was found: {INSTALL}, and on Debian or Ubuntu also "
+                  "sudo apt install libxcb-cursor0 libxkbcommon-x11-0 libegl1 (or GTK's: sudo apt install "
+                  "gir1.2-webkit2-4.1 python3-gi).")
+
+
+def _qt_window_opens() -> bool:
+    """Whether Qt WebEngine starts on this screen, tried in a child process: a Qt missing a system library ends its
+    process at once ("could not load the Qt platform plugin"), which must not be this one."""
+    if importlib.util.find_spec("PyQt6") is None or importlib.util.find_spec("qtpy") is None:
+        return False
+    probe = "from PyQt6.QtWidgets import QApplication; from PyQt6 import QtWebEngineWidgets; QApplication([])"
+    try:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _gtk_webkit_present() -> bool:
+    try:
+        import gi
+
+        gi.require_version("WebKit2", "4.1")
+        return True
+    except (ImportError, ValueError):
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run(studio: Studio, serve: Callable[..., str], driver: Driver | None = None) -> int:
+    """Open the window on this process's app (served by ``serve(host, port)``, which returns its address), or on
+    the app of an earlier window's process that still trains; the browser where no window can open."""
+    gui, why_not = window_backend()
+    if gui is None:
+        print(f"{why_not} Opening Dragon GRPO Studio in your browser instead.", file=sys.stderr)
+        serve("127.0.0.1", free_port(), inbrowser=True, block=True)
+        return 0
+    earlier = running_server(studio.runs_dir)
+    if earlier is not None:
+        print(f"A run is training in the background (process {earlier['pid']}); this window shows it.")
+        _open_window(earlier["url"], gui, guard=None, driver=driver)
+        return 0
+    url = serve("127.0.0.1", free_port(), inbrowser=False, block=False)
+    guard = CloseGuard(studio)
+    _open_window(url, gui, guard=guard, driver=driver)
+    return _after_the_window(studio, url, guard)
+
+
+def _open_window(url: str, gui: str, guard: CloseGuard | None, driver: Driver | None) -> None:
+    import webview
+
+    if gui == "qt" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Qt WebEngine is Chromium, which will not start its sandbox as root (containers, CI).
+        os.environ["QTWEBENGINE_CHROMIUM_FLAGS"] = (os.environ.get("QTWEBENGINE_CHROMIUM_FLAGS", "") + " --no-sandbox").strip()
+    webview.settings["ALLOW_DOWNLOADS"] = True  # the config, adapter zip, merged model and launch folder: a save dialog
+    webview.settings["OPEN_EXTERNAL_LINKS_IN_BROWSER"] = True
+    width, height = remembered_size()
+    window = webview.create_window(TITLE, url, width=width, height=height, min_size=MIN_SIZE, text_select=True,
+                                   zoomable=True)
+    window.events.resized += lambda width, height: remember_size(width, height)
+    if guard is not None:
+        guard.window = window
+        window.events.closing += guard.on_closing
+    # Not private: the browser storage keeps the draft settings from one start to the next, as a browser tab does.
+    webview.start(driver, window, gui=None if gui == "native" else gui, private_mode=False,
+                  storage_path=str(cache_dir() / "webview"), icon=str(ICON) if ICON.is_file() else None)
+
+
+class CloseGuard:
+    """Asks, when the window closes while a run trains, whether to stop it or keep it training in the background."""
+
+    def __init__(self, studio: Studio) -> None:
+        self.studio = studio
+        self.window = None
+        self.decided: str | None = None  # "stop" or "keep" once asked; then the window may close
+
+    def on_closing(self) -> bool:
+        if self.decided is not None or training.active_run() is None:
+            return True
+        threading.Thread(target=self._ask, name="dragon-close-question", daemon=True).start()
+        return False  # closes once the question is answered
+
+    def _ask(self) -> None:
+        stop = self.window.create_confirmation_dialog(TITLE, CLOSE_QUESTION)
+        self.decided = "stop" if stop else "keep"
+        handle = training.active_run()
+        if handle is not None and stop:
+            handle.stop()
+        self.window.destroy()
+
+
+def _after_the_window(studio: Studio, url: str, guard: CloseGuard) -> int:
+    """Once the window is closed: wait for a stopped run to save; keep serving a run that trains on in the background
+    until it and the runs queued after it have finished, so no process is left behind."""
+    handle = training.active_run()
+    if handle is None:
+        return 0
+    if guard.decided == "stop":
+        print(f"Stopping {handle.run.id}; a checkpoint is being saved...")
+        handle.wait()
+        return 0
+    marker = studio.runs_dir / SERVER_FILE
+    write_json_atomic(marker, {"url": url, "pid": os.getpid()})
+    print(f"{handle.run.id} trains on in the background; make desktop (or make run) shows it again. This process "
+          "ends when the last run has finished.")
+    try:
+        while training.active_run() is not None or queue.waiting_runs(studio.runs_dir):
+            time.sleep(2)
+    finally:
+        marker.unlink(missing_ok=True)
+    print("The last run has finished.")
+    return 0
+
+
+def running_server(runs_dir: Path) -> dict | None:
+    """The address and pid of an earlier window's process still serving this runs folder, if it answers."""
+    try:
+        server = json.loads((runs_dir / SERVER_FILE).read_text(encoding="utf-8"))
+        os.kill(int(server["pid"]), 0)
+        urllib.request.urlopen(server["url"], timeout=3).close()
+        return server
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _size_file() -> Path:
+    return cache_dir() / "desktop.json"
+
+
+def remembered_size() -> tuple[int, int]:
+    try:
+        saved = json.loads(_size_file().read_text(encoding="utf-8"))
+        return max(MIN_SIZE[0], int(saved["width"])), max(MIN_SIZE[1], int(saved["height"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_SIZE
+
+
+def remember_size(width: int, height: int) -> None:
+    try:
+        write_json_atomic(_size_file(), {"width": int(width), "height": int(height)})
+    except OSError:
+        pass  # a read-only home: the next window opens at the default size

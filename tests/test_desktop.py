@@ -1,0 +1,139 @@
+"""The desktop window, for real: ``python app.py --desktop`` opens a pywebview window (Qt WebEngine) on a virtual
+screen (Xvfb, with openbox for the title bar and Alt+F4), and tests/desktop_driver.py drives it through the
+webview's JavaScript bridge and with xdotool's keys. Without a screen the app says why in one sentence and falls
+back to the browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import tiny_config
+
+from dragon_ui.ui import desktop
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = REPO / "tests" / "desktop_driver.py"
+SCREEN = "1600x1200x24"  # room for the window and its frame
+NEEDED = ("Xvfb", "openbox", "xdotool", "xprop")
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def screen():
+    """A virtual screen with a window manager: its DISPLAY. CI installs what it needs (.ci/run)."""
+    missing = [tool for tool in NEEDED if shutil.which(tool) is None]
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"{', '.join(missing)} missing: .ci/run installs them")
+        pytest.skip(f"needs {', '.join(missing)} (Debian: xvfb openbox xdotool x11-utils)")
+    display = f":{90 + os.getpid() % 50}"
+    server = subprocess.Popen(["Xvfb", display, "-screen", "0", SCREEN, "-nolisten", "tcp"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    manager = subprocess.Popen(["openbox"], env={**os.environ, "DISPLAY": display},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    yield display
+    manager.terminate()
+    server.terminate()
+
+
+def drive(display: str, tmp_path: Path, scenario: str, config: Path | None = None, screenshot: Path | None = None,
+          timeout: float = 240) -> tuple[dict, subprocess.CompletedProcess]:
+    result = tmp_path / "seen.json"
+    env = {**os.environ, "DISPLAY": display, "DRAGON_UI_RUNS_DIR": str(tmp_path / "runs"),
+           "DRAGON_UI_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, str(DRIVER), scenario, str(result), str(config or "")]
+    if screenshot is not None:
+        command.append(str(screenshot))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    seen = json.loads(result.read_text()) if result.is_file() else {}
+    return seen, done
+
+
+@pytest.mark.timeout(300)
+def test_the_app_lives_inside_a_real_window(screen, tmp_path):
+    shot = Path(os.environ.get("DRAGON_UI_SCREENSHOTS") or tmp_path) / "desktop.png"
+    seen, done = drive(screen, tmp_path, "tabs", screenshot=shot)
+    assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
+    assert seen["title"] == desktop.TITLE  # the page loaded inside the webview
+    assert seen["model_tab"] is True  # a tab switch through the webview's JavaScript bridge
+    from PIL import Image
+
+    with Image.open(shot) as picture:
+        width, height = picture.size
+        assert width >= desktop.DEFAULT_SIZE[0] and height > desktop.DEFAULT_SIZE[1]  # the frame and title bar too
+
+
+def training_config(tmp_path: Path, tiny_model_dir: Path, steps: int) -> Path:
+    config = tiny_config(tiny_model_dir, tmp_path, tmp_path / "runs")
+    config["training"].update(max_steps=steps, save_steps=1000)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.timeout(400)
+def test_closing_while_training_and_choosing_stop_saves_a_checkpoint_and_ends(screen, tmp_path, tiny_model_dir):
+    seen, done = drive(screen, tmp_path, "close-stop", training_config(tmp_path, tiny_model_dir, steps=2000))
+    assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
+    status = json.loads((Path(seen["run_dir"]) / "status.json").read_text())
+    assert status["state"] == "cancelled" and status["latest_checkpoint"].startswith("checkpoint-")
+    assert status["step"] < 2000
+    assert "Stopping" in done.stdout
+    assert not (tmp_path / "runs" / desktop.SERVER_FILE).exists()
+
+
+@pytest.mark.timeout(400)
+def test_closing_while_training_and_choosing_keep_trains_on_and_then_ends(screen, tmp_path, tiny_model_dir):
+    seen, done = drive(screen, tmp_path, "close-keep", training_config(tmp_path, tiny_model_dir, steps=40))
+    assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
+    status = json.loads((Path(seen["run_dir"]) / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["step"] == 40  # it trained to the end after the window closed
+    assert "trains on in the background" in done.stdout and "make desktop" in done.stdout
+    assert "The last run has finished." in done.stdout  # and the process ended by itself
+    assert not (tmp_path / "runs" / desktop.SERVER_FILE).exists()
+
+
+def test_without_a_screen_it_says_so_and_opens_the_browser(tmp_path, monkeypatch):
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    served: list = []
+    assert desktop.run(object(), lambda *args, **kwargs: served.append(kwargs) or "") == 0
+    assert served == [{"inbrowser": True, "block": True}]
+
+
+def test_without_a_screen_the_reason_is_one_sentence(monkeypatch):
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    gui, why = desktop.window_backend()
+    assert gui is None and why.startswith("There is no screen here") and why.count(". ") == 0
+
+
+def test_without_pywebview_it_names_the_package(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "webview" else real(name, *a))
+    gui, why = desktop.window_backend()
+    assert gui is None and "pywebview" in why and "requirements-desktop.txt" in why
+
+
+def test_the_window_remembers_its_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAGON_UI_CACHE", str(tmp_path))
+    assert desktop.remembered_size() == desktop.DEFAULT_SIZE
+    desktop.remember_size(1500, 1000)
+    assert desktop.remembered_size() == (1500, 1000)
+    desktop.remember_size(100, 100)  # never smaller than the app can use
+    assert desktop.remembered_size() == desktop.MIN_SIZE
