@@ -111,7 +111,9 @@ def _open_window(url: str, gui: str, guard: CloseGuard | None, driver: Driver | 
     if gui == "qt" and hasattr(os, "geteuid") and os.geteuid() == 0:
         # Qt WebEngine is Chromium, which will not start its sandbox as root (containers, CI).
         os.environ["QTWEBENGINE_CHROMIUM_FLAGS"] = (os.environ.get("QTWEBENGINE_CHROMIUM_FLAGS", "") + " --no-sandbox").strip()
-    webview.settings["ALLOW_DOWNLOADS"] = True  # the config, adapter zip, merged model and launch folder: a save dialog
+    # Downloads get pywebview's save dialog on macOS and Windows. Its Qt handler (pywebview 6.2) still calls Qt 5's
+    # download.setPath, which Qt 6 lacks, so on Linux the window does not save downloads yet.
+    webview.settings["ALLOW_DOWNLOADS"] = True
     webview.settings["OPEN_EXTERNAL_LINKS_IN_BROWSER"] = True
     width, height = remembered_size()
     window = webview.create_window(TITLE, url, width=width, height=height, min_size=MIN_SIZE, text_select=True,
