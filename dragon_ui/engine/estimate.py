@@ -177,13 +177,17 @@ class MemoryEstimate:
         return self.weights_gb + self.trainable_gb + max(self.activations_gb, self.generation_gb) + self.overhead_gb
 
 
+def weights_bytes(dims: ModelDims, value: int, load_in_4bit: bool) -> float:
+    """The weights in memory, ``value`` bytes each; with 4-bit loading the blocks' linear layers take NF4's bytes."""
+    if load_in_4bit:
+        return dims.linear_params * NF4_BYTES_PER_PARAM + (dims.params - dims.linear_params) * value
+    return dims.params * value
+
+
 def estimate_memory(config: RunConfig, dims: ModelDims, dtype: str, load_in_4bit: bool, device: str,
                     prompt_tokens: int = PROMPT_TOKENS) -> MemoryEstimate:
     value = 2 if load_in_4bit else BYTES_PER_VALUE[dtype]  # 4-bit weights compute in 16 bits
-    if load_in_4bit:
-        weights = dims.linear_params * NF4_BYTES_PER_PARAM + (dims.params - dims.linear_params) * value
-    else:
-        weights = dims.params * value
+    weights = weights_bytes(dims, value, load_in_4bit)
 
     if config.lora.enabled:
         trainable = lora_params(dims, config.lora.r, config.lora.target_modules) * ADAMW_LORA_BYTES
@@ -223,8 +227,7 @@ def preview_memory_gb(model_id: str, dtype: str, load_in_4bit: bool) -> float:
     unknown here."""
     dims, _ = model_dims(model_id)
     value = BYTES_PER_VALUE[dtype]
-    weights = (dims.linear_params * NF4_BYTES_PER_PARAM + (dims.params - dims.linear_params) * value) \
-        if load_in_4bit else dims.params * value
+    weights = weights_bytes(dims, value, load_in_4bit)
     kv_cache = PREVIEW_REPLIES * PREVIEW_TOKENS * dims.num_layers * 2 * dims.kv_width * value
     logits = PREVIEW_REPLIES * dims.vocab_size * 4 * 2
     return (weights + kv_cache + logits) * ALLOCATOR_MARGIN / GB

@@ -97,15 +97,16 @@ def run(studio: Studio, serve: Callable[..., str], driver: Driver | None = None)
     earlier = running_server(studio.runs_dir)
     if earlier is not None:
         print(f"A run is training in the background (process {earlier['pid']}); this window shows it.")
-        _open_window(earlier["url"], gui, guard=None, driver=driver)
+        _open_window(earlier["url"], gui, driver, guarded=False)
         return 0
     url = serve("127.0.0.1", free_port(), inbrowser=False, block=False)
-    guard = CloseGuard(studio)
-    _open_window(url, gui, guard=guard, driver=driver)
+    guard = _open_window(url, gui, driver, guarded=True)
     return _after_the_window(studio, url, guard)
 
 
-def _open_window(url: str, gui: str, guard: CloseGuard | None, driver: Driver | None) -> None:
+def _open_window(url: str, gui: str, driver: Driver | None, guarded: bool) -> CloseGuard | None:
+    """Show the window until it is closed; ``guarded``: its closing asks about a run that trains in this process
+    (the returned guard says what was answered)."""
     import webview
 
     if gui == "qt" and hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -119,20 +120,20 @@ def _open_window(url: str, gui: str, guard: CloseGuard | None, driver: Driver | 
     window = webview.create_window(TITLE, url, width=width, height=height, min_size=MIN_SIZE, text_select=True,
                                    zoomable=True)
     window.events.resized += lambda width, height: remember_size(width, height)
+    guard = CloseGuard(window) if guarded else None
     if guard is not None:
-        guard.window = window
         window.events.closing += guard.on_closing
     # Not private: the browser storage keeps the draft settings from one start to the next, as a browser tab does.
     webview.start(driver, window, gui=None if gui == "native" else gui, private_mode=False,
                   storage_path=str(cache_dir() / "webview"), icon=str(ICON) if ICON.is_file() else None)
+    return guard
 
 
 class CloseGuard:
     """Asks, when the window closes while a run trains, whether to stop it or keep it training in the background."""
 
-    def __init__(self, studio: Studio) -> None:
-        self.studio = studio
-        self.window = None
+    def __init__(self, window) -> None:
+        self.window = window
         self.decided: str | None = None  # "stop" or "keep" once asked; then the window may close
 
     def on_closing(self) -> bool:
