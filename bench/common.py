@@ -16,7 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-RECIPE = REPO / "assets" / "recipes" / "arithmetic.yaml"
+RECIPE = REPO / "dragon_ui" / "assets" / "recipes" / "arithmetic.yaml"
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # benchmarks use the offline SmolLM2 copy unless told otherwise
 

@@ -7,7 +7,12 @@ imports gradio, and ``engine/`` imports neither ``studio/`` nor ``ui/`` (tests/t
 can import peft, so only a 4-bit run imports it (see engine/quantization.py).
 """
 
+from pathlib import Path
+
 from .engine.quantization import defer_bitsandbytes
+
+# The example datasets, recipes, stylesheet and icon, shipped inside the package so an installed copy has them.
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m dragon_ui train|check|runs|eval|score|export|stop|merge``.
+"""Command line: ``python -m dragon_ui train|check|runs|eval|score|export|stop|merge|push`` (installed: ``dragon``).
 
 Bad input ends with one line on stderr and exit status 2; a training that fails exits with 1.
 """
@@ -37,11 +37,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dragon_ui", description="Dragon GRPO Studio: GRPO training from the command line.")
+    # Installed, the same commands are the `dragon` console script; usage lines name what the person typed.
+    prog = "dragon" if Path(sys.argv[0]).name == "dragon" else "python -m dragon_ui"
+    parser = argparse.ArgumentParser(prog=prog, description="Dragon GRPO Studio: GRPO training from the command line.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train a run from a YAML/JSON config, or resume one")
-    train.add_argument("config", nargs="?", help="run configuration (YAML or JSON), e.g. assets/recipes/arithmetic.yaml")
+    train.add_argument("config", nargs="?", help="run configuration (YAML or JSON), or a bundled recipe by name, e.g. arithmetic")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped or failed run from its latest checkpoint")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a setting, e.g. --set training.max_steps=5 (repeatable)")
@@ -50,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="check a config as Start would, without training: data, prompts, "
                                          "hardware and the estimate")
-    check.add_argument("config", help="run configuration (YAML or JSON)")
+    check.add_argument("config", help="run configuration (YAML or JSON), or a bundled recipe by name")
     check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a setting, e.g. --set data.max_rows=100 (repeatable)")
     check.set_defaults(func=_cmd_check)
@@ -65,14 +67,15 @@ def _parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=_cmd_eval)
 
     score = sub.add_parser("score", help="score one completion against a rewards file and print JSON")
-    score.add_argument("--rewards", required=True, help="YAML/JSON file: a list of rewards, or a run config with `rewards:`")
+    score.add_argument("--rewards", required=True, help="YAML/JSON file: a list of rewards, or a run config with `rewards:` "
+                                                        "(a bundled recipe by name too)")
     score.add_argument("--completion", required=True)
     score.add_argument("--reference")
     score.add_argument("--prompt", default="")
     score.set_defaults(func=_cmd_score)
 
     export = sub.add_parser("export", help="write a self-contained folder that trains this config on several GPUs/nodes")
-    export.add_argument("config", help="run configuration (YAML or JSON)")
+    export.add_argument("config", help="run configuration (YAML or JSON), or a bundled recipe by name")
     export.add_argument("--to", required=True, metavar="DIR", help="new folder to create")
     export.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
     export.add_argument("--nodes", type=int, default=1, help="number of training nodes (default 1)")
@@ -87,17 +90,39 @@ def _parser() -> argparse.ArgumentParser:
     merge.add_argument("run_dir")
     merge.add_argument("--to", metavar="DIR", help="folder to save the merged model in (default: RUN_DIR/merged)")
     merge.set_defaults(func=_cmd_merge)
+
+    push = sub.add_parser("push", help="publish a run's adapter (or merged model) to the Hugging Face Hub, with its "
+                                       "model card")
+    push.add_argument("run_dir")
+    push.add_argument("--repo", required=True, metavar="USER/NAME", help="the Hub repo to create, e.g. you/arith-grpo")
+    push.add_argument("--merged", action="store_true", help="upload the merged full model instead of the adapter")
+    push.add_argument("--private", action="store_true", help="make the new repo private")
+    push.add_argument("--update", action="store_true", help="add a new commit to a repo that exists already")
+    push.set_defaults(func=_cmd_push)
     return parser
+
+
+def config_file(name_or_path: str, what: str = "configuration file") -> Path:
+    """The file a command line names: a path, or the name of a recipe shipped with the package (``arithmetic``), so
+    an installed ``dragon train arithmetic`` works from any folder."""
+    from . import ASSETS_DIR
+    from .errors import ConfigError
+
+    path = Path(name_or_path)
+    recipe = ASSETS_DIR / "recipes" / f"{name_or_path}.yaml"
+    if path.is_file():
+        return path
+    if path.name == name_or_path and recipe.is_file():
+        return recipe
+    names = ", ".join(sorted(p.stem for p in (ASSETS_DIR / "recipes").glob("*.yaml")))
+    raise ConfigError(f"No {what} at {path}; give a YAML/JSON file or a bundled recipe: {names}.")
 
 
 def load_config_with_overrides(path: str, overrides: list[str]):
     """Read a config file and apply ``section.key=value`` overrides (values parsed as YAML) before validating."""
     from .config import RunConfig, apply_overrides
-    from .errors import ConfigError
 
-    config_path = Path(path)
-    if not config_path.is_file():
-        raise ConfigError(f"No configuration file at {config_path}.")
+    config_path = config_file(path)
     if not overrides:
         return RunConfig.from_file(config_path)
     return RunConfig.from_dict(apply_overrides(RunConfig.from_file(config_path).to_dict(), overrides))
@@ -115,7 +140,7 @@ def _cmd_train(args) -> int:
         config = load_config_with_overrides(args.config, args.set)
         handle = training.start(config, run_dir=args.run_dir)
     else:
-        raise ConfigError("Give a configuration file (e.g. assets/recipes/arithmetic.yaml) or --resume RUN_DIR.")
+        raise ConfigError("Give a configuration file or a bundled recipe (e.g. arithmetic), or --resume RUN_DIR.")
     if not handle.run.read_only:
         print(f"Run folder: {handle.run_dir}", flush=True)
 
@@ -233,9 +258,7 @@ def _cmd_score(args) -> int:
     from .errors import ConfigError, first_line
     from .rewards import build_rewards, parse_rewards, score_completion
 
-    path = Path(args.rewards)
-    if not path.is_file():
-        raise ConfigError(f"--rewards: no file at {path}.")
+    path = config_file(args.rewards, what="--rewards file")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -280,6 +303,18 @@ def _cmd_merge(args) -> int:
     run = RunDir(Path(args.run_dir))
     folder = merge_model(run, target_dir=args.to)
     print(merge_message(run, folder))
+    return 0
+
+
+def _cmd_push(args) -> int:
+    """Uses the token of `hf auth login` or $HF_TOKEN: a token on the command line would stay in the shell's history."""
+    from .engine.publish import publish
+    from .runstore import RunDir
+
+    run = RunDir(Path(args.run_dir))
+    print(f"Uploading the {'merged model' if args.merged else 'adapter'} of {run.id} to {args.repo}...", flush=True)
+    published = publish(run, args.repo, merged=args.merged, private=args.private, update=args.update)
+    print(f"Published {len(published.files)} files: {published.url}")
     return 0
 
 

@@ -180,6 +180,28 @@ class GenerationSettings:
                               f"memory vLLM may take); got {self.vllm_gpu_memory_utilization}.")
 
 
+TRACKERS = ("trackio", "tensorboard", "wandb")
+
+
+@dataclass
+class LoggingSettings:
+    """Where else the metrics go: the run folder always has them (the app and the CLI read it); ``report_to`` adds
+    the experiment trackers people already use, through TRL's own ``report_to``. TensorBoard writes event files
+    into the run folder (``tensorboard/``); trackio and W&B log to the project "dragon-grpo-studio" under the
+    run's id. A single name is taken as a list of one."""
+
+    report_to: list[str] | str = field(default_factory=list)
+
+    def validate(self, where: str = "logging") -> None:
+        if isinstance(self.report_to, str):
+            self.report_to = [self.report_to] if self.report_to.strip() else []
+        self.report_to = [name.strip().lower() for name in self.report_to]
+        for i, name in enumerate(self.report_to):
+            _check_choice(f"{where}.report_to[{i}]", name, TRACKERS)
+        if len(set(self.report_to)) < len(self.report_to):
+            raise ConfigError(f"{where}.report_to names a tracker twice: {', '.join(self.report_to)}.")
+
+
 @dataclass
 class RunConfig:
     """Everything one GRPO run needs. ``RunConfig.from_dict`` is the only way in, so every instance is valid."""
@@ -193,6 +215,7 @@ class RunConfig:
     hardware: HardwareSettings = field(default_factory=HardwareSettings)
     distributed: DistributedSettings = field(default_factory=DistributedSettings)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
     n_samples: int = 10
     name: str = ""
     runs_dir: str = ""
@@ -247,6 +270,7 @@ class RunConfig:
         self.hardware.validate()
         self.distributed.validate()
         self.generation.validate()
+        self.logging.validate()
         _check_range("n_samples", self.n_samples, 0, 10_000, "held-out prompts kept as sample replies")
         if self.hardware.load_in_4bit and not self.lora.enabled:
             raise ConfigError("hardware.load_in_4bit needs LoRA (lora.enabled: true): 4-bit weights cannot be trained directly.")

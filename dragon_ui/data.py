@@ -21,13 +21,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from dragon_ui import ASSETS_DIR
 from dragon_ui.errors import ConfigError
 from dragon_ui.files import replaced_atomically
 from dragon_ui.public import LIFT, Limits, is_public_demo, visitor
 from dragon_ui.rewards import last_user_text
 from dragon_ui.tables import SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, read_file, read_json_lines
 
-BUNDLED_DATASETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "datasets"
+BUNDLED_DATASETS_DIR = ASSETS_DIR / "datasets"
 
 # Fewer usable rows than this and nothing is held out: every example is needed for training.
 MIN_ROWS_FOR_EVAL = 20
@@ -147,7 +148,7 @@ def is_hub_dataset_id(source: str, look_on_disk: bool = True) -> bool:
 
 
 def bundled_datasets() -> list[Path]:
-    """The example datasets shipped in assets/datasets."""
+    """The example datasets shipped in dragon_ui/assets/datasets."""
     return [path for path in sorted(BUNDLED_DATASETS_DIR.iterdir()) if path.suffix.lower() in SUPPORTED_EXTENSIONS]
 
 

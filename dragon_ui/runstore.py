@@ -138,6 +138,8 @@ class RunDir:
     checkpoints_dir = property(lambda self: self.path / "checkpoints")
     adapter_dir = property(lambda self: self.path / "adapter")
     full_model_dir = property(lambda self: self.path / "model")
+    merged_dir = property(lambda self: self.path / "merged")  # the adapter folded into its model (merge)
+    tensorboard_dir = property(lambda self: self.path / "tensorboard")  # logging.report_to: [tensorboard]
     eval_path = property(lambda self: self.path / "eval.json")
     samples_path = property(lambda self: self.path / "samples.json")
     stop_request_path = property(lambda self: self.path / "stop.request")

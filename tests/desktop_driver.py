@@ -4,7 +4,10 @@ for the closing scenarios starts a training and closes the window with Alt+F4, a
 
     python tests/desktop_driver.py SCENARIO RESULT.json [CONFIG.yaml] [SCREENSHOT.png]
 
-SCENARIO: "tabs" (then closes), "close-stop" (Return: OK, stop) or "close-keep" (Escape: Cancel, keep training).
+SCENARIO: "tabs" (then closes), "close-stop" (Return: OK, stop) or "close-keep" (Escape: Cancel, keep training), or
+"downloads": the YAML and the adapter zip saved through the real save dialog (clicked and typed into with xdotool;
+the folder is CONFIG's argument), and an outside link, which goes to the browser; or "reattach": the window a second
+start opens on the process that trains in the background (CONFIG is that run's id, which the Train tab must show).
 What it saw goes to RESULT.json; the window's process exit status is this script's.
 """
 
@@ -45,6 +48,79 @@ def xdotool(*args: str) -> str:
     return subprocess.run(["xdotool", *args], capture_output=True, text=True, timeout=30).stdout.strip()
 
 
+def real_click(window, selector: str) -> None:
+    """A mouse click at the element's centre: the window's client area on the screen plus the element's place."""
+    window.evaluate_js(f"document.querySelector({selector!r}).scrollIntoView({{block: 'center'}})")
+    time.sleep(0.5)
+    rect = json.loads(window.evaluate_js(f"JSON.stringify(document.querySelector({selector!r}).getBoundingClientRect())"))
+    window_id = xdotool("search", "--onlyvisible", "--name", f"^{desktop.TITLE}$").split()[0]
+    xdotool("windowactivate", "--sync", window_id)
+    info = subprocess.run(["xwininfo", "-id", window_id], capture_output=True, text=True).stdout
+    field = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in info.splitlines())}
+    x = int(field["Absolute upper-left X"]) + int(rect["x"] + rect["width"] / 2)
+    y = int(field["Absolute upper-left Y"]) + int(rect["y"] + rect["height"] / 2)
+    xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+
+
+def save_through_the_dialog(target: Path) -> bool:
+    """Type ``target`` into the save dialog that a download opened, as a person would; whether the file came."""
+    deadline = time.monotonic() + 30
+    while not (dialog := xdotool("search", "--onlyvisible", "--name", "^Save file$").split()):
+        if time.monotonic() > deadline:
+            seen.setdefault("no_dialog_for", []).append(target.name)
+            return False
+        time.sleep(0.3)
+    xdotool("windowactivate", "--sync", dialog[0])
+    time.sleep(0.5)
+    xdotool("key", "ctrl+a")  # the file name field has the focus, holding the suggested name
+    xdotool("type", "--delay", "20", str(target))
+    xdotool("key", "Return")
+    deadline = time.monotonic() + 30
+    while not (target.is_file() and target.stat().st_size > 0) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    time.sleep(1)  # Qt writes the file under its own name, then renames it
+    return target.is_file()
+
+
+def downloads(window, folder: Path) -> None:
+    import webbrowser
+    import zipfile
+
+    import yaml
+
+    window.evaluate_js("document.querySelector('#tab-model-button').click()")
+    until(window, "[...document.querySelectorAll('button')].some(b => b.innerText.includes('The whole configuration'))")
+    window.evaluate_js("[...document.querySelectorAll('button')].find(b => b.innerText.includes('The whole "
+                       "configuration')).click()")
+    until(window, "(() => { const b = document.querySelector('#model-download'); return b && !b.disabled && "
+                  "b.offsetParent !== null; })()")
+    time.sleep(1)
+    real_click(window, "#model-download")
+    target = folder / "my-run.yaml"
+    seen["yaml_saved"] = save_through_the_dialog(target)
+    seen["yaml_model"] = yaml.safe_load(target.read_text())["model"]["id"] if seen["yaml_saved"] else None
+
+    window.evaluate_js("document.querySelector('#tab-compare-button').click()")
+    until(window, "(() => { const b = document.querySelector('#compare-zip'); return b && b.offsetParent !== null; })()")
+    time.sleep(1)
+    window.evaluate_js("document.querySelector('#compare-zip').click()")
+    until(window, "!!document.querySelector('#compare-zip-file a')", 120)
+    time.sleep(1)
+    real_click(window, "#compare-zip-file a")
+    target = folder / "adapter.zip"
+    seen["zip_saved"] = save_through_the_dialog(target)
+    seen["zip_files"] = sorted(zipfile.ZipFile(target).namelist()) if seen["zip_saved"] else None
+
+    opened: list[str] = []
+    webbrowser.open = lambda url, *args, **kwargs: opened.append(url) or True
+    window.evaluate_js("(() => { const a = document.createElement('a'); a.href = 'https://huggingface.co/docs/trl';"
+                       " a.target = '_blank'; a.id = 'outside'; a.textContent = 'TRL'; document.body.prepend(a);"
+                       " a.click(); })()")
+    time.sleep(2)
+    seen["browser_opened"] = opened
+    seen["still_here"] = window.evaluate_js("location.pathname") == "/"
+
+
 def window_screenshot(path: Path) -> None:
     """The window as the screen shows it, title bar and frame included (the window manager's frame extents)."""
     from PIL import ImageGrab
@@ -72,7 +148,14 @@ def drive(window) -> None:
             until(window, "((document.querySelector('#data-counts') || {}).innerText || '').includes('rows')")
             time.sleep(2)
             window_screenshot(screenshot)
-        if scenario == "tabs":
+        if scenario == "downloads":
+            downloads(window, Path(config_path))
+        if scenario == "reattach":
+            seen["url"] = window.get_current_url()
+            window.evaluate_js("document.querySelector('#tab-train-button').click()")
+            seen["train_tab"] = until(window, f"((document.querySelector('#train-status') || {{}}).innerText || '')"
+                                              f".includes({config_path!r})", 60)  # the training run's id
+        if scenario in ("tabs", "downloads", "reattach"):
             window.destroy()
             return
         from dragon_ui.config import RunConfig

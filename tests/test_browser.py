@@ -26,7 +26,7 @@ from playwright import sync_api
 
 from dragon_ui.config import DEFAULT_MODEL_ID
 from dragon_ui.engine import training
-from dragon_ui.studio.backend import ASSETS_DIR
+from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
 from test_app_client import served_app
 

@@ -10,7 +10,7 @@ from playwright import sync_api
 
 from dragon_ui import public
 from dragon_ui.engine import training
-from dragon_ui.studio.backend import ASSETS_DIR
+from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
 from test_app_client import served_app
 from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, open_tab, screenshot, wait_until_loaded, write_recipe

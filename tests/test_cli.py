@@ -73,9 +73,9 @@ def test_score_prints_per_reward_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "missing.yaml"], "No configuration file"),
+    (["train", "missing.yaml"], "No configuration file at missing.yaml; give a YAML/JSON file or a bundled recipe: arithmetic"),
     (["train"], "Give a configuration file"),
-    (["score", "--rewards", "missing.yaml", "--completion", "x"], "no file"),
+    (["score", "--rewards", "missing.yaml", "--completion", "x"], "No --rewards file at missing.yaml"),
     (["eval", "/nonexistent/run"], "not a run folder"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, message, capsys, runs_dir):

@@ -11,7 +11,7 @@ from dragon_ui.config import DEFAULT_MODEL_ID, RUNS_DIR_ENV, RunConfig
 from dragon_ui.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "assets" / "recipes" / "arithmetic.yaml"
+RECIPE = REPO / "dragon_ui" / "assets" / "recipes" / "arithmetic.yaml"
 
 # The smallest valid config: validation never reads the data file, so it need not exist.
 MINIMAL = {

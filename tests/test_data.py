@@ -28,7 +28,7 @@ from dragon_ui.data import (
 from dragon_ui.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-DATASETS = REPO / "assets" / "datasets"
+DATASETS = REPO / "dragon_ui" / "assets" / "datasets"
 
 # One small table with the awkward bits: leading zeros, commas, quotes, a newline and non-ASCII text.
 TABLE = [

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from conftest import tiny_config
 
+from dragon_ui.runstore import RunDir
 from dragon_ui.ui import desktop
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,6 +103,53 @@ def test_closing_while_training_and_choosing_keep_trains_on_and_then_ends(screen
     assert "trains on in the background" in done.stdout and "make desktop" in done.stdout
     assert "The last run has finished." in done.stdout  # and the process ended by itself
     assert not (tmp_path / "runs" / desktop.SERVER_FILE).exists()
+
+
+@pytest.mark.timeout(400)
+def test_downloads_get_a_save_dialog_and_outside_links_open_in_the_browser(screen, tmp_path, _trained_tiny_run):
+    """The Model tab's YAML and the Compare tab's adapter zip, each clicked with the mouse and saved through the real
+    save dialog with the path typed in; a link to another site goes to the system browser, not into the window."""
+    shutil.copytree(_trained_tiny_run, tmp_path / "runs" / _trained_tiny_run.name)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    seen, done = drive(screen, tmp_path, "downloads", saved)
+    assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
+    assert seen["yaml_saved"] and seen["yaml_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert seen["zip_saved"] and {"README.txt", "adapter/README.md", "adapter/adapter_config.json"} <= set(seen["zip_files"])
+    assert seen["browser_opened"] == ["https://huggingface.co/docs/trl"] and seen["still_here"]
+    assert sorted(path.name for path in saved.iterdir()) == ["adapter.zip", "my-run.yaml"]  # nothing half-written
+
+
+@pytest.mark.timeout(500)
+def test_a_second_start_opens_its_window_on_the_training_that_went_on_in_the_background(screen, tmp_path,
+                                                                                         tiny_model_dir):
+    first_seen = tmp_path / "first"
+    first_seen.mkdir()
+    env = {**os.environ, "DISPLAY": screen, "DRAGON_UI_RUNS_DIR": str(tmp_path / "runs"),
+           "DRAGON_UI_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    config = training_config(tmp_path, tiny_model_dir, steps=2000)
+    first = subprocess.Popen([sys.executable, str(DRIVER), "close-keep", str(first_seen / "seen.json"), str(config)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        marker = tmp_path / "runs" / desktop.SERVER_FILE
+        deadline = time.monotonic() + 300
+        while not marker.is_file() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        assert marker.is_file(), "the first window never left its training in the background"
+        server = json.loads(marker.read_text())
+        run_dir = Path(json.loads((first_seen / "seen.json").read_text())["run_dir"])
+
+        seen, done = drive(screen, tmp_path, "reattach", run_dir.name)
+        assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
+        assert seen["url"].rstrip("/") == server["url"].rstrip("/")  # the window shows the first process's app
+        assert seen["train_tab"] and f"process {server['pid']}" in done.stdout
+        assert json.loads((run_dir / "status.json").read_text())["state"] == "running"  # untouched by the second
+    finally:
+        RunDir(run_dir).request_stop() if "run_dir" in locals() else first.terminate()
+        output, _ = first.communicate(timeout=180)
+    assert first.returncode == 0, output[-3000:]
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "cancelled"
+    assert not marker.exists()
 
 
 def test_without_a_screen_it_says_so_and_opens_the_browser(tmp_path, monkeypatch):

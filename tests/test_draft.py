@@ -14,7 +14,8 @@ import pytest
 from dragon_ui.config import RunConfig
 from dragon_ui.errors import DragonError
 from dragon_ui.studio import draft as drafts
-from dragon_ui.studio.backend import ASSETS_DIR, Studio
+from dragon_ui import ASSETS_DIR
+from dragon_ui.studio.backend import Studio
 from dragon_ui.studio.draft import Problem, compose, ordinal, place_problem, renamed, run_name_for, same_settings, set_path
 from dragon_ui.ui import build_app, model_tab
 from dragon_ui.ui.common import message

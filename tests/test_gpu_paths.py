@@ -147,6 +147,7 @@ def test_the_run_builds_its_arguments_before_it_loads_the_model(monkeypatch, tin
     order: list = []
     monkeypatch.setattr(training, "resolve_hardware", lambda settings: ResolvedHardware("cuda", dtype, False, 1, gpu=0))
     monkeypatch.setattr(training, "_use_hardware", lambda hardware: order.append("gpu selected"))
+    monkeypatch.setattr(training, "_gpu_name", lambda hardware: "NVIDIA H100 80GB HBM3")  # no CUDA to ask here
     monkeypatch.setattr(training, "grpo_args", lambda *args: order.append("arguments"))
     monkeypatch.setattr(distributed, "shards_weights", lambda config: sharded)
 

@@ -25,7 +25,8 @@ from dragon_ui.studio.playground import (
     score_group,
 )
 from dragon_ui.rewards import build_rewards, parse_rewards
-from dragon_ui.studio.backend import ASSETS_DIR, Studio
+from dragon_ui import ASSETS_DIR
+from dragon_ui.studio.backend import Studio
 
 DATASETS = ASSETS_DIR / "datasets"
 ARITHMETIC = DataConfig(source=str(DATASETS / "arithmetic.csv"), prompt="question", reference="answer")

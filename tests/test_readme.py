@@ -167,9 +167,9 @@ def test_every_command_line_command_is_documented_and_every_documented_one_exist
     commands = cli_commands()
     assert commands >= {"train", "runs", "eval", "score", "stop", "merge", "export"}
     for command in commands:
-        assert f"-m dragon_ui {command}" in README, command
+        assert f"dragon {command}" in README, command  # the console script, or python -m dragon_ui
     for page, text in PAGES.items():
-        named = set(re.findall(r"-m dragon_ui ([a-z][\w-]*)", text))
+        named = set(re.findall(r"(?:-m dragon_ui|\bdragon) ([a-z][\w-]*)", text))
         assert named <= commands, f"{page.name} names commands that do not exist: {named - commands}"
 
 
@@ -214,6 +214,8 @@ def same_default(documented: str, default: object) -> bool:
         return documented == str(default).lower()
     if default is None or default == "":
         return documented == "–"
+    if default == []:
+        return documented == "`[]`"
     if isinstance(default, (int, float)):
         return float(documented) == default
     return documented.strip("`") == str(default)
@@ -342,7 +344,7 @@ def test_the_layout_names_every_subpackage_and_only_real_ones():
 def test_the_recipes_table_lists_the_recipe_files():
     rows = table_with(section(README, "Recipes"), "recipe")
     documented = {code_names(row[0])[0] for row in rows}
-    assert documented == {path.stem for path in (ROOT / "assets" / "recipes").glob("*.yaml")}
+    assert documented == {path.stem for path in (ROOT / "dragon_ui" / "assets" / "recipes").glob("*.yaml")}
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ import gradio as gr
 import pandas as pd
 import pytest
 
-from dragon_ui.studio.backend import ASSETS_DIR, Studio
+from dragon_ui import ASSETS_DIR
+from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app, data_tab
 from dragon_ui.ui.common import Form
 

@@ -29,9 +29,10 @@ from ..public import Limits, is_public_demo, visitor
 from ..rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
 from ..runstore import ACTIVE_STATES, RunDir
 from ..scaleout import distributed
-from . import policy
+from . import policy, trackers
 from .evaluation import evaluate_model, evaluate_now, record_eval
 from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
+from .model_card import write_model_card
 from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
 
@@ -117,6 +118,7 @@ def inspect(config: RunConfig) -> Inspection:
         raise ConfigError(f"Only {len(mapped.train)} training prompts{held_out}, fewer than training.batch_size "
                           f"({config.training.batch_size}); add rows or lower the batch size.")
     build_rewards(config.rewards, base_dir=config.base_dir or None)
+    trackers.check(config.logging)
     return Inspection(mapped, prompts, hardware)
 
 
@@ -213,6 +215,8 @@ def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> N
         # A speed-up that raised while training was switched off: the final status says so.
         run.update_status(state=outcome, phase="done", finished_at=time.time(), eta_s=0, speedups=speedups.status())
         log.info("Run %s %s.", run.id, outcome)
+        if outcome == "succeeded" and not run.read_only:
+            _write_card(run, config)
     except StopTraining:
         log.info("Run %s stopped before training began.", run.id)
         run.update_status(state="cancelled", phase="done", finished_at=time.time())
@@ -242,7 +246,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     hardware = resolve_hardware(config.hardware)
     _use_hardware(hardware)
     run.update_status(device=hardware.device, dtype=hardware.dtype, cpu_threads=hardware.cpu_threads,
-                      hardware_reasons=hardware.reasons)
+                      hardware_reasons=hardware.reasons, gpu_name=_gpu_name(hardware))
     for reason in hardware.reasons:
         log.info("Hardware: %s", reason)
 
@@ -273,6 +277,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     phase("building the trainer")
     failures = RewardFailures()
     trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures)
+    trackers.point_at_run(trainer, run)
     limit_minutes = Limits.from_env().run_minutes if is_public_demo() else None
     callback = RunStoreCallback(run, trainer, handle, rewards, failures, config,
                                 time_limit_s=None if limit_minutes is None else limit_minutes * 60)
@@ -314,6 +319,24 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
         record_eval(run, "after", result, eval_rows, config.n_samples)
     distributed.barrier()
     return "succeeded"
+
+
+def _write_card(run: RunDir, config: RunConfig) -> None:
+    """The model card beside the trained weights. The weights are what matters: a card that cannot be written is
+    a warning in the run's log, not a failed run (the zip, a merge and an upload write it again)."""
+    try:
+        write_model_card(run, run.adapter_dir if config.lora.enabled else run.full_model_dir)
+    except Exception as exc:  # noqa: BLE001 - any failure here leaves a good run good
+        log.warning("The model card could not be written: %s", exc)
+
+
+def _gpu_name(hardware: ResolvedHardware) -> str | None:
+    """The GPU's model name for the run's status and model card ("NVIDIA H100 80GB HBM3"), None off CUDA."""
+    if hardware.device != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.get_device_properties(hardware.gpu).name
 
 
 def _evaluate_saved_weights(run: RunDir) -> None:
@@ -371,7 +394,7 @@ def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware):
         logging_steps=1,
         save_strategy="steps",
         save_steps=config.training.save_steps,
-        report_to="none",
+        **trackers.training_arguments(config.logging, run),
         disable_tqdm=True,
         use_cpu=hardware.device == "cpu",
         bf16=hardware.dtype == "bfloat16",

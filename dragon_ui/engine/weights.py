@@ -20,6 +20,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..files import replaced_atomically
 from ..runstore import RunDir, state_label
+from .model_card import write_model_card
 
 log = logging.getLogger(__name__)
 
@@ -121,25 +122,40 @@ def _readme(run: RunDir, weights: TrainedWeights) -> str:
 
 
 def zip_adapter(run: RunDir) -> Path:
-    """A zip in the run folder with ``adapter/`` (adapter weights, config and tokenizer) and a README.txt.
+    """A zip in the run folder with ``adapter/`` (adapter weights, config, tokenizer and model card) and a README.txt.
 
     Built fresh on every call, so a stopped run that trained further since the last download gets its newest checkpoint.
     """
+    weights = adapter_weights(run)
+    suffix = "" if weights.is_final else f"-{weights.label}"
+    target = run.path / f"{run.id}{suffix}-adapter.zip"
+    with (replaced_atomically(target) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive,
+          tempfile.TemporaryDirectory() as folder):
+        for path in export_adapter(run, weights, Path(folder)):
+            archive.write(path, f"adapter/{path.name}")
+        archive.writestr("README.txt", _readme(run, weights))
+    return target
+
+
+def adapter_weights(run: RunDir) -> TrainedWeights:
+    """The run's newest adapter; a run that trained every weight has none, and the sentence says where its model is."""
     weights = trained_weights(run)
     if not weights.is_adapter:
         raise ConfigError(f"The run {run.id} trained every weight (LoRA was off), so it has no adapter to download; "
                           f"the whole trained model is the folder {weights.path}.")
-    files = sorted(p for p in weights.path.iterdir() if p.is_file() and _is_export_file(p.name))
-    suffix = "" if weights.is_final else f"-{weights.label}"
-    target = run.path / f"{run.id}{suffix}-adapter.zip"
-    with replaced_atomically(target) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for path in files:
-            if path.name == "adapter_config.json":
-                archive.writestr(f"adapter/{path.name}", portable_adapter_config(path, run.read_config().model))
-            else:
-                archive.write(path, f"adapter/{path.name}")
-        archive.writestr("README.txt", _readme(run, weights))
-    return target
+    return weights
+
+
+def export_adapter(run: RunDir, weights: TrainedWeights, folder: Path, repo_id: str | None = None) -> list[Path]:
+    """Fill ``folder`` with what loads the adapter elsewhere: its weights and tokenizer, the config naming the base
+    by Hub id, and a fresh model card (a checkpoint has none, and an older card may predate the scores). The files."""
+    for path in sorted(p for p in weights.path.iterdir() if p.is_file() and _is_export_file(p.name)):
+        if path.name == "adapter_config.json":
+            (folder / path.name).write_text(portable_adapter_config(path, run.read_config().model), encoding="utf-8")
+        else:
+            shutil.copy2(path, folder / path.name)
+    write_model_card(run, folder, repo_id=repo_id)
+    return sorted(folder.iterdir())
 
 
 def portable_adapter_config(path: Path, model) -> str:
@@ -188,7 +204,7 @@ def merge_model(run: RunDir, target_dir: str | Path | None = None) -> Path:
     """
     config = run.read_config()
     weights = trained_weights(run)
-    target = Path(target_dir).expanduser().resolve() if target_dir else run.path / "merged"
+    target = Path(target_dir).expanduser().resolve() if target_dir else run.merged_dir
     if not weights.is_adapter:
         if target_dir is None or target == weights.path:
             return weights.path
@@ -227,6 +243,7 @@ def _replace_folder(target: Path, fill, run: RunDir, weights: TrainedWeights) ->
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         fill(staging)
+        write_model_card(run, staging, merged=True)
         (staging / MERGE_MARKER).write_text(json.dumps({"run": run.id, "weights": weights.label,
                                                         "starting_model": run.read_config().model.id}), encoding="utf-8")
         shutil.rmtree(target, ignore_errors=True)
@@ -244,7 +261,7 @@ class MergedDownload:
     archive_bytes: int
 
 
-def _model_files(folder: Path) -> list[Path]:
+def model_files(folder: Path) -> list[Path]:
     """The files a full model folder needs elsewhere (not the trainer's resume state)."""
     return sorted(path for path in folder.rglob("*") if path.is_file()
                   and not any(fnmatch.fnmatch(path.name, pattern) for pattern in _TRAINING_STATE))
@@ -259,7 +276,7 @@ def merged_download(run: RunDir) -> MergedDownload:
     archive = run.path / f"{run.id}-merged.zip"
     if not archive.is_file() or archive.stat().st_mtime_ns < _newest_change(folder):
         with replaced_atomically(archive) as tmp, zipfile.ZipFile(tmp, "w") as zipped:
-            for path in _model_files(folder):
+            for path in model_files(folder):
                 weights = path.suffix in (".safetensors", ".bin", ".pt")
                 zipped.write(path, f"{run.id}-merged/{path.relative_to(folder)}",
                              compress_type=zipfile.ZIP_STORED if weights else zipfile.ZIP_DEFLATED)
@@ -276,7 +293,7 @@ def format_size(n_bytes: int) -> str:
 
 def merge_message(run: RunDir, folder: Path) -> str:
     """The sentence shown after merge_model (UI and CLI): where the folder is, how big, and how to load it."""
-    size = format_size(sum(path.stat().st_size for path in _model_files(folder)))
+    size = format_size(sum(path.stat().st_size for path in model_files(folder)))
     if not run.read_config().lora.enabled and folder == run.full_model_dir:
         return (f"This run trained every weight, so {folder} ({size}) already is a full model: nothing to merge. "
                 "Load it with AutoModelForCausalLM.from_pretrained on that folder.")

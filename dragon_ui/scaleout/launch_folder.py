@@ -22,6 +22,17 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # dragon_ui, copied into the 
 ACCELERATE_CONFIGS = Path(__file__).resolve().parent / "accelerate_configs"
 REQUIREMENTS = PACKAGE_DIR.parent / "requirements.txt"
 VLLM_PORT = 8000
+DISTRIBUTION = "dragon-grpo-studio"
+
+
+def requirements() -> str:
+    """The runtime requirements: requirements.txt in a checkout (or a Space), else the installed package's own
+    (``pip install dragon-grpo-studio`` has no requirements.txt), without its optional extras."""
+    if REQUIREMENTS.is_file():
+        return REQUIREMENTS.read_text(encoding="utf-8")
+    from importlib.metadata import requires
+
+    return "".join(f"{line}\n" for line in requires(DISTRIBUTION) or [] if "extra ==" not in line)
 
 
 def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, nodes: int = 1) -> Path:
@@ -61,8 +72,7 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
     # The engine and the CLI; not the app (ui/ and its backend, studio/), which a cluster job never runs.
     shutil.copytree(PACKAGE_DIR, target / "dragon_ui",
                     ignore=shutil.ignore_patterns("__pycache__", "ui", "studio", "*.pyc"))
-    if REQUIREMENTS.is_file():
-        shutil.copy2(REQUIREMENTS, target / "requirements.txt")
+    (target / "requirements.txt").write_text(requirements(), encoding="utf-8")
     vllm_server = config.generation.backend == "vllm-server"
     _write_script(target / "launch.sh", _launch_script(gpus))
     _write_script(target / "slurm.sbatch", _slurm_script(config, gpus, nodes, vllm_server))

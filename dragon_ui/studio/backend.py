@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .. import ASSETS_DIR
 from ..config import HardwareSettings, ModelConfig, RunConfig, resolve_runs_dir
 from ..data import resolve_source
 from ..engine import policy, queue, training
@@ -28,7 +29,6 @@ from ..runstore import RunDir, list_runs, read_json, write_json_atomic
 from .draft import ordinal
 from .visitors import Visitors
 
-ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_RECIPE = "arithmetic"
 ESTIMATED_START_S = 60  # loading the model and scoring it on the held-out prompts, before a run's first step
 # What sampling a group in the playground reads from a draft: the model, where it runs, the data and rewards, GRPO's

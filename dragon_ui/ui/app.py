@@ -11,13 +11,16 @@ import argparse
 import functools
 import inspect
 import os
+import sys
+from pathlib import Path
 
 import gradio as gr
 from gradio.context import LocalContext
 
 from ..errors import DragonError
 from ..public import Limits, visitor, visiting
-from ..studio.backend import ASSETS_DIR, DEFAULT_RECIPE, Studio
+from .. import ASSETS_DIR
+from ..studio.backend import DEFAULT_RECIPE, Studio
 from ..studio.draft import same_settings
 from . import compare_tab, data_tab, model_tab, rewards_tab, train_tab
 from .common import TAB_COMPARE, TAB_DATA, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Form, Shared, message, shows_errors
@@ -241,14 +244,16 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
 def main(argv: list[str] | None = None, desktop_driver=None) -> int:
     """The app in the browser, or (--desktop) in its own window; ``desktop_driver`` runs with that window once it
     is shown (tests and the README's screenshot drive it)."""
-    parser = argparse.ArgumentParser(prog="python app.py", description=f"{TITLE}: point-and-click GRPO in the browser.")
+    prog = "dragon-studio" if Path(sys.argv[0]).name == "dragon-studio" else "python app.py"
+    parser = argparse.ArgumentParser(prog=prog, description=f"{TITLE}: point-and-click GRPO in the browser.")
     on_space = bool(os.environ.get("SPACE_ID"))
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0" if on_space else "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     parser.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
     parser.add_argument("--desktop", action="store_true",
-                        help="open the app in a window of its own (needs requirements-desktop.txt; make desktop)")
+                        help="open the app in a window of its own (needs requirements-desktop.txt, "
+                             "or pip install 'dragon-grpo-studio[desktop]'; make desktop installs it)")
     parser.add_argument("--runs-dir", help="folder for runs (default: $DRAGON_UI_RUNS_DIR or ./runs)")
     args = parser.parse_args(argv)
 

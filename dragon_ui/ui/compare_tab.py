@@ -14,6 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from gradio.context import get_render_context
 
+from ..engine import publish as hub
 from ..engine import weights
 from ..engine.evaluation import evaluate_now
 from ..studio import compare
@@ -154,6 +155,26 @@ def merge(studio: Studio, run_id: str | None):
             message(weights.merged_download_message(run, merged), "ok"))
 
 
+PUBLISH_KINDS = {"The LoRA adapter (small; loads on the Hub model it names)": False,
+                 "The merged full model (loads with transformers alone)": True}
+
+
+def publish(studio: Studio, run_id: str | None, repo: str, kind: str, private: bool, update: bool,
+            token: str) -> str:
+    """Upload the run to the Hub; the outcome (a link, or the one sentence of what went wrong) shows in the panel."""
+    if not run_id:
+        return message("Choose a run first.", "error")
+    try:
+        run = studio.owned_run(run_id, "publish it")
+        published = hub.publish(run, repo, merged=PUBLISH_KINDS.get(kind, False), private=bool(private),
+                                token=token, update=bool(update))
+    except Exception as exc:  # noqa: BLE001 - every failure is a sentence in the panel
+        return message(explain(exc), "error")
+    what = "merged model" if published.merged else "adapter"
+    return message(f"Published the {what} with its model card ({len(published.files)} files): "
+                   f"[{published.repo_id}]({published.url})", "ok")
+
+
 def build(shared: Shared) -> None:
     studio = shared.studio
     this_tab = get_render_context()  # the gr.Tab that app.build_app builds this tab in
@@ -196,7 +217,7 @@ def build(shared: Shared) -> None:
         zip_button = gr.Button("Zip the adapter", elem_id="compare-zip")
         merge_button = gr.Button("Merge into a full model", elem_id="compare-merge")
     with gr.Row():
-        zip_file = gr.File(label="Adapter (.zip with a README on loading it with peft)", interactive=False,
+        zip_file = gr.File(label="Adapter (.zip with its model card and how to load it with peft)", interactive=False,
                            elem_id="compare-zip-file")
         with gr.Column():
             merged_file = gr.File(label="Merged full model (.zip of the folder below)", interactive=False,
@@ -204,6 +225,23 @@ def build(shared: Shared) -> None:
             merged_folder = gr.Textbox(label="Merged model folder on the server", interactive=False,
                                        elem_id="compare-merged-folder")
     merge_status = gr.Markdown(elem_id="compare-merge-status")
+
+    with gr.Accordion("Publish to the Hugging Face Hub", open=False, elem_id="compare-publish"):
+        with gr.Row():
+            repo = gr.Textbox(label="Repo name", placeholder="your-user-name/arith-grpo", scale=2,
+                              elem_id="compare-publish-repo")
+            token = gr.Textbox(label="Hugging Face token (write access)", type="password", scale=2,
+                               elem_id="compare-publish-token",
+                               placeholder="hf_... (required on this public demo)" if studio.public
+                               else "hf_... (empty: the token this machine is logged in with)")
+        with gr.Row():
+            kind = gr.Radio(list(PUBLISH_KINDS), value=next(iter(PUBLISH_KINDS)), label="What to upload", scale=3,
+                            elem_id="compare-publish-kind")
+            with gr.Column(scale=1, min_width=200):
+                private = gr.Checkbox(value=False, label="Private repo", elem_id="compare-publish-private")
+                update = gr.Checkbox(value=False, label="Update it if it exists", elem_id="compare-publish-update")
+        publish_button = gr.Button("Publish", variant="primary", elem_id="compare-publish-button")
+        publish_status = gr.Markdown(elem_id="compare-publish-status")
 
     shown = [summary, plot, samples, evaluate_row]
     refresh_button.click(functools.partial(refresh, studio), [run_picker, shared.run_id], [run_picker, *shown],
@@ -226,3 +264,5 @@ def build(shared: Shared) -> None:
     zip_button.click(functools.partial(download_adapter, studio), [run_picker], [zip_file], api_name="compare_zip")
     merge_button.click(functools.partial(merge, studio), [run_picker], [merged_file, merged_folder, merge_status],
                        api_name="compare_merge")
+    publish_button.click(functools.partial(publish, studio), [run_picker, repo, kind, private, update, token],
+                         [publish_status], api_name="compare_publish")

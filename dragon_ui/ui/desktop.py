@@ -22,16 +22,18 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import ASSETS_DIR
 from ..engine import queue, training
 from ..engine.hardware import cache_dir
 from ..runstore import write_json_atomic
 from ..studio.backend import Studio
 
 TITLE = "Dragon GRPO Studio"
-ICON = Path(__file__).resolve().parents[2] / "assets" / "icon.png"
+ICON = ASSETS_DIR / "icon.png"
 DEFAULT_SIZE = (1280, 900)
 MIN_SIZE = (900, 600)
-INSTALL = "pip install -r requirements-desktop.txt (make desktop does it)"
+INSTALL = ("pip install -r requirements-desktop.txt (make desktop does it; for an installed package, "
+           "pip install 'dragon-grpo-studio[desktop]')")
 CLOSE_QUESTION = ("A run is still training. Stop it now? A checkpoint is saved first.\n\n"
                   "OK stops the training. Cancel keeps it training in the background after the window closes; "
                   "make desktop (or make run) shows it again.")
@@ -112,13 +114,15 @@ def _open_window(url: str, gui: str, driver: Driver | None, guarded: bool) -> Cl
     if gui == "qt" and hasattr(os, "geteuid") and os.geteuid() == 0:
         # Qt WebEngine is Chromium, which will not start its sandbox as root (containers, CI).
         os.environ["QTWEBENGINE_CHROMIUM_FLAGS"] = (os.environ.get("QTWEBENGINE_CHROMIUM_FLAGS", "") + " --no-sandbox").strip()
-    # Downloads get pywebview's save dialog on macOS and Windows. Its Qt handler (pywebview 6.2) still calls Qt 5's
-    # download.setPath, which Qt 6 lacks, so on Linux the window does not save downloads yet.
-    webview.settings["ALLOW_DOWNLOADS"] = True
+    webview.settings["ALLOW_DOWNLOADS"] = True  # a save dialog for each download (the YAML, zips, launch folder)
     webview.settings["OPEN_EXTERNAL_LINKS_IN_BROWSER"] = True
     width, height = remembered_size()
     window = webview.create_window(TITLE, url, width=width, height=height, min_size=MIN_SIZE, text_select=True,
                                    zoomable=True)
+    if gui == "qt":
+        # pywebview reads the storage path when its Qt module is imported, inside start(): patch it after that, and
+        # before the window's view exists ("initialized" runs on the main thread, between the two).
+        window.events.initialized += lambda renderer: _mend_qt_downloads()
     window.events.resized += lambda width, height: remember_size(width, height)
     guard = CloseGuard(window) if guarded else None
     if guard is not None:
@@ -127,6 +131,49 @@ def _open_window(url: str, gui: str, driver: Driver | None, guarded: bool) -> Cl
     webview.start(driver, window, gui=None if gui == "native" else gui, private_mode=False,
                   storage_path=str(cache_dir() / "webview"), icon=str(ICON) if ICON.is_file() else None)
     return guard
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Downloads in the Qt window. pywebview 6.2's Qt handler shows the save dialog and then calls Qt 5's download.setPath,
+# which Qt 6 lacks: the AttributeError escapes a PyQt6 slot, which aborts the whole program, server included.
+
+
+def ask_save_path(parent, title: str, suggested: str, name_filter: str) -> str:
+    """The path the person chose in the save dialog, "" if they cancelled (tests may replace this function)."""
+    from qtpy.QtWidgets import QFileDialog
+
+    path, _ = QFileDialog.getSaveFileName(parent, title, suggested, name_filter)
+    return path
+
+
+def save_download(view, download) -> None:
+    """Ask where to save a download the page started, then let Qt save it there. It runs inside Qt's signal on the
+    GUI thread: Qt 6 cancels a request nobody accepted by the time the signal returns."""
+    try:
+        qt6 = hasattr(download, "setDownloadFileName")
+        name = download.downloadFileName() if qt6 else Path(download.path()).name
+        name = Path(name or download.url().path() or "download").name
+        suffix = Path(name).suffix.lstrip(".")
+        folder = download.downloadDirectory() if qt6 else ""
+        suggested = str(Path(folder if folder and Path(folder).is_dir() else Path.home()) / name)
+        path = ask_save_path(view, "Save file", suggested, f"*.{suffix};;All files (*)" if suffix else "All files (*)")
+        if not path:
+            download.cancel()
+            return
+        path = Path(path).resolve()
+        if qt6:
+            download.setDownloadDirectory(str(path.parent))
+            download.setDownloadFileName(path.name)
+        else:
+            download.setPath(str(path))
+        download.accept()
+    except Exception as exc:  # noqa: BLE001 - escaping a PyQt6 slot would abort the program
+        print(f"The download could not be saved: {exc}", file=sys.stderr)
+        download.cancel()
+
+
+def _mend_qt_downloads() -> None:
+    sys.modules["webview.platforms.qt"].BrowserView.on_download_requested = save_download
 
 
 class CloseGuard:

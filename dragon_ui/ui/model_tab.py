@@ -18,7 +18,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from .. import speedups
-from ..config import DEVICES, DTYPES, GENERATION_BACKENDS, LOSS_TYPES, SCALE_REWARDS, STRATEGIES
+from ..config import DEVICES, DTYPES, GENERATION_BACKENDS, LOSS_TYPES, SCALE_REWARDS, STRATEGIES, TRACKERS
 from ..engine.hardware import HardwareInfo, resolve_hardware, system_memory_gb
 from ..errors import DragonError
 from ..runstore import slug
@@ -27,7 +27,7 @@ from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
 from ..engine.estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb
 from ..studio.playground import preview_examples
-from ..engine import policy
+from ..engine import policy, trackers
 from ..engine.presets import PRESETS
 from ..public import visitor
 from .common import TAB_TRAIN, Form, Shared, message, shows_errors
@@ -129,6 +129,12 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
         Setting("gradient_checkpointing", "Gradient checkpointing", "Recompute activations in the backward pass: "
                 "much less memory, but each step recomputes part of the forward pass.", gr.Checkbox),
     ),
+    "logging": (
+        Setting("report_to", "Also log to", "Experiment trackers (TRL's report_to); the Train tab always shows the "
+                "run. TensorBoard writes into the run folder: tensorboard --logdir runs.", gr.CheckboxGroup,
+                {"choices": list(TRACKERS)}, to_draft=list,
+                to_field=lambda value: [value] if isinstance(value, str) and value else list(value or [])),
+    ),
     "distributed": (
         Setting("strategy", "Multi-GPU strategy", "ddp: a model copy per GPU; zero2: shard optimiser state; zero3 / "
                 "fsdp: shard the weights too, for models too big for one GPU.", gr.Dropdown, {"choices": list(STRATEGIES)}),
@@ -214,7 +220,7 @@ def hardware_markdown(info: HardwareInfo) -> str:
 # and named in the check, problems without a section only in the check.
 PROBLEM_AREAS = ("model", "hardware", "lora", "grpo", "training", "scaleout", "name")
 AREA_OF_SECTION = {"model": "model", "hardware": "hardware", "lora": "lora", "grpo": "grpo", "training": "training",
-                   "distributed": "scaleout", "generation": "scaleout", "name": "name"}
+                   "logging": "training", "distributed": "scaleout", "generation": "scaleout", "name": "name"}
 
 
 def speedups_markdown(state: dict) -> str:
@@ -283,11 +289,12 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
                        f"# The settings are not valid yet:\n# {exc}", cli, None, problems)
     yaml_text = config.to_yaml()
     download = str(write_config_file(draft, yaml_text))  # also for another machine, whatever this one has
-    try:
+    try:  # what this machine must have for it: the hardware chosen, the trackers' packages
         resolved = resolve_hardware(config.hardware, studio.hardware())
+        trackers.check(config.logging)
     except DragonError as exc:
         check, problems = placed(place_problem(str(exc), labels))
-        return Preview(check, "", "The estimate appears once the hardware choice works on this machine.", yaml_text,
+        return Preview(check, "", "The estimate appears once the settings work on this machine.", yaml_text,
                        cli, download, problems)
     choice = (f"**This run will use:** {resolved.device} · {resolved.dtype}"
               + (f" · GPU {resolved.gpu}" if resolved.device == "cuda" else "")
@@ -377,6 +384,8 @@ def build(shared: Shared) -> Callable[[], None]:
             with gr.Column():
                 gr.Markdown(f"### {title}")
                 widgets(section, initial, form)
+                if section == "training":
+                    widgets("logging", initial, form)
                 areas[section] = problem_area(section)
 
     with gr.Accordion("Scale out: several GPUs or a cluster", open=False):

@@ -1,0 +1,259 @@
+"""The model card: a ``README.md`` with Hub front matter beside a run's trained weights (``adapter/``, a merged model,
+the adapter zip, a Hub upload), so that what was trained says what it is, how well it does and how to load it.
+
+Everything in it is read from the run directory (config.json, status.json, progress.jsonl, eval.json), so a card
+written after training, after a merge or at upload time says the same. The reward curve is a PNG beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import RunConfig
+from ..data import is_hub_dataset_id
+from ..rewards import FORMAT_PRESETS, RewardSpec
+from ..runstore import RunDir
+from .models import is_hub_id
+
+
+CARD_FILE = "README.md"
+CURVE_FILE = "reward_curve.png"
+TAGS = ["grpo", "trl", "dragon-grpo-studio"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One link of a chain of runs: a run trained on top of the model ``starting_model``."""
+
+    run_id: str
+    starting_model: str
+
+
+def chain_of(config: RunConfig) -> tuple[str, list[Stage]]:
+    """(the first starting model, the earlier runs in training order) of a run whose model may be an earlier run's
+    folder: its weights are that model with every earlier adapter merged in, in this order."""
+    earlier: list[Stage] = []
+    model = config.model.id.strip()
+    while (Path(model) / "status.json").is_file() and (Path(model) / "config.json").is_file():
+        parent = RunDir(Path(model)).read_config().model.id.strip()
+        earlier.insert(0, Stage(Path(model).name, parent))
+        model = parent
+    return model, earlier
+
+
+def reward_rule(spec: RewardSpec) -> str:
+    """What one reward pays for, in a sentence fragment."""
+    answer = "the reply" if spec.extract == "whole" else f"the answer ({spec.extract.replace('_', ' ')})"
+    rules = {
+        "exact": f"{answer} equals the reference",
+        "contains": f"{answer} contains the reference",
+        "numeric": f"the number in {answer} equals the reference",
+        "regex": f"the reply matches `{spec.pattern}`",
+        "json": "the reply is JSON" + (f" with the keys {', '.join(spec.keys)}" if spec.keys else ""),
+        "length": f"the reply has {spec.min_chars or 0} to {spec.max_chars or 'any number of'} characters",
+        "keyword": f"the reply contains {spec.mode} of: {', '.join(spec.words or [])}",
+        "format": f"the reply is laid out in the tags {', '.join(spec.tags or FORMAT_PRESETS.get(spec.preset, ()))}",
+        "command": f"the command `{' '.join(spec.argv or [])}` passes on the reply",
+        "custom": f"the Python function `{spec.function}` scores it",
+    }
+    return rules[spec.kind]
+
+
+def write_model_card(run: RunDir, folder: Path, merged: bool = False, repo_id: str | None = None) -> Path:
+    """Write ``README.md`` and the reward curve into ``folder`` (the adapter's or the merged model's). ``repo_id``
+    is where it is published: the loading snippets use it instead of a local folder."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    config = run.read_config()
+    root, earlier = chain_of(config)
+    has_curve = _plot_reward_curve(run, folder / CURVE_FILE)
+    hub_data = config.data.source.strip()
+    metadata = ModelCardData(
+        base_model=root if is_hub_id(root) else None,
+        library_name="transformers" if merged or not config.lora.enabled else "peft",
+        pipeline_tag="text-generation",
+        tags=[*TAGS, *(["lora"] if config.lora.enabled and not merged else [])],
+        datasets=[hub_data] if is_hub_dataset_id(hub_data, look_on_disk=False) else None,
+    )
+    body = _body(run, config, root, earlier, merged, repo_id, has_curve)
+    card = ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{body}")
+    target = folder / CARD_FILE
+    card.save(target)
+    return target
+
+
+def _body(run: RunDir, config: RunConfig, root: str, earlier: list[Stage], merged: bool, repo_id: str | None,
+          has_curve: bool) -> str:
+    status = run.read_status()
+    adapter = config.lora.enabled and not merged
+    what = "LoRA adapter" if adapter else "model"
+    names = ", ".join(spec.name for spec in config.rewards)
+    lines = [
+        f"# {config.name or run.id}",
+        "",
+        f"A {what} for {_model_name(root)} trained with GRPO (reinforcement learning with rewards that "
+        f"can be checked, TRL's `GRPOTrainer`) in Dragon GRPO Studio, run `{run.id}`. It was rewarded for: {names}.",
+        "",
+    ]
+    if earlier:
+        lines += ["It continues earlier runs. Its starting weights were, in this order:", "",
+                  f"1. {_model_name(root)}"]
+        lines += [f"{n}. with the adapter of run `{stage.run_id}` merged in" for n, stage in enumerate(earlier, 2)]
+        lines += ["", "so this adapter applies to that merged model, not to the first one alone." if adapter else
+                  "The merge folds all of them in: this model stands on its own.", ""]
+    lines += ["## Rewards", "", "| reward | weight | pays 1 when |", "|---|---:|---|"]
+    lines += [f"| {spec.name} | {spec.weight:g} | {reward_rule(spec)} |" for spec in config.rewards]
+    lines += ["", "## Data", "", f"- Source: {_data_name(config.data.source.strip())}",
+              f"- Rows: {status.get('data_summary', '-')}",
+              f"- Prompt: {_template(config.data.prompt)}"]
+    if config.data.system:
+        lines.append(f"- System message: {_template(config.data.system)}")
+    if config.data.reference:
+        lines.append(f"- Reference answer: {_template(config.data.reference)}")
+    lines += ["", "## Held-out prompts, before and after", "", *_eval_table(run), ""]
+    if has_curve:
+        lines += ["## Reward during training", "", f"![Mean reward per step, per reward]({CURVE_FILE})", ""]
+    lines += ["## Settings", "", "| setting | value |", "|---|---|"]
+    lines += [f"| {key} | {value} |" for key, value in _settings(config, status)]
+    lines += ["", "## How to load it", "", *_load_snippet(run, config, adapter, repo_id, root, earlier), ""]
+    lines += ["## Training", "", *_training_facts(status), ""]
+    return "\n".join(lines)
+
+
+def _model_name(model: str) -> str:
+    """A Hub model as a link; a local folder by its name only, since a card may be published (no machine paths)."""
+    return f"[{model}](https://huggingface.co/{model})" if is_hub_id(model) else f"the local model `{Path(model).name}`"
+
+
+def _loadable(model: str) -> str:
+    """What the loading snippet passes to from_pretrained: the Hub id, or a stand-in for the local folder."""
+    return model if is_hub_id(model) else f"path/to/{Path(model).name}"
+
+
+def _data_name(source: str) -> str:
+    if is_hub_dataset_id(source, look_on_disk=False):
+        return f"[{source}](https://huggingface.co/datasets/{source})"
+    return f"`{Path(source).name}`" if source else "-"
+
+
+def _template(text: str | None) -> str:
+    """A data mapping as the card shows it: a column name, or a template with ``{column}`` fields."""
+    text = (text or "").strip()
+    return f"`{text}`" if "{" in text or " " in text else f"the column `{text}`"
+
+
+def _eval_table(run: RunDir) -> list[str]:
+    evaluation = run.read_eval()
+    before, after = evaluation.get("before"), evaluation.get("after")
+    if not before and not after:
+        return ["This run was not scored on held-out prompts."]
+    names = list((before or after)["reward_breakdown"])
+    rows = [f"Mean reward on {evaluation.get('n_prompts', '?')} held-out prompts, greedy replies:", "",
+            "| reward | before | after | change |", "|---|---:|---:|---:|"]
+    for label, key in [("**total (weighted)**", None)] + [(name, name) for name in names]:
+        values = [(side["reward_mean"] if key is None else side["reward_breakdown"].get(key)) if side else None
+                  for side in (before, after)]
+        change = f"{values[1] - values[0]:+.3f}" if None not in values else "-"
+        rows.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values) + f" | {change} |")
+    return rows
+
+
+def _settings(config: RunConfig, status: dict) -> list[tuple[str, str]]:
+    lora = (f"r {config.lora.r}, alpha {config.lora.alpha}, dropout {config.lora.dropout:g}" if config.lora.enabled
+            else "off (every weight trained)")
+    steps = config.training.max_steps or f"{config.training.epochs:g} epoch(s)"
+    return [
+        ("starting model", _loadable(config.model.id.strip()) + (f" @ {config.model.revision}" if config.model.revision else "")),
+        ("LoRA", lora),
+        ("completions per prompt (group size)", str(config.grpo.group_size)),
+        ("prompts per step", str(config.training.batch_size * config.training.grad_accum)),
+        ("learning rate", f"{config.training.learning_rate:g}"),
+        ("KL penalty (beta)", f"{config.grpo.beta:g}"),
+        ("temperature", f"{config.grpo.temperature:g}"),
+        ("max new tokens", str(config.grpo.max_new_tokens)),
+        ("loss", config.grpo.loss_type),
+        ("training length", str(steps)),
+        ("steps trained", f"{status.get('step', '-')} of {status.get('total_steps') or '?'}"),
+    ]
+
+
+def _load_snippet(run: RunDir, config: RunConfig, adapter: bool, repo_id: str | None, root: str,
+                  earlier: list[Stage]) -> list[str]:
+    here = repo_id or "path/to/this/folder"
+    if not adapter:
+        return ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+                f"model = AutoModelForCausalLM.from_pretrained({here!r})",
+                f"tokenizer = AutoTokenizer.from_pretrained({here!r})", *_chat_lines(run, config), "```"]
+    base = "merged-earlier-runs" if earlier else _loadable(root)
+    lines = []
+    if earlier:
+        lines += [f"First merge the earlier runs (`dragon merge runs/{earlier[-1].run_id} --to merged-earlier-runs` on "
+                  "the machine that has them); that folder is the base below.", ""]
+    return lines + ["```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+                    "", f"base = AutoModelForCausalLM.from_pretrained({base!r})",
+                    f"model = PeftModel.from_pretrained(base, {here!r})",
+                    f"tokenizer = AutoTokenizer.from_pretrained({here!r})",
+                    "model = model.merge_and_unload()  # optional: a plain transformers model, as fast as the base",
+                    *_chat_lines(run, config), "```"]
+
+
+def _chat_lines(run: RunDir, config: RunConfig) -> list[str]:
+    from .weights import example_prompt
+
+    messages, _ = example_prompt(run)
+    return ["", f"messages = {json.dumps(messages, ensure_ascii=False)}",
+            "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors='pt', "
+            "return_dict=True)",
+            f"reply = model.generate(**inputs, max_new_tokens={config.grpo.max_new_tokens})",
+            "print(tokenizer.decode(reply[0, inputs['input_ids'].shape[1]:], skip_special_tokens=True))"]
+
+
+def _training_facts(status: dict) -> list[str]:
+    from .estimate import format_seconds
+
+    device = status.get("device", "?")
+    threads = status.get("cpu_threads")
+    where = status.get("gpu_name") or (f"CPU, {threads} thread{'s' if threads != 1 else ''}" if threads else device)
+    facts = [f"- Hardware: {where} ({device}, {status.get('dtype', '?')})"]
+    if status.get("world_size", 1) > 1:
+        facts.append(f"- Processes: {status['world_size']}")
+    if status.get("started_at") and status.get("finished_at"):
+        facts.append(f"- Took {format_seconds(status['finished_at'] - status['started_at'])} from start to finish, "
+                     f"{format_seconds(status.get('elapsed_s') or 0)} of it training")
+    versions = status.get("versions") or {}
+    if versions:
+        facts.append("- Libraries: " + ", ".join(f"{name} {version}" for name, version in sorted(versions.items())))
+    return facts
+
+
+def _plot_reward_curve(run: RunDir, target: Path) -> bool:
+    """The mean reward per step, total and per reward, as a PNG; False (and no file) when nothing was logged."""
+    points = [row for row in run.read_progress() if "reward" in row and "step" in row]
+    if not points:
+        target.unlink(missing_ok=True)
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")  # no screen needed; the card is written from the training thread
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(7, 3.6), dpi=110)
+    axes = figure.add_subplot()
+    steps = [row["step"] for row in points]
+    axes.plot(steps, [row["reward"] for row in points], label="total (weighted)", linewidth=2.2, color="#059669")
+    for name in sorted({key[len("reward_"):] for row in points for key in row
+                        if key.startswith("reward_") and key != "reward_std"}):
+        series = [(row["step"], row[f"reward_{name}"]) for row in points if row.get(f"reward_{name}") is not None]
+        axes.plot(*zip(*series), label=name, linewidth=1.2, alpha=0.85)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("step")
+    axes.set_ylabel("mean reward")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="best", fontsize=8)
+    figure.tight_layout()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target)
+    return True
