@@ -62,14 +62,21 @@ def real_click(window, selector: str) -> None:
     xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
 
 
-def save_through_the_dialog(target: Path) -> bool:
-    """Type ``target`` into the save dialog that a download opened, as a person would; whether the file came."""
-    deadline = time.monotonic() + 30
-    while not (dialog := xdotool("search", "--onlyvisible", "--name", "^Save file$").split()):
-        if time.monotonic() > deadline:
-            seen.setdefault("no_dialog_for", []).append(target.name)
-            return False
-        time.sleep(0.3)
+def save_through_the_dialog(window, selector: str, target: Path) -> bool:
+    """Click ``selector`` and type ``target`` into the save dialog it opens, as a person would; whether the file
+    came. A click that found no dialog is tried again (the page may still be moving things under the mouse)."""
+    for attempt in range(1, 4):
+        real_click(window, selector)
+        deadline = time.monotonic() + 15
+        while not (dialog := xdotool("search", "--onlyvisible", "--name", "^Save file$").split()):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        if dialog:
+            break
+        seen.setdefault("clicks_without_a_dialog", []).append(target.name)
+    else:
+        return False
     xdotool("windowactivate", "--sync", dialog[0])
     time.sleep(0.5)
     xdotool("key", "ctrl+a")  # the file name field has the focus, holding the suggested name
@@ -89,15 +96,17 @@ def downloads(window, folder: Path) -> None:
     import yaml
 
     window.evaluate_js("document.querySelector('#tab-model-button').click()")
+    # the check, the estimate and the YAML's file come together: a valid check means the button has its file
+    until(window, "((document.querySelector('#model-check') || {}).innerText || '').includes('The settings are valid')",
+          240)
     until(window, "[...document.querySelectorAll('button')].some(b => b.innerText.includes('The whole configuration'))")
     window.evaluate_js("[...document.querySelectorAll('button')].find(b => b.innerText.includes('The whole "
                        "configuration')).click()")
     until(window, "(() => { const b = document.querySelector('#model-download'); return b && !b.disabled && "
                   "b.offsetParent !== null; })()")
     time.sleep(1)
-    real_click(window, "#model-download")
     target = folder / "my-run.yaml"
-    seen["yaml_saved"] = save_through_the_dialog(target)
+    seen["yaml_saved"] = save_through_the_dialog(window, "#model-download", target)
     seen["yaml_model"] = yaml.safe_load(target.read_text())["model"]["id"] if seen["yaml_saved"] else None
 
     window.evaluate_js("document.querySelector('#tab-compare-button').click()")
@@ -106,9 +115,8 @@ def downloads(window, folder: Path) -> None:
     window.evaluate_js("document.querySelector('#compare-zip').click()")
     until(window, "!!document.querySelector('#compare-zip-file a')", 120)
     time.sleep(1)
-    real_click(window, "#compare-zip-file a")
     target = folder / "adapter.zip"
-    seen["zip_saved"] = save_through_the_dialog(target)
+    seen["zip_saved"] = save_through_the_dialog(window, "#compare-zip-file a", target)
     seen["zip_files"] = sorted(zipfile.ZipFile(target).namelist()) if seen["zip_saved"] else None
 
     opened: list[str] = []

@@ -114,7 +114,7 @@ def test_downloads_get_a_save_dialog_and_outside_links_open_in_the_browser(scree
     saved.mkdir()
     seen, done = drive(screen, tmp_path, "downloads", saved)
     assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
-    assert seen["yaml_saved"] and seen["yaml_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert seen["yaml_saved"] and seen["yaml_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct", seen
     assert seen["zip_saved"] and {"README.txt", "adapter/README.md", "adapter/adapter_config.json"} <= set(seen["zip_files"])
     assert seen["browser_opened"] == ["https://huggingface.co/docs/trl"] and seen["still_here"]
     assert sorted(path.name for path in saved.iterdir()) == ["adapter.zip", "my-run.yaml"]  # nothing half-written

@@ -171,7 +171,7 @@ def test_a_hardware_choice_this_machine_cannot_run_is_a_problem_of_the_hardware(
     assert preview.check.startswith(ERROR) and "settings are valid" not in preview.check
     assert "Device is cuda, but no CUDA GPU is visible" in preview.check and "hardware.device" not in preview.check
     assert set(preview.problems) == {"hardware"} and "no CUDA GPU" in preview.problems["hardware"]
-    assert preview.hardware == "" and "once the hardware choice works" in preview.estimate
+    assert preview.hardware == "" and "once the settings work on this machine" in preview.estimate
     assert "device: cuda" in preview.yaml and preview.outputs()[5].interactive  # still saved for a GPU machine
 
     draft = app.form.compose(*screen(app, studio.default_draft(), hardware__load_in_4bit=True, lora__enabled=True))
