@@ -238,17 +238,15 @@ def _cmd_eval(args) -> int:
 
 
 def _print_eval(evaluation: dict) -> None:
-    before, after = evaluation.get("before"), evaluation.get("after")
-    if not before and not after:
+    from .engine.evaluation import before_and_after
+
+    if not evaluation.get("before") and not evaluation.get("after"):
         return
-    names = list((before or after)["reward_breakdown"])
     print(f"Held-out reward on {evaluation.get('n_prompts', '?')} prompts (greedy):")
     print(f"  {'reward':<20}{'before':>10}{'after':>10}{'change':>10}")
-    for label, key in [("total", None)] + [(n, n) for n in names]:
-        values = [(side["reward_mean"] if key is None else side["reward_breakdown"].get(key)) if side else None
-                  for side in (before, after)]
+    for name, *values in before_and_after(evaluation):
         change = values[1] - values[0] if None not in values else None
-        print(f"  {label:<20}" + "".join(f"{'-' if v is None else f'{v:.3f}':>10}" for v in values)
+        print(f"  {name or 'total':<20}" + "".join(f"{'-' if v is None else f'{v:.3f}':>10}" for v in values)
               + (f"{change:>+10.3f}" if change is not None else f"{'-':>10}"))
 
 

@@ -48,6 +48,12 @@ def xdotool(*args: str) -> str:
     return subprocess.run(["xdotool", *args], capture_output=True, text=True, timeout=30).stdout.strip()
 
 
+def window_geometry(window_id: str) -> dict[str, str]:
+    """What xwininfo says of a window: "Absolute upper-left X/Y" is its client area (the page) on the screen."""
+    info = subprocess.run(["xwininfo", "-id", window_id], capture_output=True, text=True).stdout
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in info.splitlines())}
+
+
 def real_click(window, selector: str) -> None:
     """A mouse click at the element's centre: the window's client area on the screen plus the element's place."""
     window.evaluate_js(f"document.querySelector({selector!r}).scrollIntoView({{block: 'center'}})")
@@ -55,8 +61,7 @@ def real_click(window, selector: str) -> None:
     rect = json.loads(window.evaluate_js(f"JSON.stringify(document.querySelector({selector!r}).getBoundingClientRect())"))
     window_id = xdotool("search", "--onlyvisible", "--name", f"^{desktop.TITLE}$").split()[0]
     xdotool("windowactivate", "--sync", window_id)
-    info = subprocess.run(["xwininfo", "-id", window_id], capture_output=True, text=True).stdout
-    field = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in info.splitlines())}
+    field = window_geometry(window_id)
     x = int(field["Absolute upper-left X"]) + int(rect["x"] + rect["width"] / 2)
     y = int(field["Absolute upper-left Y"]) + int(rect["y"] + rect["height"] / 2)
     xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
@@ -134,8 +139,7 @@ def window_screenshot(path: Path) -> None:
     from PIL import ImageGrab
 
     window_id = xdotool("search", "--name", f"^{desktop.TITLE}$").split()[0]
-    info = subprocess.run(["xwininfo", "-id", window_id], capture_output=True, text=True).stdout
-    field = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in info.splitlines())}
+    field = window_geometry(window_id)
     x, y = int(field["Absolute upper-left X"]), int(field["Absolute upper-left Y"])
     width, height = int(field["Width"]), int(field["Height"])
     extents = subprocess.run(["xprop", "-id", window_id, "_NET_FRAME_EXTENTS"], capture_output=True, text=True).stdout

@@ -123,6 +123,16 @@ _GENERATION_LOCK = threading.Lock()
 LoadModel = Callable[..., tuple]
 
 
+def before_and_after(evaluation: dict) -> list[tuple[str | None, float | None, float | None]]:
+    """eval.json as rows of (reward name, before, after): the weighted total first (name None), then each reward;
+    a side not scored yet is None. The Compare tab's chart, ``eval`` and the model card all show these rows."""
+    before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
+    rows = [(None, before.get("reward_mean"), after.get("reward_mean"))]
+    for name in (before or after).get("reward_breakdown", {}):
+        rows.append((name, *(side.get("reward_breakdown", {}).get(name) for side in (before, after))))
+    return rows
+
+
 def held_out_examples(run: RunDir) -> list[dict]:
     path = run.eval_data_path
     return read_jsonl(path) if path.is_file() else []

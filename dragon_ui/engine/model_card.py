@@ -15,7 +15,7 @@ from ..config import RunConfig
 from ..data import is_hub_dataset_id
 from ..rewards import FORMAT_PRESETS, RewardSpec
 from ..runstore import RunDir
-from .models import is_hub_id
+from .models import is_hub_id, is_run_dir
 
 
 CARD_FILE = "README.md"
@@ -36,7 +36,7 @@ def chain_of(config: RunConfig) -> tuple[str, list[Stage]]:
     folder: its weights are that model with every earlier adapter merged in, in this order."""
     earlier: list[Stage] = []
     model = config.model.id.strip()
-    while (Path(model) / "status.json").is_file() and (Path(model) / "config.json").is_file():
+    while is_run_dir(Path(model).expanduser()):
         parent = RunDir(Path(model)).read_config().model.id.strip()
         earlier.insert(0, Stage(Path(model).name, parent))
         model = parent
@@ -145,18 +145,17 @@ def _template(text: str | None) -> str:
 
 
 def _eval_table(run: RunDir) -> list[str]:
+    from .evaluation import before_and_after  # it imports weights, which imports this module
+
     evaluation = run.read_eval()
-    before, after = evaluation.get("before"), evaluation.get("after")
-    if not before and not after:
+    if not evaluation.get("before") and not evaluation.get("after"):
         return ["This run was not scored on held-out prompts."]
-    names = list((before or after)["reward_breakdown"])
     rows = [f"Mean reward on {evaluation.get('n_prompts', '?')} held-out prompts, greedy replies:", "",
             "| reward | before | after | change |", "|---|---:|---:|---:|"]
-    for label, key in [("**total (weighted)**", None)] + [(name, name) for name in names]:
-        values = [(side["reward_mean"] if key is None else side["reward_breakdown"].get(key)) if side else None
-                  for side in (before, after)]
+    for name, *values in before_and_after(evaluation):
         change = f"{values[1] - values[0]:+.3f}" if None not in values else "-"
-        rows.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values) + f" | {change} |")
+        rows.append(f"| {name or '**total (weighted)**'} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values)
+                    + f" | {change} |")
     return rows
 
 

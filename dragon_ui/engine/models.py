@@ -141,7 +141,8 @@ def quiet_library_deprecations() -> None:
                             module=r"transformers\.modeling_utils")
 
 
-def _is_run_dir(path: Path) -> bool:
+def is_run_dir(path: Path) -> bool:
+    """Whether a model id names a run folder (a run continued from another): its config and status are there."""
     return (path / "config.json").is_file() and (path / "status.json").is_file()
 
 
@@ -158,7 +159,7 @@ def resolve_model(config: ModelConfig, check_hub: bool = True) -> ModelSource:
     common = dict(revision=config.revision, trust_remote_code=config.trust_remote_code)
     if path.is_dir():
         path = path.resolve()
-        if _is_run_dir(path):
+        if is_run_dir(path):
             return _resolve_run(path)
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.id: the folder {path} holds no model (no config.json) and is not a finished run.")

@@ -8,7 +8,9 @@ so the app, the API and the CLI all get it).
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +55,7 @@ def publish(run: RunDir, repo_id: str, merged: bool = False, private: bool = Fal
             files = {path.name: path for path in weights.export_adapter(run, weights.adapter_weights(run),
                                                                         Path(staging), repo_id=repo_id)}
         what = "merged model" if merged else "LoRA adapter"
-        with _sentences(repo_id, token):
+        with _in_words(repo_id):
             url = api.create_repo(repo_id, private=private, repo_type="model", exist_ok=update)
             api.create_commit(repo_id, [CommitOperationAdd(name, str(path)) for name, path in sorted(files.items())],
                               commit_message=f"{what} from Dragon GRPO Studio run {run.id}", repo_type="model")
@@ -93,36 +95,27 @@ def _token(token: str | None) -> str:
     return found
 
 
-class _sentences:
+@contextlib.contextmanager
+def _in_words(repo_id: str) -> Iterator[None]:
     """Turn what huggingface_hub raises into one sentence about the cause."""
+    from huggingface_hub.errors import HfHubHTTPError, HTTPError, OfflineModeIsEnabled
 
-    def __init__(self, repo_id: str, token: str) -> None:
-        self.repo_id, self.token = repo_id, token
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, traceback) -> bool:
-        from huggingface_hub.errors import HfHubHTTPError, HTTPError, OfflineModeIsEnabled
-
-        if exc is None:
-            return False
-        owner = self.repo_id.split("/")[0]
-        if isinstance(exc, OfflineModeIsEnabled):
-            raise PublishError("Publishing needs the Hugging Face Hub, but this machine is set to work offline "
-                               "(HF_HUB_OFFLINE); unset it and try again.") from None
-        if isinstance(exc, HfHubHTTPError):
-            status = exc.response.status_code if exc.response is not None else None
-            sentences = {
-                401: f"The Hub did not accept this token (mistyped, expired or revoked); {TOKEN_HELP}.",
-                403: f"This token may not write to {owner!r}: use a token with write access to that account or "
-                     "organisation (a fine-grained token needs it named).",
-                409: f"{self.repo_id} already exists on the Hub; choose another name, or tick Update to add a new "
-                     "version to it.",
-            }
-            raise PublishError(sentences.get(status, f"The Hub refused the upload to {self.repo_id} "
-                                                     f"(HTTP {status}): {str(exc).splitlines()[0]}")) from None
-        if isinstance(exc, HTTPError):
-            raise PublishError("The Hugging Face Hub cannot be reached from this machine (no network, or a proxy "
-                               "in the way); the trained weights stay here: zip or merge them to carry them.") from None
-        return False
+    try:
+        yield
+    except OfflineModeIsEnabled:
+        raise PublishError("Publishing needs the Hugging Face Hub, but this machine is set to work offline "
+                           "(HF_HUB_OFFLINE); unset it and try again.") from None
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        sentences = {
+            401: f"The Hub did not accept this token (mistyped, expired or revoked); {TOKEN_HELP}.",
+            403: f"This token may not write to {repo_id.split('/')[0]!r}: use a token with write access to that "
+                 "account or organisation (a fine-grained token needs it named).",
+            409: f"{repo_id} already exists on the Hub; choose another name, or tick Update to add a new version "
+                 "to it.",
+        }
+        raise PublishError(sentences.get(status, f"The Hub refused the upload to {repo_id} "
+                                                 f"(HTTP {status}): {str(exc).splitlines()[0]}")) from None
+    except HTTPError:
+        raise PublishError("The Hugging Face Hub cannot be reached from this machine (no network, or a proxy "
+                           "in the way); the trained weights stay here: zip or merge them to carry them.") from None

@@ -81,10 +81,12 @@ def example_prompt(run: RunDir) -> tuple[list[dict], str]:
 
 
 def _readme(run: RunDir, weights: TrainedWeights) -> str:
+    from .models import is_run_dir
+
     config = run.read_config()
     messages, origin = example_prompt(run)
     base = config.model.id
-    chained = Path(base).is_dir() and (Path(base) / "status.json").is_file()
+    chained = is_run_dir(Path(base))
     load_from = "base-model" if chained else base
     lines = [
         f"LoRA adapter trained with GRPO by Dragon GRPO Studio: run {run.id} ({weights.label}).",

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from ..data import read_jsonl
-from ..engine.evaluation import SIDES, generate_replies, model_for
+from ..engine.evaluation import SIDES, before_and_after, generate_replies, model_for
 from ..engine.weights import TrainedWeights, trained_weights
 from ..errors import ConfigError
 from ..runstore import ACTIVE_STATES, RunDir, state_label
@@ -60,11 +60,9 @@ def comparison(run: RunDir) -> Comparison:
     """Chart bars, table rows and a summary sentence from the run's eval.json and samples.json."""
     evaluation = run.read_eval()
     before, after = evaluation.get("before"), evaluation.get("after")
-    names = list((before or after or {}).get("reward_breakdown", {}))
-    scored = {side: evaluation.get(side) or {} for side in SIDES}
-    bars = [{"reward": "total", **{side: scored[side].get("reward_mean") for side in SIDES}}]
-    bars += [{"reward": name, **{side: scored[side].get("reward_breakdown", {}).get(name) for side in SIDES}}
-             for name in names]
+    rows = before_and_after(evaluation)
+    names = [name for name, _, _ in rows[1:]]
+    bars = [{"reward": name or "total", **dict(zip(SIDES, values))} for name, *values in rows]
     table = [_table_row(sample, names) for sample in run.read_samples()]
 
     state = run.read_status().get("state", "unknown")

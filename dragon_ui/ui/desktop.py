@@ -10,6 +10,7 @@ opens in the browser instead.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -169,7 +170,8 @@ def save_download(view, download) -> None:
         download.accept()
     except Exception as exc:  # noqa: BLE001 - escaping a PyQt6 slot would abort the program
         print(f"The download could not be saved: {exc}", file=sys.stderr)
-        download.cancel()
+        with contextlib.suppress(Exception):
+            download.cancel()
 
 
 def _mend_qt_downloads() -> None:
