@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import DataConfig
-from .errors import ConfigError, first_line
+from .errors import ConfigError, check_length, first_line
 from .rewards import RewardSpec, parse_rewards
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -30,6 +30,8 @@ DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
 GENERATION_BACKENDS = ("transformers", "vllm-colocate", "vllm-server")
+# The longest texts settings may hold: a path or Hub id, a short name (revision, split, layer), a run's name.
+PATH_CHARS, NAME_CHARS, RUN_NAME_CHARS = 1000, 200, 100
 
 
 @dataclass
@@ -41,6 +43,8 @@ class ModelConfig:
     trust_remote_code: bool = False
 
     def validate(self, where: str = "model") -> None:
+        check_length(f"{where}.id", self.id, PATH_CHARS)
+        check_length(f"{where}.revision", self.revision, NAME_CHARS)
         if not self.id.strip():
             raise ConfigError(f"{where}.id is empty; give a Hub id like {DEFAULT_MODEL_ID}, a model folder or a run folder.")
 
@@ -111,6 +115,10 @@ class LoraSettings:
         _check_range(f"{where}.alpha", self.alpha, 1, 4096, "the adapter scale")
         _check_range(f"{where}.dropout", self.dropout, 0.0, 0.99, "adapter dropout")
         targets = [self.target_modules] if isinstance(self.target_modules, str) else self.target_modules
+        if len(targets) > 64:
+            raise ConfigError(f"{where}.target_modules names {len(targets)} layers; name at most 64, or use all-linear.")
+        for target in targets:
+            check_length(f"{where}.target_modules", target, NAME_CHARS)
         if not targets or any(not t.strip() for t in targets):
             raise ConfigError(f"{where}.target_modules is empty; use \"all-linear\" or a list of layer names like [q_proj, v_proj].")
         if "lm_head" in targets:
@@ -168,6 +176,7 @@ class GenerationSettings:
 
     def validate(self, where: str = "generation") -> None:
         _check_choice(f"{where}.backend", self.backend, GENERATION_BACKENDS)
+        check_length(f"{where}.vllm_server_url", self.vllm_server_url, PATH_CHARS)
         if self.backend == "vllm-server":
             url = (self.vllm_server_url or "").strip()
             if not url.startswith(("http://", "https://")):
@@ -260,6 +269,9 @@ class RunConfig:
         return cls.from_dict(data or {}, base_dir=path.parent)
 
     def validate(self) -> None:
+        check_length("name", self.name, RUN_NAME_CHARS)
+        check_length("runs_dir", self.runs_dir, PATH_CHARS)
+        check_length("base_dir", self.base_dir, PATH_CHARS)
         self.model.validate()
         self.data.validate()
         if not self.rewards:

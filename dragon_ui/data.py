@@ -12,6 +12,7 @@ torch; ``datasets`` is imported only when a Hub dataset is actually requested.
 
 import json
 import math
+import os
 import random
 import re
 import string
@@ -22,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from dragon_ui import ASSETS_DIR
-from dragon_ui.errors import ConfigError
+from dragon_ui.errors import ConfigError, check_length, first_line
 from dragon_ui.files import replaced_atomically
-from dragon_ui.public import LIFT, Limits, is_public_demo, visitor
+from dragon_ui.public import LIFT, Limits, is_own_upload, is_public_demo
 from dragon_ui.rewards import last_user_text
 from dragon_ui.tables import SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, read_file, read_json_lines
 
@@ -35,6 +36,10 @@ MIN_ROWS_FOR_EVAL = 20
 # However small eval_frac is, this many prompts are held out (fewer would make the before/after comparison noise),
 # but never more than a fifth of the rows, so small data still trains on the other four fifths.
 MIN_HELD_OUT = 10
+TEMPLATE_CHARS = 10_000  # a prompt, reference or system template (with its fixed text) may be this long
+SETTING_CHARS = 1000  # the source, and the Hub config, split and sheet names
+# A public demo's compressed data files (Parquet, .xlsx, .ods) may unpack to this many times its upload limit.
+UNPACKED_TIMES_UPLOAD = 10
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
@@ -59,6 +64,8 @@ class DataConfig:
 
     def validate(self, where: str = "data") -> None:
         """Check the settings that make sense without reading the data; raises ConfigError."""
+        for name in ("source", "hub_config", "hub_split", "sheet"):
+            check_length(f"{where}.{name}", getattr(self, name), SETTING_CHARS)
         if not isinstance(self.source, str) or not self.source.strip():
             raise ConfigError(
                 f"{where}.source is empty; choose a bundled dataset, a CSV/JSONL/Parquet file, "
@@ -85,6 +92,8 @@ class DataConfig:
         for name in ("reference", "system"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{where}.{name} must be text (a column name or a template), or empty.")
+        for name in ("prompt", "reference", "system"):
+            check_length(f"{where}.{name}", getattr(self, name), TEMPLATE_CHARS)
         frac = self.eval_frac
         if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0 <= frac <= 0.5:
             raise ConfigError(
@@ -126,7 +135,10 @@ class MappedData:
         """Why more rows are held out than eval_frac asks for, or '' when they are not."""
         usable = len(self.train) + len(self.eval)
         asked = round(usable * self.eval_frac)
-        if len(self.eval) <= asked:
+        if len(self.eval) < asked and is_public_demo() and len(self.eval) == Limits.from_env().held_out_prompts:
+            return (f"Only {len(self.eval)} rows are held out, this public demo's limit of held-out prompts scored "
+                    f"before and after ({asked} asked for).")
+        if len(self.eval) == asked:
             return ""
         share = f"{self.eval_frac * 100:g}%"
         return (f"{len(self.eval)} rows are held out for the before/after comparison ({share} would be "
@@ -152,28 +164,53 @@ def bundled_datasets() -> list[Path]:
     return [path for path in sorted(BUNDLED_DATASETS_DIR.iterdir()) if path.suffix.lower() in SUPPORTED_EXTENSIONS]
 
 
-def public_source_refusal(source: str, base_dir: str | None = None, uploads=()) -> str | None:
-    """Why a public demo will not read ``source``, or None where it may: a bundled dataset, one of this visitor's
-    ``uploads`` or a Hub dataset id; never any other path on the server. Decided from the text alone: nothing
-    on the disk is looked at for a source that is refused."""
+@dataclass(frozen=True)
+class HubDataset:
+    """A data source that names a dataset on the Hugging Face Hub (``owner/name``)."""
+
+    id: str
+
+
+def locate(source: str, base_dir: str | None = None) -> Path | HubDataset:
+    """Where ``source`` is read from: a local file (looked up in the current folder, then ``base_dir``, the folder
+    of the config file, so a config and its data can be moved together), or a Hub dataset.
+
+    In a public demo the text alone decides, and nothing on the disk is looked at first: an ``owner/name`` text is
+    a Hub dataset, anything else must be a bundled dataset or one of this visitor's uploads (``base_dir`` plays no
+    part, since a visitor could send any); every other source is refused with a ConfigError.
+    """
     source = source.strip()
-    if is_hub_dataset_id(source, look_on_disk=False):
-        return None
-    path = Path(source).expanduser()
-    if base_dir is not None and not path.is_absolute():
-        path = Path(base_dir) / path
-    path = path.resolve()
-    if path in {p.resolve() for p in bundled_datasets()} or path in {Path(u).resolve() for u in uploads}:
-        return None
-    return ("data.source must be one of the bundled datasets, a file you upload here, or a Hub dataset id like "
-            f"openai/gsm8k: this public demo reads no other files on the server ({LIFT} to use any file).")
+    if is_public_demo():
+        if is_hub_dataset_id(source, look_on_disk=False):
+            return HubDataset(source)
+        path = _as_absolute(source)
+        if is_bundled(source) or is_own_upload(path):
+            return path
+        raise ConfigError("data.source must be one of the bundled datasets, a file you upload here, or a Hub dataset "
+                          f"id like openai/gsm8k: this public demo reads no other files on the server ({LIFT} to use "
+                          "any file).")
+    candidates = _candidate_paths(source, base_dir)
+    found = next((path for path in candidates if path.exists()), None)
+    if found is None and is_hub_dataset_id(source, look_on_disk=False):
+        return HubDataset(source)
+    return (found or candidates[0]).resolve()
 
 
-def check_public_source(source: str, base_dir: str | None = None) -> None:
-    """In a public demo, refuse a source it does not read (see public_source_refusal, with the current visitor's
-    uploads), before anything on the disk is looked at; nothing outside public mode."""
-    if is_public_demo() and (refusal := public_source_refusal(source, base_dir, visitor().uploads)):
-        raise ConfigError(refusal)
+def _as_absolute(source: str) -> Path:
+    """A path text made absolute by its text alone: no symlink or other file on the disk is looked at."""
+    return Path(os.path.normpath(os.path.abspath(source.strip())))
+
+
+def is_bundled(source: str) -> bool:
+    """Whether ``source`` names one of the bundled datasets (by its text alone)."""
+    return _as_absolute(source) in {_as_absolute(str(path)) for path in bundled_datasets()}
+
+
+def check_public_source(source: str) -> None:
+    """In a public demo, refuse a source it does not read (see :func:`locate`), before anything on the disk is looked
+    at; nothing outside public mode."""
+    if is_public_demo():
+        locate(source)
 
 
 def _candidate_paths(source: str, base_dir: str | None) -> list[Path]:
@@ -183,57 +220,65 @@ def _candidate_paths(source: str, base_dir: str | None) -> list[Path]:
     return candidates
 
 
-def resolve_source(source: str, base_dir: str | None = None) -> str:
-    """The absolute path of a local data file (looked up as read_table does), or the source unchanged (a Hub id)."""
-    found = next((p for p in _candidate_paths(source, base_dir) if p.exists()), None)
-    return str(found.resolve()) if found is not None else source
+def rows_to_read(max_rows: int | None) -> int | None:
+    """How many rows to read at most: the rows asked for (``data.max_rows``), and in a public demo one more than
+    its limit, which is enough to tell that a file has too many."""
+    if not is_public_demo():
+        return max_rows
+    cap = Limits.from_env().dataset_rows + 1
+    return cap if max_rows is None else min(max_rows, cap)
 
 
 def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None,
-               sheet: str | None = None) -> Table:
-    """Read all rows of a local file (``sheet`` of a spreadsheet) or a Hub dataset, and what reading them took.
+               sheet: str | None = None, max_rows: int | None = None) -> Table:
+    """Read the rows of a local file (``sheet`` of a spreadsheet) or a Hub dataset, and what reading them took: the
+    first ``max_rows`` (and, in a public demo, never more than one past its row limit).
 
-    A relative path is looked up in the current folder first, then in ``base_dir`` (the folder of the
-    config file), so a config and its data can be moved together. A public demo reads only what
-    :func:`public_source_refusal` allows (the visitor's own uploads among them), and a Hub id from the Hub alone.
+    A public demo reads only what :func:`locate` allows, and a Hub id from the Hub alone.
     """
-    source = source.strip()
-    check_public_source(source, base_dir)
-    if is_public_demo() and is_hub_dataset_id(source, look_on_disk=False):
-        return Table(_load_hub(source, hub_config, hub_split))
-    candidates = _candidate_paths(source, base_dir)
-    path = next((p for p in candidates if p.exists()), None)
-    if path is None:
-        if is_hub_dataset_id(source):
-            return Table(_load_hub(source, hub_config, hub_split))
-        tried = " or ".join(str(p.absolute()) for p in candidates)
+    place = locate(source, base_dir)
+    limit = rows_to_read(max_rows)
+    if isinstance(place, HubDataset):
+        return Table(_load_hub(place.id, hub_config, hub_split, limit))
+    if not place.exists():
+        tried = " or ".join(str(p.absolute()) for p in _candidate_paths(source, base_dir))
         raise ConfigError(f"data.source: no file at {tried}.")
-    if path.is_dir():
-        raise ConfigError(f"data.source: {path} is a folder; point it at a single data file inside it.")
-    suffix = path.suffix.lower()
+    if place.is_dir():
+        raise ConfigError(f"data.source: {place} is a folder; point it at a single data file inside it.")
+    suffix = place.suffix.lower()
     if suffix not in SUPPORTED_EXTENSIONS:
         raise ConfigError(
-            f"data.source: {path.name} has the unsupported file type '{suffix or '(none)'}'; "
+            f"data.source: {place.name} has the unsupported file type '{suffix or '(none)'}'; "
             f"use one of {', '.join(SUPPORTED_EXTENSIONS)}."
         )
     if sheet is not None and suffix not in SPREADSHEET_EXTENSIONS:
         raise ConfigError(f"data.sheet is only for spreadsheets ({', '.join(SPREADSHEET_EXTENSIONS)}); "
-                          f"{path.name} has no sheets, so leave it empty.")
+                          f"{place.name} has no sheets, so leave it empty.")
+    unpacked_mb = Limits.from_env().upload_mb * UNPACKED_TIMES_UPLOAD if is_public_demo() else None
     try:
-        table = read_file(path, sheet)
+        table = read_file(place, sheet, limit, unpacked_mb)
     except OSError as exc:
-        raise ConfigError(f"data.source: {path} could not be read ({exc.strerror or exc}).") from None
+        raise ConfigError(f"data.source: {place} could not be read ({exc.strerror or exc}).") from None
     if not table.rows:
-        raise ConfigError(f"data.source: {path.name} has no rows.")
+        raise ConfigError(f"data.source: {place.name} has no rows.")
     return table
 
 
-def _load_hub(source: str, hub_config: str | None, hub_split: str) -> list[dict]:
-    """Download a Hub dataset split; offline is the common workshop case, so it gets its own advice."""
+def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int | None = None) -> list[dict]:
+    """The rows of a Hub dataset split (the first ``max_rows``); offline is the common workshop case, so it gets its
+    own advice. In a public demo it is streamed (see _stream_hub_rows)."""
     import datasets  # heavy, and only needed for Hub sources
 
     try:
-        dataset = datasets.load_dataset(source, name=hub_config, split=hub_split)
+        if is_public_demo():
+            rows = _stream_hub_rows(datasets, source, hub_config, hub_split, max_rows)
+        else:
+            dataset = datasets.load_dataset(source, name=hub_config, split=hub_split)
+            if max_rows is not None and max_rows < len(dataset):
+                dataset = dataset.select(range(max_rows))
+            rows = dataset.to_list()
+    except ConfigError:
+        raise
     except Exception as exc:
         if _is_network_error(exc):
             raise ConfigError(
@@ -242,11 +287,31 @@ def _load_hub(source: str, hub_config: str | None, hub_split: str) -> list[dict]
             ) from None
         detail = f"config {hub_config!r}, " if hub_config else ""
         raise ConfigError(
-            f"data.source: could not load the Hub dataset '{source}' ({detail}split '{hub_split}'): {exc}"
+            f"data.source: could not load the Hub dataset '{source}' ({detail}split '{hub_split}'): {first_line(exc)}"
         ) from None
-    rows = dataset.to_list()
     if not rows:
         raise ConfigError(f"data.source: the split '{hub_split}' of the Hub dataset '{source}' has no rows.")
+    return rows
+
+
+def _stream_hub_rows(datasets, source: str, hub_config: str | None, hub_split: str, max_rows: int | None) -> list[dict]:
+    """A public demo's Hub rows: streamed, so nothing past the row and size limits is downloaded; through an
+    ``hf://datasets/`` path, which ``datasets`` never looks up on the disk (a bare ``owner/name`` that is also a
+    folder here, such as ``runs/<id>``, would be loaded from that folder); and with ``token=False``, so the
+    server's own token (HF_TOKEN, its login) never reaches a private or gated dataset for a visitor."""
+    stream = datasets.load_dataset(f"hf://datasets/{source}", name=hub_config, split=hub_split, streaming=True,
+                                   token=False)
+    limit_mb = Limits.from_env().upload_mb
+    rows, size = [], 0
+    for row in stream:
+        size += len(json.dumps(row, ensure_ascii=False, default=str))
+        if size > limit_mb * 2**20:
+            raise ConfigError(f"data.source: the first {len(rows):,} rows of the Hub dataset '{source}' already hold "
+                              f"more than this public demo's limit of {limit_mb:g} MB of data; set data.max_rows "
+                              f"lower, or {LIFT}.")
+        rows.append(row)
+        if max_rows is not None and len(rows) >= max_rows:
+            break
     return rows
 
 
@@ -365,9 +430,10 @@ def map_rows(rows: list[dict], config: DataConfig) -> MappedData:
     if not rows:
         raise ConfigError("data.source: the dataset has no rows.")
     limit = Limits.from_env().dataset_rows if is_public_demo() else None
-    if limit is not None and len(rows) > limit:
-        raise ConfigError(f"data.max_rows must be at most {limit:,} here: the data has {len(rows):,} rows, more than "
-                          f"this public demo's limit of {limit:,} rows of data ({LIFT} to train on all of it).")
+    if limit is not None and len(rows) > limit:  # read_table stops one row past the limit
+        raise ConfigError(f"data.max_rows must be at most {limit:,} here: the data has more than {limit:,} rows, this "
+                          f"public demo's limit of rows of data; set it to {limit:,} or fewer ({LIFT} to train on "
+                          "all of it).")
     columns = columns_of(rows)
     prompt = _Mapping("data.prompt", config.prompt, columns, constant_allowed=False)
     reference = _Mapping("data.reference", config.reference, columns, False) if _given(config.reference) else None
@@ -409,10 +475,12 @@ def _given(text: str | None) -> bool:
 
 def held_out_count(n: int, eval_frac: float) -> int:
     """How many of ``n`` usable examples to hold out: round(n * eval_frac), raised to MIN_HELD_OUT (or a fifth of
-    the rows, if that is fewer); none when eval_frac is 0 or there are fewer than MIN_ROWS_FOR_EVAL."""
+    the rows, if that is fewer); none when eval_frac is 0 or there are fewer than MIN_ROWS_FOR_EVAL. A public demo
+    holds out at most its limit of held-out prompts, which bounds the scoring before and after a run."""
     if n < MIN_ROWS_FOR_EVAL or eval_frac <= 0:
         return 0
-    return max(round(n * eval_frac), min(MIN_HELD_OUT, n // 5))
+    count = max(round(n * eval_frac), min(MIN_HELD_OUT, n // 5))
+    return min(count, Limits.from_env().held_out_prompts) if is_public_demo() else count
 
 
 def _split(examples: list[dict], eval_frac: float, seed: int) -> tuple[list[dict], list[dict]]:
@@ -436,7 +504,8 @@ def _split(examples: list[dict], eval_frac: float, seed: int) -> tuple[list[dict
 def load_and_map(config: DataConfig, base_dir: str | None = None) -> MappedData:
     """Validate, load and map in one go: what training and the data preview both need."""
     config.validate()
-    table = read_table(config.source, config.hub_config, config.hub_split, base_dir=base_dir, sheet=config.sheet)
+    table = read_table(config.source, config.hub_config, config.hub_split, base_dir=base_dir, sheet=config.sheet,
+                       max_rows=config.max_rows)
     mapped = map_rows(table.rows, config)
     mapped.notes = table.notes
     return mapped

@@ -13,6 +13,10 @@ class BusyError(DragonError):
     """Another training is already running in this process."""
 
 
+class Stopped(DragonError):
+    """A stop, or a public demo's time limit, ended the work before it was done."""
+
+
 class NotYoursError(DragonError):
     """A public demo's visitor asked to change or take a run another visitor started."""
 
@@ -28,3 +32,10 @@ def describe(exc: BaseException) -> str:
     first = first_line(exc)
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
+
+
+def check_length(where: str, text: str | None, most: int) -> None:
+    """Refuse a text setting longer than ``most`` characters: any client can send megabytes in a field, and every
+    check, preview and saved config would carry them."""
+    if isinstance(text, str) and len(text) > most:
+        raise ConfigError(f"{where} has {len(text):,} characters, more than the {most:,} it may have.")

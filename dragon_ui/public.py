@@ -10,6 +10,7 @@ import contextlib
 import os
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from .errors import ConfigError
 
@@ -33,12 +34,22 @@ class Limits:
     """What one visitor's run may take on a public demo. The defaults suit a free 2-vCPU, 16 GB CPU Space: a run
     of the bundled recipes fits in 15 minutes and the machine stays responsive for the next visitor."""
 
-    run_minutes: float = _limit(15, "DRAGON_UI_MAX_RUN_MINUTES", "minutes of training per run")
+    run_minutes: float = _limit(15, "DRAGON_UI_MAX_RUN_MINUTES",
+                                "minutes per run, held-out scoring included")
     max_new_tokens: int = _limit(256, "DRAGON_UI_MAX_NEW_TOKENS", "new tokens per completion")
     completions_per_step: int = _limit(32, "DRAGON_UI_MAX_COMPLETIONS_PER_STEP", "completions per step")
     dataset_rows: int = _limit(10_000, "DRAGON_UI_MAX_DATASET_ROWS", "rows of data")
-    upload_mb: float = _limit(20, "DRAGON_UI_MAX_UPLOAD_MB", "MB per uploaded file")
+    upload_mb: float = _limit(20, "DRAGON_UI_MAX_UPLOAD_MB", "MB per uploaded file or Hub dataset")
+    held_out_prompts: int = _limit(50, "DRAGON_UI_MAX_HELD_OUT", "held-out prompts scored before and after")
+    lora_rank: int = _limit(64, "DRAGON_UI_MAX_LORA_RANK", "LoRA rank (full fine-tuning is off)")
     queue_length: int = _limit(10, "DRAGON_UI_MAX_QUEUE", "runs waiting in the queue")
+    runs_per_visitor: int = _limit(2, "DRAGON_UI_MAX_RUNS_PER_VISITOR",
+                                   "runs one visitor may have training or waiting")
+    runs_per_address: int = _limit(4, "DRAGON_UI_MAX_RUNS_PER_ADDRESS",
+                                   "runs training or waiting from one network address")
+    starts_per_hour: int = _limit(10, "DRAGON_UI_MAX_STARTS_PER_HOUR", "starts and resumes per network address "
+                                  "per hour")
+    keep_hours: float = _limit(72, "DRAGON_UI_KEEP_HOURS", "hours a finished run and an upload are kept")
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -78,22 +89,25 @@ def owner_key() -> str:
 
 @dataclass(frozen=True)
 class Visitor:
-    """Who is asking. ``key`` identifies one browser (a hash of the random token it keeps) or one API client; the
+    """Who is asking. ``key`` identifies one browser (a hash of the random token it keeps) or one API session; the
     operator (the command line, and everyone when the app is not public) has no key and owns every run, and so
-    does a visitor who entered the owner key. ``uploads`` are the files this visitor uploaded: the only files on
-    the server a public demo reads for them."""
+    does a visitor who entered the owner key. ``address`` is a hash of the network address the request came from,
+    which counts the runs of an API client that opens a new session for every call."""
 
     key: str | None = None
-    uploads: frozenset[str] = frozenset()
     unlocked: bool = False
+    address: str | None = None
 
     @property
     def owns_everything(self) -> bool:
         return self.key is None or self.unlocked
 
     def owns(self, run_owner: str | None) -> bool:
-        """Whether this visitor may stop, resume, delete or download a run that ``run_owner`` started."""
-        return not is_public_demo() or self.owns_everything or (run_owner is not None and run_owner == self.key)
+        """Whether this visitor may stop, resume, delete or download a run that ``run_owner`` started. A run nobody
+        could be told apart for (its owner empty or unknown) is owned by the operator alone."""
+        if not is_public_demo() or self.owns_everything:
+            return True
+        return bool(self.key) and run_owner == self.key
 
 
 OPERATOR = Visitor()
@@ -118,3 +132,27 @@ def visiting(who: Visitor):
         yield
     finally:
         _current.reset(token)
+
+
+UPLOADS_FOLDER = ".uploads"  # in the runs folder: each visitor's uploads, in a folder named by its key
+
+
+def uploads_dir() -> Path:
+    """Where a public demo keeps uploaded files: inside its runs folder (persistent storage on a Space), one folder
+    per visitor. Gradio never serves it: only the runs' owners' downloads leave the server, as copies."""
+    from .config import resolve_runs_dir
+
+    return resolve_runs_dir() / UPLOADS_FOLDER
+
+
+def own_uploads_dir(who: Visitor | None = None) -> Path | None:
+    """The folder of ``who``'s (the current visitor's) uploads; None for a visitor nobody could be told apart."""
+    who = who or visitor()
+    return uploads_dir() / who.key if who.key else None
+
+
+def is_own_upload(path: Path) -> bool:
+    """Whether ``path`` (resolved) is a file the current visitor uploaded: decided by where it lies, so a visitor's
+    uploads stay theirs after a restart of the app, and nobody else's can be named."""
+    folder = own_uploads_dir()
+    return folder is not None and path.is_relative_to(folder.resolve())

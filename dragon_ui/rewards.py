@@ -11,6 +11,7 @@ TRL wrappers all score through :func:`score_completion` / :func:`safe_score`, an
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import math
@@ -27,7 +28,9 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
-from dragon_ui.errors import ConfigError, DragonError
+import regex
+
+from dragon_ui.errors import ConfigError, DragonError, check_length
 from dragon_ui.public import LIFT, is_public_demo
 
 REWARD_KINDS: tuple[str, ...] = (
@@ -218,6 +221,7 @@ class RewardSpec:
         spec = cls(kind=kind)
         for key in allowed[1:]:
             if _given(data.get(key)):
+                _check_size(data[key], f"{where}.{key}", _LONGEST.get(key, _LONGEST_ITEM))
                 setattr(spec, key, _PARSERS[key](data[key], f"{where}.{key}"))
         spec.name = spec.name or kind
         _check_kind(spec, where)
@@ -231,6 +235,20 @@ class RewardSpec:
             if f.name not in out and value != f.default:
                 out[f.name] = list(value) if isinstance(value, list) else value
         return out
+
+
+# The longest a text setting may be (any client can send megabytes); list settings: each item, and how many.
+_LONGEST = {"code": 100_000, "file": 1000, "pattern": 1000, "argv": 4000}
+_LONGEST_ITEM, _MOST_ITEMS, MOST_REWARDS = 200, 100, 20
+
+
+def _check_size(value, label: str, longest: int) -> None:
+    """Refuse a text longer than ``longest``, or a list of more than _MOST_ITEMS items or with a longer item."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if len(items) > _MOST_ITEMS:
+        raise ConfigError(f"{label} has {len(items)} items, more than the {_MOST_ITEMS} it may have.")
+    for item in items:
+        check_length(label, item, longest)
 
 
 def _a(kind: str) -> str:
@@ -415,6 +433,8 @@ def parse_rewards(items: list, where: str = "rewards") -> list[RewardSpec]:
     """Validate a whole reward list: not empty, each entry valid, names unique (they become column names)."""
     if not isinstance(items, (list, tuple)) or not items:
         raise ConfigError(f"{where} must be a non-empty list of rewards; add at least one reward.")
+    if len(items) > MOST_REWARDS:
+        raise ConfigError(f"{where} has {len(items)} rewards, more than the {MOST_REWARDS} a run may have.")
     specs = [RewardSpec.from_dict(item, f"{where}[{index}]") for index, item in enumerate(items)]
     seen: dict[str, int] = {}
     for index, spec in enumerate(specs):
@@ -500,20 +520,68 @@ def _numeric(spec: RewardSpec) -> Scorer:
     return score
 
 
-def _compile_pattern(spec: RewardSpec, where: str) -> re.Pattern:
+def _compile_pattern(spec: RewardSpec, where: str) -> regex.Pattern:
+    """The pattern, compiled by the ``regex`` package (Python's syntax; it releases the GIL while it matches and
+    takes a timeout), refused with a sentence when it is not valid or takes too long on some texts."""
+    flags = 0 if spec.case_sensitive else regex.IGNORECASE
     try:
-        return re.compile(spec.pattern, 0 if spec.case_sensitive else re.IGNORECASE)
-    except re.error as error:
+        pattern = regex.compile(spec.pattern, flags)
+    except regex.error as error:
         raise ConfigError(f"{where}.pattern is not a valid regular expression: {error}.") from None
+    slow_on = _slow_text(spec.pattern, flags)
+    if slow_on is not None:
+        shown = slow_on if len(slow_on) <= 24 else f"{slow_on[:12]}…{slow_on[-6:]}"
+        raise ConfigError(f"{where}.pattern takes too long on some replies (over {PROBE_TIMEOUT_S:g} s on "
+                          f"{shown!r}): repetition that can match the same text in many ways, such as (a|aa)+ or "
+                          "(a+)+, takes exponential time; rewrite it so each character can be matched one way only.")
+    return pattern
+
+
+# Texts that make backtracking patterns slow: a character (or pair) repeated, then one that does not fit.
+_PROBE_PIECES = ("a", "0", " ", "ab", "a ", "a1", "\n", ".", ",", "<>", "-")
+PROBE_REPEATS, PROBE_TIMEOUT_S = 40, 0.05
+REGEX_TIMEOUT_S = 0.25  # one reply: a pattern that takes longer scores it 0, counted as a failure
+
+
+@functools.lru_cache(maxsize=256)
+def _slow_text(pattern_text: str, flags: int) -> str | None:
+    """A short text on which the pattern takes more than PROBE_TIMEOUT_S (checked when a reward is saved, so a
+    pattern that backtracks exponentially is refused before a run meets it), or None."""
+    pattern = regex.compile(pattern_text, flags)
+    pieces = dict.fromkeys([*_PROBE_PIECES, *(char for char in pattern_text if char.isalnum())][:24])
+    for piece in pieces:
+        for end in ("!", "\x00", ""):
+            text = piece * PROBE_REPEATS + end
+            try:
+                pattern.search(text, timeout=PROBE_TIMEOUT_S)
+            except TimeoutError:
+                return text
+    return None
 
 
 def _regex(spec: RewardSpec, where: str) -> Scorer:
     pattern = _compile_pattern(spec, where)
-    return lambda prompt, completion, reference, row: float(pattern.search(completion) is not None)
+
+    def score(prompt, completion, reference, row):
+        try:
+            return float(pattern.search(completion, timeout=REGEX_TIMEOUT_S) is not None)
+        except TimeoutError:
+            raise RewardError(f"the regular expression took longer than {REGEX_TIMEOUT_S:g} s on this reply") from None
+    return score
 
 
-# A completion that is one fenced block (```json ... ``` or plain ```), with the fence lines removed.
-_FENCE_RE = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)\n?[ \t]*```", re.DOTALL)
+_FENCE_LANGUAGE = re.compile(r"[\w+-]*[ \t]*\n?")  # what may follow an opening fence: ```json, then a newline
+
+
+def _fenced_content(text: str) -> str | None:
+    """The content of a text that is one fenced block (```json ... ``` or plain ```), fence lines removed; None
+    for any other text. String operations and one anchored match: linear in the text, whatever it holds."""
+    if len(text) < 6 or not (text.startswith("```") and text.endswith("```")):
+        return None
+    inner = text[3:-3]
+    inner = inner[_FENCE_LANGUAGE.match(inner).end():]
+    body = inner.rstrip(" \t")
+    return body[:-1] if body.endswith("\n") else body
 
 
 def _json(spec: RewardSpec) -> Scorer:
@@ -523,9 +591,9 @@ def _json(spec: RewardSpec) -> Scorer:
     """
     def score(prompt, completion, reference, row):
         text = completion.strip()
-        fenced = _FENCE_RE.fullmatch(text)
+        fenced = _fenced_content(text)
         try:
-            value = json.loads(fenced.group(1) if fenced else text)
+            value = json.loads(fenced if fenced is not None else text)
         except (ValueError, RecursionError):
             return 0.0
         if not spec.keys:

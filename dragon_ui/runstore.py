@@ -265,7 +265,8 @@ def list_runs(runs_dir: Path) -> list[dict]:
             "reward": status.get("reward"), "heldout_before": status.get("heldout_before"),
             "heldout_after": status.get("heldout_after"),
             "model": (config.get("model") or {}).get("id", ""), "started_at": status.get("started_at"),
-            "error": status.get("error"), "owner": status.get("owner"), "waiting": status.get("waiting"),
+            "error": status.get("error"), "owner": status.get("owner"), "address": status.get("owner_address"),
+            "waiting": status.get("waiting"),
             "queued_at": status.get("queued_at"),
         })
     return summaries

@@ -14,6 +14,9 @@ import csv
 import datetime
 import io
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,21 +43,86 @@ class Table:
     sheets: list[str] = field(default_factory=list)  # a spreadsheet's sheet names, the one read among them
 
 
-def read_file(path: Path, sheet: str | None = None) -> Table:
-    """The table in a local file, by its extension; ConfigError with the sentence to show when it cannot be read."""
+def read_file(path: Path, sheet: str | None = None, max_rows: int | None = None,
+              max_unpacked_mb: float | None = None) -> Table:
+    """The table in a local file, by its extension; ConfigError with the sentence to show when it cannot be read.
+
+    Reading stops after ``max_rows`` rows (the caller's row limit, plus one to tell that there were more), so a
+    small file that holds millions of rows is never read whole. ``max_unpacked_mb``: a public demo's cap on what a
+    file that unpacks (Parquet, spreadsheets) may become; such a file is then read in a separate process with a
+    memory limit (see _read_apart), since a few kilobytes can hold gigabytes of repeated text.
+    """
+    if max_unpacked_mb is not None and path.suffix.lower() in UNPACKING_EXTENSIONS:
+        return _read_apart(path, sheet, max_rows, max_unpacked_mb)
+    return _read_here(path, sheet, max_rows)
+
+
+def _read_here(path: Path, sheet: str | None, max_rows: int | None) -> Table:
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv"):
         text, encoding = decode(path)
-        table = _read_delimited(text, "\t" if suffix == ".tsv" else ",", path.name)
+        table = _read_delimited(text, "\t" if suffix == ".tsv" else ",", path.name, max_rows)
         table.notes.insert(0, f"Read as {encoding}.")
         return table
     if suffix == ".parquet":
-        return Table(_read_parquet(path))
+        return Table(_read_parquet(path, max_rows))
     if suffix in SPREADSHEET_EXTENSIONS:
-        return _read_spreadsheet(path, sheet)
+        return _read_spreadsheet(path, sheet, max_rows)
     text, encoding = decode(path)
-    rows = _read_json(text, path.name) if suffix == ".json" else read_json_lines(text, path.name)
+    rows = _read_json(text, path.name, max_rows) if suffix == ".json" else read_json_lines(text, path.name,
+                                                                                           max_rows=max_rows)
     return Table(rows, [f"Read as {encoding}."])
+
+
+UNPACKING_EXTENSIONS = (".parquet", *SPREADSHEET_EXTENSIONS)
+APART_MEMORY_MB = 2048  # the reading process's address space: Python, pyarrow or calamine, and the rows
+APART_SECONDS = 60
+
+
+def _read_apart(path: Path, sheet: str | None, max_rows: int | None, max_unpacked_mb: float) -> Table:
+    """Read a file that unpacks in a separate process, limited to APART_MEMORY_MB of memory and APART_SECONDS, which
+    hands back at most ``max_unpacked_mb`` of rows as JSON (values a JSON value cannot hold become their text, as
+    they would in a prompt anyway). A file that unpacks into more is refused, and the app never holds it."""
+    request = json.dumps({"path": str(path), "sheet": sheet, "max_rows": max_rows,
+                          "max_bytes": int(max_unpacked_mb * 2**20), "memory": APART_MEMORY_MB * 2**20})
+    package_parent = str(Path(__file__).resolve().parents[1])
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent,
+                                                                              os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run([sys.executable, "-c", "from dragon_ui.tables import _read_for_parent; "
+                               "_read_for_parent()"], input=request, capture_output=True, text=True,
+                              timeout=APART_SECONDS, env=environment)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"data.source: {path.name} took longer than {APART_SECONDS} s to read; use a smaller "
+                          "file.") from None
+    if done.returncode != 0 or not done.stdout:
+        raise ConfigError(f"data.source: {path.name} takes more than this public demo's memory for one file once "
+                          "it is unpacked (long texts repeated in many cells, or very many rows); use fewer rows "
+                          "or shorter cells.")
+    answer = json.loads(done.stdout)
+    if "error" in answer:
+        raise ConfigError(answer["error"])
+    return Table(answer["rows"], answer["notes"], answer["sheets"])
+
+
+def _read_for_parent() -> None:
+    """The reading process of _read_apart: its request on standard input, its answer on standard output."""
+    import resource
+
+    request = json.loads(sys.stdin.read())
+    resource.setrlimit(resource.RLIMIT_AS, (request["memory"], request["memory"]))
+    path = Path(request["path"])
+    try:
+        table = _read_here(path, request["sheet"], request["max_rows"])
+        answer = json.dumps({"rows": table.rows, "notes": table.notes, "sheets": table.sheets}, ensure_ascii=False,
+                            default=str)
+        if len(answer) > request["max_bytes"]:
+            limit_mb = request["max_bytes"] / 2**20
+            raise ConfigError(f"data.source: {path.name} unpacks to more than this public demo's limit of "
+                              f"{limit_mb:g} MB of data; use fewer rows or columns.")
+    except ConfigError as exc:
+        answer = json.dumps({"error": str(exc)})
+    sys.stdout.write(answer)
 
 
 def decode(path: Path) -> tuple[str, str]:
@@ -83,15 +151,19 @@ def decode(path: Path) -> tuple[str, str]:
     raise ConfigError(f"data.source: {path.name} is not UTF-8 text; save it again with UTF-8 encoding.")
 
 
-def _read_delimited(text: str, sep: str, name: str) -> Table:
+def _read_delimited(text: str, sep: str, name: str, max_rows: int | None = None) -> Table:
     """CSV/TSV cells as text. A quote that never closes is an error naming its line; a line with more fields than
-    the header is skipped (and counted); a line with fewer gets empty cells; blank lines are ignored."""
+    the header is skipped (and counted); a line with fewer gets empty cells; blank lines are ignored. Reading stops
+    once the header and ``max_rows`` lines are read."""
     kind = "TSV" if sep == "\t" else "CSV"
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=sep, strict=True)
     records, started = [], 1
     try:
         for record in reader:
-            records.append((started, record))
+            if any(cell.strip() for cell in record):
+                records.append((started, record))
+                if max_rows is not None and len(records) > max_rows:
+                    break
             started = reader.line_num + 1
     except csv.Error as exc:
         if "unexpected end of data" in str(exc) or "EOF" in str(exc):
@@ -99,7 +171,6 @@ def _read_delimited(text: str, sep: str, name: str) -> Table:
                               "the rest of the file would become one cell; close the quote or remove it.") from None
         raise ConfigError(f"data.source: line {started} of {name} is not valid {kind} ({exc}); a quote inside a "
                           'cell must be doubled ("") or the whole cell quoted.') from None
-    records = [(line, record) for line, record in records if any(cell.strip() for cell in record)]
     if not records:
         return Table([])
     (_, header), body = records[0], records[1:]
@@ -140,9 +211,10 @@ def unique_columns(header: list) -> tuple[list[str], list[str]]:
     return columns, notes
 
 
-def _read_spreadsheet(path: Path, sheet: str | None) -> Table:
+def _read_spreadsheet(path: Path, sheet: str | None, max_rows: int | None = None) -> Table:
     """The first sheet (or ``sheet``) of an Excel or OpenDocument file through python-calamine, which reads
-    .xlsx, .xls and .ods alike with the values Excel last calculated. The first non-empty row is the header."""
+    .xlsx, .xls and .ods alike with the values Excel last calculated. The first non-empty row is the header; rows
+    are read until ``max_rows`` are found."""
     from python_calamine import CalamineError, CalamineWorkbook
 
     try:
@@ -156,8 +228,13 @@ def _read_spreadsheet(path: Path, sheet: str | None) -> Table:
     if chosen not in names:
         raise ConfigError(f"data.sheet: {path.name} has no sheet called {sheet!r}; its sheets are: "
                           f"{', '.join(names)}.")
-    cells = [[cell_text(value) for value in row] for row in workbook.get_sheet_by_name(chosen).to_python()]
-    cells = [row for row in cells if any(value.strip() for value in row)]
+    cells = []
+    for row in workbook.get_sheet_by_name(chosen).iter_rows():
+        texts = [cell_text(value) for value in row]
+        if any(value.strip() for value in texts):
+            cells.append(texts)
+            if max_rows is not None and len(cells) > max_rows:  # the header and max_rows rows
+                break
     notes = [f"Read the sheet '{chosen}'" + (f" (of {len(names)}: {', '.join(names)})." if len(names) > 1 else ".")]
     if not cells:
         return Table([], notes, names)
@@ -182,45 +259,58 @@ def cell_text(value) -> str:
     return str(value)
 
 
-def _read_parquet(path: Path) -> list[dict]:
-    """Parquet via pyarrow, which gives plain Python values and None for nulls (no NaN upcasting)."""
+def _read_parquet(path: Path, max_rows: int | None = None) -> list[dict]:
+    """Parquet via pyarrow, which gives plain Python values and None for nulls (no NaN upcasting); batch by batch,
+    so only the first ``max_rows`` rows are ever decoded."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        parquet = pq.ParquetFile(path)
+        # pandas stores a non-default index as an extra column; it is not data the user meant to use.
+        columns = [c for c in parquet.schema_arrow.names if not c.startswith("__index_level_")]
+        rows: list[dict] = []
+        for batch in parquet.iter_batches(batch_size=1024, columns=columns):
+            rows += batch.to_pylist()
+            if max_rows is not None and len(rows) >= max_rows:
+                return rows[:max_rows]
+    except pa.ArrowMemoryError:
+        raise  # not a broken file: one too big for the memory it may take
     except pa.ArrowException as exc:
         raise ConfigError(f"data.source: {path.name} is not a valid Parquet file ({exc}).") from None
-    # pandas stores a non-default index as an extra column; it is not data the user meant to use.
-    index_columns = [c for c in table.column_names if c.startswith("__index_level_")]
-    return table.drop_columns(index_columns).to_pylist()
+    return rows
 
 
-def _read_json(text: str, name: str) -> list[dict]:
-    """A JSON array of objects, or an object wrapping one under 'data', 'rows' or 'train'."""
+def _read_json(text: str, name: str, max_rows: int | None = None) -> list[dict]:
+    """A JSON array of objects, or an object wrapping one under 'data', 'rows' or 'train'; the first ``max_rows``
+    of them (a JSON array is parsed whole: its size is the file's)."""
     if not text.strip():
         return []
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # one object per line saved as .json: read it as JSON Lines
-            return read_json_lines(text, name)
+            return read_json_lines(text, name, max_rows=max_rows)
         raise ConfigError(f"data.source: {name} is not valid JSON (line {exc.lineno}: {exc.msg}).") from None
     if isinstance(data, dict):
         data = next((data[k] for k in JSON_WRAPPER_KEYS if isinstance(data.get(k), list)), data)
     if not isinstance(data, list):
         raise ConfigError(f"data.source: {name} must hold a list of objects (one per row), or an object with the "
                           f"list under {', '.join(repr(k) for k in JSON_WRAPPER_KEYS)}.")
+    data = data[:max_rows] if max_rows is not None else data
     for number, item in enumerate(data, start=1):
         if not isinstance(item, dict):
             raise ConfigError(f"data.source: item {number} of {name} is not an object with named fields.")
     return data
 
 
-def read_json_lines(text: str, name: str, prefix: str = "data.source: ") -> list[dict]:
-    """One JSON object per line; blank lines are ignored and a bad line is reported by its number."""
+def read_json_lines(text: str, name: str, prefix: str = "data.source: ", max_rows: int | None = None) -> list[dict]:
+    """One JSON object per line, the first ``max_rows`` of them; blank lines are ignored and a bad line is reported
+    by its number."""
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(io.StringIO(text, newline=None), start=1):
+        if max_rows is not None and len(rows) >= max_rows:
+            break
         if not line.strip():
             continue
         try:

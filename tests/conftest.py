@@ -70,6 +70,18 @@ def write_arithmetic_csv(path: Path, rows: int = 30, seed: int = 0) -> Path:
     return path
 
 
+def uploaded_by(key: str, path: Path) -> str:
+    """``path`` copied to where a public demo keeps the uploads of the visitor with this key (as the Data tab's
+    upload puts it, Studio.keep_upload); the copy's path, which that visitor alone may read."""
+    import shutil
+
+    from dragon_ui import public
+
+    folder = public.own_uploads_dir(public.Visitor(key=key)) / "test-upload"
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(Path(shutil.copy(path, folder / Path(path).name)).resolve())
+
+
 @pytest.fixture
 def studio(runs_dir):
     """The app's backend on a temporary runs folder; fails the test if it leaves a training thread behind."""

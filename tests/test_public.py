@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import gradio as gr
 import pytest
 import yaml
 
+from conftest import uploaded_by
 from dragon_ui import data, public
 from dragon_ui.cli import main
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
@@ -104,26 +106,33 @@ def test_the_command_line_refuses_it_too(public_mode, nothing_is_read, public_co
 
 def test_a_public_run_of_allowed_settings_trains(public_mode, tiny_config_dict):
     """The same checks let an ordinary run through: the visitor's own upload and a model on the allow-list."""
-    upload = tiny_config_dict["data"]["source"]
-    with public.visiting(public.Visitor(key="someone", uploads=frozenset({upload}))):
+    tiny_config_dict["data"]["source"] = uploaded_by("someone", tiny_config_dict["data"]["source"])
+    with public.visiting(public.Visitor(key="someone")):
         handle = training.start(RunConfig.from_dict(tiny_config_dict))
     assert handle.wait(240) == "succeeded", handle.run.read_status().get("error")
 
 
 def test_uploads_are_the_uploaders_own(public_mode, nothing_is_read, tiny_config_dict):
-    upload = tiny_config_dict["data"]["source"]
-    with public.visiting(public.Visitor(key="someone-else", uploads=frozenset({"/tmp/gradio/other.csv"}))), \
-            pytest.raises(ConfigError, match="reads no other files on the server"):
-        training.start(RunConfig.from_dict(tiny_config_dict))
-    assert data.public_source_refusal(upload, uploads={upload}) is None
+    """An upload lies in its visitor's own folder (Studio.keep_upload): nobody else may name it, and a path that
+    climbs out of one's own folder into another's is another's."""
+    upload = uploaded_by("alice", tiny_config_dict["data"]["source"])
+    tiny_config_dict["data"]["source"] = upload
+    for who, source in (("bob", upload), ("", upload),
+                        ("bob", str(public.uploads_dir() / "bob" / ".." / "alice" / "test-upload" / "arithmetic.csv"))):
+        tiny_config_dict["data"]["source"] = source
+        with public.visiting(public.Visitor(key=who)), \
+                pytest.raises(ConfigError, match="reads no other files on the server"):
+            training.start(RunConfig.from_dict(tiny_config_dict))
+    with public.visiting(public.Visitor(key="alice")):
+        assert data.locate(upload) == Path(upload)
 
 
 def test_bundled_datasets_and_hub_ids_are_allowed_without_looking_at_the_disk(public_mode, monkeypatch):
     for bundled in data.bundled_datasets():
-        assert data.public_source_refusal(str(bundled)) is None
-    assert data.public_source_refusal("openai/gsm8k") is None
+        assert data.locate(str(bundled)) == bundled
+    assert data.locate("openai/gsm8k") == data.HubDataset("openai/gsm8k")
     monkeypatch.chdir("/")
-    assert data.public_source_refusal("etc/passwd") is None  # shaped like a Hub id: it goes to the Hub, never to disk
+    assert data.locate("etc/passwd") == data.HubDataset("etc/passwd")  # shaped like a Hub id: never the disk's
     assert not data.is_hub_dataset_id("etc/passwd")  # looking on the disk, the same text is a local path
     fetched = []
     monkeypatch.setattr(data, "_load_hub", lambda source, *args: fetched.append(source) or [{"q": "1"}])
@@ -134,9 +143,9 @@ def test_too_many_rows_are_refused_with_the_limit(public_mode, tmp_path, monkeyp
     csv = tmp_path / "many.csv"
     csv.write_text("question,answer\n" + "".join(f"{i}+1,{i + 1}\n" for i in range(30)), encoding="utf-8")
     monkeypatch.setenv("DRAGON_UI_MAX_DATASET_ROWS", "20")
-    config = data.DataConfig(source=str(csv), prompt="question", reference="answer")
-    with public.visiting(public.Visitor(key="v", uploads=frozenset({str(csv)}))):
-        with pytest.raises(ConfigError, match="data.max_rows must be at most 20 here: the data has 30 rows"):
+    config = data.DataConfig(source=uploaded_by("v", csv), prompt="question", reference="answer")
+    with public.visiting(public.Visitor(key="v")):
+        with pytest.raises(ConfigError, match="data.max_rows must be at most 20 here: the data has more than 20 rows"):
             data.load_and_map(config)
         assert len(data.load_and_map(data.DataConfig(**{**vars(config), "max_rows": 20})).train) > 0
 
@@ -213,15 +222,35 @@ def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, stud
         studio.resume(run.id)
 
 
-def test_a_run_stops_with_a_checkpoint_at_the_time_limit_and_says_why(public_mode, public_config, monkeypatch):
-    monkeypatch.setenv("DRAGON_UI_MAX_RUN_MINUTES", "0.0001")  # 6 ms: the first step already reaches it
+def limit_reached_when(monkeypatch, reached):
+    """The public time limit (RunHandle.out_of_time) reached as soon as ``reached(status)`` holds for the run's
+    status: the moment it strikes is chosen by what the run is doing, not by a clock."""
+    monkeypatch.setattr(training.RunHandle, "out_of_time", lambda handle: reached(handle.run.read_status()))
+
+
+def test_the_time_limit_ends_a_step_within_a_forward_pass_and_keeps_the_last_whole_step(public_mode, public_config,
+                                                                                      monkeypatch):
+    limit_reached_when(monkeypatch, lambda status: status.get("step", 0) >= 2)
     public_config["training"].update(max_steps=50, save_steps=100)
     handle = training.start(RunConfig.from_dict(public_config))
     assert handle.wait(240) == "cancelled"
     status = handle.run.read_status()
-    assert status["step"] == 1 and status["latest_checkpoint"] == "checkpoint-1"
-    assert (handle.run.checkpoints_dir / "checkpoint-1").is_dir()
-    assert status["stop_reason"].startswith("It reached this public demo's limit of 0.0001 minutes of training")
+    assert status["step"] == 2 and status["latest_checkpoint"] == "checkpoint-2"
+    assert [run.name for run in handle.run.checkpoints()] == ["checkpoint-2"]  # step 3 was cut at its first token
+    assert [row["step"] for row in handle.run.read_progress()] == [1, 2]
+    assert status["stop_reason"].startswith("It reached this public demo's limit of 15 minutes per run (held-out "
+                                            "scoring included)")
+
+
+def test_the_time_limit_counts_the_held_out_scoring(public_mode, public_config, monkeypatch):
+    """A limit that strikes while the starting model answers the held-out prompts ends the run there: scoring is
+    part of a run's time, and it stops within a generated token."""
+    limit_reached_when(monkeypatch, lambda status: status.get("phase", "").startswith("scoring the starting model"))
+    handle = training.start(RunConfig.from_dict(public_config))
+    assert handle.wait(240) == "cancelled"
+    status = handle.run.read_status()
+    assert "It reached this public demo's limit" in status["stop_reason"] and status["step"] == 0
+    assert "before" not in handle.run.read_eval() and handle.run.checkpoints() == []
 
 
 def test_a_spaces_persistent_storage_keeps_the_runs(monkeypatch, tmp_path):
@@ -280,15 +309,15 @@ def test_a_visitor_continues_from_their_own_finished_run_only(public_mode, finis
 
     finished_run.update_status(owner="alice")
     with public.visiting(public.Visitor(key="alice")):
-        policy.check_model(ModelConfig(id=str(finished_run.path)), str(runs_dir))
+        policy.check_model(ModelConfig(id=str(finished_run.path)))
     with public.visiting(public.Visitor(key="bob")), pytest.raises(ConfigError, match="is not offered"):
-        policy.check_model(ModelConfig(id=str(finished_run.path)), str(runs_dir))
+        policy.check_model(ModelConfig(id=str(finished_run.path)))
 
 
 def test_the_row_limit_is_said_in_the_data_tabs_words():
     from dragon_ui.studio.draft import place_problem
 
-    refusal = "data.max_rows must be at most 10,000 here: the data has 12,000 rows, more than this public demo's limit"
+    refusal = "data.max_rows must be at most 10,000 here: the data has more than 10,000 rows, this public demo's limit"
     assert place_problem(refusal, {"data.max_rows": "Max rows"}).text.startswith("Max rows must be at most 10,000")
 
 
@@ -314,22 +343,36 @@ def public_client(public_mode, runs_dir):
         handle.wait(120)
 
 
-@pytest.mark.parametrize("setting, value, refusal", HOSTILE.values(), ids=HOSTILE.keys())
+REFUSED_OVER_HTTP = {name: case for name, case in HOSTILE.items() if case[0] != "runs_dir"}
+
+
+@pytest.mark.parametrize("setting, value, refusal", REFUSED_OVER_HTTP.values(), ids=REFUSED_OVER_HTTP.keys())
 def test_the_http_api_refuses_it_too(public_client, nothing_is_read, public_config, runs_dir, setting, value,
                                      refusal):
     from gradio_client.exceptions import AppError
 
     studio, client, _ = public_client
     hostile = with_setting(public_config, setting, value)
-    hostile.pop("runs_dir") if setting != "runs_dir" else None  # the app keeps runs in its own folder anyway
+    hostile.pop("runs_dir")  # the app keeps runs in its own folder anyway
     checked = client.predict(hostile, api_name="/check")
     with pytest.raises(AppError) as started:
         client.predict(hostile, api_name="/start")
-    if setting == "runs_dir":  # the app never reads a draft's runs_dir: it puts runs in its own folder
-        assert checked == "valid"
-        return
     assert re.search(refusal, checked) and re.search(refusal, str(started.value)), (checked, started.value)
     assert training.active_run() is None and studio.runs() == []
+
+
+def test_the_readmes_api_flow_works_whatever_runs_folder_the_app_was_given(public_client, public_config, tmp_path):
+    """/recipe gives the demo's own runs folder, and a draft naming another one is trained in the demo's: the
+    app never reads a draft's runs_dir."""
+    studio, client, _ = public_client
+    recipe = client.predict("arithmetic", api_name="/recipe")
+    assert recipe["runs_dir"] == str(studio.runs_dir)
+    elsewhere = tmp_path / "elsewhere"
+    for runs_dir in (recipe["runs_dir"], str(elsewhere)):
+        assert client.predict({**public_config, "runs_dir": runs_dir}, api_name="/check") == "valid"
+    run_id = client.predict({**public_config, "runs_dir": str(elsewhere)}, api_name="/start")
+    assert (studio.runs_dir / run_id / "config.json").is_file() and not elsewhere.exists()
+    studio.run(run_id).request_stop()
 
 
 def test_over_the_api_one_visitor_cannot_stop_anothers_run(public_client, public_config):

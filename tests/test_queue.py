@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import uploaded_by
 
 from dragon_ui import public
 from dragon_ui.config import RunConfig
@@ -98,8 +99,8 @@ def test_a_public_demo_caps_the_queue(studio, tiny_config_dict, monkeypatch, tin
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
     monkeypatch.setenv("DRAGON_UI_MAX_QUEUE", "1")
-    upload = tiny_config_dict["data"]["source"]
-    with public.visiting(public.Visitor(key="v", uploads=frozenset({upload}))):
+    tiny_config_dict["data"]["source"] = uploaded_by("v", tiny_config_dict["data"]["source"])
+    with public.visiting(public.Visitor(key="v")):
         first = studio.start(long_config(tiny_config_dict, "first"))
         studio.start(tiny_config_dict)
         with pytest.raises(BusyError, match="The queue is full: 1 runs are already waiting"):

@@ -264,8 +264,8 @@ def test_unusable_reference_is_a_counted_failure(settings, reference, message):
     ({"kind": "numeric", "extract": "first"}, "rewards[0].extract 'first' is not one of: whole, last_number"),
     ({"kind": "exact", "case_sensitive": "yes"}, "rewards[0].case_sensitive must be true or false"),
     ({"kind": "regex"}, "rewards[0].pattern is missing"),
-    ({"kind": "regex", "pattern": "("}, "rewards[0].pattern is not a valid regular expression: missing ), "
-                                        "unterminated subpattern at position 0."),
+    ({"kind": "regex", "pattern": "("}, "rewards[0].pattern is not a valid regular expression: missing ) at "
+                                        "position 1."),
     ({"kind": "json", "keys": [1]}, "rewards[0].keys must contain only non-empty texts"),
     ({"kind": "length"}, "rewards[0].min_chars and rewards[0].max_chars are both missing"),
     ({"kind": "length", "min_chars": 10, "max_chars": 5}, "rewards[0].min_chars (10) is larger than "

@@ -96,15 +96,16 @@ def test_adapter_loads_with_peft(tiny_config_dict, tiny_model_dir):
 
 
 def test_stop_mid_run_then_resume_continues_the_step_count(tiny_config_dict, runs_dir):
-    # A reward that asks the run to stop during step 1 (its first 6 calls score the held-out prompts before
-    # training), so the stop lands after step 1 deterministically.
+    # A reward that asks the run to stop while step 2 is being scored (its first 6 calls score the held-out prompts
+    # before training, then 4 completions a step): the step is cut short at its next forward pass, and the run is
+    # left as it was after step 1, with that step's checkpoint.
     marker = runs_dir.parent / "stopped-once"  # one stop only: the resumed run must be left alone
     code = (
         "import pathlib, glob\n"
         "calls = [0]\n"
         "def reward(prompt, completion, reference, row):\n"
         "    calls[0] += 1\n"
-        f"    if calls[0] == 6 + 2 and not pathlib.Path({str(marker)!r}).exists():\n"
+        f"    if calls[0] == 6 + 4 + 2 and not pathlib.Path({str(marker)!r}).exists():\n"
         f"        pathlib.Path({str(marker)!r}).write_text('x')\n"
         f"        for run in glob.glob({str(runs_dir)!r} + '/*/'):\n"
         "            pathlib.Path(run, 'stop.request').write_text('test')\n"
@@ -118,6 +119,7 @@ def test_stop_mid_run_then_resume_continues_the_step_count(tiny_config_dict, run
     assert status["state"] == "cancelled", status.get("error")
     assert status["step"] == 1
     assert [p.name for p in run.checkpoints()] == ["checkpoint-1"]  # a stop saves first, whatever save_steps says
+    assert [row["step"] for row in run.read_progress()] == [1]  # step 2 was cut short, not finished
     assert not run.has_final_weights()
     assert not run.stop_requested()
     first_start = status["started_at"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..config import ModelConfig, RunConfig
 from ..data import prompt_text, read_jsonl
-from ..errors import ConfigError
+from ..errors import ConfigError, Stopped
 from ..rewards import Reward, build_rewards, score_completion
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
@@ -42,10 +42,17 @@ class EvalResult:
 
 
 def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int = EVAL_BATCH,
-                     temperature: float = 0.0, should_stop=None) -> list[str]:
-    """Reply to each chat prompt (greedy when temperature is 0), batched with left padding."""
+                     temperature: float = 0.0, should_stop: Callable[[], bool] | None = None) -> list[str]:
+    """Reply to each chat prompt (greedy when temperature is 0), batched with left padding. ``should_stop`` is
+    asked after every generated token; once it is true, generation ends and Stopped is raised."""
     import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
 
+    class StopWhenAsked(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool, device=input_ids.device)
+
+    stopping = StoppingCriteriaList([StopWhenAsked()] if should_stop is not None else [])
     device = next(model.parameters()).device
     texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
     replies: list[str] = []
@@ -54,13 +61,15 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
     try:
         for start in range(0, len(texts), batch_size):
             if should_stop is not None and should_stop():
-                raise InterruptedError("cancelled")
+                raise Stopped("stopped while generating replies")
             batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True, padding_side="left",
                               add_special_tokens=False).to(device)
             sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
             with torch.inference_mode():
                 out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                     top_k=None, **sampling)
+                                     top_k=None, stopping_criteria=stopping, **sampling)
+            if should_stop is not None and should_stop():
+                raise Stopped("stopped while generating replies")
             new_tokens = out[:, batch["input_ids"].shape[1]:]
             replies.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
     finally:
@@ -71,10 +80,13 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
     return replies
 
 
-def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward], max_new_tokens: int) -> EvalResult:
-    """Greedy replies to every held-out example, scored with every reward; means are over prompts."""
+def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward], max_new_tokens: int,
+                   should_stop: Callable[[], bool] | None = None) -> EvalResult:
+    """Greedy replies to every held-out example, scored with every reward; means are over prompts. Raises Stopped
+    once ``should_stop()`` (a stop, a time limit) turns true."""
     started = time.monotonic()
-    replies = generate_replies(model, tokenizer, [ex["prompt"] for ex in examples], max_new_tokens)
+    replies = generate_replies(model, tokenizer, [ex["prompt"] for ex in examples], max_new_tokens,
+                               should_stop=should_stop)
     return score_replies(examples, replies, rewards, time.monotonic() - started)
 
 

@@ -4,26 +4,33 @@ machine), applied by the engine so that the app, its HTTP API and the command li
 Public mode is on where ``SPACE_ID`` is set (every Space) or ``DRAGON_UI_PUBLIC=1`` (see ``public.py``). There a
 run's settings can never:
 
-- run code from elsewhere: custom-Python and command rewards (refused by ``rewards``), ``model.trust_remote_code``;
+- run code from elsewhere: custom-Python and command rewards (refused by ``rewards``), ``model.trust_remote_code``,
+  a ``model.revision`` (anyone who opens a pull request on an allowed model's repository could supply it);
 - reach outside the demo: data only from the bundled datasets, this visitor's uploads and Hub dataset ids (refused
-  by ``data`` before anything on the disk is looked at), models only from the allow-list, no vLLM server address,
-  runs only in the demo's own runs folder;
-- hold the machine for long: each run stops with a checkpoint after ``Limits.run_minutes``; completion length,
-  completions per step, rows of data, upload size and the queue are capped (``public.Limits``).
+  by ``data.locate`` before anything on the disk is looked at), models only from the allow-list, no vLLM server
+  address, runs only in the demo's own runs folder;
+- take more than its share of the machine: each run stops with a checkpoint after ``Limits.run_minutes`` (held-out
+  scoring included); completion length, completions per step, rows of data, held-out prompts, upload size, LoRA
+  rank (full fine-tuning is off), CPU threads and the estimated memory are capped; each visitor and each network
+  address may have a few runs training or waiting, and start only so many an hour (``check_start``).
 
 Every refusal is one sentence that names the limit and how to lift it.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
+import os
+import threading
+import time
 from pathlib import Path
 
 from ..config import DEFAULT_MODEL_ID, ModelConfig, RunConfig, resolve_runs_dir
 from ..data import check_public_source
-from ..errors import ConfigError
+from ..errors import BusyError, ConfigError
 from ..public import LIFT, MODELS_ENV, Limits, extra_models, is_public_demo, visitor
-from ..runstore import RunDir
+from ..runstore import ACTIVE_STATES, RunDir, list_runs
 
 
 class PublicDemoRefusal(ConfigError):
@@ -36,9 +43,12 @@ def check_run(config: RunConfig, reads_data: bool = True) -> None:
     if not is_public_demo():
         return
     limits = Limits.from_env()
-    check_model(config.model, config.runs_dir or None)
+    if config.runs_dir and resolve_runs_dir(config.runs_dir) != resolve_runs_dir():
+        raise PublicDemoRefusal(f"runs_dir must be left empty in this public demo: runs are kept in its own folder "
+                                f"({LIFT} to keep them elsewhere).")
+    check_model(config.model)
     if reads_data:
-        check_public_source(config.data.source, config.base_dir or None)
+        check_public_source(config.data.source)
     if config.data.max_rows is not None and config.data.max_rows > limits.dataset_rows:
         raise PublicDemoRefusal(f"data.max_rows must be at most {limits.dataset_rows:,} in this public demo (its "
                                 f"limit of rows of data); got {config.data.max_rows:,} ({LIFT} to train on more).")
@@ -52,24 +62,37 @@ def check_run(config: RunConfig, reads_data: bool = True) -> None:
                                 f"training.grad_accum {config.training.grad_accum}), more than this public demo's "
                                 f"limit of {limits.completions_per_step}; lower one of them ({LIFT} for bigger "
                                 "steps).")
+    if not config.lora.enabled:
+        raise PublicDemoRefusal("lora.enabled must stay on in this public demo: training every weight takes several "
+                                "times the memory and writes the whole model at every checkpoint "
+                                f"({LIFT} for full fine-tuning).")
+    if config.lora.r > limits.lora_rank:
+        raise PublicDemoRefusal(f"lora.r must be at most {limits.lora_rank} in this public demo (its limit of LoRA "
+                                f"rank); got {config.lora.r} ({LIFT} for a larger adapter).")
+    cores = os.cpu_count() or 1
+    if config.hardware.cpu_threads is not None and config.hardware.cpu_threads > cores:
+        raise PublicDemoRefusal(f"hardware.cpu_threads must be at most {cores} in this public demo, the cores of "
+                                f"this machine; got {config.hardware.cpu_threads} (empty picks the best number).")
     if config.generation.backend == "vllm-server":
         raise PublicDemoRefusal("generation.backend vllm-server is turned off in this public demo: it would send "
                                 f"requests from the server to an address you choose ({LIFT} to use a vLLM server).")
-    if config.runs_dir and resolve_runs_dir(config.runs_dir) != resolve_runs_dir():
-        raise PublicDemoRefusal(f"runs_dir must be left empty in this public demo: runs are kept in its own folder "
-                                f"({LIFT} to keep them elsewhere).")
+    check_memory(config)
 
 
-def check_model(model: ModelConfig, runs_dir: str | None = None) -> None:
-    """Refuse a model a public demo does not offer: one that runs its repository's code, or one off the allow-list
-    (a large model would take the machine from every other visitor) that is not one of the visitor's own finished
-    runs in the demo's runs folder."""
+def check_model(model: ModelConfig) -> None:
+    """Refuse a model a public demo does not offer: one that runs its repository's code, a revision of its
+    repository other than the main one, or one off the allow-list (a large model would take the machine from every
+    other visitor) that is not one of the visitor's own finished runs in the demo's runs folder."""
     if not is_public_demo():
         return
     if model.trust_remote_code:
         raise PublicDemoRefusal("model.trust_remote_code is turned off in this public demo: it would run Python from "
                                 f"the model's repository on the server ({LIFT} to use it).")
-    if _is_own_run(model.id, resolve_runs_dir(runs_dir)):
+    if model.revision:
+        raise PublicDemoRefusal("model.revision must be left empty in this public demo: a branch or pull request of "
+                                "the model's repository could hold other weights and another chat template than the "
+                                f"ones offered ({LIFT} to pick a revision).")
+    if _is_own_run(model.id, resolve_runs_dir()):
         return
     allowed = allowed_models()
     if model.id.strip().lower() not in {allowed_id.lower() for allowed_id in allowed}:
@@ -79,10 +102,46 @@ def check_model(model: ModelConfig, runs_dir: str | None = None) -> None:
 
 def _is_own_run(model_id: str, runs_dir: Path) -> bool:
     """A folder of the demo's runs that the current visitor started (continuing from it reads only their work)."""
-    path = Path(model_id.strip()).expanduser()
-    if not path.is_absolute() or path.resolve().parent != runs_dir:
+    path = Path(os.path.normpath(os.path.abspath(model_id.strip())))
+    if path.parent != runs_dir:
         return False  # decided from the text alone, before anything on the disk is looked at
-    return (path / "config.json").is_file() and visitor().owns(RunDir(path.resolve()).read_status().get("owner"))
+    return (path / "config.json").is_file() and visitor().owns(RunDir(path).read_status().get("owner"))
+
+
+def check_memory(config: RunConfig) -> None:
+    """Refuse a run whose estimated memory is more than this machine has: it would end out of memory, or push the
+    app into swap for every visitor. Nothing is refused where the model's size is unknown (a model the owner added
+    to the allow-list), or the machine's memory."""
+    from .estimate import estimate_memory, model_dims
+    from .hardware import resolve_hardware
+
+    info = _machine()
+    try:
+        hardware = resolve_hardware(config.hardware, info)
+        dims, _ = model_dims(config.model.id)
+    except ConfigError:
+        return  # an impossible device is refused where the run resolves it, with its own sentence
+    memory_gb = _memory_gb(info, hardware)
+    needed = estimate_memory(config, dims, hardware.dtype, hardware.load_in_4bit, hardware.device).total_gb
+    if memory_gb is not None and needed > memory_gb:
+        raise PublicDemoRefusal(f"This run would need about {needed:.1f} GB of memory, more than the "
+                                f"{memory_gb:.1f} GB this machine has; lower the batch size, the group size or max "
+                                f"new tokens ({LIFT} on a bigger machine).")
+
+
+@functools.cache
+def _machine():
+    """This machine's hardware, asked once: a public demo's limits must not move while visitors' runs use it."""
+    from .hardware import detect_hardware
+
+    return detect_hardware()
+
+
+def _memory_gb(info, hardware) -> float | None:
+    """All the memory of the device a run uses (not what is free now: that moves while another run trains)."""
+    from .hardware import system_memory_gb
+
+    return info.cuda[hardware.gpu].total_gb if hardware.device == "cuda" else system_memory_gb(free=False)
 
 
 def allowed_models() -> list[str]:
@@ -94,14 +153,13 @@ def allowed_models() -> list[str]:
 @functools.cache
 def _fitting_presets() -> tuple[str, ...]:
     from .estimate import estimate_memory
-    from .hardware import detect_hardware, resolve_hardware, system_memory_gb
+    from .hardware import resolve_hardware
     from .presets import PRESETS
 
     limits = Limits.from_env()
-    info = detect_hardware()
+    info = _machine()
     hardware = resolve_hardware(RunConfig().hardware, info)
-    # all of it, not what is free now: the list must not change while a visitor's run holds some of it
-    memory_gb = info.cuda[hardware.gpu].total_gb if hardware.device == "cuda" else system_memory_gb(free=False)
+    memory_gb = _memory_gb(info, hardware)
     config = RunConfig()  # the defaults (4 prompts a step, LoRA), at the public limit of completion length
     config.grpo.max_new_tokens = limits.max_new_tokens
     fitting = [DEFAULT_MODEL_ID]  # the bundled offline copy: a demo always has one model
@@ -112,3 +170,55 @@ def _fitting_presets() -> tuple[str, ...]:
         if needed.total_gb <= memory_gb:
             fitting.append(preset.id)
     return tuple(dict.fromkeys(fitting))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Each visitor's share of the queue.
+
+STARTS_WINDOW_S = 3600
+_starts: dict[str, collections.deque] = {}  # network address -> times of its starts in the last hour
+_starts_lock = threading.Lock()
+
+
+def check_start(runs_dir: Path) -> None:
+    """Refuse a start or resume that would give the current visitor, or its network address, more than its share:
+    runs training or waiting (an API client can open a new session for every call, so its address counts too), and
+    starts in the last hour. Nothing outside public mode, or for the operator and the demo's owner."""
+    if not is_public_demo() or visitor().owns_everything:
+        return
+    who, limits = visitor(), Limits.from_env()
+    active = [run for run in list_runs(runs_dir) if run["state"] in ACTIVE_STATES]
+    if sum(run.get("owner") == who.key for run in active) >= limits.runs_per_visitor:
+        raise BusyError(f"You already have {limits.runs_per_visitor} runs training or waiting, this public demo's "
+                        "limit of runs one visitor may have training or waiting; stop one, or wait for one to "
+                        f"finish ({LIFT} without limits).")
+    if who.address and sum(run.get("address") == who.address for run in active) >= limits.runs_per_address:
+        raise BusyError(f"{limits.runs_per_address} runs from your network address are already training or waiting, "
+                        "this public demo's limit of runs training or waiting from one network address; wait for "
+                        f"one to finish ({LIFT} without limits).")
+    with _starts_lock:
+        recent = _recent_starts(who.address)
+        if who.address and len(recent) >= limits.starts_per_hour:
+            wait = STARTS_WINDOW_S - (time.monotonic() - recent[0])
+            raise BusyError(f"{limits.starts_per_hour} runs were started from your network address in the last hour, "
+                            f"this public demo's limit of starts and resumes per network address per hour; try again "
+                            f"in {max(1, round(wait / 60))} minutes ({LIFT} without limits).")
+
+
+def count_start() -> None:
+    """Count a start or resume that was accepted (after check_start), against its network address's hourly starts."""
+    who = visitor()
+    if is_public_demo() and who.address and not who.owns_everything:
+        with _starts_lock:
+            _starts.setdefault(who.address, _recent_starts(who.address)).append(time.monotonic())
+
+
+def _recent_starts(address: str | None) -> collections.deque:
+    """The start times of ``address`` in the last hour; older ones, and addresses with none left, are forgotten.
+    The caller holds _starts_lock."""
+    starts = _starts.get(address or "", collections.deque())
+    while starts and time.monotonic() - starts[0] >= STARTS_WINDOW_S:
+        starts.popleft()
+    if not starts:
+        _starts.pop(address or "", None)
+    return starts

@@ -10,15 +10,17 @@ app. A workshop's shared machine and a public Space use it alike.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import BusyError
 from ..public import Limits, is_public_demo
 from ..runstore import RunDir, list_runs
-from . import training
+from . import policy, training
 
 log = logging.getLogger("dragon_ui")
 
@@ -49,24 +51,33 @@ def _free(runs_dir: Path) -> bool:
 
 def submit(config: RunConfig) -> RunDir:
     """Start ``config`` now if nothing trains and nobody waits, or else put it in the queue; either way its mistakes
-    are raised here and its folder exists when this returns."""
+    are raised here and its folder exists when this returns.
+
+    Preparing it (reading the data, counting its prompts in tokens) happens outside the queue's lock, so a slow one
+    holds up nobody else's Start or Stop: it joins the queue as it is written, and starts at once if it is first in
+    line with nothing training.
+    """
     runs_dir = config.resolved_runs_dir()
+    _refuse_if_full(runs_dir)
+    policy.check_start(runs_dir)
+    run = training.prepare(config, waiting=True)
+    policy.count_start()
     with _lock:
-        if _free(runs_dir):
-            return training.start(config).run
-        _refuse_if_full(runs_dir)
-        run = training.prepare(config)
-        run.update_status(waiting="start", queued_at=time.time(), phase="waiting for its turn")
-        return run
+        waiting = waiting_runs(runs_dir)
+        if training_run_id(runs_dir) is None and waiting and waiting[0].id == run.id:
+            return training.start_waiting(run, resume=False).run
+    return run
 
 
 def submit_resume(run_dir: Path) -> RunDir:
     """Resume the run now if nothing trains and nobody waits, or else put it back in the queue."""
     run = training.check_resumable(run_dir)
+    _refuse_if_full(run.path.parent)
+    policy.check_start(run.path.parent)
     with _lock:
+        policy.count_start()
         if _free(run.path.parent):
             return training.resume(run.path).run
-        _refuse_if_full(run.path.parent)
         run.update_status(state="queued", waiting="resume", queued_at=time.time(), phase="waiting for its turn",
                           error=None, traceback=None, finished_at=None, stop_reason=None)
         return run
@@ -101,6 +112,7 @@ def start_next(runs_dir: Path) -> RunDir | None:
 
 
 def _refuse_if_full(runs_dir: Path) -> None:
+    """In a public demo, refuse to queue one run more than its limit of runs waiting."""
     if not is_public_demo():
         return
     limit = Limits.from_env().queue_length
@@ -111,10 +123,13 @@ def _refuse_if_full(runs_dir: Path) -> None:
 
 
 class Scheduler:
-    """A daemon thread that starts the next waiting run whenever nothing trains (every ``interval_s`` seconds)."""
+    """A daemon thread that starts the next waiting run whenever nothing trains (every ``interval_s`` seconds), and
+    runs ``housekeeping`` (a public demo's clean-up of old runs and files) every ``housekeeping_every_s``."""
 
-    def __init__(self, runs_dir: Path, interval_s: float = 2.0) -> None:
+    def __init__(self, runs_dir: Path, interval_s: float = 2.0, housekeeping: Callable[[], object] | None = None,
+                 housekeeping_every_s: float = 600.0) -> None:
         self.runs_dir, self.interval_s = runs_dir, interval_s
+        self.housekeeping, self.housekeeping_every_s = housekeeping, housekeeping_every_s
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dragon-queue", daemon=True)
 
@@ -127,8 +142,15 @@ class Scheduler:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
+        kept_house = -math.inf
         while not self._stopped.wait(self.interval_s):
             try:
                 start_next(self.runs_dir)
             except Exception:  # the queue must outlive any one bad run folder
                 log.exception("The run queue could not start the next run")
+            if self.housekeeping is not None and time.monotonic() - kept_house >= self.housekeeping_every_s:
+                kept_house = time.monotonic()
+                try:
+                    self.housekeeping()
+                except Exception:
+                    log.exception("Cleaning up old runs and files failed")

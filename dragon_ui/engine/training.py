@@ -11,6 +11,7 @@ Failure policy: every exception ends the run as ``failed`` with a readable reaso
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -24,7 +25,7 @@ from transformers import PrinterCallback, TrainerCallback
 from .. import speedups
 from ..config import RunConfig
 from ..data import MappedData, load_and_map, read_jsonl, write_jsonl
-from ..errors import BusyError, ConfigError, DragonError, describe
+from ..errors import BusyError, ConfigError, DragonError, Stopped, describe
 from ..public import Limits, is_public_demo, visitor
 from ..rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
 from ..runstore import ACTIVE_STATES, RunDir
@@ -42,29 +43,40 @@ _ACTIVE_LOCK = threading.Lock()
 _active: RunHandle | None = None
 
 
-class StopTraining(DragonError):
-    """Raised inside the worker when a stop arrives before the trainer exists (e.g. while the model loads)."""
+PUBLIC_CHECKPOINTS_KEPT = 2  # a public demo keeps a run's newest checkpoints only: the disk is everyone's
 
 
 class RunHandle:
-    """A training started in this process: its run directory, its thread, and a thread-safe stop."""
+    """A training started in this process: its run directory, its thread, a thread-safe stop, and (in a public
+    demo) the time limit that ends it, counted from the moment its thread starts."""
 
-    def __init__(self, run: RunDir) -> None:
+    def __init__(self, run: RunDir, time_limit_s: float | None = None) -> None:
         self.run = run
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
+        self.time_limit_s = time_limit_s
+        self.started = time.monotonic()  # set again when the worker starts
 
     @property
     def run_dir(self) -> Path:
         return self.run.path
 
     def stop(self) -> None:
-        """Ask the training to end after the current step; it saves a checkpoint and marks the run cancelled."""
+        """Ask the training to stop at its next forward pass (see _stoppable_forward_passes); it saves a checkpoint of
+        the last whole step and marks the run cancelled."""
         self.stop_event.set()
         self.run.request_stop()
 
     def stop_requested(self) -> bool:
         return self.stop_event.is_set() or self.run.stop_requested()
+
+    def out_of_time(self) -> bool:
+        return self.time_limit_s is not None and time.monotonic() - self.started >= self.time_limit_s
+
+    def should_stop(self) -> bool:
+        """A stop was asked for, or the time limit has passed: checked between a step's forward passes and between
+        batches of held-out scoring, so either takes effect within moments."""
+        return self.stop_requested() or self.out_of_time()
 
     def is_alive(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
@@ -122,9 +134,10 @@ def inspect(config: RunConfig) -> Inspection:
     return Inspection(mapped, prompts, hardware)
 
 
-def prepare(config: RunConfig, run_dir: str | Path | None = None) -> RunDir:
+def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool = False) -> RunDir:
     """Everything of ``start`` but the training: the checks, then the run folder with its config and its mapped
-    data, in state queued (``queue.py`` keeps it waiting there for its turn)."""
+    data, in state queued; ``waiting``: in the queue (``queue.py``), from the moment its status is written, which is
+    the last thing done here."""
     mapped = inspect(config).mapped
     path = None
     if distributed.is_main_process():  # under accelerate/torchrun, one process creates and fills the folder
@@ -136,8 +149,10 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None) -> RunDir:
         run.write_config(config)
         write_jsonl(run.train_data_path, mapped.train)
         write_jsonl(run.eval_data_path, mapped.eval)
-        run.update_status(state="queued", step=0, total_steps=None, phase="waiting to start", created_at=time.time(),
-                          owner=visitor().key,
+        in_line = {"waiting": "start", "queued_at": time.time()} if waiting else {}
+        run.update_status(state="queued", step=0, total_steps=None, created_at=time.time(),
+                          phase="waiting for its turn" if waiting else "waiting to start",
+                          owner=visitor().key, owner_address=visitor().address, **in_line,
                           reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
                           n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
                           world_size=distributed.world_size())
@@ -187,7 +202,7 @@ def _refuse_if_busy() -> None:
 def _launch(run: RunDir, config: RunConfig, resume_from: Path | None) -> RunHandle:
     global _active
     release_openmp_threads()  # this thread's idle torch workers would slow every step (see the function)
-    handle = RunHandle(run)
+    handle = RunHandle(run, Limits.from_env().run_minutes * 60 if is_public_demo() else None)
     with _ACTIVE_LOCK:
         _refuse_if_busy()
         handle.thread = threading.Thread(target=_worker, args=(handle, config, resume_from), name=f"dragon-train-{run.id}",
@@ -204,6 +219,7 @@ def _launch(run: RunDir, config: RunConfig, resume_from: Path | None) -> RunHand
 
 def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> None:
     run = handle.run
+    handle.started = time.monotonic()
     log_handler = None if run.read_only else _attach_run_log(run)
     now = time.time()
     first_run = not run.read_status().get("started_at")  # a resume keeps the first start: the runs list shows it
@@ -217,9 +233,9 @@ def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> N
         log.info("Run %s %s.", run.id, outcome)
         if outcome == "succeeded" and not run.read_only:
             _write_card(run, config)
-    except StopTraining:
+    except Stopped:
         log.info("Run %s stopped before training began.", run.id)
-        run.update_status(state="cancelled", phase="done", finished_at=time.time())
+        run.update_status(state="cancelled", phase="done", finished_at=time.time(), **_time_limit_reason(handle))
     except BaseException as exc:  # the thread must never die without saying why
         reason = explain_failure(exc)
         log.error("Run %s failed: %s", run.id, reason)
@@ -237,8 +253,8 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     run = handle.run
 
     def phase(text: str) -> None:
-        if distributed.any_process(handle.stop_requested()):
-            raise StopTraining("stopped before training began")
+        if distributed.any_process(handle.should_stop()):
+            raise Stopped("stopped before training began")
         run.update_status(phase=text)
         log.info("%s", text[0].upper() + text[1:] + "...")
 
@@ -270,7 +286,8 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     if not sharded and distributed.broadcast_from_main(bool(eval_rows) and "before" not in run.read_eval()):
         phase(f"scoring the starting model on {len(eval_rows)} held-out prompts")
         if not run.read_only:  # the main process evaluates; the others wait for it
-            result = evaluate_model(model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
+            result = evaluate_model(model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens,
+                                    should_stop=handle.should_stop)
             record_eval(run, "before", result, eval_rows, config.n_samples)
         distributed.barrier()
 
@@ -278,9 +295,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     failures = RewardFailures()
     trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures)
     trackers.point_at_run(trainer, run)
-    limit_minutes = Limits.from_env().run_minutes if is_public_demo() else None
-    callback = RunStoreCallback(run, trainer, handle, rewards, failures, config,
-                                time_limit_s=None if limit_minutes is None else limit_minutes * 60)
+    callback = RunStoreCallback(run, trainer, handle, rewards, failures, config)
     trainer.add_callback(callback)
     if resume_from is not None:
         run.truncate_after_step(int(resume_from.name.split("-")[-1]))
@@ -290,14 +305,18 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     log.info("Training: %d prompts, %d completions per step (%d prompts x %d completions%s).", len(train_rows),
              config.completions_per_step * world, config.training.batch_size * config.training.grad_accum * world,
              config.grpo.group_size, f", over {world} processes" if world > 1 else "")
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    try:
+        with _stoppable_forward_passes(trainer.model, handle):
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except Stopped:  # inside a step: its work is dropped, and the last whole step is checkpointed
+        callback.stopped = True
+        _checkpoint_last_step(trainer, run)
 
     if callback.stopped:
-        if callback.out_of_time:
-            reason = (f"It reached this public demo's limit of {limit_minutes:g} minutes of training per run; "
-                      "Resume trains it further (after any runs waiting before it).")
-            run.update_status(stop_reason=reason)
-            log.info("%s", reason)
+        said = _time_limit_reason(handle)
+        if said:
+            run.update_status(**said)
+            log.info("%s", said["stop_reason"])
         log.info("Stopped at step %d; checkpoint saved.", trainer.state.global_step)
         return "cancelled"
 
@@ -315,10 +334,60 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
             _evaluate_saved_weights(run)
     elif eval_rows and not run.read_only:
         run.update_status(phase=f"scoring the trained model on {len(eval_rows)} held-out prompts")
-        result = evaluate_model(trainer.model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens)
-        record_eval(run, "after", result, eval_rows, config.n_samples)
+        try:
+            result = evaluate_model(trainer.model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens,
+                                    should_stop=handle.should_stop)
+            record_eval(run, "after", result, eval_rows, config.n_samples)
+        except Stopped:  # the trained weights are saved: the run is done, its held-out score can be taken later
+            why = "the time limit" if handle.out_of_time() else "a stop"
+            log.info("The held-out scoring of the trained model ended early (%s); Evaluate now on the Compare tab "
+                     "scores it.", why)
     distributed.barrier()
     return "succeeded"
+
+
+def _time_limit_reason(handle: RunHandle) -> dict:
+    """The status's stop_reason when a public demo's time limit ended the run; {} when something else did."""
+    if not handle.out_of_time():
+        return {}
+    return {"stop_reason": f"It reached this public demo's limit of {handle.time_limit_s / 60:g} minutes per run "
+                           "(held-out scoring included); Resume trains it further (after any runs waiting before "
+                           "it)."}
+
+
+@contextlib.contextmanager
+def _stoppable_forward_passes(model, handle: RunHandle):
+    """While the trainer trains, raise Stopped at the next forward pass of the model once ``handle.should_stop()``:
+    a stop or a time limit then ends a step that samples long completions within moments, instead of after it.
+
+    The hook sits on the causal LM itself (under PEFT's wrapper), which every generated token and every scoring pass
+    goes through. Several processes must leave at the same step, so a launched run stops between steps only.
+    """
+    if distributed.world_size() > 1:
+        yield
+        return
+
+    def stop_now(module, args):
+        if handle.should_stop():
+            raise Stopped("stopped inside a training step")
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hook = inner.register_forward_pre_hook(stop_now)
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
+def _checkpoint_last_step(trainer, run: RunDir) -> None:
+    """Save the state after the last whole step, when a stop inside a step left it unsaved. The step that was cut
+    short had changed nothing yet (the optimiser steps after every forward pass of a step), so the weights, the
+    optimiser and the schedule are exactly those of ``global_step``."""
+    step = trainer.state.global_step
+    if step == 0 or (run.checkpoints_dir / f"checkpoint-{step}" / "trainer_state.json").is_file():
+        return
+    trainer._save_checkpoint(trainer.model, trial=None)
+    run.update_status(latest_checkpoint=f"checkpoint-{step}")
 
 
 def _write_card(run: RunDir, config: RunConfig) -> None:
@@ -394,6 +463,7 @@ def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware):
         logging_steps=1,
         save_strategy="steps",
         save_steps=config.training.save_steps,
+        save_total_limit=PUBLIC_CHECKPOINTS_KEPT if is_public_demo() else None,
         **trackers.training_arguments(config.logging, run),
         disable_tqdm=True,
         use_cpu=hardware.device == "cpu",
@@ -484,12 +554,10 @@ class RunStoreCallback(TrainerCallback):
     """
 
     def __init__(self, run: RunDir, trainer, handle: RunHandle, rewards: list[Reward], failures: RewardFailures,
-                 config: RunConfig, time_limit_s: float | None = None) -> None:
+                 config: RunConfig) -> None:
         self.run, self.trainer, self.handle = run, trainer, handle
         self.rewards, self.failures, self.config = rewards, failures, config
-        self.time_limit_s = time_limit_s  # a public demo's limit on this start's training time
         self.stopped = False
-        self.out_of_time = False
         self._session_start = time.monotonic()
         self._session_first_step: int | None = None
         self._elapsed_before = 0.0
@@ -502,9 +570,7 @@ class RunStoreCallback(TrainerCallback):
             self.run.update_status(step=state.global_step, total_steps=state.max_steps)
 
     def on_step_end(self, args, state, control, **kwargs):
-        out_of_time = self.time_limit_s is not None and time.monotonic() - self._session_start >= self.time_limit_s
-        if distributed.any_process(self.handle.stop_requested() or out_of_time):  # all leave at the same step
-            self.out_of_time = distributed.any_process(out_of_time)
+        if distributed.any_process(self.handle.should_stop()):  # all leave at the same step
             self.stopped = True
             control.should_training_stop = True
             control.should_save = True
@@ -602,11 +668,16 @@ def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
 
 def _attach_run_log(run: RunDir) -> logging.Handler:
     """Dragon's lines and the libraries' warnings go to log.txt; Python warnings are routed through logging so the
-    real ones (a reward's, TRL's) land there too instead of only on a terminal nobody watches."""
+    real ones (a reward's, TRL's) land there too instead of only on a terminal nobody watches.
+
+    Only what the training's own thread logs: every visitor of a public demo can read a run's log, and the app's
+    other threads (another visitor's request, the queue) log their errors to the server's log alone."""
     handler = logging.FileHandler(run.log_path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.setLevel(logging.INFO)
-    handler.addFilter(lambda record: record.name.startswith(("dragon_ui", "trl", "transformers", "peft", "py.warnings")))
+    training_thread = threading.get_ident()
+    handler.addFilter(lambda record: record.thread == training_thread and record.name.startswith(
+        ("dragon_ui", "trl", "transformers", "peft", "py.warnings")))
     logging.getLogger().addHandler(handler)
     logging.captureWarnings(True)
     if log.getEffectiveLevel() > logging.INFO:

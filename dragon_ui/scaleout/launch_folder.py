@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from ..config import RunConfig
-from ..data import is_hub_dataset_id, resolve_source
+from ..data import locate
 from ..errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # dragon_ui, copied into the launch folder
@@ -44,16 +44,15 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
     target = Path(target).expanduser().resolve()
     if target.exists() and any(target.iterdir()):
         raise ConfigError(f"{target} already exists and is not empty; choose a new folder so nothing is overwritten.")
-    (target / "data").mkdir(parents=True, exist_ok=True)
-
     exported = copy.deepcopy(config)
     base_dir = config.base_dir or None
-    source = Path(resolve_source(config.data.source, base_dir))
-    if source.is_file():
+    source = locate(config.data.source, base_dir)  # a public demo's rule included: never a file of the server's
+    if isinstance(source, Path) and not source.is_file():
+        raise ConfigError(f"data.source: no file at {source} to copy into the export.")
+    (target / "data").mkdir(parents=True, exist_ok=True)
+    if isinstance(source, Path):  # a Hub dataset is downloaded by the cluster itself
         shutil.copy2(source, target / "data" / source.name)
         exported.data.source = f"data/{source.name}"
-    elif not is_hub_dataset_id(config.data.source):  # a Hub id is downloaded by the cluster itself
-        raise ConfigError(f"data.source: no file at {source} to copy into the export.")
     for spec in exported.rewards:
         if spec.kind == "custom" and spec.file:
             source = Path(spec.file) if Path(spec.file).is_absolute() else Path(base_dir or ".") / spec.file

@@ -10,26 +10,28 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import secrets
 import shutil
 import tempfile
 from pathlib import Path
 
 from .. import ASSETS_DIR
-from ..config import HardwareSettings, ModelConfig, RunConfig, resolve_runs_dir
-from ..data import resolve_source
-from ..engine import policy, queue, training
+from ..config import DEFAULT_MODEL_ID, HardwareSettings, ModelConfig, RunConfig, resolve_runs_dir
+from ..data import is_bundled, is_hub_dataset_id
+from ..engine import policy, queue, retention, training
 from ..engine.estimate import estimate_run, format_seconds, preview_memory_gb
 from ..engine.hardware import (HardwareInfo, ResolvedHardware, detect_hardware, resolve_for_this_machine,
                                resolve_hardware)
 from ..engine.models import ModelCache
 from ..errors import BusyError, ConfigError, DragonError, NotYoursError
-from ..public import Limits, is_public_demo, visitor
+from ..public import Limits, is_public_demo, own_uploads_dir, visitor
 from ..runstore import RunDir, list_runs, read_json, write_json_atomic
 from .draft import ordinal
 from .visitors import Visitors
 
 DEFAULT_RECIPE = "arithmetic"
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,120}")  # a run folder's name (runstore.RunDir.create makes them so)
 ESTIMATED_START_S = 60  # loading the model and scoring it on the held-out prompts, before a run's first step
 # What sampling a group in the playground reads from a draft: the model, where it runs, the data and rewards, GRPO's
 # sampling settings, and LoRA (4-bit loading needs it).
@@ -52,12 +54,18 @@ class Studio:
         return sorted(p.stem for p in self.recipes_dir.glob("*.yaml"))
 
     def load_recipe(self, name: str) -> dict:
-        """A recipe as a draft: the config dict the UI edits, with paths made absolute so they survive any cwd."""
-        path = self.recipes_dir / f"{name}.yaml"
-        if not path.is_file():
-            raise ConfigError(f"There is no recipe called {name!r}; choose one of: {', '.join(self.recipe_names())}.")
-        config = RunConfig.from_file(path)
-        config.data.source = resolve_source(config.data.source, base_dir=config.base_dir)
+        """A recipe as a draft: the config dict the UI edits, with paths made absolute so they survive any cwd. The
+        name must be one of the recipes listed (it is never joined to a folder as it was sent)."""
+        names = self.recipe_names()
+        if name not in names:
+            shown = name if isinstance(name, str) and len(name) <= 60 else "that"
+            raise ConfigError(f"There is no recipe called {shown!r}; choose one of: {', '.join(names)}.")
+        config = RunConfig.from_file(self.recipes_dir / f"{name}.yaml")
+        # A recipe's data file lies beside it (the bundled datasets): the recipe's own folder, never a visitor's,
+        # resolves it; a Hub id stays as it is.
+        beside = Path(config.base_dir, config.data.source.strip())
+        if beside.exists():
+            config.data.source = os.path.normpath(beside)
         config.runs_dir = str(self.runs_dir)
         return config.to_dict()
 
@@ -65,16 +73,32 @@ class Studio:
         return self.load_recipe(DEFAULT_RECIPE)
 
     def run_settings(self, run_id: str) -> tuple[dict, str]:
-        """(draft, what it is): a past run's settings as a draft, to train them again or change them."""
+        """(draft, what it is): a past run's settings as a draft, to train them again or change them. In a public
+        demo another visitor's run lends its settings but not its data or its model when those are theirs alone
+        (an upload, a run folder): the draft then leaves them to be chosen, and says so."""
         if not run_id:
             raise ConfigError("Choose a run first.")
-        config = self.run(run_id).read_config()
+        run = self.run(run_id)
+        config = run.read_config()
         config.runs_dir = str(self.runs_dir)
-        return config.to_dict(), f"the settings of run {run_id}"
+        label = f"the settings of run {run_id}"
+        if self.public and not visitor().owns(run.read_status().get("owner")):
+            withheld = []
+            source = config.data.source
+            if not (is_hub_dataset_id(source, look_on_disk=False) or is_bundled(source)):
+                config.data.source, config.data.sheet = "", None
+                withheld.append("its data (choose yours on the Data tab)")
+            if config.model.id not in policy.allowed_models():
+                config.model.id = DEFAULT_MODEL_ID
+                withheld.append(f"its starting model, a run of theirs ({DEFAULT_MODEL_ID} instead)")
+            if withheld:
+                label += f", without what was another visitor's: {' and '.join(withheld)}"
+        return config.to_dict(), label
 
-    def browser_secret(self) -> str:
-        """The key the browser's copy of the draft is encrypted with, kept beside the runs so that a restarted app
-        still reads what browsers kept (gradio would make a new one each start)."""
+    def browser_storage_key(self) -> str:
+        """The key gradio's BrowserState encodes what a browser keeps with (the draft, the visitor's token), kept
+        beside the runs so that a restarted app still reads what browsers kept (gradio would make a new one each
+        start). It is no secret: gradio sends it to every page in its config, so it hides nothing from anyone."""
         path = self.runs_dir / ".browser-secret.json"
         secret = read_json(path)
         if not isinstance(secret, str) or not secret:
@@ -83,11 +107,24 @@ class Studio:
         return secret
 
     def validate(self, draft: dict) -> RunConfig:
-        """The draft as a validated RunConfig that this demo allows (raises ConfigError with the sentence to show)."""
+        """The draft as a validated RunConfig that this demo allows (raises ConfigError with the sentence to show).
+
+        The app keeps runs in its own folder, whatever a draft says; in a public demo no folder of a draft is used
+        at all (``base_dir`` would make relative paths read files of the server's choosing of the visitor's)."""
         config = RunConfig.from_dict(copy.deepcopy(draft))
-        config.runs_dir = str(self.runs_dir)  # the app keeps runs in its own folder, whatever a draft says
+        config.runs_dir = str(self.runs_dir)
+        if self.public:
+            config.base_dir = ""
         policy.check_run(config)
         return config
+
+    def check_sampling(self, replies: int) -> None:
+        """Refuse a playground group larger than a public demo's limit of completions per step: sampling it takes
+        the machine from everyone like a training step does."""
+        most = Limits.from_env().completions_per_step
+        if self.public and replies > most:
+            raise ConfigError(f"That samples {replies} replies, more than this public demo's limit of {most} "
+                              "completions per step; sample fewer rows or lower the group size.")
 
     def validate_for_sampling(self, draft: dict) -> RunConfig:
         """The settings the playground's sampling uses, validated; the others are left at their defaults, so a
@@ -130,8 +167,15 @@ class Studio:
             run.request_stop()
 
     def start_queue(self) -> queue.Scheduler:
-        """Start the waiting runs one after another, from now on (the app does this once, when it starts)."""
-        return queue.Scheduler(self.runs_dir).start()
+        """Start the waiting runs one after another, from now on (the app does this once, when it starts); in a
+        public demo the same thread removes old runs, uploads and download copies (engine.retention)."""
+        housekeeping = self.clean_up if self.public else None
+        return queue.Scheduler(self.runs_dir, housekeeping=housekeeping).start()
+
+    def clean_up(self) -> list[Path]:
+        """Remove what a public demo keeps no longer: its owner's retention for runs and uploads, an hour for
+        download copies."""
+        return retention.clean_up(self.runs_dir, Limits.from_env().keep_hours, downloads=[self.downloads_dir])
 
     def queue_place(self, run_id: str) -> str:
         """Where a waiting run is in the queue and when it should start: "2nd in line; expected to start in
@@ -182,13 +226,25 @@ class Studio:
                                 f"{action} (or this demo's owner, with the owner key).")
         return run
 
+    @property
+    def downloads_dir(self) -> Path:
+        """Where files made to be downloaded go (configs, exports, copies of a run's files), each in a folder of
+        its own; a public demo removes them after an hour."""
+        folder = Path(tempfile.gettempdir()) / "dragon-downloads"
+        folder.mkdir(exist_ok=True)
+        return folder
+
+    def download_folder(self) -> Path:
+        """A new, empty folder for one download."""
+        return Path(tempfile.mkdtemp(dir=self.downloads_dir))
+
     def handed_out(self, path: Path) -> str:
         """A file of a run to hand to its owner's browser: the file itself where the runs folder is served (your
         own machine); in a public demo, where it is not, a link to it (or a copy) in a new temporary folder, which
         the server then hands to that browser alone."""
         if not self.public:
             return str(path)
-        target = Path(tempfile.mkdtemp(prefix="dragon-download-")) / Path(path).name
+        target = self.download_folder() / Path(path).name
         try:
             os.link(path, target)  # no copy of a large model where the folders share a disk
         except OSError:
@@ -201,17 +257,43 @@ class Studio:
             return ""
         return "yours" if visitor().owns(summary.get("owner")) else "another visitor's"
 
+    def keep_upload(self, uploaded: str | Path, upload_folder: str | Path) -> str:
+        """The data source an upload becomes. In a public demo the file moves out of gradio's upload folder (which
+        gradio serves to anyone who knows a file's address) into the visitor's own folder, which nothing serves
+        and only that visitor's runs may read (public.is_own_upload); elsewhere it stays where gradio put it.
+
+        ``uploaded`` must lie in ``upload_folder``: an event can be sent with any path."""
+        uploaded = Path(uploaded).resolve()
+        folder = Path(upload_folder).resolve()
+        if not uploaded.is_file() or not uploaded.is_relative_to(folder):
+            raise ConfigError("That file was not uploaded here; upload it again.")
+        if not self.public:
+            return str(uploaded)
+        own = own_uploads_dir()
+        if own is None:
+            raise ConfigError("This page could not be told apart from other visitors' pages; reload it and upload "
+                              "the file again.")
+        target = own / secrets.token_hex(8) / uploaded.name
+        target.parent.mkdir(parents=True)
+        shutil.move(uploaded, target)
+        if uploaded.parent != folder:  # gradio keeps each upload in a folder of its own
+            shutil.rmtree(uploaded.parent, ignore_errors=True)
+        return str(target)
+
     def run(self, run_id: str) -> RunDir:
-        path = (self.runs_dir / run_id).resolve()
-        if path.parent != self.runs_dir or not (path / "config.json").is_file():
-            raise ConfigError(f"There is no run called {run_id!r} in {self.runs_dir}.")
+        """The run folder called ``run_id`` in the runs folder; an id that names anything else is no run."""
+        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id) or run_id.strip(".") == "":
+            raise ConfigError("There is no run with that id; choose one from the list of runs.")
+        path = self.runs_dir / run_id
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"There is no run called {run_id!r} in the runs folder.")
         return RunDir(path)
 
     # --- one cached model for previews (playground and compare) ----------------------------------------------------
     def inference_model(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
         """(model, tokenizer) for previews from the one cached load (engine.models.ModelCache); refused while a
         training uses this machine's CPU."""
-        policy.check_model(model, str(self.runs_dir))
+        policy.check_model(model)
         settings = settings or HardwareSettings()
         if training.active_run() is not None and not self.models.holds(model, adapter_dir, settings):
             self._refuse_unless_room_beside_training(model, settings)

@@ -9,14 +9,17 @@ starting model, switched off for the "before" side.
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import dataclass
 
 from ..data import read_jsonl
 from ..engine.evaluation import SIDES, before_and_after, generate_replies, model_for
 from ..engine.weights import TrainedWeights, trained_weights
 from ..errors import ConfigError
+from ..public import Limits, is_public_demo
 from ..runstore import ACTIVE_STATES, RunDir, state_label
 
+ASK_MAX_NEW_TOKENS = 512  # the Compare tab's slider; a public demo allows its own limit of new tokens
 TABLE_HEADERS = ["Prompt", "Reference", "Before", "After", "Before reward", "After reward", "Per reward (before → after)"]
 
 
@@ -133,17 +136,31 @@ def _shared_system_message(run: RunDir) -> list[dict]:
     return json.loads(systems.pop()) if len(systems) == 1 else []
 
 
+ASK_PROMPT_CHARS = 4000  # a free prompt's length: a question, not a document
+ASK_TEMPERATURE_MAX = 3.0
+
+
 def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = None,
                 temperature: float = 0.0) -> tuple[str, str]:
-    """(before, after): the starting and the trained model's replies to one prompt, greedy unless temperature > 0."""
-    if not prompt or not prompt.strip():
+    """(before, after): the starting and the trained model's replies to one prompt, greedy unless temperature > 0.
+    Each value is checked here, since any client can send any: a public demo keeps to its limit of new tokens."""
+    if not isinstance(prompt, str) or not prompt.strip():
         raise ConfigError("Type a prompt first; both models will answer it.")
+    if len(prompt) > ASK_PROMPT_CHARS:
+        raise ConfigError(f"The prompt has {len(prompt):,} characters; ask with at most {ASK_PROMPT_CHARS:,}.")
     config = run.read_config()
+    tokens = config.grpo.max_new_tokens if max_new_tokens is None else max_new_tokens
+    most = Limits.from_env().max_new_tokens if is_public_demo() else ASK_MAX_NEW_TOKENS
+    if isinstance(tokens, bool) or not isinstance(tokens, numbers.Real) or not 1 <= tokens <= most \
+            or tokens != int(tokens):
+        raise ConfigError(f"Max new tokens must be a whole number from 1 to {most}.")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) \
+            or not 0 <= temperature <= ASK_TEMPERATURE_MAX:
+        raise ConfigError(f"The temperature must be a number from 0 to {ASK_TEMPERATURE_MAX:g}.")
     weights = trained_weights(run)
     conversation = _shared_system_message(run) + [{"role": "user", "content": prompt.strip()}]
-    tokens = max_new_tokens or config.grpo.max_new_tokens
     replies = []
     for side in SIDES:
         with model_for(studio.inference_model, config, weights, side) as (model, tokenizer):
-            replies += generate_replies(model, tokenizer, [conversation], tokens, temperature=temperature)
+            replies += generate_replies(model, tokenizer, [conversation], int(tokens), temperature=float(temperature))
     return replies[0], replies[1]

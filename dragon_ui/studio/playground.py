@@ -14,11 +14,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from ..config import ModelConfig
-from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, check_public_source, columns_of, is_hub_dataset_id, map_rows,
-                   prompt_text, read_table, resolve_source)
+from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locate, map_rows, prompt_text, read_table,
+                   rows_to_read)
 from ..errors import ConfigError, DragonError, first_line
 from ..rewards import Reward, ScoreResult, score_completion
 from ..tables import Table
@@ -105,24 +104,24 @@ class DataPreview:
 def load_rows(data: DataConfig, base_dir: str | None = None) -> Table:
     """read_table with a small cache, so editing the mapping does not re-read (or re-download) the data each time.
 
-    A local file is cached by its modification time and size (and the sheet read), so saving it again is seen.
-    Callers must not modify the returned rows.
+    A local file is cached by its modification time and size (and the sheet and rows read), so saving it again is
+    seen. Callers must not modify the returned rows.
     """
-    source = data.source.strip()
-    check_public_source(source, base_dir)  # before anything on the disk is looked at
-    path = Path(resolve_source(source, base_dir))
-    if path.is_file():
-        stat = path.stat()
-        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, data.sheet)
-    elif is_hub_dataset_id(source):
-        key = (source, data.hub_config, data.hub_split)
+    place = locate(data.source, base_dir)  # a public demo refuses here, before anything on the disk is looked at
+    limit = rows_to_read(data.max_rows)
+    if isinstance(place, HubDataset):
+        key = (place.id, data.hub_config, data.hub_split, limit)
+    elif place.is_file():
+        stat = place.stat()
+        key = (str(place), stat.st_mtime_ns, stat.st_size, data.sheet, limit)
     else:
         key = None  # a missing path or a folder: read_table explains the problem
     with _tables_lock:
         if key in _tables:
             _tables.move_to_end(key)
             return _tables[key]
-    table = read_table(source, data.hub_config, data.hub_split, base_dir=base_dir, sheet=data.sheet)
+    table = read_table(data.source, data.hub_config, data.hub_split, base_dir=base_dir, sheet=data.sheet,
+                       max_rows=data.max_rows)
     with _tables_lock:
         _tables[key] = table
         while len(_tables) > _CACHED_TABLES:

@@ -17,11 +17,13 @@ from pathlib import Path
 import gradio as gr
 from gradio.context import LocalContext
 
+from ..config import RUNS_DIR_ENV
 from ..errors import DragonError
 from ..public import Limits, visitor, visiting
 from .. import ASSETS_DIR
 from ..studio.backend import DEFAULT_RECIPE, Studio
 from ..studio.draft import same_settings
+from ..studio.visitors import key_of
 from . import compare_tab, data_tab, model_tab, rewards_tab, train_tab
 from .common import TAB_COMPARE, TAB_DATA, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Form, Shared, message, shows_errors
 
@@ -37,7 +39,8 @@ OWNER_KEY_STORAGE_KEY = "dragon-grpo-studio-owner-key"
 
 def build_app(studio: Studio | None = None) -> gr.Blocks:
     studio = studio or Studio()
-    with gr.Blocks(title=TITLE) as demo:
+    # A public demo's copies of downloads and uploads in gradio's cache go after an hour (ours: engine.retention).
+    with gr.Blocks(title=TITLE, delete_cache=(3600, 3600) if studio.public else None) as demo:
         with gr.Row(equal_height=True):
             gr.Markdown(f"# 🐉 {TITLE}\n{INTRO}", elem_id="intro")
             with gr.Column(scale=0, min_width=320):
@@ -62,16 +65,20 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                 with gr.Row():
                     owner_key = gr.Textbox(label="Owner key", type="password", scale=3, elem_id="owner-key",
                                            info="The DRAGON_UI_OWNER_KEY this demo was started with: lets this "
-                                                "browser stop, resume and download every run.")
-                    unlock = gr.Button("Unlock", scale=1, elem_id="owner-unlock")
+                                                "page stop, resume and download every run.")
+                    with gr.Column(scale=1):
+                        remember_key = gr.Checkbox(False, label="Remember on this browser", elem_id="owner-remember",
+                                                   info="Only on a computer nobody else uses.")
+                        unlock = gr.Button("Unlock", elem_id="owner-unlock")
                 owner_status = gr.Markdown(elem_id="owner-status")
         shared = Shared(studio=studio, form=Form(gr.State({})), pristine=gr.State({}), config_loaded=gr.State(0),
                         auto_name=gr.State(""), run_id=gr.State(""), timer=gr.Timer(1.0, active=False))
         pending = gr.State(None)  # {"draft", "label"} waiting for the user to confirm replacing an edited draft
         # The draft lives in the browser too: a reload, or another tab of the same browser, finds it as it was.
-        saved = gr.BrowserState(None, storage_key=DRAFT_STORAGE_KEY, secret=studio.browser_secret())
-        visitor_token = gr.BrowserState(None, storage_key=VISITOR_STORAGE_KEY, secret=studio.browser_secret())
-        kept_owner_key = gr.BrowserState("", storage_key=OWNER_KEY_STORAGE_KEY, secret=studio.browser_secret())
+        storage_key = studio.browser_storage_key()  # no secret: gradio sends it to every page (see the method)
+        saved = gr.BrowserState(None, storage_key=DRAFT_STORAGE_KEY, secret=storage_key)
+        visitor_token = gr.BrowserState(None, storage_key=VISITOR_STORAGE_KEY, secret=storage_key)
+        kept_owner_key = gr.BrowserState("", storage_key=OWNER_KEY_STORAGE_KEY, secret=storage_key)
         form = shared.form
         loading = [form.loaded, shared.pristine, shared.config_loaded, shared.auto_name]
         asking = [confirm_row, confirm_text, pending, recipe_status]
@@ -138,8 +145,11 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             """Who this browser is (the token it keeps), the draft it kept (or the default recipe), and re-attach
             to a running (or the latest) run."""
             token = studio.visitors.arrive(request.session_hash, token)
-            who = studio.visitors.of(request.session_hash)
-            who = studio.visitors.unlock(who, owner_key_kept) or who
+            who = studio.visitors.of(request.session_hash, network_address(request))
+            try:  # the owner key this browser was asked to remember
+                who = studio.visitors.unlock(who, owner_key_kept) or who
+            except DragonError:  # too many wrong keys from here: the page opens locked
+                pass
             with visiting(who):
                 active = studio.active_run_id()
                 runs = studio.runs()
@@ -157,16 +167,22 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                   [visitor_token, *loading, shared.run_id, shared.timer, *shared.runs_list],
                   api_visibility="private")
         if studio.public:
-            def unlock_everything(key: str):
-                who = studio.visitors.unlock(visitor(), key)
+            def unlock_everything(key: str, remember: bool):
+                """Unlock this page with the owner key; the browser keeps the key only when asked to remember it."""
+                try:
+                    who = studio.visitors.unlock(visitor(), key)
+                except DragonError as exc:
+                    return gr.skip(), message(str(exc), "error"), gr.skip()
                 if who is None:
-                    return gr.skip(), message("That is not this demo's owner key.", "error"), gr.skip()
+                    return "", message("That is not this demo's owner key.", "error"), gr.skip()
+                kept = key if remember is True else ""
+                where = "this browser" if kept else "this page (until it is closed)"
                 with visiting(who):
-                    return key, message("Unlocked: this browser can stop, resume and download every run.",
-                                        "ok"), train_tab.runs_outputs(studio)[0]
+                    return kept, message(f"Unlocked: {where} can stop, resume and download every run.", "ok"), \
+                        train_tab.runs_outputs(studio)[0]
 
-            unlock.click(unlock_everything, [owner_key], [kept_owner_key, owner_status, shared.runs_list[0]],
-                         api_visibility="private")
+            unlock.click(unlock_everything, [owner_key, remember_key],
+                         [kept_owner_key, owner_status, shared.runs_list[0]], api_visibility="private")
 
         # The HTTP API (gradio_client): whole configs in, the same validation and run control as the buttons.
         def recipe(name: str) -> dict:
@@ -196,9 +212,9 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
     """Run every event of ``demo`` as the visitor whose page (or API session) sent it (``public.visiting``), so the
     engine's public-mode checks know whose uploads and runs are whose without each handler passing it along.
 
-    Gradio sets the request of the event being served (``LocalContext.request``) around each handler; an event
-    without one is served as ``public.NOBODY``, which owns nothing. Outside public mode everyone is the operator,
-    and nothing is wrapped.
+    Gradio sets the request of the event being served (``LocalContext.request``) around each handler. An event
+    without a session (a bare REST call) is refused: every such caller would be the same visitor. Outside public
+    mode everyone is the operator, and nothing is wrapped.
     """
     if not studio.public:
         return
@@ -206,7 +222,11 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
     def as_visitor(fn):
         def who():
             request = LocalContext.request.get(None)
-            return studio.visitors.of(getattr(request, "session_hash", None))
+            session = getattr(request, "session_hash", None)
+            if not session or session == LocalContext.event_id.get(None):  # gradio names a sessionless call by its id
+                raise gr.Error("This public demo answers only calls made within a session, as its page and "
+                               "gradio_client make them; send a session_hash.", print_exception=False)
+            return studio.visitors.of(session, network_address(request))
 
         if inspect.isgeneratorfunction(fn):
             @functools.wraps(fn)
@@ -241,6 +261,18 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
             block_fn.fn = as_visitor(block_fn.fn)
 
 
+def network_address(request) -> str | None:
+    """A hash of the network address a request came from, which counts the runs and starts of API clients that open
+    a new session for every call. On a Space the proxy puts the visitor's address first in X-Forwarded-For (the
+    connection comes from the proxy); elsewhere uvicorn gives it (FORWARDED_ALLOW_IPS names trusted proxies)."""
+    host = None
+    if os.environ.get("SPACE_ID"):
+        host = (request.headers.get("x-forwarded-for") or "").split(",")[0].strip() or None
+    client = getattr(request, "client", None)
+    host = host or getattr(client, "host", None)
+    return key_of(f"address:{host}") if host else None
+
+
 def main(argv: list[str] | None = None, desktop_driver=None) -> int:
     """The app in the browser, or (--desktop) in its own window; ``desktop_driver`` runs with that window once it
     is shown (tests and the README's screenshot drive it)."""
@@ -256,6 +288,8 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
                              "or pip install 'dragon-grpo-studio[desktop]'; make desktop installs it)")
     parser.add_argument("--runs-dir", help="folder for runs (default: $DRAGON_UI_RUNS_DIR or ./runs)")
     args = parser.parse_args(argv)
+    if args.runs_dir:  # every part of the app (the queue, a public demo's checks, uploads) keeps to this folder
+        os.environ[RUNS_DIR_ENV] = str(Path(args.runs_dir).expanduser().resolve())
 
     studio = Studio(runs_dir=args.runs_dir)
     demo = build_app(studio)

@@ -18,6 +18,7 @@ from ..engine import publish as hub
 from ..engine import weights
 from ..engine.evaluation import evaluate_now
 from ..studio import compare
+from ..public import Limits
 from ..studio.backend import Studio
 from .common import Shared, explain, message, shows_errors
 
@@ -131,10 +132,11 @@ def cancel_evaluation(studio: Studio, run_id: str | None) -> str:
 
 @shows_errors
 def ask(studio: Studio, run_id: str | None, prompt: str, max_new_tokens: int, temperature: float):
-    """The free prompt answered by the starting and the trained model."""
+    """The free prompt answered by the starting and the trained model of one's own run."""
     if not run_id:
         raise gr.Error("Choose a run first.", print_exception=False)
-    return compare.answer_both(studio, studio.run(run_id), prompt, int(max_new_tokens), float(temperature))
+    return compare.answer_both(studio, studio.owned_run(run_id, "ask its models"), prompt, max_new_tokens,
+                               temperature)
 
 
 @shows_errors
@@ -202,7 +204,9 @@ def build(shared: Shared) -> None:
         prompt = gr.Textbox(label="Your prompt", lines=2, scale=4, elem_id="compare-prompt",
                             placeholder="What is 23 + 58? Reply with just the number.")
         with gr.Column(scale=1, min_width=220):
-            max_new_tokens = gr.Slider(8, 512, value=128, step=8, label="Max new tokens", elem_id="compare-max-tokens")
+            most = Limits.from_env().max_new_tokens if studio.public else compare.ASK_MAX_NEW_TOKENS
+            max_new_tokens = gr.Slider(8, most, value=min(128, most), step=8, label="Max new tokens",
+                                       elem_id="compare-max-tokens")
             temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)",
                                     elem_id="compare-temperature")
     with gr.Row():

@@ -12,13 +12,13 @@ from dataclasses import replace
 
 import gradio as gr
 import pandas as pd
+from gradio.utils import get_upload_folder
 
 from ..config import HardwareSettings, ModelConfig
 from ..data import DataConfig, bundled_datasets as shipped_datasets
 from ..engine.hardware import resolve_hardware
 from ..engine.prompts import CPU_PROMPT_TOKENS
 from ..errors import DragonError
-from ..public import visitor, visiting
 from ..studio.draft import place_problem
 from ..studio.playground import DataPreview, data_config, fit_mapping, load_rows, preview_data, preview_tokenizer
 from ..tables import SUPPORTED_EXTENSIONS
@@ -271,12 +271,16 @@ def build(shared: Shared) -> Callable[[], None]:
             return use_source(draft, new_source, shown, form.labels)
 
         def take_upload(draft, new_source, shown):
-            """An uploaded file becomes the source, and this visitor's to read from now on (a public demo reads no
-            other file on the server)."""
+            """An uploaded file becomes the source: in a public demo, moved into this visitor's own folder first
+            (Studio.keep_upload), where nobody else can read it."""
             if not new_source:
                 return replace_source(draft, new_source, shown)
-            with visiting(shared.studio.visitors.add_upload(visitor(), new_source)):
-                return replace_source(draft, new_source, shown)
+            try:
+                kept = shared.studio.keep_upload(new_source, get_upload_folder())
+            except DragonError as exc:
+                return (*[gr.skip()] * UPDATED.index("source_status"), message(str(exc), "error"),
+                        *[gr.skip()] * (len(UPDATED) - UPDATED.index("source_status") - 1))
+            return replace_source(draft, kept, shown)
 
         # always_last: a field changed while the preview computes is previewed again with what the form shows then.
         modes = {"trigger_mode": "always_last", "api_visibility": "private"}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -34,7 +33,6 @@ from .common import TAB_TRAIN, Form, Shared, message, shows_errors
 
 TAB_TITLE = "Model & Hardware"
 CLI_TEMPLATE = "python -m dragon_ui train {file}"
-CONFIG_DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "dragon_ui_configs"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -254,9 +252,10 @@ def config_file_name(draft: dict) -> str:
     return f"{slug((draft.get('name') or '').strip(), empty='my-run')}.yaml"
 
 
-def write_config_file(draft: dict, yaml_text: str) -> Path:
-    """The YAML in a temp folder named by its content, so every browser session downloads its own version."""
-    folder = CONFIG_DOWNLOAD_DIR / hashlib.sha1(yaml_text.encode("utf-8")).hexdigest()[:12]
+def write_config_file(downloads: Path, draft: dict, yaml_text: str) -> Path:
+    """The YAML in a folder of ``downloads`` named by its content, so every browser session downloads its own
+    version."""
+    folder = downloads / f"config-{hashlib.sha1(yaml_text.encode('utf-8')).hexdigest()[:12]}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / config_file_name(draft)
     if not path.is_file():
@@ -288,7 +287,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
         return Preview(check, "", "The estimate appears once the settings are valid.",
                        f"# The settings are not valid yet:\n# {exc}", cli, None, problems)
     yaml_text = config.to_yaml()
-    download = str(write_config_file(draft, yaml_text))  # also for another machine, whatever this one has
+    download = str(write_config_file(studio.downloads_dir, draft, yaml_text))  # also for another machine, whatever this one has
     try:  # what this machine must have for it: the hardware chosen, the trackers' packages
         resolved = resolve_hardware(config.hardware, studio.hardware())
         trackers.check(config.logging)
@@ -313,9 +312,9 @@ def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tu
     """(zip path or skip, message): the draft as a self-contained launch folder for ``nodes`` x ``gpus`` GPUs."""
     try:
         config = studio.validate(draft)
-        folder = Path(tempfile.mkdtemp(prefix="dragon-export-")) / f"{config_file_name(draft)[:-5]}-{int(nodes)}x{int(gpus)}gpu"
+        folder = studio.download_folder() / f"{config_file_name(draft)[:-5]}-{int(nodes)}x{int(gpus)}gpu"
         export_launch_folder(config, folder, int(gpus), int(nodes))
-    except (DragonError, TypeError, ValueError) as exc:
+    except (DragonError, TypeError, ValueError, OverflowError) as exc:
         return gr.skip(), message(str(exc) if isinstance(exc, DragonError) else "GPUs and nodes must be whole numbers.", "error")
     archive = shutil.make_archive(str(folder), "zip", folder.parent, folder.name)
     return archive, message(f"Unzip it on the GPU machine and run `./launch.sh` there ({folder.name}/README.md explains "

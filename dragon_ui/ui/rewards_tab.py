@@ -24,8 +24,8 @@ import pandas as pd
 from ..data import prompt_text
 from ..errors import DragonError
 from ..studio.draft import place_problem
-from ..studio.playground import (GroupScores, data_config, generate_groups, no_signal_warning, preview_examples,
-                          reward_failures, score_example)
+from ..studio.playground import (PREVIEW_ROWS, GroupScores, data_config, generate_groups, no_signal_warning,
+                                 preview_examples, reward_failures, score_example)
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, build_rewards, kind_fields,
                        parse_rewards, public_demo_refusal)
 from ..studio.backend import Studio
@@ -35,6 +35,8 @@ from .common import Shared, explain, message, shows_errors
 SETTINGS = tuple(f.name for f in fields(RewardSpec) if f.name not in ("kind", "name", "weight"))
 EDITOR_SIZE = 4 + len(SETTINGS) + 3  # kind, name, weight, help, the settings, and the Add / Save / Remove buttons
 TAB_TITLE = "Rewards"
+REPLY_CHARS = 20_000  # a typed reply to score
+SAMPLED_ROWS = (1, 2, 3)  # rows one "Generate a group" samples
 DEFAULTS = {f.name: f.default for f in fields(RewardSpec)}
 LIST_SETTINGS = ("keys", "words", "tags")  # typed as comma-separated text
 STARTER_CODE = '''def reward(prompt, completion, reference, row):
@@ -292,9 +294,14 @@ def playground_rows(draft: dict, current: int | None, labels: dict[str, str] | N
 def _example(draft: dict, row: int | None) -> dict:
     """The mapped example at a playground row (raises ConfigError when the data cannot be mapped)."""
     examples = preview_examples(data_config(draft), draft.get("base_dir") or None)
-    if row is None or not 0 <= row < len(examples):
+    if not _is_row(row) or row >= len(examples):
         raise gr.Error("Choose a row to try first.")
     return examples[row]
+
+
+def _is_row(row) -> bool:
+    """A row number the picker offers (any client can send anything in its place)."""
+    return isinstance(row, int) and not isinstance(row, bool) and 0 <= row < PREVIEW_ROWS
 
 
 def show_row(draft: dict, row: int | None, examples: list[dict] | None = None) -> str:
@@ -318,8 +325,11 @@ def _built_rewards(draft: dict):
 @shows_errors
 def score_typed(draft: dict, row: int | None, completion: str) -> tuple:
     """Score a typed reply to the chosen row with every reward. Returns (scores table, total line)."""
+    if isinstance(completion, str) and len(completion) > REPLY_CHARS:
+        raise gr.Error(f"The reply has {len(completion):,} characters; score one of at most {REPLY_CHARS:,} (a "
+                       "completion is rarely longer than a few thousand).", print_exception=False)
     rewards = _built_rewards(draft)
-    result = score_example(rewards, _example(draft, row), completion or "")
+    result = score_example(rewards, _example(draft, row), completion if isinstance(completion, str) else "")
     weights = {reward.name: reward.weight for reward in rewards}
     table = pd.DataFrame([[name, weights[name], round(score, 4), round(weights[name] * score, 4),
                            result.errors.get(name, "")] for name, score in result.scores.items()],
@@ -373,12 +383,16 @@ def generate_samples(studio: Studio, draft: dict, row: int | None, n_prompts: in
     """
     session = request.session_hash if request is not None else None
     _cancelled_sessions.discard(session)
-    if row is None:
+    if not _is_row(row):
         yield message("Choose a row to try first.", "warn"), gr.skip(), ""
+        return
+    if n_prompts not in SAMPLED_ROWS:
+        yield message(f"Sample {SAMPLED_ROWS[0]} to {SAMPLED_ROWS[-1]} rows at a time.", "warn"), gr.skip(), ""
         return
     try:
         config = studio.validate_for_sampling(draft)
         examples = preview_examples(config.data, config.base_dir or None)[row:row + int(n_prompts)]
+        studio.check_sampling(config.grpo.group_size * len(examples))
         rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.inference_model(config.model, settings=config.hardware)
@@ -506,8 +520,8 @@ def build(shared: Shared) -> Callable[[], None]:
             scores = gr.Dataframe(label="Scores", interactive=False, elem_id="rewards-scores")
             total = gr.Markdown(elem_id="rewards-total")
     with gr.Row():
-        n_prompts = gr.Slider(1, 3, value=1, step=1, label="Rows to sample (starting at the chosen row)",
-                              elem_id="rewards-n-prompts")
+        n_prompts = gr.Slider(SAMPLED_ROWS[0], SAMPLED_ROWS[-1], value=1, step=1,
+                              label="Rows to sample (starting at the chosen row)", elem_id="rewards-n-prompts")
         generate = gr.Button("Generate a group", variant="primary", elem_id="rewards-generate")
         cancel = gr.Button("Cancel", variant="stop", elem_id="rewards-cancel")
     progress = gr.Markdown(elem_id="rewards-progress")

@@ -1,0 +1,561 @@
+"""The limits that keep a public demo's machine everyone's, rule by rule: rows limited while a file is read, Hub
+data streamed without the server's token, scoring that cannot hang, text settings with a length cap, each
+visitor's share of the queue, owner keys that cannot be guessed quickly, uploads kept apart, logs kept to their run,
+and a disk that is cleaned up. tests/test_public_attacks.py attacks the running app with the same rules."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import uploaded_by, write_arithmetic_csv
+
+from dragon_ui import data, public, rewards, tables
+from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
+from dragon_ui.engine import policy, queue, retention, training
+from dragon_ui.errors import BusyError, ConfigError, NotYoursError
+from dragon_ui.studio.visitors import WRONG_KEYS_ALLOWED, Visitors
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def public_mode(monkeypatch, tiny_model_dir, runs_dir):
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
+    for env, _, _ in public.Limits.documented():
+        monkeypatch.delenv(env, raising=False)
+    policy._starts.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rows are limited while a file is read.
+
+
+def parquet_of(path: Path, rows: int) -> Path:
+    pq.write_table(pa.table({"question": [f"q{i}" for i in range(rows)], "answer": ["1"] * rows}), path,
+                   row_group_size=5000)
+    return path
+
+
+def spreadsheet_of(path: Path, rows: int) -> Path:
+    from openpyxl import Workbook
+
+    book = Workbook()
+    sheet = book.active
+    sheet.append(["question", "answer"])
+    for i in range(rows):
+        sheet.append([f"q{i}", i])
+    book.save(path)
+    return path
+
+
+def jsonl_of(path: Path, rows: int) -> Path:
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": "1"}) + "\n" for i in range(rows)))
+    return path
+
+
+FILES = {"csv": lambda path, rows: write_arithmetic_csv(path.with_suffix(".csv"), rows=rows),
+         "parquet": lambda path, rows: parquet_of(path.with_suffix(".parquet"), rows),
+         "xlsx": lambda path, rows: spreadsheet_of(path.with_suffix(".xlsx"), rows),
+         "jsonl": lambda path, rows: jsonl_of(path.with_suffix(".jsonl"), rows)}
+
+
+@pytest.mark.parametrize("kind", FILES)
+def test_a_file_is_read_only_as_far_as_the_rows_asked_for(kind, tmp_path):
+    path = FILES[kind](tmp_path / "data", 300)
+    assert len(data.read_table(str(path), max_rows=25).rows) == 25
+    assert len(data.read_table(str(path)).rows) == 300
+    config = data.DataConfig(source=str(path), prompt="question", reference="answer", max_rows=40)
+    assert data.load_and_map(config).n_rows == 40
+
+
+@pytest.mark.parametrize("kind", FILES)
+def test_a_public_demo_stops_one_row_past_its_limit_and_refuses(kind, public_mode, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAGON_UI_MAX_DATASET_ROWS", "100")
+    source = uploaded_by("v", FILES[kind](tmp_path / "data", 250))
+    with public.visiting(public.Visitor(key="v")):
+        assert len(data.read_table(source).rows) == 101
+        with pytest.raises(ConfigError, match="the data has more than 100 rows"):
+            data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer"))
+        mapped = data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer", max_rows=90))
+        assert mapped.n_rows == 90
+
+
+def test_millions_of_rows_in_a_small_parquet_file_are_never_decoded(public_mode, tmp_path, monkeypatch):
+    bomb = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"question": ["What is 1 + 1?"] * 3_000_000, "answer": ["2"] * 3_000_000}), bomb)
+    assert bomb.stat().st_size < 200_000
+    source = uploaded_by("v", bomb)
+    decoded = []
+    real_batches = pq.ParquetFile.iter_batches
+
+    def counted_batches(self, *args, **kwargs):
+        for batch in real_batches(self, *args, **kwargs):
+            decoded.append(batch.num_rows)
+            yield batch
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted_batches)
+    with public.visiting(public.Visitor(key="v")):
+        assert len(data.read_table(source).rows) == 10_001
+    assert sum(decoded) <= 10_001 + 1024  # batch by batch, stopping at the limit
+
+
+def repeated_text_parquet(path: Path, rows: int, length: int) -> Path:
+    """One long text in every row, written as Parquet stores it: once, in a dictionary (never whole in memory)."""
+    question = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["x" * length]))
+    pq.write_table(pa.table({"question": question, "answer": ["1"] * rows}), path)
+    return path
+
+
+def repeated_text_spreadsheet(path: Path, rows: int, length: int) -> Path:
+    from openpyxl import Workbook
+
+    book = Workbook()
+    for _ in range(rows):  # one shared string, in every row
+        book.active.append(["x" * length, "1"])
+    book.save(path)
+    return path
+
+
+UNPACKING = {  # a few kilobytes that unpack into far more than the limit
+    "parquet, 300 rows of 100 KB": (lambda path: repeated_text_parquet(path.with_suffix(".parquet"), 300, 100_000),
+                                    "unpacks to more than this public demo's limit of 10 MB of data"),
+    "parquet, 5000 rows of 1 MB": (lambda path: repeated_text_parquet(path.with_suffix(".parquet"), 5000, 10**6),
+                                   "takes more than this public demo's memory for one file once it is unpacked"),
+    "xlsx, 2000 rows of 30 KB": (lambda path: repeated_text_spreadsheet(path.with_suffix(".xlsx"), 2000, 30_000),
+                                 "unpacks to more than this public demo's limit|takes more than this public demo's "
+                                 "memory"),
+}
+
+
+@pytest.mark.parametrize("make, refusal", UNPACKING.values(), ids=UNPACKING.keys())
+def test_a_small_file_that_unpacks_into_gigabytes_is_refused_and_the_app_never_holds_it(make, refusal, public_mode,
+                                                                                        tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "1")  # 10 MB of rows at most
+    path = make(tmp_path / "small")
+    assert path.stat().st_size < 1_000_000
+    source = uploaded_by("v", path)
+    monkeypatch.setattr(tables, "_read_here", lambda *args: pytest.fail("read in the app's own process"))
+    started = time.monotonic()
+    with public.visiting(public.Visitor(key="v")), pytest.raises(ConfigError, match=refusal):
+        data.read_table(source)
+    assert time.monotonic() - started < tables.APART_SECONDS
+
+
+def test_a_file_read_apart_gives_the_same_table(public_mode, tmp_path):
+    """Read in its own process, a spreadsheet gives the same rows, notes and sheets as read here."""
+    path = spreadsheet_of(tmp_path / "data.xlsx", 30)
+    apart = tables.read_file(path, max_rows=10, max_unpacked_mb=5)
+    here = tables.read_file(path, max_rows=10)
+    assert (apart.rows, apart.notes, apart.sheets) == (here.rows, here.notes, here.sheets)
+    with pytest.raises(ConfigError, match="has no sheet called 'nope'"):
+        tables.read_file(path, sheet="nope", max_unpacked_mb=5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Hub data in a public demo.
+
+
+def test_a_public_demo_streams_hub_data_without_the_servers_token_and_never_from_the_disk(public_mode, monkeypatch,
+                                                                                           tmp_path):
+    """datasets.load_dataset itself, spied on: an hf:// path (never a folder of the same name here), streaming (so
+    nothing past the limit is downloaded), token=False (the server's HF_TOKEN is never sent)."""
+    import datasets
+
+    calls = []
+
+    def load_dataset(path, **kwargs):
+        calls.append((path, kwargs))
+        return iter({"question": f"q{i}", "answer": "1"} for i in range(1_000_000))
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setenv("HF_TOKEN", "hf_server_secret")
+    monkeypatch.setenv("DRAGON_UI_MAX_DATASET_ROWS", "50")
+    (tmp_path / "owner" / "name").mkdir(parents=True)  # a folder shaped like the Hub id, where the app runs
+    monkeypatch.chdir(tmp_path)
+    rows = data.read_table("owner/name", hub_config="main", hub_split="test").rows
+    assert len(rows) == 51  # one past the limit: enough to refuse
+    (path, kwargs), = calls
+    assert path == "hf://datasets/owner/name"
+    assert kwargs == {"name": "main", "split": "test", "streaming": True, "token": False}
+
+
+def test_a_public_demo_caps_the_size_of_streamed_hub_data(public_mode, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda path, **kwargs: iter({"text": "x" * 100_000} for _ in range(1000)))
+    monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "1")
+    with pytest.raises(ConfigError, match="already hold more than this public demo's limit of 1 MB of data"):
+        data.read_table("owner/name")
+
+
+def test_a_run_folder_shaped_like_a_hub_id_is_never_loaded_from_the_disk(public_mode, monkeypatch, tmp_path):
+    """The real datasets library, offline: runs/<id> in the app's folder goes to the Hub, which is unreachable."""
+    (tmp_path / "runs" / "someone").mkdir(parents=True)
+    (tmp_path / "runs" / "someone" / "train.jsonl").write_text('{"secret": "theirs"}\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="the Hugging Face Hub could not be reached to load 'runs/someone'"):
+        data.read_table("runs/someone")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scoring that cannot hang.
+
+
+@pytest.mark.parametrize("pattern, refused", [
+    (r"(a|aa)+$", True),  # exponential in the regex package too
+    (r"(x+x+)+y", False),  # the regex package matches these in linear time
+    (r"(a+)+$", False),
+    (r"^(\w+\s?)*$", False),
+    (r"^\d+$", False),
+    (r"\bcat\b", False),
+])
+def test_a_pattern_that_backtracks_exponentially_is_refused_when_it_is_saved(pattern, refused):
+    started = time.monotonic()
+    if refused:
+        with pytest.raises(ConfigError, match="takes too long on some replies"):
+            rewards.RewardSpec.from_dict({"kind": "regex", "pattern": pattern})
+    else:
+        (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "regex", "pattern": pattern})])
+        reward("", "word " * 10_000 + "!", None, {})
+    assert time.monotonic() - started < 2
+
+
+def test_a_slow_match_scores_zero_as_a_failure_within_its_time_limit(monkeypatch):
+    """A pattern the check let through but that is slow on one reply: that reply scores 0, the failure is
+    counted, and other threads run meanwhile (the regex package lets go of the GIL)."""
+    monkeypatch.setattr(rewards, "_slow_text", lambda *args: None)  # as if the check had missed it
+    (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "regex", "pattern": r"(a|aa)+$"})])
+    ticks = []
+    done = threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.005)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    failures = rewards.RewardFailures()
+    started = time.monotonic()
+    score, error = rewards.safe_score(reward, "", "a" * 60 + "!", None, {}, failures)
+    done.set()
+    ticker.join()
+    assert score == 0.0 and "took longer than 0.25 s" in error and failures.counts() == {"regex": 1}
+    assert time.monotonic() - started < 1
+    gaps = [later - earlier for earlier, later in zip(ticks, ticks[1:])]
+    assert len(ticks) > 10 and max(gaps) < 0.1  # the other thread kept running
+
+
+OLD_FENCE = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)\n?[ \t]*```", re.DOTALL)  # the reward's regex, quadratic
+
+
+def test_the_json_fence_is_read_as_the_old_pattern_read_it_in_linear_time():
+    rng = random.Random(0)
+    pieces = ["`", "```", "json", "a", " ", "\t", "\n", "{", "}", "+", "-", "é", "1"]
+    for _ in range(50_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        old = OLD_FENCE.fullmatch(text)
+        assert rewards._fenced_content(text) == (old.group(1) if old else None), repr(text)
+    (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "json"})])
+    started = time.monotonic()
+    for text in ("```" + "a" * 200_000, "```\n" + "```a" * 50_000, "```json\n{\"a\": 1}" + " " * 100_000 + "```"):
+        reward("", text, None, {})
+    assert time.monotonic() - started < 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Text settings have a length cap, everywhere.
+
+
+TOO_LONG = {
+    "the prompt template": ("data", "prompt", 10_001, "data.prompt has 10,001 characters, more than the 10,000"),
+    "the reference": ("data", "reference", 10_001, "data.reference has 10,001 characters"),
+    "the system message": ("data", "system", 10_001, "data.system has 10,001 characters"),
+    "the source": ("data", "source", 1001, "data.source has 1,001 characters"),
+    "the run name": (None, "name", 101, "name has 101 characters, more than the 100"),
+    "the model id": ("model", "id", 1001, "model.id has 1,001 characters"),
+    "a revision": ("model", "revision", 201, "model.revision has 201 characters"),
+}
+
+
+@pytest.mark.parametrize("section, key, length, refusal", TOO_LONG.values(), ids=TOO_LONG.keys())
+def test_every_text_setting_has_a_length_cap(tiny_config_dict, section, key, length, refusal):
+    (tiny_config_dict[section] if section else tiny_config_dict)[key] = "a" * length
+    with pytest.raises(ConfigError, match=refusal):
+        RunConfig.from_dict(tiny_config_dict)
+
+
+@pytest.mark.parametrize("reward, refusal", [
+    ({"kind": "regex", "pattern": "a" * 1001}, "rewards\\[0\\].pattern has 1,001 characters"),
+    ({"kind": "keyword", "words": ["w"] * 101}, "rewards\\[0\\].words has 101 items, more than the 100"),
+    ({"kind": "keyword", "words": ["w" * 201]}, "rewards\\[0\\].words has 201 characters"),
+    ({"kind": "numeric", "name": "n" * 201}, "rewards\\[0\\].name has 201 characters"),
+])
+def test_reward_settings_have_length_caps(reward, refusal):
+    with pytest.raises(ConfigError, match=refusal):
+        rewards.parse_rewards([reward])
+
+
+def test_a_run_has_at_most_twenty_rewards():
+    with pytest.raises(ConfigError, match="rewards has 21 rewards, more than the 20"):
+        rewards.parse_rewards([{"kind": "numeric", "name": f"n{i}"} for i in range(21)])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a public run may be.
+
+
+REFUSED = {
+    "full fine-tuning": ("lora", "enabled", False, "lora.enabled must stay on in this public demo"),
+    "a huge adapter": ("lora", "r", 128, "lora.r must be at most 64 in this public demo"),
+    "every thread": ("hardware", "cpu_threads", (os.cpu_count() or 1) + 1, "hardware.cpu_threads must be at most"),
+    "a revision": ("model", "revision", "refs/pr/1", "model.revision must be left empty in this public demo"),
+}
+
+
+@pytest.mark.parametrize("section, key, value, refusal", REFUSED.values(), ids=REFUSED.keys())
+def test_a_public_run_keeps_to_lora_its_rank_the_cores_and_the_main_revision(public_mode, tiny_config_dict,
+                                                                             section, key, value, refusal):
+    tiny_config_dict[section][key] = value
+    tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
+    with pytest.raises(ConfigError, match=refusal):
+        policy.check_run(RunConfig.from_dict(tiny_config_dict))
+
+
+def test_a_run_that_would_need_more_memory_than_the_machine_has_is_refused(public_mode, monkeypatch,
+                                                                           tiny_config_dict):
+    monkeypatch.setenv(public.MODELS_ENV, "someone/giant-400B")
+    tiny_config_dict["model"] = {"id": "someone/giant-400B"}
+    tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
+    with pytest.raises(ConfigError, match=r"This run would need about [\d.]+ GB of memory, more than the [\d.]+ GB "
+                                          "this machine has"):
+        policy.check_run(RunConfig.from_dict(tiny_config_dict))
+
+
+def test_a_public_run_keeps_only_its_newest_checkpoints(public_mode, tiny_config_dict):
+    tiny_config_dict["data"]["source"] = uploaded_by("v", tiny_config_dict["data"]["source"])
+    tiny_config_dict["training"].update(max_steps=4, save_steps=1)
+    with public.visiting(public.Visitor(key="v")):
+        handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    assert handle.wait(240) == "succeeded", handle.run.read_status().get("error")
+    assert [path.name for path in handle.run.checkpoints()] == ["checkpoint-3", "checkpoint-4"]
+
+
+def test_the_held_out_prompts_are_capped_and_the_summary_says_so(public_mode, tmp_path):
+    source = uploaded_by("v", write_arithmetic_csv(tmp_path / "many.csv", rows=2000))
+    with public.visiting(public.Visitor(key="v")):
+        mapped = data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer",
+                                                   eval_frac=0.5))
+    assert len(mapped.eval) == 50 and len(mapped.train) == 1950
+    assert "Only 50 rows are held out, this public demo's limit of held-out prompts" in mapped.summary()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Each visitor's share of the queue.
+
+
+def long_run(config: dict, name: str) -> dict:
+    return {**config, "name": name, "training": {**config["training"], "max_steps": 5000, "save_steps": 5000}}
+
+
+def test_each_visitor_and_each_address_has_a_few_runs_and_starts(public_mode, studio, tiny_config_dict,
+                                                                 monkeypatch):
+    monkeypatch.setenv("DRAGON_UI_MAX_RUNS_PER_ADDRESS", "3")
+    monkeypatch.setenv("DRAGON_UI_MAX_STARTS_PER_HOUR", "3")
+    upload = uploaded_by("alice", tiny_config_dict["data"]["source"])
+    alice = public.Visitor(key="alice", address="home")
+    config = {**long_run(tiny_config_dict, "a"), "data": {**tiny_config_dict["data"], "source": upload}}
+    with public.visiting(alice):
+        runs = [studio.start(config), studio.start(config)]
+        with pytest.raises(BusyError, match="You already have 2 runs training or waiting"):
+            studio.start(config)
+    bundled = {**long_run(tiny_config_dict, "b"),
+               "data": {**tiny_config_dict["data"], "source": str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")}}
+    with public.visiting(public.Visitor(key="alices-script", address="home")):
+        runs.append(studio.start(bundled))
+    with public.visiting(public.Visitor(key="another-call", address="home")), \
+            pytest.raises(BusyError, match="3 runs from your network address are already training or waiting"):
+        studio.start(bundled)
+    with public.visiting(public.Visitor(key="bob", address="elsewhere")):
+        runs.append(studio.start(bundled))  # another address is not held up
+    for run in runs:
+        with public.visiting(public.Visitor(unlocked=True, key="owner")):
+            studio.stop(run.id)
+    assert training.active_run().wait(120) == "cancelled"
+    with public.visiting(public.Visitor(key="alices-script", address="home")), \
+            pytest.raises(BusyError, match="3 runs were started from your network address in the last hour"):
+        studio.start(bundled)
+
+
+def test_preparing_a_run_holds_up_nobody_elses_start_or_stop(public_mode, studio, tiny_config_dict, monkeypatch):
+    """queue.submit prepares a run (reads its data, counts its prompts) outside the queue's lock."""
+    preparing, release = threading.Event(), threading.Event()
+    real_inspect = training.inspect
+
+    def slow_inspect(config):
+        if config.name == "slow":
+            preparing.set()
+            release.wait(60)
+        return real_inspect(config)
+
+    monkeypatch.setattr(training, "inspect", slow_inspect)
+    config = {**tiny_config_dict, "data": {**tiny_config_dict["data"], "source": uploaded_by(
+        "v", tiny_config_dict["data"]["source"])}}
+    with public.visiting(public.Visitor(key="v", address="a")):
+        first = studio.start(long_run(config, "first"))
+    def start_slowly():
+        with public.visiting(public.Visitor(key="v", address="a")):
+            studio.start({**config, "name": "slow"})
+
+    slow = threading.Thread(target=start_slowly)
+    slow.start()
+    assert preparing.wait(60)
+    started = time.monotonic()
+    with queue._lock:  # the lock is free while the slow run prepares
+        pass
+    with public.visiting(public.Visitor(key="v", address="a")):
+        studio.stop(first.id)
+    assert time.monotonic() - started < 5
+    release.set()
+    slow.join(60)
+    while (handle := training.active_run()) is not None:
+        handle.stop()
+        handle.wait(120)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Visitors, the owner key, uploads, logs.
+
+
+def test_wrong_owner_keys_are_limited_per_address(monkeypatch):
+    monkeypatch.setenv(public.OWNER_KEY_ENV, "the-key")
+    visitors = Visitors()
+    guesser = visitors.of("s1", address="guesser")
+    for attempt in range(WRONG_KEYS_ALLOWED):
+        assert visitors.unlock(guesser, f"guess {attempt}") is None
+    with pytest.raises(BusyError, match="Too many wrong owner keys from your network address; try again in 15"):
+        visitors.unlock(guesser, "the-key")
+    assert visitors.unlock(visitors.of("s2", address="owner"), "the-key").owns_everything  # others still can
+    assert visitors.unlock(visitors.of("s3", address="owner"), "") is None  # nothing entered is no guess
+    assert visitors.of("s2", address="owner").unlocked and not visitors.of("s1", address="guesser").unlocked
+
+
+def test_sessions_are_remembered_up_to_a_bound(monkeypatch):
+    from dragon_ui.studio import visitors as visitors_module
+
+    monkeypatch.setattr(visitors_module, "MAX_SESSIONS", 3)
+    visitors = Visitors()
+    keys = [visitors.of(f"s{i}").key for i in range(5)]
+    assert len(visitors._sessions) == 3 and visitors.of("s4").key == keys[4]
+
+
+def test_an_upload_moves_into_its_visitors_own_folder(public_mode, studio, tmp_path):
+    gradio_folder = tmp_path / "gradio"
+    uploaded = gradio_folder / "a1b2" / "mine.csv"
+    uploaded.parent.mkdir(parents=True)
+    write_arithmetic_csv(uploaded)
+    with public.visiting(public.Visitor(key="alice")):
+        kept = Path(studio.keep_upload(uploaded, gradio_folder))
+        assert kept.is_relative_to(public.uploads_dir() / "alice") and kept.read_text().startswith("question")
+        assert not uploaded.parent.exists()  # gradio's copy, which gradio would serve, is gone
+        assert data.locate(str(kept)) == kept
+        with pytest.raises(ConfigError, match="was not uploaded here"):
+            studio.keep_upload(tmp_path / "elsewhere.csv", gradio_folder)
+    with public.visiting(public.Visitor(key="bob")), pytest.raises(ConfigError, match="reads no other files"):
+        data.locate(str(kept))
+
+
+def test_another_visitors_settings_are_lent_without_their_data_or_their_run(public_mode, studio, finished_run):
+    finished_run.update_status(owner="alice")
+    config = json.loads(finished_run.config_path.read_text())
+    config["data"]["source"] = uploaded_by("alice", Path(config["data"]["source"]))
+    config["model"]["id"] = str(finished_run.path)
+    finished_run.config_path.write_text(json.dumps(config))
+    with public.visiting(public.Visitor(key="bob")):
+        draft, label = studio.run_settings(finished_run.id)
+    assert draft["data"]["source"] == "" and draft["model"]["id"] == DEFAULT_MODEL_ID
+    assert "without what was another visitor's: its data" in label and "its starting model" in label
+    assert draft["rewards"] == config["rewards"]
+    with public.visiting(public.Visitor(key="alice")):
+        draft, label = studio.run_settings(finished_run.id)
+    assert draft["data"]["source"] == config["data"]["source"] and "without" not in label
+
+
+def test_ask_both_keeps_to_its_limits(public_mode, studio, finished_run):
+    from dragon_ui.studio import compare
+
+    finished_run.update_status(owner="alice")
+    with public.visiting(public.Visitor(key="bob")), pytest.raises(NotYoursError):
+        studio.owned_run(finished_run.id, "ask its models")
+    for prompt, tokens, temperature, refusal in (("x" * 4001, 8, 0.0, "at most 4,000"),
+                                                 ("hi", 257, 0.0, "from 1 to 256"),
+                                                 ("hi", 8.5, 0.0, "whole number"),
+                                                 ("hi", 8, 99.0, "from 0 to 3")):
+        with pytest.raises(ConfigError, match=refusal):
+            compare.answer_both(studio, finished_run, prompt, tokens, temperature)
+
+
+def test_a_runs_log_holds_only_what_its_training_thread_logs(tiny_config_dict):
+    """Errors of the app's other threads (another visitor's request) go to the server's log, not to the log.txt
+    every visitor of a public demo reads."""
+    tiny_config_dict["training"].update(max_steps=30, save_steps=100)
+    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    while handle.run.read_status().get("step", 0) < 1:
+        time.sleep(0.05)
+    other = threading.Thread(target=lambda: logging.getLogger("dragon_ui.ui.common").error("another visitor's "
+                                                                                            "secret error"))
+    other.start()
+    other.join()
+    handle.stop()
+    handle.wait(120)
+    log = handle.run.log_path.read_text()
+    assert "step 1/30" in log and "secret error" not in log
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The disk is cleaned up.
+
+
+def test_old_runs_uploads_and_downloads_are_removed_and_what_is_needed_stays(public_mode, finished_run, runs_dir,
+                                                                             tmp_path, tiny_config_dict):
+    old = time.time() - 5 * 3600
+    finished_run.update_status(finished_at=old)
+    recent = runs_dir / "recent"
+    recent.mkdir()
+    (recent / "config.json").write_text(finished_run.config_path.read_text())
+    (recent / "status.json").write_text(json.dumps({"state": "succeeded", "finished_at": time.time()}))
+    needed = runs_dir / "needed"  # old, but a waiting run continues from it
+    needed.mkdir()
+    (needed / "config.json").write_text(finished_run.config_path.read_text())
+    (needed / "status.json").write_text(json.dumps({"state": "succeeded", "finished_at": old}))
+    waiting = runs_dir / "waiting"
+    waiting.mkdir()
+    config = json.loads(finished_run.config_path.read_text())
+    config["model"]["id"] = str(needed)
+    (waiting / "config.json").write_text(json.dumps(config))
+    (waiting / "status.json").write_text(json.dumps({"state": "queued", "waiting": "start", "queued_at": old}))
+    upload = Path(uploaded_by("v", tiny_config_dict["data"]["source"]))
+    os.utime(upload, (old, old))
+    os.utime(upload.parent, (old, old))
+    downloads = tmp_path / "downloads"
+    (downloads / "stale").mkdir(parents=True)
+    (downloads / "stale" / "adapter.zip").write_text("x")
+    os.utime(downloads / "stale" / "adapter.zip", (old, old))
+    os.utime(downloads / "stale", (old, old))
+    (downloads / "fresh").mkdir()
+    removed = retention.clean_up(runs_dir, keep_hours=4, downloads=[downloads])
+    assert set(removed) == {finished_run.path, upload.parent, downloads / "stale"}
+    assert not finished_run.path.exists() and not upload.exists() and not (downloads / "stale").exists()
+    assert recent.exists() and needed.exists() and waiting.exists() and (downloads / "fresh").exists()
