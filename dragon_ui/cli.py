@@ -150,7 +150,7 @@ def _cmd_train(args) -> int:
         nonlocal interrupts
         interrupts += 1
         if interrupts == 1:
-            print("\nStopping after the current step and saving a checkpoint (press Ctrl+C again to quit at once)...",
+            print("\nStopping now and saving the last whole step (press Ctrl+C again to quit at once)...",
                   file=sys.stderr, flush=True)
             handle.stop()
         else:

@@ -138,7 +138,7 @@ class MappedData:
         if len(self.eval) < asked and is_public_demo() and len(self.eval) == Limits.from_env().held_out_prompts:
             return (f"Only {len(self.eval)} rows are held out, this public demo's limit of held-out prompts scored "
                     f"before and after ({asked} asked for).")
-        if len(self.eval) == asked:
+        if len(self.eval) <= asked:
             return ""
         share = f"{self.eval_frac * 100:g}%"
         return (f"{len(self.eval)} rows are held out for the before/after comparison ({share} would be "

@@ -198,7 +198,7 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     expect(page.locator("#train-rollouts table").first).to_be_visible()
     screenshot(page, screenshots, "train")
     page.locator("#train-stop").click()
-    expect(page.locator("#train-action")).to_contain_text("Stopping after the current step")
+    expect(page.locator("#train-action")).to_contain_text("Stopping: the step under way ends at once")
     expect(status).to_contain_text("stopped — can resume")
     expect(page.locator("#train-resume")).to_be_enabled()
     (run,) = studio.runs()

@@ -1,8 +1,11 @@
 """A public demo shared by two visitors, each in their own real browser (two chromium contexts: two sets of
 browser storage, as two people's laptops): B cannot stop A's run, A's Stop works, and B's Start is queued and starts
-by itself when A's run ends."""
+by itself when A's run ends. An upload is its visitor's alone, and the owner key is remembered only when asked."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -12,6 +15,7 @@ from dragon_ui import public
 from dragon_ui.engine import training
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
+from dragon_ui.ui.app import OWNER_KEY_STORAGE_KEY
 from test_app_client import served_app
 from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, open_tab, screenshot, wait_until_loaded, write_recipe
 
@@ -37,9 +41,14 @@ def public_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir):
         handle.wait(120)
 
 
-def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
+def need_chromium() -> None:
     if not CHROMIUM.exists():
-        pytest.skip("Debian's chromium is needed for the browser test: sudo apt-get install chromium")
+        message = "Debian's chromium is needed for the browser test: sudo apt-get install chromium"
+        pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
+
+
+def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
+    need_chromium()
     look = {"theme": gr.themes.Soft(primary_hue="emerald"), "css_paths": [str(ASSETS_DIR / "app.css")]}
     with served_app(build_app(public_studio), **look) as url, sync_api.sync_playwright() as playwright:
         expect.set_options(timeout=WAIT_MS)
@@ -79,12 +88,56 @@ def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
             # Alice stops hers (Stop is hers to press); Bob's run then starts by itself.
             expect(alice.locator("#train-stop")).to_be_enabled()
             alice.locator("#train-stop").click()
-            expect(alice.locator("#train-action")).to_contain_text("Stopping after the current step")
+            expect(alice.locator("#train-action")).to_contain_text("Stopping: the step under way ends at once")
             expect(alice.locator("#train-status")).to_contain_text("stopped — can resume")
             expect(bob.locator("#train-status")).to_contain_text("running", timeout=90_000)
             expect(bob.locator("#train-stop")).to_be_enabled()
             screenshot(bob, tmp_path, "public-bob-running")
             bob.locator("#train-stop").click()
             expect(bob.locator("#train-status")).to_contain_text("stopped — can resume")
+        finally:
+            browser.close()
+
+
+def test_an_upload_is_its_visitors_alone_and_the_owner_key_is_kept_only_when_asked(public_studio, tmp_path,
+                                                                                    monkeypatch):
+    """In a real browser: an uploaded file becomes a source in the visitor's own folder (gradio's copy is gone) and
+    is previewed; the owner panel unlocks this page, and the browser remembers the key only when asked to."""
+    from conftest import write_arithmetic_csv
+
+    need_chromium()
+    monkeypatch.setenv(public.OWNER_KEY_ENV, "the-owners-key")
+    reviews = write_arithmetic_csv(tmp_path / "my-sums.csv", rows=40)
+    look = {"theme": gr.themes.Soft(primary_hue="emerald"), "css_paths": [str(ASSETS_DIR / "app.css")]}
+    with served_app(build_app(public_studio), **look) as url, sync_api.sync_playwright() as playwright:
+        expect.set_options(timeout=WAIT_MS)
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(viewport=VIEWPORT).new_page()
+            page.set_default_timeout(WAIT_MS)
+            page.goto(url)
+            wait_until_loaded(page)
+            page.locator("#data-upload input[type=file]").set_input_files(str(reviews))
+            expect(page.locator("#data-counts")).to_contain_text("40 rows")
+            source = page.locator("#data-source textarea").input_value()
+            assert source.startswith(str(public.uploads_dir())) and source.endswith("my-sums.csv")
+            assert not list(Path(os.environ.get("GRADIO_TEMP_DIR", "/tmp/gradio")).rglob("my-sums.csv"))
+            screenshot(page, tmp_path, "public-upload")
+
+            page.get_by_text("Owner of this demo?").click()
+            page.locator("#owner-key input").fill("the-owners-key")
+            page.locator("#owner-unlock").click()
+            expect(page.locator("#owner-status")).to_contain_text("Unlocked: this page (until it is closed)")
+            screenshot(page, tmp_path, "public-owner")
+            page.reload()  # the page's unlocking ends with it: nothing was kept
+            expect(page.locator("#data-counts")).to_contain_text("40 rows")
+            assert not page.evaluate(f"() => localStorage.getItem('{OWNER_KEY_STORAGE_KEY}')")
+            page.get_by_text("Owner of this demo?").click()
+            page.locator("#owner-remember input").check()
+            page.locator("#owner-key input").fill("the-owners-key")
+            page.locator("#owner-unlock").click()
+            expect(page.locator("#owner-status")).to_contain_text("Unlocked: this browser can stop")
+            # Kept now, encoded with the key every page gets: readable by whoever uses this browser, as promised.
+            assert page.evaluate(f"() => localStorage.getItem('{OWNER_KEY_STORAGE_KEY}')")
         finally:
             browser.close()

@@ -389,7 +389,7 @@ def test_over_the_api_one_visitor_cannot_stop_anothers_run(public_client, public
     assert studio.run(run_id).read_status()["state"] in ("queued", "running")
     alice.predict(api_name="/train_runs")
     alice.predict(run_id, api_name="/train_open")
-    assert "Stopping after the current step" in alice.predict(api_name="/train_stop")
+    assert "Stopping: the step under way ends at once" in alice.predict(api_name="/train_stop")
     handle = training.active_run()  # None when the stop came while it still waited for its turn
     if handle is not None:
         handle.wait(120)

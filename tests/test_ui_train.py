@@ -209,7 +209,7 @@ def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
         time.sleep(0.1)
 
     stopping = handler(app, "train_stop")(run_id)
-    assert said(stopping) == [("ok", "Stopping after the current step; a checkpoint is saved so you can resume.")]
+    assert said(stopping) == [("ok", "Stopping: the step under way ends at once and the last whole step is saved, so you can resume.")]
     assert handle.wait(120) == "cancelled"
     assert "is not training (it is stopped — can resume)" in handler(app, "train_stop")(run_id)
     shown = view(handler(app, "train_show")(run_id, {}))

@@ -547,7 +547,8 @@ def _logging_references(reward_func):
 
 
 class RunStoreCallback(TrainerCallback):
-    """Writes one progress row and the sampled groups per step; ends training after the current step on stop.
+    """Writes one progress row and the sampled groups per step; ends training between steps on a stop that arrives
+    between forward passes (one inside a step ends it sooner: _stoppable_forward_passes).
 
     Only the main process writes (under ``accelerate launch`` every process runs this callback), and the rollouts
     are read from ``trainer._logs``, which TRL fills with the batch it just trained on before calling ``on_log``.

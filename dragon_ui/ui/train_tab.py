@@ -249,7 +249,7 @@ def stop_run(studio: Studio, run_id: str) -> str:
     studio.stop(run_id)
     if waiting:
         return message(f"Took {run_id} out of the queue; Resume puts it back in line.", "ok")
-    return message("Stopping after the current step; a checkpoint is saved so you can resume.", "ok")
+    return message("Stopping: the step under way ends at once and the last whole step is saved, so you can resume.", "ok")
 
 
 def resume_run(studio: Studio, run_id: str) -> tuple[str, Any]:
