@@ -330,7 +330,9 @@ def resolve_runs_dir(chosen: str | os.PathLike | None = None) -> Path:
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply ``section.key=value`` overrides (values parsed as YAML) to a config dict, before it is validated."""
+    """Apply ``section.key=value`` overrides to a config dict, before it is validated. A text setting takes the
+    value as typed (``data.prompt=Q: {question}`` is that text; empty is none where the setting may be empty);
+    any other setting is read as YAML (``5``, ``1e-5``, ``true``, ``[q_proj, v_proj]``)."""
     import yaml
 
     for item in overrides:
@@ -343,8 +345,24 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             if not isinstance(target.get(part), dict):
                 raise ConfigError(f"--set {key}: there is no section '{part}' in the configuration.")
             target = target[part]
-        target[leaf] = yaml.safe_load(raw)
+        kind = _setting_type(parents, leaf)
+        if kind in (str, str | None):
+            target[leaf] = None if raw == "" and kind is not str else raw
+        else:
+            target[leaf] = yaml.safe_load(raw)
     return data
+
+
+def _setting_type(sections: list[str], name: str):
+    """The annotated type of the setting at ``sections`` + ``name`` (None when there is no such setting: the
+    validation that follows says so in its own words)."""
+    owner: type = RunConfig
+    for section in sections:
+        hint = typing.get_type_hints(owner).get(section)
+        if not dataclasses.is_dataclass(hint):
+            return None
+        owner = hint
+    return typing.get_type_hints(owner).get(name)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -237,6 +237,26 @@ class RewardSpec:
         return out
 
 
+def reward_rule(spec: RewardSpec) -> str:
+    """What one reward pays for, in a sentence fragment (the Rewards tab's table, the model card)."""
+    answer = "the reply" if spec.extract == "whole" else f"the answer ({spec.extract.replace('_', ' ')})"
+    compared = ("ignoring extra spaces and trailing . , ; : ! ?" if spec.case_sensitive else
+                "ignoring case, extra spaces and trailing . , ; : ! ?")
+    rules = {
+        "exact": f"{answer} equals the reference, {compared}",
+        "contains": f"{answer} contains the reference, {compared}",
+        "numeric": f"the number in {answer} equals the reference",
+        "regex": f"the reply matches `{spec.pattern}`",
+        "json": "the reply is JSON" + (f" with the keys {', '.join(spec.keys)}" if spec.keys else ""),
+        "length": f"the reply has {spec.min_chars or 0} to {spec.max_chars or 'any number of'} characters",
+        "keyword": f"the reply contains {spec.mode} of: {', '.join(spec.words or [])}",
+        "format": f"the reply is laid out in the tags {', '.join(spec.tags or FORMAT_PRESETS.get(spec.preset, ()))}",
+        "command": f"the command `{' '.join(spec.argv or [])}` passes on the reply",
+        "custom": f"the Python function `{spec.function}` scores it",
+    }
+    return rules[spec.kind]
+
+
 # The longest a text setting may be (any client can send megabytes); list settings: each item, and how many.
 _LONGEST = {"code": 100_000, "file": 1000, "pattern": 1000, "argv": 4000}
 _LONGEST_ITEM, _MOST_ITEMS, MOST_REWARDS = 200, 100, 20

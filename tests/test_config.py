@@ -361,3 +361,26 @@ def test_completions_per_step(batch_size, group_size, grad_accum, expected):
     data = {**MINIMAL, "grpo": {"group_size": group_size},
             "training": {"batch_size": batch_size, "grad_accum": grad_accum}}
     assert RunConfig.from_dict(data).completions_per_step == expected
+
+
+@pytest.mark.parametrize("override, path, expected", [
+    ("data.prompt=Q: {question}", ("data", "prompt"), "Q: {question}"),  # YAML would read a mapping
+    ("data.system=You are terse: reply in one word.", ("data", "system"), "You are terse: reply in one word."),
+    ("data.reference=", ("data", "reference"), None),  # empty: none, where the setting may be empty
+    ("data.reference=007", ("data", "reference"), "007"),  # text as typed, not the number 7
+    ("name=yes", ("name",), "yes"),  # not the boolean YAML makes of it
+    ("data.hub_split=train[:10%]", ("data", "hub_split"), "train[:10%]"),
+    ("training.max_steps=5", ("training", "max_steps"), 5),  # other settings are read as YAML
+    ("training.learning_rate=1e-4", ("training", "learning_rate"), 1e-4),
+    ("lora.target_modules=[q_proj, v_proj]", ("lora", "target_modules"), ["q_proj", "v_proj"]),
+    ("lora.target_modules=all-linear", ("lora", "target_modules"), "all-linear"),
+    ("hardware.cpu_threads=null", ("hardware", "cpu_threads"), None),
+])
+def test_set_takes_text_as_typed_and_reads_other_settings_as_yaml(tiny_config_dict, override, path, expected):
+    from dragon_ui.config import apply_overrides
+
+    config = RunConfig.from_dict(apply_overrides(tiny_config_dict, [override])).to_dict()
+    value = config
+    for part in path:
+        value = value[part]
+    assert value == expected

@@ -16,8 +16,8 @@ from PIL import Image
 
 from dragon_ui.config import DEFAULT_MODEL_ID
 from dragon_ui.engine import weights
-from dragon_ui.engine.model_card import CARD_FILE, CURVE_FILE, chain_of, reward_rule, write_model_card
-from dragon_ui.rewards import RewardSpec
+from dragon_ui.engine.model_card import CARD_FILE, CURVE_FILE, chain_of, write_model_card
+from dragon_ui.rewards import RewardSpec, reward_rule
 from dragon_ui.runstore import RunDir
 
 
@@ -93,7 +93,10 @@ def test_a_run_continued_from_earlier_runs_names_the_whole_chain(finished_run, r
 
 @pytest.mark.parametrize("spec, rule", [
     ({"kind": "numeric"}, "the number in the reply equals the reference"),
-    ({"kind": "exact", "extract": "answer_tag"}, "the answer (answer tag) equals the reference"),
+    ({"kind": "exact", "extract": "answer_tag"}, "the answer (answer tag) equals the reference, ignoring case, extra "
+                                                 "spaces and trailing . , ; : ! ?"),
+    ({"kind": "contains", "case_sensitive": True}, "the reply contains the reference, ignoring extra spaces and "
+                                                   "trailing . , ; : ! ?"),
     ({"kind": "regex", "pattern": "^\\d+$"}, "the reply matches `^\\d+$`"),
     ({"kind": "json", "keys": ["name", "age"]}, "the reply is JSON with the keys name, age"),
     ({"kind": "length", "max_chars": 12}, "the reply has 0 to 12 characters"),

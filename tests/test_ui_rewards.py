@@ -196,7 +196,9 @@ def test_public_app_hides_the_code_editor(studio, public_studio):
 def test_fill_rewards_lists_the_draft_and_shows_the_first(draft):
     out = listing(rewards_tab.fill_rewards(draft, public=False))
     assert out["rewards"] == [NUMERIC, LENGTH] and out["rewards"] is not draft["rewards"]
-    assert out["table"].values.tolist() == [["numeric", "numeric", 1.0, ""], ["length", "length", 0.3, "max_chars: 12"]]
+    assert out["table"].values.tolist() == [
+        ["numeric", "numeric", 1.0, "the number in the reply equals the reference", ""],
+        ["length", "length", 0.3, "the reply has 0 to 12 characters", "max_chars: 12"]]
     assert out["selector"].value == "numeric"
     assert out["selector"].choices == [("numeric", "numeric"), ("length", "length"),
                                        (rewards_tab.NEW_REWARD_LABEL, NEW)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..data import is_hub_dataset_id
-from ..rewards import FORMAT_PRESETS, RewardSpec
+from ..rewards import reward_rule
 from ..runstore import RunDir
 from .models import is_hub_id, is_run_dir
 
@@ -41,24 +41,6 @@ def chain_of(config: RunConfig) -> tuple[str, list[Stage]]:
         earlier.insert(0, Stage(Path(model).name, parent))
         model = parent
     return model, earlier
-
-
-def reward_rule(spec: RewardSpec) -> str:
-    """What one reward pays for, in a sentence fragment."""
-    answer = "the reply" if spec.extract == "whole" else f"the answer ({spec.extract.replace('_', ' ')})"
-    rules = {
-        "exact": f"{answer} equals the reference",
-        "contains": f"{answer} contains the reference",
-        "numeric": f"the number in {answer} equals the reference",
-        "regex": f"the reply matches `{spec.pattern}`",
-        "json": "the reply is JSON" + (f" with the keys {', '.join(spec.keys)}" if spec.keys else ""),
-        "length": f"the reply has {spec.min_chars or 0} to {spec.max_chars or 'any number of'} characters",
-        "keyword": f"the reply contains {spec.mode} of: {', '.join(spec.words or [])}",
-        "format": f"the reply is laid out in the tags {', '.join(spec.tags or FORMAT_PRESETS.get(spec.preset, ()))}",
-        "command": f"the command `{' '.join(spec.argv or [])}` passes on the reply",
-        "custom": f"the Python function `{spec.function}` scores it",
-    }
-    return rules[spec.kind]
 
 
 def write_model_card(run: RunDir, folder: Path, merged: bool = False, repo_id: str | None = None) -> Path:

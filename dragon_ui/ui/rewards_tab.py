@@ -27,7 +27,7 @@ from ..studio.draft import place_problem
 from ..studio.playground import (PREVIEW_ROWS, GroupScores, data_config, generate_groups, no_signal_warning,
                                  preview_examples, reward_failures, score_example)
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, build_rewards, kind_fields,
-                       parse_rewards, public_demo_refusal)
+                       parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
 from .common import Shared, explain, message, shows_errors
 
@@ -44,8 +44,10 @@ STARTER_CODE = '''def reward(prompt, completion, reference, row):
     return 1.0 if reference and reference.strip() in completion else 0.0
 '''
 KIND_HELP = {
-    "exact": "1 when the (extracted) reply equals the reference answer, else 0.",
-    "contains": "1 when the reference answer appears in the (extracted) reply, else 0.",
+    "exact": "1 when the (extracted) reply equals the reference answer, else 0; case (unless Case-sensitive), extra "
+             "spaces and trailing . , ; : ! ? do not count.",
+    "contains": "1 when the reference answer appears in the (extracted) reply, else 0; case (unless Case-sensitive) "
+                "and extra spaces do not count.",
     "numeric": "1 when the reply's number equals the reference's number (within the tolerance), else 0.",
     "regex": "1 when the regular expression matches anywhere in the reply, else 0.",
     "json": "1 when the reply is valid JSON; with keys, the share of those keys it has (partial credit).",
@@ -116,8 +118,14 @@ def rewards_table(rewards: list[dict]) -> pd.DataFrame:
                 shown.append(f"{key}: {', '.join(map(str, value)) if isinstance(value, list) else value}")
         return "; ".join(shown)
 
-    return pd.DataFrame([[spec.get("name") or spec["kind"], spec["kind"], spec.get("weight", 1.0), settings(spec)]
-                         for spec in rewards], columns=["name", "kind", "weight", "settings"])
+    def pays_for(spec: dict) -> str:
+        try:
+            return reward_rule(RewardSpec.from_dict(spec))
+        except DragonError:  # a reward still being fixed: its problem is shown under the table
+            return ""
+
+    return pd.DataFrame([[spec.get("name") or spec["kind"], spec["kind"], spec.get("weight", 1.0), pays_for(spec),
+                          settings(spec)] for spec in rewards], columns=["name", "kind", "weight", "pays for", "settings"])
 
 
 NEW_REWARD = "+ new"  # the selector's "New reward" entry; no reward can have this name (it has a space)
