@@ -30,6 +30,22 @@ DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
 GENERATION_BACKENDS = ("transformers", "vllm-colocate", "vllm-server")
+# What works for GRPO, said wherever a learning rate is explained (the field, its error, the KL alert): an adapter
+# takes far larger steps than the whole model (the recipes train SmolLM2-135M with LoRA at 1e-4).
+LEARNING_RATES = ("LoRA on a model under 1B parameters usually trains well from 5e-5 to 5e-4, larger models from "
+                  "1e-5 to 2e-4; training every weight wants 1e-6 to 2e-5")
+
+
+def usual_learning_rates(lora: bool, params: float | None) -> str:
+    """The part of LEARNING_RATES that fits one run: with or without LoRA, on a model of ``params`` parameters
+    (None: unknown, and all of it is said)."""
+    if not lora:
+        return "training every weight usually wants 1e-6 to 2e-5"
+    if params is None:
+        return LEARNING_RATES
+    if params < 1e9:
+        return "LoRA on a model under 1B parameters usually trains well from 5e-5 to 5e-4"
+    return "LoRA on a model of 1B parameters or more usually trains well from 1e-5 to 2e-4"
 # The longest texts settings may hold: a path or Hub id, a short name (revision, split, layer), a run's name.
 PATH_CHARS, NAME_CHARS, RUN_NAME_CHARS = 1000, 200, 100
 
@@ -88,7 +104,8 @@ class TrainingSettings:
 
     def validate(self, where: str = "training") -> None:
         if not (0.0 < self.learning_rate <= 1.0):
-            raise ConfigError(f"{where}.learning_rate must be above 0 and at most 1 (got {self.learning_rate}); RL usually wants 1e-6 to 2e-5.")
+            raise ConfigError(f"{where}.learning_rate must be above 0 and at most 1 (got {self.learning_rate}); "
+                              f"{LEARNING_RATES}.")
         if not (0.0 < self.epochs <= 1000):
             raise ConfigError(f"{where}.epochs must be above 0 (got {self.epochs}).")
         if self.max_steps is not None:

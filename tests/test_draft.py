@@ -59,7 +59,7 @@ NO_FUNCTION = {"kind": "custom", "name": "my_check", "function": "my_check", "co
 # (what is changed in the tiny config, section, path, the sentence's start, other words it must contain)
 PROBLEMS = [
     ({"training.learning_rate": 0}, "training", "training.learning_rate",
-     "Learning rate must be above 0 and at most 1 (got 0", ["RL usually wants"]),
+     "Learning rate must be above 0 and at most 1 (got 0", ["LoRA on a model under 1B parameters usually trains well"]),
     ({"training.max_steps": "many"}, "training", "training.max_steps", "Max steps must be a whole number", ["'many'"]),
     ({"grpo.group_size": 1}, "grpo", "grpo.group_size", "Group size must be between 2 and 64", ["got 1"]),
     ({"grpo.temperature": 0.0}, "grpo", "grpo.temperature", "Temperature must be above 0 and at most 3", []),

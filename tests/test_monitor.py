@@ -195,6 +195,7 @@ def recorded(**last: list) -> list[dict]:
 
 
 RISING_KL = [0.02, 0.03, 0.04, 0.15, 0.28, 0.404]
+FALLING = [1.0, 1.0, 1.0, 0.6, 0.5, 0.4]  # the training reward of the last 6 steps: its last 3 below the 3 before
 KL_SPIKE = [0.1, 0.25, 0.31, 0.4, 0.97]
 ZERO = {"frac_reward_zero_std": [1.0], "reward": [0.0], "reward_numeric": [0.0], "reward_format": [0.0],
         "reward_std": [0.0]}
@@ -205,15 +206,20 @@ CASES = {
     "healthy, one step": (recorded()[:1], []),
     "no steps yet": ([], []),
     "no KL (beta 0)": (recorded(kl=[None] * 10), []),
-    "rising KL": (recorded(kl=RISING_KL), [("kl_rising", 10, 0.404, "now 0.404 at step 10")]),
-    "KL spike": (recorded(kl=KL_SPIKE), [("kl_spike", 10, 0.97, "KL jumped to 0.970 at step 10")]),
-    "KL spike two steps ago": (recorded(kl=[0.1, 0.25, 0.4, 0.97, 0.35, 0.3]),
+    "rising KL": (recorded(kl=RISING_KL, reward=FALLING), [("kl_rising", 10, 0.404, "now 0.404 at step 10")]),
+    "KL spike": (recorded(kl=KL_SPIKE, reward=FALLING), [("kl_spike", 10, 0.97, "KL jumped to 0.970 at step 10")]),
+    "KL spike two steps ago": (recorded(kl=[0.1, 0.25, 0.4, 0.97, 0.35, 0.3], reward=FALLING),
                                [("kl_spike", 8, 0.97, "KL jumped to 0.970 at step 8")]),
-    "KL spike long ago": (recorded(kl=[0.1, 0.25, 0.4, 0.97, 0.35, 0.3, 0.32, 0.3]), []),
-    "KL high": (recorded(kl=[1.4, 1.5, 1.6, 1.5]), [("kl_high", 10, 1.5, "now 1.500 at step 10")]),
-    "KL grew 6x but is tiny": (recorded(kl=[0.01, 0.01, 0.01, 0.05, 0.06, 0.07]), []),
-    "KL above 0.1 but not rising fast": (recorded(kl=[0.2, 0.2, 0.2, 0.3, 0.3, 0.3]), []),
-    "KL jump too small to matter": (recorded(kl=[0.02, 0.03, 0.02, 0.09]), []),
+    "KL spike long ago": (recorded(kl=[0.1, 0.25, 0.4, 0.97, 0.35, 0.3, 0.32, 0.3], reward=FALLING), []),
+    "KL high": (recorded(kl=[1.4, 1.5, 1.6, 1.5], reward=FALLING), [("kl_high", 10, 1.5, "now 1.500 at step 10")]),
+    "KL grew 6x but is tiny": (recorded(kl=[0.01, 0.01, 0.01, 0.05, 0.06, 0.07], reward=FALLING), []),
+    "KL above 0.1 but not rising fast": (recorded(kl=[0.2, 0.2, 0.2, 0.3, 0.3, 0.3], reward=FALLING), []),
+    "KL jump too small to matter": (recorded(kl=[0.02, 0.03, 0.02, 0.09], reward=FALLING), []),
+    # KL measures how far the model moved; a run that learns must move. No alarm while the reward is not falling.
+    "KL high while the reward climbs": (recorded(kl=[1.4, 1.5, 1.6, 1.5]), []),
+    "rising KL while the reward climbs": (recorded(kl=RISING_KL), []),
+    "KL spike while the reward holds": (recorded(kl=KL_SPIKE, reward=[1.0] * 6), []),
+    "KL high, too early to tell": (recorded(kl=[1.4, 1.5])[-4:], [("kl_high", 10, 1.5, "now 1.500 at step 10")]),
     "zero spread at the last step": (recorded(frac_reward_zero_std=[1.0], reward_std=[0.29]),
                                      [("no_spread", 10, 1.0, "Every group scored the same at step 10")]),
     "zero spread earlier only": (recorded(frac_reward_zero_std=[1.0, 0.25]), []),
@@ -235,9 +241,10 @@ CASES = {
     "reward constant all run": (recorded(reward_format=[1.0] * 10),
                                 [("reward_flat", 10, 1.0, "'format' gave 1.000 on every step so far")]),
 }
-FIX_MENTIONS = {"kl_rising": "learning rate (now 1e-05) or raise beta (now 0.04)",
-                "kl_spike": "learning rate (now 1e-05) or raise beta (now 0.04)",
-                "kl_high": "learning rate (now 1e-05) or raise beta (now 0.04)",
+FIX_MENTIONS = {"kl_rising": "learning rate (now 1e-05; LoRA on a model under 1B",
+                "kl_spike": "5e-5 to 5e-4, larger models from 1e-5 to 2e-4; training every weight wants 1e-6 to 2e-5) "
+                            "or raise beta (now 0.04)",
+                "kl_high": "learning rate (now 1e-05; LoRA on a model under 1B",
                 "no_spread": "group_size (now 4) or temperature (now 1.0)",
                 "all_zero": "group_size (now 4) or temperature (now 1.0)",
                 "little_spread": "group_size (now 4) or temperature (now 1.0)",
@@ -256,9 +263,9 @@ def test_alerts_on_recorded_rows(rows, expected):
 
 
 @pytest.mark.parametrize(("rows", "chart", "line"), [
-    (recorded(kl=RISING_KL), plots.kl_figure, "KL to the starting model"),
-    (recorded(kl=KL_SPIKE), plots.kl_figure, "KL to the starting model"),
-    (recorded(kl=[1.4, 1.5, 1.6, 1.5]), plots.kl_figure, "KL to the starting model"),
+    (recorded(kl=RISING_KL, reward=FALLING), plots.kl_figure, "KL to the starting model"),
+    (recorded(kl=KL_SPIKE, reward=FALLING), plots.kl_figure, "KL to the starting model"),
+    (recorded(kl=[1.4, 1.5, 1.6, 1.5], reward=FALLING), plots.kl_figure, "KL to the starting model"),
     (recorded(frac_reward_zero_std=[1.0]), plots.spread_figure, "groups with no spread"),
     (recorded(frac_reward_zero_std=[0.9, 0.95, 0.9]), plots.spread_figure, "groups with no spread"),
     (recorded(**ZERO), plots.reward_figure, "total"),
@@ -273,10 +280,10 @@ def test_the_number_an_alert_quotes_is_the_charts_last_point(rows, chart, line):
 def test_the_kl_alert_quotes_the_latest_kl_as_the_log_line_and_chart_show_it():
     """The report: the log said 0.404, the alert an average of the last steps (0.16), and a jump to 0.97 said
     nothing."""
-    rows = recorded(kl=RISING_KL)
+    rows = recorded(kl=RISING_KL, reward=FALLING)
     (alert,) = health_alerts(rows, {}, CONFIG)
     assert f"now {training._log_number(rows[-1]['kl'])}" in alert.title and plots.kl_figure(rows).data[0].y[-1] == 0.404
-    (spike,) = health_alerts(recorded(kl=RISING_KL[:-1] + [0.97]), {}, CONFIG)
+    (spike,) = health_alerts(recorded(kl=RISING_KL[:-1] + [0.97], reward=FALLING), {}, CONFIG)
     assert spike.kind == "kl_spike" and spike.value == 0.97
 
 
@@ -303,3 +310,16 @@ def test_reward_errors_alert_quotes_the_first_error_from_the_log():
 def test_a_failing_reward_is_not_also_reported_as_always_0():
     rows = recorded(reward_numeric=[0.0] * 5, reward=[0.4375] * 5, errors_numeric=[8, 16, 24, 32, 40])
     assert [alert.kind for alert in health_alerts(rows, {}, CONFIG)] == ["reward_errors"]
+
+
+@pytest.mark.parametrize("config, advice", [
+    ({"lora": {"enabled": True}, "model": {"id": "HuggingFaceTB/SmolLM2-135M-Instruct"}},
+     "LoRA on a model under 1B parameters usually trains well from 5e-5 to 5e-4"),
+    ({"lora": {"enabled": True}, "model": {"id": "Qwen/Qwen2.5-1.5B-Instruct"}},
+     "LoRA on a model of 1B parameters or more usually trains well from 1e-5 to 2e-4"),
+    ({"lora": {"enabled": False}, "model": {"id": "HuggingFaceTB/SmolLM2-135M-Instruct"}},
+     "training every weight usually wants 1e-6 to 2e-5"),
+])
+def test_the_learning_rate_advice_fits_lora_and_the_models_size(config, advice):
+    (alert,) = health_alerts(recorded(kl=[1.4, 1.5, 1.6, 1.5], reward=FALLING), {}, {**CONFIG, **config})
+    assert advice in alert.fix and "(now 1e-05; " in alert.fix

@@ -278,3 +278,33 @@ def test_a_speedup_that_raises_while_training_is_switched_off_and_the_run_succee
     assert status["speedups"]["disabled"]["shared_prompts"].startswith("it raised TypeError")
     assert "Speed-up shared_prompts raised TypeError" in run.log_path.read_text(encoding="utf-8")
 
+
+
+def test_groups_that_all_scored_the_same_are_counted_from_the_scores_the_run_wrote(tiny_config_dict):
+    """A real run where no completion can match (exact) and every one is short enough (length, weight 0.3): each
+    group's totals are all 0.3. TRL's own frac_reward_zero_std compares a float32 spread with zero at an absolute
+    1e-8, which the rounding of 0.3 in groups of 6 makes it miss; the run's own count reads the totals it wrote."""
+    from dragon_ui.studio.monitor import health_alerts
+
+    tiny_config_dict["rewards"] = [{"kind": "exact"}, {"kind": "length", "max_chars": 1000, "weight": 0.3}]
+    tiny_config_dict["grpo"]["group_size"] = 6
+    run = run_to_end(tiny_config_dict)
+    rows = run.read_progress()
+    assert [row["frac_reward_zero_std"] for row in rows] == [1.0, 1.0]
+    totals = {item["total"] for rollout in run.read_rollouts() for group in rollout["groups"]
+              for item in group["completions"]}
+    assert totals == {0.3}
+    alerts = health_alerts(rows, run.read_status(), run.read_config().to_dict())
+    assert "no_spread" in {alert.kind for alert in alerts}
+
+
+@pytest.mark.parametrize("totals, share", [
+    ([[1.0, 1.0], [0.0, 1.0]], 0.5),
+    ([[1.3, 1.3000000000000003, 1.2999999999999998]], 1.0),  # float noise on a weighted total is no spread
+    ([[0.0, 1e-3]], 0.0),
+    ([[5.0]], None),  # a group of one has no spread to speak of
+    ([], None),
+])
+def test_the_zero_spread_share_reads_each_groups_totals(totals, share):
+    groups = [{"completions": [{"total": total} for total in group]} for group in totals]
+    assert training.zero_spread_share(groups) == share

@@ -590,6 +590,7 @@ class RunStoreCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         step, total = state.global_step, state.max_steps
+        groups = self._groups()
         elapsed_session = time.monotonic() - self._session_start
         steps_done = max(1, step - (self._session_first_step or 0))
         eta = elapsed_session / steps_done * max(0, total - step)
@@ -606,7 +607,7 @@ class RunStoreCallback(TrainerCallback):
             **{f"reward_{r.name}": logs.get(f"rewards/{r.name}/mean") for r in self.rewards},
             "completion_len": logs.get("completions/mean_length"),
             "clipped_ratio": logs.get("completions/clipped_ratio"),
-            "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
+            "frac_reward_zero_std": zero_spread_share(groups),
             "step_time_s": logs.get("step_time"),
             "peak_gpu_mem_gb": _peak_gpu_memory_gb(),
             "world_size": distributed.world_size(),
@@ -615,7 +616,7 @@ class RunStoreCallback(TrainerCallback):
         }
         row = {k: _finite_or_none(v) for k, v in row.items()}
         self.run.append_progress(row)
-        self.run.append_rollouts({"step": step, "groups": self._groups()})
+        self.run.append_rollouts({"step": step, "groups": groups})
         self.run.update_status(step=step, total_steps=total, eta_s=row["eta_s"], elapsed_s=row["elapsed_s"],
                                reward=row["reward"], reward_errors={k: v for k, v in errors.items() if v})
         log.info("step %d/%d  reward %s  kl %s  len %s  (%.1f s/step, ETA %s)", step, total,
@@ -644,6 +645,18 @@ class RunStoreCallback(TrainerCallback):
                            "reference": references[start] if start < len(references) else "",
                            "completions": items})
         return groups
+
+
+def zero_spread_share(groups: list[dict]) -> float | None:
+    """The share of a step's groups whose completions all scored the same weighted total: GRPO learns nothing from
+    them. Read from the totals the run wrote, to a relative tolerance: TRL's own frac_reward_zero_std compares the
+    float32 spread with zero at an absolute 1e-8, so rounding in a weighted total (1.0 + 0.3) hides such groups."""
+    spreads = []
+    for group in groups:
+        totals = [item["total"] for item in group["completions"] if isinstance(item.get("total"), (int, float))]
+        if len(totals) > 1:
+            spreads.append(max(totals) - min(totals) <= 1e-6 * max(1.0, *(abs(total) for total in totals)))
+    return sum(spreads) / len(spreads) if spreads else None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import usual_learning_rates
 from ..runstore import ACTIVE_STATES, RunDir, read_appended_rows
 
 LOG_LINES = 40
@@ -215,8 +216,19 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     alerts += _flat_reward_alerts(progress_rows, skip=failing)
     alerts += _spread_alerts(progress_rows, grpo)
     alerts += _length_alerts(progress_rows, grpo)
-    alerts += _kl_alerts(progress_rows, grpo, training)
+    alerts += _kl_alerts(progress_rows, grpo, training, usual_learning_rates(
+        (config.get("lora") or {}).get("enabled", True), _parameters((config.get("model") or {}).get("id", ""))))
     return alerts
+
+
+def _parameters(model_id: str) -> float | None:
+    """The model's number of parameters, where it is known here (a preset, a local or cached config)."""
+    from ..engine.estimate import model_dims
+
+    try:
+        return model_dims(model_id)[0].params
+    except Exception:  # noqa: BLE001 - an unknown size only makes the advice more general
+        return None
 
 
 def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert]:
@@ -315,12 +327,14 @@ def _length_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
                   "clipped", "clipped_ratio", step, clipped)]
 
 
-def _kl_alerts(rows: list[dict], grpo: dict, training: dict) -> list[Alert]:
-    """At most one KL alert: a spike first (the most specific), then a high KL, then a steady rise."""
+def _kl_alerts(rows: list[dict], grpo: dict, training: dict, learning_rates: str) -> list[Alert]:
+    """At most one KL alert: a spike first (the most specific), then a high KL, then a steady rise; none while the
+    training reward is not falling. KL only says how far the model moved from where it started, and a run that
+    learns its task must move: a high KL is a warning when the reward has stopped paying for the distance."""
     kl = points(rows, "kl")
-    if not kl:
+    if not kl or not _reward_falling(rows):
         return []
-    knobs = (f"lower the learning rate (now {training.get('learning_rate', '?')}) or raise beta "
+    knobs = (f"lower the learning rate (now {training.get('learning_rate', '?')}; {learning_rates}) or raise beta "
              f"(now {grpo.get('beta', '?')})")
     now_step, now = kl[-1]
     spike = _recent_spike(kl)
@@ -328,20 +342,33 @@ def _kl_alerts(rows: list[dict], grpo: dict, training: dict) -> list[Alert]:
         step, value, level = spike
         later = f", now {now:.3f} at step {now_step}" if step != now_step else ""
         return [Alert("warn", f"KL jumped to {value:.3f} at step {step} (the {WINDOW} steps before stayed at or below "
-                      f"{level:.3f}{later})", "One update moved the model much further from where it started than the "
-                      "steps before. A spike that settles back is harmless; if the replies below turn repetitive or "
-                      f"garbled, stop and start again and {knobs}.", "kl_spike", "kl", step, value)]
-    drift = "The model is drifting far from where it started, which often ends in repetitive or garbled text: "
+                      f"{level:.3f}{later}) while the reward fell", "One update moved the model much further from where "
+                      "it started than the steps before. If the replies below turn repetitive or garbled, stop and "
+                      f"start again and {knobs}.", "kl_spike", "kl", step, value)]
+    drift = ("The model is drifting far from where it started while its reward falls, which often ends in "
+             "repetitive or garbled text: ")
     if now > KL_HIGH:
-        return [Alert("warn", f"KL is high (now {now:.3f} at step {now_step})", drift + knobs + ".",
-                      "kl_high", "kl", now_step, now)]
+        return [Alert("warn", f"KL is high (now {now:.3f} at step {now_step}) and the reward is falling",
+                      drift + knobs + ".", "kl_high", "kl", now_step, now)]
     if len(kl) >= 2 * WINDOW:
         earlier, recent = [v for _, v in kl[-2 * WINDOW:-WINDOW]], [v for _, v in kl[-WINDOW:]]
         if now > KL_NOTABLE and min(recent) > max(earlier) and now > KL_GROWTH * statistics.fmean(earlier):
             first_step, first = kl[-2 * WINDOW]
             return [Alert("warn", f"KL is rising steadily (now {now:.3f} at step {now_step}, up from {first:.3f} at "
-                          f"step {first_step})", drift + knobs + ".", "kl_rising", "kl", now_step, now)]
+                          f"step {first_step}) and the reward is falling", drift + knobs + ".", "kl_rising", "kl",
+                          now_step, now)]
     return []
+
+
+def _reward_falling(rows: list[dict]) -> bool:
+    """Whether the training reward of the last WINDOW steps is below that of the WINDOW before, by more than noise
+    (a twentieth of its level, at least 0.02). Too few steps to tell counts as falling: nothing vouches for it yet."""
+    _, rewards = series(rows, "reward")
+    rewards = [value for value in rewards if value is not None]
+    if len(rewards) < 2 * WINDOW:
+        return True
+    earlier, recent = statistics.fmean(rewards[-2 * WINDOW:-WINDOW]), statistics.fmean(rewards[-WINDOW:])
+    return recent < earlier - max(0.02, 0.05 * abs(earlier))
 
 
 def _recent_spike(kl: list[tuple[int, float]]) -> tuple[int, float, float] | None:

@@ -17,7 +17,8 @@ from typing import Any, Callable
 import gradio as gr
 
 from .. import speedups
-from ..config import DEVICES, DTYPES, GENERATION_BACKENDS, LOSS_TYPES, SCALE_REWARDS, STRATEGIES, TRACKERS
+from ..config import (DEVICES, DTYPES, GENERATION_BACKENDS, LEARNING_RATES, LOSS_TYPES, SCALE_REWARDS, STRATEGIES,
+                      TRACKERS)
 from ..engine.hardware import HardwareInfo, resolve_hardware, system_memory_gb
 from ..errors import DragonError
 from ..runstore import slug
@@ -114,8 +115,7 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
                 "or not at all.", gr.Dropdown, {"choices": list(SCALE_REWARDS)}),
     ),
     "training": (
-        Setting("learning_rate", "Learning rate", "Size of each update; 1e-6 to 2e-5 is typical for RL, LoRA "
-                "tolerates more."),
+        Setting("learning_rate", "Learning rate", f"Size of each update: {LEARNING_RATES}."),
         Setting("epochs", "Epochs", "Passes over the training prompts (ignored when max steps is set).",
                 options={"step": 0.5}),
         Setting("max_steps", "Max steps", "Stop after this many steps; 0 = train for the epochs above.",
