@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -152,3 +153,40 @@ def test_the_zipped_adapter_loads_in_a_fresh_process_on_the_model_its_config_nam
         plain = base(tokens).logits[0, -1]
         expected = PeftModel.from_pretrained(base, str(finished_run.adapter_dir)).eval()(tokens).logits[0, -1]
     assert torch.allclose(there, expected, atol=1e-5) and not torch.allclose(there, plain, atol=1e-3)
+
+
+def test_every_checkpoint_carries_this_runs_card_and_trl_writes_none_of_its_own(finished_run):
+    """Checkpoints get uploaded too: each has this run's card (not PEFT's blank template naming a machine path), and
+    the checkpoints folder has no TRL card ("a fine-tuned version of None")."""
+    assert not (finished_run.checkpoints_dir / CARD_FILE).exists()
+    for checkpoint in finished_run.checkpoints():
+        card = ModelCard.load(checkpoint / CARD_FILE)
+        assert "trained with GRPO" in card.text and "More Information Needed" not in card.text
+        assert str(finished_run.path.parent) not in card.content
+
+
+def test_the_card_says_steps_and_rows_once_and_names_the_offline_copy(finished_run, tmp_path):
+    from dragon_ui.engine.models import OFFLINE_NOTE
+
+    text = ModelCard.load(write_model_card(finished_run, tmp_path)).text
+    status = finished_run.read_status()
+    assert f"| training length | {finished_run.read_config().training.max_steps} steps |" in text
+    assert f"- {status['data_summary']}" in text and "Rows: " not in text
+    assert OFFLINE_NOTE not in text
+    finished_run.update_status(model_label=f"{DEFAULT_MODEL_ID} ({OFFLINE_NOTE})")
+    text = ModelCard.load(write_model_card(finished_run, tmp_path)).text
+    assert f"It was trained on the {OFFLINE_NOTE}" in text
+
+
+def test_a_saved_adapter_names_its_base_by_hub_id(finished_run, tmp_path):
+    """The run folder's own adapter is written portable when it is saved (the zip and the Hub upload did it before,
+    but people copy the run folder itself); make_portable is what training applies to each checkpoint and to it."""
+    from dragon_ui.config import ModelConfig
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(finished_run.adapter_dir, adapter)
+    weights.make_portable(adapter, ModelConfig(id=DEFAULT_MODEL_ID))
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == DEFAULT_MODEL_ID and config["revision"] is None
+    local = json.loads((finished_run.adapter_dir / "adapter_config.json").read_text())
+    assert local["base_model_name_or_path"] == finished_run.read_config().model.id  # a local model stays local

@@ -15,7 +15,7 @@ from ..config import RunConfig
 from ..data import is_hub_dataset_id
 from ..rewards import reward_rule
 from ..runstore import RunDir
-from .models import is_hub_id, is_run_dir
+from .models import OFFLINE_NOTE, is_hub_id, is_run_dir
 
 
 CARD_FILE = "README.md"
@@ -43,14 +43,15 @@ def chain_of(config: RunConfig) -> tuple[str, list[Stage]]:
     return model, earlier
 
 
-def write_model_card(run: RunDir, folder: Path, merged: bool = False, repo_id: str | None = None) -> Path:
-    """Write ``README.md`` and the reward curve into ``folder`` (the adapter's or the merged model's). ``repo_id``
-    is where it is published: the loading snippets use it instead of a local folder."""
+def write_model_card(run: RunDir, folder: Path, merged: bool = False, repo_id: str | None = None,
+                     curve: bool = True) -> Path:
+    """Write ``README.md`` and (``curve``) the reward curve into ``folder`` (the adapter's, a checkpoint's or the
+    merged model's). ``repo_id`` is where it is published: the loading snippets use it instead of a local folder."""
     from huggingface_hub import ModelCard, ModelCardData
 
     config = run.read_config()
     root, earlier = chain_of(config)
-    has_curve = _plot_reward_curve(run, folder / CURVE_FILE)
+    has_curve = curve and _plot_reward_curve(run, folder / CURVE_FILE)
     hub_data = config.data.source.strip()
     metadata = ModelCardData(
         base_model=root if is_hub_id(root) else None,
@@ -79,6 +80,9 @@ def _body(run: RunDir, config: RunConfig, root: str, earlier: list[Stage], merge
         f"can be checked, TRL's `GRPOTrainer`) in Dragon GRPO Studio, run `{run.id}`. It was rewarded for: {names}.",
         "",
     ]
+    if OFFLINE_NOTE in (status.get("model_label") or ""):
+        lines += [f"It was trained on the {OFFLINE_NOTE}, whose weights differ slightly from the Hub's "
+                  f"full-precision {root}; on that model it behaves almost, not exactly, as it did here.", ""]
     if earlier:
         lines += ["It continues earlier runs. Its starting weights were, in this order:", "",
                   f"1. {_model_name(root)}"]
@@ -88,7 +92,7 @@ def _body(run: RunDir, config: RunConfig, root: str, earlier: list[Stage], merge
     lines += ["## Rewards", "", "| reward | weight | pays 1 when |", "|---|---:|---|"]
     lines += [f"| {spec.name} | {spec.weight:g} | {reward_rule(spec)} |" for spec in config.rewards]
     lines += ["", "## Data", "", f"- Source: {_data_name(config.data.source.strip())}",
-              f"- Rows: {status.get('data_summary', '-')}",
+              f"- {status.get('data_summary') or 'Rows: -'}",
               f"- Prompt: {_template(config.data.prompt)}"]
     if config.data.system:
         lines.append(f"- System message: {_template(config.data.system)}")
@@ -144,7 +148,8 @@ def _eval_table(run: RunDir) -> list[str]:
 def _settings(config: RunConfig, status: dict) -> list[tuple[str, str]]:
     lora = (f"r {config.lora.r}, alpha {config.lora.alpha}, dropout {config.lora.dropout:g}" if config.lora.enabled
             else "off (every weight trained)")
-    steps = config.training.max_steps or f"{config.training.epochs:g} epoch(s)"
+    steps = (f"{config.training.max_steps} steps" if config.training.max_steps else
+             f"{config.training.epochs:g} epoch{'s' if config.training.epochs != 1 else ''}")
     return [
         ("starting model", _loadable(config.model.id.strip()) + (f" @ {config.model.revision}" if config.model.revision else "")),
         ("LoRA", lora),

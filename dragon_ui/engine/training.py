@@ -34,6 +34,7 @@ from . import policy, trackers
 from .evaluation import evaluate_model, evaluate_now, record_eval
 from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
 from .model_card import write_model_card
+from .weights import make_portable
 from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
 
@@ -310,7 +311,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
             trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     except Stopped:  # inside a step: its work is dropped, and the last whole step is checkpointed
         callback.stopped = True
-        _checkpoint_last_step(trainer, run)
+        _checkpoint_last_step(trainer, run, config)
 
     if callback.stopped:
         said = _time_limit_reason(handle)
@@ -325,6 +326,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     trainer.save_model(str(target))  # every process takes part (sharded weights are gathered); only the main one writes
     if not run.read_only:
         tokenizer.save_pretrained(str(target))
+        make_portable(target, config.model)
         log.info("Saved the trained %s to %s", "adapter" if config.lora.enabled else "model", target)
     if eval_rows and sharded:
         del trainer, model, callback  # the shards and their optimiser state leave the GPUs first
@@ -379,7 +381,7 @@ def _stoppable_forward_passes(model, handle: RunHandle):
         hook.remove()
 
 
-def _checkpoint_last_step(trainer, run: RunDir) -> None:
+def _checkpoint_last_step(trainer, run: RunDir, config: RunConfig) -> None:
     """Save the state after the last whole step, when a stop inside a step left it unsaved. The step that was cut
     short had changed nothing yet (the optimiser steps after every forward pass of a step), so the weights, the
     optimiser and the schedule are exactly those of ``global_step``."""
@@ -387,6 +389,19 @@ def _checkpoint_last_step(trainer, run: RunDir) -> None:
     if step == 0 or (run.checkpoints_dir / f"checkpoint-{step}" / "trainer_state.json").is_file():
         return
     trainer._save_checkpoint(trainer.model, trial=None)
+    _finish_checkpoint(run, config, step)
+
+
+def _finish_checkpoint(run: RunDir, config: RunConfig, step: int) -> None:
+    """Make a saved checkpoint what it claims to be, since people upload checkpoints too: its adapter config names
+    the starting model by Hub id (not this machine's folder) and its README is this run's model card, not PEFT's
+    blank template. Then the status names it as the latest."""
+    folder = run.checkpoints_dir / f"checkpoint-{step}"
+    try:
+        make_portable(folder, config.model)
+        write_model_card(run, folder, curve=False)
+    except Exception as exc:  # noqa: BLE001 - the weights are saved; a card that cannot be written is a warning
+        log.warning("The model card of checkpoint-%d could not be written: %s", step, exc)
     run.update_status(latest_checkpoint=f"checkpoint-{step}")
 
 
@@ -527,6 +542,9 @@ def build_trainer(config: RunConfig, args, model, tokenizer, train_rows: list[di
                                             peft_config=peft_config)
     speedups.apply_to_trainer_model(trainer.model)
     trainer.remove_callback(PrinterCallback)  # it prints raw log dicts; RunStoreCallback writes readable lines
+    # TRL writes a card of its own beside the checkpoints at every save ("fine-tuned version of None"): each
+    # checkpoint and the final weights get this run's card instead (_finish_checkpoint, _write_card).
+    trainer.create_model_card = lambda *args, **kwargs: None
     return trainer
 
 
@@ -580,7 +598,7 @@ class RunStoreCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            self.run.update_status(latest_checkpoint=f"checkpoint-{state.global_step}")
+            _finish_checkpoint(self.run, self.config, state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "reward" not in logs:

@@ -160,6 +160,15 @@ def export_adapter(run: RunDir, weights: TrainedWeights, folder: Path, repo_id: 
     return sorted(folder.iterdir())
 
 
+def make_portable(folder: Path, model) -> None:
+    """Rewrite ``folder``'s adapter_config.json (where it has one) with the portable base (portable_adapter_config),
+    atomically: a run's adapter and checkpoints are what people copy and upload."""
+    path = folder / "adapter_config.json"
+    if path.is_file():
+        with replaced_atomically(path) as tmp:
+            tmp.write_text(portable_adapter_config(path, model), encoding="utf-8")
+
+
 def portable_adapter_config(path: Path, model) -> str:
     """The adapter's config with ``base_model_name_or_path`` as the starting model's Hub id (and revision), so that
     ``PeftModel.from_pretrained`` finds the base anywhere; PEFT writes the folder the weights were loaded from,
