@@ -380,6 +380,8 @@ def test_the_readme_step_times_are_the_documented_ones():
     assert number(rows["Dragon as shipped"]) == documented["Dragon as shipped"][0]
     plain_with_speedups = documented["plain TRL script + Dragon's speed-ups"][0]
     assert f"the plain script takes {two_decimals(plain_with_speedups)} s" in section(README, "Performance")
+    ratio = documented["plain TRL script"][0] / documented["Dragon as shipped"][0]
+    assert rows["Dragon's speed-up, in one sitting"] == f"{ratio:.1f}×"
 
 
 def test_the_readme_names_the_machine_the_results_were_measured_on():
