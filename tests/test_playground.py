@@ -217,23 +217,26 @@ ARITHMETIC_REWARDS = build_rewards(parse_rewards([{"kind": "numeric"},
                                                   {"kind": "length", "max_chars": 12, "weight": 0.3}]))
 
 
-@pytest.mark.parametrize("completions, totals", [
-    (["90", "91", "The answer is 90", "no idea"], [1.3, 0.3, 1.0 + 0.3 * (1 - 4 / 12), 0.3]),
-    (["90", "90"], [1.3, 1.3]),
-    (["1", "2", "3", "4", "5", "6"], [0.3] * 6),
+@pytest.mark.parametrize("completions, totals, advantages", [
+    # totals 1.3, 0.3, 1.2, 0.3: mean 0.775, sample standard deviation 0.55, so (total - 0.775) / 0.5501
+    (["90", "91", "The answer is 90", "no idea"], [1.3, 0.3, 1.2, 0.3], [0.954372, -0.863479, 0.772587, -0.863479]),
+    (["90", "90"], [1.3, 1.3], [0.0, 0.0]),
+    (["1", "2", "3", "4", "5", "6"], [0.3] * 6, [0.0] * 6),
 ])
-def test_score_group_totals_and_advantages(completions, totals):
+def test_score_group_totals_and_advantages(completions, totals, advantages):
+    """The advantages by hand, and as TRL computes them for a group (trl.trainer.utils.nanstd, epsilon 1e-4)."""
+    import torch
+    from trl.trainer.utils import nanstd
+
     group = score_group(ARITHMETIC_REWARDS, example("What is 66 + 24?", "90"), completions)
     assert group.prompt == "What is 66 + 24?" and group.reference == "90"
     assert group.reward_names == ["numeric", "length"]
     assert group.totals == pytest.approx(totals)
-    assert sum(group.advantages) == pytest.approx(0.0, abs=1e-9)
-    mean = sum(totals) / len(totals)
-    std = math.sqrt(sum((t - mean) ** 2 for t in totals) / (len(totals) - 1))
-    assert (group.mean, group.std) == (pytest.approx(mean), pytest.approx(std))
-    assert group.advantages == pytest.approx([(t - mean) / (std + 1e-4) for t in totals])
-    best = max(range(len(totals)), key=totals.__getitem__)
-    assert group.advantages[best] == max(group.advantages)
+    assert group.advantages == pytest.approx(advantages, abs=1e-6)
+    rewards = torch.tensor(group.totals, dtype=torch.float64)
+    trl = (rewards - rewards.mean()) / (nanstd(rewards) + 1e-4)
+    assert group.advantages == pytest.approx(trl.tolist(), abs=1e-6)
+    assert group.std == pytest.approx(nanstd(rewards).item(), abs=1e-6)
 
 
 @pytest.mark.parametrize("completions, fires", [

@@ -44,9 +44,29 @@ def test_refresh_lists_runs_and_keeps_the_shown_one(app, finished_run):
     assert isinstance(figure, go.Figure) and len(table) == 3
 
 
-def test_free_prompt_is_answered_by_both_models(app, finished_run):
+def test_free_prompt_is_answered_by_both_models(app, finished_run, tiny_model_dir):
+    """Each side is the reply its own model gives, computed here without the app: the base alone, and the base with
+    the run's adapter (strengthened, so that the two differ)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conftest import strengthen_adapter
+
+    strengthen_adapter(finished_run)
     before, after = handler(app, "compare_ask")(finished_run.id, "What is 3 + 4?", 12, 0.0)
-    assert isinstance(before, str) and isinstance(after, str)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)
+
+    def greedy(model) -> str:
+        with torch.inference_mode():
+            out = model.generate(**prompt, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        return tokenizer.decode(out[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    assert before == greedy(base)
+    assert after == greedy(PeftModel.from_pretrained(base, finished_run.adapter_dir).eval()) != before
     with pytest.raises(gr.Error, match="Type a prompt"):
         handler(app, "compare_ask")(finished_run.id, "", 12, 0.0)
 

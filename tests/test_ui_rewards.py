@@ -20,6 +20,7 @@ from dragon_ui.errors import BusyError, DragonError
 from dragon_ui.rewards import REWARD_KINDS, kind_fields, parse_rewards, public_demo_refusal
 from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app, rewards_tab
+from dragon_ui.ui.common import message
 
 SETTINGS = rewards_tab.SETTINGS
 NEW = rewards_tab.NEW_REWARD
@@ -574,9 +575,17 @@ def test_generate_a_group_with_the_tiny_model(studio, tiny_draft, labels):
     assert "Sampled 12 replies to 2 row(s)" in progress  # group_size 6 from the arithmetic recipe
     assert list(table.columns) == ["row", "completion", "numeric", "length", "total", "advantage"]
     assert table["row"].tolist() == [1] * 6 + [2] * 6
-    for _, group in table.groupby("row"):
+    same = []
+    for row, group in table.groupby("row"):
         assert group["advantage"].sum() == pytest.approx(0.0, abs=0.05)  # rounded to 2 decimals per reply
-    assert warnings  # either "every group has different scores" or a no-signal warning per row
+        if group["total"].nunique() == 1:
+            same.append(f"Row {row}: All 6 replies to this prompt scored {group['total'].iloc[0]:.2f}")
+    if same:  # a no-signal warning for each row whose replies all scored the same, and only for those
+        assert [line for line in warnings.split("\n\n") if "All 6 replies" in line] == [
+            message(text + ": GRPO learns nothing from this group. Try a higher temperature, a larger group, "
+                    "partial-credit rewards (length, format, json keys), or easier prompts.", "warn") for text in same]
+    else:
+        assert warnings == message("Every group has different scores, so GRPO can learn from each of them.", "ok")
 
 
 def test_generation_can_be_cancelled_between_prompts(studio, tiny_draft):
