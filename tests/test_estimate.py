@@ -227,16 +227,17 @@ def test_a_gpu_step_is_much_faster_than_a_cpu_step():
     assert step_seconds(arithmetic_config(), gpu) < step_seconds(arithmetic_config()) / 5
 
 
-def test_the_cpu_probe_is_cached_and_keeps_its_best_value(monkeypatch):
+def test_the_cpu_is_measured_once_so_the_same_settings_give_the_same_estimate(monkeypatch):
     monkeypatch.setattr(estimate, "_CPU_PROBE", {})
     first = estimate.cpu_flops_per_thread("float32")
     assert first > 1e8  # any CPU of this century does 0.1 GFLOP/s per thread
-    monkeypatch.setattr(estimate, "_measure_matmul", lambda dtype: pytest.fail("measured again within a minute"))
-    assert estimate.cpu_flops_per_thread("float32") == first
-    monkeypatch.setattr(estimate, "PROBE_REFRESH_S", 0.0)
-    monkeypatch.setattr(estimate, "_measure_matmul", lambda dtype: first / 10)  # a busy moment
-    assert estimate.cpu_flops_per_thread("float32") == first
-    monkeypatch.setattr(estimate, "_measure_matmul", lambda dtype: first * 2)  # an idle one
+    monkeypatch.setattr(estimate, "_measure_matmul", lambda dtype: pytest.fail("measured again"))
+    config, speed = arithmetic_config(), estimate.device_speed(CPU, HardwareInfo())
+    assert [estimate.cpu_flops_per_thread("float32") for _ in range(3)] == [first] * 3
+    assert step_seconds(config, speed) == step_seconds(config, estimate.device_speed(CPU, HardwareInfo()))
+    assert "when the app started; Detect again measures again" in speed.description
+    estimate.forget_cpu_speed()  # Detect again
+    monkeypatch.setattr(estimate, "_measure_matmul", lambda dtype: first * 2)
     assert estimate.cpu_flops_per_thread("float32") == first * 2
 
 

@@ -257,19 +257,21 @@ class DeviceSpeed:
     layer_latency_s: float  # fixed cost of one layer in one decoding step
 
 
-# dtype -> (best FLOP/s per thread seen, when it was last measured). A probe that ran while the CPU was busy (the
-# page loading, a training) reads low, so it is repeated now and then and the best value is kept.
-_CPU_PROBE: dict[str, tuple[float, float]] = {}
-PROBE_REFRESH_S = 60.0
+# dtype -> FLOP/s per thread, measured once per process (when the app builds its page, before anything else runs):
+# the same settings then always give the same estimate. "Detect again" on the Model tab measures again.
+_CPU_PROBE: dict[str, float] = {}
 
 
 def cpu_flops_per_thread(dtype: str) -> float:
-    """FLOP/s per torch thread of a transformer-sized matmul on this CPU (~0.05 s, at most once a minute)."""
-    best, measured_at = _CPU_PROBE.get(dtype, (0.0, -math.inf))
-    if time.monotonic() - measured_at >= PROBE_REFRESH_S:
-        best = max(best, _measure_matmul(dtype))
-        _CPU_PROBE[dtype] = (best, time.monotonic())
-    return best
+    """FLOP/s per torch thread of a transformer-sized matmul on this CPU (~0.05 s, the first time it is asked)."""
+    if dtype not in _CPU_PROBE:
+        _CPU_PROBE[dtype] = _measure_matmul(dtype)
+    return _CPU_PROBE[dtype]
+
+
+def forget_cpu_speed() -> None:
+    """Measure the CPU again at the next estimate (the machine changed, or it was busy when it was measured)."""
+    _CPU_PROBE.clear()
 
 
 def _measure_matmul(dtype: str) -> float:
@@ -304,7 +306,8 @@ def device_speed(hardware: ResolvedHardware, info: HardwareInfo, cpu_flops: floa
     if cpu_flops is None:
         cpu_flops = cpu_flops_per_thread(hardware.dtype) * hardware.cpu_threads
     threads = f"{hardware.cpu_threads} CPU thread{'s' if hardware.cpu_threads > 1 else ''}"
-    return DeviceSpeed(f"{threads}, measured {cpu_flops / 1e9:.0f} GFLOP/s in {hardware.dtype}",
+    return DeviceSpeed(f"{threads}, measured {cpu_flops / 1e9:.0f} GFLOP/s in {hardware.dtype} when the app started; "
+                       "Detect again measures again",
                        cpu_flops * CPU_TRAIN_EFFICIENCY[hardware.dtype], CPU_MEMORY_BANDWIDTH, CPU_LAYER_LATENCY_S)
 
 

@@ -25,7 +25,7 @@ from ..runstore import slug
 from ..scaleout.launch_folder import export_launch_folder
 from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
-from ..engine.estimate import MINIMUM_SETTINGS, estimate_run, format_params, minimum_memory_gb
+from ..engine.estimate import MINIMUM_SETTINGS, estimate_run, forget_cpu_speed, format_params, minimum_memory_gb
 from ..studio.playground import preview_examples
 from ..engine import policy, trackers
 from ..engine.presets import PRESETS
@@ -448,6 +448,7 @@ def build(shared: Shared) -> Callable[[], None]:
 
         @shows_errors
         def redetect(draft: dict):
+            forget_cpu_speed()
             info = studio.hardware(refresh=True)
             return (hardware_markdown(info), *describe(draft))
 
