@@ -10,6 +10,7 @@ read them are workshop participants, not Python programmers.  This module must s
 torch; ``datasets`` is imported only when a Hub dataset is actually requested.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -38,7 +39,7 @@ MIN_ROWS_FOR_EVAL = 20
 MIN_HELD_OUT = 10
 TEMPLATE_CHARS = 10_000  # a prompt, reference or system template (with its fixed text) may be this long
 SETTING_CHARS = 1000  # the source, and the Hub config, split and sheet names
-# A public demo's compressed data files (Parquet, .xlsx, .ods) may unpack to this many times its upload limit.
+# A public demo hands the app at most this many times its upload limit of rows, from a file or a Hub dataset.
 UNPACKED_TIMES_UPLOAD = 10
 
 
@@ -221,12 +222,10 @@ def _candidate_paths(source: str, base_dir: str | None) -> list[Path]:
 
 
 def rows_to_read(max_rows: int | None) -> int | None:
-    """How many rows to read at most: the rows asked for (``data.max_rows``), and in a public demo one more than
-    its limit, which is enough to tell that a file has too many."""
-    if not is_public_demo():
-        return max_rows
-    cap = Limits.from_env().dataset_rows + 1
-    return cap if max_rows is None else min(max_rows, cap)
+    """How many rows to read at most: the rows asked for (``data.max_rows``); in a public demo one more than its
+    limit whatever is asked (enough to tell that a file has too many, and the same read for every Max rows, so a
+    visitor cannot make the app read a file again and again)."""
+    return Limits.from_env().dataset_rows + 1 if is_public_demo() else max_rows
 
 
 def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None,
@@ -254,9 +253,9 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     if sheet is not None and suffix not in SPREADSHEET_EXTENSIONS:
         raise ConfigError(f"data.sheet is only for spreadsheets ({', '.join(SPREADSHEET_EXTENSIONS)}); "
                           f"{place.name} has no sheets, so leave it empty.")
-    unpacked_mb = Limits.from_env().upload_mb * UNPACKED_TIMES_UPLOAD if is_public_demo() else None
+    read_mb = Limits.from_env().upload_mb * UNPACKED_TIMES_UPLOAD if is_public_demo() else None
     try:
-        table = read_file(place, sheet, limit, unpacked_mb)
+        table = read_file(place, sheet, limit, read_mb)
     except OSError as exc:
         raise ConfigError(f"data.source: {place} could not be read ({exc.strerror or exc}).") from None
     if not table.rows:
@@ -265,19 +264,58 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
 
 
 def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int | None = None) -> list[dict]:
-    """The rows of a Hub dataset split (the first ``max_rows``); offline is the common workshop case, so it gets its
-    own advice. In a public demo it is streamed (see _stream_hub_rows)."""
-    import datasets  # heavy, and only needed for Hub sources
+    """The rows of a Hub dataset split (the first ``max_rows``). A public demo streams them in a separate process
+    with limits on its memory and time (stream_hub_rows, apart.py)."""
+    if is_public_demo():
+        from .apart import read_apart
 
-    try:
-        if is_public_demo():
-            rows = _stream_hub_rows(datasets, source, hub_config, hub_split, max_rows)
-        else:
+        limit_mb = Limits.from_env().upload_mb
+        task = {"kind": "hub", "source": source, "config": hub_config, "split": hub_split, "max_rows": max_rows,
+                "limit_bytes": int(limit_mb * 2**20)}
+        rows = read_apart(task, int(limit_mb * UNPACKED_TIMES_UPLOAD * 2**20), f"the Hub dataset '{source}'")["rows"]
+    else:
+        import datasets  # heavy, and only needed for Hub sources
+
+        with _hub_errors(source, hub_config, hub_split):
             dataset = datasets.load_dataset(source, name=hub_config, split=hub_split)
             if max_rows is not None and max_rows < len(dataset):
                 dataset = dataset.select(range(max_rows))
             rows = dataset.to_list()
-    except ConfigError:
+    if not rows:
+        raise ConfigError(f"data.source: the split '{hub_split}' of the Hub dataset '{source}' has no rows.")
+    return rows
+
+
+def stream_hub_rows(source: str, hub_config: str | None, hub_split: str, max_rows: int | None,
+                    limit_bytes: int) -> list[dict]:
+    """A public demo's Hub rows, read in its reading process: streamed, so nothing past the row and size limits is
+    downloaded; through an ``hf://datasets/`` path, which ``datasets`` never looks up on the disk (a bare
+    ``owner/name`` that is also a folder, such as ``runs/<id>``, would be loaded from that folder); and with
+    ``token=False``, so the server's own token never reaches a private or gated dataset for a visitor."""
+    import datasets
+
+    rows, size = [], 0
+    with _hub_errors(source, hub_config, hub_split):
+        stream = datasets.load_dataset(f"hf://datasets/{source}", name=hub_config, split=hub_split, streaming=True,
+                                       token=False)
+        for row in stream:
+            size += len(json.dumps(row, ensure_ascii=False, default=str))
+            if size > limit_bytes:
+                raise ConfigError(f"data.source: the first {len(rows):,} rows of the Hub dataset '{source}' already "
+                                  f"hold more than this public demo's limit of {limit_bytes / 2**20:g} MB of data; set "
+                                  f"data.max_rows lower, or {LIFT}.")
+            rows.append(row)
+            if max_rows is not None and len(rows) >= max_rows:
+                break
+    return rows
+
+
+@contextlib.contextmanager
+def _hub_errors(source: str, hub_config: str | None, hub_split: str):
+    """Any failure of a Hub load as one sentence; offline is the common workshop case, so it gets its own advice."""
+    try:
+        yield
+    except (ConfigError, MemoryError):  # too big is the reading process's to report (apart.py)
         raise
     except Exception as exc:
         if _is_network_error(exc):
@@ -289,30 +327,6 @@ def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int
         raise ConfigError(
             f"data.source: could not load the Hub dataset '{source}' ({detail}split '{hub_split}'): {first_line(exc)}"
         ) from None
-    if not rows:
-        raise ConfigError(f"data.source: the split '{hub_split}' of the Hub dataset '{source}' has no rows.")
-    return rows
-
-
-def _stream_hub_rows(datasets, source: str, hub_config: str | None, hub_split: str, max_rows: int | None) -> list[dict]:
-    """A public demo's Hub rows: streamed, so nothing past the row and size limits is downloaded; through an
-    ``hf://datasets/`` path, which ``datasets`` never looks up on the disk (a bare ``owner/name`` that is also a
-    folder here, such as ``runs/<id>``, would be loaded from that folder); and with ``token=False``, so the
-    server's own token (HF_TOKEN, its login) never reaches a private or gated dataset for a visitor."""
-    stream = datasets.load_dataset(f"hf://datasets/{source}", name=hub_config, split=hub_split, streaming=True,
-                                   token=False)
-    limit_mb = Limits.from_env().upload_mb
-    rows, size = [], 0
-    for row in stream:
-        size += len(json.dumps(row, ensure_ascii=False, default=str))
-        if size > limit_mb * 2**20:
-            raise ConfigError(f"data.source: the first {len(rows):,} rows of the Hub dataset '{source}' already hold "
-                              f"more than this public demo's limit of {limit_mb:g} MB of data; set data.max_rows "
-                              f"lower, or {LIFT}.")
-        rows.append(row)
-        if max_rows is not None and len(rows) >= max_rows:
-            break
-    return rows
 
 
 def _is_network_error(exc: BaseException) -> bool:

@@ -14,9 +14,6 @@ import csv
 import datetime
 import io
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,20 +41,24 @@ class Table:
 
 
 def read_file(path: Path, sheet: str | None = None, max_rows: int | None = None,
-              max_unpacked_mb: float | None = None) -> Table:
+              max_read_mb: float | None = None) -> Table:
     """The table in a local file, by its extension; ConfigError with the sentence to show when it cannot be read.
 
     Reading stops after ``max_rows`` rows (the caller's row limit, plus one to tell that there were more), so a
-    small file that holds millions of rows is never read whole. ``max_unpacked_mb``: a public demo's cap on what a
-    file that unpacks (Parquet, spreadsheets) may become; such a file is then read in a separate process with a
-    memory limit (see _read_apart), since a few kilobytes can hold gigabytes of repeated text.
+    small file that holds millions of rows is never read whole. ``max_read_mb``: a public demo reads the file in a
+    separate process with limits on its memory and time, which hands back at most this many MB of rows (apart.py).
     """
-    if max_unpacked_mb is not None and path.suffix.lower() in UNPACKING_EXTENSIONS:
-        return _read_apart(path, sheet, max_rows, max_unpacked_mb)
-    return _read_here(path, sheet, max_rows)
+    if max_read_mb is not None:
+        from .apart import read_apart
+
+        answer = read_apart({"kind": "file", "path": str(path), "sheet": sheet, "max_rows": max_rows},
+                            int(max_read_mb * 2**20), path.name)
+        return Table(answer["rows"], answer["notes"], answer["sheets"])
+    return read_here(path, sheet, max_rows)
 
 
-def _read_here(path: Path, sheet: str | None, max_rows: int | None) -> Table:
+def read_here(path: Path, sheet: str | None, max_rows: int | None) -> Table:
+    """read_file in this process."""
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv"):
         text, encoding = decode(path)
@@ -72,57 +73,6 @@ def _read_here(path: Path, sheet: str | None, max_rows: int | None) -> Table:
     rows = _read_json(text, path.name, max_rows) if suffix == ".json" else read_json_lines(text, path.name,
                                                                                            max_rows=max_rows)
     return Table(rows, [f"Read as {encoding}."])
-
-
-UNPACKING_EXTENSIONS = (".parquet", *SPREADSHEET_EXTENSIONS)
-APART_MEMORY_MB = 2048  # the reading process's address space: Python, pyarrow or calamine, and the rows
-APART_SECONDS = 60
-
-
-def _read_apart(path: Path, sheet: str | None, max_rows: int | None, max_unpacked_mb: float) -> Table:
-    """Read a file that unpacks in a separate process, limited to APART_MEMORY_MB of memory and APART_SECONDS, which
-    hands back at most ``max_unpacked_mb`` of rows as JSON (values a JSON value cannot hold become their text, as
-    they would in a prompt anyway). A file that unpacks into more is refused, and the app never holds it."""
-    request = json.dumps({"path": str(path), "sheet": sheet, "max_rows": max_rows,
-                          "max_bytes": int(max_unpacked_mb * 2**20), "memory": APART_MEMORY_MB * 2**20})
-    package_parent = str(Path(__file__).resolve().parents[1])
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent,
-                                                                              os.environ.get("PYTHONPATH")]))}
-    try:
-        done = subprocess.run([sys.executable, "-c", "from dragon_ui.tables import _read_for_parent; "
-                               "_read_for_parent()"], input=request, capture_output=True, text=True,
-                              timeout=APART_SECONDS, env=environment)
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"data.source: {path.name} took longer than {APART_SECONDS} s to read; use a smaller "
-                          "file.") from None
-    if done.returncode != 0 or not done.stdout:
-        raise ConfigError(f"data.source: {path.name} takes more than this public demo's memory for one file once "
-                          "it is unpacked (long texts repeated in many cells, or very many rows); use fewer rows "
-                          "or shorter cells.")
-    answer = json.loads(done.stdout)
-    if "error" in answer:
-        raise ConfigError(answer["error"])
-    return Table(answer["rows"], answer["notes"], answer["sheets"])
-
-
-def _read_for_parent() -> None:
-    """The reading process of _read_apart: its request on standard input, its answer on standard output."""
-    import resource
-
-    request = json.loads(sys.stdin.read())
-    resource.setrlimit(resource.RLIMIT_AS, (request["memory"], request["memory"]))
-    path = Path(request["path"])
-    try:
-        table = _read_here(path, request["sheet"], request["max_rows"])
-        answer = json.dumps({"rows": table.rows, "notes": table.notes, "sheets": table.sheets}, ensure_ascii=False,
-                            default=str)
-        if len(answer) > request["max_bytes"]:
-            limit_mb = request["max_bytes"] / 2**20
-            raise ConfigError(f"data.source: {path.name} unpacks to more than this public demo's limit of "
-                              f"{limit_mb:g} MB of data; use fewer rows or columns.")
-    except ConfigError as exc:
-        answer = json.dumps({"error": str(exc)})
-    sys.stdout.write(answer)
 
 
 def decode(path: Path) -> tuple[str, str]:
@@ -193,21 +143,29 @@ def _read_delimited(text: str, sep: str, name: str, max_rows: int | None = None)
     return Table(rows, notes)
 
 
+MAX_COLUMNS = 1000  # a table's columns: far more than any prompt needs, few enough to show and check quickly
+
+
 def unique_columns(header: list) -> tuple[list[str], list[str]]:
     """Column names from a header row, each once: an empty one becomes "column N", a repeated one gets " (2)"; the
-    notes say which were renamed."""
-    columns, notes = [], []
+    notes say which were renamed. Linear in the header (a set of the names taken), and at most MAX_COLUMNS."""
+    if len(header) > MAX_COLUMNS:
+        raise ConfigError(f"data.source: the header has {len(header):,} columns, more than the {MAX_COLUMNS:,} a "
+                          "table may have; keep the columns your prompts and rewards use.")
+    given = {str(raw) for raw in header}
+    columns, taken, notes = [], set(), []
     for number, raw in enumerate(header, start=1):
         name = str(raw).strip() or f"column {number}"
-        if name in columns:
+        if name in taken:
             renamed, copy = name, 2
-            while renamed in columns or renamed in header:
+            while renamed in taken or renamed in given:
                 renamed, copy = f"{name} ({copy})", copy + 1
             notes.append(f"Two columns are called '{name}': column {number} is read as '{renamed}'.")
             name = renamed
         elif not str(raw).strip():
             notes.append(f"Column {number} has no name in the header: it is read as '{name}'.")
         columns.append(name)
+        taken.add(name)
     return columns, notes
 
 

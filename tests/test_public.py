@@ -401,7 +401,10 @@ def test_uploads_are_capped_at_the_limit(public_mode, monkeypatch, runs_dir):
     from dragon_ui.ui.app import serving_options
 
     monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "5")
-    assert serving_options(Studio(runs_dir=runs_dir)) == {"max_file_size": "5mb"}  # the runs folder is not served
+    options = serving_options(Studio(runs_dir=runs_dir))
+    assert options["max_file_size"] == "5mb" and "allowed_paths" not in options  # the runs folder is not served
+    (limits,) = options["app_kwargs"]["middleware"]
+    assert limits.kwargs == {"upload_bytes": 25 * 2**20}  # five uploads' worth per address and ten minutes
 
 
 def test_the_data_preview_reads_no_server_path(public_mode, nothing_is_read):

@@ -316,9 +316,13 @@ MACHINE_TAKERS = {  # item 11, 14: (setting, value, the sentence)
     "a huge adapter": ("lora.r", 1024, "lora.r must be at most 64 in this public demo"),
     "every thread": ("hardware.cpu_threads", 1024, "hardware.cpu_threads must be at most"),
     "more memory than the machine": ("model.id", "someone/giant-400B", "more than the .* GB this machine has"),
-    "a 4 MB prompt template": ("data.prompt", "q" * 4_000_000, "data.prompt has 4,000,000 characters"),
-    "a 20 MB reference": ("data.reference", "r" * 20_000_000, "data.reference has 20,000,000 characters"),
-    "a 20 MB run name": ("name", "n" * 20_000_000, "name has 20,000,000 characters"),
+    "a 20,000-character prompt template": ("data.prompt", "q" * 20_000, "data.prompt has 20,000 characters"),
+    "a 200,000-character reference": ("data.reference", "r" * 200_000, "data.reference has 200,000 characters"),
+    "a 1,000-character run name": ("name", "n" * 1000, "name has 1,000 characters"),
+    # Larger bodies do not reach the app: the server refuses them before reading them whole (ui/guard.py).
+    "a 4 MB prompt template": ("data.prompt", "q" * 4_000_000, "takes requests of at most 2 MB"),
+    "a 20 MB reference": ("data.reference", "r" * 20_000_000, "takes requests of at most 2 MB"),
+    "a 20 MB run name": ("name", "n" * 20_000_000, "takes requests of at most 2 MB"),
     "a pull request's weights": ("model.revision", "refs/pr/1", "model.revision must be left empty"),
 }
 
@@ -329,6 +333,30 @@ def test_settings_that_would_take_the_machine_are_refused(demo, tiny_model_dir, 
     config = hostile(tiny_model_dir, setting, value)
     expect_refusal(attacker.call("check", config), refusal)
     expect_refusal(attacker.call("start", config), refusal)
+
+
+def test_a_huge_request_is_refused_before_the_server_reads_it(demo):
+    """Reviewer's finding: 400 MB JSON bodies were read into memory (8 GB after four) and copied into the log."""
+    before = resident_mb(demo.pid)
+    body = b'{"data": ["' + b"x" * (200 * 2**20) + b'"], "fn_index": 0, "session_hash": "abc"}'
+    answer = httpx.post(f"{demo.app.url}/gradio_api/queue/join", content=body,
+                        headers={"content-type": "application/json"}, timeout=120)
+    assert answer.status_code == 413 and "takes requests of at most 2 MB" in answer.text
+    assert resident_mb(demo.pid) - before < 100
+
+
+def test_a_header_of_repeated_names_cannot_tie_up_the_server(demo, tmp_path):
+    """Reviewer's finding: renaming repeated column names was cubic in the header, in the app's own process (a
+    4 KB header took 22 s). Now it is linear, and a public demo reads every file in a process of its own."""
+    attacker = demo.attacker()
+    wide = tmp_path / "wide.csv"
+    wide.write_text(",".join(["a"] * 1000) + "\n" + ",".join(["1"] * 1000) + "\n")
+    answer = attacker.fire("data-upload", "upload", **{"data-upload": attacker.upload(wide)})
+    assert answer.ok and answer.seconds < 10, (answer.error, answer.seconds)
+    wider = tmp_path / "wider.csv"
+    wider.write_text(",".join(["a"] * 10_000) + "\n")
+    expect_refusal(attacker.fire("data-upload", "upload", **{"data-upload": attacker.upload(wider)}),
+                   "the header has 10,000 columns, more than the 1,000")
 
 
 def test_each_visitor_and_each_address_gets_a_small_share_of_the_queue(demo, victim, tiny_model_dir):

@@ -5,6 +5,7 @@ and a disk that is cleaned up. tests/test_public_attacks.py attacks the running 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import uploaded_by, write_arithmetic_csv
 
-from dragon_ui import data, public, rewards, tables
+from dragon_ui import apart, data, public, rewards, tables
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
 from dragon_ui.engine import policy, queue, retention, training
 from dragon_ui.errors import BusyError, ConfigError, NotYoursError
@@ -131,7 +132,7 @@ UNPACKING = {  # a few kilobytes that unpack into far more than the limit
     "parquet, 300 rows of 100 KB": (lambda path: repeated_text_parquet(path.with_suffix(".parquet"), 300, 100_000),
                                     "unpacks to more than this public demo's limit of 10 MB of data"),
     "parquet, 5000 rows of 1 MB": (lambda path: repeated_text_parquet(path.with_suffix(".parquet"), 5000, 10**6),
-                                   "takes more than this public demo's memory for one file once it is unpacked"),
+                                   "takes more than this public demo's memory for one dataset once it is unpacked"),
     "xlsx, 2000 rows of 30 KB": (lambda path: repeated_text_spreadsheet(path.with_suffix(".xlsx"), 2000, 30_000),
                                  "unpacks to more than this public demo's limit|takes more than this public demo's "
                                  "memory"),
@@ -145,59 +146,88 @@ def test_a_small_file_that_unpacks_into_gigabytes_is_refused_and_the_app_never_h
     path = make(tmp_path / "small")
     assert path.stat().st_size < 1_000_000
     source = uploaded_by("v", path)
-    monkeypatch.setattr(tables, "_read_here", lambda *args: pytest.fail("read in the app's own process"))
+    monkeypatch.setattr(tables, "read_here", lambda *args: pytest.fail("read in the app's own process"))
     started = time.monotonic()
     with public.visiting(public.Visitor(key="v")), pytest.raises(ConfigError, match=refusal):
         data.read_table(source)
-    assert time.monotonic() - started < tables.APART_SECONDS
+    assert time.monotonic() - started < apart.SECONDS
 
 
 def test_a_file_read_apart_gives_the_same_table(public_mode, tmp_path):
     """Read in its own process, a spreadsheet gives the same rows, notes and sheets as read here."""
     path = spreadsheet_of(tmp_path / "data.xlsx", 30)
-    apart = tables.read_file(path, max_rows=10, max_unpacked_mb=5)
+    read_apart = tables.read_file(path, max_rows=10, max_read_mb=5)
     here = tables.read_file(path, max_rows=10)
-    assert (apart.rows, apart.notes, apart.sheets) == (here.rows, here.notes, here.sheets)
+    assert (read_apart.rows, read_apart.notes, read_apart.sheets) == (here.rows, here.notes, here.sheets)
     with pytest.raises(ConfigError, match="has no sheet called 'nope'"):
-        tables.read_file(path, sheet="nope", max_unpacked_mb=5)
+        tables.read_file(path, sheet="nope", max_read_mb=5)
+
+
+def test_a_header_of_thousands_of_repeated_names_is_read_in_linear_time(tmp_path):
+    path = tmp_path / "wide.csv"
+    path.write_text(",".join(["a"] * 1000) + "\n" + ",".join(["1"] * 1000) + "\n")
+    started = time.monotonic()
+    table = data.read_table(str(path))
+    assert time.monotonic() - started < 2 and list(table.rows[0])[:3] == ["a", "a (2)", "a (3)"]
+    path.write_text(",".join(["a"] * 1001) + "\n")
+    with pytest.raises(ConfigError, match="the header has 1,001 columns, more than the 1,000 a table may have"):
+        data.read_table(str(path))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Hub data in a public demo.
 
 
-def test_a_public_demo_streams_hub_data_without_the_servers_token_and_never_from_the_disk(public_mode, monkeypatch,
-                                                                                           tmp_path):
-    """datasets.load_dataset itself, spied on: an hf:// path (never a folder of the same name here), streaming (so
-    nothing past the limit is downloaded), token=False (the server's HF_TOKEN is never sent)."""
-    import datasets
+FAKE_DATASETS = """
+import json, os
+def load_dataset(path, **kwargs):
+    with open(os.environ["SPY"], "w") as spy:
+        json.dump({"path": path, "kwargs": kwargs, "cwd": os.getcwd(), "files_here": os.listdir("."),
+                   "tokens": [key for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN") if key in os.environ]}, spy)
+    return iter({"question": f"q{i}", "answer": "1"} for i in range(1_000_000))
+"""
 
-    calls = []
 
-    def load_dataset(path, **kwargs):
-        calls.append((path, kwargs))
-        return iter({"question": f"q{i}", "answer": "1"} for i in range(1_000_000))
-
-    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+def test_a_public_demo_streams_hub_data_apart_without_the_servers_token_and_never_from_the_disk(
+        public_mode, monkeypatch, tmp_path):
+    """datasets.load_dataset itself, replaced by a spy in the reading process: an hf:// path (never a folder of the
+    same name), streaming (nothing past the limit is downloaded), token=False, no token in its environment, and an
+    empty folder to run in."""
+    fake = tmp_path / "fake" / "datasets"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_DATASETS)
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    monkeypatch.setenv("SPY", str(tmp_path / "spy.json"))
     monkeypatch.setenv("HF_TOKEN", "hf_server_secret")
     monkeypatch.setenv("DRAGON_UI_MAX_DATASET_ROWS", "50")
-    (tmp_path / "owner" / "name").mkdir(parents=True)  # a folder shaped like the Hub id, where the app runs
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "app" / "owner" / "name").mkdir(parents=True)  # a folder shaped like the Hub id, where the app runs
+    monkeypatch.chdir(tmp_path / "app")
     rows = data.read_table("owner/name", hub_config="main", hub_split="test").rows
     assert len(rows) == 51  # one past the limit: enough to refuse
-    (path, kwargs), = calls
-    assert path == "hf://datasets/owner/name"
-    assert kwargs == {"name": "main", "split": "test", "streaming": True, "token": False}
+    spy = json.loads((tmp_path / "spy.json").read_text())
+    assert spy["path"] == "hf://datasets/owner/name"
+    assert spy["kwargs"] == {"name": "main", "split": "test", "streaming": True, "token": False}
+    assert spy["tokens"] == [] and spy["files_here"] == [] and spy["cwd"] != str(tmp_path / "app")
 
 
-def test_a_public_demo_caps_the_size_of_streamed_hub_data(public_mode, monkeypatch):
+def test_streamed_hub_data_is_capped_in_size(monkeypatch):
     import datasets
 
     monkeypatch.setattr(datasets, "load_dataset",
                         lambda path, **kwargs: iter({"text": "x" * 100_000} for _ in range(1000)))
-    monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "1")
     with pytest.raises(ConfigError, match="already hold more than this public demo's limit of 1 MB of data"):
-        data.read_table("owner/name")
+        data.stream_hub_rows("owner/name", None, "train", None, 2**20)
+
+
+def test_a_hub_row_that_unpacks_into_gigabytes_ends_the_reading_process_not_the_app(public_mode, monkeypatch,
+                                                                                    tmp_path):
+    fake = tmp_path / "fake" / "datasets"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("def load_dataset(path, **kwargs):\n"
+                                      "    yield {'text': 'x' * (3 * 2**30)}\n")  # one row of 3 GB
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    with pytest.raises(ConfigError, match="takes more than this public demo's memory for one dataset"):
+        data.read_table("owner/huge")
 
 
 def test_a_run_folder_shaped_like_a_hub_id_is_never_loaded_from_the_disk(public_mode, monkeypatch, tmp_path):
@@ -559,3 +589,126 @@ def test_old_runs_uploads_and_downloads_are_removed_and_what_is_needed_stays(pub
     assert set(removed) == {finished_run.path, upload.parent, downloads / "stale"}
     assert not finished_run.path.exists() and not upload.exists() and not (downloads / "stale").exists()
     assert recent.exists() and needed.exists() and waiting.exists() and (downloads / "fresh").exists()
+
+
+def test_starts_sent_at_the_same_moment_cannot_all_pass(public_mode, studio, tiny_config_dict, monkeypatch):
+    """A visitor's limit holds when four tabs press Start at once: each start holds its place in line while its
+    data is read (queue._place), so only two of four are accepted."""
+    real_inspect, arrived = training.inspect, threading.Barrier(4, timeout=60)
+
+    def inspect_together(config):
+        with contextlib.suppress(threading.BrokenBarrierError):
+            arrived.wait(5)  # the ones let through wait here for the others, which are refused
+        return real_inspect(config)
+
+    monkeypatch.setattr(training, "inspect", inspect_together)
+    config = long_run({**tiny_config_dict, "data": {**tiny_config_dict["data"], "source": uploaded_by(
+        "v", tiny_config_dict["data"]["source"])}}, "race")
+    outcomes = []
+
+    def start():
+        with public.visiting(public.Visitor(key="v", address="a")):
+            try:
+                outcomes.append(studio.start(config).id)
+            except BusyError as refused:
+                outcomes.append(str(refused))
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    refused = [outcome for outcome in outcomes if "You already have 2 runs" in outcome]
+    assert len(outcomes) == 4 and len(refused) == 2, outcomes
+    for run in studio.runs():
+        with public.visiting(public.Visitor(key="v")):
+            studio.stop(run["id"])
+
+
+def test_previews_are_refused_beside_a_cpu_training_even_with_the_model_loaded(studio, tiny_config_dict,
+                                                                               tiny_model_dir):
+    """The model a preview loaded before a training began stays cached; using it beside the training would take
+    the training's cores all the same."""
+    from dragon_ui.config import HardwareSettings, ModelConfig
+
+    model, settings = ModelConfig(id=str(tiny_model_dir)), HardwareSettings(device="cpu")
+    studio.inference_model(model, settings=settings)
+    assert studio.models.holds(model, None, settings)
+    tiny_config_dict["training"].update(max_steps=5000, save_steps=5000)
+    handle = training.start(RunConfig.from_dict(tiny_config_dict))  # as the queue starts one: nothing is released
+    with pytest.raises(BusyError, match="A training is running on this machine's CPU"):
+        studio.inference_model(model, settings=settings)
+    with pytest.raises(BusyError, match="merging a model now would slow it down badly"):
+        studio.refuse_while_training_on_the_cpu("merging a model")
+    handle.stop()
+    handle.wait(120)
+
+
+def test_merges_of_one_run_take_turns_and_load_its_model_once(finished_run, monkeypatch):
+    from dragon_ui.engine import weights
+
+    loads = []
+    real_merge = weights._merge
+    monkeypatch.setattr(weights, "_merge", lambda *args: loads.append(1) or real_merge(*args))
+    threads = [threading.Thread(target=weights.merge_model, args=(finished_run,)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert loads == [1] and (finished_run.merged_dir / "config.json").is_file()
+
+
+def test_a_visitor_keeps_three_uploads_and_an_unreadable_one_is_not_kept(public_mode, studio, tmp_path):
+    gradio_folder = tmp_path / "gradio"
+    kept = []
+    with public.visiting(public.Visitor(key="alice")):
+        for number in range(5):
+            uploaded = gradio_folder / f"u{number}" / f"data{number}.csv"
+            uploaded.parent.mkdir(parents=True)
+            write_arithmetic_csv(uploaded)
+            kept.append(Path(studio.keep_upload(uploaded, gradio_folder)))
+            time.sleep(0.01)  # distinct modification times, newest last
+        assert [path.exists() for path in kept] == [False, False, True, True, True]
+        studio.discard_upload(str(kept[-1]))
+        assert not kept[-1].exists() and kept[-2].exists()
+        studio.discard_upload(str(tmp_path / "elsewhere.csv"))  # anything but one's own upload is left alone
+
+
+def test_a_request_body_over_the_limit_is_refused_before_it_is_read_whole(public_mode):
+    """The middleware refuses an event's body past 2 MB, declared or not, and lets uploads through up to each
+    address's share; gradio itself reads any body into memory."""
+    import asyncio
+
+    from dragon_ui.ui.guard import RequestLimits
+
+    seen = []
+
+    async def app(scope, receive, send):
+        message = await receive()
+        seen.append(len(message["body"]))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def request(path: str, chunks: list[bytes], declared: int | None, limits: RequestLimits) -> int:
+        sent = []
+        pending = [{"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+                   for i, chunk in enumerate(chunks)]
+
+        async def receive():
+            return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        headers = [(b"content-length", str(declared).encode())] if declared is not None else []
+        scope = {"type": "http", "method": "POST", "path": path, "headers": headers, "client": ("10.0.0.1", 1)}
+        asyncio.run(limits(scope, receive, send))
+        return sent[0]["status"]
+
+    limits = RequestLimits(app, body_bytes=1000, upload_bytes=5000)
+    assert request("/gradio_api/queue/join", [b"x" * 500], 500, limits) == 200 and seen == [500]
+    assert request("/gradio_api/queue/join", [b"x" * 2000], 2000, limits) == 413  # declared too large
+    assert request("/gradio_api/queue/join", [b"x" * 600] * 3, None, limits) == 413  # sent too large, undeclared
+    assert seen == [500]  # neither reached the app
+    assert request("/gradio_api/upload", [b"x" * 3000], 3000, limits) == 200
+    assert request("/gradio_api/upload", [b"x" * 3000], 3000, limits) == 429  # the address's share is used up

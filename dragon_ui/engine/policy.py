@@ -29,7 +29,7 @@ from pathlib import Path
 from ..config import DEFAULT_MODEL_ID, ModelConfig, RunConfig, resolve_runs_dir
 from ..data import check_public_source
 from ..errors import BusyError, ConfigError
-from ..public import LIFT, MODELS_ENV, Limits, extra_models, is_public_demo, visitor
+from ..public import LIFT, MODELS_ENV, Limits, Visitor, extra_models, is_public_demo, visitor
 from ..runstore import ACTIVE_STATES, RunDir, list_runs
 
 
@@ -95,7 +95,7 @@ def check_model(model: ModelConfig) -> None:
     if _is_own_run(model.id, resolve_runs_dir()):
         return
     allowed = allowed_models()
-    if model.id.strip().lower() not in {allowed_id.lower() for allowed_id in allowed}:
+    if model.id.strip() not in allowed:  # as listed: each other spelling would be another download and cache
         raise PublicDemoRefusal(f"model.id {model.id.strip()!r} is not offered in this public demo; choose one of "
                                 f"{', '.join(allowed)} ({LIFT} to train any model, or add it to {MODELS_ENV}).")
 
@@ -180,14 +180,17 @@ _starts: dict[str, collections.deque] = {}  # network address -> times of its st
 _starts_lock = threading.Lock()
 
 
-def check_start(runs_dir: Path) -> None:
+def check_start(runs_dir: Path, preparing: list[Visitor] = ()) -> None:
     """Refuse a start or resume that would give the current visitor, or its network address, more than its share:
     runs training or waiting (an API client can open a new session for every call, so its address counts too), and
-    starts in the last hour. Nothing outside public mode, or for the operator and the demo's owner."""
+    starts in the last hour; the runs of ``preparing`` (being prepared, not in the runs folder yet) count too.
+    Nothing outside public mode, or for the operator and the demo's owner."""
     if not is_public_demo() or visitor().owns_everything:
         return
     who, limits = visitor(), Limits.from_env()
-    active = [run for run in list_runs(runs_dir) if run["state"] in ACTIVE_STATES]
+    active = [{"owner": run.get("owner"), "address": run.get("address")} for run in list_runs(runs_dir)
+              if run["state"] in ACTIVE_STATES]
+    active += [{"owner": other.key, "address": other.address} for other in preparing]
     if sum(run.get("owner") == who.key for run in active) >= limits.runs_per_visitor:
         raise BusyError(f"You already have {limits.runs_per_visitor} runs training or waiting, this public demo's "
                         "limit of runs one visitor may have training or waiting; stop one, or wait for one to "
@@ -198,8 +201,9 @@ def check_start(runs_dir: Path) -> None:
                         f"one to finish ({LIFT} without limits).")
     with _starts_lock:
         recent = _recent_starts(who.address)
-        if who.address and len(recent) >= limits.starts_per_hour:
-            wait = STARTS_WINDOW_S - (time.monotonic() - recent[0])
+        if who.address and len(recent) + sum(other.address == who.address for other in preparing) >= \
+                limits.starts_per_hour:
+            wait = STARTS_WINDOW_S - (time.monotonic() - recent[0]) if recent else STARTS_WINDOW_S
             raise BusyError(f"{limits.starts_per_hour} runs were started from your network address in the last hour, "
                             f"this public demo's limit of starts and resumes per network address per hour; try again "
                             f"in {max(1, round(wait / 60))} minutes ({LIFT} without limits).")

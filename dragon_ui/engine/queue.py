@@ -9,6 +9,7 @@ app. A workshop's shared machine and a public Space use it alike.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -18,13 +19,14 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import BusyError
-from ..public import Limits, is_public_demo
+from ..public import Limits, Visitor, is_public_demo, visitor
 from ..runstore import RunDir, list_runs
 from . import policy, training
 
 log = logging.getLogger("dragon_ui")
 
 _lock = threading.Lock()  # one decision at a time between "start it now" and "queue it"
+_preparing: list[Visitor] = []  # the visitors whose runs are being prepared (_place)
 
 
 def training_run_id(runs_dir: Path) -> str | None:
@@ -54,14 +56,12 @@ def submit(config: RunConfig) -> RunDir:
     are raised here and its folder exists when this returns.
 
     Preparing it (reading the data, counting its prompts in tokens) happens outside the queue's lock, so a slow one
-    holds up nobody else's Start or Stop: it joins the queue as it is written, and starts at once if it is first in
-    line with nothing training.
+    holds up nobody else's Start or Stop: it holds a place while it is prepared (_place), joins the queue as it is
+    written, and starts at once if it is first in line with nothing training.
     """
     runs_dir = config.resolved_runs_dir()
-    _refuse_if_full(runs_dir)
-    policy.check_start(runs_dir)
-    run = training.prepare(config, waiting=True)
-    policy.count_start()
+    with _place(runs_dir):
+        run = training.prepare(config, waiting=True)
     with _lock:
         waiting = waiting_runs(runs_dir)
         if training_run_id(runs_dir) is None and waiting and waiting[0].id == run.id:
@@ -72,15 +72,33 @@ def submit(config: RunConfig) -> RunDir:
 def submit_resume(run_dir: Path) -> RunDir:
     """Resume the run now if nothing trains and nobody waits, or else put it back in the queue."""
     run = training.check_resumable(run_dir)
-    _refuse_if_full(run.path.parent)
-    policy.check_start(run.path.parent)
     with _lock:
+        _refuse_if_full(run.path.parent)
+        policy.check_start(run.path.parent, _preparing)
         policy.count_start()
         if _free(run.path.parent):
             return training.resume(run.path).run
         run.update_status(state="queued", waiting="resume", queued_at=time.time(), phase="waiting for its turn",
                           error=None, traceback=None, finished_at=None, stop_reason=None)
         return run
+
+
+@contextlib.contextmanager
+def _place(runs_dir: Path):
+    """A place in line for the current visitor's run while it is prepared: the limits count it from the moment it
+    is checked (under the lock), so starts sent at the same moment cannot all pass; it is counted as a start once
+    it is prepared."""
+    who = visitor()
+    with _lock:
+        _refuse_if_full(runs_dir)
+        policy.check_start(runs_dir, _preparing)
+        _preparing.append(who)
+    try:
+        yield
+        policy.count_start()
+    finally:
+        with _lock:
+            _preparing.remove(who)
 
 
 def take_out(run: RunDir) -> None:
@@ -91,9 +109,9 @@ def take_out(run: RunDir) -> None:
                               stop_reason="It was taken out of the queue before its turn came.")
 
 
-def start_next(runs_dir: Path) -> RunDir | None:
-    """Start the first waiting run if nothing trains; a run that cannot start is marked failed with the reason,
-    and the next one gets its turn at the next call."""
+def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None) -> RunDir | None:
+    """Start the first waiting run if nothing trains (after ``before_start``: the app lets go of its preview model);
+    a run that cannot start is marked failed with the reason, and the next one gets its turn at the next call."""
     with _lock:
         if training_run_id(runs_dir) is not None:
             return None
@@ -102,6 +120,8 @@ def start_next(runs_dir: Path) -> RunDir | None:
             return None
         run = waiting[0]
         resume = run.read_status().get("waiting") == "resume"
+        if before_start is not None:
+            before_start()
         try:
             return training.start_waiting(run, resume=resume).run
         except Exception as exc:  # a waiting run must never block the queue
@@ -112,24 +132,26 @@ def start_next(runs_dir: Path) -> RunDir | None:
 
 
 def _refuse_if_full(runs_dir: Path) -> None:
-    """In a public demo, refuse to queue one run more than its limit of runs waiting."""
+    """In a public demo, refuse to queue one run more than its limit of runs waiting (those being prepared count)."""
     if not is_public_demo():
         return
     limit = Limits.from_env().queue_length
-    if len(waiting_runs(runs_dir)) >= limit:
+    if len(waiting_runs(runs_dir)) + len(_preparing) >= limit:
         raise BusyError(f"The queue is full: {limit} runs are already waiting, this public demo's limit of runs "
                         "waiting in the queue. Try again when one of them has started, or run Dragon GRPO Studio on "
                         "your own machine (make run).")
 
 
 class Scheduler:
-    """A daemon thread that starts the next waiting run whenever nothing trains (every ``interval_s`` seconds), and
-    runs ``housekeeping`` (a public demo's clean-up of old runs and files) every ``housekeeping_every_s``."""
+    """A daemon thread that starts the next waiting run whenever nothing trains (every ``interval_s`` seconds, after
+    ``before_start``), and runs ``housekeeping`` (a public demo's clean-up of old runs and files) every
+    ``housekeeping_every_s``."""
 
     def __init__(self, runs_dir: Path, interval_s: float = 2.0, housekeeping: Callable[[], object] | None = None,
-                 housekeeping_every_s: float = 600.0) -> None:
+                 housekeeping_every_s: float = 600.0, before_start: Callable[[], object] | None = None) -> None:
         self.runs_dir, self.interval_s = runs_dir, interval_s
         self.housekeeping, self.housekeeping_every_s = housekeeping, housekeeping_every_s
+        self.before_start = before_start
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dragon-queue", daemon=True)
 
@@ -145,7 +167,7 @@ class Scheduler:
         kept_house = -math.inf
         while not self._stopped.wait(self.interval_s):
             try:
-                start_next(self.runs_dir)
+                start_next(self.runs_dir, self.before_start)
             except Exception:  # the queue must outlive any one bad run folder
                 log.exception("The run queue could not start the next run")
             if self.housekeeping is not None and time.monotonic() - kept_house >= self.housekeeping_every_s:

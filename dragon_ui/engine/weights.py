@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,10 +225,18 @@ def merge_model(run: RunDir, target_dir: str | Path | None = None) -> Path:
                                                                 ignore=shutil.ignore_patterns(*_TRAINING_STATE)),
                         run, weights)
         return target
-    _check_merge_target(target)
-    if _merged_from(target, weights):
-        return target
+    with _MERGING:  # one merge at a time; a second ask for the same merge finds it done
+        _check_merge_target(target)
+        if _merged_from(target, weights):
+            return target
+        _merge(run, config, weights, target)
+    return target
 
+
+_MERGING = threading.Lock()
+
+
+def _merge(run: RunDir, config, weights: TrainedWeights, target: Path) -> None:
     from peft import PeftModel
 
     from ..config import HardwareSettings
@@ -245,7 +254,6 @@ def merge_model(run: RunDir, target_dir: str | Path | None = None) -> Path:
 
     _replace_folder(target, save, run, weights)
     log.info("Merged %s of run %s into %s", weights.label, run.id, target)
-    return target
 
 
 def _replace_folder(target: Path, fill, run: RunDir, weights: TrainedWeights) -> None:
@@ -302,17 +310,19 @@ def format_size(n_bytes: int) -> str:
     return f"{n_bytes} bytes"
 
 
-def merge_message(run: RunDir, folder: Path) -> str:
-    """The sentence shown after merge_model (UI and CLI): where the folder is, how big, and how to load it."""
+def merge_message(run: RunDir, folder: Path, shown: str | None = None) -> str:
+    """The sentence shown after merge_model (UI and CLI): where the folder is (``shown`` as, when not its whole
+    path), how big, and how to load it."""
     size = format_size(sum(path.stat().st_size for path in model_files(folder)))
+    where = shown or folder
     if not run.read_config().lora.enabled and folder == run.full_model_dir:
-        return (f"This run trained every weight, so {folder} ({size}) already is a full model: nothing to merge. "
+        return (f"This run trained every weight, so {where} ({size}) already is a full model: nothing to merge. "
                 "Load it with AutoModelForCausalLM.from_pretrained on that folder.")
-    return (f"Saved the trained model ({trained_weights(run).label} of run {run.id}) as a full model in {folder} "
+    return (f"Saved the trained model ({trained_weights(run).label} of run {run.id}) as a full model in {where} "
             f"({size}); load it with AutoModelForCausalLM.from_pretrained on that folder, no peft needed.")
 
 
-def merged_download_message(run: RunDir, merged: MergedDownload) -> str:
+def merged_download_message(run: RunDir, merged: MergedDownload, shown: str | None = None) -> str:
     """merge_message, plus the download: the folder stays on the server, the zip travels."""
-    return (f"{merge_message(run, merged.folder)} To take it with you, download {merged.archive.name} "
+    return (f"{merge_message(run, merged.folder, shown)} To take it with you, download {merged.archive.name} "
             f"({format_size(merged.archive_bytes)}): the same folder as a zip.")

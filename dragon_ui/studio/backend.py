@@ -25,12 +25,13 @@ from ..engine.hardware import (HardwareInfo, ResolvedHardware, detect_hardware, 
                                resolve_hardware)
 from ..engine.models import ModelCache
 from ..errors import BusyError, ConfigError, DragonError, NotYoursError
-from ..public import Limits, is_public_demo, own_uploads_dir, visitor
+from ..public import Limits, is_own_upload, is_public_demo, own_uploads_dir, visitor
 from ..runstore import RunDir, list_runs, read_json, write_json_atomic
 from .draft import ordinal
 from .visitors import Visitors
 
 DEFAULT_RECIPE = "arithmetic"
+UPLOADS_KEPT = 3  # a visitor's newest uploads in a public demo; an older one goes when a new one arrives
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,120}")  # a run folder's name (runstore.RunDir.create makes them so)
 ESTIMATED_START_S = 60  # loading the model and scoring it on the held-out prompts, before a run's first step
 # What sampling a group in the playground reads from a draft: the model, where it runs, the data and rewards, GRPO's
@@ -170,7 +171,7 @@ class Studio:
         """Start the waiting runs one after another, from now on (the app does this once, when it starts); in a
         public demo the same thread removes old runs, uploads and download copies (engine.retention)."""
         housekeeping = self.clean_up if self.public else None
-        return queue.Scheduler(self.runs_dir, housekeeping=housekeeping).start()
+        return queue.Scheduler(self.runs_dir, housekeeping=housekeeping, before_start=self.release_model).start()
 
     def clean_up(self) -> list[Path]:
         """Remove what a public demo keeps no longer: its owner's retention for runs and uploads, an hour for
@@ -273,12 +274,22 @@ class Studio:
         if own is None:
             raise ConfigError("This page could not be told apart from other visitors' pages; reload it and upload "
                               "the file again.")
+        if own.is_dir():  # a visitor keeps their newest uploads only: the disk is everyone's
+            earlier = sorted(own.iterdir(), key=lambda folder: folder.stat().st_mtime)
+            for folder in earlier[:max(0, len(earlier) - (UPLOADS_KEPT - 1))]:
+                shutil.rmtree(folder, ignore_errors=True)
         target = own / secrets.token_hex(8) / uploaded.name
         target.parent.mkdir(parents=True)
         shutil.move(uploaded, target)
         if uploaded.parent != folder:  # gradio keeps each upload in a folder of its own
             shutil.rmtree(uploaded.parent, ignore_errors=True)
         return str(target)
+
+    def discard_upload(self, source: str) -> None:
+        """Remove an upload kept in a public demo that turned out unreadable: it is no use, and takes room."""
+        path = Path(source)
+        if self.public and is_own_upload(path.resolve()) and path.parent.parent == own_uploads_dir():
+            shutil.rmtree(path.parent, ignore_errors=True)
 
     def run(self, run_id: str) -> RunDir:
         """The run folder called ``run_id`` in the runs folder; an id that names anything else is no run."""
@@ -295,19 +306,22 @@ class Studio:
         training uses this machine's CPU."""
         policy.check_model(model)
         settings = settings or HardwareSettings()
-        if training.active_run() is not None and not self.models.holds(model, adapter_dir, settings):
-            self._refuse_unless_room_beside_training(model, settings)
+        if training.active_run() is not None:
+            self._refuse_unless_room_beside_training(model, settings, self.models.holds(model, adapter_dir, settings))
         return self.models.load(model, adapter_dir, settings)
 
-    def _refuse_unless_room_beside_training(self, model: ModelConfig, settings: HardwareSettings) -> None:
-        """A second model beside a running training only on a GPU with room for it: on the CPU (or a Mac's shared
-        memory) it would slow the training badly, and on a full GPU it would end it out of memory."""
+    def _refuse_unless_room_beside_training(self, model: ModelConfig, settings: HardwareSettings, held: bool) -> None:
+        """Previews beside a running training only on a GPU with room for the model (or with it there already,
+        ``held``): on the CPU (or a Mac's shared memory) they would slow the training badly, however the model got
+        loaded, and on a full GPU they would end it out of memory."""
         info = self.hardware(refresh=True)  # the free memory of now, with the training's share taken
         hardware = resolve_for_this_machine(settings, info)
         if hardware.device != "cuda":
             where = "this Mac's GPU" if hardware.device == "mps" else "this machine's CPU"
             raise BusyError(f"A training is running on {where}; generating previews now would slow it down badly. "
                             "Wait for it to finish or stop it first.")
+        if held:
+            return
         free = info.cuda[hardware.gpu].free_gb
         try:
             needed = preview_memory_gb(model.id, hardware.dtype, hardware.load_in_4bit)
@@ -318,6 +332,24 @@ class Studio:
             have = f"{free:.1f} GB are free" if free is not None else "its free memory is unknown"
             raise BusyError(f"A training is using GPU {hardware.gpu}, and a preview of {model.id} beside it needs "
                             f"{need} while {have}; wait for the training to finish or stop it first.")
+
+    def refuse_while_training_on_the_cpu(self, doing: str) -> None:
+        """BusyError while a training uses this machine's CPU (or a Mac's GPU): ``doing`` something as heavy as
+        loading a whole model beside it would slow it down badly."""
+        if training.active_run() is None:
+            return
+        device = resolve_for_this_machine(HardwareSettings(), self.hardware()).device
+        if device != "cuda":
+            raise BusyError(f"A training is running on this machine; {doing} now would slow it down badly. Wait "
+                            "for it to finish or stop it first.")
+
+    def shown_path(self, path: Path) -> str:
+        """A path of the runs folder as the app shows it: whole on your own machine; in a public demo from the runs
+        folder on, since where the server keeps its files is nobody's business."""
+        if not self.public:
+            return str(path)
+        return str(Path(path).resolve().relative_to(self.runs_dir)) if Path(path).resolve().is_relative_to(
+            self.runs_dir) else Path(path).name
 
     def release_model(self) -> None:
         self.models.release()

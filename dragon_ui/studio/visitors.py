@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -20,6 +21,9 @@ from dataclasses import replace
 from ..errors import BusyError
 from ..public import NOBODY, Visitor, owner_key
 
+# What a browser's token looks like (secrets.token_urlsafe): an API session's key is made from "session:...",
+# which no token can be, so the two never meet.
+TOKEN = re.compile(r"[A-Za-z0-9_-]{16,200}")
 MAX_SESSIONS = 50_000  # sessions remembered; the oldest are forgotten (an API client can open one per call)
 WRONG_KEYS_ALLOWED = 5  # wrong owner keys from one address within WRONG_KEYS_WINDOW_S, before it must wait
 WRONG_KEYS_WINDOW_S = 15 * 60
@@ -41,7 +45,7 @@ class Visitors:
     def arrive(self, session: str, token: str | None) -> str:
         """A page loaded in ``session`` with the token its browser kept (None the first time); returns the token it
         is to keep from now on."""
-        if not isinstance(token, str) or not 16 <= len(token) <= 200:
+        if not isinstance(token, str) or not TOKEN.fullmatch(token):
             token = secrets.token_urlsafe(24)
         with self._lock:
             self._remember(session, key_of(token))

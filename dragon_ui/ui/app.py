@@ -16,6 +16,7 @@ from pathlib import Path
 
 import gradio as gr
 from gradio.context import LocalContext
+from starlette.middleware import Middleware
 
 from ..config import RUNS_DIR_ENV
 from ..errors import DragonError
@@ -23,7 +24,7 @@ from ..public import Limits, visitor, visiting
 from .. import ASSETS_DIR
 from ..studio.backend import DEFAULT_RECIPE, Studio
 from ..studio.draft import same_settings
-from ..studio.visitors import key_of
+from .guard import UPLOADS_PER_WINDOW, RequestLimits, network_address
 from . import compare_tab, data_tab, model_tab, rewards_tab, train_tab
 from .common import TAB_COMPARE, TAB_DATA, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Form, Shared, message, shows_errors
 
@@ -145,7 +146,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             """Who this browser is (the token it keeps), the draft it kept (or the default recipe), and re-attach
             to a running (or the latest) run."""
             token = studio.visitors.arrive(request.session_hash, token)
-            who = studio.visitors.of(request.session_hash, network_address(request))
+            who = studio.visitors.of(request.session_hash, request_address(request))
             try:  # the owner key this browser was asked to remember
                 who = studio.visitors.unlock(who, owner_key_kept) or who
             except DragonError:  # too many wrong keys from here: the page opens locked
@@ -226,7 +227,7 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
             if not session or session == LocalContext.event_id.get(None):  # gradio names a sessionless call by its id
                 raise gr.Error("This public demo answers only calls made within a session, as its page and "
                                "gradio_client make them; send a session_hash.", print_exception=False)
-            return studio.visitors.of(session, network_address(request))
+            return studio.visitors.of(session, request_address(request))
 
         if inspect.isgeneratorfunction(fn):
             @functools.wraps(fn)
@@ -261,16 +262,10 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
             block_fn.fn = as_visitor(block_fn.fn)
 
 
-def network_address(request) -> str | None:
-    """A hash of the network address a request came from, which counts the runs and starts of API clients that open
-    a new session for every call. On a Space the proxy puts the visitor's address first in X-Forwarded-For (the
-    connection comes from the proxy); elsewhere uvicorn gives it (FORWARDED_ALLOW_IPS names trusted proxies)."""
-    host = None
-    if os.environ.get("SPACE_ID"):
-        host = (request.headers.get("x-forwarded-for") or "").split(",")[0].strip() or None
-    client = getattr(request, "client", None)
-    host = host or getattr(client, "host", None)
-    return key_of(f"address:{host}") if host else None
+def request_address(request) -> str | None:
+    """guard.network_address of a gradio request: it counts the runs and starts of API clients that open a new
+    session for every call."""
+    return network_address(request.headers, getattr(getattr(request, "client", None), "host", None))
 
 
 def main(argv: list[str] | None = None, desktop_driver=None) -> int:
@@ -314,7 +309,10 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
 
 def serving_options(studio: Studio) -> dict:
     """What the server may hand out: on your own machine the runs folder (downloads come straight from it); in a
-    public demo nothing of it (downloads are copies, handed to their owner alone) and uploads up to the limit."""
+    public demo nothing of it (downloads are copies, handed to their owner alone), uploads up to the limit, and no
+    request larger than guard.RequestLimits allows."""
     if studio.public:
-        return {"max_file_size": f"{Limits.from_env().upload_mb:g}mb"}
+        limits = Limits.from_env()
+        middleware = Middleware(RequestLimits, upload_bytes=int(limits.upload_mb * UPLOADS_PER_WINDOW * 2**20))
+        return {"max_file_size": f"{limits.upload_mb:g}mb", "app_kwargs": {"middleware": [middleware]}}
     return {"allowed_paths": [str(studio.runs_dir)]}

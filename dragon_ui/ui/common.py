@@ -132,6 +132,10 @@ class Shared:
         return self.form.loaded
 
 
+# What loads or writes a whole model (previews, scoring, merging, zipping, publishing) takes turns across the app,
+# whoever asks: two at once would hold two models in memory and share the cores with a training.
+ONE_MODEL_AT_A_TIME = {"concurrency_limit": 1, "concurrency_id": "models"}
+
 MESSAGE_ICONS = {"info": "ℹ️", "ok": "✅", "warn": "⚠️", "error": "❌"}
 
 

@@ -20,7 +20,7 @@ from ..engine.evaluation import evaluate_now
 from ..studio import compare
 from ..public import Limits
 from ..studio.backend import Studio
-from .common import Shared, explain, message, shows_errors
+from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, shows_errors
 
 CHART_HEIGHT = 340
 BEFORE_COLOR, AFTER_COLOR = "#94a3b8", "#10b981"
@@ -152,9 +152,10 @@ def merge(studio: Studio, run_id: str | None):
     if not run_id:
         raise gr.Error("Choose a run first.", print_exception=False)
     run = studio.owned_run(run_id, "merge and download its model")
+    studio.refuse_while_training_on_the_cpu("merging a model")
     merged = weights.merged_download(run)
-    return (studio.handed_out(merged.archive), str(merged.folder),
-            message(weights.merged_download_message(run, merged), "ok"))
+    shown = studio.shown_path(merged.folder)
+    return (studio.handed_out(merged.archive), shown, message(weights.merged_download_message(run, merged, shown), "ok"))
 
 
 PUBLISH_KINDS = {"The LoRA adapter (small; loads on the Hub model it names)": False,
@@ -168,6 +169,8 @@ def publish(studio: Studio, run_id: str | None, repo: str, kind: str, private: b
         return message("Choose a run first.", "error")
     try:
         run = studio.owned_run(run_id, "publish it")
+        if PUBLISH_KINDS.get(kind, False):
+            studio.refuse_while_training_on_the_cpu("merging a model to publish it")
         published = hub.publish(run, repo, merged=PUBLISH_KINDS.get(kind, False), private=bool(private),
                                 token=token, update=bool(update))
     except Exception as exc:  # noqa: BLE001 - every failure is a sentence in the panel
@@ -259,14 +262,15 @@ def build(shared: Shared) -> None:
     run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
     shared.offer_draft(load_settings.click, studio.run_settings, [run_picker])
     evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
-                                       api_name="compare_evaluate")
+                                       api_name="compare_evaluate", **ONE_MODEL_AT_A_TIME)
     cancel_button.click(functools.partial(cancel_evaluation, studio), [run_picker], [evaluate_status], cancels=[evaluation],
                         api_name="compare_cancel")
     answering = ask_button.click(functools.partial(ask, studio), [run_picker, prompt, max_new_tokens, temperature],
-                                 [before_reply, after_reply], api_name="compare_ask")
+                                 [before_reply, after_reply], api_name="compare_ask", **ONE_MODEL_AT_A_TIME)
     ask_cancel.click(None, cancels=[answering], api_visibility="private")
-    zip_button.click(functools.partial(download_adapter, studio), [run_picker], [zip_file], api_name="compare_zip")
+    zip_button.click(functools.partial(download_adapter, studio), [run_picker], [zip_file], api_name="compare_zip",
+                     **ONE_MODEL_AT_A_TIME)
     merge_button.click(functools.partial(merge, studio), [run_picker], [merged_file, merged_folder, merge_status],
-                       api_name="compare_merge")
+                       api_name="compare_merge", **ONE_MODEL_AT_A_TIME)
     publish_button.click(functools.partial(publish, studio), [run_picker, repo, kind, private, update, token],
-                         [publish_status], api_name="compare_publish")
+                         [publish_status], api_name="compare_publish", **ONE_MODEL_AT_A_TIME)

@@ -277,8 +277,14 @@ def build(shared: Shared) -> Callable[[], None]:
                 return replace_source(draft, new_source, shown)
             try:
                 kept = shared.studio.keep_upload(new_source, get_upload_folder())
+                try:  # read once here (the preview reuses it): a file that cannot be read is not kept
+                    load_rows(replace(data_config(draft), source=kept, hub_config=None, sheet=None))
+                except DragonError:
+                    shared.studio.discard_upload(kept)
+                    raise
             except DragonError as exc:
-                return (*[gr.skip()] * UPDATED.index("source_status"), message(str(exc), "error"),
+                return (*[gr.skip()] * UPDATED.index("source_status"), problem_text(DataPreview(
+                    [], [], [], "", error=str(exc), error_field="source"), form.labels),
                         *[gr.skip()] * (len(UPDATED) - UPDATED.index("source_status") - 1))
             return replace_source(draft, kept, shown)
 

@@ -309,16 +309,22 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
 
 
 def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tuple:
-    """(zip path or skip, message): the draft as a self-contained launch folder for ``nodes`` x ``gpus`` GPUs."""
+    """(zip path or skip, message): the draft as a self-contained launch folder for ``nodes`` x ``gpus`` GPUs, built
+    once per config and size (asked again, the same zip is handed out)."""
     try:
         config = studio.validate(draft)
-        folder = studio.download_folder() / f"{config_file_name(draft)[:-5]}-{int(nodes)}x{int(gpus)}gpu"
-        export_launch_folder(config, folder, int(gpus), int(nodes))
+        size = f"{int(nodes)}x{int(gpus)}gpu"
+        digest = hashlib.sha1(f"{config.to_yaml()}{size}".encode("utf-8")).hexdigest()[:12]
+        folder = studio.downloads_dir / f"export-{digest}" / f"{config_file_name(draft)[:-5]}-{size}"
+        archive = folder.with_suffix(".zip")
+        if not archive.is_file():
+            shutil.rmtree(folder.parent, ignore_errors=True)  # what an export that failed half-way left
+            export_launch_folder(config, folder, int(gpus), int(nodes))
+            archive = Path(shutil.make_archive(str(folder), "zip", folder.parent, folder.name))
     except (DragonError, TypeError, ValueError, OverflowError) as exc:
         return gr.skip(), message(str(exc) if isinstance(exc, DragonError) else "GPUs and nodes must be whole numbers.", "error")
-    archive = shutil.make_archive(str(folder), "zip", folder.parent, folder.name)
-    return archive, message(f"Unzip it on the GPU machine and run `./launch.sh` there ({folder.name}/README.md explains "
-                            "the SLURM template and where results appear).", "ok")
+    return str(archive), message(f"Unzip it on the GPU machine and run `./launch.sh` there ({folder.name}/README.md "
+                                 "explains the SLURM template and where results appear).", "ok")
 
 
 def start_run(studio: Studio, draft: dict) -> tuple:
@@ -455,7 +461,8 @@ def build(shared: Shared) -> Callable[[], None]:
         detect_again.click(form.takes_draft(redetect), form.inputs, [detected, *preview_outputs],
                            api_visibility="private")
         export.click(form.takes_draft(lambda draft, gpus, nodes: export_for_cluster(studio, draft, gpus, nodes)),
-                     [*form.inputs, gpus, nodes], [export_file, export_status], api_visibility="private")
+                     [*form.inputs, gpus, nodes], [export_file, export_status], api_visibility="private",
+                     concurrency_limit=1, concurrency_id="exports")
         start.click(form.takes_draft(shows_errors(lambda draft: start_run(studio, draft))), form.inputs,
                     [shared.run_id, shared.timer, shared.tabs, start_status], api_visibility="private",
                     show_progress="hidden")

@@ -29,7 +29,7 @@ from ..studio.playground import (PREVIEW_ROWS, GroupScores, data_config, generat
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, build_rewards, kind_fields,
                        parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
-from .common import Shared, explain, message, shows_errors
+from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, shows_errors
 
 # The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.
 SETTINGS = tuple(f.name for f in fields(RewardSpec) if f.name not in ("kind", "name", "weight"))
@@ -368,13 +368,16 @@ def group_warnings(groups: list[GroupScores], first_row: int) -> str:
     return "\n\n".join(lines) or message("Every group has different scores, so GRPO can learn from each of them.", "ok")
 
 
-_cancelled_sessions: set[str] = set()
+_generating: set[str | None] = set()  # the sessions generating a group now
+_cancelled_sessions: set[str | None] = set()  # those of them whose Cancel was pressed
 
 
 def cancel_generation(request: gr.Request | None = None) -> str:
-    """The Cancel button: stop before the next prompt (the reply being generated finishes first)."""
-    if request is not None and request.session_hash:
-        _cancelled_sessions.add(request.session_hash)
+    """The Cancel button: stop before the next prompt (the reply being generated finishes first). Only a session
+    that is generating is remembered, so the set cannot grow with sessions that never generate."""
+    session = request.session_hash if request is not None else None
+    if session in _generating:
+        _cancelled_sessions.add(session)
     return message("Cancelled.", "info")
 
 
@@ -391,6 +394,16 @@ def generate_samples(studio: Studio, draft: dict, row: int | None, n_prompts: in
     """
     session = request.session_hash if request is not None else None
     _cancelled_sessions.discard(session)
+    _generating.add(session)
+    try:
+        yield from _generate(studio, draft, row, n_prompts, session, labels)
+    finally:
+        _generating.discard(session)
+        _cancelled_sessions.discard(session)
+
+
+def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, session: str | None,
+              labels: dict[str, str] | None):
     if not _is_row(row):
         yield message("Choose a row to try first.", "warn"), gr.skip(), ""
         return
@@ -421,8 +434,6 @@ def generate_samples(studio: Studio, draft: dict, row: int | None, n_prompts: in
             yield message(progress, "ok" if done else "info"), group_table(groups, row), group_warnings(groups, row)
     except Exception as exc:
         yield message(explain(exc), "error"), gr.skip(), gr.skip()
-    finally:
-        _cancelled_sessions.discard(session)
 
 
 # --------------------------------------------------------------------------------------------- layout and events
@@ -555,7 +566,7 @@ def build(shared: Shared) -> Callable[[], None]:
                                         labels=form.labels)
 
         generating = generate.click(sample, [*form.inputs, row, n_prompts], [progress, groups, warnings],
-                                    api_visibility="private")
+                                    api_visibility="private", **ONE_MODEL_AT_A_TIME)
         cancel.click(cancel_generation, None, [progress], cancels=[generating], api_visibility="private",
                      show_progress="hidden")
 

@@ -1,0 +1,92 @@
+"""A public demo reads what a visitor sends (an uploaded file, a Hub dataset) in a separate process, with limits on
+its memory, its time and the size of what it hands back.
+
+A few kilobytes can unpack into gigabytes (a Parquet or spreadsheet cell repeated, one row of a Hub dataset), and a
+crafted file can keep a parser busy for minutes. Read apart, such a file ends its own process, never the server's,
+and the app receives at most the rows its limits allow. One read runs at a time: the cores are the training's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from .errors import ConfigError
+
+MEMORY_MB = 2048  # the reading process's address space: Python, the reading library, and the rows
+SECONDS = 60  # one read, from the process's start to its answer
+WAIT_SECONDS = 120  # how long a read waits for the one before it
+TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH")  # never in the reading process's environment
+
+_turn = threading.Semaphore(1)
+
+
+def read_apart(task: dict, limit_bytes: int, what: str) -> dict:
+    """Run ``task`` ({"kind": "file" or "hub", ...}, see _run) in a separate process and return its answer; a
+    ConfigError naming ``what`` (the file's or dataset's name) when it fails, runs out of memory or time, or hands
+    back more than ``limit_bytes`` of rows."""
+    if not _turn.acquire(timeout=WAIT_SECONDS):
+        raise ConfigError("data.source: the demo is busy reading other visitors' data; try again in a minute.")
+    try:
+        with tempfile.TemporaryDirectory(prefix="dragon-read-") as empty:
+            done = _child(task, limit_bytes, what, empty)
+    finally:
+        _turn.release()
+    if done is None:
+        raise ConfigError(f"data.source: {what} took longer than {SECONDS} s to read; use a smaller file or fewer "
+                          "rows.")
+    if done.returncode != 0 or not done.stdout:
+        raise ConfigError(f"data.source: {what} takes more than this public demo's memory for one dataset once it is "
+                          "unpacked (long texts repeated in many cells, or very large rows); use fewer rows or "
+                          "shorter cells.")
+    answer = json.loads(done.stdout)
+    if "error" in answer:
+        raise ConfigError(answer["error"])
+    return answer
+
+
+def _child(task: dict, limit_bytes: int, what: str, folder: str) -> subprocess.CompletedProcess | None:
+    """The reading process, started in an empty folder (so nothing relative to the app's own folder is found
+    there) without the server's Hub tokens; None when it ran out of time."""
+    package_parent = str(Path(__file__).resolve().parents[1])
+    environment = {key: value for key, value in os.environ.items() if key not in TOKENS}
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))
+    request = json.dumps({"task": task, "limit_bytes": limit_bytes, "what": what, "memory": MEMORY_MB * 2**20})
+    try:
+        return subprocess.run([sys.executable, "-c", "from dragon_ui.apart import main; main()"], input=request,
+                              capture_output=True, text=True, timeout=SECONDS, env=environment, cwd=folder)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def main() -> None:
+    """The reading process: its request on standard input, its answer (JSON) on standard output."""
+    import resource
+
+    request = json.loads(sys.stdin.read())
+    resource.setrlimit(resource.RLIMIT_AS, (request["memory"], request["memory"]))
+    try:
+        answer = json.dumps(_run(request["task"]), ensure_ascii=False, default=str)
+        if len(answer) > request["limit_bytes"]:
+            raise ConfigError(f"data.source: {request['what']} unpacks to more than this public demo's limit of "
+                              f"{request['limit_bytes'] / 2**20:g} MB of data; use fewer rows or columns.")
+    except ConfigError as exc:
+        answer = json.dumps({"error": str(exc)})
+    sys.stdout.write(answer)
+
+
+def _run(task: dict) -> dict:
+    if task["kind"] == "file":
+        from .tables import read_here
+
+        table = read_here(Path(task["path"]), task["sheet"], task["max_rows"])
+        return {"rows": table.rows, "notes": table.notes, "sheets": table.sheets}
+    from .data import stream_hub_rows
+
+    return {"rows": stream_hub_rows(task["source"], task["config"], task["split"], task["max_rows"],
+                                    task["limit_bytes"])}
