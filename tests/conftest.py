@@ -212,8 +212,10 @@ def strengthen_adapter(run) -> None:
 
 
 def openmp_threads_around(action) -> tuple[int, int, object]:
-    """(threads while busy, threads after, action's result): a fresh thread runs parallel torch work, which leaves it
-    OpenMP workers, then ``action()``, then waits up to 5 s for the process's thread count to drop (Linux only)."""
+    """(OpenMP workers a fresh thread's parallel torch work started, how many of them are left after ``action()``,
+    its result): the workers are the threads that appeared during that work, told apart by their ids, so other
+    threads of the test process starting or ending meanwhile change nothing (Linux only). Waits up to 5 s for them
+    to end."""
     import threading
     import time
 
@@ -221,17 +223,22 @@ def openmp_threads_around(action) -> tuple[int, int, object]:
 
     found = {}
 
+    def tasks() -> set[str]:
+        return set(os.listdir("/proc/self/task"))
+
     def busy_then_act():
+        before = tasks()
         torch.set_num_threads(2)
         weights = torch.randn(512, 512)
         for _ in range(5):
             weights @ weights
-        found["busy"] = len(os.listdir("/proc/self/task"))
+        workers = tasks() - before
+        found["busy"] = len(workers)
         found["result"] = action()
         deadline = time.monotonic() + 5
-        while len(os.listdir("/proc/self/task")) >= found["busy"] and time.monotonic() < deadline:
+        while workers & tasks() and time.monotonic() < deadline:
             time.sleep(0.01)
-        found["after"] = len(os.listdir("/proc/self/task"))
+        found["after"] = len(workers & tasks())
 
     worker = threading.Thread(target=busy_then_act)
     worker.start()

@@ -148,6 +148,19 @@ def window_screenshot(path: Path) -> None:
     ImageGrab.grab(bbox=(x - left, y - top, x + width + right, y + height + bottom), xdisplay=None).save(path)
 
 
+def the_question(main_window: str, seconds: float = 60.0) -> str:
+    """The id of the closing question's dialog once it is on the screen: the window of the app's title that is not
+    the main one."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        others = [found for found in xdotool("search", "--onlyvisible", "--name", f"^{desktop.TITLE}$").split()
+                  if found != main_window]
+        if others:
+            return others[0]
+        time.sleep(0.2)
+    raise TimeoutError("the closing question never appeared")
+
+
 def drive(window) -> None:
     try:
         seen["title"] = until(window, "document.querySelector('#tab-model-button') && document.title")
@@ -179,9 +192,11 @@ def drive(window) -> None:
         while (handle.run.read_status().get("step") or 0) < 1 and time.monotonic() < deadline:
             time.sleep(0.5)
         save()
-        xdotool("search", "--sync", "--name", f"^{desktop.TITLE}$", "windowactivate", "--sync", "key", "alt+F4")
-        time.sleep(3)  # the question's dialog takes the focus
-        xdotool("key", "Return" if scenario == "close-stop" else "Escape")
+        (main_window,) = xdotool("search", "--sync", "--name", f"^{desktop.TITLE}$").split()
+        xdotool("windowactivate", "--sync", main_window, "key", "alt+F4")
+        question = the_question(main_window)  # a second window of that title: the dialog asking what to do
+        xdotool("windowactivate", "--sync", question, "key",
+                "Return" if scenario == "close-stop" else "Escape")
     except BaseException as exc:
         seen["error"] = f"{type(exc).__name__}: {exc}"
         window.destroy()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -126,8 +127,10 @@ def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path
 
     picker, summary, *_ = client.predict("", api_name="/compare_runs")  # the Refresh button picks the session's run
     assert picker["value"] == run_id and "before" in summary, (picker, summary)
-    summary, chart, table = client.predict(run_id, api_name="/compare_show")
+    summary, chart, table, free_prompt = client.predict(run_id, api_name="/compare_show")
     assert "before" in summary and "after" in summary, summary
+    assert "Every prompt reads “What is …" in summary and free_prompt["placeholder"].startswith("What is "), (
+        summary, free_prompt)
     names = {trace["name"] for trace in plot_traces(chart)}
     assert names == {"before training", "after training"}
     for trace in plot_traces(chart):
@@ -138,7 +141,7 @@ def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path
     assert "30 rows" in held_out["data_summary"] and held_out["n_eval"] >= 2, held_out["data_summary"]
     assert len(table["data"]) == held_out["n_eval"]  # one row per held-out prompt
     for prompt, reference, before, after, before_reward, after_reward, _ in table["data"]:
-        assert "What is" in prompt and reference
+        assert re.fullmatch(r"\d+ [-+*] \d+\?", prompt) and reference  # the part that differs from row to row
         assert before_reward is not None and after_reward is not None
         assert before.strip() and after.strip()  # a scored side never shows a blank cell, even for an empty reply
 

@@ -216,8 +216,12 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     expect(page.locator("#compare-evaluate-status")).to_contain_text("Done")
     expect(page.locator("#compare-chart .js-plotly-plot")).to_be_visible()
     expect(page.locator("#compare-chart")).to_contain_text("after training")
-    expect(page.locator("#compare-table")).to_contain_text("What is")
+    # Each row shows the part of its prompt that differs; the summary says once what every prompt shares.
+    expect(page.locator("#compare-table")).to_contain_text(re.compile(r"\d+ \+ \d+\?"))
+    expect(page.locator("#compare-table")).not_to_contain_text("What is")
     expect(page.locator("#compare-summary")).to_contain_text("before")
+    expect(page.locator("#compare-summary")).to_contain_text("Every prompt reads “What is … Reply with just the number.”")
+    expect(page.locator("#compare-prompt textarea")).to_have_attribute("placeholder", re.compile(r"^What is \d+"))
     screenshot(page, screenshots, "compare")
 
     # The run's settings come back into every tab: after an edit, Load these settings asks first, then replaces it.
@@ -299,7 +303,7 @@ def at_path(config: dict, path: str):
 def test_typed_fast_every_field_trains_exactly_what_the_form_shows(page, studio):
     wait_until_loaded(page)
     type_into(page, "#data-system input", "Answer with digits only.")
-    type_into(page, "#data-prompt input", "Q: {question}")
+    type_into(page, "#data-prompt textarea", "Q: {question}")
     open_tab(page, "rewards")
     type_into(page, "#rewards-name textarea", "numeric_answer")  # the selected reward (numeric), renamed and saved
     type_into(page, "#rewards-weight input", "2.5")

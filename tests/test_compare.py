@@ -53,9 +53,12 @@ def test_comparison_of_a_finished_run(finished_run, studio):
         assert bar["after"] == evaluation["after"]["reward_breakdown"][bar["reward"]]
 
     assert len(shown.table) == len(samples) == 3
-    for row, sample in zip(shown.table, samples):
-        assert len(row) == len(compare.TABLE_HEADERS)
-        assert row[:4] == [sample["prompt"], sample["reference"], sample["before"]["reply"], sample["after"]["reply"]]
+    shared, varying = compare.shared_template([sample["prompt"] for sample in samples])
+    assert shared and f"Every prompt reads “{shared}”" in shown.summary  # said once, each row shows its own part
+    assert shown.example_prompt == samples[0]["prompt"]
+    for row, sample, part in zip(shown.table, samples, varying):
+        assert len(row) == len(compare.TABLE_HEADERS) and part in sample["prompt"] and part != sample["prompt"]
+        assert row[:4] == [part, sample["reference"], sample["before"]["reply"], sample["after"]["reply"]]
         assert row[4] == pytest.approx(sample["before"]["reward"], abs=1e-3)
         assert "numeric" in row[6] and "length" in row[6] and "→" in row[6]
     assert not shown.can_evaluate
@@ -203,3 +206,22 @@ def test_replies_on_a_borrowed_thread_leave_no_openmp_workers_behind(tiny_model_
     conversation = [{"role": "user", "content": "What is 3 + 4?"}]
     busy, after, _ = openmp_threads_around(lambda: generate_replies(model, tokenizer, [conversation], 4))
     assert after < busy
+
+
+TEMPLATE = "Solve the problem and put the answer after ####. Problem: "
+
+
+@pytest.mark.parametrize("prompts, shared, parts", [
+    ([TEMPLATE + "What is 2+3?", TEMPLATE + "What is 10-4?"],
+     "Solve the problem and put the answer after ####. Problem: What is …", ["2+3?", "10-4?"]),
+    (["What is 2+3? Answer with one number only.", "How many legs has a cat? Answer with one number only."],
+     "… Answer with one number only.", ["What is 2+3?", "How many legs has a cat?"]),
+    ([TEMPLATE + "2+3 Reply briefly and clearly please.", TEMPLATE + "10-4 Reply briefly and clearly please."],
+     "Solve the problem and put the answer after ####. Problem: … Reply briefly and clearly please.",
+     ["2+3", "10-4"]),
+    (["What is 2+3?", "What is 10-4?"], "", ["What is 2+3?", "What is 10-4?"]),  # too short to be worth it
+    ([TEMPLATE + "What is 2+3?"], "", [TEMPLATE + "What is 2+3?"]),  # one prompt shares nothing
+    (["Translate: Haus", "Translate: Hausboot"], "", ["Translate: Haus", "Translate: Hausboot"]),
+])
+def test_shared_template_cuts_at_whole_words(prompts, shared, parts):
+    assert compare.shared_template(prompts) == (shared, parts)

@@ -311,29 +311,29 @@ def test_loading_a_recipe_replaces_an_unedited_draft_and_asks_about_an_edited_on
     current = studio.default_draft()
     wanted = studio.load_recipe("json_answers")
 
-    new_draft, pristine, count, auto_name, confirm, question, pending, status = load(
-        current, 4, *form_inputs(app, current), "json_answers")
-    assert new_draft == pristine == wanted and count == 5 and auto_name == wanted["name"]
+    new_draft, pristine, just_loaded, auto_name, confirm, question, pending, status = load(
+        current, *form_inputs(app, current), "json_answers")
+    assert new_draft == pristine == wanted and just_loaded is True and auto_name == wanted["name"]
     assert not confirm.visible and pending is None and "json_answers" in status
 
     # The same value shown differently (a whole number in a number field) is no edit.
     epochs = current["training"]["epochs"]
     assert isinstance(epochs, float) and epochs == int(epochs)
-    unchanged = load(current, 4, *form_inputs(app, current, training__epochs=int(epochs)), "json_answers")
+    unchanged = load(current, *form_inputs(app, current, training__epochs=int(epochs)), "json_answers")
     assert unchanged[0] == wanted
 
-    edited = load(current, 4, *form_inputs(app, current, training__max_steps=7), "json_answers")
+    edited = load(current, *form_inputs(app, current, training__max_steps=7), "json_answers")
     skip = edited[0]
     assert edited[:4] == (skip,) * 4  # nothing replaced yet
     assert edited[4].visible and "json_answers" in edited[5] and edited[6] == {"draft": wanted,
                                                                                "label": "the json_answers recipe"}
-    replaced = wired(app, "replace-draft-yes")(edited[6], 4)
-    assert replaced[0] == wanted and replaced[2] == 5 and not replaced[4].visible
+    replaced = wired(app, "replace-draft-yes")(edited[6])
+    assert replaced[0] == wanted and replaced[2] is True and not replaced[4].visible
     kept = wired(app, "replace-draft-no")()
     assert not kept[0].visible and kept[2] is None and kept[3] == message("Kept your settings.", "info")
 
-    nothing_loaded = load({}, 0, *form_inputs(app, current, training__max_steps=7), "json_answers")
+    nothing_loaded = load({}, *form_inputs(app, current, training__max_steps=7), "json_answers")
     assert nothing_loaded[0] == wanted  # the page's first load never asks
 
-    unknown = load(current, 4, *form_inputs(app, current), "nope")
+    unknown = load(current, *form_inputs(app, current), "nope")
     assert unknown[-1].startswith(message("", "error")) and "There is no recipe called 'nope'" in unknown[-1]

@@ -293,7 +293,9 @@ def test_the_slurm_script_points_the_trainers_at_the_vllm_node(tiny_config_dict,
                           env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_SUBMIT_DIR": str(folder),
                                "SLURM_JOB_NODELIST": "node[1-3]", "SLURM_JOB_ID": "42"})
     assert done.returncode == 0, done.stderr
-    time.sleep(0.5)  # the server's srun runs in the background
+    deadline = time.monotonic() + 30  # the server's srun runs in the background
+    while "trl vllm-serve" not in calls.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
     lines = calls.read_text().splitlines()
     serve = next(line for line in lines if line.startswith("trl vllm-serve"))
     train = next(line for line in lines if line.startswith("accelerate launch"))

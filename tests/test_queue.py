@@ -49,7 +49,8 @@ def test_runs_started_while_one_trains_wait_their_turn_and_start_by_themselves(s
 
     scheduler = studio.start_queue()
     try:
-        time.sleep(3)
+        looked = scheduler.rounds
+        wait_for(lambda: scheduler.rounds >= looked + 2, what="the scheduler to look at the queue twice")
         assert second.read_status()["state"] == "queued"  # nothing starts while the first run trains
         studio.stop(first.id)
         wait_for(lambda: second.read_status()["state"] == "succeeded", what="the second run to start and finish")

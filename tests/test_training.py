@@ -308,3 +308,12 @@ def test_groups_that_all_scored_the_same_are_counted_from_the_scores_the_run_wro
 def test_the_zero_spread_share_reads_each_groups_totals(totals, share):
     groups = [{"completions": [{"total": total} for total in group]} for group in totals]
     assert training.zero_spread_share(groups) == share
+
+
+def test_the_log_shows_the_latest_steps_pace_and_the_eta_leaves_the_first_step_out():
+    """Rows logged at these times after a session that started at step 10 (a resume) at t=100: a slow first step
+    (loading, warm-up) and then steps of 8 s, with one row covering two steps."""
+    pace = training.StepPace(start_step=10, started_at=100.0)
+    assert pace.logged(11, 130.0) == (30.0, 30.0)  # one step to go by: its own time
+    assert pace.logged(12, 138.0) == (8.0, 8.0)  # the slow first step is left out of the ETA's pace
+    assert pace.logged(14, 156.0) == (9.0, 26.0 / 3)  # a row two steps after the last: each took 9 s

@@ -27,7 +27,7 @@ def app(runs_dir, finished_run):
 
 
 def test_selecting_a_run_shows_chart_and_table(app, finished_run):
-    summary, figure, table, evaluate_row = handler(app, "compare_show")(finished_run.id)
+    summary, figure, table, evaluate_row, free_prompt = handler(app, "compare_show")(finished_run.id)
     assert "before" in summary and "after" in summary
     assert isinstance(figure, go.Figure) and figure.layout.height and figure.layout.uirevision
     assert [trace.name for trace in figure.data] == ["before training", "after training"]
@@ -35,10 +35,11 @@ def test_selecting_a_run_shows_chart_and_table(app, finished_run):
     assert list(figure.data[1].y)[0] == pytest.approx(finished_run.read_eval()["after"]["reward_mean"])
     assert isinstance(table, pd.DataFrame) and list(table.columns) == compare.TABLE_HEADERS and len(table) == 3
     assert evaluate_row.visible is False
+    assert free_prompt.placeholder == finished_run.read_samples()[0]["prompt"]  # the run's own task, not arithmetic
 
 
 def test_refresh_lists_runs_and_keeps_the_shown_one(app, finished_run):
-    dropdown, summary, figure, table, _ = handler(app, "compare_runs")("", finished_run.id)
+    dropdown, summary, figure, table, *_ = handler(app, "compare_runs")("", finished_run.id)
     assert dropdown.value == finished_run.id
     assert [value for _, value in dropdown.choices] == [finished_run.id]
     assert isinstance(figure, go.Figure) and len(table) == 3
@@ -93,7 +94,7 @@ def test_evaluate_now_streams_progress_and_can_be_cancelled(app, finished_run):
     assert "Cancelled" in last[0] and "after" not in finished_run.read_eval()
 
     outputs = list(handler(app, "compare_evaluate")(finished_run.id))
-    status, summary, figure, table, evaluate_row = outputs[-1]
+    status, summary, figure, table, evaluate_row, _ = outputs[-1]
     assert "Done" in status and "checkpoint-2" in summary
     assert figure.data[1].y[0] == pytest.approx(finished_run.read_eval()["after"]["reward_mean"])
     assert evaluate_row.visible is False

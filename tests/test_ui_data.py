@@ -110,22 +110,27 @@ def test_bundled_datasets_are_the_data_files():
     assert names == ["arithmetic.csv", "json_answers.jsonl", "think_answer.jsonl"]
 
 
-def test_fill_fields_shows_the_draft_and_its_preview(draft, labels):
-    (source, example, hub_config, hub_split, prompt, reference, system, eval_frac, max_rows, source_status, table,
-     mapping_status, counts, rendered, lengths, sheet, shown, previewed) = data_tab.fill_fields(draft, labels)
+def test_a_loaded_draft_shows_at_once_and_its_preview_follows(draft, labels):
+    """fill_fields puts the draft in the fields without reading the data (the form appears at once); show_preview
+    then reads it, writing no field the user may be typing in."""
+    source, example, hub_config, hub_split, prompt, prompt_column, reference, system, eval_frac, max_rows, sheet = \
+        data_tab.fill_fields(draft)
     assert not sheet.visible  # a CSV has no sheets
     assert source == example == ARITHMETIC
     assert (hub_config, hub_split, eval_frac, max_rows) == ("", "train", 0.05, None)
-    assert (prompt.value, reference.value, system.value) == ("question", "answer", "")
-    assert prompt.choices == [("question", "question"), ("answer", "answer")]
-    assert source_status == mapping_status == ""
+    assert (prompt, reference.value, system.value) == ("question", "answer", "")
+    out = outputs(data_tab.show_preview(draft, labels))
+    assert all(is_skip(out[name]) for name in ("source", "hub_config", "hub_split", "prompt"))
+    assert out["prompt_column"].choices == [("question", "question"), ("answer", "answer")]
+    assert out["source_status"] == out["mapping_status"] == ""
+    table = out["table"]
     assert isinstance(table, pd.DataFrame) and list(table.columns) == ["question", "answer"] and len(table) == 20
-    assert "400 rows: 380 for training, 20 held out, 0 skipped." in counts
-    assert "<|user|>What is 66 + 24? Reply with just the number.<|end|><|assistant|>" in rendered
-    assert "Rendered with the chat template of local model" in rendered
-    assert lengths.startswith("Prompt length in tokens: min ")
-    assert shown == [ARITHMETIC, None, "train"]
-    assert previewed == f"{draft['model']['id']}@"
+    assert "400 rows: 380 for training, 20 held out, 0 skipped." in out["counts"]
+    assert "<|user|>What is 66 + 24? Reply with just the number.<|end|><|assistant|>" in out["rendered"]
+    assert "Rendered with the chat template of local model" in out["rendered"]
+    assert out["lengths"].startswith("Prompt length in tokens: min ")
+    assert out["shown_table"] == [ARITHMETIC, None, "train"]
+    assert out["previewed_model"] == f"{draft['model']['id']}@"
 
 
 def test_upload_a_file_shows_its_columns_and_fits_the_mapping(form, labels, draft, tmp_path):
@@ -137,8 +142,8 @@ def test_upload_a_file_shows_its_columns_and_fits_the_mapping(form, labels, draf
     assert (out["hub_config"], out["hub_split"]) == ("", "train")
     assert list(out["table"].columns) == ["problem", "solution"] and len(out["table"]) == 20
     # the mapping fields show the fitted columns, with the new choices
-    assert out["prompt"].value == "problem" and out["reference"].value == "solution"
-    assert out["prompt"].choices == [("problem", "problem"), ("solution", "solution")]
+    assert out["prompt"] == "problem" and out["reference"].value == "solution"
+    assert out["prompt_column"].choices == [("problem", "problem"), ("solution", "solution")]
     assert out["system"].value == ""
     assert "The prompt now uses the column 'problem'" in out["mapping_status"]
     assert "30 rows: " in out["counts"] and "0 skipped" in out["counts"]  # the held-out share is the engine's
@@ -171,12 +176,12 @@ def test_the_mapping_is_fitted_only_when_the_table_changes(form, labels, draft, 
     assert is_skip(out["source"])  # typed by the user: never written back
     assert out["shown_table"] == [upload, None, "train"]
     if refits:
-        assert out["prompt"].value == "problem" and out["reference"].value == "solution"
+        assert out["prompt"] == "problem" and out["reference"].value == "solution"
         assert "The prompt now uses the column 'problem'" in out["mapping_status"]
         assert "30 rows" in out["counts"]
     else:
-        assert "value" not in out["prompt"].constructor_args  # choices only: what is typed there stays
-        assert out["prompt"].choices[0] == ("problem", "problem")
+        assert is_skip(out["prompt"])  # what is typed there stays
+        assert out["prompt_column"].choices[0] == ("problem", "problem")
         assert "Prompt 'question' is neither a column" in out["mapping_status"]
         assert out["counts"] == ""
 
@@ -229,9 +234,10 @@ def test_template_and_system_message_and_held_out_fraction(form, labels, draft):
     assert "<|system|>Answer briefly.<|end|><|user|>Q: What is 66 + 24?" in out["rendered"]
     # fields the user may still be typing in are not overwritten: the source is skipped, the mappings get choices only
     assert is_skip(out["source"]) and is_skip(out["hub_config"]) and is_skip(out["hub_split"])
-    for field in ("prompt", "reference", "system"):
+    assert is_skip(out["prompt"])
+    for field in ("reference", "system"):
         assert "value" not in out[field].constructor_args
-    assert out["prompt"].choices[0] == ("question", "question")
+    assert out["prompt_column"].choices[0] == ("question", "question")
 
 
 def test_empty_reference_and_system_mean_not_used(form, labels, draft):
@@ -252,9 +258,9 @@ def test_without_a_tokenizer_prompts_are_plain_text_with_the_reason(form, labels
 
 
 def test_a_new_starting_model_refreshes_the_preview(draft, labels):
-    previewed = data_tab.fill_fields(draft, labels)[-1]
+    previewed = data_tab.show_preview(draft, labels)[-1]
     assert data_tab.refresh_for_model(draft, previewed, labels) == (gr.skip(),) * 8  # nothing changed
-    assert data_tab.refresh_for_model(draft, "", labels) == (gr.skip(),) * 8  # no preview yet: fill_fields makes it
+    assert data_tab.refresh_for_model(draft, "", labels) == (gr.skip(),) * 8  # no preview yet: show_preview makes it
     other = {**draft, "model": {**draft["model"], "id": "/no/such/model"}}
     source_status, table, mapping_status, counts, rendered, lengths, _, now = data_tab.refresh_for_model(
         other, previewed, labels)
@@ -263,7 +269,7 @@ def test_a_new_starting_model_refreshes_the_preview(draft, labels):
 
 
 def test_refreshing_for_a_model_words_a_mapping_problem_with_the_labels(draft, labels):
-    previewed = data_tab.fill_fields(draft, labels)[-1]
+    previewed = data_tab.show_preview(draft, labels)[-1]
     other = {**draft, "model": {**draft["model"], "id": "/no/such/model"},
              "data": {**draft["data"], "reference": "solution"}}
     source_status, table, mapping_status, *_ = data_tab.refresh_for_model(other, previewed, labels)

@@ -124,7 +124,8 @@ def test_a_valid_draft_previews_its_yaml_cli_and_estimate(app, studio):
     assert download.value["orig_name"] == "arithmetic.yaml" and download.interactive
     with open(download.value["path"], encoding="utf-8") as fh:
         assert fh.read() == preview.yaml
-    assert outputs[6:] == ("",) * len(model_tab.PROBLEM_AREAS)  # no problem shown next to any fields
+    assert outputs[6:-1] == ("",) * len(model_tab.PROBLEM_AREAS)  # no problem shown next to any fields
+    assert preview.ready and outputs[-1].interactive  # Start is offered
 
 
 @pytest.mark.parametrize(("edits", "area", "sentence", "path"), [
@@ -211,17 +212,18 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
     # The Start button composes the draft from the fields at the moment it is pressed: a value typed just before
     # (here the run name and the steps) is what trains.
     inputs = screen(app, tiny_draft, name="typed-name", training__max_steps=2, training__save_steps=2)
-    run_id, timer, tabs, status = button(app, "model-start")(*inputs)
+    run_id, timer, tabs, status, train_status = button(app, "model-start")(*inputs)
     handle = training.active_run()
     assert handle is not None and handle.run.id == run_id and run_id.endswith("-typed-name")
     assert isinstance(timer, gr.Timer) and timer.active
     assert isinstance(tabs, gr.Tabs) and tabs.selected == TAB_TRAIN
     assert status == message(f"Started {run_id}; follow it on the Train tab.", "ok")
+    assert train_status.startswith(f"Run `{run_id}` · ")  # the Train tab at once, not "No run to show yet"
     config = studio.run(run_id).read_config()
     assert config.name == "typed-name" and config.training.save_steps == 2
     assert same_settings(config.to_dict(), app.form.compose(*inputs))
 
-    queued_id, _, _, queued = model_tab.start_run(studio, tiny_draft)  # a busy machine queues the next run
+    queued_id, _, _, queued, _ = model_tab.start_run(studio, tiny_draft)  # a busy machine queues the next run
     ((kind, words),) = said(queued)
     assert queued_id != run_id and kind == "ok"
     assert words.startswith(f"Queued {queued_id} behind the run training now (1st in line; expected to start in ")
@@ -239,8 +241,8 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
 
 def test_start_with_a_bad_draft_explains_and_stays(studio, tiny_draft):
     tiny_draft["training"]["batch_size"] = 500
-    run_id, timer, tabs, status = model_tab.start_run(studio, tiny_draft)
-    assert (run_id, timer, tabs) == (gr.skip(),) * 3
+    run_id, timer, tabs, status, train_status = model_tab.start_run(studio, tiny_draft)
+    assert (run_id, timer, tabs, train_status) == (gr.skip(),) * 4
     assert status.startswith(ERROR) and "Only " in status and "fewer than training.batch_size (500)" in status
     assert training.active_run() is None and studio.runs() == []
 

@@ -149,7 +149,7 @@ def test_tick_without_a_run_changes_nothing_and_stops_the_timer(app):
 
 
 def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
-    run_id, timer, _, _ = model_tab.start_run(studio, tiny_draft)
+    run_id, timer, *_ = model_tab.start_run(studio, tiny_draft)
     assert timer.active
     shown = view(handler(app, "train_show")(run_id, {}))  # shared.run_id changed
     assert shown.timer.active and shown.stop.interactive and not shown.resume.interactive
@@ -244,3 +244,12 @@ def test_open_a_past_run(app, studio):
     missing = view(handler(app, "train_show")("no-such-run", {}))
     ((kind, words),) = said(missing.status)
     assert kind == "error" and words.startswith("There is no run called 'no-such-run'")
+
+
+def test_the_page_shows_only_the_fields_the_tabs_placed(app):
+    """A component made while the page is built is shown on it: the run picker's update, made once to fill the runs
+    list, was a stray unlabelled "Dropdown" under Past runs. Every field placed on purpose has an id."""
+    strays = [(type(block).__name__, block.label) for block in app.blocks.values()
+              if isinstance(block, gr.components.FormComponent) and not isinstance(block, (gr.State, gr.BrowserState))
+              and not block.elem_id]
+    assert strays == []

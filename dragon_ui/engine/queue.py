@@ -152,6 +152,7 @@ class Scheduler:
         self.runs_dir, self.interval_s = runs_dir, interval_s
         self.housekeeping, self.housekeeping_every_s = housekeeping, housekeeping_every_s
         self.before_start = before_start
+        self.rounds = 0  # times it has looked at the queue (tests wait for it instead of for the clock)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dragon-queue", daemon=True)
 
@@ -170,6 +171,7 @@ class Scheduler:
                 start_next(self.runs_dir, self.before_start)
             except Exception:  # the queue must outlive any one bad run folder
                 log.exception("The run queue could not start the next run")
+            self.rounds += 1
             if self.housekeeping is not None and time.monotonic() - kept_house >= self.housekeeping_every_s:
                 kept_house = time.monotonic()
                 try:

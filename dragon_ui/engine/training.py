@@ -564,6 +564,24 @@ def _logging_references(reward_func):
 # The callback: TRL's logs -> run directory, and cooperative stopping.
 
 
+class StepPace:
+    """How long steps take, from the times their rows are logged. The log shows the latest step, not a running
+    average that the slow first step (loading, warm-up) keeps high for the whole run; the ETA goes by the steps after
+    the first one logged, once there are any."""
+
+    def __init__(self, start_step: int, started_at: float) -> None:
+        self._first: tuple[int, float] | None = None
+        self._last = (start_step, started_at)
+
+    def logged(self, step: int, now: float) -> tuple[float, float]:
+        """(seconds each step since the last row took, seconds a step takes for the ETA)."""
+        last_step, last_at = self._last
+        latest = (now - last_at) / max(1, step - last_step)
+        self._first, self._last = self._first or (step, now), (step, now)
+        first_step, first_at = self._first
+        return latest, (now - first_at) / (step - first_step) if step > first_step else latest
+
+
 class RunStoreCallback(TrainerCallback):
     """Writes one progress row and the sampled groups per step; ends training between steps on a stop that arrives
     between forward passes (one inside a step ends it sooner: _stoppable_forward_passes).
@@ -578,12 +596,12 @@ class RunStoreCallback(TrainerCallback):
         self.rewards, self.failures, self.config = rewards, failures, config
         self.stopped = False
         self._session_start = time.monotonic()
-        self._session_first_step: int | None = None
+        self._pace = StepPace(0, self._session_start)
         self._elapsed_before = 0.0
         self._reported_errors: set[str] = set()
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._session_first_step = state.global_step
+        self._pace = StepPace(state.global_step, self._session_start)
         self._elapsed_before = float(self.run.read_status().get("elapsed_s") or 0.0) if state.global_step else 0.0
         if state.is_world_process_zero:
             self.run.update_status(step=state.global_step, total_steps=state.max_steps)
@@ -609,9 +627,10 @@ class RunStoreCallback(TrainerCallback):
             return
         step, total = state.global_step, state.max_steps
         groups = self._groups()
-        elapsed_session = time.monotonic() - self._session_start
-        steps_done = max(1, step - (self._session_first_step or 0))
-        eta = elapsed_session / steps_done * max(0, total - step)
+        now = time.monotonic()
+        elapsed_session = now - self._session_start
+        last_step_s, per_step = self._pace.logged(step, now)
+        eta = per_step * max(0, total - step)
         row = {
             "step": step,
             "epoch": round(state.epoch or 0.0, 4),
@@ -639,7 +658,7 @@ class RunStoreCallback(TrainerCallback):
                                reward=row["reward"], reward_errors={k: v for k, v in errors.items() if v})
         log.info("step %d/%d  reward %s  kl %s  len %s  (%.1f s/step, ETA %s)", step, total,
                  _log_number(row["reward"]), _log_number(row["kl"]), _log_number(row["completion_len"]),
-                 elapsed_session / steps_done, _fmt_duration(eta))
+                 last_step_s, _fmt_duration(eta))
         for name, message in self.failures.first_errors().items():
             if name not in self._reported_errors:
                 self._reported_errors.add(name)

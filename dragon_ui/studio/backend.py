@@ -58,6 +58,8 @@ class Studio:
         """A recipe as a draft: the config dict the UI edits, with paths made absolute so they survive any cwd. The
         name must be one of the recipes listed (it is never joined to a folder as it was sent)."""
         names = self.recipe_names()
+        if not name:
+            raise ConfigError(f"Choose a recipe first: {', '.join(names)}.")
         if name not in names:
             shown = name if isinstance(name, str) and len(name) <= 60 else "that"
             raise ConfigError(f"There is no recipe called {shown!r}; choose one of: {', '.join(names)}.")

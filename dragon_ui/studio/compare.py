@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import os
 from dataclasses import dataclass
 
 from ..data import read_jsonl
@@ -32,6 +33,7 @@ class Comparison:
     bars: list[dict]  # {"reward": "total" | reward name, "before": float | None, "after": float | None}
     table: list[list]  # rows under TABLE_HEADERS, one per sample prompt
     can_evaluate: bool  # weights newer than the stored "after" side exist: "Evaluate now" has something to do
+    example_prompt: str = ""  # a held-out prompt of the run, whole: what the free prompt may ask
 
 
 def comparable_runs(summaries: list[dict]) -> list[tuple[str, str]]:
@@ -66,7 +68,10 @@ def comparison(run: RunDir) -> Comparison:
     rows = before_and_after(evaluation)
     names = [name for name, _, _ in rows[1:]]
     bars = [{"reward": name or "total", **dict(zip(SIDES, values))} for name, *values in rows]
-    table = [_table_row(sample, names) for sample in run.read_samples()]
+    samples = run.read_samples()
+    prompts = [sample.get("prompt", "") for sample in samples]
+    shared_text, varying = shared_template(prompts)
+    table = [_table_row({**sample, "prompt": prompt}, names) for sample, prompt in zip(samples, varying)]
 
     state = run.read_status().get("state", "unknown")
     weights = _newest_weights(run)
@@ -74,8 +79,29 @@ def comparison(run: RunDir) -> Comparison:
     stale = after is not None and weights is not None and scored_from is not None and scored_from != weights.label
     can_evaluate = (state not in ACTIVE_STATES and weights is not None and (after is None or stale)
                     and _has_held_out(run))
-    return Comparison(_summary(run, evaluation, state, weights, can_evaluate), bars if before or after else [],
-                      table, can_evaluate)
+    summary = _summary(run, evaluation, state, weights, can_evaluate)
+    if shared_text:
+        summary += f" Every prompt reads “{shared_text}”; the table shows the part that differs."
+    return Comparison(summary, bars if before or after else [], table, can_evaluate, prompts[0] if prompts else "")
+
+
+def shared_template(prompts: list[str]) -> tuple[str, list[str]]:
+    """(what every prompt shares, with … where they differ; each prompt's own part): a long template repeated in
+    each row would hide the part the model answered. Cut at spaces; nothing is shared under two prompts or where
+    the shared text is short."""
+    if len(prompts) < 2:
+        return "", prompts
+    head = os.path.commonprefix(prompts)
+    tail = os.path.commonprefix([prompt[::-1] for prompt in prompts])[::-1]
+    head = head[:head.rfind(" ") + 1] if " " in head else ""  # whole words only
+    tail = tail[tail.find(" "):] if " " in tail else ""
+    shortest = min(len(prompt) for prompt in prompts)
+    if len(head) + len(tail) > shortest:  # the two overlap in the shortest prompt
+        tail = ""
+    if len(head) + len(tail) < 20:
+        return "", prompts
+    parts = [prompt[len(head):len(prompt) - len(tail)].strip() for prompt in prompts]
+    return f"{head.strip()} … {tail.strip()}".strip(), parts  # "…" marks where each prompt's own part goes
 
 
 def _table_row(sample: dict, names: list[str]) -> list:

@@ -72,7 +72,10 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                                                    info="Only on a computer nobody else uses.")
                         unlock = gr.Button("Unlock", elem_id="owner-unlock")
                 owner_status = gr.Markdown(elem_id="owner-status")
-        shared = Shared(studio=studio, form=Form(gr.State({})), pristine=gr.State({}), config_loaded=gr.State(0),
+        with gr.Row(visible=False, equal_height=True, elem_id="running-banner") as running_banner:
+            running_text = gr.Markdown(elem_id="running-banner-text")
+            watch_it = gr.Button("Open the Train tab", size="sm", scale=0, min_width=200, elem_id="running-banner-open")
+        shared = Shared(studio=studio, form=Form(gr.State({})), pristine=gr.State({}),
                         auto_name=gr.State(""), run_id=gr.State(""), timer=gr.Timer(1.0, active=False))
         pending = gr.State(None)  # {"draft", "label"} waiting for the user to confirm replacing an edited draft
         # The draft lives in the browser too: a reload, or another tab of the same browser, finds it as it was.
@@ -81,36 +84,38 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         visitor_token = gr.BrowserState(None, storage_key=VISITOR_STORAGE_KEY, secret=storage_key)
         kept_owner_key = gr.BrowserState("", storage_key=OWNER_KEY_STORAGE_KEY, secret=storage_key)
         form = shared.form
-        loading = [form.loaded, shared.pristine, shared.config_loaded, shared.auto_name]
+        loading_count = 4  # what loads a draft (fill_loaded): the form's draft, pristine, the event's flag, auto-name
         asking = [confirm_row, confirm_text, pending, recipe_status]
 
-        def loaded(new_draft: dict, label: str, count: int) -> tuple:
-            return (new_draft, new_draft, count + 1, new_draft.get("name", ""), gr.Row(visible=False), "", None,
+        def loaded(new_draft: dict, label: str) -> tuple:
+            return (new_draft, new_draft, True, new_draft.get("name", ""), gr.Row(visible=False), "", None,
                     message(f"Loaded {label}: data, rewards and settings.", "ok"))
 
-        def offer(get_draft, pristine: dict, count: int, *args) -> tuple:
+        def offer(get_draft, pristine: dict, *args) -> tuple:
             """Load the draft ``get_draft`` gives (a recipe, a past run's settings), asking first when the form has
             been edited since the last load. ``args``: the form's inputs, then ``get_draft``'s."""
             current, rest = form.compose(*args[:len(form.inputs)]), args[len(form.inputs):]
             try:
                 new_draft, label = get_draft(*rest)
             except DragonError as exc:
-                return (*[gr.skip()] * len(loading), gr.skip(), gr.skip(), gr.skip(), message(str(exc), "error"))
+                return (*[gr.skip()] * loading_count, gr.skip(), gr.skip(), gr.skip(), message(str(exc), "error"))
             if not pristine or same_settings(current, pristine):
-                return loaded(new_draft, label, count)
+                return loaded(new_draft, label)
             question = message(f"You have changed the settings since they were loaded. Replace them with {label}? "
                                "What you changed is lost.", "warn")
-            return (*[gr.skip()] * len(loading), gr.Row(visible=True), question,
+            return (*[gr.skip()] * loading_count, gr.Row(visible=True), question,
                     {"draft": new_draft, "label": label}, "")
 
+        offers = []
+
         def offer_draft(trigger, get_draft, inputs: list) -> None:
-            """Wire ``trigger`` to load the draft that ``get_draft(*inputs)`` returns as (draft, what it is)."""
-            trigger(functools.partial(offer, get_draft), [shared.pristine, shared.config_loaded, *form.inputs, *inputs],
-                    [*loading, *asking],
-                    api_visibility="private", show_progress="hidden")
+            """Wire ``trigger`` to load the draft that ``get_draft(*inputs)`` returns as (draft, what it is), once
+            every tab has said what it fills (fill_loaded)."""
+            offers.append((trigger, get_draft, inputs))
 
         shared.offer_draft = offer_draft
-        with gr.Tabs(elem_id="tabs") as tabs:
+        opening = gr.Markdown(message("Opening your settings…"), elem_id="form-opening")
+        with gr.Column(visible=False, elem_id="form-area") as form_area, gr.Tabs(elem_id="tabs") as tabs:
             shared.tabs = tabs
             with gr.Tab("1 · Data", id=TAB_DATA, elem_id="tab-data"):
                 connectors = [data_tab.build(shared)]
@@ -125,11 +130,35 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         for connect in connectors:  # events that read the whole form, now that every tab has added its fields
             connect()
 
+        def fill_loaded(start):
+            """``start(loading)`` wires an event that may load a whole draft into the outputs ``loading``. After it,
+            when it did, every tab shows the draft (each one's fill, one after another), the form appears (the page
+            hides it until then, so nothing typed while it opens is overwritten), and the tabs' refreshes run on what
+            the form shows. Whether it did is a flag of the event's own: one flag for every event was reset by the
+            question's event finishing while Replace, pressed at once, was loading."""
+            just_loaded = gr.State(False)
+            event = start([form.loaded, shared.pristine, just_loaded, shared.auto_name])
+            for fill, outputs in shared.fills:
+                event = event.then(_when_loaded(fill, len(outputs)), [just_loaded, form.loaded], outputs,
+                                   api_visibility="private", show_progress="hidden")
+            event = event.then(lambda now: (gr.Column(visible=True), gr.Markdown(visible=False), False) if now
+                               else (gr.skip(),) * 3, [just_loaded], [form_area, opening, just_loaded],
+                               api_visibility="private", show_progress="hidden")
+            for refresh, inputs, outputs in shared.refreshes:
+                event = event.then(refresh, inputs, outputs, api_visibility="private", show_progress="hidden")
+            return event
+
         offer_draft(load_recipe.click, lambda name: (studio.load_recipe(name), f"the {name} recipe"), [recipe])
-        replace_button.click(lambda wanted, count: loaded(wanted["draft"], wanted["label"], count) if wanted
-                             else (*[gr.skip()] * len(loading), gr.Row(visible=False), "", None, ""),
-                             [pending, shared.config_loaded], [*loading, *asking], api_visibility="private",
-                             show_progress="hidden")
+        def offered(trigger, get_draft, inputs: list):
+            return lambda loading: trigger(functools.partial(offer, get_draft), [shared.pristine, *form.inputs, *inputs],
+                                           [*loading, *asking], api_visibility="private", show_progress="hidden")
+
+        for trigger, get_draft, inputs in offers:
+            fill_loaded(offered(trigger, get_draft, inputs))
+        fill_loaded(lambda loading: replace_button.click(
+            lambda wanted: loaded(wanted["draft"], wanted["label"]) if wanted
+            else (*[gr.skip()] * loading_count, gr.Row(visible=False), "", None, ""),
+            [pending], [*loading, *asking], api_visibility="private", show_progress="hidden"))
         keep_button.click(lambda: (gr.Row(visible=False), "", None, message("Kept your settings.", "info")), None,
                           asking, api_visibility="private", show_progress="hidden")
 
@@ -141,8 +170,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         form.watch(remember, [saved], [shared.pristine, shared.auto_name])
         form.connect_watchers()
 
-        def on_page_load(token: str | None, owner_key_kept: str, kept: dict | None, count: int,
-                         request: gr.Request):
+        def on_page_load(token: str | None, owner_key_kept: str, kept: dict | None, request: gr.Request):
             """Who this browser is (the token it keeps), the draft it kept (or the default recipe), and re-attach
             to a running (or the latest) run."""
             token = studio.visitors.arrive(request.session_hash, token)
@@ -161,12 +189,26 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                 else:
                     draft = pristine = studio.default_draft()
                     auto_name = draft.get("name", "")
-                return (token, draft, pristine, count + 1, auto_name, run_id, gr.Timer(active=bool(active)),
-                        *train_tab.runs_outputs(studio))
+                return (token, draft, pristine, True, auto_name, run_id, gr.Timer(active=bool(active)),
+                        *train_tab.runs_outputs(studio), *running_now(active))
 
-        demo.load(on_page_load, [visitor_token, kept_owner_key, saved, shared.config_loaded],
-                  [visitor_token, *loading, shared.run_id, shared.timer, *shared.runs_list],
-                  api_visibility="private")
+        def running_now(active: str | None) -> tuple:
+            """The banner a page opens with while a run trains: a second browser, or a reload, sees it at once."""
+            if not active:
+                return gr.Row(visible=False), ""
+            status = studio.run(active).read_status()
+            step = f"step {status.get('step') or 0} of {status.get('total_steps') or '?'}"
+            return gr.Row(visible=True), message(f"A run is training: `{active}`, {step}.", "info")
+
+        fill_loaded(lambda loading: demo.load(
+            on_page_load, [visitor_token, kept_owner_key, saved],
+            [visitor_token, *loading, shared.run_id, shared.timer, *shared.runs_list, running_banner, running_text],
+            api_visibility="private"))
+        watch_it.click(lambda: (gr.Tabs(selected=TAB_TRAIN), gr.Row(visible=False)), None, [tabs, running_banner],
+                       api_visibility="private", show_progress="hidden")
+        for replaced in shared.source_replaced:  # the user's own data: no recipe is what the form shows now
+            replaced.then(lambda: gr.Dropdown(value=None), None, [recipe], api_visibility="private",
+                          show_progress="hidden")
         if studio.public:
             def unlock_everything(key: str, remember: bool):
                 """Unlock this page with the owner key; the browser keeps the key only when asked to remember it."""
@@ -316,3 +358,13 @@ def serving_options(studio: Studio) -> dict:
         middleware = Middleware(RequestLimits, upload_bytes=int(limits.upload_mb * UPLOADS_PER_WINDOW * 2**20))
         return {"max_file_size": f"{limits.upload_mb:g}mb", "app_kwargs": {"middleware": [middleware]}}
     return {"allowed_paths": [str(studio.runs_dir)]}
+
+
+def _when_loaded(fill, count: int):
+    """``fill(draft)`` when a draft was just loaded, else nothing changes (the load asked first instead)."""
+    def filled(now: bool, draft: dict):
+        if now:
+            return fill(draft)
+        return gr.skip() if count == 1 else (gr.skip(),) * count
+
+    return filled

@@ -113,7 +113,6 @@ class Shared:
     studio: Studio
     form: Form
     pristine: gr.State  # the draft as last loaded, unedited: replacing an edited draft asks first
-    config_loaded: gr.State  # bumped when a whole draft is loaded (recipe, past run, page load): tabs refill fields
     auto_name: gr.State  # the run name the app chose (from the recipe or the data file); a typed one is kept
     run_id: gr.State  # the run shown on the Train and Compare tabs ("" when none)
     timer: gr.Timer  # drives the Train tab's refresh while a run is active
@@ -123,9 +122,17 @@ class Shared:
     # The Train tab's list of past runs and its run picker, refreshed when a page loads (each visitor sees whose
     # runs are whose); set by train_tab.build.
     runs_list: list = field(default_factory=list)
+    # The Train tab's status line, which Start fills at once (else it would show "no run yet" until the run is read).
+    train_status: Any = None
     # Tabs that replace the whole draft (a past run's "Load these settings") call this with their trigger and a
     # function of their inputs that returns (draft, what it is); app.build_app sets it before building the tabs.
     offer_draft: Callable[..., Any] | None = None
+    # What each tab shows of a whole draft just loaded: (function of the draft, its outputs), run one after another
+    # before the form appears (app.build_app's fill_loaded)...
+    fills: list = field(default_factory=list)
+    # ...and what each tab then works out from the form as it shows: (function, inputs, outputs), the Data tab's
+    # preview among them, which may take seconds and must not hold the form back.
+    refreshes: list = field(default_factory=list)
 
     @property
     def loaded(self) -> gr.State:

@@ -74,11 +74,13 @@ def pick(choices: list[tuple[str, str]], *preferred: str) -> str | None:
 
 
 def comparison_outputs(studio: Studio, run_id: str | None):
-    """Summary, chart, table and whether Evaluate now is offered, for one run."""
+    """Summary, chart, table, whether Evaluate now is offered, and a prompt of the run's own to offer the free
+    prompt, for one run."""
     if not run_id:
-        return message(NO_RUN, "info"), None, table([]), gr.Row(visible=False)
+        return message(NO_RUN, "info"), None, table([]), gr.Row(visible=False), gr.Textbox(placeholder="")
     shown = compare.comparison(studio.run(run_id))
-    return message(shown.summary, "info"), chart(shown.bars), table(shown.table), gr.Row(visible=shown.can_evaluate)
+    return (message(shown.summary, "info"), chart(shown.bars), table(shown.table), gr.Row(visible=shown.can_evaluate),
+            gr.Textbox(placeholder=shown.example_prompt))
 
 
 show_run = shows_errors(comparison_outputs)
@@ -99,7 +101,7 @@ def evaluate(studio: Studio, run_id: str | None):
     """Generator: progress lines while evaluate_now runs, then the refreshed comparison.
 
     Errors become the status line (a generator's exceptions would escape shows_errors)."""
-    keep = (gr.skip(),) * 4
+    keep = (gr.skip(),) * 5
     if not run_id:
         yield message("Choose a run first.", "error"), *keep
         return
@@ -205,7 +207,7 @@ def build(shared: Shared) -> None:
     gr.Markdown("### Ask both models")
     with gr.Row():
         prompt = gr.Textbox(label="Your prompt", lines=2, scale=4, elem_id="compare-prompt",
-                            placeholder="What is 23 + 58? Reply with just the number.")
+                            info="Any prompt; the example is one of the run's held-out prompts.")
         with gr.Column(scale=1, min_width=220):
             most = Limits.from_env().max_new_tokens if studio.public else compare.ASK_MAX_NEW_TOKENS
             max_new_tokens = gr.Slider(8, most, value=min(128, most), step=8, label="Max new tokens",
@@ -250,7 +252,7 @@ def build(shared: Shared) -> None:
         publish_button = gr.Button("Publish", variant="primary", elem_id="compare-publish-button")
         publish_status = gr.Markdown(elem_id="compare-publish-status")
 
-    shown = [summary, plot, samples, evaluate_row]
+    shown = [summary, plot, samples, evaluate_row, prompt]
     refresh_button.click(functools.partial(refresh, studio), [run_picker, shared.run_id], [run_picker, *shown],
                          api_name="compare_runs")
     shared.run_id.change(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],

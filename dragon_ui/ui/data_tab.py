@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
@@ -53,6 +54,7 @@ def _fence(text: str) -> str:
 
 
 MAPPING_PATHS = ("data.prompt", "data.reference", "data.system")
+EMPTY_TABLE = pd.DataFrame(columns=["the first rows of the data appear here"])
 
 
 def problem_text(preview: DataPreview, labels: dict[str, str]) -> str:
@@ -70,7 +72,8 @@ def preview_views(preview: DataPreview, labels: dict[str, str] | None = None) ->
     problem = problem_text(preview, labels or {}) if preview.error else ""
     source_status = problem if preview.error_field == "source" else ""
     mapping_status = problem if preview.error_field == "mapping" else ""
-    table = pd.DataFrame(preview.rows, columns=preview.columns)
+    # No columns would show gradio's own headers "1 2 3": an empty table says what it is for instead.
+    table = pd.DataFrame(preview.rows, columns=preview.columns) if preview.columns else EMPTY_TABLE
     if preview.error:
         return source_status, table, mapping_status, "", "", "", gr.skip()
     rendered = "\n\n".join(f"**Row {number}**\n\n{_fence(text)}" for number, text in enumerate(preview.rendered, 1))
@@ -106,7 +109,8 @@ def table_identity(data: DataConfig) -> list:
 
 
 # What update_data, pick_example and upload_file return, in order (the component names used in build).
-UPDATED = ("source", "example", "hub_config", "hub_split", "prompt", "reference", "system", "source_status",
+UPDATED = ("source", "example", "hub_config", "hub_split", "prompt", "prompt_column", "reference", "system",
+           "source_status",
            "table", "mapping_status", "counts", "rendered", "lengths", "sheet", "shown_table", "previewed_model")
 
 
@@ -139,8 +143,8 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
             notes = []
     preview = _preview(draft, setting)
     source_status, table, mapping_status, counts, rendered, lengths, sheets = preview_views(preview, labels)
-    if show_source and preview.sheets:  # another file: its first sheet, whichever sheet the last one read
-        sheets = gr.Dropdown(choices=preview.sheets, value=setting.sheet, visible=True)
+    if show_source and preview.sheets:  # another file: the sheet read is its first, whichever the last one read
+        sheets = gr.Dropdown(choices=preview.sheets, value=setting.sheet or preview.sheets[0], visible=True)
     if notes:
         mapping_status = "\n\n".join([message(" ".join(notes), "info"), mapping_status]).strip()
 
@@ -152,7 +156,8 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
         return value if show_source else gr.skip()
 
     return (source_field(setting.source), _example_value(setting.source), source_field(setting.hub_config or ""),
-            source_field(setting.hub_split), mapping_field(setting.prompt), mapping_field(setting.reference),
+            source_field(setting.hub_split), setting.prompt if notes else gr.skip(),
+            gr.Dropdown(choices=preview.columns, value=None), mapping_field(setting.reference),
             mapping_field(setting.system), source_status, table, mapping_status, counts, rendered, lengths, sheets,
             table_identity(setting), _model_key(draft))
 
@@ -176,21 +181,27 @@ def use_source(draft: dict, source: str | None, shown_table: list | None,
     return _apply(draft, setting, shown_table, True, labels or {})
 
 
-def fill_fields(draft: dict, labels: dict[str, str] | None = None) -> tuple:
-    """A whole new draft was loaded (recipe, past run, page load): show its data settings and their preview.
+def fill_fields(draft: dict) -> tuple:
+    """A whole new draft was loaded (recipe, past run, page load): show its data settings, at once (the preview,
+    which reads the data, follows: show_preview).
 
-    Returns (source, example, hub config, hub split, prompt, reference, system, held-out fraction, max rows,
-    source status, table, mapping status, counts, rendered prompts, lengths, sheet, shown table, previewed model).
+    Returns (source, example, hub config, hub split, prompt, prompt's column picker, reference, system, held-out
+    fraction, max rows, sheet).
     """
     setting = data_config(draft)
-    preview = _preview(draft, setting)
-    columns = preview.columns
-    *views, _ = preview_views(preview, labels)
-    sheet = gr.Dropdown(choices=preview.sheets, value=setting.sheet, visible=bool(preview.sheets or setting.sheet))
     return (setting.source, _example_value(setting.source), setting.hub_config or "", setting.hub_split,
-            _column_picker(columns, setting.prompt), _column_picker(columns, setting.reference),
-            _column_picker(columns, setting.system), setting.eval_frac, setting.max_rows, *views, sheet,
-            table_identity(setting), _model_key(draft))
+            setting.prompt, gr.Dropdown(choices=[], value=None), _column_picker([], setting.reference),
+            _column_picker([], setting.system), setting.eval_frac, setting.max_rows,
+            gr.Dropdown(choices=[setting.sheet] if setting.sheet else [], value=setting.sheet,
+                        visible=bool(setting.sheet)))
+
+
+def show_preview(draft: dict, labels: dict[str, str] | None = None) -> tuple:
+    """The preview of the data settings the form shows once a loaded draft is in it: its table is the one the
+    settings were made for, so nothing is refitted, and no field the user may be typing in is written. See
+    UPDATED for what comes back."""
+    setting = data_config(draft)
+    return _apply(draft, setting, table_identity(setting), False, labels or {})
 
 
 def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] | None = None) -> tuple:
@@ -226,9 +237,12 @@ def build(shared: Shared) -> Callable[[], None]:
                                      lambda value: _text(value) or "train")
             source_status = gr.Markdown(elem_id="data-source-status")
         with gr.Column():
-            prompt = form.add("data.prompt", gr.Dropdown(
-                label="Prompt", allow_custom_value=True, elem_id="data-prompt",
-                info="Pick a column, or type a template such as Q: {question}"), lambda value: value or "")
+            prompt = form.add("data.prompt", gr.Textbox(
+                label="Prompt", lines=2, max_lines=12, elem_id="data-prompt",
+                info="A column, or a template with columns in braces such as Q: {question}; Enter starts a new "
+                     "line."), lambda value: value or "")
+            prompt_column = gr.Dropdown(label="…or use a column as the prompt", choices=[], value=None,
+                                        elem_id="data-prompt-column")
             reference = form.add("data.reference", gr.Dropdown(
                 label="Reference answer", allow_custom_value=True, elem_id="data-reference",
                 info="A column or template the rewards compare replies with; may stay empty."), lambda value: value or None)
@@ -250,22 +264,25 @@ def build(shared: Shared) -> Callable[[], None]:
                 lambda value: int(value) if value not in (None, "", 0) else None)
             counts = gr.Markdown(elem_id="data-counts")
             lengths = gr.Markdown(elem_id="data-lengths")
-    table = gr.Dataframe(label="First rows", interactive=False, max_height=360, wrap=True, elem_id="data-preview")
+    table = gr.Dataframe(EMPTY_TABLE, label="First rows", interactive=False, max_height=360, wrap=True,
+                         elem_id="data-preview")
     with gr.Accordion("Prompts as the model reads them", open=True):
         rendered = gr.Markdown(elem_id="data-rendered")
     shown_table = gr.State([])  # table_identity of the table previewed now
     previewed_model = gr.State("")
 
     views = [source_status, table, mapping_status, counts, rendered, lengths, sheet]
-    updated = [source, example, hub_config, hub_split, prompt, reference, system, *views, shown_table,
+    updated = [source, example, hub_config, hub_split, prompt, prompt_column, reference, system, *views, shown_table,
                previewed_model]
-    shared.config_loaded.change(lambda draft: fill_fields(draft, form.labels), [shared.loaded],
-                                [source, example, hub_config, hub_split, prompt, reference, system, eval_frac, max_rows,
-                                 *views, shown_table, previewed_model], api_visibility="private")
+    shared.fills.append((fill_fields, [source, example, hub_config, hub_split, prompt, prompt_column, reference, system,
+                                       eval_frac, max_rows, sheet]))
 
     def connect() -> None:
         def update(draft, shown):
             return update_data(draft, shown, form.labels)
+
+        shared.refreshes.append((shows_errors(form.takes_draft(lambda draft: show_preview(draft, form.labels))),
+                                 form.inputs, updated))
 
         def replace_source(draft, new_source, shown):
             return use_source(draft, new_source, shown, form.labels)
@@ -278,7 +295,7 @@ def build(shared: Shared) -> Callable[[], None]:
             try:
                 kept = shared.studio.keep_upload(new_source, get_upload_folder())
                 try:  # read once here (the preview reuses it): a file that cannot be read is not kept
-                    load_rows(replace(data_config(draft), source=kept, hub_config=None, sheet=None))
+                    sheets = load_rows(replace(data_config(draft), source=kept, hub_config=None, sheet=None)).sheets
                 except DragonError:
                     shared.studio.discard_upload(kept)
                     raise
@@ -286,13 +303,22 @@ def build(shared: Shared) -> Callable[[], None]:
                 return (*[gr.skip()] * UPDATED.index("source_status"), problem_text(DataPreview(
                     [], [], [], "", error=str(exc), error_field="source"), form.labels),
                         *[gr.skip()] * (len(UPDATED) - UPDATED.index("source_status") - 1))
-            return replace_source(draft, kept, shown)
+            shown_now = list(replace_source(draft, kept, shown))
+            where = UPDATED.index("source_status")
+            if not shown_now[where]:  # the source field holds where the file is kept: say which file it is
+                sheet = f", sheet '{sheets[0]}'" if sheets else ""  # the first sheet is the one read
+                shown_now[where] = message(f"Your file {Path(new_source).name}{sheet}.", "ok")
+            return tuple(shown_now)
 
         # always_last: a field changed while the preview computes is previewed again with what the form shows then.
         modes = {"trigger_mode": "always_last", "api_visibility": "private"}
+        # The prompt is previewed as it is typed: always_last keeps one preview waiting at most, of the latest text.
         gr.on([source.blur, hub_config.submit, hub_config.blur, hub_split.submit, hub_split.blur, prompt.input,
-               reference.input, system.input, eval_frac.release, max_rows.submit, max_rows.blur, sheet.input], shows_errors(form.takes_draft(update)),
-              [*form.inputs, shown_table], updated, **modes)
+               reference.input, system.input, eval_frac.release, max_rows.submit, max_rows.blur, sheet.input],
+              shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, show_progress="hidden",
+              **modes)
+        prompt_column.input(lambda column: column or gr.skip(), [prompt_column], [prompt], **modes).then(
+            shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, **modes)
         submitted = source.submit(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, **modes)
         picked = example.input(shows_errors(form.takes_draft(replace_source)), [*form.inputs, example, shown_table],
                                updated, **modes)

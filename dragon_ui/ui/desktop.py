@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from typing import NoReturn
 from pathlib import Path
 
 from .. import ASSETS_DIR
@@ -91,7 +93,8 @@ def free_port() -> int:
 
 def run(studio: Studio, serve: Callable[..., str], driver: Driver | None = None) -> int:
     """Open the window on this process's app (served by ``serve(host, port)``, which returns its address), or on
-    the app of an earlier window's process that still trains; the browser where no window can open."""
+    the app of an earlier window's process that still trains; the browser where no window can open. Once a window
+    has opened, the process ends here (_leave) when it is done."""
     gui, why_not = window_backend()
     if gui is None:
         print(f"{why_not} Opening Dragon GRPO Studio in your browser instead.", file=sys.stderr)
@@ -101,10 +104,23 @@ def run(studio: Studio, serve: Callable[..., str], driver: Driver | None = None)
     if earlier is not None:
         print(f"A run is training in the background (process {earlier['pid']}); this window shows it.")
         _open_window(earlier["url"], gui, driver, guarded=False)
-        return 0
+        _leave(0)
     url = serve("127.0.0.1", free_port(), inbrowser=False, block=False)
     guard = _open_window(url, gui, driver, guarded=True)
-    return _after_the_window(studio, url, guard)
+    _leave(_after_the_window(studio, url, guard))
+
+
+def _leave(status: int) -> NoReturn:
+    """End the process once the window is closed and nothing of the app's is left to do, without running Qt
+    WebEngine's C++ destructors. pywebview leaves its web profile and page to Python's garbage collector, which at
+    interpreter exit may release the profile first; Qt then aborts the whole process ("Release of profile requested
+    but WebEnginePage still not deleted", then SIGABRT), taking its exit status, and any run still training, with
+    it. Everything is saved by now; the logs and the standard streams are flushed first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 def _open_window(url: str, gui: str, driver: Driver | None, guarded: bool) -> CloseGuard | None:

@@ -241,11 +241,12 @@ class Preview:
     cli: str
     download: str | None
     problems: dict[str, str] = field(default_factory=dict)  # PROBLEM_AREAS key -> message next to those fields
+    ready: bool = False  # the settings are valid and work here: Start is offered
 
     def outputs(self) -> tuple:
         return (self.check, self.hardware, self.estimate, self.yaml, self.cli,
                 gr.DownloadButton(value=self.download, interactive=self.download is not None),
-                *(self.problems.get(area, "") for area in PROBLEM_AREAS))
+                *(self.problems.get(area, "") for area in PROBLEM_AREAS), gr.Button(interactive=self.ready))
 
 
 def config_file_name(draft: dict) -> str:
@@ -305,7 +306,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
         described = estimate_run(config, resolved, studio.hardware()).describe()
     except DragonError as exc:
         described = message(str(exc), "info")
-    return Preview(message("The settings are valid.", "ok"), choice, described, yaml_text, cli, download)
+    return Preview(message("The settings are valid.", "ok"), choice, described, yaml_text, cli, download, ready=True)
 
 
 def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tuple:
@@ -327,19 +328,21 @@ def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tu
                                  "explains the SLURM template and where results appear).", "ok")
 
 
-def start_run(studio: Studio, draft: dict) -> tuple:
-    """Start training the draft: (run id, timer, tabs, message); a busy machine or a bad setting is explained
-    in the message and nothing else changes."""
+def start_run(studio: Studio, draft: dict, labels: dict[str, str] | None = None) -> tuple:
+    """Start training the draft: (run id, timer, tabs, message, the Train tab's status line); a busy machine or a
+    bad setting is explained in the message, in the screen's words (``labels``), and nothing else changes."""
     try:
         run = studio.start(draft)
     except DragonError as exc:
-        return gr.skip(), gr.skip(), gr.skip(), message(str(exc), "error")
+        problem = place_problem(str(exc), labels or {}, draft.get("rewards") or [])
+        return gr.skip(), gr.skip(), gr.skip(), message(problem.seen_from(TAB_TITLE), "error"), gr.skip()
     if run.read_status().get("waiting"):
         said = (f"Queued {run.id} behind the run training now ({studio.queue_place(run.id)}): it starts by itself "
                 "when its turn comes, even with this page closed. Follow it on the Train tab.")
     else:
         said = f"Started {run.id}; follow it on the Train tab."
-    return run.id, gr.Timer(active=True), gr.Tabs(selected=TAB_TRAIN), message(said, "ok")
+    return run.id, gr.Timer(active=True), gr.Tabs(selected=TAB_TRAIN), message(said, "ok"), \
+        f"Run `{run.id}` · {message('starting…', 'info')}"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -422,7 +425,7 @@ def build(shared: Shared) -> Callable[[], None]:
                                                info="Names the run's folder; it follows the data file until you "
                                                     "type one. Empty: named after the model."),
                             lambda value: (value or "").strip())
-        start = gr.Button("Start training", variant="primary", scale=1, elem_id="model-start")
+        start = gr.Button("Start training", variant="primary", scale=1, elem_id="model-start", interactive=False)
     areas["name"] = problem_area("name")
     start_status = gr.Markdown(elem_id="model-start-status")
     own_fields = [f.component for f in form.fields if f.path.split(".")[0] in (*SECTIONS, "name")]
@@ -439,18 +442,19 @@ def build(shared: Shared) -> Callable[[], None]:
     def fill_fields(draft: dict):
         return *field_values(draft), gr.Dropdown(choices=finished_runs(studio), value=None)
 
-    shared.config_loaded.change(fill_fields, [shared.loaded], [*own_fields, continue_from], api_visibility="private",
-                                show_progress="hidden")
+    shared.fills.append((fill_fields, [*own_fields, continue_from]))
 
     def connect() -> None:
         preview_outputs = [check, hardware_choice, estimate, yaml_view, cli, download,
-                           *(areas[area] for area in PROBLEM_AREAS)]
+                           *(areas[area] for area in PROBLEM_AREAS), start]
 
         def describe(draft: dict) -> tuple:
             return build_preview(studio, draft, form.labels).outputs()
 
         # A failed Start's message goes as soon as the settings change.
         form.watch(lambda draft: (*describe(draft), ""), [*preview_outputs, start_status])
+        # Start is offered once the loaded settings are in the form and checked.
+        shared.refreshes.append((form.takes_draft(describe), form.inputs, preview_outputs))
 
         @shows_errors
         def redetect(draft: dict):
@@ -463,8 +467,9 @@ def build(shared: Shared) -> Callable[[], None]:
         export.click(form.takes_draft(lambda draft, gpus, nodes: export_for_cluster(studio, draft, gpus, nodes)),
                      [*form.inputs, gpus, nodes], [export_file, export_status], api_visibility="private",
                      concurrency_limit=1, concurrency_id="exports")
-        start.click(form.takes_draft(shows_errors(lambda draft: start_run(studio, draft))), form.inputs,
-                    [shared.run_id, shared.timer, shared.tabs, start_status], api_visibility="private",
+        start.click(form.takes_draft(shows_errors(lambda draft: start_run(studio, draft, form.labels))), form.inputs,
+                    [shared.run_id, shared.timer, shared.tabs, start_status, shared.train_status],
+                    api_visibility="private",
                     show_progress="hidden")
 
         # The run name follows the data file while the app chose it; a typed name is kept.

@@ -36,6 +36,7 @@ SETTINGS = tuple(f.name for f in fields(RewardSpec) if f.name not in ("kind", "n
 EDITOR_SIZE = 4 + len(SETTINGS) + 3  # kind, name, weight, help, the settings, and the Add / Save / Remove buttons
 TAB_TITLE = "Rewards"
 REPLY_CHARS = 20_000  # a typed reply to score
+SCORE_COLUMNS = ["reward", "weight", "score", "weighted", "problem"]
 SAMPLED_ROWS = (1, 2, 3)  # rows one "Generate a group" samples
 DEFAULTS = {f.name: f.default for f in fields(RewardSpec)}
 LIST_SETTINGS = ("keys", "words", "tags")  # typed as comma-separated text
@@ -341,7 +342,7 @@ def score_typed(draft: dict, row: int | None, completion: str) -> tuple:
     weights = {reward.name: reward.weight for reward in rewards}
     table = pd.DataFrame([[name, weights[name], round(score, 4), round(weights[name] * score, 4),
                            result.errors.get(name, "")] for name, score in result.scores.items()],
-                         columns=["reward", "weight", "score", "weighted", "problem"])
+                         columns=SCORE_COLUMNS)
     total = f"**Total (weighted sum): {result.total:.3f}**"
     if result.errors:
         total += "\n\n" + message("Failed rewards score 0; see the problem column.", "warn")
@@ -355,7 +356,7 @@ def group_table(groups: list[GroupScores], first_row: int) -> pd.DataFrame:
     for offset, group in enumerate(groups):
         for completion, result, advantage in zip(group.completions, group.results, group.advantages, strict=True):
             lines.append([first_row + offset + 1, completion, *(round(result.scores[n], 3) for n in names),
-                          round(result.total, 3), round(advantage, 2)])
+                          round(result.total, 3), round(advantage, 2) + 0.0])  # + 0.0: no "-0.0"
     return pd.DataFrame(lines, columns=["row", "completion", *names, "total", "advantage"])
 
 
@@ -490,7 +491,8 @@ def build(shared: Shared) -> Callable[[], None]:
     gr.Markdown("Rewards score each reply; GRPO pushes the model towards replies that score above their group's "
                 "average. The total is the weighted sum of all rewards.")
     rewards = form.add("rewards", gr.State([]), label="Rewards")
-    table = gr.Dataframe(label="Rewards (what training uses)", interactive=False, max_height=260, wrap=True,
+    table = gr.Dataframe(rewards_table([]), label="Rewards (what training uses)", interactive=False, max_height=260,
+                         wrap=True,
                          elem_id="rewards-table")
     problem = gr.Markdown(elem_id="rewards-problem")
     with gr.Row():
@@ -524,7 +526,7 @@ def build(shared: Shared) -> Callable[[], None]:
     selected.input(functools.partial(select_reward, public=public), [rewards, selected], listing, **edits)
     kind.input(functools.partial(change_kind, public=public), [rewards, selected, kind, name, weight], shown_editor,
                **edits)
-    shared.config_loaded.change(functools.partial(fill_rewards, public=public), [shared.loaded], listing, **edits)
+    shared.fills.append((functools.partial(fill_rewards, public=public), listing))
     rewards.change(rewards_problem, [rewards], [problem], **edits)
 
     gr.Markdown("## Playground\nTry the rewards on a reply before training: type one, or let the starting model "
@@ -536,7 +538,8 @@ def build(shared: Shared) -> Callable[[], None]:
             completion = gr.Textbox(label="A reply to score", lines=3, elem_id="rewards-completion")
             score = gr.Button("Score this reply", elem_id="rewards-score")
         with gr.Column():
-            scores = gr.Dataframe(label="Scores", interactive=False, elem_id="rewards-scores")
+            scores = gr.Dataframe(pd.DataFrame(columns=SCORE_COLUMNS), label="Scores", interactive=False,
+                                  elem_id="rewards-scores")
             total = gr.Markdown(elem_id="rewards-total")
     with gr.Row():
         n_prompts = gr.Slider(SAMPLED_ROWS[0], SAMPLED_ROWS[-1], value=1, step=1,
@@ -544,7 +547,7 @@ def build(shared: Shared) -> Callable[[], None]:
         generate = gr.Button("Generate a group", variant="primary", elem_id="rewards-generate")
         cancel = gr.Button("Cancel", variant="stop", elem_id="rewards-cancel")
     progress = gr.Markdown(elem_id="rewards-progress")
-    groups = gr.Dataframe(label="Sampled replies", interactive=False, wrap=True, max_height=420,
+    groups = gr.Dataframe(group_table([], 0), label="Sampled replies", interactive=False, wrap=True, max_height=420,
                           elem_id="rewards-groups")
     warnings = gr.Markdown(elem_id="rewards-warnings")
 

@@ -42,8 +42,8 @@ def status_markdown(run_id: str, status: dict, queue_place: str = "") -> str:
     queue (``queue_place``, for a waiting run), how it scored."""
     state = status.get("state", "unknown")
     parts = [f"{STATE_ICONS.get(state, '')} **{state_label(state)}**", status.get("phase") or ""]
-    if status.get("model_label"):
-        parts.append(status["model_label"])
+    if status.get("model_label"):  # its id: the label's account of where it came from is in the log
+        parts.append(status["model_label"].split(" (")[0])
     if status.get("device"):
         device = f"{status['device']} {status.get('dtype', '')}".strip()
         if status["device"] == "cpu" and status.get("cpu_threads"):
@@ -91,7 +91,8 @@ def alerts_markdown(alerts: list[Alert]) -> str:
 
 
 def _number(value: Any) -> str:
-    return f"{value:.2f}" if isinstance(value, (int, float)) else "–"
+    """Two decimals, without the minus of a value that rounds to zero ("-0.00" reads as a negative advantage)."""
+    return f"{round(value, 2) + 0.0:.2f}" if isinstance(value, (int, float)) else "–"
 
 
 def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int = MAX_GROUPS_SHOWN) -> str:
@@ -179,10 +180,15 @@ class TrainView:
 
 
 def runs_outputs(studio: Studio) -> tuple[list[list[Any]], gr.Dropdown]:
-    """The runs list (whose run each is, in a public demo) and the run picker's choices."""
+    """The runs list and the run picker's choices (only in an event: a Dropdown made while the page is built is
+    shown on it)."""
     runs = studio.runs()
-    return (runs_table(runs, studio.whose if studio.public else None),
-            gr.Dropdown(choices=[run["id"] for run in runs]))
+    return runs_rows(studio, runs), gr.Dropdown(choices=[run["id"] for run in runs])
+
+
+def runs_rows(studio: Studio, runs: list[dict]) -> list[list[Any]]:
+    """The runs list's rows: whose run each is, in a public demo."""
+    return runs_table(runs, studio.whose if studio.public else None)
 
 
 def empty_view(studio: Studio, text: str = NO_RUN) -> TrainView:
@@ -275,6 +281,7 @@ def build(shared: Shared) -> None:
     watch = gr.State({})
 
     status = gr.Markdown(NO_RUN, elem_id="train-status")
+    shared.train_status = status
     progress = gr.HTML(progress_html({}), elem_id="train-progress")
     with gr.Row():
         stop = gr.Button("Stop (saves a checkpoint)", variant="stop", interactive=False, elem_id="train-stop")
@@ -292,7 +299,7 @@ def build(shared: Shared) -> None:
     log = gr.Textbox(label="Log (last 40 lines)", lines=10, max_lines=40, autoscroll=True, interactive=False,
                      elem_id="train-log")
     with gr.Accordion("Past runs", open=False):
-        runs = gr.Dataframe(runs_outputs(studio)[0], headers=run_columns(studio), interactive=False,
+        runs = gr.Dataframe(runs_rows(studio, past_runs), headers=run_columns(studio), interactive=False,
                             max_height=320, elem_id="train-runs")
         with gr.Row():
             run_choice = gr.Dropdown([run["id"] for run in past_runs], value=None, label="Run", scale=3,

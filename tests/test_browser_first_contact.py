@@ -1,0 +1,101 @@
+"""First contact, in a real browser: the page takes input only once its settings are in it, the prompt is a
+multi-line template previewed as it is typed, Start is offered only for settings that work, an uploaded spreadsheet
+says which file and sheet it is, the recipe picker lets go of a recipe the data no longer is, and a second page
+opens saying that a run trains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from playwright import sync_api
+from test_browser import (CHROMIUM, CHROMIUM_ARGS, VIEWPORT, WAIT_MS, open_tab, page, recipes_dir,  # noqa: F401
+                          started_config, studio, type_into, wait_until_loaded)
+
+from dragon_ui.engine import training
+
+expect = sync_api.expect
+pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
+
+
+def test_the_page_takes_input_only_once_its_settings_are_in_it(page, studio):
+    """The issue: typing into Max steps within a second of the page appearing was overwritten by the settings
+    arriving after it. The form now appears with its settings in it, and Start waits for their check."""
+    page.reload()
+    expect(page.locator("#tab-data-button")).to_be_visible()  # the moment the form appears...
+    assert page.locator("#data-source textarea").input_value().endswith("arithmetic.csv")  # ...it holds its data
+    open_tab(page, "model")
+    type_into(page, "#model-training-max-steps input", "7")
+    type_into(page, "#model-training-learning-rate input", "0.02")
+    expect(page.locator("#model-start")).to_be_enabled()
+    page.locator("#model-start").click()
+    config = started_config(studio)
+    assert config["training"]["max_steps"] == 7 and config["training"]["learning_rate"] == 0.02
+    expect(page.locator("#train-status")).not_to_contain_text("No run to show yet")
+
+
+def test_a_multi_line_prompt_is_previewed_as_it_is_typed_and_start_waits_for_working_settings(page, studio):
+    wait_until_loaded(page)
+    prompt = page.locator("#data-prompt textarea")
+    prompt.click()
+    prompt.press("ControlOrMeta+a")
+    prompt.press_sequentially("Q: {question}")
+    prompt.press("Enter")  # a new line, not the end of the field
+    prompt.press_sequentially("Answer with a number.")
+    # Previewed while typing: no Enter, no leaving the field.
+    expect(page.locator("#data-rendered")).to_contain_text("Q: What is 66 + 24? Reply with just the number.")
+    expect(page.locator("#data-rendered")).to_contain_text("Answer with a number.")
+
+    open_tab(page, "rewards")
+    for _ in range(3):  # every reward removed: nothing to train on
+        page.locator("#rewards-remove").click()
+    expect(page.locator("#rewards-problem")).to_contain_text("Add at least one reward")
+    open_tab(page, "model")
+    expect(page.locator("#model-start")).to_be_disabled()
+    expect(page.locator("#model-check")).to_contain_text("Rewards")
+    expect(page.locator("#model-check")).not_to_contain_text("rewards must be a non-empty list")
+
+    open_tab(page, "rewards")
+    page.locator("#rewards-add").click()  # a numeric reward again
+    open_tab(page, "model")
+    expect(page.locator("#model-start")).to_be_enabled()
+    page.locator("#model-start").click()
+    assert started_config(studio)["data"]["prompt"] == "Q: {question}\nAnswer with a number."
+
+
+def test_an_uploaded_spreadsheet_says_which_file_and_sheet_and_the_recipe_lets_go(page, studio, tmp_path):
+    from openpyxl import Workbook
+
+    book = Workbook()
+    book.active.title = "Reviews"
+    book.active.append(["review", "label"])
+    for number in range(30):
+        book.active.append([f"Review {number}: {'great' if number % 2 else 'awful'}.", "pos" if number % 2 else "neg"])
+    book.create_sheet("Notes").append(["nothing"])
+    book.save(tmp_path / "reviews.xlsx")
+
+    wait_until_loaded(page)
+    page.locator("#data-upload input[type=file]").set_input_files(str(tmp_path / "reviews.xlsx"))
+    expect(page.locator("#data-source-status")).to_contain_text("Your file reviews.xlsx, sheet 'Reviews'")
+    expect(page.locator("#data-sheet input")).to_have_value("Reviews")
+    expect(page.locator("#data-counts")).to_contain_text("30 rows")
+    expect(page.locator("#recipe input")).to_have_value("")  # no recipe is what the form shows now
+
+
+def test_a_second_page_opens_saying_that_a_run_trains(page, studio, tmp_path):
+    wait_until_loaded(page)
+    open_tab(page, "model")
+    expect(page.locator("#model-start")).to_be_enabled()
+    page.locator("#model-start").click()
+    expect(page.locator("#train-status")).to_contain_text("running")
+    (run,) = studio.runs()
+    second = page.context.browser.new_page(viewport=VIEWPORT)
+    second.set_default_timeout(WAIT_MS)
+    second.goto(page.url)
+    expect(second.locator("#running-banner-text")).to_contain_text(f"A run is training: {run['id']}")
+    second.locator("#running-banner-open").click()
+    expect(second.locator("#train-status")).to_contain_text(run["id"])
+    expect(second.locator("#running-banner")).to_be_hidden()
+    training.active_run().stop()
+    assert json.loads((Path(run["dir"]) / "config.json").read_text())["name"]
