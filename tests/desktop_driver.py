@@ -57,14 +57,26 @@ def window_geometry(window_id: str) -> dict[str, str]:
 def real_click(window, selector: str) -> None:
     """A mouse click at the element's centre: the window's client area on the screen plus the element's place."""
     window.evaluate_js(f"document.querySelector({selector!r}).scrollIntoView({{block: 'center'}})")
-    time.sleep(0.5)
-    rect = json.loads(window.evaluate_js(f"JSON.stringify(document.querySelector({selector!r}).getBoundingClientRect())"))
+    rect = settled_place(window, selector)
     window_id = xdotool("search", "--onlyvisible", "--name", f"^{desktop.TITLE}$").split()[0]
     xdotool("windowactivate", "--sync", window_id)
     field = window_geometry(window_id)
     x = int(field["Absolute upper-left X"]) + int(rect["x"] + rect["width"] / 2)
     y = int(field["Absolute upper-left Y"]) + int(rect["y"] + rect["height"] / 2)
     xdotool("mousemove", "--sync", str(x), str(y), "click", "1")
+
+
+def settled_place(window, selector: str, seconds: float = 10.0) -> dict:
+    """The element's place in the page once it stops moving (a scroll, a layout still under way)."""
+    script = f"JSON.stringify(document.querySelector({selector!r}).getBoundingClientRect())"
+    deadline = time.monotonic() + seconds
+    place = window.evaluate_js(script)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        place, before = window.evaluate_js(script), place
+        if place == before:
+            break
+    return json.loads(place)
 
 
 def save_through_the_dialog(window, selector: str, target: Path) -> bool:
@@ -83,14 +95,16 @@ def save_through_the_dialog(window, selector: str, target: Path) -> bool:
     else:
         return False
     xdotool("windowactivate", "--sync", dialog[0])
-    time.sleep(0.5)
+    deadline = time.monotonic() + 15
+    while xdotool("getactivewindow") != dialog[0] and time.monotonic() < deadline:  # keys go to the dialog
+        time.sleep(0.1)
     xdotool("key", "ctrl+a")  # the file name field has the focus, holding the suggested name
     xdotool("type", "--delay", "20", str(target))
     xdotool("key", "Return")
+    # Qt writes the file under its own name and renames it once complete: the target appears whole.
     deadline = time.monotonic() + 30
     while not (target.is_file() and target.stat().st_size > 0) and time.monotonic() < deadline:
         time.sleep(0.3)
-    time.sleep(1)  # Qt writes the file under its own name, then renames it
     return target.is_file()
 
 
@@ -109,17 +123,15 @@ def downloads(window, folder: Path) -> None:
                        "configuration')).click()")
     until(window, "(() => { const b = document.querySelector('#model-download'); return b && !b.disabled && "
                   "b.offsetParent !== null; })()")
-    time.sleep(1)
     target = folder / "my-run.yaml"
     seen["yaml_saved"] = save_through_the_dialog(window, "#model-download", target)
     seen["yaml_model"] = yaml.safe_load(target.read_text())["model"]["id"] if seen["yaml_saved"] else None
 
     window.evaluate_js("document.querySelector('#tab-compare-button').click()")
-    until(window, "(() => { const b = document.querySelector('#compare-zip'); return b && b.offsetParent !== null; })()")
-    time.sleep(1)
+    until(window, "(() => { const b = document.querySelector('#compare-zip'); return b && !b.disabled && "
+                  "b.offsetParent !== null; })()")
     window.evaluate_js("document.querySelector('#compare-zip').click()")
     until(window, "!!document.querySelector('#compare-zip-file a')", 120)
-    time.sleep(1)
     target = folder / "adapter.zip"
     seen["zip_saved"] = save_through_the_dialog(window, "#compare-zip-file a", target)
     seen["zip_files"] = sorted(zipfile.ZipFile(target).namelist()) if seen["zip_saved"] else None
@@ -129,7 +141,9 @@ def downloads(window, folder: Path) -> None:
     window.evaluate_js("(() => { const a = document.createElement('a'); a.href = 'https://huggingface.co/docs/trl';"
                        " a.target = '_blank'; a.id = 'outside'; a.textContent = 'TRL'; document.body.prepend(a);"
                        " a.click(); })()")
-    time.sleep(2)
+    deadline = time.monotonic() + 15
+    while not opened and time.monotonic() < deadline:  # the window hands the link to the system's browser
+        time.sleep(0.2)
     seen["browser_opened"] = opened
     seen["still_here"] = window.evaluate_js("location.pathname") == "/"
 
@@ -171,7 +185,9 @@ def drive(window) -> None:
         if screenshot is not None:
             # the Data tab's preview of the bundled example
             until(window, "((document.querySelector('#data-counts') || {}).innerText || '').includes('rows')")
-            time.sleep(2)
+            until(window, "((document.querySelector('#data-rendered') || {}).innerText || '').includes('Row 1') && "
+                          "document.fonts.status === 'loaded'")
+            settled_place(window, "#data-rendered")
             window_screenshot(screenshot)
         if scenario == "downloads":
             downloads(window, Path(config_path))

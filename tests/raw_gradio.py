@@ -60,13 +60,17 @@ class App:
         (found,) = [event for event in self.events if event.get("api_name") == name]
         return found
 
-    def reacting_to(self, trigger: str, changes_elem_id: str) -> dict:
-        """The event fired by ``trigger`` of a State (one without an elem_id) that sets the component with this
-        elem_id: e.g. a whole draft loaded into the session's State, then shown in the Data tab's fields."""
-        output = self.component_id(changes_elem_id)
-        (found,) = [event for event in self.events if output in event["outputs"]
-                    and any(t[1] == trigger and self.components[t[0]]["type"] == "state" for t in event["targets"])]
-        return found
+    def following(self, first: dict, sets: str) -> dict:
+        """The event of ``first``'s chain (its ``.then`` events, which a page's client fires one after another once
+        ``first`` finished) that first sets the component with this elem_id: e.g. the Data tab's fill after a page
+        load (a refresh later in the chain may set it again)."""
+        output, chain = self.component_id(sets), {first["id"]}
+        for event in self.events:  # a chained event is listed after the one it follows
+            if event.get("trigger_after") in chain:
+                chain.add(event["id"])
+                if output in event["outputs"]:
+                    return event
+        raise LookupError(f"nothing after event {first['id']} sets {sets}")
 
     def page_load(self) -> dict:
         """demo.load: the event a page fires when it opens (its targets name the app itself)."""
@@ -109,10 +113,10 @@ class RawVisitor:
         data = [None if self.app.components[cid]["type"] == "state" else next(given) for cid in event["inputs"]]
         return self.send(event["id"], data)
 
-    def react(self, trigger: str, changes_elem_id: str, **values) -> Answer:
-        """Fire what a page fires when a State changed (see App.reacting_to), with inputs ``values`` overrides."""
-        event = self.app.reacting_to(trigger, changes_elem_id)
-        return self.send(event["id"], self.inputs(event, values), trigger_id=event["targets"][0][0])
+    def then(self, first: dict, sets: str, **values) -> Answer:
+        """Fire what a page fires after ``first`` (see App.following), with inputs ``values`` overrides."""
+        event = self.app.following(first, sets)
+        return self.send(event["id"], self.inputs(event, values))
 
     def open_page(self, **kept) -> Answer:
         """The page load, with what this browser's storage keeps (by storage key): its token, its draft, ..."""

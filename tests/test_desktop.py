@@ -28,6 +28,17 @@ NEEDED = ("Xvfb", "openbox", "xdotool", "xprop")
 pytestmark = pytest.mark.browser
 
 
+def answers(command: list[str], env: dict, what: str, saying: str = "", seconds: float = 30.0) -> None:
+    """Wait until ``command`` succeeds (and prints ``saying``): the X server or window manager is up."""
+    deadline = time.monotonic() + seconds
+    while True:
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode == 0 and saying in done.stdout:
+            return
+        assert time.monotonic() < deadline, f"{what} did not start: {done.stderr or done.stdout}"
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def screen():
     """A virtual screen with a window manager: its DISPLAY. CI installs what it needs (.ci/run)."""
@@ -39,10 +50,10 @@ def screen():
     display = f":{90 + os.getpid() % 50}"
     server = subprocess.Popen(["Xvfb", display, "-screen", "0", SCREEN, "-nolisten", "tcp"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1)
-    manager = subprocess.Popen(["openbox"], env={**os.environ, "DISPLAY": display},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1)
+    on_screen = {**os.environ, "DISPLAY": display}
+    answers(["xdotool", "getdisplaygeometry"], on_screen, "the virtual screen")
+    manager = subprocess.Popen(["openbox"], env=on_screen, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    answers(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], on_screen, "the window manager", "window id")
     yield display
     manager.terminate()
     server.terminate()

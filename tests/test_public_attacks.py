@@ -232,7 +232,7 @@ def test_another_visitors_upload_cannot_be_read_or_claimed(demo, victim, tiny_mo
     attacker = demo.attacker(**{DRAFT_STORE: {"draft": base_draft(tiny_model_dir)}})
     loaded = attacker.fire("compare-load-settings", **{"compare-run": victim.run_id})
     assert loaded.ok, loaded.error
-    shown = attacker.react("change", "data-source")  # the Data tab shows the draft now in the session
+    shown = attacker.then(demo.app.event("compare-load-settings", "click"), "data-source")  # the Data tab shows it
     assert shown.ok and shown.data[0] == "", shown.data[:1]
     assert "without what was another visitor's: its data" in " ".join(map(str, loaded.data))
     served = httpx.get(f"{demo.app.url}/gradio_api/file={victim.gradio_copy}", timeout=30)
@@ -428,7 +428,7 @@ def with_rewards(demo, tiny_model_dir, rewards: list[dict]) -> RawVisitor:
     unchecked), with the playground's rows of the arithmetic data listed."""
     draft = {**base_draft(tiny_model_dir), "rewards": rewards}
     attacker = demo.attacker(**{DRAFT_STORE: {"draft": draft}})
-    attacker.react("change", "rewards-table")
+    attacker.then(demo.app.page_load(), "rewards-table")
     assert attacker.fire("data-source", "change", sets="rewards-row", **PLAYGROUND_DATA).ok
     return attacker
 
