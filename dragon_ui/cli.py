@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list runs")
     runs.add_argument("--runs-dir", help="folder holding the runs (default: $DRAGON_UI_RUNS_DIR or ./runs)")
+    runs.add_argument("--csv", metavar="FILE", help="also write the leaderboard (the Experiments tab's) to FILE")
     runs.set_defaults(func=_cmd_runs)
 
     ev = sub.add_parser("eval", help="held-out reward of a run before vs after training, per reward")
@@ -219,6 +220,12 @@ def _cmd_runs(args) -> int:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+    if args.csv:
+        from .studio import experiments
+
+        board = [entry.row(public=False) for entry in experiments.leaderboard(runs)]
+        experiments.write_csv(Path(args.csv), experiments.leaderboard_columns(False), board)
+        print(f"Leaderboard written to {args.csv}.")
     return 0
 
 

@@ -265,6 +265,8 @@ def list_runs(runs_dir: Path) -> list[dict]:
             "reward": status.get("reward"), "heldout_before": status.get("heldout_before"),
             "heldout_after": status.get("heldout_after"),
             "model": (config.get("model") or {}).get("id", ""), "started_at": status.get("started_at"),
+            "name": config.get("name") or "", "data": (config.get("data") or {}).get("source") or "",
+            "elapsed_s": status.get("elapsed_s"),
             "error": status.get("error"), "owner": status.get("owner"), "address": status.get("owner_address"),
             "waiting": status.get("waiting"),
             "queued_at": status.get("queued_at"),

@@ -13,6 +13,8 @@ what a participant sees. That takes a few minutes of CPU training.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
@@ -22,12 +24,15 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from playwright import sync_api
 
 from dragon_ui.config import DEFAULT_MODEL_ID
 from dragon_ui.engine import training
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
+from dragon_ui.ui.app import DRAFT_STORAGE_KEY
 from test_app_client import served_app
 
 expect = sync_api.expect
@@ -322,6 +327,25 @@ def test_typed_fast_every_field_trains_exactly_what_the_form_shows(page, studio)
                                                                      ("digits_only", 0.5)]
 
 
+def kept_draft(page, studio) -> dict:
+    """The draft this browser keeps in its storage, decrypted as gradio's BrowserState does (CryptoJS: AES-256-CBC,
+    key and iv from the SHA-256 of the secret by OpenSSL's EVP_BytesToKey with MD5, in "Salted__" form)."""
+    stored = page.evaluate(f"localStorage.getItem({DRAFT_STORAGE_KEY!r})")
+    if not stored:
+        return {}
+    salted = base64.b64decode(stored.split(":", 1)[1])
+    assert salted[:8] == b"Salted__", stored[:40]
+    password, salt = hashlib.sha256(studio.browser_storage_key().encode()).hexdigest().encode(), salted[8:16]
+    derived, block = b"", b""
+    while len(derived) < 48:
+        block = hashlib.md5(block + password + salt).digest()
+        derived += block
+    decryptor = Cipher(algorithms.AES(derived[:32]), modes.CBC(derived[32:48])).decryptor()
+    padded = decryptor.update(salted[16:]) + decryptor.finalize()
+    unpadder = padding.PKCS7(128).unpadder()
+    return (json.loads(unpadder.update(padded) + unpadder.finalize()) or {}).get("draft") or {}
+
+
 def test_a_reload_mid_edit_keeps_the_draft(page, studio):
     wait_until_loaded(page)
     open_tab(page, "model")
@@ -334,7 +358,10 @@ def test_a_reload_mid_edit_keeps_the_draft(page, studio):
     open_tab(page, "data")
     type_into(page, "#data-system input", "Be brief.")
     page.locator("#data-system input").press("Enter")
-    page.wait_for_timeout(1500)  # the browser saves the draft once the last change is handled
+    deadline = time.monotonic() + 30
+    while (kept_draft(page, studio).get("data") or {}).get("system") != "Be brief.":  # the last change is kept
+        assert time.monotonic() < deadline, kept_draft(page, studio)
+        time.sleep(0.1)
 
     page.reload()
     expect(page.locator("#data-counts")).to_contain_text("400 rows")

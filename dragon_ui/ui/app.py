@@ -25,8 +25,9 @@ from .. import ASSETS_DIR
 from ..studio.backend import DEFAULT_RECIPE, Studio
 from ..studio.draft import same_settings
 from .guard import UPLOADS_PER_WINDOW, RequestLimits, network_address
-from . import compare_tab, data_tab, model_tab, rewards_tab, train_tab
-from .common import TAB_COMPARE, TAB_DATA, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Form, Shared, message, shows_errors
+from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
+from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Form, Shared, message,
+                     shows_errors)
 
 TITLE = "Dragon GRPO Studio"
 INTRO = ("Teach a small language model with rewards you can check: pick data, build rewards, choose a model and "
@@ -127,6 +128,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                 train_tab.build(shared)
             with gr.Tab("5 · Compare", id=TAB_COMPARE, elem_id="tab-compare"):
                 compare_tab.build(shared)
+            with gr.Tab("6 · Experiments", id=TAB_EXPERIMENTS, elem_id="tab-experiments"):
+                experiments_tab.build(shared)
         for connect in connectors:  # events that read the whole form, now that every tab has added its fields
             connect()
 

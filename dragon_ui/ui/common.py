@@ -19,6 +19,7 @@ from ..studio.backend import Studio
 log = logging.getLogger(__name__)
 
 TAB_DATA, TAB_REWARDS, TAB_MODEL, TAB_TRAIN, TAB_COMPARE = "data", "rewards", "model", "train", "compare"
+TAB_EXPERIMENTS = "experiments"
 
 
 @dataclass

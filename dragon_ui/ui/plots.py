@@ -3,13 +3,14 @@
 Pure functions, so the Train tab and the tests build the same figures. Only basic scatter traces: the browser's
 bundled plotly.js draws them without extra modules. A constant ``uirevision`` keeps the user's zoom when the figure
 is replaced on the next refresh. The values come from monitor.series, which the health alerts read too, so an alert
-and the chart beside it always show the same numbers.
+and the chart beside it always show the same numbers. The Experiments tab draws several runs in the same way.
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from ..studio.experiments import RunCurves
 from ..studio.monitor import reward_names_of, series
 
 HEIGHT = 300
@@ -60,4 +61,60 @@ def length_figure(rows: list[dict], max_new_tokens: int | None = None) -> go.Fig
         steps = [row.get("step") for row in rows]
         figure.add_trace(go.Scatter(x=[min(steps), max(steps)], y=[max_new_tokens] * 2, mode="lines", name="cap",
                                     line={"dash": "dash", "color": "#999"}))
+    return figure
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Several runs over each other (the Experiments tab): a colour per run, the same in every chart.
+
+RUN_COLOURS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880"]
+REWARD_DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]
+X_AXES = {"step": "step", "minutes": "minutes"}
+NO_RUNS = "Choose runs to draw"
+
+
+def _x_values(rows: list[dict], x: str) -> list:
+    """The step of each row, or the minutes its run had trained when it was written."""
+    if x == "minutes":
+        return [row["elapsed_s"] / 60 if isinstance(row.get("elapsed_s"), (int, float)) else None for row in rows]
+    return [row.get("step") for row in rows]
+
+
+def overlay_figure(curves: list[RunCurves], labels: list[str], key: str, title: str, y_title: str,
+                   x: str = "step", empty_text: str = "No values yet") -> go.Figure:
+    """One line per run of the progress key ``key``, against steps or minutes."""
+    figure = go.Figure()
+    for number, (curve, label) in enumerate(zip(curves, labels)):
+        _, values = series(curve.rows, key)
+        if any(v is not None for v in values):
+            figure.add_trace(go.Scatter(x=_x_values(curve.rows, x), y=values, mode="lines+markers", name=label,
+                                        line={"color": RUN_COLOURS[number % len(RUN_COLOURS)]}, connectgaps=False))
+    return _overlay_layout(figure, curves, title, y_title, x, empty_text)
+
+
+def overlay_rewards_figure(curves: list[RunCurves], labels: list[str], x: str = "step") -> go.Figure:
+    """Each reward's mean per run: the run's colour, a dash per reward."""
+    figure = go.Figure()
+    for number, (curve, label) in enumerate(zip(curves, labels)):
+        for index, name in enumerate(curve.reward_names or reward_names_of(curve.rows)):
+            _, values = series(curve.rows, f"reward_{name}")
+            if any(v is not None for v in values):
+                figure.add_trace(go.Scatter(
+                    x=_x_values(curve.rows, x), y=values, mode="lines", name=f"{label} · {name}",
+                    line={"color": RUN_COLOURS[number % len(RUN_COLOURS)],
+                          "dash": REWARD_DASHES[index % len(REWARD_DASHES)]}, connectgaps=False))
+    return _overlay_layout(figure, curves, "Each reward", "mean reward", x, "No values yet")
+
+
+def _overlay_layout(figure: go.Figure, curves: list[RunCurves], title: str, y_title: str, x: str,
+                    empty_text: str) -> go.Figure:
+    figure.update_layout(title={"text": title, "x": 0.02}, height=HEIGHT, uirevision="dragon-experiments",
+                         margin={"l": 50, "r": 20, "t": 45, "b": 40}, xaxis_title=X_AXES[x], yaxis_title=y_title,
+                         legend={"orientation": "h", "y": -0.3}, template="plotly_white")
+    if not figure.data:
+        text = NO_RUNS if not curves else NO_STEPS if not any(c.rows for c in curves) else empty_text
+        figure.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                              font={"size": 16, "color": "#888"})
+        figure.update_xaxes(visible=False)
+        figure.update_yaxes(visible=False)
     return figure

@@ -1,0 +1,204 @@
+"""Runs side by side: a leaderboard of every run, the settings that differ between the runs chosen, and their
+progress rows for curves drawn over each other.
+
+Everything comes from the run folders (runstore), so finished, stopped and running runs show alike, and a restarted
+app shows the same. What a run's folder names on the server (an upload's path, a model folder) is shown by its file
+name alone: the leaderboard is for everyone in a public demo, and a path says nothing a person compares runs by.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..data import is_hub_dataset_id
+from ..runstore import RunDir, read_json, state_label
+
+MAX_OVERLAID = 8  # more lines than a legend can tell apart
+LEADERBOARD_COLUMNS = ["Run", "Name", "Data", "Held-out before", "Held-out after", "Change", "Steps", "Minutes",
+                       "State", "Started"]
+LEADERBOARD_TYPES = ["str", "str", "str", "number", "number", "number", "number", "number", "str", "str"]
+# Config keys that are where a run was made, not how: they differ between any two runs and say nothing.
+NOT_SETTINGS = {"name", "runs_dir", "base_dir"}
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection): such text gets a quote.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def shown_name(text: Any) -> str:
+    """A data source or model as the leaderboard shows it: a Hub id as it is, a file or folder by its name."""
+    text = str(text or "").strip()
+    if not text or is_hub_dataset_id(text, look_on_disk=False):
+        return text
+    path = Path(text)
+    if path.name in ("adapter", "model", "merged"):  # a run's own weights: the run's folder says which
+        return f"{path.parent.name}/{path.name}"
+    return path.name
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One run on the leaderboard."""
+
+    run_id: str
+    name: str
+    data: str
+    heldout_before: float | None
+    heldout_after: float | None
+    steps: int
+    minutes: float | None
+    state: str
+    started: str
+    whose: str = ""
+
+    @property
+    def change(self) -> float | None:
+        if self.heldout_before is None or self.heldout_after is None:
+            return None
+        return self.heldout_after - self.heldout_before
+
+    def row(self, public: bool) -> list[Any]:
+        rounded = [_rounded(v) for v in (self.heldout_before, self.heldout_after, self.change)]
+        return [self.run_id, self.name, self.data, *rounded, self.steps, _rounded(self.minutes, 1), self.state,
+                self.started, *([self.whose] if public else [])]
+
+    def matches(self, words: str) -> bool:
+        """Whether every word of a filter is in the run's id, name, data or state (any case)."""
+        text = " ".join((self.run_id, self.name, self.data, self.state, self.whose)).lower()
+        return all(word in text for word in words.lower().split())
+
+
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    return round(value, digits) + 0.0  # + 0.0: no "-0.0"
+
+
+def leaderboard(summaries: list[dict], whose: Callable[[dict], str] | None = None) -> list[Entry]:
+    """One entry per run (``summaries`` as from runstore.list_runs), best held-out reward after training first;
+    runs with none yet follow, newest first. ``whose`` says whose each run is, in a public demo."""
+    entries = []
+    for summary in summaries:
+        started = summary.get("started_at")
+        elapsed = summary.get("elapsed_s")
+        entries.append(Entry(
+            run_id=summary["id"], name=summary.get("name") or "", data=shown_name(summary.get("data")),
+            heldout_before=_rounded(summary.get("heldout_before"), 6),
+            heldout_after=_rounded(summary.get("heldout_after"), 6), steps=int(summary.get("step") or 0),
+            minutes=elapsed / 60 if isinstance(elapsed, (int, float)) else None,
+            state=state_label(summary.get("state")),
+            started=time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else "",
+            whose=whose(summary) if whose else ""))
+    scored = sorted((e for e in entries if e.heldout_after is not None), key=lambda e: -e.heldout_after)
+    return scored + [e for e in entries if e.heldout_after is None]
+
+
+def leaderboard_columns(public: bool) -> list[str]:
+    """The leaderboard's columns; a public demo's says whose each run is."""
+    return [*LEADERBOARD_COLUMNS, "Whose"] if public else LEADERBOARD_COLUMNS
+
+
+def leaderboard_types(public: bool) -> list[str]:
+    """What each column holds, so that a click on a number column sorts by number."""
+    return [*LEADERBOARD_TYPES, "str"] if public else LEADERBOARD_TYPES
+
+
+def write_csv(path: Path, columns: list[str], rows: list[list[Any]]) -> Path:
+    """The leaderboard as a CSV file a spreadsheet opens safely: a text that would run as a formula is quoted."""
+    def cell(value: Any) -> Any:
+        if value is None:
+            return ""
+        if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+            return "'" + value
+        return value
+
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        writer.writerows([cell(value) for value in row] for row in rows)
+    return path
+
+
+def flat_settings(config: dict) -> dict[str, str]:
+    """A run's config.json as one text per setting ("grpo.beta" → "0.04"); each reward is one setting, named by the
+    reward's name, whose text gives its kind, weight and options."""
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+        else:
+            flat[prefix] = _setting_text(prefix, value)
+
+    for key, value in config.items():
+        if key in NOT_SETTINGS:
+            continue
+        if key == "rewards" and isinstance(value, list):
+            for reward in value:
+                if isinstance(reward, dict):
+                    flat[f"reward · {reward.get('name') or reward.get('kind')}"] = _reward_text(reward)
+            continue
+        walk(key, value)
+    return flat
+
+
+def _setting_text(path: str, value: Any) -> str:
+    if path in ("data.source", "model.id"):
+        return shown_name(value)
+    if value is None:
+        return "–"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "–"
+    return str(value)
+
+
+def _reward_text(reward: dict) -> str:
+    options = ", ".join(f"{key} {_setting_text(key, value)}" for key, value in reward.items()
+                        if key not in ("name", "kind", "weight") and key != "code")
+    text = f"{reward.get('kind')} × {reward.get('weight', 1.0)}"
+    if reward.get("code"):  # a fingerprint: two codes differ in the table when they differ at all
+        text += f", its own code #{hashlib.sha256(str(reward['code']).encode()).hexdigest()[:8]}"
+    return f"{text} ({options})" if options else text
+
+
+def differing_settings(configs: list[dict]) -> list[list[str]]:
+    """[setting, value in each run...] for the settings that differ between the runs' configs (in the order given),
+    a reward that only some runs have among them ("–" where a run has none)."""
+    flats = [flat_settings(config) for config in configs]
+    keys = list(dict.fromkeys(key for flat in flats for key in flat))
+    rows = []
+    for key in keys:
+        values = [flat.get(key, "–") for flat in flats]
+        if len(set(values)) > 1:
+            rows.append([key, *values])
+    return rows
+
+
+@dataclass
+class RunCurves:
+    """One run as the side-by-side view shows it: its progress rows, its settings, what to call it in a legend."""
+
+    run_id: str
+    label: str
+    rows: list[dict]
+    reward_names: list[str]
+    config: dict
+
+
+def run_curves(run: RunDir) -> RunCurves:
+    config = read_json(run.config_path, default={}) or {}
+    status = run.read_status()
+    names = status.get("reward_names") or [r.get("name") for r in config.get("rewards") or [] if isinstance(r, dict)]
+    return RunCurves(run.id, config.get("name") or run.id, run.read_progress(), [n for n in names if n], config)
+
+
+def legend_labels(curves: list[RunCurves]) -> list[str]:
+    """A short label per run for the legends: its name, with its id's time stamp where two runs share a name."""
+    names = [c.label for c in curves]
+    return [c.label if names.count(c.label) == 1 else f"{c.label} ({c.run_id[:15]})" for c in curves]

@@ -1,0 +1,125 @@
+"""Tab 6 · Experiments: every run on a leaderboard, and 2–8 runs side by side (their curves over each other and the
+settings in which they differ). It reads the run folders only (studio.experiments), so it shows running, stopped
+and finished runs alike; in a public demo everyone's runs are there to read, as in the runs list.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import gradio as gr
+import pandas as pd
+from gradio.context import get_render_context
+
+from ..errors import ConfigError
+from ..studio import experiments
+from ..studio.backend import Studio
+from . import plots
+from .common import Shared, message, shows_errors
+
+MAX_FILTER_CHARS = 200
+CHARTS = [  # (progress key, title, y axis), the per-reward chart after the first
+    ("reward", "Training reward (total)", "mean reward"),
+    ("kl", "KL divergence", "KL"),
+    ("completion_len", "Completion length", "tokens"),
+    ("reward_std", "Reward spread", "std"),
+    ("frac_reward_zero_std", "Groups with no spread", "fraction"),
+]
+
+
+def board_rows(studio: Studio, words: str) -> tuple[list[list], list[dict]]:
+    """The leaderboard rows that match the filter ``words``, and every run's summary."""
+    if not isinstance(words, str) or len(words) > MAX_FILTER_CHARS:
+        raise ConfigError(f"The filter takes at most {MAX_FILTER_CHARS} characters.")
+    summaries = studio.runs()
+    entries = experiments.leaderboard(summaries, studio.whose if studio.public else None)
+    return [entry.row(studio.public) for entry in entries if entry.matches(words)], summaries
+
+
+def board(studio: Studio, words: str) -> tuple[pd.DataFrame, gr.Dropdown]:
+    """The leaderboard as filtered, and every run as a choice to draw."""
+    rows, summaries = board_rows(studio, words)
+    return pd.DataFrame(rows, columns=experiments.leaderboard_columns(studio.public)), gr.Dropdown(choices=[(f"{s['id']} · {s.get('name') or ''}".rstrip(" ·"), s["id"]) for s in summaries])
+
+
+def chosen_runs(studio: Studio, run_ids) -> list:
+    """The runs picked, checked: a page sends at most MAX_OVERLAID run ids, but any client can send anything."""
+    if run_ids is None:
+        return []
+    if not isinstance(run_ids, list) or not all(isinstance(run_id, str) for run_id in run_ids):
+        raise ConfigError("Choose the runs from the list.")
+    if len(run_ids) > experiments.MAX_OVERLAID:
+        raise ConfigError(f"Choose at most {experiments.MAX_OVERLAID} runs: more lines than that cannot be told apart.")
+    return [studio.run(run_id) for run_id in dict.fromkeys(run_ids)]
+
+
+def side_by_side(studio: Studio, run_ids, x: str) -> tuple:
+    """The settings that differ between the chosen runs, a sentence about them, and the overlaid charts."""
+    if x not in plots.X_AXES:
+        raise ConfigError("Draw against steps or minutes.")
+    runs = chosen_runs(studio, run_ids)
+    curves = [experiments.run_curves(run) for run in runs]
+    labels = experiments.legend_labels(curves)
+    differing = experiments.differing_settings([curve.config for curve in curves]) if len(runs) > 1 else []
+    if len(runs) < 2:
+        said = message("Choose two to eight runs to see them side by side.", "info")
+    elif differing:
+        said = message(f"{len(differing)} setting{'s' if len(differing) > 1 else ''} differ between these runs.", "info")
+    else:
+        said = message("These runs have the same settings: any difference between them is chance (sampling).", "info")
+    charts = [plots.overlay_figure(curves, labels, key, title, y_title, x) for key, title, y_title in CHARTS]
+    charts.insert(1, plots.overlay_rewards_figure(curves, labels, x))
+    return said, pd.DataFrame(differing, columns=["Setting", *labels]), *charts
+
+
+def export(studio: Studio, words: str) -> gr.File:
+    """The leaderboard as filtered, in a CSV file to download (the file field shows only once there is one)."""
+    rows, _ = board_rows(studio, words)
+    path = experiments.write_csv(studio.download_folder() / "dragon-runs.csv",
+                                 experiments.leaderboard_columns(studio.public), rows)
+    return gr.File(str(path), visible=True)
+
+
+def build(shared: Shared) -> None:
+    studio = shared.studio
+    this_tab = get_render_context()  # the gr.Tab that app.build_app builds this tab in
+    gr.Markdown("Every run, best held-out reward first (a column's ⋮ menu sorts by it). Choose runs below to draw them "
+                "over each other and to see which settings differ.")
+    with gr.Row(equal_height=True):
+        words = gr.Textbox(label="Filter", placeholder="a name, a data file, a state…", scale=4, max_length=MAX_FILTER_CHARS,
+                           elem_id="experiments-filter")
+        refresh_button = gr.Button("↻ Refresh", size="sm", scale=0, min_width=110, elem_id="experiments-refresh")
+        export_button = gr.Button("Export CSV", size="sm", scale=0, min_width=130, elem_id="experiments-export")
+    columns = experiments.leaderboard_columns(studio.public)
+    leaderboard = gr.Dataframe(pd.DataFrame([], columns=columns), datatype=experiments.leaderboard_types(studio.public),
+                               interactive=False, wrap=True, max_height=360, label="Leaderboard",
+                               column_widths=["19%", "10%", "13%", "8%", "8%", "8%", "6%", "7%", "9%", "12%",
+                                              *(["10%"] if studio.public else [])],
+                               elem_id="experiments-leaderboard")
+    csv_file = gr.File(label="Leaderboard (.csv)", interactive=False, visible=False, elem_id="experiments-csv")
+    with gr.Row(equal_height=True):
+        picked = gr.Dropdown([], multiselect=True, max_choices=experiments.MAX_OVERLAID, label="Runs side by side",
+                             info=f"Two to {experiments.MAX_OVERLAID} runs.", scale=4, elem_id="experiments-runs")
+        x_axis = gr.Radio(list(plots.X_AXES), value="step", label="Along", scale=1, elem_id="experiments-x")
+    said = gr.Markdown(elem_id="experiments-said")
+    differing = gr.Dataframe(pd.DataFrame([], columns=["Setting"]), interactive=False, wrap=True, label="Settings that differ",
+                             elem_id="experiments-differing")
+    charts = []
+    for row in range(3):
+        with gr.Row():
+            for column in range(2):
+                charts.append(gr.Plot(elem_id=f"experiments-chart-{row * 2 + column}", show_label=False))
+
+    listed = shows_errors(functools.partial(board, studio))
+    drawn = shows_errors(functools.partial(side_by_side, studio))
+    shown = [said, differing, *charts]
+    refresh_button.click(listed, [words], [leaderboard, picked], api_name="experiments_runs").then(
+        drawn, [picked, x_axis], shown, api_visibility="private", show_progress="hidden")
+    this_tab.select(listed, [words], [leaderboard, picked], api_visibility="private", show_progress="hidden").then(
+        drawn, [picked, x_axis], shown, api_visibility="private", show_progress="hidden")
+    words.change(listed, [words], [leaderboard, picked], api_visibility="private", show_progress="hidden",
+                 trigger_mode="always_last")
+    gr.on([picked.change, x_axis.change], drawn, [picked, x_axis], shown, api_name="experiments_side_by_side",
+          trigger_mode="always_last", show_progress="hidden")
+    export_button.click(shows_errors(functools.partial(export, studio)), [words], [csv_file],
+                        api_name="experiments_export")

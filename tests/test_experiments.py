@@ -1,0 +1,246 @@
+"""Runs side by side (studio.experiments, the Experiments tab): the leaderboard, the settings that differ, the
+overlaid curves and the CSV, from run folders written as training writes them."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from dragon_ui import public
+from dragon_ui.config import RunConfig
+from dragon_ui.runstore import RunDir, write_json_atomic
+from dragon_ui.studio import experiments
+from dragon_ui.ui import plots
+from dragon_ui.ui import experiments_tab
+from dragon_ui.ui.experiments_tab import CHARTS
+from conftest import handler, tiny_config
+
+
+def make_run(runs_dir: Path, run_id: str, config: dict, status: dict, progress: list[dict] = ()) -> RunDir:
+    """A run folder as training leaves it: its validated config, its status, a progress row per step."""
+    run = RunDir(runs_dir / run_id)
+    run.path.mkdir(parents=True)
+    run.write_config(RunConfig.from_dict(config))
+    write_json_atomic(run.status_path, status)
+    for row in progress:
+        run.append_progress(row)
+    return run
+
+
+def rows_of(rewards: list[float], seconds_per_step: float = 30.0) -> list[dict]:
+    return [{"step": step, "reward": reward, "reward_numeric": reward / 2, "kl": 0.01 * step,
+             "completion_len": 8.0, "reward_std": 0.2, "frac_reward_zero_std": 0.25,
+             "elapsed_s": seconds_per_step * step} for step, reward in enumerate(rewards, start=1)]
+
+
+@pytest.fixture
+def three_runs(tiny_model_dir, tmp_path, runs_dir):
+    """Three runs: a finished one, a better finished one with other settings, and one still running."""
+    base = tiny_config(tiny_model_dir, tmp_path, runs_dir)
+    better = {**base, "name": "stronger", "grpo": {**base["grpo"], "beta": 0.0, "temperature": 0.5},
+              "rewards": [{"kind": "numeric", "weight": 2.0}, {"kind": "length", "max_chars": 12, "weight": 0.3},
+                          {"kind": "regex", "pattern": r"^\d+$", "name": "digits_only", "weight": 0.5}]}
+    return [
+        make_run(runs_dir, "20261201-100000-tiny", base,
+                 {"state": "succeeded", "step": 4, "total_steps": 4, "heldout_before": 0.25, "heldout_after": 0.5,
+                  "elapsed_s": 120.0, "started_at": 1_790_000_000}, rows_of([0.2, 0.3, 0.4, 0.5])),
+        make_run(runs_dir, "20261201-110000-stronger", better,
+                 {"state": "succeeded", "step": 4, "total_steps": 4, "heldout_before": 0.25, "heldout_after": 0.9,
+                  "elapsed_s": 60.0, "started_at": 1_790_003_600}, rows_of([0.4, 0.6, 0.8, 0.9], 15.0)),
+        make_run(runs_dir, "20261201-120000-tiny", base,
+                 {"state": "running", "step": 2, "total_steps": 4, "heldout_before": 0.25, "elapsed_s": 50.0,
+                  "started_at": 1_790_007_200, "pid": None}, rows_of([0.2, 0.35], 25.0)),
+    ]
+
+
+def test_the_leaderboard_ranks_by_held_out_reward_after_with_its_change(studio, three_runs):
+    entries = experiments.leaderboard(studio.runs())
+    assert [e.run_id for e in entries] == ["20261201-110000-stronger", "20261201-100000-tiny",
+                                           "20261201-120000-tiny"]  # best after first; not scored yet last
+    best, finished, running = entries
+    assert best.change == pytest.approx(0.65) and finished.change == pytest.approx(0.25) and running.change is None
+    assert (best.minutes, best.steps, best.state) == (1.0, 4, "succeeded")
+    assert running.state == "running" and running.row(public=False)[3:6] == [0.25, None, None]
+    assert best.data == "arithmetic.csv"  # a file by its name: no server path on a board everyone reads
+
+
+@pytest.mark.parametrize("words, expected", [
+    ("", 3),
+    ("stronger", 1),
+    ("TINY", 2),
+    ("arithmetic.csv", 3),
+    ("tiny running", 1),
+    ("succeeded tiny", 1),
+    ("nothing-like-it", 0),
+])
+def test_the_filter_keeps_runs_with_every_word(studio, three_runs, words, expected):
+    entries = experiments.leaderboard(studio.runs())
+    assert sum(entry.matches(words) for entry in entries) == expected
+
+
+@pytest.mark.parametrize("source, shown", [
+    ("openai/gsm8k", "openai/gsm8k"),
+    ("/srv/uploads/0a1b2c/visitor/reviews.xlsx", "reviews.xlsx"),
+    ("data/train.csv", "train.csv"),
+    ("/data/runs/20261201-100000-tiny/adapter", "20261201-100000-tiny/adapter"),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    ("", ""),
+])
+def test_sources_and_models_are_shown_by_name(source, shown):
+    assert experiments.shown_name(source) == shown
+
+
+def config_with(**changes) -> dict:
+    config = {"name": "a", "runs_dir": "/x", "base_dir": "/y", "data": {"source": "/srv/a/data.csv", "prompt": "q"},
+              "grpo": {"beta": 0.04, "temperature": 0.8},
+              "rewards": [{"kind": "numeric", "name": "numeric", "weight": 1.0}]}
+    for path, value in changes.items():
+        section, _, key = path.partition("__")
+        if key:
+            config[section] = {**config[section], key: value}
+        else:
+            config[section] = value
+    return config
+
+
+@pytest.mark.parametrize("other, expected", [
+    (config_with(), []),
+    (config_with(name="b", runs_dir="/z", base_dir="/w"), []),  # where a run was made is no setting
+    (config_with(grpo__beta=0.0), [["grpo.beta", "0.04", "0.0"]]),
+    (config_with(data__source="/elsewhere/data.csv"), []),  # the same file name: the same data as far as shown
+    (config_with(data__source="openai/gsm8k"), [["data.source", "data.csv", "openai/gsm8k"]]),
+    (config_with(rewards=[{"kind": "numeric", "name": "numeric", "weight": 2.0}]),
+     [["reward · numeric", "numeric × 1.0", "numeric × 2.0"]]),
+    (config_with(rewards=[{"kind": "numeric", "name": "numeric", "weight": 1.0},
+                          {"kind": "regex", "name": "digits", "weight": 0.5, "pattern": "^\\d+$"}]),
+     [["reward · digits", "–", "regex × 0.5 (pattern ^\\d+$)"]]),
+    (config_with(rewards=[{"kind": "python", "name": "numeric", "weight": 1.0, "code": "def reward(): return 1"}]),
+     [["reward · numeric", "numeric × 1.0", "python × 1.0, its own code #"]]),
+])
+def test_only_the_settings_that_differ_are_listed(other, expected):
+    rows = experiments.differing_settings([config_with(), other])
+    if expected and expected[0][2].endswith("#"):  # a code's fingerprint: check its form, not its digits
+        assert rows[0][:2] == expected[0][:2] and rows[0][2].startswith(expected[0][2]) and len(rows[0][2]) > 30
+    else:
+        assert rows == expected
+
+
+def test_two_codes_differ_by_their_fingerprints():
+    one = config_with(rewards=[{"kind": "python", "name": "mine", "code": "def reward(*a): return 1"}])
+    two = config_with(rewards=[{"kind": "python", "name": "mine", "code": "def reward(*a): return 0"}])
+    assert experiments.differing_settings([one, two])[0][0] == "reward · mine"
+    assert experiments.differing_settings([one, one]) == []
+
+
+def test_the_csv_opens_safely_in_a_spreadsheet(tmp_path):
+    rows = [["=HYPERLINK(\"http://x\")", "+1", "-cmd", "@SUM(A1)", "plain", 0.5, -0.25, None]]
+    path = experiments.write_csv(tmp_path / "runs.csv", list("ABCDEFGH"), rows)
+    with open(path, newline="", encoding="utf-8") as fh:
+        header, row = list(csv.reader(fh))
+    assert header == list("ABCDEFGH")
+    assert row == ["'=HYPERLINK(\"http://x\")", "'+1", "'-cmd", "'@SUM(A1)", "plain", "0.5", "-0.25", ""]
+
+
+def test_overlaid_curves_give_each_run_one_colour_against_steps_or_minutes(studio, three_runs):
+    curves = [experiments.run_curves(run) for run in three_runs[:2]]
+    labels = experiments.legend_labels(curves)
+    assert labels == ["tiny", "stronger"]
+    by_step = plots.overlay_figure(curves, labels, "reward", "Training reward", "mean reward")
+    assert [list(trace.x) for trace in by_step.data] == [[1, 2, 3, 4], [1, 2, 3, 4]]
+    assert [list(trace.y) for trace in by_step.data] == [[0.2, 0.3, 0.4, 0.5], [0.4, 0.6, 0.8, 0.9]]
+    by_minute = plots.overlay_figure(curves, labels, "reward", "Training reward", "mean reward", x="minutes")
+    assert list(by_minute.data[1].x) == [0.25, 0.5, 0.75, 1.0]  # 15 s a step
+    rewards = plots.overlay_rewards_figure(curves, labels)
+    names = [trace.name for trace in rewards.data]
+    assert names == ["tiny · numeric", "tiny · length", "stronger · numeric", "stronger · length",
+                     "stronger · digits_only"] or names == ["tiny · numeric", "stronger · numeric"]
+    colours = {trace.name.split(" · ")[0]: trace.line.color for trace in rewards.data}
+    assert colours == {"tiny": by_step.data[0].line.color, "stronger": by_step.data[1].line.color}
+    assert len(set(colours.values())) == 2
+
+
+def test_two_runs_of_one_name_are_told_apart_in_the_legend(three_runs):
+    curves = [experiments.run_curves(run) for run in (three_runs[0], three_runs[2])]
+    assert experiments.legend_labels(curves) == ["tiny (20261201-100000)", "tiny (20261201-120000)"]
+
+
+def test_the_tab_lists_draws_and_exports_the_runs(app, studio, three_runs):
+    board, choices = handler(app, "experiments_runs")("")
+    assert list(board.columns) == experiments.LEADERBOARD_COLUMNS and len(board) == 3
+    assert board.iloc[0]["Run"] == "20261201-110000-stronger" and board.iloc[0]["Change"] == pytest.approx(0.65)
+    assert [value for _, value in choices.choices] == [run.id for run in reversed(three_runs)]
+    filtered, _ = handler(app, "experiments_runs")("stronger")
+    assert list(filtered["Run"]) == ["20261201-110000-stronger"]
+
+    said, differing, *charts = handler(app, "experiments_side_by_side")([three_runs[0].id, three_runs[1].id], "step")
+    assert "settings differ" in said
+    settings = dict(zip(differing["Setting"], zip(differing.iloc[:, 1], differing.iloc[:, 2])))
+    assert settings["grpo.beta"] == ("0.04", "0.0") and settings["grpo.temperature"][1] == "0.5"
+    assert settings["reward · numeric"] == ("numeric × 1.0", "numeric × 2.0")
+    assert settings["reward · digits_only"][0] == "–"
+    assert "model.id" not in settings and "training.learning_rate" not in settings  # the same in both
+    assert len(charts) == len(CHARTS) + 1 and all(len(chart.data) == 2 for chart in charts if chart.data)
+    assert [trace.name for trace in charts[0].data] == ["tiny", "stronger"]
+
+    exported = handler(app, "experiments_export")("tiny")
+    assert exported.visible
+    with open(exported.value["path"], newline="", encoding="utf-8") as fh:
+        header, *rows = list(csv.reader(fh))
+    assert header == experiments.LEADERBOARD_COLUMNS and [row[0] for row in rows] == [
+        "20261201-100000-tiny", "20261201-120000-tiny"]
+
+
+def test_one_run_is_drawn_and_asks_for_another(app, three_runs):
+    said, differing, *charts = handler(app, "experiments_side_by_side")([three_runs[2].id], "minutes")
+    assert "Choose two to eight runs" in said and differing.empty
+    assert list(charts[0].data[0].x) == [25 / 60, 50 / 60]
+
+
+@pytest.mark.parametrize("run_ids, x, says", [
+    (["../../etc"], "step", "There is no run with that id"),
+    ([f"run-{n}" for n in range(9)], "step", "at most 8 runs"),
+    ("20261201-100000-tiny", "step", "Choose the runs from the list"),
+    ([{"id": 1}], "step", "Choose the runs from the list"),
+    ([], "hours", "Draw against steps or minutes"),
+])
+def test_what_a_client_sends_is_checked(app, three_runs, run_ids, x, says):
+    with pytest.raises(Exception) as raised:
+        handler(app, "experiments_side_by_side")(run_ids, x)
+    assert says in str(raised.value)
+
+
+def test_a_filter_longer_than_the_field_is_refused(app, three_runs):
+    with pytest.raises(Exception, match="at most 200 characters"):
+        handler(app, "experiments_runs")("x" * 201)
+
+
+def test_a_public_demo_lists_everyones_runs_as_whose_they_are(monkeypatch, runs_dir, three_runs):
+    from dragon_ui.studio.backend import Studio
+
+    monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
+    status = json.loads(three_runs[1].status_path.read_text())
+    write_json_atomic(three_runs[1].status_path, {**status, "owner": "someone"})
+    write_json_atomic(three_runs[0].status_path, {**json.loads(three_runs[0].status_path.read_text()), "owner": "me"})
+    with public.visiting(public.Visitor(key="me")):  # the app serves each event so (tests/test_public.py)
+        board, _ = experiments_tab.board(Studio(runs_dir=runs_dir), "")
+    assert list(board.columns) == [*experiments.LEADERBOARD_COLUMNS, "Whose"]
+    whose = dict(zip(board["Run"], board["Whose"]))
+    assert whose["20261201-110000-stronger"] == "another visitor's" and whose["20261201-100000-tiny"] == "yours"
+    assert not any("/" in str(value) for value in board["Data"])  # no server path of anyone's upload
+
+
+def test_the_command_line_writes_the_same_leaderboard(three_runs, runs_dir, tmp_path, capsys):
+    from dragon_ui.cli import main
+
+    target = tmp_path / "board.csv"
+    assert main(["runs", "--csv", str(target)]) == 0
+    assert f"Leaderboard written to {target}" in capsys.readouterr().out
+    with open(target, newline="", encoding="utf-8") as fh:
+        header, *rows = list(csv.reader(fh))
+    assert header == experiments.LEADERBOARD_COLUMNS
+    assert [(row[0], row[4], row[5]) for row in rows] == [("20261201-110000-stronger", "0.9", "0.65"),
+                                                          ("20261201-100000-tiny", "0.5", "0.25"),
+                                                          ("20261201-120000-tiny", "", "")]
