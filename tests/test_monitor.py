@@ -240,6 +240,16 @@ CASES = {
     "reward 0 for four steps": (recorded(reward_format=[0.0] * 4), []),
     "reward constant all run": (recorded(reward_format=[1.0] * 10),
                                 [("reward_flat", 10, 1.0, "'format' gave 1.000 on every step so far")]),
+    # Reward hacking: one reward bought with another.
+    "one reward up, another down": (recorded(reward_numeric=[0.6, 0.625, 0.6, 0.3, 0.25, 0.2],
+                                             reward_format=[0.5, 0.5, 0.5, 0.875, 1.0, 1.0]),
+                                    [("reward_trade_off", 10, 1.0, "'format' rose to 1.000 at step 10 while 'numeric' "
+                                      "fell to 0.200 (the last 3 steps against the 3 before: format 0.50 → 0.96, "
+                                      "numeric 0.61 → 0.25)")]),
+    "one up, another down by less than noise": (recorded(reward_numeric=[0.6, 0.625, 0.6, 0.5, 0.5, 0.5],
+                                                         reward_format=[0.5, 0.5, 0.5, 0.875, 1.0, 1.0]), []),
+    "both up": (recorded(reward_numeric=[0.2, 0.2, 0.2, 0.5, 0.5, 0.5], reward_format=[0.5, 0.5, 0.5, 0.9, 1.0, 1.0]),
+                []),
 }
 FIX_MENTIONS = {"kl_rising": "learning rate (now 1e-05; LoRA on a model under 1B",
                 "kl_spike": "5e-5 to 5e-4, larger models from 1e-5 to 2e-4; training every weight wants 1e-6 to 2e-5) "
@@ -248,7 +258,8 @@ FIX_MENTIONS = {"kl_rising": "learning rate (now 1e-05; LoRA on a model under 1B
                 "no_spread": "group_size (now 4) or temperature (now 1.0)",
                 "all_zero": "group_size (now 4) or temperature (now 1.0)",
                 "little_spread": "group_size (now 4) or temperature (now 1.0)",
-                "clipped": "max new tokens (now 16)", "reward_errors": "Rewards tab", "reward_flat": "Rewards tab"}
+                "clipped": "max new tokens (now 16)", "reward_errors": "Rewards tab", "reward_flat": "Rewards tab",
+                "reward_trade_off": "lower its weight or make it stricter"}
 
 
 @pytest.mark.parametrize(("rows", "expected"), CASES.values(), ids=CASES.keys())
@@ -323,3 +334,43 @@ def test_a_failing_reward_is_not_also_reported_as_always_0():
 def test_the_learning_rate_advice_fits_lora_and_the_models_size(config, advice):
     (alert,) = health_alerts(recorded(kl=[1.4, 1.5, 1.6, 1.5], reward=FALLING), {}, {**CONFIG, **config})
     assert advice in alert.fix and "(now 1e-05; " in alert.fix
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reward hacking in the latest step's completions (rollouts.jsonl, as the completions viewer shows them).
+
+
+def rollout_of(*groups: tuple[str, list[str]]) -> dict:
+    """A step's sampled groups as training.RunStoreCallback writes them: (reference, completion texts) each."""
+    return {"step": 12, "groups": [
+        {"prompt": f"question {n}", "reference": reference,
+         "completions": [{"text": text, "scores": {}, "total": 0.0, "advantage": 0.0} for text in texts]}
+        for n, (reference, texts) in enumerate(groups)]}
+
+
+ROLLOUT_CASES = {
+    "healthy": (rollout_of(("85", ["85", "The answer is 85", "84", "85"]), ("12", ["12", "12.", "13", "twelve"])), []),
+    "one reply to different answers": (rollout_of(("85", ["1 2 3 4 5", "1 2 3 4 5", "85", "1 2  3 4 5"]),
+                                                  ("12", ["1 2 3 4 5", "1 2 3 4 5", "1 2 3 4 5", "12"])),
+                                       [("same_reply", 6 / 8, "6 of 8 completions at step 12 are the same reply, "
+                                         "“1 2 3 4 5”, to questions with 2 different answers")]),
+    "one reply, the same answer everywhere": (rollout_of(("positive", ["positive"] * 4), ("positive", ["positive"] * 4)),
+                                              []),
+    "one reply to half": (rollout_of(("85", ["x", "x", "85", "84"]), ("12", ["x", "12", "13", "14"])), []),
+    "repetition": (rollout_of(("85", ["85 85 85 85 85 85 85 85 85", "the answer is 85 the answer is 85 the answer is 85",
+                                      "85", "85 85 85 85 85 85 85 85"]), ("12", ["12", "12 12 12 12 12 12 12 12", "12", "12"])),
+                   [("repetition", 4 / 8, "4 of 8 completions at step 12 repeat themselves")]),
+    "long but varied": (rollout_of(("85", ["first add the tens then add the ones and the sum is 85"] * 1
+                                   + ["85", "85", "85"])), []),
+    "empty replies": (rollout_of(("85", ["", " ", "85", ""]), ("12", ["", "12", "", "\n"])),
+                      [("empty_replies", 6 / 8, "6 of 8 completions at step 12 are empty")]),
+    "no rollout yet": (None, []),
+}
+
+
+@pytest.mark.parametrize(("rollout", "expected"), ROLLOUT_CASES.values(), ids=ROLLOUT_CASES.keys())
+def test_reward_hacking_in_the_latest_completions(rollout, expected):
+    alerts = health_alerts(recorded(), {}, CONFIG, rollout=rollout)
+    assert [(a.kind, a.value) for a in alerts] == [case[:2] for case in expected]
+    for alert, (_, _, quoted) in zip(alerts, expected):
+        assert quoted in alert.title and alert.step == 12 and "completions below" in alert.fix

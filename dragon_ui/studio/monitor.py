@@ -13,6 +13,7 @@ run is not improving instead of watching a flat line. It reads the rows through 
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import re
@@ -198,16 +199,20 @@ class Alert:
     value: float | None = None
 
 
-def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: str = "") -> list[Alert]:
+def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: str = "",
+                  rollout: dict | None = None) -> list[Alert]:
     """Warnings about the run so far, each with a suggested fix, computed from the values the charts draw (see
     :func:`series`). ``config`` is the run's config as a dict (config.json); ``log`` is the log tail, where the
-    trainer writes each failing reward's first error.
+    trainer writes each failing reward's first error; ``rollout`` the latest step's sampled groups (rollouts.jsonl),
+    which the completions viewer shows.
 
     - a reward failing: errors_<name> > 0 in the latest row (or in status.reward_errors);
     - a reward that teaches nothing: a mean of 0 on each of the last FLAT_STEPS steps, or one mean on every step;
     - every group scoring the same: frac_reward_zero_std == 1 in the latest row (or >= 0.9 for WINDOW steps running);
     - most completions cut off: clipped_ratio > 0.5 in the latest row;
-    - KL: a spike among the last WINDOW steps, the latest above 1.0, or rising for WINDOW steps to 3x the level before.
+    - KL: a spike among the last WINDOW steps, the latest above 1.0, or rising for WINDOW steps to 3x the level before;
+    - reward hacking (:func:`hacking_alerts`): one reward rising while another falls, one reply to different
+      questions, repetitive or empty replies.
     """
     grpo = config.get("grpo") or {}
     training = config.get("training") or {}
@@ -218,7 +223,7 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     alerts += _length_alerts(progress_rows, grpo)
     alerts += _kl_alerts(progress_rows, grpo, training, usual_learning_rates(
         (config.get("lora") or {}).get("enabled", True), _parameters((config.get("model") or {}).get("id", ""))))
-    return alerts
+    return alerts + hacking_alerts(progress_rows, rollout, config, skip=failing)
 
 
 def _parameters(model_id: str) -> float | None:
@@ -380,3 +385,96 @@ def _recent_spike(kl: list[tuple[int, float]]) -> tuple[int, float, float] | Non
         if value >= KL_SPIKE_MIN and value > KL_SPIKE * level:
             return step, value, level
     return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reward hacking: the reward climbs because the model found a loophole, not the task.
+
+TRADE_OFF = 0.15  # a reward's mean over the last WINDOW steps this much above (or below) its mean over the WINDOW before
+MOST_REPLIES = 0.5  # a share of the latest step's completions
+REPEATED_MIN_WORDS = 8  # shorter replies are too short to call repetitive
+REPEATED_DISTINCT = 0.5  # a reply whose distinct word 3-grams are at most this share of its 3-grams repeats itself
+
+
+def hacking_alerts(rows: list[dict], rollout: dict | None, config: dict, skip: set[str] = frozenset()) -> list[Alert]:
+    """The usual signs that a model games its rewards, each with the numbers and a fix:
+
+    - one reward rising while another falls (the last WINDOW steps against the WINDOW before), a failing reward
+      (in ``skip``: its fall is explained already) aside;
+    - one reply to most of the latest step's prompts, among prompts whose references differ;
+    - most replies repeating themselves (few distinct word 3-grams), or empty.
+    """
+    return [*_trade_off_alerts(rows, config, skip), *_reply_alerts(rollout)]
+
+
+def _window_means(rows: list[dict], key: str) -> tuple[float, float] | None:
+    """(mean of the WINDOW steps before the last WINDOW, mean of the last WINDOW) of a progress key."""
+    _, values = series(rows[-2 * WINDOW:], key)
+    if len(values) < 2 * WINDOW or None in values:
+        return None
+    return statistics.fmean(values[:WINDOW]), statistics.fmean(values[WINDOW:])
+
+
+def _trade_off_alerts(rows: list[dict], config: dict, skip: set[str]) -> list[Alert]:
+    moves = {name: means for name in reward_names_of(rows)
+             if name not in skip and (means := _window_means(rows, f"reward_{name}"))}
+    rising = sorted((after - before, name) for name, (before, after) in moves.items() if after - before >= TRADE_OFF)
+    falling = sorted((after - before, name) for name, (before, after) in moves.items() if before - after >= TRADE_OFF)
+    if not rising or not falling:
+        return []
+    (_, up), (_, down) = rising[-1], falling[0]
+    step, now_up, now_down = rows[-1].get("step"), rows[-1][f"reward_{up}"], rows[-1][f"reward_{down}"]
+    weights = {r.get("name") or r.get("kind"): r.get("weight", 1.0) for r in config.get("rewards") or []
+               if isinstance(r, dict)}
+    weight = f" (now {weights[up]})" if up in weights else ""
+    return [Alert("warn", f"'{up}' rose to {now_up:.3f} at step {step} while '{down}' fell to {now_down:.3f} (the last "
+                  f"{WINDOW} steps against the {WINDOW} before: {up} {moves[up][0]:.2f} → {moves[up][1]:.2f}, {down} "
+                  f"{moves[down][0]:.2f} → {moves[down][1]:.2f})",
+                  f"The model may be earning '{up}' at the expense of '{down}': a loophole in '{up}' pays more than "
+                  f"the task. Read the completions below (step {step}); if they game '{up}', lower its weight{weight} "
+                  "or make it stricter, so that it pays only for what you want.",
+                  "reward_trade_off", f"reward_{up}", step, now_up)]
+
+
+def _reply_alerts(rollout: dict | None) -> list[Alert]:
+    groups = [g for g in (rollout or {}).get("groups") or [] if isinstance(g, dict)]
+    replies = [(str(g.get("reference", "")), str(c.get("text", ""))) for g in groups
+               for c in g.get("completions") or [] if isinstance(c, dict)]
+    if not replies:
+        return []
+    step, total, alerts = rollout.get("step"), len(replies), []
+    said = collections.Counter(" ".join(text.split()).lower() for _, text in replies)
+    text, count = said.most_common(1)[0]
+    references = {reference for reference, reply in replies if " ".join(reply.split()).lower() == text}
+    if text and count / total >= MOST_REPLIES and len(references) > 1:
+        shown = text if len(text) <= 60 else text[:57] + "…"
+        alerts.append(Alert("warn", f"{count} of {total} completions at step {step} are the same reply, “{shown}”, to "
+                            f"questions with {len(references)} different answers", "The model found one reply that "
+                            "scores whatever the question (reward hacking). Read the completions below; make the reward "
+                            "that pays for it check the answer against the reference (numeric, exact, math) instead of "
+                            "a shape or a word that any reply can have.", "same_reply", None, step, count / total))
+    repetitive = sum(_repeats_itself(reply) for _, reply in replies)
+    if repetitive / total >= MOST_REPLIES:
+        alerts.append(Alert("warn", f"{repetitive} of {total} completions at step {step} repeat themselves",
+                            "Repeated phrases often earn a reward that counts words, numbers or length. Read the "
+                            "completions below; pay for the answer rather than its length, lower the temperature or the "
+                            "learning rate, or raise beta to keep the model nearer where it started.",
+                            "repetition", None, step, repetitive / total))
+    empty = sum(not reply.strip() for _, reply in replies)
+    if empty / total >= MOST_REPLIES:
+        alerts.append(Alert("warn", f"{empty} of {total} completions at step {step} are empty", "An empty reply costs "
+                            "nothing and a length or format reward may pay for it. Read the completions below; give "
+                            "empty replies no reward (a "
+                            "reward that checks the answer does), or lower the weight of the length reward.",
+                            "empty_replies", None, step, empty / total))
+    return alerts
+
+
+def _repeats_itself(text: str) -> bool:
+    """Whether a reply is mostly the same few words again (its distinct word 3-grams at most REPEATED_DISTINCT of
+    them): "85 85 85 85 85 85 85 85", or a sentence said three times."""
+    words = text.lower().split()
+    if len(words) < REPEATED_MIN_WORDS:
+        return False
+    trigrams = list(zip(words, words[1:], words[2:]))
+    return len(set(trigrams)) <= REPEATED_DISTINCT * len(trigrams)

@@ -233,7 +233,7 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
         spread_plot=plots.spread_figure(rows) if snap.progress_changed else skip,
         kl_plot=plots.kl_figure(rows) if snap.progress_changed else skip,
         length_plot=plots.length_figure(rows, max_new_tokens) if snap.progress_changed else skip,
-        alerts=alerts_markdown(health_alerts(rows, status, config, snap.log)),
+        alerts=alerts_markdown(health_alerts(rows, status, config, snap.log, snap.rollouts)),
         rollouts=rollouts_html(snap.rollouts, reward_names) if snap.rollouts_changed else skip,
         log=snap.log if snap.log_changed else skip,
         stop=gr.Button(interactive=snap.active and mine) if state_changed else skip,
