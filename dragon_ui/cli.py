@@ -221,7 +221,7 @@ def _cmd_runs(args) -> int:
     for row in rows:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
     if args.csv:
-        from .studio import experiments
+        from . import experiments
 
         board = [entry.row(public=False) for entry in experiments.leaderboard(runs)]
         experiments.write_csv(Path(args.csv), experiments.leaderboard_columns(False), board)
@@ -241,7 +241,17 @@ def _cmd_eval(args) -> int:
             print(progress)
         evaluation = run.read_eval()
     _print_eval(evaluation)
+    _print_heldout_curve(run)
     return 0
+
+
+def _print_heldout_curve(run) -> None:
+    from .engine.evaluation import heldout_curve
+
+    rows = run.read_heldout()
+    if rows:
+        print(f"Held-out reward during training, on {rows[-1].get('n_prompts', '?')} of those prompts:")
+        print(f"  {heldout_curve(rows)}")
 
 
 def _print_eval(evaluation: dict) -> None:

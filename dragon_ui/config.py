@@ -101,6 +101,12 @@ class TrainingSettings:
     weight_decay: float = 0.0
     gradient_checkpointing: bool = False
     seed: int = 42
+    # The held-out reward during training: every ``eval_every`` steps (None: about ten checks a run; 0: none) the
+    # model answers ``eval_prompts`` held-out prompts greedily, scored by the run's rewards. A few fixed prompts keep
+    # each check cheap (the whole held-out set is scored before and after); its curve is what tells learning the
+    # task from gaming the training prompts.
+    eval_every: int | None = None
+    eval_prompts: int = 8
 
     def validate(self, where: str = "training") -> None:
         if not (0.0 < self.learning_rate <= 1.0):
@@ -115,6 +121,16 @@ class TrainingSettings:
         _check_range(f"{where}.save_steps", self.save_steps, 1, 10_000_000, "steps between checkpoints")
         _check_range(f"{where}.warmup_ratio", self.warmup_ratio, 0.0, 0.99, "the fraction of steps spent warming up")
         _check_range(f"{where}.weight_decay", self.weight_decay, 0.0, 1.0, "AdamW weight decay")
+        if self.eval_every is not None:
+            _check_range(f"{where}.eval_every", self.eval_every, 0, 10_000_000,
+                         "steps between held-out checks (0: none)")
+        _check_range(f"{where}.eval_prompts", self.eval_prompts, 1, 256, "held-out prompts scored at each check")
+
+    def checks_at(self, total_steps: int) -> int:
+        """Steps between held-out checks for a run of ``total_steps`` (0: none)."""
+        if self.eval_every is not None:
+            return self.eval_every
+        return max(1, round(total_steps / 10))
 
 
 @dataclass

@@ -8,6 +8,8 @@ Layout of ``runs/<id>/``::
     log.txt          human-readable log of the run
     progress.jsonl   one row per optimiser step (reward, reward_<name>, kl, lengths, ...)
     rollouts.jsonl   per step, the sampled groups with per-reward scores and advantages
+    heldout.jsonl    the held-out reward during training: a row per check (step, reward, reward_<name>, seconds) on a
+                     fixed few held-out prompts; step 0 is the starting model on the same prompts
     data/            the exact train/eval split used, so resume and evaluation never re-split
     checkpoints/     checkpoint-<step>/ with adapter, optimiser, scheduler and RNG state
     adapter/         the final LoRA adapter plus tokenizer (model/ instead for full fine-tuning)
@@ -132,6 +134,7 @@ class RunDir:
     log_path = property(lambda self: self.path / "log.txt")
     progress_path = property(lambda self: self.path / "progress.jsonl")
     rollouts_path = property(lambda self: self.path / "rollouts.jsonl")
+    heldout_path = property(lambda self: self.path / "heldout.jsonl")
     data_dir = property(lambda self: self.path / "data")
     train_data_path = property(lambda self: self.data_dir / "train.jsonl")  # the mapped training examples
     eval_data_path = property(lambda self: self.data_dir / "eval.jsonl")  # the held-out ones (empty when none)
@@ -193,8 +196,15 @@ class RunDir:
         if not self.read_only:
             append_jsonl(self.rollouts_path, row)
 
+    def append_heldout(self, row: dict) -> None:
+        if not self.read_only:
+            append_jsonl(self.heldout_path, row)
+
     def read_progress(self) -> list[dict]:
         return read_appended_rows(self.progress_path)[0]
+
+    def read_heldout(self) -> list[dict]:
+        return read_appended_rows(self.heldout_path)[0]
 
     def read_rollouts(self) -> list[dict]:
         return read_appended_rows(self.rollouts_path)[0]
@@ -203,7 +213,9 @@ class RunDir:
         """Drop rows newer than ``step`` (the checkpoint a resume starts from), so the history has no duplicate steps."""
         if self.read_only:
             return
-        for path in (self.progress_path, self.rollouts_path):
+        for path in (self.progress_path, self.rollouts_path, self.heldout_path):
+            if not path.is_file():
+                continue
             rows, _ = read_appended_rows(path)
             kept = [row for row in rows if row.get("step", 0) <= step]
             if len(kept) != len(rows):

@@ -80,13 +80,15 @@ def tiny_config(client: Client, csv_path, model_dir) -> dict:
 
 
 def test_the_api_is_whole_configs_and_run_control(client):
-    """The UI's own events are private: a client sees /recipe, /check, /start and the Train and Compare endpoints."""
+    """The UI's own events are private: a client sees /recipe, /check, /start and the Train, Compare and Experiments
+    endpoints."""
     endpoints = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
     assert {"/recipe", "/check", "/start"} <= endpoints
     assert {"/train_tick", "/train_show", "/train_stop", "/train_resume", "/train_open", "/train_runs",
-            "/compare_runs", "/compare_show", "/compare_evaluate", "/compare_ask"} <= endpoints
+            "/compare_runs", "/compare_show", "/compare_evaluate", "/compare_ask", "/experiments_runs",
+            "/experiments_side_by_side", "/experiments_export"} <= endpoints
     others = endpoints - {"/recipe", "/check", "/start"}
-    assert all(name.startswith(("/train_", "/compare_")) for name in others), sorted(others)
+    assert all(name.startswith(("/train_", "/compare_", "/experiments_")) for name in others), sorted(others)
 
 
 def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path, tiny_model_dir):
@@ -122,8 +124,8 @@ def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path
     assert any(run_id in status for status in statuses), statuses
     assert "succeeded" in latest["status"] and "Held-out reward" in latest["status"], latest["status"]
     assert 'aria-valuenow="2"' in latest["progress"] and "Step 2 / 2" in latest["progress"]
-    assert {trace["name"] for trace in plot_traces(latest["reward_plot"])} == {"total", "numeric", "length"}
-    assert all(trace["x"] == [1, 2] for trace in plot_traces(latest["reward_plot"]))
+    traces = {trace["name"]: trace["x"] for trace in plot_traces(latest["reward_plot"])}
+    assert traces == {"total": [1, 2], "numeric": [1, 2], "length": [1, 2], "held-out (6 prompts)": [0, 1, 2]}
 
     picker, summary, *_ = client.predict("", api_name="/compare_runs")  # the Refresh button picks the session's run
     assert picker["value"] == run_id and "before" in summary, (picker, summary)

@@ -40,6 +40,7 @@ def test_train_runs_eval_in_process(config_file, runs_dir, capsys):
     assert main(["eval", str(run_dir)]) == 0
     stored = capsys.readouterr().out
     assert "numeric" in stored and "length" in stored and "before" in stored
+    assert "Held-out reward during training" in stored and "step 0: " in stored and "step 1: " in stored
 
     before = json.loads((run_dir / "eval.json").read_text())
     tampered = json.loads(json.dumps(before))

@@ -1,4 +1,4 @@
-"""Runs side by side (studio.experiments, the Experiments tab): the leaderboard, the settings that differ, the
+"""Runs side by side (dragon_ui.experiments, the Experiments tab): the leaderboard, the settings that differ, the
 overlaid curves and the CSV, from run folders written as training writes them."""
 
 from __future__ import annotations
@@ -12,21 +12,25 @@ import pytest
 from dragon_ui import public
 from dragon_ui.config import RunConfig
 from dragon_ui.runstore import RunDir, write_json_atomic
-from dragon_ui.studio import experiments
+from dragon_ui import experiments
 from dragon_ui.ui import plots
 from dragon_ui.ui import experiments_tab
 from dragon_ui.ui.experiments_tab import CHARTS
 from conftest import handler, tiny_config
 
 
-def make_run(runs_dir: Path, run_id: str, config: dict, status: dict, progress: list[dict] = ()) -> RunDir:
-    """A run folder as training leaves it: its validated config, its status, a progress row per step."""
+def make_run(runs_dir: Path, run_id: str, config: dict, status: dict, progress: list[dict] = (),
+             heldout: list[tuple[int, float]] = ()) -> RunDir:
+    """A run folder as training leaves it: its validated config, its status, a progress row per step, a held-out
+    check (step, reward) now and then."""
     run = RunDir(runs_dir / run_id)
     run.path.mkdir(parents=True)
     run.write_config(RunConfig.from_dict(config))
     write_json_atomic(run.status_path, status)
     for row in progress:
         run.append_progress(row)
+    for step, reward in heldout:
+        run.append_heldout({"step": step, "reward": reward, "reward_numeric": reward, "n_prompts": 8, "seconds": 0.3})
     return run
 
 
@@ -46,10 +50,12 @@ def three_runs(tiny_model_dir, tmp_path, runs_dir):
     return [
         make_run(runs_dir, "20261201-100000-tiny", base,
                  {"state": "succeeded", "step": 4, "total_steps": 4, "heldout_before": 0.25, "heldout_after": 0.5,
-                  "elapsed_s": 120.0, "started_at": 1_790_000_000}, rows_of([0.2, 0.3, 0.4, 0.5])),
+                  "elapsed_s": 120.0, "started_at": 1_790_000_000}, rows_of([0.2, 0.3, 0.4, 0.5]),
+                 [(0, 0.25), (2, 0.4), (4, 0.5)]),
         make_run(runs_dir, "20261201-110000-stronger", better,
                  {"state": "succeeded", "step": 4, "total_steps": 4, "heldout_before": 0.25, "heldout_after": 0.9,
-                  "elapsed_s": 60.0, "started_at": 1_790_003_600}, rows_of([0.4, 0.6, 0.8, 0.9], 15.0)),
+                  "elapsed_s": 60.0, "started_at": 1_790_003_600}, rows_of([0.4, 0.6, 0.8, 0.9], 15.0),
+                 [(0, 0.25), (2, 0.6), (4, 0.9)]),
         make_run(runs_dir, "20261201-120000-tiny", base,
                  {"state": "running", "step": 2, "total_steps": 4, "heldout_before": 0.25, "elapsed_s": 50.0,
                   "started_at": 1_790_007_200, "pid": None}, rows_of([0.2, 0.35], 25.0)),
@@ -184,6 +190,10 @@ def test_the_tab_lists_draws_and_exports_the_runs(app, studio, three_runs):
     assert "model.id" not in settings and "training.learning_rate" not in settings  # the same in both
     assert len(charts) == len(CHARTS) + 1 and all(len(chart.data) == 2 for chart in charts if chart.data)
     assert [trace.name for trace in charts[0].data] == ["tiny", "stronger"]
+    heldout = charts[1]  # the held-out checks during training, beside the training reward
+    assert [list(trace.y) for trace in heldout.data] == [[0.25, 0.4, 0.5], [0.25, 0.6, 0.9]]
+    _, _, *by_minute = handler(app, "experiments_side_by_side")([three_runs[0].id, three_runs[1].id], "minutes")
+    assert list(by_minute[1].data[1].x) == [0.0, 0.5, 1.0]  # step 0, then the minutes of steps 2 and 4 (15 s a step)
 
     exported = handler(app, "experiments_export")("tiny")
     assert exported.visible

@@ -43,6 +43,9 @@ def test_a_finished_run_has_a_card_beside_its_adapter(finished_run):
     evaluation = finished_run.read_eval()
     before, after = evaluation["before"]["reward_mean"], evaluation["after"]["reward_mean"]
     assert f"| **total (weighted)** | {before:.3f} | {after:.3f} | {after - before:+.3f} |" in text
+    checks = finished_run.read_heldout()
+    assert f"Held-out reward during training, on 6 of the held-out prompts (greedy): step 0: {before:.3f}" in text
+    assert f"step {checks[-1]['step']}: {after:.3f}." in text  # the last check is on the final weights, as "after"
     assert f"| learning rate | {config.training.learning_rate:g} |" in text
     assert "PeftModel.from_pretrained(base, 'path/to/this/folder')" in text
     assert "- Hardware: CPU" in text and "from start to finish" in text

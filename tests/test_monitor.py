@@ -374,3 +374,33 @@ def test_reward_hacking_in_the_latest_completions(rollout, expected):
     assert [(a.kind, a.value) for a in alerts] == [case[:2] for case in expected]
     for alert, (_, _, quoted) in zip(alerts, expected):
         assert quoted in alert.title and alert.step == 12 and "completions below" in alert.fix
+
+
+def checks(*rewards: float, steps=(0, 5, 10)) -> list[dict]:
+    """Held-out checks as training writes them (heldout.jsonl) at ``steps``."""
+    return [{"step": step, "reward": reward, "reward_numeric": reward, "n_prompts": 8, "seconds": 0.4}
+            for step, reward in zip(steps, rewards)]
+
+
+@pytest.mark.parametrize("heldout, quoted", [
+    (checks(0.40, 0.41, 0.40), "The training reward rose from 0.52 to 1.06 between steps 0 and 10 while the held-out "
+                               "reward stayed at 0.400 (from 0.400)"),
+    (checks(0.50, 0.40, 0.30), "The training reward rose from 0.52 to 1.06 between steps 0 and 10 while the held-out "
+                               "reward fell from 0.500 to 0.300"),
+    (checks(0.30, 0.50, 0.70), None),
+    (checks(0.40, 0.40), None),  # two checks are too few to tell
+    ([], None),
+])
+def test_the_training_reward_rising_while_the_held_out_reward_does_not(heldout, quoted):
+    alerts = [a for a in health_alerts(recorded(), {}, CONFIG, heldout=heldout) if a.kind == "heldout_gap"]
+    if quoted is None:
+        assert alerts == []
+    else:
+        (alert,) = alerts
+        assert alert.title == quoted and alert.step == 10 and alert.value == heldout[-1]["reward"]
+        assert "completions below" in alert.fix
+
+
+def test_a_held_out_reward_that_climbs_with_the_training_reward_is_no_alarm():
+    rising = recorded(reward=[0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1])
+    assert health_alerts(rising, {}, CONFIG, heldout=checks(0.2, 0.6, 1.0)) == []

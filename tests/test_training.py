@@ -55,6 +55,14 @@ def test_two_steps_write_the_whole_run_store(tiny_config_dict):
         assert row["reward"] == pytest.approx(row["reward_numeric"] + 0.3 * row["reward_length"], abs=1e-5)
         assert 0 < row["completion_len"] <= 6
 
+    # The held-out reward during training: the same few prompts (here all 6 held-out ones) at each check, so step 0
+    # is the "before" scoring and the last check, on the final weights, the "after" one.
+    heldout, evaluation = run.read_heldout(), run.read_eval()
+    assert [row["step"] for row in heldout] == [0, 1, 2] and {row["n_prompts"] for row in heldout} == {6}
+    assert heldout[0]["reward"] == pytest.approx(evaluation["before"]["reward_mean"])
+    assert heldout[-1]["reward"] == pytest.approx(evaluation["after"]["reward_mean"])
+    assert heldout[-1]["reward_numeric"] == pytest.approx(evaluation["after"]["reward_breakdown"]["numeric"])
+
     rollouts = run.read_rollouts()
     assert [r["step"] for r in rollouts] == [1, 2]
     groups = rollouts[-1]["groups"]
@@ -317,3 +325,35 @@ def test_the_log_shows_the_latest_steps_pace_and_the_eta_leaves_the_first_step_o
     assert pace.logged(11, 130.0) == (30.0, 30.0)  # one step to go by: its own time
     assert pace.logged(12, 138.0) == (8.0, 8.0)  # the slow first step is left out of the ETA's pace
     assert pace.logged(14, 156.0) == (9.0, 26.0 / 3)  # a row two steps after the last: each took 9 s
+
+
+def test_a_stop_during_a_held_out_check_ends_the_run_with_that_step_saved(tiny_config_dict, monkeypatch):
+    """A stop or the time limit that arrives while the model answers the held-out prompts (their generation asks
+    should_stop after every token) ends the run there: the step before the check is whole, so it is checkpointed."""
+    from dragon_ui.engine import evaluation
+    from dragon_ui.errors import Stopped
+
+    def stopped_midway(self, model, step):
+        raise Stopped("stopped while generating replies")
+
+    monkeypatch.setattr(evaluation.HeldOutChecks, "check", stopped_midway)
+    tiny_config_dict["training"].update(max_steps=4, eval_every=2)
+    run = run_to_end(tiny_config_dict)
+    status = run.read_status()
+    assert status["state"] == "cancelled" and status["step"] == 2, status.get("error")
+    assert run.latest_checkpoint().name == "checkpoint-2"
+    assert [row["step"] for row in run.read_heldout()] == [0]  # the starting model only: the check never finished
+
+
+@pytest.mark.parametrize("eval_every, total, expected", [(None, 95, 10), (None, 4, 1), (0, 95, 0), (7, 95, 7)])
+def test_held_out_checks_come_about_ten_times_a_run_unless_told(eval_every, total, expected):
+    from dragon_ui.config import TrainingSettings
+
+    assert TrainingSettings(eval_every=eval_every).checks_at(total) == expected
+
+
+def test_held_out_checks_can_be_turned_off(tiny_config_dict):
+    tiny_config_dict["training"]["eval_every"] = 0
+    run = run_to_end(tiny_config_dict)
+    assert run.read_status()["state"] == "succeeded" and run.read_eval()["after"]
+    assert not run.heldout_path.exists()

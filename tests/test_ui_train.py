@@ -187,8 +187,10 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
     assert again.outputs()[1:] == (SKIP,) * (len(again.outputs()) - 1)
 
     reopened = view(handler(app, "train_show")(run_id, {}))  # a page reload re-renders everything from the files
-    assert [t.name for t in reopened.reward_plot.data] == ["total", "numeric", "length"]
+    assert [t.name for t in reopened.reward_plot.data] == ["total", "numeric", "length", "held-out (6 prompts)"]
     assert list(reopened.reward_plot.data[0].x) == [1, 2]
+    assert list(reopened.reward_plot.data[-1].x) == [0, 1, 2]  # the starting model, then a check after each step
+    assert list(reopened.reward_plot.data[-1].y) == [row["reward"] for row in studio.run(run_id).read_heldout()]
     assert "<b>Step 2</b>" in reopened.rollouts and not reopened.timer.active
 
     # "Load these settings" gives the run's settings back as a draft, to train them again or change them.

@@ -124,6 +124,54 @@ def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict
     return evaluation
 
 
+class HeldOutChecks:
+    """The held-out reward during training (heldout.jsonl): every few steps, greedy replies to the first
+    ``training.eval_prompts`` held-out prompts, scored by the run's rewards. The same few prompts every time, so the
+    points of the curve compare; step 0 is the starting model on them, taken from the "before" scoring.
+
+    One process only: with several, the others would wait at the next step's collective for as long as it takes."""
+
+    def __init__(self, run: RunDir, config: RunConfig, eval_rows: list[dict], rewards: list[Reward], tokenizer,
+                 should_stop: Callable[[], bool], processes: int) -> None:
+        self.run, self.config, self.rewards, self.tokenizer = run, config, rewards, tokenizer
+        wanted = config.training.eval_every != 0 and processes == 1 and not run.read_only
+        self.examples = eval_rows[:config.training.eval_prompts] if wanted else []
+        self.should_stop = should_stop
+        self.every = 0
+
+    def begin(self, total_steps: int) -> None:
+        """Decide how often to check, once the trainer knows its number of steps."""
+        if self.examples:
+            self.every = self.config.training.checks_at(total_steps)
+
+    def record_start(self, before: EvalResult) -> None:
+        """Step 0 of the curve: the starting model's scores on the same prompts, from the whole set's "before"."""
+        count = len(self.examples)
+        if count:
+            self._append(0, before.totals[:count], before.scores[:count], 0.0)
+
+    def due(self, step: int, total_steps: int) -> bool:
+        return bool(self.every) and (step % self.every == 0 or step == total_steps)
+
+    def check(self, model, step: int) -> None:
+        """Score the model as it is now; raises Stopped on a stop or the time limit (nothing is written then)."""
+        started = time.monotonic()
+        replies = generate_replies(model, self.tokenizer, [ex["prompt"] for ex in self.examples],
+                                   self.config.grpo.max_new_tokens, should_stop=self.should_stop)
+        result = score_replies(self.examples, replies, self.rewards, time.monotonic() - started)
+        row = self._append(step, result.totals, result.scores, result.seconds)
+        log.info("Held-out reward at step %d: %.3f on %d prompts (%.1f s)", step, row["reward"], len(self.examples),
+                 result.seconds)
+
+    def _append(self, step: int, totals: list[float], scores: list[dict[str, float]], seconds: float) -> dict:
+        n = max(1, len(totals))
+        row = {"step": step, "reward": sum(totals) / n,
+               **{f"reward_{r.name}": sum(s[r.name] for s in scores) / n for r in self.rewards},
+               "n_prompts": len(totals), "seconds": round(seconds, 2)}
+        self.run.append_heldout(row)
+        return row
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Evaluating a finished or stopped run again, outside training.
 
@@ -143,6 +191,13 @@ def before_and_after(evaluation: dict) -> list[tuple[str | None, float | None, f
     for name in (before or after).get("reward_breakdown", {}):
         rows.append((name, *(side.get("reward_breakdown", {}).get(name) for side in (before, after))))
     return rows
+
+
+def heldout_curve(rows: list[dict]) -> str:
+    """The held-out checks during training in one line ("step 0: 0.420 · step 10: 0.550 · ..."), for the command
+    line and the model card; "" when the run made none."""
+    points = [(row["step"], row["reward"]) for row in rows if isinstance(row.get("reward"), (int, float))]
+    return " · ".join(f"step {step}: {reward:.3f}" for step, reward in points)
 
 
 def held_out_examples(run: RunDir) -> list[dict]:

@@ -101,6 +101,12 @@ def _body(run: RunDir, config: RunConfig, root: str, earlier: list[Stage], merge
     lines += ["", "## Held-out prompts, before and after", "", *_eval_table(run), ""]
     if has_curve:
         lines += ["## Reward during training", "", f"![Mean reward per step, per reward]({CURVE_FILE})", ""]
+    checks = run.read_heldout()
+    if checks:
+        from .evaluation import heldout_curve  # it imports weights, which imports this module
+
+        lines += [f"Held-out reward during training, on {checks[-1].get('n_prompts', '?')} of the held-out prompts "
+                  f"(greedy): {heldout_curve(checks)}.", ""]
     lines += ["## Settings", "", "| setting | value |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in _settings(config, status)]
     lines += ["", "## How to load it", "", *_load_snippet(run, config, adapter, repo_id, root, earlier), ""]
@@ -215,7 +221,8 @@ def _training_facts(status: dict) -> list[str]:
 
 
 def _plot_reward_curve(run: RunDir, target: Path) -> bool:
-    """The mean reward per step, total and per reward, as a PNG; False (and no file) when nothing was logged."""
+    """The mean reward per step, total and per reward, and the held-out checks, as a PNG; False (and no file) when
+    nothing was logged."""
     points = [row for row in run.read_progress() if "reward" in row and "step" in row]
     if not points:
         target.unlink(missing_ok=True)
@@ -234,6 +241,9 @@ def _plot_reward_curve(run: RunDir, target: Path) -> bool:
                         if key.startswith("reward_") and key != "reward_std"}):
         series = [(row["step"], row[f"reward_{name}"]) for row in points if row.get(f"reward_{name}") is not None]
         axes.plot(*zip(*series), label=name, linewidth=1.2, alpha=0.85)
+    checks = [(row["step"], row["reward"]) for row in run.read_heldout() if row.get("reward") is not None]
+    if checks:
+        axes.plot(*zip(*checks), label="held-out (total)", linewidth=1.6, linestyle="--", marker="o", color="#111827")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("step")
     axes.set_ylabel("mean reward")

@@ -31,7 +31,7 @@ from ..rewards import Reward, RewardFailures, build_rewards, completion_text, la
 from ..runstore import ACTIVE_STATES, RunDir
 from ..scaleout import distributed
 from . import policy, trackers
-from .evaluation import evaluate_model, evaluate_now, record_eval
+from .evaluation import HeldOutChecks, evaluate_model, evaluate_now, record_eval
 from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
 from .model_card import write_model_card
 from .weights import make_portable
@@ -283,6 +283,8 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     model = load_model(source, hardware, dtype=hardware.weights_dtype(config.lora.enabled),
                        placement=BY_LAUNCHER if sharded else ON_DEVICE)
 
+    checks = HeldOutChecks(run, config, [] if sharded else eval_rows, rewards, tokenizer, handle.should_stop,
+                           distributed.world_size())
     # With sharded weights no process holds the whole model, so both sides are scored after training instead.
     if not sharded and distributed.broadcast_from_main(bool(eval_rows) and "before" not in run.read_eval()):
         phase(f"scoring the starting model on {len(eval_rows)} held-out prompts")
@@ -290,13 +292,14 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
             result = evaluate_model(model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens,
                                     should_stop=handle.should_stop)
             record_eval(run, "before", result, eval_rows, config.n_samples)
+            checks.record_start(result)
         distributed.barrier()
 
     phase("building the trainer")
     failures = RewardFailures()
     trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures)
     trackers.point_at_run(trainer, run)
-    callback = RunStoreCallback(run, trainer, handle, rewards, failures, config)
+    callback = RunStoreCallback(run, trainer, handle, rewards, failures, config, checks)
     trainer.add_callback(callback)
     if resume_from is not None:
         run.truncate_after_step(int(resume_from.name.split("-")[-1]))
@@ -591,9 +594,9 @@ class RunStoreCallback(TrainerCallback):
     """
 
     def __init__(self, run: RunDir, trainer, handle: RunHandle, rewards: list[Reward], failures: RewardFailures,
-                 config: RunConfig) -> None:
+                 config: RunConfig, checks: HeldOutChecks) -> None:
         self.run, self.trainer, self.handle = run, trainer, handle
-        self.rewards, self.failures, self.config = rewards, failures, config
+        self.rewards, self.failures, self.config, self.checks = rewards, failures, config, checks
         self.stopped = False
         self._session_start = time.monotonic()
         self._pace = StepPace(0, self._session_start)
@@ -603,6 +606,7 @@ class RunStoreCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._pace = StepPace(state.global_step, self._session_start)
         self._elapsed_before = float(self.run.read_status().get("elapsed_s") or 0.0) if state.global_step else 0.0
+        self.checks.begin(state.max_steps)
         if state.is_world_process_zero:
             self.run.update_status(step=state.global_step, total_steps=state.max_steps)
 
@@ -663,6 +667,12 @@ class RunStoreCallback(TrainerCallback):
             if name not in self._reported_errors:
                 self._reported_errors.add(name)
                 log.warning("Reward '%s' failed on some completions (scored 0); first error: %s", name, message)
+        if self.checks.due(step, total):
+            try:
+                self.checks.check(self.trainer.model, step)
+            except Stopped:  # a stop or the time limit during the check: the step itself is done, so it is saved
+                self.stopped = True
+                control.should_training_stop = control.should_save = True
 
     def _groups(self) -> list[dict]:
         logs = self.trainer._logs

@@ -39,6 +39,7 @@ class Snapshot:
     run_dir: str
     status: dict = field(default_factory=dict)
     progress: list[dict] = field(default_factory=list)  # every progress row so far
+    heldout: list[dict] = field(default_factory=list)  # every held-out check so far (heldout.jsonl)
     rollouts: dict | None = None  # the latest step's sampled groups
     log: str = ""  # the last LOG_LINES lines
     cursor: dict = field(default_factory=dict)
@@ -57,8 +58,8 @@ class Snapshot:
 
     def to_state(self) -> dict:
         """Plain data for a gr.State; pass it back as ``since`` to read only what is new."""
-        return {"run_dir": self.run_dir, "status": self.status, "progress": self.progress, "rollouts": self.rollouts,
-                "log": self.log, "cursor": self.cursor}
+        return {"run_dir": self.run_dir, "status": self.status, "progress": self.progress, "heldout": self.heldout,
+                "rollouts": self.rollouts, "log": self.log, "cursor": self.cursor}
 
 
 def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snapshot:
@@ -88,6 +89,10 @@ def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snap
     rows, reset, snap.cursor["progress"] = _read_new_rows(run.progress_path, old_cursor.get("progress"))
     snap.progress = rows if reset or previous is None else previous["progress"] + rows
     snap.progress_changed = previous is None or reset or bool(rows)
+
+    rows, reset, snap.cursor["heldout"] = _read_new_rows(run.heldout_path, old_cursor.get("heldout"))
+    snap.heldout = rows if reset or previous is None else (previous.get("heldout") or []) + rows
+    snap.progress_changed = snap.progress_changed or reset or bool(rows)  # the reward chart draws both
 
     rows, reset, snap.cursor["rollouts"] = _read_new_rows(run.rollouts_path, old_cursor.get("rollouts"))
     if rows:
@@ -200,19 +205,19 @@ class Alert:
 
 
 def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: str = "",
-                  rollout: dict | None = None) -> list[Alert]:
+                  rollout: dict | None = None, heldout: list[dict] | None = None) -> list[Alert]:
     """Warnings about the run so far, each with a suggested fix, computed from the values the charts draw (see
     :func:`series`). ``config`` is the run's config as a dict (config.json); ``log`` is the log tail, where the
     trainer writes each failing reward's first error; ``rollout`` the latest step's sampled groups (rollouts.jsonl),
-    which the completions viewer shows.
+    which the completions viewer shows; ``heldout`` the held-out checks during training (heldout.jsonl).
 
     - a reward failing: errors_<name> > 0 in the latest row (or in status.reward_errors);
     - a reward that teaches nothing: a mean of 0 on each of the last FLAT_STEPS steps, or one mean on every step;
     - every group scoring the same: frac_reward_zero_std == 1 in the latest row (or >= 0.9 for WINDOW steps running);
     - most completions cut off: clipped_ratio > 0.5 in the latest row;
     - KL: a spike among the last WINDOW steps, the latest above 1.0, or rising for WINDOW steps to 3x the level before;
-    - reward hacking (:func:`hacking_alerts`): one reward rising while another falls, one reply to different
-      questions, repetitive or empty replies.
+    - reward hacking (:func:`hacking_alerts`): the training reward rising while the held-out one does not, one
+      reward rising while another falls, one reply to different questions, repetitive or empty replies.
     """
     grpo = config.get("grpo") or {}
     training = config.get("training") or {}
@@ -223,7 +228,7 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     alerts += _length_alerts(progress_rows, grpo)
     alerts += _kl_alerts(progress_rows, grpo, training, usual_learning_rates(
         (config.get("lora") or {}).get("enabled", True), _parameters((config.get("model") or {}).get("id", ""))))
-    return alerts + hacking_alerts(progress_rows, rollout, config, skip=failing)
+    return alerts + hacking_alerts(progress_rows, rollout, config, heldout, skip=failing)
 
 
 def _parameters(model_id: str) -> float | None:
@@ -396,15 +401,50 @@ REPEATED_MIN_WORDS = 8  # shorter replies are too short to call repetitive
 REPEATED_DISTINCT = 0.5  # a reply whose distinct word 3-grams are at most this share of its 3-grams repeats itself
 
 
-def hacking_alerts(rows: list[dict], rollout: dict | None, config: dict, skip: set[str] = frozenset()) -> list[Alert]:
+def hacking_alerts(rows: list[dict], rollout: dict | None, config: dict, heldout: list[dict] | None = None,
+                   skip: set[str] = frozenset()) -> list[Alert]:
     """The usual signs that a model games its rewards, each with the numbers and a fix:
 
+    - the training reward rising over the last three held-out checks while the held-out reward stays flat or falls;
     - one reward rising while another falls (the last WINDOW steps against the WINDOW before), a failing reward
       (in ``skip``: its fall is explained already) aside;
     - one reply to most of the latest step's prompts, among prompts whose references differ;
     - most replies repeating themselves (few distinct word 3-grams), or empty.
     """
-    return [*_trade_off_alerts(rows, config, skip), *_reply_alerts(rollout)]
+    return [*_heldout_alerts(rows, heldout or []), *_trade_off_alerts(rows, config, skip), *_reply_alerts(rollout)]
+
+
+HELDOUT_FLAT = 0.02  # a held-out reward that gained less than this (on its own scale, at least 1) did not improve
+
+
+def _heldout_alerts(rows: list[dict], heldout: list[dict]) -> list[Alert]:
+    checks = points(heldout, "reward")[-3:]
+    if len(checks) < 3:
+        return []
+    (first, held_first), (last, held_last) = checks[0], checks[-1]
+    trained_first, trained_last = _training_reward_at(rows, first), _training_reward_at(rows, last)
+    if trained_first is None or trained_last is None or trained_last - trained_first < TRADE_OFF:
+        return []
+    if held_last - held_first >= HELDOUT_FLAT * max(1.0, abs(held_first)):
+        return []
+    went = "fell" if held_last < held_first - HELDOUT_FLAT * max(1.0, abs(held_first)) else "stayed"
+    return [Alert("warn", f"The training reward rose from {trained_first:.2f} to {trained_last:.2f} between steps "
+                  f"{first} and {last} while the held-out reward {went} at {held_last:.3f} (from {held_first:.3f})"
+                  if went == "stayed" else
+                  f"The training reward rose from {trained_first:.2f} to {trained_last:.2f} between steps {first} and "
+                  f"{last} while the held-out reward fell from {held_first:.3f} to {held_last:.3f}",
+                  "What the model learns pays on its training prompts but not on new ones: a loophole in a reward, or "
+                  f"prompts it has learned by heart. Read the completions below (step {rows[-1].get('step')}); make "
+                  "the reward check the answer itself, or train on more, and more varied, prompts.",
+                  "heldout_gap", None, last, held_last)]
+
+
+def _training_reward_at(rows: list[dict], step: int) -> float | None:
+    """The training reward around ``step``: the mean of the WINDOW steps up to it (the first WINDOW for step 0, the
+    starting model's check)."""
+    near = [value for at, value in points(rows, "reward") if at <= step][-WINDOW:] if step else \
+        [value for _, value in points(rows, "reward")[:WINDOW]]
+    return statistics.fmean(near) if near else None
 
 
 def _window_means(rows: list[dict], key: str) -> tuple[float, float] | None:

@@ -1,5 +1,5 @@
 """Tab 6 · Experiments: every run on a leaderboard, and 2–8 runs side by side (their curves over each other and the
-settings in which they differ). It reads the run folders only (studio.experiments), so it shows running, stopped
+settings in which they differ). It reads the run folders only (dragon_ui.experiments), so it shows running, stopped
 and finished runs alike; in a public demo everyone's runs are there to read, as in the runs list.
 """
 
@@ -12,19 +12,21 @@ import pandas as pd
 from gradio.context import get_render_context
 
 from ..errors import ConfigError
-from ..studio import experiments
+from .. import experiments
 from ..studio.backend import Studio
 from . import plots
 from .common import Shared, message, shows_errors
 
 MAX_FILTER_CHARS = 200
-CHARTS = [  # (progress key, title, y axis), the per-reward chart after the first
-    ("reward", "Training reward (total)", "mean reward"),
-    ("kl", "KL divergence", "KL"),
-    ("completion_len", "Completion length", "tokens"),
-    ("reward_std", "Reward spread", "std"),
-    ("frac_reward_zero_std", "Groups with no spread", "fraction"),
+CHARTS = [  # (key, title, y axis, of the held-out checks rather than the progress rows); each reward's third
+    ("reward", "Training reward (total)", "mean reward", False),
+    ("reward", "Held-out reward during training", "mean reward", True),
+    ("kl", "KL divergence", "KL", False),
+    ("completion_len", "Completion length", "tokens", False),
+    ("reward_std", "Reward spread", "std", False),
+    ("frac_reward_zero_std", "Groups with no spread", "fraction", False),
 ]
+NO_CHECKS = "No held-out checks: runs before this feature, or with training.eval_every 0"
 
 
 def board_rows(studio: Studio, words: str) -> tuple[list[list], list[dict]]:
@@ -67,8 +69,9 @@ def side_by_side(studio: Studio, run_ids, x: str) -> tuple:
         said = message(f"{len(differing)} setting{'s' if len(differing) > 1 else ''} differ between these runs.", "info")
     else:
         said = message("These runs have the same settings: any difference between them is chance (sampling).", "info")
-    charts = [plots.overlay_figure(curves, labels, key, title, y_title, x) for key, title, y_title in CHARTS]
-    charts.insert(1, plots.overlay_rewards_figure(curves, labels, x))
+    charts = [plots.overlay_figure(curves, labels, key, title, y_title, x, NO_CHECKS if heldout else "No values yet",
+                                   heldout) for key, title, y_title, heldout in CHARTS]
+    charts.insert(2, plots.overlay_rewards_figure(curves, labels, x))
     return said, pd.DataFrame(differing, columns=["Setting", *labels]), *charts
 
 
@@ -105,10 +108,11 @@ def build(shared: Shared) -> None:
     differing = gr.Dataframe(pd.DataFrame([], columns=["Setting"]), interactive=False, wrap=True, label="Settings that differ",
                              elem_id="experiments-differing")
     charts = []
-    for row in range(3):
+    count = len(CHARTS) + 1  # and the chart of each reward
+    for first in range(0, count, 2):
         with gr.Row():
-            for column in range(2):
-                charts.append(gr.Plot(elem_id=f"experiments-chart-{row * 2 + column}", show_label=False))
+            for number in range(first, min(first + 2, count)):
+                charts.append(gr.Plot(elem_id=f"experiments-chart-{number}", show_label=False))
 
     listed = shows_errors(functools.partial(board, studio))
     drawn = shows_errors(functools.partial(side_by_side, studio))

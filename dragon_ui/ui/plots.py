@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ..studio.experiments import RunCurves
+from ..experiments import RunCurves
 from ..studio.monitor import reward_names_of, series
 
 HEIGHT = 300
@@ -37,10 +37,19 @@ def line_figure(rows: list[dict], lines: list[tuple[str, str]], title: str, y_ti
     return figure
 
 
-def reward_figure(rows: list[dict], reward_names: list[str] | None = None) -> go.Figure:
-    """Total reward (weighted sum) and each reward's mean: what the model is being pushed towards."""
+def reward_figure(rows: list[dict], reward_names: list[str] | None = None,
+                  heldout: list[dict] | None = None) -> go.Figure:
+    """Total reward (weighted sum) and each reward's mean: what the model is being pushed towards; and the held-out
+    reward of the checks during training (dashed): whether that carries over to prompts it does not train on."""
     names = reward_names if reward_names is not None else reward_names_of(rows)
-    return line_figure(rows, [("reward", "total"), *((f"reward_{n}", n) for n in names)], "Reward", "mean reward")
+    figure = line_figure(rows, [("reward", "total"), *((f"reward_{n}", n) for n in names)], "Reward", "mean reward")
+    steps, values = series(heldout or [], "reward")
+    if rows and any(value is not None for value in values):
+        prompts = (heldout or [{}])[-1].get("n_prompts")
+        figure.add_trace(go.Scatter(x=steps, y=values, mode="lines+markers", connectgaps=False,
+                                    name=f"held-out ({prompts} prompts)" if prompts else "held-out",
+                                    line={"dash": "dash", "color": "#111827"}))
+    return figure
 
 
 def spread_figure(rows: list[dict]) -> go.Figure:
@@ -73,21 +82,27 @@ X_AXES = {"step": "step", "minutes": "minutes"}
 NO_RUNS = "Choose runs to draw"
 
 
-def _x_values(rows: list[dict], x: str) -> list:
-    """The step of each row, or the minutes its run had trained when it was written."""
-    if x == "minutes":
-        return [row["elapsed_s"] / 60 if isinstance(row.get("elapsed_s"), (int, float)) else None for row in rows]
-    return [row.get("step") for row in rows]
+def _x_values(rows: list[dict], x: str, progress: list[dict]) -> list:
+    """The step of each row, or the minutes its run had trained by then (a progress row's elapsed_s; for a held-out
+    check, that of the progress row of its step)."""
+    if x == "step":
+        return [row.get("step") for row in rows]
+    minutes = {row.get("step"): row["elapsed_s"] / 60 for row in progress
+               if isinstance(row.get("elapsed_s"), (int, float))}
+    minutes.setdefault(0, 0.0)
+    return [minutes.get(row.get("step")) for row in rows]
 
 
 def overlay_figure(curves: list[RunCurves], labels: list[str], key: str, title: str, y_title: str,
-                   x: str = "step", empty_text: str = "No values yet") -> go.Figure:
-    """One line per run of the progress key ``key``, against steps or minutes."""
+                   x: str = "step", empty_text: str = "No values yet", heldout: bool = False) -> go.Figure:
+    """One line per run of the progress key ``key`` (of the held-out checks, with ``heldout``), against steps or
+    minutes."""
     figure = go.Figure()
     for number, (curve, label) in enumerate(zip(curves, labels)):
-        _, values = series(curve.rows, key)
+        rows = curve.heldout if heldout else curve.rows
+        _, values = series(rows, key)
         if any(v is not None for v in values):
-            figure.add_trace(go.Scatter(x=_x_values(curve.rows, x), y=values, mode="lines+markers", name=label,
+            figure.add_trace(go.Scatter(x=_x_values(rows, x, curve.rows), y=values, mode="lines+markers", name=label,
                                         line={"color": RUN_COLOURS[number % len(RUN_COLOURS)]}, connectgaps=False))
     return _overlay_layout(figure, curves, title, y_title, x, empty_text)
 
@@ -100,7 +115,7 @@ def overlay_rewards_figure(curves: list[RunCurves], labels: list[str], x: str = 
             _, values = series(curve.rows, f"reward_{name}")
             if any(v is not None for v in values):
                 figure.add_trace(go.Scatter(
-                    x=_x_values(curve.rows, x), y=values, mode="lines", name=f"{label} · {name}",
+                    x=_x_values(curve.rows, x, curve.rows), y=values, mode="lines", name=f"{label} · {name}",
                     line={"color": RUN_COLOURS[number % len(RUN_COLOURS)],
                           "dash": REWARD_DASHES[index % len(REWARD_DASHES)]}, connectgaps=False))
     return _overlay_layout(figure, curves, "Each reward", "mean reward", x, "No values yet")

@@ -229,11 +229,11 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
         status=status_markdown(run_id, status, queue_place)
         if snap.status_changed or queue_place != watch.get("queue_place", "") else skip,
         progress=progress_html(status) if snap.status_changed else skip,
-        reward_plot=plots.reward_figure(rows, reward_names) if snap.progress_changed else skip,
+        reward_plot=plots.reward_figure(rows, reward_names, snap.heldout) if snap.progress_changed else skip,
         spread_plot=plots.spread_figure(rows) if snap.progress_changed else skip,
         kl_plot=plots.kl_figure(rows) if snap.progress_changed else skip,
         length_plot=plots.length_figure(rows, max_new_tokens) if snap.progress_changed else skip,
-        alerts=alerts_markdown(health_alerts(rows, status, config, snap.log, snap.rollouts)),
+        alerts=alerts_markdown(health_alerts(rows, status, config, snap.log, snap.rollouts, snap.heldout)),
         rollouts=rollouts_html(snap.rollouts, reward_names) if snap.rollouts_changed else skip,
         log=snap.log if snap.log_changed else skip,
         stop=gr.Button(interactive=snap.active and mine) if state_changed else skip,

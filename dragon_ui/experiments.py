@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..data import is_hub_dataset_id
-from ..runstore import RunDir, read_json, state_label
+from .data import is_hub_dataset_id
+from .runstore import RunDir, read_json, state_label
 
 MAX_OVERLAID = 8  # more lines than a legend can tell apart
 LEADERBOARD_COLUMNS = ["Run", "Name", "Data", "Held-out before", "Held-out after", "Change", "Steps", "Minutes",
@@ -182,20 +182,23 @@ def differing_settings(configs: list[dict]) -> list[list[str]]:
 
 @dataclass
 class RunCurves:
-    """One run as the side-by-side view shows it: its progress rows, its settings, what to call it in a legend."""
+    """One run as the side-by-side view shows it: its progress rows and held-out checks, its settings, what to call it
+    in a legend."""
 
     run_id: str
     label: str
     rows: list[dict]
     reward_names: list[str]
     config: dict
+    heldout: list[dict]
 
 
 def run_curves(run: RunDir) -> RunCurves:
     config = read_json(run.config_path, default={}) or {}
     status = run.read_status()
     names = status.get("reward_names") or [r.get("name") for r in config.get("rewards") or [] if isinstance(r, dict)]
-    return RunCurves(run.id, config.get("name") or run.id, run.read_progress(), [n for n in names if n], config)
+    return RunCurves(run.id, config.get("name") or run.id, run.read_progress(), [n for n in names if n], config,
+                     run.read_heldout())
 
 
 def legend_labels(curves: list[RunCurves]) -> list[str]:
