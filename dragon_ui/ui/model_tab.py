@@ -127,8 +127,8 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
         Setting("gradient_checkpointing", "Gradient checkpointing", "Recompute activations in the backward pass: "
                 "much less memory, but each step recomputes part of the forward pass.", gr.Checkbox),
         Setting("eval_every", "Held-out check every (steps)", "The model answers a few held-out prompts, drawn beside "
-                "the training reward: it tells learning from gaming. Empty = about ten checks a run (a few percent of "
-                "its time), 0 = none.", options={**WHOLE, "minimum": 0},
+                "the training reward: it tells learning from gaming. Empty = about ten checks a run (about 3% of its "
+                "time on a CPU), 0 = none.", options={**WHOLE, "minimum": 0},
                 to_draft=lambda value: None if value in (None, "") else int(value)),
     ),
     "logging": (
