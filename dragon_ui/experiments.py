@@ -202,6 +202,6 @@ def run_curves(run: RunDir) -> RunCurves:
 
 
 def legend_labels(curves: list[RunCurves]) -> list[str]:
-    """A short label per run for the legends: its name, with its id's time stamp where two runs share a name."""
+    """A label per run for the legends and the settings table: its name, or its id where two runs share a name."""
     names = [c.label for c in curves]
-    return [c.label if names.count(c.label) == 1 else f"{c.label} ({c.run_id[:15]})" for c in curves]
+    return [c.label if names.count(c.label) == 1 else c.run_id for c in curves]

@@ -200,6 +200,7 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     expect(page.locator("#train-progress [role=progressbar]")).to_have_attribute("aria-valuenow", several_steps)
     expect(page.locator("#train-plot-reward .js-plotly-plot")).to_be_visible()
     expect(page.locator("#train-plot-reward")).to_contain_text("digits_only")
+    expect(page.locator("#train-plot-reward")).to_contain_text("held-out (8 prompts)")  # the starting model's check
     expect(page.locator("#train-rollouts table").first).to_be_visible()
     screenshot(page, screenshots, "train")
     page.locator("#train-stop").click()

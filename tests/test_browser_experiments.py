@@ -45,7 +45,7 @@ def test_runs_are_ranked_filtered_drawn_together_and_exported(page, studio, thre
     for run_id in (first, best):
         picker.click()
         page.get_by_role("option", name=run_id, exact=False).first.click()
-    expect(page.locator("#experiments-said")).to_contain_text("settings differ")
+    expect(page.locator("#experiments-said")).to_contain_text("4 settings differ between these runs")
     differing = page.locator("#experiments-differing")
     expect(differing).to_contain_text("grpo.beta")
     expect(differing).to_contain_text("reward · digits_only")
@@ -53,6 +53,9 @@ def test_runs_are_ranked_filtered_drawn_together_and_exported(page, studio, thre
     chart = page.locator("#experiments-chart-0")
     expect(chart.locator(".legendtext", has_text="stronger")).to_be_visible()
     expect(chart.locator(".legendtext", has_text="tiny")).to_be_visible()
+    heldout = page.locator("#experiments-chart-1")  # the held-out checks during training, beside the training reward
+    expect(heldout).to_contain_text("Held-out reward during training")
+    expect(heldout.locator(".legendtext")).to_have_count(2)
     page.locator("#experiments-x label", has_text="minutes").click()
     expect(chart.locator(".xtitle")).to_have_text("minutes")
     screenshot(page, screenshots, "experiments")

@@ -170,7 +170,7 @@ def test_overlaid_curves_give_each_run_one_colour_against_steps_or_minutes(studi
 
 def test_two_runs_of_one_name_are_told_apart_in_the_legend(three_runs):
     curves = [experiments.run_curves(run) for run in (three_runs[0], three_runs[2])]
-    assert experiments.legend_labels(curves) == ["tiny (20261201-100000)", "tiny (20261201-120000)"]
+    assert experiments.legend_labels(curves) == ["20261201-100000-tiny", "20261201-120000-tiny"]
 
 
 def test_the_tab_lists_draws_and_exports_the_runs(app, studio, three_runs):
@@ -182,7 +182,7 @@ def test_the_tab_lists_draws_and_exports_the_runs(app, studio, three_runs):
     assert list(filtered["Run"]) == ["20261201-110000-stronger"]
 
     said, differing, *charts = handler(app, "experiments_side_by_side")([three_runs[0].id, three_runs[1].id], "step")
-    assert "settings differ" in said
+    assert "4 settings differ between these runs" in said
     settings = dict(zip(differing["Setting"], zip(differing.iloc[:, 1], differing.iloc[:, 2])))
     assert settings["grpo.beta"] == ("0.04", "0.0") and settings["grpo.temperature"][1] == "0.5"
     assert settings["reward · numeric"] == ("numeric × 1.0", "numeric × 2.0")
@@ -215,6 +215,7 @@ def test_one_run_is_drawn_and_asks_for_another(app, three_runs):
     ("20261201-100000-tiny", "step", "Choose the runs from the list"),
     ([{"id": 1}], "step", "Choose the runs from the list"),
     ([], "hours", "Draw against steps or minutes"),
+    ([], ["step"], "Draw against steps or minutes"),
 ])
 def test_what_a_client_sends_is_checked(app, three_runs, run_ids, x, says):
     with pytest.raises(Exception) as raised:

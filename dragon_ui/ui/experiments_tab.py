@@ -41,7 +41,8 @@ def board_rows(studio: Studio, words: str) -> tuple[list[list], list[dict]]:
 def board(studio: Studio, words: str) -> tuple[pd.DataFrame, gr.Dropdown]:
     """The leaderboard as filtered, and every run as a choice to draw."""
     rows, summaries = board_rows(studio, words)
-    return pd.DataFrame(rows, columns=experiments.leaderboard_columns(studio.public)), gr.Dropdown(choices=[(f"{s['id']} · {s.get('name') or ''}".rstrip(" ·"), s["id"]) for s in summaries])
+    choices = [(f"{summary['id']} · {summary.get('name') or ''}".rstrip(" ·"), summary["id"]) for summary in summaries]
+    return pd.DataFrame(rows, columns=experiments.leaderboard_columns(studio.public)), gr.Dropdown(choices=choices)
 
 
 def chosen_runs(studio: Studio, run_ids) -> list:
@@ -57,7 +58,7 @@ def chosen_runs(studio: Studio, run_ids) -> list:
 
 def side_by_side(studio: Studio, run_ids, x: str) -> tuple:
     """The settings that differ between the chosen runs, a sentence about them, and the overlaid charts."""
-    if x not in plots.X_AXES:
+    if not isinstance(x, str) or x not in plots.X_AXES:
         raise ConfigError("Draw against steps or minutes.")
     runs = chosen_runs(studio, run_ids)
     curves = [experiments.run_curves(run) for run in runs]
@@ -66,7 +67,8 @@ def side_by_side(studio: Studio, run_ids, x: str) -> tuple:
     if len(runs) < 2:
         said = message("Choose two to eight runs to see them side by side.", "info")
     elif differing:
-        said = message(f"{len(differing)} setting{'s' if len(differing) > 1 else ''} differ between these runs.", "info")
+        said = message(f"{len(differing)} setting{'s differ' if len(differing) > 1 else ' differs'} between these runs.",
+                       "info")
     else:
         said = message("These runs have the same settings: any difference between them is chance (sampling).", "info")
     charts = [plots.overlay_figure(curves, labels, key, title, y_title, x, NO_CHECKS if heldout else "No values yet",
