@@ -214,9 +214,7 @@ class RunDir:
         if self.read_only:
             return
         for path in (self.progress_path, self.rollouts_path, self.heldout_path):
-            if not path.is_file():
-                continue
-            rows, _ = read_appended_rows(path)
+            rows, _ = read_appended_rows(path)  # none where the file is missing: nothing to rewrite
             kept = [row for row in rows if row.get("step", 0) <= step]
             if len(kept) != len(rows):
                 with replaced_atomically(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:

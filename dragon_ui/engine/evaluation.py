@@ -99,7 +99,13 @@ def score_replies(examples: list[dict], replies: list[str], rewards: list[Reward
                                   prompt=prompt_text(example), row=json.loads(example.get("row") or "{}"))
         totals.append(result.total)
         scores.append(result.scores)
-    n = max(1, len(examples))
+    return scored(replies, totals, scores, rewards, seconds)
+
+
+def scored(replies: list[str], totals: list[float], scores: list[dict[str, float]], rewards: list[Reward],
+           seconds: float) -> EvalResult:
+    """The means over the prompts of their scored replies."""
+    n = max(1, len(totals))
     breakdown = {r.name: sum(s[r.name] for s in scores) / n for r in rewards}
     return EvalResult(sum(totals) / n, breakdown, replies, totals, scores, seconds)
 
@@ -148,7 +154,8 @@ class HeldOutChecks:
         """Step 0 of the curve: the starting model's scores on the same prompts, from the whole set's "before"."""
         count = len(self.examples)
         if count:
-            self._append(0, before.totals[:count], before.scores[:count], 0.0)
+            self._append(0, scored(before.replies[:count], before.totals[:count], before.scores[:count], self.rewards,
+                                   0.0))
 
     def due(self, step: int, total_steps: int) -> bool:
         return bool(self.every) and (step % self.every == 0 or step == total_steps)
@@ -159,17 +166,14 @@ class HeldOutChecks:
         replies = generate_replies(model, self.tokenizer, [ex["prompt"] for ex in self.examples],
                                    self.config.grpo.max_new_tokens, should_stop=self.should_stop)
         result = score_replies(self.examples, replies, self.rewards, time.monotonic() - started)
-        row = self._append(step, result.totals, result.scores, result.seconds)
-        log.info("Held-out reward at step %d: %.3f on %d prompts (%.1f s)", step, row["reward"], len(self.examples),
-                 result.seconds)
+        self._append(step, result)
+        log.info("Held-out reward at step %d: %.3f on %d prompts (%.1f s)", step, result.reward_mean,
+                 len(self.examples), result.seconds)
 
-    def _append(self, step: int, totals: list[float], scores: list[dict[str, float]], seconds: float) -> dict:
-        n = max(1, len(totals))
-        row = {"step": step, "reward": sum(totals) / n,
-               **{f"reward_{r.name}": sum(s[r.name] for s in scores) / n for r in self.rewards},
-               "n_prompts": len(totals), "seconds": round(seconds, 2)}
-        self.run.append_heldout(row)
-        return row
+    def _append(self, step: int, result: EvalResult) -> None:
+        self.run.append_heldout({"step": step, "reward": result.reward_mean,
+                                 **{f"reward_{name}": mean for name, mean in result.breakdown.items()},
+                                 "n_prompts": len(result.totals), "seconds": round(result.seconds, 2)})
 
 
 # ---------------------------------------------------------------------------------------------------------------

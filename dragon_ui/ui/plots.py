@@ -26,12 +26,18 @@ def line_figure(rows: list[dict], lines: list[tuple[str, str]], title: str, y_ti
         steps, values = series(rows, key)
         if any(v is not None for v in values):
             figure.add_trace(go.Scatter(x=steps, y=values, mode="lines+markers", name=label, connectgaps=False))
-    figure.update_layout(title={"text": title, "x": 0.02}, height=HEIGHT, uirevision=UIREVISION,
-                         margin={"l": 50, "r": 20, "t": 45, "b": 40}, xaxis_title="step", yaxis_title=y_title,
-                         legend={"orientation": "h", "y": -0.25}, template="plotly_white")
+    return _laid_out(figure, title, "step", y_title, UIREVISION, -0.25, NO_STEPS if not rows else empty_text)
+
+
+def _laid_out(figure: go.Figure, title: str, x_title: str, y_title: str, uirevision: str, legend_y: float,
+              empty_text: str) -> go.Figure:
+    """Every chart's look; ``empty_text`` in place of a plot that has no line."""
+    figure.update_layout(title={"text": title, "x": 0.02}, height=HEIGHT, uirevision=uirevision,
+                         margin={"l": 50, "r": 20, "t": 45, "b": 40}, xaxis_title=x_title, yaxis_title=y_title,
+                         legend={"orientation": "h", "y": legend_y}, template="plotly_white")
     if not figure.data:
-        figure.add_annotation(text=NO_STEPS if not rows else empty_text, showarrow=False, x=0.5, y=0.5,
-                              xref="paper", yref="paper", font={"size": 16, "color": "#888"})
+        figure.add_annotation(text=empty_text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                              font={"size": 16, "color": "#888"})
         figure.update_xaxes(visible=False)
         figure.update_yaxes(visible=False)
     return figure
@@ -123,13 +129,5 @@ def overlay_rewards_figure(curves: list[RunCurves], labels: list[str], x: str = 
 
 def _overlay_layout(figure: go.Figure, curves: list[RunCurves], title: str, y_title: str, x: str,
                     empty_text: str) -> go.Figure:
-    figure.update_layout(title={"text": title, "x": 0.02}, height=HEIGHT, uirevision="dragon-experiments",
-                         margin={"l": 50, "r": 20, "t": 45, "b": 40}, xaxis_title=X_AXES[x], yaxis_title=y_title,
-                         legend={"orientation": "h", "y": -0.3}, template="plotly_white")
-    if not figure.data:
-        text = NO_RUNS if not curves else NO_STEPS if not any(c.rows for c in curves) else empty_text
-        figure.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                              font={"size": 16, "color": "#888"})
-        figure.update_xaxes(visible=False)
-        figure.update_yaxes(visible=False)
-    return figure
+    text = NO_RUNS if not curves else NO_STEPS if not any(c.rows for c in curves) else empty_text
+    return _laid_out(figure, title, X_AXES[x], y_title, "dragon-experiments", -0.3, text)
