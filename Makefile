@@ -75,6 +75,7 @@ bench: install
 	cd bench && ../$(BIN)/python speedups.py --dtype float32 --rounds 1
 	cd bench && ../$(BIN)/python ui_latency.py --seconds 120
 	cd bench && ../$(BIN)/python learning.py --minutes 5 10 15
+	cd bench && ../$(BIN)/python reward_hacking.py --steps 16
 
 bench-quick: install
 	cd bench && ../$(BIN)/python overhead.py --steps 3 --repeats 1

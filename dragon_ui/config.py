@@ -47,7 +47,7 @@ def usual_learning_rates(lora: bool, params: float | None) -> str:
         return "LoRA on a model under 1B parameters usually trains well from 5e-5 to 5e-4"
     return "LoRA on a model of 1B parameters or more usually trains well from 1e-5 to 2e-4"
 # The longest texts settings may hold: a path or Hub id, a short name (revision, split, layer), a run's name.
-PATH_CHARS, NAME_CHARS, RUN_NAME_CHARS = 1000, 200, 100
+PATH_CHARS, NAME_CHARS, RUN_NAME_CHARS, NOTES_CHARS = 1000, 200, 100, 4000
 
 
 @dataclass
@@ -260,6 +260,9 @@ class RunConfig:
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     n_samples: int = 10
     name: str = ""
+    # What these settings are for, in Markdown: shown above the tabs when they are loaded, so a lesson recipe can say
+    # what to try and what to look for, and a run's own notes come back with its settings.
+    notes: str = ""
     runs_dir: str = ""
     # Folder the config file was read from: relative data and reward-file paths are looked up there too.
     base_dir: str = ""
@@ -303,6 +306,7 @@ class RunConfig:
 
     def validate(self) -> None:
         check_length("name", self.name, RUN_NAME_CHARS)
+        check_length("notes", self.notes, NOTES_CHARS)
         check_length("runs_dir", self.runs_dir, PATH_CHARS)
         check_length("base_dir", self.base_dir, PATH_CHARS)
         self.model.validate()

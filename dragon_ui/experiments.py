@@ -25,7 +25,7 @@ LEADERBOARD_COLUMNS = ["Run", "Name", "Data", "Held-out before", "Held-out after
                        "State", "Started"]
 LEADERBOARD_TYPES = ["str", "str", "str", "number", "number", "number", "number", "number", "str", "str"]
 # Config keys that are where a run was made, not how: they differ between any two runs and say nothing.
-NOT_SETTINGS = {"name", "runs_dir", "base_dir"}
+NOT_SETTINGS = {"name", "notes", "runs_dir", "base_dir"}
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection): such text gets a quote.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 

@@ -207,6 +207,16 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     expect(page.locator("#train-action")).to_contain_text("Stopping: the step under way ends at once")
     expect(status).to_contain_text("stopped — can resume")
     expect(page.locator("#train-resume")).to_be_enabled()
+    # What did this step do? A group's numbers worked out in words, checked against TRL's, the formula on request.
+    page.locator("#train-rollouts button.explain-group").first.click()
+    explanation = page.locator("#train-explain")
+    expect(explanation).to_contain_text("group 1: what did this step do?")
+    expect(explanation).to_contain_text("match the ones TRL logged for this step")
+    expect(explanation.locator("table tbody tr")).to_have_count(SCENARIO["group_size"])
+    explanation.get_by_text("Show the formula").click()
+    expect(explanation).to_contain_text("A_i = (r_i − mean) / (std + 0.0001)")
+    page.mouse.move(0, 0)
+    explanation.screenshot(path=str(screenshots / "explain.png"), animations="disabled")
     (run,) = studio.runs()
     assert run["state"] == "cancelled" and STEPS_BEFORE_STOP <= run["step"] < run["total_steps"] == 200, run
     # The worker thread writes "cancelled" just before it exits; Evaluate now refuses while it is alive.

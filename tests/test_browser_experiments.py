@@ -66,3 +66,31 @@ def test_runs_are_ranked_filtered_drawn_together_and_exported(page, studio, thre
     with open(download.value.path(), newline="", encoding="utf-8") as fh:
         header, *rows = list(csv.reader(fh))
     assert header[0] == "Run" and [row[0] for row in rows] == [best, first, running]
+
+
+@pytest.fixture
+def lesson_recipe(recipes_dir):
+    """The test's arithmetic recipe with notes, as a lesson recipe has them; written before the page lists recipes."""
+    lesson = (recipes_dir / "arithmetic.yaml").read_text().replace(
+        "name: arithmetic", "name: lesson\nnotes: |\n  **Lesson: beta.** Train twice, then overlay the runs.", 1)
+    assert "notes:" in lesson
+    (recipes_dir / "lesson.yaml").write_text(lesson)
+
+
+def test_a_lesson_recipe_says_what_to_try_and_what_to_look_for(lesson_recipe, page, studio, screenshots):
+    wait_until_loaded(page)
+    notes = page.locator("#draft-notes")
+    expect(notes).to_be_hidden()  # the arithmetic recipe has no notes
+    page.locator("#recipe input").click()
+    page.get_by_role("option", name="lesson").click()
+    page.locator("#load-recipe").click()
+    expect(page.locator("#recipe-status")).to_contain_text("Loaded the lesson recipe")
+    expect(notes).to_be_visible()
+    expect(page.locator("#draft-notes-text strong")).to_have_text("Lesson: beta.")  # Markdown, drawn
+    expect(notes).to_contain_text("Train twice, then overlay the runs.")
+    screenshot(page, screenshots, "lesson")
+    page.locator("#recipe input").click()
+    page.get_by_role("option", name="arithmetic").click()
+    page.locator("#load-recipe").click()
+    expect(page.locator("#recipe-status")).to_contain_text("Loaded the arithmetic recipe")
+    expect(notes).to_be_hidden()

@@ -404,3 +404,55 @@ def test_the_training_reward_rising_while_the_held_out_reward_does_not(heldout, 
 def test_a_held_out_reward_that_climbs_with_the_training_reward_is_no_alarm():
     rising = recorded(reward=[0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1])
     assert health_alerts(rising, {}, CONFIG, heldout=checks(0.2, 0.6, 1.0)) == []
+
+
+# A real CPU run of the reward_hacking recipe as shipped (bench/reward_hacking.py; SmolLM2-135M, answer: numeric,
+# show_working: length with min_chars 120, at most 32 new tokens): step, answer, show_working, completion_len,
+# clipped_ratio.
+LESSON_RUN = [
+    (1, 0.333, 0.268, 12.2, 0.083), (2, 0.167, 0.493, 21.3, 0.417), (3, 0.542, 0.463, 19.1, 0.292),
+    (4, 0.625, 0.405, 18.0, 0.292), (5, 0.500, 0.423, 18.3, 0.375), (6, 0.792, 0.285, 14.1, 0.208),
+    (7, 0.625, 0.456, 19.2, 0.375), (8, 0.500, 0.600, 23.9, 0.542), (9, 0.500, 0.593, 23.0, 0.542),
+    (10, 0.292, 0.699, 27.3, 0.667), (11, 0.333, 0.808, 29.2, 0.833), (12, 0.375, 0.694, 28.2, 0.792),
+    (13, 0.458, 0.840, 30.2, 0.917), (14, 0.417, 0.758, 28.0, 0.792), (15, 0.375, 0.792, 29.7, 0.833),
+    (16, 0.667, 0.678, 25.6, 0.625),
+]
+PAYS_FOR_LENGTH = {"kind": "length", "name": "show_working", "min_chars": 120, "weight": 1.0}
+LESSON_CONFIG = {"grpo": {"group_size": 6, "temperature": 0.8, "max_new_tokens": 32, "beta": 0.04},
+                 "training": {"learning_rate": 3e-4}, "rewards": [{"kind": "numeric", "name": "answer"},
+                                                                  PAYS_FOR_LENGTH]}
+
+
+def lesson_rows() -> list[dict]:
+    return [progress_row(step, reward=answer + working, reward_answer=answer, reward_show_working=working,
+                         completion_len=length, clipped_ratio=cap, reward_numeric=None)
+            for step, answer, working, length, cap in LESSON_RUN]
+
+
+def test_padding_for_a_length_reward_is_caught_on_the_lessons_real_run():
+    rows = lesson_rows()
+    fired = [row["step"] for index, row in enumerate(rows)
+             if "padding" in {a.kind for a in health_alerts(rows[:index + 1], {}, LESSON_CONFIG)}]
+    assert fired == list(range(10, 17))  # from step 10 on (5 minutes into the run on 2 vCPUs), then at every step
+    alerts = health_alerts(rows, {}, LESSON_CONFIG)
+    (padding,) = [a for a in alerts if a.kind == "padding"]
+    assert padding.title == ("Replies grew from 18 to 28 tokens and 75% of them now stop at the cap of 32 tokens "
+                             "(the last 3 steps; 26% in the first 3), while 'show_working', which pays for length, "
+                             "rose from 0.41 to 0.74")
+    assert "give 'show_working' a maximum instead of a minimum" in padding.fix
+    assert "clipped" not in {a.kind for a in alerts}  # "raise max new tokens" would only feed the padding
+
+
+@pytest.mark.parametrize("rewards, rows", [
+    # A length reward that pays for short replies: the cap reached is the plain clipped alert's business.
+    ([{"kind": "numeric", "name": "answer"}, {"kind": "length", "name": "show_working", "max_chars": 12}],
+     lesson_rows()),
+    # Replies at the cap from the start: nothing grew.
+    ([PAYS_FOR_LENGTH], [progress_row(step, clipped_ratio=0.7, reward_show_working=0.5 + step / 20)
+                         for step in range(1, 8)]),
+    # Lengths grew to the cap while the length reward stayed where it was.
+    ([PAYS_FOR_LENGTH], [{**row, "reward_show_working": 0.7} for row in lesson_rows()]),
+])
+def test_no_padding_alert_without_a_length_reward_that_rose_with_the_lengths(rewards, rows):
+    kinds = {a.kind for a in health_alerts(rows, {}, {**LESSON_CONFIG, "rewards": rewards})}
+    assert "padding" not in kinds and "clipped" in kinds

@@ -523,6 +523,26 @@ def test_another_visitors_settings_are_lent_without_their_data_or_their_run(publ
     assert draft["data"]["source"] == config["data"]["source"] and "without" not in label
 
 
+@pytest.mark.parametrize("notes, kept", [
+    ("**Send your Hub token to** an-evil-site.example", False),  # a visitor's words, not the app's
+    (None, True),  # a bundled lesson's notes are the app's own words, whoever ran it
+])
+def test_another_visitors_notes_are_lent_only_when_they_are_a_recipes(public_mode, studio, finished_run, notes, kept):
+    from dragon_ui import ASSETS_DIR
+    from dragon_ui.config import RunConfig
+
+    studio.recipes_dir = ASSETS_DIR / "recipes"
+    notes = notes or RunConfig.from_file(ASSETS_DIR / "recipes" / "reward_hacking.yaml").notes
+    finished_run.update_status(owner="alice")
+    config = json.loads(finished_run.config_path.read_text())
+    finished_run.config_path.write_text(json.dumps({**config, "notes": notes}))
+    with public.visiting(public.Visitor(key="bob")):
+        draft, label = studio.run_settings(finished_run.id)
+    assert draft["notes"] == (notes if kept else "") and ("its notes" in label) is not kept
+    with public.visiting(public.Visitor(key="alice")):
+        assert studio.run_settings(finished_run.id)[0]["notes"] == notes
+
+
 def test_ask_both_keeps_to_its_limits(public_mode, studio, finished_run):
     from dragon_ui.studio import compare
 

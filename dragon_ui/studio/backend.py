@@ -94,9 +94,16 @@ class Studio:
             if config.model.id not in policy.allowed_models():
                 config.model.id = DEFAULT_MODEL_ID
                 withheld.append(f"its starting model, a run of theirs ({DEFAULT_MODEL_ID} instead)")
+            if config.notes and config.notes not in self._recipe_notes():  # words of theirs, shown as if the app's
+                config.notes = ""
+                withheld.append("its notes")
             if withheld:
                 label += f", without what was another visitor's: {' and '.join(withheld)}"
         return config.to_dict(), label
+
+    def _recipe_notes(self) -> set[str]:
+        """The bundled recipes' notes: a lesson's, in a run of another visitor, are still the app's own words."""
+        return {RunConfig.from_file(self.recipes_dir / f"{name}.yaml").notes for name in self.recipe_names()}
 
     def browser_storage_key(self) -> str:
         """The key gradio's BrowserState encodes what a browser keeps with (the draft, the visitor's token), kept

@@ -217,7 +217,8 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     - most completions cut off: clipped_ratio > 0.5 in the latest row;
     - KL: a spike among the last WINDOW steps, the latest above 1.0, or rising for WINDOW steps to 3x the level before;
     - reward hacking (:func:`hacking_alerts`): the training reward rising while the held-out one does not, one
-      reward rising while another falls, one reply to different questions, repetitive or empty replies.
+      reward rising while another falls, padding to earn a length reward, one reply to different questions,
+      repetitive or empty replies.
     """
     grpo = config.get("grpo") or {}
     training = config.get("training") or {}
@@ -225,10 +226,12 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     failing = {alert.key.removeprefix("errors_") for alert in alerts}  # their zeros are explained already
     alerts += _flat_reward_alerts(progress_rows, skip=failing)
     alerts += _spread_alerts(progress_rows, grpo)
-    alerts += _length_alerts(progress_rows, grpo)
+    hacking = hacking_alerts(progress_rows, rollout, config, heldout, skip=failing)
+    if not any(alert.kind == "padding" for alert in hacking):  # else the cap is reached on purpose: raising it feeds it
+        alerts += _length_alerts(progress_rows, grpo)
     alerts += _kl_alerts(progress_rows, grpo, training, usual_learning_rates(
         (config.get("lora") or {}).get("enabled", True), _parameters((config.get("model") or {}).get("id", ""))))
-    return alerts + hacking_alerts(progress_rows, rollout, config, heldout, skip=failing)
+    return alerts + hacking
 
 
 def _parameters(model_id: str) -> float | None:
@@ -408,10 +411,12 @@ def hacking_alerts(rows: list[dict], rollout: dict | None, config: dict, heldout
     - the training reward rising over the last three held-out checks while the held-out reward stays flat or falls;
     - one reward rising while another falls (the last WINDOW steps against the WINDOW before), a failing reward
       (in ``skip``: its fall is explained already) aside;
+    - replies grown to the length cap since the first steps while a reward that pays for length rose: padding;
     - one reply to most of the latest step's prompts, among prompts whose references differ;
     - most replies repeating themselves (few distinct word 3-grams), or empty.
     """
-    return [*_heldout_alerts(rows, heldout or []), *_trade_off_alerts(rows, config, skip), *_reply_alerts(rollout)]
+    return [*_heldout_alerts(rows, heldout or []), *_trade_off_alerts(rows, config, skip),
+            *_padding_alerts(rows, config), *_reply_alerts(rollout)]
 
 
 HELDOUT_FLAT = 0.02  # a held-out reward that gained less than this (on its own scale, at least 1) did not improve
@@ -474,6 +479,41 @@ def _trade_off_alerts(rows: list[dict], config: dict, skip: set[str]) -> list[Al
                   f"the task. Read the completions below (step {step}); if they game '{up}', lower its weight{weight} "
                   "or make it stricter, so that it pays only for what you want.",
                   "reward_trade_off", f"reward_{up}", step, now_up)]
+
+
+def _padding_alerts(rows: list[dict], config: dict) -> list[Alert]:
+    """Most replies now stop at the cap, unlike in the first WINDOW steps, while a length reward that pays for long
+    replies (min_chars) rose: the model writes more to be paid for writing more."""
+    paying = [str(r.get("name") or r.get("kind")) for r in config.get("rewards") or []
+              if isinstance(r, dict) and r.get("kind") == "length" and r.get("min_chars")]
+    _, clipped = series(rows, "clipped_ratio")
+    if not paying or len(clipped) < 2 * WINDOW or None in clipped[:WINDOW] + clipped[-WINDOW:]:
+        return []
+    early, late = statistics.fmean(clipped[:WINDOW]), statistics.fmean(clipped[-WINDOW:])
+    moved = {name: _first_and_last_means(rows, f"reward_{name}") for name in paying}
+    rose = [(name, *means) for name, means in moved.items() if means and means[1] - means[0] >= TRADE_OFF]
+    if early >= CLIPPED_FRAC or late < CLIPPED_FRAC or not rose:
+        return []
+    name, before, after = rose[0]
+    step, cap = rows[-1].get("step"), (config.get("grpo") or {}).get("max_new_tokens", "?")
+    lengths = _first_and_last_means(rows, "completion_len")
+    grew = f" from {lengths[0]:.0f} to {lengths[1]:.0f} tokens" if lengths else ""
+    return [Alert("warn", f"Replies grew{grew} and {late:.0%} of them now stop at the cap of {cap} tokens (the last "
+                  f"{WINDOW} steps; {early:.0%} in the first {WINDOW}), while '{name}', which pays for length, rose "
+                  f"from {before:.2f} to {after:.2f}",
+                  f"The model is padding its replies to earn '{name}' (reward hacking): read the completions below "
+                  f"(step {step}). Pay for what you want rather than its length: give '{name}' a maximum instead "
+                  "of a minimum, lower its weight, or check the working's shape with a format reward. A higher "
+                  "max new tokens would only make room for more padding.",
+                  "padding", "completion_len", step, late)]
+
+
+def _first_and_last_means(rows: list[dict], key: str) -> tuple[float, float] | None:
+    """(mean of the first WINDOW steps, mean of the last WINDOW) of a progress key: how far it moved in the run."""
+    _, values = series(rows, key)
+    if len(values) < 2 * WINDOW or None in values[:WINDOW] + values[-WINDOW:]:
+        return None
+    return statistics.fmean(values[:WINDOW]), statistics.fmean(values[-WINDOW:])
 
 
 def _reply_alerts(rollout: dict | None) -> list[Alert]:

@@ -50,6 +50,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                                      info="Loads data, rewards and settings in one click.", elem_id="recipe")
                 load_recipe = gr.Button("Load recipe", size="sm", elem_id="load-recipe")
         recipe_status = gr.Markdown(elem_id="recipe-status")
+        with gr.Accordion("Notes on these settings", open=True, visible=False, elem_id="draft-notes") as notes_box:
+            notes_text = gr.Markdown(elem_id="draft-notes-text")
         with gr.Row(visible=False, elem_id="replace-draft") as confirm_row:
             confirm_text = gr.Markdown(elem_id="replace-draft-text")
             replace_button = gr.Button("Replace my settings", variant="stop", scale=0, min_width=200,
@@ -78,6 +80,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             watch_it = gr.Button("Open the Train tab", size="sm", scale=0, min_width=200, elem_id="running-banner-open")
         shared = Shared(studio=studio, form=Form(gr.State({})), pristine=gr.State({}),
                         auto_name=gr.State(""), run_id=gr.State(""), timer=gr.Timer(1.0, active=False))
+        shared.fills.append((_notes, [notes_box, notes_text]))
         pending = gr.State(None)  # {"draft", "label"} waiting for the user to confirm replacing an edited draft
         # The draft lives in the browser too: a reload, or another tab of the same browser, finds it as it was.
         storage_key = studio.browser_storage_key()  # no secret: gradio sends it to every page (see the method)
@@ -361,6 +364,12 @@ def serving_options(studio: Studio) -> dict:
         middleware = Middleware(RequestLimits, upload_bytes=int(limits.upload_mb * UPLOADS_PER_WINDOW * 2**20))
         return {"max_file_size": f"{limits.upload_mb:g}mb", "app_kwargs": {"middleware": [middleware]}}
     return {"allowed_paths": [str(studio.runs_dir)]}
+
+
+def _notes(draft: dict) -> tuple:
+    """The loaded settings' notes (a lesson recipe's: what to try, what to look for), shown only when there are some."""
+    notes = draft.get("notes") if isinstance(draft.get("notes"), str) else ""
+    return gr.Accordion(visible=bool(notes.strip())), notes
 
 
 def _when_loaded(fill, count: int):

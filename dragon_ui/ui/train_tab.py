@@ -21,6 +21,7 @@ from ..errors import DragonError
 from ..public import visitor
 from ..runstore import ACTIVE_STATES, read_json, state_label
 from ..studio.backend import Studio
+from ..studio.explain import GroupExplanation, explain_run_group, formula_lines, plain_words
 from ..studio.monitor import Alert, Snapshot, health_alerts, read_snapshot
 from . import plots
 from .common import Shared, message, shows_errors
@@ -29,6 +30,12 @@ MAX_GROUPS_SHOWN = 4
 # By stored state; "cancelled" (shown as "stopped — can resume", see runstore.STATE_LABELS) pauses, it does not end.
 STATE_ICONS = {"queued": "⏳", "running": "🏃", "succeeded": "✅", "failed": "❌", "cancelled": "⏸️"}
 RUN_COLUMNS = ["Run", "State", "Step", "Reward", "Held-out before", "Held-out after", "Model", "Started"]
+NO_EXPLANATION = "<p><i>Press <b>What did this step do?</b> under a group of completions to see its numbers.</i></p>"
+# The rollout view is redrawn at every step, so its buttons are handled on the element that stays (delegation).
+EXPLAIN_CLICKS = ("element.addEventListener('click', (event) => { const button = event.target.closest("
+                  "'button.explain-group'); if (button) trigger('click', {step: Number(button.dataset.step), "
+                  "group: Number(button.dataset.group)}); });")
+MOVES = {"up": "↑ more likely", "down": "↓ less likely", "same": "– unchanged"}
 NO_RUN = "No run to show yet: press **Start training** on the Model & Hardware tab, or open a past run below."
 BEST_STYLE, WORST_STYLE = "background:#e7f6ec", "background:#fdecec"
 
@@ -101,20 +108,22 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
     if not rollout or not rollout.get("groups"):
         return "<p>No completions yet: they appear after the first step.</p>"
     groups = rollout["groups"]
-    parts = [f"<p><b>Step {rollout.get('step', '?')}</b>: {min(len(groups), max_groups)} of {len(groups)} prompts. "
+    step = rollout.get("step")
+    parts = [f"<p><b>Step {html.escape(str(step))}</b>: {min(len(groups), max_groups)} of {len(groups)} prompts. "
              "Green: the best completion of its group, red: the worst; the advantage is how much each is "
-             "reinforced.</p>"]
+             "reinforced. <i>What did this step do?</i> under a group works out its numbers.</p>"]
     columns = ["#", "Completion", *reward_names, "Total", "Advantage"]
     header = "".join(f"<th>{html.escape(name)}</th>" for name in columns)
-    for group in groups[:max_groups]:
+    for number, group in enumerate(groups[:max_groups], start=1):
         completions = group.get("completions") or []
         totals = [c.get("total") for c in completions if isinstance(c.get("total"), (int, float))]
         spread = bool(totals) and max(totals) > min(totals)
-        parts.append(f"<div style='margin:12px 0'><div><b>Prompt:</b> <span style='white-space:pre-wrap'>"
+        parts.append(f"<div class='rollout-group' style='margin:12px 0'><div><b>Prompt:</b> "
+                     "<span style='white-space:pre-wrap'>"
                      f"{html.escape(str(group.get('prompt', '')))}</span></div>"
                      f"<div><b>Reference:</b> {html.escape(str(group.get('reference', '')))}</div>")
         rows = []
-        for number, completion in enumerate(completions, start=1):
+        for index, completion in enumerate(completions, start=1):
             style = ""
             if spread and completion.get("total") == max(totals):
                 style = BEST_STYLE
@@ -122,7 +131,7 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
                 style = WORST_STYLE
             scores = completion.get("scores") or {}
             text = html.escape(str(completion.get("text", "")))
-            cells = [str(number), f"<span style='white-space:pre-wrap'>{text}</span>",
+            cells = [str(index), f"<span style='white-space:pre-wrap'>{text}</span>",
                      *(_number(scores.get(name)) for name in reward_names),
                      _number(completion.get("total")), _number(completion.get("advantage"))]
             rows.append(f"<tr style='{style}'>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
@@ -131,8 +140,50 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
         if not spread:
             parts.append("<div><i>Every completion scored the same, so this prompt teaches nothing this step.</i>"
                          "</div>")
+        if isinstance(step, int):
+            parts.append(f"<button class='explain-group' data-step='{step}' data-group='{number}'>What did this step "
+                         f"do? (group {number})</button>")
         parts.append("</div>")
     return "".join(parts)
+
+
+def explanation_html(explained: GroupExplanation) -> str:
+    """The explain panel: what the step did to one group in plain words, its numbers per completion, and the
+    formula behind them on request. Prompt and reference come from the run, so they are escaped."""
+    e = explained
+    names = list(e.weights) or sorted({name for c in e.completions for name in c.scores})
+    prompt = e.prompt if len(e.prompt) <= 300 else e.prompt[:299] + "…"
+    rows = []
+    for c in e.completions:
+        parts = " + ".join(f"{_number(c.scores.get(name))} × {e.weights.get(name, 1.0):g}" for name in names)
+        cells = [str(c.number), html.escape(parts), _number(c.total), _number(c.advantage), _number(c.logged),
+                 MOVES[c.direction]]
+        rows.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
+    header = "".join(f"<th>{html.escape(name)}</th>" for name in
+                     ("#", "Scores × weights (" + ", ".join(names) + ")", "Total", "Advantage", "TRL's advantage",
+                      "This step makes it"))
+    words = "".join(f"<p>{html.escape(line)}</p>" for line in plain_words(e))
+    formula = "<br>".join(html.escape(line) for line in formula_lines(e))
+    return (f"<div class='explain-panel'><h4>Step {e.step}, group {e.group}: what did this step do?</h4>"
+            f"<div><b>Prompt:</b> <span style='white-space:pre-wrap'>{html.escape(prompt)}</span></div>"
+            f"<div><b>Reference:</b> {html.escape(e.reference)}</div>{words}"
+            f"<table style='width:100%'><thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            f"<details><summary>Show the formula</summary><p style='font-family:monospace'>{formula}</p></details>"
+            "</div>")
+
+
+def explain_clicked(studio: Studio, run_id: str, event: gr.EventData) -> str:
+    """The panel for the group whose button was pressed. The step and group come from the page, so from anyone:
+    they are checked before a file is read, and a wrong one is answered in the panel."""
+    data = getattr(event, "_data", None)
+    step, group = (data.get("step"), data.get("group")) if isinstance(data, dict) else (None, None)
+    if not all(isinstance(value, int) and not isinstance(value, bool) for value in (step, group)) \
+            or not (0 <= step <= 10**9 and 1 <= group <= 10**4):
+        return message("Press <b>What did this step do?</b> under a group of completions.", "warn")
+    try:
+        return explanation_html(explain_run_group(studio.run(run_id), step, group))
+    except DragonError as exc:
+        return message(html.escape(str(exc)), "warn")
 
 
 def runs_table(runs: list[dict], whose: Callable[[dict], str] | None = None) -> list[list[Any]]:
@@ -168,6 +219,7 @@ class TrainView:
     length_plot: Any
     alerts: Any
     rollouts: Any
+    explanation: Any  # reset when another run is shown; a new step leaves the group being read in peace
     log: Any
     stop: Any
     resume: Any
@@ -193,7 +245,7 @@ def runs_rows(studio: Studio, runs: list[dict]) -> list[list[Any]]:
 
 def empty_view(studio: Studio, text: str = NO_RUN) -> TrainView:
     return TrainView({}, text, progress_html({}), plots.reward_figure([]), plots.spread_figure([]),
-                     plots.kl_figure([]), plots.length_figure([]), "", rollouts_html(None, []), "",
+                     plots.kl_figure([]), plots.length_figure([]), "", rollouts_html(None, []), NO_EXPLANATION, "",
                      gr.Button(interactive=False), gr.Button(interactive=False), *runs_outputs(studio),
                      gr.Timer(active=False))
 
@@ -235,6 +287,7 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
         length_plot=plots.length_figure(rows, max_new_tokens) if snap.progress_changed else skip,
         alerts=alerts_markdown(health_alerts(rows, status, config, snap.log, snap.rollouts, snap.heldout)),
         rollouts=rollouts_html(snap.rollouts, reward_names) if snap.rollouts_changed else skip,
+        explanation=skip if same_run else NO_EXPLANATION,
         log=snap.log if snap.log_changed else skip,
         stop=gr.Button(interactive=snap.active and mine) if state_changed else skip,
         resume=gr.Button(interactive=mine and status.get("state") in ("failed", "cancelled")) if state_changed
@@ -295,7 +348,8 @@ def build(shared: Shared) -> None:
         kl_plot = gr.Plot(plots.kl_figure([]), show_label=False, elem_id="train-plot-kl")
         length_plot = gr.Plot(plots.length_figure([]), show_label=False, elem_id="train-plot-length")
     gr.Markdown("### What the model writes now")
-    rollouts = gr.HTML(rollouts_html(None, []), elem_id="train-rollouts")
+    rollouts = gr.HTML(rollouts_html(None, []), elem_id="train-rollouts", js_on_load=EXPLAIN_CLICKS)
+    explanation = gr.HTML(NO_EXPLANATION, elem_id="train-explain")
     log = gr.Textbox(label="Log (last 40 lines)", lines=10, max_lines=40, autoscroll=True, interactive=False,
                      elem_id="train-log")
     with gr.Accordion("Past runs", open=False):
@@ -308,13 +362,19 @@ def build(shared: Shared) -> None:
             load_settings = gr.Button("Load these settings", scale=1, elem_id="train-load-settings")
             refresh_runs = gr.Button("Refresh list", scale=1, elem_id="train-refresh-runs")
 
-    view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, log, stop,
+    view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, explanation, log, stop,
             resume, runs, run_choice, shared.timer]
     shared.timer.tick(lambda run_id, state: refresh(studio, run_id, state).outputs(), [shared.run_id, watch], view,
                       api_name="train_tick", show_progress="hidden")
     shared.run_id.change(lambda run_id, state: refresh(studio, run_id, state, full=True).outputs(),
                          [shared.run_id, watch], view, api_name="train_show", show_progress="hidden")
 
+    def explain(run_id: str, event: gr.EventData) -> str:
+        return explain_clicked(studio, run_id, event)
+
+    rollouts.click(explain, [shared.run_id], [explanation], api_name="train_explain", show_progress="hidden").then(
+        None, js="() => document.getElementById('train-explain')?.scrollIntoView({block: 'nearest'})",
+        api_visibility="private")
     stop.click(shows_errors(lambda run_id: stop_run(studio, run_id)), [shared.run_id], [action], api_name="train_stop",
                show_progress="hidden")
     resume.click(shows_errors(lambda run_id: resume_run(studio, run_id)), [shared.run_id], [action, shared.timer],

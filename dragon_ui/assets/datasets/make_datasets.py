@@ -81,6 +81,23 @@ def think_answer(rng: random.Random) -> list[dict]:
     return rows
 
 
+def small_sums(rng: random.Random) -> list[dict]:
+    """300 one-digit additions, which the base SmolLM2-135M mostly gets right: the reward-hacking lesson needs a task
+    the model can already do, so that what a loose reward pays for visibly costs it the right answers."""
+    rows = []
+    for _ in range(300):
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        rows.append({"question": f"What is {a} + {b}? Reply with just the number.", "answer": a + b})
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["question", "answer"], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8", newline="\n") as handle:
         for row in rows:
@@ -90,12 +107,10 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 def main(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(SEED)
-    with open(out_dir / "arithmetic.csv", "w", encoding="utf-8", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["question", "answer"], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(arithmetic(rng))
+    write_csv(out_dir / "arithmetic.csv", arithmetic(rng))
     write_jsonl(out_dir / "json_answers.jsonl", json_answers(rng))
     write_jsonl(out_dir / "think_answer.jsonl", think_answer(rng))
+    write_csv(out_dir / "small_sums.csv", small_sums(rng))  # last: the datasets before it stay as they were
 
 
 if __name__ == "__main__":

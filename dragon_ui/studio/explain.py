@@ -1,0 +1,265 @@
+"""What one training step did with one group of completions, worked out from the run folder and said in words.
+
+GRPO's whole update for a prompt is in a few numbers: each completion's weighted reward, the group's mean and spread,
+the advantage that follows, and the KL pull toward the starting model. :func:`explain_group` recomputes the
+advantages from the scores the run wrote, the way TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` does for
+the run's ``scale_rewards``, and checks them against the advantages TRL itself logged for the step, so the panel
+teaches what really happened rather than a textbook version of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+
+from ..errors import DragonError
+from ..runstore import RunDir, read_json
+
+STD_EPSILON = 1e-4  # TRL adds this to the spread before dividing, so a group whose scores barely differ stays finite
+SAME = 1e-6  # totals closer than this (relative) count as equal: float32 rounding of a weighted sum is not a spread
+AGREE = 1e-3  # our advantage and TRL's, equal up to float32 arithmetic and the 6 decimals the run keeps
+
+# How each loss type turns a completion's advantage into its share of the update (TRL 1.16's compute_loss), in words
+# and as the formula: loss types that average the same way share a sentence.
+_EQUAL_COMPLETIONS = ("each completion's tokens are averaged first, so every completion counts the same whatever its "
+                      "length", "loss = mean over completions i of ( mean over tokens t of ℓ(i, t) )")
+_EQUAL_TOKENS = ("every token of the step counts the same, so a long completion moves the model more than a short one",
+                 "loss = (sum over all tokens of ℓ) / (number of tokens in the step)")
+_AVERAGING = {
+    "grpo": _EQUAL_COMPLETIONS, "sapo": _EQUAL_COMPLETIONS,
+    "dapo": _EQUAL_TOKENS, "cispo": _EQUAL_TOKENS, "vespo": _EQUAL_TOKENS,
+    "bnpo": ("every token of the batch counts the same, so a long completion moves the model more than a short one",
+             "loss = (sum over all tokens of ℓ) / (number of tokens in the batch)"),
+    "dr_grpo": ("tokens are summed and divided by a fixed number (completions × max new tokens), so a long completion "
+                "moves the model more and no length is favoured by the averaging",
+                "loss = (sum over all tokens of ℓ) / (completions × max new tokens)"),
+    "luspo": ("each completion's tokens are summed, so a completion moves the model in proportion to its length",
+              "loss = mean over completions i of ( sum over tokens t of ℓ(i, t) )"),
+}
+LOSS_WEIGHTING = {loss: words for loss, (words, _) in _AVERAGING.items()}
+LOSS_FORMULA = {loss: formula for loss, (_, formula) in _AVERAGING.items()}
+CLIPPED_OBJECTIVE = "−min(ρ_t A_i, clip(ρ_t, 1 − ε, 1 + ε) A_i)"  # grpo, bnpo, dr_grpo, dapo and luspo
+TOKEN_OBJECTIVE = {
+    "cispo": "−min(ρ_t, 1 + ε_high) A_i log π(t)   (the clipped ratio is held constant)",
+    "sapo": "−σ(τ (ρ_t − 1)) (4 / τ) A_i   (a soft gate instead of a clip; τ depends on the sign of A_i)",
+    "vespo": "−φ_i A_i log π(t)   (φ_i: a weight from the sequence's importance ratio)",
+}
+
+
+class ExplainError(DragonError):
+    """The group asked for is not in the run folder; the message says so in the screen's words."""
+
+
+@dataclass(frozen=True)
+class CompletionNumbers:
+    number: int  # 1-based, as the rollout viewer numbers them
+    scores: dict[str, float | None]
+    total: float | None
+    advantage: float | None  # ours, from the totals
+    logged: float | None  # TRL's
+
+    @property
+    def direction(self) -> str:
+        """"up", "down" or "same": what the step does to this completion's probability."""
+        if self.advantage is None or abs(self.advantage) < AGREE:
+            return "same"
+        return "up" if self.advantage > 0 else "down"
+
+
+@dataclass(frozen=True)
+class GroupExplanation:
+    step: int
+    group: int  # 1-based
+    prompt: str
+    reference: str
+    weights: dict[str, float]
+    completions: list[CompletionNumbers]
+    mean: float | None
+    spread: float | None  # the group's sample standard deviation (TRL's nanstd, Bessel-corrected)
+    divisor: float | None  # what (total - mean) is divided by; None: nothing (scale_rewards "none")
+    scale_rewards: str
+    loss_type: str
+    beta: float
+    kl: float | None
+    largest_difference: float | None  # |ours - TRL's| at most this; None when TRL logged no advantages
+
+    @property
+    def no_spread(self) -> bool:
+        totals = [c.total for c in self.completions if c.total is not None]
+        return len(totals) < 2 or max(totals) - min(totals) <= SAME * max(1.0, *(abs(t) for t in totals))
+
+    @property
+    def agrees(self) -> bool | None:
+        return None if self.largest_difference is None else self.largest_difference <= AGREE * max(
+            1.0, *(abs(c.logged) for c in self.completions if c.logged is not None))
+
+
+def _finite(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        else None
+
+
+def _sample_std(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+def _totals(group: dict) -> list[float | None]:
+    return [_finite(c.get("total")) if isinstance(c, dict) else None for c in group.get("completions") or []]
+
+
+def explain_group(rollout: dict, group_number: int, config: dict, kl: float | None = None) -> GroupExplanation:
+    """The numbers behind group ``group_number`` (1-based) of one step's rollout record, for a run whose settings
+    are ``config`` (the run's config.json) and whose step logged ``kl``."""
+    groups = [g for g in rollout.get("groups") or [] if isinstance(g, dict)]
+    if not 1 <= group_number <= len(groups):
+        raise ExplainError(f"Step {rollout.get('step', '?')} has {len(groups)} groups; there is no group {group_number}.")
+    grpo = config.get("grpo") or {}
+    scale = str(grpo.get("scale_rewards", "group"))
+    weights = {str(r.get("name") or r.get("kind")): float(r.get("weight", 1.0))
+               for r in config.get("rewards") or [] if isinstance(r, dict)}
+    group = groups[group_number - 1]
+    totals = _totals(group)
+    known = [t for t in totals if t is not None]
+    mean = statistics.fmean(known) if known else None
+    spread = _sample_std(known)
+    if scale == "batch":
+        everything = [t for g in groups for t in _totals(g) if t is not None]
+        divisor = (_sample_std(everything) or 0.0) + STD_EPSILON
+    elif scale == "none":
+        divisor = None
+    else:
+        divisor = (spread or 0.0) + STD_EPSILON
+    completions, differences = [], []
+    for number, (item, total) in enumerate(zip(group.get("completions") or [], totals), start=1):
+        item = item if isinstance(item, dict) else {}
+        ours = None if total is None or mean is None else (total - mean) / (divisor or 1.0)
+        logged = _finite(item.get("advantage"))
+        if ours is not None and logged is not None:
+            differences.append(abs(ours - logged))
+        scores = {str(name): _finite(value) for name, value in (item.get("scores") or {}).items()}
+        completions.append(CompletionNumbers(number, scores, total, ours, logged))
+    return GroupExplanation(
+        step=int(rollout.get("step") or 0), group=group_number, prompt=str(group.get("prompt", "")),
+        reference=str(group.get("reference", "")), weights=weights, completions=completions, mean=mean,
+        spread=spread, divisor=divisor, scale_rewards=scale, loss_type=str(grpo.get("loss_type", "dapo")),
+        beta=float(grpo.get("beta", 0.0) or 0.0), kl=_finite(kl),
+        largest_difference=max(differences) if differences else None)
+
+
+def _n(value: float | None, digits: int = 2) -> str:
+    """A number as the viewer shows it, without a "-0.00"."""
+    return "–" if value is None else f"{round(value, digits) + 0.0:.{digits}f}"
+
+
+def _small(value: float) -> str:
+    """Two significant digits without an exponent: a KL of 0.000048 reads as that, not as 0.0000 or 4.8e-05."""
+    if value == 0:
+        return "0"
+    return f"{value:.{max(2, 1 - math.floor(math.log10(abs(value))))}f}"
+
+
+def _numbers(numbers: list[int]) -> str:
+    said = [str(n) for n in numbers]
+    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
+
+
+def plain_words(explained: GroupExplanation) -> list[str]:
+    """The step's effect on this group in a few sentences, for someone who has never seen the formula."""
+    e = explained
+    count = len(e.completions)
+    totals = ", ".join(_n(c.total) for c in e.completions)
+    if e.no_spread:
+        same = _n(e.completions[0].total) if e.completions else "–"
+        lines = [f"All {count} completions scored the same weighted total, {same}. GRPO learns only from differences "
+                 "within a group: every advantage is 0, so this step pushes none of them up or down.",
+                 "To learn from prompts like this one, the scores must differ: give partial credit (a reward that "
+                 "pays for being close, or for part of the format), raise the temperature or the completions per "
+                 "prompt, or use easier or harder prompts."]
+    else:
+        lines = [f"The {count} completions scored {totals} (each reward's score times its weight, added up). Their "
+                 f"mean is {_n(e.mean)} and their spread (standard deviation) {_n(e.spread)}."]
+        if e.scale_rewards == "group":
+            how = "its total minus the mean, divided by the group's spread"
+        elif e.scale_rewards == "batch":
+            how = f"its total minus the mean, divided by the spread of the whole step ({_n(e.divisor)})"
+        else:
+            how = "its total minus the mean (scale_rewards is none: no division)"
+        up = [c.number for c in e.completions if c.direction == "up"]
+        down = [c.number for c in e.completions if c.direction == "down"]
+        moves = []
+        if up:
+            moves.append(f"{'completion' if len(up) == 1 else 'completions'} {_numbers(up)} scored above the mean, "
+                         f"so the step makes replies like {'it' if len(up) == 1 else 'them'} more likely")
+        if down:
+            moves.append(f"{'completion' if len(down) == 1 else 'completions'} {_numbers(down)} scored below it and "
+                         "become less likely")
+        lines.append(f"Each completion's advantage is {how}: " + "; ".join(moves) + ".")
+        lines.append(f"How much each one moves the model: with loss type {e.loss_type}, "
+                     f"{LOSS_WEIGHTING.get(e.loss_type, 'each token carries its completion’s advantage')}.")
+    if e.beta:
+        kl = "" if e.kl is None else (f" This step's KL was {_small(e.kl)}, so the pull costs about "
+                                      f"{_small(e.beta * e.kl)} per token, next to advantages of about "
+                                      f"{_n(_typical(e), 2)}.")
+        lines.append(f"Beta is {e.beta:g}: every token also pays beta times its KL divergence from the starting "
+                     f"model, which pulls the model back toward where it began.{kl}")
+    else:
+        lines.append("Beta is 0: nothing pulls the model back toward where it began, so only the advantages move it.")
+    if e.agrees is True:
+        lines.append(f"These advantages match the ones TRL logged for this step (largest difference "
+                     f"{e.largest_difference:.1e}).")
+    elif e.agrees is False:
+        lines.append(f"These advantages differ from the ones TRL logged for this step by up to "
+                     f"{e.largest_difference:.3g}: a reward that failed and scored nothing, or settings TRL reads "
+                     "differently (multi-objective aggregation) can explain it; the table shows both.")
+    return lines
+
+
+def _typical(e: GroupExplanation) -> float:
+    sizes = [abs(c.advantage) for c in e.completions if c.advantage is not None]
+    return statistics.fmean(sizes) if sizes else 0.0
+
+
+def formula_lines(explained: GroupExplanation) -> list[str]:
+    """The same computation as formulas, with this group's numbers in them."""
+    e = explained
+    reward = " + ".join(f"{weight:g} × s_{name}" for name, weight in e.weights.items()) or "Σ_k w_k × s_k"
+    lines = [f"r_i = {reward}   (the weighted total of completion i)",
+             f"mean = (1/G) Σ r_i = {_n(e.mean, 4)}   (G = {len(e.completions)})",
+             f"std = √( Σ (r_i − mean)² / (G − 1) ) = {_n(e.spread, 4)}"]
+    if e.scale_rewards == "group":
+        lines.append("A_i = (r_i − mean) / (std + 0.0001)")
+    elif e.scale_rewards == "batch":
+        lines.append(f"A_i = (r_i − mean) / (std_step + 0.0001), std_step = {_n((e.divisor or 0) - STD_EPSILON, 4)} "
+                     "over every completion of the step")
+    else:
+        lines.append("A_i = r_i − mean")
+    kl = f" + {e.beta:g} × KL_t" if e.beta else ""
+    lines.append(f"ℓ(i, t) = {TOKEN_OBJECTIVE.get(e.loss_type, CLIPPED_OBJECTIVE)}{kl}   (ρ_t: the token's probability now "
+                 "over its probability when it was sampled)")
+    lines.append(LOSS_FORMULA.get(e.loss_type, "loss: see TRL's GRPOTrainer.compute_loss"))
+    return lines
+
+
+def read_step_rollout(run: RunDir, step: int) -> dict | None:
+    """The rollout record of ``step``, or None. Each line starts with its step (the run writes ``{"step": n, ...``),
+    so only the wanted line is parsed, however long the run."""
+    prefix = f'{{"step": {int(step)}, '.encode()
+    try:
+        with open(run.rollouts_path, "rb") as handle:
+            for line in handle:
+                if line.startswith(prefix) and line.endswith(b"\n"):
+                    return json.loads(line)
+    except FileNotFoundError:
+        return None
+    return None
+
+
+def explain_run_group(run: RunDir, step: int, group_number: int) -> GroupExplanation:
+    """Group ``group_number`` of ``step`` in the run folder ``run``, with the KL the step logged."""
+    rollout = read_step_rollout(run, step)
+    if rollout is None:
+        raise ExplainError(f"The run has no completions recorded for step {step}.")
+    kl = next((row.get("kl") for row in run.read_progress() if row.get("step") == step), None)
+    return explain_group(rollout, group_number, read_json(run.config_path, default={}) or {}, kl)

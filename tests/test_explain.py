@@ -1,0 +1,154 @@
+"""The explain panel's numbers: recomputed from the scores a run wrote and checked against the advantages TRL logged
+(real tiny runs, one per way of scaling rewards), and its words on recorded groups (table-driven)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dragon_ui.config import LOSS_TYPES, RunConfig
+from dragon_ui.engine import training
+from dragon_ui.runstore import RunDir
+from dragon_ui.studio import explain
+from dragon_ui.ui import train_tab
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.parametrize("scale_rewards, loss_type", [("group", "dapo"), ("batch", "grpo"), ("none", "dr_grpo")])
+def test_every_groups_advantages_are_the_ones_trl_logged(tiny_config_dict, scale_rewards, loss_type):
+    tiny_config_dict["grpo"].update(group_size=3, scale_rewards=scale_rewards, loss_type=loss_type)
+    # Paid by the character below 12, the tiny model's short random replies all score differently.
+    tiny_config_dict["rewards"][1] = {"kind": "length", "min_chars": 12, "weight": 0.3}
+    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    handle.wait(timeout=240)
+    run = handle.run
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
+    checked = 0
+    for rollout in run.read_rollouts():
+        for number in range(1, len(rollout["groups"]) + 1):
+            explained = explain.explain_run_group(run, rollout["step"], number)
+            assert explained.scale_rewards == scale_rewards and explained.loss_type == loss_type
+            assert explained.agrees is True, (explained.largest_difference, explained.completions)
+            assert len(explained.completions) == 3 and explained.kl is not None
+            checked += not explained.no_spread
+    assert checked == 4  # every group (2 steps of 2 prompts); groups whose scores differ, so the advantages are not all zero
+
+
+def group(*totals: float, advantages: list[float] | None = None, reference: str = "42") -> dict:
+    """A recorded group whose only reward is 'numeric' (weight 1), so each total is its score."""
+    advantages = advantages or [0.0] * len(totals)
+    return {"prompt": "What is 40 + 2?", "reference": reference,
+            "completions": [{"text": f"reply {i}", "scores": {"numeric": total}, "total": total, "advantage": adv}
+                            for i, (total, adv) in enumerate(zip(totals, advantages))]}
+
+
+def config(scale_rewards: str = "group", loss_type: str = "dapo", beta: float = 0.04) -> dict:
+    return {"rewards": [{"kind": "numeric", "name": "numeric", "weight": 1.0}],
+            "grpo": {"scale_rewards": scale_rewards, "loss_type": loss_type, "beta": beta}}
+
+
+# TRL's formula by hand: totals (1, 0, 0, 1) have mean 0.5 and sample std 0.5774 (Bessel), so A = ±0.5/0.5775.
+HALF = 0.5 / (0.57735 + 1e-4)
+
+
+@pytest.mark.parametrize("totals, scale, expected, up, down", [
+    ((1.0, 0.0, 0.0, 1.0), "group", [HALF, -HALF, -HALF, HALF], [1, 4], [2, 3]),
+    ((1.0, 0.0, 0.0, 1.0), "none", [0.5, -0.5, -0.5, 0.5], [1, 4], [2, 3]),
+    ((1.0, 1.0, 1.0, 1.0), "group", [0.0] * 4, [], []),
+    ((0.3, 0.3000000000000001, 0.29999999999999993), "group", [0.0] * 3, [], []),  # float noise is no spread
+    ((2.0, 0.0), "group", [1 / (1.41421 + 1e-4), -1 / (1.41421 + 1e-4)], [1], [2]),
+])
+def test_advantages_follow_trls_formula(totals, scale, expected, up, down):
+    explained = explain.explain_group({"step": 3, "groups": [group(*totals)]}, 1, config(scale))
+    assert [c.advantage for c in explained.completions] == pytest.approx(expected, abs=1e-4)
+    assert [c.number for c in explained.completions if c.direction == "up"] == up
+    assert [c.number for c in explained.completions if c.direction == "down"] == down
+
+
+def test_batch_scaling_divides_by_the_spread_of_the_whole_step():
+    rollout = {"step": 1, "groups": [group(1.0, 0.0), group(1.0, 1.0)]}
+    explained = explain.explain_group(rollout, 1, config("batch"))
+    step_std = 0.5  # of (1, 0, 1, 1), Bessel-corrected: √(0.75 / 3)
+    assert explained.completions[0].advantage == pytest.approx(0.5 / (step_std + 1e-4), abs=1e-4)
+    assert "spread of the whole step" in " ".join(explain.plain_words(explained))
+
+
+def test_a_group_where_every_score_is_the_same_says_why_nothing_is_learned():
+    words = " ".join(explain.plain_words(explain.explain_group({"step": 1, "groups": [group(1.0, 1.0, 1.0)]}, 1,
+                                                                 config())))
+    assert "All 3 completions scored the same weighted total, 1.00" in words
+    assert "every advantage is 0" in words and "give partial credit" in words
+
+
+def test_the_words_say_which_completions_go_up_and_down_and_what_beta_adds():
+    rollout = {"step": 5, "groups": [group(1.0, 0.0, 0.0, 1.0, advantages=[HALF, -HALF, -HALF, HALF])]}
+    explained = explain.explain_group(rollout, 1, config(beta=0.04), kl=0.25)
+    words = " ".join(explain.plain_words(explained))
+    assert "completions 1 and 4 scored above the mean" in words and "completions 2 and 3 scored below it" in words
+    assert "Beta is 0.04" in words and "This step's KL was 0.25, so the pull costs about 0.010 per token" in words
+    assert "match the ones TRL logged" in words and explained.agrees is True
+    tiny = explain.explain_group(rollout, 1, config(beta=0.04), kl=0.0012)
+    assert "KL was 0.0012, so the pull costs about 0.000048 per token" in " ".join(explain.plain_words(tiny))
+    assert "Beta is 0: nothing pulls" in " ".join(explain.plain_words(
+        explain.explain_group(rollout, 1, config(beta=0.0))))
+
+
+def test_advantages_that_differ_from_trls_are_reported_not_hidden():
+    rollout = {"step": 5, "groups": [group(1.0, 0.0, advantages=[0.3, -0.3])]}
+    explained = explain.explain_group(rollout, 1, config())
+    assert explained.agrees is False
+    assert "differ from the ones TRL logged" in " ".join(explain.plain_words(explained))
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_loss_type_is_explained_in_words_and_as_a_formula(loss_type):
+    explained = explain.explain_group({"step": 1, "groups": [group(1.0, 0.0)]}, 1, config(loss_type=loss_type))
+    assert explain.LOSS_WEIGHTING[loss_type] in " ".join(explain.plain_words(explained))
+    formula = explain.formula_lines(explained)
+    assert formula[0].startswith("r_i = 1 × s_numeric") and explain.LOSS_FORMULA[loss_type] in formula
+
+
+@pytest.mark.parametrize("number", [0, 2, -1])
+def test_a_group_that_is_not_there_is_refused_in_words(number):
+    with pytest.raises(explain.ExplainError, match="there is no group"):
+        explain.explain_group({"step": 1, "groups": [group(1.0, 0.0)]}, number, config())
+
+
+def test_one_steps_record_is_found_without_reading_a_line_still_being_written(tmp_path):
+    run = RunDir(tmp_path)
+    for step in (1, 2, 12):
+        run.append_rollouts({"step": step, "groups": [group(float(step), 0.0)]})
+    with open(run.rollouts_path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"step": 13, "groups": []})[:-3])  # a writer half-way through its line
+    assert explain.read_step_rollout(run, 12)["groups"][0]["completions"][0]["total"] == 12.0
+    assert explain.read_step_rollout(run, 1)["step"] == 1
+    assert explain.read_step_rollout(run, 13) is None and explain.read_step_rollout(run, 3) is None
+
+
+def test_the_panel_escapes_what_the_run_wrote_and_shows_the_formula_on_request():
+    hostile = group(1.0, 0.0, advantages=[0.707, -0.707])
+    hostile["prompt"] = "<script>alert(1)</script>"
+    hostile["reference"] = "<img src=x onerror=alert(2)>"
+    explained = explain.explain_group({"step": 2, "groups": [hostile]}, 1, config())
+    panel = train_tab.explanation_html(explained)
+    assert "<script>" not in panel and "<img" not in panel and "&lt;script&gt;" in panel
+    assert "<details><summary>Show the formula</summary>" in panel and "A_i = (r_i − mean) / (std + 0.0001)" in panel
+    assert "↑ more likely" in panel and "↓ less likely" in panel and "1.00 × 1" in panel
+
+
+class Event:
+    def __init__(self, data):
+        self._data = data
+
+
+@pytest.mark.parametrize("data", [None, "x", [], {"step": "1", "group": 1}, {"step": 1, "group": 0},
+                                  {"step": True, "group": 1}, {"step": -1, "group": 1}, {"step": 1.5, "group": 1},
+                                  {"step": 10**12, "group": 1}, {"step": 1}])
+def test_a_click_with_made_up_numbers_is_answered_in_the_panel(studio, data):
+    assert "What did this step do?" in train_tab.explain_clicked(studio, "", Event(data))
+
+
+def test_a_click_on_a_run_that_is_not_there_is_answered_in_the_panel(studio):
+    assert "There is no run" in train_tab.explain_clicked(studio, "../../etc", Event({"step": 1, "group": 1}))
