@@ -9,6 +9,10 @@ class ConfigError(DragonError, ValueError):
     """A setting, data file or reward is wrong; raised at validation, before any training starts."""
 
 
+class RewardError(DragonError):
+    """An expected reward failure (timeout, missing reference, ...) whose message is already readable as is."""
+
+
 class BusyError(DragonError):
     """Another training is already running in this process."""
 
@@ -32,6 +36,19 @@ def describe(exc: BaseException) -> str:
     first = first_line(exc)
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
+
+
+def one_line(error: BaseException | str) -> str:
+    """One short line: our own messages as they are, anything else as "ZeroDivisionError: division by zero" (a
+    reward's failure, as the Train tab and the playground show it)."""
+    if isinstance(error, str):
+        text = error
+    elif isinstance(error, DragonError):
+        text = str(error)
+    else:
+        text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "unknown error")
+    return line if len(line) <= 200 else line[:197] + "..."
 
 
 def check_length(where: str, text: str | None, most: int) -> None:

@@ -265,7 +265,7 @@ def test_a_pattern_that_backtracks_exponentially_is_refused_when_it_is_saved(pat
 def test_a_slow_match_scores_zero_as_a_failure_within_its_time_limit(monkeypatch):
     """A pattern the check let through but that is slow on one reply: that reply scores 0, the failure is
     counted, and other threads run meanwhile (the regex package lets go of the GIL)."""
-    monkeypatch.setattr(rewards, "_slow_text", lambda *args: None)  # as if the check had missed it
+    monkeypatch.setattr(rewards.builtin, "_slow_text", lambda *args: None)  # as if the check had missed it
     (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "regex", "pattern": r"(a|aa)+$"})])
     ticks = []
     done = threading.Event()
@@ -297,7 +297,7 @@ def test_the_json_fence_is_read_as_the_old_pattern_read_it_in_linear_time():
     for _ in range(50_000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
         old = OLD_FENCE.fullmatch(text)
-        assert rewards._fenced_content(text) == (old.group(1) if old else None), repr(text)
+        assert rewards.builtin._fenced_content(text) == (old.group(1) if old else None), repr(text)
     (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "json"})])
     started = time.monotonic()
     for text in ("```" + "a" * 200_000, "```\n" + "```a" * 50_000, "```json\n{\"a\": 1}" + " " * 100_000 + "```"):

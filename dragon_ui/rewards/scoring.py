@@ -1,0 +1,184 @@
+"""Building rewards and scoring with them safely: the one path the CLI, the playground, evaluation and TRL share."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+from ..errors import ConfigError, one_line
+from ..public import is_public_demo
+from .builtin import BUILTIN_SCORERS, Reward, regex_scorer
+from .programs import command_scorer, load_custom_function
+from .spec import PUBLIC_REFUSALS, REWARD_KINDS, RewardSpec
+
+def build_rewards(specs: list[RewardSpec], base_dir: str | None = None) -> list[Reward]:
+    """Turn validated specs into callables; base_dir resolves relative custom files and is the commands' folder.
+
+    The public-demo refusal is checked again here because this is where code actually gets loaded.
+    """
+    rewards = []
+    for index, spec in enumerate(specs):
+        where = f"rewards[{index}]"
+        if is_public_demo() and spec.kind in PUBLIC_REFUSALS:
+            raise ConfigError(f"{where}.kind: {PUBLIC_REFUSALS[spec.kind]}")
+        if spec.kind == "custom":
+            scorer = load_custom_function(spec, base_dir, where)
+        elif spec.kind == "command":
+            scorer = command_scorer(spec, base_dir)
+        elif spec.kind == "regex":
+            scorer = regex_scorer(spec, where)
+        elif spec.kind in BUILTIN_SCORERS:
+            scorer = BUILTIN_SCORERS[spec.kind](spec)
+        else:
+            raise ConfigError(f"{where}.kind {spec.kind!r} is not a known reward kind; "
+                              f"choose one of: {', '.join(REWARD_KINDS)}.")
+        rewards.append(Reward(spec, scorer))
+    return rewards
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Scoring safely
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class RewardFailures:
+    """Thread-safe failure counts per reward, plus the first message of each (what the user needs to fix it)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._first: dict[str, str] = {}
+
+    def record(self, name: str, error: BaseException | str) -> None:
+        message = one_line(error)
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + 1
+            self._first.setdefault(name, message)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def first_errors(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._first)
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+
+@dataclass
+class ScoreResult:
+    """Scores of one completion: per reward (unweighted, 0 where it failed), the weighted total, and failures."""
+
+    scores: dict[str, float]
+    total: float
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"scores": dict(self.scores), "total": self.total, "errors": dict(self.errors)}
+
+
+def safe_score(reward: Reward, prompt, completion, reference, row,
+               failures: RewardFailures | None = None) -> tuple[float, str | None]:
+    """Score with one reward and never raise: (score, None), or (0.0, message) with the failure recorded.
+
+    SystemExit is caught too, so a custom reward calling exit() cannot end a training run.
+    """
+    try:
+        return reward(prompt, completion, reference, row), None
+    except (Exception, SystemExit) as error:
+        message = one_line(error)
+        if failures is not None:
+            failures.record(reward.name, message)
+        return 0.0, message
+
+
+def score_completion(rewards: list[Reward], completion: str, reference: str | None = None, prompt: str = "",
+                     row: dict | None = None, failures: RewardFailures | None = None) -> ScoreResult:
+    """THE way to score one completion with all rewards (CLI, playground, evaluation and training share it)."""
+    row = {} if row is None else row
+    scores: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for reward in rewards:
+        scores[reward.name], error = safe_score(reward, prompt, completion, reference, row, failures)
+        if error is not None:
+            errors[reward.name] = error
+    total = sum(reward.weight * scores[reward.name] for reward in rewards)
+    return ScoreResult(scores=scores, total=total, errors=errors)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# TRL adapter
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _message_text(content) -> str:
+    """Message content as text: a plain string, or the text parts of a multimodal content list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def last_user_text(prompt) -> str:
+    """The last user message of a conversational prompt (what the reward calls "the prompt"), or a plain string."""
+    if isinstance(prompt, str):
+        return prompt
+    for message in reversed(prompt or []):
+        if message.get("role") == "user":
+            return _message_text(message.get("content"))
+    return ""
+
+
+def completion_text(completion) -> str:
+    """The last assistant message's text of a conversational completion, or a plain string."""
+    if isinstance(completion, str):
+        return completion
+    for message in reversed(completion or []):
+        if message.get("role", "assistant") == "assistant":
+            return _message_text(message.get("content"))
+    return ""
+
+
+def trl_reward_functions(rewards: list[Reward], failures: RewardFailures,
+                         on_batch: Callable[[str, int, int], None] | None = None) -> list[Callable]:
+    """One TRL reward function per reward, named after it (TRL logs ``rewards/<name>/mean``).
+
+    Scores are unweighted: the trainer passes the weights to TRL (``reward_weights``). Each function reads the
+    dataset columns ``reference`` and ``row`` (a JSON string) from TRL's keyword arguments and ignores the rest;
+    an empty reference becomes None, as in evaluation, so a reward sees the same inputs in training and evaluation.
+    ``on_batch(name, n_scored, n_failed)`` runs after each call; its exceptions propagate so that the trainer can
+    stop a run whose reward is completely broken.
+    """
+    return [_trl_function(reward, failures, on_batch) for reward in rewards]
+
+
+def _trl_function(reward: Reward, failures: RewardFailures, on_batch) -> Callable:
+    def reward_function(prompts, completions, **kwargs) -> list[float]:
+        count = len(completions)
+        references = kwargs.get("reference") or [None] * count
+        rows = kwargs.get("row") or [None] * count
+        parsed: dict[str, dict] = {}  # each row repeats once per generation; parse it once
+        scores: list[float] = []
+        failed = 0
+        for prompt, completion, reference, row in zip(prompts, completions, references, rows, strict=True):
+            if isinstance(row, str):
+                if row not in parsed:
+                    parsed[row] = json.loads(row)
+                row = parsed[row]
+            score, error = safe_score(reward, last_user_text(prompt), completion_text(completion), reference or None,
+                                      row or {}, failures)
+            scores.append(score)
+            failed += error is not None
+        if on_batch is not None:
+            on_batch(reward.name, count, failed)
+        return scores
+
+    reward_function.__name__ = reward_function.__qualname__ = reward.name
+    return reward_function

@@ -1,0 +1,358 @@
+"""The reward settings: one flat, typed spec per reward, validated field by field with sentences that name the field."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+
+
+from ..errors import ConfigError, check_length
+from ..public import LIFT, is_public_demo
+from .builtin import FORMAT_PRESETS, compile_pattern
+from .programs import load_custom_function
+from .text import EXTRACT_MODES
+
+REWARD_KINDS: tuple[str, ...] = (
+    "exact", "contains", "numeric", "regex", "json", "length", "keyword", "format", "command", "custom",
+)
+
+# Settings every reward has, then the ones that only make sense for one kind (anything else is rejected).
+_COMMON_FIELDS = ("kind", "name", "weight")
+_KIND_FIELDS: dict[str, tuple[str, ...]] = {
+    "exact": ("extract", "case_sensitive"),
+    "contains": ("extract", "case_sensitive"),
+    "numeric": ("extract", "tolerance"),
+    "regex": ("pattern", "case_sensitive"),
+    "json": ("keys",),
+    "length": ("min_chars", "max_chars"),
+    "keyword": ("words", "mode"),
+    "format": ("preset", "tags"),
+    "command": ("argv", "input", "score_from", "min_score", "max_score", "timeout"),
+    "custom": ("code", "file", "function"),
+}
+_NAME_RE = re.compile(r"[A-Za-z0-9_]+")
+_TAG_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+PUBLIC_REFUSALS = {
+    "custom": f"custom Python rewards are turned off in this public demo because they run arbitrary code on the "
+              f"server; {LIFT} to use them.",
+    "command": f"command rewards are turned off in this public demo because they run arbitrary programs on the "
+               f"server; {LIFT} to use them.",
+}
+
+
+def kind_fields(kind: str) -> tuple[str, ...]:
+    """The settings a reward of this kind takes besides kind, name and weight (what an editor form should show)."""
+    return _KIND_FIELDS[kind]
+
+
+def public_demo_refusal(kind: str) -> str | None:
+    """Why a public demo refuses rewards of this kind (they run code on the server), or None when it allows them."""
+    return PUBLIC_REFUSALS.get(kind)
+
+
+@dataclass
+class RewardSpec:
+    """One reward as it is stored in the run config; build it with :meth:`from_dict`, which validates everything."""
+
+    kind: str
+    name: str = ""
+    weight: float = 1.0
+    extract: str = "whole"
+    case_sensitive: bool = False
+    tolerance: float = 1e-6
+    pattern: str | None = None
+    keys: list[str] | None = None
+    min_chars: int | None = None
+    max_chars: int | None = None
+    words: list[str] | None = None
+    mode: str = "any"
+    preset: str | None = None
+    tags: list[str] | None = None
+    argv: list[str] | None = None
+    input: str = "stdin"
+    score_from: str = "exit_code"
+    min_score: float = 0.0
+    max_score: float = 1.0
+    timeout: float = 30.0
+    code: str | None = None
+    file: str | None = None
+    function: str = "reward"
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "rewards[0]") -> RewardSpec:
+        """Validate and coerce one reward's settings; every problem is a ConfigError that names the field.
+
+        A setting whose value is None or "" counts as not given (YAML ``pattern:`` with nothing after it, an empty UI
+        text box), so it falls back to its default and is not reported as not applying to the kind.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where} must be a mapping of settings like {{'kind': 'numeric'}}, "
+                              f"not {type(data).__name__}.")
+        kind = data.get("kind")
+        if kind is None:
+            raise ConfigError(f"{where} has no kind; choose one of: {', '.join(REWARD_KINDS)}.")
+        if kind not in REWARD_KINDS:
+            raise ConfigError(f"{where}.kind {kind!r} is not a known reward kind; "
+                              f"choose one of: {', '.join(REWARD_KINDS)}.")
+        if is_public_demo() and kind in PUBLIC_REFUSALS:
+            raise ConfigError(f"{where}.kind: {PUBLIC_REFUSALS[kind]}")
+        allowed = _COMMON_FIELDS + _KIND_FIELDS[kind]
+        every = {f.name for f in fields(cls)}
+        for key, value in data.items():
+            if key not in every:
+                raise ConfigError(f"{where} has an unknown setting {key!r}; known settings for {_a(kind)} reward "
+                                  f"are: {', '.join(allowed)}.")
+            if key not in allowed and _given(value):
+                owners = [k for k, names in _KIND_FIELDS.items() if key in names]
+                raise ConfigError(f"{where}.{key} does not apply to {_a(kind)} reward; it is a setting of "
+                                  f"{' and '.join(owners)} rewards.")
+        spec = cls(kind=kind)
+        for key in allowed[1:]:
+            if _given(data.get(key)):
+                _check_size(data[key], f"{where}.{key}", _LONGEST.get(key, _LONGEST_ITEM))
+                setattr(spec, key, _PARSERS[key](data[key], f"{where}.{key}"))
+        spec.name = spec.name or kind
+        _check_kind(spec, where)
+        return spec
+
+    def to_dict(self) -> dict:
+        """kind, name and weight, plus every setting that differs from its default; round-trips via from_dict."""
+        out = {"kind": self.kind, "name": self.name or self.kind, "weight": self.weight}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in out and value != f.default:
+                out[f.name] = list(value) if isinstance(value, list) else value
+        return out
+
+
+def reward_rule(spec: RewardSpec) -> str:
+    """What one reward pays for, in a sentence fragment (the Rewards tab's table, the model card)."""
+    answer = "the reply" if spec.extract == "whole" else f"the answer ({spec.extract.replace('_', ' ')})"
+    compared = ("ignoring extra spaces and trailing . , ; : ! ?" if spec.case_sensitive else
+                "ignoring case, extra spaces and trailing . , ; : ! ?")
+    rules = {
+        "exact": f"{answer} equals the reference, {compared}",
+        "contains": f"{answer} contains the reference, {compared}",
+        "numeric": f"the number in {answer} equals the reference",
+        "regex": f"the reply matches `{spec.pattern}`",
+        "json": "the reply is JSON" + (f" with the keys {', '.join(spec.keys)}" if spec.keys else ""),
+        "length": f"the reply has {spec.min_chars or 0} to {spec.max_chars or 'any number of'} characters",
+        "keyword": f"the reply contains {spec.mode} of: {', '.join(spec.words or [])}",
+        "format": f"the reply is laid out in the tags {', '.join(spec.tags or FORMAT_PRESETS.get(spec.preset, ()))}",
+        "command": f"the command `{' '.join(spec.argv or [])}` passes on the reply",
+        "custom": f"the Python function `{spec.function}` scores it",
+    }
+    return rules[spec.kind]
+
+
+# The longest a text setting may be (any client can send megabytes); list settings: each item, and how many.
+_LONGEST = {"code": 100_000, "file": 1000, "pattern": 1000, "argv": 4000}
+_LONGEST_ITEM, _MOST_ITEMS, MOST_REWARDS = 200, 100, 20
+
+
+def _check_size(value, label: str, longest: int) -> None:
+    """Refuse a text longer than ``longest``, or a list of more than _MOST_ITEMS items or with a longer item."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if len(items) > _MOST_ITEMS:
+        raise ConfigError(f"{label} has {len(items)} items, more than the {_MOST_ITEMS} it may have.")
+    for item in items:
+        check_length(label, item, longest)
+
+
+def _a(kind: str) -> str:
+    """"an exact reward", "a numeric reward"."""
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def _given(value) -> bool:
+    return value is not None and value != ""
+
+
+def _as_float(value, label: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+        raise ConfigError(f"{label} must be a number, not {value!r}.")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{label} must be a number, not {value!r}.") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{label} must be a finite number, not {value!r}.")
+    return number
+
+
+def _non_negative(value, label: str) -> float:
+    number = _as_float(value, label)
+    if number < 0:
+        raise ConfigError(f"{label} must be zero or more, not {value!r}.")
+    return number
+
+
+def _positive(value, label: str) -> float:
+    number = _as_float(value, label)
+    if number <= 0:
+        raise ConfigError(f"{label} must be more than zero, not {value!r}.")
+    return number
+
+
+def _char_count(value, label: str) -> int:
+    """A non-negative whole number; integral floats are accepted because UI number boxes return floats."""
+    number = _as_float(value, label)
+    if number != int(number) or number < 0:
+        raise ConfigError(f"{label} must be a whole number of characters, zero or more, not {value!r}.")
+    return int(number)
+
+
+def _as_bool(value, label: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{label} must be true or false, not {value!r}.")
+    return value
+
+
+def _as_text(value, label: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{label} must be a non-empty text, not {value!r}.")
+    return value
+
+
+def _as_name(value, label: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
+        raise ConfigError(f"{label} {value!r} may only use letters, digits and underscores, because it becomes the "
+                          f"column name reward_<name>.")
+    return value
+
+
+def _as_text_list(value, label: str) -> list[str]:
+    """A list of non-empty texts; a single text is taken as a one-item list."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ConfigError(f"{label} must be a non-empty list of texts, not {value!r}.")
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            raise ConfigError(f"{label} must contain only non-empty texts, not {item!r}.")
+    return list(items)
+
+
+def _as_keys(value, label: str) -> list[str] | None:
+    """JSON keys are optional, so an empty list means "just check that it parses"."""
+    return _as_text_list(value, label) if value != [] else None
+
+
+def _as_tags(value, label: str) -> list[str]:
+    tags = _as_text_list(value, label)
+    for tag in tags:
+        if not _TAG_RE.fullmatch(tag):
+            raise ConfigError(f"{label} entries are plain tag names like 'think' (no angle brackets), not {tag!r}.")
+    if len(set(tags)) != len(tags):
+        raise ConfigError(f"{label} names the same tag twice: {tags!r}.")
+    return tags
+
+
+def _as_argv(value, label: str) -> list[str]:
+    """A list of arguments; a single text is split like a shell would (but no shell ever runs)."""
+    if isinstance(value, str):
+        try:
+            value = shlex.split(value)
+        except ValueError as error:
+            raise ConfigError(f"{label} cannot be split into arguments: {error}.") from None
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(a, str) for a in value):
+        raise ConfigError(f"{label} must be a non-empty list of texts (the program and its arguments), "
+                          f"not {value!r}.")
+    if not value[0].strip():
+        raise ConfigError(f"{label}[0] (the program to run) is empty.")
+    return list(value)
+
+
+def _choice(*choices: str) -> Callable[[object, str], str]:
+    def parse(value, label: str) -> str:
+        if value not in choices:
+            raise ConfigError(f"{label} {value!r} is not one of: {', '.join(choices)}.")
+        return value
+    return parse
+
+
+def _as_function_name(value, label: str) -> str:
+    if not isinstance(value, str) or not value.isidentifier():
+        raise ConfigError(f"{label} must be a Python function name like 'reward', not {value!r}.")
+    return value
+
+
+_PARSERS: dict[str, Callable[[object, str], object]] = {
+    "name": _as_name,
+    "weight": _non_negative,
+    "extract": _choice(*EXTRACT_MODES),
+    "case_sensitive": _as_bool,
+    "tolerance": _non_negative,
+    "pattern": _as_text,
+    "keys": _as_keys,
+    "min_chars": _char_count,
+    "max_chars": _char_count,
+    "words": _as_text_list,
+    "mode": _choice("any", "all"),
+    "preset": _choice(*FORMAT_PRESETS),
+    "tags": _as_tags,
+    "argv": _as_argv,
+    "input": _choice("stdin", "file"),
+    "score_from": _choice("exit_code", "stdout"),
+    "min_score": _as_float,
+    "max_score": _as_float,
+    "timeout": _positive,
+    "code": _as_text,
+    "file": _as_text,
+    "function": _as_function_name,
+}
+
+
+def _check_kind(spec: RewardSpec, where: str) -> None:
+    """Checks that involve several settings of one kind (required settings, bounds, compiling code)."""
+    kind = spec.kind
+    if kind == "regex":
+        if spec.pattern is None:
+            raise ConfigError(f"{where}.pattern is missing; a regex reward needs a regular expression to look for.")
+        compile_pattern(spec, where)
+    elif kind == "length":
+        if spec.min_chars is None and spec.max_chars is None:
+            raise ConfigError(f"{where}.min_chars and {where}.max_chars are both missing; "
+                              f"a length reward needs at least one bound.")
+        if spec.min_chars is not None and spec.max_chars is not None and spec.min_chars > spec.max_chars:
+            raise ConfigError(f"{where}.min_chars ({spec.min_chars}) is larger than "
+                              f"{where}.max_chars ({spec.max_chars}).")
+    elif kind == "keyword" and spec.words is None:
+        raise ConfigError(f"{where}.words is missing; a keyword reward needs a list of words to look for.")
+    elif kind == "format":
+        if spec.preset is not None and spec.tags is not None:
+            raise ConfigError(f"{where}.preset and {where}.tags are both set; use one of them.")
+        if spec.tags is None:
+            spec.preset = spec.preset or "think_answer"
+    elif kind == "command":
+        if spec.argv is None:
+            raise ConfigError(f"{where}.argv is missing; a command reward needs the program to run.")
+        if spec.max_score <= spec.min_score:
+            raise ConfigError(f"{where}.max_score ({spec.max_score:g}) must be larger than "
+                              f"{where}.min_score ({spec.min_score:g}).")
+    elif kind == "custom":
+        if (spec.code is None) == (spec.file is None):
+            raise ConfigError(f"{where}.code and {where}.file: give exactly one of them (the Python source, "
+                              f"or the path of a .py file).")
+        if spec.code is not None:
+            load_custom_function(spec, None, where)
+
+
+def parse_rewards(items: list, where: str = "rewards") -> list[RewardSpec]:
+    """Validate a whole reward list: not empty, each entry valid, names unique (they become column names)."""
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ConfigError(f"{where} must be a non-empty list of rewards; add at least one reward.")
+    if len(items) > MOST_REWARDS:
+        raise ConfigError(f"{where} has {len(items)} rewards, more than the {MOST_REWARDS} a run may have.")
+    specs = [RewardSpec.from_dict(item, f"{where}[{index}]") for index, item in enumerate(items)]
+    seen: dict[str, int] = {}
+    for index, spec in enumerate(specs):
+        if spec.name in seen:
+            raise ConfigError(f"{where}[{index}].name: two rewards are named {spec.name!r} ({where}[{seen[spec.name]}] "
+                              f"and {where}[{index}]); give one of them a different name.")
+        seen[spec.name] = index
+    return specs
