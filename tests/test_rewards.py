@@ -48,7 +48,7 @@ def score(settings: dict, completion: str, reference=None, prompt: str = "", row
 
 
 def test_kind_and_mode_lists():
-    assert REWARD_KINDS == ("exact", "contains", "numeric", "regex", "json", "length", "keyword", "format",
+    assert REWARD_KINDS == ("exact", "contains", "numeric", "math", "regex", "json", "length", "keyword", "format",
                             "command", "custom")
     assert EXTRACT_MODES == ("whole", "last_number", "after_hashes", "boxed", "answer_tag")
 

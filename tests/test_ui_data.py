@@ -107,7 +107,7 @@ def test_max_rows_empty_or_0_means_all(form, draft, shown, max_rows):
 
 def test_bundled_datasets_are_the_data_files():
     names = [name for name, _ in data_tab.bundled_datasets()]
-    assert names == ["arithmetic.csv", "json_answers.jsonl", "think_answer.jsonl"]
+    assert names == ["arithmetic.csv", "json_answers.jsonl", "small_sums.csv", "think_answer.jsonl"]
 
 
 def test_a_loaded_draft_shows_at_once_and_its_preview_follows(draft, labels):

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import regex
 
 from ..errors import ConfigError, RewardError
-from .text import last_number, normalise, extract_answer
+from .math_answers import math_scorer
+from .text import extract_answer, last_number, normalise, require_reference
 
 if TYPE_CHECKING:
     from .spec import RewardSpec
@@ -54,15 +55,9 @@ def _as_score(value) -> float:
     raise RewardError(f"returned {shown} ({type(value).__name__}), not a number")
 
 
-def _require_reference(reference: str | None) -> str:
-    if reference is None:
-        raise RewardError("this row has no reference answer to compare against")
-    return reference
-
-
 def _normalised_reference(reference: str | None, case_sensitive: bool) -> str:
     """An empty reference would match every reply (and be contained in every reply), so it is a failure."""
-    expected = normalise(_require_reference(reference), case_sensitive)
+    expected = normalise(require_reference(reference), case_sensitive)
     if not expected:
         raise RewardError("the reference answer is empty")
     return expected
@@ -84,7 +79,7 @@ def _contains(spec: RewardSpec) -> Scorer:
 
 def _numeric(spec: RewardSpec) -> Scorer:
     def score(prompt, completion, reference, row):
-        expected = last_number(_require_reference(reference))
+        expected = last_number(require_reference(reference))
         if expected is None:
             raise RewardError("the reference answer contains no number")
         got = last_number(extract_answer(completion, spec.extract))
@@ -236,6 +231,6 @@ def _format(spec: RewardSpec) -> Scorer:
 
 
 BUILTIN_SCORERS: dict[str, Callable[[RewardSpec], Scorer]] = {
-    "exact": _exact, "contains": _contains, "numeric": _numeric, "json": _json,
+    "exact": _exact, "contains": _contains, "numeric": _numeric, "math": math_scorer, "json": _json,
     "length": _length, "keyword": _keyword, "format": _format,
 }

@@ -17,7 +17,7 @@ from .programs import load_custom_function
 from .text import EXTRACT_MODES
 
 REWARD_KINDS: tuple[str, ...] = (
-    "exact", "contains", "numeric", "regex", "json", "length", "keyword", "format", "command", "custom",
+    "exact", "contains", "numeric", "math", "regex", "json", "length", "keyword", "format", "command", "custom",
 )
 
 # Settings every reward has, then the ones that only make sense for one kind (anything else is rejected).
@@ -26,6 +26,7 @@ _KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "exact": ("extract", "case_sensitive"),
     "contains": ("extract", "case_sensitive"),
     "numeric": ("extract", "tolerance"),
+    "math": ("extract",),
     "regex": ("pattern", "case_sensitive"),
     "json": ("keys",),
     "length": ("min_chars", "max_chars"),
@@ -139,6 +140,8 @@ def reward_rule(spec: RewardSpec) -> str:
         "exact": f"{answer} equals the reference, {compared}",
         "contains": f"{answer} contains the reference, {compared}",
         "numeric": f"the number in {answer} equals the reference",
+        "math": f"{answer if spec.extract != 'whole' else 'the final answer'} equals the reference mathematically "
+                "(math-verify)",
         "regex": f"the reply matches `{spec.pattern}`",
         "json": "the reply is JSON" + (f" with the keys {', '.join(spec.keys)}" if spec.keys else ""),
         "length": f"the reply has {spec.min_chars or 0} to {spec.max_chars or 'any number of'} characters",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from collections import deque
 
+from ..errors import RewardError
+
 
 EXTRACT_MODES: tuple[str, ...] = ("whole", "last_number", "after_hashes", "boxed", "answer_tag")
 
@@ -80,3 +82,9 @@ def normalise(text: str, case_sensitive: bool) -> str:
     if not case_sensitive:
         text = text.casefold()
     return text.rstrip(" .,;:!?")
+
+
+def require_reference(reference: str | None) -> str:
+    if reference is None:
+        raise RewardError("this row has no reference answer to compare against")
+    return reference

@@ -50,6 +50,9 @@ KIND_HELP = {
     "contains": "1 when the reference answer appears in the (extracted) reply, else 0; case (unless Case-sensitive) "
                 "and extra spaces do not count.",
     "numeric": "1 when the reply's number equals the reference's number (within the tolerance), else 0.",
+    "math": "1 when the reply's final answer equals the reference mathematically, else 0, as math-verify checks it: "
+            "\\frac{1}{2}, 0.5 and 50\\% agree, and so do sets, intervals and expressions like \\sqrt{8} and 2\\sqrt{2}. "
+            "It finds the answer itself (\\boxed{} first), or takes the part an extraction mode picks.",
     "regex": "1 when the regular expression matches anywhere in the reply, else 0.",
     "json": "1 when the reply is valid JSON; with keys, the share of those keys it has (partial credit).",
     "length": "1 inside the character bounds, less the further outside them (partial credit).",

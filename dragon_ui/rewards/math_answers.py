@@ -1,0 +1,140 @@
+"""The ``math`` kind: the reply's final answer checked against the reference by math-verify, the checker behind TRL's
+``accuracy_reward`` and open-r1. It knows that \\frac{1}{2}, 0.5 and 50\\% are one number, that {3,2,1} is the set
+{1,2,3}, that \\sqrt{8} is 2\\sqrt{2}, and it reads intervals, equations and units.
+
+math-verify limits its own time with SIGALRM, which works only in a process's main thread, and a training scores in
+a thread of its own. So the checks run in one worker process (started on first use, kept for the next ones), in
+its main thread with math-verify's own time limits, and the caller waits at most :data:`LIMIT_S` for an answer: a
+check that takes longer (sympy on a crafted tower of powers) ends with that worker, and the next check starts a
+fresh one. The worker's memory is capped where the system allows it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from ..errors import RewardError, one_line
+from .text import extract_answer, require_reference
+
+LIMIT_S = 10.0  # one reply, start of a fresh worker included: scoring is never stalled for longer
+CHECK_S = 3  # math-verify's own limit on parsing one text and on one comparison, inside the worker
+MEMORY_BYTES = 2 * 2**30  # the worker's address space: Python, sympy and the parsed expressions
+DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # so the worker imports this copy of dragon_ui
+
+
+def _as_latex(text: str) -> str:
+    """math-verify finds LaTeX only between delimiters; a bare reference or extracted answer ("\\frac{1}{2}", "0.5")
+    is put between $…$ so it parses like the same text written in a paper."""
+    return text if any(mark in text for mark in DELIMITERS) else f"${text}$"
+
+
+def check(reference: str, answer: str, whole_reply: bool) -> bool:
+    """math-verify's verdict on ``answer`` against ``reference``, in this process (the worker's main thread).
+    ``whole_reply``: math-verify finds the answer itself (\\boxed{} first, then the last formula or number)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    gold = parse(_as_latex(reference), extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()],
+                 parsing_timeout=CHECK_S)
+    if not gold:
+        raise RewardError(f"math-verify cannot read the reference answer {reference[:60]!r}")
+    given = parse(answer if whole_reply else _as_latex(answer),
+                  extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
+                  parsing_timeout=CHECK_S)
+    return bool(given) and verify(gold, given, timeout_seconds=CHECK_S)
+
+
+def serve() -> None:
+    """The worker: one JSON request per line on standard input ([reference, answer, whole_reply]), one answer per line
+    on standard output ([true, verdict] or [false, why]), until standard input closes."""
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+    except (ImportError, ValueError, OSError):  # not on Windows, or a lower hard limit already: keep that one
+        pass
+    for line in sys.stdin:
+        reference, answer, whole_reply = json.loads(line)
+        try:
+            reply = [True, check(reference, answer, whole_reply)]
+        except BaseException as error:  # a timeout, a memory error, a parse failure: this reply only
+            reply = [False, one_line(error)]
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+class MathChecker:
+    """The worker process, started with the same Python as the app (not a fork: the app holds a model and threads),
+    and a thread that reads its answers, so that the wait for one can have a time limit on every platform. Checks
+    take turns (a lock), from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._answers: queue.Queue = queue.Queue()
+
+    def verify(self, reference: str, answer: str, whole_reply: bool) -> bool:
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._start()
+            try:
+                self._process.stdin.write(json.dumps([reference, answer, whole_reply]) + "\n")
+                self._process.stdin.flush()
+                answer = self._answers.get(timeout=LIMIT_S)
+            except queue.Empty:
+                self._stop()
+                raise RewardError(f"math-verify took longer than {LIMIT_S:g} s on this reply") from None
+            except OSError:  # the pipe is closed: the worker is gone
+                answer = None
+            if answer is None:  # the worker stopped (its memory limit): the next check starts another
+                self._stop()
+                raise RewardError("math-verify's worker stopped on this reply (out of memory)")
+        done, value = answer
+        if not done:
+            raise RewardError(value)
+        return value
+
+    def _start(self) -> None:
+        self._answers = queue.Queue()
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", "from dragon_ui.rewards.math_answers import serve; serve()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, encoding="utf-8",
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_PARENT,
+                                                                           os.environ.get("PYTHONPATH")]))})
+        threading.Thread(target=self._read, args=(self._process, self._answers), daemon=True,
+                         name="dragon-math-verify").start()
+
+    @staticmethod
+    def _read(process: subprocess.Popen, answers: queue.Queue) -> None:
+        """Hand each answer line over; a closed pipe (the worker gone) is handed over as None."""
+        for line in process.stdout:
+            answers.put(json.loads(line))
+        answers.put(None)
+
+    def _stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(5)
+        self._process = None
+
+
+CHECKER = MathChecker()
+
+
+def math_scorer(spec):
+    """1 when math-verify finds the reply's answer (``spec.extract``: the whole reply, where math-verify looks for
+    it, or the part an extraction mode takes) equal to the reference, else 0."""
+    def score(prompt, completion, reference, row):
+        reference = require_reference(reference)
+        whole = spec.extract == "whole"
+        answer = completion if whole else extract_answer(completion, spec.extract)
+        if not answer.strip():
+            return 0.0
+        return float(CHECKER.verify(reference, answer, whole))
+    return score
