@@ -152,3 +152,13 @@ def test_a_click_with_made_up_numbers_is_answered_in_the_panel(studio, data):
 
 def test_a_click_on_a_run_that_is_not_there_is_answered_in_the_panel(studio):
     assert "There is no run" in train_tab.explain_clicked(studio, "../../etc", Event({"step": 1, "group": 1}))
+
+
+def test_a_group_whose_totals_overflow_is_answered_in_the_panel(studio, tmp_path, monkeypatch):
+    """Weights may be as large as a float allows, and so may the totals a run writes (a visitor's own run)."""
+    huge = {"step": 1, "groups": [{"prompt": "p", "reference": "r", "completions": [
+        {"text": "a", "scores": {"a": 1.0}, "total": 1e308, "advantage": 0.0}] * 2}]}
+    monkeypatch.setattr(train_tab, "explain_run_group", lambda run, step, group: explain.explain_group(
+        huge, group, {"rewards": [{"name": "a", "weight": 1e308}]}))
+    monkeypatch.setattr(studio, "run", lambda run_id: None)
+    assert "too large to work out" in train_tab.explain_clicked(studio, "any", Event({"step": 1, "group": 1}))

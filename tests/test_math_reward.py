@@ -3,6 +3,8 @@ in its worker process) must be math-verify's own, called here directly; plus ext
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
@@ -104,3 +106,38 @@ def test_a_training_scores_with_math_verify_from_its_own_thread(tiny_config_dict
     assert [row["errors_math"] for row in rows] == [0, 0] and all(row["reward_math"] is not None for row in rows)
     scores = [c["scores"]["math"] for r in handle.run.read_rollouts() for g in r["groups"] for c in g["completions"]]
     assert scores and set(scores) <= {0.0, 1.0}
+
+
+def test_a_busy_playground_neither_holds_up_a_training_nor_waits_without_end(monkeypatch):
+    """A visitor who keeps the playground's worker busy (say, twenty math rewards on a slow reply, four calls at
+    once) makes other playground checks fail after LIMIT_S, in words, and a training's checks not wait at all."""
+    import threading
+
+    monkeypatch.setattr(math_answers, "LIMIT_S", 0.5)
+    (training,) = build_rewards(parse_rewards([{"kind": "math"}]), training=True)
+    (playground,) = build_rewards(parse_rewards([{"kind": "math"}]))
+    assert score_completion([training], "1", "1").scores["math"] == 1.0  # its worker started
+    release = threading.Event()
+    holder = threading.Thread(target=lambda: (math_answers.PREVIEWS._lock.acquire(), release.wait(),
+                                               math_answers.PREVIEWS._lock.release()))
+    holder.start()
+    try:
+        while not math_answers.PREVIEWS._lock.locked():
+            pass
+        assert score_completion([training], r"$\frac{1}{2}$", "0.5").scores["math"] == 1.0
+        waited = score_completion([playground], "1", "1")
+        assert waited.errors == {"math": "math-verify was busy with other replies for 0.5 s; this one was not checked"}
+    finally:
+        release.set()
+        holder.join()
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads a process's environment from /proc")
+def test_the_worker_runs_without_the_servers_secrets(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setenv("DRAGON_UI_OWNER_KEY", "owner-secret")
+    checker = math_answers.MathChecker()
+    assert checker.verify("2", r"\boxed{2}", True) is True
+    environment = Path(f"/proc/{checker._process.pid}/environ").read_bytes()
+    assert b"hf_secret" not in environment and b"owner-secret" not in environment
+    checker._stop()

@@ -270,7 +270,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     train_rows = read_jsonl(run.train_data_path)
     eval_rows = read_jsonl(run.eval_data_path)
     log.info("Data: %s", run.read_status().get("data_summary") or f"{len(train_rows)} training prompts")
-    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
+    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, training=True)
     # Before the model: under ZeRO-3 the training arguments make transformers shard the weights as they load.
     args = grpo_args(config, run, hardware)
     sharded = distributed.shards_weights(config)

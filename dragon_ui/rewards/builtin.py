@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import regex
 
 from ..errors import ConfigError, RewardError
-from .math_answers import math_scorer
 from .text import extract_answer, last_number, normalise, require_reference
 
 if TYPE_CHECKING:
@@ -231,6 +230,6 @@ def _format(spec: RewardSpec) -> Scorer:
 
 
 BUILTIN_SCORERS: dict[str, Callable[[RewardSpec], Scorer]] = {
-    "exact": _exact, "contains": _contains, "numeric": _numeric, "math": math_scorer, "json": _json,
+    "exact": _exact, "contains": _contains, "numeric": _numeric, "json": _json,
     "length": _length, "keyword": _keyword, "format": _format,
 }

@@ -3,10 +3,11 @@
 {1,2,3}, that \\sqrt{8} is 2\\sqrt{2}, and it reads intervals, equations and units.
 
 math-verify limits its own time with SIGALRM, which works only in a process's main thread, and a training scores in
-a thread of its own. So the checks run in one worker process (started on first use, kept for the next ones), in
-its main thread with math-verify's own time limits, and the caller waits at most :data:`LIMIT_S` for an answer: a
-check that takes longer (sympy on a crafted tower of powers) ends with that worker, and the next check starts a
-fresh one. The worker's memory is capped where the system allows it.
+a thread of its own. So the checks run in a worker process (started on first use, kept for the next ones), in its
+main thread with math-verify's own time limits, and the caller waits at most :data:`LIMIT_S` for an answer: a check
+that takes longer ends with that worker, and the next check starts a fresh one. The worker's memory is capped where
+the system allows it. A training has a worker of its own (:data:`TRAINING`), so that what visitors of a public demo
+send to the playground (:data:`PREVIEWS`, where a wait for the worker is limited too) never holds up a run.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from pathlib import Path
 from ..errors import RewardError, one_line
 from .text import extract_answer, require_reference
 
-LIMIT_S = 10.0  # one reply, start of a fresh worker included: scoring is never stalled for longer
+LIMIT_S = 10.0  # one reply: waiting for the worker (playground) and its answer, each at most this long
+START_S = 60.0  # a worker's start (Python, sympy, math-verify's parser) on a busy machine
 CHECK_S = 3  # math-verify's own limit on parsing one text and on one comparison, inside the worker
 MEMORY_BYTES = 2 * 2**30  # the worker's address space: Python, sympy and the parsed expressions
 DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # so the worker imports this copy of dragon_ui
+SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "DRAGON_UI_OWNER_KEY")  # never in the worker
+READY = "ready"
 
 
 def _as_latex(text: str) -> str:
@@ -59,6 +63,10 @@ def serve() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
     except (ImportError, ValueError, OSError):  # not on Windows, or a lower hard limit already: keep that one
         pass
+    import math_verify  # noqa: F401  (imported before the first check, which its time limit then measures alone)
+
+    sys.stdout.write(json.dumps(READY) + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         reference, answer, whole_reply = json.loads(line)
         try:
@@ -80,35 +88,53 @@ class MathChecker:
         self._answers: queue.Queue = queue.Queue()
 
     def verify(self, reference: str, answer: str, whole_reply: bool) -> bool:
-        with self._lock:
+        if not self._lock.acquire(timeout=LIMIT_S):
+            raise RewardError(f"math-verify was busy with other replies for {LIMIT_S:g} s; this one was not checked")
+        try:
             if self._process is None or self._process.poll() is not None:
                 self._start()
-            try:
-                self._process.stdin.write(json.dumps([reference, answer, whole_reply]) + "\n")
-                self._process.stdin.flush()
-                answer = self._answers.get(timeout=LIMIT_S)
-            except queue.Empty:
-                self._stop()
-                raise RewardError(f"math-verify took longer than {LIMIT_S:g} s on this reply") from None
-            except OSError:  # the pipe is closed: the worker is gone
-                answer = None
-            if answer is None:  # the worker stopped (its memory limit): the next check starts another
-                self._stop()
-                raise RewardError("math-verify's worker stopped on this reply (out of memory)")
+            answer = self._ask([reference, answer, whole_reply])
+        finally:
+            self._lock.release()
         done, value = answer
         if not done:
             raise RewardError(value)
         return value
 
+    def _ask(self, request: list) -> list:
+        """The worker's answer to one request; a worker that is too slow or gone is replaced by the next check."""
+        try:
+            self._process.stdin.write(json.dumps(request) + "\n")
+            self._process.stdin.flush()
+            answer = self._answers.get(timeout=LIMIT_S)
+        except queue.Empty:
+            self._stop()
+            raise RewardError(f"math-verify took longer than {LIMIT_S:g} s on this reply") from None
+        except OSError:  # the pipe is closed: the worker is gone
+            answer = None
+        if answer is None:  # the worker stopped (its memory limit)
+            self._stop()
+            raise RewardError("math-verify's worker stopped on this reply (out of memory)")
+        return answer
+
     def _start(self) -> None:
+        """A fresh worker, with the same Python as the app but not its secrets, away from the current folder (-P)."""
         self._answers = queue.Queue()
+        environment = {key: value for key, value in os.environ.items() if key not in SECRETS}
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))
         self._process = subprocess.Popen(
-            [sys.executable, "-c", "from dragon_ui.rewards.math_answers import serve; serve()"],
+            [sys.executable, "-P", "-c", "from dragon_ui.rewards.math_answers import serve; serve()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, encoding="utf-8",
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_PARENT,
-                                                                           os.environ.get("PYTHONPATH")]))})
+            env=environment, cwd=PACKAGE_PARENT)
         threading.Thread(target=self._read, args=(self._process, self._answers), daemon=True,
                          name="dragon-math-verify").start()
+        try:
+            ready = self._answers.get(timeout=START_S)
+        except queue.Empty:
+            ready = None
+        if ready != READY:
+            self._stop()
+            raise RewardError(f"math-verify's worker did not start within {START_S:g} s")
 
     @staticmethod
     def _read(process: subprocess.Popen, answers: queue.Queue) -> None:
@@ -124,10 +150,11 @@ class MathChecker:
         self._process = None
 
 
-CHECKER = MathChecker()
+TRAINING = MathChecker()  # a training run's checks (one run trains at a time)
+PREVIEWS = MathChecker()  # everything else: the playground, the command line, "Evaluate now"
 
 
-def math_scorer(spec):
+def math_scorer(spec, checker: MathChecker):
     """1 when math-verify finds the reply's answer (``spec.extract``: the whole reply, where math-verify looks for
     it, or the part an extraction mode takes) equal to the reference, else 0."""
     def score(prompt, completion, reference, row):
@@ -136,5 +163,5 @@ def math_scorer(spec):
         answer = completion if whole else extract_answer(completion, spec.extract)
         if not answer.strip():
             return 0.0
-        return float(CHECKER.verify(reference, answer, whole))
+        return float(checker.verify(reference, answer, whole))
     return score

@@ -10,12 +10,15 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError, one_line
 from ..public import is_public_demo
+from .math_answers import PREVIEWS, TRAINING, math_scorer
 from .builtin import BUILTIN_SCORERS, Reward, regex_scorer
 from .programs import command_scorer, load_custom_function
 from .spec import PUBLIC_REFUSALS, REWARD_KINDS, RewardSpec
 
-def build_rewards(specs: list[RewardSpec], base_dir: str | None = None) -> list[Reward]:
+def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training: bool = False) -> list[Reward]:
     """Turn validated specs into callables; base_dir resolves relative custom files and is the commands' folder.
+    ``training``: the rewards of a training run, whose math checks have a worker of their own, so that what visitors
+    try in the playground never waits in front of a run.
 
     The public-demo refusal is checked again here because this is where code actually gets loaded.
     """
@@ -30,6 +33,8 @@ def build_rewards(specs: list[RewardSpec], base_dir: str | None = None) -> list[
             scorer = command_scorer(spec, base_dir)
         elif spec.kind == "regex":
             scorer = regex_scorer(spec, where)
+        elif spec.kind == "math":
+            scorer = math_scorer(spec, TRAINING if training else PREVIEWS)
         elif spec.kind in BUILTIN_SCORERS:
             scorer = BUILTIN_SCORERS[spec.kind](spec)
         else:

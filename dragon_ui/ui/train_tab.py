@@ -184,6 +184,8 @@ def explain_clicked(studio: Studio, run_id: str, event: gr.EventData) -> str:
         return explanation_html(explain_run_group(studio.run(run_id), step, group))
     except DragonError as exc:
         return message(html.escape(str(exc)), "warn")
+    except (ArithmeticError, ValueError):  # totals beyond a float's range, from weights of 1e308
+        return message("This group's numbers are too large to work out.", "warn")
 
 
 def runs_table(runs: list[dict], whose: Callable[[dict], str] | None = None) -> list[list[Any]]:
