@@ -20,8 +20,9 @@ from .errors import ConfigError
 
 MEMORY_MB = 2048  # the reading process's address space: Python, the reading library, and the rows
 SECONDS = 60  # one read, from the process's start to its answer
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])  # holds dragon_ui: a child imports this copy of it
 WAIT_SECONDS = 120  # how long a read waits for the one before it
-TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH")  # never in the reading process's environment
+SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "DRAGON_UI_OWNER_KEY")  # never in a child's environment
 
 _turn = threading.Semaphore(1)
 
@@ -50,16 +51,21 @@ def read_apart(task: dict, limit_bytes: int, what: str) -> dict:
     return answer
 
 
+def child_environment() -> dict[str, str]:
+    """The environment of a process that handles what visitors send (a file to read, an answer to check): the app's,
+    without the server's Hub tokens or the demo's owner key, and finding this copy of dragon_ui."""
+    environment = {key: value for key, value in os.environ.items() if key not in SECRETS}
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))
+    return environment
+
+
 def _child(task: dict, limit_bytes: int, what: str, folder: str) -> subprocess.CompletedProcess | None:
     """The reading process, started in an empty folder (so nothing relative to the app's own folder is found
     there) without the server's Hub tokens; None when it ran out of time."""
-    package_parent = str(Path(__file__).resolve().parents[1])
-    environment = {key: value for key, value in os.environ.items() if key not in TOKENS}
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))
     request = json.dumps({"task": task, "limit_bytes": limit_bytes, "what": what, "memory": MEMORY_MB * 2**20})
     try:
         return subprocess.run([sys.executable, "-c", "from dragon_ui.apart import main; main()"], input=request,
-                              capture_output=True, text=True, timeout=SECONDS, env=environment, cwd=folder)
+                              capture_output=True, text=True, timeout=SECONDS, env=child_environment(), cwd=folder)
     except subprocess.TimeoutExpired:
         return None
 

@@ -183,7 +183,8 @@ import json, os
 def load_dataset(path, **kwargs):
     with open(os.environ["SPY"], "w") as spy:
         json.dump({"path": path, "kwargs": kwargs, "cwd": os.getcwd(), "files_here": os.listdir("."),
-                   "tokens": [key for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN") if key in os.environ]}, spy)
+                   "tokens": [key for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "DRAGON_UI_OWNER_KEY")
+                              if key in os.environ]}, spy)
     return iter({"question": f"q{i}", "answer": "1"} for i in range(1_000_000))
 """
 
@@ -192,13 +193,14 @@ def test_a_public_demo_streams_hub_data_apart_without_the_servers_token_and_neve
         public_mode, monkeypatch, tmp_path):
     """datasets.load_dataset itself, replaced by a spy in the reading process: an hf:// path (never a folder of the
     same name), streaming (nothing past the limit is downloaded), token=False, no token in its environment, and an
-    empty folder to run in."""
+    empty folder to run in; nor the demo's owner key."""
     fake = tmp_path / "fake" / "datasets"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_DATASETS)
     monkeypatch.setenv("PYTHONPATH", str(fake.parent))
     monkeypatch.setenv("SPY", str(tmp_path / "spy.json"))
     monkeypatch.setenv("HF_TOKEN", "hf_server_secret")
+    monkeypatch.setenv("DRAGON_UI_OWNER_KEY", "the-owners-key")
     monkeypatch.setenv("DRAGON_UI_MAX_DATASET_ROWS", "50")
     (tmp_path / "app" / "owner" / "name").mkdir(parents=True)  # a folder shaped like the Hub id, where the app runs
     monkeypatch.chdir(tmp_path / "app")

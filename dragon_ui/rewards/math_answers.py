@@ -13,13 +13,12 @@ send to the playground (:data:`PREVIEWS`, where a wait for the worker is limited
 from __future__ import annotations
 
 import json
-import os
 import queue
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
+from ..apart import PACKAGE_PARENT, child_environment
 from ..errors import RewardError, one_line
 from .text import extract_answer, require_reference
 
@@ -28,8 +27,6 @@ START_S = 60.0  # a worker's start (Python, sympy, math-verify's parser) on a bu
 CHECK_S = 3  # math-verify's own limit on parsing one text and on one comparison, inside the worker
 MEMORY_BYTES = 2 * 2**30  # the worker's address space: Python, sympy and the parsed expressions
 DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
-PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # so the worker imports this copy of dragon_ui
-SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "DRAGON_UI_OWNER_KEY")  # never in the worker
 READY = "ready"
 
 
@@ -120,12 +117,10 @@ class MathChecker:
     def _start(self) -> None:
         """A fresh worker, with the same Python as the app but not its secrets, away from the current folder (-P)."""
         self._answers = queue.Queue()
-        environment = {key: value for key, value in os.environ.items() if key not in SECRETS}
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))
         self._process = subprocess.Popen(
             [sys.executable, "-P", "-c", "from dragon_ui.rewards.math_answers import serve; serve()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, encoding="utf-8",
-            env=environment, cwd=PACKAGE_PARENT)
+            env=child_environment(), cwd=PACKAGE_PARENT)
         threading.Thread(target=self._read, args=(self._process, self._answers), daemon=True,
                          name="dragon-math-verify").start()
         try:

@@ -13,9 +13,11 @@ import json
 import math
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import DragonError
 from ..runstore import RunDir, read_json
+from .monitor import finite_number
 
 STD_EPSILON = 1e-4  # TRL adds this to the spread before dividing, so a group whose scores barely differ stays finite
 SAME = 1e-6  # totals closer than this (relative) count as equal: float32 rounding of a weighted sum is not a spread
@@ -96,17 +98,12 @@ class GroupExplanation:
             1.0, *(abs(c.logged) for c in self.completions if c.logged is not None))
 
 
-def _finite(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        else None
-
-
 def _sample_std(values: list[float]) -> float | None:
     return statistics.stdev(values) if len(values) > 1 else None
 
 
 def _totals(group: dict) -> list[float | None]:
-    return [_finite(c.get("total")) if isinstance(c, dict) else None for c in group.get("completions") or []]
+    return [finite_number(c.get("total")) if isinstance(c, dict) else None for c in group.get("completions") or []]
 
 
 def explain_group(rollout: dict, group_number: int, config: dict, kl: float | None = None) -> GroupExplanation:
@@ -135,22 +132,23 @@ def explain_group(rollout: dict, group_number: int, config: dict, kl: float | No
     for number, (item, total) in enumerate(zip(group.get("completions") or [], totals), start=1):
         item = item if isinstance(item, dict) else {}
         ours = None if total is None or mean is None else (total - mean) / (divisor or 1.0)
-        logged = _finite(item.get("advantage"))
+        logged = finite_number(item.get("advantage"))
         if ours is not None and logged is not None:
             differences.append(abs(ours - logged))
-        scores = {str(name): _finite(value) for name, value in (item.get("scores") or {}).items()}
+        scores = {str(name): finite_number(value) for name, value in (item.get("scores") or {}).items()}
         completions.append(CompletionNumbers(number, scores, total, ours, logged))
     return GroupExplanation(
         step=int(rollout.get("step") or 0), group=group_number, prompt=str(group.get("prompt", "")),
         reference=str(group.get("reference", "")), weights=weights, completions=completions, mean=mean,
         spread=spread, divisor=divisor, scale_rewards=scale, loss_type=str(grpo.get("loss_type", "dapo")),
-        beta=float(grpo.get("beta", 0.0) or 0.0), kl=_finite(kl),
+        beta=float(grpo.get("beta", 0.0) or 0.0), kl=finite_number(kl),
         largest_difference=max(differences) if differences else None)
 
 
-def _n(value: float | None, digits: int = 2) -> str:
-    """A number as the viewer shows it, without a "-0.00"."""
-    return "–" if value is None else f"{round(value, digits) + 0.0:.{digits}f}"
+def shown_number(value: Any, digits: int = 2) -> str:
+    """A number as the rollout viewer and this panel show it: ``digits`` decimals, without the minus of a value that
+    rounds to zero ("-0.00" reads as a negative advantage); "–" for anything that is not a number."""
+    return f"{round(value, digits) + 0.0:.{digits}f}" if isinstance(value, (int, float)) else "–"
 
 
 def _small(value: float) -> str:
@@ -169,9 +167,9 @@ def plain_words(explained: GroupExplanation) -> list[str]:
     """The step's effect on this group in a few sentences, for someone who has never seen the formula."""
     e = explained
     count = len(e.completions)
-    totals = ", ".join(_n(c.total) for c in e.completions)
+    totals = ", ".join(shown_number(c.total) for c in e.completions)
     if e.no_spread:
-        same = _n(e.completions[0].total) if e.completions else "–"
+        same = shown_number(e.completions[0].total) if e.completions else "–"
         lines = [f"All {count} completions scored the same weighted total, {same}. GRPO learns only from differences "
                  "within a group: every advantage is 0, so this step pushes none of them up or down.",
                  "To learn from prompts like this one, the scores must differ: give partial credit (a reward that "
@@ -179,11 +177,11 @@ def plain_words(explained: GroupExplanation) -> list[str]:
                  "prompt, or use easier or harder prompts."]
     else:
         lines = [f"The {count} completions scored {totals} (each reward's score times its weight, added up). Their "
-                 f"mean is {_n(e.mean)} and their spread (standard deviation) {_n(e.spread)}."]
+                 f"mean is {shown_number(e.mean)} and their spread (standard deviation) {shown_number(e.spread)}."]
         if e.scale_rewards == "group":
             how = "its total minus the mean, divided by the group's spread"
         elif e.scale_rewards == "batch":
-            how = f"its total minus the mean, divided by the spread of the whole step ({_n(e.divisor)})"
+            how = f"its total minus the mean, divided by the spread of the whole step ({shown_number(e.divisor)})"
         else:
             how = "its total minus the mean (scale_rewards is none: no division)"
         up = [c.number for c in e.completions if c.direction == "up"]
@@ -201,7 +199,7 @@ def plain_words(explained: GroupExplanation) -> list[str]:
     if e.beta:
         kl = "" if e.kl is None else (f" This step's KL was {_small(e.kl)}, so the pull costs about "
                                       f"{_small(e.beta * e.kl)} per token, next to advantages of about "
-                                      f"{_n(_typical(e), 2)}.")
+                                      f"{shown_number(_typical(e), 2)}.")
         lines.append(f"Beta is {e.beta:g}: every token also pays beta times its KL divergence from the starting "
                      f"model, which pulls the model back toward where it began.{kl}")
     else:
@@ -226,12 +224,12 @@ def formula_lines(explained: GroupExplanation) -> list[str]:
     e = explained
     reward = " + ".join(f"{weight:g} × s_{name}" for name, weight in e.weights.items()) or "Σ_k w_k × s_k"
     lines = [f"r_i = {reward}   (the weighted total of completion i)",
-             f"mean = (1/G) Σ r_i = {_n(e.mean, 4)}   (G = {len(e.completions)})",
-             f"std = √( Σ (r_i − mean)² / (G − 1) ) = {_n(e.spread, 4)}"]
+             f"mean = (1/G) Σ r_i = {shown_number(e.mean, 4)}   (G = {len(e.completions)})",
+             f"std = √( Σ (r_i − mean)² / (G − 1) ) = {shown_number(e.spread, 4)}"]
     if e.scale_rewards == "group":
         lines.append("A_i = (r_i − mean) / (std + 0.0001)")
     elif e.scale_rewards == "batch":
-        lines.append(f"A_i = (r_i − mean) / (std_step + 0.0001), std_step = {_n((e.divisor or 0) - STD_EPSILON, 4)} "
+        lines.append(f"A_i = (r_i − mean) / (std_step + 0.0001), std_step = {shown_number((e.divisor or 0) - STD_EPSILON, 4)} "
                      "over every completion of the step")
     else:
         lines.append("A_i = r_i − mean")

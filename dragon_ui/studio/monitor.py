@@ -147,7 +147,7 @@ def tail_lines(text: str, count: int) -> str:
 def series(rows: list[dict], key: str) -> tuple[list, list[float | None]]:
     """(steps, values) of one progress key, one point per row; None where a row has no finite number (a gap in the
     chart). The charts draw exactly this and the alerts read exactly this, so they cannot disagree."""
-    return [row.get("step") for row in rows], [_number(row.get(key)) for row in rows]
+    return [row.get("step") for row in rows], [finite_number(row.get(key)) for row in rows]
 
 
 def points(rows: list[dict], key: str) -> list[tuple[int, float]]:
@@ -165,8 +165,9 @@ def reward_names_of(rows: list[dict]) -> list[str]:
     return list(names)
 
 
-def _number(value) -> float | None:
-    """The value if the charts can draw it (a finite number, not a bool), else None."""
+def finite_number(value) -> float | None:
+    """The value if the charts can draw it (a finite number, not a bool), else None (a run's files are read as they
+    are: a value may be missing, NaN, or anything a hand-edited file holds)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return value
@@ -249,18 +250,18 @@ def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert
     whether the reward is still failing."""
     latest = rows[-1] if rows else {}
     before = rows[-2] if len(rows) > 1 else {}
-    counts = {key.removeprefix("errors_"): _number(value) for key, value in latest.items() if key.startswith("errors_")}
+    counts = {key.removeprefix("errors_"): finite_number(value) for key, value in latest.items() if key.startswith("errors_")}
     for name, count in (status.get("reward_errors") or {}).items():
-        counts.setdefault(name, _number(count))
+        counts.setdefault(name, finite_number(count))
     first_errors = {m["name"]: m["error"].strip() for m in _REWARD_ERROR_LINE.finditer(log)}
-    per_step = _number(latest.get("completions_per_step"))
+    per_step = finite_number(latest.get("completions_per_step"))
     alerts = []
     for name, count in counts.items():
         if (count or 0) <= 0:
             continue
         title = f"The reward '{name}' failed on {int(count)} completion{'s' if count != 1 else ''} so far"
         if latest:
-            earlier = _number(before.get(f"errors_{name}")) or 0
+            earlier = finite_number(before.get(f"errors_{name}")) or 0
             new = count - earlier if count >= earlier else count  # a resume starts the counts again
             of = f" of {int(per_step)}" if per_step else ""
             title += f", {int(new)}{of} in step {latest.get('step')}" if new else f", none in step {latest.get('step')}"
@@ -310,7 +311,7 @@ def _spread_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
     step, frac = steps[-1], recent[-1]
     knobs = f"group_size (now {grpo.get('group_size', '?')}) or temperature (now {grpo.get('temperature', '?')})"
     if frac >= 1 - SAME:
-        reward = _number(rows[-1].get("reward"))
+        reward = finite_number(rows[-1].get("reward"))
         if reward is not None and abs(reward) <= SAME:
             return [Alert("warn", f"Every completion scored 0 at step {step}, so there is nothing to learn from",
                           "The task is too hard for this model or the rewards too strict: give partial credit (a "
@@ -330,9 +331,9 @@ def _spread_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
 
 def _length_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
     """Completions cut off at max_new_tokens: the length chart's mean length sits at its dashed cap."""
-    if not rows or (clipped := _number(rows[-1].get("clipped_ratio"))) is None or clipped <= CLIPPED_FRAC:
+    if not rows or (clipped := finite_number(rows[-1].get("clipped_ratio"))) is None or clipped <= CLIPPED_FRAC:
         return []
-    step, length, cap = rows[-1].get("step"), _number(rows[-1].get("completion_len")), grpo.get("max_new_tokens", "?")
+    step, length, cap = rows[-1].get("step"), finite_number(rows[-1].get("completion_len")), grpo.get("max_new_tokens", "?")
     mean = f", mean length {length:.1f} of {cap} tokens" if length is not None else ""
     return [Alert("warn", f"Most completions hit the length cap at step {step} ({clipped:.0%} cut off{mean})",
                   "Answers are cut off before they finish, so they rarely reach the part that earns the reward: raise "
@@ -486,10 +487,10 @@ def _padding_alerts(rows: list[dict], config: dict) -> list[Alert]:
     replies (min_chars) rose: the model writes more to be paid for writing more."""
     paying = [str(r.get("name") or r.get("kind")) for r in config.get("rewards") or []
               if isinstance(r, dict) and r.get("kind") == "length" and r.get("min_chars")]
-    _, clipped = series(rows, "clipped_ratio")
-    if not paying or len(clipped) < 2 * WINDOW or None in clipped[:WINDOW] + clipped[-WINDOW:]:
+    clipped = _first_and_last_means(rows, "clipped_ratio")
+    if not paying or clipped is None:
         return []
-    early, late = statistics.fmean(clipped[:WINDOW]), statistics.fmean(clipped[-WINDOW:])
+    early, late = clipped
     moved = {name: _first_and_last_means(rows, f"reward_{name}") for name in paying}
     rose = [(name, *means) for name, means in moved.items() if means and means[1] - means[0] >= TRADE_OFF]
     if early >= CLIPPED_FRAC or late < CLIPPED_FRAC or not rose:

@@ -21,7 +21,7 @@ from ..errors import DragonError
 from ..public import visitor
 from ..runstore import ACTIVE_STATES, read_json, state_label
 from ..studio.backend import Studio
-from ..studio.explain import GroupExplanation, explain_run_group, formula_lines, plain_words
+from ..studio.explain import GroupExplanation, explain_run_group, formula_lines, plain_words, shown_number
 from ..studio.monitor import Alert, Snapshot, health_alerts, read_snapshot
 from . import plots
 from .common import Shared, message, shows_errors
@@ -97,11 +97,6 @@ def alerts_markdown(alerts: list[Alert]) -> str:
     return "\n\n".join(message(f"**{alert.title}.** {alert.fix}", alert.level) for alert in alerts)
 
 
-def _number(value: Any) -> str:
-    """Two decimals, without the minus of a value that rounds to zero ("-0.00" reads as a negative advantage)."""
-    return f"{round(value, 2) + 0.0:.2f}" if isinstance(value, (int, float)) else "–"
-
-
 def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int = MAX_GROUPS_SHOWN) -> str:
     """The latest step's groups: each completion with its per-reward scores, total and advantage; the best and
     worst of a group highlighted. Everything from the run is escaped: completions are untrusted text."""
@@ -132,8 +127,8 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
             scores = completion.get("scores") or {}
             text = html.escape(str(completion.get("text", "")))
             cells = [str(index), f"<span style='white-space:pre-wrap'>{text}</span>",
-                     *(_number(scores.get(name)) for name in reward_names),
-                     _number(completion.get("total")), _number(completion.get("advantage"))]
+                     *(shown_number(scores.get(name)) for name in reward_names),
+                     shown_number(completion.get("total")), shown_number(completion.get("advantage"))]
             rows.append(f"<tr style='{style}'>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
         parts.append(f"<table style='width:100%'><thead><tr>{header}</tr></thead>"
                      f"<tbody>{''.join(rows)}</tbody></table>")
@@ -155,8 +150,8 @@ def explanation_html(explained: GroupExplanation) -> str:
     prompt = e.prompt if len(e.prompt) <= 300 else e.prompt[:299] + "…"
     rows = []
     for c in e.completions:
-        parts = " + ".join(f"{_number(c.scores.get(name))} × {e.weights.get(name, 1.0):g}" for name in names)
-        cells = [str(c.number), html.escape(parts), _number(c.total), _number(c.advantage), _number(c.logged),
+        parts = " + ".join(f"{shown_number(c.scores.get(name))} × {e.weights.get(name, 1.0):g}" for name in names)
+        cells = [str(c.number), html.escape(parts), shown_number(c.total), shown_number(c.advantage), shown_number(c.logged),
                  MOVES[c.direction]]
         rows.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
     header = "".join(f"<th>{html.escape(name)}</th>" for name in
@@ -195,7 +190,7 @@ def runs_table(runs: list[dict], whose: Callable[[dict], str] | None = None) -> 
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(run["started_at"])) if run.get("started_at") else ""
 
     return [[run["id"], state_label(run["state"]), f"{run['step']}/{run['total_steps'] or '?'}",
-             _number(run.get("reward")), _number(run.get("heldout_before")), _number(run.get("heldout_after")),
+             shown_number(run.get("reward")), shown_number(run.get("heldout_before")), shown_number(run.get("heldout_after")),
              run["model"], started(run), *([whose(run)] if whose else [])]
             for run in runs]
 
