@@ -62,10 +62,10 @@ def main() -> None:
     apply_overrides(data, args.set)
     data["training"]["save_steps"] = 100_000
     config = RunConfig.from_dict(data)
-    rewards = build_rewards(config.rewards)
     hardware = resolve_hardware(config.hardware)
     source = resolve_model(config.model)
     tokenizer = load_tokenizer(source)
+    rewards = build_rewards(config.rewards, tokenizer=tokenizer, max_new_tokens=config.grpo.max_new_tokens)
 
     base_model = load_model(source, hardware)
     split = load_and_map(config.data, base_dir=config.base_dir)

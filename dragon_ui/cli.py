@@ -271,7 +271,8 @@ def _cmd_score(args) -> int:
     import yaml
 
     from .errors import ConfigError, first_line
-    from .rewards import build_rewards, parse_rewards, score_completion
+    from .config import GRPOSettings, ModelConfig
+    from .rewards import build_rewards, counts_tokens, parse_rewards, score_completion
 
     path = config_file(args.rewards, what="--rewards file")
     try:
@@ -281,7 +282,19 @@ def _cmd_score(args) -> int:
     items = data.get("rewards") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise ConfigError(f"{path.name} must hold a list of rewards, or a run configuration with a `rewards:` list.")
-    rewards = build_rewards(parse_rewards(items), base_dir=str(path.parent.resolve()))
+    specs = parse_rewards(items)
+    sections = data if isinstance(data, dict) else {}
+    try:
+        grpo, model = GRPOSettings(**sections.get("grpo") or {}), ModelConfig(**sections.get("model") or {})
+    except TypeError as exc:
+        raise ConfigError(f"{path.name}: the grpo or model section is not valid ({exc}).") from None
+    tokenizer = None
+    if counts_tokens(specs):  # TRL's length and repetition rewards count with the starting model's tokenizer
+        from .engine.models import load_tokenizer, resolve_model
+
+        tokenizer = load_tokenizer(resolve_model(model))
+    rewards = build_rewards(specs, base_dir=str(path.parent.resolve()), tokenizer=tokenizer,
+                            max_new_tokens=grpo.max_new_tokens)
     result = score_completion(rewards, args.completion, reference=args.reference, prompt=args.prompt)
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     return 0

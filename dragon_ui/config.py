@@ -325,6 +325,11 @@ class RunConfig:
             raise ConfigError("hardware.load_in_4bit needs LoRA (lora.enabled: true): 4-bit weights cannot be trained directly.")
         if not any(spec.weight > 0 for spec in self.rewards):
             raise ConfigError("Every reward in rewards has weight 0, so the total reward is always 0 and nothing can be learned.")
+        for index, spec in enumerate(self.rewards):
+            if spec.kind == "overlong" and spec.max_tokens is None and (spec.buffer_tokens or 0) > self.grpo.max_new_tokens:
+                raise ConfigError(f"rewards[{index}].buffer_tokens ({spec.buffer_tokens}) is larger than "
+                                  f"grpo.max_new_tokens ({self.grpo.max_new_tokens}), the limit the penalty counts "
+                                  "back from; lower it or set max_tokens.")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

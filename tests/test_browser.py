@@ -395,6 +395,24 @@ def test_a_reload_mid_edit_keeps_the_draft(page, studio):
     expect(page.locator("#model-training-max-steps input")).to_have_value("200")
 
 
+def test_one_of_trls_rewards_is_added_and_tried_in_the_playground(page, studio, screenshots):
+    """A length penalty counted in the starting model's tokens: its settings appear with the kind, and a long reply
+    typed in the playground loses the whole point."""
+    wait_until_loaded(page)
+    open_tab(page, "rewards")
+    choose(page, "#rewards-selected", "➕ New reward")
+    choose(page, "#rewards-kind", "overlong")
+    expect(page.locator("#rewards-kind-help")).to_contain_text("soft overlong punishment")
+    expect(page.locator("#rewards-settings-ngram-size")).to_be_hidden()
+    type_into(page, "#rewards-settings-max-tokens input", "4")
+    page.locator("#rewards-add").click()
+    expect(page.locator("#rewards-table")).to_contain_text("takes up to 1 away as the reply nears 4 tokens")
+    page.locator("#rewards-completion textarea").fill("12 12 12 12 12 12 12 12")
+    page.locator("#rewards-score").click()
+    expect(page.locator("#rewards-scores").get_by_role("row", name="overlong 1 -1 -1")).to_be_visible()
+    screenshot(page, screenshots, "rewards-trl")
+
+
 def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, studio):
     wait_until_loaded(page)
     open_tab(page, "rewards")

@@ -4,6 +4,8 @@ lazy import inside a function counts too."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,7 +61,24 @@ def test_the_engine_and_the_command_line_know_nothing_of_the_app(part):
 def test_the_runs_description_needs_no_torch(module):
     """Validating a config, mapping data and scoring rewards happen before (and without) a model."""
     modules = files(module) if (PACKAGE / module).is_dir() else [PACKAGE / module]
-    assert modules and importers(modules, ("torch", "transformers", "trl", "peft", "dragon_ui.engine")) == {}
+    assert modules and importers(modules, ("torch", "transformers", "peft", "dragon_ui.engine")) == {}
+    trl_parts = {name for path in modules for name in imported_modules(path) if name.split(".")[0] == "trl"}
+    # TRL's reward functions, which import no torch (tested below)
+    assert all(name == "trl.rewards" or name.startswith("trl.rewards.") for name in trl_parts), trl_parts
+
+
+def test_trls_reward_kinds_load_no_torch():
+    """Building and scoring with TRL's kinds imports trl.rewards, which must not pull torch into a validation."""
+    script = ("import sys\n"
+              "from dragon_ui.rewards import build_rewards, parse_rewards, score_completion\n"
+              "specs = parse_rewards([{'kind': 'think_format'}, {'kind': 'repetition'}, {'kind': 'overlong'}])\n"
+              "result = score_completion(build_rewards(specs, max_new_tokens=8), '<think>a</think> b')\n"
+              "assert result.scores['think_format'] == 1.0, result\n"
+              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_the_checker_sees_relative_and_lazy_imports():

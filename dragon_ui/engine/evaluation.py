@@ -246,7 +246,7 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
         raise ConfigError(f"The run {run.id} has no held-out prompts (datasets under 20 rows keep none), so there is "
                           "nothing to evaluate.")
     weights = trained_weights(run)
-    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
+    rewards: list[Reward] = []  # built with the first model's tokenizer, which TRL's length rewards count with
     sides = [side for side in SIDES if side == "after" or rescore_before or "before" not in run.read_eval()]
     yield f"Loading the model with {weights.label}..."
     for side in sides:
@@ -257,6 +257,8 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
                 yield f"Cancelled; the {side} side was not saved."
                 return
             with model_for(load, config, weights, side) as (model, tokenizer):
+                rewards = rewards or build_rewards(config.rewards, base_dir=config.base_dir or None,
+                                                   tokenizer=tokenizer, max_new_tokens=config.grpo.max_new_tokens)
                 replies += generate_replies(model, tokenizer, [ex["prompt"] for ex in examples[start:start + EVAL_BATCH]],
                                             config.grpo.max_new_tokens, batch_size=EVAL_BATCH)
             model_name = "starting model" if side == "before" else f"trained model ({weights.label})"

@@ -130,7 +130,7 @@ def inspect(config: RunConfig) -> Inspection:
                     "trains on them too)") if mapped.eval else ""
         raise ConfigError(f"Only {len(mapped.train)} training prompts{held_out}, fewer than training.batch_size "
                           f"({config.training.batch_size}); add rows or lower the batch size.")
-    build_rewards(config.rewards, base_dir=config.base_dir or None)
+    build_rewards(config.rewards, base_dir=config.base_dir or None, max_new_tokens=config.grpo.max_new_tokens)
     trackers.check(config.logging)
     return Inspection(mapped, prompts, hardware)
 
@@ -270,7 +270,6 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     train_rows = read_jsonl(run.train_data_path)
     eval_rows = read_jsonl(run.eval_data_path)
     log.info("Data: %s", run.read_status().get("data_summary") or f"{len(train_rows)} training prompts")
-    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, training=True)
     # Before the model: under ZeRO-3 the training arguments make transformers shard the weights as they load.
     args = grpo_args(config, run, hardware)
     sharded = distributed.shards_weights(config)
@@ -280,6 +279,8 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     run.update_status(model_label=source.label)
     log.info("Model: %s", source.label)
     tokenizer = load_tokenizer(source)
+    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, training=True, tokenizer=tokenizer,
+                            max_new_tokens=config.grpo.max_new_tokens)
     model = load_model(source, hardware, dtype=hardware.weights_dtype(config.lora.enabled),
                        placement=BY_LAUNCHER if sharded else ON_DEVICE)
 

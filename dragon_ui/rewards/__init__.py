@@ -4,18 +4,19 @@ A reward scores one completion. The built-in kinds return a value in [0, 1]; ``c
 float. Every failure (an exception, a timeout, a value that is not a finite number) scores 0 for that completion and
 is counted in :class:`RewardFailures`, so one bad row cannot stop a training run but a broken reward is still visible.
 
-This module is pure Python on purpose (no torch, trl or gradio): the CLI, the UI playground, evaluation and the
+This package is light on purpose (no torch or gradio; trl.rewards only once one of TRL's kinds is built): the CLI, the UI playground, evaluation and the
 TRL wrappers all score through :func:`score_completion` / :func:`safe_score`, and they must agree exactly.
 """
 
 from ..errors import RewardError
 from .builtin import FORMAT_PRESETS, Reward
-from .scoring import (RewardFailures, ScoreResult, build_rewards, completion_text, last_user_text, safe_score,
-                      score_completion, trl_reward_functions)
-from .spec import REWARD_KINDS, RewardSpec, kind_fields, parse_rewards, public_demo_refusal, reward_rule
+from .scoring import (RewardFailures, ScoreResult, build_rewards, completion_text, counts_tokens, last_user_text,
+                      safe_score, score_completion, trl_reward_functions)
+from .spec import (PENALTY_KINDS, REWARD_KINDS, RewardSpec, kind_fields, parse_rewards, public_demo_refusal,
+                   reward_rule)
 from .text import EXTRACT_MODES, extract_answer
 
-__all__ = ["EXTRACT_MODES", "FORMAT_PRESETS", "REWARD_KINDS", "Reward", "RewardError", "RewardFailures", "RewardSpec",
-           "ScoreResult", "build_rewards", "completion_text", "extract_answer", "kind_fields", "last_user_text",
-           "parse_rewards", "public_demo_refusal", "reward_rule", "safe_score", "score_completion",
-           "trl_reward_functions"]
+__all__ = ["EXTRACT_MODES", "FORMAT_PRESETS", "PENALTY_KINDS", "REWARD_KINDS", "Reward", "RewardError",
+           "RewardFailures", "RewardSpec", "ScoreResult", "build_rewards", "completion_text", "counts_tokens",
+           "extract_answer", "kind_fields", "last_user_text", "parse_rewards", "public_demo_refusal", "reward_rule",
+           "safe_score", "score_completion", "trl_reward_functions"]

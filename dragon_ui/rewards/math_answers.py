@@ -2,6 +2,9 @@
 ``accuracy_reward`` and open-r1. It knows that \\frac{1}{2}, 0.5 and 50\\% are one number, that {3,2,1} is the set
 {1,2,3}, that \\sqrt{8} is 2\\sqrt{2}, and it reads intervals, equations and units.
 
+The ``cosine_length`` kind is TRL's cosine-scaled reward, whose correctness check is math-verify too, so it is
+computed by the same worker.
+
 math-verify limits its own time with SIGALRM, which works only in a process's main thread, and a training scores in
 a thread of its own. So the checks run in a worker process (started on first use, kept for the next ones), in its
 main thread with math-verify's own time limits, and the caller waits at most :data:`LIMIT_S` for an answer: a check
@@ -51,9 +54,24 @@ def check(reference: str, answer: str, whole_reply: bool) -> bool:
     return bool(given) and verify(gold, given, timeout_seconds=CHECK_S)
 
 
+def cosine_length(reference: str, reply: str, token_count: int, max_tokens: int) -> float:
+    """TRL's cosine-scaled reward of one reply, in this process (the worker's main thread, where the math-verify calls
+    of TRL's ``accuracy_reward`` inside it keep their time limits); only the reply's length in tokens matters."""
+    from trl.rewards import get_cosine_scaled_reward
+
+    score = get_cosine_scaled_reward(max_len=max_tokens)([[{"role": "assistant", "content": reply}]],
+                                                         [_as_latex(reference)], [[0] * token_count])[0]
+    if score is None:
+        raise RewardError(f"math-verify cannot read the reference answer {reference[:60]!r}")
+    return score
+
+
+CHECKS = {"verify": check, "cosine_length": cosine_length}
+
+
 def serve() -> None:
-    """The worker: one JSON request per line on standard input ([reference, answer, whole_reply]), one answer per line
-    on standard output ([true, verdict] or [false, why]), until standard input closes."""
+    """The worker: one JSON request per line on standard input ([check, *arguments], a name in CHECKS), one answer
+    per line on standard output ([true, value] or [false, why]), until standard input closes."""
     try:
         import resource
 
@@ -65,9 +83,9 @@ def serve() -> None:
     sys.stdout.write(json.dumps(READY) + "\n")
     sys.stdout.flush()
     for line in sys.stdin:
-        reference, answer, whole_reply = json.loads(line)
+        name, *arguments = json.loads(line)
         try:
-            reply = [True, check(reference, answer, whole_reply)]
+            reply = [True, CHECKS[name](*arguments)]
         except BaseException as error:  # a timeout, a memory error, a parse failure: this reply only
             reply = [False, one_line(error)]
         sys.stdout.write(json.dumps(reply) + "\n")
@@ -85,12 +103,16 @@ class MathChecker:
         self._answers: queue.Queue = queue.Queue()
 
     def verify(self, reference: str, answer: str, whole_reply: bool) -> bool:
+        return self.ask("verify", reference, answer, whole_reply)
+
+    def ask(self, check_name: str, *arguments):
+        """The value of ``CHECKS[check_name](*arguments)``, computed by the worker."""
         if not self._lock.acquire(timeout=LIMIT_S):
             raise RewardError(f"math-verify was busy with other replies for {LIMIT_S:g} s; this one was not checked")
         try:
             if self._process is None or self._process.poll() is not None:
                 self._start()
-            answer = self._ask([reference, answer, whole_reply])
+            answer = self._ask([check_name, *arguments])
         finally:
             self._lock.release()
         done, value = answer

@@ -7,18 +7,26 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-
 from ..errors import ConfigError, one_line
 from ..public import is_public_demo
 from .math_answers import PREVIEWS, TRAINING, math_scorer
 from .builtin import BUILTIN_SCORERS, Reward, regex_scorer
 from .programs import command_scorer, load_custom_function
-from .spec import PUBLIC_REFUSALS, REWARD_KINDS, RewardSpec
+from .spec import PUBLIC_REFUSALS, REWARD_KINDS, TOKEN_KINDS, TRL_KINDS, RewardSpec
+from .trl_rewards import trl_scorer
 
-def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training: bool = False) -> list[Reward]:
+
+def counts_tokens(specs: list[RewardSpec]) -> bool:
+    """Whether scoring with these rewards needs the starting model's tokenizer (to load it only then)."""
+    return any(spec.kind in TOKEN_KINDS for spec in specs)
+
+
+def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training: bool = False, tokenizer=None,
+                  max_new_tokens: int | None = None) -> list[Reward]:
     """Turn validated specs into callables; base_dir resolves relative custom files and is the commands' folder.
     ``training``: the rewards of a training run, whose math checks have a worker of their own, so that what visitors
-    try in the playground never waits in front of a run.
+    try in the playground never waits in front of a run. ``tokenizer`` counts tokens for TRL's length and repetition
+    kinds, whose length limit is ``max_new_tokens`` unless they set their own.
 
     The public-demo refusal is checked again here because this is where code actually gets loaded.
     """
@@ -35,6 +43,8 @@ def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training
             scorer = regex_scorer(spec, where)
         elif spec.kind == "math":
             scorer = math_scorer(spec, TRAINING if training else PREVIEWS)
+        elif spec.kind in TRL_KINDS:
+            scorer = trl_scorer(spec, where, tokenizer, max_new_tokens, TRAINING if training else PREVIEWS)
         elif spec.kind in BUILTIN_SCORERS:
             scorer = BUILTIN_SCORERS[spec.kind](spec)
         else:

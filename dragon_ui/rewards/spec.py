@@ -17,8 +17,15 @@ from .programs import load_custom_function
 from .text import EXTRACT_MODES
 
 REWARD_KINDS: tuple[str, ...] = (
-    "exact", "contains", "numeric", "math", "regex", "json", "length", "keyword", "format", "command", "custom",
+    "exact", "contains", "numeric", "math", "regex", "json", "length", "keyword", "format", "think_format", "overlong",
+    "repetition", "cosine_length", "command", "custom",
 )
+# TRL's own reward functions (trl.rewards), scored with our weight, failure counting and playground around them.
+TRL_KINDS = ("think_format", "overlong", "repetition", "cosine_length")
+# Kinds that count the reply's tokens with the starting model's tokenizer, as TRL's functions do.
+TOKEN_KINDS = ("overlong", "repetition", "cosine_length")
+# Kinds that only take away (scores from -1 to 0): a mean of 0 means "no penalty was needed", not a broken reward.
+PENALTY_KINDS = ("overlong", "repetition")
 
 # Settings every reward has, then the ones that only make sense for one kind (anything else is rejected).
 _COMMON_FIELDS = ("kind", "name", "weight")
@@ -32,6 +39,10 @@ _KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "length": ("min_chars", "max_chars"),
     "keyword": ("words", "mode"),
     "format": ("preset", "tags"),
+    "think_format": (),
+    "overlong": ("max_tokens", "buffer_tokens"),
+    "repetition": ("ngram_size",),
+    "cosine_length": ("max_tokens",),
     "command": ("argv", "input", "score_from", "min_score", "max_score", "timeout"),
     "custom": ("code", "file", "function"),
 }
@@ -74,6 +85,9 @@ class RewardSpec:
     mode: str = "any"
     preset: str | None = None
     tags: list[str] | None = None
+    max_tokens: int | None = None
+    buffer_tokens: int | None = None
+    ngram_size: int = 3
     argv: list[str] | None = None
     input: str = "stdin"
     score_from: str = "exit_code"
@@ -147,15 +161,27 @@ def reward_rule(spec: RewardSpec) -> str:
         "length": f"the reply has {spec.min_chars or 0} to {spec.max_chars or 'any number of'} characters",
         "keyword": f"the reply contains {spec.mode} of: {', '.join(spec.words or [])}",
         "format": f"the reply is laid out in the tags {', '.join(spec.tags or FORMAT_PRESETS.get(spec.preset, ()))}",
+        "think_format": "the reply starts with one <think>…</think> block (TRL's think_format_reward)",
+        "overlong": f"nothing, and takes up to 1 away as the reply nears {_tokens(spec.max_tokens)} (TRL's soft "
+                    "overlong punishment)",
+        "repetition": f"nothing, and takes up to 1 away for repeated {spec.ngram_size}-token sequences (TRL's "
+                      "repetition penalty)",
+        "cosine_length": "a correct answer (math-verify), more when short; a wrong one loses less when long "
+                         f"(TRL's cosine-scaled reward over {_tokens(spec.max_tokens)})",
         "command": f"the command `{' '.join(spec.argv or [])}` passes on the reply",
         "custom": f"the Python function `{spec.function}` scores it",
     }
     return rules[spec.kind]
 
 
+def _tokens(count: int | None) -> str:
+    return f"{count} tokens" if count else "the run's max new tokens"
+
+
 # The longest a text setting may be (any client can send megabytes); list settings: each item, and how many.
 _LONGEST = {"code": 100_000, "file": 1000, "pattern": 1000, "argv": 4000}
 _LONGEST_ITEM, _MOST_ITEMS, MOST_REWARDS = 200, 100, 20
+MOST_NGRAM, MOST_TOKENS = 32, 32768  # MOST_TOKENS: the largest grpo.max_new_tokens
 
 
 def _check_size(value, label: str, longest: int) -> None:
@@ -208,6 +234,21 @@ def _char_count(value, label: str) -> int:
     if number != int(number) or number < 0:
         raise ConfigError(f"{label} must be a whole number of characters, zero or more, not {value!r}.")
     return int(number)
+
+
+def _token_count(value, label: str) -> int:
+    """A whole number of tokens, at least 1 (integral floats accepted, as for characters), at most a reply's cap."""
+    number = _as_float(value, label)
+    if number != int(number) or not 1 <= number <= MOST_TOKENS:
+        raise ConfigError(f"{label} must be a whole number of tokens from 1 to {MOST_TOKENS}, not {value!r}.")
+    return int(number)
+
+
+def _ngram_size(value, label: str) -> int:
+    number = _token_count(value, label)
+    if number > MOST_NGRAM:
+        raise ConfigError(f"{label} must be at most {MOST_NGRAM} tokens; repeats of longer sequences are rare.")
+    return number
 
 
 def _as_bool(value, label: str) -> bool:
@@ -298,6 +339,9 @@ _PARSERS: dict[str, Callable[[object, str], object]] = {
     "mode": _choice("any", "all"),
     "preset": _choice(*FORMAT_PRESETS),
     "tags": _as_tags,
+    "max_tokens": _token_count,
+    "buffer_tokens": _token_count,
+    "ngram_size": _ngram_size,
     "argv": _as_argv,
     "input": _choice("stdin", "file"),
     "score_from": _choice("exit_code", "stdout"),
@@ -331,6 +375,10 @@ def _check_kind(spec: RewardSpec, where: str) -> None:
             raise ConfigError(f"{where}.preset and {where}.tags are both set; use one of them.")
         if spec.tags is None:
             spec.preset = spec.preset or "think_answer"
+    elif kind == "overlong" and None not in (spec.max_tokens, spec.buffer_tokens) \
+            and spec.buffer_tokens > spec.max_tokens:
+        raise ConfigError(f"{where}.buffer_tokens ({spec.buffer_tokens}) is larger than {where}.max_tokens "
+                          f"({spec.max_tokens}); the penalty starts that many tokens before the limit.")
     elif kind == "command":
         if spec.argv is None:
             raise ConfigError(f"{where}.argv is missing; a command reward needs the program to run.")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import usual_learning_rates
+from ..rewards import PENALTY_KINDS
 from ..runstore import ACTIVE_STATES, RunDir, read_appended_rows
 
 LOG_LINES = 40
@@ -213,7 +214,7 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     which the completions viewer shows; ``heldout`` the held-out checks during training (heldout.jsonl).
 
     - a reward failing: errors_<name> > 0 in the latest row (or in status.reward_errors);
-    - a reward that teaches nothing: a mean of 0 on each of the last FLAT_STEPS steps, or one mean on every step;
+    - a reward that teaches nothing (a penalty, which is 0 until it is due, excepted): a mean of 0 on each of the last FLAT_STEPS steps, or one mean on every step;
     - every group scoring the same: frac_reward_zero_std == 1 in the latest row (or >= 0.9 for WINDOW steps running);
     - most completions cut off: clipped_ratio > 0.5 in the latest row;
     - KL: a spike among the last WINDOW steps, the latest above 1.0, or rising for WINDOW steps to 3x the level before;
@@ -225,7 +226,9 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     training = config.get("training") or {}
     alerts = _reward_error_alerts(progress_rows, status, log)
     failing = {alert.key.removeprefix("errors_") for alert in alerts}  # their zeros are explained already
-    alerts += _flat_reward_alerts(progress_rows, skip=failing)
+    penalties = {spec.get("name") or spec.get("kind") for spec in config.get("rewards") or []
+                 if isinstance(spec, dict) and spec.get("kind") in PENALTY_KINDS}  # at 0 when no penalty is due
+    alerts += _flat_reward_alerts(progress_rows, skip=failing | penalties)
     alerts += _spread_alerts(progress_rows, grpo)
     hacking = hacking_alerts(progress_rows, rollout, config, heldout, skip=failing)
     if not any(alert.kind == "padding" for alert in hacking):  # else the cap is reached on purpose: raising it feeds it

@@ -15,11 +15,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from ..config import ModelConfig
+from ..config import GRPOSettings, ModelConfig
 from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locate, map_rows, prompt_text, read_table,
                    rows_to_read)
 from ..errors import ConfigError, DragonError, first_line
-from ..rewards import Reward, ScoreResult, score_completion
+from ..rewards import Reward, ScoreResult, build_rewards, counts_tokens, parse_rewards, score_completion
 from ..tables import Table
 
 PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
@@ -296,6 +296,21 @@ def preview_tokenizer(model: ModelConfig) -> tuple[object | None, str]:
         return _tokenizers[key][0], _tokenizers[key][1]
 
 
+def draft_tokenizer(draft: dict) -> tuple[object | None, str]:
+    """(tokenizer, note) of the draft's starting model, as preview_tokenizer gives it."""
+    model = draft.get("model") or {}
+    if not isinstance(model, dict) or not isinstance(model.get("id"), str) or not model["id"].strip():
+        return None, ("Shown as plain system:/user: text, with lengths in words, because no starting model is "
+                      "chosen yet.")
+    try:
+        config = ModelConfig(id=model["id"], revision=model.get("revision"),
+                             trust_remote_code=bool(model.get("trust_remote_code")))
+        config.validate()
+    except (ConfigError, TypeError) as exc:
+        return None, f"Shown as plain system:/user: text, with lengths in words: {first_line(exc)}"
+    return preview_tokenizer(config)
+
+
 def data_config(draft: dict) -> DataConfig:
     """The data section of a draft (a RunConfig.to_dict() shape) as a DataConfig; a missing section is empty."""
     try:
@@ -305,6 +320,21 @@ def data_config(draft: dict) -> DataConfig:
 
 
 # --------------------------------------------------------------------------------------------- reward playground
+
+
+def playground_rewards(draft: dict) -> list[Reward]:
+    """The draft's rewards, validated and built as a run builds them; TRL's length and repetition rewards count with
+    the starting model's tokenizer (loaded only for them) up to the draft's max new tokens."""
+    specs = parse_rewards(draft.get("rewards") or [])
+    tokenizer = draft_tokenizer(draft)[0] if counts_tokens(specs) else None
+    try:
+        grpo = GRPOSettings(**(draft.get("grpo") or {}))
+        grpo.validate()
+        max_new_tokens = grpo.max_new_tokens
+    except (ConfigError, TypeError):  # a half-typed Model tab: a reward that needs it says so
+        max_new_tokens = None
+    return build_rewards(specs, base_dir=draft.get("base_dir") or None, tokenizer=tokenizer,
+                         max_new_tokens=max_new_tokens)
 
 
 def score_example(rewards: list[Reward], example: dict, completion: str) -> ScoreResult:

@@ -15,13 +15,13 @@ import gradio as gr
 import pandas as pd
 from gradio.utils import get_upload_folder
 
-from ..config import HardwareSettings, ModelConfig
+from ..config import HardwareSettings
 from ..data import DataConfig, bundled_datasets as shipped_datasets
 from ..engine.hardware import resolve_hardware
 from ..engine.prompts import CPU_PROMPT_TOKENS
 from ..errors import DragonError
 from ..studio.draft import place_problem
-from ..studio.playground import DataPreview, data_config, fit_mapping, load_rows, preview_data, preview_tokenizer
+from ..studio.playground import DataPreview, data_config, fit_mapping, load_rows, preview_data, draft_tokenizer
 from ..tables import SUPPORTED_EXTENSIONS
 from .common import Shared, message, shows_errors
 
@@ -34,15 +34,6 @@ def _model_key(draft: dict) -> str:
     """Which starting model the preview's chat template and token counts belong to."""
     model = draft.get("model") or {}
     return f"{model.get('id', '')}@{model.get('revision') or ''}"
-
-
-def _tokenizer(draft: dict) -> tuple[object | None, str]:
-    model = draft.get("model") or {}
-    if not model.get("id"):
-        return None, ("Shown as plain system:/user: text, with lengths in words, because no starting model is "
-                      "chosen yet.")
-    return preview_tokenizer(ModelConfig(id=model["id"], revision=model.get("revision"),
-                                         trust_remote_code=bool(model.get("trust_remote_code"))))
 
 
 def _fence(text: str) -> str:
@@ -87,7 +78,7 @@ def preview_views(preview: DataPreview, labels: dict[str, str] | None = None) ->
 
 def _preview(draft: dict, setting: DataConfig) -> DataPreview:
     """The preview of a data setting, rendered with the tokenizer of the draft's starting model."""
-    tokenizer, note = _tokenizer(draft)
+    tokenizer, note = draft_tokenizer(draft)
     return preview_data(setting, draft.get("base_dir") or None, tokenizer, note, _prompt_limit(draft, setting))
 
 

@@ -25,7 +25,8 @@ from ..data import prompt_text
 from ..errors import DragonError
 from ..studio.draft import place_problem
 from ..studio.playground import (PREVIEW_ROWS, GroupScores, data_config, generate_groups, no_signal_warning,
-                                 preview_examples, reward_failures, score_example)
+                                 playground_rewards, preview_examples, reward_failures,
+                                 score_example)
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, build_rewards, kind_fields,
                        parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
@@ -58,6 +59,15 @@ KIND_HELP = {
     "length": "1 inside the character bounds, less the further outside them (partial credit).",
     "keyword": "'any': 1 when one of the words appears; 'all': the share of the words that appear.",
     "format": "1 for exactly the tag layout, e.g. <think>…</think><answer>…</answer>; partial credit per tag pair.",
+    "think_format": "TRL's think_format_reward: 1 when the reply starts with <think>…</think> (one <think> only), "
+                    "whatever follows, else 0. The format kind asks for the whole <think>…</think><answer>…</answer> "
+                    "layout and gives partial credit.",
+    "overlong": "TRL's soft overlong punishment (DAPO): 0 for a reply well under the length limit, falling to -1 over "
+                "the last tokens before it; it only takes away. Lengths are counted in the starting model's tokens.",
+    "repetition": "TRL's repetition penalty: 0 when no sequence of tokens repeats, down to -1 for a reply that only "
+                  "repeats itself; it only takes away.",
+    "cosine_length": "TRL's cosine-scaled reward: a correct answer (math-verify, in \\boxed{} or $…$) earns 1 when "
+                     "short down to 0.5 at the length limit; a wrong one -1 when short, -0.5 when long.",
     "command": "Runs a program for each reply; the score comes from its exit code or the last number it prints.",
     "custom": "Your own Python function reward(prompt, completion, reference, row) that returns a number.",
 }
@@ -329,18 +339,13 @@ def show_row(draft: dict, row: int | None, examples: list[dict] | None = None) -
     return "\n\n".join(([f"**System:** {system}"] if system else []) + lines)
 
 
-def _built_rewards(draft: dict):
-    """The draft's rewards, validated and built as a run would build them."""
-    return build_rewards(parse_rewards(draft.get("rewards") or []), base_dir=draft.get("base_dir") or None)
-
-
 @shows_errors
 def score_typed(draft: dict, row: int | None, completion: str) -> tuple:
     """Score a typed reply to the chosen row with every reward. Returns (scores table, total line)."""
     if isinstance(completion, str) and len(completion) > REPLY_CHARS:
         raise gr.Error(f"The reply has {len(completion):,} characters; score one of at most {REPLY_CHARS:,} (a "
                        "completion is rarely longer than a few thousand).", print_exception=False)
-    rewards = _built_rewards(draft)
+    rewards = playground_rewards(draft)
     result = score_example(rewards, _example(draft, row), completion if isinstance(completion, str) else "")
     weights = {reward.name: reward.weight for reward in rewards}
     table = pd.DataFrame([[name, weights[name], round(score, 4), round(weights[name] * score, 4),
@@ -418,9 +423,10 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
         config = studio.validate_for_sampling(draft)
         examples = preview_examples(config.data, config.base_dir or None)[row:row + int(n_prompts)]
         studio.check_sampling(config.grpo.group_size * len(examples))
-        rewards = build_rewards(config.rewards, base_dir=config.base_dir or None)
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.inference_model(config.model, settings=config.hardware)
+        rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, tokenizer=tokenizer,
+                                max_new_tokens=config.grpo.max_new_tokens)
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
         return
@@ -468,6 +474,12 @@ def _setting_components(shown: set[str]) -> list:
                                                                                       "then <answer>…</answer>."),
         "tags": gr.Textbox(label="…or your own tags",
                            info="Comma-separated tag names in order, e.g. reasoning, answer."),
+        "max_tokens": gr.Number(None, precision=0, label="Length limit in tokens",
+                                info="Empty: the Model & Hardware tab's max new tokens."),
+        "buffer_tokens": gr.Number(None, precision=0, label="Penalty starts this many tokens before the limit",
+                                   info="Empty: the last fifth of the limit, as in DAPO."),
+        "ngram_size": gr.Number(DEFAULTS["ngram_size"], precision=0, label="Repeated sequences of this many tokens",
+                                info="3 by default: the same three tokens in a row again."),
         "argv": gr.Textbox(label="Command",
                            info="The program and its arguments, e.g. python check.py {completion_file}."),
         "input": gr.Radio(["stdin", "file"], value="stdin", label="The reply goes to",
