@@ -26,6 +26,17 @@ DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 RUNS_DIR_ENV = "DRAGON_UI_RUNS_DIR"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+# GRPOSettings fields that are TRL GRPOConfig fields of the same name and meaning (passed to TRL as they are).
+GRPO_VARIANTS = ("importance_sampling_level", "epsilon", "epsilon_high", "mask_truncated_completions", "num_iterations",
+                 "multi_objective_aggregation", "top_entropy_quantile", "entropy_coef", "top_p", "top_k", "min_p",
+                 "repetition_penalty")
+# Loss types that clip the probability ratio at 1 ± epsilon (cispo clips at epsilon_high alone, and from the first
+# pass; sapo and vespo weigh the ratio their own way).
+CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+# Loss types that add up per-token shares, which TRL warns turns GSPO's sequence ratio into a length weighting.
+TOKEN_SUM_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 STRATEGIES = ("ddp", "zero2", "zero3", "fsdp")
@@ -75,6 +86,29 @@ class GRPOSettings:
     max_new_tokens: int = 128
     loss_type: str = "dapo"  # TRL 1.16's default
     scale_rewards: str = "group"
+    # The variants below are TRL 1.16's, with TRL's defaults: a run that sets none of them trains as TRL does.
+    # GSPO: one importance ratio per completion (the mean of its tokens' log-ratios) instead of one per token.
+    importance_sampling_level: str = "token"
+    # PPO's clip: how far one update may move a probability ratio from 1. It can only act when a batch is trained on
+    # more than once (num_iterations), because on the first pass every ratio is exactly 1.
+    epsilon: float = 0.2
+    # DAPO's clip-higher: a wider upper bound (the paper's 0.28) lets rare good tokens grow; None: epsilon.
+    epsilon_high: float | None = None
+    # DAPO: completions cut off at max_new_tokens are left out of the loss, so an unfinished answer is not punished.
+    mask_truncated_completions: bool = False
+    # μ in the GRPO paper: passes over each sampled batch; each extra pass costs a forward and backward, no sampling.
+    num_iterations: int = 1
+    # GDPO: normalise each reward within its group before adding them up, so a reward with a small range counts.
+    multi_objective_aggregation: str = "sum_then_normalize"
+    # Beyond the 80/20 rule: train only on this share of tokens, the most uncertain ones (1: every token).
+    top_entropy_quantile: float = 1.0
+    # An entropy bonus in the loss, to keep the model exploring (0: none).
+    entropy_coef: float = 0.0
+    # How completions are sampled (Hugging Face generate's meanings; the defaults leave the distribution as is).
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
 
     def validate(self, where: str = "grpo") -> None:
         _check_range(f"{where}.group_size", self.group_size, 2, 64, "completions per prompt; GRPO compares them, so at least 2")
@@ -85,6 +119,55 @@ class GRPOSettings:
         _check_range(f"{where}.max_new_tokens", self.max_new_tokens, 1, 32768, "the length cap of each completion")
         _check_choice(f"{where}.loss_type", self.loss_type, LOSS_TYPES)
         _check_choice(f"{where}.scale_rewards", self.scale_rewards, SCALE_REWARDS)
+        self._validate_variants(where)
+
+    def changed_variants(self) -> dict[str, Any]:
+        """The variants set away from TRL's defaults (what a model card lists), in field order."""
+        defaults = GRPOSettings()
+        return {name: getattr(self, name) for name in GRPO_VARIANTS if getattr(self, name) != getattr(defaults, name)}
+
+    def _validate_variants(self, where: str) -> None:
+        """TRL's variants: each in its range, and no combination that TRL only warns about or that changes nothing."""
+        _check_choice(f"{where}.importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
+        _check_range(f"{where}.epsilon", self.epsilon, 1e-6, 1.0, "the clip range of the probability ratio")
+        if self.epsilon_high is not None:
+            _check_range(f"{where}.epsilon_high", self.epsilon_high, 1e-6, 10.0, "the upper clip range")
+        _check_range(f"{where}.num_iterations", self.num_iterations, 1, 16, "passes over each sampled batch")
+        _check_choice(f"{where}.multi_objective_aggregation", self.multi_objective_aggregation, AGGREGATIONS)
+        _check_range(f"{where}.top_entropy_quantile", self.top_entropy_quantile, 0.01, 1.0,
+                     "the share of tokens trained on")
+        _check_range(f"{where}.entropy_coef", self.entropy_coef, 0.0, 1.0, "the weight of the entropy bonus")
+        _check_range(f"{where}.top_p", self.top_p, 0.01, 1.0, "the probability mass sampled from; 1 keeps all")
+        _check_range(f"{where}.top_k", self.top_k, 0, 100_000, "the most likely tokens sampled from; 0 keeps all")
+        if self.min_p is not None:
+            _check_range(f"{where}.min_p", self.min_p, 0.0, 0.99, "the least probability, relative to the likeliest")
+        _check_range(f"{where}.repetition_penalty", self.repetition_penalty, 0.5, 3.0,
+                     "how much a token already used is held back; 1 is none")
+        sequence = self.importance_sampling_level == "sequence"
+        if self.loss_type == "luspo" and not sequence:
+            raise ConfigError(f"{where}.loss_type luspo scales GSPO's sequence-level loss, so it needs "
+                              f"{where}.importance_sampling_level sequence.")
+        if self.loss_type == "vespo" and sequence:
+            raise ConfigError(f"{where}.loss_type vespo computes its sequence weights itself, so it needs "
+                              f"{where}.importance_sampling_level token.")
+        if sequence and self.loss_type in TOKEN_SUM_LOSSES:
+            raise ConfigError(f"{where}.importance_sampling_level sequence (GSPO) with {where}.loss_type "
+                              f"{self.loss_type} adds up every token's share, which weighs each completion by its "
+                              f"length instead of following GSPO; choose loss type grpo (GSPO's setup) or luspo.")
+        if self.num_iterations == 1 and self.loss_type in CLIPPED_LOSSES:
+            clip_settings = [name for name, value, default in (
+                ("epsilon", self.epsilon, 0.2), ("epsilon_high", self.epsilon_high, None)) if value != default]
+            if sequence and self.loss_type == "grpo":
+                clip_settings.append("importance_sampling_level")
+            if clip_settings:
+                raise ConfigError(f"{where}.{clip_settings[0]} only changes training when each batch is trained on "
+                                  f"more than once: with {where}.num_iterations 1 every probability ratio is exactly "
+                                  "1, so nothing is clipped (and GSPO's ratio equals GRPO's). Set "
+                                  f"{where}.num_iterations to 2 or more, or leave it at TRL's default.")
+        if self.multi_objective_aggregation == "normalize_then_sum" and self.scale_rewards != "group":
+            raise ConfigError(f"{where}.scale_rewards {self.scale_rewards} is not used with "
+                              f"{where}.multi_objective_aggregation normalize_then_sum, which normalises each reward in "
+                              "its group and the sum over the batch; leave scale_rewards at group.")
 
 
 @dataclass

@@ -338,6 +338,30 @@ def test_typed_fast_every_field_trains_exactly_what_the_form_shows(page, studio)
                                                                      ("digits_only", 0.5)]
 
 
+def test_the_advanced_grpo_settings_say_what_is_wrong_and_train_what_they_show(page, studio, screenshots):
+    wait_until_loaded(page)
+    open_tab(page, "model")
+    page.locator("#model-advanced").get_by_text("Advanced GRPO").click()
+    type_into(page, "#model-grpo-epsilon-high input", "0.28")
+    problem = page.locator("#model-advanced-problem")
+    expect(problem).to_contain_text("Upper clip (epsilon high) only changes training when each batch is trained on "
+                                    "more than once")
+    expect(page.locator("#model-start")).to_be_disabled()
+    type_into(page, "#model-grpo-num-iterations input", "2")
+    page.locator("#model-grpo-mask-truncated-completions input").check()
+    choose(page, "#model-grpo-multi-objective-aggregation", "normalize_then_sum")
+    expect(problem).to_be_empty()
+    expect(page.locator("#model-start")).to_be_enabled()
+    screenshot(page, screenshots, "model-advanced")
+    page.locator("#model-start").click()
+
+    config = started_config(studio)
+    assert {key: config["grpo"][key] for key in ("epsilon_high", "num_iterations", "mask_truncated_completions",
+                                                 "multi_objective_aggregation", "epsilon", "top_p")} == {
+        "epsilon_high": 0.28, "num_iterations": 2, "mask_truncated_completions": True,
+        "multi_objective_aggregation": "normalize_then_sum", "epsilon": 0.2, "top_p": 1.0}
+
+
 def kept_draft(page, studio) -> dict:
     """The draft this browser keeps in its storage, decrypted as gradio's BrowserState does (CryptoJS: AES-256-CBC,
     key and iv from the SHA-256 of the secret by OpenSSL's EVP_BytesToKey with MD5, in "Salted__" form)."""

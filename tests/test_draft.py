@@ -267,7 +267,7 @@ def test_the_form_has_a_field_for_every_model_tab_setting(form):
 
 def test_form_compose_writes_every_fields_path(form, tmp_path):
     draft = Studio(runs_dir=tmp_path / "runs").default_draft()
-    shown = dict(zip(MODEL_TAB_PATHS, model_tab.field_values(draft), strict=True))
+    shown = dict(zip(MODEL_TAB_PATHS, model_tab.field_values(draft, MODEL_TAB_PATHS), strict=True))
     values = [shown[f.path] if f.path in shown else get_path(draft, f.path) for f in form.fields]
     composed = form.compose({}, *values)  # nothing loaded: everything comes from the fields
     for f, value in zip(form.fields, values):
@@ -278,13 +278,12 @@ def test_form_compose_writes_every_fields_path(form, tmp_path):
 @pytest.mark.parametrize("recipe", sorted(path.stem for path in (ASSETS_DIR / "recipes").glob("*.yaml")))
 def test_the_model_tab_fields_round_trip_a_recipe(form, tmp_path, recipe):
     draft = Studio(runs_dir=tmp_path / "runs").load_recipe(recipe)
-    fields = [f for f in form.fields if f.path in MODEL_TAB_PATHS]
-    assert [f.path for f in fields] == MODEL_TAB_PATHS  # field_values is in the form's order
+    fields = [next(f for f in form.fields if f.path == path) for path in MODEL_TAB_PATHS]  # one field per path
     stale = copy.deepcopy(draft)  # the settings last loaded, before the fields were filled
     for path in MODEL_TAB_PATHS:
         set_path(stale, path, None)
     assert not same_settings(stale, draft)
-    values = model_tab.field_values(draft)
+    values = model_tab.field_values(draft, MODEL_TAB_PATHS)
     composed = compose(stale, {f.path: f.to_draft(value) for f, value in zip(fields, values, strict=True)})
     assert same_settings(composed, draft)
     RunConfig.from_dict(copy.deepcopy(composed))
@@ -301,7 +300,7 @@ def wired(app, elem_id: str, event: str = "click"):
 
 
 def form_inputs(app, draft: dict, **edits) -> list:
-    shown = dict(zip(MODEL_TAB_PATHS, model_tab.field_values(draft), strict=True))
+    shown = dict(zip(MODEL_TAB_PATHS, model_tab.field_values(draft, MODEL_TAB_PATHS), strict=True))
     shown.update({path.replace("__", "."): value for path, value in edits.items()})
     return [draft, *(shown[f.path] if f.path in shown else get_path(draft, f.path) for f in app.form.fields)]
 

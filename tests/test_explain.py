@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -16,9 +17,12 @@ from dragon_ui.ui import train_tab
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.mark.parametrize("scale_rewards, loss_type", [("group", "dapo"), ("batch", "grpo"), ("none", "dr_grpo")])
-def test_every_groups_advantages_are_the_ones_trl_logged(tiny_config_dict, scale_rewards, loss_type):
-    tiny_config_dict["grpo"].update(group_size=3, scale_rewards=scale_rewards, loss_type=loss_type)
+@pytest.mark.parametrize("scale_rewards, loss_type, aggregation", [
+    ("group", "dapo", "sum_then_normalize"), ("batch", "grpo", "sum_then_normalize"),
+    ("none", "dr_grpo", "sum_then_normalize"), ("group", "dapo", "normalize_then_sum")])
+def test_every_groups_advantages_are_the_ones_trl_logged(tiny_config_dict, scale_rewards, loss_type, aggregation):
+    tiny_config_dict["grpo"].update(group_size=3, scale_rewards=scale_rewards, loss_type=loss_type,
+                                    multi_objective_aggregation=aggregation)
     # Paid by the character below 12, the tiny model's short random replies all score differently.
     tiny_config_dict["rewards"][1] = {"kind": "length", "min_chars": 12, "weight": 0.3}
     handle = training.start(RunConfig.from_dict(tiny_config_dict))
@@ -30,6 +34,7 @@ def test_every_groups_advantages_are_the_ones_trl_logged(tiny_config_dict, scale
         for number in range(1, len(rollout["groups"]) + 1):
             explained = explain.explain_run_group(run, rollout["step"], number)
             assert explained.scale_rewards == scale_rewards and explained.loss_type == loss_type
+            assert explained.aggregation == aggregation
             assert explained.agrees is True, (explained.largest_difference, explained.completions)
             assert len(explained.completions) == 3 and explained.kl is not None
             checked += not explained.no_spread
@@ -162,3 +167,27 @@ def test_a_group_whose_totals_overflow_is_answered_in_the_panel(studio, tmp_path
         huge, group, {"rewards": [{"name": "a", "weight": 1e308}]}))
     monkeypatch.setattr(studio, "run", lambda run_id: None)
     assert "too large to work out" in train_tab.explain_clicked(studio, "any", Event({"step": 1, "group": 1}))
+
+
+def test_gdpo_normalises_each_reward_in_its_group_before_adding_them_up():
+    """normalize_then_sum by hand: a reward whose scores differ by 0.01 moves the advantage as much as one whose
+    scores differ by 1, where the plain weighted total would hardly notice it."""
+    scores = [{"big": 1.0, "tiny": 0.0}, {"big": 0.0, "tiny": 0.01}, {"big": 1.0, "tiny": 0.01}]
+    completions = [{"text": str(i), "scores": s, "total": s["big"] + 0.5 * s["tiny"], "advantage": 0.0}
+                   for i, s in enumerate(scores)]
+    rollout = {"step": 1, "groups": [{"prompt": "p", "reference": "", "completions": completions}]}
+    settings = {"rewards": [{"name": "big", "kind": "numeric", "weight": 1.0},
+                            {"name": "tiny", "kind": "length", "weight": 0.5}],
+                "grpo": {"multi_objective_aggregation": "normalize_then_sum", "beta": 0.0}}
+    explained = explain.explain_group(rollout, 1, settings)
+
+    def normalised(values):
+        return [(v - statistics.fmean(values)) / (statistics.stdev(values) + 1e-4) for v in values]
+
+    sums = [b + 0.5 * t for b, t in zip(normalised([1.0, 0.0, 1.0]), normalised([0.0, 0.01, 0.01]))]
+    expected = [(v - statistics.fmean(sums)) / (statistics.stdev(sums) + 1e-4) for v in sums]
+    assert [c.advantage for c in explained.completions] == pytest.approx(expected, rel=1e-9)
+    assert expected[2] > expected[0] + 0.5  # the 0.01 of 'tiny' matters
+    assert "normalize_then_sum" in " ".join(explain.plain_words(explained))
+    assert explain.formula_lines(explained)[1] == ("r_i = 1 × z_big + 0.5 × z_tiny   (the weighted sum of "
+                                                   "completion i's normalised scores)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dragon_ui.config import ModelConfig
+from dragon_ui.config import GRPOSettings, ModelConfig
 from dragon_ui.data import DataConfig, prompt_text, read_table
 from dragon_ui.studio.playground import (
     PREVIEW_ROWS,
@@ -267,8 +267,8 @@ def test_generate_groups_with_the_tiny_model(tiny_model_dir, tiny_tokenizer):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     examples = [example("What is 12 + 30?", "42"), example("What is 1 + 1?", "2")]
-    groups = list(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples, group_size=3,
-                                  temperature=1.0, max_new_tokens=4))
+    groups = list(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples,
+                                  GRPOSettings(group_size=3, temperature=1.0, max_new_tokens=4)))
     assert [g.prompt for g in groups] == ["What is 12 + 30?", "What is 1 + 1?"]
     assert all(len(g.completions) == 3 and len(g.results) == 3 for g in groups)
     assert all(sum(g.advantages) == pytest.approx(0.0, abs=1e-9) for g in groups)
@@ -279,6 +279,21 @@ def test_generate_groups_with_the_tiny_model(tiny_model_dir, tiny_tokenizer):
         checks.append(1)
         return len(checks) > 1
 
-    stopped = list(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples, group_size=2,
-                                   temperature=1.0, max_new_tokens=2, should_stop=stop_after_the_first_prompt))
+    stopped = list(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples,
+                                   GRPOSettings(group_size=2, temperature=1.0, max_new_tokens=2),
+                                   should_stop=stop_after_the_first_prompt))
     assert len(stopped) == 1  # checked before each prompt: the second one never started
+
+
+def test_a_group_is_sampled_with_the_runs_sampling_settings(tiny_model_dir, tiny_tokenizer):
+    """top_k 1 leaves one token to sample from at every step: every reply of the group is the greedy one."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    examples = [example("What is 12 + 30?", "42")]
+    varied = next(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples,
+                                  GRPOSettings(group_size=6, temperature=1.0, max_new_tokens=6)))
+    assert len(set(varied.completions)) > 1
+    greedy = next(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples,
+                                  GRPOSettings(group_size=6, temperature=1.0, max_new_tokens=6, top_k=1)))
+    assert len(set(greedy.completions)) == 1

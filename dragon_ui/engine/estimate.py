@@ -341,7 +341,12 @@ def estimate_step_time(config: RunConfig, dims: ModelDims, speed: DeviceSpeed, d
         backward_factor += 2  # every block's forward runs twice
     training = backward_factor * params * tokens / speed.flops * slowdown
     reference = 2 * params * tokens / speed.flops * slowdown if config.grpo.beta > 0 else 0.0
-    return StepTime(generation, training, reference)
+    # With num_iterations μ, a batch is sampled, and scored by the reference model, once every μ steps; the steps in
+    # between train on it again, after one more forward pass for the log-probs that the clip compares with.
+    every = config.grpo.num_iterations
+    if every > 1:
+        training += 2 * params * tokens / speed.flops * slowdown / every
+    return StepTime(generation / every, training, reference / every)
 
 
 # ----------------------------------------------------------------------------------------------------------------

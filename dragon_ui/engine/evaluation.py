@@ -42,9 +42,11 @@ class EvalResult:
 
 
 def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int = EVAL_BATCH,
-                     temperature: float = 0.0, should_stop: Callable[[], bool] | None = None) -> list[str]:
+                     temperature: float = 0.0, should_stop: Callable[[], bool] | None = None,
+                     sampling: dict | None = None) -> list[str]:
     """Reply to each chat prompt (greedy when temperature is 0), batched with left padding. ``should_stop`` is
-    asked after every generated token; once it is true, generation ends and Stopped is raised."""
+    asked after every generated token; once it is true, generation ends and Stopped is raised. ``sampling``: more of
+    generate's sampling settings (top_p, top_k, min_p, repetition_penalty), as a run samples with them."""
     import torch
     from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -64,10 +66,11 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
                 raise Stopped("stopped while generating replies")
             batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True, padding_side="left",
                               add_special_tokens=False).to(device)
-            sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
+            how = ({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": None, **(sampling or {})}
+                   if temperature > 0 else {"do_sample": False, "top_k": None})
             with torch.inference_mode():
                 out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                     top_k=None, stopping_criteria=stopping, **sampling)
+                                     stopping_criteria=stopping, **how)
             if should_stop is not None and should_stop():
                 raise Stopped("stopped while generating replies")
             new_tokens = out[:, batch["input_ids"].shape[1]:]

@@ -166,6 +166,8 @@ def _settings(config: RunConfig, status: dict) -> list[tuple[str, str]]:
         ("temperature", f"{config.grpo.temperature:g}"),
         ("max new tokens", str(config.grpo.max_new_tokens)),
         ("loss", config.grpo.loss_type),
+        ("GRPO variants", ", ".join(f"{name} {value}" for name, value in config.grpo.changed_variants().items())
+         or "TRL's defaults"),
         ("training length", str(steps)),
         ("steps trained", f"{status.get('step', '-')} of {status.get('total_steps') or '?'}"),
     ]

@@ -23,7 +23,7 @@ from pathlib import Path
 from transformers import PrinterCallback, TrainerCallback
 
 from .. import speedups
-from ..config import RunConfig
+from ..config import GRPO_VARIANTS, RunConfig
 from ..data import MappedData, load_and_map, read_jsonl, write_jsonl
 from ..errors import BusyError, ConfigError, DragonError, Stopped, describe
 from ..public import Limits, is_public_demo, visitor
@@ -477,6 +477,7 @@ def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware):
         max_completion_length=config.grpo.max_new_tokens,
         loss_type=config.grpo.loss_type,
         scale_rewards=config.grpo.scale_rewards,
+        **{name: getattr(config.grpo, name) for name in GRPO_VARIANTS},
         reward_weights=[spec.weight for spec in config.rewards],  # TRL's per-reward metrics stay unweighted
         activation_checkpointing=config.training.gradient_checkpointing,
         logging_steps=1,
@@ -586,6 +587,10 @@ class StepPace:
         return latest, (now - first_at) / (step - first_step) if step > first_step else latest
 
 
+# What TRL logs about a sampled batch (its rewards, lengths and spread), only on the step that samples it.
+BATCH_METRICS = ("reward", "rewards/", "completions/", "frac_reward_zero_std")
+
+
 class RunStoreCallback(TrainerCallback):
     """Writes one progress row and the sampled groups per step; ends training between steps on a stop that arrives
     between forward passes (one inside a step ends it sooner: _stoppable_forward_passes).
@@ -603,6 +608,7 @@ class RunStoreCallback(TrainerCallback):
         self._pace = StepPace(0, self._session_start)
         self._elapsed_before = 0.0
         self._reported_errors: set[str] = set()
+        self._batch: dict | None = None  # the metrics TRL logged with the last sampled batch
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._pace = StepPace(state.global_step, self._session_start)
@@ -624,8 +630,13 @@ class RunStoreCallback(TrainerCallback):
             _finish_checkpoint(self.run, self.config, state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:
-            return  # the end-of-training summary and eval logs carry no reward row
+        if not logs or ("reward" not in logs and ("loss" not in logs or self._batch is None)):
+            return  # the end-of-training summary and eval logs carry no step
+        reused = "reward" not in logs  # with num_iterations > 1: a step trained again on the last sampled batch
+        if reused:  # TRL logs a batch's rewards and lengths where it samples it; they are this step's batch too
+            logs = {**self._batch, **logs}
+        else:
+            self._batch = {key: value for key, value in logs.items() if key.startswith(BATCH_METRICS)}
         local_errors = [self.failures.counts().get(r.name, 0) for r in self.rewards]
         errors = dict(zip((r.name for r in self.rewards), distributed.sum_over_processes(local_errors)))
         if not state.is_world_process_zero:
@@ -656,9 +667,12 @@ class RunStoreCallback(TrainerCallback):
             "completions_per_step": self.config.completions_per_step * distributed.world_size(),
             **{f"errors_{r.name}": errors[r.name] for r in self.rewards},
         }
+        if reused:
+            row["reused_batch"] = True
         row = {k: _finite_or_none(v) for k, v in row.items()}
         self.run.append_progress(row)
-        self.run.append_rollouts({"step": step, "groups": groups})
+        if not reused:  # the viewer keeps showing the batch this step trained on
+            self.run.append_rollouts({"step": step, "groups": groups})
         self.run.update_status(step=step, total_steps=total, eta_s=row["eta_s"], elapsed_s=row["elapsed_s"],
                                reward=row["reward"], reward_errors={k: v for k, v in errors.items() if v})
         log.info("step %d/%d  reward %s  kl %s  len %s  (%.1f s/step, ETA %s)", step, total,

@@ -3,7 +3,7 @@
 GRPO's whole update for a prompt is in a few numbers: each completion's weighted reward, the group's mean and spread,
 the advantage that follows, and the KL pull toward the starting model. :func:`explain_group` recomputes the
 advantages from the scores the run wrote, the way TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` does for
-the run's ``scale_rewards``, and checks them against the advantages TRL itself logged for the step, so the panel
+the run's ``scale_rewards`` and ``multi_objective_aggregation``, and checks them against the advantages TRL itself logged for the step, so the panel
 teaches what really happened rather than a textbook version of it.
 """
 
@@ -82,6 +82,7 @@ class GroupExplanation:
     spread: float | None  # the group's sample standard deviation (TRL's nanstd, Bessel-corrected)
     divisor: float | None  # what (total - mean) is divided by; None: nothing (scale_rewards "none")
     scale_rewards: str
+    aggregation: str  # multi_objective_aggregation: sum_then_normalize (TRL's default) or normalize_then_sum (GDPO)
     loss_type: str
     beta: float
     kl: float | None
@@ -106,6 +107,23 @@ def _totals(group: dict) -> list[float | None]:
     return [finite_number(c.get("total")) if isinstance(c, dict) else None for c in group.get("completions") or []]
 
 
+def _normalised_sums(group: dict, weights: dict[str, float]) -> list[float | None]:
+    """GDPO (TRL's normalize_then_sum): each reward's scores made relative to the group, (s - mean) / (std + ε), then
+    weighted and added up, per completion; None for a completion missing a score."""
+    items = [c if isinstance(c, dict) else {} for c in group.get("completions") or []]
+    columns = {name: [finite_number((c.get("scores") or {}).get(name)) for c in items] for name in weights}
+    normalised: dict[str, list[float | None]] = {}
+    for name, values in columns.items():
+        known = [v for v in values if v is not None]
+        mean, spread = (statistics.fmean(known) if known else 0.0), (_sample_std(known) or 0.0) + STD_EPSILON
+        normalised[name] = [None if v is None else (v - mean) / spread for v in values]
+    sums = []
+    for index in range(len(items)):
+        parts = [normalised[name][index] for name in weights]
+        sums.append(None if None in parts else sum(weights[name] * part for name, part in zip(weights, parts)))
+    return sums
+
+
 def explain_group(rollout: dict, group_number: int, config: dict, kl: float | None = None) -> GroupExplanation:
     """The numbers behind group ``group_number`` (1-based) of one step's rollout record, for a run whose settings
     are ``config`` (the run's config.json) and whose step logged ``kl``."""
@@ -121,17 +139,26 @@ def explain_group(rollout: dict, group_number: int, config: dict, kl: float | No
     known = [t for t in totals if t is not None]
     mean = statistics.fmean(known) if known else None
     spread = _sample_std(known)
-    if scale == "batch":
+    aggregation = str(grpo.get("multi_objective_aggregation", "sum_then_normalize"))
+    compared = totals  # what the advantage compares: the weighted totals, or (GDPO) the sums of normalised scores
+    if aggregation == "normalize_then_sum":
+        sums = [_normalised_sums(g, weights) for g in groups]
+        everything = [v for values in sums for v in values if v is not None]
+        compared, mean_used = sums[group_number - 1], statistics.fmean(everything) if everything else None
+        divisor = (_sample_std(everything) or 0.0) + STD_EPSILON
+    elif scale == "batch":
         everything = [t for g in groups for t in _totals(g) if t is not None]
         divisor = (_sample_std(everything) or 0.0) + STD_EPSILON
     elif scale == "none":
         divisor = None
     else:
         divisor = (spread or 0.0) + STD_EPSILON
+    if aggregation != "normalize_then_sum":
+        mean_used = mean
     completions, differences = [], []
-    for number, (item, total) in enumerate(zip(group.get("completions") or [], totals), start=1):
+    for number, (item, total, value) in enumerate(zip(group.get("completions") or [], totals, compared), start=1):
         item = item if isinstance(item, dict) else {}
-        ours = None if total is None or mean is None else (total - mean) / (divisor or 1.0)
+        ours = None if value is None or mean_used is None else (value - mean_used) / (divisor or 1.0)
         logged = finite_number(item.get("advantage"))
         if ours is not None and logged is not None:
             differences.append(abs(ours - logged))
@@ -140,7 +167,8 @@ def explain_group(rollout: dict, group_number: int, config: dict, kl: float | No
     return GroupExplanation(
         step=int(rollout.get("step") or 0), group=group_number, prompt=str(group.get("prompt", "")),
         reference=str(group.get("reference", "")), weights=weights, completions=completions, mean=mean,
-        spread=spread, divisor=divisor, scale_rewards=scale, loss_type=str(grpo.get("loss_type", "dapo")),
+        spread=spread, divisor=divisor, scale_rewards=scale, aggregation=aggregation,
+        loss_type=str(grpo.get("loss_type", "dapo")),
         beta=float(grpo.get("beta", 0.0) or 0.0), kl=finite_number(kl),
         largest_difference=max(differences) if differences else None)
 
@@ -178,7 +206,12 @@ def plain_words(explained: GroupExplanation) -> list[str]:
     else:
         lines = [f"The {count} completions scored {totals} (each reward's score times its weight, added up). Their "
                  f"mean is {shown_number(e.mean)} and their spread (standard deviation) {shown_number(e.spread)}."]
-        if e.scale_rewards == "group":
+        if e.aggregation == "normalize_then_sum":
+            how = ("found the GDPO way (multi-objective aggregation normalize_then_sum): each reward's score is first "
+                   "compared with the group's other scores for that reward (minus their mean, divided by their "
+                   "spread), so every reward counts whatever its range; those are weighted and added up, and the "
+                   f"sum is compared with the whole step's (minus its mean, divided by its spread, {shown_number(e.divisor)})")
+        elif e.scale_rewards == "group":
             how = "its total minus the mean, divided by the group's spread"
         elif e.scale_rewards == "batch":
             how = f"its total minus the mean, divided by the spread of the whole step ({shown_number(e.divisor)})"
@@ -209,8 +242,8 @@ def plain_words(explained: GroupExplanation) -> list[str]:
                      f"{e.largest_difference:.1e}).")
     elif e.agrees is False:
         lines.append(f"These advantages differ from the ones TRL logged for this step by up to "
-                     f"{e.largest_difference:.3g}: a reward that failed and scored nothing, or settings TRL reads "
-                     "differently (multi-objective aggregation) can explain it; the table shows both.")
+                     f"{e.largest_difference:.3g}: a reward that failed and scored nothing can explain it; the table "
+                     "shows both.")
     return lines
 
 
@@ -226,7 +259,14 @@ def formula_lines(explained: GroupExplanation) -> list[str]:
     lines = [f"r_i = {reward}   (the weighted total of completion i)",
              f"mean = (1/G) Σ r_i = {shown_number(e.mean, 4)}   (G = {len(e.completions)})",
              f"std = √( Σ (r_i − mean)² / (G − 1) ) = {shown_number(e.spread, 4)}"]
-    if e.scale_rewards == "group":
+    if e.aggregation == "normalize_then_sum":
+        summed = " + ".join(f"{weight:g} × z_{name}" for name, weight in e.weights.items()) or "Σ_k w_k × z_k"
+        lines = ["z_k,i = (s_k,i − mean_k) / (std_k + 0.0001)   (each reward k, within the group of G = "
+                 f"{len(e.completions)})",
+                 f"r_i = {summed}   (the weighted sum of completion i's normalised scores)",
+                 f"A_i = (r_i − mean_step) / (std_step + 0.0001), std_step = "
+                 f"{shown_number((e.divisor or 0) - STD_EPSILON, 4)} over every completion of the step"]
+    elif e.scale_rewards == "group":
         lines.append("A_i = (r_i − mean) / (std + 0.0001)")
     elif e.scale_rewards == "batch":
         lines.append(f"A_i = (r_i − mean) / (std_step + 0.0001), std_step = {shown_number((e.divisor or 0) - STD_EPSILON, 4)} "

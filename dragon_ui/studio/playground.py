@@ -399,10 +399,10 @@ def reward_failures(group: GroupScores) -> list[str]:
             for name, (count, first) in failures.items()]
 
 
-def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict], group_size: int,
-                    temperature: float, max_new_tokens: int,
+def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict], grpo: GRPOSettings,
                     should_stop: Callable[[], bool] | None = None) -> Iterator[GroupScores]:
-    """Sample ``group_size`` replies to each example, as one GRPO step would, and yield each prompt's scored group.
+    """Sample ``grpo.group_size`` replies to each example, as one GRPO step would (its temperature, length cap and
+    sampling settings), and yield each prompt's scored group.
 
     ``should_stop`` is checked before each prompt, so a cancel takes effect between prompts.
     """
@@ -411,6 +411,8 @@ def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict
     for example in examples:
         if should_stop is not None and should_stop():
             return
-        replies = generate_replies(model, tokenizer, [example["prompt"]] * group_size, max_new_tokens,
-                                   batch_size=group_size, temperature=temperature)
+        replies = generate_replies(model, tokenizer, [example["prompt"]] * grpo.group_size, grpo.max_new_tokens,
+                                   batch_size=grpo.group_size, temperature=grpo.temperature,
+                                   sampling={"top_p": grpo.top_p, "top_k": grpo.top_k or None, "min_p": grpo.min_p,
+                                             "repetition_penalty": grpo.repetition_penalty})
         yield score_group(rewards, example, replies)

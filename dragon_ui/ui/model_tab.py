@@ -17,8 +17,8 @@ from typing import Any, Callable
 import gradio as gr
 
 from .. import speedups
-from ..config import (DEVICES, DTYPES, GENERATION_BACKENDS, LEARNING_RATES, LOSS_TYPES, SCALE_REWARDS, STRATEGIES,
-                      TRACKERS)
+from ..config import (AGGREGATIONS, DEVICES, DTYPES, GENERATION_BACKENDS, IMPORTANCE_SAMPLING_LEVELS, LEARNING_RATES,
+                      LOSS_TYPES, SCALE_REWARDS, STRATEGIES, TRACKERS)
 from ..engine.hardware import HardwareInfo, resolve_hardware, system_memory_gb
 from ..errors import DragonError
 from ..runstore import slug
@@ -67,9 +67,19 @@ class Setting:
     options: dict = field(default_factory=dict)  # more keyword arguments for the widget
     to_draft: Callable[[Any], Any] = lambda value: value
     to_field: Callable[[Any], Any] = lambda value: value
+    advanced: bool = False  # shown in the section's "Advanced" accordion
 
 
 WHOLE = {"precision": 0}
+ADVANCED_PER_ROW = 4
+ADVANCED_HELP = (
+    "TRL's defaults train plain GRPO; each setting here is one published change to it. "
+    "[DAPO](https://huggingface.co/papers/2503.14476): clip-higher, leaving cut-off completions out (and the loss "
+    "type dapo, TRL's default). [GSPO](https://huggingface.co/papers/2507.18071): sequence-level importance sampling. "
+    "[GDPO](https://huggingface.co/papers/2601.05242): combine rewards after normalising each. "
+    "[Beyond the 80/20 rule](https://huggingface.co/papers/2506.01939): train on the most uncertain tokens. "
+    "Clipping and GSPO act only when a batch is trained on more than once (updates per batch ≥ 2). "
+    "[TRL's GRPO trainer](https://huggingface.co/docs/trl/grpo_trainer) documents them all.")
 SECTIONS: dict[str, tuple[Setting, ...]] = {
     "model": (
         Setting("id", "Starting model", "A preset from the table, any Hub id (owner/name) or the path of a local "
@@ -113,6 +123,37 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
                 "tokens of the batch.", gr.Dropdown, {"choices": list(LOSS_TYPES)}),
         Setting("scale_rewards", "Scale rewards", "Divide advantages by the reward spread of the group, the batch, "
                 "or not at all.", gr.Dropdown, {"choices": list(SCALE_REWARDS)}),
+        Setting("num_iterations", "Updates per batch", "Train on each sampled batch this many times (μ); clipping "
+                "and GSPO only act from the second. 1 is TRL's default.", options={**WHOLE, "minimum": 1},
+                advanced=True),
+        Setting("epsilon", "Clip range (epsilon)", "How far one update may move a token's probability ratio from 1; "
+                "0.2 is TRL's default.", options={"step": 0.01}, advanced=True),
+        Setting("epsilon_high", "Upper clip (epsilon high)", "DAPO's clip-higher: a wider upper bound (0.28 in the "
+                "paper) lets rare good tokens grow. Empty = epsilon.", options={"step": 0.01},
+                to_draft=lambda value: None if value in (None, "") else value, advanced=True),
+        Setting("importance_sampling_level", "Importance sampling", "token: one ratio per token (GRPO); sequence: "
+                "one per completion (GSPO, with loss type grpo or luspo).", gr.Radio,
+                {"choices": list(IMPORTANCE_SAMPLING_LEVELS)}, advanced=True),
+        Setting("mask_truncated_completions", "Leave cut-off completions out of the loss", "DAPO: a completion that "
+                "hits max new tokens teaches nothing, instead of being punished for being unfinished.", gr.Checkbox,
+                advanced=True),
+        Setting("multi_objective_aggregation", "Combine rewards", "sum_then_normalize (TRL's default) or "
+                "normalize_then_sum (GDPO: each reward is normalised in its group first, so none is drowned out).",
+                gr.Dropdown, {"choices": list(AGGREGATIONS)}, advanced=True),
+        Setting("top_entropy_quantile", "Train on the most uncertain tokens", "The share of tokens trained on, the "
+                "highest-entropy ones; 1 = every token, 0.2 in the 80/20 paper.", options={"step": 0.05},
+                advanced=True),
+        Setting("entropy_coef", "Entropy bonus", "Above 0 pays the model for staying uncertain, to keep exploring; "
+                "0 is TRL's default.", options={"step": 0.001}, advanced=True),
+        Setting("top_p", "Sampling: top-p", "Sample from the likeliest tokens that make up this share of the "
+                "probability; 1 = all.", options={"step": 0.05}, advanced=True),
+        Setting("top_k", "Sampling: top-k", "Sample from this many likeliest tokens; 0 = all.",
+                options={**WHOLE, "minimum": 0}, advanced=True),
+        Setting("min_p", "Sampling: min-p", "Leave out tokens less likely than this share of the likeliest one's "
+                "probability; empty = off.", options={"step": 0.01},
+                to_draft=lambda value: None if value in (None, "") else value, advanced=True),
+        Setting("repetition_penalty", "Sampling: repetition penalty", "Above 1 holds back tokens already used; "
+                "1 = off.", options={"step": 0.05}, advanced=True),
     ),
     "training": (
         Setting("learning_rate", "Learning rate", f"Size of each update: {LEARNING_RATES}."),
@@ -150,25 +191,32 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
 }
 
 
-def widgets(section: str, draft: dict, form: Form) -> list:
-    """The form fields of one section, showing the draft's values (elem_id model-<section>-<key>), each added to
-    the form at its config path."""
+def widgets(section: str, draft: dict, form: Form, advanced: bool = False, part: slice = slice(None)) -> list:
+    """The form fields of one section (its advanced ones, or the others; ``part`` of them), showing the draft's
+    values (elem_id model-<section>-<key>), each added to the form at its config path."""
     stored = draft.get(section) or {}
+    chosen = [setting for setting in SECTIONS[section] if setting.advanced == advanced][part]
     return [form.add(f"{section}.{setting.key}",
                      setting.widget(value=setting.to_field(stored.get(setting.key)), label=setting.label,
                                     info=setting.info, elem_id=f"model-{section}-{setting.key.replace('_', '-')}",
                                     **setting.options),
                      setting.to_draft)
-            for setting in SECTIONS[section]]
+            for setting in chosen]
 
 
-def field_values(draft: dict) -> list[Any]:
-    """The form's values for a draft, in SECTIONS order, then the run name."""
+SETTINGS_AT = {f"{section}.{setting.key}": setting for section, settings in SECTIONS.items() for setting in settings}
+
+
+def field_values(draft: dict, paths: list[str]) -> list[Any]:
+    """The form's values for a draft, for the fields at these config paths (in the order the tab added them)."""
     values = []
-    for section, settings in SECTIONS.items():
-        stored = draft.get(section) or {}
-        values += [setting.to_field(stored.get(setting.key)) for setting in settings]
-    return values + [draft.get("name", "")]
+    for path in paths:
+        if path == "name":
+            values.append(draft.get("name", ""))
+        else:
+            section, key = path.split(".", 1)
+            values.append(SETTINGS_AT[path].to_field((draft.get(section) or {}).get(key)))
+    return values
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -220,7 +268,7 @@ def hardware_markdown(info: HardwareInfo) -> str:
 
 # Which area of this tab shows a problem with a config section; problems of other tabs' sections are shown there
 # and named in the check, problems without a section only in the check.
-PROBLEM_AREAS = ("model", "hardware", "lora", "grpo", "training", "scaleout", "name")
+PROBLEM_AREAS = ("model", "hardware", "lora", "grpo", "advanced", "training", "scaleout", "name")
 AREA_OF_SECTION = {"model": "model", "hardware": "hardware", "lora": "lora", "grpo": "grpo", "training": "training",
                    "logging": "training", "distributed": "scaleout", "generation": "scaleout", "name": "name"}
 
@@ -271,7 +319,8 @@ def write_config_file(downloads: Path, draft: dict, yaml_text: str) -> Path:
 def placed(problem: Problem) -> tuple[str, dict[str, str]]:
     """(the check's sentence, {area: message}) for a problem: next to its fields, and in the check with the tab
     it is on when that is another tab."""
-    area = AREA_OF_SECTION.get(problem.section or "")
+    setting = SETTINGS_AT.get(problem.path or "")
+    area = "advanced" if setting is not None and setting.advanced else AREA_OF_SECTION.get(problem.section or "")
     return message(problem.seen_from(TAB_TITLE), "error"), ({area: message(problem.text, "error")} if area else {})
 
 
@@ -400,6 +449,13 @@ def build(shared: Shared) -> Callable[[], None]:
                     widgets("logging", initial, form)
                 areas[section] = problem_area(section)
 
+    with gr.Accordion("Advanced GRPO: TRL's variants (DAPO, GSPO, GDPO, …)", open=False, elem_id="model-advanced"):
+        gr.Markdown(ADVANCED_HELP)
+        for first in range(0, sum(setting.advanced for setting in SECTIONS["grpo"]), ADVANCED_PER_ROW):
+            with gr.Row():
+                widgets("grpo", initial, form, advanced=True, part=slice(first, first + ADVANCED_PER_ROW))
+    areas["advanced"] = problem_area("advanced")  # outside, so a problem shows while the accordion is closed
+
     with gr.Accordion("Scale out: several GPUs or a cluster", open=False):
         gr.Markdown("Train this exact run on a multi-GPU machine or a SLURM cluster: the download is a folder with "
                     "the config, the data, the engine, an accelerate config, `launch.sh` and a SLURM template.")
@@ -432,7 +488,8 @@ def build(shared: Shared) -> Callable[[], None]:
         start = gr.Button("Start training", variant="primary", scale=1, elem_id="model-start", interactive=False)
     areas["name"] = problem_area("name")
     start_status = gr.Markdown(elem_id="model-start-status")
-    own_fields = [f.component for f in form.fields if f.path.split(".")[0] in (*SECTIONS, "name")]
+    own = [f for f in form.fields if f.path.split(".")[0] in (*SECTIONS, "name")]
+    own_fields, own_paths = [f.component for f in own], [f.path for f in own]
 
     continue_from.input(lambda folder: folder or gr.skip(), [continue_from], [model_id], api_visibility="private")
     continue_from.focus(lambda: gr.Dropdown(choices=finished_runs(studio)), None, [continue_from],
@@ -444,7 +501,7 @@ def build(shared: Shared) -> Callable[[], None]:
     presets.select(pick_preset, None, [model_id], api_visibility="private")
 
     def fill_fields(draft: dict):
-        return *field_values(draft), gr.Dropdown(choices=finished_runs(studio), value=None)
+        return *field_values(draft, own_paths), gr.Dropdown(choices=finished_runs(studio), value=None)
 
     shared.fills.append((fill_fields, [*own_fields, continue_from]))
 

@@ -434,8 +434,8 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
     yield (message(f"Generating {group_size} replies to row {row + 1} (temperature {config.grpo.temperature:g}, up "
                    f"to {config.grpo.max_new_tokens} tokens each)…", "info"), gr.skip(), "")
     try:
-        for group in generate_groups(model, tokenizer, rewards, examples, group_size, config.grpo.temperature,
-                                     config.grpo.max_new_tokens, should_stop=lambda: session in _cancelled_sessions):
+        for group in generate_groups(model, tokenizer, rewards, examples, config.grpo,
+                                     should_stop=lambda: session in _cancelled_sessions):
             groups.append(group)
             done = len(groups) == len(examples)
             progress = (f"Sampled {len(groups) * group_size} replies to {len(groups)} row(s) in "
