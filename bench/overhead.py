@@ -29,15 +29,21 @@ SIDES = {"plain": "plain TRL script", "dragon-none": "Dragon, speed-ups off",
 PAIRS = {"speedups-off": ("dragon-none", "plain"), "as-shipped": ("dragon", "plain-speedups")}  # (Dragon, plain)
 
 
-def dragon_steps(config: dict, workdir: Path, speedups: str) -> tuple[list[float], list[float]]:
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    subprocess.run([sys.executable, "-m", "dragon_ui", "train", str(path)], cwd=REPO, check=True,
-                   capture_output=True, text=True, env={**os.environ, "DRAGON_UI_SPEEDUPS": speedups})
-    (run,) = list(Path(config["runs_dir"]).iterdir())
+def run_steps(command: list[str], repo: Path, runs_dir: Path, speedups: str = "all") -> tuple[list[float], list[float]]:
+    """Step times and completion lengths of ``python -m dragon_ui COMMAND`` run with the code in ``repo``, which
+    trains one run into ``runs_dir``."""
+    subprocess.run([sys.executable, "-m", "dragon_ui", *command], cwd=repo, check=True, capture_output=True,
+                   text=True, env={**os.environ, "DRAGON_UI_SPEEDUPS": speedups, "PYTHONPATH": str(repo)})
+    (run,) = list(runs_dir.iterdir())
     rows = [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
     elapsed = [row["elapsed_s"] for row in rows]
     return [b - a for a, b in zip([0.0] + elapsed, elapsed)], [row["completion_len"] for row in rows]
+
+
+def dragon_steps(config: dict, workdir: Path, speedups: str) -> tuple[list[float], list[float]]:
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return run_steps(["train", str(path)], REPO, Path(config["runs_dir"]), speedups)
 
 
 def plain_steps(model_dir: str, prompts: Path, config: dict, steps: int, dtype: str, threads: int, workdir: Path,

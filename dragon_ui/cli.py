@@ -271,7 +271,8 @@ def _cmd_score(args) -> int:
     import yaml
 
     from .errors import ConfigError, first_line
-    from .config import GRPOSettings, ModelConfig
+    from .config import RunConfig
+    from .engine.reward_models import classifiers_on
     from .rewards import build_rewards, counts_tokens, parse_rewards, score_completion
 
     path = config_file(args.rewards, what="--rewards file")
@@ -283,18 +284,16 @@ def _cmd_score(args) -> int:
     if not isinstance(items, list):
         raise ConfigError(f"{path.name} must hold a list of rewards, or a run configuration with a `rewards:` list.")
     specs = parse_rewards(items)
-    sections = data if isinstance(data, dict) else {}
-    try:
-        grpo, model = GRPOSettings(**sections.get("grpo") or {}), ModelConfig(**sections.get("model") or {})
-    except TypeError as exc:
-        raise ConfigError(f"{path.name}: the grpo or model section is not valid ({exc}).") from None
+    # A whole config gives TRL's length and repetition rewards their tokenizer and length limit; a list of rewards
+    # counts with the default model's up to the default limit.
+    base = RunConfig.from_dict({**data, "rewards": items}) if isinstance(data, dict) else RunConfig(rewards=specs)
     tokenizer = None
-    if counts_tokens(specs):  # TRL's length and repetition rewards count with the starting model's tokenizer
+    if counts_tokens(specs):
         from .engine.models import load_tokenizer, resolve_model
 
-        tokenizer = load_tokenizer(resolve_model(model))
+        tokenizer = load_tokenizer(resolve_model(base.model))
     rewards = build_rewards(specs, base_dir=str(path.parent.resolve()), tokenizer=tokenizer,
-                            max_new_tokens=grpo.max_new_tokens)
+                            max_new_tokens=base.grpo.max_new_tokens, classifiers=classifiers_on("cpu"))
     result = score_completion(rewards, args.completion, reference=args.reference, prompt=args.prompt)
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     return 0

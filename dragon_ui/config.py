@@ -121,6 +121,22 @@ class GRPOSettings:
         _check_choice(f"{where}.scale_rewards", self.scale_rewards, SCALE_REWARDS)
         self._validate_variants(where)
 
+    def check_on_policy(self, backend: str, where: str = "grpo") -> None:
+        """Refuse clip and GSPO settings that cannot act: with one update per batch and transformers sampling, TRL
+        takes the log-probabilities the clip compares with from the very pass it trains, so every ratio is exactly 1
+        (vLLM sampling has its own log-probabilities, so there they act)."""
+        if self.num_iterations > 1 or backend != "transformers" or self.loss_type not in CLIPPED_LOSSES:
+            return
+        clip_settings = [name for name, value, default in (
+            ("epsilon", self.epsilon, GRPOSettings.epsilon), ("epsilon_high", self.epsilon_high, None)) if value != default]
+        if self.importance_sampling_level == "sequence" and self.loss_type == "grpo":
+            clip_settings.append("importance_sampling_level")
+        if clip_settings:
+            raise ConfigError(f"{where}.{clip_settings[0]} only changes training when each batch is trained on more "
+                              f"than once: with {where}.num_iterations 1 every probability ratio is exactly 1, so "
+                              "nothing is clipped (and GSPO's ratio equals GRPO's). Set "
+                              f"{where}.num_iterations to 2 or more, or leave it at TRL's default.")
+
     def changed_variants(self) -> dict[str, Any]:
         """The variants set away from TRL's defaults (what a model card lists), in field order."""
         defaults = GRPOSettings()
@@ -154,16 +170,10 @@ class GRPOSettings:
             raise ConfigError(f"{where}.importance_sampling_level sequence (GSPO) with {where}.loss_type "
                               f"{self.loss_type} adds up every token's share, which weighs each completion by its "
                               f"length instead of following GSPO; choose loss type grpo (GSPO's setup) or luspo.")
-        if self.num_iterations == 1 and self.loss_type in CLIPPED_LOSSES:
-            clip_settings = [name for name, value, default in (
-                ("epsilon", self.epsilon, 0.2), ("epsilon_high", self.epsilon_high, None)) if value != default]
-            if sequence and self.loss_type == "grpo":
-                clip_settings.append("importance_sampling_level")
-            if clip_settings:
-                raise ConfigError(f"{where}.{clip_settings[0]} only changes training when each batch is trained on "
-                                  f"more than once: with {where}.num_iterations 1 every probability ratio is exactly "
-                                  "1, so nothing is clipped (and GSPO's ratio equals GRPO's). Set "
-                                  f"{where}.num_iterations to 2 or more, or leave it at TRL's default.")
+        if self.epsilon != GRPOSettings.epsilon and self.loss_type not in CLIPPED_LOSSES:
+            how = "caps the ratio at epsilon_high alone" if self.loss_type == "cispo" else "weighs the ratio its own way"
+            raise ConfigError(f"{where}.epsilon is not used by {where}.loss_type {self.loss_type}, which {how}; "
+                              "leave it at TRL's default.")
         if self.multi_objective_aggregation == "normalize_then_sum" and self.scale_rewards != "group":
             raise ConfigError(f"{where}.scale_rewards {self.scale_rewards} is not used with "
                               f"{where}.multi_objective_aggregation normalize_then_sum, which normalises each reward in "
@@ -402,6 +412,7 @@ class RunConfig:
         self.hardware.validate()
         self.distributed.validate()
         self.generation.validate()
+        self.grpo.check_on_policy(self.generation.backend)
         self.logging.validate()
         _check_range("n_samples", self.n_samples, 0, 10_000, "held-out prompts kept as sample replies")
         if self.hardware.load_in_4bit and not self.lora.enabled:

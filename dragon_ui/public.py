@@ -16,6 +16,7 @@ from .errors import ConfigError
 
 PUBLIC_ENV = "DRAGON_UI_PUBLIC"
 MODELS_ENV = "DRAGON_UI_PUBLIC_MODELS"
+CLASSIFIERS_ENV = "DRAGON_UI_PUBLIC_CLASSIFIERS"
 OWNER_KEY_ENV = "DRAGON_UI_OWNER_KEY"
 LIFT = "run Dragon GRPO Studio on your own machine (make run)"  # how every refusal says a limit is lifted
 
@@ -80,6 +81,21 @@ class Limits:
 def extra_models() -> tuple[str, ...]:
     """The model ids the owner adds to the public allow-list (``DRAGON_UI_PUBLIC_MODELS``, comma-separated)."""
     return tuple(part.strip() for part in os.environ.get(MODELS_ENV, "").split(",") if part.strip())
+
+
+def offered_classifiers() -> tuple[str, ...]:
+    """The classifier models a public demo's classifier rewards may use (``DRAGON_UI_PUBLIC_CLASSIFIERS``,
+    comma-separated; none unless the owner lists some: each is a download and memory for every visitor)."""
+    return tuple(part.strip() for part in os.environ.get(CLASSIFIERS_ENV, "").split(",") if part.strip())
+
+
+def classifier_refusal(model_id: str) -> str | None:
+    """Why a public demo refuses this classifier model, or None when it offers it (or is not public)."""
+    if not is_public_demo() or model_id.strip() in offered_classifiers():
+        return None
+    offered = f"choose one of {', '.join(offered_classifiers())}" if offered_classifiers() else "it offers none"
+    return (f"{model_id.strip()!r} is not offered as a classifier in this public demo; {offered} ({LIFT} to use "
+            f"any classifier, or add it to {CLASSIFIERS_ENV}).")
 
 
 def owner_key() -> str:

@@ -59,6 +59,23 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="session")
+def classifier_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """A random two-label classifier (NEGATIVE, POSITIVE) that reads the tiny model's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    folder = tmp_path_factory.mktemp("tiny-classifier")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(1)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                        id2label={0: "NEGATIVE", 1: "POSITIVE"}, label2id={"NEGATIVE": 0, "POSITIVE": 1})
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def write_arithmetic_csv(path: Path, rows: int = 30, seed: int = 0) -> Path:
     rng = random.Random(seed)
     with open(path, "w", newline="", encoding="utf-8") as fh:

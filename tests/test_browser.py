@@ -437,6 +437,22 @@ def test_one_of_trls_rewards_is_added_and_tried_in_the_playground(page, studio, 
     screenshot(page, screenshots, "rewards-trl")
 
 
+def test_a_classifier_reward_is_added_and_scores_a_typed_reply(page, studio, classifier_dir):
+    wait_until_loaded(page)
+    open_tab(page, "rewards")
+    choose(page, "#rewards-selected", "➕ New reward")
+    choose(page, "#rewards-kind", "classifier")
+    expect(page.locator("#rewards-settings-max-tokens")).to_be_hidden()
+    type_into(page, "#rewards-settings-model textarea", str(classifier_dir))
+    type_into(page, "#rewards-settings-label textarea", "POSITIVE")
+    page.locator("#rewards-add").click()
+    expect(page.locator("#rewards-table")).to_contain_text("says POSITIVE (its probability)")
+    page.locator("#rewards-completion textarea").fill("The answer is 42")
+    page.locator("#rewards-score").click()
+    row = page.locator("#rewards-scores").get_by_role("row", name=re.compile(r"^classifier 1 0\.\d+"))
+    expect(row).to_be_visible()
+
+
 def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, studio):
     wait_until_loaded(page)
     open_tab(page, "rewards")

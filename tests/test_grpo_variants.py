@@ -48,12 +48,33 @@ def test_each_variant_defaults_to_trls_own_default(name):
                                                                      "than once"),
     ({"epsilon_high": 0.28}, r"grpo.epsilon_high only changes training when each batch is trained on more than once"),
     ({"epsilon": 0.1, "loss_type": "grpo"}, r"grpo.epsilon only changes training"),
+    ({"epsilon": 0.1, "loss_type": "sapo", "num_iterations": 2}, "epsilon is not used by grpo.loss_type sapo"),
+    ({"epsilon": 0.1, "loss_type": "cispo", "num_iterations": 2}, "cispo, which caps the ratio at epsilon_high"),
     ({"multi_objective_aggregation": "normalize_then_sum", "scale_rewards": "batch"},
      "scale_rewards batch is not used with grpo.multi_objective_aggregation normalize_then_sum"),
 ])
 def test_out_of_range_and_nonsense_settings_are_refused_with_the_field_named(settings, problem):
     with pytest.raises(ConfigError, match=problem):
-        GRPOSettings(**settings).validate()
+        checked(GRPOSettings(**settings))
+
+
+def checked(grpo: GRPOSettings, backend: str = "transformers") -> None:
+    """The checks a run's config makes on its GRPO settings."""
+    grpo.validate()
+    grpo.check_on_policy(backend)
+
+
+@pytest.mark.parametrize("backend", ["vllm-colocate", "vllm-server"])
+def test_with_vllm_one_update_per_batch_still_clips(backend):
+    """vLLM's samples come with their own log-probabilities, so TRL's DAPO setup (clip-higher, one update) acts."""
+    checked(GRPOSettings(epsilon_high=0.28), backend)
+    checked(GRPOSettings(importance_sampling_level="sequence", loss_type="grpo"), backend)
+
+
+def test_the_config_checks_the_clip_against_its_generation_backend(tiny_config_dict):
+    tiny_config_dict["grpo"]["epsilon_high"] = 0.28
+    with pytest.raises(ConfigError, match="only changes training when each batch is trained on more than once"):
+        RunConfig.from_dict(tiny_config_dict).validate()
 
 
 @pytest.mark.parametrize("settings", [
@@ -69,7 +90,7 @@ def test_out_of_range_and_nonsense_settings_are_refused_with_the_field_named(set
     {"num_iterations": 4, "beta": 0.0},  # several updates without a reference model: the clip bounds them
 ])
 def test_the_published_setups_are_accepted(settings):
-    GRPOSettings(**settings).validate()
+    checked(GRPOSettings(**settings))
 
 
 def test_every_variant_reaches_trls_config(tiny_config_dict, tmp_path):

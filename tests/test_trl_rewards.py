@@ -117,6 +117,8 @@ def test_a_length_limit_comes_from_the_reward_or_the_run():
     ({"kind": "overlong", "max_tokens": 10, "buffer_tokens": 11}, r"buffer_tokens \(11\) is larger than .*max_tokens"),
     ({"kind": "overlong", "max_tokens": 0}, "whole number of tokens from 1 to 32768"),
     ({"kind": "cosine_length", "max_tokens": 1e300}, "whole number of tokens from 1 to 32768"),
+    ({"kind": "overlong", "max_tokens": 10**400}, "must be a number"),
+    ({"kind": "repetition", "ngram_size": -10**400}, "must be a number"),
     ({"kind": "overlong", "max_tokens": 2.5}, "whole number of tokens"),
     ({"kind": "overlong", "buffer_tokens": "many"}, "must be a number"),
     ({"kind": "repetition", "ngram_size": 0}, "from 1 to"),
@@ -160,6 +162,29 @@ def test_a_penalty_that_stays_at_zero_is_not_a_reward_that_never_pays():
     rows = [{"step": step, "reward_numeric": 0.0, "reward_no_repeats": 0.0} for step in range(1, 9)]
     flat = {alert.key for alert in health_alerts(rows, {}, config) if alert.kind == "reward_flat"}
     assert flat == {"reward_numeric"}
+
+
+def test_trls_math_verify_calls_get_the_workers_time_limits(monkeypatch):
+    """TRL's accuracy_reward would give math-verify up to 25 s a reply; in the worker each call gets CHECK_S, so a
+    cosine_length check ends within the time a reply may hold the shared worker."""
+    import trl.rewards.accuracy_rewards as accuracy
+
+    from dragon_ui.rewards import math_answers
+
+    seen = []
+    monkeypatch.setattr(accuracy, "parse", lambda text, parsing_timeout=None, **_: seen.append(parsing_timeout) or [1])
+    monkeypatch.setattr(accuracy, "verify", lambda gold, answer, timeout_seconds=None: seen.append(timeout_seconds) or 1)
+    monkeypatch.setattr(accuracy, "limited_by_dragon", False, raising=False)
+    math_answers._limit_trls_math_verify()
+    accuracy.accuracy_reward([[{"content": "\\boxed{1}"}]], ["1"])
+    assert seen == [math_answers.CHECK_S] * 3 and 3 * math_answers.CHECK_S < math_answers.LIMIT_S
+
+
+def test_the_command_line_scores_a_recipe_by_name(capsys):
+    from dragon_ui.cli import main
+
+    assert main(["score", "--rewards", "arithmetic", "--completion", "42"]) == 0
+    assert json.loads(capsys.readouterr().out)["scores"]["length"] == 1.0
 
 
 def test_the_command_line_scores_with_the_configs_model(tiny_config_dict, tmp_path, capsys):

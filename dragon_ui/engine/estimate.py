@@ -171,10 +171,12 @@ class MemoryEstimate:
     activations_gb: float  # training forward/backward for one micro-batch
     generation_gb: float  # KV cache while sampling the completions
     overhead_gb: float
+    reward_models_gb: float = 0.0  # the classifier rewards' models, in fp32
 
     @property
     def total_gb(self) -> float:
-        return self.weights_gb + self.trainable_gb + max(self.activations_gb, self.generation_gb) + self.overhead_gb
+        return (self.weights_gb + self.trainable_gb + max(self.activations_gb, self.generation_gb) + self.overhead_gb
+                + self.reward_models_gb)
 
 
 def weights_bytes(dims: ModelDims, value: int, load_in_4bit: bool) -> float:
@@ -214,7 +216,19 @@ def estimate_memory(config: RunConfig, dims: ModelDims, dtype: str, load_in_4bit
     generation_batch = micro_batch * config.training.grad_accum  # TRL samples every micro-batch of a step at once
     kv_cache = generation_batch * tokens * dims.num_layers * 2 * dims.kv_width * value
     generation = kv_cache + generation_batch * dims.vocab_size * 4 * 2
-    return MemoryEstimate(weights / GB, trainable / GB, activations / GB, generation / GB, RUNTIME_OVERHEAD_GB[device])
+    return MemoryEstimate(weights / GB, trainable / GB, activations / GB, generation / GB, RUNTIME_OVERHEAD_GB[device],
+                          classifier_memory(config)[0])
+
+
+def classifier_memory(config: RunConfig) -> tuple[float, list[str]]:
+    """GB of the classifier rewards' models (each loaded once, in fp32), and the models whose size is unknown."""
+    gigabytes, unknown = 0.0, []
+    for model in dict.fromkeys(spec.model for spec in config.rewards if spec.kind == "classifier"):
+        try:
+            gigabytes += model_dims(model)[0].params * BYTES_PER_VALUE["float32"] / GB
+        except ConfigError:
+            unknown.append(model)
+    return gigabytes, unknown
 
 
 PREVIEW_REPLIES, PREVIEW_TOKENS = 16, 512  # the Compare tab's generation batch, and a generous reply with its prompt
@@ -380,7 +394,8 @@ class Estimate:
             f"assuming prompts of ~{self.prompt_tokens} tokens and completions that use every new token:",
             f"- **Memory ≈ {m.total_gb:.1f} GB**: weights {m.weights_gb:.2f} GB, trainable + optimizer "
             f"{m.trainable_gb:.2f} GB, activations {max(m.activations_gb, m.generation_gb):.2f} GB, "
-            f"runtime {m.overhead_gb:.1f} GB",
+            f"runtime {m.overhead_gb:.1f} GB" + (f", reward models {m.reward_models_gb:.2f} GB" if m.reward_models_gb
+                                                  else ""),
             f"- **Time per step ≈ {format_seconds(s.total_s)}**: generation {format_seconds(s.generation_s)}, "
             f"forward + backward {format_seconds(s.training_s)}{reference} ({self.speed.description})",
         ]
@@ -405,6 +420,8 @@ def estimate_run(config: RunConfig, hardware: ResolvedHardware, info: HardwareIn
     step = estimate_step_time(config, dims, speed, hardware.dtype, hardware.load_in_4bit, prompt_tokens)
     result = Estimate(config.model.id, dims.params, source, hardware.device, memory, step, speed,
                       config.training.max_steps, available_memory_gb(hardware, info), prompt_tokens)
+    result.notes += [f"The size of the classifier {model} is not known here, so its memory is not counted."
+                     for model in classifier_memory(config)[1]]
     if config.generation.backend != "transformers":
         result.notes.append("vLLM generation is usually several times faster than the generation time assumed here.")
     return result

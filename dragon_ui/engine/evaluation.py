@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from ..config import ModelConfig, RunConfig
 from ..data import prompt_text, read_jsonl
 from ..errors import ConfigError, Stopped
-from ..rewards import Reward, build_rewards, score_completion
+from ..rewards import Reward, build_rewards, score_completions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
+from .reward_models import classifiers_on
 from .weights import TrainedWeights, trained_weights
 
 log = logging.getLogger(__name__)
@@ -96,13 +97,9 @@ def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward]
 def score_replies(examples: list[dict], replies: list[str], rewards: list[Reward], seconds: float) -> EvalResult:
     """Score one reply per held-out example with every reward (also used by evaluate_now, which generates batch
     by batch to report progress)."""
-    totals, scores = [], []
-    for example, reply in zip(examples, replies):
-        result = score_completion(rewards, reply, reference=example.get("reference") or None,
-                                  prompt=prompt_text(example), row=json.loads(example.get("row") or "{}"))
-        totals.append(result.total)
-        scores.append(result.scores)
-    return scored(replies, totals, scores, rewards, seconds)
+    results = score_completions(rewards, list(replies), [ex.get("reference") or None for ex in examples],
+                                [prompt_text(ex) for ex in examples], [json.loads(ex.get("row") or "{}") for ex in examples])
+    return scored(replies, [r.total for r in results], [r.scores for r in results], rewards, seconds)
 
 
 def scored(replies: list[str], totals: list[float], scores: list[dict[str, float]], rewards: list[Reward],
@@ -261,7 +258,8 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
                 return
             with model_for(load, config, weights, side) as (model, tokenizer):
                 rewards = rewards or build_rewards(config.rewards, base_dir=config.base_dir or None,
-                                                   tokenizer=tokenizer, max_new_tokens=config.grpo.max_new_tokens)
+                                                   tokenizer=tokenizer, max_new_tokens=config.grpo.max_new_tokens,
+                                                   classifiers=classifiers_on(str(model.device)))
                 replies += generate_replies(model, tokenizer, [ex["prompt"] for ex in examples[start:start + EVAL_BATCH]],
                                             config.grpo.max_new_tokens, batch_size=EVAL_BATCH)
             model_name = "starting model" if side == "before" else f"trained model ({weights.label})"

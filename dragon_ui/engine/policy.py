@@ -73,6 +73,10 @@ def check_run(config: RunConfig, reads_data: bool = True) -> None:
     if config.hardware.cpu_threads is not None and config.hardware.cpu_threads > cores:
         raise PublicDemoRefusal(f"hardware.cpu_threads must be at most {cores} in this public demo, the cores of "
                                 f"this machine; got {config.hardware.cpu_threads} (empty picks the best number).")
+    classifiers = {spec.model.strip() for spec in config.rewards if spec.kind == "classifier"}
+    if len(classifiers) > 1:
+        raise PublicDemoRefusal(f"The rewards use {len(classifiers)} classifier models; a run in this public demo may "
+                                f"use one (each takes memory from every visitor; {LIFT} to use more).")
     if config.generation.backend == "vllm-server":
         raise PublicDemoRefusal("generation.backend vllm-server is turned off in this public demo: it would send "
                                 f"requests from the server to an address you choose ({LIFT} to use a vLLM server).")

@@ -24,6 +24,7 @@ from transformers import PrinterCallback, TrainerCallback
 
 from .. import speedups
 from ..config import GRPO_VARIANTS, RunConfig
+from .reward_models import check_labels, classifiers_on
 from ..data import MappedData, load_and_map, read_jsonl, write_jsonl
 from ..errors import BusyError, ConfigError, DragonError, Stopped, describe
 from ..public import Limits, is_public_demo, visitor
@@ -131,6 +132,9 @@ def inspect(config: RunConfig) -> Inspection:
         raise ConfigError(f"Only {len(mapped.train)} training prompts{held_out}, fewer than training.batch_size "
                           f"({config.training.batch_size}); add rows or lower the batch size.")
     build_rewards(config.rewards, base_dir=config.base_dir or None, max_new_tokens=config.grpo.max_new_tokens)
+    for index, spec in enumerate(config.rewards):
+        if spec.kind == "classifier":
+            check_labels(spec, f"rewards[{index}]")
     trackers.check(config.logging)
     return Inspection(mapped, prompts, hardware)
 
@@ -280,7 +284,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     log.info("Model: %s", source.label)
     tokenizer = load_tokenizer(source)
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, training=True, tokenizer=tokenizer,
-                            max_new_tokens=config.grpo.max_new_tokens)
+                            max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(hardware.device))
     model = load_model(source, hardware, dtype=hardware.weights_dtype(config.lora.enabled),
                        placement=BY_LAUNCHER if sharded else ON_DEVICE)
 

@@ -11,7 +11,7 @@ TRL wrappers all score through :func:`score_completion` / :func:`safe_score`, an
 from ..errors import RewardError
 from .builtin import FORMAT_PRESETS, Reward
 from .scoring import (RewardFailures, ScoreResult, build_rewards, completion_text, counts_tokens, last_user_text,
-                      safe_score, score_completion, trl_reward_functions)
+                      safe_score, score_completion, score_completions, trl_reward_functions)
 from .spec import (PENALTY_KINDS, REWARD_KINDS, RewardSpec, kind_fields, parse_rewards, public_demo_refusal,
                    reward_rule)
 from .text import EXTRACT_MODES, extract_answer
@@ -19,4 +19,4 @@ from .text import EXTRACT_MODES, extract_answer
 __all__ = ["EXTRACT_MODES", "FORMAT_PRESETS", "PENALTY_KINDS", "REWARD_KINDS", "Reward", "RewardError",
            "RewardFailures", "RewardSpec", "ScoreResult", "build_rewards", "completion_text", "counts_tokens",
            "extract_answer", "kind_fields", "last_user_text", "parse_rewards", "public_demo_refusal", "reward_rule",
-           "safe_score", "score_completion", "trl_reward_functions"]
+           "safe_score", "score_completion", "score_completions", "trl_reward_functions"]

@@ -38,6 +38,12 @@ class Reward:
     def __call__(self, prompt: str, completion: str, reference: str | None, row: dict) -> float:
         return _as_score(self._scorer(prompt, completion, reference, row))
 
+    def prepare(self, completions: list[str]) -> None:
+        """Score a batch of replies ahead of the calls for each, where the scorer does that faster (a classifier)."""
+        prepare = getattr(self._scorer, "prepare", None)
+        if prepare is not None:
+            prepare(completions)
+
     def __repr__(self) -> str:
         return f"Reward({self.name!r}, kind={self.spec.kind!r}, weight={self.weight:g})"
 

@@ -27,7 +27,8 @@ from .text import extract_answer, require_reference
 
 LIMIT_S = 10.0  # one reply: waiting for the worker (playground) and its answer, each at most this long
 START_S = 60.0  # a worker's start (Python, sympy, math-verify's parser) on a busy machine
-CHECK_S = 3  # math-verify's own limit on parsing one text and on one comparison, inside the worker
+CHECK_S = 3  # math-verify's own limit on parsing one text and on one comparison, inside the worker: two parses and
+# a comparison, the most a check makes, stay within LIMIT_S
 MEMORY_BYTES = 2 * 2**30  # the worker's address space: Python, sympy and the parsed expressions
 DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
 READY = "ready"
@@ -56,14 +57,28 @@ def check(reference: str, answer: str, whole_reply: bool) -> bool:
 
 def cosine_length(reference: str, reply: str, token_count: int, max_tokens: int) -> float:
     """TRL's cosine-scaled reward of one reply, in this process (the worker's main thread, where the math-verify calls
-    of TRL's ``accuracy_reward`` inside it keep their time limits); only the reply's length in tokens matters."""
+    of TRL's ``accuracy_reward`` inside it keep time limits); only the reply's length in tokens matters."""
     from trl.rewards import get_cosine_scaled_reward
 
+    _limit_trls_math_verify()
     score = get_cosine_scaled_reward(max_len=max_tokens)([[{"role": "assistant", "content": reply}]],
                                                          [_as_latex(reference)], [[0] * token_count])[0]
     if score is None:
         raise RewardError(f"math-verify cannot read the reference answer {reference[:60]!r}")
     return score
+
+
+def _limit_trls_math_verify() -> None:
+    """TRL's accuracy_reward gives math-verify 10 s for each of its two parses and 5 s to compare, 25 s in all, more
+    than a reply may hold this shared worker (LIMIT_S); in this worker process its calls get CHECK_S each instead."""
+    import trl.rewards.accuracy_rewards as accuracy
+
+    if getattr(accuracy, "limited_by_dragon", False):
+        return
+    parse, verify = accuracy.parse, accuracy.verify
+    accuracy.parse = lambda *args, parsing_timeout=None, **kwargs: parse(*args, parsing_timeout=CHECK_S, **kwargs)
+    accuracy.verify = lambda *args, timeout_seconds=None, **kwargs: verify(*args, timeout_seconds=CHECK_S, **kwargs)
+    accuracy.limited_by_dragon = True
 
 
 CHECKS = {"verify": check, "cosine_length": cosine_length}

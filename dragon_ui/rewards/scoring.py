@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError, one_line
 from ..public import is_public_demo
+from .classifier import Classifiers, ClassifierScorer
 from .math_answers import PREVIEWS, TRAINING, math_scorer
 from .builtin import BUILTIN_SCORERS, Reward, regex_scorer
 from .programs import command_scorer, load_custom_function
@@ -22,11 +23,12 @@ def counts_tokens(specs: list[RewardSpec]) -> bool:
 
 
 def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training: bool = False, tokenizer=None,
-                  max_new_tokens: int | None = None) -> list[Reward]:
+                  max_new_tokens: int | None = None, classifiers: Classifiers | None = None) -> list[Reward]:
     """Turn validated specs into callables; base_dir resolves relative custom files and is the commands' folder.
     ``training``: the rewards of a training run, whose math checks have a worker of their own, so that what visitors
     try in the playground never waits in front of a run. ``tokenizer`` counts tokens for TRL's length and repetition
-    kinds, whose length limit is ``max_new_tokens`` unless they set their own.
+    kinds, whose length limit is ``max_new_tokens`` unless they set their own. ``classifiers`` loads the models of
+    classifier rewards (the engine's, on the run's device); without it they fail on each reply, saying so.
 
     The public-demo refusal is checked again here because this is where code actually gets loaded.
     """
@@ -43,6 +45,8 @@ def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training
             scorer = regex_scorer(spec, where)
         elif spec.kind == "math":
             scorer = math_scorer(spec, TRAINING if training else PREVIEWS)
+        elif spec.kind == "classifier":
+            scorer = ClassifierScorer(spec, classifiers, where)
         elif spec.kind in TRL_KINDS:
             scorer = trl_scorer(spec, where, tokenizer, max_new_tokens, TRAINING if training else PREVIEWS)
         elif spec.kind in BUILTIN_SCORERS:
@@ -111,6 +115,24 @@ def safe_score(reward: Reward, prompt, completion, reference, row,
         if failures is not None:
             failures.record(reward.name, message)
         return 0.0, message
+
+
+def prepare(reward: Reward, completions: list[str]) -> None:
+    """Let a reward that scores faster in batches (a classifier) score these replies at once; if that fails, each
+    reply is scored (and fails, counted) on its own."""
+    try:
+        reward.prepare(completions)
+    except (Exception, SystemExit):
+        pass
+
+
+def score_completions(rewards: list[Reward], completions: list[str], references: list[str | None],
+                      prompts: list[str], rows: list[dict]) -> list[ScoreResult]:
+    """Score several replies, each as :func:`score_completion` does, letting batch scorers see them all first."""
+    for reward in rewards:
+        prepare(reward, completions)
+    return [score_completion(rewards, completion, reference, prompt, row)
+            for completion, reference, prompt, row in zip(completions, references, prompts, rows, strict=True)]
 
 
 def score_completion(rewards: list[Reward], completion: str, reference: str | None = None, prompt: str = "",
@@ -182,6 +204,7 @@ def _trl_function(reward: Reward, failures: RewardFailures, on_batch) -> Callabl
         parsed: dict[str, dict] = {}  # each row repeats once per generation; parse it once
         scores: list[float] = []
         failed = 0
+        prepare(reward, [completion_text(completion) for completion in completions])
         for prompt, completion, reference, row in zip(prompts, completions, references, rows, strict=True):
             if isinstance(row, str):
                 if row not in parsed:

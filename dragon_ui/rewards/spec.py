@@ -11,14 +11,14 @@ from dataclasses import dataclass, fields
 
 
 from ..errors import ConfigError, check_length
-from ..public import LIFT, is_public_demo
+from ..public import LIFT, classifier_refusal, is_public_demo
 from .builtin import FORMAT_PRESETS, compile_pattern
 from .programs import load_custom_function
 from .text import EXTRACT_MODES
 
 REWARD_KINDS: tuple[str, ...] = (
     "exact", "contains", "numeric", "math", "regex", "json", "length", "keyword", "format", "think_format", "overlong",
-    "repetition", "cosine_length", "command", "custom",
+    "repetition", "cosine_length", "classifier", "command", "custom",
 )
 # TRL's own reward functions (trl.rewards), scored with our weight, failure counting and playground around them.
 TRL_KINDS = ("think_format", "overlong", "repetition", "cosine_length")
@@ -43,6 +43,7 @@ _KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "overlong": ("max_tokens", "buffer_tokens"),
     "repetition": ("ngram_size",),
     "cosine_length": ("max_tokens",),
+    "classifier": ("model", "label", "output"),
     "command": ("argv", "input", "score_from", "min_score", "max_score", "timeout"),
     "custom": ("code", "file", "function"),
 }
@@ -88,6 +89,9 @@ class RewardSpec:
     max_tokens: int | None = None
     buffer_tokens: int | None = None
     ngram_size: int = 3
+    model: str | None = None
+    label: str | None = None
+    output: str = "probability"
     argv: list[str] | None = None
     input: str = "stdin"
     score_from: str = "exit_code"
@@ -168,6 +172,8 @@ def reward_rule(spec: RewardSpec) -> str:
                       "repetition penalty)",
         "cosine_length": "a correct answer (math-verify), more when short; a wrong one loses less when long "
                          f"(TRL's cosine-scaled reward over {_tokens(spec.max_tokens)})",
+        "classifier": f"{spec.model} says {spec.label}" + (" (its logit)" if spec.output == "logit" else
+                                                           " (its probability)"),
         "command": f"the command `{' '.join(spec.argv or [])}` passes on the reply",
         "custom": f"the Python function `{spec.function}` scores it",
     }
@@ -179,7 +185,7 @@ def _tokens(count: int | None) -> str:
 
 
 # The longest a text setting may be (any client can send megabytes); list settings: each item, and how many.
-_LONGEST = {"code": 100_000, "file": 1000, "pattern": 1000, "argv": 4000}
+_LONGEST = {"code": 100_000, "file": 1000, "pattern": 1000, "argv": 4000, "model": 1000}
 _LONGEST_ITEM, _MOST_ITEMS, MOST_REWARDS = 200, 100, 20
 MOST_NGRAM, MOST_TOKENS = 32, 32768  # MOST_TOKENS: the largest grpo.max_new_tokens
 
@@ -207,7 +213,7 @@ def _as_float(value, label: str) -> float:
         raise ConfigError(f"{label} must be a number, not {value!r}.")
     try:
         number = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an integer beyond any float (10**400)
         raise ConfigError(f"{label} must be a number, not {value!r}.") from None
     if not math.isfinite(number):
         raise ConfigError(f"{label} must be a finite number, not {value!r}.")
@@ -249,6 +255,13 @@ def _ngram_size(value, label: str) -> int:
     if number > MOST_NGRAM:
         raise ConfigError(f"{label} must be at most {MOST_NGRAM} tokens; repeats of longer sequences are rare.")
     return number
+
+
+def _as_label(value, label: str) -> str:
+    """A label name, or its index (a whole number, also typed as text)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    return _as_text(value, label).strip()
 
 
 def _as_bool(value, label: str) -> bool:
@@ -342,6 +355,9 @@ _PARSERS: dict[str, Callable[[object, str], object]] = {
     "max_tokens": _token_count,
     "buffer_tokens": _token_count,
     "ngram_size": _ngram_size,
+    "model": _as_text,
+    "label": _as_label,
+    "output": _choice("probability", "logit"),
     "argv": _as_argv,
     "input": _choice("stdin", "file"),
     "score_from": _choice("exit_code", "stdout"),
@@ -379,6 +395,14 @@ def _check_kind(spec: RewardSpec, where: str) -> None:
             and spec.buffer_tokens > spec.max_tokens:
         raise ConfigError(f"{where}.buffer_tokens ({spec.buffer_tokens}) is larger than {where}.max_tokens "
                           f"({spec.max_tokens}); the penalty starts that many tokens before the limit.")
+    elif kind == "classifier":
+        for needed, what in (("model", "a sequence-classification model (a Hub id or a folder)"),
+                             ("label", "the label to score, by name (POSITIVE) or index (1)")):
+            if getattr(spec, needed) is None:
+                raise ConfigError(f"{where}.{needed} is missing; a classifier reward needs {what}.")
+        refusal = classifier_refusal(spec.model)
+        if refusal is not None:
+            raise ConfigError(f"{where}.model {refusal}")
     elif kind == "command":
         if spec.argv is None:
             raise ConfigError(f"{where}.argv is missing; a command reward needs the program to run.")

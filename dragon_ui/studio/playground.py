@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from ..config import GRPOSettings, ModelConfig
+from ..engine.reward_models import classifiers_on
 from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locate, map_rows, prompt_text, read_table,
                    rows_to_read)
 from ..errors import ConfigError, DragonError, first_line
-from ..rewards import Reward, ScoreResult, build_rewards, counts_tokens, parse_rewards, score_completion
+from ..rewards import (Reward, ScoreResult, build_rewards, counts_tokens, parse_rewards, score_completion,
+                       score_completions)
 from ..tables import Table
 
 PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
@@ -302,11 +304,13 @@ def draft_tokenizer(draft: dict) -> tuple[object | None, str]:
     if not isinstance(model, dict) or not isinstance(model.get("id"), str) or not model["id"].strip():
         return None, ("Shown as plain system:/user: text, with lengths in words, because no starting model is "
                       "chosen yet.")
+    revision = model.get("revision")
+    if revision is not None and not isinstance(revision, str):
+        return None, "Shown as plain system:/user: text, with lengths in words: model.revision must be text."
+    config = ModelConfig(id=model["id"], revision=revision or None, trust_remote_code=model.get("trust_remote_code") is True)
     try:
-        config = ModelConfig(id=model["id"], revision=model.get("revision"),
-                             trust_remote_code=bool(model.get("trust_remote_code")))
         config.validate()
-    except (ConfigError, TypeError) as exc:
+    except ConfigError as exc:
         return None, f"Shown as plain system:/user: text, with lengths in words: {first_line(exc)}"
     return preview_tokenizer(config)
 
@@ -322,9 +326,13 @@ def data_config(draft: dict) -> DataConfig:
 # --------------------------------------------------------------------------------------------- reward playground
 
 
+PLAYGROUND_DEVICE = "cpu"  # a typed reply's classifier rewards: one reply needs no GPU, and a training may hold it
+
+
 def playground_rewards(draft: dict) -> list[Reward]:
     """The draft's rewards, validated and built as a run builds them; TRL's length and repetition rewards count with
-    the starting model's tokenizer (loaded only for them) up to the draft's max new tokens."""
+    the starting model's tokenizer (loaded only for them) up to the draft's max new tokens; classifiers are loaded
+    (once) on the CPU."""
     specs = parse_rewards(draft.get("rewards") or [])
     tokenizer = draft_tokenizer(draft)[0] if counts_tokens(specs) else None
     try:
@@ -334,7 +342,7 @@ def playground_rewards(draft: dict) -> list[Reward]:
     except (ConfigError, TypeError):  # a half-typed Model tab: a reward that needs it says so
         max_new_tokens = None
     return build_rewards(specs, base_dir=draft.get("base_dir") or None, tokenizer=tokenizer,
-                         max_new_tokens=max_new_tokens)
+                         max_new_tokens=max_new_tokens, classifiers=classifiers_on(PLAYGROUND_DEVICE))
 
 
 def score_example(rewards: list[Reward], example: dict, completion: str) -> ScoreResult:
@@ -369,7 +377,9 @@ def score_group(rewards: list[Reward], example: dict, completions: list[str]) ->
 
     The standard deviation is the sample one (n - 1), as TRL computes it per group.
     """
-    results = [score_example(rewards, example, completion) for completion in completions]
+    count = len(completions)
+    results = score_completions(rewards, list(completions), [example.get("reference") or None] * count,
+                                [prompt_text(example)] * count, [json.loads(example.get("row") or "{}")] * count)
     totals = [result.total for result in results]
     mean = statistics.fmean(totals) if totals else 0.0
     std = statistics.stdev(totals) if len(totals) > 1 else 0.0

@@ -29,6 +29,7 @@ from ..studio.playground import (PREVIEW_ROWS, GroupScores, data_config, generat
                                  score_example)
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, build_rewards, kind_fields,
                        parse_rewards, public_demo_refusal, reward_rule)
+from ..engine.reward_models import classifiers_on
 from ..studio.backend import Studio
 from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, shows_errors
 
@@ -68,6 +69,8 @@ KIND_HELP = {
                   "repeats itself; it only takes away.",
     "cosine_length": "TRL's cosine-scaled reward: a correct answer (math-verify, in \\boxed{} or $…$) earns 1 when "
                      "short down to 0.5 at the length limit; a wrong one -1 when short, -0.5 when long.",
+    "classifier": "A classifier model reads each reply and the score is one label's probability (or logit), e.g. "
+                  "POSITIVE of a sentiment model. It is loaded once and scores replies in batches.",
     "command": "Runs a program for each reply; the score comes from its exit code or the last number it prints.",
     "custom": "Your own Python function reward(prompt, completion, reference, row) that returns a number.",
 }
@@ -101,7 +104,7 @@ def form_values(spec: dict) -> list:
             value = shlex.join(value) if isinstance(value, list) else (value or "")
         elif setting == "code":  # a starting point for a new custom reward, unless it reads a file instead
             value = value or ("" if spec.get("file") else STARTER_CODE)
-        elif value is None and setting in ("pattern", "file"):
+        elif value is None and setting in ("pattern", "file", "model", "label"):
             value = ""
         values.append(value)
     return values
@@ -426,7 +429,7 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.inference_model(config.model, settings=config.hardware)
         rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, tokenizer=tokenizer,
-                                max_new_tokens=config.grpo.max_new_tokens)
+                                max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(str(model.device)))
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
         return
@@ -480,6 +483,11 @@ def _setting_components(shown: set[str]) -> list:
                                    info="Empty: the last fifth of the limit, as in DAPO."),
         "ngram_size": gr.Number(DEFAULTS["ngram_size"], precision=0, label="Repeated sequences of this many tokens",
                                 info="3 by default: the same three tokens in a row again."),
+        "model": gr.Textbox(label="Classifier model", info="A sequence-classification model: a Hub id (e.g. "
+                            "distilbert/distilbert-base-uncased-finetuned-sst-2-english) or a local folder."),
+        "label": gr.Textbox(label="Label", info="The label whose score pays: its name (POSITIVE) or its index (1)."),
+        "output": gr.Radio(["probability", "logit"], value="probability", label="Score",
+                           info="probability: from 0 to 1; logit: the raw number (any size)."),
         "argv": gr.Textbox(label="Command",
                            info="The program and its arguments, e.g. python check.py {completion_file}."),
         "input": gr.Radio(["stdin", "file"], value="stdin", label="The reply goes to",
