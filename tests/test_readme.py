@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -456,3 +457,17 @@ def test_the_learning_tables_are_their_results_files():
         points = result(code_names(row[-1])[0])["points"]
         assert int(row[1]) == points[1]["step"], row[0]
         assert row[2] == " / ".join(two_decimals(point["fresh_100"]["normalised"]) for point in points[1:]), row[0]
+
+
+def test_the_grpo_variants_table_is_its_results_files():
+    rows = table_with(section(PERFORMANCE, "Learning per minute"), "GRPO variant")
+    assert len(rows) == 4
+    for row in rows:
+        found = result(code_names(row[-1])[0])
+        points, progress = found["points"], found["progress"]
+        weights = sum(reward["weight"] for reward in found["settings"]["config"]["rewards"])
+        assert int(row[1]) == points[-1]["step"], row[0]
+        assert row[2] == " / ".join(f"{point['recipe_heldout']['normalised']:.3f}" for point in points), row[0]
+        assert row[3] == " / ".join(f"{point['fresh_100']['normalised']:.3f}" for point in points), row[0]
+        assert row[4] == two_decimals(statistics.fmean(r["reward"] for r in progress[-5:]) / weights), row[0]
+        assert row[5] == f"{statistics.fmean(r['kl'] for r in progress[-3:]):.3f}", row[0]
