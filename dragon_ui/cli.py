@@ -283,10 +283,11 @@ def _cmd_score(args) -> int:
     items = data.get("rewards") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise ConfigError(f"{path.name} must hold a list of rewards, or a run configuration with a `rewards:` list.")
-    specs = parse_rewards(items)
     # A whole config gives TRL's length and repetition rewards their tokenizer and length limit; a list of rewards
     # counts with the default model's up to the default limit.
-    base = RunConfig.from_dict({**data, "rewards": items}) if isinstance(data, dict) else RunConfig(rewards=specs)
+    base = (RunConfig.from_dict({**data, "rewards": items}) if isinstance(data, dict)
+            else RunConfig(rewards=parse_rewards(items)))
+    specs = base.rewards
     tokenizer = None
     if counts_tokens(specs):
         from .engine.models import load_tokenizer, resolve_model

@@ -21,6 +21,7 @@ from typing import Any
 from .data import DataConfig
 from .errors import ConfigError, check_length, first_line
 from .rewards import RewardSpec, parse_rewards
+from .rewards.trl_rewards import overlong_window
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 RUNS_DIR_ENV = "DRAGON_UI_RUNS_DIR"
@@ -420,10 +421,8 @@ class RunConfig:
         if not any(spec.weight > 0 for spec in self.rewards):
             raise ConfigError("Every reward in rewards has weight 0, so the total reward is always 0 and nothing can be learned.")
         for index, spec in enumerate(self.rewards):
-            if spec.kind == "overlong" and spec.max_tokens is None and (spec.buffer_tokens or 0) > self.grpo.max_new_tokens:
-                raise ConfigError(f"rewards[{index}].buffer_tokens ({spec.buffer_tokens}) is larger than "
-                                  f"grpo.max_new_tokens ({self.grpo.max_new_tokens}), the limit the penalty counts "
-                                  "back from; lower it or set max_tokens.")
+            if spec.kind == "overlong":
+                overlong_window(spec, self.grpo.max_new_tokens, f"rewards[{index}]")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -109,7 +109,8 @@ def test_without_a_tokenizer_a_token_counting_reward_fails_in_words_and_is_count
 def test_a_length_limit_comes_from_the_reward_or_the_run():
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.max_tokens is missing"):
         build_rewards(parse_rewards([{"kind": "overlong"}]))
-    with pytest.raises(ConfigError, match=r"buffer_tokens \(20\) is larger than the length limit"):
+    with pytest.raises(ConfigError, match=r"buffer_tokens \(20\) is larger than grpo.max_new_tokens \(16\), the "
+                                          "length limit"):
         build_rewards(parse_rewards([{"kind": "overlong", "buffer_tokens": 20}]), max_new_tokens=16)
 
 

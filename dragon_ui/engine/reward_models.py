@@ -76,13 +76,7 @@ def check_labels(spec, where: str) -> None:
     except Exception as exc:  # noqa: BLE001 - any failure to read it means the same to the user
         raise ConfigError(f"{where}.model {spec.model} cannot be read: {first_line(exc) or type(exc).__name__}") from None
     _check_architecture(config, spec.model)
-    label_index(_Labels(spec.model, _labels(config)), spec.label, where)
-
-
-@dataclass
-class _Labels:
-    name: str
-    labels: dict[int, str]
+    label_index(_labels(config), spec.label, spec.model, where)
 
 
 def _labels(config) -> dict[int, str]:

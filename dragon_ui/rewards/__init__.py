@@ -1,11 +1,12 @@
 """Reward functions: validate reward settings, build callables, and score completions without ever crashing training.
 
-A reward scores one completion. The built-in kinds return a value in [0, 1]; ``custom`` may return any finite
-float. Every failure (an exception, a timeout, a value that is not a finite number) scores 0 for that completion and
+A reward scores one completion. Most built-in kinds return a value in [0, 1] (TRL's penalties and cosine_length go
+below 0, a classifier's logit anywhere); ``custom`` may return any finite float. Every failure (an exception, a timeout, a value that is not a finite number) scores 0 for that completion and
 is counted in :class:`RewardFailures`, so one bad row cannot stop a training run but a broken reward is still visible.
 
-This package is light on purpose (no torch or gradio; trl.rewards only once one of TRL's kinds is built): the CLI, the UI playground, evaluation and the
-TRL wrappers all score through :func:`score_completion` / :func:`safe_score`, and they must agree exactly.
+This package is light on purpose (no torch or gradio; trl.rewards only once one of TRL's kinds is built): the CLI, the
+UI playground, evaluation and the TRL wrappers all score through :func:`score_completion` / :func:`safe_score`, and
+they must agree exactly.
 """
 
 from ..errors import RewardError

@@ -32,16 +32,16 @@ class Classifier(Protocol):
 Classifiers = Callable[[str], Classifier]  # the model named in a reward's settings, loaded (once) on the run's device
 
 
-def label_index(classifier, label: str, where: str) -> int:
-    """The index of ``label`` among ``classifier.labels``: a label name (any case), or its index written as a
-    number; ``classifier.name`` names the model in the error."""
-    names = {name.casefold(): index for index, name in classifier.labels.items()}
+def label_index(labels: dict[int, str], label: str, model: str, where: str) -> int:
+    """The index of ``label`` among a classifier's ``labels``: a label name (any case), or its index written as a
+    number; ``model`` names the classifier in the error."""
+    names = {name.casefold(): index for index, name in labels.items()}
     if label.casefold() in names:
         return names[label.casefold()]
-    if label.isascii() and label.isdigit() and int(label) in classifier.labels:
+    if label.isascii() and label.isdigit() and int(label) in labels:
         return int(label)
-    shown = ", ".join(f"{index} {name}" for index, name in sorted(classifier.labels.items()))
-    raise ConfigError(f"{where}.label {label!r} is not a label of {classifier.name}; its labels are: {shown}.")
+    shown = ", ".join(f"{index} {name}" for index, name in sorted(labels.items()))
+    raise ConfigError(f"{where}.label {label!r} is not a label of {model}; its labels are: {shown}.")
 
 
 class ClassifierScorer:
@@ -52,7 +52,7 @@ class ClassifierScorer:
             self._classifier, self._index = None, 0
         else:
             self._classifier = classifiers(spec.model)
-            self._index = label_index(self._classifier, spec.label, where)
+            self._index = label_index(self._classifier.labels, spec.label, spec.model, where)
         self._logit = spec.output == "logit"
         self._lock = threading.Lock()
         self._prepared: dict[str, float] = {}

@@ -57,14 +57,21 @@ def _length_limit(spec: RewardSpec, max_new_tokens: int | None, where: str) -> i
     return max_new_tokens
 
 
-def overlong_scorer(spec: RewardSpec, count: TokenCounter, max_new_tokens: int | None, where: str) -> Scorer:
-    from trl.rewards import get_soft_overlong_punishment
-
+def overlong_window(spec: RewardSpec, max_new_tokens: int | None, where: str) -> tuple[int, int]:
+    """(the length limit, the buffer before it where the penalty grows) of an overlong reward. A buffer longer than
+    its own max_tokens is refused with the settings; here, one longer than the run's max new tokens it falls back on."""
     limit = _length_limit(spec, max_new_tokens, where)
     buffer = spec.buffer_tokens or max(1, round(BUFFER_SHARE * limit))
     if buffer > limit:
-        raise ConfigError(f"{where}.buffer_tokens ({buffer}) is larger than the length limit it counts back from "
-                          f"({limit} tokens).")
+        raise ConfigError(f"{where}.buffer_tokens ({buffer}) is larger than grpo.max_new_tokens ({limit}), the length "
+                          "limit the penalty counts back from; lower it or set max_tokens.")
+    return limit, buffer
+
+
+def overlong_scorer(spec: RewardSpec, count: TokenCounter, max_new_tokens: int | None, where: str) -> Scorer:
+    from trl.rewards import get_soft_overlong_punishment
+
+    limit, buffer = overlong_window(spec, max_new_tokens, where)
     punish = get_soft_overlong_punishment(max_completion_len=limit, soft_punish_cache=buffer)
 
     def score(prompt, completion, reference, row):

@@ -3,8 +3,8 @@
 GRPO's whole update for a prompt is in a few numbers: each completion's weighted reward, the group's mean and spread,
 the advantage that follows, and the KL pull toward the starting model. :func:`explain_group` recomputes the
 advantages from the scores the run wrote, the way TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` does for
-the run's ``scale_rewards`` and ``multi_objective_aggregation``, and checks them against the advantages TRL itself logged for the step, so the panel
-teaches what really happened rather than a textbook version of it.
+the run's ``scale_rewards`` and ``multi_objective_aggregation``, and checks them against the advantages TRL itself
+logged for the step, so the panel teaches what really happened rather than a textbook version of it.
 """
 
 from __future__ import annotations

@@ -214,7 +214,8 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     which the completions viewer shows; ``heldout`` the held-out checks during training (heldout.jsonl).
 
     - a reward failing: errors_<name> > 0 in the latest row (or in status.reward_errors);
-    - a reward that teaches nothing (a penalty, which is 0 until it is due, excepted): a mean of 0 on each of the last FLAT_STEPS steps, or one mean on every step;
+    - a reward that teaches nothing (a penalty, which is 0 until it is due, excepted): a mean of 0 on each of
+      the last FLAT_STEPS steps, or one mean on every step;
     - every group scoring the same: frac_reward_zero_std == 1 in the latest row (or >= 0.9 for WINDOW steps running);
     - most completions cut off: clipped_ratio > 0.5 in the latest row;
     - KL: a spike among the last WINDOW steps, the latest above 1.0, or rising for WINDOW steps to 3x the level before;

@@ -268,6 +268,9 @@ def _guess(columns: list[str], names: tuple[str, ...]) -> str | None:
     return next((lowered[name] for name in names if name in lowered), None)
 
 
+PLAIN_PREVIEW = "Shown as plain system:/user: text, with lengths in words"  # what the Data tab does without a tokenizer
+
+
 def preview_tokenizer(model: ModelConfig) -> tuple[object | None, str]:
     """(tokenizer, note) of the starting model, loaded once per model; (None, reason) when it cannot be loaded.
 
@@ -281,7 +284,7 @@ def preview_tokenizer(model: ModelConfig) -> tuple[object | None, str]:
     try:
         check_model(model)  # a public demo loads no tokenizer of a model it does not offer
     except PublicDemoRefusal as refusal:
-        return None, f"Shown as plain system:/user: text, with lengths in words: {refusal}"
+        return None, f"{PLAIN_PREVIEW}: {refusal}"
     key = (model.id.strip(), model.revision, model.trust_remote_code)
     with _tokenizers_lock:  # held while loading, so concurrent previews wait for one load instead of repeating it
         cached = _tokenizers.get(key)
@@ -292,7 +295,7 @@ def preview_tokenizer(model: ModelConfig) -> tuple[object | None, str]:
             _tokenizers[key] = (load_tokenizer(source), f"Rendered with the chat template of {source.label}.", 0.0)
         except Exception as exc:
             reason = str(exc) if isinstance(exc, DragonError) else f"{type(exc).__name__}: {exc}"
-            _tokenizers[key] = (None, "Shown as plain system:/user: text, with lengths in words, because the "
+            _tokenizers[key] = (None, f"{PLAIN_PREVIEW}, because the "
                                       f"tokenizer of {model.id} could not be loaded: {reason.splitlines()[0]}",
                                 time.monotonic())
         return _tokenizers[key][0], _tokenizers[key][1]
@@ -302,16 +305,16 @@ def draft_tokenizer(draft: dict) -> tuple[object | None, str]:
     """(tokenizer, note) of the draft's starting model, as preview_tokenizer gives it."""
     model = draft.get("model") or {}
     if not isinstance(model, dict) or not isinstance(model.get("id"), str) or not model["id"].strip():
-        return None, ("Shown as plain system:/user: text, with lengths in words, because no starting model is "
-                      "chosen yet.")
+        return None, f"{PLAIN_PREVIEW}, because no starting model is chosen yet."
     revision = model.get("revision")
     if revision is not None and not isinstance(revision, str):
-        return None, "Shown as plain system:/user: text, with lengths in words: model.revision must be text."
-    config = ModelConfig(id=model["id"], revision=revision or None, trust_remote_code=model.get("trust_remote_code") is True)
+        return None, f"{PLAIN_PREVIEW}: model.revision must be text."
+    config = ModelConfig(id=model["id"], revision=revision or None,
+                         trust_remote_code=model.get("trust_remote_code") is True)
     try:
         config.validate()
     except ConfigError as exc:
-        return None, f"Shown as plain system:/user: text, with lengths in words: {first_line(exc)}"
+        return None, f"{PLAIN_PREVIEW}: {first_line(exc)}"
     return preview_tokenizer(config)
 
 
