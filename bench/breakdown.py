@@ -72,7 +72,7 @@ def instrument(timers: Timers) -> None:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from dragon_ui.engine import training
+    from dragon_ui.engine import progress, training
 
     scoring = lambda: getattr(timers.local, "scoring", False)  # noqa: E731
 
@@ -91,7 +91,7 @@ def instrument(timers: Timers) -> None:
     timers.wrap(GRPOTrainer, "_get_per_token_logps_and_entropies",
                 lambda: "reference_pass" if scoring() else "policy_forward")
     for hook in ("on_log", "on_step_end", "on_save"):
-        timers.wrap(training.RunStoreCallback, hook, lambda: "dragon_callback")
+        timers.wrap(progress.RunStoreCallback, hook, lambda: "dragon_callback")
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):

@@ -119,6 +119,14 @@ def write_result(name: str, payload: dict) -> Path:
     return path
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The value ``q`` of the way up the sorted values (the nearest one); NaN when there are none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
 def table(rows: list[list], headers: list[str]) -> str:
     cells = [headers] + [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]

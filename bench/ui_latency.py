@@ -13,14 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import bench_config_dict, table, write_result
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+from common import bench_config_dict, percentile, table, write_result
 
 
 def main() -> None:

@@ -8,6 +8,8 @@ Layout of ``runs/<id>/``::
     log.txt          human-readable log of the run
     progress.jsonl   one row per optimiser step (reward, reward_<name>, kl, lengths, ...)
     rollouts.jsonl   per step, the sampled groups with per-reward scores and advantages
+    sampling.json    the completions just sampled for the step being trained, before it is scored (rewritten each
+                     time a batch is sampled), so the first step shows the model at work before it ends
     heldout.jsonl    the held-out reward during training: a row per check (step, reward, reward_<name>, seconds) on a
                      fixed few held-out prompts; step 0 is the starting model on the same prompts
     data/            the exact train/eval split used, so resume and evaluation never re-split
@@ -135,6 +137,7 @@ class RunDir:
     progress_path = property(lambda self: self.path / "progress.jsonl")
     rollouts_path = property(lambda self: self.path / "rollouts.jsonl")
     heldout_path = property(lambda self: self.path / "heldout.jsonl")
+    sampling_path = property(lambda self: self.path / "sampling.json")
     data_dir = property(lambda self: self.path / "data")
     train_data_path = property(lambda self: self.data_dir / "train.jsonl")  # the mapped training examples
     eval_data_path = property(lambda self: self.data_dir / "eval.jsonl")  # the held-out ones (empty when none)
@@ -199,6 +202,13 @@ class RunDir:
     def append_heldout(self, row: dict) -> None:
         if not self.read_only:
             append_jsonl(self.heldout_path, row)
+
+    def write_sampling(self, batch: dict) -> None:
+        if not self.read_only:
+            write_json_atomic(self.sampling_path, batch)
+
+    def read_sampling(self) -> dict | None:
+        return read_json(self.sampling_path, default=None)
 
     def read_progress(self) -> list[dict]:
         return read_appended_rows(self.progress_path)[0]

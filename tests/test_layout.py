@@ -81,6 +81,20 @@ def test_trls_reward_kinds_load_no_torch():
     assert done.stdout.strip() == "[]"
 
 
+def test_the_app_is_built_without_torch_or_the_training_libraries():
+    """The server answers seconds sooner when building the page imports none of them: the warm-up (Studio.warm_up)
+    loads them once it answers, and a Start, a preview or an estimate that comes first loads what it needs."""
+    script = ("import sys, tempfile\n"
+              "from dragon_ui.studio.backend import Studio\n"
+              "from dragon_ui.ui import build_app\n"
+              "build_app(Studio(runs_dir=tempfile.mkdtemp()))\n"
+              "print(sorted(m for m in ('torch', 'transformers', 'peft', 'trl', 'datasets') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_the_checker_sees_relative_and_lazy_imports():
     """The checks above would pass on anything if the import reader missed imports."""
     found = imported_modules(PACKAGE / "engine" / "training.py")

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dragon_ui.config import RunConfig
-from dragon_ui.engine import training
+from dragon_ui.engine import progress, training
 from dragon_ui.runstore import RunDir
 from dragon_ui.studio import monitor
 from dragon_ui.studio.monitor import health_alerts, read_snapshot
@@ -175,7 +175,7 @@ RECORDED = [
 
 
 def recorded_row(step, numeric, format_, kl, completion_len, clipped_ratio, frac_reward_zero_std, reward_std) -> dict:
-    """One progress row with exactly the keys training.RunStoreCallback writes."""
+    """One progress row with exactly the keys progress.RunStoreCallback writes."""
     return {"step": step, "epoch": round(step / 40, 4), "elapsed_s": round(6.2 * step, 2),
             "eta_s": round(6.2 * (40 - step), 1), "loss": 0.0123, "lr": 1e-05, "kl": kl,
             "reward": round(numeric + 0.5 * format_, 6), "reward_std": reward_std, "reward_numeric": numeric,
@@ -293,7 +293,7 @@ def test_the_kl_alert_quotes_the_latest_kl_as_the_log_line_and_chart_show_it():
     nothing."""
     rows = recorded(kl=RISING_KL, reward=FALLING)
     (alert,) = health_alerts(rows, {}, CONFIG)
-    assert f"now {training._log_number(rows[-1]['kl'])}" in alert.title and plots.kl_figure(rows).data[0].y[-1] == 0.404
+    assert f"now {progress.log_number(rows[-1]['kl'])}" in alert.title and plots.kl_figure(rows).data[0].y[-1] == 0.404
     (spike,) = health_alerts(recorded(kl=RISING_KL[:-1] + [0.97], reward=FALLING), {}, CONFIG)
     assert spike.kind == "kl_spike" and spike.value == 0.97
 
@@ -341,7 +341,7 @@ def test_the_learning_rate_advice_fits_lora_and_the_models_size(config, advice):
 
 
 def rollout_of(*groups: tuple[str, list[str]]) -> dict:
-    """A step's sampled groups as training.RunStoreCallback writes them: (reference, completion texts) each."""
+    """A step's sampled groups as progress.RunStoreCallback writes them: (reference, completion texts) each."""
     return {"step": 12, "groups": [
         {"prompt": f"question {n}", "reference": reference,
          "completions": [{"text": text, "scores": {}, "total": 0.0, "advantage": 0.0} for text in texts]}

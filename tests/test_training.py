@@ -10,7 +10,7 @@ import pytest
 from dragon_ui import speedups
 from dragon_ui.speedups import registry, shared_prompts
 from dragon_ui.config import RunConfig
-from dragon_ui.engine import training
+from dragon_ui.engine import progress, training
 from dragon_ui.errors import BusyError
 from dragon_ui.runstore import RunDir
 
@@ -94,6 +94,49 @@ def test_two_steps_write_the_whole_run_store(tiny_config_dict):
     assert "step 2/2" in log and "Held-out reward after training" in log
 
 
+def test_a_lora_run_scores_its_starting_model_after_training_exactly_as_before_it(tiny_config_dict):
+    """Start is not kept waiting for the "before" scoring: a LoRA run takes it after training with its adapter off
+    (and step 0 of the held-out curve at the first check). A full fine-tune, whose starting weights are gone by then,
+    scores it first; the two give the same replies and scores, since the frozen weights are the starting model."""
+    tiny_config_dict["hardware"]["dtype"] = "float32"
+    lora = run_to_end(tiny_config_dict)
+    log = lora.log_tail()
+    assert "Scoring the starting model" not in log  # the phase a full fine-tune goes through before training
+    assert log.index("step 2/2") < log.index("Held-out reward before training") < log.index("Held-out reward after")
+    tiny_config_dict["lora"]["enabled"] = False
+    tiny_config_dict["training"]["learning_rate"] = 1e-4
+    full = run_to_end(tiny_config_dict)
+    first, second = lora.read_eval()["before"], full.read_eval()["before"]
+    assert first["reward_mean"] == second["reward_mean"] and first["reward_breakdown"] == second["reward_breakdown"]
+    assert [row["before"] for row in lora.read_samples()] == [row["before"] for row in full.read_samples()]
+    assert lora.read_heldout()[0] | {"seconds": 0} == full.read_heldout()[0] | {"seconds": 0}
+
+
+def test_the_first_step_shows_its_completions_and_what_it_does_before_it_ends(tiny_config_dict, monkeypatch):
+    """sampling.json holds the batch being trained as soon as it is sampled, and the phase says which part of the
+    first step runs."""
+    from dragon_ui.engine import progress
+
+    seen = []
+    original = progress.RunStoreCallback.on_log
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not seen:
+            seen.append((self.run.read_sampling(), self.run.read_status()["phase"], self.run.read_rollouts()))
+        return original(self, args, state, control, logs=logs, **kwargs)
+
+    monkeypatch.setattr(progress.RunStoreCallback, "on_log", on_log)
+    run = run_to_end(tiny_config_dict)
+    (sampling, phase, rollouts), = seen
+    assert phase == progress.FIRST_LEARNING and rollouts == []  # before the first step's row and rollouts
+    assert sampling["step"] == 1 and len(sampling["groups"]) == 2
+    finished = run.read_rollouts()[0]
+    assert [group["prompt"] for group in sampling["groups"]] == [group["prompt"] for group in finished["groups"]]
+    assert [group["completions"] for group in sampling["groups"]] == \
+        [[item["text"] for item in group["completions"]] for group in finished["groups"]]
+    assert run.read_status()["phase"] == "done"
+
+
 def test_adapter_loads_with_peft(tiny_config_dict, tiny_model_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -145,6 +188,9 @@ def test_stop_mid_run_then_resume_continues_the_step_count(tiny_config_dict, run
     # The schedule continued where it stopped: the same learning rates as a run that was never interrupted.
     uninterrupted = run_to_end(tiny_config_dict)
     assert [row["lr"] for row in run.read_progress()] == pytest.approx([row["lr"] for row in uninterrupted.read_progress()])
+    # Stopped before its starting model was scored (a LoRA run scores it after training): finished, it has both.
+    assert run.read_eval()["before"] == uninterrupted.read_eval()["before"] | {"seconds": run.read_eval()["before"]["seconds"]}
+    assert "after" in run.read_eval()
 
 
 def test_resume_after_a_crash_truncates_rows_past_the_checkpoint(tiny_config_dict):
@@ -315,13 +361,13 @@ def test_groups_that_all_scored_the_same_are_counted_from_the_scores_the_run_wro
 ])
 def test_the_zero_spread_share_reads_each_groups_totals(totals, share):
     groups = [{"completions": [{"total": total} for total in group]} for group in totals]
-    assert training.zero_spread_share(groups) == share
+    assert progress.zero_spread_share(groups) == share
 
 
 def test_the_log_shows_the_latest_steps_pace_and_the_eta_leaves_the_first_step_out():
     """Rows logged at these times after a session that started at step 10 (a resume) at t=100: a slow first step
     (loading, warm-up) and then steps of 8 s, with one row covering two steps."""
-    pace = training.StepPace(start_step=10, started_at=100.0)
+    pace = progress.StepPace(start_step=10, started_at=100.0)
     assert pace.logged(11, 130.0) == (30.0, 30.0)  # one step to go by: its own time
     assert pace.logged(12, 138.0) == (8.0, 8.0)  # the slow first step is left out of the ETA's pace
     assert pace.logged(14, 156.0) == (9.0, 26.0 / 3)  # a row two steps after the last: each took 9 s
@@ -342,7 +388,8 @@ def test_a_stop_during_a_held_out_check_ends_the_run_with_that_step_saved(tiny_c
     status = run.read_status()
     assert status["state"] == "cancelled" and status["step"] == 2, status.get("error")
     assert run.latest_checkpoint().name == "checkpoint-2"
-    assert [row["step"] for row in run.read_heldout()] == [0]  # the starting model only: the check never finished
+    # Nothing: with LoRA the starting model is scored at the first check too (its adapter off), which never finished.
+    assert [row["step"] for row in run.read_heldout()] == []
 
 
 @pytest.mark.parametrize("eval_every, total, expected", [(None, 95, 10), (None, 4, 1), (0, 95, 0), (7, 95, 7)])

@@ -130,10 +130,17 @@ def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict
     return evaluation
 
 
+def starting_weights(model):
+    """Inside ``with``, a LoRA-trained ``model`` is its starting model: PEFT's adapter switched off leaves exactly
+    the frozen weights it started from, so "before" needs neither a second copy nor a score taken before training."""
+    return model.disable_adapter()
+
+
 class HeldOutChecks:
     """The held-out reward during training (heldout.jsonl): every few steps, greedy replies to the first
     ``training.eval_prompts`` held-out prompts, scored by the run's rewards. The same few prompts every time, so the
-    points of the curve compare; step 0 is the starting model on them, taken from the "before" scoring.
+    points of the curve compare. Step 0 is the starting model on them: with LoRA, scored at the first check with the
+    adapter switched off (Start is not kept waiting for it); otherwise taken from the "before" scoring.
 
     One process only: with several, the others would wait at the next step's collective for as long as it takes."""
 
@@ -144,6 +151,7 @@ class HeldOutChecks:
         self.examples = eval_rows[:config.training.eval_prompts] if wanted else []
         self.should_stop = should_stop
         self.every = 0
+        self.start_pending = config.lora.enabled and not any(row.get("step") == 0 for row in run.read_heldout())
 
     def begin(self, total_steps: int) -> None:
         """Decide how often to check, once the trainer knows its number of steps."""
@@ -161,14 +169,22 @@ class HeldOutChecks:
         return bool(self.every) and (step % self.every == 0 or step == total_steps)
 
     def check(self, model, step: int) -> None:
-        """Score the model as it is now; raises Stopped on a stop or the time limit (nothing is written then)."""
-        started = time.monotonic()
-        replies = generate_replies(model, self.tokenizer, [ex["prompt"] for ex in self.examples],
-                                   self.config.grpo.max_new_tokens, should_stop=self.should_stop)
-        result = score_replies(self.examples, replies, self.rewards, time.monotonic() - started)
+        """Score the model as it is now (after the starting model, if step 0 is still to be scored); raises Stopped on
+        a stop or the time limit (nothing more is written then)."""
+        if self.start_pending:
+            with starting_weights(model):
+                self._append(0, self._score(model))
+            self.start_pending = False
+        result = self._score(model)
         self._append(step, result)
         log.info("Held-out reward at step %d: %.3f on %d prompts (%.1f s)", step, result.reward_mean,
                  len(self.examples), result.seconds)
+
+    def _score(self, model) -> EvalResult:
+        started = time.monotonic()
+        replies = generate_replies(model, self.tokenizer, [ex["prompt"] for ex in self.examples],
+                                   self.config.grpo.max_new_tokens, should_stop=self.should_stop)
+        return score_replies(self.examples, replies, self.rewards, time.monotonic() - started)
 
     def _append(self, step: int, result: EvalResult) -> None:
         self.run.append_heldout({"step": step, "reward": result.reward_mean,
@@ -217,7 +233,7 @@ def model_for(load: LoadModel, config: RunConfig, weights: TrainedWeights, side:
         if weights.is_adapter:
             model, tokenizer = load(config.model, adapter_dir=weights.path, settings=config.hardware)
             if side == "before":
-                with model.disable_adapter():
+                with starting_weights(model):
                     yield model, tokenizer
             else:
                 yield model, tokenizer

@@ -19,6 +19,7 @@ from pathlib import Path
 from ..config import HardwareSettings
 from ..errors import ConfigError
 from ..scaleout import distributed
+from .libraries import import_all
 from .quantization import bitsandbytes_installed
 
 # bf16 runs natively from compute capability 8.0 (Ampere) on. torch.cuda.is_bf16_supported() also says yes for
@@ -211,6 +212,7 @@ def cpu_model() -> str:
 def detect_hardware() -> HardwareInfo:
     """What this machine offers. Under a launcher a process asks only its own GPU for its free memory: asking
     creates a CUDA context on that GPU (memory lost to training, and an error on a GPU in exclusive-process mode)."""
+    import_all()  # the first use of transformers and torch waits for an import under way
     import torch
 
     info = HardwareInfo(cpu_cores=available_cpu_cores(), cpu_bf16=cpu_bf16_is_fast())

@@ -31,6 +31,7 @@ from ..config import DEFAULT_MODEL_ID, HardwareSettings, ModelConfig
 from ..errors import ConfigError
 from .hardware import (HardwareInfo, ResolvedHardware, cache_dir, detect_hardware, release_openmp_threads,
                        resolve_for_this_machine)
+from .libraries import import_all
 from .quantization import allow_bitsandbytes
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,7 @@ def _resolve_run(run_dir: Path) -> ModelSource:
 
 
 def load_tokenizer(source: ModelSource):
+    import_all()  # the first use of transformers and torch waits for an import under way
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source.path, revision=source.revision, trust_remote_code=source.trust_remote_code,
@@ -218,6 +220,7 @@ def load_model(source: ModelSource, hardware: ResolvedHardware, dtype: str | Non
     ``placement`` ON_DEVICE loads them onto ``hardware.torch_device`` (under a launcher, the process's own GPU);
     BY_LAUNCHER leaves them where transformers' loader put them for the sharded trainer to distribute.
     """
+    import_all()  # the first use of transformers and torch waits for an import under way
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -246,6 +249,28 @@ def load_model(source: ModelSource, hardware: ResolvedHardware, dtype: str | Non
     return model
 
 
+def loaded_as(source: ModelSource, hardware: ResolvedHardware, dtype: str) -> tuple:
+    """What ``load_model(source, hardware, dtype)`` gives, as a key: two loads with the same key hold the same weights."""
+    return (source.path, source.revision, tuple(source.adapters), hardware.torch_device, dtype, hardware.load_in_4bit)
+
+
+# The preview model the app let go of as a training started (ModelCache.release(for_training=True)): the training
+# takes it when it is what it would load itself (take_set_aside), which spares the first step a second or more.
+_set_aside_lock = threading.Lock()
+_set_aside: tuple[tuple, object, object] | None = None  # (loaded_as key, model, tokenizer)
+
+
+def take_set_aside(source: ModelSource, hardware: ResolvedHardware, dtype: str) -> tuple | None:
+    """(model, tokenizer) the app set aside if it is exactly what this training would load, else None; either way
+    the slot is empty afterwards, so no copy stays in memory beside the training's."""
+    global _set_aside
+    with _set_aside_lock:
+        held, _set_aside = _set_aside, None
+    if held is not None and held[0] == loaded_as(source, hardware, dtype):
+        return held[1], held[2]
+    return None
+
+
 class ModelCache:
     """One model kept loaded for generating outside training (the playground, Compare, ``dragon_ui eval``), until a
     different one is asked for. Thread-safe: the app asks from several worker threads at once.
@@ -257,10 +282,11 @@ class ModelCache:
     def __init__(self, hardware: Callable[[], HardwareInfo] = detect_hardware) -> None:
         self._hardware = hardware
         self._lock = threading.Lock()
-        self._cached: tuple[tuple, object, object] | None = None  # (key, model, tokenizer)
+        self._cached: tuple[tuple, object, object, tuple] | None = None  # (key, model, tokenizer, loaded_as)
 
     def load(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
         """(model, tokenizer), in eval mode, on the device and precision ``settings`` resolve to here."""
+        global _set_aside
         settings = settings or HardwareSettings()
         key = self._key(model, adapter_dir, settings)
         with self._lock:
@@ -268,15 +294,23 @@ class ModelCache:
                 return self._cached[1], self._cached[2]
             self._cached = None
             source = resolve_model(model)
-            tokenizer = load_tokenizer(source)
-            weights = load_model(source, resolve_for_this_machine(settings, self._hardware()))
+            hardware = resolve_for_this_machine(settings, self._hardware())
+            loaded = loaded_as(source, hardware, hardware.dtype)
+            with _set_aside_lock:  # set aside for a training that did not start (or took another model)
+                held, _set_aside = _set_aside, None
+            if held is not None and held[0] == loaded and adapter_dir is None:
+                weights, tokenizer = held[1], held[2]
+            else:
+                del held
+                tokenizer = load_tokenizer(source)
+                weights = load_model(source, hardware)
             if adapter_dir is not None:
                 from peft import PeftModel
 
                 weights = PeftModel.from_pretrained(weights, str(adapter_dir))
             weights.eval()
             release_openmp_threads()  # loading ran torch ops on the caller's thread; see evaluation.generate_replies
-            self._cached = (key, weights, tokenizer)
+            self._cached = (key, weights, tokenizer, loaded if adapter_dir is None else None)
             return weights, tokenizer
 
     def holds(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None) -> bool:
@@ -289,10 +323,17 @@ class ModelCache:
         return (model.id, model.revision, str(adapter_dir) if adapter_dir else None, settings.device, settings.dtype,
                 settings.load_in_4bit, settings.gpu)
 
-    def release(self) -> None:
-        """Free the memory (a training needs it more), the GPU's too: PyTorch keeps freed blocks for itself."""
+    def release(self, for_training: bool = False) -> None:
+        """Free the memory (a training needs it more), the GPU's too: PyTorch keeps freed blocks for itself.
+        ``for_training``: a plain starting model (no adapter on it) is set aside for the training to take instead,
+        loaded already (take_set_aside); a preview asked for before then gets it back."""
+        global _set_aside
         with self._lock:
-            self._cached = None
+            cached, self._cached = self._cached, None
+            if for_training and cached is not None and cached[3] is not None:
+                with _set_aside_lock:
+                    _set_aside = (cached[3], cached[1], cached[2])
+            del cached
         gc.collect()
         import torch
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from ..config import RunConfig
 from ..data import MappedData
 from ..errors import ConfigError
+from .libraries import import_all
 
 CPU_PROMPT_TOKENS = 512
 NO_LIMIT = 1 << 40
@@ -58,6 +59,7 @@ def prompt_limit(config: RunConfig, device: str, context: int | None) -> tuple[i
 
 def context_length(source) -> int | None:
     """The model's context in tokens, from its config.json (no weights are loaded); None where it does not say."""
+    import_all()
     from transformers import AutoConfig
 
     model_config = AutoConfig.from_pretrained(source.path, revision=source.revision,

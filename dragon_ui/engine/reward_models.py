@@ -15,6 +15,7 @@ from ..config import ModelConfig
 from ..errors import ConfigError, first_line
 from ..public import classifier_refusal
 from ..rewards.classifier import label_index
+from .libraries import import_all
 from .models import resolve_model
 
 BATCH = 16  # replies per forward pass
@@ -68,6 +69,7 @@ def classifier_source(model_id: str):
 
 def check_labels(spec, where: str) -> None:
     """The label exists in the classifier's config (read without its weights), so a typo is found by Check."""
+    import_all()  # the first use of transformers and torch waits for an import under way
     from transformers import AutoConfig
 
     source = classifier_source(spec.model)
@@ -97,6 +99,7 @@ _loading = threading.Lock()  # one classifier loads at a time, so visitors askin
 
 def load_classifier(model_id: str, device: str) -> LoadedClassifier:
     """The classifier ``model_id`` on ``device``, loaded on first use and kept (the four most recent)."""
+    import_all()  # the first use of transformers and torch waits for an import under way
     with _loading:
         return _load(model_id.strip(), _device_name(device))
 

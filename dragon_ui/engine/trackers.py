@@ -11,6 +11,7 @@ from ..config import LoggingSettings
 from ..errors import ConfigError
 from ..public import is_public_demo
 from ..runstore import RunDir
+from .libraries import import_all
 
 PROJECT = "dragon-grpo-studio"
 # What to install for each tracker; transformers' own availability checks decide (they are what TRL consults).
@@ -19,6 +20,9 @@ INSTALL = {"trackio": "pip install trackio", "tensorboard": "pip install tensorb
 
 def check(settings: LoggingSettings) -> None:
     """Refuse, before a run is created, a tracker that is not installed, or one that would leave a public demo."""
+    if not settings.report_to:
+        return  # transformers' integrations take seconds to import: the app's first page does not wait for them
+    import_all()
     from transformers.integrations import is_tensorboard_available, is_trackio_available, is_wandb_available
 
     available = {"trackio": is_trackio_available, "tensorboard": is_tensorboard_available, "wandb": is_wandb_available}

@@ -2,7 +2,7 @@
 
 ``start(config)`` returns a :class:`RunHandle` at once; a worker thread loads data and model, scores the starting
 model on held-out prompts, runs TRL's ``GRPOTrainer`` (the algorithm is TRL's, not ours) and scores the trained
-model. A :class:`RunStoreCallback` turns TRL's logs into ``progress.jsonl`` / ``rollouts.jsonl`` rows and honours
+model. ``progress.RunStoreCallback`` turns TRL's logs into ``progress.jsonl`` / ``rollouts.jsonl`` rows and honours
 stop requests. Only one training runs per process: a model this size already takes the whole machine.
 
 Failure policy: every exception ends the run as ``failed`` with a readable reason; checkpoints already written stay;
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
+import os
+import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from transformers import PrinterCallback, TrainerCallback
 
 from .. import speedups
 from ..config import GRPO_VARIANTS, RunConfig
@@ -28,15 +28,15 @@ from .reward_models import check_labels, classifiers_on
 from ..data import MappedData, load_and_map, read_jsonl, write_jsonl
 from ..errors import BusyError, ConfigError, DragonError, Stopped, describe
 from ..public import Limits, is_public_demo, visitor
-from ..rewards import Reward, RewardFailures, build_rewards, completion_text, last_user_text, trl_reward_functions
+from ..rewards import Reward, RewardFailures, build_rewards, trl_reward_functions
 from ..runstore import ACTIVE_STATES, RunDir
 from ..scaleout import distributed
 from . import policy, trackers
-from .evaluation import HeldOutChecks, evaluate_model, evaluate_now, record_eval
+from .evaluation import HeldOutChecks, evaluate_model, evaluate_now, record_eval, starting_weights
 from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
 from .model_card import write_model_card
 from .weights import make_portable
-from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model
+from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model, take_set_aside
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
 
 log = logging.getLogger("dragon_ui")
@@ -225,6 +225,7 @@ def _launch(run: RunDir, config: RunConfig, resume_from: Path | None) -> RunHand
 def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> None:
     run = handle.run
     handle.started = time.monotonic()
+    _yield_to_the_app()
     log_handler = None if run.read_only else _attach_run_log(run)
     now = time.time()
     first_run = not run.read_status().get("started_at")  # a resume keeps the first start: the runs list shows it
@@ -251,6 +252,19 @@ def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> N
         if log_handler is not None:
             _detach_run_log(log_handler)
         _free_accelerator_memory()
+
+
+TRAINING_NICENESS = 10  # Linux nice of the training thread: the app's handlers get ~90% of a core they contend for
+
+
+def _yield_to_the_app() -> None:
+    """Lower the training thread's CPU priority, and with it that of the threads and processes it starts (torch's
+    workers, the reward children). On a laptop's or a Space's few cores the web server's handlers then run as soon as
+    they have something to do, instead of queueing behind the training, which still gets every cycle they leave.
+    Linux only: elsewhere a thread's id is not what setpriority takes."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), TRAINING_NICENESS)
 
 
 def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> str:
@@ -282,16 +296,24 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     source = resolve_model(config.model)
     run.update_status(model_label=source.label)
     log.info("Model: %s", source.label)
-    tokenizer = load_tokenizer(source)
+    dtype = hardware.weights_dtype(config.lora.enabled)
+    loaded = None if sharded else take_set_aside(source, hardware, dtype)
+    if loaded is not None:
+        model, tokenizer = loaded
+        log.info("The model was loaded already (the app had it for previews).")
+    else:
+        tokenizer = load_tokenizer(source)
+        model = load_model(source, hardware, dtype=dtype, placement=BY_LAUNCHER if sharded else ON_DEVICE)
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, training=True, tokenizer=tokenizer,
                             max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(hardware.device))
-    model = load_model(source, hardware, dtype=hardware.weights_dtype(config.lora.enabled),
-                       placement=BY_LAUNCHER if sharded else ON_DEVICE)
 
     checks = HeldOutChecks(run, config, [] if sharded else eval_rows, rewards, tokenizer, handle.should_stop,
                            distributed.world_size())
-    # With sharded weights no process holds the whole model, so both sides are scored after training instead.
-    if not sharded and distributed.broadcast_from_main(bool(eval_rows) and "before" not in run.read_eval()):
+    # The starting model is scored after training where its weights are still there then: with sharded weights
+    # (no process holds the whole model), and with LoRA, whose frozen weights are the starting model once the
+    # adapter is switched off, so Start is not kept waiting. Only a full fine-tune must score it first.
+    if (not sharded and not config.lora.enabled
+            and distributed.broadcast_from_main(bool(eval_rows) and "before" not in run.read_eval())):
         phase(f"scoring the starting model on {len(eval_rows)} held-out prompts")
         if not run.read_only:  # the main process evaluates; the others wait for it
             result = evaluate_model(model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens,
@@ -301,15 +323,20 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
         distributed.barrier()
 
     phase("building the trainer")
+    from . import progress  # transformers' TrainerCallback: loaded with the trainer, not with the app
+
     failures = RewardFailures()
-    trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures)
+    callback = progress.RunStoreCallback(run, handle, rewards, failures, config, checks)
+    trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures, callback.sampled)
+    callback.trainer = trainer
     trackers.point_at_run(trainer, run)
-    callback = RunStoreCallback(run, trainer, handle, rewards, failures, config, checks)
     trainer.add_callback(callback)
     if resume_from is not None:
         run.truncate_after_step(int(resume_from.name.split("-")[-1]))
 
-    run.update_status(phase="training", speedups=speedups.status(), versions=speedups.library_versions())
+    # Until the first step's row, the phase says which part of that (slowest) step runs: see RunStoreCallback.
+    run.update_status(phase=progress.FIRST_SAMPLING, speedups=speedups.status(),
+                      versions=speedups.library_versions())
     world = distributed.world_size()
     log.info("Training: %d prompts, %d completions per step (%d prompts x %d completions%s).", len(train_rows),
              config.completions_per_step * world, config.training.batch_size * config.training.grad_accum * world,
@@ -343,11 +370,15 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
         if not run.read_only:
             _evaluate_saved_weights(run)
     elif eval_rows and not run.read_only:
-        run.update_status(phase=f"scoring the trained model on {len(eval_rows)} held-out prompts")
+        sides = ["before"] if config.lora.enabled and "before" not in run.read_eval() else []
         try:
-            result = evaluate_model(trainer.model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens,
-                                    should_stop=handle.should_stop)
-            record_eval(run, "after", result, eval_rows, config.n_samples)
+            for side in [*sides, "after"]:
+                which = "starting" if side == "before" else "trained"
+                run.update_status(phase=f"scoring the {which} model on {len(eval_rows)} held-out prompts")
+                with starting_weights(trainer.model) if side == "before" else contextlib.nullcontext():
+                    result = evaluate_model(trainer.model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens,
+                                            should_stop=handle.should_stop)
+                record_eval(run, side, result, eval_rows, config.n_samples)
         except Stopped:  # the trained weights are saved: the run is done, its held-out score can be taken later
             why = "the time limit" if handle.out_of_time() else "a stop"
             log.info("The held-out scoring of the trained model ended early (%s); Evaluate now on the Compare tab "
@@ -396,21 +427,10 @@ def _checkpoint_last_step(trainer, run: RunDir, config: RunConfig) -> None:
     step = trainer.state.global_step
     if step == 0 or (run.checkpoints_dir / f"checkpoint-{step}" / "trainer_state.json").is_file():
         return
+    from .progress import finish_checkpoint
+
     trainer._save_checkpoint(trainer.model, trial=None)
-    _finish_checkpoint(run, config, step)
-
-
-def _finish_checkpoint(run: RunDir, config: RunConfig, step: int) -> None:
-    """Make a saved checkpoint what it claims to be, since people upload checkpoints too: its adapter config names
-    the starting model by Hub id (not this machine's folder) and its README is this run's model card, not PEFT's
-    blank template. Then the status names it as the latest."""
-    folder = run.checkpoints_dir / f"checkpoint-{step}"
-    try:
-        make_portable(folder, config.model)
-        write_model_card(run, folder, curve=False)
-    except Exception as exc:  # noqa: BLE001 - the weights are saved; a card that cannot be written is a warning
-        log.warning("The model card of checkpoint-%d could not be written: %s", step, exc)
-    run.update_status(latest_checkpoint=f"checkpoint-{step}")
+    finish_checkpoint(run, config, step)
 
 
 def _write_card(run: RunDir, config: RunConfig) -> None:
@@ -519,11 +539,13 @@ def _train_on_one_gpu(args, gpu: int) -> None:
 
 
 def build_trainer(config: RunConfig, args, model, tokenizer, train_rows: list[dict], rewards: list[Reward],
-                  failures: RewardFailures):
-    """TRL's GRPOTrainer for this run, with Dragon's rewards and the speed-ups that apply."""
+                  failures: RewardFailures, on_sampled: Callable[[list, list, list], None] | None = None):
+    """TRL's GRPOTrainer for this run, with Dragon's rewards and the speed-ups that apply; ``on_sampled(prompts,
+    completions, references)`` hears of each sampled batch before it is scored."""
     import transformers
     from datasets import Dataset
     from peft import LoraConfig
+    from transformers import PrinterCallback
 
     peft_config = None
     if config.lora.enabled:
@@ -545,184 +567,32 @@ def build_trainer(config: RunConfig, args, model, tokenizer, train_rows: list[di
                               f"training stopped; fix the reward and resume. Its error: {message}")
 
     reward_funcs = trl_reward_functions(rewards, failures, on_batch=on_batch)
-    reward_funcs[0] = _logging_references(reward_funcs[0])
+    reward_funcs[0] = _watching_batches(reward_funcs[0], on_sampled)
     trainer = speedups.grpo_trainer_class()(model=model, reward_funcs=reward_funcs, args=args,
                                             train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
                                             peft_config=peft_config)
     speedups.apply_to_trainer_model(trainer.model)
     trainer.remove_callback(PrinterCallback)  # it prints raw log dicts; RunStoreCallback writes readable lines
     # TRL writes a card of its own beside the checkpoints at every save ("fine-tuned version of None"): each
-    # checkpoint and the final weights get this run's card instead (_finish_checkpoint, _write_card).
+    # checkpoint and the final weights get this run's card instead (progress.finish_checkpoint, _write_card).
     trainer.create_model_card = lambda *args, **kwargs: None
     return trainer
 
 
-def _logging_references(reward_func):
-    """Wrap one reward function so each batch's references reach TRL's rollout log (trainer._logs['extra'])."""
+def _watching_batches(reward_func, on_sampled: Callable[[list, list, list], None] | None):
+    """Wrap the first reward function, which TRL calls once per sampled batch before any other: the batch's
+    references reach TRL's rollout log (trainer._logs['extra']), and ``on_sampled`` sees the batch."""
 
     def wrapped(prompts, completions, **kwargs):
+        references = list(kwargs.get("reference") or [])
         if "log_extra" in kwargs and "reference" in kwargs:
-            kwargs["log_extra"]("reference", list(kwargs["reference"]))
+            kwargs["log_extra"]("reference", references)
+        if on_sampled is not None:
+            on_sampled(prompts, completions, references)
         return reward_func(prompts=prompts, completions=completions, **kwargs)
 
     wrapped.__name__ = reward_func.__name__
     return wrapped
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The callback: TRL's logs -> run directory, and cooperative stopping.
-
-
-class StepPace:
-    """How long steps take, from the times their rows are logged. The log shows the latest step, not a running
-    average that the slow first step (loading, warm-up) keeps high for the whole run; the ETA goes by the steps after
-    the first one logged, once there are any."""
-
-    def __init__(self, start_step: int, started_at: float) -> None:
-        self._first: tuple[int, float] | None = None
-        self._last = (start_step, started_at)
-
-    def logged(self, step: int, now: float) -> tuple[float, float]:
-        """(seconds each step since the last row took, seconds a step takes for the ETA)."""
-        last_step, last_at = self._last
-        latest = (now - last_at) / max(1, step - last_step)
-        self._first, self._last = self._first or (step, now), (step, now)
-        first_step, first_at = self._first
-        return latest, (now - first_at) / (step - first_step) if step > first_step else latest
-
-
-# What TRL logs about a sampled batch (its rewards, lengths and spread), only on the step that samples it.
-BATCH_METRICS = ("reward", "rewards/", "completions/", "frac_reward_zero_std")
-
-
-class RunStoreCallback(TrainerCallback):
-    """Writes one progress row and the sampled groups per step; ends training between steps on a stop that arrives
-    between forward passes (one inside a step ends it sooner: _stoppable_forward_passes).
-
-    Only the main process writes (under ``accelerate launch`` every process runs this callback), and the rollouts
-    are read from ``trainer._logs``, which TRL fills with the batch it just trained on before calling ``on_log``.
-    """
-
-    def __init__(self, run: RunDir, trainer, handle: RunHandle, rewards: list[Reward], failures: RewardFailures,
-                 config: RunConfig, checks: HeldOutChecks) -> None:
-        self.run, self.trainer, self.handle = run, trainer, handle
-        self.rewards, self.failures, self.config, self.checks = rewards, failures, config, checks
-        self.stopped = False
-        self._session_start = time.monotonic()
-        self._pace = StepPace(0, self._session_start)
-        self._elapsed_before = 0.0
-        self._reported_errors: set[str] = set()
-        self._batch: dict | None = None  # the metrics TRL logged with the last sampled batch
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._pace = StepPace(state.global_step, self._session_start)
-        self._elapsed_before = float(self.run.read_status().get("elapsed_s") or 0.0) if state.global_step else 0.0
-        self.checks.begin(state.max_steps)
-        if state.is_world_process_zero:
-            self.run.update_status(step=state.global_step, total_steps=state.max_steps)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if distributed.any_process(self.handle.should_stop()):  # all leave at the same step
-            self.stopped = True
-            control.should_training_stop = True
-            control.should_save = True
-        elif state.global_step >= state.max_steps:
-            control.should_save = True  # the last step always leaves a checkpoint, whatever save_steps says
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            _finish_checkpoint(self.run, self.config, state.global_step)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or ("reward" not in logs and ("loss" not in logs or self._batch is None)):
-            return  # the end-of-training summary and eval logs carry no step
-        reused = "reward" not in logs  # with num_iterations > 1: a step trained again on the last sampled batch
-        if reused:  # TRL logs a batch's rewards and lengths where it samples it; they are this step's batch too
-            logs = {**self._batch, **logs}
-        else:
-            self._batch = {key: value for key, value in logs.items() if key.startswith(BATCH_METRICS)}
-        local_errors = [self.failures.counts().get(r.name, 0) for r in self.rewards]
-        errors = dict(zip((r.name for r in self.rewards), distributed.sum_over_processes(local_errors)))
-        if not state.is_world_process_zero:
-            return
-        step, total = state.global_step, state.max_steps
-        groups = self._groups()
-        now = time.monotonic()
-        elapsed_session = now - self._session_start
-        last_step_s, per_step = self._pace.logged(step, now)
-        eta = per_step * max(0, total - step)
-        row = {
-            "step": step,
-            "epoch": round(state.epoch or 0.0, 4),
-            "elapsed_s": round(self._elapsed_before + elapsed_session, 2),
-            "eta_s": round(eta, 1),
-            "loss": logs.get("loss"),
-            "lr": logs.get("learning_rate"),
-            "kl": logs.get("kl"),
-            "reward": logs.get("reward"),
-            "reward_std": logs.get("reward_std"),
-            **{f"reward_{r.name}": logs.get(f"rewards/{r.name}/mean") for r in self.rewards},
-            "completion_len": logs.get("completions/mean_length"),
-            "clipped_ratio": logs.get("completions/clipped_ratio"),
-            "frac_reward_zero_std": zero_spread_share(groups),
-            "step_time_s": logs.get("step_time"),
-            "peak_gpu_mem_gb": _peak_gpu_memory_gb(),
-            "world_size": distributed.world_size(),
-            "completions_per_step": self.config.completions_per_step * distributed.world_size(),
-            **{f"errors_{r.name}": errors[r.name] for r in self.rewards},
-        }
-        if reused:
-            row["reused_batch"] = True
-        row = {k: _finite_or_none(v) for k, v in row.items()}
-        self.run.append_progress(row)
-        if not reused:  # the viewer keeps showing the batch this step trained on
-            self.run.append_rollouts({"step": step, "groups": groups})
-        self.run.update_status(step=step, total_steps=total, eta_s=row["eta_s"], elapsed_s=row["elapsed_s"],
-                               reward=row["reward"], reward_errors={k: v for k, v in errors.items() if v})
-        log.info("step %d/%d  reward %s  kl %s  len %s  (%.1f s/step, ETA %s)", step, total,
-                 _log_number(row["reward"]), _log_number(row["kl"]), _log_number(row["completion_len"]),
-                 last_step_s, _fmt_duration(eta))
-        for name, message in self.failures.first_errors().items():
-            if name not in self._reported_errors:
-                self._reported_errors.add(name)
-                log.warning("Reward '%s' failed on some completions (scored 0); first error: %s", name, message)
-        if self.checks.due(step, total):
-            try:
-                self.checks.check(self.trainer.model, step)
-            except Stopped:  # a stop or the time limit during the check: the step itself is done, so it is saved
-                self.stopped = True
-                control.should_training_stop = control.should_save = True
-
-    def _groups(self) -> list[dict]:
-        logs = self.trainer._logs
-        prompts, completions, advantages = list(logs["prompt"]), list(logs["completion"]), list(logs["advantages"])
-        references = list(logs["extra"].get("reference", []))
-        per_reward = {r.name: list(logs["rewards"].get(r.name, [])) for r in self.rewards}
-        group_size = self.config.grpo.group_size
-        groups = []
-        for start in range(0, len(prompts), group_size):
-            items = []
-            for i in range(start, min(start + group_size, len(prompts))):
-                scores = {name: _finite_or_none(values[i]) if i < len(values) else None for name, values in per_reward.items()}
-                total = sum((scores[r.name] or 0.0) * r.weight for r in self.rewards)
-                items.append({"text": completion_text(completions[i]), "scores": scores, "total": round(total, 6),
-                              "advantage": _finite_or_none(advantages[i]) if i < len(advantages) else None})
-            groups.append({"prompt": last_user_text(prompts[start]),
-                           "reference": references[start] if start < len(references) else "",
-                           "completions": items})
-        return groups
-
-
-def zero_spread_share(groups: list[dict]) -> float | None:
-    """The share of a step's groups whose completions all scored the same weighted total: GRPO learns nothing from
-    them. Read from the totals the run wrote, to a relative tolerance: TRL's own frac_reward_zero_std compares the
-    float32 spread with zero at an absolute 1e-8, so rounding in a weighted total (1.0 + 0.3) hides such groups."""
-    spreads = []
-    for group in groups:
-        totals = [item["total"] for item in group["completions"] if isinstance(item.get("total"), (int, float))]
-        if len(totals) > 1:
-            spreads.append(max(totals) - min(totals) <= 1e-6 * max(1.0, *(abs(total) for total in totals)))
-    return sum(spreads) / len(spreads) if spreads else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -782,12 +652,6 @@ def _use_hardware(hardware: ResolvedHardware) -> None:
         torch.cuda.set_device(hardware.gpu)
 
 
-def _peak_gpu_memory_gb() -> float | None:
-    import torch
-
-    return round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
-
-
 def _free_accelerator_memory() -> None:
     import gc
 
@@ -799,19 +663,3 @@ def _free_accelerator_memory() -> None:
             torch.cuda.empty_cache()
     except ImportError:
         pass
-
-
-def _finite_or_none(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _log_number(value) -> str:
-    """A score in a log line: three decimals, "-" when there is none."""
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _fmt_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"

@@ -8,12 +8,15 @@ pointed at a temporary runs folder and a tiny model.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import re
 import secrets
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from .. import ASSETS_DIR
@@ -23,12 +26,15 @@ from ..engine import policy, queue, retention, training
 from ..engine.estimate import estimate_run, format_seconds, preview_memory_gb
 from ..engine.hardware import (HardwareInfo, ResolvedHardware, detect_hardware, resolve_for_this_machine,
                                resolve_hardware)
+from ..engine.libraries import import_all
 from ..engine.models import ModelCache
 from ..errors import BusyError, ConfigError, DragonError, NotYoursError
 from ..public import Limits, is_own_upload, is_public_demo, own_uploads_dir, visitor
 from ..runstore import RunDir, list_runs, read_json, write_json_atomic
 from .draft import ordinal
 from .visitors import Visitors
+
+log = logging.getLogger("dragon_ui")
 
 DEFAULT_RECIPE = "arithmetic"
 UPLOADS_KEPT = 3  # a visitor's newest uploads in a public demo; an older one goes when a new one arrives
@@ -47,6 +53,7 @@ class Studio:
         self.recipes_dir = Path(recipes_dir or ASSETS_DIR / "recipes").resolve()
         self.public = is_public_demo()
         self._hardware: HardwareInfo | None = None
+        self._hardware_lock = threading.Lock()  # the warm-up and a page's first request may both ask at once
         self.models = ModelCache(self.hardware)
         self.visitors = Visitors()
 
@@ -143,9 +150,36 @@ class Studio:
 
     # --- hardware ------------------------------------------------------------------------------------------------
     def hardware(self, refresh: bool = False) -> HardwareInfo:
-        if self._hardware is None or refresh:
-            self._hardware = detect_hardware()
-        return self._hardware
+        with self._hardware_lock:
+            if self._hardware is None or refresh:
+                self._hardware = detect_hardware()
+            return self._hardware
+
+    def warm_up(self) -> threading.Thread:
+        """In a background thread, once the server answers: what the first page, the first Start and the first
+        playground group would otherwise each wait for. See _warm."""
+        thread = threading.Thread(target=self._warm, name="dragon-warm-up", daemon=True)
+        thread.start()
+        return thread
+
+    def _warm(self) -> None:
+        """Import the libraries (engine.libraries: whatever needs them meanwhile waits, rather than racing the
+        import), detect the hardware, measure the CPU for the estimate while nothing else runs, and load the default
+        recipe's model and tokenizer for previews; a Start takes that model over (engine.models.take_set_aside). Nothing is loaded beside a training, and a failure here only
+        means the first use loads what it needs itself."""
+        started = time.monotonic()
+        try:
+            import_all()
+            info = self.hardware()
+            config = self.validate(self.default_draft())
+            estimate_run(config, resolve_hardware(config.hardware, info), info)
+            if queue.training_run_id(self.runs_dir) is None:
+                self.models.load(config.model, settings=config.hardware)
+        except Exception:  # noqa: BLE001 - warming up is an optimisation; the first use reports its own errors
+            log.exception("Warming up failed; the first use loads what it needs")
+        else:
+            log.info("Warmed up in %.1f s: the hardware, the training libraries and %s", time.monotonic() - started,
+                     config.model.id)
 
     def resolve_hardware(self, draft: dict) -> ResolvedHardware:
         return resolve_hardware(self.validate(draft).hardware, self.hardware())
@@ -155,13 +189,13 @@ class Studio:
         """Start the draft, or queue it while another run trains (engine.queue)."""
         config = self.validate(draft)
         if queue.training_run_id(self.runs_dir) is None:
-            self.release_model()  # training needs the memory more than a preview does
+            self.release_model(for_training=True)  # training needs the memory more than a preview does
         return queue.submit(config)
 
     def resume(self, run_id: str) -> RunDir:
         run = self.owned_run(run_id, "resume it")
         if queue.training_run_id(self.runs_dir) is None:
-            self.release_model()
+            self.release_model(for_training=True)
         return queue.submit_resume(run.path)
 
     def stop(self, run_id: str) -> None:
@@ -180,7 +214,7 @@ class Studio:
         """Start the waiting runs one after another, from now on (the app does this once, when it starts); in a
         public demo the same thread removes old runs, uploads and download copies (engine.retention)."""
         housekeeping = self.clean_up if self.public else None
-        return queue.Scheduler(self.runs_dir, housekeeping=housekeeping, before_start=self.release_model).start()
+        return queue.Scheduler(self.runs_dir, housekeeping=housekeeping, before_start=lambda: self.release_model(for_training=True)).start()
 
     def clean_up(self) -> list[Path]:
         """Remove what a public demo keeps no longer: its owner's retention for runs and uploads, an hour for
@@ -360,5 +394,7 @@ class Studio:
         return str(Path(path).resolve().relative_to(self.runs_dir)) if Path(path).resolve().is_relative_to(
             self.runs_dir) else Path(path).name
 
-    def release_model(self) -> None:
-        self.models.release()
+    def release_model(self, for_training: bool = False) -> None:
+        """Let go of the preview model; ``for_training``: set it aside for the training about to start, which takes
+        it if it is the model and precision it would load (engine.models.ModelCache.release)."""
+        self.models.release(for_training)

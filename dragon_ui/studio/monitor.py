@@ -42,6 +42,7 @@ class Snapshot:
     progress: list[dict] = field(default_factory=list)  # every progress row so far
     heldout: list[dict] = field(default_factory=list)  # every held-out check so far (heldout.jsonl)
     rollouts: dict | None = None  # the latest step's sampled groups
+    sampling: dict | None = None  # before the first step ends: the batch it is scoring and training on
     log: str = ""  # the last LOG_LINES lines
     cursor: dict = field(default_factory=dict)
     status_changed: bool = False
@@ -60,7 +61,7 @@ class Snapshot:
     def to_state(self) -> dict:
         """Plain data for a gr.State; pass it back as ``since`` to read only what is new."""
         return {"run_dir": self.run_dir, "status": self.status, "progress": self.progress, "heldout": self.heldout,
-                "rollouts": self.rollouts, "log": self.log, "cursor": self.cursor}
+                "rollouts": self.rollouts, "sampling": self.sampling, "log": self.log, "cursor": self.cursor}
 
 
 def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snapshot:
@@ -101,6 +102,14 @@ def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snap
     elif previous is not None and not reset:
         snap.rollouts = previous["rollouts"]
     snap.rollouts_changed = previous is None or reset or bool(rows)
+    if snap.rollouts is None:  # until the first step ends, the completions it sampled (sampling.json)
+        stamp = _stamp(run.sampling_path)
+        if previous is None or stamp != old_cursor.get("sampling"):
+            snap.sampling = run.read_sampling() if stamp else None
+            snap.rollouts_changed = snap.rollouts_changed or snap.sampling != (previous or {}).get("sampling")
+        else:
+            snap.sampling = previous.get("sampling")
+        snap.cursor["sampling"] = stamp
 
     log_stamp = _stamp(run.log_path)
     if previous is None or log_stamp != old_cursor.get("log"):
@@ -187,7 +196,7 @@ KL_GROWTH = 3.0  # rising: the last WINDOW steps all above the WINDOW before, th
 KL_SPIKE = 2.0  # a spike: one step above twice the highest of the WINDOW steps before it...
 KL_SPIKE_MIN = 0.3  # ...and high enough to matter
 SAME = 1e-9  # float noise: values closer than this count as equal
-# The line training.RunStoreCallback logs the first time a reward fails.
+# The line progress.RunStoreCallback logs the first time a reward fails.
 _REWARD_ERROR_LINE = re.compile(r"Reward '(?P<name>[^']+)' failed on some completions \(scored 0\); "
                                 r"first error: (?P<error>.*)")
 
@@ -250,7 +259,7 @@ def _parameters(model_id: str) -> float | None:
 
 
 def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert]:
-    """The counts are cumulative (training.RunStoreCallback), so the latest row has them all; the row before tells
+    """The counts are cumulative (progress.RunStoreCallback), so the latest row has them all; the row before tells
     whether the reward is still failing."""
     latest = rows[-1] if rows else {}
     before = rows[-2] if len(rows) > 1 else {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
+import logging
 import os
 import sys
 from pathlib import Path
@@ -136,22 +137,33 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         for connect in connectors:  # events that read the whole form, now that every tab has added its fields
             connect()
 
+        fill_outputs = [component for _, outputs in shared.fills for component in outputs]
+        assert len(set(map(id, fill_outputs))) == len(fill_outputs), "two tabs fill the same component"
+
+        def fill_everything(now: bool, draft: dict) -> tuple:
+            """Every tab shows the draft (each one's fill), and the form appears, in one answer: each event of a
+            chain is a round trip after which the browser redraws the page, and a page opening on a busy machine
+            felt each one."""
+            if not now:
+                return (gr.skip(),) * (len(fill_outputs) + 3)
+            values = []
+            for fill, outputs in shared.fills:
+                filled = fill(draft)
+                values.extend(filled if len(outputs) > 1 else [filled])
+            return (*values, gr.Column(visible=True), gr.Markdown(visible=False), False)
+
         def fill_loaded(start):
             """``start(loading)`` wires an event that may load a whole draft into the outputs ``loading``. After it,
-            when it did, every tab shows the draft (each one's fill, one after another), the form appears (the page
-            hides it until then, so nothing typed while it opens is overwritten), and the tabs' refreshes run on what
-            the form shows. Whether it did is a flag of the event's own: one flag for every event was reset by the
+            when it did, every tab shows the draft and the form appears (the page hides it until then, so nothing
+            typed while it opens is overwritten); then the tabs' refreshes run, side by side, on what the form
+            shows. Whether it did is a flag of the event's own: one flag for every event was reset by the
             question's event finishing while Replace, pressed at once, was loading."""
             just_loaded = gr.State(False)
             event = start([form.loaded, shared.pristine, just_loaded, shared.auto_name])
-            for fill, outputs in shared.fills:
-                event = event.then(_when_loaded(fill, len(outputs)), [just_loaded, form.loaded], outputs,
-                                   api_visibility="private", show_progress="hidden")
-            event = event.then(lambda now: (gr.Column(visible=True), gr.Markdown(visible=False), False) if now
-                               else (gr.skip(),) * 3, [just_loaded], [form_area, opening, just_loaded],
+            event = event.then(fill_everything, [just_loaded, form.loaded], [*fill_outputs, form_area, opening, just_loaded],
                                api_visibility="private", show_progress="hidden")
             for refresh, inputs, outputs in shared.refreshes:
-                event = event.then(refresh, inputs, outputs, api_visibility="private", show_progress="hidden")
+                event.then(refresh, inputs, outputs, api_visibility="private", show_progress="hidden")
             return event
 
         offer_draft(load_recipe.click, lambda name: (studio.load_recipe(name), f"the {name} recipe"), [recipe])
@@ -334,6 +346,7 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
     if args.runs_dir:  # every part of the app (the queue, a public demo's checks, uploads) keeps to this folder
         os.environ[RUNS_DIR_ENV] = str(Path(args.runs_dir).expanduser().resolve())
 
+    _log_to_terminal()
     studio = Studio(runs_dir=args.runs_dir)
     demo = build_app(studio)
     studio.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
@@ -341,10 +354,13 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
     def serve(host: str, port: int, inbrowser: bool, block: bool = True) -> str:
         """Serve the app; with ``block`` until the process is stopped, else in the background. Its address."""
         demo.queue(default_concurrency_limit=4).launch(
-            server_name=host, server_port=port, share=args.share, inbrowser=inbrowser, prevent_thread_lock=not block,
+            server_name=host, server_port=port, share=args.share, inbrowser=inbrowser, prevent_thread_lock=True,
             theme=gr.themes.Soft(primary_hue="emerald"), css_paths=[str(ASSETS_DIR / "app.css")],
             show_error=True, footer_links=["api", "gradio"], **serving_options(studio),
         )
+        studio.warm_up()  # the hardware, the training libraries and the default model, while the first page opens
+        if block:
+            demo.block_thread()
         return demo.local_url
 
     if args.desktop:
@@ -353,6 +369,17 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
         return desktop.run(studio, serve, driver=desktop_driver)
     serve(args.host, args.port, inbrowser=not (args.no_browser or on_space))
     return 0
+
+
+def _log_to_terminal() -> None:
+    """The app's own lines on the terminal that started it: its warm-up, a queued run that could not start, and the
+    training's progress (each run also writes its lines to its own log.txt)."""
+    logger = logging.getLogger("dragon_ui")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 def serving_options(studio: Studio) -> dict:
@@ -372,11 +399,3 @@ def _notes(draft: dict) -> tuple:
     return gr.Accordion(visible=bool(notes.strip())), notes
 
 
-def _when_loaded(fill, count: int):
-    """``fill(draft)`` when a draft was just loaded, else nothing changes (the load asked first instead)."""
-    def filled(now: bool, draft: dict):
-        if now:
-            return fill(draft)
-        return gr.skip() if count == 1 else (gr.skip(),) * count
-
-    return filled

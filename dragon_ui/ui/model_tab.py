@@ -411,9 +411,9 @@ def build(shared: Shared) -> Callable[[], None]:
     calls it once every tab has added its fields)."""
     studio, form = shared.studio, shared.form
     initial = studio.default_draft()
-    # Computed now, while nothing else runs: the estimate's CPU probe reads low when the handlers of a page load
-    # run at the same time.
-    preview = build_preview(studio, initial)
+    # Filled when the page opens the settings (shared.refreshes); the build imports no torch, so the server answers
+    # sooner, and the app's warm-up (Studio.warm_up) has measured the CPU for the estimate by then.
+    preview = build_preview(studio, {})
     areas: dict[str, gr.Markdown] = {}
 
     gr.Markdown("### Model")
@@ -433,7 +433,7 @@ def build(shared: Shared) -> Callable[[], None]:
 
     gr.Markdown("### Hardware")
     with gr.Row():
-        detected = gr.Markdown(hardware_markdown(studio.hardware()), elem_id="model-hardware-detected")
+        detected = gr.Markdown("Detecting the hardware…", elem_id="model-hardware-detected")
         detect_again = gr.Button("Detect again", size="sm", scale=0, elem_id="model-detect")
     with gr.Row():
         widgets("hardware", initial, form)
@@ -516,6 +516,7 @@ def build(shared: Shared) -> Callable[[], None]:
         form.watch(lambda draft: (*describe(draft), ""), [*preview_outputs, start_status])
         # Start is offered once the loaded settings are in the form and checked.
         shared.refreshes.append((form.takes_draft(describe), form.inputs, preview_outputs))
+        shared.refreshes.append((lambda: hardware_markdown(studio.hardware()), [], [detected]))
 
         @shows_errors
         def redetect(draft: dict):

@@ -1,4 +1,4 @@
-"""Plotly figures of a run's progress rows (one row per optimiser step, see training.RunStoreCallback).
+"""Plotly figures of a run's progress rows (one row per optimiser step, see progress.RunStoreCallback).
 
 Pure functions, so the Train tab and the tests build the same figures. Only basic scatter traces: the browser's
 bundled plotly.js draws them without extra modules. A constant ``uirevision`` keeps the user's zoom when the figure

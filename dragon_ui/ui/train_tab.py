@@ -97,11 +97,14 @@ def alerts_markdown(alerts: list[Alert]) -> str:
     return "\n\n".join(message(f"**{alert.title}.** {alert.fix}", alert.level) for alert in alerts)
 
 
-def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int = MAX_GROUPS_SHOWN) -> str:
+def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int = MAX_GROUPS_SHOWN,
+                  sampling: dict | None = None) -> str:
     """The latest step's groups: each completion with its per-reward scores, total and advantage; the best and
-    worst of a group highlighted. Everything from the run is escaped: completions are untrusted text."""
+    worst of a group highlighted. Before the first step ends, the completions it sampled (``sampling``), unscored.
+    Everything from the run is escaped: completions are untrusted text."""
     if not rollout or not rollout.get("groups"):
-        return "<p>No completions yet: they appear after the first step.</p>"
+        return sampled_html(sampling, max_groups) if sampling and sampling.get("groups") else \
+            "<p>No completions yet: they appear as soon as the first step has sampled them.</p>"
     groups = rollout["groups"]
     step = rollout.get("step")
     parts = [f"<p><b>Step {html.escape(str(step))}</b>: {min(len(groups), max_groups)} of {len(groups)} prompts. "
@@ -139,6 +142,23 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
             parts.append(f"<button class='explain-group' data-step='{step}' data-group='{number}'>What did this step "
                          f"do? (group {number})</button>")
         parts.append("</div>")
+    return "".join(parts)
+
+
+def sampled_html(sampling: dict, max_groups: int = MAX_GROUPS_SHOWN) -> str:
+    """The completions the first step just sampled, while it scores them and trains on them: the model at work
+    before the step's numbers exist. Escaped like the rollouts: completions are untrusted text."""
+    groups = sampling.get("groups") or []
+    parts = [f"<p><b>Step {html.escape(str(sampling.get('step')))}</b>, sampled just now: "
+             f"{min(len(groups), max_groups)} of {len(groups)} prompts. Their scores and advantages appear when the "
+             "step ends.</p>"]
+    for group in groups[:max_groups]:
+        completions = group.get("completions") if isinstance(group.get("completions"), list) else []
+        items = "".join(f"<li style='white-space:pre-wrap'>{html.escape(str(text))}</li>" for text in completions)
+        parts.append(f"<div class='rollout-group sampled' style='margin:12px 0'><div><b>Prompt:</b> "
+                     f"<span style='white-space:pre-wrap'>{html.escape(str(group.get('prompt', '')))}</span></div>"
+                     f"<div><b>Reference:</b> {html.escape(str(group.get('reference', '')))}</div>"
+                     f"<ol>{items}</ol></div>")
     return "".join(parts)
 
 
@@ -283,7 +303,7 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
         kl_plot=plots.kl_figure(rows) if snap.progress_changed else skip,
         length_plot=plots.length_figure(rows, max_new_tokens) if snap.progress_changed else skip,
         alerts=alerts_markdown(health_alerts(rows, status, config, snap.log, snap.rollouts, snap.heldout)),
-        rollouts=rollouts_html(snap.rollouts, reward_names) if snap.rollouts_changed else skip,
+        rollouts=rollouts_html(snap.rollouts, reward_names, sampling=snap.sampling) if snap.rollouts_changed else skip,
         explanation=skip if same_run else NO_EXPLANATION,
         log=snap.log if snap.log_changed else skip,
         stop=gr.Button(interactive=snap.active and mine) if state_changed else skip,

@@ -1,0 +1,97 @@
+"""The warm app: what the first Start and the first preview would wait for is loaded once the server answers, and a
+Start takes over the model the app already holds instead of loading a second copy, training exactly as a cold start."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from dragon_ui.config import RunConfig
+from dragon_ui.engine import models, training
+from dragon_ui.engine.hardware import resolve_hardware
+from dragon_ui.runstore import RunDir
+from dragon_ui.studio.backend import Studio
+
+
+@pytest.fixture
+def tiny_studio(tiny_config_dict, tmp_path, runs_dir):
+    """A Studio whose default recipe trains the tiny model (in float32, so runs compare number for number)."""
+    tiny_config_dict["hardware"]["dtype"] = "float32"
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "arithmetic.yaml").write_text(yaml.safe_dump(tiny_config_dict), encoding="utf-8")
+    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes)
+    yield studio
+    handle = training.active_run()
+    if handle is not None:
+        handle.stop()
+        handle.wait(120)
+    studio.release_model()
+    models._set_aside = None  # nothing set aside outlives its test
+
+
+def train(studio: Studio, draft: dict) -> RunDir:
+    run = studio.start(draft)
+    handle = training.active_run()
+    assert handle is not None and handle.run.id == run.id
+    handle.wait(timeout=240)
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
+    return run
+
+
+def test_the_warm_up_loads_the_default_model_and_the_first_start_takes_it_over(tiny_studio):
+    draft = tiny_studio.default_draft()
+    config = RunConfig.from_dict(draft)
+    tiny_studio.warm_up().join(timeout=240)
+    assert tiny_studio.models.holds(config.model, settings=config.hardware)
+
+    run = train(tiny_studio, draft)
+    assert "The model was loaded already" in run.log_tail()
+    assert not tiny_studio.models.holds(config.model, settings=config.hardware)  # one copy: the training's
+    assert models._set_aside is None
+    assert run.read_status()["phase"] == "done" and "before" in run.read_eval()
+
+
+def test_a_run_on_the_taken_over_model_trains_exactly_like_one_that_loaded_its_own(tiny_studio):
+    draft = tiny_studio.default_draft()
+    cold = train(tiny_studio, draft)
+    config = RunConfig.from_dict(draft)
+    tiny_studio.models.load(config.model, settings=config.hardware)  # as the playground would
+    warm = train(tiny_studio, draft)
+    assert "loaded already" not in cold.log_tail() and "loaded already" in warm.log_tail()
+    for read in (RunDir.read_rollouts, RunDir.read_heldout):
+        assert [{**row, "seconds": 0} for row in read(cold)] == [{**row, "seconds": 0} for row in read(warm)]
+    assert [row["loss"] for row in cold.read_progress()] == [row["loss"] for row in warm.read_progress()]
+    assert cold.read_samples() == warm.read_samples()
+
+
+def test_a_model_set_aside_goes_back_to_the_previews_or_away_when_a_training_needs_another(tiny_studio):
+    config = RunConfig.from_dict(tiny_studio.default_draft())
+    model, _ = tiny_studio.models.load(config.model, settings=config.hardware)
+    tiny_studio.release_model(for_training=True)
+    assert tiny_studio.models.load(config.model, settings=config.hardware)[0] is model  # a Start that was refused
+
+    tiny_studio.release_model(for_training=True)
+    source, hardware = models.resolve_model(config.model), resolve_hardware(config.hardware)
+    assert models.take_set_aside(source, hardware, "bfloat16") is None  # another precision: loaded anew
+    assert models._set_aside is None  # and the copy set aside is not kept beside it
+    tiny_studio.release_model(for_training=True)  # nothing held: nothing set aside
+    assert models.take_set_aside(source, hardware, "float32") is None
+
+
+def test_a_start_while_the_app_still_imports_its_libraries_waits_for_them(tiny_studio, tiny_config_dict, tmp_path):
+    """transformers imports its parts lazily, which is not thread-safe: a Start's checks (training.inspect) while
+    the warm-up imported them left one side with a half-imported module ("cannot import name 'AutoTokenizer' from
+    'transformers'"), every time without engine.libraries. In a fresh interpreter, so that nothing is imported yet."""
+    script = ("from dragon_ui.studio.backend import Studio\n"
+              "from dragon_ui.engine import training\n"
+              f"studio = Studio(runs_dir={str(tmp_path / 'runs')!r}, recipes_dir={str(tiny_studio.recipes_dir)!r})\n"
+              "draft = studio.default_draft()\n"
+              "warming = studio.warm_up()\n"
+              "inspection = training.inspect(studio.validate(draft))\n"
+              "warming.join()\n"
+              "print(len(inspection.mapped.train), 'prompts')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "prompts" in done.stdout and "Warming up failed" not in done.stderr
