@@ -174,7 +174,7 @@ def main() -> None:
                 rows["score a typed reply (idle)"] = stats(scored_replies(page, args.repeats))
                 rows["first Generate a group"] = stats([timed(
                     lambda: page.locator("#rewards-generate").click(),
-                    lambda: expect(page.locator("#rewards-groups")).to_contain_text("advantage"))])
+                    lambda: expect(page.locator("#rewards-progress")).to_contain_text("Sampled"))])
 
                 open_tab(page, "model")
                 expect(page.locator("#model-check")).to_contain_text("The settings are valid")
@@ -183,7 +183,7 @@ def main() -> None:
                 clicked = time.perf_counter()
                 page.locator("#model-start").click()
                 status = page.locator("#train-status")
-                expect(status).to_contain_text("training")
+                expect(status).to_contain_text(re.compile("running · training"))  # not "press Start training"
                 rows["Start → Train tab says training"] = stats([time.perf_counter() - clicked])
                 rollouts = page.locator("#train-rollouts")
                 expect(rollouts).to_contain_text(re.compile("sampled just now|Advantage"))

@@ -99,3 +99,32 @@ def test_a_second_page_opens_saying_that_a_run_trains(page, studio, tmp_path):
     expect(second.locator("#running-banner")).to_be_hidden()
     training.active_run().stop()
     assert json.loads((Path(run["dir"]) / "config.json").read_text())["name"]
+
+
+def test_a_page_whose_previews_are_slow_keeps_every_setting_across_a_reload(page, studio, monkeypatch):
+    """While the app imports its libraries (its first seconds), a page's previews wait for them. The tabs were
+    once filled in one answer, and then the reference field's stored value went empty while it still showed the
+    column, and the draft the browser keeps lost it: after a reload, the run had no reference answers."""
+    import time as clock
+
+    from dragon_ui.ui import data_tab, model_tab
+
+    def slowly(function):
+        def slow(*args, **kwargs):
+            clock.sleep(2)
+            return function(*args, **kwargs)
+
+        return slow
+
+    monkeypatch.setattr(data_tab, "show_preview", slowly(data_tab.show_preview))
+    monkeypatch.setattr(model_tab, "build_preview", slowly(model_tab.build_preview))
+    page.reload()
+    wait_until_loaded(page)
+    expect(page.locator("#data-reference input")).to_have_value("answer")
+    page.wait_for_timeout(3000)  # the watchers' answers, and the draft the browser keeps, settle
+    page.reload()
+    wait_until_loaded(page)
+    expect(page.locator("#data-reference input")).to_have_value("answer")
+    open_tab(page, "model")
+    page.get_by_text("The whole configuration (YAML)").click()
+    expect(page.locator("#model-yaml")).to_contain_text("reference: answer")

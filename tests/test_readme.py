@@ -471,3 +471,24 @@ def test_the_grpo_variants_table_is_its_results_files():
         assert row[3] == " / ".join(f"{point['fresh_100']['normalised']:.3f}" for point in points), row[0]
         assert row[4] == two_decimals(statistics.fmean(r["reward"] for r in progress[-5:]) / weights), row[0]
         assert row[5] == f"{statistics.fmean(r['kl'] for r in progress[-3:]):.3f}", row[0]
+
+
+def test_the_loop_tables_are_their_results_files():
+    """The README's loop table and docs/performance.md's: each moment's median, before and after, as
+    bench/page_latency.py recorded it."""
+    before, after = (result(name)["rows"] for name in ("page-latency-before.json", "page-latency.json"))
+    labels = {"app start → the server answers": "app start → server answers",
+              "Start → the Train tab says it trains": "Start → Train tab says training",
+              "Start → step 1 done, less the step's own time": "Start → step 1 done, less the step's own time",
+              "a tab switch while a run trains (median)": "tab switch (training)"}
+    rows = table_with(section(README, "Performance"), "moment")
+    assert [row[0] for row in rows] == list(labels)
+    for row in rows:
+        moment = labels[row[0]]
+        assert row[1:] == [two_decimals(before[moment]["p50_s"]), two_decimals(after[moment]["p50_s"])], row[0]
+    documented = table_with(section(PERFORMANCE, "The loop a learner feels"), "moment")
+    assert [row[0] for row in documented] == list(after)
+    for row in documented:
+        assert row[2].split(" / ")[0] == two_decimals(after[row[0]]["p50_s"]), row[0]
+        if row[1] != "–":
+            assert row[1].split(" / ")[0] == two_decimals(before[row[0]]["p50_s"]), row[0]

@@ -1,8 +1,8 @@
 """GRPO training in a background thread, writing everything it does into the run directory.
 
-``start(config)`` returns a :class:`RunHandle` at once; a worker thread loads data and model, scores the starting
-model on held-out prompts, runs TRL's ``GRPOTrainer`` (the algorithm is TRL's, not ours) and scores the trained
-model. ``progress.RunStoreCallback`` turns TRL's logs into ``progress.jsonl`` / ``rollouts.jsonl`` rows and honours
+``start(config)`` returns a :class:`RunHandle` at once; a worker thread loads data and model, runs TRL's
+``GRPOTrainer`` (the algorithm is TRL's, not ours) and scores the starting and the trained model on held-out prompts
+(a full fine-tune scores the starting one first; LoRA after training, with the adapter off, so Start trains at once). ``progress.RunStoreCallback`` turns TRL's logs into ``progress.jsonl`` / ``rollouts.jsonl`` rows and honours
 stop requests. Only one training runs per process: a model this size already takes the whole machine.
 
 Failure policy: every exception ends the run as ``failed`` with a readable reason; checkpoints already written stay;

@@ -137,30 +137,19 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         for connect in connectors:  # events that read the whole form, now that every tab has added its fields
             connect()
 
-        fill_outputs = [component for _, outputs in shared.fills for component in outputs]
-        assert len(set(map(id, fill_outputs))) == len(fill_outputs), "two tabs fill the same component"
-
-        def fill_everything(now: bool, draft: dict) -> tuple:
-            """Every tab shows the draft (each one's fill), and the form appears, in one answer: each event of a
-            chain is a round trip after which the browser redraws the page, and a page opening on a busy machine
-            felt each one."""
-            if not now:
-                return (gr.skip(),) * (len(fill_outputs) + 3)
-            values = []
-            for fill, outputs in shared.fills:
-                filled = fill(draft)
-                values.extend(filled if len(outputs) > 1 else [filled])
-            return (*values, gr.Column(visible=True), gr.Markdown(visible=False), False)
-
         def fill_loaded(start):
             """``start(loading)`` wires an event that may load a whole draft into the outputs ``loading``. After it,
-            when it did, every tab shows the draft and the form appears (the page hides it until then, so nothing
-            typed while it opens is overwritten); then the tabs' refreshes run, side by side, on what the form
-            shows. Whether it did is a flag of the event's own: one flag for every event was reset by the
-            question's event finishing while Replace, pressed at once, was loading."""
+            when it did, every tab shows the draft (each one's fill, one after another), the form appears (the page
+            hides it until then, so nothing typed while it opens is overwritten), and the tabs' refreshes run on what
+            the form shows, side by side. Whether it did is a flag of the event's own: one flag for every event was
+            reset by the question's event finishing while Replace, pressed at once, was loading."""
             just_loaded = gr.State(False)
             event = start([form.loaded, shared.pristine, just_loaded, shared.auto_name])
-            event = event.then(fill_everything, [just_loaded, form.loaded], [*fill_outputs, form_area, opening, just_loaded],
+            for fill, outputs in shared.fills:
+                event = event.then(_when_loaded(fill, len(outputs)), [just_loaded, form.loaded], outputs,
+                                   api_visibility="private", show_progress="hidden")
+            event = event.then(lambda now: (gr.Column(visible=True), gr.Markdown(visible=False), False) if now
+                               else (gr.skip(),) * 3, [just_loaded], [form_area, opening, just_loaded],
                                api_visibility="private", show_progress="hidden")
             for refresh, inputs, outputs in shared.refreshes:
                 event.then(refresh, inputs, outputs, api_visibility="private", show_progress="hidden")
@@ -399,3 +388,11 @@ def _notes(draft: dict) -> tuple:
     return gr.Accordion(visible=bool(notes.strip())), notes
 
 
+def _when_loaded(fill, count: int):
+    """``fill(draft)`` when a draft was just loaded, else nothing changes (the load asked first instead)."""
+    def filled(now: bool, draft: dict):
+        if now:
+            return fill(draft)
+        return gr.skip() if count == 1 else (gr.skip(),) * count
+
+    return filled
