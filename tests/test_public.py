@@ -243,14 +243,16 @@ def test_the_time_limit_ends_a_step_within_a_forward_pass_and_keeps_the_last_who
 
 
 def test_the_time_limit_counts_the_held_out_scoring(public_mode, public_config, monkeypatch):
-    """A limit that strikes while the starting model answers the held-out prompts ends the run there: scoring is
-    part of a run's time, and it stops within a generated token."""
+    """A limit that strikes while the starting model answers the held-out prompts (after training: a public demo
+    trains LoRA adapters, whose starting model is scored with the adapter off) ends the scoring there, within a
+    generated token: scoring is part of a run's time. The trained weights are saved by then, so the run is done,
+    and Evaluate now scores both models later."""
     limit_reached_when(monkeypatch, lambda status: status.get("phase", "").startswith("scoring the starting model"))
     handle = training.start(RunConfig.from_dict(public_config))
-    assert handle.wait(240) == "cancelled"
-    status = handle.run.read_status()
-    assert "It reached this public demo's limit" in status["stop_reason"] and status["step"] == 0
-    assert "before" not in handle.run.read_eval() and handle.run.checkpoints() == []
+    assert handle.wait(240) == "succeeded"
+    assert handle.run.has_final_weights() and handle.run.read_status()["step"] == public_config["training"]["max_steps"]
+    assert "before" not in handle.run.read_eval() and "after" not in handle.run.read_eval()
+    assert "held-out scoring of the starting model ended early (the time limit)" in handle.run.log_tail()
 
 
 def test_a_spaces_persistent_storage_keeps_the_runs(monkeypatch, tmp_path):

@@ -381,8 +381,8 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
                 record_eval(run, side, result, eval_rows, config.n_samples)
         except Stopped:  # the trained weights are saved: the run is done, its held-out score can be taken later
             why = "the time limit" if handle.out_of_time() else "a stop"
-            log.info("The held-out scoring of the trained model ended early (%s); Evaluate now on the Compare tab "
-                     "scores it.", why)
+            log.info("The held-out scoring of the %s model ended early (%s); Evaluate now on the Compare tab scores "
+                     "it.", which, why)
     distributed.barrier()
     return "succeeded"
 
