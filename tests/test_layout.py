@@ -4,6 +4,7 @@ lazy import inside a function counts too."""
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -67,32 +68,32 @@ def test_the_runs_description_needs_no_torch(module):
     assert all(name == "trl.rewards" or name.startswith("trl.rewards.") for name in trl_parts), trl_parts
 
 
-def test_trls_reward_kinds_load_no_torch():
-    """Building and scoring with TRL's kinds imports trl.rewards, which must not pull torch into a validation."""
-    script = ("import sys\n"
-              "from dragon_ui.rewards import build_rewards, parse_rewards, score_completion\n"
-              "specs = parse_rewards([{'kind': 'think_format'}, {'kind': 'repetition'}, {'kind': 'overlong'}])\n"
-              "result = score_completion(build_rewards(specs, max_new_tokens=8), '<think>a</think> b')\n"
-              "assert result.scores['think_format'] == 1.0, result\n"
-              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+def heavy_modules_after(script: str, heavy: tuple[str, ...], timeout: int) -> list[str]:
+    """Which of ``heavy`` a fresh interpreter has imported once it has run ``script``."""
+    script += f"import json, sys\nprint(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
                           cwd=PACKAGE.parent)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_trls_reward_kinds_load_no_torch():
+    """Building and scoring with TRL's kinds imports trl.rewards, which must not pull torch into a validation."""
+    script = ("from dragon_ui.rewards import build_rewards, parse_rewards, score_completion\n"
+              "specs = parse_rewards([{'kind': 'think_format'}, {'kind': 'repetition'}, {'kind': 'overlong'}])\n"
+              "result = score_completion(build_rewards(specs, max_new_tokens=8), '<think>a</think> b')\n"
+              "assert result.scores['think_format'] == 1.0, result\n")
+    assert heavy_modules_after(script, ("torch", "transformers"), timeout=120) == []
 
 
 def test_the_app_is_built_without_torch_or_the_training_libraries():
     """The server answers seconds sooner when building the page imports none of them: the warm-up (Studio.warm_up)
     loads them once it answers, and a Start, a preview or an estimate that comes first loads what it needs."""
-    script = ("import sys, tempfile\n"
+    script = ("import tempfile\n"
               "from dragon_ui.studio.backend import Studio\n"
               "from dragon_ui.ui import build_app\n"
-              "build_app(Studio(runs_dir=tempfile.mkdtemp()))\n"
-              "print(sorted(m for m in ('torch', 'transformers', 'peft', 'trl', 'datasets') if m in sys.modules))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=PACKAGE.parent)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+              "build_app(Studio(runs_dir=tempfile.mkdtemp()))\n")
+    assert heavy_modules_after(script, ("torch", "transformers", "peft", "trl", "datasets"), timeout=300) == []
 
 
 def test_the_checker_sees_relative_and_lazy_imports():

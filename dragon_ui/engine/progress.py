@@ -67,6 +67,7 @@ class RunStoreCallback(TrainerCallback):
                  config: RunConfig, checks: HeldOutChecks) -> None:
         self.run, self.handle = run, handle
         self.trainer = None  # the trainer is built with this callback's ``sampled``; it is set right after
+        self._sampled_once = False
         self.rewards, self.failures, self.config, self.checks = rewards, failures, config, checks
         self.stopped = False
         self._session_start = time.monotonic()
@@ -84,7 +85,8 @@ class RunStoreCallback(TrainerCallback):
                    "completions": [completion_text(c) for c in completions[start:start + group_size]]}
                   for start in range(0, len(prompts), group_size)]
         self.run.write_sampling({"step": self.trainer.state.global_step + 1, "groups": groups})
-        if self.run.read_status().get("phase") == FIRST_SAMPLING:
+        if not self._sampled_once:  # the training set FIRST_SAMPLING; the rest of that step learns
+            self._sampled_once = True
             self.run.update_status(phase=FIRST_LEARNING)
 
     def on_train_begin(self, args, state, control, **kwargs):
