@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -77,6 +78,29 @@ def test_only_what_changed_is_flagged(run, part):
     assert snap.rollouts["step"] == (2 if part == "rollouts" else 1)
     assert snap.status.get("phase") == ("training" if part == "status" else None)
     assert snap.log.endswith("step 2/10") == (part == "log")
+
+
+WRITES = {
+    "status": lambda run: run.update_status(phase="training"),
+    "progress": lambda run: run.append_progress(progress_row(2)),
+    "held-out": lambda run: run.append_heldout({"step": 2, "reward": 0.5}),
+    "rollouts": lambda run: run.append_rollouts({"step": 2, "groups": []}),
+    "sampling": lambda run: run.write_sampling({"step": 1, "groups": []}),
+    "log": lambda run: run.log_path.write_text("09:00:00 INFO step 1/10\n09:00:05 INFO step 2/10\n"),
+}
+
+
+@pytest.mark.parametrize("part", list(WRITES))
+def test_the_fingerprint_changes_with_each_file_the_train_tab_reads_and_only_then(run, part, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(monitor, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    before = monitor.fingerprint(run.path)
+    assert monitor.fingerprint(run.path) == before  # nothing written, no time passed: the Train tab skips
+    WRITES[part](run)
+    assert monitor.fingerprint(run.path) != before
+    again = monitor.fingerprint(run.path)
+    clock[0] += monitor.STATUS_RECHECK_S  # an active run's status is re-read that often, files changed or not
+    assert monitor.fingerprint(run.path) != again
 
 
 def test_only_new_rows_are_read(run):

@@ -480,7 +480,7 @@ def test_the_loop_tables_are_their_results_files():
     labels = {"app start → the server answers": "app start → server answers",
               "Start → the Train tab says it trains": "Start → Train tab says training",
               "Start → step 1 done, less the step's own time": "Start → step 1 done, less the step's own time",
-              "a tab switch while a run trains (median)": "tab switch (training)"}
+              "a typed reply scored while a run trains (median)": "score a typed reply (training)"}
     rows = table_with(section(README, "Performance"), "moment")
     assert [row[0] for row in rows] == list(labels)
     for row in rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 
@@ -911,6 +912,32 @@ def test_shared_prompt_prefill_generates_what_full_prompts_generate(tiny_model_d
     assert torch.equal(shared_tokens, full_tokens)
     torch.testing.assert_close(shared_scores, full_scores, rtol=1e-5, atol=1e-6)  # -inf where top-k cut alike
     assert "generate" not in vars(model)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_the_apps_own_replies_read_each_prompt_once_and_sample_as_the_trainer(tiny_model_dir, prefill_calls,
+                                                                              do_sample):
+    """speedups.generate (the playground's groups, the held-out scoring) hands generate a cache of each distinct
+    prompt instead of replacing the model's generate, so two threads can use one model at once; sampled, it draws
+    tokens by inverse CDF as the trainer does. The tokens are those of a plain generate drawing the same way."""
+    torchs = torch.multinomial
+    model = _tiny(tiny_model_dir)
+    speedups.apply_to_loaded_model(model)
+    input_ids, attention_mask, _ = _grouped_batch(model.config.vocab_size)
+    inputs = {"input_ids": input_ids[:, :9], "attention_mask": attention_mask[:, :9], "max_new_tokens": 8,
+              "do_sample": do_sample, "pad_token_id": 0}
+    torch.manual_seed(1)
+    with torch.no_grad(), sampling.inverse_cdf_sampler() if do_sample else contextlib.nullcontext():
+        expected = model.generate(**inputs)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        assert torch.equal(speedups.generate(model, do_sample, **inputs), expected)
+    assert prefill_calls == [True] and "generate" not in vars(model)
+    assert torch.multinomial is torchs
+    if not do_sample:  # two threads at once on one model each get the same replies (sampled, they share a seed)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool, torch.no_grad():
+            replies = list(pool.map(lambda _: speedups.generate(model, False, **inputs), range(2)))
+        assert all(torch.equal(reply, expected) for reply in replies) and "generate" not in vars(model)
 
 
 def test_shared_prompt_prefill_leaves_alone_distinct_prompts_dropout_and_chosen_caches(tiny_model_dir, prefill_calls):

@@ -16,7 +16,7 @@ from dragon_ui.engine import training
 from dragon_ui.engine.hardware import CudaDevice, HardwareInfo
 from dragon_ui.studio.draft import same_settings
 from dragon_ui.ui import model_tab
-from dragon_ui.ui.common import TAB_TRAIN, message
+from dragon_ui.ui.common import message
 
 pytestmark = pytest.mark.timeout(300)
 ERROR, OK = message("", "error"), message("", "ok")  # how a check's sentence says what kind it is
@@ -212,18 +212,18 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
     # The Start button composes the draft from the fields at the moment it is pressed: a value typed just before
     # (here the run name and the steps) is what trains.
     inputs = screen(app, tiny_draft, name="typed-name", training__max_steps=2, training__save_steps=2)
-    run_id, timer, tabs, status, train_status = button(app, "model-start")(*inputs)
+    run_id, timer, status, train_status = button(app, "model-start")(*inputs)
     handle = training.active_run()
     assert handle is not None and handle.run.id == run_id and run_id.endswith("-typed-name")
     assert isinstance(timer, gr.Timer) and timer.active
-    assert isinstance(tabs, gr.Tabs) and tabs.selected == TAB_TRAIN
     assert status == message(f"Started {run_id}; follow it on the Train tab.", "ok")
+    assert status.startswith(model_tab.STARTED)  # what the page reads to show the Train tab
     assert train_status.startswith(f"Run `{run_id}` · ")  # the Train tab at once, not "No run to show yet"
     config = studio.run(run_id).read_config()
     assert config.name == "typed-name" and config.training.save_steps == 2
     assert same_settings(config.to_dict(), app.form.compose(*inputs))
 
-    queued_id, _, _, queued, _ = model_tab.start_run(studio, tiny_draft)  # a busy machine queues the next run
+    queued_id, _, queued, _ = model_tab.start_run(studio, tiny_draft)  # a busy machine queues the next run
     ((kind, words),) = said(queued)
     assert queued_id != run_id and kind == "ok"
     assert words.startswith(f"Queued {queued_id} behind the run training now (1st in line; expected to start in ")
@@ -241,8 +241,8 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
 
 def test_start_with_a_bad_draft_explains_and_stays(studio, tiny_draft):
     tiny_draft["training"]["batch_size"] = 500
-    run_id, timer, tabs, status, train_status = model_tab.start_run(studio, tiny_draft)
-    assert (run_id, timer, tabs, train_status) == (gr.skip(),) * 4
+    run_id, timer, status, train_status = model_tab.start_run(studio, tiny_draft)
+    assert (run_id, timer, train_status) == (gr.skip(),) * 3
     assert status.startswith(ERROR) and "Only " in status and "fewer than training.batch_size (500)" in status
     assert training.active_run() is None and studio.runs() == []
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import time
+import types
+from dataclasses import fields
 
 import gradio as gr
 import plotly.graph_objects as go
@@ -13,6 +15,8 @@ from conftest import handler, said
 
 from dragon_ui.engine import training
 from dragon_ui.errors import ConfigError
+from dragon_ui.runstore import RunDir
+from dragon_ui.studio import monitor
 from dragon_ui.studio.draft import same_settings
 from dragon_ui.ui import model_tab, plots, train_tab
 from dragon_ui.ui.train_tab import TrainView
@@ -146,6 +150,32 @@ def test_tick_without_a_run_changes_nothing_and_stops_the_timer(app):
     assert isinstance(result.timer, gr.Timer) and not result.timer.active
     shown = view(handler(app, "train_show")("", {}))
     assert shown.status == train_tab.NO_RUN and not shown.timer.active
+
+
+def test_the_tick_answers_with_a_fingerprint_and_the_view_refreshes_only_when_it_changes(app, studio, monkeypatch):
+    """Every second the page asks for one small value (train_tab.tick); the view (charts, completions, log) is
+    refreshed through that value's change, so a quiet second costs the page nothing."""
+    (timer,) = [block for block in app.blocks.values() if isinstance(block, gr.Timer)]
+    (tick,) = [fn for fn in app.fns.values() if (timer._id, "tick") in fn.targets]
+    (seen,) = tick.outputs
+    assert isinstance(seen, gr.State)
+    (refreshing,) = [fn for fn in app.fns.values() if (seen._id, "change") in fn.targets]
+    assert refreshing.api_name == "train_tick" and len(refreshing.outputs) == len(fields(TrainView))
+
+    monkeypatch.setattr(monitor, "time", types.SimpleNamespace(time=lambda: 1000.0))
+    run = RunDir.create(studio.runs_dir, "ticked")
+    (run.path / "config.json").write_text("{}", encoding="utf-8")
+    run.update_status(state="running", step=0)
+    first = train_tab.tick(studio, run.id, {})
+    assert train_tab.tick(studio, run.id, {}) == first  # nothing new: the same answer, no refresh
+    run.append_progress({"step": 1, "reward": 0.5})
+    assert train_tab.tick(studio, run.id, {}) != first
+    assert train_tab.tick(studio, "", {}) == ["", None, ""]
+    assert train_tab.tick(studio, "../elsewhere", {}) == ["../elsewhere"]  # refresh says there is no such run
+
+    run.update_status(state="queued", waiting=True)  # a waiting run: its place in the queue counts too
+    shown = view(handler(app, "train_tick")(run.id, {}))
+    assert train_tab.tick(studio, run.id, shown.watch)[-1] == studio.queue_place(run.id) != ""
 
 
 def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):

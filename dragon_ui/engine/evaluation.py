@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..config import ModelConfig, RunConfig
 from ..data import prompt_text, read_jsonl
 from ..errors import ConfigError, Stopped
+from .. import speedups
 from ..rewards import Reward, build_rewards, score_completions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
@@ -70,8 +71,8 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
             how = ({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": None, **(sampling or {})}
                    if temperature > 0 else {"do_sample": False, "top_k": None})
             with torch.inference_mode():
-                out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                     stopping_criteria=stopping, **how)
+                out = speedups.generate(model, temperature > 0, **batch, max_new_tokens=max_new_tokens,
+                                        pad_token_id=tokenizer.pad_token_id, stopping_criteria=stopping, **how)
             if should_stop is not None and should_stop():
                 raise Stopped("stopped while generating replies")
             new_tokens = out[:, batch["input_ids"].shape[1]:]

@@ -9,19 +9,24 @@ one raised. An entry point applies them at three places:
 - ``apply_to_loaded_model`` as a model is loaded (training, evaluation and chat alike);
 - ``apply_to_trainer_model`` once TRL has added the adapters;
 - ``trainer_hooks.grpo_trainer_class``, the trainer that samples and scores inside the blocks that install the rest
-  and undo them afterwards.
+  and undo them afterwards;
+- ``generate``, for the app's own replies (the playground's groups, the held-out scoring).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 from .attention import short_sequence_attention
 from .lm_head import contiguous_lm_head_input
 from .lora_layers import lean_adapter_layers, sparse_adapter_dropout
-from .registry import ALL, ENV, LIBRARIES, SPEEDUPS, enabled, library_versions, status
+from .registry import ALL, ENV, LIBRARIES, SPEEDUPS, enabled, enter_or_switch_off, library_versions, status
+from .sampling import inverse_cdf_sampler
+from .shared_prompts import generate_sharing_prompts
 from .trainer_hooks import grpo_trainer_class, sampling_mode, scoring_mode
 
 __all__ = ["ALL", "ENV", "LIBRARIES", "SPEEDUPS", "apply_to_loaded_model", "apply_to_trainer_model", "enabled",
-           "grpo_trainer_class", "library_versions", "sampling_mode", "scoring_mode", "status"]
+           "generate", "grpo_trainer_class", "library_versions", "sampling_mode", "scoring_mode", "status"]
 
 
 def apply_to_loaded_model(model) -> None:
@@ -36,3 +41,15 @@ def apply_to_trainer_model(model) -> None:
     (``sparse_dropout``, ``lean_adapter_layers``)."""
     sparse_adapter_dropout(model)
     lean_adapter_layers(model)
+
+
+def generate(model, sampled: bool, **inputs):
+    """``model.generate(**inputs)`` for the app's own replies, with the sampling speed-ups that are safe on a model
+    other threads may be using (the app's previews share one): each distinct prompt read once (``shared_prompts``,
+    handed to generate as a cache, nothing replaced), and when ``sampled``, each token drawn by inverse CDF
+    (``inverse_cdf_sampling``, which acts on this thread only). A playground group so samples as a training step
+    does, and sooner."""
+    with contextlib.ExitStack() as stack:
+        if sampled:
+            enter_or_switch_off(stack, ("inverse_cdf_sampling",), inverse_cdf_sampler)
+        return generate_sharing_prompts(model, model.generate, **inputs)

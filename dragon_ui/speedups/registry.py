@@ -46,7 +46,7 @@ SPEEDUPS: dict[str, SpeedUp] = {speedup.name: speedup for speedup in (
             (TRL,)),
     SpeedUp("sparse_dropout", "lora_layers", "the LoRA layers' lora_dropout entries", "the trainer's model",
             (TORCH, PEFT)),
-    SpeedUp("inverse_cdf_sampling", "sampling", "torch.multinomial", "while the trainer samples",
+    SpeedUp("inverse_cdf_sampling", "sampling", "torch.multinomial", "while the trainer or the app samples",
             (TORCH, TRANSFORMERS)),
     SpeedUp("short_sequence_attention", "attention", "the model's attention implementation", "the loaded model",
             (TORCH, TRANSFORMERS)),
@@ -59,7 +59,7 @@ SPEEDUPS: dict[str, SpeedUp] = {speedup.name: speedup for speedup in (
     SpeedUp("merged_sampling", "lora_layers", "the lean LoRA layers' weights", "while the trainer samples",
             (TORCH, PEFT)),
     SpeedUp("shared_prompts", "shared_prompts", "the backbone's forward, generate, transformers' DynamicCache",
-            "while the trainer samples and TRL scores", (TORCH, TRANSFORMERS, TRL)),
+            "while the trainer samples, TRL scores and the app generates", (TORCH, TRANSFORMERS, TRL)),
 )}
 ALL = tuple(SPEEDUPS)
 ENV = "DRAGON_UI_SPEEDUPS"

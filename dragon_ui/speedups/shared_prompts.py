@@ -16,6 +16,7 @@ that raises (transformers' cache moved) runs every row's own prompt, as TRL does
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 
 from .registry import enabled, replaced, switch_off
@@ -52,34 +53,37 @@ def scoring_shared_prompts(model, prompt_length: int):
 
 @contextlib.contextmanager
 def sampling_shared_prompts(model):
-    """While the trainer samples, ``model.generate`` reads each distinct prompt once (all but its last token, whose
-    logits start the sampling) and gives every completion of the group those keys and values."""
+    """While the trainer samples, ``model.generate`` reads each distinct prompt once (``generate_sharing_prompts``).
+    Only the trainer's own model may be changed so: another thread could be generating with a shared one."""
+    if not enabled("shared_prompts") or _backbone_of(model) is None or _drops_out(model):
+        yield
+        return
+    with replaced(model, "generate", functools.partial(generate_sharing_prompts, model, model.generate)):
+        yield
+
+
+def generate_sharing_prompts(model, generate, *args, input_ids=None, attention_mask=None, **kwargs):
+    """``generate(*args, input_ids=..., attention_mask=..., **kwargs)`` (``model``'s generate) given a cache of
+    every row's prompt but its last token (whose logits start the sampling), each distinct prompt computed once; as
+    it is where every row has a prompt of its own, something drops out, or the call brings a cache of its own. Safe
+    on a model that other threads use at once: nothing is replaced."""
     import torch
 
     backbone = _backbone_of(model)
-    if not enabled("shared_prompts") or backbone is None or _drops_out(model):
-        yield
-        return
-    original = model.generate
-
-    def generate(*args, input_ids=None, attention_mask=None, **kwargs):
-        settings = kwargs.get("generation_config") or model.generation_config
-        plain_text = not any(torch.is_tensor(value) for value in kwargs.values()) \
-            and not {"cache", "past_key_values", "cache_implementation", "use_cache"} & set(kwargs)
-        if plain_text and not args and input_ids is not None and attention_mask is not None \
-                and input_ids.device.type == "cpu" and input_ids.size(1) > 1 and settings.use_cache is not False \
-                and settings.cache_implementation is None:
-            try:
-                cache = prefill_sharing_prompts(backbone, input_ids, attention_mask)
-            except Exception as exc:  # transformers' cache or generate moved: generate reads every row's prompt
-                switch_off("shared_prompts", exc)
-                cache = None
-            if cache is not None:
-                kwargs[_cache_keyword(backbone)] = cache
-        return original(*args, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-
-    with replaced(model, "generate", generate):
-        yield
+    settings = kwargs.get("generation_config") or model.generation_config
+    plain_text = not any(torch.is_tensor(value) for value in kwargs.values()) \
+        and not {"cache", "past_key_values", "cache_implementation", "use_cache"} & set(kwargs)
+    if enabled("shared_prompts") and backbone is not None and not _drops_out(model) and plain_text and not args \
+            and input_ids is not None and attention_mask is not None and input_ids.device.type == "cpu" \
+            and input_ids.size(1) > 1 and settings.use_cache is not False and settings.cache_implementation is None:
+        try:
+            cache = prefill_sharing_prompts(backbone, input_ids, attention_mask)
+        except Exception as exc:  # transformers' cache or generate moved: generate reads every row's prompt
+            switch_off("shared_prompts", exc)
+            cache = None
+        if cache is not None:
+            kwargs[_cache_keyword(backbone)] = cache
+    return generate(*args, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
 
 def prefill_sharing_prompts(backbone, input_ids, attention_mask):

@@ -121,6 +121,15 @@ def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snap
     return snap
 
 
+def fingerprint(run_dir: str | os.PathLike) -> list:
+    """What a poll compares to know whether ``read_snapshot`` would find anything new, without opening a file: the
+    stamp of every file it reads, and which STATUS_RECHECK_S period it is (it re-reads an active run's status that
+    often)."""
+    run = RunDir(Path(run_dir))
+    paths = (run.status_path, run.progress_path, run.heldout_path, run.rollouts_path, run.sampling_path, run.log_path)
+    return [*(_stamp(path) for path in paths), int(time.time() // STATUS_RECHECK_S)]
+
+
 def _stamp(path: Path) -> list[int] | None:
     """(inode, modification time, size) of a file, or None when it does not exist yet; an atomic rewrite (a new
     inode) or an append (a new size) always changes it."""

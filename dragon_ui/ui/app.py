@@ -27,8 +27,8 @@ from ..studio.backend import DEFAULT_RECIPE, Studio
 from ..studio.draft import same_settings
 from .guard import UPLOADS_PER_WINDOW, RequestLimits, network_address
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
-from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Form, Shared, message,
-                     shows_errors)
+from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Form, Shared, in_the_page, message,
+                     shows_errors, tab_selected, visible)
 
 TITLE = "Dragon GRPO Studio"
 INTRO = ("Teach a small language model with rewards you can check: pick data, build rewards, choose a model and "
@@ -148,9 +148,9 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             for fill, outputs in shared.fills:
                 event = event.then(_when_loaded(fill, len(outputs)), [just_loaded, form.loaded], outputs,
                                    api_visibility="private", show_progress="hidden")
-            event = event.then(lambda now: (gr.Column(visible=True), gr.Markdown(visible=False), False) if now
-                               else (gr.skip(),) * 3, [just_loaded], [form_area, opening, just_loaded],
-                               api_visibility="private", show_progress="hidden")
+            event = event.then(lambda: False, None, [just_loaded], api_visibility="private", show_progress="hidden")
+            # Once shown, the form stays: showing it again after a later load changes nothing.
+            event = event.then(**in_the_page([form_area, opening], f"[{visible(True)}, {visible(False)}]"))
             for refresh, inputs, outputs in shared.refreshes:
                 event.then(refresh, inputs, outputs, api_visibility="private", show_progress="hidden")
             return event
@@ -211,8 +211,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             on_page_load, [visitor_token, kept_owner_key, saved],
             [visitor_token, *loading, shared.run_id, shared.timer, *shared.runs_list, running_banner, running_text],
             api_visibility="private"))
-        watch_it.click(lambda: (gr.Tabs(selected=TAB_TRAIN), gr.Row(visible=False)), None, [tabs, running_banner],
-                       api_visibility="private", show_progress="hidden")
+        watch_it.click(**in_the_page([tabs, running_banner], f"[{tab_selected(TAB_TRAIN)}, {visible(False)}]"))
         for replaced in shared.source_replaced:  # the user's own data: no recipe is what the form shows now
             replaced.then(lambda: gr.Dropdown(value=None), None, [recipe], api_visibility="private",
                           show_progress="hidden")

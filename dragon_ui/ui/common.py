@@ -140,6 +140,29 @@ class Shared:
         return self.form.loaded
 
 
+def in_the_page(outputs: list, updates: str) -> dict:
+    """An event step that only changes ``outputs`` in the browser: ``updates`` is a JavaScript expression of the
+    step's ``inputs`` (an array) giving one gradio update per output, ``{__type__: 'update', ...}``.
+
+    Why, for layouts (the form, the tabs): the page keeps the loading status of every component any server event
+    ever wrote to, and at every later status change (three or four per click) it copies the value of each of them
+    and of everything inside them. One server write to the tabs made every later click copy the whole app, which
+    kept a 2-CPU machine's browser busy for most of a second while a run trained. A step run in the page has no
+    loading status."""
+    return {"fn": None, "outputs": outputs, "js": f"(...inputs) => ({updates})", "api_visibility": "private",
+            "show_progress": "hidden"}
+
+
+def visible(shown: bool) -> str:
+    """The update that shows or hides a component (``in_the_page``)."""
+    return f"{{__type__: 'update', visible: {'true' if shown else 'false'}}}"
+
+
+def tab_selected(tab_id: str, when: str = "true") -> str:
+    """The update that selects the tab ``tab_id`` when the JavaScript condition ``when`` holds (``in_the_page``)."""
+    return f"(({when}) ? {{__type__: 'update', selected: {tab_id!r}}} : {{__type__: 'update'}})"
+
+
 # What loads or writes a whole model (previews, scoring, merging, zipping, publishing) takes turns across the app,
 # whoever asks: two at once would hold two models in memory and share the cores with a training.
 ONE_MODEL_AT_A_TIME = {"concurrency_limit": 1, "concurrency_id": "models"}

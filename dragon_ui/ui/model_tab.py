@@ -30,9 +30,10 @@ from ..studio.playground import preview_examples
 from ..engine import policy, trackers
 from ..engine.presets import PRESETS
 from ..public import visitor
-from .common import TAB_TRAIN, Form, Shared, message, shows_errors
+from .common import MESSAGE_ICONS, TAB_TRAIN, Form, Shared, in_the_page, message, shows_errors, tab_selected
 
 TAB_TITLE = "Model & Hardware"
+STARTED = MESSAGE_ICONS["ok"]  # how Start's message begins when the run started or was queued (start_run)
 CLI_TEMPLATE = "python -m dragon_ui train {file}"
 
 
@@ -382,20 +383,20 @@ def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tu
 
 
 def start_run(studio: Studio, draft: dict, labels: dict[str, str] | None = None) -> tuple:
-    """Start training the draft: (run id, timer, tabs, message, the Train tab's status line); a busy machine or a
-    bad setting is explained in the message, in the screen's words (``labels``), and nothing else changes."""
+    """Start training the draft: (run id, timer, message, the Train tab's status line); a busy machine or a bad
+    setting is explained in the message, in the screen's words (``labels``), and nothing else changes. The page
+    then shows the Train tab when the message says it started (``STARTED``)."""
     try:
         run = studio.start(draft)
     except DragonError as exc:
         problem = place_problem(str(exc), labels or {}, draft.get("rewards") or [])
-        return gr.skip(), gr.skip(), gr.skip(), message(problem.seen_from(TAB_TITLE), "error"), gr.skip()
+        return gr.skip(), gr.skip(), message(problem.seen_from(TAB_TITLE), "error"), gr.skip()
     if run.read_status().get("waiting"):
         said = (f"Queued {run.id} behind the run training now ({studio.queue_place(run.id)}): it starts by itself "
                 "when its turn comes, even with this page closed. Follow it on the Train tab.")
     else:
         said = f"Started {run.id}; follow it on the Train tab."
-    return run.id, gr.Timer(active=True), gr.Tabs(selected=TAB_TRAIN), message(said, "ok"), \
-        f"Run `{run.id}` · {message('starting…', 'info')}"
+    return run.id, gr.Timer(active=True), message(said, "ok"), f"Run `{run.id}` · {message('starting…', 'info')}"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -530,9 +531,10 @@ def build(shared: Shared) -> Callable[[], None]:
                      [*form.inputs, gpus, nodes], [export_file, export_status], api_visibility="private",
                      concurrency_limit=1, concurrency_id="exports")
         start.click(form.takes_draft(shows_errors(lambda draft: start_run(studio, draft, form.labels))), form.inputs,
-                    [shared.run_id, shared.timer, shared.tabs, start_status, shared.train_status],
-                    api_visibility="private",
-                    show_progress="hidden")
+                    [shared.run_id, shared.timer, start_status, shared.train_status], api_visibility="private",
+                    show_progress="hidden").then(
+            **in_the_page([shared.tabs], tab_selected(TAB_TRAIN, f"(inputs[0] || '').startsWith({STARTED!r})")),
+            inputs=[start_status])
 
         # The run name follows the data file while the app chose it; a typed name is kept.
         source = form.component("data.source")

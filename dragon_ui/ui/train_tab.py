@@ -22,7 +22,7 @@ from ..public import visitor
 from ..runstore import ACTIVE_STATES, read_json, state_label
 from ..studio.backend import Studio
 from ..studio.explain import GroupExplanation, explain_run_group, formula_lines, plain_words, shown_number
-from ..studio.monitor import Alert, Snapshot, health_alerts, read_snapshot
+from ..studio.monitor import Alert, Snapshot, fingerprint, health_alerts, read_snapshot
 from . import plots
 from .common import Shared, message, shows_errors
 
@@ -315,6 +315,22 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
     )
 
 
+def tick(studio: Studio, run_id: str, watch: dict) -> list:
+    """The once-a-second tick's answer: which run is shown, its files' fingerprint and, while it waits, its place in
+    the queue. The view is refreshed (``refresh``, through the change of what the tick saw) only when these change.
+
+    Why not refresh at every tick: gradio's page copies the current value of every output of an event each time the
+    event's loading status changes, even hidden. With the charts, the completions and the log as outputs of a tick,
+    the page spent most of its time copying them while a run trained on 2 CPUs, and a click waited behind that.
+    """
+    try:
+        run = studio.run(run_id) if run_id else None
+    except DragonError:
+        return [run_id]  # refresh says what is wrong
+    waiting = ((watch or {}).get("snapshot") or {}).get("status", {}).get("waiting")
+    return [run_id, fingerprint(run.path) if run else None, studio.queue_place(run_id) if waiting else ""]
+
+
 def stop_run(studio: Studio, run_id: str) -> str:
     if not run_id:
         return message("There is no run to stop.", "info")
@@ -381,8 +397,11 @@ def build(shared: Shared) -> None:
 
     view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, explanation, log, stop,
             resume, runs, run_choice, shared.timer]
-    shared.timer.tick(lambda run_id, state: refresh(studio, run_id, state).outputs(), [shared.run_id, watch], view,
-                      api_name="train_tick", show_progress="hidden")
+    seen = gr.State()  # what the last tick saw of the run's files (tick)
+    shared.timer.tick(lambda run_id, state: tick(studio, run_id, state), [shared.run_id, watch], [seen],
+                      api_visibility="private", show_progress="hidden")
+    seen.change(lambda run_id, state: refresh(studio, run_id, state).outputs(), [shared.run_id, watch], view,
+                api_name="train_tick", show_progress="hidden")
     shared.run_id.change(lambda run_id, state: refresh(studio, run_id, state, full=True).outputs(),
                          [shared.run_id, watch], view, api_name="train_show", show_progress="hidden")
 
