@@ -94,13 +94,29 @@ WRITES = {
 def test_the_fingerprint_changes_with_each_file_the_train_tab_reads_and_only_then(run, part, monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(monitor, "time", types.SimpleNamespace(time=lambda: clock[0]))
-    before = monitor.fingerprint(run.path)
-    assert monitor.fingerprint(run.path) == before  # nothing written, no time passed: the Train tab skips
+    shown = read_snapshot(run.path).to_state()  # what the Train tab shows: the run is active
+    before = monitor.fingerprint(run.path, shown)
+    clock[0] += monitor.STATUS_RECHECK_S - 0.1
+    assert monitor.fingerprint(run.path, shown) == before  # nothing written, no re-read due: the Train tab skips
     WRITES[part](run)
-    assert monitor.fingerprint(run.path) != before
-    again = monitor.fingerprint(run.path)
-    clock[0] += monitor.STATUS_RECHECK_S  # an active run's status is re-read that often, files changed or not
-    assert monitor.fingerprint(run.path) != again
+    assert monitor.fingerprint(run.path, shown) != before
+
+
+def test_the_fingerprint_asks_for_the_status_re_read_that_notices_a_dead_process(run, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(monitor, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    shown = read_snapshot(run.path).to_state()
+    assert monitor.fingerprint(run.path, shown)[-1] is None
+    clock[0] += monitor.STATUS_RECHECK_S  # due: it differs at every tick until the refresh has re-read the status
+    due = monitor.fingerprint(run.path, shown)
+    clock[0] += 1
+    assert due[-1] is not None and monitor.fingerprint(run.path, shown) != due
+    shown = read_snapshot(run.path, since=shown).to_state()
+    assert monitor.fingerprint(run.path, shown)[-1] is None
+    run.update_status(state="succeeded")  # a run that ended is never re-read for nothing
+    shown = read_snapshot(run.path, since=shown).to_state()
+    clock[0] += 10 * monitor.STATUS_RECHECK_S
+    assert monitor.fingerprint(run.path, shown)[-1] is None
 
 
 def test_only_new_rows_are_read(run):

@@ -70,7 +70,7 @@ def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snap
     Everything counts as changed on the first read, or when ``since`` belongs to another run.
     """
     run = RunDir(Path(run_dir))
-    previous = since if since and since.get("run_dir") == str(run.path) else None
+    previous = _same_run(since, run)
     old_cursor = previous["cursor"] if previous else {}
     snap = Snapshot(str(run.path), cursor={})
 
@@ -78,9 +78,7 @@ def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snap
     now = time.time()
     status_stamp = _stamp(run.status_path)  # taken before reading: a write in between is seen by the next poll
     previous_status = previous["status"] if previous else None
-    recheck = previous_status is not None and previous_status.get("state") in ACTIVE_STATES \
-        and now - old_cursor.get("status_read_at", 0.0) >= STATUS_RECHECK_S
-    if previous is None or status_stamp != old_cursor.get("status") or recheck:
+    if previous is None or status_stamp != old_cursor.get("status") or _status_recheck_due(previous, now):
         snap.status = run.read_status()
         snap.cursor["status"], snap.cursor["status_read_at"] = status_stamp, now
     else:
@@ -121,13 +119,26 @@ def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snap
     return snap
 
 
-def fingerprint(run_dir: str | os.PathLike) -> list:
-    """What a poll compares to know whether ``read_snapshot`` would find anything new, without opening a file: the
-    stamp of every file it reads, and which STATUS_RECHECK_S period it is (it re-reads an active run's status that
-    often)."""
+def fingerprint(run_dir: str | os.PathLike, since: dict | None = None) -> list:
+    """What a poll compares to know whether ``read_snapshot(run_dir, since)`` would find anything new, without
+    opening a file: the stamp of every file it reads and, when it would re-read an active run's status anyway
+    (STATUS_RECHECK_S), the time."""
     run = RunDir(Path(run_dir))
     paths = (run.status_path, run.progress_path, run.heldout_path, run.rollouts_path, run.sampling_path, run.log_path)
-    return [*(_stamp(path) for path in paths), int(time.time() // STATUS_RECHECK_S)]
+    now = time.time()
+    return [*(_stamp(path) for path in paths), now if _status_recheck_due(_same_run(since, run), now) else None]
+
+
+def _same_run(since: dict | None, run: RunDir) -> dict | None:
+    """``since`` when it is a snapshot of ``run``."""
+    return since if since and since.get("run_dir") == str(run.path) else None
+
+
+def _status_recheck_due(previous: dict | None, now: float) -> bool:
+    """Whether an active run's status is due to be read again although its file did not change."""
+    status = previous["status"] if previous else None
+    return status is not None and status.get("state") in ACTIVE_STATES \
+        and now - previous["cursor"].get("status_read_at", 0.0) >= STATUS_RECHECK_S
 
 
 def _stamp(path: Path) -> list[int] | None:

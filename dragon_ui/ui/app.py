@@ -27,8 +27,8 @@ from ..studio.backend import DEFAULT_RECIPE, Studio
 from ..studio.draft import same_settings
 from .guard import UPLOADS_PER_WINDOW, RequestLimits, network_address
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
-from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, Form, Shared, in_the_page, message,
-                     shows_errors, tab_selected, visible)
+from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, UNCHANGED, Form,
+                     Shared, in_the_page, message, shows_errors, tab_selected, visible)
 
 TITLE = "Dragon GRPO Studio"
 INTRO = ("Teach a small language model with rewards you can check: pick data, build rewards, choose a model and "
@@ -148,9 +148,13 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             for fill, outputs in shared.fills:
                 event = event.then(_when_loaded(fill, len(outputs)), [just_loaded, form.loaded], outputs,
                                    api_visibility="private", show_progress="hidden")
-            event = event.then(lambda: False, None, [just_loaded], api_visibility="private", show_progress="hidden")
-            # Once shown, the form stays: showing it again after a later load changes nothing.
-            event = event.then(**in_the_page([form_area, opening], f"[{visible(True)}, {visible(False)}]"))
+            # The "Opening…" line empties once a draft was loaded (a page whose load failed keeps it and no form);
+            # the page then shows the form. Once shown, the form stays: showing it again changes nothing.
+            event = event.then(lambda now: (False, "" if now else gr.skip()), [just_loaded], [just_loaded, opening],
+                               api_visibility="private", show_progress="hidden")
+            event = event.then(**in_the_page([form_area, opening], f"inputs[0] === '' ? [{visible(True)}, "
+                                                                   f"{visible(False)}] : [{UNCHANGED}, {UNCHANGED}]"),
+                               inputs=[opening])
             for refresh, inputs, outputs in shared.refreshes:
                 event.then(refresh, inputs, outputs, api_visibility="private", show_progress="hidden")
             return event

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -153,14 +154,19 @@ def in_the_page(outputs: list, updates: str) -> dict:
             "show_progress": "hidden"}
 
 
+UNCHANGED = "{__type__: 'update'}"  # the update that changes nothing (in_the_page)
+
+
 def visible(shown: bool) -> str:
     """The update that shows or hides a component (``in_the_page``)."""
     return f"{{__type__: 'update', visible: {'true' if shown else 'false'}}}"
 
 
 def tab_selected(tab_id: str, when: str = "true") -> str:
-    """The update that selects the tab ``tab_id`` when the JavaScript condition ``when`` holds (``in_the_page``)."""
-    return f"(({when}) ? {{__type__: 'update', selected: {tab_id!r}}} : {{__type__: 'update'}})"
+    """The update that selects the tab ``tab_id`` when ``when`` holds (``in_the_page``). ``when`` is JavaScript
+    source: only the app's own constants go in it, written with ``json.dumps``, never anything a visitor sent."""
+    return f"(({when}) ? {{__type__: 'update', selected: {json.dumps(tab_id)}}} : {UNCHANGED})"
+
 
 
 # What loads or writes a whole model (previews, scoring, merging, zipping, publishing) takes turns across the app,

@@ -8,6 +8,7 @@ every change of the draft, from any tab, refreshes the checks, the estimate and 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -530,11 +531,11 @@ def build(shared: Shared) -> Callable[[], None]:
         export.click(form.takes_draft(lambda draft, gpus, nodes: export_for_cluster(studio, draft, gpus, nodes)),
                      [*form.inputs, gpus, nodes], [export_file, export_status], api_visibility="private",
                      concurrency_limit=1, concurrency_id="exports")
+        started = f"(inputs[0] || '').startsWith({json.dumps(STARTED)})"
         start.click(form.takes_draft(shows_errors(lambda draft: start_run(studio, draft, form.labels))), form.inputs,
                     [shared.run_id, shared.timer, start_status, shared.train_status], api_visibility="private",
-                    show_progress="hidden").then(
-            **in_the_page([shared.tabs], tab_selected(TAB_TRAIN, f"(inputs[0] || '').startsWith({STARTED!r})")),
-            inputs=[start_status])
+                    show_progress="hidden").success(**in_the_page([shared.tabs], tab_selected(TAB_TRAIN, started)),
+                                                    inputs=[start_status])
 
         # The run name follows the data file while the app chose it; a typed name is kept.
         source = form.component("data.source")

@@ -327,8 +327,9 @@ def tick(studio: Studio, run_id: str, watch: dict) -> list:
         run = studio.run(run_id) if run_id else None
     except DragonError:
         return [run_id]  # refresh says what is wrong
-    waiting = ((watch or {}).get("snapshot") or {}).get("status", {}).get("waiting")
-    return [run_id, fingerprint(run.path) if run else None, studio.queue_place(run_id) if waiting else ""]
+    shown = (watch or {}).get("snapshot")
+    waiting = (shown or {}).get("status", {}).get("waiting")
+    return [run_id, fingerprint(run.path, shown) if run else None, studio.queue_place(run_id) if waiting else ""]
 
 
 def stop_run(studio: Studio, run_id: str) -> str:
