@@ -23,6 +23,7 @@ It reports; it does not assert. Run it on an otherwise idle machine: two cores a
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -128,8 +129,8 @@ def open_tab(page, tab: str) -> None:
 
 def tab_switches(page, repeats: int) -> list[float]:
     """Click through the tabs in turn; each time, until the tab's main element shows."""
-    return [click_latency(page, f"#tab-{TABS[index % len(TABS)]}-button", TAB_CONTENT[TABS[index % len(TABS)]])
-            for index in range(repeats)]
+    return [click_latency(page, f"#tab-{tab}-button", TAB_CONTENT[tab])
+            for tab in itertools.islice(itertools.cycle(TABS), repeats)]
 
 
 def scored_replies(page, repeats: int) -> list[float]:

@@ -168,7 +168,6 @@ def tab_selected(tab_id: str, when: str = "true") -> str:
     return f"(({when}) ? {{__type__: 'update', selected: {json.dumps(tab_id)}}} : {UNCHANGED})"
 
 
-
 # What loads or writes a whole model (previews, scoring, merging, zipping, publishing) takes turns across the app,
 # whoever asks: two at once would hold two models in memory and share the cores with a training.
 ONE_MODEL_AT_A_TIME = {"concurrency_limit": 1, "concurrency_id": "models"}
