@@ -8,7 +8,7 @@ Each moment is timed from the click (or the command) to what the person sees:
 - first page load -> the data preview filled in, cold and on a reload;
 - a tab switch -> the tab's content visible; scoring a typed reply in the playground -> its total shown
   (idle, and on the page that started the run while it trains);
-- the first "Generate a group" -> the group shown;
+- the first "Generate a group" -> its first replies shown (as they are sampled), and the whole group scored;
 - Start -> the Train tab says the run is training; -> step 1's completions visible; -> step 1's row written, less
   that step's own time (what the learner waited beyond the step itself);
 - a second browser -> the Train tab showing the running run.
@@ -89,37 +89,44 @@ def timed(action, wait) -> float:
     return time.perf_counter() - started
 
 
-# Armed before a click: from the moment the page receives the click to the first frame in which ``shown`` is
-# visible and its text matches ``pattern`` (and, with ``changed``, differs from what it was). Measured in the page,
-# so neither the driver's checks before it clicks nor its polling afterwards (100 ms to 1 s apart) count.
-ARM_CLICK_TIMER = """([clicked, shown, pattern, changed]) => {
-    window.dragonLatency = null;
+# Armed before a click: from the moment the page receives the click to the first frame in which each target
+# ``[shown, pattern, changed]`` is visible and its text matches ``pattern`` (and, with ``changed``, differs from what
+# it was). Measured in the page, so neither the driver's checks before it clicks nor its polling afterwards (100 ms
+# to 1 s apart) count.
+ARM_CLICK_TIMER = """([clicked, targets]) => {
+    window.dragonLatency = targets.map(() => null);
     const target = document.querySelector(clicked);
-    const before = document.querySelector(shown)?.innerText;
+    const before = targets.map(([shown]) => document.querySelector(shown)?.innerText);
     target.addEventListener('click', () => {
         const start = performance.now();
         const check = () => {
-            const element = document.querySelector(shown);
-            const text = element?.innerText ?? '';
-            if (element && element.getClientRects().length && new RegExp(pattern).test(text)
-                    && (!changed || text !== before)) {
-                window.dragonLatency = (performance.now() - start) / 1000;
-            } else {
-                requestAnimationFrame(check);
-            }
+            targets.forEach(([shown, pattern, changed], index) => {
+                const element = document.querySelector(shown);
+                const text = element?.innerText ?? '';
+                if (window.dragonLatency[index] === null && element && element.getClientRects().length
+                        && new RegExp(pattern).test(text) && (!changed || text !== before[index])) {
+                    window.dragonLatency[index] = (performance.now() - start) / 1000;
+                }
+            });
+            if (window.dragonLatency.includes(null)) requestAnimationFrame(check);
         };
         requestAnimationFrame(check);
     }, {capture: true, once: true});
 }"""
 
 
+def click_latencies(page, clicked: str, targets: list[tuple[str, str, bool]]) -> list[float]:
+    """Seconds from a click on ``clicked`` until each target (shown, pattern, changed) shows (ARM_CLICK_TIMER)."""
+    page.evaluate(ARM_CLICK_TIMER, [clicked, targets])
+    page.locator(clicked).click()
+    page.wait_for_function("() => !window.dragonLatency.includes(null)", polling="raf", timeout=WAIT_MS)
+    return page.evaluate("() => window.dragonLatency")
+
+
 def click_latency(page, clicked: str, shown: str, pattern: str = "", changed: bool = False) -> float:
     """Seconds from a click on ``clicked`` until ``shown`` shows a text matching ``pattern``, a new one if
-    ``changed`` (ARM_CLICK_TIMER)."""
-    page.evaluate(ARM_CLICK_TIMER, [clicked, shown, pattern, changed])
-    page.locator(clicked).click()
-    page.wait_for_function("() => window.dragonLatency !== null", polling="raf", timeout=WAIT_MS)
-    return page.evaluate("() => window.dragonLatency")
+    ``changed``."""
+    return click_latencies(page, clicked, [(shown, pattern, changed)])[0]
 
 
 def open_tab(page, tab: str) -> None:
@@ -204,8 +211,11 @@ def main() -> None:
                     [timed(lambda: page.reload(), lambda: expect(preview).to_contain_text("What is"))])
                 rows["tab switch (idle)"] = stats(tab_switches(page, args.repeats))
                 rows["score a typed reply (idle)"] = stats(scored_replies(page, args.repeats))
-                rows["first Generate a group"] = stats([click_latency(page, "#rewards-generate",
-                                                                      "#rewards-progress", "Sampled", changed=True)])
+                first_replies, group = click_latencies(page, "#rewards-generate", [
+                    ("#rewards-groups tbody tr:first-child td:nth-child(2)", r"\S", False),  # a reply, as it grows
+                    ("#rewards-progress", "Sampled", True)])
+                rows["first Generate a group → first replies shown"] = stats([first_replies])
+                rows["first Generate a group → group scored"] = stats([group])
 
                 open_tab(page, "model")
                 expect(page.locator("#model-check")).to_contain_text("The settings are valid")

@@ -60,17 +60,10 @@ class App:
         (found,) = [event for event in self.events if event.get("api_name") == name]
         return found
 
-    def following(self, first: dict, sets: str) -> dict:
-        """The event of ``first``'s chain (its ``.then`` events, which a page's client fires one after another once
-        ``first`` finished) that first sets the component with this elem_id: e.g. the Data tab's fill after a page
-        load (a refresh later in the chain may set it again)."""
-        output, chain = self.component_id(sets), {first["id"]}
-        for event in self.events:  # a chained event is listed after the one it follows
-            if event.get("trigger_after") in chain:
-                chain.add(event["id"])
-                if output in event["outputs"]:
-                    return event
-        raise LookupError(f"nothing after event {first['id']} sets {sets}")
+    def output(self, event: dict, answer: Answer, elem_id: str):
+        """What ``answer`` to ``event`` set the component with this elem_id to."""
+        assert answer.ok, answer.error
+        return answer.data[event["outputs"].index(self.component_id(elem_id))]
 
     def page_load(self) -> dict:
         """demo.load: the event a page fires when it opens (its targets name the app itself)."""
@@ -112,11 +105,6 @@ class RawVisitor:
         event, given = self.app.api(api_name), iter(args)
         data = [None if self.app.components[cid]["type"] == "state" else next(given) for cid in event["inputs"]]
         return self.send(event["id"], data)
-
-    def then(self, first: dict, sets: str, **values) -> Answer:
-        """Fire what a page fires after ``first`` (see App.following), with inputs ``values`` overrides."""
-        event = self.app.following(first, sets)
-        return self.send(event["id"], self.inputs(event, values))
 
     def open_page(self, **kept) -> Answer:
         """The page load, with what this browser's storage keeps (by storage key): its token, its draft, ..."""

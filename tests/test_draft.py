@@ -305,34 +305,52 @@ def form_inputs(app, draft: dict, **edits) -> list:
     return [draft, *(shown[f.path] if f.path in shown else get_path(draft, f.path) for f in app.form.fields)]
 
 
+def test_every_server_event_keeps_its_loading_status_on_a_few_components(app):
+    """The page updates the loading status of every component any event ever showed progress on, at each status
+    change of any event (common.progress_shown_quietly): the events that show none share one component never shown,
+    and those that do show it on a few."""
+    nowhere = {block._id for block in app.blocks.values() if getattr(block, "elem_id", None) == "no-progress"}
+    server_events = [block_fn for block_fn in app.fns.values() if block_fn.fn is not None]
+    quiet = [block_fn for block_fn in server_events if block_fn.show_progress == "hidden"]
+    assert len(nowhere) == 1 and len(quiet) > 40
+    assert all({block._id for block in block_fn.show_progress_on} == nowhere for block_fn in quiet)
+    (page_load,) = [block_fn for block_fn in server_events if any(name == "load" for _, name in block_fn.targets)]
+    assert page_load in quiet and len(page_load.outputs) > 50  # it fills in every tab
+    shown = {block_fn.name: len(block_fn.show_progress_on or block_fn.outputs) for block_fn in server_events
+             if block_fn not in quiet}
+    assert shown and max(shown.values()) <= 6, shown
+
+
 def test_loading_a_recipe_replaces_an_unedited_draft_and_asks_about_an_edited_one(app, studio):
     load = wired(app, "load-recipe")
     current = studio.default_draft()
     wanted = studio.load_recipe("json_answers")
 
-    new_draft, pristine, just_loaded, auto_name, confirm, question, pending, status = load(
+    confirm, question, pending, status, new_draft, pristine, auto_name, opening, *filled = load(
         current, *form_inputs(app, current), "json_answers")
-    assert new_draft == pristine == wanted and just_loaded is True and auto_name == wanted["name"]
+    assert new_draft == pristine == wanted and auto_name == wanted["name"] and opening == ""
     assert not confirm.visible and pending is None and "json_answers" in status
+    # Every tab shows the loaded draft from this one answer: the Data tab's source among the fills.
+    assert wanted["data"]["source"] in filled
 
     # The same value shown differently (a whole number in a number field) is no edit.
     epochs = current["training"]["epochs"]
     assert isinstance(epochs, float) and epochs == int(epochs)
     unchanged = load(current, *form_inputs(app, current, training__epochs=int(epochs)), "json_answers")
-    assert unchanged[0] == wanted
+    assert unchanged[4] == wanted
 
     edited = load(current, *form_inputs(app, current, training__max_steps=7), "json_answers")
-    skip = edited[0]
-    assert edited[:4] == (skip,) * 4  # nothing replaced yet
-    assert edited[4].visible and "json_answers" in edited[5] and edited[6] == {"draft": wanted,
+    skip = edited[4]
+    assert set(map(repr, edited[4:])) == {repr(skip)}  # nothing replaced or filled yet
+    assert edited[0].visible and "json_answers" in edited[1] and edited[2] == {"draft": wanted,
                                                                                "label": "the json_answers recipe"}
-    replaced = wired(app, "replace-draft-yes")(edited[6])
-    assert replaced[0] == wanted and replaced[2] is True and not replaced[4].visible
+    replaced = wired(app, "replace-draft-yes")(edited[2])
+    assert replaced[4] == wanted and not replaced[0].visible and replaced[7] == ""
     kept = wired(app, "replace-draft-no")()
     assert not kept[0].visible and kept[2] is None and kept[3] == message("Kept your settings.", "info")
 
     nothing_loaded = load({}, *form_inputs(app, current, training__max_steps=7), "json_answers")
-    assert nothing_loaded[0] == wanted  # the page's first load never asks
+    assert nothing_loaded[4] == wanted  # the page's first load never asks
 
     unknown = load(current, *form_inputs(app, current), "nope")
-    assert unknown[-1].startswith(message("", "error")) and "There is no recipe called 'nope'" in unknown[-1]
+    assert unknown[3].startswith(message("", "error")) and "There is no recipe called 'nope'" in unknown[3]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dragon_ui.config import GRPOSettings, ModelConfig
+from dragon_ui.errors import Stopped
 from dragon_ui.data import DataConfig, prompt_text, read_table
 from dragon_ui.studio.playground import (
     PREVIEW_ROWS,
@@ -273,16 +274,35 @@ def test_generate_groups_with_the_tiny_model(tiny_model_dir, tiny_tokenizer):
     assert all(len(g.completions) == 3 and len(g.results) == 3 for g in groups)
     assert all(sum(g.advantages) == pytest.approx(0.0, abs=1e-9) for g in groups)
 
-    checks = []
 
-    def stop_after_the_first_prompt() -> bool:
-        checks.append(1)
-        return len(checks) > 1
 
-    stopped = list(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples,
-                                   GRPOSettings(group_size=2, temperature=1.0, max_new_tokens=2),
-                                   should_stop=stop_after_the_first_prompt))
-    assert len(stopped) == 1  # checked before each prompt: the second one never started
+def test_a_group_shows_its_replies_as_they_grow_and_stops_within_a_token(tiny_model_dir, tiny_tokenizer, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from dragon_ui.engine import evaluation
+
+    monkeypatch.setattr(evaluation, "REPLIES_EVERY_S", 0.0)  # every token
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    examples = [example("What is 12 + 30?", "42"), example("What is 1 + 1?", "2")]
+    seen: list[list[str]] = []
+    settings = GRPOSettings(group_size=3, temperature=1.0, max_new_tokens=8)
+    groups = list(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples, settings,
+                                  on_replies=seen.append))
+    first = seen[:seen.index(groups[0].completions) + 1]  # the first row's replies, token by token, to the end
+    assert len(first) > 2 and all(len(replies) == 3 for replies in first)
+    assert len("".join(first[0])) < len("".join(first[-1]))  # one token each, then the whole replies
+    assert seen[-1] == groups[1].completions
+
+    tokens = []
+
+    def stop_at_the_third_token() -> bool:
+        tokens.append(1)
+        return len(tokens) > 3
+
+    with pytest.raises(Stopped):
+        list(generate_groups(model, tiny_tokenizer, ARITHMETIC_REWARDS, examples, settings,
+                             should_stop=stop_at_the_third_token))
+    assert len(tokens) == 5  # before the batch, after each of three tokens, then once more: no next prompt
 
 
 def test_a_group_is_sampled_with_the_runs_sampling_settings(tiny_model_dir, tiny_tokenizer):

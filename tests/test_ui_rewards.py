@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import re
+import threading
 from types import SimpleNamespace
 
 import gradio as gr
@@ -101,6 +102,7 @@ class Screen:
 
     # what the user does
     def select(self, name: str):
+        self.selected = name  # the picker shows what was picked
         self._show_listing(rewards_tab.select_reward(self.rewards, name, public=self.public))
 
     def new(self):
@@ -136,7 +138,8 @@ class Screen:
     # what the form shows
     def _show_listing(self, result: list):
         out = listing(result)
-        self.rewards = out["rewards"]
+        if not is_skip(out["rewards"]):
+            self.rewards = out["rewards"]
         if not is_skip(out["selector"]):
             self.selected, self.choices = out["selector"].value, out["selector"].choices
         if not is_skip(out["table"]):
@@ -588,15 +591,20 @@ def test_generate_a_group_with_the_tiny_model(studio, tiny_draft, labels):
         assert warnings == message("Every group has different scores, so GRPO can learn from each of them.", "ok")
 
 
-def test_generation_can_be_cancelled_between_prompts(studio, tiny_draft):
+def test_a_group_shows_its_replies_as_they_are_sampled_and_cancel_stops_it(studio, tiny_draft, monkeypatch):
+    from dragon_ui.engine import evaluation
+
+    monkeypatch.setattr(evaluation, "REPLIES_EVERY_S", 0.0)
     request = SimpleNamespace(session_hash="session-1")
     generation = rewards_tab.generate_samples(studio, tiny_draft, 0, 3, request=request)
     for progress, table, warnings in generation:
         if isinstance(table, pd.DataFrame):
             break
+    # The first row's replies as far as they go, not yet scored.
+    assert set(table["row"]) == {1} and len(table) == 6 and set(table["total"]) == {""}
     assert "Cancelled" in rewards_tab.cancel_generation(request)
-    assert list(generation) == []  # the second row never started
-    assert set(table["row"]) == {1}
+    assert list(generation) == []  # nothing more: the sampling stopped within a token
+    assert not [thread for thread in threading.enumerate() if thread.name == "playground-sampling"]
 
 
 def test_generation_shows_busy_errors_and_asks_for_a_row(studio, tiny_draft, no_model):

@@ -27,6 +27,7 @@ from .weights import TrainedWeights, trained_weights
 log = logging.getLogger(__name__)
 
 EVAL_BATCH = 16  # prompts per generate call; training, the Compare tab and the CLI batch alike, so greedy replies match
+REPLIES_EVERY_S = 0.3  # how often generate_replies hands on the replies so far (on_replies): as often as a page redraws
 
 
 @dataclass
@@ -45,21 +46,35 @@ class EvalResult:
 
 def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int = EVAL_BATCH,
                      temperature: float = 0.0, should_stop: Callable[[], bool] | None = None,
-                     sampling: dict | None = None) -> list[str]:
+                     sampling: dict | None = None,
+                     on_replies: Callable[[list[str]], None] | None = None) -> list[str]:
     """Reply to each chat prompt (greedy when temperature is 0), batched with left padding. ``should_stop`` is
     asked after every generated token; once it is true, generation ends and Stopped is raised. ``sampling``: more of
-    generate's sampling settings (top_p, top_k, min_p, repetition_penalty), as a run samples with them."""
+    generate's sampling settings (top_p, top_k, min_p, repetition_penalty), as a run samples with them.
+    ``on_replies`` is handed every reply so far (the unfinished ones as far as they go) at most every
+    REPLIES_EVERY_S while they are generated, for a view that shows them as they come."""
     import torch
     from transformers import StoppingCriteria, StoppingCriteriaList
+
+    replies: list[str] = []
+    prompt_length, said_at = 0, time.monotonic()
 
     class StopWhenAsked(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
             return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool, device=input_ids.device)
 
-    stopping = StoppingCriteriaList([StopWhenAsked()] if should_stop is not None else [])
+    class SaySoFar(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            nonlocal said_at
+            if time.monotonic() - said_at >= REPLIES_EVERY_S:
+                on_replies(replies + tokenizer.batch_decode(input_ids[:, prompt_length:], skip_special_tokens=True))
+                said_at = time.monotonic()
+            return torch.zeros((input_ids.shape[0],), dtype=torch.bool, device=input_ids.device)
+
+    stopping = StoppingCriteriaList([*([StopWhenAsked()] if should_stop is not None else []),
+                                     *([SaySoFar()] if on_replies is not None else [])])
     device = next(model.parameters()).device
     texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
-    replies: list[str] = []
     was_training = model.training
     model.eval()
     try:
@@ -68,6 +83,7 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
                 raise Stopped("stopped while generating replies")
             batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True, padding_side="left",
                               add_special_tokens=False).to(device)
+            prompt_length = batch["input_ids"].shape[1]
             how = ({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": None, **(sampling or {})}
                    if temperature > 0 else {"do_sample": False, "top_k": None})
             with torch.inference_mode():

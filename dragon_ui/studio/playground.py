@@ -413,19 +413,19 @@ def reward_failures(group: GroupScores) -> list[str]:
 
 
 def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict], grpo: GRPOSettings,
-                    should_stop: Callable[[], bool] | None = None) -> Iterator[GroupScores]:
+                    should_stop: Callable[[], bool] | None = None,
+                    on_replies: Callable[[list[str]], None] | None = None) -> Iterator[GroupScores]:
     """Sample ``grpo.group_size`` replies to each example, as one GRPO step would (its temperature, length cap and
     sampling settings), and yield each prompt's scored group.
 
-    ``should_stop`` is checked before each prompt, so a cancel takes effect between prompts.
+    ``should_stop`` is asked after every token: once it is true, generation ends (evaluation.Stopped).
+    ``on_replies`` sees the replies to the prompt being sampled as they grow (evaluation.generate_replies).
     """
     from ..engine.evaluation import generate_replies
 
     for example in examples:
-        if should_stop is not None and should_stop():
-            return
         replies = generate_replies(model, tokenizer, [example["prompt"]] * grpo.group_size, grpo.max_new_tokens,
-                                   batch_size=grpo.group_size, temperature=grpo.temperature,
+                                   batch_size=grpo.group_size, temperature=grpo.temperature, should_stop=should_stop,
                                    sampling={"top_p": grpo.top_p, "top_k": grpo.top_k or None, "min_p": grpo.min_p,
-                                             "repetition_penalty": grpo.repetition_penalty})
+                                             "repetition_penalty": grpo.repetition_penalty}, on_replies=on_replies)
         yield score_group(rewards, example, replies)

@@ -28,7 +28,8 @@ from ..studio.draft import same_settings
 from .guard import UPLOADS_PER_WINDOW, RequestLimits, network_address
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
 from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, UNCHANGED, Form,
-                     Shared, in_the_page, message, shows_errors, tab_selected, visible)
+                     Shared, explain, in_the_page, message, progress_shown_quietly, shows_errors, tab_selected,
+                     visible)
 
 TITLE = "Dragon GRPO Studio"
 INTRO = ("Teach a small language model with rewards you can check: pick data, build rewards, choose a model and "
@@ -89,12 +90,35 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         visitor_token = gr.BrowserState(None, storage_key=VISITOR_STORAGE_KEY, secret=storage_key)
         kept_owner_key = gr.BrowserState("", storage_key=OWNER_KEY_STORAGE_KEY, secret=storage_key)
         form = shared.form
-        loading_count = 4  # what loads a draft (fill_loaded): the form's draft, pristine, the event's flag, auto-name
         asking = [confirm_row, confirm_text, pending, recipe_status]
+        opening = gr.Markdown(message("Opening your settings…"), elem_id="form-opening")
 
-        def loaded(new_draft: dict, label: str) -> tuple:
-            return (new_draft, new_draft, True, new_draft.get("name", ""), gr.Row(visible=False), "", None,
-                    message(f"Loaded {label}: data, rewards and settings.", "ok"))
+        def loading() -> list:
+            """What loading a whole draft writes, after ``asking``: the form's draft, pristine, auto-name, the
+            "Opening…" line (emptied: the page then shows the form) and every tab's fill of the draft. Known once
+            every tab is built."""
+            return [form.loaded, shared.pristine, shared.auto_name, opening,
+                    *(output for _, outputs in shared.fills for output in outputs)]
+
+        def loaded(new_draft: dict, label: str, pristine: dict | None = None, auto_name: str | None = None) -> tuple:
+            """``asking`` answered, and the draft shown in every tab, in one answer: each event the page runs costs
+            it time, more so while a run trains (the fills were an event each)."""
+            status = message(f"Loaded {label}: data, rewards and settings.", "ok") if label else gr.skip()
+            shown = []
+            for fill, outputs in shared.fills:
+                try:
+                    filled = fill(new_draft)
+                except Exception as exc:  # a draft kept by the browser may be anything: the other tabs still show
+                    status = message(f"Some settings could not be shown: {explain(exc)}", "warn")
+                    filled = [gr.skip()] * len(outputs)
+                shown.extend(filled if len(outputs) > 1 else [filled])
+            return (gr.Row(visible=False), "", None, status, new_draft,
+                    new_draft if pristine is None else pristine,
+                    new_draft.get("name", "") if auto_name is None else auto_name, "", *shown)
+
+        def unchanged(status: str) -> tuple:
+            """``asking`` answered with ``status``; nothing loaded."""
+            return (gr.skip(), gr.skip(), gr.skip(), status, *[gr.skip()] * len(loading()))
 
         def offer(get_draft, pristine: dict, *args) -> tuple:
             """Load the draft ``get_draft`` gives (a recipe, a past run's settings), asking first when the form has
@@ -103,13 +127,13 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             try:
                 new_draft, label = get_draft(*rest)
             except DragonError as exc:
-                return (*[gr.skip()] * loading_count, gr.skip(), gr.skip(), gr.skip(), message(str(exc), "error"))
+                return unchanged(message(str(exc), "error"))
             if not pristine or same_settings(current, pristine):
                 return loaded(new_draft, label)
             question = message(f"You have changed the settings since they were loaded. Replace them with {label}? "
                                "What you changed is lost.", "warn")
-            return (*[gr.skip()] * loading_count, gr.Row(visible=True), question,
-                    {"draft": new_draft, "label": label}, "")
+            return (gr.Row(visible=True), question, {"draft": new_draft, "label": label}, "",
+                    *[gr.skip()] * len(loading()))
 
         offers = []
 
@@ -119,7 +143,6 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             offers.append((trigger, get_draft, inputs))
 
         shared.offer_draft = offer_draft
-        opening = gr.Markdown(message("Opening your settings…"), elem_id="form-opening")
         with gr.Column(visible=False, elem_id="form-area") as form_area, gr.Tabs(elem_id="tabs") as tabs:
             shared.tabs = tabs
             with gr.Tab("1 · Data", id=TAB_DATA, elem_id="tab-data"):
@@ -138,20 +161,11 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             connect()
 
         def fill_loaded(start):
-            """``start(loading)`` wires an event that may load a whole draft into the outputs ``loading``. After it,
-            when it did, every tab shows the draft (each one's fill, one after another), the form appears (the page
-            hides it until then, so nothing typed while it opens is overwritten), and the tabs' refreshes run on what
-            the form shows, side by side. Whether it did is a flag of the event's own: one flag for every event was
-            reset by the question's event finishing while Replace, pressed at once, was loading."""
-            just_loaded = gr.State(False)
-            event = start([form.loaded, shared.pristine, just_loaded, shared.auto_name])
-            for fill, outputs in shared.fills:
-                event = event.then(_when_loaded(fill, len(outputs)), [just_loaded, form.loaded], outputs,
-                                   api_visibility="private", show_progress="hidden")
-            # The "Opening…" line empties once a draft was loaded (a page whose load failed keeps it and no form);
-            # the page then shows the form. Once shown, the form stays: showing it again changes nothing.
-            event = event.then(lambda now: (False, "" if now else gr.skip()), [just_loaded], [just_loaded, opening],
-                               api_visibility="private", show_progress="hidden")
+            """``start(outputs)`` wires an event that may load a whole draft (``loaded``) into ``outputs``. After it,
+            the page shows the form once a draft was loaded (it hides it until then, so nothing typed while it opens
+            is overwritten; a page whose load failed keeps the "Opening…" line and no form), and the tabs' refreshes
+            run on what the form shows, side by side. Once shown, the form stays: showing it again changes nothing."""
+            event = start([*asking, *loading()])
             event = event.then(**in_the_page([form_area, opening], f"inputs[0] === '' ? [{visible(True)}, "
                                                                    f"{visible(False)}] : [{UNCHANGED}, {UNCHANGED}]"),
                                inputs=[opening])
@@ -161,15 +175,14 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
 
         offer_draft(load_recipe.click, lambda name: (studio.load_recipe(name), f"the {name} recipe"), [recipe])
         def offered(trigger, get_draft, inputs: list):
-            return lambda loading: trigger(functools.partial(offer, get_draft), [shared.pristine, *form.inputs, *inputs],
-                                           [*loading, *asking], api_visibility="private", show_progress="hidden")
+            return lambda outputs: trigger(functools.partial(offer, get_draft), [shared.pristine, *form.inputs, *inputs],
+                                           outputs, api_visibility="private", show_progress="hidden")
 
         for trigger, get_draft, inputs in offers:
             fill_loaded(offered(trigger, get_draft, inputs))
-        fill_loaded(lambda loading: replace_button.click(
-            lambda wanted: loaded(wanted["draft"], wanted["label"]) if wanted
-            else (*[gr.skip()] * loading_count, gr.Row(visible=False), "", None, ""),
-            [pending], [*loading, *asking], api_visibility="private", show_progress="hidden"))
+        fill_loaded(lambda outputs: replace_button.click(
+            lambda wanted: loaded(wanted["draft"], wanted["label"]) if wanted else unchanged(""),
+            [pending], outputs, api_visibility="private", show_progress="hidden"))
         keep_button.click(lambda: (gr.Row(visible=False), "", None, message("Kept your settings.", "info")), None,
                           asking, api_visibility="private", show_progress="hidden")
 
@@ -195,13 +208,11 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                 runs = studio.runs()
                 run_id = active or (runs[0]["id"] if runs else "")
                 if isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
-                    draft, pristine = kept["draft"], kept.get("pristine") or {}
-                    auto_name = kept.get("auto_name") or ""
+                    shown = loaded(kept["draft"], "", kept.get("pristine") or {}, kept.get("auto_name") or "")
                 else:
-                    draft = pristine = studio.default_draft()
-                    auto_name = draft.get("name", "")
-                return (token, draft, pristine, True, auto_name, run_id, gr.Timer(active=bool(active)),
-                        *train_tab.runs_outputs(studio), *running_now(active))
+                    shown = loaded(studio.default_draft(), "")
+                return (token, *shown, run_id, gr.Timer(active=bool(active)), *train_tab.runs_outputs(studio),
+                        *running_now(active))
 
         def running_now(active: str | None) -> tuple:
             """The banner a page opens with while a run trains: a second browser, or a reload, sees it at once."""
@@ -211,10 +222,10 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             step = f"step {status.get('step') or 0} of {status.get('total_steps') or '?'}"
             return gr.Row(visible=True), message(f"A run is training: `{active}`, {step}.", "info")
 
-        fill_loaded(lambda loading: demo.load(
+        fill_loaded(lambda outputs: demo.load(
             on_page_load, [visitor_token, kept_owner_key, saved],
-            [visitor_token, *loading, shared.run_id, shared.timer, *shared.runs_list, running_banner, running_text],
-            api_visibility="private"))
+            [visitor_token, *outputs, shared.run_id, shared.timer, *shared.runs_list, running_banner, running_text],
+            api_visibility="private", show_progress="hidden"))  # the "Opening…" line is its progress
         watch_it.click(**in_the_page([tabs, running_banner], f"[{tab_selected(TAB_TRAIN)}, {visible(False)}]"))
         for replaced in shared.source_replaced:  # the user's own data: no recipe is what the form shows now
             replaced.then(lambda: gr.Dropdown(value=None), None, [recipe], api_visibility="private",
@@ -256,6 +267,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
 
         for endpoint in (recipe, check, start):
             gr.api(shows_errors(endpoint), api_name=endpoint.__name__)
+        progress_shown_quietly(demo, gr.Markdown(visible=False, elem_id="no-progress"))
     serve_as_visitors(demo, studio)
     demo.form = form  # the fields and their config paths, for tests and for apps that embed this one
     return demo
@@ -390,12 +402,3 @@ def _notes(draft: dict) -> tuple:
     notes = draft.get("notes") if isinstance(draft.get("notes"), str) else ""
     return gr.Accordion(visible=bool(notes.strip())), notes
 
-
-def _when_loaded(fill, count: int):
-    """``fill(draft)`` when a draft was just loaded, else nothing changes (the load asked first instead)."""
-    def filled(now: bool, draft: dict):
-        if now:
-            return fill(draft)
-        return gr.skip() if count == 1 else (gr.skip(),) * count
-
-    return filled

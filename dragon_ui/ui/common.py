@@ -90,9 +90,14 @@ class Form:
         self._watchers.append((fn, list(outputs), list(inputs)))
 
     def connect_watchers(self) -> None:
-        """One event for every change of the form that runs all watchers on one draft: each event a keystroke
-        fires costs the browser time, so there is one, not one per watcher. always_last: a change while it is
-        running is not dropped but handled once it is done, with the values the form shows then."""
+        """One event for every change of the form that runs all watchers on one draft: each event costs the page
+        time, so there is one, not one per watcher. always_last: a change while it is running is not dropped but
+        handled once it is done, with the values the form shows then.
+
+        A load changes many fields at once, and gradio's page sends an always_last event once for each of them
+        when they change together (it only notices the first is running after it was sent), so a loaded draft was
+        worked out six times over. The fields' changes first count up a hidden number in the page, once for all
+        the changes made together (FORM_EDITED); the watchers run on its change."""
         count = len(self.inputs)
 
         def on_change(*args):
@@ -103,9 +108,18 @@ class Form:
                 shown.extend(result if len(outputs) > 1 else [result])
             return shown
 
-        gr.on(self.triggers, on_change, [*self.inputs, *(c for _, _, inputs in self._watchers for c in inputs)],
-              [c for _, outputs, _ in self._watchers for c in outputs], trigger_mode="always_last",
-              show_progress="hidden", api_visibility="private")
+        edits = gr.Number(0, visible="hidden", interactive=False, elem_id="form-edits")
+        gr.on(self.triggers, **in_the_page([edits], FORM_EDITED))
+        edits.change(on_change, [*self.inputs, *(c for _, _, inputs in self._watchers for c in inputs)],
+                     [c for _, outputs, _ in self._watchers for c in outputs], trigger_mode="always_last",
+                     show_progress="hidden", api_visibility="private")
+
+
+# The count of the form's edits (Form.connect_watchers): every change made before the page next gets to run its
+# timers (one server answer's, or one keystroke's) counts once.
+FORM_EDITED = ("(() => { const burst = (window.dragonFormEdits ??= {count: 0, open: false}); if (!burst.open) { "
+               "burst.open = true; burst.count += 1; setTimeout(() => { burst.open = false; }); } "
+               "return burst.count; })()")
 
 
 @dataclass
@@ -152,6 +166,20 @@ def in_the_page(outputs: list, updates: str) -> dict:
     loading status."""
     return {"fn": None, "outputs": outputs, "js": f"(...inputs) => ({updates})", "api_visibility": "private",
             "show_progress": "hidden"}
+
+
+def progress_shown_quietly(demo: gr.Blocks, nowhere) -> None:
+    """Every server event of ``demo`` that shows no progress keeps its loading status on ``nowhere`` (a component
+    never shown) instead of on its outputs.
+
+    Why: the page keeps the loading status of every component any server event ever wrote to, and at every status
+    change of any event (three or four per click, two per timer tick) it updates each of them, calling every
+    component inside it. After a page load had written the whole form, a click or a tick while a run trained cost
+    the browser a fraction of a second. An event's status goes to its ``show_progress_on`` components when it has
+    them (gradio 6.31), so the events with nothing to show now add one component to that list, the same for all."""
+    for block_fn in demo.fns.values():
+        if block_fn.fn is not None and block_fn.show_progress == "hidden" and block_fn.show_progress_on is None:
+            block_fn.show_progress_on = [nowhere]
 
 
 UNCHANGED = "{__type__: 'update'}"  # the update that changes nothing (in_the_page)

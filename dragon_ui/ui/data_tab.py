@@ -308,13 +308,17 @@ def build(shared: Shared) -> Callable[[], None]:
                reference.input, system.input, eval_frac.release, max_rows.submit, max_rows.blur, sheet.input],
               shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, show_progress="hidden",
               **modes)
-        prompt_column.input(lambda column: column or gr.skip(), [prompt_column], [prompt], **modes).then(
-            shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, **modes)
-        submitted = source.submit(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, **modes)
+        # A new source or prompt column may take seconds to read: the preview table shows that it is coming.
+        previewing = {**modes, "show_progress_on": [table]}
+        prompt_column.input(lambda column: column or gr.skip(), [prompt_column], [prompt], show_progress="hidden",
+                            **modes).then(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated,
+                                          **previewing)
+        submitted = source.submit(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated,
+                                  **previewing)
         picked = example.input(shows_errors(form.takes_draft(replace_source)), [*form.inputs, example, shown_table],
-                               updated, **modes)
+                               updated, **previewing)
         uploaded = upload.upload(shows_errors(form.takes_draft(take_upload)), [*form.inputs, upload, shown_table],
-                                 updated, **modes)
+                                 updated, **previewing)
         shared.source_replaced.extend([submitted, picked, uploaded])
         form.component("model.id").change(
             shows_errors(form.takes_draft(lambda draft, shown: refresh_for_model(draft, shown, form.labels))),

@@ -53,8 +53,11 @@ def _target_modules(text: str) -> str | list[str]:
     return names[0] if names == ["all-linear"] else names
 
 
-def _target_modules_text(value: str | list[str]) -> str:
-    return value if isinstance(value, str) else ", ".join(value)
+def _target_modules_text(value: str | list[str] | None) -> str:
+    """What the field shows: a kept draft may have none (the config's default then applies) or anything else."""
+    if isinstance(value, str):
+        return value
+    return ", ".join(map(str, value)) if isinstance(value, list) else ""
 
 
 @dataclass(frozen=True)
@@ -527,7 +530,7 @@ def build(shared: Shared) -> Callable[[], None]:
             return (hardware_markdown(info), *describe(draft))
 
         detect_again.click(form.takes_draft(redetect), form.inputs, [detected, *preview_outputs],
-                           api_visibility="private")
+                           show_progress_on=[detected], api_visibility="private")
         export.click(form.takes_draft(lambda draft, gpus, nodes: export_for_cluster(studio, draft, gpus, nodes)),
                      [*form.inputs, gpus, nodes], [export_file, export_status], api_visibility="private",
                      concurrency_limit=1, concurrency_id="exports")

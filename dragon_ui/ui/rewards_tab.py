@@ -11,9 +11,13 @@ learning signal.
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import json
+import queue
 import re
 import shlex
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import fields
@@ -255,8 +259,9 @@ def remove_reward(rewards: list[dict], selected: str, public: bool = False) -> l
 
 def select_reward(rewards: list[dict], selected: str, public: bool = False) -> list:
     """Show the chosen reward in the form (or a fresh new one). Returns (rewards, table, selector, status,
-    *editor)."""
-    return _listing(rewards, selected, "", public)
+    *editor), the list and its table unchanged (skipped): a Remove clicked right after the choice may be answered
+    first, and this answer, holding the list as it was, would put the removed reward back."""
+    return [gr.skip(), gr.skip(), *_listing(rewards, selected, "", public)[2:]]
 
 
 def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight: float,
@@ -360,14 +365,17 @@ def score_typed(draft: dict, row: int | None, completion: str) -> tuple:
     return table, total
 
 
-def group_table(groups: list[GroupScores], first_row: int) -> pd.DataFrame:
-    """One line per sampled reply: which row, the reply, each reward's score, the total and the advantage."""
-    names = groups[0].reward_names if groups else []
+def group_table(groups: list[GroupScores], first_row: int, reward_names: list[str] | None = None,
+                unscored: list[str] = ()) -> pd.DataFrame:
+    """One line per sampled reply: which row, the reply, each reward's score, the total and the advantage; then the
+    ``unscored`` replies to the next row as far as they are generated, their scores still blank."""
+    names = groups[0].reward_names if groups else list(reward_names or [])
     lines = []
     for offset, group in enumerate(groups):
         for completion, result, advantage in zip(group.completions, group.results, group.advantages, strict=True):
             lines.append([first_row + offset + 1, completion, *(round(result.scores[n], 3) for n in names),
                           round(result.total, 3), round(advantage, 2) + 0.0])  # + 0.0: no "-0.0"
+    lines += [[first_row + len(groups) + 1, reply, *[""] * (len(names) + 2)] for reply in unscored]
     return pd.DataFrame(lines, columns=["row", "completion", *names, "total", "advantage"])
 
 
@@ -436,17 +444,63 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
     group_size, started, groups = config.grpo.group_size, time.monotonic(), []
     yield (message(f"Generating {group_size} replies to row {row + 1} (temperature {config.grpo.temperature:g}, up "
                    f"to {config.grpo.max_new_tokens} tokens each)…", "info"), gr.skip(), "")
+    names = [reward.name for reward in rewards]
+    for replies, group in _sampled(model, tokenizer, rewards, examples, config.grpo, session):
+        if isinstance(group, Exception):
+            yield message(explain(group), "error"), gr.skip(), gr.skip()
+            return
+        if group is None:  # replies to the next row, as far as they go
+            yield gr.skip(), group_table(groups, row, names, replies), gr.skip()
+            continue
+        groups.append(group)
+        done = len(groups) == len(examples)
+        progress = (f"Sampled {len(groups) * group_size} replies to {len(groups)} row(s) in "
+                    f"{time.monotonic() - started:.1f} s." if done else
+                    f"Row {row + len(groups)} done; generating row {row + len(groups) + 1}…")
+        yield message(progress, "ok" if done else "info"), group_table(groups, row), group_warnings(groups, row)
+
+
+def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str | None):
+    """generate_groups on a thread of its own, so the page sees the replies as they grow: yields (replies so far,
+    None), then (None, the scored group) for each row, or (None, the exception) once if sampling failed; nothing
+    more once Cancel was pressed. Closing it (gradio does, on the event loop, when the page goes away) stops the
+    sampling within a token without waiting for it."""
+    updates: queue.Queue = queue.Queue()
+    closed = threading.Event()
+
+    def stopped() -> bool:
+        return closed.is_set() or session in _cancelled_sessions
+
+    def sample() -> None:
+        try:
+            for group in generate_groups(model, tokenizer, rewards, examples, grpo, should_stop=stopped,
+                                         on_replies=lambda replies: updates.put((replies, None))):
+                updates.put((None, group))
+        except Exception as exc:
+            updates.put((None, exc))
+        finally:
+            updates.put(None)
+
+    # In the context of the request (public.visiting): the sampling acts for the visitor who asked.
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(sample,), name="playground-sampling",
+                              daemon=True)
+    worker.start()
     try:
-        for group in generate_groups(model, tokenizer, rewards, examples, config.grpo,
-                                     should_stop=lambda: session in _cancelled_sessions):
-            groups.append(group)
-            done = len(groups) == len(examples)
-            progress = (f"Sampled {len(groups) * group_size} replies to {len(groups)} row(s) in "
-                        f"{time.monotonic() - started:.1f} s." if done else
-                        f"Row {row + len(groups)} done; generating row {row + len(groups) + 1}…")
-            yield message(progress, "ok" if done else "info"), group_table(groups, row), group_warnings(groups, row)
-    except Exception as exc:
-        yield message(explain(exc), "error"), gr.skip(), gr.skip()
+        while True:
+            shown = [updates.get()]
+            while not updates.empty():  # a slow page gets the latest replies, not every one on the way
+                shown.append(updates.get())
+            latest = [update for update in shown if update is None or update[1] is not None]
+            if shown[-1] is not None and shown[-1][1] is None:
+                latest.append(shown[-1])
+            for update in latest:
+                if update is None or stopped():
+                    closed.set()
+                    worker.join()  # within a token: the model is free for the next one when this event ends
+                    return
+                yield update
+    finally:
+        closed.set()
 
 
 # --------------------------------------------------------------------------------------------- layout and events
@@ -550,7 +604,7 @@ def build(shared: Shared) -> Callable[[], None]:
     kind.input(functools.partial(change_kind, public=public), [rewards, selected, kind, name, weight], shown_editor,
                **edits)
     shared.fills.append((functools.partial(fill_rewards, public=public), listing))
-    rewards.change(rewards_problem, [rewards], [problem], **edits)
+    form.watch(lambda draft: rewards_problem(draft.get("rewards")), [problem])
 
     gr.Markdown("## Playground\nTry the rewards on a reply before training: type one, or let the starting model "
                 "sample a group of replies the way one GRPO step would.")
@@ -576,11 +630,16 @@ def build(shared: Shared) -> Callable[[], None]:
 
     def connect() -> None:
         playground = {"show_progress": "hidden", "api_visibility": "private"}
-        data_fields = [form.component(path) for path in ("data.source", "data.hub_config", "data.hub_split",
-                                                         "data.prompt", "data.reference", "data.system")]
-        gr.on([field.change for field in data_fields], form.takes_draft(
-            lambda draft, current: playground_rows(draft, current, form.labels)), [*form.inputs, row],
-            [row, row_text], trigger_mode="always_last", **playground)
+        rows_of = gr.State(None)  # the data settings the row picker shows rows of
+
+        def rows(draft: dict, current, shown_for) -> tuple:
+            """The row picker, anew only when the data settings changed."""
+            data = json.dumps(draft.get("data"), sort_keys=True, default=str), draft.get("base_dir")
+            if list(data) == shown_for:
+                return gr.skip(), gr.skip(), gr.skip()
+            return *playground_rows(draft, current, form.labels), list(data)
+
+        form.watch(rows, [row, row_text, rows_of], [row, rows_of])
         row.input(form.takes_draft(show_row), [*form.inputs, row], [row_text], **playground)
         score.click(form.takes_draft(score_typed), [*form.inputs, row, completion], [scores, total], **playground)
         completion.submit(form.takes_draft(score_typed), [*form.inputs, row, completion], [scores, total],
