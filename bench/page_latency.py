@@ -96,15 +96,16 @@ def timed(action, wait) -> float:
 ARM_CLICK_TIMER = """([clicked, targets]) => {
     window.dragonLatency = targets.map(() => null);
     const target = document.querySelector(clicked);
-    const before = targets.map(([shown]) => document.querySelector(shown)?.innerText);
+    const text = (element) => element?.innerText || element?.textContent || '';  // a table cell's innerText is ''
+    const before = targets.map(([shown]) => text(document.querySelector(shown)));
     target.addEventListener('click', () => {
         const start = performance.now();
         const check = () => {
             targets.forEach(([shown, pattern, changed], index) => {
                 const element = document.querySelector(shown);
-                const text = element?.innerText ?? '';
+                const now = text(element);
                 if (window.dragonLatency[index] === null && element && element.getClientRects().length
-                        && new RegExp(pattern).test(text) && (!changed || text !== before[index])) {
+                        && new RegExp(pattern).test(now) && (!changed || now !== before[index])) {
                     window.dragonLatency[index] = (performance.now() - start) / 1000;
                 }
             });

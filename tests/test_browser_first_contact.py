@@ -102,9 +102,10 @@ def test_a_second_page_opens_saying_that_a_run_trains(page, studio, tmp_path):
 
 
 def test_a_page_whose_previews_are_slow_keeps_every_setting_across_a_reload(page, studio, monkeypatch):
-    """While the app imports its libraries (its first seconds), a page's previews wait for them. The tabs were
-    once filled in one answer, and then the reference field's stored value went empty while it still showed the
-    column, and the draft the browser keeps lost it: after a reload, the run had no reference answers."""
+    """While the app imports its libraries (its first seconds), a page's previews wait for them. When the tabs were
+    filled, and the form shown, in one answer, the reference field's stored value went empty while it still showed
+    the column, and the draft the browser keeps lost it: after a reload, the run had no reference answers. (The tabs
+    are filled in one answer again; the form is shown by a step in the page after it.)"""
     import time as clock
 
     from dragon_ui.ui import data_tab, model_tab

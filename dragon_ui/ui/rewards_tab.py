@@ -393,7 +393,7 @@ _cancelled_sessions: set[str | None] = set()  # those of them whose Cancel was p
 
 
 def cancel_generation(request: gr.Request | None = None) -> str:
-    """The Cancel button: stop before the next prompt (the reply being generated finishes first). Only a session
+    """The Cancel button: the sampling stops within a token (generate_replies asks after each). Only a session
     that is generating is remembered, so the set cannot grow with sessions that never generate."""
     session = request.session_hash if request is not None else None
     if session in _generating:
