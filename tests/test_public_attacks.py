@@ -545,9 +545,18 @@ def test_a_kept_draft_of_any_shape_still_opens_the_page(demo, tiny_model_dir):
     """The page fills every tab from the draft its browser kept in one answer: a part no tab can show (sent by
     anyone) leaves that tab as it was and says so; the other tabs and the form still show."""
     draft = {**base_draft(tiny_model_dir), "grpo": "nonsense", "lora": {"target_modules": 7},
-             "rewards": [{"kind": "numeric", "name": "kept-reward"}]}
-    opened = RawVisitor(demo.app).open_page(**{TOKEN_STORE: secrets.token_urlsafe(24), DRAFT_STORE: {"draft": draft}})
+             "rewards": [{"kind": "numeric", "name": "kept_reward"}]}
+    visitor = RawVisitor(demo.app)
+    opened = visitor.open_page(**{TOKEN_STORE: secrets.token_urlsafe(24),
+                                  DRAFT_STORE: {"draft": draft, "pristine": 3, "auto_name": ["x"]}})
     page_load = demo.app.page_load()
     assert demo.app.output(page_load, opened, "form-opening") == ""  # the page shows the form
     assert "Some settings could not be shown" in demo.app.output(page_load, opened, "recipe-status")
-    assert "kept-reward" in json.dumps(demo.app.output(page_load, opened, "rewards-table"))
+    assert "kept_reward" in json.dumps(demo.app.output(page_load, opened, "rewards-table"))
+    # The form's own values replace the broken parts: its watchers, Check and loading a recipe all work.
+    watched = visitor.fire("form-edits", "change", **PLAYGROUND_DATA)
+    assert watched.ok and "Something went wrong" not in watched.text(), watched.text()[:300]
+    said = demo.app.output(demo.app.event("form-edits", "change"), watched, "model-check")
+    assert said.startswith(("✅", "❌", "⚠️")), said  # the form's own values checked, in the screen's words
+    recipe = visitor.fire("load-recipe", recipe="arithmetic")
+    assert recipe.ok and "Loaded the arithmetic recipe" in recipe.text(), recipe.text()[:300]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import re
 import threading
+import time
 from types import SimpleNamespace
 
 import gradio as gr
@@ -591,20 +592,64 @@ def test_generate_a_group_with_the_tiny_model(studio, tiny_draft, labels):
         assert warnings == message("Every group has different scores, so GRPO can learn from each of them.", "ok")
 
 
-def test_a_group_shows_its_replies_as_they_are_sampled_and_cancel_stops_it(studio, tiny_draft, monkeypatch):
+@pytest.fixture
+def paced_sampling(monkeypatch):
+    """The playground's sampling thread waits, after each batch of replies it hands on, until the test lets it go
+    on (``go.set()``): what the page is shown does not depend on how busy the machine is."""
     from dragon_ui.engine import evaluation
 
     monkeypatch.setattr(evaluation, "REPLIES_EVERY_S", 0.0)
-    request = SimpleNamespace(session_hash="session-1")
-    generation = rewards_tab.generate_samples(studio, tiny_draft, 0, 3, request=request)
+    go, sampled = threading.Event(), rewards_tab.generate_groups
+
+    def paced(*args, on_replies, **kwargs):
+        def hand_on(replies):
+            on_replies(replies)
+            assert go.wait(timeout=60)
+
+        return sampled(*args, on_replies=hand_on, **kwargs)
+
+    monkeypatch.setattr(rewards_tab, "generate_groups", paced)
+    return go
+
+
+def first_table(generation) -> pd.DataFrame:
     for progress, table, warnings in generation:
         if isinstance(table, pd.DataFrame):
-            break
+            return table
+    raise AssertionError("no table was shown")
+
+
+def sampling_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "playground-sampling"]
+
+
+def test_a_group_shows_its_replies_as_they_are_sampled_and_cancel_stops_it(studio, tiny_draft, paced_sampling):
+    request = SimpleNamespace(session_hash="session-1")
+    generation = rewards_tab.generate_samples(studio, tiny_draft, 0, 3, request=request)
+    table = first_table(generation)
     # The first row's replies as far as they go, not yet scored.
     assert set(table["row"]) == {1} and len(table) == 6 and set(table["total"]) == {""}
     assert "Cancelled" in rewards_tab.cancel_generation(request)
+    paced_sampling.set()
     assert list(generation) == []  # nothing more: the sampling stopped within a token
-    assert not [thread for thread in threading.enumerate() if thread.name == "playground-sampling"]
+    assert not sampling_threads() and not rewards_tab.SAMPLING.locked()
+
+
+def test_a_group_closed_by_gradio_stops_sampling_and_the_next_one_waits_for_it(studio, tiny_draft, paced_sampling):
+    """Gradio closes the generator (on its event loop) when the page goes away or Cancel is pressed, and may start
+    the next model event at once: closing does not wait for the thread, which stops within a token, and the next
+    group's sampling waits for it."""
+    generation = rewards_tab.generate_samples(studio, tiny_draft, 0, 3, request=SimpleNamespace(session_hash="s-2"))
+    first_table(generation)
+    generation.close()  # the thread is held in hand_on: closing returns at once
+    assert sampling_threads() and rewards_tab.SAMPLING.locked()
+    paced_sampling.set()
+    deadline = time.monotonic() + 60
+    while sampling_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not sampling_threads() and not rewards_tab.SAMPLING.locked()
+    progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 0, 1))[-1]
+    assert "Sampled 6 replies to 1 row(s)" in progress
 
 
 def test_generation_shows_busy_errors_and_asks_for_a_row(studio, tiny_draft, no_model):

@@ -35,11 +35,14 @@ REWARD_FIELD_WORDS = {"code": "the Python code", "file": "the .py file", "functi
 
 
 def set_path(draft: dict, path: str, value: Any) -> None:
-    """Set ``draft["a"]["b"]`` for the path "a.b", creating missing sections."""
+    """Set ``draft["a"]["b"]`` for the path "a.b", creating missing sections and replacing any that is not one (a
+    draft kept by a browser may hold anything)."""
     *parents, leaf = path.split(".")
     target = draft
     for part in parents:
-        target = target.setdefault(part, {})
+        if not isinstance(target.get(part), dict):
+            target[part] = {}
+        target = target[part]
     target[leaf] = value
 
 

@@ -108,10 +108,10 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             for fill, outputs in shared.fills:
                 try:
                     filled = fill(new_draft)
+                    shown.extend(filled if len(outputs) > 1 else [filled])
                 except Exception as exc:  # a draft kept by the browser may be anything: the other tabs still show
                     status = message(f"Some settings could not be shown: {explain(exc)}", "warn")
-                    filled = [gr.skip()] * len(outputs)
-                shown.extend(filled if len(outputs) > 1 else [filled])
+                    shown.extend([gr.skip()] * len(outputs))
             return (gr.Row(visible=False), "", None, status, new_draft,
                     new_draft if pristine is None else pristine,
                     new_draft.get("name", "") if auto_name is None else auto_name, "", *shown)
@@ -208,7 +208,9 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                 runs = studio.runs()
                 run_id = active or (runs[0]["id"] if runs else "")
                 if isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
-                    shown = loaded(kept["draft"], "", kept.get("pristine") or {}, kept.get("auto_name") or "")
+                    pristine, auto_name = kept.get("pristine"), kept.get("auto_name")  # anything, as the browser kept
+                    shown = loaded(kept["draft"], "", pristine if isinstance(pristine, dict) else {},
+                                   auto_name if isinstance(auto_name, str) else "")
                 else:
                     shown = loaded(studio.default_draft(), "")
                 return (token, *shown, run_id, gr.Timer(active=bool(active)), *train_tab.runs_outputs(studio),

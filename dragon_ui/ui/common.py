@@ -104,8 +104,12 @@ class Form:
             draft, rest, shown = self.compose(*args[:count]), list(args[count:]), []
             for fn, outputs, inputs in self._watchers:
                 values, rest = rest[:len(inputs)], rest[len(inputs):]
-                result = fn(draft, *values)
-                shown.extend(result if len(outputs) > 1 else [result])
+                try:
+                    result = fn(draft, *values)
+                    shown.extend(result if len(outputs) > 1 else [result])
+                except Exception:  # one watcher's failure leaves the others' answers (the kept draft among them)
+                    log.exception("a watcher of the form failed")
+                    shown.extend([gr.skip()] * len(outputs))
             return shown
 
         edits = gr.Number(0, visible="hidden", interactive=False, elem_id="form-edits")
@@ -115,11 +119,14 @@ class Form:
                      show_progress="hidden", api_visibility="private")
 
 
-# The count of the form's edits (Form.connect_watchers): every change made before the page next gets to run its
-# timers (one server answer's, or one keystroke's) counts once.
-FORM_EDITED = ("(() => { const burst = (window.dragonFormEdits ??= {count: 0, open: false}); if (!burst.open) { "
-               "burst.open = true; burst.count += 1; setTimeout(() => { burst.open = false; }); } "
-               "return burst.count; })()")
+# The count of the form's edits (Form.connect_watchers). The first change of a burst opens it and every change until
+# the page next runs a task of its own (a posted message: unlike a timer, never held back in a background tab) gets
+# the same promise, of the count once the burst is over: the fields then all show their new values when the watchers
+# read them. A change after that starts a new burst, and always_last runs the watchers again.
+FORM_EDITED = ("(() => { const burst = (window.dragonFormEdits ??= {count: 0, next: null}); "
+               "if (!burst.next) { burst.next = new Promise((resolve) => { const channel = new MessageChannel(); "
+               "channel.port1.onmessage = () => { burst.next = null; burst.count += 1; resolve(burst.count); }; "
+               "channel.port2.postMessage(null); }); } return burst.next; })()")
 
 
 @dataclass

@@ -390,6 +390,9 @@ def group_warnings(groups: list[GroupScores], first_row: int) -> str:
 
 _generating: set[str | None] = set()  # the sessions generating a group now
 _cancelled_sessions: set[str | None] = set()  # those of them whose Cancel was pressed
+# Held by a playground group's sampling thread: gradio lets the next model event start once it has closed a cancelled
+# one, while that thread may still be finishing its token.
+SAMPLING = threading.Lock()
 
 
 def cancel_generation(request: gr.Request | None = None) -> str:
@@ -446,8 +449,8 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
                    f"to {config.grpo.max_new_tokens} tokens each)…", "info"), gr.skip(), "")
     names = [reward.name for reward in rewards]
     for replies, group in _sampled(model, tokenizer, rewards, examples, config.grpo, session):
-        if isinstance(group, Exception):
-            yield message(explain(group), "error"), gr.skip(), gr.skip()
+        if isinstance(group, str):
+            yield message(group, "error"), gr.skip(), gr.skip()
             return
         if group is None:  # replies to the next row, as far as they go
             yield gr.skip(), group_table(groups, row, names, replies), gr.skip()
@@ -462,9 +465,10 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
 
 def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str | None):
     """generate_groups on a thread of its own, so the page sees the replies as they grow: yields (replies so far,
-    None), then (None, the scored group) for each row, or (None, the exception) once if sampling failed; nothing
-    more once Cancel was pressed. Closing it (gradio does, on the event loop, when the page goes away) stops the
-    sampling within a token without waiting for it."""
+    None), then (None, the scored group) for each row, or (None, the sentence to show) once if sampling failed;
+    nothing more once Cancel was pressed. Closing it (gradio does, on the event loop, when the page goes away or
+    Cancel is pressed) stops the sampling within a token without waiting for it; the next group waits for that
+    token (SAMPLING)."""
     updates: queue.Queue = queue.Queue()
     closed = threading.Event()
 
@@ -473,11 +477,13 @@ def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str
 
     def sample() -> None:
         try:
-            for group in generate_groups(model, tokenizer, rewards, examples, grpo, should_stop=stopped,
-                                         on_replies=lambda replies: updates.put((replies, None))):
-                updates.put((None, group))
+            with SAMPLING:
+                for group in generate_groups(model, tokenizer, rewards, examples, grpo, should_stop=stopped,
+                                             on_replies=lambda replies: updates.put((replies, None))):
+                    updates.put((None, group))
         except Exception as exc:
-            updates.put((None, exc))
+            if not stopped():
+                updates.put((None, explain(exc)))  # logged here, with its traceback, when it is unexpected
         finally:
             updates.put(None)
 
@@ -637,7 +643,8 @@ def build(shared: Shared) -> Callable[[], None]:
             data = json.dumps(draft.get("data"), sort_keys=True, default=str), draft.get("base_dir")
             if list(data) == shown_for:
                 return gr.skip(), gr.skip(), gr.skip()
-            return *playground_rows(draft, current, form.labels), list(data)
+            picker, said = playground_rows(draft, current, form.labels)
+            return picker, said, list(data) if picker.choices else None  # no rows: asked again at the next change
 
         form.watch(rows, [row, row_text, rows_of], [row, rows_of])
         row.input(form.takes_draft(show_row), [*form.inputs, row], [row_text], **playground)
