@@ -448,14 +448,14 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
     yield (message(f"Generating {group_size} replies to row {row + 1} (temperature {config.grpo.temperature:g}, up "
                    f"to {config.grpo.max_new_tokens} tokens each)…", "info"), gr.skip(), "")
     names = [reward.name for reward in rewards]
-    for replies, group in _sampled(model, tokenizer, rewards, examples, config.grpo, session):
-        if isinstance(group, str):
-            yield message(group, "error"), gr.skip(), gr.skip()
+    for sampled in _sampled(model, tokenizer, rewards, examples, config.grpo, session):
+        if isinstance(sampled, str):
+            yield message(sampled, "error"), gr.skip(), gr.skip()
             return
-        if group is None:  # replies to the next row, as far as they go
-            yield gr.skip(), group_table(groups, row, names, replies), gr.skip()
+        if isinstance(sampled, list):  # replies to the next row, as far as they go
+            yield gr.skip(), group_table(groups, row, names, sampled), gr.skip()
             continue
-        groups.append(group)
+        groups.append(sampled)
         done = len(groups) == len(examples)
         progress = (f"Sampled {len(groups) * group_size} replies to {len(groups)} row(s) in "
                     f"{time.monotonic() - started:.1f} s." if done else
@@ -464,9 +464,9 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
 
 
 def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str | None):
-    """generate_groups on a thread of its own, so the page sees the replies as they grow: yields (replies so far,
-    None), then (None, the scored group) for each row, or (None, the sentence to show) once if sampling failed;
-    nothing more once Cancel was pressed. Closing it (gradio does, on the event loop, when the page goes away or
+    """generate_groups on a thread of its own, so the page sees the replies as they grow: yields the replies so far
+    (a list), then the scored group for each row, or the sentence to show once if sampling failed; nothing more
+    once Cancel was pressed. Closing it (gradio does, on the event loop, when the page goes away or
     Cancel is pressed) stops the sampling within a token without waiting for it; the next group waits for that
     token (SAMPLING)."""
     updates: queue.Queue = queue.Queue()
@@ -479,11 +479,11 @@ def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str
         try:
             with SAMPLING:
                 for group in generate_groups(model, tokenizer, rewards, examples, grpo, should_stop=stopped,
-                                             on_replies=lambda replies: updates.put((replies, None))):
-                    updates.put((None, group))
+                                             on_replies=updates.put):
+                    updates.put(group)
         except Exception as exc:
             if not stopped():
-                updates.put((None, explain(exc)))  # logged here, with its traceback, when it is unexpected
+                updates.put(explain(exc))  # logged here, with its traceback, when it is unexpected
         finally:
             updates.put(None)
 
@@ -493,13 +493,11 @@ def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str
     worker.start()
     try:
         while True:
-            shown = [updates.get()]
-            while not updates.empty():  # a slow page gets the latest replies, not every one on the way
-                shown.append(updates.get())
-            latest = [update for update in shown if update is None or update[1] is not None]
-            if shown[-1] is not None and shown[-1][1] is None:
-                latest.append(shown[-1])
-            for update in latest:
+            waiting = [updates.get()]
+            while not updates.empty():
+                waiting.append(updates.get())
+            # A slow page gets the latest replies, not every one on the way.
+            for update in [*(update for update in waiting[:-1] if not isinstance(update, list)), waiting[-1]]:
                 if update is None or stopped():
                     closed.set()
                     worker.join()  # within a token: the model is free for the next one when this event ends
@@ -640,11 +638,11 @@ def build(shared: Shared) -> Callable[[], None]:
 
         def rows(draft: dict, current, shown_for) -> tuple:
             """The row picker, anew only when the data settings changed."""
-            data = json.dumps(draft.get("data"), sort_keys=True, default=str), draft.get("base_dir")
-            if list(data) == shown_for:
+            data = json.dumps([draft.get("data"), draft.get("base_dir")], sort_keys=True, default=str)
+            if data == shown_for:
                 return gr.skip(), gr.skip(), gr.skip()
             picker, said = playground_rows(draft, current, form.labels)
-            return picker, said, list(data) if picker.choices else None  # no rows: asked again at the next change
+            return picker, said, data if picker.choices else None  # no rows: asked again at the next change
 
         form.watch(rows, [row, row_text, rows_of], [row, rows_of])
         row.input(form.takes_draft(show_row), [*form.inputs, row], [row_text], **playground)
