@@ -14,6 +14,7 @@ from test_browser import (CHROMIUM, CHROMIUM_ARGS, VIEWPORT, WAIT_MS, open_tab, 
                           started_config, studio, type_into, wait_until_loaded)
 
 from dragon_ui.engine import training
+from dragon_ui.ui.app import DRAFT_STORAGE_KEY
 
 expect = sync_api.expect
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
@@ -129,3 +130,64 @@ def test_a_page_whose_previews_are_slow_keeps_every_setting_across_a_reload(page
     open_tab(page, "model")
     page.get_by_text("The whole configuration (YAML)").click()
     expect(page.locator("#model-yaml")).to_contain_text("reference: answer")
+
+
+class HeldEvents:
+    """Holds every event a page sends to the server (its queue joins) until ``release``."""
+
+    def __init__(self, page) -> None:
+        self.held: list | None = []
+        page.route("**/queue/join*", self._hold)
+
+    def _hold(self, route) -> None:
+        if self.held is None:
+            route.continue_()
+        else:
+            self.held.append(route)
+
+    def release(self) -> int:
+        """Let the held events through, and every later one; how many were held."""
+        held, self.held = self.held, None
+        for route in held:
+            route.continue_()
+        return len(held)
+
+
+def test_the_first_paint_shows_the_settings_before_the_server_has_answered_anything(page):
+    """The issue: a page opened as the app started showed its data preview 4.5 s later, after the page's load event
+    and the preview's (which waits for the tokenizer) were answered. A browser that kept no draft now paints the
+    form with the recipe, its table and its counts at once; what is typed before the load is answered stays. A
+    browser that kept a draft shows "Opening…" until the draft is in (else its fields would show another one)."""
+    context = page.context.browser.new_context(viewport=VIEWPORT)  # a browser that kept nothing
+    try:
+        fresh = context.new_page()
+        fresh.set_default_timeout(WAIT_MS)
+        events = HeldEvents(fresh)
+        fresh.goto(page.url)
+        expect(fresh.locator("#form-area")).to_be_visible()
+        expect(fresh.locator("#form-opening")).to_be_hidden()
+        assert fresh.locator("#data-source textarea").input_value().endswith("arithmetic.csv")
+        expect(fresh.locator("#data-preview")).to_contain_text("What is 66 + 24? Reply with just the number.")
+        expect(fresh.locator("#data-counts")).to_contain_text("400 rows: 380 for training, 20 held out")
+        open_tab(fresh, "rewards")
+        expect(fresh.locator("#rewards-table")).to_contain_text("numeric")
+        expect(fresh.locator("#rewards-row-text")).to_contain_text("What is 66 + 24?")
+        open_tab(fresh, "data")
+        type_into(fresh, "#data-prompt textarea", "Q: {question}")
+        assert events.release(), "the page's load event was sent (and held)"
+        expect(fresh.locator("#data-rendered")).to_contain_text("Q: What is 66 + 24?")
+        fresh.wait_for_function(f"() => localStorage.getItem({json.dumps(DRAFT_STORAGE_KEY)}) !== null")
+        fresh.wait_for_timeout(1000)  # the load's own answer and the steps after it are in by now
+        expect(fresh.locator("#data-prompt textarea")).to_have_value("Q: {question}")
+
+        kept = context.new_page()  # the same browser: it kept the edited draft
+        kept.set_default_timeout(WAIT_MS)
+        events = HeldEvents(kept)
+        kept.goto(page.url)
+        expect(kept.locator("#form-opening")).to_contain_text("Opening your settings")
+        expect(kept.locator("#form-area")).to_be_hidden()
+        events.release()
+        expect(kept.locator("#form-area")).to_be_visible()
+        expect(kept.locator("#data-prompt textarea")).to_have_value("Q: {question}")
+    finally:
+        context.close()

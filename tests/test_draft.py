@@ -354,3 +354,33 @@ def test_loading_a_recipe_replaces_an_unedited_draft_and_asks_about_an_edited_on
 
     unknown = load(current, *form_inputs(app, current), "nope")
     assert unknown[3].startswith(message("", "error")) and "There is no recipe called 'nope'" in unknown[3]
+
+
+def test_the_page_first_paints_the_default_recipe_and_nothing_else(app, studio):
+    """Every page starts from the app's config: it holds the default recipe in every tab (common.show_at_first),
+    with the Data tab's table and counts, so a browser that kept no draft shows real values before any event is
+    answered; the form itself is hidden in it (a browser that kept a draft shows "Opening…" until its own is in).
+    The updates worked out for it are not placed in the page as components of their own (common.made_apart)."""
+    import gradio as gr
+
+    draft = studio.default_draft()
+    assert app.form.loaded.value == draft  # the settings no field shows come from it
+    shown = app.form.compose(app.form.loaded.value, *(field.component.value for field in app.form.fields))
+    assert same_settings(shown, draft), shown
+    props = {component["props"]["elem_id"]: component["props"] for component in app.config["components"]
+             if component["props"].get("elem_id")}
+    assert props["data-source"]["value"] == draft["data"]["source"]
+    assert props["data-preview"]["value"]["headers"] == ["question", "answer"]
+    assert props["data-preview"]["value"]["data"][0][0] == "What is 66 + 24? Reply with just the number."
+    assert "400 rows: 380 for training, 20 held out" in props["data-counts"]["value"]
+    assert "Loading the tokenizer" in props["data-rendered"]["value"] or "Row 1" in props["data-rendered"]["value"]
+    assert [name for name, *_ in props["rewards-table"]["value"]["data"]] == [r["name"] for r in draft["rewards"]]
+    assert "What is 66 + 24?" in props["rewards-row-text"]["value"]
+    assert props["form-area"]["visible"] is False and "Opening your settings" in props["form-opening"]["value"]
+
+    layouts = (gr.Row, gr.Column, gr.Accordion, gr.Tab, gr.Group)
+    assert all(block.children for block in app.blocks.values() if isinstance(block, layouts))
+    unnamed = [block for block in app.blocks.values() if isinstance(block, gr.components.Component)
+               and not isinstance(block, (gr.Markdown, gr.State, gr.BrowserState, gr.Timer, gr.components.api_component.Api))
+               and not block.elem_id]
+    assert not unnamed

@@ -69,6 +69,12 @@ def outputs(values: tuple) -> dict:
     return dict(zip(data_tab.UPDATED, values, strict=True))
 
 
+def last(answers):
+    """The last of a generator handler's answers."""
+    *_, answer = answers
+    return answer
+
+
 def is_skip(value) -> bool:
     return isinstance(value, dict) and value == gr.skip()
 
@@ -119,7 +125,7 @@ def test_a_loaded_draft_shows_at_once_and_its_preview_follows(draft, labels):
     assert source == example == ARITHMETIC
     assert (hub_config, hub_split, eval_frac, max_rows) == ("", "train", 0.05, None)
     assert (prompt, reference.value, system.value) == ("question", "answer", "")
-    out = outputs(data_tab.show_preview(draft, labels))
+    out = outputs(last(data_tab.show_preview(draft, labels)))
     assert all(is_skip(out[name]) for name in ("source", "hub_config", "hub_split", "prompt"))
     assert out["prompt_column"].choices == [("question", "question"), ("answer", "answer")]
     assert out["source_status"] == out["mapping_status"] == ""
@@ -257,8 +263,39 @@ def test_without_a_tokenizer_prompts_are_plain_text_with_the_reason(form, labels
     assert out["previewed_model"] == "/no/such/model@"
 
 
+def test_while_the_tokenizer_loads_the_table_and_counts_show_first_and_the_prompts_follow(draft, labels,
+                                                                                           monkeypatch):
+    """A page opened as the app starts: its libraries are still being imported, so the starting model's tokenizer
+    is not there yet. The preview shows what needs no tokenizer at once, and no lengths in words that a moment later
+    become lengths in tokens."""
+    from dragon_ui.studio import playground
+
+    playground.preview_tokenizer(playground.ModelConfig(id=draft["model"]["id"]))  # loaded: answers from now on
+    loading = {"yes": True}
+    waits = []
+
+    def tokenizer_of(draft_, wait=True):
+        waits.append(wait)
+        return None if loading["yes"] and not wait else playground.draft_tokenizer(draft_, wait)
+
+    monkeypatch.setattr(data_tab, "draft_tokenizer", tokenizer_of)
+    first, then = (outputs(answer) for answer in data_tab.show_preview(draft, labels))
+    assert waits == [False, False, True]
+    assert first["table"].equals(then["table"]) and first["counts"] == then["counts"]
+    assert "400 rows: 380 for training, 20 held out" in first["counts"]
+    assert first["rendered"] == f"ℹ️ Loading the tokenizer of {draft['model']['id']} to show the prompts as it reads " \
+                                "them…"
+    assert first["lengths"] == "" and then["lengths"].startswith("Prompt length in tokens")
+    assert "<|user|>What is 66 + 24?" in then["rendered"]
+    assert first["previewed_model"] == then["previewed_model"]  # a new model is rendered anew either way
+
+    loading["yes"] = False
+    waits.clear()
+    assert len(list(data_tab.show_preview(draft, labels))) == 1 and waits == [False, True]  # no half step
+
+
 def test_a_new_starting_model_refreshes_the_preview(draft, labels):
-    previewed = data_tab.show_preview(draft, labels)[-1]
+    previewed = last(data_tab.show_preview(draft, labels))[-1]
     assert data_tab.refresh_for_model(draft, previewed, labels) == (gr.skip(),) * 8  # nothing changed
     assert data_tab.refresh_for_model(draft, "", labels) == (gr.skip(),) * 8  # no preview yet: show_preview makes it
     other = {**draft, "model": {**draft["model"], "id": "/no/such/model"}}
@@ -269,7 +306,7 @@ def test_a_new_starting_model_refreshes_the_preview(draft, labels):
 
 
 def test_refreshing_for_a_model_words_a_mapping_problem_with_the_labels(draft, labels):
-    previewed = data_tab.show_preview(draft, labels)[-1]
+    previewed = last(data_tab.show_preview(draft, labels))[-1]
     other = {**draft, "model": {**draft["model"], "id": "/no/such/model"},
              "data": {**draft["data"], "reference": "solution"}}
     source_status, table, mapping_status, *_ = data_tab.refresh_for_model(other, previewed, labels)

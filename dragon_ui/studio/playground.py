@@ -271,12 +271,13 @@ def _guess(columns: list[str], names: tuple[str, ...]) -> str | None:
 PLAIN_PREVIEW = "Shown as plain system:/user: text, with lengths in words"  # what the Data tab does without a tokenizer
 
 
-def preview_tokenizer(model: ModelConfig) -> tuple[object | None, str]:
+def preview_tokenizer(model: ModelConfig, wait: bool = True) -> tuple[object | None, str] | None:
     """(tokenizer, note) of the starting model, loaded once per model; (None, reason) when it cannot be loaded.
 
     Only the tokenizer is loaded, so the data preview stays cheap. The offline copy of the default model is the one
     exception: it is converted once (about 20 s) before its tokenizer can be read. A failure is remembered for
-    TOKENIZER_RETRY_S seconds, so editing the mapping does not retry an unreachable Hub on every change.
+    TOKENIZER_RETRY_S seconds, so editing the mapping does not retry an unreachable Hub on every change. Without
+    ``wait``, None when the tokenizer is not loaded yet (or is being loaded): the preview shows its table meanwhile.
     """
     from ..engine.models import load_tokenizer, resolve_model
     from ..engine.policy import PublicDemoRefusal, check_model
@@ -286,9 +287,11 @@ def preview_tokenizer(model: ModelConfig) -> tuple[object | None, str]:
     except PublicDemoRefusal as refusal:
         return None, f"{PLAIN_PREVIEW}: {refusal}"
     key = (model.id.strip(), model.revision, model.trust_remote_code)
+    if not wait and not _usable(_tokenizers.get(key)):
+        return None
     with _tokenizers_lock:  # held while loading, so concurrent previews wait for one load instead of repeating it
         cached = _tokenizers.get(key)
-        if cached is not None and (cached[0] is not None or time.monotonic() - cached[2] < TOKENIZER_RETRY_S):
+        if _usable(cached):
             return cached[0], cached[1]
         try:
             source = resolve_model(model)
@@ -301,8 +304,14 @@ def preview_tokenizer(model: ModelConfig) -> tuple[object | None, str]:
         return _tokenizers[key][0], _tokenizers[key][1]
 
 
-def draft_tokenizer(draft: dict) -> tuple[object | None, str]:
-    """(tokenizer, note) of the draft's starting model, as preview_tokenizer gives it."""
+def _usable(cached: tuple | None) -> bool:
+    """Whether a cached tokenizer (or its failure, while it is recent) answers without loading."""
+    return cached is not None and (cached[0] is not None or time.monotonic() - cached[2] < TOKENIZER_RETRY_S)
+
+
+def draft_tokenizer(draft: dict, wait: bool = True) -> tuple[object | None, str] | None:
+    """(tokenizer, note) of the draft's starting model, as preview_tokenizer gives it (None: not loaded yet, and
+    not ``wait``)."""
     model = draft.get("model") or {}
     if not isinstance(model, dict) or not isinstance(model.get("id"), str) or not model["id"].strip():
         return None, f"{PLAIN_PREVIEW}, because no starting model is chosen yet."
@@ -315,7 +324,7 @@ def draft_tokenizer(draft: dict) -> tuple[object | None, str]:
         config.validate()
     except ConfigError as exc:
         return None, f"{PLAIN_PREVIEW}: {first_line(exc)}"
-    return preview_tokenizer(config)
+    return preview_tokenizer(config, wait)
 
 
 def data_config(draft: dict) -> DataConfig:

@@ -8,8 +8,10 @@ in the form (common.Form) and, between visits, in the browser (``gr.BrowserState
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import inspect
+import json
 import logging
 import os
 import sys
@@ -28,8 +30,8 @@ from ..studio.draft import same_settings
 from .guard import UPLOADS_PER_WINDOW, RequestLimits, network_address
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
 from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, UNCHANGED, Form,
-                     Shared, explain, in_the_page, message, progress_shown_quietly, shows_errors, tab_selected,
-                     visible)
+                     Shared, explain, in_the_page, made_apart, message, progress_shown_quietly, show_at_first,
+                     shows_errors, tab_selected, visible)
 
 TITLE = "Dragon GRPO Studio"
 INTRO = ("Teach a small language model with rewards you can check: pick data, build rewards, choose a model and "
@@ -39,6 +41,7 @@ INTRO = ("Teach a small language model with rewards you can check: pick data, bu
 DRAFT_STORAGE_KEY = "dragon-grpo-studio-draft"
 VISITOR_STORAGE_KEY = "dragon-grpo-studio-visitor"  # the random token that tells this browser's runs from others'
 OWNER_KEY_STORAGE_KEY = "dragon-grpo-studio-owner-key"
+FIRST_PAGE_S = 3.0  # how long the warm-up leaves the CPUs to a page opening as the app starts (make run opens one)
 
 
 def build_app(studio: Studio | None = None) -> gr.Blocks:
@@ -100,12 +103,17 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             return [form.loaded, shared.pristine, shared.auto_name, opening,
                     *(output for _, outputs in shared.fills for output in outputs)]
 
-        def loaded(new_draft: dict, label: str, pristine: dict | None = None, auto_name: str | None = None) -> tuple:
+        def loaded(new_draft: dict, label: str, pristine: dict | None = None, auto_name: str | None = None,
+                   on_the_page: bool = False) -> tuple:
             """``asking`` answered, and the draft shown in every tab, in one answer: each event the page runs costs
-            it time, more so while a run trains (the fills were an event each)."""
+            it time, more so while a run trains (the fills were an event each). ``on_the_page``: the page shows the
+            draft already (its first paint: paint_first), so the tabs keep what is typed in them since."""
             status = message(f"Loaded {label}: data, rewards and settings.", "ok") if label else gr.skip()
             shown = []
             for fill, outputs in shared.fills:
+                if on_the_page:
+                    shown.extend([gr.skip()] * len(outputs))
+                    continue
                 try:
                     filled = fill(new_draft)
                     shown.extend(filled if len(outputs) > 1 else [filled])
@@ -193,10 +201,30 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
 
         form.watch(remember, [saved], [shared.pristine, shared.auto_name])
         form.connect_watchers()
+        first_draft = studio.default_draft()  # what a browser that kept no draft of its own opens with
+
+        def paint_first() -> None:
+            """Every tab shows ``first_draft`` as the page's first paint, before any event: the fills, the form's
+            quick watchers and the tabs' quick views of it (the Data tab's table), worked out now. A browser that
+            kept no draft shows the form at once; one that did keeps "Opening…" until its own draft is in."""
+            with made_apart():
+                shown = loaded(first_draft, "")[len(asking):]
+                for block, update in zip(loading(), shown, strict=True):
+                    if block is not opening:
+                        show_at_first(block, update)
+                for view, outputs in shared.first_paint:
+                    for block, update in zip(outputs, view(first_draft), strict=True):
+                        show_at_first(block, update)
+                form.paint_first(first_draft)
+            demo.load(**in_the_page([form_area, opening], f"localStorage.getItem({json.dumps(DRAFT_STORAGE_KEY)}) "
+                                    f"=== null ? [{visible(True)}, {visible(False)}] : [{UNCHANGED}, {UNCHANGED}]"))
+
+        paint_first()
 
         def on_page_load(token: str | None, owner_key_kept: str, kept: dict | None, request: gr.Request):
             """Who this browser is (the token it keeps), the draft it kept (or the default recipe), and re-attach
             to a running (or the latest) run."""
+            studio.page_opened()
             token = studio.visitors.arrive(request.session_hash, token)
             who = studio.visitors.of(request.session_hash, request_address(request))
             try:  # the owner key this browser was asked to remember
@@ -211,8 +239,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                     pristine, auto_name = kept.get("pristine"), kept.get("auto_name")  # anything, as the browser kept
                     shown = loaded(kept["draft"], "", pristine if isinstance(pristine, dict) else {},
                                    auto_name if isinstance(auto_name, str) else "")
-                else:
-                    shown = loaded(studio.default_draft(), "")
+                else:  # the page shows the first draft since its first paint
+                    shown = loaded(copy.deepcopy(first_draft), "", on_the_page=True)
                 return (token, *shown, run_id, gr.Timer(active=bool(active)), *train_tab.runs_outputs(studio),
                         *running_now(active))
 
@@ -364,7 +392,7 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
             theme=gr.themes.Soft(primary_hue="emerald"), css_paths=[str(ASSETS_DIR / "app.css")],
             show_error=True, footer_links=["api", "gradio"], **serving_options(studio),
         )
-        studio.warm_up()  # the hardware, the training libraries and the default model, while the first page opens
+        studio.warm_up(FIRST_PAGE_S)  # the hardware, the libraries and the default model, once a page is up
         if block:
             demo.block_thread()
         return demo.local_url

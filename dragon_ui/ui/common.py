@@ -3,6 +3,7 @@ errors as sentences."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
+from gradio.context import Context
 
 from ..errors import DragonError, describe
 from ..studio import draft as drafts
@@ -85,9 +87,19 @@ class Form:
 
         return handler
 
-    def watch(self, fn: Callable[..., Any], outputs: list, inputs: list = ()) -> None:
-        """Run ``fn(draft, *inputs)`` for ``outputs`` after every change of the form."""
-        self._watchers.append((fn, list(outputs), list(inputs)))
+    def watch(self, fn: Callable[..., Any], outputs: list, inputs: list = (), first_paint: bool = False) -> None:
+        """Run ``fn(draft, *inputs)`` for ``outputs`` after every change of the form; with ``first_paint`` (a
+        quick ``fn``: no model, no hardware, no run), on the draft the page first shows too (``paint_first``)."""
+        self._watchers.append((fn, list(outputs), list(inputs), first_paint))
+
+    def paint_first(self, draft: dict) -> None:
+        """The answers of the watchers that may run while the app is built, for ``draft``, on the page's first
+        paint (show_at_first)."""
+        for fn, outputs, inputs, first_paint in self._watchers:
+            if first_paint:
+                result = fn(draft, *(component.value for component in inputs))
+                for component, update in zip(outputs, result if len(outputs) > 1 else [result], strict=True):
+                    show_at_first(component, update)
 
     def connect_watchers(self) -> None:
         """One event for every change of the form that runs all watchers on one draft: each event costs the page
@@ -102,7 +114,7 @@ class Form:
 
         def on_change(*args):
             draft, rest, shown = self.compose(*args[:count]), list(args[count:]), []
-            for fn, outputs, inputs in self._watchers:
+            for fn, outputs, inputs, _ in self._watchers:
                 values, rest = rest[:len(inputs)], rest[len(inputs):]
                 try:
                     result = fn(draft, *values)
@@ -114,8 +126,8 @@ class Form:
 
         edits = gr.Number(0, visible="hidden", interactive=False, elem_id="form-edits")
         gr.on(self.triggers, **in_the_page([edits], FORM_EDITED))
-        edits.change(on_change, [*self.inputs, *(c for _, _, inputs in self._watchers for c in inputs)],
-                     [c for _, outputs, _ in self._watchers for c in outputs], trigger_mode="always_last",
+        edits.change(on_change, [*self.inputs, *(c for _, _, inputs, _ in self._watchers for c in inputs)],
+                     [c for _, outputs, _, _ in self._watchers for c in outputs], trigger_mode="always_last",
                      show_progress="hidden", api_visibility="private")
 
 
@@ -156,6 +168,9 @@ class Shared:
     # ...and what each tab then works out from the form as it shows: (function, inputs, outputs), the Data tab's
     # preview among them, which may take seconds and must not hold the form back.
     refreshes: list = field(default_factory=list)
+    # What the page's first paint shows of the app's first draft besides the fills, worked out while the app is
+    # built: (function of the draft, its outputs); quick ones only (no model, no hardware).
+    first_paint: list = field(default_factory=list)
 
     @property
     def loaded(self) -> gr.State:
@@ -224,7 +239,19 @@ def explain(exc: BaseException) -> str:
 
 
 def shows_errors(fn):
-    """Turn any exception of a handler into a gr.Error popup with a readable sentence (never a raw traceback)."""
+    """Turn any exception of a handler into a gr.Error popup with a readable sentence (never a raw traceback); a
+    generator stays one."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except Exception as exc:
+                raise gr.Error(explain(exc), print_exception=False) from None
+
+        return stream
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -236,3 +263,35 @@ def shows_errors(fn):
             raise gr.Error(explain(exc), print_exception=False) from None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def made_apart():
+    """Components made meanwhile (the updates a tab's fill returns) stay out of the app being built, as they do
+    when an event's handler makes them: gradio places a component in the Blocks whose ``with`` it is made in."""
+    root, block = Context.root_block, Context.block
+    Context.root_block = Context.block = None
+    try:
+        yield
+    finally:
+        Context.root_block, Context.block = root, block
+
+
+def show_at_first(block, update) -> None:
+    """Make ``update`` (what an event would answer for ``block``: a value, a gradio update or a component standing
+    for its new properties) the block's own, so the page shows it on its first paint, before any event answered.
+
+    Called while the app is built. As gradio does with an event's update, the block is made anew from its
+    constructor's arguments and the update's, and keeps them: gradio rebuilds it from them at a later update."""
+    if isinstance(update, gr.blocks.Block):
+        changed = {key: value for key, value in update.constructor_args.items() if key != "render"}
+    elif isinstance(update, dict) and "__type__" in update:  # gr.update(...), or gr.skip(): nothing
+        changed = {key: value for key, value in update.items() if key != "__type__"}
+    else:
+        changed = {"value": update}
+    if not changed:
+        return
+    remade = type(block)(**{**block.constructor_args, **changed, "render": False})
+    for key in changed:
+        setattr(block, key, getattr(remade, key))
+    block._constructor_args[0].update(changed)

@@ -57,9 +57,10 @@ def problem_text(preview: DataPreview, labels: dict[str, str]) -> str:
     return message(text, "error")
 
 
-def preview_views(preview: DataPreview, labels: dict[str, str] | None = None) -> tuple:
+def preview_views(preview: DataPreview, labels: dict[str, str] | None = None, rendering: str = "") -> tuple:
     """What the preview components show: source status, table, mapping status, counts, rendered prompts, lengths,
-    and the sheet picker's choices (shown for a spreadsheet only)."""
+    and the sheet picker's choices (shown for a spreadsheet only). ``rendering``: the model whose tokenizer is still
+    loading, so the prompts and their lengths are still to come."""
     problem = problem_text(preview, labels or {}) if preview.error else ""
     source_status = problem if preview.error_field == "source" else ""
     mapping_status = problem if preview.error_field == "mapping" else ""
@@ -67,19 +68,26 @@ def preview_views(preview: DataPreview, labels: dict[str, str] | None = None) ->
     table = pd.DataFrame(preview.rows, columns=preview.columns) if preview.columns else EMPTY_TABLE
     if preview.error:
         return source_status, table, mapping_status, "", "", "", gr.skip()
+    sheets = gr.Dropdown(choices=preview.sheets, visible=bool(preview.sheets))
+    if rendering:
+        rendered = message(f"Loading the tokenizer of {rendering} to show the prompts as it reads them…")
+        return source_status, table, mapping_status, message(preview.counts_summary(), "ok"), rendered, "", sheets
     rendered = "\n\n".join(f"**Row {number}**\n\n{_fence(text)}" for number, text in enumerate(preview.rendered, 1))
     if not preview.rendered:
         rendered = message("The first rows all have an empty prompt, so there is no example to show.", "warn")
     rendered = f"{preview.rendered_note}\n\n{rendered}" if preview.rendered_note else rendered
     lengths = preview.lengths.summary() if preview.lengths else ""
-    sheets = gr.Dropdown(choices=preview.sheets, visible=bool(preview.sheets))
     return source_status, table, mapping_status, message(preview.counts_summary(), "ok"), rendered, lengths, sheets
 
 
-def _preview(draft: dict, setting: DataConfig) -> DataPreview:
-    """The preview of a data setting, rendered with the tokenizer of the draft's starting model."""
-    tokenizer, note = draft_tokenizer(draft)
-    return preview_data(setting, draft.get("base_dir") or None, tokenizer, note, _prompt_limit(draft, setting))
+def _preview(draft: dict, setting: DataConfig, wait: bool = True) -> tuple[DataPreview, str]:
+    """The preview of a data setting, rendered with the tokenizer of the draft's starting model, and "". Without
+    ``wait``, while that tokenizer is still loading: the preview without it, and the model's name."""
+    found = draft_tokenizer(draft, wait)
+    if found is None:  # nor the prompt limit, which may need the hardware: the lengths come with the prompts
+        return preview_data(setting, draft.get("base_dir") or None), draft["model"]["id"]
+    tokenizer, note = found
+    return preview_data(setting, draft.get("base_dir") or None, tokenizer, note, _prompt_limit(draft, setting)), ""
 
 
 def _prompt_limit(draft: dict, setting: DataConfig) -> int | None:
@@ -120,11 +128,12 @@ def _example_value(source: str) -> str | None:
 
 
 def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_source: bool,
-           labels: dict[str, str]) -> tuple:
+           labels: dict[str, str], wait: bool = True) -> tuple:
     """Preview a data setting; when it reads another table than the one shown, first fit the mapping to it.
 
     The form's fields are only written where something was picked for the user (a new source, a fitted mapping),
-    never where the user may be typing. See UPDATED for what comes back.
+    never where the user may be typing. Without ``wait``, the prompts may be still to come (_preview). See UPDATED
+    for what comes back.
     """
     notes: list[str] = []
     if setting.source and table_identity(setting) != (shown_table or []):
@@ -132,8 +141,9 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
             setting, notes = fit_mapping(setting, load_rows(setting, draft.get("base_dir") or None).rows)
         except DragonError:  # unreadable data: preview_data reports it next to the source field
             notes = []
-    preview = _preview(draft, setting)
-    source_status, table, mapping_status, counts, rendered, lengths, sheets = preview_views(preview, labels)
+    preview, rendering = _preview(draft, setting, wait)
+    source_status, table, mapping_status, counts, rendered, lengths, sheets = preview_views(preview, labels,
+                                                                                            rendering)
     if show_source and preview.sheets:  # another file: the sheet read is its first, whichever the last one read
         sheets = gr.Dropdown(choices=preview.sheets, value=setting.sheet or preview.sheets[0], visible=True)
     if notes:
@@ -187,12 +197,22 @@ def fill_fields(draft: dict) -> tuple:
                         visible=bool(setting.sheet)))
 
 
-def show_preview(draft: dict, labels: dict[str, str] | None = None) -> tuple:
+def show_preview(draft: dict, labels: dict[str, str] | None = None):
     """The preview of the data settings the form shows once a loaded draft is in it: its table is the one the
-    settings were made for, so nothing is refitted, and no field the user may be typing in is written. See
-    UPDATED for what comes back."""
+    settings were made for, so nothing is refitted, and no field the user may be typing in is written. While the
+    starting model's tokenizer is still loading (a page opened as the app starts), the table and the counts come
+    first (first_preview) and the prompts follow. Yields what UPDATED names."""
+    if draft_tokenizer(draft, wait=False) is None:
+        yield first_preview(draft, labels)
     setting = data_config(draft)
-    return _apply(draft, setting, table_identity(setting), False, labels or {})
+    yield _apply(draft, setting, table_identity(setting), False, labels or {})
+
+
+def first_preview(draft: dict, labels: dict[str, str] | None = None) -> tuple:
+    """show_preview without waiting for a tokenizer: the prompts are rendered only if it is loaded already. Quick
+    enough to run while the app is built, for the page's first paint."""
+    setting = data_config(draft)
+    return _apply(draft, setting, table_identity(setting), False, labels or {}, wait=False)
 
 
 def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] | None = None) -> tuple:
@@ -202,7 +222,7 @@ def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] 
     """
     if not previewed_model or _model_key(draft) == previewed_model:
         return (gr.skip(),) * 8
-    return (*preview_views(_preview(draft, data_config(draft)), labels), _model_key(draft))
+    return (*preview_views(_preview(draft, data_config(draft))[0], labels), _model_key(draft))
 
 
 def build(shared: Shared) -> Callable[[], None]:
@@ -272,8 +292,11 @@ def build(shared: Shared) -> Callable[[], None]:
         def update(draft, shown):
             return update_data(draft, shown, form.labels)
 
-        shared.refreshes.append((shows_errors(form.takes_draft(lambda draft: show_preview(draft, form.labels))),
-                                 form.inputs, updated))
+        def preview(draft):
+            yield from show_preview(draft, form.labels)
+
+        shared.refreshes.append((shows_errors(form.takes_draft(preview)), form.inputs, updated))
+        shared.first_paint.append((lambda draft: first_preview(draft, form.labels), updated))
 
         def replace_source(draft, new_source, shown):
             return use_source(draft, new_source, shown, form.labels)
