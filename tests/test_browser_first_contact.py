@@ -14,7 +14,7 @@ from test_browser import (CHROMIUM, CHROMIUM_ARGS, VIEWPORT, WAIT_MS, open_tab, 
                           started_config, studio, type_into, wait_until_loaded)
 
 from dragon_ui.engine import training
-from dragon_ui.ui.app import DRAFT_STORAGE_KEY
+from dragon_ui.ui.app import DRAFT_STORAGE_KEY, VISITOR_STORAGE_KEY
 
 expect = sync_api.expect
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
@@ -175,17 +175,19 @@ def test_the_first_paint_shows_the_settings_before_the_server_has_answered_anyth
         open_tab(fresh, "data")
         type_into(fresh, "#data-prompt textarea", "Q: {question}")
         assert events.release(), "the page's load event was sent (and held)"
+        fresh.wait_for_function(f"() => localStorage.getItem({json.dumps(VISITOR_STORAGE_KEY)}) !== null")
+        # The load has answered (the visitor's token is its), and the preview after it shows the typed prompt.
         expect(fresh.locator("#data-rendered")).to_contain_text("Q: What is 66 + 24?")
-        fresh.wait_for_function(f"() => localStorage.getItem({json.dumps(DRAFT_STORAGE_KEY)}) !== null")
-        fresh.wait_for_timeout(1000)  # the load's own answer and the steps after it are in by now
         expect(fresh.locator("#data-prompt textarea")).to_have_value("Q: {question}")
+        fresh.wait_for_function(f"() => localStorage.getItem({json.dumps(DRAFT_STORAGE_KEY)}) !== null")
 
         kept = context.new_page()  # the same browser: it kept the edited draft
         kept.set_default_timeout(WAIT_MS)
         events = HeldEvents(kept)
         kept.goto(page.url)
         expect(kept.locator("#form-opening")).to_contain_text("Opening your settings")
-        expect(kept.locator("#form-area")).to_be_hidden()
+        kept.wait_for_timeout(500)  # the page's own steps have run: they keep the form hidden
+        assert kept.locator("#form-opening").is_visible() and not kept.locator("#form-area").is_visible()
         events.release()
         expect(kept.locator("#form-area")).to_be_visible()
         expect(kept.locator("#data-prompt textarea")).to_have_value("Q: {question}")

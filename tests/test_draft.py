@@ -373,7 +373,6 @@ def test_the_page_first_paints_the_default_recipe_and_nothing_else(app, studio):
     assert props["data-preview"]["value"]["headers"] == ["question", "answer"]
     assert props["data-preview"]["value"]["data"][0][0] == "What is 66 + 24? Reply with just the number."
     assert "400 rows: 380 for training, 20 held out" in props["data-counts"]["value"]
-    assert "Loading the tokenizer" in props["data-rendered"]["value"] or "Row 1" in props["data-rendered"]["value"]
     assert [name for name, *_ in props["rewards-table"]["value"]["data"]] == [r["name"] for r in draft["rewards"]]
     assert "What is 66 + 24?" in props["rewards-row-text"]["value"]
     assert props["form-area"]["visible"] is False and "Opening your settings" in props["form-opening"]["value"]
@@ -384,3 +383,38 @@ def test_the_page_first_paints_the_default_recipe_and_nothing_else(app, studio):
                and not isinstance(block, (gr.Markdown, gr.State, gr.BrowserState, gr.Timer, gr.components.api_component.Api))
                and not block.elem_id]
     assert not unnamed
+
+
+def test_the_first_paint_loads_no_tokenizer_and_says_the_prompts_are_coming(studio, monkeypatch):
+    """Building the app must stay quick (the server answers once it is built): the first paint's Data tab shows the
+    table and counts, and says the prompts follow once the tokenizer is in (the page's refresh renders them)."""
+    from dragon_ui.engine import models
+    from dragon_ui.studio import playground
+
+    def no_load(*_):
+        raise AssertionError("the first paint loaded a tokenizer")
+
+    monkeypatch.setattr(playground, "_tokenizers", {})
+    monkeypatch.setattr(models, "load_tokenizer", no_load)
+    monkeypatch.setattr(models, "resolve_model", no_load)
+    app = build_app(studio)
+    (rendered,) = [c["props"]["value"] for c in app.config["components"]
+                   if c["props"].get("elem_id") == "data-rendered"]
+    model = studio.default_draft()["model"]["id"]
+    assert rendered == message(f"Loading the tokenizer of {model} to show the prompts as it reads them…")
+
+
+def test_a_generator_handler_that_fails_midway_says_so_in_a_sentence():
+    import gradio as gr
+
+    from dragon_ui.errors import ConfigError
+    from dragon_ui.ui.common import shows_errors
+
+    def steps():
+        yield "the table"
+        raise ConfigError("The data could not be read.")
+
+    answers = shows_errors(steps)()
+    assert next(answers) == "the table"
+    with pytest.raises(gr.Error, match="The data could not be read."):
+        next(answers)

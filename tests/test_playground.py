@@ -168,6 +168,30 @@ def test_a_failed_tokenizer_is_retried_only_after_a_while(monkeypatch, tmp_path)
     assert preview_tokenizer(model)[0] is None and len(calls) == 2
 
 
+def test_a_tokenizer_asked_for_without_waiting_answers_at_once_while_another_model_loads(tiny_model_dir,
+                                                                                        monkeypatch):
+    """Another model's tokenizer may take the lock for seconds (the default model's offline copy is converted first,
+    a Hub model may time out): a preview that need not wait answers at once, with the tokenizer when it is cached
+    and None (still to come) when it is not."""
+    import threading
+
+    import dragon_ui.studio.playground as playground
+
+    cached, _ = preview_tokenizer(ModelConfig(id=str(tiny_model_dir)))
+    loading, done = threading.Event(), threading.Event()
+    held = threading.Thread(target=lambda: (playground._tokenizers_lock.acquire(), loading.set(), done.wait(),
+                                            playground._tokenizers_lock.release()))
+    held.start()
+    try:
+        assert loading.wait(10)
+        assert preview_tokenizer(ModelConfig(id=str(tiny_model_dir)), wait=False)[0] is cached
+        assert preview_tokenizer(ModelConfig(id=str(tiny_model_dir)))[0] is cached  # cached: no lock either
+        assert preview_tokenizer(ModelConfig(id="/not/loaded/yet"), wait=False) is None
+    finally:
+        done.set()
+        held.join()
+
+
 def test_load_rows_sees_a_file_saved_again(tmp_path):
     source = tmp_path / "data.csv"
     source.write_text("question,answer\nq1,1\n", encoding="utf-8")

@@ -280,7 +280,7 @@ def test_while_the_tokenizer_loads_the_table_and_counts_show_first_and_the_promp
 
     monkeypatch.setattr(data_tab, "draft_tokenizer", tokenizer_of)
     first, then = (outputs(answer) for answer in data_tab.show_preview(draft, labels))
-    assert waits == [False, False, True]
+    assert waits == [False, True]
     assert first["table"].equals(then["table"]) and first["counts"] == then["counts"]
     assert "400 rows: 380 for training, 20 held out" in first["counts"]
     assert first["rendered"] == f"ℹ️ Loading the tokenizer of {draft['model']['id']} to show the prompts as it reads " \
@@ -291,7 +291,7 @@ def test_while_the_tokenizer_loads_the_table_and_counts_show_first_and_the_promp
 
     loading["yes"] = False
     waits.clear()
-    assert len(list(data_tab.show_preview(draft, labels))) == 1 and waits == [False, True]  # no half step
+    assert len(list(data_tab.show_preview(draft, labels))) == 1 and waits == [False]  # no half step
 
 
 def test_a_new_starting_model_refreshes_the_preview(draft, labels):

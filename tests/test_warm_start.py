@@ -53,6 +53,33 @@ def test_the_warm_up_loads_the_default_model_and_the_first_start_takes_it_over(t
     assert run.read_status()["phase"] == "done" and "before" in run.read_eval()
 
 
+def test_the_warm_up_leaves_the_cpus_to_an_opening_page_until_its_load_event(tiny_studio, monkeypatch):
+    """On 2 CPUs, importing the libraries beside a browser building the page made its first paint 0.7 s later: the
+    warm-up waits for the page's load event (Studio.page_opened), or for page_wait_s when no page comes."""
+    import time
+
+    from dragon_ui.studio import backend
+
+    started = []
+
+    def import_all():
+        started.append(time.monotonic())
+        raise RuntimeError("enough: only when it starts matters here")  # the warm-up logs it and ends
+
+    monkeypatch.setattr(backend, "import_all", import_all)
+    warming = tiny_studio.warm_up(page_wait_s=600)
+    time.sleep(0.3)
+    assert not started and warming.is_alive()
+    opened = time.monotonic()
+    tiny_studio.page_opened()
+    warming.join(timeout=30)
+    assert not warming.is_alive() and started and started[0] >= opened
+    started.clear()
+    began = time.monotonic()
+    Studio(runs_dir=tiny_studio.runs_dir).warm_up(page_wait_s=0.2).join(timeout=30)
+    assert started and started[0] - began >= 0.2  # no page came: it waited that long, and no longer
+
+
 def test_a_run_on_the_taken_over_model_trains_exactly_like_one_that_loaded_its_own(tiny_studio):
     draft = tiny_studio.default_draft()
     cold = train(tiny_studio, draft)

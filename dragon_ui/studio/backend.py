@@ -160,14 +160,15 @@ class Studio:
         """In a background thread, once the server answers: what the first page, the first Start and the first
         playground group would otherwise each wait for. See _warm.
 
-        It first lets a page that is opening show itself (page_opened), for at most ``page_wait_s``: on 2 CPUs,
-        importing the libraries beside the browser building the page made the page's first paint 0.7 s later."""
+        It first lets a page that is opening show itself (until its load event: page_opened), for at most
+        ``page_wait_s``: on 2 CPUs, importing the libraries beside the browser building the page made the page's
+        first paint 0.7 s later. With no page coming (no browser, an API client) it only starts that much later."""
         thread = threading.Thread(target=self._warm, args=(page_wait_s,), name="dragon-warm-up", daemon=True)
         thread.start()
         return thread
 
     def page_opened(self) -> None:
-        """A page has painted itself (its load event came): the warm-up need not wait for it any longer."""
+        """A page's load event came (the page is painted by then): the warm-up need not wait any longer."""
         self._page_opened.set()
 
     def _warm(self, page_wait_s: float) -> None:
@@ -175,8 +176,8 @@ class Studio:
         import), detect the hardware, measure the CPU for the estimate while nothing else runs, and load the default
         recipe's model and tokenizer for previews; a Start takes that model over (engine.models.take_set_aside). Nothing is loaded beside a training, and a failure here only
         means the first use loads what it needs itself."""
-        started = time.monotonic()  # the time it reports includes the wait for a page
         self._page_opened.wait(page_wait_s)
+        started = time.monotonic()
         try:
             import_all()
             info = self.hardware()

@@ -287,7 +287,10 @@ def preview_tokenizer(model: ModelConfig, wait: bool = True) -> tuple[object | N
     except PublicDemoRefusal as refusal:
         return None, f"{PLAIN_PREVIEW}: {refusal}"
     key = (model.id.strip(), model.revision, model.trust_remote_code)
-    if not wait and not _usable(_tokenizers.get(key)):
+    cached = _tokenizers.get(key)
+    if _usable(cached):  # without the lock, which another model's load may hold for seconds
+        return cached[0], cached[1]
+    if not wait:
         return None
     with _tokenizers_lock:  # held while loading, so concurrent previews wait for one load instead of repeating it
         cached = _tokenizers.get(key)

@@ -8,7 +8,6 @@ in the form (common.Form) and, between visits, in the browser (``gr.BrowserState
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import inspect
 import json
@@ -33,6 +32,8 @@ from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWA
                      Shared, explain, in_the_page, made_apart, message, progress_shown_quietly, show_at_first,
                      shows_errors, tab_selected, visible)
 
+log = logging.getLogger(__name__)
+
 TITLE = "Dragon GRPO Studio"
 INTRO = ("Teach a small language model with rewards you can check: pick data, build rewards, choose a model and "
          "press **Start**, then watch it learn and compare it with where it began.")
@@ -41,6 +42,10 @@ INTRO = ("Teach a small language model with rewards you can check: pick data, bu
 DRAFT_STORAGE_KEY = "dragon-grpo-studio-draft"
 VISITOR_STORAGE_KEY = "dragon-grpo-studio-visitor"  # the random token that tells this browser's runs from others'
 OWNER_KEY_STORAGE_KEY = "dragon-grpo-studio-owner-key"
+# A step in the page: whether this browser kept no draft of its own (where storage is blocked, as in some embedded
+# frames, it kept none).
+KEPT_NO_DRAFT = f"(() => {{ try {{ return localStorage.getItem({json.dumps(DRAFT_STORAGE_KEY)}) === null; }} " \
+                "catch { return true; } })()"
 FIRST_PAGE_S = 3.0  # how long the warm-up leaves the CPUs to a page opening as the app starts (make run opens one)
 
 
@@ -103,21 +108,17 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             return [form.loaded, shared.pristine, shared.auto_name, opening,
                     *(output for _, outputs in shared.fills for output in outputs)]
 
-        def loaded(new_draft: dict, label: str, pristine: dict | None = None, auto_name: str | None = None,
-                   on_the_page: bool = False) -> tuple:
+        def loaded(new_draft: dict, label: str, pristine: dict | None = None, auto_name: str | None = None) -> tuple:
             """``asking`` answered, and the draft shown in every tab, in one answer: each event the page runs costs
-            it time, more so while a run trains (the fills were an event each). ``on_the_page``: the page shows the
-            draft already (its first paint: paint_first), so the tabs keep what is typed in them since."""
+            it time, more so while a run trains (the fills were an event each)."""
             status = message(f"Loaded {label}: data, rewards and settings.", "ok") if label else gr.skip()
             shown = []
             for fill, outputs in shared.fills:
-                if on_the_page:
-                    shown.extend([gr.skip()] * len(outputs))
-                    continue
                 try:
                     filled = fill(new_draft)
                     shown.extend(filled if len(outputs) > 1 else [filled])
                 except Exception as exc:  # a draft kept by the browser may be anything: the other tabs still show
+                    log.warning("A tab could not show a draft: %s", exc)
                     status = message(f"Some settings could not be shown: {explain(exc)}", "warn")
                     shown.extend([gr.skip()] * len(outputs))
             return (gr.Row(visible=False), "", None, status, new_draft,
@@ -195,31 +196,29 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                           asking, api_visibility="private", show_progress="hidden")
 
         def remember(draft: dict, pristine: dict, auto_name: str):
-            if not pristine:  # nothing loaded yet (the page is still opening): keep what the browser has
-                return gr.skip()
             return {"draft": draft, "pristine": pristine, "auto_name": auto_name}
 
         form.watch(remember, [saved], [shared.pristine, shared.auto_name])
         form.connect_watchers()
-        first_draft = studio.default_draft()  # what a browser that kept no draft of its own opens with
-
-        def paint_first() -> None:
-            """Every tab shows ``first_draft`` as the page's first paint, before any event: the fills, the form's
-            quick watchers and the tabs' quick views of it (the Data tab's table), worked out now. A browser that
-            kept no draft shows the form at once; one that did keeps "Opening…" until its own draft is in."""
-            with made_apart():
-                shown = loaded(first_draft, "")[len(asking):]
-                for block, update in zip(loading(), shown, strict=True):
-                    if block is not opening:
-                        show_at_first(block, update)
-                for view, outputs in shared.first_paint:
-                    for block, update in zip(outputs, view(first_draft), strict=True):
-                        show_at_first(block, update)
-                form.paint_first(first_draft)
-            demo.load(**in_the_page([form_area, opening], f"localStorage.getItem({json.dumps(DRAFT_STORAGE_KEY)}) "
-                                    f"=== null ? [{visible(True)}, {visible(False)}] : [{UNCHANGED}, {UNCHANGED}]"))
-
-        paint_first()
+        # The page's first paint shows the default recipe, before any event is answered: every tab's fill of it,
+        # and what the tabs work out from it quickly (the Data tab's table, the playground's rows), made the
+        # components' own values now. A browser that kept no draft shows the form at once (a step in the page); one
+        # that did shows "Opening…" until its own draft is in.
+        first_draft = studio.default_draft()
+        with made_apart():
+            for block, update in zip(loading(), loaded(first_draft, "")[len(asking):], strict=True):
+                if block is not opening:
+                    show_at_first(block, update)
+            for view, outputs in shared.first_paint:
+                try:
+                    painted = view(first_draft)
+                except Exception:  # noqa: BLE001 - its components show what they were built with, until an answer
+                    log.exception("The first paint of the default recipe left out %s", outputs)
+                    continue
+                for block, update in zip(outputs, painted if len(outputs) > 1 else [painted], strict=True):
+                    show_at_first(block, update)
+        demo.load(**in_the_page([form_area, opening], KEPT_NO_DRAFT + f" ? [{visible(True)}, {visible(False)}] : "
+                                                                      f"[{UNCHANGED}, {UNCHANGED}]"))
 
         def on_page_load(token: str | None, owner_key_kept: str, kept: dict | None, request: gr.Request):
             """Who this browser is (the token it keeps), the draft it kept (or the default recipe), and re-attach
@@ -239,8 +238,9 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                     pristine, auto_name = kept.get("pristine"), kept.get("auto_name")  # anything, as the browser kept
                     shown = loaded(kept["draft"], "", pristine if isinstance(pristine, dict) else {},
                                    auto_name if isinstance(auto_name, str) else "")
-                else:  # the page shows the first draft since its first paint
-                    shown = loaded(copy.deepcopy(first_draft), "", on_the_page=True)
+                else:  # the page shows the default recipe since its first paint: what was done since stays
+                    shown = (*[gr.skip()] * len(asking), *[gr.skip() if block is not opening else ""
+                                                          for block in loading()])
                 return (token, *shown, run_id, gr.Timer(active=bool(active)), *train_tab.runs_outputs(studio),
                         *running_now(active))
 
@@ -255,7 +255,9 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         fill_loaded(lambda outputs: demo.load(
             on_page_load, [visitor_token, kept_owner_key, saved],
             [visitor_token, *outputs, shared.run_id, shared.timer, *shared.runs_list, running_banner, running_text],
-            api_visibility="private", show_progress="hidden"))  # the "Opening…" line is its progress
+            # The "Opening…" line is its progress. Never queued behind other pages' loads: the page may be used
+            # before it is answered, and until then its events are not known to be this browser's (Visitors.arrive).
+            api_visibility="private", show_progress="hidden", concurrency_limit=None))
         watch_it.click(**in_the_page([tabs, running_banner], f"[{tab_selected(TAB_TRAIN)}, {visible(False)}]"))
         for replaced in shared.source_replaced:  # the user's own data: no recipe is what the form shows now
             replaced.then(lambda: gr.Dropdown(value=None), None, [recipe], api_visibility="private",

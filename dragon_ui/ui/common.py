@@ -87,19 +87,9 @@ class Form:
 
         return handler
 
-    def watch(self, fn: Callable[..., Any], outputs: list, inputs: list = (), first_paint: bool = False) -> None:
-        """Run ``fn(draft, *inputs)`` for ``outputs`` after every change of the form; with ``first_paint`` (a
-        quick ``fn``: no model, no hardware, no run), on the draft the page first shows too (``paint_first``)."""
-        self._watchers.append((fn, list(outputs), list(inputs), first_paint))
-
-    def paint_first(self, draft: dict) -> None:
-        """The answers of the watchers that may run while the app is built, for ``draft``, on the page's first
-        paint (show_at_first)."""
-        for fn, outputs, inputs, first_paint in self._watchers:
-            if first_paint:
-                result = fn(draft, *(component.value for component in inputs))
-                for component, update in zip(outputs, result if len(outputs) > 1 else [result], strict=True):
-                    show_at_first(component, update)
+    def watch(self, fn: Callable[..., Any], outputs: list, inputs: list = ()) -> None:
+        """Run ``fn(draft, *inputs)`` for ``outputs`` after every change of the form."""
+        self._watchers.append((fn, list(outputs), list(inputs)))
 
     def connect_watchers(self) -> None:
         """One event for every change of the form that runs all watchers on one draft: each event costs the page
@@ -114,7 +104,7 @@ class Form:
 
         def on_change(*args):
             draft, rest, shown = self.compose(*args[:count]), list(args[count:]), []
-            for fn, outputs, inputs, _ in self._watchers:
+            for fn, outputs, inputs in self._watchers:
                 values, rest = rest[:len(inputs)], rest[len(inputs):]
                 try:
                     result = fn(draft, *values)
@@ -126,8 +116,8 @@ class Form:
 
         edits = gr.Number(0, visible="hidden", interactive=False, elem_id="form-edits")
         gr.on(self.triggers, **in_the_page([edits], FORM_EDITED))
-        edits.change(on_change, [*self.inputs, *(c for _, _, inputs, _ in self._watchers for c in inputs)],
-                     [c for _, outputs, _, _ in self._watchers for c in outputs], trigger_mode="always_last",
+        edits.change(on_change, [*self.inputs, *(c for _, _, inputs in self._watchers for c in inputs)],
+                     [c for _, outputs, _ in self._watchers for c in outputs], trigger_mode="always_last",
                      show_progress="hidden", api_visibility="private")
 
 
@@ -168,8 +158,8 @@ class Shared:
     # ...and what each tab then works out from the form as it shows: (function, inputs, outputs), the Data tab's
     # preview among them, which may take seconds and must not hold the form back.
     refreshes: list = field(default_factory=list)
-    # What the page's first paint shows of the app's first draft besides the fills, worked out while the app is
-    # built: (function of the draft, its outputs); quick ones only (no model, no hardware).
+    # What the page's first paint shows of the default recipe besides the fills, worked out while the app is built:
+    # (function of the draft, its outputs); quick ones only (no model, no hardware, no run).
     first_paint: list = field(default_factory=list)
 
     @property

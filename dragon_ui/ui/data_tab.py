@@ -80,10 +80,10 @@ def preview_views(preview: DataPreview, labels: dict[str, str] | None = None, re
     return source_status, table, mapping_status, message(preview.counts_summary(), "ok"), rendered, lengths, sheets
 
 
-def _preview(draft: dict, setting: DataConfig, wait: bool = True) -> tuple[DataPreview, str]:
-    """The preview of a data setting, rendered with the tokenizer of the draft's starting model, and "". Without
-    ``wait``, while that tokenizer is still loading: the preview without it, and the model's name."""
-    found = draft_tokenizer(draft, wait)
+def _preview(draft: dict, setting: DataConfig, found: tuple | None) -> tuple[DataPreview, str]:
+    """The preview of a data setting rendered with ``found``, the draft's starting model's (tokenizer, note)
+    (draft_tokenizer), and "". With None, while that tokenizer is still loading: the preview without it, and the
+    model's name."""
     if found is None:  # nor the prompt limit, which may need the hardware: the lengths come with the prompts
         return preview_data(setting, draft.get("base_dir") or None), draft["model"]["id"]
     tokenizer, note = found
@@ -128,12 +128,12 @@ def _example_value(source: str) -> str | None:
 
 
 def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_source: bool,
-           labels: dict[str, str], wait: bool = True) -> tuple:
-    """Preview a data setting; when it reads another table than the one shown, first fit the mapping to it.
+           labels: dict[str, str], found: tuple | None) -> tuple:
+    """Preview a data setting with the tokenizer ``found`` (_preview); when it reads another table than the one
+    shown, first fit the mapping to it.
 
     The form's fields are only written where something was picked for the user (a new source, a fitted mapping),
-    never where the user may be typing. Without ``wait``, the prompts may be still to come (_preview). See UPDATED
-    for what comes back.
+    never where the user may be typing. See UPDATED for what comes back.
     """
     notes: list[str] = []
     if setting.source and table_identity(setting) != (shown_table or []):
@@ -141,7 +141,7 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
             setting, notes = fit_mapping(setting, load_rows(setting, draft.get("base_dir") or None).rows)
         except DragonError:  # unreadable data: preview_data reports it next to the source field
             notes = []
-    preview, rendering = _preview(draft, setting, wait)
+    preview, rendering = _preview(draft, setting, found)
     source_status, table, mapping_status, counts, rendered, lengths, sheets = preview_views(preview, labels,
                                                                                             rendering)
     if show_source and preview.sheets:  # another file: the sheet read is its first, whichever the last one read
@@ -169,7 +169,7 @@ def update_data(draft: dict, shown_table: list | None, labels: dict[str, str] | 
     When the table itself changed (another file, Hub dataset, config or split), mapping settings that do not fit it
     are replaced by a guess (playground.fit_mapping) and the fields show the new values with a note saying so.
     """
-    return _apply(draft, data_config(draft), shown_table, False, labels or {})
+    return _apply(draft, data_config(draft), shown_table, False, labels or {}, draft_tokenizer(draft))
 
 
 def use_source(draft: dict, source: str | None, shown_table: list | None,
@@ -179,7 +179,7 @@ def use_source(draft: dict, source: str | None, shown_table: list | None,
     if not source:
         return (gr.skip(),) * len(UPDATED)
     setting = replace(data_config(draft), source=source, hub_config=None, hub_split="train", sheet=None)
-    return _apply(draft, setting, shown_table, True, labels or {})
+    return _apply(draft, setting, shown_table, True, labels or {}, draft_tokenizer(draft))
 
 
 def fill_fields(draft: dict) -> tuple:
@@ -198,21 +198,27 @@ def fill_fields(draft: dict) -> tuple:
 
 
 def show_preview(draft: dict, labels: dict[str, str] | None = None):
-    """The preview of the data settings the form shows once a loaded draft is in it: its table is the one the
-    settings were made for, so nothing is refitted, and no field the user may be typing in is written. While the
-    starting model's tokenizer is still loading (a page opened as the app starts), the table and the counts come
-    first (first_preview) and the prompts follow. Yields what UPDATED names."""
-    if draft_tokenizer(draft, wait=False) is None:
-        yield first_preview(draft, labels)
-    setting = data_config(draft)
-    yield _apply(draft, setting, table_identity(setting), False, labels or {})
+    """The preview of the data settings the form shows once a loaded draft is in it. While the starting model's
+    tokenizer is still loading (a page opened as the app starts), the table and the counts come first
+    (first_preview) and the prompts follow. Yields what UPDATED names."""
+    found = draft_tokenizer(draft, wait=False)
+    if found is None:
+        yield _as_loaded(draft, labels, None)
+        found = draft_tokenizer(draft)
+    yield _as_loaded(draft, labels, found)
 
 
 def first_preview(draft: dict, labels: dict[str, str] | None = None) -> tuple:
-    """show_preview without waiting for a tokenizer: the prompts are rendered only if it is loaded already. Quick
-    enough to run while the app is built, for the page's first paint."""
+    """show_preview's first answer, with the prompts only if the tokenizer is loaded already: quick enough to run
+    while the app is built, for the page's first paint."""
+    return _as_loaded(draft, labels, draft_tokenizer(draft, wait=False))
+
+
+def _as_loaded(draft: dict, labels: dict[str, str] | None, found: tuple | None) -> tuple:
+    """The preview of a loaded draft: its table is the one the settings were made for, so nothing is refitted, and
+    no field the user may be typing in is written."""
     setting = data_config(draft)
-    return _apply(draft, setting, table_identity(setting), False, labels or {}, wait=False)
+    return _apply(draft, setting, table_identity(setting), False, labels or {}, found)
 
 
 def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] | None = None) -> tuple:
@@ -222,7 +228,8 @@ def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] 
     """
     if not previewed_model or _model_key(draft) == previewed_model:
         return (gr.skip(),) * 8
-    return (*preview_views(_preview(draft, data_config(draft))[0], labels), _model_key(draft))
+    return (*preview_views(_preview(draft, data_config(draft), draft_tokenizer(draft))[0], labels),
+            _model_key(draft))
 
 
 def build(shared: Shared) -> Callable[[], None]:

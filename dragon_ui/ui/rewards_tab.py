@@ -608,7 +608,8 @@ def build(shared: Shared) -> Callable[[], None]:
     kind.input(functools.partial(change_kind, public=public), [rewards, selected, kind, name, weight], shown_editor,
                **edits)
     shared.fills.append((functools.partial(fill_rewards, public=public), listing))
-    form.watch(lambda draft: rewards_problem(draft.get("rewards")), [problem], first_paint=True)
+    form.watch(lambda draft: rewards_problem(draft.get("rewards")), [problem])
+    shared.first_paint.append((lambda draft: rewards_problem(draft.get("rewards")), [problem]))
 
     gr.Markdown("## Playground\nTry the rewards on a reply before training: type one, or let the starting model "
                 "sample a group of replies the way one GRPO step would.")
@@ -644,7 +645,8 @@ def build(shared: Shared) -> Callable[[], None]:
             picker, said = playground_rows(draft, current, form.labels)
             return picker, said, data if picker.choices else None  # no rows: asked again at the next change
 
-        form.watch(rows, [row, row_text, rows_of], [row, rows_of], first_paint=True)
+        form.watch(rows, [row, row_text, rows_of], [row, rows_of])
+        shared.first_paint.append((lambda draft: rows(draft, None, None), [row, row_text, rows_of]))
         row.input(form.takes_draft(show_row), [*form.inputs, row], [row_text], **playground)
         score.click(form.takes_draft(score_typed), [*form.inputs, row, completion], [scores, total], **playground)
         completion.submit(form.takes_draft(score_typed), [*form.inputs, row, completion], [scores, total],
