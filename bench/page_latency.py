@@ -4,7 +4,8 @@ same cores.
 
 Each moment is timed from the click (or the command) to what the person sees:
 
-- app start -> the server answers; and when its background warm-up (hardware, training libraries, model) is done;
+- app start -> the server answers; and how long its background warm-up (hardware, training libraries, model) takes
+  once the first page has opened;
 - first page load -> the data preview filled in, cold and on a reload, and the prompts rendered with the model's
   tokenizer;
 - a tab switch -> the tab's content visible; scoring a typed reply in the playground -> its total shown
@@ -212,7 +213,7 @@ def main() -> None:
                 expect(page.locator("#data-rendered")).to_contain_text("Row 1")  # the model's tokenizer is in
                 rows["first page load → prompts rendered (cold)"] = stats([time.perf_counter() - opened])
                 warm = warm_up_seconds(log_path)
-                rows["background warm-up (after the server answers)"] = stats([warm] if warm else [])
+                rows["background warm-up (from the first page's load)"] = stats([warm] if warm else [])
                 rows["page reload → data preview"] = stats(
                     [timed(lambda: page.reload(), lambda: expect(preview).to_contain_text("What is"))])
                 rows["tab switch (idle)"] = stats(tab_switches(page, args.repeats))
