@@ -272,7 +272,9 @@ def show_at_first(block, update) -> None:
     for its new properties) the block's own, so the page shows it on its first paint, before any event answered.
 
     Called while the app is built. As gradio does with an event's update, the block is made anew from its
-    constructor's arguments and the update's, and keeps them: gradio rebuilds it from them at a later update."""
+    constructor's arguments and the update's, and keeps them: gradio rebuilds it from them at a later update.
+    This and made_apart use gradio's own workings (a block's ``_constructor_args``, ``Context``): with another
+    gradio, tests/test_draft.py's first-paint test says whether they still hold."""
     if isinstance(update, gr.blocks.Block):
         changed = {key: value for key, value in update.constructor_args.items() if key != "render"}
     elif isinstance(update, dict) and "__type__" in update:  # gr.update(...), or gr.skip(): nothing
