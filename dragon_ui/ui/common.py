@@ -234,25 +234,27 @@ def shows_errors(fn):
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def stream(*args, **kwargs):
-            try:
+            with _said_as_a_sentence():
                 yield from fn(*args, **kwargs)
-            except gr.Error:
-                raise
-            except Exception as exc:
-                raise gr.Error(explain(exc), print_exception=False) from None
 
         return stream
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
+        with _said_as_a_sentence():
             return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except Exception as exc:
-            raise gr.Error(explain(exc), print_exception=False) from None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _said_as_a_sentence():
+    try:
+        yield
+    except gr.Error:
+        raise
+    except Exception as exc:
+        raise gr.Error(explain(exc), print_exception=False) from None
 
 
 @contextlib.contextmanager

@@ -68,16 +68,17 @@ def preview_views(preview: DataPreview, labels: dict[str, str] | None = None, re
     table = pd.DataFrame(preview.rows, columns=preview.columns) if preview.columns else EMPTY_TABLE
     if preview.error:
         return source_status, table, mapping_status, "", "", "", gr.skip()
+    counts = message(preview.counts_summary(), "ok")
     sheets = gr.Dropdown(choices=preview.sheets, visible=bool(preview.sheets))
     if rendering:
         rendered = message(f"Loading the tokenizer of {rendering} to show the prompts as it reads them…")
-        return source_status, table, mapping_status, message(preview.counts_summary(), "ok"), rendered, "", sheets
+        return source_status, table, mapping_status, counts, rendered, "", sheets
     rendered = "\n\n".join(f"**Row {number}**\n\n{_fence(text)}" for number, text in enumerate(preview.rendered, 1))
     if not preview.rendered:
         rendered = message("The first rows all have an empty prompt, so there is no example to show.", "warn")
     rendered = f"{preview.rendered_note}\n\n{rendered}" if preview.rendered_note else rendered
     lengths = preview.lengths.summary() if preview.lengths else ""
-    return source_status, table, mapping_status, message(preview.counts_summary(), "ok"), rendered, lengths, sheets
+    return source_status, table, mapping_status, counts, rendered, lengths, sheets
 
 
 def _preview(draft: dict, setting: DataConfig, found: tuple | None) -> tuple[DataPreview, str]:

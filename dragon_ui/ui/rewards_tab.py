@@ -608,8 +608,11 @@ def build(shared: Shared) -> Callable[[], None]:
     kind.input(functools.partial(change_kind, public=public), [rewards, selected, kind, name, weight], shown_editor,
                **edits)
     shared.fills.append((functools.partial(fill_rewards, public=public), listing))
-    form.watch(lambda draft: rewards_problem(draft.get("rewards")), [problem])
-    shared.first_paint.append((lambda draft: rewards_problem(draft.get("rewards")), [problem]))
+    def problem_line(draft: dict) -> str:
+        return rewards_problem(draft.get("rewards"))
+
+    form.watch(problem_line, [problem])
+    shared.first_paint.append((problem_line, [problem]))
 
     gr.Markdown("## Playground\nTry the rewards on a reply before training: type one, or let the starting model "
                 "sample a group of replies the way one GRPO step would.")
