@@ -255,9 +255,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         fill_loaded(lambda outputs: demo.load(
             on_page_load, [visitor_token, kept_owner_key, saved],
             [visitor_token, *outputs, shared.run_id, shared.timer, *shared.runs_list, running_banner, running_text],
-            # The "Opening…" line is its progress. Never queued behind other pages' loads: the page may be used
-            # before it is answered, and until then its events are not known to be this browser's (Visitors.arrive).
-            api_visibility="private", show_progress="hidden", concurrency_limit=None))
+            api_visibility="private", show_progress="hidden"))  # the "Opening…" line is its progress
         watch_it.click(**in_the_page([tabs, running_banner], f"[{tab_selected(TAB_TRAIN)}, {visible(False)}]"))
         for replaced in shared.source_replaced:  # the user's own data: no recipe is what the form shows now
             replaced.then(lambda: gr.Dropdown(value=None), None, [recipe], api_visibility="private",
