@@ -47,9 +47,16 @@ def screen():
         if os.environ.get("CI"):
             pytest.fail(f"{', '.join(missing)} missing: .ci/run installs them")
         pytest.skip(f"needs {', '.join(missing)} (Debian: xvfb openbox xdotool x11-utils)")
-    display = f":{90 + os.getpid() % 50}"
-    server = subprocess.Popen(["Xvfb", display, "-screen", "0", SCREEN, "-nolisten", "tcp"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Xvfb picks a free display and names it (-displayfd): a number chosen here could be taken by another X
+    # server (one left behind by a killed test run took it, and this one then met that server's windows).
+    chosen, told = os.pipe()
+    server = subprocess.Popen(["Xvfb", "-displayfd", str(told), "-screen", "0", SCREEN, "-nolisten", "tcp"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(told,))
+    os.close(told)
+    with os.fdopen(chosen) as named:
+        number = named.readline().strip()
+    assert number.isdigit(), "the virtual screen did not start (Xvfb named no display)"
+    display = f":{number}"
     on_screen = {**os.environ, "DISPLAY": display}
     answers(["xdotool", "getdisplaygeometry"], on_screen, "the virtual screen")
     manager = subprocess.Popen(["openbox"], env=on_screen, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
