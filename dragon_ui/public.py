@@ -107,12 +107,13 @@ def owner_key() -> str:
 class Visitor:
     """Who is asking. ``key`` identifies one browser (a hash of the random token it keeps) or one API session; the
     operator (the command line, and everyone when the app is not public) has no key and owns every run, and so
-    does a visitor who entered the owner key. ``address`` is a hash of the network address the request came from,
+    does the session (page) in which the owner key was entered (``unlocked``). ``address`` is a hash of the network address the request came from,
     which counts the runs of an API client that opens a new session for every call."""
 
     key: str | None = None
     unlocked: bool = False
     address: str | None = None
+    session: str | None = field(default=None, compare=False)  # the gradio session asking, where one does
 
     @property
     def owns_everything(self) -> bool:
@@ -168,7 +169,7 @@ def own_uploads_dir(who: Visitor | None = None) -> Path | None:
 
 
 def is_own_upload(path: Path) -> bool:
-    """Whether ``path`` (resolved) is a file the current visitor uploaded: decided by where it lies, so a visitor's
+    """Whether ``path`` (resolved) is a file the current visitor uploaded: decided by where it lies, so a browser's
     uploads stay theirs after a restart of the app, and nobody else's can be named."""
     folder = own_uploads_dir()
     return folder is not None and path.is_relative_to(folder.resolve())

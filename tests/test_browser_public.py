@@ -4,7 +4,9 @@ by itself when A's run ends. An upload is its visitor's alone, and the owner key
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -15,9 +17,10 @@ from dragon_ui import public
 from dragon_ui.engine import training
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
-from dragon_ui.ui.app import OWNER_KEY_STORAGE_KEY
+from dragon_ui.ui.app import DRAFT_STORAGE_KEY, OWNER_KEY_STORAGE_KEY, VISITOR_STORAGE_KEY
 from test_app_client import served_app
-from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, open_tab, screenshot, wait_until_loaded, write_recipe
+from test_browser import (CHROMIUM, CHROMIUM_ARGS, VIEWPORT, open_tab, screenshot, type_into, wait_until_loaded,
+                          write_recipe)
 
 expect = sync_api.expect
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
@@ -50,7 +53,8 @@ def need_chromium() -> None:
 def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
     need_chromium()
     look = {"theme": gr.themes.Soft(primary_hue="emerald"), "css_paths": [str(ASSETS_DIR / "app.css")]}
-    with served_app(build_app(public_studio), **look) as url, sync_api.sync_playwright() as playwright:
+    demo = build_app(public_studio)
+    with served_app(demo, **look) as url, sync_api.sync_playwright() as playwright:
         expect.set_options(timeout=WAIT_MS)
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
@@ -67,8 +71,18 @@ def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
             expect(alice.locator("#train-status")).to_contain_text("running")
             (alices_run,) = public_studio.runs()
 
-            # Bob sees it, read-only: his Stop stays greyed out, and the list says whose it is.
+            # A browser that kept its token but not its draft (one closed before the draft was written) waits for its
+            # load before it may act: what it did before would be done as a visitor of its own, not as its token's.
+            bob.evaluate(f"() => localStorage.removeItem({json.dumps(DRAFT_STORAGE_KEY)})")
+            bobs_load = HeldPageLoad(bob, demo)
             bob.reload()
+            bobs_load.wait(bob)
+            bob.locator("#load-recipe").click()  # a recipe loaded meanwhile does not show the form early either
+            expect(bob.locator("#recipe-status")).to_contain_text("Loaded the")
+            expect(bob.locator("#form-opening")).to_be_visible()
+            expect(bob.locator("#form-area")).to_be_hidden()
+            assert bobs_load.release() == 1
+            # Bob sees it, read-only: his Stop stays greyed out, and the list says whose it is.
             wait_until_loaded(bob)
             open_tab(bob, "train")
             expect(bob.locator("#train-status")).to_contain_text(alices_run["id"])
@@ -99,26 +113,65 @@ def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
             browser.close()
 
 
+class HeldPageLoad:
+    """Holds the page's load event (the one that brings its browser's token) until ``release``; its other events
+    go through."""
+
+    def __init__(self, page, demo: gr.Blocks) -> None:
+        self.fn_index = next(index for index, fn in demo.fns.items() if fn.name == "on_page_load")
+        self.held: list | None = []  # None: nothing is held (set it to a list to hold the next load)
+        page.route("**/queue/join*", self._hold)
+
+    def _hold(self, route) -> None:
+        if self.held is not None and json.loads(route.request.post_data or "{}").get("fn_index") == self.fn_index:
+            self.held.append(route)
+        else:
+            route.continue_()
+
+    def wait(self, page) -> None:
+        """Until the page has sent its load (and it is held)."""
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while not self.held and time.monotonic() < deadline:
+            page.wait_for_timeout(20)  # lets playwright hand the page's requests to _hold
+
+    def release(self) -> int:
+        held, self.held = self.held, None
+        for route in held:
+            route.continue_()
+        return len(held)
+
+
 def test_an_upload_is_its_visitors_alone_and_the_owner_key_is_kept_only_when_asked(public_studio, tmp_path,
                                                                                     monkeypatch):
     """In a real browser: an uploaded file becomes a source in the visitor's own folder (gradio's copy is gone) and
-    is previewed; the owner panel unlocks this page, and the browser remembers the key only when asked to."""
+    is previewed, even when it is sent before the page's load (which tells the browser's visitor) is answered: it
+    stays this browser's after the load and after a reload (the chance failure: the load, answered just after the
+    upload, made the page another visitor, to whom the file was not theirs). The owner panel unlocks this page, and
+    the browser remembers the key only when asked to."""
     from conftest import write_arithmetic_csv
 
     need_chromium()
     monkeypatch.setenv(public.OWNER_KEY_ENV, "the-owners-key")
     reviews = write_arithmetic_csv(tmp_path / "my-sums.csv", rows=40)
     look = {"theme": gr.themes.Soft(primary_hue="emerald"), "css_paths": [str(ASSETS_DIR / "app.css")]}
-    with served_app(build_app(public_studio), **look) as url, sync_api.sync_playwright() as playwright:
+    demo = build_app(public_studio)
+    with served_app(demo, **look) as url, sync_api.sync_playwright() as playwright:
         expect.set_options(timeout=WAIT_MS)
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_context(viewport=VIEWPORT).new_page()
             page.set_default_timeout(WAIT_MS)
+            load = HeldPageLoad(page, demo)
             page.goto(url)
-            wait_until_loaded(page)
+            wait_until_loaded(page)  # the first paint: a new browser may act at once
+            load.wait(page)
             page.locator("#data-upload input[type=file]").set_input_files(str(reviews))
             expect(page.locator("#data-counts")).to_contain_text("40 rows")
+            assert load.release() == 1, "the page's load was held while the upload was answered"
+            page.wait_for_function(f"() => localStorage.getItem({json.dumps(VISITOR_STORAGE_KEY)}) !== null")
+            type_into(page, "#data-max-rows input", "30")
+            page.locator("#data-max-rows input").press("Enter")  # read again, as the visitor the load made the page
+            expect(page.locator("#data-counts")).to_contain_text("30 rows")
             source = page.locator("#data-source textarea").input_value()
             assert source.startswith(str(public.uploads_dir())) and source.endswith("my-sums.csv")
             assert not list(Path(os.environ.get("GRADIO_TEMP_DIR", "/tmp/gradio")).rglob("my-sums.csv"))
@@ -129,8 +182,15 @@ def test_an_upload_is_its_visitors_alone_and_the_owner_key_is_kept_only_when_ask
             page.locator("#owner-unlock").click()
             expect(page.locator("#owner-status")).to_contain_text("Unlocked: this page (until it is closed)")
             screenshot(page, tmp_path, "public-owner")
-            page.reload()  # the page's unlocking ends with it: nothing was kept
-            expect(page.locator("#data-counts")).to_contain_text("40 rows")
+            load.held = []
+            page.reload()  # the page's unlocking ends with it: nothing was kept; the upload is still this browser's
+            # A browser that kept its token waits for its load before it may act (it acts as the token's visitor).
+            load.wait(page)
+            expect(page.locator("#form-opening")).to_be_visible()
+            expect(page.locator("#form-area")).to_be_hidden()
+            assert load.release() == 1
+            expect(page.locator("#data-counts")).to_contain_text("30 rows")
+            expect(page.locator("#data-source-status")).not_to_contain_text("upload")
             assert not page.evaluate(f"() => localStorage.getItem('{OWNER_KEY_STORAGE_KEY}')")
             page.get_by_text("Owner of this demo?").click()
             page.locator("#owner-remember input").check()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import gradio as gr
 import pytest
 
 from dragon_ui.config import RunConfig
@@ -328,7 +329,8 @@ def test_loading_a_recipe_replaces_an_unedited_draft_and_asks_about_an_edited_on
 
     confirm, question, pending, status, new_draft, pristine, auto_name, opening, *filled = load(
         current, *form_inputs(app, current), "json_answers")
-    assert new_draft == pristine == wanted and auto_name == wanted["name"] and opening == ""
+    assert new_draft == pristine == wanted and auto_name == wanted["name"]
+    assert repr(opening) == repr(gr.skip())  # the "Opening…" line is the page's load's to empty (it shows the form)
     assert not confirm.visible and pending is None and "json_answers" in status
     # Every tab shows the loaded draft from this one answer: the Data tab's source among the fills.
     assert wanted["data"]["source"] in filled
@@ -345,7 +347,7 @@ def test_loading_a_recipe_replaces_an_unedited_draft_and_asks_about_an_edited_on
     assert edited[0].visible and "json_answers" in edited[1] and edited[2] == {"draft": wanted,
                                                                                "label": "the json_answers recipe"}
     replaced = wired(app, "replace-draft-yes")(edited[2])
-    assert replaced[4] == wanted and not replaced[0].visible and replaced[7] == ""
+    assert replaced[4] == wanted and not replaced[0].visible and repr(replaced[7]) == repr(gr.skip())
     kept = wired(app, "replace-draft-no")()
     assert not kept[0].visible and kept[2] is None and kept[3] == message("Kept your settings.", "info")
 
@@ -361,8 +363,6 @@ def test_the_page_first_paints_the_default_recipe_and_nothing_else(app, studio):
     with the Data tab's table and counts, so a browser that kept no draft shows real values before any event is
     answered; the form itself is hidden in it (a browser that kept a draft shows "Opening…" until its own is in).
     The updates worked out for it are not placed in the page as components of their own (common.made_apart)."""
-    import gradio as gr
-
     draft = studio.default_draft()
     assert app.form.loaded.value == draft  # the settings no field shows come from it
     shown = app.form.compose(app.form.loaded.value, *(field.component.value for field in app.form.fields))
@@ -405,8 +405,6 @@ def test_the_first_paint_loads_no_tokenizer_and_says_the_prompts_are_coming(stud
 
 
 def test_a_generator_handler_that_fails_midway_says_so_in_a_sentence():
-    import gradio as gr
-
     from dragon_ui.errors import ConfigError
     from dragon_ui.ui.common import shows_errors
 

@@ -195,6 +195,25 @@ def test_each_browser_and_api_session_is_its_own_visitor_and_keeps_its_token(mon
     assert visitors.unlock(visitors.of("api-client"), "s3cret").owns_everything
 
 
+def test_a_page_that_acts_before_its_load_is_answered_stays_the_visitor_it_acted_as():
+    """The chance failure: an upload answered before the page's load was kept for the session's own visitor, and
+    the load then made the page its new browser's visitor, to whom the file was not theirs. A new browser now takes
+    the visitor its page acted as; only once, so a second load in that session (anyone who knows the session's
+    name) gets a token of its own, not the first one's."""
+    from dragon_ui.studio.visitors import Visitors
+
+    visitors = Visitors()
+    early = visitors.of("page-1")  # an upload, before the load
+    token = visitors.arrive("page-1", None)
+    assert visitors.of("page-1") == early and visitors.arrive("page-2", token) == token  # the load, a reload
+    assert visitors.of("page-2") == early
+    assert visitors.arrive("page-1", None) != token and visitors.of("page-1") != early
+    kept = visitors.arrive("page-3", None)  # a browser that kept its token is itself, whatever its page did before
+    visitors.of("page-4")
+    assert visitors.arrive("page-4", kept) == kept and visitors.of("page-4") == visitors.of("page-3")
+    assert visitors.of("api-1") != visitors.of("api-2")  # sessions no page loaded in are visitors apart
+
+
 def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, studio, public_config, monkeypatch):
     from dragon_ui.errors import NotYoursError
     from dragon_ui.ui import compare_tab

@@ -281,6 +281,15 @@ def test_a_call_without_a_session_is_refused(demo, tiny_model_dir):
     assert not leaks(result)
 
 
+def test_a_session_with_a_huge_name_is_refused(demo):
+    """The review: every session's name is remembered (up to 50,000 of them), so names of up to 2 MB each (the most a request may carry) could
+    fill the server's memory."""
+    flooder = RawVisitor(demo.app, session="s" * 10_000)
+    demo.attackers.append(flooder)
+    expect_refusal(flooder.call("recipe", "arithmetic"), "A session_hash has at most 100 characters")
+    assert RawVisitor(demo.app, session="s" * 100).call("recipe", "arithmetic").ok
+
+
 def test_the_owner_key_is_kept_only_when_asked_and_guessing_is_slowed(demo):
     """Item 7: the key stayed in a shared lab computer's browser and unlocked it for the next person; wrong keys
     were never limited. The storage key gradio encodes what a browser keeps with is in every page's config, so

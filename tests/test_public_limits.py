@@ -484,6 +484,36 @@ def test_wrong_owner_keys_are_limited_per_address(monkeypatch):
     assert visitors.of("s2", address="owner").unlocked and not visitors.of("s1", address="guesser").unlocked
 
 
+def test_the_owner_key_unlocks_the_page_that_entered_it_only(monkeypatch):
+    """The review: the key unlocked the browser's visitor for as long as the app ran, so a reload or another tab of
+    a shared lab computer's browser was still unlocked after the instructor closed the page without "Remember"."""
+    monkeypatch.setenv(public.OWNER_KEY_ENV, "the-key")
+    visitors = Visitors()
+    token = visitors.arrive("page", None)
+    assert visitors.unlock(visitors.of("page"), "the-key").owns_everything and visitors.of("page").unlocked
+    visitors.arrive("reloaded", token)
+    assert visitors.of("reloaded").key == visitors.of("page").key and not visitors.of("reloaded").unlocked
+    visitors.unlock(visitors.of("new-page"), "the-key")  # a new browser's page, before its load is answered
+    visitors.arrive("new-page", None)
+    assert visitors.of("new-page").unlocked
+
+
+def test_new_sessions_are_limited_per_address(monkeypatch):
+    """Sessions are remembered up to a bound: a client opening one per call could push everyone's out of it."""
+    from dragon_ui.studio import visitors as visitors_module
+
+    monkeypatch.setattr(visitors_module, "NEW_SESSIONS_ALLOWED", 3)
+    visitors = Visitors()
+    flood = [visitors.of(f"flood-{number}", address="flooder") for number in range(3)]
+    with pytest.raises(BusyError, match="Too many new sessions from your network address; try again in 10 minutes"):
+        visitors.of("flood-3", address="flooder")
+    assert visitors.of("flood-0", address="flooder") == flood[0]  # the sessions it has still answer
+    assert visitors.of("elsewhere", address="another address").key
+    later = time.monotonic() + visitors_module.NEW_SESSIONS_WINDOW_S
+    monkeypatch.setattr(visitors_module.time, "monotonic", lambda: later)
+    assert visitors.of("flood-3", address="flooder").key  # a new window
+
+
 def test_sessions_are_remembered_up_to_a_bound(monkeypatch):
     from dragon_ui.studio import visitors as visitors_module
 

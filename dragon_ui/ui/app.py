@@ -42,10 +42,16 @@ INTRO = ("Teach a small language model with rewards you can check: pick data, bu
 DRAFT_STORAGE_KEY = "dragon-grpo-studio-draft"
 VISITOR_STORAGE_KEY = "dragon-grpo-studio-visitor"  # the random token that tells this browser's runs from others'
 OWNER_KEY_STORAGE_KEY = "dragon-grpo-studio-owner-key"
-# A step in the page: whether this browser kept no draft of its own (where storage is blocked, as in some embedded
-# frames, it kept none).
-KEPT_NO_DRAFT = f"(() => {{ try {{ return localStorage.getItem({json.dumps(DRAFT_STORAGE_KEY)}) === null; }} " \
-                "catch { return true; } })()"
+
+
+def kept_none_of(storage_keys: list[str]) -> str:
+    """A step in the page: whether this browser kept none of ``storage_keys`` (where storage is blocked, as in some
+    embedded frames, it kept none)."""
+    kept = " || ".join(f"localStorage.getItem({json.dumps(key)}) !== null" for key in storage_keys)
+    return f"(() => {{ try {{ return !({kept}); }} catch {{ return true; }} }})()"
+
+
+MAX_SESSION_CHARS = 100  # a page's session names have 11 characters, gradio_client's 36
 FIRST_PAGE_S = 3.0  # how long the warm-up leaves the CPUs to a page opening as the app starts (make run opens one)
 
 
@@ -103,8 +109,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
 
         def loading() -> list:
             """What loading a whole draft writes, after ``asking``: the form's draft, pristine, auto-name, the
-            "Opening…" line (emptied: the page then shows the form) and every tab's fill of the draft. Known once
-            every tab is built."""
+            "Opening…" line (emptied by the page's load alone: the page then shows the form) and every tab's fill of
+            the draft. Known once every tab is built."""
             return [form.loaded, shared.pristine, shared.auto_name, opening,
                     *(output for _, outputs in shared.fills for output in outputs)]
 
@@ -123,7 +129,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                     shown.extend([gr.skip()] * len(outputs))
             return (gr.Row(visible=False), "", None, status, new_draft,
                     new_draft if pristine is None else pristine,
-                    new_draft.get("name", "") if auto_name is None else auto_name, "", *shown)
+                    new_draft.get("name", "") if auto_name is None else auto_name, gr.skip(), *shown)
 
         def unchanged(status: str) -> tuple:
             """``asking`` answered with ``status``; nothing loaded."""
@@ -170,14 +176,9 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             connect()
 
         def fill_loaded(start):
-            """``start(outputs)`` wires an event that may load a whole draft (``loaded``) into ``outputs``. After it,
-            the page shows the form once a draft was loaded (it hides it until then, so nothing typed while it opens
-            is overwritten; a page whose load failed keeps the "Opening…" line and no form), and the tabs' refreshes
-            run on what the form shows, side by side. Once shown, the form stays: showing it again changes nothing."""
+            """``start(outputs)`` wires an event that may load a whole draft (``loaded``) into ``outputs``; after it,
+            the tabs' refreshes run on what the form shows, side by side."""
             event = start([*asking, *loading()])
-            event = event.then(**in_the_page([form_area, opening], f"inputs[0] === '' ? [{visible(True)}, "
-                                                                   f"{visible(False)}] : [{UNCHANGED}, {UNCHANGED}]"),
-                               inputs=[opening])
             for refresh, inputs, outputs in shared.refreshes:
                 event.then(refresh, inputs, outputs, api_visibility="private", show_progress="hidden")
             return event
@@ -217,8 +218,12 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                     continue
                 for block, update in zip(outputs, painted if len(outputs) > 1 else [painted], strict=True):
                     show_at_first(block, update)
-        demo.load(**in_the_page([form_area, opening], KEPT_NO_DRAFT + f" ? [{visible(True)}, {visible(False)}] : "
-                                                                      f"[{UNCHANGED}, {UNCHANGED}]"))
+        # In a public demo a browser that kept its token waits for its load too: what it did before would be done
+        # as a visitor of its own (Visitors.of), not as the one its token makes it. A new browser takes that visitor.
+        kept_keys = [DRAFT_STORAGE_KEY, *([VISITOR_STORAGE_KEY] if studio.public else [])]
+        demo.load(**in_the_page([form_area, opening], kept_none_of(kept_keys) + f" ? [{visible(True)}, "
+                                                                             f"{visible(False)}] : [{UNCHANGED}, "
+                                                                             f"{UNCHANGED}]"))
 
         def on_page_load(token: str | None, owner_key_kept: str, kept: dict | None, request: gr.Request):
             """Who this browser is (the token it keeps), the draft it kept (or the default recipe), and re-attach
@@ -236,11 +241,12 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                 run_id = active or (runs[0]["id"] if runs else "")
                 if isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
                     pristine, auto_name = kept.get("pristine"), kept.get("auto_name")  # anything, as the browser kept
-                    shown = loaded(kept["draft"], "", pristine if isinstance(pristine, dict) else {},
-                                   auto_name if isinstance(auto_name, str) else "")
+                    shown = list(loaded(kept["draft"], "", pristine if isinstance(pristine, dict) else {},
+                                        auto_name if isinstance(auto_name, str) else ""))
                 else:  # the page shows the default recipe since its first paint: what was done since stays
-                    shown = (*[gr.skip()] * len(asking), *[gr.skip() if block is not opening else ""
-                                                          for block in loading()])
+                    shown = [gr.skip()] * (len(asking) + len(loading()))
+                opening_at = next(at for at, block in enumerate(loading()) if block is opening)
+                shown[len(asking) + opening_at] = ""  # then the page shows the form (page_loaded)
                 return (token, *shown, run_id, gr.Timer(active=bool(active)), *train_tab.runs_outputs(studio),
                         *running_now(active))
 
@@ -252,10 +258,16 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             step = f"step {status.get('step') or 0} of {status.get('total_steps') or '?'}"
             return gr.Row(visible=True), message(f"A run is training: `{active}`, {step}.", "info")
 
-        fill_loaded(lambda outputs: demo.load(
+        page_loaded = fill_loaded(lambda outputs: demo.load(
             on_page_load, [visitor_token, kept_owner_key, saved],
             [visitor_token, *outputs, shared.run_id, shared.timer, *shared.runs_list, running_banner, running_text],
             api_visibility="private", show_progress="hidden"))  # the "Opening…" line is its progress
+        # A page that kept a draft or a token shows the form once its load is answered: it was hidden until then, so
+        # that nothing typed meanwhile is overwritten, nor done as another visitor than the token's. Only the load
+        # shows it (a recipe loaded before it would show it early); a page whose load failed keeps "Opening…".
+        page_loaded.then(**in_the_page([form_area, opening], f"inputs[0] === '' ? [{visible(True)}, "
+                                                             f"{visible(False)}] : [{UNCHANGED}, {UNCHANGED}]"),
+                         inputs=[opening])
         watch_it.click(**in_the_page([tabs, running_banner], f"[{tab_selected(TAB_TRAIN)}, {visible(False)}]"))
         for replaced in shared.source_replaced:  # the user's own data: no recipe is what the form shows now
             replaced.then(lambda: gr.Dropdown(value=None), None, [recipe], api_visibility="private",
@@ -321,7 +333,12 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
             if not session or session == LocalContext.event_id.get(None):  # gradio names a sessionless call by its id
                 raise gr.Error("This public demo answers only calls made within a session, as its page and "
                                "gradio_client make them; send a session_hash.", print_exception=False)
-            return studio.visitors.of(session, request_address(request))
+            if len(session) > MAX_SESSION_CHARS:  # every session is remembered: its name must be short
+                raise gr.Error(f"A session_hash has at most {MAX_SESSION_CHARS} characters.", print_exception=False)
+            try:
+                return studio.visitors.of(session, request_address(request))
+            except DragonError as exc:  # too many new sessions from one address
+                raise gr.Error(str(exc), print_exception=False) from None
 
         if inspect.isgeneratorfunction(fn):
             @functools.wraps(fn)
