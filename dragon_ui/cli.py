@@ -1,4 +1,5 @@
-"""Command line: ``python -m dragon_ui train|check|runs|eval|score|export|stop|merge|push`` (installed: ``dragon``).
+"""Command line: ``python -m dragon_ui train|check|runs|eval|score|export|stop|merge|push|speedups`` (installed:
+``dragon``).
 
 Bad input ends with one line on stderr and exit status 2; a training that fails exits with 1.
 """
@@ -100,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
     push.add_argument("--private", action="store_true", help="make the new repo private")
     push.add_argument("--update", action="store_true", help="add a new commit to a repo that exists already")
     push.set_defaults(func=_cmd_push)
+
+    fast = sub.add_parser("speedups", help="which speed-ups are on with the libraries installed here, and why")
+    fast.add_argument("--verify", action="store_true",
+                      help="run every speed-up's self-check now (a few seconds) and keep the results")
+    fast.add_argument("--json", action="store_true", help="print the table as JSON")
+    fast.set_defaults(func=_cmd_speedups)
     return parser
 
 
@@ -348,3 +355,27 @@ def _cmd_push(args) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def _cmd_speedups(args) -> int:
+    from .engine.libraries import import_all
+    from .engine.models import quiet_library_deprecations
+    from .speedups import registry, selfcheck
+
+    import_all()
+    quiet_library_deprecations()
+    if args.verify:
+        selfcheck.run()
+    rows = registry.table()
+    if args.json:
+        print(json.dumps({"versions": registry.stack(), "speedups": rows}, indent=1))
+        return 0
+    versions = ", ".join(f"{name} {value}" for name, value in registry.stack().items())
+    print(f"Speed-ups with {versions}:")
+    width = max(len(row["name"]) for row in rows)
+    for row in rows:
+        print(f"  {row['name']:<{width}}  {'on ' if row['on'] else 'off'}  {row['why']}")
+        print(f"  {'':<{width}}       CI verified {row['verified']}")
+    on = sum(row["on"] for row in rows)
+    print(f"{on} of {len(rows)} on." + ("" if args.verify else " dragon speedups --verify runs the self-checks now."))
+    return 0

@@ -1,4 +1,5 @@
-"""Files that a reader never sees half-written: the UI, the CLI and downloads read run files while they are written."""
+"""Files that a reader never sees half-written (the UI, the CLI and downloads read run files while they are written),
+and the folder where what is worked out once per machine is kept."""
 
 from __future__ import annotations
 
@@ -22,3 +23,10 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def cache_dir() -> Path:
+    """Where converted models and machine measurements are kept (DRAGON_UI_CACHE, else ~/.cache/dragon_ui)."""
+    root = os.environ.get("DRAGON_UI_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
+                                                             "dragon_ui")
+    return Path(root)

@@ -56,6 +56,11 @@ def build_tiny_model(target: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
+    # Before any test loads a model: the speed-ups' self-checks (a few seconds, once per set of library versions)
+    # would otherwise run inside the first test that does, among the calls it counts.
+    from dragon_ui import speedups
+
+    speedups.ensure_checked()
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 

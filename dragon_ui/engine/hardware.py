@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..config import HardwareSettings
 from ..errors import ConfigError
+from ..files import cache_dir
 from ..scaleout import distributed
 from .libraries import import_all
 from .quantization import bitsandbytes_installed
@@ -135,13 +136,6 @@ def _openmp_runtime():
 
 
 _BF16_PROBE: dict[str, bool] = {}
-
-
-def cache_dir() -> Path:
-    """Where converted models and machine measurements are kept (DRAGON_UI_CACHE, else ~/.cache/dragon_ui)."""
-    root = os.environ.get("DRAGON_UI_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
-                                                             "dragon_ui")
-    return Path(root)
 
 
 def cpu_bf16_is_fast() -> bool:

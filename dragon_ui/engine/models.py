@@ -29,7 +29,8 @@ from urllib.parse import urlparse
 from .. import speedups
 from ..config import DEFAULT_MODEL_ID, HardwareSettings, ModelConfig
 from ..errors import ConfigError
-from .hardware import (HardwareInfo, ResolvedHardware, cache_dir, detect_hardware, release_openmp_threads,
+from ..files import cache_dir
+from .hardware import (HardwareInfo, ResolvedHardware, detect_hardware, release_openmp_threads,
                        resolve_for_this_machine)
 from .libraries import import_all
 from .quantization import allow_bitsandbytes

@@ -278,7 +278,8 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
         log.info("%s", text[0].upper() + text[1:] + "...")
 
     phase("checking the hardware")
-    hardware = resolve_hardware(config.hardware)
+    hardware = resolve_hardware(config.hardware)  # imports the libraries first
+    speedups.start_checking()  # once per set of library versions, while the data and the model load
     _use_hardware(hardware)
     run.update_status(device=hardware.device, dtype=hardware.dtype, cpu_threads=hardware.cpu_threads,
                       hardware_reasons=hardware.reasons, gpu_name=_gpu_name(hardware))

@@ -2,11 +2,13 @@
 
 Each was found with the profiler and is measured before and after by ``bench/speedups.py`` (docs/performance.md has
 the figures); each family's module explains its speed-ups. ``registry`` lists them with what each changes, how long
-the change lasts and the library versions it was verified with, and says which are on: all, unless
-``DRAGON_UI_SPEEDUPS`` names others (comma-separated, or ``none``), a library is outside the verified versions, or
-one raised. An entry point applies them at three places:
+the change lasts and the library versions CI verified it with, and says which are on: all, unless
+``DRAGON_UI_SPEEDUPS`` names others (comma-separated, or ``none``), one raised, its self-check failed on this
+machine's libraries, or a library is outside the verified versions and no self-check has passed on them
+(``selfcheck``). An entry point applies them at these places:
 
-- ``apply_to_loaded_model`` as a model is loaded (training, evaluation and chat alike);
+- ``apply_to_loaded_model`` as a model is loaded (training, evaluation and chat alike), once the self-checks have
+  results for the installed libraries (a few seconds, once per set of versions);
 - ``apply_to_trainer_model`` once TRL has added the adapters;
 - ``trainer_hooks.grpo_trainer_class``, the trainer that samples and scores inside the blocks that install the rest
   and undo them afterwards;
@@ -22,16 +24,19 @@ from .lm_head import contiguous_lm_head_input
 from .lora_layers import lean_adapter_layers, sparse_adapter_dropout
 from .registry import ALL, ENV, LIBRARIES, SPEEDUPS, enabled, enter_or_switch_off, library_versions, status
 from .sampling import inverse_cdf_sampler
+from .selfcheck import ensure as ensure_checked, start as start_checking
 from .shared_prompts import generate_sharing_prompts
 from .trainer_hooks import grpo_trainer_class, sampling_mode, scoring_mode
 
 __all__ = ["ALL", "ENV", "LIBRARIES", "SPEEDUPS", "apply_to_loaded_model", "apply_to_trainer_model", "enabled",
-           "generate", "grpo_trainer_class", "library_versions", "sampling_mode", "scoring_mode", "status"]
+           "ensure_checked", "generate", "grpo_trainer_class", "library_versions", "sampling_mode", "scoring_mode",
+           "start_checking", "status"]
 
 
 def apply_to_loaded_model(model) -> None:
     """The speed-ups that belong to a model as it is loaded, for its life (``contiguous_lm_head``,
-    ``short_sequence_attention``)."""
+    ``short_sequence_attention``), once the self-checks have said which may run here."""
+    ensure_checked()
     contiguous_lm_head_input(model)
     short_sequence_attention(model)
 

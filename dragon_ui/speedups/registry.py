@@ -1,27 +1,49 @@
-"""Which speed-ups exist, what each changes and for how long, the library versions each was verified with, and
-whether each is on; plus the two ways a speed-up changes a library: for the length of a block, then undone.
+"""Which speed-ups exist, what each changes and for how long, the library versions CI verified each with, whether
+each is on, and each one's self-check on the libraries this machine has; plus the two ways a speed-up changes a
+library: for the length of a block, then undone.
 
-A speed-up is on unless ``DRAGON_UI_SPEEDUPS`` leaves it out, an installed library is outside the versions it was
-verified with, or it raised while installing or running. Off, the libraries' own code runs and one log line says
-why; a run never fails because a library moved under a speed-up.
+A speed-up is on unless ``DRAGON_UI_SPEEDUPS`` leaves it out, it raised while installing or running, its self-check
+failed on this machine's libraries, or a library is outside the versions CI verified it with and no self-check on
+these versions has passed yet (``selfcheck`` runs them, once per set of versions). Off, the libraries' own code runs
+and one log line says why; a run never fails because a library moved under a speed-up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.metadata
+import json
 import logging
 import os
+import platform
+import sys
 import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import ConfigError, describe
+from ..files import cache_dir, replaced_atomically
 
 log = logging.getLogger("dragon_ui.speedups")
 
-TORCH, TRL, TRANSFORMERS, PEFT = (("torch", ">=2.13,<2.14"), ("trl", ">=1.16,<1.17"),
-                                  ("transformers", ">=5.24,<5.25"), ("peft", ">=0.21,<0.22"))
+
+@dataclass(frozen=True)
+class Verified:
+    """A range of a library's versions that CI ran the speed-ups' identity and distribution tests with
+    (tests/test_speedups.py, tests/test_training.py), and the releases in it they were run on."""
+
+    package: str
+    versions: str
+    checked_on: tuple[str, ...]
+
+
+TORCH = Verified("torch", ">=2.13,<2.15", ("2.13.0", "2.14.1"))
+TRL = Verified("trl", ">=1.16,<1.17", ("1.16.0",))
+TRANSFORMERS = Verified("transformers", ">=5.24,<5.25", ("5.24.0",))
+PEFT = Verified("peft", ">=0.21,<0.22", ("0.21.2",))
 
 
 @dataclass(frozen=True)
@@ -34,7 +56,7 @@ class SpeedUp:
     family: str  # the module of dragon_ui.speedups that holds it
     changes: str
     lasts: str
-    verified: tuple[tuple[str, str], ...]
+    verified: tuple[Verified, ...]
 
 
 # In the order they were added: bench/speedups.py switches them on one after another in this order.
@@ -65,12 +87,27 @@ ALL = tuple(SPEEDUPS)
 ENV = "DRAGON_UI_SPEEDUPS"
 LIBRARIES = ("torch", "trl", "transformers", "peft", "accelerate", "gradio")
 _failed: dict[str, str] = {}  # speed-up -> why it was switched off in this process (it raised)
+_checking = threading.local()  # .names: the speed-ups a self-check in this thread has on
 
 
 def enabled(name: str) -> bool:
-    """Whether the speed-up ``name`` is on: all are, unless DRAGON_UI_SPEEDUPS lists others (or says ``none``), or
-    an installed library is outside the versions it was verified against, or it raised."""
+    """Whether the speed-up ``name`` is on (see the module's docstring for when it is not). Inside a self-check
+    (``checking``) only the speed-ups under check are on, in the checking thread."""
+    under_check = getattr(_checking, "names", None)
+    if under_check is not None:
+        return name in under_check
     return _chosen(name) and off_reason(name) is None
+
+
+@contextlib.contextmanager
+def checking(names: tuple[str, ...]):
+    """In this thread, inside the block, exactly the speed-ups ``names`` are on, whatever the versions, the
+    environment or earlier checks say: what a self-check compares against the libraries' own code."""
+    _checking.names = frozenset(names)
+    try:
+        yield
+    finally:
+        del _checking.names
 
 
 def _chosen(name: str) -> bool:
@@ -89,10 +126,21 @@ def _chosen(name: str) -> bool:
 
 def off_reason(name: str) -> str | None:
     """Why a chosen speed-up is off anyway (None when it is on); said once in the log."""
-    reason = _failed.get(name) or _version_reason(name)
+    reason = _failed.get(name) or _check_reason(name)
     if reason:
         _say_off(name, reason)
     return reason
+
+
+def _check_reason(name: str) -> str | None:
+    """A failed self-check turns any speed-up off; outside CI's versions, only a passed one turns it on."""
+    check = self_checks().get(name)
+    if check is not None and not check["passed"]:
+        return f"its self-check failed on this machine's libraries: {check['why']}"
+    outside = outside_verified(name)
+    if outside and check is None:
+        return f"{outside}, and its self-check has not run on these versions yet"
+    return None
 
 
 @functools.cache
@@ -101,16 +149,17 @@ def _say_off(name: str, reason: str) -> None:
 
 
 @functools.cache
-def _version_reason(name: str) -> str | None:
+def outside_verified(name: str) -> str | None:
+    """How an installed library lies outside the versions CI verified the speed-up with (None when none does)."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
-    for package, verified in SPEEDUPS[name].verified:
-        installed = library_version(package)
+    for verified in SPEEDUPS[name].verified:
+        installed = library_version(verified.package)
         if installed is None:
-            return f"{package} is not installed"
-        if Version(Version(installed).base_version) not in SpecifierSet(verified):  # 2.13.0+cpu counts as 2.13.0
-            return f"verified with {package}{verified}, found {installed}"
+            return f"{verified.package} is not installed"
+        if Version(Version(installed).base_version) not in SpecifierSet(verified.versions):  # 2.13.0+cpu is 2.13.0
+            return f"verified with {verified.package}{verified.versions}, found {installed}"
     return None
 
 
@@ -138,6 +187,88 @@ def status() -> dict:
         else:
             active.append(name)
     return {"active": active, "disabled": disabled}
+
+
+def table() -> list[dict]:
+    """Each speed-up: on or off, why, and the versions CI verified it with, for ``dragon speedups``."""
+    rows = []
+    for name in ALL:
+        on = enabled(name)
+        if on:
+            checked = ("its self-check passed on this machine" if name in self_checks()
+                       else "its self-check has not run here yet")
+            why = f"{outside_verified(name) or 'within the versions CI verified'}; {checked}"
+        else:
+            why = f"not chosen in {ENV}" if not _chosen(name) else off_reason(name)
+        rows.append({"name": name, "on": on, "why": why,
+                     "verified": ", ".join(f"{v.package}{v.versions} (tested on {', '.join(v.checked_on)})"
+                                           for v in SPEEDUPS[name].verified)})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The self-checks' results, kept per set of library versions in the cache folder (beside the offline model).
+
+CHECKS_FILE = "speedup_checks.json"
+KEPT_STACKS = 20  # sets of versions remembered; the oldest go first
+_checks_lock = threading.Lock()
+_checks: dict[str, dict[str, dict]] = {}  # stack key -> speed-up -> {"passed", "why", "seconds"}, as read or made
+
+
+def stack() -> dict[str, str | None]:
+    """What a self-check's result depends on: the libraries the speed-ups change, Python, the processor's kind and
+    the speed-ups' own code (a new release of Dragon checks again)."""
+    return {**{package: library_version(package) for package in ("torch", "transformers", "trl", "peft")},
+            "python": platform.python_version(), "machine": platform.machine() or sys.platform,
+            "dragon speed-ups": _code_fingerprint()}
+
+
+@functools.cache
+def _code_fingerprint() -> str:
+    code = hashlib.sha256()
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        code.update(source.read_bytes())
+    return code.hexdigest()[:12]
+
+
+@functools.cache
+def stack_key() -> str:
+    """``stack()`` as one line: the key of its self-checks' results."""
+    return " | ".join(f"{name} {value}" for name, value in stack().items())
+
+
+def self_checks(reread: bool = False) -> dict[str, dict]:
+    """This machine's self-check results for the installed versions ({} before any has run); ``reread`` reads
+    what another process may have kept meanwhile."""
+    key = stack_key()
+    with _checks_lock:
+        if reread or key not in _checks:
+            _checks[key] = _read_checks().get(key, {}).get("results", {})
+        return _checks[key]
+
+
+def record_self_checks(results: dict[str, dict]) -> None:
+    """Keep ``results`` (speed-up -> {"passed", "why", "seconds"}) for the installed versions, here and on disk."""
+    versions, key = stack(), stack_key()
+    with _checks_lock:
+        _checks[key] = {**_checks.get(key, {}), **results}
+        known = _read_checks()
+        known[key] = {"versions": versions, "checked_at": time.time(), "results": _checks[key]}
+        newest = sorted(known, key=lambda k: known[k].get("checked_at", 0))[-KEPT_STACKS:]
+        try:
+            with replaced_atomically(cache_dir() / CHECKS_FILE) as tmp:
+                tmp.write_text(json.dumps({k: known[k] for k in newest}, indent=1), encoding="utf-8")
+        except OSError as exc:  # a read-only home: this process keeps the results, the next one checks again
+            log.warning("The speed-ups' self-checks could not be kept in %s (%s).", cache_dir(), describe(exc))
+    _say_off.cache_clear()
+
+
+def _read_checks() -> dict:
+    try:
+        known = json.loads((cache_dir() / CHECKS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
 
 
 def switch_off(name: str, exc: BaseException) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .. import ASSETS_DIR
 from ..engine import queue, training
-from ..engine.hardware import cache_dir
+from ..files import cache_dir
 from ..runstore import write_json_atomic
 from ..studio.backend import Studio
 
