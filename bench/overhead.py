@@ -9,6 +9,9 @@ machine hits every side equally; the first step of every run is dropped (warm-up
 compared.
 
     python bench/overhead.py [--steps 4] [--repeats 2] [--dtype float32] [--threads 2] [--pairs as-shipped]
+                             [--label torch2.13]
+
+``--label`` names the results file (overhead-<dtype>-<label>.json), to keep a run on another stack beside this one.
 """
 
 import argparse
@@ -66,6 +69,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=list(PAIRS),
                         help="which comparisons to run (default: both)")
+    parser.add_argument("--label", default="", help="added to the results file's name")
     args = parser.parse_args()
     from dragon_ui.config import ModelConfig, RunConfig
     from dragon_ui.data import load_and_map, write_jsonl
@@ -87,7 +91,10 @@ def main() -> None:
                     steps, length = plain_steps(model_dir, prompts, config.to_dict(), args.steps, args.dtype,
                                                 args.threads, tmp, speedups=side == "plain-speedups")
                 else:
-                    run_config = bench_config_dict(args.steps, tmp / "runs", dtype=args.dtype, threads=args.threads)
+                    # No held-out checks between steps: the plain script scores nothing of the kind, and the
+                    # step times are read off the progress rows, which would count them in.
+                    run_config = bench_config_dict(args.steps, tmp / "runs", dtype=args.dtype, threads=args.threads,
+                                                   training__eval_every=0)
                     steps, length = dragon_steps(run_config, tmp, "none" if side == "dragon-none" else "all")
             measured[side].extend(steps[1:])
             lengths[side].extend(length[1:])
@@ -99,9 +106,9 @@ def main() -> None:
         paired = paired_ratios(measured[dragon], measured[plain], args.steps - 1)
         overheads[pair] = {"ratio": medians[dragon] / medians[plain], "paired_ratios": paired,
                            "paired_median": median(paired)}
-    path = write_result(f"overhead-{args.dtype}", {"settings": vars(args), "step_seconds": measured,
-                                                   "completion_len": lengths, "median_s": medians,
-                                                   "overhead": overheads})
+    name = f"overhead-{args.dtype}" + (f"-{args.label}" if args.label else "")
+    path = write_result(name, {"settings": vars(args), "step_seconds": measured, "completion_len": lengths,
+                               "median_s": medians, "overhead": overheads})
     print(table([[SIDES[side], medians[side], median(lengths[side]), len(measured[side])] for side in sides],
                 ["variant", "median s/step", "median completion tokens", "steps"]))
     for pair, found in overheads.items():

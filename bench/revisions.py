@@ -7,8 +7,10 @@ so drift on a shared machine hits both equally; the first step of every run is d
 of the rest are compared, with each repeat's own ratio beside them.
 
     python bench/revisions.py BEFORE [AFTER] [--steps 5] [--repeats 3] [--dtype float32] [--threads 2]
+                              [--label torch2.13]
 
-AFTER defaults to the working tree as it is (uncommitted changes included).
+AFTER defaults to the working tree as it is (uncommitted changes included). ``--label`` names the results file
+(revisions-<dtype>-<label>.json), to keep a run on another stack beside this one.
 """
 
 import argparse
@@ -47,6 +49,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--label", default="", help="added to the results file's name")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as parent:
         parent = Path(parent)
@@ -73,7 +76,7 @@ def main() -> None:
                     subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO,
                                    capture_output=True)
     medians = {side: median(values) for side, values in measured.items()}
-    path = write_result(f"revisions-{args.dtype}", {
+    path = write_result(f"revisions-{args.dtype}" + (f"-{args.label}" if args.label else ""), {
         "settings": vars(args), "step_seconds": measured, "completion_len": lengths, "median_s": medians,
         "after_over_before": medians["after"] / medians["before"], "paired_ratios": paired})
     label = {"before": args.before, "after": args.after or "working tree"}

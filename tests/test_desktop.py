@@ -170,6 +170,47 @@ def test_a_second_start_opens_its_window_on_the_training_that_went_on_in_the_bac
     assert not marker.exists()
 
 
+# A bare web view that imports triton once its page has loaded (OpenGL is in the process by then, and with Mesa's
+# software renderer the system's libLLVM), as torch._dynamo does when transformers first needs it; the window's own
+# start (desktop._load_tritons_llvm_first) runs before Qt does.
+LATE_TRITON = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from dragon_ui.ui import desktop
+desktop._load_tritons_llvm_first()
+from PyQt6.QtCore import QTimer
+from PyQt6.QtWidgets import QApplication
+from PyQt6.QtWebEngineWidgets import QWebEngineView
+app = QApplication(sys.argv[:1])
+view = QWebEngineView()
+def loaded(ok):
+    import triton
+    print("page loaded:", ok, "triton", triton.__version__, flush=True)
+    app.quit()
+view.loadFinished.connect(loaded)
+view.setHtml("<canvas width=200 height=100></canvas><p>the window</p>")
+view.show()
+QTimer.singleShot(60_000, app.quit)
+app.exec()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_triton_imported_while_the_window_shows_leaves_it_running(screen):
+    """torch's CUDA builds (what pip installs on Linux) bring triton, whose library carries an LLVM of its own:
+    imported after Mesa's had come into the window's process, it crashed that process (SIGSEGV), the server and any
+    training with it, at the first page action that imported transformers' generation code."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (torch's CPU build)")
+    flags = os.environ.get("QTWEBENGINE_CHROMIUM_FLAGS", "") + (" --no-sandbox" if os.geteuid() == 0 else "")
+    env = {**os.environ, "DISPLAY": screen, "QTWEBENGINE_CHROMIUM_FLAGS": flags.strip()}
+    done = subprocess.run([sys.executable, "-c", LATE_TRITON, str(REPO)], env=env, capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 0 and "page loaded: True" in done.stdout, (done.returncode, done.stderr[-3000:])
+
+
 def test_without_a_screen_it_says_so_and_opens_the_browser(tmp_path, monkeypatch):
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)

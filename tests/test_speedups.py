@@ -196,6 +196,18 @@ def test_self_checks_run_once_per_set_of_versions(fresh_registry, monkeypatch):
     assert len(json.loads((registry.cache_dir() / registry.CHECKS_FILE).read_text())) == 2
 
 
+def test_a_cache_folder_that_cannot_be_written_still_gets_the_checks_for_this_process(fresh_registry, monkeypatch,
+                                                                                      tmp_path, caplog):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("DRAGON_UI_CACHE", str(blocked / "cache"))
+    _torch_release(monkeypatch, "2.99.0")
+    with caplog.at_level("WARNING", logger=speedups.__name__):
+        selfcheck.ensure()
+    assert selfcheck.missing() == () and speedups.enabled("lean_adapter_layers")
+    assert any("could not be kept" in record.getMessage() for record in caplog.records)
+
+
 def test_the_checks_run_in_the_background_while_a_model_loads_and_apply_waits_for_them(fresh_registry,
                                                                                         tiny_model_dir, monkeypatch):
     import threading

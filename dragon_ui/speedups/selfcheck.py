@@ -22,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..errors import describe
+from ..files import cache_dir
 from . import lm_head, lora_layers, sampling, shared_prompts
 from .attention import short_sequence_attention
 from .registry import ALL, checking, record_self_checks, self_checks, stack_key
@@ -99,27 +101,30 @@ def missing(reread: bool = False) -> tuple[str, ...]:
 def _run_missing() -> None:
     global _running
     try:
-        from filelock import FileLock, Timeout
+        from filelock import Timeout
 
-        from ..files import cache_dir
-
-        cache_dir().mkdir(parents=True, exist_ok=True)
         try:  # one process checks; the others then read its results
-            with FileLock(str(cache_dir() / "speedup_checks.lock"), timeout=LOCK_WAIT_S):
+            with _one_process_at_a_time():
                 if names := missing(reread=True):
                     started = time.monotonic()
                     results = run(names)
                     log.info("Self-checked %d speed-ups on %s in %.1f s: %d passed.", len(results), stack_key(),
                              time.monotonic() - started, sum(r["passed"] for r in results.values()))
-        except Timeout:
-            log.warning("Another process held the speed-ups' self-checks for %d s; checking here without it.",
-                        LOCK_WAIT_S)
+        except (Timeout, OSError) as exc:  # another process's checks hang, or the cache folder is read-only
+            log.warning("The speed-ups' self-checks run without their lock (%s).", describe(exc))
             run(missing())
     except Exception:  # noqa: BLE001 - checking is a precaution; without results the unverified stay off
         log.exception("The speed-ups' self-checks could not run")
     finally:
         with _lock:
             _running = None
+
+
+def _one_process_at_a_time():
+    from filelock import FileLock
+
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    return FileLock(str(cache_dir() / "speedup_checks.lock"), timeout=LOCK_WAIT_S)
 
 
 def _sentence(exc: BaseException) -> str:

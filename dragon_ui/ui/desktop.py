@@ -126,6 +126,8 @@ def _leave(status: int) -> NoReturn:
 def _open_window(url: str, gui: str, driver: Driver | None, guarded: bool) -> CloseGuard | None:
     """Show the window until it is closed; ``guarded``: its closing asks about a run that trains in this process
     (the returned guard says what was answered)."""
+    if gui in ("qt", "gtk"):
+        _load_tritons_llvm_first()
     import webview
 
     if gui == "qt" and hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -148,6 +150,19 @@ def _open_window(url: str, gui: str, driver: Driver | None, guarded: bool) -> Cl
     webview.start(driver, window, gui=None if gui == "native" else gui, private_mode=False,
                   storage_path=str(cache_dir() / "webview"), icon=str(ICON) if ICON.is_file() else None)
     return guard
+
+
+def _load_tritons_llvm_first() -> None:
+    """Import triton (torch's CUDA builds install it) before the window's web view loads the system's OpenGL.
+
+    Both bring an LLVM: Mesa's libLLVM (its software renderer, the only one on a machine without a GPU, and its AMD
+    drivers) and the copy built into triton. With triton loaded after Mesa's LLVM, the process dies of SIGSEGV
+    inside triton's library the first time something imports torch._dynamo (the app's warm-up, a training's first
+    step), after Chromium's "Failed to load vulkan" and "Failed to connect to the bus" lines; loaded first, both
+    work (Debian 12: Mesa 22.3 with LLVM 15, triton 3.8, Qt 6.11). A fifth of a second, where triton is installed."""
+    if importlib.util.find_spec("triton") is not None:
+        with contextlib.suppress(Exception):  # a broken triton: torch will say so where it is needed
+            import triton  # noqa: F401
 
 
 # --------------------------------------------------------------------------------------------------------------------

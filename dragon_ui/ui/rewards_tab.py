@@ -599,8 +599,11 @@ def build(shared: Shared) -> Callable[[], None]:
     shown_editor = [kind, name, weight, help_text, *settings, add, save, remove]
     listing = [rewards, table, selected, status, *shown_editor]
     # always_last everywhere: a click while the previous one is still being handled runs after it, on the list
-    # that one left, instead of being dropped.
-    edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private"}
+    # that one left, instead of being dropped. One queue for every edit of the list: gradio reads a State input as
+    # an event starts, so an Add still being handled while a Remove (or a choice) started lost its reward when the
+    # later one wrote back the list it had read. Each edit takes milliseconds; the queue keeps their order.
+    edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
+             "concurrency_limit": 1, "concurrency_id": "reward-list-edits"}
     add.click(functools.partial(add_reward, public=public), [rewards, *values], listing, **edits)
     save.click(functools.partial(save_reward, public=public), [rewards, selected, *values], listing, **edits)
     remove.click(functools.partial(remove_reward, public=public), [rewards, selected], listing, **edits)
