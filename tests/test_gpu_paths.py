@@ -236,6 +236,7 @@ def test_previews_beside_a_cpu_training_are_refused(studio, training_elsewhere, 
         studio.inference_model(RunConfig().model)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU here, the preview runs on it")
 def test_a_4bit_cuda_run_is_previewed_on_this_cpu_in_full_precision(tiny_model_dir):
     cache = models.ModelCache()
     model, _ = cache.load(ModelConfig(id=str(tiny_model_dir)),
