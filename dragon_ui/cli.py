@@ -353,10 +353,6 @@ def _cmd_push(args) -> int:
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
-
-
 def _cmd_speedups(args) -> int:
     from .engine.libraries import import_all
     from .engine.models import quiet_library_deprecations
@@ -379,3 +375,7 @@ def _cmd_speedups(args) -> int:
     on = sum(row["on"] for row in rows)
     print(f"{on} of {len(rows)} on." + ("" if args.verify else " dragon speedups --verify runs the self-checks now."))
     return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -208,6 +208,18 @@ def test_a_cache_folder_that_cannot_be_written_still_gets_the_checks_for_this_pr
     assert any("could not be kept" in record.getMessage() for record in caplog.records)
 
 
+@pytest.mark.parametrize("kept", ['[1, 2]', '{"KEY": "nonsense"}', '{"KEY": {"results": {"shared_prompts": 1}}}',
+                                  '{"KEY": {"results": {"shared_prompts": {"passed": "yes"}}}}', 'not json'])
+def test_a_damaged_results_file_counts_as_not_checked_and_is_checked_again(kept, fresh_registry, monkeypatch):
+    _torch_release(monkeypatch, "2.99.0")
+    path = registry.cache_dir() / registry.CHECKS_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(kept.replace("KEY", registry.stack_key()))
+    assert set(selfcheck.missing()) == set(speedups.ALL) and not speedups.enabled("shared_prompts")
+    selfcheck.ensure()
+    assert selfcheck.missing() == () and speedups.enabled("shared_prompts")
+
+
 def test_the_checks_run_in_the_background_while_a_model_loads_and_apply_waits_for_them(fresh_registry,
                                                                                         tiny_model_dir, monkeypatch):
     import threading

@@ -264,11 +264,19 @@ def record_self_checks(results: dict[str, dict]) -> None:
 
 
 def _read_checks() -> dict:
+    """The kept results, each set of versions as record_self_checks wrote it; anything else in the file (a hand edit,
+    a half-written disk) counts as not checked, so it is checked again rather than read wrongly."""
     try:
         known = json.loads((cache_dir() / CHECKS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return known if isinstance(known, dict) else {}
+
+    def well_formed(entry) -> bool:
+        results = entry.get("results") if isinstance(entry, dict) else None
+        return isinstance(results, dict) and all(
+            isinstance(result, dict) and isinstance(result.get("passed"), bool) for result in results.values())
+
+    return {key: entry for key, entry in known.items() if well_formed(entry)} if isinstance(known, dict) else {}
 
 
 def switch_off(name: str, exc: BaseException) -> None:

@@ -46,6 +46,9 @@ def _check(name: str):
     return register
 
 
+# merged_sampling merges the lean adapter layers' weights: it has nothing to merge without them.
+CHECKED_TOGETHER = {"merged_sampling": ("lean_adapter_layers", "merged_sampling")}
+
 def run(names: tuple[str, ...] = ALL) -> dict[str, dict]:
     """Run the checks of ``names`` now, keep and return {name: {"passed", "why", "seconds"}}."""
     import torch
@@ -65,9 +68,6 @@ def run(names: tuple[str, ...] = ALL) -> dict[str, dict]:
     record_self_checks(results)
     return results
 
-
-# merged_sampling merges the lean adapter layers' weights: it has nothing to merge without them.
-CHECKED_TOGETHER = {"merged_sampling": ("lean_adapter_layers", "merged_sampling")}
 
 LOCK_WAIT_S = 120  # for another process's checks of the same versions, then this one checks on its own
 _lock = threading.Lock()
