@@ -13,6 +13,7 @@ What it saw goes to RESULT.json; the window's process exit status is this script
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import subprocess
 import sys
@@ -27,6 +28,16 @@ scenario, result_path = sys.argv[1], Path(sys.argv[2])
 config_path = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
 screenshot = Path(sys.argv[4]) if len(sys.argv) > 4 else None
 seen: dict = {"scenario": scenario}
+faulthandler.enable()  # a test that gives up on this process sends SIGABRT: every thread's stack
+
+
+STARTED = time.monotonic()
+
+
+def reached(phase: str) -> None:
+    """When the scenario reached ``phase``, in seconds since this process started: where a slow run spent its time."""
+    seen.setdefault("seconds", {})[phase] = round(time.monotonic() - STARTED, 1)
+    save()
 
 
 def save() -> None:
@@ -176,6 +187,8 @@ def the_question(main_window: str, seconds: float = 60.0) -> str:
 
 
 def drive(window) -> None:
+    from dragon_ui.engine import training
+
     try:
         seen["title"] = until(window, "document.querySelector('#tab-model-button') && document.title")
         window.evaluate_js("document.querySelector('#tab-model-button').click()")
@@ -200,27 +213,33 @@ def drive(window) -> None:
             window.destroy()
             return
         from dragon_ui.config import RunConfig
-        from dragon_ui.engine import training
 
+        reached("page")
         handle = training.start(RunConfig.from_file(config_path))
         seen["run_dir"] = str(handle.run_dir)
         deadline = time.monotonic() + 180
         while (handle.run.read_status().get("step") or 0) < 1 and time.monotonic() < deadline:
             time.sleep(0.5)
-        save()
+        if (handle.run.read_status().get("step") or 0) < 1:
+            raise TimeoutError(f"the run had not finished a step after 180 s: {handle.run.read_status()}")
+        reached("step 1")
         (main_window,) = xdotool("search", "--sync", "--name", f"^{desktop.TITLE}$").split()
         xdotool("windowactivate", "--sync", main_window, "key", "alt+F4")
         question = the_question(main_window)  # a second window of that title: the dialog asking what to do
+        reached("question")
         xdotool("windowactivate", "--sync", question, "key",
                 "Return" if scenario == "close-stop" else "Escape")
     except BaseException as exc:
         seen["error"] = f"{type(exc).__name__}: {exc}"
+        if (handle := training.active_run()) is not None:
+            handle.stop()  # else closing the window asks about it, and nobody is here to answer
+            handle.wait(60)
         window.destroy()
     finally:
         save()
 
 
-status = app.main(["--desktop"], desktop_driver=drive)
+status = app.main(["--desktop"], desktop_driver=drive)  # ends the process itself once the window has opened
 seen["exit"] = status
 save()
 sys.exit(status)

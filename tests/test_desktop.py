@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -58,25 +59,42 @@ def screen():
     assert number.isdigit(), "the virtual screen did not start (Xvfb named no display)"
     display = f":{number}"
     on_screen = {**os.environ, "DISPLAY": display}
-    answers(["xdotool", "getdisplaygeometry"], on_screen, "the virtual screen")
-    manager = subprocess.Popen(["openbox"], env=on_screen, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    answers(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], on_screen, "the window manager", "window id")
-    yield display
-    manager.terminate()
-    server.terminate()
+    manager = None
+    try:
+        answers(["xdotool", "getdisplaygeometry"], on_screen, "the virtual screen")
+        manager = subprocess.Popen(["openbox"], env=on_screen, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        answers(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], on_screen, "the window manager", "window id")
+        yield display
+    finally:
+        # Waited for: a server still shutting down keeps its display's socket, and the next screen given that
+        # number (Xvfb reuses it once the lock file is gone) then refused its window manager.
+        for process in (manager, server):
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=30)
 
 
 def drive(display: str, tmp_path: Path, scenario: str, config: Path | None = None, screenshot: Path | None = None,
           timeout: float = 240) -> tuple[dict, subprocess.CompletedProcess]:
     result = tmp_path / "seen.json"
+    answers(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], {**os.environ, "DISPLAY": display},
+            "the window manager (still)", "window id", seconds=5)  # the closing scenarios' Alt+F4 needs it
     env = {**os.environ, "DISPLAY": display, "DRAGON_UI_RUNS_DIR": str(tmp_path / "runs"),
            "DRAGON_UI_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, str(DRIVER), scenario, str(result), str(config or "")]
     if screenshot is not None:
         command.append(str(screenshot))
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)  # the driver's faulthandler prints every thread's stack
+            out, err = process.communicate()
+            seen = json.loads(result.read_text()) if result.is_file() else {}
+            pytest.fail(f"the window's process was still running after {timeout:.0f} s; it had seen {seen}\n"
+                        f"{out[-2000:]}\n{err[-12000:]}")
     seen = json.loads(result.read_text()) if result.is_file() else {}
-    return seen, done
+    return seen, subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
 @pytest.mark.timeout(300)
