@@ -291,9 +291,9 @@ def _cmd_score(args) -> int:
     if not isinstance(items, list):
         raise ConfigError(f"{path.name} must hold a list of rewards, or a run configuration with a `rewards:` list.")
     # A whole config gives TRL's length and repetition rewards their tokenizer and length limit; a list of rewards
-    # counts with the default model's up to the default limit.
-    base = (RunConfig.from_dict({**data, "rewards": items}) if isinstance(data, dict)
-            else RunConfig(rewards=parse_rewards(items)))
+    # (alone or as {"rewards": [...]}) counts with the default model's up to the default limit.
+    whole_config = isinstance(data, dict) and set(data) - {"rewards"}
+    base = RunConfig.from_dict(data) if whole_config else RunConfig(rewards=parse_rewards(items))
     specs = base.rewards
     tokenizer = None
     if counts_tokens(specs):

@@ -63,9 +63,14 @@ def test_train_runs_eval_in_process(config_file, runs_dir, capsys):
         assert "stopped — can resume" in out and "cancelled" not in out
 
 
-def test_score_prints_per_reward_json(tmp_path, capsys):
+@pytest.mark.parametrize("text", [
+    "- kind: numeric\n- kind: length\n  max_chars: 12\n  weight: 0.3\n",  # a list of rewards
+    '{"rewards": [{"kind": "numeric"}, {"kind": "length", "max_chars": 12, "weight": 0.3}]}',  # the same, under rewards:
+    "data: {source: arithmetic, prompt: question, reference: answer}\nrewards:\n- kind: numeric\n- kind: length\n  max_chars: 12\n  weight: 0.3\n",  # a run
+])
+def test_score_prints_per_reward_json(tmp_path, capsys, text):
     rewards = tmp_path / "rewards.yaml"
-    rewards.write_text("- kind: numeric\n- kind: length\n  max_chars: 12\n  weight: 0.3\n", encoding="utf-8")
+    rewards.write_text(text, encoding="utf-8")
     assert main(["score", "--rewards", str(rewards), "--completion", "The answer is 1,234.", "--reference", "1234"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["scores"]["numeric"] == 1.0
