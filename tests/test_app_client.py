@@ -168,3 +168,20 @@ def test_client_errors_are_sentences(studio, client, tmp_path, tiny_model_dir):
         client.predict(config, api_name="/start")
     assert "Traceback" not in str(started.value)
     assert studio.runs() == []
+
+
+@pytest.mark.parametrize("source", ["someone/their-dataset", "missing.csv"])
+def test_check_says_what_dragon_check_says(client, tmp_path, tiny_model_dir, capsys, source):
+    """/check reads the data as `dragon check` does: a Hub dataset that cannot be reached (tests run offline) or a
+    file that is not there is refused by both, in the same sentence."""
+    import yaml
+
+    from dragon_ui.cli import main
+
+    config = tiny_config(client, write_arithmetic_csv(tmp_path / "small.csv"), tiny_model_dir)
+    config["data"]["source"] = source if "/" in source else str(tmp_path / source)
+    problem = client.predict(config, api_name="/check")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert main(["check", str(tmp_path / "config.yaml")]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said == f"error: {problem}" and "data.source" in problem, (said, problem)

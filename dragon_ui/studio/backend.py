@@ -136,6 +136,13 @@ class Studio:
         policy.check_run(config)
         return config
 
+    def check(self, draft: dict) -> RunConfig:
+        """What ``dragon check`` checks: the settings, then the data, prompts and rewards read as a Start reads them
+        (a Hub dataset that cannot be reached is refused here, not at Start)."""
+        config = self.validate(draft)
+        training.inspect(config)
+        return config
+
     def check_sampling(self, replies: int) -> None:
         """Refuse a playground group larger than a public demo's limit of completions per step: sampling it takes
         the machine from everyone like a training step does."""

@@ -199,7 +199,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         def remember(draft: dict, pristine: dict, auto_name: str):
             return {"draft": draft, "pristine": pristine, "auto_name": auto_name}
 
-        form.watch(remember, [saved], [shared.pristine, shared.auto_name])
+        form.watch(remember, [saved], [shared.pristine, shared.auto_name], alone=True)
         form.connect_watchers()
         # The page's first paint shows the default recipe, before any event is answered: every tab's fill of it,
         # and what the tabs work out from it quickly (the Data tab's table, the playground's rows), made the
@@ -296,9 +296,10 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             return studio.load_recipe(name)
 
         def check(config: dict) -> str:
-            """"valid", or the first problem, in the configuration file's words (dotted setting names)."""
+            """"valid", or the first problem, in the configuration file's words (dotted setting names): what
+            ``dragon check`` says of the same file."""
             try:
-                studio.validate(config)
+                studio.check(config)
             except DragonError as exc:
                 return str(exc)
             return "valid"
