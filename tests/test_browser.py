@@ -19,6 +19,7 @@ import json
 import os
 import re
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -381,6 +382,55 @@ def kept_draft(page, studio) -> dict:
     padded = decryptor.update(salted[16:]) + decryptor.finalize()
     unpadder = padding.PKCS7(128).unpadder()
     return (json.loads(unpadder.update(padded) + unpadder.finalize()) or {}).get("draft") or {}
+
+
+def test_a_reload_just_after_an_edit_keeps_every_kind_of_field(page, studio, monkeypatch):
+    """A number, a text box, a radio, a dropdown, a checkbox and a slider, each changed, then a reload as soon as
+    the browser has kept them. The keeping waits for no preview: here the Model tab's check hangs (its hardware
+    detection, which a cold start's torch import made take seconds) until after the reload, and a reload three
+    seconds after typing Max steps found 0 again."""
+    wait_until_loaded(page)
+    checkpointing = "#model-training-gradient-checkpointing input"
+    open_tab(page, "model")
+    was_checked = page.locator(checkpointing).is_checked()
+    released, detect = threading.Event(), studio.hardware
+    monkeypatch.setattr(studio, "hardware", lambda refresh=False: released.wait(120) and detect(refresh))
+    try:
+        type_into(page, "#model-training-max-steps input", "42")
+        page.locator("#model-hardware-device").get_by_label("cpu").check()
+        choose(page, "#model-grpo-loss-type", "bnpo")
+        page.locator(checkpointing).click()
+        open_tab(page, "data")
+        type_into(page, "#data-eval-frac input[type=number]", "0.2")
+        open_tab(page, "model")
+        type_into(page, "#model-run-name textarea", "kept-run")
+        page.locator("#model-run-name textarea").press("Tab")
+        wanted = {("training", "max_steps"): 42, ("hardware", "device"): "cpu", ("grpo", "loss_type"): "bnpo",
+                  ("training", "gradient_checkpointing"): not was_checked, ("data", "eval_frac"): 0.2,
+                  ("name",): "kept-run"}
+        deadline = time.monotonic() + 30
+        while any(at(kept_draft(page, studio), path) != value for path, value in wanted.items()):
+            assert time.monotonic() < deadline, kept_draft(page, studio)
+            time.sleep(0.2)
+    finally:
+        released.set()
+
+    page.reload()
+    wait_until_loaded(page)
+    open_tab(page, "model")
+    expect(page.locator("#model-training-max-steps input")).to_have_value("42")
+    expect(page.locator("#model-hardware-device").get_by_label("cpu")).to_be_checked()
+    expect(page.locator("#model-grpo-loss-type input")).to_have_value("bnpo")
+    expect(page.locator(checkpointing)).to_be_checked(checked=not was_checked)
+    expect(page.locator("#model-run-name textarea")).to_have_value("kept-run")
+    open_tab(page, "data")
+    expect(page.locator("#data-eval-frac input[type=number]")).to_have_value("0.2")
+
+
+def at(draft: dict, path: tuple[str, ...]):
+    for key in path:
+        draft = draft.get(key) if isinstance(draft, dict) else None
+    return draft
 
 
 def test_a_reload_mid_edit_keeps_the_draft(page, studio):

@@ -45,6 +45,7 @@ class Form:
         self.loaded = loaded  # the draft last loaded: the settings the form does not show come from it
         self.fields: list[FormField] = []
         self._watchers: list[tuple[Callable[..., Any], list, list]] = []
+        self._alone: list[tuple[Callable[..., Any], list, list]] = []
 
     def add(self, path: str, component, to_draft: Callable[[Any], Any] = lambda value: value, label: str | None = None):
         self.fields.append(FormField(path, component, label or component.label or path, to_draft))
@@ -87,9 +88,14 @@ class Form:
 
         return handler
 
-    def watch(self, fn: Callable[..., Any], outputs: list, inputs: list = ()) -> None:
-        """Run ``fn(draft, *inputs)`` for ``outputs`` after every change of the form."""
-        self._watchers.append((fn, list(outputs), list(inputs)))
+    def watch(self, fn: Callable[..., Any], outputs: list, inputs: list = (), alone: bool = False) -> None:
+        """Run ``fn(draft, *inputs)`` for ``outputs`` after every change of the form; ``alone``: in an event of its
+        own, so that its answer does not wait for the slowest of the others (the draft the browser keeps, which a
+        reload seconds after an edit must find, waited for a cold start's hardware detection)."""
+        if alone:
+            self._alone.append((fn, list(outputs), list(inputs)))
+        else:
+            self._watchers.append((fn, list(outputs), list(inputs)))
 
     def connect_watchers(self) -> None:
         """One event for every change of the form that runs all watchers on one draft: each event costs the page
@@ -119,6 +125,9 @@ class Form:
         edits.change(on_change, [*self.inputs, *(c for _, _, inputs in self._watchers for c in inputs)],
                      [c for _, outputs, _ in self._watchers for c in outputs], trigger_mode="always_last",
                      show_progress="hidden", api_visibility="private")
+        for fn, outputs, inputs in self._alone:
+            edits.change(self.takes_draft(fn), [*self.inputs, *inputs], outputs, trigger_mode="always_last",
+                         show_progress="hidden", api_visibility="private")
 
 
 # The count of the form's edits (Form.connect_watchers). The first change of a burst opens it and every change until
