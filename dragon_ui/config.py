@@ -20,15 +20,14 @@ from typing import Any
 
 from .data import DataConfig
 from .errors import ConfigError, check_length, first_line
-from .rewards import RewardSpec, parse_rewards
+from .grpo_math import AGGREGATIONS, SCALE_REWARDS
+from .rewards import RewardSpec, check_some_weight, parse_rewards
 from .rewards.trl_rewards import overlong_window
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 RUNS_DIR_ENV = "DRAGON_UI_RUNS_DIR"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 # GRPOSettings fields that are TRL GRPOConfig fields of the same name and meaning (passed to TRL as they are).
 GRPO_VARIANTS = ("importance_sampling_level", "epsilon", "epsilon_high", "mask_truncated_completions", "num_iterations",
                  "multi_objective_aggregation", "top_entropy_quantile", "entropy_coef", "top_p", "top_k", "min_p",
@@ -418,8 +417,7 @@ class RunConfig:
         _check_range("n_samples", self.n_samples, 0, 10_000, "held-out prompts kept as sample replies")
         if self.hardware.load_in_4bit and not self.lora.enabled:
             raise ConfigError("hardware.load_in_4bit needs LoRA (lora.enabled: true): 4-bit weights cannot be trained directly.")
-        if not any(spec.weight > 0 for spec in self.rewards):
-            raise ConfigError("Every reward in rewards has weight 0, so the total reward is always 0 and nothing can be learned.")
+        check_some_weight(self.rewards, "rewards")
         for index, spec in enumerate(self.rewards):
             if spec.kind == "overlong":
                 overlong_window(spec, self.grpo.max_new_tokens, f"rewards[{index}]")

@@ -14,6 +14,7 @@ from dragon_ui.data import DataConfig, prompt_text, read_table
 from dragon_ui.studio.playground import (
     PREVIEW_ROWS,
     RENDERED_ROWS,
+    advantages_of,
     data_config,
     fit_mapping,
     generate_groups,
@@ -257,11 +258,11 @@ def test_score_group_totals_and_advantages(completions, totals, advantages):
     assert group.prompt == "What is 66 + 24?" and group.reference == "90"
     assert group.reward_names == ["numeric", "length"]
     assert group.totals == pytest.approx(totals)
-    assert group.advantages == pytest.approx(advantages, abs=1e-6)
+    (shown,) = advantages_of([group], ARITHMETIC_REWARDS, GRPOSettings(scale_rewards="group"))
+    assert shown == pytest.approx(advantages, abs=1e-6)
     rewards = torch.tensor(group.totals, dtype=torch.float64)
     trl = (rewards - rewards.mean()) / (nanstd(rewards) + 1e-4)
-    assert group.advantages == pytest.approx(trl.tolist(), abs=1e-6)
-    assert group.std == pytest.approx(nanstd(rewards).item(), abs=1e-6)
+    assert shown == pytest.approx(trl.tolist(), abs=1e-6)
 
 
 @pytest.mark.parametrize("completions, fires", [
@@ -296,7 +297,7 @@ def test_generate_groups_with_the_tiny_model(tiny_model_dir, tiny_tokenizer):
                                   GRPOSettings(group_size=3, temperature=1.0, max_new_tokens=4)))
     assert [g.prompt for g in groups] == ["What is 12 + 30?", "What is 1 + 1?"]
     assert all(len(g.completions) == 3 and len(g.results) == 3 for g in groups)
-    assert all(sum(g.advantages) == pytest.approx(0.0, abs=1e-9) for g in groups)
+    assert all(sum(a) == pytest.approx(0.0, abs=1e-9) for a in advantages_of(groups, ARITHMETIC_REWARDS, GRPOSettings()))
 
 
 

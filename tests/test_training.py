@@ -352,18 +352,6 @@ def test_groups_that_all_scored_the_same_are_counted_from_the_scores_the_run_wro
     assert "no_spread" in {alert.kind for alert in alerts}
 
 
-@pytest.mark.parametrize("totals, share", [
-    ([[1.0, 1.0], [0.0, 1.0]], 0.5),
-    ([[1.3, 1.3000000000000003, 1.2999999999999998]], 1.0),  # float noise on a weighted total is no spread
-    ([[0.0, 1e-3]], 0.0),
-    ([[5.0]], None),  # a group of one has no spread to speak of
-    ([], None),
-])
-def test_the_zero_spread_share_reads_each_groups_totals(totals, share):
-    groups = [{"completions": [{"total": total} for total in group]} for group in totals]
-    assert progress.zero_spread_share(groups) == share
-
-
 def test_the_log_shows_the_latest_steps_pace_and_the_eta_leaves_the_first_step_out():
     """Rows logged at these times after a session that started at step 10 (a resume) at t=100: a slow first step
     (loading, warm-up) and then steps of 8 s, with one row covering two steps."""

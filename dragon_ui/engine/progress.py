@@ -16,6 +16,7 @@ from transformers import TrainerCallback
 
 from ..config import RunConfig
 from ..errors import Stopped
+from ..grpo_math import no_spread_share, weighted_total
 from ..rewards import Reward, RewardFailures, completion_text, last_user_text
 from ..runstore import RunDir
 from ..scaleout import distributed
@@ -139,7 +140,7 @@ class RunStoreCallback(TrainerCallback):
             **{f"reward_{r.name}": logs.get(f"rewards/{r.name}/mean") for r in self.rewards},
             "completion_len": logs.get("completions/mean_length"),
             "clipped_ratio": logs.get("completions/clipped_ratio"),
-            "frac_reward_zero_std": zero_spread_share(groups),
+            "frac_reward_zero_std": no_spread_share([c["total"] for c in g["completions"]] for g in groups),
             "step_time_s": logs.get("step_time"),
             "peak_gpu_mem_gb": peak_gpu_memory_gb(),
             "world_size": distributed.world_size(),
@@ -173,33 +174,20 @@ class RunStoreCallback(TrainerCallback):
         prompts, completions, advantages = list(logs["prompt"]), list(logs["completion"]), list(logs["advantages"])
         references = list(logs["extra"].get("reference", []))
         per_reward = {r.name: list(logs["rewards"].get(r.name, [])) for r in self.rewards}
-        group_size = self.config.grpo.group_size
+        group_size, weights = self.config.grpo.group_size, {r.name: r.weight for r in self.rewards}
         groups = []
         for start in range(0, len(prompts), group_size):
             items = []
             for i in range(start, min(start + group_size, len(prompts))):
                 scores = {name: finite_or_none(values[i]) if i < len(values) else None for name, values in per_reward.items()}
-                total = sum((scores[r.name] or 0.0) * r.weight for r in self.rewards)
-                items.append({"text": completion_text(completions[i]), "scores": scores, "total": round(total, 6),
+                total = weighted_total(scores, weights)
+                items.append({"text": completion_text(completions[i]), "scores": scores,
+                              "total": None if total is None else round(total, 6),
                               "advantage": finite_or_none(advantages[i]) if i < len(advantages) else None})
             groups.append({"prompt": last_user_text(prompts[start]),
                            "reference": references[start] if start < len(references) else "",
                            "completions": items})
         return groups
-
-
-def zero_spread_share(groups: list[dict]) -> float | None:
-    """The share of a step's groups whose completions all scored the same weighted total: GRPO learns nothing from
-    them. Read from the totals the run wrote, to a relative tolerance: TRL's own frac_reward_zero_std compares the
-    float32 spread with zero at an absolute 1e-8, so rounding in a weighted total (1.0 + 0.3) hides such groups."""
-    spreads = []
-    for group in groups:
-        totals = [item["total"] for item in group["completions"] if isinstance(item.get("total"), (int, float))]
-        if len(totals) > 1:
-            spreads.append(max(totals) - min(totals) <= 1e-6 * max(1.0, *(abs(total) for total in totals)))
-    return sum(spreads) / len(spreads) if spreads else None
-
-
 
 
 def finish_checkpoint(run: RunDir, config: RunConfig, step: int) -> None:

@@ -417,6 +417,14 @@ def _check_kind(spec: RewardSpec, where: str) -> None:
             load_custom_function(spec, None, where)
 
 
+def check_some_weight(specs: list[RewardSpec], where: str = "") -> None:
+    """A list whose every weight is 0 scores every completion 0: nothing to learn from. ``where``: the list's name in
+    a configuration file ("rewards"); the Rewards tab, which shows the list, names none."""
+    if not any(spec.weight > 0 for spec in specs):
+        raise ConfigError(f"Every reward{f' in {where}' if where else ''} has weight 0, so the total is always 0 and "
+                          "nothing can be learned; give one a weight above 0.")
+
+
 def parse_rewards(items: list, where: str = "rewards") -> list[RewardSpec]:
     """Validate a whole reward list: not empty, each entry valid, names unique (they become column names)."""
     if not isinstance(items, (list, tuple)) or not items:

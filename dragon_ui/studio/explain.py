@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DragonError
+from ..grpo_math import STD_EPSILON, advantages, has_spread, known, sample_std
 from ..runstore import RunDir, read_json
 from .monitor import finite_number
 
-STD_EPSILON = 1e-4  # TRL adds this to the spread before dividing, so a group whose scores barely differ stays finite
-SAME = 1e-6  # totals closer than this (relative) count as equal: float32 rounding of a weighted sum is not a spread
 AGREE = 1e-3  # our advantage and TRL's, equal up to float32 arithmetic and the 6 decimals the run keeps
 
 # How each loss type turns a completion's advantage into its share of the update (TRL 1.16's compute_loss), in words
@@ -59,13 +58,13 @@ class CompletionNumbers:
     number: int  # 1-based, as the rollout viewer numbers them
     scores: dict[str, float | None]
     total: float | None
-    advantage: float | None  # ours, from the totals
+    advantage: float  # ours, from the totals (grpo_math)
     logged: float | None  # TRL's
 
     @property
     def direction(self) -> str:
         """"up", "down" or "same": what the step does to this completion's probability."""
-        if self.advantage is None or abs(self.advantage) < AGREE:
+        if abs(self.advantage) < AGREE:
             return "same"
         return "up" if self.advantage > 0 else "down"
 
@@ -90,8 +89,7 @@ class GroupExplanation:
 
     @property
     def no_spread(self) -> bool:
-        totals = [c.total for c in self.completions if c.total is not None]
-        return len(totals) < 2 or max(totals) - min(totals) <= SAME * max(1.0, *(abs(t) for t in totals))
+        return not has_spread(c.total for c in self.completions)
 
     @property
     def agrees(self) -> bool | None:
@@ -99,29 +97,10 @@ class GroupExplanation:
             1.0, *(abs(c.logged) for c in self.completions if c.logged is not None))
 
 
-def _sample_std(values: list[float]) -> float | None:
-    return statistics.stdev(values) if len(values) > 1 else None
-
-
-def _totals(group: dict) -> list[float | None]:
-    return [finite_number(c.get("total")) if isinstance(c, dict) else None for c in group.get("completions") or []]
-
-
-def _normalised_sums(group: dict, weights: dict[str, float]) -> list[float | None]:
-    """GDPO (TRL's normalize_then_sum): each reward's scores made relative to the group, (s - mean) / (std + ε), then
-    weighted and added up, per completion; None for a completion missing a score."""
-    items = [c if isinstance(c, dict) else {} for c in group.get("completions") or []]
-    columns = {name: [finite_number((c.get("scores") or {}).get(name)) for c in items] for name in weights}
-    normalised: dict[str, list[float | None]] = {}
-    for name, values in columns.items():
-        known = [v for v in values if v is not None]
-        mean, spread = (statistics.fmean(known) if known else 0.0), (_sample_std(known) or 0.0) + STD_EPSILON
-        normalised[name] = [None if v is None else (v - mean) / spread for v in values]
-    sums = []
-    for index in range(len(items)):
-        parts = [normalised[name][index] for name in weights]
-        sums.append(None if None in parts else sum(weights[name] * part for name, part in zip(weights, parts)))
-    return sums
+def _scores(item: Any) -> dict[str, float | None]:
+    scores = item.get("scores") if isinstance(item, dict) else None
+    return {str(name): finite_number(value) for name, value in (scores or {}).items()} if isinstance(scores, dict) \
+        else {}
 
 
 def explain_group(rollout: dict, group_number: int, config: dict, kl: float | None = None) -> GroupExplanation:
@@ -132,42 +111,26 @@ def explain_group(rollout: dict, group_number: int, config: dict, kl: float | No
         raise ExplainError(f"Step {rollout.get('step', '?')} has {len(groups)} groups; there is no group {group_number}.")
     grpo = config.get("grpo") or {}
     scale = str(grpo.get("scale_rewards", "group"))
+    aggregation = str(grpo.get("multi_objective_aggregation", "sum_then_normalize"))
     weights = {str(r.get("name") or r.get("kind")): float(r.get("weight", 1.0))
                for r in config.get("rewards") or [] if isinstance(r, dict)}
-    group = groups[group_number - 1]
-    totals = _totals(group)
-    known = [t for t in totals if t is not None]
-    mean = statistics.fmean(known) if known else None
-    spread = _sample_std(known)
-    aggregation = str(grpo.get("multi_objective_aggregation", "sum_then_normalize"))
-    compared = totals  # what the advantage compares: the weighted totals, or (GDPO) the sums of normalised scores
-    if aggregation == "normalize_then_sum":
-        sums = [_normalised_sums(g, weights) for g in groups]
-        everything = [v for values in sums for v in values if v is not None]
-        compared, mean_used = sums[group_number - 1], statistics.fmean(everything) if everything else None
-        divisor = (_sample_std(everything) or 0.0) + STD_EPSILON
-    elif scale == "batch":
-        everything = [t for g in groups for t in _totals(g) if t is not None]
-        divisor = (_sample_std(everything) or 0.0) + STD_EPSILON
-    elif scale == "none":
-        divisor = None
-    else:
-        divisor = (spread or 0.0) + STD_EPSILON
-    if aggregation != "normalize_then_sum":
-        mean_used = mean
+    items = [[c if isinstance(c, dict) else {} for c in g.get("completions") or []] for g in groups]
+    totals = [[finite_number(c.get("total")) for c in group] for group in items]
+    worked_out = advantages([[_scores(c) for c in group] for group in items], weights, scale, aggregation, totals)
+    index = group_number - 1
+    group, group_totals = groups[index], totals[index]
+    values = known(group_totals)
     completions, differences = [], []
-    for number, (item, total, value) in enumerate(zip(group.get("completions") or [], totals, compared), start=1):
-        item = item if isinstance(item, dict) else {}
-        ours = None if value is None or mean_used is None else (value - mean_used) / (divisor or 1.0)
+    for number, (item, total, ours) in enumerate(zip(items[index], group_totals, worked_out.values[index]), start=1):
         logged = finite_number(item.get("advantage"))
-        if ours is not None and logged is not None:
+        if logged is not None:
             differences.append(abs(ours - logged))
-        scores = {str(name): finite_number(value) for name, value in (item.get("scores") or {}).items()}
-        completions.append(CompletionNumbers(number, scores, total, ours, logged))
+        completions.append(CompletionNumbers(number, _scores(item), total, ours, logged))
     return GroupExplanation(
         step=int(rollout.get("step") or 0), group=group_number, prompt=str(group.get("prompt", "")),
-        reference=str(group.get("reference", "")), weights=weights, completions=completions, mean=mean,
-        spread=spread, divisor=divisor, scale_rewards=scale, aggregation=aggregation,
+        reference=str(group.get("reference", "")), weights=weights, completions=completions,
+        mean=statistics.fmean(values) if values else None, spread=sample_std(values),
+        divisor=worked_out.divisors[index], scale_rewards=scale, aggregation=aggregation,
         loss_type=str(grpo.get("loss_type", "dapo")),
         beta=float(grpo.get("beta", 0.0) or 0.0), kl=finite_number(kl),
         largest_difference=max(differences) if differences else None)
@@ -248,7 +211,7 @@ def plain_words(explained: GroupExplanation) -> list[str]:
 
 
 def _typical(e: GroupExplanation) -> float:
-    sizes = [abs(c.advantage) for c in e.completions if c.advantage is not None]
+    sizes = [abs(c.advantage) for c in e.completions]
     return statistics.fmean(sizes) if sizes else 0.0
 
 

@@ -8,7 +8,6 @@ or a reward that gives every reply the same score then shows up here instead of 
 from __future__ import annotations
 
 import json
-import statistics
 import threading
 import time
 from collections import OrderedDict
@@ -20,6 +19,7 @@ from ..engine.reward_models import classifiers_on
 from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locate, map_rows, prompt_text, read_table,
                    rows_to_read)
 from ..errors import ConfigError, DragonError, first_line
+from ..grpo_math import advantages, has_spread
 from ..rewards import (Reward, ScoreResult, build_rewards, counts_tokens, parse_rewards, score_completion,
                        score_completions)
 from ..tables import Table
@@ -27,7 +27,6 @@ from ..tables import Table
 PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
 RENDERED_ROWS = 3  # rows whose full chat prompt is shown
 LENGTH_SAMPLE = 2000  # prompts measured for the length statistics; enough for min/mean/max, fast on big datasets
-ADVANTAGE_EPSILON = 1e-4  # as in GRPO: (total - mean) / (std + epsilon)
 TOKENIZER_RETRY_S = 60  # a tokenizer that failed to load (e.g. the Hub was unreachable) is tried again after this
 
 # Column names that usually hold the prompt / the reference answer, tried in this order when a new file arrives.
@@ -366,17 +365,14 @@ def score_example(rewards: list[Reward], example: dict, completion: str) -> Scor
                             prompt=prompt_text(example), row=json.loads(example.get("row") or "{}"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class GroupScores:
-    """The replies to one prompt, scored, with GRPO's advantage: how much better than the group's mean each one is."""
+    """The replies to one prompt, scored (the advantages come with the other groups sampled with it: advantages_of)."""
 
     prompt: str
     reference: str
     completions: list[str]
     results: list[ScoreResult]
-    advantages: list[float]
-    mean: float
-    std: float
 
     @property
     def totals(self) -> list[float]:
@@ -388,25 +384,25 @@ class GroupScores:
 
 
 def score_group(rewards: list[Reward], example: dict, completions: list[str]) -> GroupScores:
-    """Score every completion of one prompt and normalise within the group like GRPO: (total - mean) / (std + 1e-4).
-
-    The standard deviation is the sample one (n - 1), as TRL computes it per group.
-    """
+    """Score every completion of one prompt."""
     count = len(completions)
     results = score_completions(rewards, list(completions), [example.get("reference") or None] * count,
                                 [prompt_text(example)] * count, [json.loads(example.get("row") or "{}")] * count)
-    totals = [result.total for result in results]
-    mean = statistics.fmean(totals) if totals else 0.0
-    std = statistics.stdev(totals) if len(totals) > 1 else 0.0
-    advantages = [(total - mean) / (std + ADVANTAGE_EPSILON) for total in totals]
-    return GroupScores(prompt_text(example), example.get("reference", ""), list(completions), results, advantages,
-                       mean, std)
+    return GroupScores(prompt_text(example), example.get("reference", ""), list(completions), results)
+
+
+def advantages_of(groups: list[GroupScores], rewards: list[Reward], grpo: GRPOSettings) -> list[list[float]]:
+    """GRPO's advantage of every reply, the groups sampled together taken as one step's batch, with the run's
+    scale_rewards and multi_objective_aggregation: the advantages training would give them."""
+    return advantages([[result.scores for result in group.results] for group in groups],
+                      {reward.name: reward.weight for reward in rewards}, grpo.scale_rewards,
+                      grpo.multi_objective_aggregation, totals=[group.totals for group in groups]).values
 
 
 def no_signal_warning(group: GroupScores) -> str | None:
     """The sentence to show when every reply of a group scored the same: GRPO then has nothing to learn from it."""
     totals = group.totals
-    if len(totals) < 2 or max(totals) - min(totals) > 1e-6:
+    if len(totals) < 2 or has_spread(totals):  # a lone reply is no group to warn about
         return None
     return (f"All {len(totals)} replies to this prompt scored {totals[0]:.2f}: GRPO learns nothing from this group. "
             "Try a higher temperature, a larger group, partial-credit rewards (length, format, json keys), "

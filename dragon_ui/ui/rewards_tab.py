@@ -28,11 +28,11 @@ import pandas as pd
 from ..data import prompt_text
 from ..errors import DragonError
 from ..studio.draft import place_problem
-from ..studio.playground import (PREVIEW_ROWS, GroupScores, data_config, generate_groups, no_signal_warning,
-                                 playground_rewards, preview_examples, reward_failures,
+from ..studio.playground import (PREVIEW_ROWS, GroupScores, advantages_of, data_config, generate_groups,
+                                 no_signal_warning, playground_rewards, preview_examples, reward_failures,
                                  score_example)
-from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, build_rewards, kind_fields,
-                       parse_rewards, public_demo_refusal, reward_rule)
+from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, build_rewards, check_some_weight,
+                       kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..engine.reward_models import classifiers_on
 from ..studio.backend import Studio
 from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, shows_errors
@@ -292,12 +292,9 @@ def rewards_problem(rewards: list[dict]) -> str:
     if not rewards:
         return message("Add at least one reward: training needs something to score replies with.", "warn")
     try:
-        specs = parse_rewards(rewards)
+        check_some_weight(parse_rewards(rewards))
     except DragonError as exc:
         return _problem(exc, rewards)
-    if not any(spec.weight > 0 for spec in specs):
-        return message("Every reward has weight 0, so the total is always 0 and nothing can be learned; give one "
-                       "a weight above 0.", "error")
     return ""
 
 
@@ -365,14 +362,15 @@ def score_typed(draft: dict, row: int | None, completion: str) -> tuple:
     return table, total
 
 
-def group_table(groups: list[GroupScores], first_row: int, reward_names: list[str] | None = None,
-                unscored: list[str] = ()) -> pd.DataFrame:
-    """One line per sampled reply: which row, the reply, each reward's score, the total and the advantage; then the
-    ``unscored`` replies to the next row as far as they are generated, their scores still blank."""
+def group_table(groups: list[GroupScores], first_row: int, advantages: list[list[float]] = (),
+                reward_names: list[str] | None = None, unscored: list[str] = ()) -> pd.DataFrame:
+    """One line per sampled reply: which row, the reply, each reward's score, the total and the advantage (one list
+    per group: advantages_of); then the ``unscored`` replies to the next row as far as they are generated, their
+    scores still blank."""
     names = groups[0].reward_names if groups else list(reward_names or [])
     lines = []
-    for offset, group in enumerate(groups):
-        for completion, result, advantage in zip(group.completions, group.results, group.advantages, strict=True):
+    for offset, (group, advantage_of) in enumerate(zip(groups, advantages, strict=True)):
+        for completion, result, advantage in zip(group.completions, group.results, advantage_of, strict=True):
             lines.append([first_row + offset + 1, completion, *(round(result.scores[n], 3) for n in names),
                           round(result.total, 3), round(advantage, 2) + 0.0])  # + 0.0: no "-0.0"
     lines += [[first_row + len(groups) + 1, reply, *[""] * (len(names) + 2)] for reply in unscored]
@@ -444,7 +442,7 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
         return
-    group_size, started, groups = config.grpo.group_size, time.monotonic(), []
+    group_size, started, groups, shown = config.grpo.group_size, time.monotonic(), [], []
     yield (message(f"Generating {group_size} replies to row {row + 1} (temperature {config.grpo.temperature:g}, up "
                    f"to {config.grpo.max_new_tokens} tokens each)…", "info"), gr.skip(), "")
     names = [reward.name for reward in rewards]
@@ -453,14 +451,16 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
             yield message(sampled, "error"), gr.skip(), gr.skip()
             return
         if isinstance(sampled, list):  # replies to the next row, as far as they go
-            yield gr.skip(), group_table(groups, row, names, sampled), gr.skip()
+            yield gr.skip(), group_table(groups, row, shown, names, sampled), gr.skip()
             continue
         groups.append(sampled)
+        shown = advantages_of(groups, rewards, config.grpo)  # the rows sampled together are one step's batch
         done = len(groups) == len(examples)
         progress = (f"Sampled {len(groups) * group_size} replies to {len(groups)} row(s) in "
                     f"{time.monotonic() - started:.1f} s." if done else
                     f"Row {row + len(groups)} done; generating row {row + len(groups) + 1}…")
-        yield message(progress, "ok" if done else "info"), group_table(groups, row), group_warnings(groups, row)
+        yield message(progress, "ok" if done else "info"), group_table(groups, row, shown), \
+            group_warnings(groups, row)
 
 
 def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str | None):

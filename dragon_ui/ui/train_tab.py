@@ -18,6 +18,7 @@ import gradio as gr
 
 from ..engine.estimate import format_seconds
 from ..errors import DragonError
+from ..grpo_math import has_spread, known
 from ..public import visitor
 from ..runstore import ACTIVE_STATES, read_json, state_label
 from ..studio.backend import Studio
@@ -114,8 +115,8 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
     header = "".join(f"<th>{html.escape(name)}</th>" for name in columns)
     for number, group in enumerate(groups[:max_groups], start=1):
         completions = group.get("completions") or []
-        totals = [c.get("total") for c in completions if isinstance(c.get("total"), (int, float))]
-        spread = bool(totals) and max(totals) > min(totals)
+        totals = known(c.get("total") for c in completions)
+        spread = has_spread(totals)
         parts.append(f"<div class='rollout-group' style='margin:12px 0'><div><b>Prompt:</b> "
                      "<span style='white-space:pre-wrap'>"
                      f"{html.escape(str(group.get('prompt', '')))}</span></div>"
