@@ -1,5 +1,5 @@
-"""A public demo reads what a visitor sends (an uploaded file, a Hub dataset) in a separate process, with limits on
-its memory, its time and the size of what it hands back.
+"""Run a function in a separate process, with limits on its memory, its time and the size of what it hands back: a
+public demo reads what a visitor sends (an uploaded file, a Hub dataset) this way.
 
 A few kilobytes can unpack into gigabytes (a Parquet or spreadsheet cell repeated, one row of a Hub dataset), and a
 crafted file can keep a parser busy for minutes. Read apart, such a file ends its own process, never the server's,
@@ -14,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
 
@@ -27,15 +29,16 @@ SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "DRAGON_UI_OWN
 _turn = threading.Semaphore(1)
 
 
-def read_apart(task: dict, limit_bytes: int, what: str) -> dict:
-    """Run ``task`` ({"kind": "file" or "hub", ...}, see _run) in a separate process and return its answer; a
-    ConfigError naming ``what`` (the file's or dataset's name) when it fails, runs out of memory or time, or hands
-    back more than ``limit_bytes`` of rows."""
+def run_apart(function: Callable[..., Any], arguments: dict, limit_bytes: int, what: str) -> Any:
+    """``function(**arguments)`` (a function of dragon_ui's, at its module's top level, whose answer is JSON) in a
+    separate process; a ConfigError naming ``what`` (the file's or dataset's name) when it fails, runs out of memory
+    or time, or hands back more than ``limit_bytes``."""
     if not _turn.acquire(timeout=WAIT_SECONDS):
         raise ConfigError("data.source: the demo is busy reading other visitors' data; try again in a minute.")
     try:
         with tempfile.TemporaryDirectory(prefix="dragon-read-") as empty:
-            done = _child(task, limit_bytes, what, empty)
+            target = f"{function.__module__}:{function.__qualname__}"
+            done = _child(target, arguments, limit_bytes, what, empty)
     finally:
         _turn.release()
     if done is None:
@@ -48,7 +51,7 @@ def read_apart(task: dict, limit_bytes: int, what: str) -> dict:
     answer = json.loads(done.stdout)
     if "error" in answer:
         raise ConfigError(answer["error"])
-    return answer
+    return answer["value"]
 
 
 def child_environment() -> dict[str, str]:
@@ -59,10 +62,12 @@ def child_environment() -> dict[str, str]:
     return environment
 
 
-def _child(task: dict, limit_bytes: int, what: str, folder: str) -> subprocess.CompletedProcess | None:
-    """The reading process, started in an empty folder (so nothing relative to the app's own folder is found
-    there) without the server's Hub tokens; None when it ran out of time."""
-    request = json.dumps({"task": task, "limit_bytes": limit_bytes, "what": what, "memory": MEMORY_MB * 2**20})
+def _child(target: str, arguments: dict, limit_bytes: int, what: str,
+           folder: str) -> subprocess.CompletedProcess | None:
+    """The process, started in an empty folder (so nothing relative to the app's own folder is found there) without
+    the server's Hub tokens; None when it ran out of time."""
+    request = json.dumps({"target": target, "arguments": arguments, "limit_bytes": limit_bytes, "what": what,
+                          "memory": MEMORY_MB * 2**20})
     try:
         return subprocess.run([sys.executable, "-c", "from dragon_ui.apart import main; main()"], input=request,
                               capture_output=True, text=True, timeout=SECONDS, env=child_environment(), cwd=folder)
@@ -71,28 +76,21 @@ def _child(task: dict, limit_bytes: int, what: str, folder: str) -> subprocess.C
 
 
 def main() -> None:
-    """The reading process: its request on standard input, its answer (JSON) on standard output."""
+    """The process: its request on standard input, its answer (JSON) on standard output."""
+    import importlib
     import resource
 
     request = json.loads(sys.stdin.read())
     resource.setrlimit(resource.RLIMIT_AS, (request["memory"], request["memory"]))
+    module, _, name = request["target"].partition(":")
+    if not module.startswith("dragon_ui.") or "." in name:
+        raise SystemExit(f"apart runs dragon_ui's own top-level functions, not {request['target']!r}")
     try:
-        answer = json.dumps(_run(request["task"]), ensure_ascii=False, default=str)
+        value = getattr(importlib.import_module(module), name)(**request["arguments"])
+        answer = json.dumps({"value": value}, ensure_ascii=False, default=str)
         if len(answer) > request["limit_bytes"]:
             raise ConfigError(f"data.source: {request['what']} unpacks to more than this public demo's limit of "
                               f"{request['limit_bytes'] / 2**20:g} MB of data; use fewer rows or columns.")
     except ConfigError as exc:
         answer = json.dumps({"error": str(exc)})
     sys.stdout.write(answer)
-
-
-def _run(task: dict) -> dict:
-    if task["kind"] == "file":
-        from .tables import read_here
-
-        table = read_here(Path(task["path"]), task["sheet"], task["max_rows"])
-        return {"rows": table.rows, "notes": table.notes, "sheets": table.sheets}
-    from .data import stream_hub_rows
-
-    return {"rows": stream_hub_rows(task["source"], task["config"], task["split"], task["max_rows"],
-                                    task["limit_bytes"])}

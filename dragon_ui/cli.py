@@ -210,7 +210,7 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_runs(args) -> int:
-    from .config import resolve_runs_dir
+    from .files import resolve_runs_dir
     from .runstore import list_runs
 
     runs_dir = resolve_runs_dir(args.runs_dir)

@@ -20,12 +20,12 @@ from typing import Any
 
 from .data import DataConfig
 from .errors import ConfigError, check_length, first_line
+from .files import resolve_runs_dir
 from .grpo_math import AGGREGATIONS, SCALE_REWARDS
 from .rewards import RewardSpec, check_some_weight, parse_rewards
 from .rewards.trl_rewards import overlong_window
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-RUNS_DIR_ENV = "DRAGON_UI_RUNS_DIR"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 # GRPOSettings fields that are TRL GRPOConfig fields of the same name and meaning (passed to TRL as they are).
@@ -448,18 +448,6 @@ class RunConfig:
     @property
     def completions_per_step(self) -> int:
         return self.training.batch_size * self.grpo.group_size * self.training.grad_accum
-
-
-SPACE_STORAGE = Path("/data")  # a Hugging Face Space's persistent storage, where it has some
-
-
-def resolve_runs_dir(chosen: str | os.PathLike | None = None) -> Path:
-    """Where runs live: the folder chosen (a config's runs_dir, --runs-dir), else $DRAGON_UI_RUNS_DIR, else
-    ``runs`` in a Space's persistent storage (which outlives a restart of the Space), else ./runs."""
-    default = "runs"
-    if os.environ.get("SPACE_ID") and SPACE_STORAGE.is_dir() and os.access(SPACE_STORAGE, os.W_OK):
-        default = str(SPACE_STORAGE / "runs")
-    return Path(chosen or os.environ.get(RUNS_DIR_ENV) or default).expanduser().resolve()
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

@@ -27,7 +27,7 @@ from dragon_ui import ASSETS_DIR
 from dragon_ui.errors import ConfigError, check_length, first_line
 from dragon_ui.files import replaced_atomically
 from dragon_ui.public import LIFT, Limits, is_own_upload, is_public_demo
-from dragon_ui.rewards import last_user_text
+from dragon_ui.chat import last_user_text
 from dragon_ui.tables import SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, read_file, read_json_lines
 
 BUNDLED_DATASETS_DIR = ASSETS_DIR / "datasets"
@@ -267,12 +267,13 @@ def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int
     """The rows of a Hub dataset split (the first ``max_rows``). A public demo streams them in a separate process
     with limits on its memory and time (stream_hub_rows, apart.py)."""
     if is_public_demo():
-        from .apart import read_apart
+        from .apart import run_apart
 
         limit_mb = Limits.from_env().upload_mb
-        task = {"kind": "hub", "source": source, "config": hub_config, "split": hub_split, "max_rows": max_rows,
-                "limit_bytes": int(limit_mb * 2**20)}
-        rows = read_apart(task, int(limit_mb * UNPACKED_TIMES_UPLOAD * 2**20), f"the Hub dataset '{source}'")["rows"]
+        arguments = {"source": source, "hub_config": hub_config, "hub_split": hub_split, "max_rows": max_rows,
+                     "limit_bytes": int(limit_mb * 2**20)}
+        rows = run_apart(stream_hub_rows, arguments, int(limit_mb * UNPACKED_TIMES_UPLOAD * 2**20),
+                         f"the Hub dataset '{source}'")
     else:
         import datasets  # heavy, and only needed for Hub sources
 

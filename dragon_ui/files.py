@@ -1,5 +1,5 @@
 """Files that a reader never sees half-written (the UI, the CLI and downloads read run files while they are written),
-and the folder where what is worked out once per machine is kept."""
+and the folders: where runs live, and where what is worked out once per machine is kept."""
 
 from __future__ import annotations
 
@@ -30,3 +30,16 @@ def cache_dir() -> Path:
     root = os.environ.get("DRAGON_UI_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
                                                              "dragon_ui")
     return Path(root)
+
+
+RUNS_DIR_ENV = "DRAGON_UI_RUNS_DIR"
+SPACE_STORAGE = Path("/data")  # a Hugging Face Space's persistent storage, where it has some
+
+
+def resolve_runs_dir(chosen: str | os.PathLike | None = None) -> Path:
+    """Where runs live: the folder chosen (a config's runs_dir, --runs-dir), else $DRAGON_UI_RUNS_DIR, else
+    ``runs`` in a Space's persistent storage (which outlives a restart of the Space), else ./runs."""
+    default = "runs"
+    if os.environ.get("SPACE_ID") and SPACE_STORAGE.is_dir() and os.access(SPACE_STORAGE, os.W_OK):
+        default = str(SPACE_STORAGE / "runs")
+    return Path(chosen or os.environ.get(RUNS_DIR_ENV) or default).expanduser().resolve()

@@ -157,7 +157,7 @@ UPLOADS_FOLDER = ".uploads"  # in the runs folder: each visitor's uploads, in a 
 def uploads_dir() -> Path:
     """Where a public demo keeps uploaded files: inside its runs folder (persistent storage on a Space), one folder
     per visitor. Gradio never serves it: only the runs' owners' downloads leave the server, as copies."""
-    from .config import resolve_runs_dir
+    from .files import resolve_runs_dir
 
     return resolve_runs_dir() / UPLOADS_FOLDER
 

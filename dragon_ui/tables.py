@@ -49,12 +49,18 @@ def read_file(path: Path, sheet: str | None = None, max_rows: int | None = None,
     separate process with limits on its memory and time, which hands back at most this many MB of rows (apart.py).
     """
     if max_read_mb is not None:
-        from .apart import read_apart
+        from .apart import run_apart
 
-        answer = read_apart({"kind": "file", "path": str(path), "sheet": sheet, "max_rows": max_rows},
-                            int(max_read_mb * 2**20), path.name)
+        answer = run_apart(read_here_as_json, {"path": str(path), "sheet": sheet, "max_rows": max_rows},
+                           int(max_read_mb * 2**20), path.name)
         return Table(answer["rows"], answer["notes"], answer["sheets"])
     return read_here(path, sheet, max_rows)
+
+
+def read_here_as_json(path: str, sheet: str | None, max_rows: int | None) -> dict:
+    """read_here's table as the reading process hands it back (apart.run_apart)."""
+    table = read_here(Path(path), sheet, max_rows)
+    return {"rows": table.rows, "notes": table.notes, "sheets": table.sheets}
 
 
 def read_here(path: Path, sheet: str | None, max_rows: int | None) -> Table:

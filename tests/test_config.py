@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dragon_ui.config import DEFAULT_MODEL_ID, RUNS_DIR_ENV, RunConfig
+from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
+from dragon_ui.files import RUNS_DIR_ENV
 from dragon_ui.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -58,7 +58,8 @@ def test_the_engine_and_the_command_line_know_nothing_of_the_app(part):
     assert importers(modules, ("dragon_ui.studio", "dragon_ui.ui", "gradio")) == {}
 
 
-@pytest.mark.parametrize("module", ["data.py", "rewards", "config.py", "errors.py", "runstore.py", "files.py"])
+@pytest.mark.parametrize("module", ["data.py", "rewards", "config.py", "errors.py", "runstore.py", "files.py",
+                                    "grpo_math.py"])
 def test_the_runs_description_needs_no_torch(module):
     """Validating a config, mapping data and scoring rewards happen before (and without) a model."""
     modules = files(module) if (PACKAGE / module).is_dir() else [PACKAGE / module]
@@ -102,3 +103,40 @@ def test_the_checker_sees_relative_and_lazy_imports():
     assert {"dragon_ui.config", "dragon_ui.engine.models", "dragon_ui.runstore"} <= found
     assert "dragon_ui.scaleout.distributed" in found
     assert "gradio" in imported_modules(PACKAGE / "ui" / "app.py")
+
+
+def package_imports() -> dict[str, dict[str, list[str]]]:
+    """{unit: {unit it imports: [the files that do]}}, a unit being a top-level module or package of dragon_ui."""
+    units = {path.name.removesuffix(".py") for path in PACKAGE.iterdir()
+             if path.suffix == ".py" or (path / "__init__.py").is_file()}
+    graph: dict[str, dict[str, list[str]]] = {unit: {} for unit in units}
+    for path in files():
+        unit = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for name in imported_modules(path):
+            parts = name.split(".")
+            if parts[0] == "dragon_ui" and len(parts) > 1 and parts[1] in units and parts[1] != unit:
+                graph[unit].setdefault(parts[1], []).append(str(path.relative_to(PACKAGE)))
+    return graph
+
+
+def test_packages_import_each_other_without_a_cycle():
+    """The folder list reads top-down: a package that imports one that imports it back (public -> config -> data ->
+    public, speedups -> engine -> speedups) has no place in it. A lazy import inside a function counts too."""
+    graph = package_imports()
+    done: set[str] = set()
+
+    def cycle_from(unit: str, path: list[str]) -> list[str] | None:
+        if unit in path:
+            return path[path.index(unit):] + [unit]
+        if unit in done:
+            return None
+        for imported in sorted(graph.get(unit, {})):
+            if (found := cycle_from(imported, [*path, unit])) is not None:
+                return found
+        done.add(unit)
+        return None
+
+    for unit in sorted(graph):
+        cycle = cycle_from(unit, [])
+        assert cycle is None, " -> ".join(cycle) + ": " + "; ".join(
+            f"{a} -> {b} in {', '.join(sorted(set(graph[a][b])))}" for a, b in zip(cycle, cycle[1:]))

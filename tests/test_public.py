@@ -275,14 +275,14 @@ def test_the_time_limit_counts_the_held_out_scoring(public_mode, public_config, 
 
 
 def test_a_spaces_persistent_storage_keeps_the_runs(monkeypatch, tmp_path):
-    from dragon_ui import config
+    from dragon_ui import files
 
     monkeypatch.delenv("DRAGON_UI_RUNS_DIR", raising=False)
-    monkeypatch.setattr(config, "SPACE_STORAGE", tmp_path)
+    monkeypatch.setattr(files, "SPACE_STORAGE", tmp_path)
     monkeypatch.setenv("SPACE_ID", "someone/dragon")
-    assert config.resolve_runs_dir() == tmp_path / "runs"
-    monkeypatch.setattr(config, "SPACE_STORAGE", tmp_path / "none")  # a Space without persistent storage
-    assert config.resolve_runs_dir() == (config.Path("runs")).resolve()
+    assert files.resolve_runs_dir() == tmp_path / "runs"
+    monkeypatch.setattr(files, "SPACE_STORAGE", tmp_path / "none")  # a Space without persistent storage
+    assert files.resolve_runs_dir() == (files.Path("runs")).resolve()
 
 
 def test_every_event_of_the_app_knows_its_visitor(public_mode, studio):

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import RunConfig
-from .hardware import HardwareInfo, ResolvedHardware, system_memory_gb
+from ..system import system_memory_gb
+from .hardware import HardwareInfo, ResolvedHardware
 from ..errors import ConfigError
 from .presets import ModelDims, find_preset
 

@@ -39,6 +39,4 @@ def import_all() -> None:
         from datasets import Dataset  # noqa: F401
         from peft import LoraConfig, PeftModel  # noqa: F401
         from trl import GRPOConfig, GRPOTrainer  # noqa: F401
-
-        from . import progress  # noqa: F401 - the training's callback, a TrainerCallback
         _imported = True

@@ -26,7 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..config import DEFAULT_MODEL_ID, ModelConfig, RunConfig, resolve_runs_dir
+from ..config import DEFAULT_MODEL_ID, ModelConfig, RunConfig
+from ..files import resolve_runs_dir
 from ..data import check_public_source
 from ..errors import BusyError, ConfigError
 from ..public import LIFT, MODELS_ENV, Limits, Visitor, extra_models, is_public_demo, visitor
@@ -143,7 +144,7 @@ def _machine():
 
 def _memory_gb(info, hardware) -> float | None:
     """All the memory of the device a run uses (not what is free now: that moves while another run trains)."""
-    from .hardware import system_memory_gb
+    from ..system import system_memory_gb
 
     return info.cuda[hardware.gpu].total_gb if hardware.device == "cuda" else system_memory_gb(free=False)
 

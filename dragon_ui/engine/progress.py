@@ -17,7 +17,8 @@ from transformers import TrainerCallback
 from ..config import RunConfig
 from ..errors import Stopped
 from ..grpo_math import no_spread_share, weighted_total
-from ..rewards import Reward, RewardFailures, completion_text, last_user_text
+from ..chat import completion_text, last_user_text
+from ..rewards import Reward, RewardFailures
 from ..runstore import RunDir
 from ..scaleout import distributed
 from .evaluation import HeldOutChecks

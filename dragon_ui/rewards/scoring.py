@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..chat import completion_text, last_user_text
 from ..errors import ConfigError, one_line
 from ..public import is_public_demo
 from .classifier import Classifiers, ClassifierScorer
@@ -152,35 +153,6 @@ def score_completion(rewards: list[Reward], completion: str, reference: str | No
 # --------------------------------------------------------------------------------------------------------------------
 # TRL adapter
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def _message_text(content) -> str:
-    """Message content as text: a plain string, or the text parts of a multimodal content list."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return ""
-
-
-def last_user_text(prompt) -> str:
-    """The last user message of a conversational prompt (what the reward calls "the prompt"), or a plain string."""
-    if isinstance(prompt, str):
-        return prompt
-    for message in reversed(prompt or []):
-        if message.get("role") == "user":
-            return _message_text(message.get("content"))
-    return ""
-
-
-def completion_text(completion) -> str:
-    """The last assistant message's text of a conversational completion, or a plain string."""
-    if isinstance(completion, str):
-        return completion
-    for message in reversed(completion or []):
-        if message.get("role", "assistant") == "assistant":
-            return _message_text(message.get("content"))
-    return ""
 
 
 def trl_reward_functions(rewards: list[Reward], failures: RewardFailures,

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from .. import ASSETS_DIR
-from ..config import DEFAULT_MODEL_ID, HardwareSettings, ModelConfig, RunConfig, resolve_runs_dir
+from ..config import DEFAULT_MODEL_ID, HardwareSettings, ModelConfig, RunConfig
 from ..data import is_bundled, is_hub_dataset_id
 from ..engine import policy, queue, retention, training
 from ..engine.estimate import estimate_run, format_seconds, preview_memory_gb
@@ -29,6 +29,7 @@ from ..engine.hardware import (HardwareInfo, ResolvedHardware, detect_hardware, 
 from ..engine.libraries import import_all
 from ..engine.models import ModelCache
 from ..errors import BusyError, ConfigError, DragonError, NotYoursError
+from ..files import resolve_runs_dir
 from ..public import Limits, is_own_upload, is_public_demo, own_uploads_dir, visitor
 from ..runstore import RunDir, list_runs, read_json, write_json_atomic
 from .draft import ordinal
@@ -187,6 +188,7 @@ class Studio:
         started = time.monotonic()
         try:
             import_all()
+            from ..engine import progress  # noqa: F401 - the training's callback and what it imports: not at Start
             info = self.hardware()
             config = self.validate(self.default_draft())
             estimate_run(config, resolve_hardware(config.hardware, info), info)

@@ -20,7 +20,7 @@ import gradio as gr
 from gradio.context import LocalContext
 from starlette.middleware import Middleware
 
-from ..config import RUNS_DIR_ENV
+from ..files import RUNS_DIR_ENV
 from ..errors import DragonError
 from ..public import Limits, visitor, visiting
 from .. import ASSETS_DIR

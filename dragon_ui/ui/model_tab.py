@@ -20,7 +20,8 @@ import gradio as gr
 from .. import speedups
 from ..config import (AGGREGATIONS, DEVICES, DTYPES, GENERATION_BACKENDS, IMPORTANCE_SAMPLING_LEVELS, LEARNING_RATES,
                       LOSS_TYPES, SCALE_REWARDS, STRATEGIES, TRACKERS)
-from ..engine.hardware import HardwareInfo, resolve_hardware, system_memory_gb
+from ..engine.hardware import HardwareInfo, resolve_hardware
+from ..system import system_memory_gb
 from ..errors import DragonError
 from ..runstore import slug
 from ..scaleout.launch_folder import export_launch_folder

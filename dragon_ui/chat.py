@@ -1,0 +1,36 @@
+"""Chat messages as text: what a conversational prompt asked and what a completion answered.
+
+TRL hands prompts and completions as lists of messages (or plain strings); the rewards, the dataset's rendering and
+the run's records read the text of one message from them.
+"""
+
+from __future__ import annotations
+
+
+def _message_text(content) -> str:
+    """Message content as text: a plain string, or the text parts of a multimodal content list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def last_user_text(prompt) -> str:
+    """The last user message of a conversational prompt (what the reward calls "the prompt"), or a plain string."""
+    if isinstance(prompt, str):
+        return prompt
+    for message in reversed(prompt or []):
+        if message.get("role") == "user":
+            return _message_text(message.get("content"))
+    return ""
+
+
+def completion_text(completion) -> str:
+    """The last assistant message's text of a conversational completion, or a plain string."""
+    if isinstance(completion, str):
+        return completion
+    for message in reversed(completion or []):
+        if message.get("role", "assistant") == "assistant":
+            return _message_text(message.get("content"))
+    return ""
