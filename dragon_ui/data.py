@@ -253,9 +253,10 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     if sheet is not None and suffix not in SPREADSHEET_EXTENSIONS:
         raise ConfigError(f"data.sheet is only for spreadsheets ({', '.join(SPREADSHEET_EXTENSIONS)}); "
                           f"{place.name} has no sheets, so leave it empty.")
-    read_mb = Limits.from_env().upload_mb * UNPACKED_TIMES_UPLOAD if is_public_demo() else None
+    limits = Limits.from_env() if is_public_demo() else None  # a laptop reads any file whole, in its own process
     try:
-        table = read_file(place, sheet, limit, read_mb)
+        table = read_file(place, sheet, limit, limits and limits.upload_mb * UNPACKED_TIMES_UPLOAD,
+                          limits and limits.columns)
     except OSError as exc:
         raise ConfigError(f"data.source: {place} could not be read ({exc.strerror or exc}).") from None
     if not table.rows:

@@ -41,6 +41,7 @@ class Limits:
     completions_per_step: int = _limit(32, "DRAGON_UI_MAX_COMPLETIONS_PER_STEP", "completions per step")
     dataset_rows: int = _limit(10_000, "DRAGON_UI_MAX_DATASET_ROWS", "rows of data")
     upload_mb: float = _limit(20, "DRAGON_UI_MAX_UPLOAD_MB", "MB per uploaded file or Hub dataset")
+    columns: int = _limit(1000, "DRAGON_UI_MAX_COLUMNS", "columns of a data file")
     held_out_prompts: int = _limit(50, "DRAGON_UI_MAX_HELD_OUT", "held-out prompts scored before and after")
     lora_rank: int = _limit(64, "DRAGON_UI_MAX_LORA_RANK", "LoRA rank (full fine-tuning is off)")
     queue_length: int = _limit(10, "DRAGON_UI_MAX_QUEUE", "runs waiting in the queue")

@@ -41,7 +41,7 @@ class Table:
 
 
 def read_file(path: Path, sheet: str | None = None, max_rows: int | None = None,
-              max_read_mb: float | None = None) -> Table:
+              max_read_mb: float | None = None, max_columns: int | None = None) -> Table:
     """The table in a local file, by its extension; ConfigError with the sentence to show when it cannot be read.
 
     Reading stops after ``max_rows`` rows (the caller's row limit, plus one to tell that there were more), so a
@@ -51,30 +51,30 @@ def read_file(path: Path, sheet: str | None = None, max_rows: int | None = None,
     if max_read_mb is not None:
         from .apart import run_apart
 
-        answer = run_apart(read_here_as_json, {"path": str(path), "sheet": sheet, "max_rows": max_rows},
-                           int(max_read_mb * 2**20), path.name)
+        answer = run_apart(read_here_as_json, {"path": str(path), "sheet": sheet, "max_rows": max_rows,
+                                               "max_columns": max_columns}, int(max_read_mb * 2**20), path.name)
         return Table(answer["rows"], answer["notes"], answer["sheets"])
-    return read_here(path, sheet, max_rows)
+    return read_here(path, sheet, max_rows, max_columns)
 
 
-def read_here_as_json(path: str, sheet: str | None, max_rows: int | None) -> dict:
+def read_here_as_json(path: str, sheet: str | None, max_rows: int | None, max_columns: int | None) -> dict:
     """read_here's table as the reading process hands it back (apart.run_apart)."""
-    table = read_here(Path(path), sheet, max_rows)
+    table = read_here(Path(path), sheet, max_rows, max_columns)
     return {"rows": table.rows, "notes": table.notes, "sheets": table.sheets}
 
 
-def read_here(path: Path, sheet: str | None, max_rows: int | None) -> Table:
+def read_here(path: Path, sheet: str | None, max_rows: int | None, max_columns: int | None = None) -> Table:
     """read_file in this process."""
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv"):
         text, encoding = decode(path)
-        table = _read_delimited(text, "\t" if suffix == ".tsv" else ",", path.name, max_rows)
+        table = _read_delimited(text, "\t" if suffix == ".tsv" else ",", path.name, max_rows, max_columns)
         table.notes.insert(0, f"Read as {encoding}.")
         return table
     if suffix == ".parquet":
         return Table(_read_parquet(path, max_rows))
     if suffix in SPREADSHEET_EXTENSIONS:
-        return _read_spreadsheet(path, sheet, max_rows)
+        return _read_spreadsheet(path, sheet, max_rows, max_columns)
     text, encoding = decode(path)
     rows = _read_json(text, path.name, max_rows) if suffix == ".json" else read_json_lines(text, path.name,
                                                                                            max_rows=max_rows)
@@ -107,7 +107,8 @@ def decode(path: Path) -> tuple[str, str]:
     raise ConfigError(f"data.source: {path.name} is not UTF-8 text; save it again with UTF-8 encoding.")
 
 
-def _read_delimited(text: str, sep: str, name: str, max_rows: int | None = None) -> Table:
+def _read_delimited(text: str, sep: str, name: str, max_rows: int | None = None,
+                    max_columns: int | None = None) -> Table:
     """CSV/TSV cells as text. A quote that never closes is an error naming its line; a line with more fields than
     the header is skipped (and counted); a line with fewer gets empty cells; blank lines are ignored. Reading stops
     once the header and ``max_rows`` lines are read."""
@@ -130,7 +131,7 @@ def _read_delimited(text: str, sep: str, name: str, max_rows: int | None = None)
     if not records:
         return Table([])
     (_, header), body = records[0], records[1:]
-    columns, notes = unique_columns(header)
+    columns, notes = unique_columns(header, max_columns)
     rows, skipped = [], []
     for line, record in body:
         if len(record) > len(columns):
@@ -149,15 +150,13 @@ def _read_delimited(text: str, sep: str, name: str, max_rows: int | None = None)
     return Table(rows, notes)
 
 
-MAX_COLUMNS = 1000  # a table's columns: far more than any prompt needs, few enough to show and check quickly
-
-
-def unique_columns(header: list) -> tuple[list[str], list[str]]:
+def unique_columns(header: list, max_columns: int | None = None) -> tuple[list[str], list[str]]:
     """Column names from a header row, each once: an empty one becomes "column N", a repeated one gets " (2)"; the
-    notes say which were renamed. Linear in the header (a set of the names taken), and at most MAX_COLUMNS."""
-    if len(header) > MAX_COLUMNS:
-        raise ConfigError(f"data.source: the header has {len(header):,} columns, more than the {MAX_COLUMNS:,} a "
-                          "table may have; keep the columns your prompts and rewards use.")
+    notes say which were renamed. Linear in the header (a set of the names taken); ``max_columns``: a public demo's
+    limit (public.Limits.columns)."""
+    if max_columns is not None and len(header) > max_columns:
+        raise ConfigError(f"data.source: the header has {len(header):,} columns, more than the {max_columns:,} a "
+                          "table may have in this public demo; keep the columns your prompts and rewards use.")
     given = {str(raw) for raw in header}
     columns, taken, notes = [], set(), []
     for number, raw in enumerate(header, start=1):
@@ -175,7 +174,8 @@ def unique_columns(header: list) -> tuple[list[str], list[str]]:
     return columns, notes
 
 
-def _read_spreadsheet(path: Path, sheet: str | None, max_rows: int | None = None) -> Table:
+def _read_spreadsheet(path: Path, sheet: str | None, max_rows: int | None = None,
+                      max_columns: int | None = None) -> Table:
     """The first sheet (or ``sheet``) of an Excel or OpenDocument file through python-calamine, which reads
     .xlsx, .xls and .ods alike with the values Excel last calculated. The first non-empty row is the header; rows
     are read until ``max_rows`` are found."""
@@ -202,7 +202,7 @@ def _read_spreadsheet(path: Path, sheet: str | None, max_rows: int | None = None
     notes = [f"Read the sheet '{chosen}'" + (f" (of {len(names)}: {', '.join(names)})." if len(names) > 1 else ".")]
     if not cells:
         return Table([], notes, names)
-    columns, renamed = unique_columns(cells[0])
+    columns, renamed = unique_columns(cells[0], max_columns)
     width = len(columns)
     rows = [dict(zip(columns, (row + [""] * width)[:width], strict=True)) for row in cells[1:]]
     return Table(rows, notes + renamed, names)
