@@ -70,7 +70,7 @@ def replay(run_dir: Path) -> dict:
     return {"run": run.id, "rewards": {r["name"]: {k: v for k, v in r.items() if k != "name"}
                                        for r in config["rewards"]},
             "steps": [{"step": row["step"], "minutes": round(row["elapsed_s"] / 60, 2),
-                       **{name: row.get(f"reward_{name}") for name in names},
+                       **{name: (row.get("rewards") or {}).get(name) for name in names},
                        "length": row.get("completion_len"), "clipped": row.get("clipped_ratio")} for row in rows],
             "heldout": heldout, "eval": run.read_eval(), "alerts": first,
             "watch": sorted(kind for kind in first if kind in HACKING)}

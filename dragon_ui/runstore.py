@@ -6,11 +6,11 @@ Layout of ``runs/<id>/``::
     status.json      state, step/total, timings (started_at: the first start; resumed_at: the latest resume),
                      ETA, hardware, error (rewritten atomically)
     log.txt          human-readable log of the run
-    progress.jsonl   one row per optimiser step (reward, reward_<name>, kl, lengths, ...)
+    progress.jsonl   one row per optimiser step (reward, rewards: {<name>: mean}, kl, lengths, ...: ProgressRow)
     rollouts.jsonl   per step, the sampled groups with per-reward scores and advantages
     sampling.json    the completions just sampled for the step being trained, before it is scored (rewritten each
                      time a batch is sampled), so the first step shows the model at work before it ends
-    heldout.jsonl    the held-out reward during training: a row per check (step, reward, reward_<name>, seconds) on a
+    heldout.jsonl    the held-out reward during training: a row per check (step, reward, rewards, seconds) on a
                      fixed few held-out prompts; step 0 is the starting model on the same prompts
     data/            the exact train/eval split used, so resume and evaluation never re-split
     checkpoints/     checkpoint-<step>/ with adapter, optimiser, scheduler and RNG state
@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from .files import replaced_atomically
 
@@ -96,6 +96,92 @@ def _pid_alive(pid: int) -> bool:
 def slug(text: str, empty: str = "run") -> str:
     """A name safe in a folder or file name (a run's folder, a downloaded config): other characters become "-"."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:48] or empty
+
+
+# --- the rows of progress.jsonl and heldout.jsonl ---------------------------------------------------------------------
+# Version 2 nests each reward's value under "rewards" (and its failures under "errors"), by the reward's name: version
+# 1 stored them as reward_<name> beside TRL's reward_std, so a reward named "std" overwrote the spread. Version 1 runs
+# still open everywhere: their rows are read into this shape (current_row).
+RECORD_VERSION = 2
+NESTED = ("rewards", "errors")  # a chart's key "rewards/<name>" is row["rewards"][name] (value_at)
+_RENAMED = {"frac_reward_zero_std": "no_spread_share"}  # version 1 stored Dragon's share under TRL's metric's name
+
+
+class ProgressRow(TypedDict, total=False):
+    """One optimiser step, as RunStoreCallback writes it to progress.jsonl."""
+
+    version: int
+    step: int
+    epoch: float
+    elapsed_s: float
+    eta_s: float
+    loss: float | None
+    lr: float | None
+    kl: float | None
+    reward: float | None  # the weighted total's mean, as TRL logs it
+    reward_std: float | None  # TRL's spread of the totals over the whole step
+    rewards: dict[str, float | None]  # each reward's mean, by name
+    errors: dict[str, int]  # each reward's failed completions so far, by name
+    completion_len: float | None
+    clipped_ratio: float | None
+    no_spread_share: float | None  # grpo_math.no_spread_share: groups whose totals do not differ
+    step_time_s: float | None
+    peak_gpu_mem_gb: float | None
+    world_size: int
+    completions_per_step: int
+    reused_batch: bool  # num_iterations > 1: this step trained again on the last sampled batch
+
+
+class HeldOutRow(TypedDict, total=False):
+    """One check of the held-out prompts during training, as HeldOutChecks writes it to heldout.jsonl."""
+
+    version: int
+    step: int
+    reward: float | None
+    rewards: dict[str, float | None]
+    n_prompts: int
+    seconds: float
+
+
+def reward_key(name: str) -> str:
+    """The key of a reward's value in a progress or held-out row, for value_at and the charts."""
+    return f"rewards/{name}"
+
+
+def errors_key(name: str) -> str:
+    return f"errors/{name}"
+
+
+def value_at(row: dict, key: str) -> Any:
+    """The row's value at ``key``: a top-level name, or "rewards/<name>" and "errors/<name>" inside their section."""
+    section, _, name = key.partition("/")
+    if name and section in NESTED:
+        nested = row.get(section)
+        return nested.get(name) if isinstance(nested, dict) else None
+    return row.get(key)
+
+
+def current_row(row: dict) -> dict:
+    """A progress or held-out row in this version's shape. A version 1 row's reward_<name> and errors_<name> move
+    under "rewards" and "errors" (its reward_std stays TRL's: that version could not tell a reward named "std" from
+    it), and its frac_reward_zero_std becomes no_spread_share."""
+    if not isinstance(row, dict) or row.get("version", 1) >= RECORD_VERSION:
+        return row
+    upgraded: dict[str, Any] = {"version": RECORD_VERSION, "rewards": {}, "errors": {}}
+    for key, value in row.items():
+        if key.startswith("reward_") and key != "reward_std":
+            upgraded["rewards"][key.removeprefix("reward_")] = value
+        elif key.startswith("errors_"):
+            upgraded["errors"][key.removeprefix("errors_")] = value
+        else:
+            upgraded[_RENAMED.get(key, key)] = value
+    return upgraded
+
+
+def read_record_rows(path: Path, start: int = 0) -> tuple[list[dict], int]:
+    """read_appended_rows for progress.jsonl and heldout.jsonl, each row in this version's shape."""
+    rows, offset = read_appended_rows(path, start)
+    return [current_row(row) for row in rows], offset
 
 
 @dataclass
@@ -191,17 +277,17 @@ class RunDir:
         self.update_status(pid=os.getpid(), host=socket.gethostname())
 
     # --- progress and rollouts ---------------------------------------------------------------------------------
-    def append_progress(self, row: dict) -> None:
+    def append_progress(self, row: ProgressRow) -> None:
         if not self.read_only:
-            append_jsonl(self.progress_path, row)
+            append_jsonl(self.progress_path, {"version": RECORD_VERSION, **row})
 
     def append_rollouts(self, row: dict) -> None:
         if not self.read_only:
             append_jsonl(self.rollouts_path, row)
 
-    def append_heldout(self, row: dict) -> None:
+    def append_heldout(self, row: HeldOutRow) -> None:
         if not self.read_only:
-            append_jsonl(self.heldout_path, row)
+            append_jsonl(self.heldout_path, {"version": RECORD_VERSION, **row})
 
     def write_sampling(self, batch: dict) -> None:
         if not self.read_only:
@@ -210,11 +296,11 @@ class RunDir:
     def read_sampling(self) -> dict | None:
         return read_json(self.sampling_path, default=None)
 
-    def read_progress(self) -> list[dict]:
-        return read_appended_rows(self.progress_path)[0]
+    def read_progress(self) -> list[ProgressRow]:
+        return read_record_rows(self.progress_path)[0]
 
-    def read_heldout(self) -> list[dict]:
-        return read_appended_rows(self.heldout_path)[0]
+    def read_heldout(self) -> list[HeldOutRow]:
+        return read_record_rows(self.heldout_path)[0]
 
     def read_rollouts(self) -> list[dict]:
         return read_appended_rows(self.rollouts_path)[0]

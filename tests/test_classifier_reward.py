@@ -172,7 +172,7 @@ def test_a_short_cpu_training_is_scored_by_the_classifier(tiny_config_dict, clas
     handle.wait(timeout=240)
     status = handle.run.read_status()
     assert status["state"] == "succeeded", status.get("error")
-    assert all(row["errors_classifier"] == 0 for row in handle.run.read_progress())
+    assert all(row["errors"]["classifier"] == 0 for row in handle.run.read_progress())
     for record in handle.run.read_rollouts():
         for group in record["groups"]:
             for completion in group["completions"]:

@@ -30,13 +30,14 @@ def make_run(runs_dir: Path, run_id: str, config: dict, status: dict, progress: 
     for row in progress:
         run.append_progress(row)
     for step, reward in heldout:
-        run.append_heldout({"step": step, "reward": reward, "reward_numeric": reward, "n_prompts": 8, "seconds": 0.3})
+        run.append_heldout({"step": step, "reward": reward, "rewards": {"numeric": reward}, "n_prompts": 8,
+                            "seconds": 0.3})
     return run
 
 
 def rows_of(rewards: list[float], seconds_per_step: float = 30.0) -> list[dict]:
-    return [{"step": step, "reward": reward, "reward_numeric": reward / 2, "kl": 0.01 * step,
-             "completion_len": 8.0, "reward_std": 0.2, "frac_reward_zero_std": 0.25,
+    return [{"step": step, "reward": reward, "rewards": {"numeric": reward / 2}, "kl": 0.01 * step,
+             "completion_len": 8.0, "reward_std": 0.2, "no_spread_share": 0.25,
              "elapsed_s": seconds_per_step * step} for step, reward in enumerate(rewards, start=1)]
 
 

@@ -157,7 +157,7 @@ def test_a_tiny_run_trains_with_every_variant_and_records_every_step(tiny_config
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
     assert [bool(row.get("reused_batch")) for row in rows] == [False, True, False, True]
     for sampled, reused in (rows[0:2], rows[2:4]):
-        assert reused["reward"] == sampled["reward"] and reused["reward_length"] == sampled["reward_length"]
+        assert reused["reward"] == sampled["reward"] and reused["rewards"] == sampled["rewards"]
         assert reused["loss"] is not None and reused["kl"] is not None
     assert [rollout["step"] for rollout in run.read_rollouts()] == [1, 3]
     assert run.read_status()["step"] == 4

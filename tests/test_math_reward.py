@@ -103,7 +103,7 @@ def test_a_training_scores_with_math_verify_from_its_own_thread(tiny_config_dict
     status = handle.run.read_status()
     assert status["state"] == "succeeded", status.get("error")
     rows = handle.run.read_progress()
-    assert [row["errors_math"] for row in rows] == [0, 0] and all(row["reward_math"] is not None for row in rows)
+    assert [row["errors"]["math"] for row in rows] == [0, 0] and all(row["rewards"]["math"] is not None for row in rows)
     scores = [c["scores"]["math"] for r in handle.run.read_rollouts() for g in r["groups"] for c in g["completions"]]
     assert scores and set(scores) <= {0.0, 1.0}
 

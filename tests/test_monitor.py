@@ -12,7 +12,7 @@ import pytest
 
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import progress, training
-from dragon_ui.runstore import RunDir
+from dragon_ui.runstore import RunDir, current_row, value_at
 from dragon_ui.studio import monitor
 from dragon_ui.studio.monitor import health_alerts, read_snapshot
 from dragon_ui.ui import plots
@@ -21,10 +21,11 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def progress_row(step: int, **values) -> dict:
-    """A healthy progress row; ``values`` override its fields."""
+    """A healthy progress row; ``values`` override its fields (a reward's value as reward_<name>, its failures as
+    errors_<name>: the flat names of version 1 rows, which the readers nest, runstore.current_row)."""
     row = {"step": step, "reward": 0.5, "reward_std": 0.3, "reward_numeric": 0.5, "kl": 0.01, "completion_len": 10.0,
-           "clipped_ratio": 0.1, "frac_reward_zero_std": 0.25, "errors_numeric": 0}
-    return {**row, **values}
+           "clipped_ratio": 0.1, "no_spread_share": 0.25, "errors_numeric": 0}
+    return current_row({**row, **values})
 
 
 @pytest.fixture
@@ -199,7 +200,7 @@ CONFIG = {"grpo": {"group_size": 4, "temperature": 1.0, "max_new_tokens": 16, "b
           "training": {"learning_rate": 1e-5}}
 
 # A healthy run of the arithmetic recipe (rewards numeric, weight 1, and format, weight 0.5; 2 prompts x 4
-# completions per step): step, numeric, format, kl, completion_len, clipped_ratio, frac_reward_zero_std, reward_std.
+# completions per step): step, numeric, format, kl, completion_len, clipped_ratio, no_spread_share, reward_std.
 RECORDED = [
     (1, 0.250, 0.375, 0.0000, 14.1, 0.250, 0.50, 0.42),
     (2, 0.250, 0.500, 0.0011, 13.6, 0.125, 0.50, 0.45),
@@ -214,13 +215,13 @@ RECORDED = [
 ]
 
 
-def recorded_row(step, numeric, format_, kl, completion_len, clipped_ratio, frac_reward_zero_std, reward_std) -> dict:
+def recorded_row(step, numeric, format_, kl, completion_len, clipped_ratio, no_spread_share, reward_std) -> dict:
     """One progress row with exactly the keys progress.RunStoreCallback writes."""
     return {"step": step, "epoch": round(step / 40, 4), "elapsed_s": round(6.2 * step, 2),
             "eta_s": round(6.2 * (40 - step), 1), "loss": 0.0123, "lr": 1e-05, "kl": kl,
             "reward": round(numeric + 0.5 * format_, 6), "reward_std": reward_std, "reward_numeric": numeric,
             "reward_format": format_, "completion_len": completion_len, "clipped_ratio": clipped_ratio,
-            "frac_reward_zero_std": frac_reward_zero_std, "step_time_s": 6.2, "peak_gpu_mem_gb": None, "world_size": 1,
+            "no_spread_share": no_spread_share, "step_time_s": 6.2, "peak_gpu_mem_gb": None, "world_size": 1,
             "completions_per_step": 8, "errors_numeric": 0, "errors_format": 0}
 
 
@@ -231,13 +232,13 @@ def recorded(**last: list) -> list[dict]:
     for key, values in last.items():
         for row, value in zip(rows[-len(values):], values):
             row[key] = value
-    return rows
+    return [current_row(row) for row in rows]  # reward_<name> and errors_<name> nested, as the readers read them
 
 
 RISING_KL = [0.02, 0.03, 0.04, 0.15, 0.28, 0.404]
 FALLING = [1.0, 1.0, 1.0, 0.6, 0.5, 0.4]  # the training reward of the last 6 steps: its last 3 below the 3 before
 KL_SPIKE = [0.1, 0.25, 0.31, 0.4, 0.97]
-ZERO = {"frac_reward_zero_std": [1.0], "reward": [0.0], "reward_numeric": [0.0], "reward_format": [0.0],
+ZERO = {"no_spread_share": [1.0], "reward": [0.0], "reward_numeric": [0.0], "reward_format": [0.0],
         "reward_std": [0.0]}
 
 # rows -> each alert as (kind, step, value it quotes, how the title quotes it)
@@ -260,13 +261,13 @@ CASES = {
     "rising KL while the reward climbs": (recorded(kl=RISING_KL), []),
     "KL spike while the reward holds": (recorded(kl=KL_SPIKE, reward=[1.0] * 6), []),
     "KL high, too early to tell": (recorded(kl=[1.4, 1.5])[-4:], [("kl_high", 10, 1.5, "now 1.500 at step 10")]),
-    "zero spread at the last step": (recorded(frac_reward_zero_std=[1.0], reward_std=[0.29]),
+    "zero spread at the last step": (recorded(no_spread_share=[1.0], reward_std=[0.29]),
                                      [("no_spread", 10, 1.0, "Every group scored the same at step 10")]),
-    "zero spread earlier only": (recorded(frac_reward_zero_std=[1.0, 0.25]), []),
+    "zero spread earlier only": (recorded(no_spread_share=[1.0, 0.25]), []),
     "every completion scores 0": (recorded(**ZERO), [("all_zero", 10, 0.0, "Every completion scored 0 at step 10")]),
-    "almost no spread, three steps": (recorded(frac_reward_zero_std=[0.9, 0.95, 0.9]),
+    "almost no spread, three steps": (recorded(no_spread_share=[0.9, 0.95, 0.9]),
                                       [("little_spread", 10, 0.9, "90% of them at step 10")]),
-    "almost no spread, two steps": (recorded(frac_reward_zero_std=[0.9, 0.95]), []),
+    "almost no spread, two steps": (recorded(no_spread_share=[0.9, 0.95]), []),
     "clipped lengths": (recorded(clipped_ratio=[0.75], completion_len=[15.6]),
                         [("clipped", 10, 0.75, "75% cut off, mean length 15.6 of 16 tokens")]),
     "half clipped": (recorded(clipped_ratio=[0.5]), []),
@@ -309,7 +310,7 @@ def test_alerts_on_recorded_rows(rows, expected):
     assert [(a.kind, a.step, a.value) for a in alerts] == [case[:3] for case in expected]
     for alert, (_, step, _, quoted) in zip(alerts, expected):
         assert quoted in alert.title
-        assert alert.value == next(row for row in rows if row["step"] == step)[alert.key]
+        assert alert.value == value_at(next(row for row in rows if row["step"] == step), alert.key)
         assert FIX_MENTIONS[alert.kind] in alert.fix
 
 
@@ -317,8 +318,8 @@ def test_alerts_on_recorded_rows(rows, expected):
     (recorded(kl=RISING_KL, reward=FALLING), plots.kl_figure, "KL to the starting model"),
     (recorded(kl=KL_SPIKE, reward=FALLING), plots.kl_figure, "KL to the starting model"),
     (recorded(kl=[1.4, 1.5, 1.6, 1.5], reward=FALLING), plots.kl_figure, "KL to the starting model"),
-    (recorded(frac_reward_zero_std=[1.0]), plots.spread_figure, "groups with no spread"),
-    (recorded(frac_reward_zero_std=[0.9, 0.95, 0.9]), plots.spread_figure, "groups with no spread"),
+    (recorded(no_spread_share=[1.0]), plots.spread_figure, "groups with no spread"),
+    (recorded(no_spread_share=[0.9, 0.95, 0.9]), plots.spread_figure, "groups with no spread"),
     (recorded(**ZERO), plots.reward_figure, "total"),
     (recorded(reward_format=[0.0] * 5), plots.reward_figure, "format"),
 ], ids=["rising KL", "KL spike", "KL high", "zero spread", "little spread", "all zero", "reward always 0"])
@@ -418,7 +419,8 @@ def test_reward_hacking_in_the_latest_completions(rollout, expected):
 
 def checks(*rewards: float, steps=(0, 5, 10)) -> list[dict]:
     """Held-out checks as training writes them (heldout.jsonl) at ``steps``."""
-    return [{"step": step, "reward": reward, "reward_numeric": reward, "n_prompts": 8, "seconds": 0.4}
+    return [{"version": 2, "step": step, "reward": reward, "rewards": {"numeric": reward}, "n_prompts": 8,
+             "seconds": 0.4}
             for step, reward in zip(steps, rewards)]
 
 
@@ -491,7 +493,7 @@ def test_padding_for_a_length_reward_is_caught_on_the_lessons_real_run():
     ([PAYS_FOR_LENGTH], [progress_row(step, clipped_ratio=0.7, reward_show_working=0.5 + step / 20)
                          for step in range(1, 8)]),
     # Lengths grew to the cap while the length reward stayed where it was.
-    ([PAYS_FOR_LENGTH], [{**row, "reward_show_working": 0.7} for row in lesson_rows()]),
+    ([PAYS_FOR_LENGTH], [{**row, "rewards": {**row["rewards"], "show_working": 0.7}} for row in lesson_rows()]),
 ])
 def test_no_padding_alert_without_a_length_reward_that_rose_with_the_lengths(rewards, rows):
     kinds = {a.kind for a in health_alerts(rows, {}, {**LESSON_CONFIG, "rewards": rewards})}

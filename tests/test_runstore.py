@@ -211,7 +211,7 @@ def test_truncate_after_step_drops_newer_rows(run):
     run.truncate_after_step(3)
     assert [row["step"] for row in run.read_progress()] == [1, 2, 3]
     assert [row["step"] for row in run.read_rollouts()] == [1, 2, 3]
-    assert run.read_progress()[2] == {"step": 3, "reward": 0.3}
+    assert run.read_progress()[2] == {"version": 2, "step": 3, "reward": 0.3}
     assert not [p for p in run.path.iterdir() if p.name.startswith(".")]  # no temp files left
     run.append_progress({"step": 4, "reward": 0.9})  # a resumed run appends after the kept rows
     assert [row["step"] for row in run.read_progress()] == [1, 2, 3, 4]
@@ -366,3 +366,27 @@ def test_list_runs_reports_abandoned_runs_as_failed(runs_dir):
 @pytest.mark.parametrize("make", [lambda tmp: tmp / "missing", lambda tmp: tmp])
 def test_list_runs_of_missing_or_empty_folder(tmp_path, make):
     assert list_runs(make(tmp_path)) == []
+
+
+@pytest.mark.parametrize("written, read", [
+    ({"step": 1, "reward": 0.5, "reward_std": 0.2, "reward_numeric": 0.4, "errors_numeric": 1,
+      "frac_reward_zero_std": 0.25},
+     {"version": 2, "step": 1, "reward": 0.5, "reward_std": 0.2, "rewards": {"numeric": 0.4},
+      "errors": {"numeric": 1}, "no_spread_share": 0.25}),
+    ({"step": 0, "reward": 0.3, "reward_length": 0.9, "n_prompts": 6, "seconds": 1.2},  # a held-out check
+     {"version": 2, "step": 0, "reward": 0.3, "rewards": {"length": 0.9}, "errors": {}, "n_prompts": 6,
+      "seconds": 1.2}),
+    ({"version": 2, "step": 3, "reward_std": 0.1, "rewards": {"std": 0.7}},  # today's rows are read as written
+     {"version": 2, "step": 3, "reward_std": 0.1, "rewards": {"std": 0.7}}),
+])
+def test_rows_of_earlier_versions_are_read_in_todays_shape(run, written, read):
+    append_jsonl(run.progress_path, written)
+    append_jsonl(run.heldout_path, written)
+    assert run.read_progress() == run.read_heldout() == [read]
+
+
+@pytest.mark.parametrize("key, value", [("reward", 0.5), ("reward_std", 0.1), ("rewards/std", 0.7),
+                                        ("rewards/missing", None), ("errors/std", 2), ("nothing", None)])
+def test_a_chart_key_names_a_top_level_value_or_one_inside_rewards_and_errors(key, value):
+    row = {"reward": 0.5, "reward_std": 0.1, "rewards": {"std": 0.7}, "errors": {"std": 2}}
+    assert runstore.value_at(row, key) == value

@@ -48,11 +48,12 @@ def test_two_steps_write_the_whole_run_store(tiny_config_dict):
     progress = run.read_progress()
     assert [row["step"] for row in progress] == [1, 2]
     for row in progress:
-        for key in ("step", "epoch", "elapsed_s", "eta_s", "loss", "lr", "kl", "reward", "reward_std", "reward_numeric",
-                    "reward_length", "completion_len", "clipped_ratio", "frac_reward_zero_std", "errors_numeric"):
+        for key in ("version", "step", "epoch", "elapsed_s", "eta_s", "loss", "lr", "kl", "reward", "reward_std",
+                    "rewards", "errors", "completion_len", "clipped_ratio", "no_spread_share"):
             assert key in row, key
-        assert 0.0 <= row["reward_length"] <= 1.0
-        assert row["reward"] == pytest.approx(row["reward_numeric"] + 0.3 * row["reward_length"], abs=1e-5)
+        assert set(row["rewards"]) == set(row["errors"]) == {"numeric", "length"} and row["errors"]["numeric"] == 0
+        assert 0.0 <= row["rewards"]["length"] <= 1.0
+        assert row["reward"] == pytest.approx(row["rewards"]["numeric"] + 0.3 * row["rewards"]["length"], abs=1e-5)
         assert 0 < row["completion_len"] <= 6
 
     # The held-out reward during training: the same few prompts (here all 6 held-out ones) at each check, so step 0
@@ -61,7 +62,7 @@ def test_two_steps_write_the_whole_run_store(tiny_config_dict):
     assert [row["step"] for row in heldout] == [0, 1, 2] and {row["n_prompts"] for row in heldout} == {6}
     assert heldout[0]["reward"] == pytest.approx(evaluation["before"]["reward_mean"])
     assert heldout[-1]["reward"] == pytest.approx(evaluation["after"]["reward_mean"])
-    assert heldout[-1]["reward_numeric"] == pytest.approx(evaluation["after"]["reward_breakdown"]["numeric"])
+    assert heldout[-1]["rewards"]["numeric"] == pytest.approx(evaluation["after"]["reward_breakdown"]["numeric"])
 
     rollouts = run.read_rollouts()
     assert [r["step"] for r in rollouts] == [1, 2]
@@ -252,8 +253,7 @@ def test_a_reward_that_fails_sometimes_is_counted_and_training_goes_on(tiny_conf
     progress = run.read_progress()
     # 6 held-out calls come first (not counted: evaluation has its own tally), then 2 steps x 4 completions =
     # calls 7..14, of which 9 and 12 fail.
-    assert progress[-1]["errors_flaky"] == 2
-    assert progress[-1]["errors_numeric"] == 0
+    assert progress[-1]["errors"] == {"flaky": 2, "numeric": 0}
     assert status["reward_errors"]["flaky"] == 2
     assert "every third call" in run.log_tail()
 
@@ -344,7 +344,7 @@ def test_groups_that_all_scored_the_same_are_counted_from_the_scores_the_run_wro
     tiny_config_dict["grpo"]["group_size"] = 6
     run = run_to_end(tiny_config_dict)
     rows = run.read_progress()
-    assert [row["frac_reward_zero_std"] for row in rows] == [1.0, 1.0]
+    assert [row["no_spread_share"] for row in rows] == [1.0, 1.0]
     totals = {item["total"] for rollout in run.read_rollouts() for group in rollout["groups"]
               for item in group["completions"]}
     assert totals == {0.3}
@@ -392,3 +392,20 @@ def test_held_out_checks_can_be_turned_off(tiny_config_dict):
     run = run_to_end(tiny_config_dict)
     assert run.read_status()["state"] == "succeeded" and run.read_eval()["after"]
     assert not run.heldout_path.exists()
+
+
+def test_a_reward_named_std_trains_and_keeps_its_own_chart(tiny_config_dict):
+    """Its mean was stored as reward_std, the key of TRL's spread of the totals: one overwrote the other."""
+    from dragon_ui.ui import plots
+
+    tiny_config_dict["rewards"] = [{"kind": "numeric"}, {"kind": "length", "max_chars": 12, "name": "std",
+                                                         "weight": 0.3}]
+    run = run_to_end(tiny_config_dict)
+    assert run.read_status()["state"] == "succeeded"
+    rows = run.read_progress()
+    for row in rows:
+        assert row["reward"] == pytest.approx(row["rewards"]["numeric"] + 0.3 * row["rewards"]["std"], abs=1e-5)
+    traces = {trace.name: list(trace.y) for trace in plots.reward_figure(rows).data}
+    assert traces["std"] == [row["rewards"]["std"] for row in rows]
+    spread = {trace.name: list(trace.y) for trace in plots.spread_figure(rows).data}
+    assert spread["reward std"] == [row["reward_std"] for row in rows]

@@ -160,9 +160,9 @@ def test_the_playground_counts_with_the_drafts_model_and_its_max_new_tokens(tiny
 
 def test_a_penalty_that_stays_at_zero_is_not_a_reward_that_never_pays():
     config = {"rewards": [{"kind": "numeric"}, {"kind": "repetition", "name": "no_repeats"}]}
-    rows = [{"step": step, "reward_numeric": 0.0, "reward_no_repeats": 0.0} for step in range(1, 9)]
+    rows = [{"step": step, "rewards": {"numeric": 0.0, "no_repeats": 0.0}} for step in range(1, 9)]
     flat = {alert.key for alert in health_alerts(rows, {}, config) if alert.kind == "reward_flat"}
-    assert flat == {"reward_numeric"}
+    assert flat == {"rewards/numeric"}
 
 
 def test_trls_math_verify_calls_get_the_workers_time_limits(monkeypatch):
@@ -211,7 +211,7 @@ def test_a_training_scores_with_trls_functions_on_the_replies_tokens(tiny_config
     status = handle.run.read_status()
     assert status["state"] == "succeeded", status.get("error")
     rows = handle.run.read_progress()
-    assert all(row[f"errors_{name}"] == 0 for row in rows for name in ("overlong", "repetition", "cosine_length"))
+    assert all(row["errors"][name] == 0 for row in rows for name in ("overlong", "repetition", "cosine_length"))
     checked = 0
     for record in handle.run.read_rollouts():
         for group in record["groups"]:

@@ -43,10 +43,10 @@ def tiny_draft(studio, tiny_config_dict) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 # Pure pieces.
 
-ROWS = [{"step": 1, "reward": 0.2, "reward_std": 0.3, "reward_numeric": 0.1, "reward_length": 0.4, "kl": 0.0,
-         "completion_len": 12.0, "frac_reward_zero_std": 0.5},
-        {"step": 2, "reward": 0.4, "reward_std": 0.2, "reward_numeric": 0.3, "reward_length": 0.5, "kl": 0.01,
-         "completion_len": 9.0, "frac_reward_zero_std": 0.25}]
+ROWS = [{"step": 1, "reward": 0.2, "reward_std": 0.3, "rewards": {"numeric": 0.1, "length": 0.4}, "kl": 0.0,
+         "completion_len": 12.0, "no_spread_share": 0.5},
+        {"step": 2, "reward": 0.4, "reward_std": 0.2, "rewards": {"numeric": 0.3, "length": 0.5}, "kl": 0.01,
+         "completion_len": 9.0, "no_spread_share": 0.25}]
 
 
 @pytest.mark.parametrize("build", [plots.reward_figure, plots.spread_figure, plots.kl_figure, plots.length_figure])

@@ -205,7 +205,7 @@ class HeldOutChecks:
 
     def _append(self, step: int, result: EvalResult) -> None:
         self.run.append_heldout({"step": step, "reward": result.reward_mean,
-                                 **{f"reward_{name}": mean for name, mean in result.breakdown.items()},
+                                 "rewards": dict(result.breakdown),
                                  "n_prompts": len(result.totals), "seconds": round(result.seconds, 2)})
 
 

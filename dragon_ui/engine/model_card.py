@@ -14,7 +14,7 @@ from pathlib import Path
 from ..config import RunConfig
 from ..data import is_hub_dataset_id
 from ..rewards import reward_rule
-from ..runstore import RunDir
+from ..runstore import RunDir, reward_key, value_at
 from .models import OFFLINE_NOTE, is_hub_id, is_run_dir
 
 
@@ -239,9 +239,9 @@ def _plot_reward_curve(run: RunDir, target: Path) -> bool:
     axes = figure.add_subplot()
     steps = [row["step"] for row in points]
     axes.plot(steps, [row["reward"] for row in points], label="total (weighted)", linewidth=2.2, color="#059669")
-    for name in sorted({key[len("reward_"):] for row in points for key in row
-                        if key.startswith("reward_") and key != "reward_std"}):
-        series = [(row["step"], row[f"reward_{name}"]) for row in points if row.get(f"reward_{name}") is not None]
+    for name in sorted({name for row in points for name in row.get("rewards") or {}}):
+        series = [(row["step"], value) for row in points
+                  if (value := value_at(row, reward_key(name))) is not None]
         axes.plot(*zip(*series), label=name, linewidth=1.2, alpha=0.85)
     checks = [(row["step"], row["reward"]) for row in run.read_heldout() if row.get("reward") is not None]
     if checks:

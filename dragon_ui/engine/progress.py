@@ -138,15 +138,15 @@ class RunStoreCallback(TrainerCallback):
             "kl": logs.get("kl"),
             "reward": logs.get("reward"),
             "reward_std": logs.get("reward_std"),
-            **{f"reward_{r.name}": logs.get(f"rewards/{r.name}/mean") for r in self.rewards},
+            "rewards": {r.name: finite_or_none(logs.get(f"rewards/{r.name}/mean")) for r in self.rewards},
             "completion_len": logs.get("completions/mean_length"),
             "clipped_ratio": logs.get("completions/clipped_ratio"),
-            "frac_reward_zero_std": no_spread_share([c["total"] for c in g["completions"]] for g in groups),
+            "no_spread_share": no_spread_share([c["total"] for c in g["completions"]] for g in groups),
             "step_time_s": logs.get("step_time"),
             "peak_gpu_mem_gb": peak_gpu_memory_gb(),
             "world_size": distributed.world_size(),
             "completions_per_step": self.config.completions_per_step * distributed.world_size(),
-            **{f"errors_{r.name}": errors[r.name] for r in self.rewards},
+            "errors": {r.name: errors[r.name] for r in self.rewards},
         }
         if reused:
             row["reused_batch"] = True

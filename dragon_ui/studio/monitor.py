@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..config import usual_learning_rates
 from ..rewards import PENALTY_KINDS
-from ..runstore import ACTIVE_STATES, RunDir, read_appended_rows
+from ..runstore import ACTIVE_STATES, RunDir, errors_key, read_appended_rows, read_record_rows, reward_key, value_at
 
 LOG_LINES = 40
 LOG_TAIL_CHARS = 16_000
@@ -86,11 +86,13 @@ def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snap
         snap.cursor["status"], snap.cursor["status_read_at"] = old_cursor["status"], old_cursor["status_read_at"]
     snap.status_changed = snap.status != previous_status
 
-    rows, reset, snap.cursor["progress"] = _read_new_rows(run.progress_path, old_cursor.get("progress"))
+    rows, reset, snap.cursor["progress"] = _read_new_rows(run.progress_path, old_cursor.get("progress"),
+                                                          read_record_rows)
     snap.progress = rows if reset or previous is None else previous["progress"] + rows
     snap.progress_changed = previous is None or reset or bool(rows)
 
-    rows, reset, snap.cursor["heldout"] = _read_new_rows(run.heldout_path, old_cursor.get("heldout"))
+    rows, reset, snap.cursor["heldout"] = _read_new_rows(run.heldout_path, old_cursor.get("heldout"),
+                                                         read_record_rows)
     snap.heldout = rows if reset or previous is None else (previous.get("heldout") or []) + rows
     snap.progress_changed = snap.progress_changed or reset or bool(rows)  # the reward chart draws both
 
@@ -151,7 +153,8 @@ def _stamp(path: Path) -> list[int] | None:
     return [info.st_ino, info.st_mtime_ns, info.st_size]
 
 
-def _read_new_rows(path: Path, position: list[int] | None) -> tuple[list[dict], bool, list[int] | None]:
+def _read_new_rows(path: Path, position: list[int] | None,
+                   read=read_appended_rows) -> tuple[list[dict], bool, list[int] | None]:
     """Rows appended since ``position`` ([inode, offset]); ``reset`` when the file was replaced or shrank, in which
     case the rows are the whole file."""
     try:
@@ -162,7 +165,7 @@ def _read_new_rows(path: Path, position: list[int] | None) -> tuple[list[dict], 
     start = 0 if reset or position is None else position[1]
     if position is not None and not reset and info.st_size == start:
         return [], False, position  # nothing appended: no need to open the file
-    rows, offset = read_appended_rows(path, start)
+    rows, offset = read(path, start)
     return rows, reset, [info.st_ino, offset]
 
 
@@ -177,7 +180,7 @@ def tail_lines(text: str, count: int) -> str:
 def series(rows: list[dict], key: str) -> tuple[list, list[float | None]]:
     """(steps, values) of one progress key, one point per row; None where a row has no finite number (a gap in the
     chart). The charts draw exactly this and the alerts read exactly this, so they cannot disagree."""
-    return [row.get("step") for row in rows], [finite_number(row.get(key)) for row in rows]
+    return [row.get("step") for row in rows], [finite_number(value_at(row, key)) for row in rows]
 
 
 def points(rows: list[dict], key: str) -> list[tuple[int, float]]:
@@ -186,12 +189,11 @@ def points(rows: list[dict], key: str) -> list[tuple[int, float]]:
 
 
 def reward_names_of(rows: list[dict]) -> list[str]:
-    """The per-reward columns (reward_<name>) present in the rows, in first-seen order."""
+    """The rewards the rows hold a value of, in first-seen order."""
     names: dict[str, None] = {}
     for row in rows:
-        for key in row:
-            if key.startswith("reward_") and key != "reward_std":
-                names.setdefault(key[len("reward_"):], None)
+        for name in row.get("rewards") or {}:
+            names.setdefault(str(name), None)
     return list(names)
 
 
@@ -208,7 +210,7 @@ def finite_number(value) -> float | None:
 
 WINDOW = 3  # "the last few steps"
 FLAT_STEPS = 5  # a reward whose mean is 0 this many steps in a row never gives credit
-MOST_GROUPS_SAME = 0.9  # frac_reward_zero_std at or above this, WINDOW steps running: little left to learn from
+MOST_GROUPS_SAME = 0.9  # no_spread_share at or above this, WINDOW steps running: little left to learn from
 CLIPPED_FRAC = 0.5
 KL_HIGH = 1.0
 KL_NOTABLE = 0.1  # below this, KL growth is harmless however fast
@@ -245,7 +247,7 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     - a reward failing: errors_<name> > 0 in the latest row (or in status.reward_errors);
     - a reward that teaches nothing (a penalty, which is 0 until it is due, excepted): a mean of 0 on each of
       the last FLAT_STEPS steps, or one mean on every step;
-    - every group scoring the same: frac_reward_zero_std == 1 in the latest row (or >= 0.9 for WINDOW steps running);
+    - every group scoring the same: no_spread_share == 1 in the latest row (or >= 0.9 for WINDOW steps running);
     - most completions cut off: clipped_ratio > 0.5 in the latest row;
     - KL: a spike among the last WINDOW steps, the latest above 1.0, or rising for WINDOW steps to 3x the level before;
     - reward hacking (:func:`hacking_alerts`): the training reward rising while the held-out one does not, one
@@ -255,7 +257,7 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     grpo = config.get("grpo") or {}
     training = config.get("training") or {}
     alerts = _reward_error_alerts(progress_rows, status, log)
-    failing = {alert.key.removeprefix("errors_") for alert in alerts}  # their zeros are explained already
+    failing = {alert.key.removeprefix(errors_key("")) for alert in alerts}  # their zeros are explained already
     penalties = {spec.get("name") or spec.get("kind") for spec in config.get("rewards") or []
                  if isinstance(spec, dict) and spec.get("kind") in PENALTY_KINDS}  # at 0 when no penalty is due
     alerts += _flat_reward_alerts(progress_rows, skip=failing | penalties)
@@ -283,7 +285,7 @@ def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert
     whether the reward is still failing."""
     latest = rows[-1] if rows else {}
     before = rows[-2] if len(rows) > 1 else {}
-    counts = {key.removeprefix("errors_"): finite_number(value) for key, value in latest.items() if key.startswith("errors_")}
+    counts = {str(name): finite_number(value) for name, value in (latest.get("errors") or {}).items()}
     for name, count in (status.get("reward_errors") or {}).items():
         counts.setdefault(name, finite_number(count))
     first_errors = {m["name"]: m["error"].strip() for m in _REWARD_ERROR_LINE.finditer(log)}
@@ -294,7 +296,7 @@ def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert
             continue
         title = f"The reward '{name}' failed on {int(count)} completion{'s' if count != 1 else ''} so far"
         if latest:
-            earlier = finite_number(before.get(f"errors_{name}")) or 0
+            earlier = finite_number(value_at(before, errors_key(name))) or 0
             new = count - earlier if count >= earlier else count  # a resume starts the counts again
             of = f" of {int(per_step)}" if per_step else ""
             title += f", {int(new)}{of} in step {latest.get('step')}" if new else f", none in step {latest.get('step')}"
@@ -302,7 +304,7 @@ def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert
             "Its first error is in the run's log (log.txt in the run folder)."
         alerts.append(Alert("error", title + " (they scored 0)",
                             f"{detail} Fix the reward on the Rewards tab (test it there on a sample reply), then "
-                            "start a new run.", "reward_errors", f"errors_{name}", latest.get("step"), count))
+                            "start a new run.", "reward_errors", errors_key(name), latest.get("step"), count))
     return alerts
 
 
@@ -314,7 +316,7 @@ def _flat_reward_alerts(rows: list[dict], skip: set[str]) -> list[Alert]:
     for name in reward_names_of(rows):
         if name in skip:
             continue
-        key = f"reward_{name}"
+        key = reward_key(name)
         steps, values = series(rows, key)
         recent = values[-FLAT_STEPS:]
         if len(recent) < FLAT_STEPS or None in recent:
@@ -335,10 +337,10 @@ def _flat_reward_alerts(rows: list[dict], skip: set[str]) -> list[Alert]:
 
 
 def _spread_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
-    """frac_reward_zero_std is the share of groups whose completions all scored the same (the spread chart's "groups
+    """no_spread_share is the share of groups whose completions all scored the same (the spread chart's "groups
     with no spread"); GRPO learns only from the others. The chart's other line, reward_std, is TRL's spread over the
     whole batch: above 0 whenever groups differ from each other, even if each group agrees within itself."""
-    steps, recent = series(rows[-WINDOW:], "frac_reward_zero_std")
+    steps, recent = series(rows[-WINDOW:], "no_spread_share")
     if not recent or recent[-1] is None:
         return []
     step, frac = steps[-1], recent[-1]
@@ -353,12 +355,12 @@ def _spread_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
         return [Alert("warn", f"Every group scored the same at step {step}: no completion did better than the others "
                       "of its group", "GRPO learns from differences within a group. Add a reward that tells better "
                       f"answers from worse ones (partial credit), or raise {knobs}. If all already score full marks, "
-                      "the task is learned: make it harder.", "no_spread", "frac_reward_zero_std", step, frac)]
+                      "the task is learned: make it harder.", "no_spread", "no_spread_share", step, frac)]
     if len(recent) == WINDOW and None not in recent and min(recent) >= MOST_GROUPS_SAME:
         return [Alert("warn", f"Almost every group scores the same ({frac:.0%} of them at step {step}, "
                       f"{WINDOW} steps running)", "Only the few groups with different scores teach anything. Add a "
                       f"reward that gives partial credit, or raise {knobs}.",
-                      "little_spread", "frac_reward_zero_std", step, frac)]
+                      "little_spread", "no_spread_share", step, frac)]
     return []
 
 
@@ -496,13 +498,13 @@ def _window_means(rows: list[dict], key: str) -> tuple[float, float] | None:
 
 def _trade_off_alerts(rows: list[dict], config: dict, skip: set[str]) -> list[Alert]:
     moves = {name: means for name in reward_names_of(rows)
-             if name not in skip and (means := _window_means(rows, f"reward_{name}"))}
+             if name not in skip and (means := _window_means(rows, reward_key(name)))}
     rising = sorted((after - before, name) for name, (before, after) in moves.items() if after - before >= TRADE_OFF)
     falling = sorted((after - before, name) for name, (before, after) in moves.items() if before - after >= TRADE_OFF)
     if not rising or not falling:
         return []
     (_, up), (_, down) = rising[-1], falling[0]
-    step, now_up, now_down = rows[-1].get("step"), rows[-1][f"reward_{up}"], rows[-1][f"reward_{down}"]
+    step, now_up, now_down = rows[-1].get("step"), value_at(rows[-1], reward_key(up)), value_at(rows[-1], reward_key(down))
     weights = {r.get("name") or r.get("kind"): r.get("weight", 1.0) for r in config.get("rewards") or []
                if isinstance(r, dict)}
     weight = f" (now {weights[up]})" if up in weights else ""
@@ -512,7 +514,7 @@ def _trade_off_alerts(rows: list[dict], config: dict, skip: set[str]) -> list[Al
                   f"The model may be earning '{up}' at the expense of '{down}': a loophole in '{up}' pays more than "
                   f"the task. Read the completions below (step {step}); if they game '{up}', lower its weight{weight} "
                   "or make it stricter, so that it pays only for what you want.",
-                  "reward_trade_off", f"reward_{up}", step, now_up)]
+                  "reward_trade_off", reward_key(up), step, now_up)]
 
 
 def _padding_alerts(rows: list[dict], config: dict) -> list[Alert]:
@@ -524,7 +526,7 @@ def _padding_alerts(rows: list[dict], config: dict) -> list[Alert]:
     if not paying or clipped is None:
         return []
     early, late = clipped
-    moved = {name: _first_and_last_means(rows, f"reward_{name}") for name in paying}
+    moved = {name: _first_and_last_means(rows, reward_key(name)) for name in paying}
     rose = [(name, *means) for name, means in moved.items() if means and means[1] - means[0] >= TRADE_OFF]
     if early >= CLIPPED_FRAC or late < CLIPPED_FRAC or not rose:
         return []

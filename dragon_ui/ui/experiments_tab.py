@@ -24,7 +24,7 @@ CHARTS = [  # (key, title, y axis, of the held-out checks rather than the progre
     ("kl", "KL divergence", "KL", False),
     ("completion_len", "Completion length", "tokens", False),
     ("reward_std", "Reward spread", "std", False),
-    ("frac_reward_zero_std", "Groups with no spread", "fraction", False),
+    ("no_spread_share", "Groups with no spread", "fraction", False),
 ]
 NO_CHECKS = "No held-out checks: runs before this feature, or with training.eval_every 0"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..experiments import RunCurves
+from ..runstore import reward_key
 from ..studio.monitor import reward_names_of, series
 
 HEIGHT = 300
@@ -48,7 +49,7 @@ def reward_figure(rows: list[dict], reward_names: list[str] | None = None,
     """Total reward (weighted sum) and each reward's mean: what the model is being pushed towards; and the held-out
     reward of the checks during training (dashed): whether that carries over to prompts it does not train on."""
     names = reward_names if reward_names is not None else reward_names_of(rows)
-    figure = line_figure(rows, [("reward", "total"), *((f"reward_{n}", n) for n in names)], "Reward", "mean reward")
+    figure = line_figure(rows, [("reward", "total"), *((reward_key(n), n) for n in names)], "Reward", "mean reward")
     steps, values = series(heldout or [], "reward")
     if rows and any(value is not None for value in values):
         prompts = (heldout or [{}])[-1].get("n_prompts")
@@ -60,7 +61,7 @@ def reward_figure(rows: list[dict], reward_names: list[str] | None = None,
 
 def spread_figure(rows: list[dict]) -> go.Figure:
     """How different the completions of a group score: no spread, no learning signal."""
-    return line_figure(rows, [("reward_std", "reward std"), ("frac_reward_zero_std", "groups with no spread")],
+    return line_figure(rows, [("reward_std", "reward std"), ("no_spread_share", "groups with no spread")],
                        "Reward spread", "std / fraction")
 
 
@@ -118,7 +119,7 @@ def overlay_rewards_figure(curves: list[RunCurves], labels: list[str], x: str = 
     figure = go.Figure()
     for number, (curve, label) in enumerate(zip(curves, labels)):
         for index, name in enumerate(curve.reward_names or reward_names_of(curve.rows)):
-            _, values = series(curve.rows, f"reward_{name}")
+            _, values = series(curve.rows, reward_key(name))
             if any(v is not None for v in values):
                 figure.add_trace(go.Scatter(
                     x=_x_values(curve.rows, x, curve.rows), y=values, mode="lines", name=f"{label} · {name}",
