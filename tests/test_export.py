@@ -13,7 +13,7 @@ from conftest import stop_after_last_checkpoint, strengthen_adapter
 
 from dragon_ui.cli import main
 from dragon_ui.data import read_jsonl, write_jsonl
-from dragon_ui.engine import weights
+from dragon_ui.engine import trained, weights
 from dragon_ui.errors import ConfigError
 from dragon_ui.runstore import RunDir
 
@@ -89,7 +89,7 @@ def readme_messages(readme: str) -> list[dict]:
 @pytest.mark.parametrize("held_out, training, expected, origin", [
     ([JSON_PROMPT], [], JSON_PROMPT, "a held-out prompt of this run"),
     ([], [JSON_PROMPT], JSON_PROMPT, "a training prompt of this run"),
-    (None, None, weights.PLACEHOLDER_PROMPT, "a placeholder"),
+    (None, None, trained.PLACEHOLDER_PROMPT, "a placeholder"),
 ], ids=["held-out", "nothing-held-out", "no-data-files"])
 def test_the_readme_example_asks_the_runs_own_kind_of_prompt(finished_run, held_out, training, expected, origin):
     """A JSON run's README used to show an arithmetic question."""
@@ -240,9 +240,9 @@ def test_merge_command(finished_run, tmp_path, capsys):
 
 
 def test_trained_weights_names_where_they_come_from(finished_run):
-    assert weights.trained_weights(finished_run).label == "the final adapter"
+    assert trained.trained_weights(finished_run).label == "the final adapter"
     stop_after_last_checkpoint(finished_run)
-    found = weights.trained_weights(RunDir(finished_run.path))
+    found = trained.trained_weights(RunDir(finished_run.path))
     assert (found.label, found.is_final, found.path.name) == ("checkpoint-2", False, "checkpoint-2")
 
 

@@ -140,3 +140,33 @@ def test_packages_import_each_other_without_a_cycle():
         cycle = cycle_from(unit, [])
         assert cycle is None, " -> ".join(cycle) + ": " + "; ".join(
             f"{a} -> {b} in {', '.join(sorted(set(graph[a][b])))}" for a, b in zip(cycle, cycle[1:]))
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(("dragon_ui", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def test_no_file_imports_one_that_imports_it_back():
+    """Nor inside a package: evaluation, model_card and weights, or the reward kinds and their validation, each
+    imported another that imported it. A package's own __init__ (its face) is left out: it imports its parts."""
+    modules = {module_of(path): path for path in files()}
+    graph = {name: sorted({imported for imported in imported_modules(path) if imported in modules
+                           and imported != name and not modules[imported].name == "__init__.py"})
+             for name, path in modules.items()}
+    done: set[str] = set()
+
+    def cycle_from(name: str, path: list[str]) -> list[str] | None:
+        if name in path:
+            return path[path.index(name):] + [name]
+        if name in done:
+            return None
+        for imported in graph[name]:
+            if (found := cycle_from(imported, [*path, name])) is not None:
+                return found
+        done.add(name)
+        return None
+
+    for name in sorted(graph):
+        cycle = cycle_from(name, [])
+        assert cycle is None, " -> ".join(cycle)

@@ -22,7 +22,7 @@ from ..rewards import Reward, build_rewards, score_completions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
 from .reward_models import classifiers_on
-from .weights import TrainedWeights, trained_weights
+from .trained import TrainedWeights, trained_weights
 
 log = logging.getLogger(__name__)
 

@@ -194,7 +194,7 @@ def _load_snippet(run: RunDir, config: RunConfig, adapter: bool, repo_id: str | 
 
 
 def _chat_lines(run: RunDir, config: RunConfig) -> list[str]:
-    from .weights import example_prompt
+    from .trained import example_prompt
 
     messages, _ = example_prompt(run)
     return ["", f"messages = {json.dumps(messages, ensure_ascii=False)}",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from transformers import TrainerCallback
 
@@ -24,9 +24,6 @@ from ..scaleout import distributed
 from .evaluation import HeldOutChecks
 from .model_card import write_model_card
 from .weights import make_portable
-
-if TYPE_CHECKING:
-    from .training import RunHandle
 
 log = logging.getLogger("dragon_ui")
 
@@ -65,9 +62,9 @@ class RunStoreCallback(TrainerCallback):
     are read from ``trainer._logs``, which TRL fills with the batch it just trained on before calling ``on_log``.
     """
 
-    def __init__(self, run: RunDir, handle: RunHandle, rewards: list[Reward], failures: RewardFailures,
-                 config: RunConfig, checks: HeldOutChecks) -> None:
-        self.run, self.handle = run, handle
+    def __init__(self, run: RunDir, should_stop: Callable[[], bool], rewards: list[Reward],
+                 failures: RewardFailures, config: RunConfig, checks: HeldOutChecks) -> None:
+        self.run, self.should_stop = run, should_stop  # a stop asked for, or the time limit reached (RunHandle)
         self.trainer = None  # the trainer is built with this callback's ``sampled``; it is set right after
         self._sampled_once = False
         self.rewards, self.failures, self.config, self.checks = rewards, failures, config, checks
@@ -99,7 +96,7 @@ class RunStoreCallback(TrainerCallback):
             self.run.update_status(step=state.global_step, total_steps=state.max_steps)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if distributed.any_process(self.handle.should_stop()):  # all leave at the same step
+        if distributed.any_process(self.should_stop()):  # all leave at the same step
             self.stopped = True
             control.should_training_stop = True
             control.should_save = True

@@ -327,7 +327,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     from . import progress  # transformers' TrainerCallback: loaded with the trainer, not with the app
 
     failures = RewardFailures()
-    callback = progress.RunStoreCallback(run, handle, rewards, failures, config, checks)
+    callback = progress.RunStoreCallback(run, handle.should_stop, rewards, failures, config, checks)
     trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures, callback.sampled)
     callback.trainer = trainer
     trackers.point_at_run(trainer, run)

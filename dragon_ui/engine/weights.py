@@ -20,8 +20,9 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..files import replaced_atomically
-from ..runstore import RunDir, state_label
+from ..runstore import RunDir
 from .model_card import write_model_card
+from .trained import TrainedWeights, example_prompt, trained_weights
 
 log = logging.getLogger(__name__)
 
@@ -34,51 +35,8 @@ _TRAINING_STATE = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth"
 MERGE_MARKER = "dragon_merge.json"
 
 
-@dataclass
-class TrainedWeights:
-    """The newest trained weights of a run: its final adapter/model, or else its latest checkpoint."""
-
-    path: Path
-    label: str  # "the final adapter", "the final model" or "checkpoint-12": how the UI names where "after" comes from
-    is_adapter: bool  # LoRA adapter (apply to the starting model) or a full model folder
-    is_final: bool
-
-
-def trained_weights(run: RunDir) -> TrainedWeights:
-    """Where the run's trained weights are; ConfigError with a sentence when it has saved none yet."""
-    config = run.read_config()
-    lora = config.lora.enabled
-    final = run.adapter_dir if lora else run.full_model_dir
-    marker = "adapter_config.json" if lora else "config.json"
-    if (final / marker).is_file():
-        return TrainedWeights(final, "the final adapter" if lora else "the final model", lora, True)
-    checkpoint = run.latest_checkpoint()
-    if checkpoint is not None and (checkpoint / marker).is_file():
-        return TrainedWeights(checkpoint, checkpoint.name, lora, False)
-    state = state_label(run.read_status().get("state"))
-    raise ConfigError(f"The run {run.id} has no trained weights yet (it is {state}): it saves them every "
-                      f"{config.training.save_steps} steps and when it finishes or is stopped.")
-
-
 def _is_export_file(name: str) -> bool:
     return name.startswith(("adapter_", "tokenizer", "vocab.")) or name.endswith(".model") or name in _TOKENIZER_FILES
-
-
-# The README's example when the run has no data files left to take a prompt from.
-PLACEHOLDER_PROMPT = [{"role": "user", "content": "Write a prompt like the ones this run trained on."}]
-
-
-def example_prompt(run: RunDir) -> tuple[list[dict], str]:
-    """(chat messages, where they come from) for the README's example: the run's first held-out prompt, else its
-    first training prompt, so the example asks what the adapter was trained for, system message included."""
-    for path, origin in ((run.eval_data_path, "a held-out prompt of this run"),
-                         (run.train_data_path, "a training prompt of this run")):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                return json.loads(fh.readline())["prompt"], origin
-        except (OSError, ValueError):  # no such file, or an empty one (nothing was held out)
-            continue
-    return PLACEHOLDER_PROMPT, "a placeholder: this run's data files are gone"
 
 
 def _readme(run: RunDir, weights: TrainedWeights) -> str:

@@ -5,23 +5,16 @@ checked to be a finite number by :class:`Reward`."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import numbers
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-import regex
-
-from ..errors import ConfigError, RewardError
+from ..errors import RewardError
+from .code import compile_pattern
+from .spec import FORMAT_PRESETS, RewardSpec
 from .text import extract_answer, last_number, normalise, require_reference
-
-if TYPE_CHECKING:
-    from .spec import RewardSpec
-
-FORMAT_PRESETS: dict[str, tuple[str, ...]] = {"think_answer": ("think", "answer")}
 
 Scorer = Callable[[str, str, "str | None", dict], object]
 
@@ -94,47 +87,11 @@ def _numeric(spec: RewardSpec) -> Scorer:
     return score
 
 
-def compile_pattern(spec: RewardSpec, where: str) -> regex.Pattern:
-    """The pattern, compiled by the ``regex`` package (Python's syntax; it releases the GIL while it matches and
-    takes a timeout), refused with a sentence when it is not valid or takes too long on some texts."""
-    flags = 0 if spec.case_sensitive else regex.IGNORECASE
-    try:
-        pattern = regex.compile(spec.pattern, flags)
-    except regex.error as error:
-        raise ConfigError(f"{where}.pattern is not a valid regular expression: {error}.") from None
-    slow_on = _slow_text(spec.pattern, flags)
-    if slow_on is not None:
-        shown = slow_on if len(slow_on) <= 24 else f"{slow_on[:12]}…{slow_on[-6:]}"
-        raise ConfigError(f"{where}.pattern takes too long on some replies (over {PROBE_TIMEOUT_S:g} s on "
-                          f"{shown!r}): repetition that can match the same text in many ways, such as (a|aa)+ or "
-                          "(a+)+, takes exponential time; rewrite it so each character can be matched one way only.")
-    return pattern
-
-
-# Texts that make backtracking patterns slow: a character (or pair) repeated, then one that does not fit.
-_PROBE_PIECES = ("a", "0", " ", "ab", "a ", "a1", "\n", ".", ",", "<>", "-")
-PROBE_REPEATS, PROBE_TIMEOUT_S = 40, 0.05
 REGEX_TIMEOUT_S = 0.25  # one reply: a pattern that takes longer scores it 0, counted as a failure
 
 
-@functools.lru_cache(maxsize=256)
-def _slow_text(pattern_text: str, flags: int) -> str | None:
-    """A short text on which the pattern takes more than PROBE_TIMEOUT_S (checked when a reward is saved, so a
-    pattern that backtracks exponentially is refused before a run meets it), or None."""
-    pattern = regex.compile(pattern_text, flags)
-    pieces = dict.fromkeys([*_PROBE_PIECES, *(char for char in pattern_text if char.isalnum())][:24])
-    for piece in pieces:
-        for end in ("!", "\x00", ""):
-            text = piece * PROBE_REPEATS + end
-            try:
-                pattern.search(text, timeout=PROBE_TIMEOUT_S)
-            except TimeoutError:
-                return text
-    return None
-
-
 def regex_scorer(spec: RewardSpec, where: str) -> Scorer:
-    pattern = compile_pattern(spec, where)
+    pattern = compile_pattern(spec.pattern, spec.case_sensitive, where)
 
     def score(prompt, completion, reference, row):
         try:

@@ -1,25 +1,18 @@
-"""Rewards that run code: a command (a program that scores the reply, e.g. unit tests) and a custom Python function.
-Both are refused in a public demo (spec.public_demo_refusal)."""
+"""The command reward: a program that scores the reply (unit tests, a checker), run with a time limit. Refused in a
+public demo (spec.public_demo_refusal), as the custom Python function is (code.load_custom_function)."""
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import signal
 import subprocess
 import tempfile
-import types
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-
-from ..errors import ConfigError, RewardError, one_line
+from ..errors import RewardError
 from .builtin import Scorer
+from .spec import RewardSpec
 from .text import last_number
-
-if TYPE_CHECKING:
-    from .spec import RewardSpec
 
 # Environment strings are capped by the kernel (128 KiB each); 32,000 characters stay below that even in UTF-8.
 _ENV_TEXT_LIMIT = 32_000
@@ -88,42 +81,3 @@ def _kill_group(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
     else:  # Windows has no process groups in this sense
         proc.kill()
-
-
-def load_custom_function(spec: RewardSpec, base_dir: str | None, where: str) -> Callable:
-    """Compile and run the custom source in a fresh module namespace and return its reward function."""
-    if spec.code is not None:
-        source, label, filename = spec.code, f"{where}.code", f"<{where}.code>"
-    else:
-        filename = spec.file if os.path.isabs(spec.file) or not base_dir else os.path.join(base_dir, spec.file)
-        label = f"{where}.file ({filename})"
-        try:
-            with open(filename, encoding="utf-8") as handle:
-                source = handle.read()
-        except OSError as error:
-            raise ConfigError(f"{label} cannot be read: {error.strerror or error}.") from None
-    try:
-        compiled = compile(source, filename, "exec")
-    except SyntaxError as error:
-        raise ConfigError(f"{label} has a syntax error on line {error.lineno}: {error.msg}.") from None
-    module = types.ModuleType(f"dragon_reward_{spec.name or spec.kind}")
-    module.__file__ = filename
-    try:
-        exec(compiled, module.__dict__)
-    except Exception as error:
-        raise ConfigError(f"{label} failed while loading: {one_line(error)}.") from None
-    function = module.__dict__.get(spec.function)
-    if function is None:
-        raise ConfigError(f"{label} defines no function named {spec.function!r}; define "
-                          f"def {spec.function}(prompt, completion, reference, row) returning a number.")
-    if not callable(function):
-        raise ConfigError(f"{label} defines {spec.function!r}, but it is a {type(function).__name__}, "
-                          f"not a function.")
-    try:
-        inspect.signature(function).bind("", "", None, {})
-    except TypeError:
-        raise ConfigError(f"{label} defines {spec.function!r}, but it cannot be called as "
-                          f"{spec.function}(prompt, completion, reference, row).") from None
-    except ValueError:  # some builtins have no inspectable signature; they are called as is
-        pass
-    return function

@@ -13,7 +13,8 @@ from ..public import is_public_demo
 from .classifier import Classifiers, ClassifierScorer
 from .math_answers import PREVIEWS, TRAINING, math_scorer
 from .builtin import BUILTIN_SCORERS, Reward, regex_scorer
-from .programs import command_scorer, load_custom_function
+from .code import load_custom_function
+from .programs import command_scorer
 from .spec import PUBLIC_REFUSALS, REWARD_KINDS, TOKEN_KINDS, TRL_KINDS, RewardSpec
 from .trl_rewards import trl_scorer
 
@@ -39,7 +40,8 @@ def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training
         if is_public_demo() and spec.kind in PUBLIC_REFUSALS:
             raise ConfigError(f"{where}.kind: {PUBLIC_REFUSALS[spec.kind]}")
         if spec.kind == "custom":
-            scorer = load_custom_function(spec, base_dir, where)
+            scorer = load_custom_function(spec.code, spec.file, spec.function, spec.name or spec.kind, base_dir,
+                                          where)
         elif spec.kind == "command":
             scorer = command_scorer(spec, base_dir)
         elif spec.kind == "regex":

@@ -12,9 +12,10 @@ from dataclasses import dataclass, fields
 
 from ..errors import ConfigError, check_length
 from ..public import LIFT, classifier_refusal, is_public_demo
-from .builtin import FORMAT_PRESETS, compile_pattern
-from .programs import load_custom_function
+from .code import compile_pattern, load_custom_function
 from .text import EXTRACT_MODES
+
+FORMAT_PRESETS: dict[str, tuple[str, ...]] = {"think_answer": ("think", "answer")}  # a format reward's tag sets
 
 REWARD_KINDS: tuple[str, ...] = (
     "exact", "contains", "numeric", "math", "regex", "json", "length", "keyword", "format", "think_format", "overlong",
@@ -376,7 +377,7 @@ def _check_kind(spec: RewardSpec, where: str) -> None:
     if kind == "regex":
         if spec.pattern is None:
             raise ConfigError(f"{where}.pattern is missing; a regex reward needs a regular expression to look for.")
-        compile_pattern(spec, where)
+        compile_pattern(spec.pattern, spec.case_sensitive, where)
     elif kind == "length":
         if spec.min_chars is None and spec.max_chars is None:
             raise ConfigError(f"{where}.min_chars and {where}.max_chars are both missing; "
@@ -414,7 +415,7 @@ def _check_kind(spec: RewardSpec, where: str) -> None:
             raise ConfigError(f"{where}.code and {where}.file: give exactly one of them (the Python source, "
                               f"or the path of a .py file).")
         if spec.code is not None:
-            load_custom_function(spec, None, where)
+            load_custom_function(spec.code, None, spec.function, spec.name or spec.kind, None, where)
 
 
 def check_some_weight(specs: list[RewardSpec], where: str = "") -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..data import read_jsonl
 from ..engine.evaluation import SIDES, before_and_after, generate_replies, model_for
-from ..engine.weights import TrainedWeights, trained_weights
+from ..engine.trained import TrainedWeights, trained_weights
 from ..errors import ConfigError
 from ..public import Limits, is_public_demo
 from ..runstore import ACTIVE_STATES, RunDir, state_label
