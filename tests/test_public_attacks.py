@@ -441,7 +441,7 @@ def with_rewards(demo, tiny_model_dir, rewards: list[dict]) -> RawVisitor:
     load, unchecked), with the playground's rows of the arithmetic data listed."""
     draft = {**base_draft(tiny_model_dir), "rewards": rewards}
     attacker = demo.attacker(**{DRAFT_STORE: {"draft": draft}})
-    assert attacker.fire("form-edits", "change", **PLAYGROUND_DATA).ok
+    assert attacker.fire("form-edits", "change", sets="model-check", **PLAYGROUND_DATA).ok
     return attacker
 
 
@@ -563,9 +563,9 @@ def test_a_kept_draft_of_any_shape_still_opens_the_page(demo, tiny_model_dir):
     assert "Some settings could not be shown" in demo.app.output(page_load, opened, "recipe-status")
     assert "kept_reward" in json.dumps(demo.app.output(page_load, opened, "rewards-table"))
     # The form's own values replace the broken parts: its watchers, Check and loading a recipe all work.
-    watched = visitor.fire("form-edits", "change", **PLAYGROUND_DATA)
+    watched = visitor.fire("form-edits", "change", sets="model-check", **PLAYGROUND_DATA)
     assert watched.ok and "Something went wrong" not in watched.text(), watched.text()[:300]
-    said = demo.app.output(demo.app.event("form-edits", "change"), watched, "model-check")
+    said = demo.app.output(demo.app.event("form-edits", "change", "model-check"), watched, "model-check")
     assert said.startswith(("✅", "❌", "⚠️")), said  # the form's own values checked, in the screen's words
     recipe = visitor.fire("load-recipe", recipe="arithmetic")
     assert recipe.ok and "Loaded the arithmetic recipe" in recipe.text(), recipe.text()[:300]

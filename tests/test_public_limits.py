@@ -278,7 +278,7 @@ def test_a_pattern_that_backtracks_exponentially_is_refused_when_it_is_saved(pat
 def test_a_slow_match_scores_zero_as_a_failure_within_its_time_limit(monkeypatch):
     """A pattern the check let through but that is slow on one reply: that reply scores 0, the failure is
     counted, and other threads run meanwhile (the regex package lets go of the GIL)."""
-    monkeypatch.setattr(rewards.builtin, "_slow_text", lambda *args: None)  # as if the check had missed it
+    monkeypatch.setattr(rewards.code, "_slow_text", lambda *args: None)  # as if the check had missed it
     (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "regex", "pattern": r"(a|aa)+$"})])
     ticks = []
     done = threading.Event()

@@ -253,7 +253,7 @@ def test_a_reward_that_fails_sometimes_is_counted_and_training_goes_on(tiny_conf
     progress = run.read_progress()
     # 6 held-out calls come first (not counted: evaluation has its own tally), then 2 steps x 4 completions =
     # calls 7..14, of which 9 and 12 fail.
-    assert progress[-1]["errors"] == {"flaky": 2, "numeric": 0}
+    assert progress[-1]["errors"] == {"flaky": 2, "numeric": 0, "length": 0}
     assert status["reward_errors"]["flaky"] == 2
     assert "every third call" in run.log_tail()
 
