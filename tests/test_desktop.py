@@ -51,7 +51,10 @@ def screen():
     # Xvfb picks a free display and names it (-displayfd): a number chosen here could be taken by another X
     # server (one left behind by a killed test run took it, and this one then met that server's windows).
     chosen, told = os.pipe()
-    server = subprocess.Popen(["Xvfb", "-displayfd", str(told), "-screen", "0", SCREEN, "-nolisten", "tcp"],
+    # -noreset: an X server resets itself when its last client leaves, and refuses connections meanwhile. The probe
+    # below was the only client, so the window manager that started next met a server being reset, now and then,
+    # and could not open the display (2 starts in 40 here).
+    server = subprocess.Popen(["Xvfb", "-displayfd", str(told), "-screen", "0", SCREEN, "-nolisten", "tcp", "-noreset"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(told,))
     os.close(told)
     with os.fdopen(chosen) as named:
@@ -66,8 +69,6 @@ def screen():
         answers(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], on_screen, "the window manager", "window id")
         yield display
     finally:
-        # Waited for: a server still shutting down keeps its display's socket, and the next screen given that
-        # number (Xvfb reuses it once the lock file is gone) then refused its window manager.
         for process in (manager, server):
             if process is not None:
                 process.terminate()
