@@ -29,8 +29,14 @@ SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "DRAGON_UI_OWN
 _turn = threading.Semaphore(1)
 
 
+def runs_apart(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a top-level function of dragon_ui's as one run_apart may run: the process runs no other."""
+    function.runs_apart = True
+    return function
+
+
 def run_apart(function: Callable[..., Any], arguments: dict, limit_bytes: int, what: str) -> Any:
-    """``function(**arguments)`` (a function of dragon_ui's, at its module's top level, whose answer is JSON) in a
+    """``function(**arguments)`` (marked @runs_apart, at its module's top level, whose answer is JSON) in a
     separate process; a ConfigError naming ``what`` (the file's or dataset's name) when it fails, runs out of memory
     or time, or hands back more than ``limit_bytes``."""
     if not _turn.acquire(timeout=WAIT_SECONDS):
@@ -83,10 +89,11 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     resource.setrlimit(resource.RLIMIT_AS, (request["memory"], request["memory"]))
     module, _, name = request["target"].partition(":")
-    if not module.startswith("dragon_ui.") or "." in name:
-        raise SystemExit(f"apart runs dragon_ui's own top-level functions, not {request['target']!r}")
+    function = getattr(importlib.import_module(module), name, None) if module.startswith("dragon_ui.") else None
+    if not getattr(function, "runs_apart", False):
+        raise SystemExit(f"apart runs the functions marked @runs_apart only, not {request['target']!r}")
     try:
-        value = getattr(importlib.import_module(module), name)(**request["arguments"])
+        value = function(**request["arguments"])
         answer = json.dumps({"value": value}, ensure_ascii=False, default=str)
         if len(answer) > request["limit_bytes"]:
             raise ConfigError(f"data.source: {request['what']} unpacks to more than this public demo's limit of "

@@ -24,11 +24,13 @@ from pathlib import Path
 import pandas as pd
 
 from dragon_ui import ASSETS_DIR
+from dragon_ui.apart import run_apart, runs_apart
 from dragon_ui.errors import ConfigError, check_length, first_line
 from dragon_ui.files import replaced_atomically
 from dragon_ui.public import LIFT, Limits, is_own_upload, is_public_demo
 from dragon_ui.chat import last_user_text
-from dragon_ui.tables import SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, read_file, read_json_lines
+from dragon_ui.tables import (SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, check_columns, read_file,
+                              read_json_lines)
 
 BUNDLED_DATASETS_DIR = ASSETS_DIR / "datasets"
 
@@ -268,11 +270,9 @@ def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int
     """The rows of a Hub dataset split (the first ``max_rows``). A public demo streams them in a separate process
     with limits on its memory and time (stream_hub_rows, apart.py)."""
     if is_public_demo():
-        from .apart import run_apart
-
         limit_mb = Limits.from_env().upload_mb
         arguments = {"source": source, "hub_config": hub_config, "hub_split": hub_split, "max_rows": max_rows,
-                     "limit_bytes": int(limit_mb * 2**20)}
+                     "limit_bytes": int(limit_mb * 2**20), "max_columns": Limits.from_env().columns}
         rows = run_apart(stream_hub_rows, arguments, int(limit_mb * UNPACKED_TIMES_UPLOAD * 2**20),
                          f"the Hub dataset '{source}'")
     else:
@@ -288,8 +288,9 @@ def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int
     return rows
 
 
+@runs_apart
 def stream_hub_rows(source: str, hub_config: str | None, hub_split: str, max_rows: int | None,
-                    limit_bytes: int) -> list[dict]:
+                    limit_bytes: int, max_columns: int | None = None) -> list[dict]:
     """A public demo's Hub rows, read in its reading process: streamed, so nothing past the row and size limits is
     downloaded; through an ``hf://datasets/`` path, which ``datasets`` never looks up on the disk (a bare
     ``owner/name`` that is also a folder, such as ``runs/<id>``, would be loaded from that folder); and with
@@ -309,6 +310,7 @@ def stream_hub_rows(source: str, hub_config: str | None, hub_split: str, max_row
             rows.append(row)
             if max_rows is not None and len(rows) >= max_rows:
                 break
+    check_columns(rows, max_columns, f"the Hub dataset '{source}'")
     return rows
 
 

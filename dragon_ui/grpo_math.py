@@ -33,7 +33,7 @@ def weighted_total(scores: Scores, weights: Mapping[str, float]) -> float | None
     completion out of its group's mean and gives it no advantage."""
     parts = [(weights[name], score) for name, score in scores.items()
              if name in weights and known([score])]
-    return math.fsum(weight * score for weight, score in parts) if parts else None
+    return sum(weight * score for weight, score in parts) if parts else None  # inf where TRL's would be
 
 
 def sample_std(values: Iterable[float | None]) -> float | None:

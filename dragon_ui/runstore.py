@@ -165,17 +165,21 @@ def current_row(row: dict) -> dict:
     """A progress or held-out row in this version's shape. A version 1 row's reward_<name> and errors_<name> move
     under "rewards" and "errors" (its reward_std stays TRL's: that version could not tell a reward named "std" from
     it), and its frac_reward_zero_std becomes no_spread_share."""
-    if not isinstance(row, dict) or row.get("version", 1) >= RECORD_VERSION:
+    if not isinstance(row, dict):
+        return {}
+    version = row.get("version", 1)
+    if isinstance(version, int) and version >= RECORD_VERSION:
         return row
-    upgraded: dict[str, Any] = {"version": RECORD_VERSION, "rewards": {}, "errors": {}}
+    upgraded: dict[str, Any] = {}
+    nested: dict[str, dict] = {"rewards": {}, "errors": {}}
     for key, value in row.items():
         if key.startswith("reward_") and key != "reward_std":
-            upgraded["rewards"][key.removeprefix("reward_")] = value
+            nested["rewards"][key.removeprefix("reward_")] = value
         elif key.startswith("errors_"):
-            upgraded["errors"][key.removeprefix("errors_")] = value
-        else:
+            nested["errors"][key.removeprefix("errors_")] = value
+        elif key not in nested:
             upgraded[_RENAMED.get(key, key)] = value
-    return upgraded
+    return {**upgraded, **nested, "version": RECORD_VERSION}
 
 
 def read_record_rows(path: Path, start: int = 0) -> tuple[list[dict], int]:

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .apart import run_apart, runs_apart
 from .errors import ConfigError
 
 SPREADSHEET_EXTENSIONS = (".xlsx", ".xlsm", ".xls", ".ods")
@@ -49,14 +50,13 @@ def read_file(path: Path, sheet: str | None = None, max_rows: int | None = None,
     separate process with limits on its memory and time, which hands back at most this many MB of rows (apart.py).
     """
     if max_read_mb is not None:
-        from .apart import run_apart
-
         answer = run_apart(read_here_as_json, {"path": str(path), "sheet": sheet, "max_rows": max_rows,
                                                "max_columns": max_columns}, int(max_read_mb * 2**20), path.name)
         return Table(answer["rows"], answer["notes"], answer["sheets"])
     return read_here(path, sheet, max_rows, max_columns)
 
 
+@runs_apart
 def read_here_as_json(path: str, sheet: str | None, max_rows: int | None, max_columns: int | None) -> dict:
     """read_here's table as the reading process hands it back (apart.run_apart)."""
     table = read_here(Path(path), sheet, max_rows, max_columns)
@@ -72,13 +72,26 @@ def read_here(path: Path, sheet: str | None, max_rows: int | None, max_columns: 
         table.notes.insert(0, f"Read as {encoding}.")
         return table
     if suffix == ".parquet":
-        return Table(_read_parquet(path, max_rows))
+        return Table(_read_parquet(path, max_rows, max_columns))
     if suffix in SPREADSHEET_EXTENSIONS:
         return _read_spreadsheet(path, sheet, max_rows, max_columns)
     text, encoding = decode(path)
     rows = _read_json(text, path.name, max_rows) if suffix == ".json" else read_json_lines(text, path.name,
                                                                                            max_rows=max_rows)
+    check_columns(rows, max_columns, path.name)  # each row may bring keys of its own
     return Table(rows, [f"Read as {encoding}."])
+
+
+def check_columns(rows: list[dict], max_columns: int | None, name: str) -> None:
+    """Refuse rows whose keys, all rows together, are more than ``max_columns`` (public.Limits.columns)."""
+    if max_columns is None:
+        return
+    keys: set = set()
+    for row in rows:
+        keys.update(row)
+        if len(keys) > max_columns:
+            raise ConfigError(f"data.source: {name} has more than {max_columns:,} columns, the most a table may have "
+                              "in this public demo; keep the columns your prompts and rewards use.")
 
 
 def decode(path: Path) -> tuple[str, str]:
@@ -223,7 +236,7 @@ def cell_text(value) -> str:
     return str(value)
 
 
-def _read_parquet(path: Path, max_rows: int | None = None) -> list[dict]:
+def _read_parquet(path: Path, max_rows: int | None = None, max_columns: int | None = None) -> list[dict]:
     """Parquet via pyarrow, which gives plain Python values and None for nulls (no NaN upcasting); batch by batch,
     so only the first ``max_rows`` rows are ever decoded."""
     import pyarrow as pa
@@ -233,6 +246,7 @@ def _read_parquet(path: Path, max_rows: int | None = None) -> list[dict]:
         parquet = pq.ParquetFile(path)
         # pandas stores a non-default index as an extra column; it is not data the user meant to use.
         columns = [c for c in parquet.schema_arrow.names if not c.startswith("__index_level_")]
+        check_columns([dict.fromkeys(columns)], max_columns, path.name)  # from the schema, before any row
         rows: list[dict] = []
         for batch in parquet.iter_batches(batch_size=1024, columns=columns):
             rows += batch.to_pylist()

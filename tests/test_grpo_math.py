@@ -155,3 +155,8 @@ def test_every_screen_agrees_on_spread_and_advantages(scale_rewards, aggregation
 
     shown = train_tab.rollouts_html(record, list(WEIGHTS), max_groups=len(SCREENS_STEP))
     assert shown.count("Every completion scored the same") == spread.count(False)
+
+
+def test_huge_weights_give_an_infinite_total_not_an_error():
+    """As TRL's nansum does; the run's records keep such a total as missing (finite_or_none)."""
+    assert grpo_math.weighted_total({"a": 1e308, "b": 1e308}, {"a": 1.0, "b": 1.0}) == math.inf

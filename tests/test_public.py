@@ -382,6 +382,13 @@ def test_the_http_api_refuses_it_too(public_client, nothing_is_read, public_conf
     assert training.active_run() is None and studio.runs() == []
 
 
+def test_the_http_apis_check_reads_no_data_in_a_public_demo(public_client, nothing_is_read, public_config):
+    """A check would read a visitor's data as often as they ask, in the demo's one reading slot, counted against
+    nothing: Start reads it, and counts."""
+    _, client, _ = public_client
+    assert client.predict(public_config, api_name="/check") == "valid"
+
+
 def test_the_readmes_api_flow_works_whatever_runs_folder_the_app_was_given(public_client, public_config, tmp_path):
     """/recipe gives the demo's own runs folder, and a draft naming another one is trained in the demo's: the
     app never reads a draft's runs_dir."""

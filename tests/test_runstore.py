@@ -390,3 +390,20 @@ def test_rows_of_earlier_versions_are_read_in_todays_shape(run, written, read):
 def test_a_chart_key_names_a_top_level_value_or_one_inside_rewards_and_errors(key, value):
     row = {"reward": 0.5, "reward_std": 0.1, "rewards": {"std": 0.7}, "errors": {"std": 2}}
     assert runstore.value_at(row, key) == value
+
+
+@pytest.mark.parametrize("written", [
+    {"version": 2, "step": 1, "rewards": 5, "errors": [1, 2]},  # today's version, sections of the wrong type
+    {"version": "2", "step": 1, "reward_numeric": 0.5},  # a version that is not a number
+    {"step": 1, "rewards": {"x": 1}, "reward_numeric": 0.5, "errors_numeric": "many"},  # version 1 with a section
+    "not a row",
+])
+def test_a_damaged_progress_file_still_draws_and_alerts(run, written):
+    """A hand-edited or damaged run folder: the charts and the alerts read what they can and never raise."""
+    from dragon_ui.studio.monitor import health_alerts
+    from dragon_ui.ui import plots
+
+    append_jsonl(run.progress_path, written)
+    rows = run.read_progress()
+    plots.reward_figure(rows)
+    health_alerts(rows, {}, {})

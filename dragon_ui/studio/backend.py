@@ -139,9 +139,12 @@ class Studio:
 
     def check(self, draft: dict) -> RunConfig:
         """What ``dragon check`` checks: the settings, then the data, prompts and rewards read as a Start reads them
-        (a Hub dataset that cannot be reached is refused here, not at Start)."""
+        (a Hub dataset that cannot be reached is refused here, not at Start). A public demo checks the settings and
+        its limits only: reading a visitor's data takes the demo's one reading slot, and a Start, which reads it,
+        counts against the visitor's starts (policy.check_start), where a check would count against nothing."""
         config = self.validate(draft)
-        training.inspect(config)
+        if not self.public:
+            training.inspect(config)
         return config
 
     def check_sampling(self, replies: int) -> None:

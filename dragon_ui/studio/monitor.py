@@ -192,7 +192,8 @@ def reward_names_of(rows: list[dict]) -> list[str]:
     """The rewards the rows hold a value of, in first-seen order."""
     names: dict[str, None] = {}
     for row in rows:
-        for name in row.get("rewards") or {}:
+        rewards = row.get("rewards")
+        for name in rewards if isinstance(rewards, dict) else ():
             names.setdefault(str(name), None)
     return list(names)
 
@@ -285,7 +286,8 @@ def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert
     whether the reward is still failing."""
     latest = rows[-1] if rows else {}
     before = rows[-2] if len(rows) > 1 else {}
-    counts = {str(name): finite_number(value) for name, value in (latest.get("errors") or {}).items()}
+    errors = latest.get("errors")
+    counts = {str(name): finite_number(value) for name, value in (errors if isinstance(errors, dict) else {}).items()}
     for name, count in (status.get("reward_errors") or {}).items():
         counts.setdefault(name, finite_number(count))
     first_errors = {m["name"]: m["error"].strip() for m in _REWARD_ERROR_LINE.finditer(log)}
