@@ -98,6 +98,51 @@ def slug(text: str, empty: str = "run") -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:48] or empty
 
 
+class RunStatus(TypedDict, total=False):
+    """status.json: what a run is doing and what it found; rewritten whole (update_status) and read by every tab and
+    command. Each key is written by the training, the queue or the public demo's policy, as said."""
+
+    state: str  # queued, running, succeeded, failed, cancelled (state_label says how a person reads it)
+    phase: str  # what the state is doing now, in words ("loading the model", "step 3 of 10", ...)
+    step: int
+    total_steps: int
+    eta_s: float
+    elapsed_s: float
+    created_at: float
+    started_at: float  # the first start
+    resumed_at: float  # the latest resume
+    finished_at: float
+    updated_at: float
+    waiting: str | None  # "start" or "resume" while in the queue
+    queued_at: float
+    stop_reason: str | None  # why a run stopped by itself (the public time limit) or left the queue
+    error: str  # on failure, the reason in plain words
+    traceback: str  # and the traceback's tail
+    pid: int  # the process that trains it, and its host: a run left running by a dead process reads as failed
+    host: str
+    owner: str  # a public demo's visitor who started it (a hash of their browser's token)
+    owner_address: str  # a hash of the network address it came from
+    device: str
+    dtype: str
+    cpu_threads: int
+    gpu_name: str
+    world_size: int
+    hardware_reasons: list[str]
+    model_label: str
+    versions: dict[str, str]  # torch, TRL, transformers, PEFT, accelerate, gradio
+    speedups: dict  # {"active": [...], "disabled": {name: why}}
+    data_summary: str
+    n_train: int
+    n_eval: int
+    n_skipped: int
+    reward_names: list[str]
+    reward: float | None  # the latest step's mean total
+    reward_errors: dict[str, int]
+    heldout_before: float | None
+    heldout_after: float | None
+    latest_checkpoint: str
+
+
 # --- the rows of progress.jsonl and heldout.jsonl ---------------------------------------------------------------------
 # Version 2 nests each reward's value under "rewards" (and its failures under "errors"), by the reward's name: version
 # 1 stored them as reward_<name> beside TRL's reward_std, so a reward named "std" overwrote the spread. Version 1 runs
@@ -257,7 +302,7 @@ class RunDir:
         return RunConfig.from_dict(data)
 
     # --- status ------------------------------------------------------------------------------------------------
-    def read_status(self) -> dict:
+    def read_status(self) -> RunStatus:
         """The status, with a run left "running" by a process that no longer exists reported (and saved) as failed."""
         status = read_json(self.status_path, default={}) or {}
         if (status.get("state") in ACTIVE_STATES and status.get("host") == socket.gethostname()
@@ -267,7 +312,7 @@ class RunDir:
                                               "(closed, killed or out of memory). Resume continues from the latest checkpoint.")
         return status
 
-    def update_status(self, **fields: Any) -> dict:
+    def update_status(self, **fields: Any) -> RunStatus:
         if self.read_only:
             return read_json(self.status_path, default={}) or {}
         with self._status_lock:

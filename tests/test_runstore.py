@@ -407,3 +407,30 @@ def test_a_damaged_progress_file_still_draws_and_alerts(run, written):
     rows = run.read_progress()
     plots.reward_figure(rows)
     health_alerts(rows, {}, {})
+
+
+def update_status_keywords() -> set[str]:
+    """Every key the code passes to update_status by name, and those of the dicts it spreads into it."""
+    import ast
+
+    found: set[str] = set()
+    for path in (Path(runstore.__file__).parent).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "update_status":
+                for keyword in node.keywords:
+                    if keyword.arg is not None:
+                        found.add(keyword.arg)
+                    elif isinstance(keyword.value, ast.Dict):
+                        found |= {key.value for key in keyword.value.keys if isinstance(key, ast.Constant)}
+    return found
+
+
+def test_every_status_key_the_code_writes_is_declared():
+    declared = set(runstore.RunStatus.__annotations__)
+    assert update_status_keywords() - declared == set()
+
+
+def test_every_status_key_a_real_run_wrote_is_declared():
+    """tests/recorded/run-v1's status.json, written by a whole run (training, scoring before and after)."""
+    recorded = read_json(Path(__file__).parent / "recorded" / "run-v1" / "status.json")
+    assert set(recorded) - set(runstore.RunStatus.__annotations__) == set()

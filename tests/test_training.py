@@ -29,10 +29,13 @@ def custom_reward(code: str, name: str = "custom") -> dict:
 
 
 def test_two_steps_write_the_whole_run_store(tiny_config_dict):
+    from dragon_ui.runstore import RunStatus
+
     run = run_to_end(tiny_config_dict)
 
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
+    assert set(status) <= set(RunStatus.__annotations__)  # the typed record declares every key written
     assert status["step"] == status["total_steps"] == 2
     for key in ("started_at", "finished_at", "eta_s", "device", "dtype", "model_label", "reward_names",
                 "heldout_before", "heldout_after", "latest_checkpoint", "pid", "host"):
