@@ -79,7 +79,12 @@ def read_appended_rows(path: Path, start: int = 0) -> tuple[list[dict], int]:
     except FileNotFoundError:
         return [], start
     end = data.rfind(b"\n") + 1  # a line still being written is left for the next read
-    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    rows = []
+    for line in data[:end].splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a damaged line (not JSON, or a number too long to read) is left out, not the file
+            continue
     return rows, start + end
 
 
@@ -228,9 +233,11 @@ def current_row(row: dict) -> dict:
 
 
 def read_record_rows(path: Path, start: int = 0) -> tuple[list[dict], int]:
-    """read_appended_rows for progress.jsonl and heldout.jsonl, each row in this version's shape."""
+    """read_appended_rows for progress.jsonl and heldout.jsonl, each row in this version's shape; a row without a
+    whole-number step (a damaged file) is left out: every chart and alert is drawn against the step."""
     rows, offset = read_appended_rows(path, start)
-    return [current_row(row) for row in rows], offset
+    rows = [current_row(row) for row in rows]
+    return [row for row in rows if isinstance(row.get("step"), int) and not isinstance(row["step"], bool)], offset
 
 
 @dataclass

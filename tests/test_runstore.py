@@ -397,16 +397,28 @@ def test_a_chart_key_names_a_top_level_value_or_one_inside_rewards_and_errors(ke
     {"version": "2", "step": 1, "reward_numeric": 0.5},  # a version that is not a number
     {"step": 1, "rewards": {"x": 1}, "reward_numeric": 0.5, "errors_numeric": "many"},  # version 1 with a section
     "not a row",
+    {"version": 2, "step": 2, "kl": 10**400, "elapsed_s": 10**400},  # numbers no float holds
+    {"version": 2, "kl": 0.1},  # no step
+    {"version": 2, "step": [1], "kl": 0.1},
 ])
 def test_a_damaged_progress_file_still_draws_and_alerts(run, written):
     """A hand-edited or damaged run folder: the charts and the alerts read what they can and never raise."""
+    from dragon_ui.experiments import run_curves
     from dragon_ui.studio.monitor import health_alerts
     from dragon_ui.ui import plots
 
+    append_jsonl(run.progress_path, {"version": 2, "step": 1, "kl": 0.01, "completion_len": 5.0, "elapsed_s": 6.0})
     append_jsonl(run.progress_path, written)
+    with open(run.progress_path, "a", encoding="utf-8") as fh:
+        fh.write("{not json\n" + '{"step": 3, "kl": ' + "9" * 5000 + "}\n")
     rows = run.read_progress()
-    plots.reward_figure(rows)
-    health_alerts(rows, {}, {})
+    assert rows[0]["step"] == 1
+    for figure in (plots.reward_figure, plots.spread_figure, plots.kl_figure):
+        figure(rows)
+    plots.length_figure(rows, max_new_tokens=16)
+    run.write_config(RunConfig())
+    plots.overlay_figure([run_curves(run)], ["run"], "kl", "KL", "KL", "minutes", "No values yet", False)
+    health_alerts(rows, {"reward_errors": ["not", "a", "dict"]}, {})
 
 
 def update_status_keywords() -> set[str]:

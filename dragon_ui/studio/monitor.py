@@ -201,9 +201,12 @@ def reward_names_of(rows: list[dict]) -> list[str]:
 def finite_number(value) -> float | None:
     """The value if the charts can draw it (a finite number, not a bool), else None (a run's files are read as they
     are: a value may be missing, NaN, or anything a hand-edited file holds)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return value
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:  # an integer too large for a float
+        return None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -288,7 +291,8 @@ def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert
     before = rows[-2] if len(rows) > 1 else {}
     errors = latest.get("errors")
     counts = {str(name): finite_number(value) for name, value in (errors if isinstance(errors, dict) else {}).items()}
-    for name, count in (status.get("reward_errors") or {}).items():
+    kept = status.get("reward_errors")
+    for name, count in (kept if isinstance(kept, dict) else {}).items():
         counts.setdefault(name, finite_number(count))
     first_errors = {m["name"]: m["error"].strip() for m in _REWARD_ERROR_LINE.finditer(log)}
     per_step = finite_number(latest.get("completions_per_step"))

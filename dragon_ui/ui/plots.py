@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from ..experiments import RunCurves
 from ..runstore import reward_key
-from ..studio.monitor import reward_names_of, series
+from ..studio.monitor import finite_number, reward_names_of, series
 
 HEIGHT = 300
 UIREVISION = "dragon-train"
@@ -94,8 +94,8 @@ def _x_values(rows: list[dict], x: str, progress: list[dict]) -> list:
     check, that of the progress row of its step)."""
     if x == "step":
         return [row.get("step") for row in rows]
-    minutes = {row.get("step"): row["elapsed_s"] / 60 for row in progress
-               if isinstance(row.get("elapsed_s"), (int, float))}
+    minutes = {row.get("step"): elapsed / 60 for row in progress
+               if (elapsed := finite_number(row.get("elapsed_s"))) is not None}
     minutes.setdefault(0, 0.0)
     return [minutes.get(row.get("step")) for row in rows]
 
