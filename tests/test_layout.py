@@ -119,27 +119,31 @@ def package_imports() -> dict[str, dict[str, list[str]]]:
     return graph
 
 
+def first_cycle(graph: dict) -> list[str] | None:
+    """A path of imports that comes back to where it started ([a, b, a]), or None: depth first, in name order."""
+    done: set[str] = set()
+
+    def cycle_from(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return None
+        for imported in sorted(graph.get(node, ())):
+            if (found := cycle_from(imported, [*path, node])) is not None:
+                return found
+        done.add(node)
+        return None
+
+    return next((cycle for node in sorted(graph) if (cycle := cycle_from(node, [])) is not None), None)
+
+
 def test_packages_import_each_other_without_a_cycle():
     """The folder list reads top-down: a package that imports one that imports it back (public -> config -> data ->
     public, speedups -> engine -> speedups) has no place in it. A lazy import inside a function counts too."""
     graph = package_imports()
-    done: set[str] = set()
-
-    def cycle_from(unit: str, path: list[str]) -> list[str] | None:
-        if unit in path:
-            return path[path.index(unit):] + [unit]
-        if unit in done:
-            return None
-        for imported in sorted(graph.get(unit, {})):
-            if (found := cycle_from(imported, [*path, unit])) is not None:
-                return found
-        done.add(unit)
-        return None
-
-    for unit in sorted(graph):
-        cycle = cycle_from(unit, [])
-        assert cycle is None, " -> ".join(cycle) + ": " + "; ".join(
-            f"{a} -> {b} in {', '.join(sorted(set(graph[a][b])))}" for a, b in zip(cycle, cycle[1:]))
+    cycle = first_cycle(graph)
+    assert cycle is None, " -> ".join(cycle) + ": " + "; ".join(
+        f"{a} -> {b} in {', '.join(sorted(set(graph[a][b])))}" for a, b in zip(cycle, cycle[1:]))
 
 
 def module_of(path: Path) -> str:
@@ -151,22 +155,8 @@ def test_no_file_imports_one_that_imports_it_back():
     """Nor inside a package: evaluation, model_card and weights, or the reward kinds and their validation, each
     imported another that imported it. A package's own __init__ (its face) is left out: it imports its parts."""
     modules = {module_of(path): path for path in files()}
-    graph = {name: sorted({imported for imported in imported_modules(path) if imported in modules
-                           and imported != name and not modules[imported].name == "__init__.py"})
+    graph = {name: {imported for imported in imported_modules(path) if imported in modules
+                    and imported != name and not modules[imported].name == "__init__.py"}
              for name, path in modules.items()}
-    done: set[str] = set()
-
-    def cycle_from(name: str, path: list[str]) -> list[str] | None:
-        if name in path:
-            return path[path.index(name):] + [name]
-        if name in done:
-            return None
-        for imported in graph[name]:
-            if (found := cycle_from(imported, [*path, name])) is not None:
-                return found
-        done.add(name)
-        return None
-
-    for name in sorted(graph):
-        cycle = cycle_from(name, [])
-        assert cycle is None, " -> ".join(cycle)
+    cycle = first_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
