@@ -23,9 +23,20 @@ AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 Scores = Mapping[str, float | None]
 
 
+def finite_number(value) -> float | None:
+    """The value if it is a finite number (not a bool), else None: records are read as they are, and a value may be
+    missing, NaN, or anything a hand-edited file holds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:  # an integer too large for a float
+        return None
+
+
 def known(values: Iterable[float | None]) -> list[float]:
     """The values that are finite numbers (a reward that failed or returned None has no score)."""
-    return [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    return [v for v in values if finite_number(v) is not None]
 
 
 def weighted_total(scores: Scores, weights: Mapping[str, float]) -> float | None:

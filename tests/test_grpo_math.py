@@ -28,6 +28,7 @@ WEIGHTS = {"correct": 1.0, "short": 0.3}
     ([1.0, None], False),  # nor has one beside a completion no reward scored
     ([1.0, None, 0.0], True),
     ([float("nan"), 1.0, 1.0], False),
+    ([10**400, 1.0, 1.0], False),  # an integer no float holds is no score (a hand-edited run file)
     ([], False),
 ])
 def test_a_group_has_spread_when_two_scored_totals_differ_by_more_than_rounding(totals, spread):

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DragonError
-from ..grpo_math import STD_EPSILON, advantages, has_spread, known, sample_std
+from ..grpo_math import STD_EPSILON, advantages, finite_number, has_spread, known, sample_std
 from ..runstore import RunDir, read_json
-from .monitor import finite_number
 
 AGREE = 1e-3  # our advantage and TRL's, equal up to float32 arithmetic and the 6 decimals the run keeps
 

@@ -14,7 +14,6 @@ run is not improving instead of watching a flat line. It reads the rows through 
 from __future__ import annotations
 
 import collections
-import math
 import os
 import re
 import statistics
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import usual_learning_rates
+from ..grpo_math import finite_number
 from ..rewards import PENALTY_KINDS
 from ..runstore import ACTIVE_STATES, RunDir, errors_key, read_appended_rows, read_record_rows, reward_key, value_at
 
@@ -196,17 +196,6 @@ def reward_names_of(rows: list[dict]) -> list[str]:
         for name in rewards if isinstance(rewards, dict) else ():
             names.setdefault(str(name), None)
     return list(names)
-
-
-def finite_number(value) -> float | None:
-    """The value if the charts can draw it (a finite number, not a bool), else None (a run's files are read as they
-    are: a value may be missing, NaN, or anything a hand-edited file holds)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        return value if math.isfinite(value) else None
-    except OverflowError:  # an integer too large for a float
-        return None
 
 
 # ----------------------------------------------------------------------------------------------------------------

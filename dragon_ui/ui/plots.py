@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 
 from ..experiments import RunCurves
 from ..runstore import reward_key
-from ..studio.monitor import finite_number, reward_names_of, series
+from ..grpo_math import finite_number
+from ..studio.monitor import reward_names_of, series
 
 HEIGHT = 300
 UIREVISION = "dragon-train"
