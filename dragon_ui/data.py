@@ -270,10 +270,10 @@ def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int
     """The rows of a Hub dataset split (the first ``max_rows``). A public demo streams them in a separate process
     with limits on its memory and time (stream_hub_rows, apart.py)."""
     if is_public_demo():
-        limit_mb = Limits.from_env().upload_mb
+        limits = Limits.from_env()
         arguments = {"source": source, "hub_config": hub_config, "hub_split": hub_split, "max_rows": max_rows,
-                     "limit_bytes": int(limit_mb * 2**20), "max_columns": Limits.from_env().columns}
-        rows = run_apart(stream_hub_rows, arguments, int(limit_mb * UNPACKED_TIMES_UPLOAD * 2**20),
+                     "limit_bytes": int(limits.upload_mb * 2**20), "max_columns": limits.columns}
+        rows = run_apart(stream_hub_rows, arguments, int(limits.upload_mb * UNPACKED_TIMES_UPLOAD * 2**20),
                          f"the Hub dataset '{source}'")
     else:
         import datasets  # heavy, and only needed for Hub sources
