@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .errors import DragonError
+from .public import Policy
 from .runstore import state_label
 
 EXIT_BAD_INPUT = 2
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        args.policy = Policy.from_env()  # a public demo's limits apply to its command line too
         return args.func(args)
     except DragonError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -126,14 +128,15 @@ def config_file(name_or_path: str, what: str = "configuration file") -> Path:
     raise ConfigError(f"No {what} at {path}; give a YAML/JSON file or a bundled recipe: {names}.")
 
 
-def load_config_with_overrides(path: str, overrides: list[str]):
+def load_config_with_overrides(path: str, overrides: list[str], policy):
     """Read a config file and apply ``section.key=value`` overrides (values parsed as YAML) before validating."""
     from .config import RunConfig, apply_overrides
 
     config_path = config_file(path)
     if not overrides:
-        return RunConfig.from_file(config_path)
-    return RunConfig.from_dict(apply_overrides(RunConfig.from_file(config_path).to_dict(), overrides))
+        return RunConfig.from_file(config_path, policy)
+    settings = apply_overrides(RunConfig.from_file(config_path, policy).to_dict(), overrides)
+    return RunConfig.from_dict(settings, policy=policy)
 
 
 def _cmd_train(args) -> int:
@@ -143,10 +146,10 @@ def _cmd_train(args) -> int:
     if args.resume:
         if args.config or args.set:
             raise ConfigError("--resume continues a run with its own saved configuration; give no config file or --set with it.")
-        handle = training.resume(args.resume)
+        handle = training.resume(args.resume, args.policy)
     elif args.config:
-        config = load_config_with_overrides(args.config, args.set)
-        handle = training.start(config, run_dir=args.run_dir)
+        config = load_config_with_overrides(args.config, args.set, args.policy)
+        handle = training.start(config, run_dir=args.run_dir, policy=args.policy)
     else:
         raise ConfigError("Give a configuration file or a bundled recipe (e.g. arithmetic), or --resume RUN_DIR.")
     if not handle.run.read_only:
@@ -191,8 +194,8 @@ def _cmd_check(args) -> int:
     from .engine.estimate import estimate_run
     from .engine.hardware import detect_hardware
 
-    config = load_config_with_overrides(args.config, args.set)
-    found = training.inspect(config)
+    config = load_config_with_overrides(args.config, args.set, args.policy)
+    found = training.inspect(config, args.policy)
     hardware = found.hardware
     threads = f", {hardware.cpu_threads} thread{'s' if hardware.cpu_threads > 1 else ''}" \
         if hardware.device == "cpu" else ""
@@ -244,7 +247,7 @@ def _cmd_eval(args) -> int:
     run = RunDir(Path(args.run_dir))
     evaluation = run.read_eval()
     if args.recompute or "before" not in evaluation or "after" not in evaluation:
-        for progress in evaluate_now(ModelCache().load, run, rescore_before=args.recompute):
+        for progress in evaluate_now(ModelCache().load, run, rescore_before=args.recompute, policy=args.policy):
             print(progress)
         evaluation = run.read_eval()
     _print_eval(evaluation)
@@ -293,7 +296,8 @@ def _cmd_score(args) -> int:
     # A whole config gives TRL's length and repetition rewards their tokenizer and length limit; a list of rewards
     # (alone or as {"rewards": [...]}) counts with the default model's up to the default limit.
     whole_config = isinstance(data, dict) and set(data) - {"rewards"}
-    base = RunConfig.from_dict(data) if whole_config else RunConfig(rewards=parse_rewards(items))
+    base = (RunConfig.from_dict(data, policy=args.policy) if whole_config
+            else RunConfig(rewards=parse_rewards(items, policy=args.policy)))
     specs = base.rewards
     tokenizer = None
     if counts_tokens(specs):
@@ -301,7 +305,8 @@ def _cmd_score(args) -> int:
 
         tokenizer = load_tokenizer(resolve_model(base.model))
     rewards = build_rewards(specs, base_dir=str(path.parent.resolve()), tokenizer=tokenizer,
-                            max_new_tokens=base.grpo.max_new_tokens, classifiers=classifiers_on("cpu"))
+                            max_new_tokens=base.grpo.max_new_tokens, classifiers=classifiers_on("cpu"),
+                            policy=args.policy)
     result = score_completion(rewards, args.completion, reference=args.reference, prompt=args.prompt)
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     return 0
@@ -310,7 +315,8 @@ def _cmd_score(args) -> int:
 def _cmd_export(args) -> int:
     from .scaleout.launch_folder import export_launch_folder
 
-    folder = export_launch_folder(load_config_with_overrides(args.config, args.set), args.to, args.gpus, args.nodes)
+    config = load_config_with_overrides(args.config, args.set, args.policy)
+    folder = export_launch_folder(config, args.to, args.gpus, args.nodes, policy=args.policy)
     print(f"Exported to {folder}:")
     for path in sorted(p for p in folder.iterdir() if p.name != "dragon_ui"):
         print(f"  {path.name}{'/' if path.is_dir() else ''}")
@@ -348,7 +354,8 @@ def _cmd_push(args) -> int:
 
     run = RunDir(Path(args.run_dir))
     print(f"Uploading the {'merged model' if args.merged else 'adapter'} of {run.id} to {args.repo}...", flush=True)
-    published = publish(run, args.repo, merged=args.merged, private=args.private, update=args.update)
+    published = publish(run, args.repo, merged=args.merged, private=args.private, update=args.update,
+                        policy=args.policy)
     print(f"Published {len(published.files)} files: {published.url}")
     return 0
 

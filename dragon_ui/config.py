@@ -22,6 +22,7 @@ from .data import DataConfig
 from .errors import ConfigError, check_length, first_line
 from .files import resolve_runs_dir
 from .grpo_math import AGGREGATIONS, SCALE_REWARDS
+from .public import LAPTOP, Policy
 from .rewards import RewardSpec, check_some_weight, parse_rewards
 from .rewards.trl_rewards import overlong_window
 
@@ -361,7 +362,10 @@ class RunConfig:
     base_dir: str = ""
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], base_dir: str | os.PathLike | None = None) -> RunConfig:
+    def from_dict(cls, data: dict[str, Any], base_dir: str | os.PathLike | None = None,
+                  policy: Policy = LAPTOP, load_code: bool = True) -> RunConfig:
+        """The settings, validated; the rewards ``policy`` refuses are refused before any of their code runs.
+        ``load_code`` False reads settings checked when they were saved without running a custom reward's code."""
         if not isinstance(data, dict):
             raise ConfigError("The configuration must be a mapping of settings (model, data, rewards, ...).")
         data = dict(data)
@@ -373,14 +377,14 @@ class RunConfig:
             raise ConfigError("rewards is missing; add at least one reward, for example `- kind: numeric`.")
         if not isinstance(rewards, list):
             raise ConfigError("rewards must be a list of rewards, each with a kind (numeric, exact, length, ...).")
-        config.rewards = parse_rewards(rewards)
+        config.rewards = parse_rewards(rewards, policy=policy, load_code=load_code)
         if base_dir is not None and not config.base_dir:
             config.base_dir = str(Path(base_dir).resolve())
         config.validate()
         return config
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> RunConfig:
+    def from_file(cls, path: str | os.PathLike, policy: Policy = LAPTOP) -> RunConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"No configuration file at {path}.")
@@ -395,7 +399,7 @@ class RunConfig:
                 data = yaml.safe_load(text)
         except Exception as exc:  # yaml and json raise many different types; all mean "not readable"
             raise ConfigError(f"{path.name} is not valid {'JSON' if is_json else 'YAML'}: {first_line(exc) or type(exc).__name__}") from None
-        return cls.from_dict(data or {}, base_dir=path.parent)
+        return cls.from_dict(data or {}, base_dir=path.parent, policy=policy)
 
     def validate(self) -> None:
         check_length("name", self.name, RUN_NAME_CHARS)

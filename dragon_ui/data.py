@@ -27,7 +27,7 @@ from dragon_ui import ASSETS_DIR
 from dragon_ui.apart import run_apart, runs_apart
 from dragon_ui.errors import ConfigError, check_length, first_line
 from dragon_ui.files import replaced_atomically
-from dragon_ui.public import LIFT, Limits, is_own_upload, is_public_demo
+from dragon_ui.public import LAPTOP, LIFT, Policy, is_own_upload
 from dragon_ui.chat import last_user_text
 from dragon_ui.tables import (SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, check_columns, read_file,
                               read_json_lines)
@@ -126,6 +126,7 @@ class MappedData:
     columns: list[str]
     eval_frac: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)  # how the file was read (tables.Table.notes)
+    held_out_limit: int | None = None  # a public demo's limit of held-out prompts; None: no limit
 
     def summary(self) -> str:
         """One line for the UI and the run log, e.g. '400 rows: 380 for training, 20 held out, 0 skipped. Read
@@ -138,7 +139,7 @@ class MappedData:
         """Why more rows are held out than eval_frac asks for, or '' when they are not."""
         usable = len(self.train) + len(self.eval)
         asked = round(usable * self.eval_frac)
-        if len(self.eval) < asked and is_public_demo() and len(self.eval) == Limits.from_env().held_out_prompts:
+        if len(self.eval) < asked and len(self.eval) == self.held_out_limit:
             return (f"Only {len(self.eval)} rows are held out, this public demo's limit of held-out prompts scored "
                     f"before and after ({asked} asked for).")
         if len(self.eval) <= asked:
@@ -174,7 +175,7 @@ class HubDataset:
     id: str
 
 
-def locate(source: str, base_dir: str | None = None) -> Path | HubDataset:
+def locate(source: str, base_dir: str | None = None, policy: Policy = LAPTOP) -> Path | HubDataset:
     """Where ``source`` is read from: a local file (looked up in the current folder, then ``base_dir``, the folder
     of the config file, so a config and its data can be moved together), or a Hub dataset.
 
@@ -183,7 +184,7 @@ def locate(source: str, base_dir: str | None = None) -> Path | HubDataset:
     part, since a visitor could send any); every other source is refused with a ConfigError.
     """
     source = source.strip()
-    if is_public_demo():
+    if policy.public:
         if is_hub_dataset_id(source, look_on_disk=False):
             return HubDataset(source)
         path = _as_absolute(source)
@@ -209,13 +210,6 @@ def is_bundled(source: str) -> bool:
     return _as_absolute(source) in {_as_absolute(str(path)) for path in bundled_datasets()}
 
 
-def check_public_source(source: str) -> None:
-    """In a public demo, refuse a source it does not read (see :func:`locate`), before anything on the disk is looked
-    at; nothing outside public mode."""
-    if is_public_demo():
-        locate(source)
-
-
 def _candidate_paths(source: str, base_dir: str | None) -> list[Path]:
     candidates = [Path(source.strip()).expanduser()]
     if base_dir is not None and not candidates[0].is_absolute():
@@ -223,24 +217,24 @@ def _candidate_paths(source: str, base_dir: str | None) -> list[Path]:
     return candidates
 
 
-def rows_to_read(max_rows: int | None) -> int | None:
+def rows_to_read(max_rows: int | None, policy: Policy = LAPTOP) -> int | None:
     """How many rows to read at most: the rows asked for (``data.max_rows``); in a public demo one more than its
     limit whatever is asked (enough to tell that a file has too many, and the same read for every Max rows, so a
     visitor cannot make the app read a file again and again)."""
-    return Limits.from_env().dataset_rows + 1 if is_public_demo() else max_rows
+    return policy.limits.dataset_rows + 1 if policy.public else max_rows
 
 
 def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None,
-               sheet: str | None = None, max_rows: int | None = None) -> Table:
+               sheet: str | None = None, max_rows: int | None = None, policy: Policy = LAPTOP) -> Table:
     """Read the rows of a local file (``sheet`` of a spreadsheet) or a Hub dataset, and what reading them took: the
     first ``max_rows`` (and, in a public demo, never more than one past its row limit).
 
     A public demo reads only what :func:`locate` allows, and a Hub id from the Hub alone.
     """
-    place = locate(source, base_dir)
-    limit = rows_to_read(max_rows)
+    place = locate(source, base_dir, policy)
+    limit = rows_to_read(max_rows, policy)
     if isinstance(place, HubDataset):
-        return Table(_load_hub(place.id, hub_config, hub_split, limit))
+        return Table(_load_hub(place.id, hub_config, hub_split, limit, policy))
     if not place.exists():
         tried = " or ".join(str(p.absolute()) for p in _candidate_paths(source, base_dir))
         raise ConfigError(f"data.source: no file at {tried}.")
@@ -255,7 +249,7 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     if sheet is not None and suffix not in SPREADSHEET_EXTENSIONS:
         raise ConfigError(f"data.sheet is only for spreadsheets ({', '.join(SPREADSHEET_EXTENSIONS)}); "
                           f"{place.name} has no sheets, so leave it empty.")
-    limits = Limits.from_env() if is_public_demo() else None  # a laptop reads any file whole, in its own process
+    limits = policy.limits  # None on a laptop: it reads any file whole, in its own process
     try:
         table = read_file(place, sheet, limit, limits and limits.upload_mb * UNPACKED_TIMES_UPLOAD,
                           limits and limits.columns)
@@ -266,11 +260,11 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     return table
 
 
-def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int | None = None) -> list[dict]:
+def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int | None, policy: Policy) -> list[dict]:
     """The rows of a Hub dataset split (the first ``max_rows``). A public demo streams them in a separate process
     with limits on its memory and time (stream_hub_rows, apart.py)."""
-    if is_public_demo():
-        limits = Limits.from_env()
+    if policy.public:
+        limits = policy.limits
         arguments = {"source": source, "hub_config": hub_config, "hub_split": hub_split, "max_rows": max_rows,
                      "limit_bytes": int(limits.upload_mb * 2**20), "max_columns": limits.columns}
         rows = run_apart(stream_hub_rows, arguments, int(limits.upload_mb * UNPACKED_TIMES_UPLOAD * 2**20),
@@ -441,13 +435,14 @@ def _row_fields(row: dict, number: int, mapped: dict[str, str]) -> dict[str, str
     return fields
 
 
-def map_rows(rows: list[dict], config: DataConfig) -> MappedData:
-    """Turn raw rows into chat-format examples and split off a seeded, reproducible held-out set."""
+def map_rows(rows: list[dict], config: DataConfig, policy: Policy = LAPTOP) -> MappedData:
+    """Turn raw rows into chat-format examples and split off a seeded, reproducible held-out set (within
+    ``policy``'s limits of rows and held-out prompts)."""
     config._check_mapping_settings("data", columns_of(rows))
     rows = rows[: config.max_rows] if config.max_rows is not None else rows
     if not rows:
         raise ConfigError("data.source: the dataset has no rows.")
-    limit = Limits.from_env().dataset_rows if is_public_demo() else None
+    limit = policy.limits and policy.limits.dataset_rows
     if limit is not None and len(rows) > limit:  # read_table stops one row past the limit
         raise ConfigError(f"data.max_rows must be at most {limit:,} here: the data has more than {limit:,} rows, this "
                           f"public demo's limit of rows of data; set it to {limit:,} or fewer ({LIFT} to train on "
@@ -482,8 +477,10 @@ def map_rows(rows: list[dict], config: DataConfig) -> MappedData:
             f"data.prompt gave empty text for all {len(rows)} rows, so there is nothing to train on; "
             f"check that {what} filled in."
         )
-    train, held_out = _split(examples, config.eval_frac, config.seed)
-    return MappedData(train, held_out, len(rows), len(rows) - len(examples), columns, config.eval_frac)
+    held_out_limit = policy.limits and policy.limits.held_out_prompts
+    train, held_out = _split(examples, config.eval_frac, config.seed, held_out_limit)
+    return MappedData(train, held_out, len(rows), len(rows) - len(examples), columns, config.eval_frac,
+                      held_out_limit=held_out_limit)
 
 
 def _given(text: str | None) -> bool:
@@ -491,23 +488,23 @@ def _given(text: str | None) -> bool:
     return text is not None and bool(text.strip())
 
 
-def held_out_count(n: int, eval_frac: float) -> int:
+def held_out_count(n: int, eval_frac: float, limit: int | None = None) -> int:
     """How many of ``n`` usable examples to hold out: round(n * eval_frac), raised to MIN_HELD_OUT (or a fifth of
-    the rows, if that is fewer); none when eval_frac is 0 or there are fewer than MIN_ROWS_FOR_EVAL. A public demo
-    holds out at most its limit of held-out prompts, which bounds the scoring before and after a run."""
+    the rows, if that is fewer); none when eval_frac is 0 or there are fewer than MIN_ROWS_FOR_EVAL; at most
+    ``limit`` (a public demo's limit of held-out prompts, which bounds the scoring before and after a run)."""
     if n < MIN_ROWS_FOR_EVAL or eval_frac <= 0:
         return 0
     count = max(round(n * eval_frac), min(MIN_HELD_OUT, n // 5))
-    return min(count, Limits.from_env().held_out_prompts) if is_public_demo() else count
+    return count if limit is None else min(count, limit)
 
 
-def _split(examples: list[dict], eval_frac: float, seed: int) -> tuple[list[dict], list[dict]]:
+def _split(examples: list[dict], eval_frac: float, seed: int, limit: int | None) -> tuple[list[dict], list[dict]]:
     """Hold out held_out_count() examples, chosen by a seeded shuffle.
 
     Both parts keep the file order, so previews show the first rows of the file.
     """
     n = len(examples)
-    n_eval = held_out_count(n, eval_frac)
+    n_eval = held_out_count(n, eval_frac, limit)
     if not n_eval:
         return examples, []
     order = list(range(n))
@@ -519,12 +516,12 @@ def _split(examples: list[dict], eval_frac: float, seed: int) -> tuple[list[dict
     )
 
 
-def load_and_map(config: DataConfig, base_dir: str | None = None) -> MappedData:
+def load_and_map(config: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP) -> MappedData:
     """Validate, load and map in one go: what training and the data preview both need."""
     config.validate()
     table = read_table(config.source, config.hub_config, config.hub_split, base_dir=base_dir, sheet=config.sheet,
-                       max_rows=config.max_rows)
-    mapped = map_rows(table.rows, config)
+                       max_rows=config.max_rows, policy=policy)
+    mapped = map_rows(table.rows, config, policy)
     mapped.notes = table.notes
     return mapped
 

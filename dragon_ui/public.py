@@ -1,7 +1,7 @@
-"""Public mode's switch, the limits its owner sets, and who is asking: what a Hugging Face Space or a workshop's
-shared machine allows each visitor. The checks that apply them are in ``engine/policy.py``; this module only reads
-the environment and the current visitor, so the rewards, the data loader and the app can all ask "is this public,
-and who wants it?" without the engine.
+"""Public mode: what a Hugging Face Space or a workshop's shared machine allows each visitor (``Policy``), and who
+is asking (``Visitor``). The entry points (the app, the command line) build the policy once from the environment
+(``Policy.from_env``) and pass it down; nothing below them reads the environment for it. The checks that apply it
+to a run are in ``engine/public_checks.py``; the data loader and the rewards take it as an argument.
 """
 
 from __future__ import annotations
@@ -19,11 +19,6 @@ MODELS_ENV = "DRAGON_UI_PUBLIC_MODELS"
 CLASSIFIERS_ENV = "DRAGON_UI_PUBLIC_CLASSIFIERS"
 OWNER_KEY_ENV = "DRAGON_UI_OWNER_KEY"
 LIFT = "run Dragon GRPO Studio on your own machine (make run)"  # how every refusal says a limit is lifted
-
-
-def is_public_demo() -> bool:
-    """True on Hugging Face Spaces (``SPACE_ID``) or with ``DRAGON_UI_PUBLIC=1``."""
-    return bool(os.environ.get("SPACE_ID")) or os.environ.get(PUBLIC_ENV) == "1"
 
 
 def _limit(default: float, env: str, meaning: str):
@@ -79,37 +74,60 @@ class Limits:
         return [(limit.metadata["env"], limit.metadata["meaning"], limit.default) for limit in fields(Limits)]
 
 
-def extra_models() -> tuple[str, ...]:
-    """The model ids the owner adds to the public allow-list (``DRAGON_UI_PUBLIC_MODELS``, comma-separated)."""
-    return tuple(part.strip() for part in os.environ.get(MODELS_ENV, "").split(",") if part.strip())
+def _listed(env: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in os.environ.get(env, "").split(",") if part.strip())
 
 
-def offered_classifiers() -> tuple[str, ...]:
-    """The classifier models a public demo's classifier rewards may use (``DRAGON_UI_PUBLIC_CLASSIFIERS``,
-    comma-separated; none unless the owner lists some: each is a download and memory for every visitor)."""
-    return tuple(part.strip() for part in os.environ.get(CLASSIFIERS_ENV, "").split(",") if part.strip())
+@dataclass(frozen=True)
+class Policy:
+    """What this app allows: on a laptop (``LAPTOP``) everything; in a public demo (``limits`` set) each visitor's
+    share of the machine, the models and classifiers it offers, and who may unlock every run."""
+
+    limits: Limits | None = None  # None: not a public demo, so nothing is limited
+    models: tuple[str, ...] = ()  # model ids the owner adds to the public allow-list
+    classifiers: tuple[str, ...] = ()  # the classifier models a public demo's classifier rewards may use
+    owner_key: str = field(default="", repr=False)  # unlocks every run for the Space's owner; empty: nobody has it
+
+    @property
+    def public(self) -> bool:
+        return self.limits is not None
+
+    @classmethod
+    def from_env(cls) -> Policy:
+        """Public on Hugging Face Spaces (``SPACE_ID``) or with ``DRAGON_UI_PUBLIC=1``, with the limits, models,
+        classifiers (``DRAGON_UI_PUBLIC_MODELS``, ``DRAGON_UI_PUBLIC_CLASSIFIERS``, comma-separated) and owner key
+        the environment sets; the laptop otherwise. A limit that is not a positive number is refused here, when the
+        app starts, not when a visitor meets it."""
+        if not (os.environ.get("SPACE_ID") or os.environ.get(PUBLIC_ENV) == "1"):
+            return LAPTOP
+        return cls(limits=Limits.from_env(), models=_listed(MODELS_ENV), classifiers=_listed(CLASSIFIERS_ENV),
+                   owner_key=os.environ.get(OWNER_KEY_ENV, "").strip())
+
+    def classifier_refusal(self, model_id: str) -> str | None:
+        """Why this demo refuses this classifier model, or None when it offers it (or is not public): each one is a
+        download and memory for every visitor, so a demo offers none unless its owner lists some."""
+        if not self.public or model_id.strip() in self.classifiers:
+            return None
+        offered = f"choose one of {', '.join(self.classifiers)}" if self.classifiers else "it offers none"
+        return (f"{model_id.strip()!r} is not offered as a classifier in this public demo; {offered} ({LIFT} to use "
+                f"any classifier, or add it to {CLASSIFIERS_ENV}).")
+
+    def owns(self, who: Visitor, run_owner: str | None) -> bool:
+        """Whether ``who`` may stop, resume, delete or download a run that ``run_owner`` started: anyone on a
+        laptop; in a public demo its starter, and the operator or a session unlocked with the owner key. A run
+        nobody could be told apart for (its owner empty or unknown) is the operator's alone."""
+        return not self.public or who.owns_everything or (bool(who.key) and run_owner == who.key)
 
 
-def classifier_refusal(model_id: str) -> str | None:
-    """Why a public demo refuses this classifier model, or None when it offers it (or is not public)."""
-    if not is_public_demo() or model_id.strip() in offered_classifiers():
-        return None
-    offered = f"choose one of {', '.join(offered_classifiers())}" if offered_classifiers() else "it offers none"
-    return (f"{model_id.strip()!r} is not offered as a classifier in this public demo; {offered} ({LIFT} to use "
-            f"any classifier, or add it to {CLASSIFIERS_ENV}).")
-
-
-def owner_key() -> str:
-    """The key that unlocks every run for the Space's owner or the workshop's instructor; empty: nobody has it."""
-    return os.environ.get(OWNER_KEY_ENV, "").strip()
+LAPTOP = Policy()
 
 
 @dataclass(frozen=True)
 class Visitor:
     """Who is asking. ``key`` identifies one browser (a hash of the random token it keeps) or one API session; the
-    operator (the command line, and everyone when the app is not public) has no key and owns every run, and so
-    does the session (page) in which the owner key was entered (``unlocked``). ``address`` is a hash of the network address the request came from,
-    which counts the runs of an API client that opens a new session for every call."""
+    operator has no key and owns every run, and so does the session (page) in which the owner key was entered
+    (``unlocked``). ``address`` is a hash of the network address the request came from, which
+    counts the runs of an API client that opens a new session for every call."""
 
     key: str | None = None
     unlocked: bool = False
@@ -120,13 +138,6 @@ class Visitor:
     def owns_everything(self) -> bool:
         return self.key is None or self.unlocked
 
-    def owns(self, run_owner: str | None) -> bool:
-        """Whether this visitor may stop, resume, delete or download a run that ``run_owner`` started. A run nobody
-        could be told apart for (its owner empty or unknown) is owned by the operator alone."""
-        if not is_public_demo() or self.owns_everything:
-            return True
-        return bool(self.key) and run_owner == self.key
-
 
 OPERATOR = Visitor()
 NOBODY = Visitor(key="")  # an event nobody could be told apart for: it owns nothing and has uploaded nothing
@@ -134,12 +145,10 @@ _current: ContextVar[Visitor | None] = ContextVar("dragon_ui_visitor", default=N
 
 
 def visitor() -> Visitor:
-    """The visitor of the request being served: set by the app for each event; the operator outside public mode
-    and on the command line; NOBODY for anything else in public mode (safe: it may do nothing of its own)."""
+    """The visitor of the request being served, set by the app for each event of a public demo; NOBODY for anything
+    else (safe: it may do nothing of its own, and a laptop's policy asks nobody who they are)."""
     current = _current.get()
-    if current is not None:
-        return current
-    return NOBODY if is_public_demo() else OPERATOR
+    return NOBODY if current is None else current
 
 
 @contextlib.contextmanager

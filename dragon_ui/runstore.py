@@ -299,14 +299,17 @@ class RunDir:
         write_json_atomic(self.config_path, config.to_dict())
 
     def read_config(self):
+        """The run's settings, as they were checked when the run was prepared: nothing is refused here and no
+        custom reward's code runs (whoever builds its rewards applies the policy then)."""
         from .config import RunConfig
+        from .public import LAPTOP
 
         data = read_json(self.config_path)
         if data is None:
             from .errors import ConfigError
 
             raise ConfigError(f"{self.path} is not a run folder (it has no readable config.json).")
-        return RunConfig.from_dict(data)
+        return RunConfig.from_dict(data, policy=LAPTOP, load_code=False)
 
     # --- status ------------------------------------------------------------------------------------------------
     def read_status(self) -> RunStatus:

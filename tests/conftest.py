@@ -104,13 +104,22 @@ def uploaded_by(key: str, path: Path) -> str:
     return str(Path(shutil.copy(path, folder / Path(path).name)).resolve())
 
 
+def demo():
+    """The policy the app would build from this test's environment: a public demo's where a fixture turned public
+    mode on (each limit the test set), else the laptop's."""
+    from dragon_ui.public import Policy
+
+    return Policy.from_env()
+
+
 @pytest.fixture
 def studio(runs_dir):
-    """The app's backend on a temporary runs folder; fails the test if it leaves a training thread behind."""
+    """The app's backend on a temporary runs folder, under the policy of the test's environment (public mode where
+    a fixture listed before it turned it on); fails the test if it leaves a training thread behind."""
     from dragon_ui.engine import training
     from dragon_ui.studio.backend import Studio
 
-    studio = Studio(runs_dir=runs_dir)
+    studio = Studio(runs_dir=runs_dir, policy=demo())
     yield studio
     handle = training.active_run()
     if handle is not None:

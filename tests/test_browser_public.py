@@ -31,11 +31,12 @@ WAIT_MS = 60_000
 def public_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir):
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
+    monkeypatch.setenv(public.OWNER_KEY_ENV, "the-owners-key")  # the instructor's, unlocking every run
     from dragon_ui.studio.backend import Studio
 
     # The arithmetic recipe on the tiny model, with nothing a public demo refuses, long enough to be stopped.
     recipes = write_recipe(tmp_path / "recipes", tiny_model_dir, custom_reward=False, max_steps=5000)
-    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes)
+    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes, policy=public.Policy.from_env())
     scheduler = studio.start_queue()
     yield studio
     scheduler.stop()
@@ -141,8 +142,7 @@ class HeldPageLoad:
         return len(held)
 
 
-def test_an_upload_is_its_visitors_alone_and_the_owner_key_is_kept_only_when_asked(public_studio, tmp_path,
-                                                                                    monkeypatch):
+def test_an_upload_is_its_visitors_alone_and_the_owner_key_is_kept_only_when_asked(public_studio, tmp_path):
     """In a real browser: an uploaded file becomes a source in the visitor's own folder (gradio's copy is gone) and
     is previewed, even when it is sent before the page's load (which tells the browser's visitor) is answered: it
     stays this browser's after the load and after a reload (the chance failure: the load, answered just after the
@@ -151,7 +151,6 @@ def test_an_upload_is_its_visitors_alone_and_the_owner_key_is_kept_only_when_ask
     from conftest import write_arithmetic_csv
 
     need_chromium()
-    monkeypatch.setenv(public.OWNER_KEY_ENV, "the-owners-key")
     reviews = write_arithmetic_csv(tmp_path / "my-sums.csv", rows=40)
     look = {"theme": gr.themes.Soft(primary_hue="emerald"), "css_paths": [str(ASSETS_DIR / "app.css")]}
     demo = build_app(public_studio)

@@ -114,30 +114,32 @@ def test_without_a_loader_it_fails_on_each_reply_in_words():
     assert "the classifier model is not loaded here" in score_completion(rewards, "hi").errors["classifier"]
 
 
-def test_a_public_demo_offers_only_the_classifiers_its_owner_lists(classifier_dir, monkeypatch):
-    monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
-    monkeypatch.delenv("DRAGON_UI_PUBLIC_CLASSIFIERS", raising=False)
+def test_a_public_demo_offers_only_the_classifiers_its_owner_lists(classifier_dir):
+    from dragon_ui.public import LAPTOP, Limits, Policy
+
     settings = [{"kind": "classifier", "model": str(classifier_dir), "label": "POSITIVE"}]
+    specs = parse_rewards(settings)  # the settings themselves are fine anywhere
+    build_rewards(specs, policy=LAPTOP)
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.model .* is not offered as a classifier in this public "
                                           r"demo; it offers none .*DRAGON_UI_PUBLIC_CLASSIFIERS"):
-        parse_rewards(settings)
-    with pytest.raises(ConfigError, match="is not offered as a classifier"):  # and where it would be loaded
-        load_classifier("/etc", "cpu")
-    monkeypatch.setenv("DRAGON_UI_PUBLIC_CLASSIFIERS", f"org/other, {classifier_dir}")
-    (spec,) = parse_rewards(settings)
-    assert spec.model == str(classifier_dir)
+        build_rewards(specs, policy=Policy(limits=Limits()))  # where it would be loaded
+    (reward,) = build_rewards(specs, policy=Policy(limits=Limits(), classifiers=("org/other", str(classifier_dir))))
+    assert reward.name == "classifier"
 
 
 def test_a_public_run_uses_one_classifier_model(tiny_config_dict, classifier_dir, monkeypatch):
-    from dragon_ui.engine import policy
+    from dragon_ui.engine import public_checks
+    from dragon_ui.public import Limits, Policy
 
-    monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
-    monkeypatch.setenv("DRAGON_UI_PUBLIC_CLASSIFIERS", f"org/other,{classifier_dir}")
-    monkeypatch.setattr(policy, "check_model", lambda model: None)  # the tiny model is not on the demo's list
+    demo = Policy(limits=Limits(), classifiers=("org/other", str(classifier_dir)))
+    monkeypatch.setattr(public_checks, "check_model", lambda model, policy: None)  # the tiny model is not offered
     tiny_config_dict["rewards"] = [{"kind": "classifier", "name": f"c{i}", "model": model, "label": "1"}
                                    for i, model in enumerate(("org/other", str(classifier_dir)))]
     with pytest.raises(ConfigError, match="The rewards use 2 classifier models; a run in this public demo may use one"):
-        policy.check_run(RunConfig.from_dict(tiny_config_dict), reads_data=False)
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict), demo, reads_data=False)
+    tiny_config_dict["rewards"][0]["model"] = "org/unlisted"
+    with pytest.raises(ConfigError, match=r"rewards\[0\]\.model 'org/unlisted' is not offered as a classifier"):
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict), demo, reads_data=False)
 
 
 def test_the_estimate_counts_the_classifiers_memory(tiny_config_dict, classifier_dir):

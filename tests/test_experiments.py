@@ -237,7 +237,7 @@ def test_a_public_demo_lists_everyones_runs_as_whose_they_are(monkeypatch, runs_
     write_json_atomic(three_runs[1].status_path, {**status, "owner": "someone"})
     write_json_atomic(three_runs[0].status_path, {**json.loads(three_runs[0].status_path.read_text()), "owner": "me"})
     with public.visiting(public.Visitor(key="me")):  # the app serves each event so (tests/test_public.py)
-        board, _ = experiments_tab.board(Studio(runs_dir=runs_dir), "")
+        board, _ = experiments_tab.board(Studio(runs_dir=runs_dir, policy=public.Policy.from_env()), "")
     assert list(board.columns) == [*experiments.LEADERBOARD_COLUMNS, "Whose"]
     whose = dict(zip(board["Run"], board["Whose"]))
     assert whose["20261201-110000-stronger"] == "another visitor's" and whose["20261201-100000-tiny"] == "yours"

@@ -160,3 +160,62 @@ def test_no_file_imports_one_that_imports_it_back():
              for name, path in modules.items()}
     cycle = first_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
+
+
+def policy_parameters() -> dict[str, int]:
+    """The functions of the package that take a ``policy`` (public.Policy) with a default, by name: where the
+    policy sits among their positional arguments (a method's ``self`` not counted). A name that some other function
+    of the package also has without one is left out, since a call cannot be told apart by its name."""
+    taking, other = {}, set()
+    for path in files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            names = [argument.arg for argument in node.args.posonlyargs + node.args.args]
+            if names[:1] in (["self"], ["cls"]):
+                names = names[1:]
+            keywords = [argument.arg for argument in node.args.kwonlyargs]
+            if "policy" in names:
+                taking[node.name] = names.index("policy")
+            elif "policy" in keywords:
+                taking[node.name] = len(names) + 1  # never reached by position
+            else:
+                other.add(node.name)
+    return {name: index for name, index in taking.items() if name not in other}
+
+
+def calls_without_a_policy(source: str, taking: dict[str, int]) -> list[str]:
+    """The calls in ``source`` to a function of ``taking`` that leave its policy to the default."""
+    missing = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if name not in taking or any(keyword.arg in ("policy", None) for keyword in node.keywords):
+            continue
+        if len(node.args) <= taking[name] and not any(isinstance(arg, ast.Starred) for arg in node.args):
+            missing.append(f"{name}() on line {node.lineno}")
+    return missing
+
+
+def test_every_call_in_the_package_passes_the_policy_on():
+    """One policy, built from the environment by the entry points (public.Policy.from_env) and passed down: a
+    default (the laptop's) is for tests and scripts, so a call of the package that left it out would quietly give a
+    public demo's visitor the laptop's freedom."""
+    taking = policy_parameters()
+    assert {"locate", "read_table", "load_and_map", "build_rewards", "check_run", "submit_start",
+            "preview_data"} <= set(taking)
+    missing = {module_of(path): calls for path in files()
+               if (calls := calls_without_a_policy(path.read_text(encoding="utf-8"), taking))}
+    assert missing == {}
+
+
+def test_the_policy_check_sees_a_forgotten_policy():
+    taking = {"locate": 2, "check_run": 1}
+    source = "locate(s)\nlocate(s, b, p)\ndata.locate(s, policy=p)\nx.check_run(c)\ncheck_run(c, p)\nlocate(*a)\n"
+    assert calls_without_a_policy(source, taking) == ["locate() on line 1", "check_run() on line 4"]
+
+
+def test_only_the_entry_points_read_public_mode_from_the_environment():
+    readers = {module_of(path) for path in files() if "Policy.from_env()" in path.read_text(encoding="utf-8")}
+    assert readers == {"dragon_ui.cli", "dragon_ui.ui.app"}

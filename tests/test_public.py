@@ -11,11 +11,11 @@ import gradio as gr
 import pytest
 import yaml
 
-from conftest import uploaded_by
+from conftest import demo, uploaded_by
 from dragon_ui import data, public
 from dragon_ui.cli import main
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
-from dragon_ui.engine import policy, training
+from dragon_ui.engine import public_checks, training
 from dragon_ui.errors import ConfigError
 
 MAKE_RUN = "on your own machine (make run)"
@@ -88,7 +88,7 @@ def test_the_engine_refuses_a_hostile_run_before_reading_or_writing_anything(pub
                                                                              value, refusal):
     hostile = with_setting(public_config, setting, value)
     with pytest.raises(ConfigError, match=refusal) as raised:
-        training.start(RunConfig.from_dict(hostile))
+        training.start(RunConfig.from_dict(hostile, policy=demo()), policy=demo())
     assert MAKE_RUN in str(raised.value) and "\n" not in str(raised.value)
     assert training.active_run() is None
     assert not runs_dir.exists() or not any(runs_dir.iterdir())
@@ -108,7 +108,7 @@ def test_a_public_run_of_allowed_settings_trains(public_mode, tiny_config_dict):
     """The same checks let an ordinary run through: the visitor's own upload and a model on the allow-list."""
     tiny_config_dict["data"]["source"] = uploaded_by("someone", tiny_config_dict["data"]["source"])
     with public.visiting(public.Visitor(key="someone")):
-        handle = training.start(RunConfig.from_dict(tiny_config_dict))
+        handle = training.start(RunConfig.from_dict(tiny_config_dict), policy=demo())
     assert handle.wait(240) == "succeeded", handle.run.read_status().get("error")
 
 
@@ -122,21 +122,22 @@ def test_uploads_are_the_uploaders_own(public_mode, nothing_is_read, tiny_config
         tiny_config_dict["data"]["source"] = source
         with public.visiting(public.Visitor(key=who)), \
                 pytest.raises(ConfigError, match="reads no other files on the server"):
-            training.start(RunConfig.from_dict(tiny_config_dict))
+            training.start(RunConfig.from_dict(tiny_config_dict), policy=demo())
     with public.visiting(public.Visitor(key="alice")):
-        assert data.locate(upload) == Path(upload)
+        assert data.locate(upload, policy=demo()) == Path(upload)
 
 
 def test_bundled_datasets_and_hub_ids_are_allowed_without_looking_at_the_disk(public_mode, monkeypatch):
     for bundled in data.bundled_datasets():
-        assert data.locate(str(bundled)) == bundled
-    assert data.locate("openai/gsm8k") == data.HubDataset("openai/gsm8k")
+        assert data.locate(str(bundled), policy=demo()) == bundled
+    assert data.locate("openai/gsm8k", policy=demo()) == data.HubDataset("openai/gsm8k")
     monkeypatch.chdir("/")
-    assert data.locate("etc/passwd") == data.HubDataset("etc/passwd")  # shaped like a Hub id: never the disk's
+    assert data.locate("etc/passwd", policy=demo()) == data.HubDataset("etc/passwd")  # shaped like a Hub id
     assert not data.is_hub_dataset_id("etc/passwd")  # looking on the disk, the same text is a local path
     fetched = []
     monkeypatch.setattr(data, "_load_hub", lambda source, *args: fetched.append(source) or [{"q": "1"}])
-    assert data.read_table("etc/passwd").rows == [{"q": "1"}] and fetched == ["etc/passwd"]  # the Hub's, not /etc's
+    rows = data.read_table("etc/passwd", policy=demo()).rows
+    assert rows == [{"q": "1"}] and fetched == ["etc/passwd"]  # the Hub's, not /etc's
 
 
 def test_too_many_rows_are_refused_with_the_limit(public_mode, tmp_path, monkeypatch):
@@ -146,8 +147,8 @@ def test_too_many_rows_are_refused_with_the_limit(public_mode, tmp_path, monkeyp
     config = data.DataConfig(source=uploaded_by("v", csv), prompt="question", reference="answer")
     with public.visiting(public.Visitor(key="v")):
         with pytest.raises(ConfigError, match="data.max_rows must be at most 20 here: the data has more than 20 rows"):
-            data.load_and_map(config)
-        assert len(data.load_and_map(data.DataConfig(**{**vars(config), "max_rows": 20})).train) > 0
+            data.load_and_map(config, policy=demo())
+        assert len(data.load_and_map(data.DataConfig(**{**vars(config), "max_rows": 20}), policy=demo()).train) > 0
 
 
 def test_the_owner_sets_the_limits_and_a_bad_value_is_refused_at_start(monkeypatch):
@@ -161,9 +162,78 @@ def test_the_owner_sets_the_limits_and_a_bad_value_is_refused_at_start(monkeypat
             public.Limits.from_env()
 
 
+def test_the_policy_is_read_from_the_environment_once_and_only_in_public_mode(monkeypatch):
+    for name in (public.PUBLIC_ENV, "SPACE_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(public.OWNER_KEY_ENV, " key ")
+    monkeypatch.setenv(public.MODELS_ENV, "a/b, c/d")
+    monkeypatch.setenv(public.CLASSIFIERS_ENV, "e/f")
+    monkeypatch.setenv("DRAGON_UI_MAX_COLUMNS", "5")
+    assert public.Policy.from_env() is public.LAPTOP  # a laptop gets none of a demo's limits or keys
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    demo_policy = public.Policy.from_env()
+    assert demo_policy.public and demo_policy.limits.columns == 5 and demo_policy.owner_key == "key"
+    assert demo_policy.models == ("a/b", "c/d") and demo_policy.classifiers == ("e/f",)
+    assert "key" not in repr(demo_policy)  # the owner key never reaches a log line
+
+
+def test_a_public_demo_runs_no_code_of_a_visitors_reward_wherever_it_is_read(tmp_path, tiny_config_dict):
+    """Checking a custom reward runs its code (to find its function); a public demo refuses it before that, in
+    every place a visitor's draft is read: the settings, the Rewards tab's list and its problem line, the draft
+    comparison."""
+    from dragon_ui.rewards import parse_rewards
+    from dragon_ui.studio.draft import same_settings
+    from dragon_ui.ui import rewards_tab
+
+    ran = tmp_path / "ran"
+    code = f"open({str(ran)!r}, 'w').close()\ndef reward(prompt, completion, reference, row):\n    return 1.0\n"
+    rewards = [{"kind": "custom", "code": code}]
+    draft = {**tiny_config_dict, "rewards": rewards}
+    demo_policy = public.Policy(limits=public.Limits())
+    with pytest.raises(ConfigError, match="custom Python rewards are turned off"):
+        RunConfig.from_dict(draft, policy=demo_policy)
+    with pytest.raises(ConfigError, match="custom Python rewards are turned off"):
+        parse_rewards(rewards, policy=demo_policy)
+    assert "turned off in this public demo" in rewards_tab.rewards_problem(rewards, demo_policy)
+    typed = [code if setting == "code" else None for setting in rewards_tab.SETTINGS]
+    assert "turned off" in rewards_tab.add_reward([], "custom", "mine", 1.0, *typed, policy=demo_policy)[3]
+    rewards_tab.rewards_table(rewards, demo_policy)
+    same_settings(draft, draft, demo_policy)
+    assert not ran.exists()
+    parse_rewards(rewards)  # the laptop runs it: what the refusals above kept from happening
+    assert ran.exists()
+
+
+def test_a_run_made_outside_the_demo_lends_no_code_and_reading_it_runs_none(public_mode, studio, finished_run,
+                                                                             tmp_path):
+    """A runs folder a laptop trained in, later served as a public demo: reading a run's settings runs no reward
+    code, and its settings are not lent with a reward the demo refuses."""
+    import json
+
+    ran = tmp_path / "ran"
+    config = json.loads(finished_run.config_path.read_text(encoding="utf-8"))
+    config["rewards"] = [{"kind": "custom", "name": "mine",
+                          "code": f"open({str(ran)!r}, 'w').close()\ndef reward(prompt, completion, reference, row):"
+                                  "\n    return 1.0\n"}]
+    finished_run.config_path.write_text(json.dumps(config), encoding="utf-8")
+    assert finished_run.read_config().rewards[0].kind == "custom" and not ran.exists()
+    with public.visiting(public.Visitor(key="bob")), \
+            pytest.raises(ConfigError, match=f"The settings of run {finished_run.id} cannot be used here: "
+                                             r"rewards\[0\]\.kind: custom Python rewards are turned off"):
+        studio.run_settings(finished_run.id)
+    assert not ran.exists()
+
+
+def test_an_app_built_without_a_backend_takes_the_environments_policy(public_mode):
+    from dragon_ui.ui import build_app
+
+    assert build_app().studio.policy == demo() and demo().public
+
+
 def test_the_allow_list_has_the_bundled_model_fitting_presets_and_the_owners_additions(monkeypatch):
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, "my-org/tiny-model, other/model")
-    allowed = policy.allowed_models()
+    allowed = public_checks.allowed_models(demo())
     assert allowed[0] == DEFAULT_MODEL_ID and allowed[-2:] == ["my-org/tiny-model", "other/model"]
     assert not {"google/gemma-3-1b-it", "meta-llama/Llama-3.2-1B-Instruct"} & set(allowed)  # gated: need a login
 
@@ -172,8 +242,23 @@ def test_outside_public_mode_nothing_is_refused(monkeypatch, tiny_config_dict):
     monkeypatch.delenv(public.PUBLIC_ENV, raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)
     config = RunConfig.from_dict(with_setting(tiny_config_dict, "grpo.max_new_tokens", 32768))
-    policy.check_run(config)
-    assert public.visitor() is public.OPERATOR and public.visitor().owns("anyone")
+    assert demo() is public.LAPTOP
+    public_checks.check_run(config, demo())
+    assert public.LAPTOP.owns(public.visitor(), "anyone") and public.LAPTOP.owns(public.NOBODY, "anyone")
+
+
+def test_the_laptop_reads_a_file_wider_than_a_public_demos_column_limit(monkeypatch, tmp_path):
+    """3,002 columns, 23 KB: a public demo's limit of 1,000 columns is a public demo's alone."""
+    monkeypatch.delenv(public.PUBLIC_ENV, raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    wide = tmp_path / "wide.csv"
+    names = ["question", "answer", *(f"c{index}" for index in range(3000))]
+    wide.write_text(",".join(names) + "\n" + ",".join(["1+1", "2", *("x" * 3000)]) + "\n", encoding="utf-8")
+    setting = data.DataConfig(source=str(wide), prompt="question", reference="answer")
+    assert len(data.load_and_map(setting, policy=demo()).columns) == 3002
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    with public.visiting(public.Visitor(key="v")), pytest.raises(ConfigError, match="more than the 1,000"):
+        data.read_table(uploaded_by("v", wide), policy=demo())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -183,14 +268,13 @@ def test_outside_public_mode_nothing_is_refused(monkeypatch, tiny_config_dict):
 def test_each_browser_and_api_session_is_its_own_visitor_and_keeps_its_token(monkeypatch):
     from dragon_ui.studio.visitors import Visitors
 
-    visitors = Visitors()
+    visitors = Visitors(owner_key="s3cret")
     token = visitors.arrive("page-1", None)
     assert visitors.arrive("page-2", token) == token  # the same browser, reloaded: the same visitor
     assert visitors.of("page-1") == visitors.of("page-2") != visitors.of("api-client")
     assert visitors.of("api-client") == visitors.of("api-client")
     assert token not in visitors.of("page-1").key  # status.json keeps a hash: it cannot be replayed as a token
     assert visitors.of(None) is public.NOBODY
-    monkeypatch.setenv(public.OWNER_KEY_ENV, "s3cret")
     assert visitors.unlock(visitors.of("api-client"), "guess") is None
     assert visitors.unlock(visitors.of("api-client"), "s3cret").owns_everything
 
@@ -214,8 +298,9 @@ def test_a_page_that_acts_before_its_load_is_answered_stays_the_visitor_it_acted
     assert visitors.of("api-1") != visitors.of("api-2")  # sessions no page loaded in are visitors apart
 
 
-def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, studio, public_config, monkeypatch):
+def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, studio, public_config):
     from dragon_ui.errors import NotYoursError
+    from dragon_ui.studio.visitors import Visitors
     from dragon_ui.ui import compare_tab
 
     alice, bob = public.Visitor(key="alice"), public.Visitor(key="bob")
@@ -230,8 +315,7 @@ def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, stud
             studio.stop(run.id)
         with pytest.raises(gr.Error, match="belongs to another visitor"):
             compare_tab.download_adapter(studio, run.id)
-    monkeypatch.setenv(public.OWNER_KEY_ENV, "s3cret")
-    with public.visiting(studio.visitors.unlock(public.Visitor(key="teacher"), "s3cret")):
+    with public.visiting(Visitors(owner_key="s3cret").unlock(public.Visitor(key="teacher"), "s3cret")):
         assert studio.whose({"owner": "alice"}) == "yours"
     with public.visiting(alice):
         assert studio.whose({"owner": "alice"}) == "yours"
@@ -251,7 +335,7 @@ def test_the_time_limit_ends_a_step_within_a_forward_pass_and_keeps_the_last_who
                                                                                       monkeypatch):
     limit_reached_when(monkeypatch, lambda status: status.get("step", 0) >= 2)
     public_config["training"].update(max_steps=50, save_steps=100)
-    handle = training.start(RunConfig.from_dict(public_config))
+    handle = training.start(RunConfig.from_dict(public_config), policy=demo())
     assert handle.wait(240) == "cancelled"
     status = handle.run.read_status()
     assert status["step"] == 2 and status["latest_checkpoint"] == "checkpoint-2"
@@ -267,7 +351,7 @@ def test_the_time_limit_counts_the_held_out_scoring(public_mode, public_config, 
     generated token: scoring is part of a run's time. The trained weights are saved by then, so the run is done,
     and Evaluate now scores both models later."""
     limit_reached_when(monkeypatch, lambda status: status.get("phase", "").startswith("scoring the starting model"))
-    handle = training.start(RunConfig.from_dict(public_config))
+    handle = training.start(RunConfig.from_dict(public_config), policy=demo())
     assert handle.wait(240) == "succeeded"
     assert handle.run.has_final_weights() and handle.run.read_status()["step"] == public_config["training"]["max_steps"]
     assert "before" not in handle.run.read_eval() and "after" not in handle.run.read_eval()
@@ -330,9 +414,9 @@ def test_a_visitor_continues_from_their_own_finished_run_only(public_mode, finis
 
     finished_run.update_status(owner="alice")
     with public.visiting(public.Visitor(key="alice")):
-        policy.check_model(ModelConfig(id=str(finished_run.path)))
+        public_checks.check_model(ModelConfig(id=str(finished_run.path)), demo())
     with public.visiting(public.Visitor(key="bob")), pytest.raises(ConfigError, match="is not offered"):
-        policy.check_model(ModelConfig(id=str(finished_run.path)))
+        public_checks.check_model(ModelConfig(id=str(finished_run.path)), demo())
 
 
 def test_the_row_limit_is_said_in_the_data_tabs_words():
@@ -356,7 +440,7 @@ def public_client(public_mode, runs_dir):
     from dragon_ui.ui.app import serving_options
     from test_app_client import served_app
 
-    studio = Studio(runs_dir=runs_dir)
+    studio = Studio(runs_dir=runs_dir, policy=demo())
     with served_app(build_app(studio), **serving_options(studio)) as url:
         yield studio, Client(url, verbose=False), Client(url, verbose=False)
     while (handle := training.active_run()) is not None:
@@ -429,7 +513,7 @@ def test_uploads_are_capped_at_the_limit(public_mode, monkeypatch, runs_dir):
     from dragon_ui.ui.app import serving_options
 
     monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "5")
-    options = serving_options(Studio(runs_dir=runs_dir))
+    options = serving_options(Studio(runs_dir=runs_dir, policy=demo()))
     assert options["max_file_size"] == "5mb" and "allowed_paths" not in options  # the runs folder is not served
     (limits,) = options["app_kwargs"]["middleware"]
     assert limits.kwargs == {"upload_bytes": 25 * 2**20}  # five uploads' worth per address and ten minutes
@@ -438,6 +522,6 @@ def test_uploads_are_capped_at_the_limit(public_mode, monkeypatch, runs_dir):
 def test_the_data_preview_reads_no_server_path(public_mode, nothing_is_read):
     from dragon_ui.studio.playground import preview_data
 
-    preview = preview_data(data.DataConfig(source=SECRET, prompt="question"))
+    preview = preview_data(data.DataConfig(source=SECRET, prompt="question"), policy=demo())
     assert preview.error_field == "source" and "reads no other files on the server" in preview.error
     assert preview.rows == [] and preview.columns == []

@@ -18,11 +18,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import uploaded_by, write_arithmetic_csv
+from conftest import demo, uploaded_by, write_arithmetic_csv
 
 from dragon_ui import apart, data, public, rewards, tables
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
-from dragon_ui.engine import policy, queue, retention, training
+from dragon_ui.engine import public_checks, queue, retention, training
 from dragon_ui.errors import BusyError, ConfigError, NotYoursError
 from dragon_ui.studio.visitors import WRONG_KEYS_ALLOWED, Visitors
 
@@ -35,7 +35,7 @@ def public_mode(monkeypatch, tiny_model_dir, runs_dir):
     monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
     for env, _, _ in public.Limits.documented():
         monkeypatch.delenv(env, raising=False)
-    policy._starts.clear()
+    public_checks._starts.clear()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -85,10 +85,11 @@ def test_a_public_demo_stops_one_row_past_its_limit_and_refuses(kind, public_mod
     monkeypatch.setenv("DRAGON_UI_MAX_DATASET_ROWS", "100")
     source = uploaded_by("v", FILES[kind](tmp_path / "data", 250))
     with public.visiting(public.Visitor(key="v")):
-        assert len(data.read_table(source).rows) == 101
+        assert len(data.read_table(source, policy=demo()).rows) == 101
         with pytest.raises(ConfigError, match="the data has more than 100 rows"):
-            data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer"))
-        mapped = data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer", max_rows=90))
+            data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer"), policy=demo())
+        setting = data.DataConfig(source=source, prompt="question", reference="answer", max_rows=90)
+        mapped = data.load_and_map(setting, policy=demo())
         assert mapped.n_rows == 90
 
 
@@ -107,7 +108,7 @@ def test_millions_of_rows_in_a_small_parquet_file_are_never_decoded(public_mode,
 
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted_batches)
     with public.visiting(public.Visitor(key="v")):
-        assert len(data.read_table(source).rows) == 10_001
+        assert len(data.read_table(source, policy=demo()).rows) == 10_001
     assert sum(decoded) <= 10_001 + 1024  # batch by batch, stopping at the limit
 
 
@@ -149,7 +150,7 @@ def test_a_small_file_that_unpacks_into_gigabytes_is_refused_and_the_app_never_h
     monkeypatch.setattr(tables, "read_here", lambda *args: pytest.fail("read in the app's own process"))
     started = time.monotonic()
     with public.visiting(public.Visitor(key="v")), pytest.raises(ConfigError, match=refusal):
-        data.read_table(source)
+        data.read_table(source, policy=demo())
     assert time.monotonic() - started < apart.SECONDS
 
 
@@ -197,7 +198,7 @@ def test_a_public_demo_counts_the_columns_of_every_kind_of_file(kind, public_mod
     with public.visiting(public.Visitor(key="v")), pytest.raises(ConfigError, match="more than 1,000 columns, the "
                                                                                       "most a table may have in this "
                                                                                       "public demo"):
-        data.read_table(source)
+        data.read_table(source, policy=demo())
 
 
 @pytest.mark.parametrize("kind", WIDE)
@@ -221,9 +222,9 @@ def test_a_public_demo_reads_no_more_columns_than_its_limit(public_mode, tmp_pat
     with public.visiting(public.Visitor(key="v")):
         with pytest.raises(ConfigError, match="the header has 1,001 columns, more than the 1,000 a table may have "
                                               "in this public demo"):
-            data.read_table(source)
+            data.read_table(source, policy=demo())
         monkeypatch.setenv("DRAGON_UI_MAX_COLUMNS", "2000")
-        assert len(data.read_table(source).rows[0]) == 1001
+        assert len(data.read_table(source, policy=demo()).rows[0]) == 1001
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -256,7 +257,7 @@ def test_a_public_demo_streams_hub_data_apart_without_the_servers_token_and_neve
     monkeypatch.setenv("DRAGON_UI_MAX_DATASET_ROWS", "50")
     (tmp_path / "app" / "owner" / "name").mkdir(parents=True)  # a folder shaped like the Hub id, where the app runs
     monkeypatch.chdir(tmp_path / "app")
-    rows = data.read_table("owner/name", hub_config="main", hub_split="test").rows
+    rows = data.read_table("owner/name", hub_config="main", hub_split="test", policy=demo()).rows
     assert len(rows) == 51  # one past the limit: enough to refuse
     spy = json.loads((tmp_path / "spy.json").read_text())
     assert spy["path"] == "hf://datasets/owner/name"
@@ -281,7 +282,7 @@ def test_a_hub_row_that_unpacks_into_gigabytes_ends_the_reading_process_not_the_
                                       "    yield {'text': 'x' * (3 * 2**30)}\n")  # one row of 3 GB
     monkeypatch.setenv("PYTHONPATH", str(fake.parent))
     with pytest.raises(ConfigError, match="takes more than this public demo's memory for one dataset"):
-        data.read_table("owner/huge")
+        data.read_table("owner/huge", policy=demo())
 
 
 def test_a_run_folder_shaped_like_a_hub_id_is_never_loaded_from_the_disk(public_mode, monkeypatch, tmp_path):
@@ -290,7 +291,7 @@ def test_a_run_folder_shaped_like_a_hub_id_is_never_loaded_from_the_disk(public_
     (tmp_path / "runs" / "someone" / "train.jsonl").write_text('{"secret": "theirs"}\n')
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="the Hugging Face Hub could not be reached to load 'runs/someone'"):
-        data.read_table("runs/someone")
+        data.read_table("runs/someone", policy=demo())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -415,7 +416,7 @@ def test_a_public_run_keeps_to_lora_its_rank_the_cores_and_the_main_revision(pub
     tiny_config_dict[section][key] = value
     tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
     with pytest.raises(ConfigError, match=refusal):
-        policy.check_run(RunConfig.from_dict(tiny_config_dict))
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict), demo())
 
 
 def test_a_run_that_would_need_more_memory_than_the_machine_has_is_refused(public_mode, monkeypatch,
@@ -425,14 +426,14 @@ def test_a_run_that_would_need_more_memory_than_the_machine_has_is_refused(publi
     tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
     with pytest.raises(ConfigError, match=r"This run would need about [\d.]+ GB of memory, more than the [\d.]+ GB "
                                           "this machine has"):
-        policy.check_run(RunConfig.from_dict(tiny_config_dict))
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict), demo())
 
 
 def test_a_public_run_keeps_only_its_newest_checkpoints(public_mode, tiny_config_dict):
     tiny_config_dict["data"]["source"] = uploaded_by("v", tiny_config_dict["data"]["source"])
     tiny_config_dict["training"].update(max_steps=4, save_steps=1)
     with public.visiting(public.Visitor(key="v")):
-        handle = training.start(RunConfig.from_dict(tiny_config_dict))
+        handle = training.start(RunConfig.from_dict(tiny_config_dict), policy=demo())
     assert handle.wait(240) == "succeeded", handle.run.read_status().get("error")
     assert [path.name for path in handle.run.checkpoints()] == ["checkpoint-3", "checkpoint-4"]
 
@@ -441,7 +442,7 @@ def test_the_held_out_prompts_are_capped_and_the_summary_says_so(public_mode, tm
     source = uploaded_by("v", write_arithmetic_csv(tmp_path / "many.csv", rows=2000))
     with public.visiting(public.Visitor(key="v")):
         mapped = data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer",
-                                                   eval_frac=0.5))
+                                                   eval_frac=0.5), policy=demo())
     assert len(mapped.eval) == 50 and len(mapped.train) == 1950
     assert "Only 50 rows are held out, this public demo's limit of held-out prompts" in mapped.summary()
 
@@ -458,6 +459,7 @@ def test_each_visitor_and_each_address_has_a_few_runs_and_starts(public_mode, st
                                                                  monkeypatch):
     monkeypatch.setenv("DRAGON_UI_MAX_RUNS_PER_ADDRESS", "3")
     monkeypatch.setenv("DRAGON_UI_MAX_STARTS_PER_HOUR", "3")
+    monkeypatch.setattr(studio, "policy", demo())  # as an app started with these limits
     upload = uploaded_by("alice", tiny_config_dict["data"]["source"])
     alice = public.Visitor(key="alice", address="home")
     config = {**long_run(tiny_config_dict, "a"), "data": {**tiny_config_dict["data"], "source": upload}}
@@ -488,11 +490,11 @@ def test_preparing_a_run_holds_up_nobody_elses_start_or_stop(public_mode, studio
     preparing, release = threading.Event(), threading.Event()
     real_inspect = training.inspect
 
-    def slow_inspect(config):
+    def slow_inspect(config, policy):
         if config.name == "slow":
             preparing.set()
             release.wait(60)
-        return real_inspect(config)
+        return real_inspect(config, policy)
 
     monkeypatch.setattr(training, "inspect", slow_inspect)
     config = {**tiny_config_dict, "data": {**tiny_config_dict["data"], "source": uploaded_by(
@@ -524,8 +526,7 @@ def test_preparing_a_run_holds_up_nobody_elses_start_or_stop(public_mode, studio
 
 
 def test_wrong_owner_keys_are_limited_per_address(monkeypatch):
-    monkeypatch.setenv(public.OWNER_KEY_ENV, "the-key")
-    visitors = Visitors()
+    visitors = Visitors(owner_key="the-key")
     guesser = visitors.of("s1", address="guesser")
     for attempt in range(WRONG_KEYS_ALLOWED):
         assert visitors.unlock(guesser, f"guess {attempt}") is None
@@ -539,8 +540,7 @@ def test_wrong_owner_keys_are_limited_per_address(monkeypatch):
 def test_the_owner_key_unlocks_the_page_that_entered_it_only(monkeypatch):
     """The review: the key unlocked the browser's visitor for as long as the app ran, so a reload or another tab of
     a shared lab computer's browser was still unlocked after the instructor closed the page without "Remember"."""
-    monkeypatch.setenv(public.OWNER_KEY_ENV, "the-key")
-    visitors = Visitors()
+    visitors = Visitors(owner_key="the-key")
     token = visitors.arrive("page", None)
     assert visitors.unlock(visitors.of("page"), "the-key").owns_everything and visitors.of("page").unlocked
     visitors.arrive("reloaded", token)
@@ -584,11 +584,11 @@ def test_an_upload_moves_into_its_visitors_own_folder(public_mode, studio, tmp_p
         kept = Path(studio.keep_upload(uploaded, gradio_folder))
         assert kept.is_relative_to(public.uploads_dir() / "alice") and kept.read_text().startswith("question")
         assert not uploaded.parent.exists()  # gradio's copy, which gradio would serve, is gone
-        assert data.locate(str(kept)) == kept
+        assert data.locate(str(kept), policy=demo()) == kept
         with pytest.raises(ConfigError, match="was not uploaded here"):
             studio.keep_upload(tmp_path / "elsewhere.csv", gradio_folder)
     with public.visiting(public.Visitor(key="bob")), pytest.raises(ConfigError, match="reads no other files"):
-        data.locate(str(kept))
+        data.locate(str(kept), policy=demo())
 
 
 def test_another_visitors_settings_are_lent_without_their_data_or_their_run(public_mode, studio, finished_run):
@@ -700,10 +700,10 @@ def test_starts_sent_at_the_same_moment_cannot_all_pass(public_mode, studio, tin
     data is read (queue._place), so only two of four are accepted."""
     real_inspect, arrived = training.inspect, threading.Barrier(4, timeout=60)
 
-    def inspect_together(config):
+    def inspect_together(config, policy):
         with contextlib.suppress(threading.BrokenBarrierError):
             arrived.wait(5)  # the ones let through wait here for the others, which are refused
-        return real_inspect(config)
+        return real_inspect(config, policy)
 
     monkeypatch.setattr(training, "inspect", inspect_together)
     config = long_run({**tiny_config_dict, "data": {**tiny_config_dict["data"], "source": uploaded_by(

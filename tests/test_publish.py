@@ -137,13 +137,14 @@ def test_a_public_demo_uploads_only_with_the_visitors_own_token(fake_hub, hub_ru
     monkeypatch.setenv("HF_TOKEN", "hf_the_spaces_own")
     monkeypatch.setattr("huggingface_hub.get_token", lambda: "hf_the_spaces_own")
     with pytest.raises(ConfigError, match="never uploads with the Space's token"):
-        hub.publish(hub_run, REPO)
-    hub.publish(hub_run, REPO, token="hf_visitors")
+        hub.publish(hub_run, REPO, policy=public.Policy.from_env())
+    hub.publish(hub_run, REPO, token="hf_visitors", policy=public.Policy.from_env())
     assert [repo["token"] for repo in fake_hub.repos] == ["hf_visitors"]
 
 
 def test_the_compare_tab_publishes_the_visitors_own_run_only(fake_hub, hub_run, studio, monkeypatch):
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    monkeypatch.setattr(studio, "policy", public.Policy.from_env())
     hub_run.update_status(owner="alice")
     kind = next(iter(compare_tab.PUBLISH_KINDS))
     with visiting(Visitor(key="bob")):

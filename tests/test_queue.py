@@ -100,10 +100,11 @@ def test_a_public_demo_caps_the_queue(studio, tiny_config_dict, monkeypatch, tin
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
     monkeypatch.setenv("DRAGON_UI_MAX_QUEUE", "1")
+    monkeypatch.setattr(studio, "policy", public.Policy.from_env())
     tiny_config_dict["data"]["source"] = uploaded_by("v", tiny_config_dict["data"]["source"])
     with public.visiting(public.Visitor(key="v")):
         first = studio.start(long_config(tiny_config_dict, "first"))
         studio.start(tiny_config_dict)
         with pytest.raises(BusyError, match="The queue is full: 1 runs are already waiting"):
-            queue.submit(RunConfig.from_dict(tiny_config_dict))
+            queue.submit_start(RunConfig.from_dict(tiny_config_dict), studio.policy)
         studio.stop(first.id)

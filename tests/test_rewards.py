@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dragon_ui.errors import ConfigError
-from dragon_ui.public import is_public_demo
+from dragon_ui.public import LAPTOP, Limits, Policy
 from dragon_ui.rewards import (
     EXTRACT_MODES,
     REWARD_KINDS,
@@ -18,6 +18,7 @@ from dragon_ui.rewards import (
     RewardSpec,
     ScoreResult,
     build_rewards,
+    public_refusal,
     extract_answer,
     parse_rewards,
     safe_score,
@@ -378,7 +379,6 @@ def test_to_dict_round_trips(settings):
 # Public demo
 # ---------------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("env", [{"SPACE_ID": "someone/dragon"}, {"DRAGON_UI_PUBLIC": "1"}])
 @pytest.mark.parametrize("settings, fragment", [
     ({"kind": "custom", "code": "def reward(p, c, r, row): return 1"},
      "rewards[0].kind: custom Python rewards are turned off in this public demo because they run arbitrary code on "
@@ -386,23 +386,25 @@ def test_to_dict_round_trips(settings):
     ({"kind": "command", "argv": [PY, "-c", "pass"]},
      "rewards[0].kind: command rewards are turned off in this public demo because they run arbitrary programs"),
 ])
-def test_public_demo_refuses_code_rewards(monkeypatch, env, settings, fragment):
-    spec = RewardSpec.from_dict(settings)  # fine on a private machine
+def test_public_demo_refuses_code_rewards(settings, fragment):
+    spec = RewardSpec.from_dict(settings)  # the settings are fine; a public demo's policy refuses to run them
+    assert public_refusal(spec, LAPTOP, "rewards[0]") is None
+    assert fragment in public_refusal(spec, Policy(limits=Limits()), "rewards[0]")
+    build_rewards([spec], policy=LAPTOP)
+    with pytest.raises(ConfigError) as caught:
+        build_rewards([spec], policy=Policy(limits=Limits()))
+    assert fragment in str(caught.value)
+    assert build_rewards([RewardSpec.from_dict({"kind": "numeric"})], policy=Policy(limits=Limits()))
+
+
+@pytest.mark.parametrize("env, public", [({}, False), ({"DRAGON_UI_PUBLIC": "0"}, False),
+                                         ({"DRAGON_UI_PUBLIC": "1"}, True), ({"SPACE_ID": "someone/dragon"}, True)])
+def test_public_demo_flag(monkeypatch, env, public):
+    for key in ("SPACE_ID", "DRAGON_UI_PUBLIC"):
+        monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert is_public_demo()
-    with pytest.raises(ConfigError) as caught:
-        RewardSpec.from_dict(settings)
-    assert fragment in str(caught.value)
-    with pytest.raises(ConfigError):
-        build_rewards([spec])
-    assert RewardSpec.from_dict({"kind": "numeric"}).kind == "numeric"
-
-
-def test_public_demo_flag(monkeypatch):
-    assert not is_public_demo()
-    monkeypatch.setenv("DRAGON_UI_PUBLIC", "0")
-    assert not is_public_demo()
+    assert Policy.from_env().public is public
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -47,8 +47,9 @@ def test_a_public_demo_sends_metrics_nowhere_outside_it(tiny_config_dict, monkey
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     config = RunConfig.from_dict({**tiny_config_dict, "logging": {"report_to": [tracker]}})
     with pytest.raises(ConfigError, match="outside this public demo"):
-        trackers.check(config.logging)
-    trackers.check(RunConfig.from_dict({**tiny_config_dict, "logging": {"report_to": ["tensorboard"]}}).logging)
+        trackers.check(config.logging, public.Policy.from_env())
+    trackers.check(RunConfig.from_dict({**tiny_config_dict, "logging": {"report_to": ["tensorboard"]}}).logging,
+                   public.Policy.from_env())
 
 
 def test_tensorboard_event_files_land_in_the_run_folder(tiny_config_dict):

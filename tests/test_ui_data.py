@@ -274,9 +274,9 @@ def test_while_the_tokenizer_loads_the_table_and_counts_show_first_and_the_promp
     loading = {"yes": True}
     waits = []
 
-    def tokenizer_of(draft_, wait=True):
+    def tokenizer_of(draft_, wait=True, policy=playground.LAPTOP):
         waits.append(wait)
-        return None if loading["yes"] and not wait else playground.draft_tokenizer(draft_, wait)
+        return None if loading["yes"] and not wait else playground.draft_tokenizer(draft_, wait, policy)
 
     monkeypatch.setattr(data_tab, "draft_tokenizer", tokenizer_of)
     first, then = (outputs(answer) for answer in data_tab.show_preview(draft, labels))

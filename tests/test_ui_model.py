@@ -14,6 +14,7 @@ from conftest import said
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import training
 from dragon_ui.engine.hardware import CudaDevice, HardwareInfo
+from dragon_ui.public import Policy
 from dragon_ui.studio.draft import same_settings
 from dragon_ui.ui import model_tab
 from dragon_ui.ui.common import message
@@ -184,9 +185,9 @@ def test_a_hardware_choice_this_machine_cannot_run_is_a_problem_of_the_hardware(
 def test_the_presets_table(studio, monkeypatch, tiny_model_dir):
     rows = model_tab.preset_rows(model_tab.offered_presets(studio))
     assert len(rows) == 8 and rows[0][:2] == ["HuggingFaceTB/SmolLM2-135M-Instruct", "135M"]
-    monkeypatch.setattr(studio, "public", True)  # a public demo offers only the presets it allows
-    monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
+    monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")  # a public demo offers only the presets it allows
     monkeypatch.setenv("DRAGON_UI_PUBLIC_MODELS", "Qwen/Qwen3-0.6B")
+    monkeypatch.setattr(studio, "policy", Policy.from_env())
     assert [preset.id for preset in model_tab.offered_presets(studio)][-1] == "Qwen/Qwen3-0.6B"
     assert "google/gemma-3-1b-it" not in [preset.id for preset in model_tab.offered_presets(studio)]
     memories = [float(row[2].strip("~ GB")) for row in rows]

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import said
 from dragon_ui.errors import BusyError, DragonError
+from dragon_ui.public import LAPTOP, Policy
 from dragon_ui.rewards import REWARD_KINDS, kind_fields, parse_rewards, public_demo_refusal
 from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app, rewards_tab
@@ -40,7 +41,7 @@ def studio(tmp_path, monkeypatch):
 @pytest.fixture
 def public_studio(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
-    return Studio(runs_dir=tmp_path / "runs")
+    return Studio(runs_dir=tmp_path / "runs", policy=Policy.from_env())
 
 
 @pytest.fixture
@@ -95,16 +96,16 @@ class Screen:
     """The Rewards editor as the browser shows it: each handler's outputs land in the fields (a skip keeps what the
     field holds), and the next click sends what the fields hold."""
 
-    def __init__(self, rewards: list[dict], public: bool = False):
-        self.public = public
+    def __init__(self, rewards: list[dict], policy: Policy = LAPTOP):
+        self.policy = policy
         self.status = ""
         self.values = settings("numeric")
-        self._show_listing(rewards_tab.fill_rewards({"rewards": rewards}, public=public))
+        self._show_listing(rewards_tab.fill_rewards({"rewards": rewards}, policy=policy))
 
     # what the user does
     def select(self, name: str):
         self.selected = name  # the picker shows what was picked
-        self._show_listing(rewards_tab.select_reward(self.rewards, name, public=self.public))
+        self._show_listing(rewards_tab.select_reward(self.rewards, name, policy=self.policy))
 
     def new(self):
         self.select(NEW)
@@ -112,7 +113,7 @@ class Screen:
     def kind_(self, kind: str):
         self.kind = kind
         self._show_editor(rewards_tab.change_kind(self.rewards, self.selected, kind, self.name, self.weight,
-                                                  public=self.public))
+                                                  policy=self.policy))
 
     def type(self, field: str, value):
         if field in ("name", "weight"):
@@ -122,14 +123,14 @@ class Screen:
 
     def add(self):
         self._show_listing(rewards_tab.add_reward(self.rewards, self.kind, self.name, self.weight, *self.values,
-                                                  public=self.public))
+                                                  policy=self.policy))
 
     def save(self):
         self._show_listing(rewards_tab.save_reward(self.rewards, self.selected, self.kind, self.name, self.weight,
-                                                   *self.values, public=self.public))
+                                                   *self.values, policy=self.policy))
 
     def remove(self):
-        self._show_listing(rewards_tab.remove_reward(self.rewards, self.selected, public=self.public))
+        self._show_listing(rewards_tab.remove_reward(self.rewards, self.selected, policy=self.policy))
 
     def do(self, step: tuple):
         action, *args = step
@@ -199,7 +200,7 @@ def test_public_app_hides_the_code_editor(studio, public_studio):
 
 
 def test_fill_rewards_lists_the_draft_and_shows_the_first(draft):
-    out = listing(rewards_tab.fill_rewards(draft, public=False))
+    out = listing(rewards_tab.fill_rewards(draft, policy=LAPTOP))
     assert out["rewards"] == [NUMERIC, LENGTH] and out["rewards"] is not draft["rewards"]
     assert out["table"].values.tolist() == [
         ["numeric", "numeric", 1.0, "the number in the reply equals the reference", ""],
@@ -215,7 +216,7 @@ def test_fill_rewards_lists_the_draft_and_shows_the_first(draft):
 
 
 def test_fill_rewards_without_rewards_shows_a_new_one(draft):
-    out = listing(rewards_tab.fill_rewards({**draft, "rewards": []}, public=False))
+    out = listing(rewards_tab.fill_rewards({**draft, "rewards": []}, policy=LAPTOP))
     assert out["rewards"] == [] and out["selector"].value == NEW
     assert (out["kind"], out["name"], out["weight"]) == ("numeric", "numeric", 1.0)
     assert out["add"].visible and not out["save"].visible and not out["remove"].visible
@@ -223,7 +224,7 @@ def test_fill_rewards_without_rewards_shows_a_new_one(draft):
 
 @pytest.mark.parametrize("kind", REWARD_KINDS)
 def test_only_the_kinds_settings_are_shown(recipe, kind):
-    shown = split_editor(rewards_tab.change_kind(recipe, NEW, kind, "numeric_2", 1.0, public=False))
+    shown = split_editor(rewards_tab.change_kind(recipe, NEW, kind, "numeric_2", 1.0, policy=LAPTOP))
     assert visible(shown) == set(kind_fields(kind))
     assert shown["help"] == rewards_tab.KIND_HELP[kind]
     assert shown["kind"] == kind and shown["weight"] == 1.0
@@ -263,7 +264,7 @@ def test_save_and_remove(recipe):
     assert out["rewards"] == [NUMERIC, {"kind": "length", "name": "short", "weight": 0.5, "min_chars": 2,
                                         "max_chars": 20}]
     assert out["selector"].value == "short" and "Saved the reward short" in out["status"]
-    shown = listing(rewards_tab.select_reward(out["rewards"], "short", public=False))
+    shown = listing(rewards_tab.select_reward(out["rewards"], "short", policy=LAPTOP))
     assert (shown["kind"], shown["name"], shown["weight"]) == ("length", "short", 0.5)
     max_chars = shown["settings"][SETTINGS.index("max_chars")]
     assert max_chars["value"] == 20 and max_chars["visible"]
@@ -281,7 +282,7 @@ def test_a_custom_reward_from_a_file_round_trips_through_the_form(recipe, tmp_pa
     script.write_text("def reward(prompt, completion, reference, row):\n    return 0.5\n", encoding="utf-8")
     spec = {"kind": "custom", "name": "mine", "weight": 1.0, "file": str(script)}
     rewards = [*recipe, spec]
-    shown = listing(rewards_tab.select_reward(rewards, "mine", public=False))
+    shown = listing(rewards_tab.select_reward(rewards, "mine", policy=LAPTOP))
     values = [update["value"] for update in shown["settings"]]
     assert values[SETTINGS.index("code")] == "" and values[SETTINGS.index("file")] == str(script)
     out = listing(rewards_tab.save_reward(rewards, "mine", shown["kind"], shown["name"], shown["weight"], *values))
@@ -326,13 +327,14 @@ def test_bad_forms_show_the_error_and_leave_the_list(recipe, handler, args, word
 def test_public_mode_hides_custom_code_and_refuses_code_rewards(public_studio):
     rewards = public_studio.default_draft()["rewards"]
     for kind in ("custom", "command"):
-        shown = split_editor(rewards_tab.change_kind(rewards, NEW, kind, "numeric_2", 1.0, public=True))
+        shown = split_editor(rewards_tab.change_kind(rewards, NEW, kind, "numeric_2", 1.0, policy=public_studio.policy))
         assert "turned off in this public demo" in shown["help"]
         assert visible(shown) == set()  # the code editor and every other field hidden
         values = {"argv": "python check.py"} if kind == "command" else {}
-        result = rewards_tab.add_reward(rewards, kind, "mine", 1.0, *settings(kind, **values), public=True)
+        result = rewards_tab.add_reward(rewards, kind, "mine", 1.0, *settings(kind, **values),
+                                        policy=public_studio.policy)
         assert result[0] == rewards and "turned off in this public demo" in result[3]
-    shown = split_editor(rewards_tab.change_kind(rewards, NEW, "regex", "numeric_2", 1.0, public=True))
+    shown = split_editor(rewards_tab.change_kind(rewards, NEW, "regex", "numeric_2", 1.0, policy=public_studio.policy))
     assert shown["help"] == rewards_tab.KIND_HELP["regex"] and visible(shown) == set(kind_fields("regex"))
     assert [kind for kind in REWARD_KINDS if public_demo_refusal(kind)] == ["command", "custom"]
 
@@ -436,7 +438,7 @@ def test_the_editor_after_removing_everything_starts_from_the_kinds_defaults(rec
     ([NUMERIC, LENGTH], "length", "numeric", "length", "length"),  # an existing reward keeps its name
 ])
 def test_change_kind_names_a_new_reward_after_its_kind_unless_typed(rewards, selected, kind, name, shows):
-    shown = split_editor(rewards_tab.change_kind(rewards, selected, kind, name, 0.7, public=False))
+    shown = split_editor(rewards_tab.change_kind(rewards, selected, kind, name, 0.7, policy=LAPTOP))
     assert (shown["kind"], shown["name"], shown["weight"]) == (kind, shows, 0.7)  # the weight shown is kept
     editing = selected != NEW
     assert (shown["add"].visible, shown["save"].visible, shown["remove"].visible) == (not editing, editing, editing)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..config import ModelConfig, RunConfig
 from ..data import prompt_text, read_jsonl
 from ..errors import ConfigError, Stopped
+from ..public import LAPTOP, Policy
 from .. import speedups
 from ..rewards import Reward, build_rewards, score_completions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
@@ -260,7 +261,8 @@ def model_for(load: LoadModel, config: RunConfig, weights: TrainedWeights, side:
 
 
 def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] = lambda: False,
-                 rescore_before: bool = False, while_training: bool = False) -> Iterator[str]:
+                 rescore_before: bool = False, while_training: bool = False,
+                 policy: Policy = LAPTOP) -> Iterator[str]:
     """Score the run's newest weights (and the starting model, if not scored yet or ``rescore_before``) on its
     held-out prompts: the Compare tab's "Evaluate now" and ``python -m dragon_ui eval``, with ``load`` giving the
     models (a ModelCache.load).
@@ -292,7 +294,7 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
             with model_for(load, config, weights, side) as (model, tokenizer):
                 rewards = rewards or build_rewards(config.rewards, base_dir=config.base_dir or None,
                                                    tokenizer=tokenizer, max_new_tokens=config.grpo.max_new_tokens,
-                                                   classifiers=classifiers_on(str(model.device)))
+                                                   classifiers=classifiers_on(str(model.device)), policy=policy)
                 replies += generate_replies(model, tokenizer, [ex["prompt"] for ex in examples[start:start + EVAL_BATCH]],
                                             config.grpo.max_new_tokens, batch_size=EVAL_BATCH)
             model_name = "starting model" if side == "before" else f"trained model ({weights.label})"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, DragonError
-from ..public import is_public_demo
+from ..public import LAPTOP, Policy
 from ..runstore import RunDir
 from . import weights
 from .model_card import CARD_FILE, write_model_card
@@ -36,13 +36,13 @@ class Published:
 
 
 def publish(run: RunDir, repo_id: str, merged: bool = False, private: bool = False, token: str | None = None,
-            update: bool = False) -> Published:
+            update: bool = False, policy: Policy = LAPTOP) -> Published:
     """Upload the run's newest adapter (or, with ``merged``, the merged full model) to ``repo_id``. The repo is
     created; one that exists already is refused unless ``update`` (a new commit on top of it)."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     repo_id = check_repo_id(repo_id)
-    token = _token(token)
+    token = _token(token, policy)
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory(prefix="dragon-publish-") as staging:
         if merged:
@@ -78,14 +78,14 @@ def check_repo_id(repo_id: str) -> str:
     return repo_id
 
 
-def _token(token: str | None) -> str:
+def _token(token: str | None, policy: Policy) -> str:
     """The token to upload with: the one given, else (not in a public demo) the one this machine is logged in with."""
     from huggingface_hub import get_token
 
     token = (token or "").strip()
     if token:
         return token
-    if is_public_demo():
+    if policy.public:
         raise ConfigError(f"Paste your own Hugging Face token to publish ({TOKEN_HELP}): this public demo never "
                           "uploads with the Space's token.")
     found = get_token()

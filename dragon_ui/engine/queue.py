@@ -19,9 +19,9 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import BusyError
-from ..public import Limits, Visitor, is_public_demo, visitor
+from ..public import LAPTOP, Policy, Visitor, visitor
 from ..runstore import RunDir, list_runs
-from . import policy, training
+from . import public_checks, training
 
 log = logging.getLogger("dragon_ui")
 
@@ -51,7 +51,7 @@ def _free(runs_dir: Path) -> bool:
     return training_run_id(runs_dir) is None and not waiting_runs(runs_dir)
 
 
-def submit(config: RunConfig) -> RunDir:
+def submit_start(config: RunConfig, policy: Policy = LAPTOP) -> RunDir:
     """Start ``config`` now if nothing trains and nobody waits, or else put it in the queue; either way its mistakes
     are raised here and its folder exists when this returns.
 
@@ -60,42 +60,42 @@ def submit(config: RunConfig) -> RunDir:
     written, and starts at once if it is first in line with nothing training.
     """
     runs_dir = config.resolved_runs_dir()
-    with _place(runs_dir):
-        run = training.prepare(config, waiting=True)
+    with _place(runs_dir, policy):
+        run = training.prepare(config, waiting=True, policy=policy)
     with _lock:
         waiting = waiting_runs(runs_dir)
         if training_run_id(runs_dir) is None and waiting and waiting[0].id == run.id:
-            return training.start_waiting(run, resume=False).run
+            return training.start_waiting(run, resume=False, policy=policy).run
     return run
 
 
-def submit_resume(run_dir: Path) -> RunDir:
+def submit_resume(run_dir: Path, policy: Policy = LAPTOP) -> RunDir:
     """Resume the run now if nothing trains and nobody waits, or else put it back in the queue."""
-    run = training.check_resumable(run_dir)
+    run = training.check_resumable(run_dir, policy)
     with _lock:
-        _refuse_if_full(run.path.parent)
-        policy.check_start(run.path.parent, _preparing)
-        policy.count_start()
+        _refuse_if_full(run.path.parent, policy)
+        public_checks.check_start(run.path.parent, policy, _preparing)
+        public_checks.count_start(policy)
         if _free(run.path.parent):
-            return training.resume(run.path).run
+            return training.resume(run.path, policy).run
         run.update_status(state="queued", waiting="resume", queued_at=time.time(), phase="waiting for its turn",
                           error=None, traceback=None, finished_at=None, stop_reason=None)
         return run
 
 
 @contextlib.contextmanager
-def _place(runs_dir: Path):
+def _place(runs_dir: Path, policy: Policy):
     """A place in line for the current visitor's run while it is prepared: the limits count it from the moment it
     is checked (under the lock), so starts sent at the same moment cannot all pass; it is counted as a start once
     it is prepared."""
     who = visitor()
     with _lock:
-        _refuse_if_full(runs_dir)
-        policy.check_start(runs_dir, _preparing)
+        _refuse_if_full(runs_dir, policy)
+        public_checks.check_start(runs_dir, policy, _preparing)
         _preparing.append(who)
     try:
         yield
-        policy.count_start()
+        public_checks.count_start(policy)
     finally:
         with _lock:
             _preparing.remove(who)
@@ -109,7 +109,8 @@ def take_out(run: RunDir) -> None:
                               stop_reason="It was taken out of the queue before its turn came.")
 
 
-def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None) -> RunDir | None:
+def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None,
+               policy: Policy = LAPTOP) -> RunDir | None:
     """Start the first waiting run if nothing trains (after ``before_start``: the app lets go of its preview model);
     a run that cannot start is marked failed with the reason, and the next one gets its turn at the next call."""
     with _lock:
@@ -123,7 +124,7 @@ def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None)
         if before_start is not None:
             before_start()
         try:
-            return training.start_waiting(run, resume=resume).run
+            return training.start_waiting(run, resume=resume, policy=policy).run
         except Exception as exc:  # a waiting run must never block the queue
             log.error("The queued run %s could not start: %s", run.id, exc)
             run.update_status(state="failed", waiting=None, phase="done", finished_at=time.time(),
@@ -131,11 +132,11 @@ def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None)
             return None
 
 
-def _refuse_if_full(runs_dir: Path) -> None:
+def _refuse_if_full(runs_dir: Path, policy: Policy) -> None:
     """In a public demo, refuse to queue one run more than its limit of runs waiting (those being prepared count)."""
-    if not is_public_demo():
+    if not policy.public:
         return
-    limit = Limits.from_env().queue_length
+    limit = policy.limits.queue_length
     if len(waiting_runs(runs_dir)) + len(_preparing) >= limit:
         raise BusyError(f"The queue is full: {limit} runs are already waiting, this public demo's limit of runs "
                         "waiting in the queue. Try again when one of them has started, or run Dragon GRPO Studio on "
@@ -144,12 +145,13 @@ def _refuse_if_full(runs_dir: Path) -> None:
 
 class Scheduler:
     """A daemon thread that starts the next waiting run whenever nothing trains (every ``interval_s`` seconds, after
-    ``before_start``), and runs ``housekeeping`` (a public demo's clean-up of old runs and files) every
-    ``housekeeping_every_s``."""
+    ``before_start``), under ``policy``, and runs ``housekeeping`` (a public demo's clean-up of old runs and files)
+    every ``housekeeping_every_s``."""
 
     def __init__(self, runs_dir: Path, interval_s: float = 2.0, housekeeping: Callable[[], object] | None = None,
-                 housekeeping_every_s: float = 600.0, before_start: Callable[[], object] | None = None) -> None:
-        self.runs_dir, self.interval_s = runs_dir, interval_s
+                 housekeeping_every_s: float = 600.0, before_start: Callable[[], object] | None = None,
+                 policy: Policy = LAPTOP) -> None:
+        self.runs_dir, self.interval_s, self.policy = runs_dir, interval_s, policy
         self.housekeeping, self.housekeeping_every_s = housekeeping, housekeeping_every_s
         self.before_start = before_start
         self.rounds = 0  # times it has looked at the queue (tests wait for it instead of for the clock)
@@ -168,7 +170,7 @@ class Scheduler:
         kept_house = -math.inf
         while not self._stopped.wait(self.interval_s):
             try:
-                start_next(self.runs_dir, self.before_start)
+                start_next(self.runs_dir, self.before_start, self.policy)
             except Exception:  # the queue must outlive any one bad run folder
                 log.exception("The run queue could not start the next run")
             self.rounds += 1

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from ..config import ModelConfig
 from ..errors import ConfigError, first_line
-from ..public import classifier_refusal
 from ..rewards.classifier import label_index
 from .libraries import import_all
 from .models import resolve_model
@@ -56,11 +55,9 @@ class LoadedClassifier:
 
 
 def classifier_source(model_id: str):
-    """Where a classifier's weights come from (as a starting model's do), refused where a public demo does not offer
-    it, and never a finished run (its adapter is a language model's)."""
-    refusal = classifier_refusal(model_id)
-    if refusal is not None:  # checked with the settings, and here again, where the model is loaded
-        raise ConfigError(f"The model {refusal}")
+    """Where a classifier's weights come from (as a starting model's do), never a finished run (its adapter is a
+    language model's). A public demo refuses the classifiers it does not offer with the run's settings
+    (``rewards.public_refusal``), before any is looked up."""
     source = resolve_model(ModelConfig(id=model_id))
     if source.adapters:
         raise ConfigError(f"{model_id} is a training run, not a sequence-classification model.")

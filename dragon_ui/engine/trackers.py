@@ -9,7 +9,7 @@ import os
 
 from ..config import LoggingSettings
 from ..errors import ConfigError
-from ..public import is_public_demo
+from ..public import LAPTOP, Policy
 from ..runstore import RunDir
 from .libraries import import_all
 
@@ -18,7 +18,7 @@ PROJECT = "dragon-grpo-studio"
 INSTALL = {"trackio": "pip install trackio", "tensorboard": "pip install tensorboard", "wandb": "pip install wandb"}
 
 
-def check(settings: LoggingSettings) -> None:
+def check(settings: LoggingSettings, policy: Policy = LAPTOP) -> None:
     """Refuse, before a run is created, a tracker that is not installed, or one that would leave a public demo."""
     if not settings.report_to:
         return  # transformers' integrations take seconds to import: the app's first page does not wait for them
@@ -27,7 +27,7 @@ def check(settings: LoggingSettings) -> None:
 
     available = {"trackio": is_trackio_available, "tensorboard": is_tensorboard_available, "wandb": is_wandb_available}
     for name in settings.report_to:
-        if is_public_demo() and name != "tensorboard":
+        if policy.public and name != "tensorboard":
             raise ConfigError(f"logging.report_to: {name} would send this run's metrics outside this public demo "
                               "(to an account that is not yours); only tensorboard, which writes into the run "
                               "folder, is allowed here.")

@@ -27,11 +27,11 @@ from ..config import GRPO_VARIANTS, RunConfig
 from .reward_models import check_labels, classifiers_on
 from ..data import MappedData, load_and_map, read_jsonl, write_jsonl
 from ..errors import BusyError, ConfigError, DragonError, Stopped, describe
-from ..public import Limits, is_public_demo, visitor
+from ..public import LAPTOP, Policy, visitor
 from ..rewards import Reward, RewardFailures, build_rewards, trl_reward_functions
 from ..runstore import ACTIVE_STATES, RunDir
 from ..scaleout import distributed
-from . import policy, trackers
+from . import public_checks, trackers
 from .evaluation import HeldOutChecks, evaluate_model, evaluate_now, record_eval, starting_weights
 from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
 from .model_card import write_model_card
@@ -49,14 +49,15 @@ PUBLIC_CHECKPOINTS_KEPT = 2  # a public demo keeps a run's newest checkpoints on
 
 
 class RunHandle:
-    """A training started in this process: its run directory, its thread, a thread-safe stop, and (in a public
-    demo) the time limit that ends it, counted from the moment its thread starts."""
+    """A training started in this process: its run directory, its thread, a thread-safe stop, and the policy it
+    trains under, whose time limit (in a public demo) ends it, counted from the moment its thread starts."""
 
-    def __init__(self, run: RunDir, time_limit_s: float | None = None) -> None:
+    def __init__(self, run: RunDir, policy: Policy = LAPTOP) -> None:
         self.run = run
+        self.policy = policy
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
-        self.time_limit_s = time_limit_s
+        self.time_limit_s = policy.limits.run_minutes * 60 if policy.public else None
         self.started = time.monotonic()  # set again when the worker starts
 
     @property
@@ -94,16 +95,16 @@ def active_run() -> RunHandle | None:
     return _active if _active is not None and _active.is_alive() else None
 
 
-def start(config: RunConfig, run_dir: str | Path | None = None) -> RunHandle:
+def start(config: RunConfig, run_dir: str | Path | None = None, policy: Policy = LAPTOP) -> RunHandle:
     """Check the data, rewards and hardware, create the run directory and train in a background thread.
 
     Mistakes that can be found without loading a model raise ConfigError here, before any folder is created; so
-    does a setting a public demo refuses. The returned handle's thread does the slow part (model loading, baseline
+    does a setting ``policy`` refuses. The returned handle's thread does the slow part (model loading, baseline
     scoring, training).
     """
     _refuse_if_busy()
-    run = prepare(config, run_dir)
-    return _launch(run, config, resume_from=None)
+    run = prepare(config, run_dir, policy=policy)
+    return _launch(run, config, None, policy)
 
 
 @dataclass
@@ -116,13 +117,13 @@ class Inspection:
     hardware: ResolvedHardware
 
 
-def inspect(config: RunConfig) -> Inspection:
-    """Every check a run passes before it trains (the public demo's, the data's, the prompts', the rewards'), with
-    what they found; ConfigError with the sentence to show at the first that fails. ``check`` prints it."""
-    policy.check_run(config)
+def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
+    """Every check a run passes before it trains (``policy``'s, the data's, the prompts', the rewards'), with what
+    they found; ConfigError with the sentence to show at the first that fails. ``check`` prints it."""
+    public_checks.check_run(config, policy)
     hardware = resolve_hardware(config.hardware)
     distributed.check_runnable_here(config, hardware.device)
-    mapped = load_and_map(config.data, base_dir=config.base_dir or None)
+    mapped = load_and_map(config.data, base_dir=config.base_dir or None, policy=policy)
     source = resolve_model(config.model)
     limit, why = prompt_limit(config, hardware.device, context_length(source))
     mapped, prompts = fit_prompts(mapped, load_tokenizer(source), limit, why)
@@ -131,19 +132,21 @@ def inspect(config: RunConfig) -> Inspection:
                     "trains on them too)") if mapped.eval else ""
         raise ConfigError(f"Only {len(mapped.train)} training prompts{held_out}, fewer than training.batch_size "
                           f"({config.training.batch_size}); add rows or lower the batch size.")
-    build_rewards(config.rewards, base_dir=config.base_dir or None, max_new_tokens=config.grpo.max_new_tokens)
+    build_rewards(config.rewards, base_dir=config.base_dir or None, max_new_tokens=config.grpo.max_new_tokens,
+                  policy=policy)
     for index, spec in enumerate(config.rewards):
         if spec.kind == "classifier":
             check_labels(spec, f"rewards[{index}]")
-    trackers.check(config.logging)
+    trackers.check(config.logging, policy)
     return Inspection(mapped, prompts, hardware)
 
 
-def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool = False) -> RunDir:
+def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool = False,
+            policy: Policy = LAPTOP) -> RunDir:
     """Everything of ``start`` but the training: the checks, then the run folder with its config and its mapped
     data, in state queued; ``waiting``: in the queue (``queue.py``), from the moment its status is written, which is
     the last thing done here."""
-    mapped = inspect(config).mapped
+    mapped = inspect(config, policy).mapped
     path = None
     if distributed.is_main_process():  # under accelerate/torchrun, one process creates and fills the folder
         if run_dir is None:
@@ -157,7 +160,8 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
         in_line = {"waiting": "start", "queued_at": time.time()} if waiting else {}
         run.update_status(state="queued", step=0, total_steps=None, created_at=time.time(),
                           phase="waiting for its turn" if waiting else "waiting to start",
-                          owner=visitor().key, owner_address=visitor().address, **in_line,
+                          owner=visitor().key if policy.public else None,
+                          owner_address=visitor().address if policy.public else None, **in_line,
                           reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
                           n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
                           world_size=distributed.world_size())
@@ -166,22 +170,22 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
     return RunDir(Path(path), read_only=not distributed.is_main_process())
 
 
-def resume(run_dir: str | Path) -> RunHandle:
+def resume(run_dir: str | Path, policy: Policy = LAPTOP) -> RunHandle:
     """Continue a stopped, failed or interrupted run from its latest checkpoint (or from the start if it has none)."""
-    run = check_resumable(run_dir)
+    run = check_resumable(run_dir, policy)
     _refuse_if_busy()
     checkpoint = run.latest_checkpoint()
     distributed.barrier()  # every process has read the state before the main one changes it
     run.clear_stop_request()
     run.update_status(state="queued", phase="waiting to resume", error=None, traceback=None, finished_at=None,
                       stop_reason=None)
-    return _launch(run, run.read_config(), resume_from=checkpoint)
+    return _launch(run, run.read_config(), checkpoint, policy)
 
 
-def check_resumable(run_dir: str | Path) -> RunDir:
+def check_resumable(run_dir: str | Path, policy: Policy = LAPTOP) -> RunDir:
     """The run, if it can be resumed (raises BusyError or ConfigError with the reason otherwise)."""
     run = RunDir(Path(run_dir), read_only=not distributed.is_main_process())
-    policy.check_run(run.read_config(), reads_data=False)  # its data was read (and checked) when it started
+    public_checks.check_run(run.read_config(), policy, reads_data=False)  # its data was read (and checked) at start
     state = run.read_status().get("state")
     if state in ACTIVE_STATES:
         raise BusyError(f"The run {run.id} is still {state}; stop it before resuming.")
@@ -190,12 +194,12 @@ def check_resumable(run_dir: str | Path) -> RunDir:
     return run
 
 
-def start_waiting(run: RunDir, resume: bool) -> RunHandle:
+def start_waiting(run: RunDir, resume: bool, policy: Policy = LAPTOP) -> RunHandle:
     """Train a run that waited in the queue: from its start, or (``resume``) from its latest checkpoint."""
     _refuse_if_busy()
     run.clear_stop_request()
     run.update_status(waiting=None, phase="waiting to resume" if resume else "waiting to start", stop_reason=None)
-    return _launch(run, run.read_config(), resume_from=run.latest_checkpoint() if resume else None)
+    return _launch(run, run.read_config(), run.latest_checkpoint() if resume else None, policy)
 
 
 def _refuse_if_busy() -> None:
@@ -204,10 +208,10 @@ def _refuse_if_busy() -> None:
         raise BusyError(f"A training is already running ({running.run.id}); stop it or wait for it to finish first.")
 
 
-def _launch(run: RunDir, config: RunConfig, resume_from: Path | None) -> RunHandle:
+def _launch(run: RunDir, config: RunConfig, resume_from: Path | None, policy: Policy) -> RunHandle:
     global _active
     release_openmp_threads()  # this thread's idle torch workers would slow every step (see the function)
-    handle = RunHandle(run, Limits.from_env().run_minutes * 60 if is_public_demo() else None)
+    handle = RunHandle(run, policy)
     with _ACTIVE_LOCK:
         _refuse_if_busy()
         handle.thread = threading.Thread(target=_worker, args=(handle, config, resume_from), name=f"dragon-train-{run.id}",
@@ -290,7 +294,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     eval_rows = read_jsonl(run.eval_data_path)
     log.info("Data: %s", run.read_status().get("data_summary") or f"{len(train_rows)} training prompts")
     # Before the model: under ZeRO-3 the training arguments make transformers shard the weights as they load.
-    args = grpo_args(config, run, hardware)
+    args = grpo_args(config, run, hardware, handle.policy)
     sharded = distributed.shards_weights(config)
 
     phase("loading the model")
@@ -306,7 +310,8 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
         tokenizer = load_tokenizer(source)
         model = load_model(source, hardware, dtype=dtype, placement=BY_LAUNCHER if sharded else ON_DEVICE)
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, training=True, tokenizer=tokenizer,
-                            max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(hardware.device))
+                            max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(hardware.device),
+                            policy=handle.policy)
 
     checks = HeldOutChecks(run, config, [] if sharded else eval_rows, rewards, tokenizer, handle.should_stop,
                            distributed.world_size())
@@ -369,7 +374,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
         _free_accelerator_memory()
         distributed.barrier()
         if not run.read_only:
-            _evaluate_saved_weights(run)
+            _evaluate_saved_weights(run, handle.policy)
     elif eval_rows and not run.read_only:
         sides = ["before"] if config.lora.enabled and "before" not in run.read_eval() else []
         try:
@@ -452,7 +457,7 @@ def _gpu_name(hardware: ResolvedHardware) -> str | None:
     return torch.cuda.get_device_properties(hardware.gpu).name
 
 
-def _evaluate_saved_weights(run: RunDir) -> None:
+def _evaluate_saved_weights(run: RunDir, policy: Policy) -> None:
     """Score the starting and the trained model from the saved weights, loaded whole on the main process's GPU once
     the sharded trainer has let go of every GPU (the others wait at a barrier).
 
@@ -462,7 +467,7 @@ def _evaluate_saved_weights(run: RunDir) -> None:
     cache = ModelCache()
     try:
         for message in evaluate_now(cache.load, run, rescore_before="before" not in run.read_eval(),
-                                    while_training=True):
+                                    while_training=True, policy=policy):
             run.update_status(phase=message[0].lower() + message[1:].rstrip("."))
             log.info("%s", message)
     except Exception as exc:
@@ -473,7 +478,7 @@ def _evaluate_saved_weights(run: RunDir) -> None:
         cache.release()
 
 
-def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware):
+def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware, policy: Policy = LAPTOP):
     """The RunConfig as TRL's GRPOConfig; TRL's constraints are met here by construction."""
     from trl import GRPOConfig
 
@@ -508,7 +513,7 @@ def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware):
         logging_steps=1,
         save_strategy="steps",
         save_steps=config.training.save_steps,
-        save_total_limit=PUBLIC_CHECKPOINTS_KEPT if is_public_demo() else None,
+        save_total_limit=PUBLIC_CHECKPOINTS_KEPT if policy.public else None,
         **trackers.training_arguments(config.logging, run),
         disable_tqdm=True,
         use_cpu=hardware.device == "cpu",

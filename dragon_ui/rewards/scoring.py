@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 from ..chat import completion_text, last_user_text
 from ..errors import ConfigError, one_line
-from ..public import is_public_demo
+from ..public import LAPTOP, Policy
 from .classifier import Classifiers, ClassifierScorer
 from .math_answers import PREVIEWS, TRAINING, math_scorer
 from .builtin import BUILTIN_SCORERS, Reward, regex_scorer
 from .code import load_custom_function
 from .programs import command_scorer
-from .spec import PUBLIC_REFUSALS, REWARD_KINDS, TOKEN_KINDS, TRL_KINDS, RewardSpec
+from .spec import REWARD_KINDS, TOKEN_KINDS, TRL_KINDS, RewardSpec, public_refusal
 from .trl_rewards import trl_scorer
 
 
@@ -25,20 +25,23 @@ def counts_tokens(specs: list[RewardSpec]) -> bool:
 
 
 def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training: bool = False, tokenizer=None,
-                  max_new_tokens: int | None = None, classifiers: Classifiers | None = None) -> list[Reward]:
+                  max_new_tokens: int | None = None, classifiers: Classifiers | None = None,
+                  policy: Policy = LAPTOP) -> list[Reward]:
     """Turn validated specs into callables; base_dir resolves relative custom files and is the commands' folder.
     ``training``: the rewards of a training run, whose math checks have a worker of their own, so that what visitors
     try in the playground never waits in front of a run. ``tokenizer`` counts tokens for TRL's length and repetition
     kinds, whose length limit is ``max_new_tokens`` unless they set their own. ``classifiers`` loads the models of
     classifier rewards (the engine's, on the run's device); without it they fail on each reply, saying so.
 
-    The public-demo refusal is checked again here because this is where code actually gets loaded.
+    ``policy``'s refusals are checked again here (after the run's checks) because this is where code actually gets
+    loaded.
     """
     rewards = []
     for index, spec in enumerate(specs):
         where = f"rewards[{index}]"
-        if is_public_demo() and spec.kind in PUBLIC_REFUSALS:
-            raise ConfigError(f"{where}.kind: {PUBLIC_REFUSALS[spec.kind]}")
+        refusal = public_refusal(spec, policy, where)
+        if refusal is not None:
+            raise ConfigError(refusal)
         if spec.kind == "custom":
             scorer = load_custom_function(spec.code, spec.file, spec.function, spec.name or spec.kind, base_dir,
                                           where)

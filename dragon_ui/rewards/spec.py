@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 
 from ..errors import ConfigError, check_length
-from ..public import LIFT, classifier_refusal, is_public_demo
+from ..public import LAPTOP, LIFT, Policy
 from .code import compile_pattern, load_custom_function
 from .text import EXTRACT_MODES
 
@@ -69,6 +69,21 @@ def public_demo_refusal(kind: str) -> str | None:
     return PUBLIC_REFUSALS.get(kind)
 
 
+def public_refusal(spec: RewardSpec, policy: Policy, where: str) -> str | None:
+    """Why ``policy`` refuses this reward (its kind runs code on the server, or its classifier is not offered), as
+    the sentence to show; None when it allows it (always, outside public mode)."""
+    return _refusal(spec.kind, spec.model, policy, where)
+
+
+def _refusal(kind: str, model, policy: Policy, where: str) -> str | None:
+    if not policy.public:
+        return None
+    if kind in PUBLIC_REFUSALS:
+        return f"{where}.kind: {PUBLIC_REFUSALS[kind]}"
+    refusal = policy.classifier_refusal(model if isinstance(model, str) else "") if kind == "classifier" else None
+    return refusal and f"{where}.model {refusal}"
+
+
 @dataclass
 class RewardSpec:
     """One reward as it is stored in the run config; build it with :meth:`from_dict`, which validates everything."""
@@ -104,8 +119,11 @@ class RewardSpec:
     function: str = "reward"
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "rewards[0]") -> RewardSpec:
-        """Validate and coerce one reward's settings; every problem is a ConfigError that names the field.
+    def from_dict(cls, data: dict, where: str = "rewards[0]", policy: Policy = LAPTOP,
+                  load_code: bool = True) -> RewardSpec:
+        """Validate and coerce one reward's settings; every problem is a ConfigError that names the field. What
+        ``policy`` refuses is refused first, before a custom reward's code is run to check it (``load_code``; off
+        for settings that were checked when they were saved).
 
         A setting whose value is None or "" counts as not given (YAML ``pattern:`` with nothing after it, an empty UI
         text box), so it falls back to its default and is not reported as not applying to the kind.
@@ -119,8 +137,9 @@ class RewardSpec:
         if kind not in REWARD_KINDS:
             raise ConfigError(f"{where}.kind {kind!r} is not a known reward kind; "
                               f"choose one of: {', '.join(REWARD_KINDS)}.")
-        if is_public_demo() and kind in PUBLIC_REFUSALS:
-            raise ConfigError(f"{where}.kind: {PUBLIC_REFUSALS[kind]}")
+        refusal = _refusal(kind, data.get("model"), policy, where)
+        if refusal is not None:
+            raise ConfigError(refusal)
         allowed = _COMMON_FIELDS + _KIND_FIELDS[kind]
         every = {f.name for f in fields(cls)}
         for key, value in data.items():
@@ -137,7 +156,7 @@ class RewardSpec:
                 _check_size(data[key], f"{where}.{key}", _LONGEST.get(key, _LONGEST_ITEM))
                 setattr(spec, key, _PARSERS[key](data[key], f"{where}.{key}"))
         spec.name = spec.name or kind
-        _check_kind(spec, where)
+        _check_kind(spec, where, load_code)
         return spec
 
     def to_dict(self) -> dict:
@@ -371,7 +390,7 @@ _PARSERS: dict[str, Callable[[object, str], object]] = {
 }
 
 
-def _check_kind(spec: RewardSpec, where: str) -> None:
+def _check_kind(spec: RewardSpec, where: str, load_code: bool) -> None:
     """Checks that involve several settings of one kind (required settings, bounds, compiling code)."""
     kind = spec.kind
     if kind == "regex":
@@ -401,9 +420,6 @@ def _check_kind(spec: RewardSpec, where: str) -> None:
                              ("label", "the label to score, by name (POSITIVE) or index (1)")):
             if getattr(spec, needed) is None:
                 raise ConfigError(f"{where}.{needed} is missing; a classifier reward needs {what}.")
-        refusal = classifier_refusal(spec.model)
-        if refusal is not None:
-            raise ConfigError(f"{where}.model {refusal}")
     elif kind == "command":
         if spec.argv is None:
             raise ConfigError(f"{where}.argv is missing; a command reward needs the program to run.")
@@ -414,7 +430,7 @@ def _check_kind(spec: RewardSpec, where: str) -> None:
         if (spec.code is None) == (spec.file is None):
             raise ConfigError(f"{where}.code and {where}.file: give exactly one of them (the Python source, "
                               f"or the path of a .py file).")
-        if spec.code is not None:
+        if spec.code is not None and load_code:
             load_custom_function(spec.code, None, spec.function, spec.name or spec.kind, None, where)
 
 
@@ -426,13 +442,15 @@ def check_some_weight(specs: list[RewardSpec], where: str = "") -> None:
                           "nothing can be learned; give one a weight above 0.")
 
 
-def parse_rewards(items: list, where: str = "rewards") -> list[RewardSpec]:
-    """Validate a whole reward list: not empty, each entry valid, names unique (they become column names)."""
+def parse_rewards(items: list, where: str = "rewards", policy: Policy = LAPTOP,
+                  load_code: bool = True) -> list[RewardSpec]:
+    """Validate a whole reward list: not empty, each entry valid (and allowed by ``policy``), names unique (they
+    become column names)."""
     if not isinstance(items, (list, tuple)) or not items:
         raise ConfigError(f"{where} must be a non-empty list of rewards; add at least one reward.")
     if len(items) > MOST_REWARDS:
         raise ConfigError(f"{where} has {len(items)} rewards, more than the {MOST_REWARDS} a run may have.")
-    specs = [RewardSpec.from_dict(item, f"{where}[{index}]") for index, item in enumerate(items)]
+    specs = [RewardSpec.from_dict(item, f"{where}[{index}]", policy, load_code) for index, item in enumerate(items)]
     seen: dict[str, int] = {}
     for index, spec in enumerate(specs):
         if spec.name in seen:

@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import ASSETS_DIR
 from ..config import DEFAULT_MODEL_ID, HardwareSettings, ModelConfig, RunConfig
 from ..data import is_bundled, is_hub_dataset_id
-from ..engine import policy, queue, retention, training
+from ..engine import public_checks, queue, retention, training
 from ..engine.estimate import estimate_run, format_seconds, preview_memory_gb
 from ..engine.hardware import (HardwareInfo, ResolvedHardware, detect_hardware, resolve_for_this_machine,
                                resolve_hardware)
@@ -30,7 +30,8 @@ from ..engine.libraries import import_all
 from ..engine.models import ModelCache
 from ..errors import BusyError, ConfigError, DragonError, NotYoursError
 from ..files import resolve_runs_dir
-from ..public import Limits, is_own_upload, is_public_demo, own_uploads_dir, visitor
+from ..public import LAPTOP, Policy, is_own_upload, own_uploads_dir, visitor
+from ..rewards import public_refusal
 from ..runstore import RunDir, list_runs, read_json, write_json_atomic
 from .draft import ordinal
 from .visitors import Visitors
@@ -47,17 +48,23 @@ SAMPLING_SETTINGS = ("model", "data", "rewards", "grpo", "hardware", "lora", "ba
 
 
 class Studio:
-    """One per app process. Thread-safe: Gradio calls it from several worker threads at once."""
+    """One per app process, serving under one ``policy`` (the app builds it from the environment: a public demo's
+    limits, or the laptop's none). Thread-safe: Gradio calls it from several worker threads at once."""
 
-    def __init__(self, runs_dir: str | Path | None = None, recipes_dir: str | Path | None = None) -> None:
+    def __init__(self, runs_dir: str | Path | None = None, recipes_dir: str | Path | None = None,
+                 policy: Policy = LAPTOP) -> None:
         self.runs_dir = resolve_runs_dir(runs_dir)
         self.recipes_dir = Path(recipes_dir or ASSETS_DIR / "recipes").resolve()
-        self.public = is_public_demo()
+        self.policy = policy
         self._hardware: HardwareInfo | None = None
         self._hardware_lock = threading.Lock()  # the warm-up and a page's first request may both ask at once
         self.models = ModelCache(self.hardware)
-        self.visitors = Visitors()
+        self.visitors = Visitors(policy.owner_key)
         self._page_opened = threading.Event()  # see warm_up
+
+    @property
+    def public(self) -> bool:
+        return self.policy.public
 
     # --- recipes and drafts --------------------------------------------------------------------------------------
     def recipe_names(self) -> list[str]:
@@ -72,7 +79,7 @@ class Studio:
         if name not in names:
             shown = name if isinstance(name, str) and len(name) <= 60 else "that"
             raise ConfigError(f"There is no recipe called {shown!r}; choose one of: {', '.join(names)}.")
-        config = RunConfig.from_file(self.recipes_dir / f"{name}.yaml")
+        config = RunConfig.from_file(self.recipes_dir / f"{name}.yaml", self.policy)
         # A recipe's data file lies beside it (the bundled datasets): the recipe's own folder, never a visitor's,
         # resolves it; a Hub id stays as it is.
         beside = Path(config.base_dir, config.data.source.strip())
@@ -94,13 +101,16 @@ class Studio:
         config = run.read_config()
         config.runs_dir = str(self.runs_dir)
         label = f"the settings of run {run_id}"
-        if self.public and not visitor().owns(run.read_status().get("owner")):
+        for index, spec in enumerate(config.rewards):  # a run made outside this demo may use what it refuses
+            if (refusal := public_refusal(spec, self.policy, f"rewards[{index}]")) is not None:
+                raise ConfigError(f"The settings of run {run_id} cannot be used here: {refusal}")
+        if not self.owns(run.read_status().get("owner")):
             withheld = []
             source = config.data.source
             if not (is_hub_dataset_id(source, look_on_disk=False) or is_bundled(source)):
                 config.data.source, config.data.sheet = "", None
                 withheld.append("its data (choose yours on the Data tab)")
-            if config.model.id not in policy.allowed_models():
+            if config.model.id not in self.allowed_models():
                 config.model.id = DEFAULT_MODEL_ID
                 withheld.append(f"its starting model, a run of theirs ({DEFAULT_MODEL_ID} instead)")
             if config.notes and config.notes not in self._recipe_notes():  # words of theirs, shown as if the app's
@@ -112,7 +122,8 @@ class Studio:
 
     def _recipe_notes(self) -> set[str]:
         """The bundled recipes' notes: a lesson's, in a run of another visitor, are still the app's own words."""
-        return {RunConfig.from_file(self.recipes_dir / f"{name}.yaml").notes for name in self.recipe_names()}
+        return {RunConfig.from_file(self.recipes_dir / f"{name}.yaml", self.policy).notes
+                for name in self.recipe_names()}
 
     def browser_storage_key(self) -> str:
         """The key gradio's BrowserState encodes what a browser keeps with (the draft, the visitor's token), kept
@@ -130,28 +141,29 @@ class Studio:
 
         The app keeps runs in its own folder, whatever a draft says; in a public demo no folder of a draft is used
         at all (``base_dir`` would make relative paths read files of the server's choosing of the visitor's)."""
-        config = RunConfig.from_dict(copy.deepcopy(draft))
+        config = RunConfig.from_dict(copy.deepcopy(draft), policy=self.policy)
         config.runs_dir = str(self.runs_dir)
         if self.public:
             config.base_dir = ""
-        policy.check_run(config)
+        public_checks.check_run(config, self.policy)
         return config
 
     def check(self, draft: dict) -> RunConfig:
         """What ``dragon check`` checks: the settings, then the data, prompts and rewards read as a Start reads them
         (a Hub dataset that cannot be reached is refused here, not at Start). A public demo checks the settings and
         its limits only: reading a visitor's data takes the demo's one reading slot, and a Start, which reads it,
-        counts against the visitor's starts (policy.check_start), where a check would count against nothing."""
+        counts against the visitor's starts (public_checks.check_start), where a check would count against
+        nothing."""
         config = self.validate(draft)
         if not self.public:
-            training.inspect(config)
+            training.inspect(config, self.policy)
         return config
 
     def check_sampling(self, replies: int) -> None:
         """Refuse a playground group larger than a public demo's limit of completions per step: sampling it takes
         the machine from everyone like a training step does."""
-        most = Limits.from_env().completions_per_step
-        if self.public and replies > most:
+        most = self.policy.limits and self.policy.limits.completions_per_step
+        if most is not None and replies > most:
             raise ConfigError(f"That samples {replies} replies, more than this public demo's limit of {most} "
                               "completions per step; sample fewer rows or lower the group size.")
 
@@ -212,13 +224,13 @@ class Studio:
         config = self.validate(draft)
         if queue.training_run_id(self.runs_dir) is None:
             self.release_model(for_training=True)  # training needs the memory more than a preview does
-        return queue.submit(config)
+        return queue.submit_start(config, self.policy)
 
     def resume(self, run_id: str) -> RunDir:
         run = self.owned_run(run_id, "resume it")
         if queue.training_run_id(self.runs_dir) is None:
             self.release_model(for_training=True)
-        return queue.submit_resume(run.path)
+        return queue.submit_resume(run.path, self.policy)
 
     def stop(self, run_id: str) -> None:
         """Ask a run to stop after its current step, whichever process trains it; a waiting run leaves the queue."""
@@ -236,12 +248,13 @@ class Studio:
         """Start the waiting runs one after another, from now on (the app does this once, when it starts); in a
         public demo the same thread removes old runs, uploads and download copies (engine.retention)."""
         housekeeping = self.clean_up if self.public else None
-        return queue.Scheduler(self.runs_dir, housekeeping=housekeeping, before_start=lambda: self.release_model(for_training=True)).start()
+        return queue.Scheduler(self.runs_dir, housekeeping=housekeeping, policy=self.policy,
+                               before_start=lambda: self.release_model(for_training=True)).start()
 
     def clean_up(self) -> list[Path]:
         """Remove what a public demo keeps no longer: its owner's retention for runs and uploads, an hour for
         download copies."""
-        return retention.clean_up(self.runs_dir, Limits.from_env().keep_hours, downloads=[self.downloads_dir])
+        return retention.clean_up(self.runs_dir, self.policy.limits.keep_hours, downloads=[self.downloads_dir])
 
     def queue_place(self, run_id: str) -> str:
         """Where a waiting run is in the queue and when it should start: "2nd in line; expected to start in
@@ -261,7 +274,7 @@ class Studio:
         """How long ``run`` should still train: its own ETA once it trains, else its estimate; never more than a
         public demo's time limit."""
         status = run.read_status()
-        limit = Limits.from_env().run_minutes * 60 if self.public else None
+        limit = self.policy.limits.run_minutes * 60 if self.public else None
         seconds = status.get("eta_s") if status.get("state") == "running" and status.get("step") else None
         if seconds is None:
             try:
@@ -284,10 +297,18 @@ class Studio:
     def runs(self) -> list[dict]:
         return list_runs(self.runs_dir)
 
+    def owns(self, run_owner: str | None) -> bool:
+        """Whether the current visitor may change or take a run that ``run_owner`` started (public.Policy.owns)."""
+        return self.policy.owns(visitor(), run_owner)
+
+    def allowed_models(self) -> list[str]:
+        """The models this demo offers (engine.public_checks.allowed_models)."""
+        return public_checks.allowed_models(self.policy)
+
     def owned_run(self, run_id: str, action: str) -> RunDir:
         """The run, if the current visitor may change or take it (its starter; everyone outside public mode)."""
         run = self.run(run_id)
-        if not visitor().owns(run.read_status().get("owner")):
+        if not self.owns(run.read_status().get("owner")):
             raise NotYoursError(f"The run {run_id} belongs to another visitor: only the browser that started it can "
                                 f"{action} (or this demo's owner, with the owner key).")
         return run
@@ -321,7 +342,7 @@ class Studio:
         """"yours" or "another visitor's" in a public demo, for the runs list; "" elsewhere."""
         if not self.public:
             return ""
-        return "yours" if visitor().owns(summary.get("owner")) else "another visitor's"
+        return "yours" if self.owns(summary.get("owner")) else "another visitor's"
 
     def keep_upload(self, uploaded: str | Path, upload_folder: str | Path) -> str:
         """The data source an upload becomes. In a public demo the file moves out of gradio's upload folder (which
@@ -369,7 +390,7 @@ class Studio:
     def inference_model(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
         """(model, tokenizer) for previews from the one cached load (engine.models.ModelCache); refused while a
         training uses this machine's CPU."""
-        policy.check_model(model)
+        public_checks.check_model(model, self.policy)
         settings = settings or HardwareSettings()
         if training.active_run() is not None:
             self._refuse_unless_room_beside_training(model, settings, self.models.holds(model, adapter_dir, settings))

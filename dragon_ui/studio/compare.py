@@ -17,7 +17,7 @@ from ..data import read_jsonl
 from ..engine.evaluation import SIDES, before_and_after, generate_replies, model_for
 from ..engine.trained import TrainedWeights, trained_weights
 from ..errors import ConfigError
-from ..public import Limits, is_public_demo
+from ..public import Policy
 from ..runstore import ACTIVE_STATES, RunDir, state_label
 
 ASK_MAX_NEW_TOKENS = 512  # the Compare tab's slider; a public demo allows its own limit of new tokens
@@ -166,6 +166,11 @@ ASK_PROMPT_CHARS = 4000  # a free prompt's length: a question, not a document
 ASK_TEMPERATURE_MAX = 3.0
 
 
+def most_new_tokens(policy: Policy) -> int:
+    """The longest reply "Ask both models" may ask for: a public demo's limit of new tokens per completion."""
+    return policy.limits.max_new_tokens if policy.public else ASK_MAX_NEW_TOKENS
+
+
 def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = None,
                 temperature: float = 0.0) -> tuple[str, str]:
     """(before, after): the starting and the trained model's replies to one prompt, greedy unless temperature > 0.
@@ -176,7 +181,7 @@ def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = N
         raise ConfigError(f"The prompt has {len(prompt):,} characters; ask with at most {ASK_PROMPT_CHARS:,}.")
     config = run.read_config()
     tokens = config.grpo.max_new_tokens if max_new_tokens is None else max_new_tokens
-    most = Limits.from_env().max_new_tokens if is_public_demo() else ASK_MAX_NEW_TOKENS
+    most = most_new_tokens(studio.policy)
     if isinstance(tokens, bool) or not isinstance(tokens, numbers.Real) or not 1 <= tokens <= most \
             or tokens != int(tokens):
         raise ConfigError(f"Max new tokens must be a whole number from 1 to {most}.")

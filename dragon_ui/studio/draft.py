@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import RunConfig
 from ..errors import DragonError
+from ..public import LAPTOP, Policy
 from ..runstore import slug
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))  # the first word of every config path
@@ -54,10 +55,12 @@ def compose(base: dict, values: dict[str, Any]) -> dict:
     return draft
 
 
-def same_settings(one: dict, other: dict) -> bool:
-    """Whether two drafts describe the same run: compared after validation, so 1e-5 and 0.00001 are equal."""
+def same_settings(one: dict, other: dict, policy: Policy = LAPTOP) -> bool:
+    """Whether two drafts describe the same run: compared after validation (under ``policy``), so 1e-5 and 0.00001
+    are equal."""
     try:
-        return RunConfig.from_dict(copy.deepcopy(one)).to_dict() == RunConfig.from_dict(copy.deepcopy(other)).to_dict()
+        return (RunConfig.from_dict(copy.deepcopy(one), policy=policy).to_dict()
+                == RunConfig.from_dict(copy.deepcopy(other), policy=policy).to_dict())
     except DragonError:
         return one == other
 

@@ -20,6 +20,7 @@ from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locat
                    rows_to_read)
 from ..errors import ConfigError, DragonError, first_line
 from ..grpo_math import advantages, has_spread
+from ..public import LAPTOP, Policy
 from ..rewards import (Reward, ScoreResult, build_rewards, counts_tokens, parse_rewards, score_completion,
                        score_completions)
 from ..tables import Table
@@ -102,19 +103,19 @@ class DataPreview:
         return text
 
 
-def load_rows(data: DataConfig, base_dir: str | None = None) -> Table:
+def load_rows(data: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP) -> Table:
     """read_table with a small cache, so editing the mapping does not re-read (or re-download) the data each time.
 
     A local file is cached by its modification time and size (and the sheet and rows read), so saving it again is
     seen. Callers must not modify the returned rows.
     """
-    place = locate(data.source, base_dir)  # a public demo refuses here, before anything on the disk is looked at
-    limit = rows_to_read(data.max_rows)
+    place = locate(data.source, base_dir, policy)  # a public demo refuses here, before the disk is looked at
+    limit = rows_to_read(data.max_rows, policy)
     if isinstance(place, HubDataset):
-        key = (place.id, data.hub_config, data.hub_split, limit)
+        key = (place.id, data.hub_config, data.hub_split, limit, policy)
     elif place.is_file():
         stat = place.stat()
-        key = (str(place), stat.st_mtime_ns, stat.st_size, data.sheet, limit)
+        key = (str(place), stat.st_mtime_ns, stat.st_size, data.sheet, limit, policy)
     else:
         key = None  # a missing path or a folder: read_table explains the problem
     with _tables_lock:
@@ -122,7 +123,7 @@ def load_rows(data: DataConfig, base_dir: str | None = None) -> Table:
             _tables.move_to_end(key)
             return _tables[key]
     table = read_table(data.source, data.hub_config, data.hub_split, base_dir=base_dir, sheet=data.sheet,
-                       max_rows=data.max_rows)
+                       max_rows=data.max_rows, policy=policy)
     with _tables_lock:
         _tables[key] = table
         while len(_tables) > _CACHED_TABLES:
@@ -181,8 +182,8 @@ def prompt_lengths(texts: list[str], total: int, tokenizer=None, limit: int | No
                        too_long)
 
 
-def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
-                 tokenizer_note: str = "", prompt_limit: int | None = None) -> DataPreview:
+def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None, tokenizer_note: str = "",
+                 prompt_limit: int | None = None, policy: Policy = LAPTOP) -> DataPreview:
     """Load, map and measure a data setting the way training will; problems come back as ``error``, never raised.
 
     ``tokenizer`` (with ``tokenizer_note`` saying whose chat template it is) renders prompts and counts tokens;
@@ -195,7 +196,7 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
         if error_field(str(exc)) == "source":
             return replace(empty, error=str(exc), error_field="source")
     try:
-        loaded = load_rows(data, base_dir)
+        loaded = load_rows(data, base_dir, policy)
     except ConfigError as exc:
         return replace(empty, error=str(exc), error_field="source")
     rows = loaded.rows
@@ -203,11 +204,11 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
     table = [{column: display_text(row.get(column)) for column in columns} for row in rows[:PREVIEW_ROWS]]
     preview = replace(empty, columns=columns, rows=table, notes=loaded.notes, sheets=loaded.sheets)
     try:
-        mapped = map_rows(rows, data)
+        mapped = map_rows(rows, data, policy)
     except ConfigError as exc:
         return replace(preview, error=str(exc), error_field="mapping")
     try:  # the first rows in file order, unsplit; they may all be empty even when later rows are not
-        examples = map_rows(rows[:PREVIEW_ROWS], replace(data, eval_frac=0.0, max_rows=None)).train
+        examples = map_rows(rows[:PREVIEW_ROWS], replace(data, eval_frac=0.0, max_rows=None), policy).train
     except ConfigError:
         examples = []
     everything = mapped.train + mapped.eval
@@ -221,16 +222,17 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None,
     )
 
 
-def preview_examples(data: DataConfig, base_dir: str | None = None) -> list[dict]:
+def preview_examples(data: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP) -> list[dict]:
     """The first PREVIEW_ROWS rows as examples, in file order and unsplit: the playground's rows.
 
     Raises ConfigError with the sentence to show when the data cannot be read or mapped.
     """
     data.validate()
-    return map_rows(load_rows(data, base_dir).rows[:PREVIEW_ROWS], replace(data, eval_frac=0.0, max_rows=None)).train
+    rows = load_rows(data, base_dir, policy).rows[:PREVIEW_ROWS]
+    return map_rows(rows, replace(data, eval_frac=0.0, max_rows=None), policy).train
 
 
-def fit_mapping(data: DataConfig, rows: list[dict]) -> tuple[DataConfig, list[str]]:
+def fit_mapping(data: DataConfig, rows: list[dict], policy: Policy = LAPTOP) -> tuple[DataConfig, list[str]]:
     """Adapt the mapping to a newly chosen table: settings that name columns it lacks are replaced by a good guess.
 
     Returns the new setting and one sentence per change, so the user sees what was picked for them. Settings that
@@ -241,7 +243,7 @@ def fit_mapping(data: DataConfig, rows: list[dict]) -> tuple[DataConfig, list[st
     notes: list[str] = []
     for _ in range(3):  # prompt, reference, system: each is fixed at most once
         try:
-            map_rows(sample, replace(data, eval_frac=0.0, max_rows=None))
+            map_rows(sample, replace(data, eval_frac=0.0, max_rows=None), policy)
             break
         except ConfigError as exc:
             message = str(exc)
@@ -270,7 +272,8 @@ def _guess(columns: list[str], names: tuple[str, ...]) -> str | None:
 PLAIN_PREVIEW = "Shown as plain system:/user: text, with lengths in words"  # what the Data tab does without a tokenizer
 
 
-def preview_tokenizer(model: ModelConfig, wait: bool = True) -> tuple[object | None, str] | None:
+def preview_tokenizer(model: ModelConfig, wait: bool = True,
+                      policy: Policy = LAPTOP) -> tuple[object | None, str] | None:
     """(tokenizer, note) of the starting model, loaded once per model; (None, reason) when it cannot be loaded.
 
     Only the tokenizer is loaded, so the data preview stays cheap. The offline copy of the default model is the one
@@ -279,10 +282,10 @@ def preview_tokenizer(model: ModelConfig, wait: bool = True) -> tuple[object | N
     ``wait``, None when the tokenizer is not loaded yet (or is being loaded): the preview shows its table meanwhile.
     """
     from ..engine.models import load_tokenizer, resolve_model
-    from ..engine.policy import PublicDemoRefusal, check_model
+    from ..engine.public_checks import PublicDemoRefusal, check_model
 
     try:
-        check_model(model)  # a public demo loads no tokenizer of a model it does not offer
+        check_model(model, policy)  # a public demo loads no tokenizer of a model it does not offer
     except PublicDemoRefusal as refusal:
         return None, f"{PLAIN_PREVIEW}: {refusal}"
     key = (model.id.strip(), model.revision, model.trust_remote_code)
@@ -311,7 +314,7 @@ def _usable(cached: tuple | None) -> bool:
     return cached is not None and (cached[0] is not None or time.monotonic() - cached[2] < TOKENIZER_RETRY_S)
 
 
-def draft_tokenizer(draft: dict, wait: bool = True) -> tuple[object | None, str] | None:
+def draft_tokenizer(draft: dict, wait: bool = True, policy: Policy = LAPTOP) -> tuple[object | None, str] | None:
     """(tokenizer, note) of the draft's starting model, as preview_tokenizer gives it (None: not loaded yet, and
     not ``wait``)."""
     model = draft.get("model") or {}
@@ -326,7 +329,7 @@ def draft_tokenizer(draft: dict, wait: bool = True) -> tuple[object | None, str]
         config.validate()
     except ConfigError as exc:
         return None, f"{PLAIN_PREVIEW}: {first_line(exc)}"
-    return preview_tokenizer(config, wait)
+    return preview_tokenizer(config, wait, policy)
 
 
 def data_config(draft: dict) -> DataConfig:
@@ -343,12 +346,12 @@ def data_config(draft: dict) -> DataConfig:
 PLAYGROUND_DEVICE = "cpu"  # a typed reply's classifier rewards: one reply needs no GPU, and a training may hold it
 
 
-def playground_rewards(draft: dict) -> list[Reward]:
+def playground_rewards(draft: dict, policy: Policy = LAPTOP) -> list[Reward]:
     """The draft's rewards, validated and built as a run builds them; TRL's length and repetition rewards count with
     the starting model's tokenizer (loaded only for them) up to the draft's max new tokens; classifiers are loaded
     (once) on the CPU."""
-    specs = parse_rewards(draft.get("rewards") or [])
-    tokenizer = draft_tokenizer(draft)[0] if counts_tokens(specs) else None
+    specs = parse_rewards(draft.get("rewards") or [], policy=policy)
+    tokenizer = draft_tokenizer(draft, policy=policy)[0] if counts_tokens(specs) else None
     try:
         grpo = GRPOSettings(**(draft.get("grpo") or {}))
         grpo.validate()
@@ -356,7 +359,7 @@ def playground_rewards(draft: dict) -> list[Reward]:
     except (ConfigError, TypeError):  # a half-typed Model tab: a reward that needs it says so
         max_new_tokens = None
     return build_rewards(specs, base_dir=draft.get("base_dir") or None, tokenizer=tokenizer,
-                         max_new_tokens=max_new_tokens, classifiers=classifiers_on(PLAYGROUND_DEVICE))
+                         max_new_tokens=max_new_tokens, classifiers=classifiers_on(PLAYGROUND_DEVICE), policy=policy)
 
 
 def score_example(rewards: list[Reward], example: dict, completion: str) -> ScoreResult:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 
 from ..errors import BusyError
-from ..public import NOBODY, Visitor, owner_key
+from ..public import NOBODY, Visitor
 
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,200}")  # what a browser's token looks like (secrets.token_urlsafe)
 MAX_SESSIONS = 50_000  # sessions remembered; the oldest are forgotten (an API client can open one per call)
@@ -47,7 +47,8 @@ class _Session:
 class Visitors:
     """Sessions (one per open page or API client) mapped to visitors; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner_key: str = "") -> None:
+        self._owner_key = owner_key  # public.Policy's: empty, nobody can unlock
         self._lock = threading.Lock()
         self._sessions: collections.OrderedDict[str, _Session] = collections.OrderedDict()
         # address -> [start of its window, sessions it opened in it], the newest window last
@@ -83,7 +84,7 @@ class Visitors:
     def unlock(self, who: Visitor, key: str) -> Visitor | None:
         """``who``, owning every run from now on in its session, if ``key`` is the owner key; None if it is not.
         BusyError after WRONG_KEYS_ALLOWED wrong keys from ``who``'s address in WRONG_KEYS_WINDOW_S."""
-        expected = owner_key()
+        expected = self._owner_key
         if not expected or not isinstance(key, str) or not key.strip():
             return None  # no key to guess, or nothing entered: not a wrong guess
         with self._lock:

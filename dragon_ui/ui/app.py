@@ -22,7 +22,7 @@ from starlette.middleware import Middleware
 
 from ..files import RUNS_DIR_ENV
 from ..errors import DragonError
-from ..public import Limits, visitor, visiting
+from ..public import Policy, visitor, visiting
 from .. import ASSETS_DIR
 from ..studio.backend import DEFAULT_RECIPE, Studio
 from ..studio.draft import same_settings
@@ -56,7 +56,7 @@ FIRST_PAGE_S = 3.0  # how long the warm-up leaves the CPUs to a page opening as 
 
 
 def build_app(studio: Studio | None = None) -> gr.Blocks:
-    studio = studio or Studio()
+    studio = studio or Studio(policy=Policy.from_env())
     # A public demo's copies of downloads and uploads in gradio's cache go after an hour (ours: engine.retention).
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600) if studio.public else None) as demo:
         with gr.Row(equal_height=True):
@@ -74,7 +74,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                                        elem_id="replace-draft-yes")
             keep_button = gr.Button("Keep my settings", scale=0, min_width=180, elem_id="replace-draft-no")
         if studio.public:
-            limits = Limits.from_env()
+            limits = studio.policy.limits
             gr.Markdown(message(
                 "This is a public demo shared with other visitors: your runs are yours (others see them, but only "
                 f"this browser can stop or download them); each run trains for at most {limits.run_minutes:g} "
@@ -143,7 +143,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                 new_draft, label = get_draft(*rest)
             except DragonError as exc:
                 return unchanged(message(str(exc), "error"))
-            if not pristine or same_settings(current, pristine):
+            if not pristine or same_settings(current, pristine, studio.policy):
                 return loaded(new_draft, label)
             question = message(f"You have changed the settings since they were loaded. Replace them with {label}? "
                                "What you changed is lost.", "warn")
@@ -313,6 +313,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         progress_shown_quietly(demo, gr.Markdown(visible=False, elem_id="no-progress"))
     serve_as_visitors(demo, studio)
     demo.form = form  # the fields and their config paths, for tests and for apps that embed this one
+    demo.studio = studio  # the backend it serves, under its policy
     return demo
 
 
@@ -399,7 +400,7 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
         os.environ[RUNS_DIR_ENV] = str(Path(args.runs_dir).expanduser().resolve())
 
     _log_to_terminal()
-    studio = Studio(runs_dir=args.runs_dir)
+    studio = Studio(runs_dir=args.runs_dir, policy=Policy.from_env())
     demo = build_app(studio)
     studio.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
 
@@ -439,7 +440,7 @@ def serving_options(studio: Studio) -> dict:
     public demo nothing of it (downloads are copies, handed to their owner alone), uploads up to the limit, and no
     request larger than guard.RequestLimits allows."""
     if studio.public:
-        limits = Limits.from_env()
+        limits = studio.policy.limits
         middleware = Middleware(RequestLimits, upload_bytes=int(limits.upload_mb * UPLOADS_PER_WINDOW * 2**20))
         return {"max_file_size": f"{limits.upload_mb:g}mb", "app_kwargs": {"middleware": [middleware]}}
     return {"allowed_paths": [str(studio.runs_dir)]}

@@ -18,7 +18,6 @@ from ..engine import publish as hub
 from ..engine import weights
 from ..engine.evaluation import evaluate_now
 from ..studio import compare
-from ..public import Limits
 from ..studio.backend import Studio
 from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, shows_errors
 
@@ -116,7 +115,7 @@ def evaluate(studio: Studio, run_id: str | None):
 
     try:
         run = studio.owned_run(run_id, "score it again")
-        for progress in evaluate_now(studio.inference_model, run, should_stop=should_stop):
+        for progress in evaluate_now(studio.inference_model, run, should_stop=should_stop, policy=studio.policy):
             yield message(progress, "info"), *keep
         yield message(progress, "warn" if stopped.is_set() else "ok"), *comparison_outputs(studio, run_id)
     except Exception as exc:
@@ -174,7 +173,7 @@ def publish(studio: Studio, run_id: str | None, repo: str, kind: str, private: b
         if PUBLISH_KINDS.get(kind, False):
             studio.refuse_while_training_on_the_cpu("merging a model to publish it")
         published = hub.publish(run, repo, merged=PUBLISH_KINDS.get(kind, False), private=bool(private),
-                                token=token, update=bool(update))
+                                token=token, update=bool(update), policy=studio.policy)
     except Exception as exc:  # noqa: BLE001 - every failure is a sentence in the panel
         return message(explain(exc), "error")
     what = "merged model" if published.merged else "adapter"
@@ -209,7 +208,7 @@ def build(shared: Shared) -> None:
         prompt = gr.Textbox(label="Your prompt", lines=2, scale=4, elem_id="compare-prompt",
                             info="Any prompt; the example is one of the run's held-out prompts.")
         with gr.Column(scale=1, min_width=220):
-            most = Limits.from_env().max_new_tokens if studio.public else compare.ASK_MAX_NEW_TOKENS
+            most = compare.most_new_tokens(studio.policy)
             max_new_tokens = gr.Slider(8, most, value=min(128, most), step=8, label="Max new tokens",
                                        elem_id="compare-max-tokens")
             temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)",

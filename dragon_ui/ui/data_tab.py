@@ -21,6 +21,7 @@ from ..engine.hardware import resolve_hardware
 from ..engine.prompts import CPU_PROMPT_TOKENS
 from ..errors import DragonError
 from ..studio.draft import place_problem
+from ..public import LAPTOP, Policy
 from ..studio.playground import DataPreview, data_config, fit_mapping, load_rows, preview_data, draft_tokenizer
 from ..tables import SUPPORTED_EXTENSIONS
 from .common import Shared, message, shows_errors
@@ -81,14 +82,15 @@ def preview_views(preview: DataPreview, labels: dict[str, str] | None = None, re
     return source_status, table, mapping_status, counts, rendered, lengths, sheets
 
 
-def _preview(draft: dict, setting: DataConfig, found: tuple | None) -> tuple[DataPreview, str]:
+def _preview(draft: dict, setting: DataConfig, found: tuple | None, policy: Policy) -> tuple[DataPreview, str]:
     """The preview of a data setting rendered with ``found``, the draft's starting model's (tokenizer, note)
     (draft_tokenizer), and "". With None, while that tokenizer is still loading: the preview without it, and the
     model's name."""
     if found is None:  # nor the prompt limit, which may need the hardware: the lengths come with the prompts
-        return preview_data(setting, draft.get("base_dir") or None), draft["model"]["id"]
+        return preview_data(setting, draft.get("base_dir") or None, policy=policy), draft["model"]["id"]
     tokenizer, note = found
-    return preview_data(setting, draft.get("base_dir") or None, tokenizer, note, _prompt_limit(draft, setting)), ""
+    return preview_data(setting, draft.get("base_dir") or None, tokenizer, note, _prompt_limit(draft, setting),
+                        policy=policy), ""
 
 
 def _prompt_limit(draft: dict, setting: DataConfig) -> int | None:
@@ -129,7 +131,7 @@ def _example_value(source: str) -> str | None:
 
 
 def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_source: bool,
-           labels: dict[str, str], found: tuple | None) -> tuple:
+           labels: dict[str, str], found: tuple | None, policy: Policy) -> tuple:
     """Preview a data setting with the tokenizer ``found`` (_preview); when it reads another table than the one
     shown, first fit the mapping to it.
 
@@ -139,10 +141,11 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
     notes: list[str] = []
     if setting.source and table_identity(setting) != (shown_table or []):
         try:
-            setting, notes = fit_mapping(setting, load_rows(setting, draft.get("base_dir") or None).rows)
+            rows = load_rows(setting, draft.get("base_dir") or None, policy).rows
+            setting, notes = fit_mapping(setting, rows, policy)
         except DragonError:  # unreadable data: preview_data reports it next to the source field
             notes = []
-    preview, rendering = _preview(draft, setting, found)
+    preview, rendering = _preview(draft, setting, found, policy)
     source_status, table, mapping_status, counts, rendered, lengths, sheets = preview_views(preview, labels,
                                                                                             rendering)
     if show_source and preview.sheets:  # another file: the sheet read is its first, whichever the last one read
@@ -164,23 +167,25 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
             table_identity(setting), _model_key(draft))
 
 
-def update_data(draft: dict, shown_table: list | None, labels: dict[str, str] | None = None) -> tuple:
+def update_data(draft: dict, shown_table: list | None, labels: dict[str, str] | None = None,
+                policy: Policy = LAPTOP) -> tuple:
     """Preview the data settings the form shows.
 
     When the table itself changed (another file, Hub dataset, config or split), mapping settings that do not fit it
     are replaced by a guess (playground.fit_mapping) and the fields show the new values with a note saying so.
     """
-    return _apply(draft, data_config(draft), shown_table, False, labels or {}, draft_tokenizer(draft))
+    return _apply(draft, data_config(draft), shown_table, False, labels or {},
+                  draft_tokenizer(draft, policy=policy), policy)
 
 
 def use_source(draft: dict, source: str | None, shown_table: list | None,
-               labels: dict[str, str] | None = None) -> tuple:
+               labels: dict[str, str] | None = None, policy: Policy = LAPTOP) -> tuple:
     """A bundled dataset was picked or a file uploaded: it becomes the source (a local file, so the Hub settings are
     reset). Gradio keeps an upload in its cache folder for the life of the app."""
     if not source:
         return (gr.skip(),) * len(UPDATED)
     setting = replace(data_config(draft), source=source, hub_config=None, hub_split="train", sheet=None)
-    return _apply(draft, setting, shown_table, True, labels or {}, draft_tokenizer(draft))
+    return _apply(draft, setting, shown_table, True, labels or {}, draft_tokenizer(draft, policy=policy), policy)
 
 
 def fill_fields(draft: dict) -> tuple:
@@ -198,45 +203,47 @@ def fill_fields(draft: dict) -> tuple:
                         visible=bool(setting.sheet)))
 
 
-def show_preview(draft: dict, labels: dict[str, str] | None = None):
+def show_preview(draft: dict, labels: dict[str, str] | None = None, policy: Policy = LAPTOP):
     """The preview of the data settings the form shows once a loaded draft is in it. While the starting model's
     tokenizer is still loading (a page opened as the app starts), the table and the counts come first
     (first_preview) and the prompts follow. Yields what UPDATED names."""
-    found = draft_tokenizer(draft, wait=False)
+    found = draft_tokenizer(draft, wait=False, policy=policy)
     if found is None:
-        yield _as_loaded(draft, labels, None)
-        found = draft_tokenizer(draft)
-    yield _as_loaded(draft, labels, found)
+        yield _as_loaded(draft, labels, None, policy)
+        found = draft_tokenizer(draft, policy=policy)
+    yield _as_loaded(draft, labels, found, policy)
 
 
-def first_preview(draft: dict, labels: dict[str, str] | None = None) -> tuple:
+def first_preview(draft: dict, labels: dict[str, str] | None = None, policy: Policy = LAPTOP) -> tuple:
     """show_preview's first answer, with the prompts only if the tokenizer is loaded already: quick enough to run
     while the app is built, for the page's first paint."""
-    return _as_loaded(draft, labels, draft_tokenizer(draft, wait=False))
+    return _as_loaded(draft, labels, draft_tokenizer(draft, wait=False, policy=policy), policy)
 
 
-def _as_loaded(draft: dict, labels: dict[str, str] | None, found: tuple | None) -> tuple:
+def _as_loaded(draft: dict, labels: dict[str, str] | None, found: tuple | None, policy: Policy) -> tuple:
     """The preview of a loaded draft: its table is the one the settings were made for, so nothing is refitted, and
     no field the user may be typing in is written."""
     setting = data_config(draft)
-    return _apply(draft, setting, table_identity(setting), False, labels or {}, found)
+    return _apply(draft, setting, table_identity(setting), False, labels or {}, found, policy)
 
 
-def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] | None = None) -> tuple:
+def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] | None = None,
+                      policy: Policy = LAPTOP) -> tuple:
     """Another starting model was chosen (Model tab): re-render prompts and token counts with its tokenizer.
 
     Returns (source status, table, mapping status, counts, rendered prompts, lengths, sheet, previewed model).
     """
     if not previewed_model or _model_key(draft) == previewed_model:
         return (gr.skip(),) * 8
-    return (*preview_views(_preview(draft, data_config(draft), draft_tokenizer(draft))[0], labels),
+    preview = _preview(draft, data_config(draft), draft_tokenizer(draft, policy=policy), policy)[0]
+    return (*preview_views(preview, labels),
             _model_key(draft))
 
 
 def build(shared: Shared) -> Callable[[], None]:
     """The tab's components and fields; returns the function that wires its events once every tab is built (the
     preview renders prompts with the Model tab's starting model)."""
-    form = shared.form
+    form, policy = shared.form, shared.studio.policy
     gr.Markdown("Choose the examples to learn from and say how each row becomes a prompt. The **reference** is what "
                 "rewards compare a reply with (e.g. the correct answer).")
     with gr.Row():
@@ -298,16 +305,16 @@ def build(shared: Shared) -> Callable[[], None]:
 
     def connect() -> None:
         def update(draft, shown):
-            return update_data(draft, shown, form.labels)
+            return update_data(draft, shown, form.labels, policy=policy)
 
         def preview(draft):
-            yield from show_preview(draft, form.labels)
+            yield from show_preview(draft, form.labels, policy=policy)
 
         shared.refreshes.append((shows_errors(form.takes_draft(preview)), form.inputs, updated))
-        shared.first_paint.append((lambda draft: first_preview(draft, form.labels), updated))
+        shared.first_paint.append((lambda draft: first_preview(draft, form.labels, policy=policy), updated))
 
         def replace_source(draft, new_source, shown):
-            return use_source(draft, new_source, shown, form.labels)
+            return use_source(draft, new_source, shown, form.labels, policy=policy)
 
         def take_upload(draft, new_source, shown):
             """An uploaded file becomes the source: in a public demo, moved into this visitor's own folder first
@@ -317,7 +324,8 @@ def build(shared: Shared) -> Callable[[], None]:
             try:
                 kept = shared.studio.keep_upload(new_source, get_upload_folder())
                 try:  # read once here (the preview reuses it): a file that cannot be read is not kept
-                    sheets = load_rows(replace(data_config(draft), source=kept, hub_config=None, sheet=None)).sheets
+                    setting = replace(data_config(draft), source=kept, hub_config=None, sheet=None)
+                    sheets = load_rows(setting, policy=policy).sheets
                 except DragonError:
                     shared.studio.discard_upload(kept)
                     raise
@@ -351,8 +359,11 @@ def build(shared: Shared) -> Callable[[], None]:
         uploaded = upload.upload(shows_errors(form.takes_draft(take_upload)), [*form.inputs, upload, shown_table],
                                  updated, **previewing)
         shared.source_replaced.extend([submitted, picked, uploaded])
+        def reshow(draft, shown):
+            return refresh_for_model(draft, shown, form.labels, policy=policy)
+
         form.component("model.id").change(
-            shows_errors(form.takes_draft(lambda draft, shown: refresh_for_model(draft, shown, form.labels))),
+            shows_errors(form.takes_draft(reshow)),
             [*form.inputs, previewed_model], [*views, previewed_model], show_progress="hidden", **modes)
 
     return connect

@@ -29,9 +29,8 @@ from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
 from ..engine.estimate import MINIMUM_SETTINGS, estimate_run, forget_cpu_speed, format_params, minimum_memory_gb
 from ..studio.playground import preview_examples
-from ..engine import policy, trackers
+from ..engine import trackers
 from ..engine.presets import PRESETS
-from ..public import visitor
 from .common import MESSAGE_ICONS, TAB_TRAIN, Form, Shared, in_the_page, message, shows_errors, tab_selected
 
 TAB_TITLE = "Model & Hardware"
@@ -233,7 +232,7 @@ def offered_presets(studio: Studio) -> list:
     """The presets to offer: all of them, or in a public demo those it allows."""
     if not studio.public:
         return list(PRESETS)
-    allowed = {model_id.lower() for model_id in policy.allowed_models()}
+    allowed = {model_id.lower() for model_id in studio.allowed_models()}
     return [preset for preset in PRESETS if preset.id.lower() in allowed]
 
 
@@ -246,7 +245,7 @@ def finished_runs(studio: Studio) -> list[tuple[str, str]]:
     """(label, run folder) of the runs a new run can continue from (in a public demo, the visitor's own)."""
     choices = []
     for run in studio.runs():
-        if run["state"] == "succeeded" and visitor().owns(run.get("owner")):
+        if run["state"] == "succeeded" and studio.owns(run.get("owner")):
             after = run.get("heldout_after")
             reward = f", held-out reward {after:.2f}" if isinstance(after, (int, float)) else ""
             choices.append((f"{run['id']} ({run['model']}{reward})", run["dir"]))
@@ -340,7 +339,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
           f"```\n{CLI_TEMPLATE.format(file=config_file_name(draft))}\n```"
     try:
         config = studio.validate(draft)
-        preview_examples(config.data, config.base_dir or None)  # the data as the Data tab shows it: read and mapped
+        preview_examples(config.data, config.base_dir or None, studio.policy)  # read and mapped as the Data tab does
     except DragonError as exc:
         problem = place_problem(str(exc), labels, draft.get("rewards") or [])
         check, problems = placed(problem)
@@ -350,7 +349,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
     download = str(write_config_file(studio.downloads_dir, draft, yaml_text))  # also for another machine, whatever this one has
     try:  # what this machine must have for it: the hardware chosen, the trackers' packages
         resolved = resolve_hardware(config.hardware, studio.hardware())
-        trackers.check(config.logging)
+        trackers.check(config.logging, studio.policy)
     except DragonError as exc:
         check, problems = placed(place_problem(str(exc), labels))
         return Preview(check, "", "The estimate appears once the settings work on this machine.", yaml_text,
@@ -379,7 +378,7 @@ def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tu
         archive = folder.with_suffix(".zip")
         if not archive.is_file():
             shutil.rmtree(folder.parent, ignore_errors=True)  # what an export that failed half-way left
-            export_launch_folder(config, folder, int(gpus), int(nodes))
+            export_launch_folder(config, folder, int(gpus), int(nodes), policy=studio.policy)
             archive = Path(shutil.make_archive(str(folder), "zip", folder.parent, folder.name))
     except (DragonError, TypeError, ValueError, OverflowError) as exc:
         return gr.skip(), message(str(exc) if isinstance(exc, DragonError) else "GPUs and nodes must be whole numbers.", "error")
@@ -427,7 +426,7 @@ def build(shared: Shared) -> Callable[[], None]:
         with gr.Column(scale=3):
             (model_id,) = widgets("model", initial, form)
             if studio.public:  # the models this demo offers; typing another gets the reason it is not offered
-                model_id.choices = [(model, model) for model in policy.allowed_models()]
+                model_id.choices = [(model, model) for model in studio.allowed_models()]
         continue_from = gr.Dropdown(finished_runs(studio), value=None, label="…or continue from a finished run",
                                     scale=2, elem_id="model-continue",
                                     info="Starts from that run's trained model; its folder becomes the model id.")

@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..data import prompt_text
 from ..errors import DragonError
+from ..public import LAPTOP, Policy
 from ..studio.draft import place_problem
 from ..studio.playground import (PREVIEW_ROWS, GroupScores, advantages_of, data_config, generate_groups,
                                  no_signal_warning, playground_rewards, preview_examples, reward_failures,
@@ -126,7 +127,7 @@ def form_to_dict(kind: str, name: str | None, weight: float | None, values) -> d
     return spec
 
 
-def rewards_table(rewards: list[dict]) -> pd.DataFrame:
+def rewards_table(rewards: list[dict], policy: Policy = LAPTOP) -> pd.DataFrame:
     """One line per reward: name, kind, weight and the settings that differ from their defaults."""
     def settings(spec: dict) -> str:
         shown = []
@@ -141,7 +142,7 @@ def rewards_table(rewards: list[dict]) -> pd.DataFrame:
 
     def pays_for(spec: dict) -> str:
         try:
-            return reward_rule(RewardSpec.from_dict(spec))
+            return reward_rule(RewardSpec.from_dict(spec, policy=policy))
         except DragonError:  # a reward still being fixed: its problem is shown under the table
             return ""
 
@@ -195,43 +196,44 @@ def new_spec(kind: str, rewards: list[dict]) -> dict:
     return {"kind": kind, "name": unique_name(kind, _names(rewards)), "weight": 1.0}
 
 
-def _listing(rewards: list[dict], selected: str, status: str, public: bool) -> list:
+def _listing(rewards: list[dict], selected: str, status: str, policy: Policy) -> list:
     """Everything the editor shows after the list or the selection changed: (rewards, table, selector, status,
     *editor), with the form showing exactly the selected reward (or a fresh new one)."""
     names = _names(rewards)
     if selected in names:
-        shown = editor(rewards[names.index(selected)], public, editing=True)
+        shown = editor(rewards[names.index(selected)], policy.public, editing=True)
     else:
-        selected, shown = NEW_REWARD, editor(new_spec("numeric", rewards), public, editing=False)
-    return [rewards, rewards_table(rewards), selector(rewards, selected), status, *shown]
+        selected, shown = NEW_REWARD, editor(new_spec("numeric", rewards), policy.public, editing=False)
+    return [rewards, rewards_table(rewards, policy), selector(rewards, selected), status, *shown]
 
 
 def _problem(exc: DragonError, rewards: list[dict]) -> str:
     return message(place_problem(str(exc), {}, rewards).text, "error")
 
 
-def _validated(rewards: list[dict], keep: list[dict], selected: str, status: str, public: bool) -> list:
-    """The new list validated as a run would; rejected, the list and the form stay as they are and the status says
-    why (``keep`` is the list before)."""
+def _validated(rewards: list[dict], keep: list[dict], selected: str, status: str, policy: Policy) -> list:
+    """The new list validated as a run would (``policy``'s refusals included); rejected, the list and the form stay
+    as they are and the status says why (``keep`` is the list before)."""
     try:
-        specs = [spec.to_dict() for spec in parse_rewards(rewards)] if rewards else []
+        parsed = parse_rewards(rewards, policy=policy) if rewards else []
     except DragonError as exc:
         return [keep, gr.skip(), gr.skip(), _problem(exc, rewards), *[gr.skip()] * EDITOR_SIZE]
+    specs = [spec.to_dict() for spec in parsed]
     if not specs:
         status = message("There are no rewards left; add at least one before training.", "warn")
-    return _listing(specs, selected, status, public)
+    return _listing(specs, selected, status, policy)
 
 
-def add_reward(rewards: list[dict], kind: str, name: str, weight: float, *values, public: bool = False) -> list:
+def add_reward(rewards: list[dict], kind: str, name: str, weight: float, *values, policy: Policy = LAPTOP) -> list:
     """Append the form as a new reward and select it. Returns (rewards, table, selector, status, *editor)."""
     spec = form_to_dict(kind, name, weight, values)
     spec["name"] = spec["name"] or unique_name(kind, _names(rewards))
     return _validated([*rewards, spec], rewards, spec["name"], message(f"Added the reward {spec['name']}.", "ok"),
-                      public)
+                      policy)
 
 
 def save_reward(rewards: list[dict], selected: str, kind: str, name: str, weight: float, *values,
-                public: bool = False) -> list:
+                policy: Policy = LAPTOP) -> list:
     """Replace the selected reward with the form. Returns (rewards, table, selector, status, *editor)."""
     names = _names(rewards)
     if selected not in names:
@@ -241,10 +243,10 @@ def save_reward(rewards: list[dict], selected: str, kind: str, name: str, weight
     spec["name"] = spec["name"] or kind
     changed = list(rewards)
     changed[names.index(selected)] = spec
-    return _validated(changed, rewards, spec["name"], message(f"Saved the reward {spec['name']}.", "ok"), public)
+    return _validated(changed, rewards, spec["name"], message(f"Saved the reward {spec['name']}.", "ok"), policy)
 
 
-def remove_reward(rewards: list[dict], selected: str, public: bool = False) -> list:
+def remove_reward(rewards: list[dict], selected: str, policy: Policy = LAPTOP) -> list:
     """Remove the selected reward; the next one (or a new one) is shown. Returns (rewards, table, selector, status,
     *editor)."""
     names = _names(rewards)
@@ -254,18 +256,18 @@ def remove_reward(rewards: list[dict], selected: str, public: bool = False) -> l
     position = names.index(selected)
     left = [spec for spec, name in zip(rewards, names, strict=True) if name != selected]
     following = _names(left)[min(position, len(left) - 1)] if left else NEW_REWARD
-    return _validated(left, rewards, following, message(f"Removed the reward {selected}.", "ok"), public)
+    return _validated(left, rewards, following, message(f"Removed the reward {selected}.", "ok"), policy)
 
 
-def select_reward(rewards: list[dict], selected: str, public: bool = False) -> list:
+def select_reward(rewards: list[dict], selected: str, policy: Policy = LAPTOP) -> list:
     """Show the chosen reward in the form (or a fresh new one). Returns (rewards, table, selector, status,
     *editor), the list and its table unchanged (skipped): a Remove clicked right after the choice may be answered
     first, and this answer, holding the list as it was, would put the removed reward back."""
-    return [gr.skip(), gr.skip(), *_listing(rewards, selected, "", public)[2:]]
+    return [gr.skip(), gr.skip(), *_listing(rewards, selected, "", policy)[2:]]
 
 
 def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight: float,
-                public: bool = False) -> list:
+                policy: Policy = LAPTOP) -> list:
     """Another kind was chosen: the settings start from that kind's defaults (a saved reward of that kind shows its
     own). A new reward's automatic name follows the kind; the weight shown is kept. Returns the editor."""
     names = _names(rewards)
@@ -276,23 +278,23 @@ def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight
         spec.update(name=name, weight=weight)
     else:
         spec.update(name=unique_name(kind, names) if _is_automatic_name(name) else name, weight=weight)
-    return editor(spec, public, editing)
+    return editor(spec, policy.public, editing)
 
 
-def fill_rewards(draft: dict, public: bool = False) -> list:
+def fill_rewards(draft: dict, policy: Policy = LAPTOP) -> list:
     """A whole new draft was loaded: list its rewards and show the first. Returns (rewards, table, selector, status,
     *editor)."""
     rewards = list(draft.get("rewards") or [])
     names = _names(rewards)
-    return _listing(rewards, names[0] if names else NEW_REWARD, "", public)
+    return _listing(rewards, names[0] if names else NEW_REWARD, "", policy)
 
 
-def rewards_problem(rewards: list[dict]) -> str:
+def rewards_problem(rewards: list[dict], policy: Policy = LAPTOP) -> str:
     """What stops the list from training, next to it: no rewards, an invalid one, or every weight 0."""
     if not rewards:
         return message("Add at least one reward: training needs something to score replies with.", "warn")
     try:
-        check_some_weight(parse_rewards(rewards))
+        check_some_weight(parse_rewards(rewards, policy=policy))
     except DragonError as exc:
         return _problem(exc, rewards)
     return ""
@@ -306,21 +308,22 @@ def _row_label(number: int, example: dict) -> str:
     return f"{number}: {text[:70]}{'…' if len(text) > 70 else ''}"
 
 
-def playground_rows(draft: dict, current: int | None, labels: dict[str, str] | None = None) -> tuple:
+def playground_rows(draft: dict, current: int | None, labels: dict[str, str] | None = None,
+                    policy: Policy = LAPTOP) -> tuple:
     """The rows one can try (the first mapped rows of the draft's data). Returns (row picker, row status)."""
     try:
         config = data_config(draft)
-        examples = preview_examples(config, draft.get("base_dir") or None) if config.source else []
+        examples = preview_examples(config, draft.get("base_dir") or None, policy) if config.source else []
     except DragonError as exc:
         return gr.Dropdown(choices=[], value=None), message(f"No rows to try: {sentence(exc, draft, labels)}", "warn")
     choices = [(_row_label(number, example), number - 1) for number, example in enumerate(examples, 1)]
     keep = current if isinstance(current, int) and 0 <= current < len(choices) else (0 if choices else None)
-    return gr.Dropdown(choices=choices, value=keep), show_row(draft, keep, examples)
+    return gr.Dropdown(choices=choices, value=keep), show_row(draft, keep, examples, policy=policy)
 
 
-def _example(draft: dict, row: int | None) -> dict:
+def _example(draft: dict, row: int | None, policy: Policy) -> dict:
     """The mapped example at a playground row (raises ConfigError when the data cannot be mapped)."""
-    examples = preview_examples(data_config(draft), draft.get("base_dir") or None)
+    examples = preview_examples(data_config(draft), draft.get("base_dir") or None, policy)
     if not _is_row(row) or row >= len(examples):
         raise gr.Error("Choose a row to try first.")
     return examples[row]
@@ -331,12 +334,12 @@ def _is_row(row) -> bool:
     return isinstance(row, int) and not isinstance(row, bool) and 0 <= row < PREVIEW_ROWS
 
 
-def show_row(draft: dict, row: int | None, examples: list[dict] | None = None) -> str:
+def show_row(draft: dict, row: int | None, examples: list[dict] | None = None, policy: Policy = LAPTOP) -> str:
     """The chosen row's prompt and reference answer, which the rewards will see."""
     if row is None:
         return ""
     try:
-        example = examples[row] if examples is not None else _example(draft, row)
+        example = examples[row] if examples is not None else _example(draft, row, policy)
     except DragonError as exc:
         return message(sentence(exc, draft, None), "error")
     system = next((m["content"] for m in example["prompt"] if m["role"] == "system"), "")
@@ -345,13 +348,13 @@ def show_row(draft: dict, row: int | None, examples: list[dict] | None = None) -
 
 
 @shows_errors
-def score_typed(draft: dict, row: int | None, completion: str) -> tuple:
+def score_typed(draft: dict, row: int | None, completion: str, policy: Policy = LAPTOP) -> tuple:
     """Score a typed reply to the chosen row with every reward. Returns (scores table, total line)."""
     if isinstance(completion, str) and len(completion) > REPLY_CHARS:
         raise gr.Error(f"The reply has {len(completion):,} characters; score one of at most {REPLY_CHARS:,} (a "
                        "completion is rarely longer than a few thousand).", print_exception=False)
-    rewards = playground_rewards(draft)
-    result = score_example(rewards, _example(draft, row), completion if isinstance(completion, str) else "")
+    rewards = playground_rewards(draft, policy)
+    result = score_example(rewards, _example(draft, row, policy), completion if isinstance(completion, str) else "")
     weights = {reward.name: reward.weight for reward in rewards}
     table = pd.DataFrame([[name, weights[name], round(score, 4), round(weights[name] * score, 4),
                            result.errors.get(name, "")] for name, score in result.scores.items()],
@@ -433,12 +436,13 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
         return
     try:
         config = studio.validate_for_sampling(draft)
-        examples = preview_examples(config.data, config.base_dir or None)[row:row + int(n_prompts)]
+        examples = preview_examples(config.data, config.base_dir or None, studio.policy)[row:row + int(n_prompts)]
         studio.check_sampling(config.grpo.group_size * len(examples))
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.inference_model(config.model, settings=config.hardware)
         rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, tokenizer=tokenizer,
-                                max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(str(model.device)))
+                                max_new_tokens=config.grpo.max_new_tokens,
+                                classifiers=classifiers_on(str(model.device)), policy=studio.policy)
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
         return
@@ -568,11 +572,12 @@ def _setting_components(shown: set[str]) -> list:
 def build(shared: Shared) -> Callable[[], None]:
     """The editor, the list (a field of the form at "rewards") and the playground; returns the function that wires
     the playground, which reads the whole form, once every tab is built."""
-    studio, public, form = shared.studio, shared.studio.public, shared.form
+    studio, policy, form = shared.studio, shared.studio.policy, shared.form
+    public = policy.public
     gr.Markdown("Rewards score each reply; GRPO pushes the model towards replies that score above their group's "
                 "average. The total is the weighted sum of all rewards.")
     rewards = form.add("rewards", gr.State([]), label="Rewards")
-    table = gr.Dataframe(rewards_table([]), label="Rewards (what training uses)", interactive=False, max_height=260,
+    table = gr.Dataframe(rewards_table([], policy), label="Rewards (what training uses)", interactive=False, max_height=260,
                          wrap=True,
                          elem_id="rewards-table")
     problem = gr.Markdown(elem_id="rewards-problem")
@@ -604,15 +609,15 @@ def build(shared: Shared) -> Callable[[], None]:
     # later one wrote back the list it had read. Each edit takes milliseconds; the queue keeps their order.
     edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
              "concurrency_limit": 1, "concurrency_id": "reward-list-edits"}
-    add.click(functools.partial(add_reward, public=public), [rewards, *values], listing, **edits)
-    save.click(functools.partial(save_reward, public=public), [rewards, selected, *values], listing, **edits)
-    remove.click(functools.partial(remove_reward, public=public), [rewards, selected], listing, **edits)
-    selected.input(functools.partial(select_reward, public=public), [rewards, selected], listing, **edits)
-    kind.input(functools.partial(change_kind, public=public), [rewards, selected, kind, name, weight], shown_editor,
+    add.click(functools.partial(add_reward, policy=policy), [rewards, *values], listing, **edits)
+    save.click(functools.partial(save_reward, policy=policy), [rewards, selected, *values], listing, **edits)
+    remove.click(functools.partial(remove_reward, policy=policy), [rewards, selected], listing, **edits)
+    selected.input(functools.partial(select_reward, policy=policy), [rewards, selected], listing, **edits)
+    kind.input(functools.partial(change_kind, policy=policy), [rewards, selected, kind, name, weight], shown_editor,
                **edits)
-    shared.fills.append((functools.partial(fill_rewards, public=public), listing))
+    shared.fills.append((functools.partial(fill_rewards, policy=policy), listing))
     def problem_line(draft: dict) -> str:
-        return rewards_problem(draft.get("rewards"))
+        return rewards_problem(draft.get("rewards"), policy)
 
     form.watch(problem_line, [problem])
     shared.first_paint.append((problem_line, [problem]))
@@ -648,15 +653,16 @@ def build(shared: Shared) -> Callable[[], None]:
             data = json.dumps([draft.get("data"), draft.get("base_dir")], sort_keys=True, default=str)
             if data == shown_for:
                 return gr.skip(), gr.skip(), gr.skip()
-            picker, said = playground_rows(draft, current, form.labels)
+            picker, said = playground_rows(draft, current, form.labels, policy=policy)
             return picker, said, data if picker.choices else None  # no rows: asked again at the next change
 
         form.watch(rows, [row, row_text, rows_of], [row, rows_of])
         shared.first_paint.append((lambda draft: rows(draft, None, None), [row, row_text, rows_of]))
-        row.input(form.takes_draft(show_row), [*form.inputs, row], [row_text], **playground)
-        score.click(form.takes_draft(score_typed), [*form.inputs, row, completion], [scores, total], **playground)
-        completion.submit(form.takes_draft(score_typed), [*form.inputs, row, completion], [scores, total],
-                          **playground)
+        shown_row = functools.partial(show_row, policy=policy)
+        scored = functools.partial(score_typed, policy=policy)
+        row.input(form.takes_draft(shown_row), [*form.inputs, row], [row_text], **playground)
+        score.click(form.takes_draft(scored), [*form.inputs, row, completion], [scores, total], **playground)
+        completion.submit(form.takes_draft(scored), [*form.inputs, row, completion], [scores, total], **playground)
         count = len(form.inputs)
 
         def sample(request: gr.Request, *args):

@@ -19,7 +19,6 @@ import gradio as gr
 from ..engine.estimate import format_seconds
 from ..errors import DragonError
 from ..grpo_math import has_spread, known
-from ..public import visitor
 from ..runstore import ACTIVE_STATES, read_json, state_label
 from ..studio.backend import Studio
 from ..studio.explain import GroupExplanation, explain_run_group, formula_lines, plain_words, shown_number
@@ -292,7 +291,7 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
     reward_names = status.get("reward_names") or plots.reward_names_of(rows)
     state_changed = not same_run or status.get("state") != watch["snapshot"]["status"].get("state")
     runs, run_choices = runs_outputs(studio) if state_changed else (skip, skip)
-    mine = visitor().owns(status.get("owner"))
+    mine = studio.owns(status.get("owner"))
     max_new_tokens = (config.get("grpo") or {}).get("max_new_tokens")
     return TrainView(
         watch=new_watch,

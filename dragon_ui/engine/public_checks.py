@@ -1,10 +1,10 @@
 """Public mode's checks: what a visitor's run may do on a public demo (a Hugging Face Space, a workshop's shared
 machine), applied by the engine so that the app, its HTTP API and the command line all get them.
 
-Public mode is on where ``SPACE_ID`` is set (every Space) or ``DRAGON_UI_PUBLIC=1`` (see ``public.py``). There a
-run's settings can never:
+Public mode is on where ``SPACE_ID`` is set (every Space) or ``DRAGON_UI_PUBLIC=1``: the entry points build a
+``public.Policy`` from the environment and pass it to each check here. There a run's settings can never:
 
-- run code from elsewhere: custom-Python and command rewards (refused by ``rewards``), ``model.trust_remote_code``,
+- run code from elsewhere: custom-Python and command rewards (``rewards.public_refusal``), ``model.trust_remote_code``,
   a ``model.revision`` (anyone who opens a pull request on an allowed model's repository could supply it);
 - reach outside the demo: data only from the bundled datasets, this visitor's uploads and Hub dataset ids (refused
   by ``data.locate`` before anything on the disk is looked at), models only from the allow-list, no vLLM server
@@ -28,9 +28,10 @@ from pathlib import Path
 
 from ..config import DEFAULT_MODEL_ID, ModelConfig, RunConfig
 from ..files import resolve_runs_dir
-from ..data import check_public_source
+from ..data import locate
 from ..errors import BusyError, ConfigError
-from ..public import LIFT, MODELS_ENV, Limits, Visitor, extra_models, is_public_demo, visitor
+from ..public import LIFT, MODELS_ENV, Limits, Policy, Visitor, visitor
+from ..rewards import public_refusal
 from ..runstore import ACTIVE_STATES, RunDir, list_runs
 
 
@@ -38,18 +39,18 @@ class PublicDemoRefusal(ConfigError):
     """A setting this public demo does not allow; the message names the limit and how to lift it."""
 
 
-def check_run(config: RunConfig, reads_data: bool = True) -> None:
+def check_run(config: RunConfig, policy: Policy, reads_data: bool = True) -> None:
     """Refuse the first setting of ``config`` that a public demo does not allow (nothing outside public mode),
     before any data is read or model loaded; ``reads_data`` False for a run whose data is already in its folder."""
-    if not is_public_demo():
+    if not policy.public:
         return
-    limits = Limits.from_env()
+    limits = policy.limits
     if config.runs_dir and resolve_runs_dir(config.runs_dir) != resolve_runs_dir():
         raise PublicDemoRefusal(f"runs_dir must be left empty in this public demo: runs are kept in its own folder "
                                 f"({LIFT} to keep them elsewhere).")
-    check_model(config.model)
+    check_model(config.model, policy)
     if reads_data:
-        check_public_source(config.data.source)
+        locate(config.data.source, policy=policy)  # refuses a source this demo does not read
     if config.data.max_rows is not None and config.data.max_rows > limits.dataset_rows:
         raise PublicDemoRefusal(f"data.max_rows must be at most {limits.dataset_rows:,} in this public demo (its "
                                 f"limit of rows of data); got {config.data.max_rows:,} ({LIFT} to train on more).")
@@ -74,6 +75,10 @@ def check_run(config: RunConfig, reads_data: bool = True) -> None:
     if config.hardware.cpu_threads is not None and config.hardware.cpu_threads > cores:
         raise PublicDemoRefusal(f"hardware.cpu_threads must be at most {cores} in this public demo, the cores of "
                                 f"this machine; got {config.hardware.cpu_threads} (empty picks the best number).")
+    for index, spec in enumerate(config.rewards):
+        refusal = public_refusal(spec, policy, f"rewards[{index}]")
+        if refusal is not None:
+            raise PublicDemoRefusal(refusal)
     classifiers = {spec.model.strip() for spec in config.rewards if spec.kind == "classifier"}
     if len(classifiers) > 1:
         raise PublicDemoRefusal(f"The rewards use {len(classifiers)} classifier models; a run in this public demo may "
@@ -81,14 +86,14 @@ def check_run(config: RunConfig, reads_data: bool = True) -> None:
     if config.generation.backend == "vllm-server":
         raise PublicDemoRefusal("generation.backend vllm-server is turned off in this public demo: it would send "
                                 f"requests from the server to an address you choose ({LIFT} to use a vLLM server).")
-    check_memory(config)
+    check_memory(config, policy)
 
 
-def check_model(model: ModelConfig) -> None:
+def check_model(model: ModelConfig, policy: Policy) -> None:
     """Refuse a model a public demo does not offer: one that runs its repository's code, a revision of its
     repository other than the main one, or one off the allow-list (a large model would take the machine from every
     other visitor) that is not one of the visitor's own finished runs in the demo's runs folder."""
-    if not is_public_demo():
+    if not policy.public:
         return
     if model.trust_remote_code:
         raise PublicDemoRefusal("model.trust_remote_code is turned off in this public demo: it would run Python from "
@@ -97,29 +102,31 @@ def check_model(model: ModelConfig) -> None:
         raise PublicDemoRefusal("model.revision must be left empty in this public demo: a branch or pull request of "
                                 "the model's repository could hold other weights and another chat template than the "
                                 f"ones offered ({LIFT} to pick a revision).")
-    if _is_own_run(model.id, resolve_runs_dir()):
+    if _is_own_run(model.id, resolve_runs_dir(), policy):
         return
-    allowed = allowed_models()
+    allowed = allowed_models(policy)
     if model.id.strip() not in allowed:  # as listed: each other spelling would be another download and cache
         raise PublicDemoRefusal(f"model.id {model.id.strip()!r} is not offered in this public demo; choose one of "
                                 f"{', '.join(allowed)} ({LIFT} to train any model, or add it to {MODELS_ENV}).")
 
 
-def _is_own_run(model_id: str, runs_dir: Path) -> bool:
+def _is_own_run(model_id: str, runs_dir: Path, policy: Policy) -> bool:
     """A folder of the demo's runs that the current visitor started (continuing from it reads only their work)."""
     path = Path(os.path.normpath(os.path.abspath(model_id.strip())))
     if path.parent != runs_dir:
         return False  # decided from the text alone, before anything on the disk is looked at
-    return (path / "config.json").is_file() and visitor().owns(RunDir(path).read_status().get("owner"))
+    return (path / "config.json").is_file() and policy.owns(visitor(), RunDir(path).read_status().get("owner"))
 
 
-def check_memory(config: RunConfig) -> None:
+def check_memory(config: RunConfig, policy: Policy) -> None:
     """Refuse a run whose estimated memory is more than this machine has: it would end out of memory, or push the
     app into swap for every visitor. Nothing is refused where the model's size is unknown (a model the owner added
     to the allow-list), or the machine's memory."""
     from .estimate import estimate_memory, model_dims
     from .hardware import resolve_hardware
 
+    if not policy.public:
+        return
     info = _machine()
     try:
         hardware = resolve_hardware(config.hardware, info)
@@ -149,19 +156,18 @@ def _memory_gb(info, hardware) -> float | None:
     return info.cuda[hardware.gpu].total_gb if hardware.device == "cuda" else system_memory_gb(free=False)
 
 
-def allowed_models() -> list[str]:
+def allowed_models(policy: Policy) -> list[str]:
     """The models a public demo offers: the presets (not gated) that a run at the public limits fits in this
     machine's memory, then the ones the owner adds with ``DRAGON_UI_PUBLIC_MODELS``."""
-    return list(dict.fromkeys([*_fitting_presets(), *extra_models()]))
+    return list(dict.fromkeys([*_fitting_presets(policy.limits or Limits()), *policy.models]))
 
 
 @functools.cache
-def _fitting_presets() -> tuple[str, ...]:
+def _fitting_presets(limits: Limits) -> tuple[str, ...]:
     from .estimate import estimate_memory
     from .hardware import resolve_hardware
     from .presets import PRESETS
 
-    limits = Limits.from_env()
     info = _machine()
     hardware = resolve_hardware(RunConfig().hardware, info)
     memory_gb = _memory_gb(info, hardware)
@@ -185,14 +191,14 @@ _starts: dict[str, collections.deque] = {}  # network address -> times of its st
 _starts_lock = threading.Lock()
 
 
-def check_start(runs_dir: Path, preparing: list[Visitor] = ()) -> None:
+def check_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) -> None:
     """Refuse a start or resume that would give the current visitor, or its network address, more than its share:
     runs training or waiting (an API client can open a new session for every call, so its address counts too), and
     starts in the last hour; the runs of ``preparing`` (being prepared, not in the runs folder yet) count too.
     Nothing outside public mode, or for the operator and the demo's owner."""
-    if not is_public_demo() or visitor().owns_everything:
+    if not policy.public or visitor().owns_everything:
         return
-    who, limits = visitor(), Limits.from_env()
+    who, limits = visitor(), policy.limits
     active = [{"owner": run.get("owner"), "address": run.get("address")} for run in list_runs(runs_dir)
               if run["state"] in ACTIVE_STATES]
     active += [{"owner": other.key, "address": other.address} for other in preparing]
@@ -214,10 +220,10 @@ def check_start(runs_dir: Path, preparing: list[Visitor] = ()) -> None:
                             f"in {max(1, round(wait / 60))} minutes ({LIFT} without limits).")
 
 
-def count_start() -> None:
+def count_start(policy: Policy) -> None:
     """Count a start or resume that was accepted (after check_start), against its network address's hourly starts."""
     who = visitor()
-    if is_public_demo() and who.address and not who.owns_everything:
+    if policy.public and who.address and not who.owns_everything:
         with _starts_lock:
             _starts.setdefault(who.address, _recent_starts(who.address)).append(time.monotonic())
 
