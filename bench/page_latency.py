@@ -13,7 +13,10 @@ Each moment is timed from the click (or the command) to what the person sees:
 - the first "Generate a group" -> its first replies shown (as they are sampled), and the whole group scored;
 - Start -> the Train tab says the run is training; -> step 1's completions visible; -> step 1's row written, less
   that step's own time (what the learner waited beyond the step itself);
-- a second browser -> the Train tab showing the running run.
+- a second browser -> the Train tab showing the running run;
+- the memory of the app's process, and of it with the processes it started (a training process, a warm one, the
+  readers): just before Start, and while the run trains past its first step. Proportional set sizes, so what two
+  processes share counts once, as the machine's memory does.
 
     python bench/page_latency.py [--repeats 12] [--app FOLDER --name page-latency-before]
 
@@ -180,6 +183,21 @@ class StepOneWatch(threading.Thread):
             time.sleep(0.05)
 
 
+def memory_mb(pid: int) -> dict:
+    """The app's proportional set size, alone and with its child processes', in MB."""
+    import psutil
+
+    app = psutil.Process(pid)
+    own = app.memory_full_info().pss
+    family = own
+    for child in app.children(recursive=True):
+        try:
+            family += child.memory_full_info().pss
+        except psutil.Error:  # it ended meanwhile
+            pass
+    return {"app_mb": own / 2**20, "with_children_mb": family / 2**20}
+
+
 def stats(values: list[float]) -> dict:
     return {"n": len(values), "p50_s": percentile(values, 0.5), "p95_s": percentile(values, 0.95),
             "max_s": max(values) if values else float("nan"), "all_s": values}
@@ -196,6 +214,7 @@ def main() -> None:
 
     expect.set_options(timeout=WAIT_MS)
     rows: dict[str, dict] = {}
+    memory: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         runs_dir, log_path = Path(tmp) / "runs", Path(tmp) / "app.log"
         process, url, answered = serve(args.app.resolve(), runs_dir, log_path)
@@ -226,6 +245,7 @@ def main() -> None:
 
                 open_tab(page, "model")
                 expect(page.locator("#model-check")).to_contain_text("The settings are valid")
+                memory["idle, before Start"] = memory_mb(process.pid)
                 watch = StepOneWatch(runs_dir)
                 watch.start()
                 clicked = time.perf_counter()
@@ -251,6 +271,7 @@ def main() -> None:
                 if watch.seen_at is not None and step_time is not None:
                     rows["Start → step 1 done, less the step's own time"] = stats(
                         [watch.seen_at - clicked - step_time])
+                memory["while training"] = memory_mb(process.pid)
                 open_tab(page, "train")
                 page.locator("#train-stop").click()
                 expect(status).to_contain_text("stopped")
@@ -259,10 +280,12 @@ def main() -> None:
             process.terminate()
             process.wait(timeout=60)
 
-    path = write_result(args.name, {"settings": vars(args), "rows": rows,
+    path = write_result(args.name, {"settings": vars(args), "rows": rows, "memory": memory,
                                          "first_completions_during_step_1": first_completions_during_step})
     print(table([[name, row["n"], row["p50_s"], row["p95_s"], row["max_s"]] for name, row in rows.items()],
                 ["moment", "n", "p50 s", "p95 s", "max s"]))
+    print(table([[when, used["app_mb"], used["with_children_mb"]] for when, used in memory.items()],
+                ["memory", "app MB", "app and its processes MB"]))
     print(f"step 1's completions shown while it ran: {first_completions_during_step}  ->  {path}")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from contextvars import ContextVar
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .errors import ConfigError
@@ -102,6 +102,17 @@ class Policy:
             return LAPTOP
         return cls(limits=Limits.from_env(), models=_listed(MODELS_ENV), classifiers=_listed(CLASSIFIERS_ENV),
                    owner_key=os.environ.get(OWNER_KEY_ENV, "").strip())
+
+    def to_json(self) -> dict:
+        """What a training process needs of it (not the owner key): the app hands it over with each run."""
+        return {"limits": None if self.limits is None else asdict(self.limits), "models": list(self.models),
+                "classifiers": list(self.classifiers)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Policy:
+        limits = data.get("limits")
+        return cls(limits=None if limits is None else Limits(**limits), models=tuple(data.get("models") or ()),
+                   classifiers=tuple(data.get("classifiers") or ()))
 
     def classifier_refusal(self, model_id: str) -> str | None:
         """Why this demo refuses this classifier model, or None when it offers it (or is not public): each one is a

@@ -22,6 +22,7 @@ from ..errors import BusyError
 from ..public import LAPTOP, Policy, Visitor, visitor
 from ..runstore import RunDir, list_runs
 from . import public_checks, training
+from .worker import Workers
 
 log = logging.getLogger("dragon_ui")
 
@@ -51,7 +52,7 @@ def _free(runs_dir: Path) -> bool:
     return training_run_id(runs_dir) is None and not waiting_runs(runs_dir)
 
 
-def submit_start(config: RunConfig, policy: Policy = LAPTOP) -> RunDir:
+def submit_start(config: RunConfig, policy: Policy = LAPTOP, workers: Workers | None = None) -> RunDir:
     """Start ``config`` now if nothing trains and nobody waits, or else put it in the queue; either way its mistakes
     are raised here and its folder exists when this returns.
 
@@ -65,11 +66,11 @@ def submit_start(config: RunConfig, policy: Policy = LAPTOP) -> RunDir:
     with _lock:
         waiting = waiting_runs(runs_dir)
         if training_run_id(runs_dir) is None and waiting and waiting[0].id == run.id:
-            return training.start_waiting(run, resume=False, policy=policy).run
+            return training.start_waiting(run, resume=False, policy=policy, workers=workers).run
     return run
 
 
-def submit_resume(run_dir: Path, policy: Policy = LAPTOP) -> RunDir:
+def submit_resume(run_dir: Path, policy: Policy = LAPTOP, workers: Workers | None = None) -> RunDir:
     """Resume the run now if nothing trains and nobody waits, or else put it back in the queue."""
     run = training.check_resumable(run_dir, policy)
     with _lock:
@@ -77,7 +78,7 @@ def submit_resume(run_dir: Path, policy: Policy = LAPTOP) -> RunDir:
         public_checks.check_start(run.path.parent, policy, _preparing)
         public_checks.count_start(policy)
         if _free(run.path.parent):
-            return training.resume(run.path, policy).run
+            return training.resume(run.path, policy, workers).run
         run.update_status(state="queued", waiting="resume", queued_at=time.time(), phase="waiting for its turn",
                           error=None, traceback=None, finished_at=None, stop_reason=None)
         return run
@@ -109,8 +110,8 @@ def take_out(run: RunDir) -> None:
                               stop_reason="It was taken out of the queue before its turn came.")
 
 
-def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None,
-               policy: Policy = LAPTOP) -> RunDir | None:
+def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None, policy: Policy = LAPTOP,
+               workers: Workers | None = None) -> RunDir | None:
     """Start the first waiting run if nothing trains (after ``before_start``: the app lets go of its preview model);
     a run that cannot start is marked failed with the reason, and the next one gets its turn at the next call."""
     with _lock:
@@ -124,7 +125,7 @@ def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None,
         if before_start is not None:
             before_start()
         try:
-            return training.start_waiting(run, resume=resume, policy=policy).run
+            return training.start_waiting(run, resume=resume, policy=policy, workers=workers).run
         except Exception as exc:  # a waiting run must never block the queue
             log.error("The queued run %s could not start: %s", run.id, exc)
             run.update_status(state="failed", waiting=None, phase="done", finished_at=time.time(),
@@ -145,13 +146,13 @@ def _refuse_if_full(runs_dir: Path, policy: Policy) -> None:
 
 class Scheduler:
     """A daemon thread that starts the next waiting run whenever nothing trains (every ``interval_s`` seconds, after
-    ``before_start``), under ``policy``, and runs ``housekeeping`` (a public demo's clean-up of old runs and files)
-    every ``housekeeping_every_s``."""
+    ``before_start``), under ``policy`` (in a process of ``workers``, if given), and runs ``housekeeping`` (a public
+    demo's clean-up of old runs and files) every ``housekeeping_every_s``."""
 
     def __init__(self, runs_dir: Path, interval_s: float = 2.0, housekeeping: Callable[[], object] | None = None,
                  housekeeping_every_s: float = 600.0, before_start: Callable[[], object] | None = None,
-                 policy: Policy = LAPTOP) -> None:
-        self.runs_dir, self.interval_s, self.policy = runs_dir, interval_s, policy
+                 policy: Policy = LAPTOP, workers: Workers | None = None) -> None:
+        self.runs_dir, self.interval_s, self.policy, self.workers = runs_dir, interval_s, policy, workers
         self.housekeeping, self.housekeeping_every_s = housekeeping, housekeeping_every_s
         self.before_start = before_start
         self.rounds = 0  # times it has looked at the queue (tests wait for it instead of for the clock)
@@ -170,7 +171,7 @@ class Scheduler:
         kept_house = -math.inf
         while not self._stopped.wait(self.interval_s):
             try:
-                start_next(self.runs_dir, self.before_start, self.policy)
+                start_next(self.runs_dir, self.before_start, self.policy, self.workers)
             except Exception:  # the queue must outlive any one bad run folder
                 log.exception("The run queue could not start the next run")
             self.rounds += 1

@@ -38,6 +38,7 @@ from .model_card import write_model_card
 from .weights import make_portable
 from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model, take_set_aside
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
+from .worker import WorkerRun, Workers
 
 log = logging.getLogger("dragon_ui")
 
@@ -90,7 +91,7 @@ class RunHandle:
         return self.run.read_status().get("state", "unknown")
 
 
-def active_run() -> RunHandle | None:
+def active_run() -> RunHandle | WorkerRun | None:
     """The training running in this process, if any (the UI re-attaches to it after a page reload)."""
     return _active if _active is not None and _active.is_alive() else None
 
@@ -104,7 +105,7 @@ def start(config: RunConfig, run_dir: str | Path | None = None, policy: Policy =
     """
     _refuse_if_busy()
     run = prepare(config, run_dir, policy=policy)
-    return _launch(run, config, None, policy)
+    return _launch(run, config, None, policy, None)
 
 
 @dataclass
@@ -170,7 +171,7 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
     return RunDir(Path(path), read_only=not distributed.is_main_process())
 
 
-def resume(run_dir: str | Path, policy: Policy = LAPTOP) -> RunHandle:
+def resume(run_dir: str | Path, policy: Policy = LAPTOP, workers: Workers | None = None) -> RunHandle:
     """Continue a stopped, failed or interrupted run from its latest checkpoint (or from the start if it has none)."""
     run = check_resumable(run_dir, policy)
     _refuse_if_busy()
@@ -179,7 +180,7 @@ def resume(run_dir: str | Path, policy: Policy = LAPTOP) -> RunHandle:
     run.clear_stop_request()
     run.update_status(state="queued", phase="waiting to resume", error=None, traceback=None, finished_at=None,
                       stop_reason=None)
-    return _launch(run, run.read_config(), checkpoint, policy)
+    return _launch(run, run.read_config(), checkpoint, policy, workers)
 
 
 def check_resumable(run_dir: str | Path, policy: Policy = LAPTOP) -> RunDir:
@@ -194,12 +195,12 @@ def check_resumable(run_dir: str | Path, policy: Policy = LAPTOP) -> RunDir:
     return run
 
 
-def start_waiting(run: RunDir, resume: bool, policy: Policy = LAPTOP) -> RunHandle:
+def start_waiting(run: RunDir, resume: bool, policy: Policy = LAPTOP, workers: Workers | None = None) -> RunHandle:
     """Train a run that waited in the queue: from its start, or (``resume``) from its latest checkpoint."""
     _refuse_if_busy()
     run.clear_stop_request()
     run.update_status(waiting=None, phase="waiting to resume" if resume else "waiting to start", stop_reason=None)
-    return _launch(run, run.read_config(), run.latest_checkpoint() if resume else None, policy)
+    return _launch(run, run.read_config(), run.latest_checkpoint() if resume else None, policy, workers)
 
 
 def _refuse_if_busy() -> None:
@@ -208,18 +209,29 @@ def _refuse_if_busy() -> None:
         raise BusyError(f"A training is already running ({running.run.id}); stop it or wait for it to finish first.")
 
 
-def _launch(run: RunDir, config: RunConfig, resume_from: Path | None, policy: Policy) -> RunHandle:
+def _launch(run: RunDir, config: RunConfig, resume_from: Path | None, policy: Policy,
+            workers: Workers | None) -> RunHandle | WorkerRun:
+    """Train in a worker process of ``workers`` (the app's way), or else in a thread of this process."""
     global _active
-    release_openmp_threads()  # this thread's idle torch workers would slow every step (see the function)
-    handle = RunHandle(run, policy)
     with _ACTIVE_LOCK:
         _refuse_if_busy()
-        handle.thread = threading.Thread(target=_worker, args=(handle, config, resume_from), name=f"dragon-train-{run.id}",
-                                         daemon=True)
+        if workers is not None:
+            _active = workers.take(run, resume_from, policy)
+            return _active
+        release_openmp_threads()  # this thread's idle torch workers would slow every step (see the function)
+        handle = RunHandle(run, policy)
+        handle.thread = threading.Thread(target=_worker, args=(handle, config, resume_from), daemon=True,
+                                         name=f"dragon-train-{run.id}")
         _active = handle
         run.mark_owner()
         handle.thread.start()
     return handle
+
+
+def train_here(handle: RunHandle, resume_from: Path | None) -> None:
+    """Train ``handle``'s run in this thread, to its end: a worker process's whole job (engine/worker.py)."""
+    handle.run.mark_owner()
+    _worker(handle, handle.run.read_config(), resume_from)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -305,7 +317,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     loaded = None if sharded else take_set_aside(source, hardware, dtype)
     if loaded is not None:
         model, tokenizer = loaded
-        log.info("The model was loaded already (the app had it for previews).")
+        log.info("The model was loaded already (the app loaded it before Start).")
     else:
         tokenizer = load_tokenizer(source)
         model = load_model(source, hardware, dtype=dtype, placement=BY_LAUNCHER if sharded else ON_DEVICE)
@@ -610,7 +622,7 @@ def explain_failure(exc: BaseException) -> str:
     if isinstance(exc, DragonError):
         return str(exc)
     name = type(exc).__name__
-    if "OutOfMemory" in name or "out of memory" in str(exc).lower():
+    if isinstance(exc, MemoryError) or "OutOfMemory" in name or "out of memory" in str(exc).lower():
         return ("The model ran out of memory. Lower training.batch_size, grpo.group_size or grpo.max_new_tokens, "
                 "or turn on gradient checkpointing or 4-bit loading.")
     if isinstance(exc, KeyboardInterrupt):

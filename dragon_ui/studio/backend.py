@@ -28,6 +28,7 @@ from ..engine.hardware import (HardwareInfo, ResolvedHardware, detect_hardware, 
                                resolve_hardware)
 from ..engine.libraries import import_all
 from ..engine.models import ModelCache
+from ..engine.worker import WorkerRun, Workers
 from ..errors import BusyError, ConfigError, DragonError, NotYoursError
 from ..files import resolve_runs_dir
 from ..public import LAPTOP, Policy, is_own_upload, own_uploads_dir, visitor
@@ -52,10 +53,12 @@ class Studio:
     limits, or the laptop's none). Thread-safe: Gradio calls it from several worker threads at once."""
 
     def __init__(self, runs_dir: str | Path | None = None, recipes_dir: str | Path | None = None,
-                 policy: Policy = LAPTOP) -> None:
+                 policy: Policy = LAPTOP, training_processes: bool = False) -> None:
         self.runs_dir = resolve_runs_dir(runs_dir)
         self.recipes_dir = Path(recipes_dir or ASSETS_DIR / "recipes").resolve()
         self.policy = policy
+        # The app's way: each run trains in a process of its own (engine/worker.py); else in a thread of this one.
+        self.workers = Workers() if training_processes else None
         self._hardware: HardwareInfo | None = None
         self._hardware_lock = threading.Lock()  # the warm-up and a page's first request may both ask at once
         self.models = ModelCache(self.hardware)
@@ -197,13 +200,15 @@ class Studio:
     def _warm(self, page_wait_s: float) -> None:
         """Import the libraries (engine.libraries: whatever needs them meanwhile waits, rather than racing the
         import), detect the hardware, measure the CPU for the estimate while nothing else runs, and load the default
-        recipe's model and tokenizer for previews; a Start takes that model over (engine.models.take_set_aside). Nothing is loaded beside a training, and a failure here only
-        means the first use loads what it needs itself."""
+        recipe's model and tokenizer for previews; then warm a training process with that model
+        (engine/worker.py), or, training in a thread, let a Start take this one over (engine.models.take_set_aside).
+        Nothing is loaded beside a training, and a failure here only means the first use loads what it needs."""
         self._page_opened.wait(page_wait_s)
         started = time.monotonic()
         try:
             import_all()
-            from ..engine import progress  # noqa: F401 - the training's callback and what it imports: not at Start
+            if self.workers is None:
+                from ..engine import progress  # noqa: F401 - the training's callback and its imports: not at Start
             info = self.hardware()
             config = self.validate(self.default_draft())
             estimate_run(config, resolve_hardware(config.hardware, info), info)
@@ -214,6 +219,8 @@ class Studio:
         else:
             log.info("Warmed up in %.1f s: the hardware, the training libraries and %s", time.monotonic() - started,
                      config.model.id)
+            if self.workers is not None:
+                self.workers.warm((config.model, config.hardware))
 
     def resolve_hardware(self, draft: dict) -> ResolvedHardware:
         return resolve_hardware(self.validate(draft).hardware, self.hardware())
@@ -224,13 +231,13 @@ class Studio:
         config = self.validate(draft)
         if queue.training_run_id(self.runs_dir) is None:
             self.release_model(for_training=True)  # training needs the memory more than a preview does
-        return queue.submit_start(config, self.policy)
+        return queue.submit_start(config, self.policy, self.workers)
 
     def resume(self, run_id: str) -> RunDir:
         run = self.owned_run(run_id, "resume it")
         if queue.training_run_id(self.runs_dir) is None:
             self.release_model(for_training=True)
-        return queue.submit_resume(run.path, self.policy)
+        return queue.submit_resume(run.path, self.policy, self.workers)
 
     def stop(self, run_id: str) -> None:
         """Ask a run to stop after its current step, whichever process trains it; a waiting run leaves the queue."""
@@ -248,7 +255,7 @@ class Studio:
         """Start the waiting runs one after another, from now on (the app does this once, when it starts); in a
         public demo the same thread removes old runs, uploads and download copies (engine.retention)."""
         housekeeping = self.clean_up if self.public else None
-        return queue.Scheduler(self.runs_dir, housekeeping=housekeeping, policy=self.policy,
+        return queue.Scheduler(self.runs_dir, housekeeping=housekeeping, policy=self.policy, workers=self.workers,
                                before_start=lambda: self.release_model(for_training=True)).start()
 
     def clean_up(self) -> list[Path]:
@@ -438,6 +445,14 @@ class Studio:
             self.runs_dir) else Path(path).name
 
     def release_model(self, for_training: bool = False) -> None:
-        """Let go of the preview model; ``for_training``: set it aside for the training about to start, which takes
-        it if it is the model and precision it would load (engine.models.ModelCache.release)."""
-        self.models.release(for_training)
+        """Let go of the preview model; ``for_training`` in a thread of this process: set it aside for the training
+        about to start, which takes it if it is the model and precision it would load
+        (engine.models.ModelCache.release). A worker process has its own (engine/worker.py)."""
+        self.models.release(for_training and self.workers is None)
+
+    def close(self) -> None:
+        """The app is closing: a training in a worker process is asked to stop and save its last step, and the warm
+        worker goes."""
+        if self.workers is not None:
+            active = training.active_run()
+            self.workers.close(active if isinstance(active, WorkerRun) else None)

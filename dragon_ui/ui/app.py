@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
         os.environ[RUNS_DIR_ENV] = str(Path(args.runs_dir).expanduser().resolve())
 
     _log_to_terminal()
-    studio = Studio(runs_dir=args.runs_dir, policy=Policy.from_env())
+    studio = Studio(runs_dir=args.runs_dir, policy=Policy.from_env(), training_processes=True)
     demo = build_app(studio)
     studio.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
 
@@ -413,7 +413,8 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
         )
         studio.warm_up(FIRST_PAGE_S)  # the hardware, the libraries and the default model, once a page is up
         if block:
-            demo.block_thread()
+            demo.block_thread()  # until Ctrl+C
+            studio.close()
         return demo.local_url
 
     if args.desktop:

@@ -1,0 +1,143 @@
+"""The app's trainings, each in a process of its own: an out-of-memory kill, a native crash or a stuck library in a
+run ends that process, and the web server goes on serving everyone. The run folder is how the two talk: the worker
+writes the run's status, progress and checkpoints there, the app reads them, and a stop is the run folder's stop
+request, which every process honours.
+
+A worker is started *warm* (:class:`Workers`): it imports the training libraries, detects the hardware and loads the
+app's default model, then waits on its standard input. Start hands it a run (one line of JSON: the run folder, the
+checkpoint to resume from, the policy it trains under) and it trains at once. The next worker warms up once that
+run has ended, so it never takes cores or memory from a training. The app waits for each worker to end
+(:meth:`WorkerRun.wait`): one that ends while its run still reads as active has its run marked failed, with why.
+
+``python -m dragon_ui.engine.worker_process`` is the worker itself; the command line and ``accelerate launch``
+train in their own process already, in a thread (``training.start``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..config import HardwareSettings, ModelConfig
+from ..public import Policy
+from ..runstore import ACTIVE_STATES, RunDir, read_json
+
+log = logging.getLogger("dragon_ui")
+
+WORKER_MODULE = "dragon_ui.engine.worker_process"
+STOP_GRACE_S = 60  # after the app closes, how long a training may take to save its last step before it is ended
+
+
+class WorkerRun:
+    """A run training in a worker process: what the app holds of it, as ``training.RunHandle`` is for a thread."""
+
+    def __init__(self, run: RunDir, process: subprocess.Popen) -> None:
+        self.run, self.process = run, process
+        self.ended = threading.Event()  # set once the process has ended and its run's state says so
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.path
+
+    def stop(self) -> None:
+        """Ask the training to stop at its next forward pass; it saves the last whole step, as a thread's does."""
+        self.run.request_stop()
+
+    def stop_requested(self) -> bool:
+        return self.run.stop_requested()
+
+    def is_alive(self) -> bool:
+        return not self.ended.is_set()
+
+    def wait(self, timeout: float | None = None) -> str:
+        self.ended.wait(timeout)
+        return self.run.read_status().get("state", "unknown")
+
+
+def _exit_reason(code: int) -> str:
+    """Why a worker ended before its run did, in words (a negative code is the signal that ended it)."""
+    if code == -signal.SIGKILL:
+        return ("The training process was killed (SIGKILL), most often by the system because the machine ran out "
+                "of memory; lower the batch size, the group size or max new tokens.")
+    if code < 0:
+        return f"The training process ended on signal {signal.Signals(-code).name}."
+    return f"The training process ended with exit code {code} before its run was done."
+
+
+class Workers:
+    """The app's one warm worker (thread-safe). ``env`` adds to the workers' environment."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self.env = env or {}
+        self.preload: tuple[ModelConfig, HardwareSettings] | None = None
+        self._lock = threading.Lock()
+        self._warm: subprocess.Popen | None = None
+        self._closed = False
+
+    def warm(self, preload: tuple[ModelConfig, HardwareSettings] | None = None) -> None:
+        """Start a worker warming up, unless one is (or the app is closing). ``preload``: the model and hardware
+        settings it (and every later one) loads while it waits, the app's default, so a Start of it trains at
+        once."""
+        with self._lock:
+            self.preload = preload or self.preload
+            if self._warm is None and not self._closed:
+                self._warm = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen:
+        preload = None if self.preload is None else {"model": vars(self.preload[0]), "hardware": vars(self.preload[1])}
+        return subprocess.Popen([sys.executable, "-m", WORKER_MODULE, json.dumps(preload)], stdin=subprocess.PIPE,
+                                env={**os.environ, **self.env}, text=True,
+                                start_new_session=True)  # a Ctrl+C in the app's terminal is for the app to handle
+
+    def take(self, run: RunDir, resume_from: Path | None, policy: Policy) -> WorkerRun:
+        """Hand ``run`` to the warm worker (starting one if there is none) and return at once; the worker marks the
+        run its own and trains it. The next worker warms up when this one has ended."""
+        with self._lock:
+            process, self._warm = self._warm, None
+            if process is None or process.poll() is not None:  # none yet, or it died warming up (its log says why)
+                process = self._spawn()
+        job = {"run_dir": str(run.path), "resume_from": str(resume_from) if resume_from else None,
+               "policy": policy.to_json()}
+        handle = WorkerRun(run, process)
+        try:
+            process.stdin.write(json.dumps(job) + "\n")
+            process.stdin.close()
+        except OSError:  # it died while it waited: the watch below says how
+            pass
+        threading.Thread(target=self._watch, args=(handle,), name=f"dragon-watch-{run.id}", daemon=True).start()
+        return handle
+
+    def _watch(self, handle: WorkerRun) -> None:
+        """Wait for the worker to end (which also frees its process entry, so its pid reads as gone), mark its run
+        failed if it ended first, and warm the next one."""
+        code = handle.process.wait()
+        try:
+            # The status as written: read_status would see the process gone and say so without knowing how.
+            status = read_json(handle.run.status_path, default={}) or {}
+            if status.get("state") in ACTIVE_STATES:
+                handle.run.update_status(state="failed", phase="done", finished_at=time.time(),
+                                         error=f"{_exit_reason(code)} Resume continues from the latest checkpoint.")
+                log.error("Run %s failed: its training process ended (%s).", handle.run.id, code)
+        finally:
+            handle.ended.set()
+            self.warm()
+
+    def close(self, running: WorkerRun | None = None) -> None:
+        """The app is closing: let the warm worker go, and ask a running training to stop, waiting a while for it
+        to save its last step."""
+        with self._lock:
+            self._closed = True
+            waiting, self._warm = self._warm, None
+        if waiting is not None:
+            waiting.stdin.close()  # an empty line: it exits without training
+            waiting.wait(10)
+        if running is not None and running.is_alive():
+            running.stop()
+            running.wait(STOP_GRACE_S)
