@@ -78,8 +78,8 @@ def test_a_worker_killed_mid_run_leaves_the_app_answering_and_the_run_failed_wit
     status = run.read_status()
     assert status["error"].startswith("The training process was killed (SIGKILL), most often by the system because "
                                       "the machine ran out of memory")
-    assert "Resume continues from the latest checkpoint" in status["error"]
     checkpoint = run.latest_checkpoint()
+    assert status["error"].endswith(f"Resume continues from its {checkpoint.name}.")
     assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "trainer_state.json").is_file()
     assert training.active_run() is None
     with served_app(build_app(apart_studio)) as url:  # the app still serves, and shows the run as failed

@@ -122,8 +122,11 @@ class Workers:
             # The status as written: read_status would see the process gone and say so without knowing how.
             status = read_json(handle.run.status_path, default={}) or {}
             if status.get("state") in ACTIVE_STATES:
+                checkpoint = handle.run.latest_checkpoint()
+                after = (f"Resume continues from its {checkpoint.name}." if checkpoint is not None else
+                         "It had saved no checkpoint yet, so Resume starts it again.")
                 handle.run.update_status(state="failed", phase="done", finished_at=time.time(),
-                                         error=f"{_exit_reason(code)} Resume continues from the latest checkpoint.")
+                                         error=f"{_exit_reason(code)} {after}")
                 log.error("Run %s failed: its training process ended (%s).", handle.run.id, code)
         finally:
             handle.ended.set()
