@@ -48,6 +48,19 @@ def state_label(state: str | None) -> str:
     return STATE_LABELS.get(state, state or "unknown")
 
 
+def format_seconds(seconds: float) -> str:
+    """A run's time (elapsed, left, estimated) as the UI, the CLI and the model card show it."""
+    if seconds < 0.1:
+        return "under 0.1 s"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     with replaced_atomically(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh, ensure_ascii=False, indent=1, allow_nan=False, default=str)

@@ -265,6 +265,6 @@ def test_vllm_generation_is_noted_as_faster():
 @pytest.mark.parametrize("seconds, text", [(0.004, "under 0.1 s"), (3.0, "3.0 s"), (45, "45 s"), (600, "10 min"),
                                            (9000, "2.5 h")])
 def test_durations_read_naturally(seconds, text):
-    from dragon_ui.engine.estimate import format_seconds
+    from dragon_ui.runstore import format_seconds
 
     assert format_seconds(seconds) == text

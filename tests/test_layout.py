@@ -51,6 +51,10 @@ def test_only_the_ui_imports_gradio():
     assert importers(outside_ui, ("gradio", "gradio_client", "dragon_ui.ui")) == {}
 
 
+def test_the_ui_talks_to_the_studio_not_the_engine():
+    assert importers(files("ui"), ("dragon_ui.engine", "dragon_ui.scaleout", "dragon_ui.speedups")) == {}
+
+
 @pytest.mark.parametrize("part", ["engine", "speedups", "scaleout", "cli.py"])
 def test_the_engine_and_the_command_line_know_nothing_of_the_app(part):
     """Training, its speed-ups, the scale-out folder and the CLI run where the app's backend is not even copied."""

@@ -15,6 +15,7 @@ from dragon_ui.config import RunConfig
 from dragon_ui.engine import training
 from dragon_ui.engine.hardware import CudaDevice, HardwareInfo
 from dragon_ui.public import Policy
+from dragon_ui.studio import machine
 from dragon_ui.studio.draft import same_settings
 from dragon_ui.ui import model_tab
 from dragon_ui.ui.common import message
@@ -183,29 +184,29 @@ def test_a_hardware_choice_this_machine_cannot_run_is_a_problem_of_the_hardware(
 
 
 def test_the_presets_table(studio, monkeypatch, tiny_model_dir):
-    rows = model_tab.preset_rows(model_tab.offered_presets(studio))
+    rows = machine.preset_rows(machine.offered_presets(studio))
     assert len(rows) == 8 and rows[0][:2] == ["HuggingFaceTB/SmolLM2-135M-Instruct", "135M"]
     monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")  # a public demo offers only the presets it allows
     monkeypatch.setenv("DRAGON_UI_PUBLIC_MODELS", "Qwen/Qwen3-0.6B")
     monkeypatch.setattr(studio, "policy", Policy.from_env())
-    assert [preset.id for preset in model_tab.offered_presets(studio)][-1] == "Qwen/Qwen3-0.6B"
-    assert "google/gemma-3-1b-it" not in [preset.id for preset in model_tab.offered_presets(studio)]
+    assert [preset.id for preset in machine.offered_presets(studio)][-1] == "Qwen/Qwen3-0.6B"
+    assert "google/gemma-3-1b-it" not in [preset.id for preset in machine.offered_presets(studio)]
     memories = [float(row[2].strip("~ GB")) for row in rows]
     assert memories[0] < 4.0 and all(m > memories[0] for m in memories[1:])
     assert "offline" in rows[0][3] and "Gated" in rows[4][3]
 
 
 def test_hardware_panel_lists_what_was_found(studio):
-    text = model_tab.hardware_markdown(studio.hardware())
+    text = machine.hardware_markdown(studio.hardware())
     assert text.startswith(f"**Detected:** {studio.hardware().summary()}.")
     assert "- 4-bit loading: " in text and "- Memory: " in text and " GB free of " in text
 
-    no_gpu = model_tab.hardware_markdown(NO_GPU)
+    no_gpu = machine.hardware_markdown(NO_GPU)
     assert "No CUDA GPU is visible" in no_gpu and "4-bit loading: not available (it needs a CUDA GPU)" in no_gpu
     gpu = HardwareInfo(cuda=[CudaDevice(0, "Test GPU", 80.0, 70.0, True)], cpu_cores=2, bitsandbytes=False)
-    with_gpu = model_tab.hardware_markdown(gpu)
+    with_gpu = machine.hardware_markdown(gpu)
     assert "GPU 0 supports bf16" in with_gpu and "not available (bitsandbytes is not installed)" in with_gpu
-    assert "available (bitsandbytes is installed)" in model_tab.hardware_markdown(
+    assert "available (bitsandbytes is installed)" in machine.hardware_markdown(
         HardwareInfo(cuda=gpu.cuda, cpu_cores=2, bitsandbytes=True))
 
 

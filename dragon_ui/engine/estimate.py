@@ -30,6 +30,7 @@ from ..config import RunConfig
 from ..system import system_memory_gb
 from .hardware import HardwareInfo, ResolvedHardware
 from ..errors import ConfigError
+from ..runstore import format_seconds
 from .presets import ModelDims, find_preset
 
 GB = 1024**3
@@ -441,15 +442,4 @@ def format_params(params: float) -> str:
         return f"{params / 1e9:.2f}B"
     return f"{params / 1e6:.0f}M" if params >= 1e6 else f"{params / 1e3:.0f}K"
 
-
-def format_seconds(seconds: float) -> str:
-    if seconds < 0.1:
-        return "under 0.1 s"
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 

@@ -205,7 +205,7 @@ def _chat_lines(run: RunDir, config: RunConfig) -> list[str]:
 
 
 def _training_facts(status: dict) -> list[str]:
-    from .estimate import format_seconds
+    from ..runstore import format_seconds
 
     device = status.get("device", "?")
     threads = status.get("cpu_threads")

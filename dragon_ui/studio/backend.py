@@ -23,7 +23,7 @@ from .. import ASSETS_DIR
 from ..config import DEFAULT_MODEL_ID, HardwareSettings, ModelConfig, RunConfig
 from ..data import is_bundled, is_hub_dataset_id
 from ..engine import public_checks, queue, retention, training
-from ..engine.estimate import estimate_run, format_seconds, preview_memory_gb
+from ..engine.estimate import estimate_run, preview_memory_gb
 from ..engine.hardware import (HardwareInfo, ResolvedHardware, detect_hardware, resolve_for_this_machine,
                                resolve_hardware)
 from ..engine.libraries import import_all
@@ -33,7 +33,7 @@ from ..errors import BusyError, ConfigError, DragonError, NotYoursError
 from ..files import resolve_runs_dir
 from ..public import LAPTOP, Policy, is_own_upload, own_uploads_dir, visitor
 from ..rewards import public_refusal
-from ..runstore import RunDir, list_runs, read_json, write_json_atomic
+from ..runstore import RunDir, format_seconds, list_runs, read_json, write_json_atomic
 from .draft import ordinal
 from .visitors import Visitors
 
@@ -296,6 +296,14 @@ class Studio:
         if limit is not None:  # an unknown length is the whole limit
             seconds = min(limit + ESTIMATED_START_S, math.inf if seconds is None else seconds)
         return seconds
+
+    def training(self):
+        """The training this app started that is still going (a WorkerRun, or a thread's RunHandle), or None."""
+        return training.active_run()
+
+    def waiting_runs(self) -> list[RunDir]:
+        """The runs waiting in the queue, first in line first."""
+        return queue.waiting_runs(self.runs_dir)
 
     def active_run_id(self) -> str | None:
         """The run training right now, in this process or (seen through the run store) in another one."""

@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import numbers
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..data import read_jsonl
-from ..engine.evaluation import SIDES, before_and_after, generate_replies, model_for
+from ..engine import weights
+from ..engine.evaluation import SIDES, before_and_after, evaluate_now, generate_replies, model_for
+from ..engine.publish import Published, publish
 from ..engine.trained import TrainedWeights, trained_weights
 from ..errors import ConfigError
 from ..public import Policy
@@ -195,3 +198,35 @@ def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = N
         with model_for(studio.inference_model, config, weights, side) as (model, tokenizer):
             replies += generate_replies(model, tokenizer, [conversation], int(tokens), temperature=float(temperature))
     return replies[0], replies[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the Compare tab's buttons do with one's own run.
+
+
+def rescore(studio, run_id: str, should_stop: Callable[[], bool]) -> Iterator[str]:
+    """"Evaluate now": score one's own run again on its held-out prompts; a sentence per batch (evaluate_now)."""
+    run = studio.owned_run(run_id, "score it again")
+    yield from evaluate_now(studio.inference_model, run, should_stop=should_stop, policy=studio.policy)
+
+
+def adapter_download(studio, run_id: str) -> str:
+    """The zipped adapter of one's own run, handed out to download."""
+    return studio.handed_out(weights.zip_adapter(studio.owned_run(run_id, "download its adapter")))
+
+
+def merged_download(studio, run_id: str) -> tuple[str, str, str]:
+    """(zip handed out, the merged folder as the app shows it, a sentence with both sizes) of one's own run."""
+    run = studio.owned_run(run_id, "merge and download its model")
+    studio.refuse_while_training_on_the_cpu("merging a model")
+    merged = weights.merged_download(run)
+    shown = studio.shown_path(merged.folder)
+    return studio.handed_out(merged.archive), shown, weights.merged_download_message(run, merged, shown)
+
+
+def publish_run(studio, run_id: str, repo: str, merged: bool, private: bool, update: bool, token: str) -> Published:
+    """Upload one's own run (its adapter, or the merged model) to the Hub, under the app's policy."""
+    run = studio.owned_run(run_id, "publish it")
+    if merged:
+        studio.refuse_while_training_on_the_cpu("merging a model to publish it")
+    return publish(run, repo, merged=merged, private=private, token=token, update=update, policy=studio.policy)

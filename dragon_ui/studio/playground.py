@@ -14,7 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from ..config import GRPOSettings, ModelConfig
+from ..config import GRPOSettings, HardwareSettings, ModelConfig, RunConfig
+from ..engine.hardware import resolve_hardware
+from ..engine.prompts import CPU_PROMPT_TOKENS
 from ..engine.reward_models import classifiers_on
 from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locate, map_rows, prompt_text, read_table,
                    rows_to_read)
@@ -222,6 +224,18 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None, 
     )
 
 
+def prompt_limit_of(draft: dict, setting: DataConfig) -> int | None:
+    """The prompt length a run of the draft would keep to, where the form alone says it (engine.prompts): the
+    setting, or the CPU's default; the model's context is checked when the run starts."""
+    if setting.max_prompt_tokens is not None:
+        return setting.max_prompt_tokens
+    try:
+        device = resolve_hardware(HardwareSettings(**(draft.get("hardware") or {}))).device
+    except (DragonError, TypeError):
+        return None
+    return CPU_PROMPT_TOKENS if device == "cpu" else None
+
+
 def preview_examples(data: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP) -> list[dict]:
     """The first PREVIEW_ROWS rows as examples, in file order and unsplit: the playground's rows.
 
@@ -360,6 +374,13 @@ def playground_rewards(draft: dict, policy: Policy = LAPTOP) -> list[Reward]:
         max_new_tokens = None
     return build_rewards(specs, base_dir=draft.get("base_dir") or None, tokenizer=tokenizer,
                          max_new_tokens=max_new_tokens, classifiers=classifiers_on(PLAYGROUND_DEVICE), policy=policy)
+
+
+def sampling_rewards(config: RunConfig, tokenizer, device: str, policy: Policy) -> list[Reward]:
+    """The rewards a sampled group is scored with: the run's, as a run builds them, classifiers on the model's
+    device."""
+    return build_rewards(config.rewards, base_dir=config.base_dir or None, tokenizer=tokenizer,
+                         max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(device), policy=policy)
 
 
 def score_example(rewards: list[Reward], example: dict, completion: str) -> ScoreResult:

@@ -1,4 +1,4 @@
-"""The Gradio UI: thin tabs over the engine. Only this package imports gradio."""
+"""The Gradio UI: thin tabs over the studio (the app's backend). Only this package imports gradio."""
 
 from .app import build_app
 

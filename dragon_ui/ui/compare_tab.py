@@ -1,7 +1,7 @@
 """Tab 5, Compare: the starting model against the trained one on held-out prompts, a free prompt, and exports.
 
 Handlers are module-level functions taking the Studio first (wired with functools.partial), so tests call exactly
-what the buttons call. The work behind them lives in studio/compare.py and engine/weights.py.
+what the buttons call. The work behind them lives in studio/compare.py.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ import pandas as pd
 import plotly.graph_objects as go
 from gradio.context import get_render_context
 
-from ..engine import publish as hub
-from ..engine import weights
-from ..engine.evaluation import evaluate_now
 from ..studio import compare
 from ..studio.backend import Studio
 from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, shows_errors
@@ -114,8 +111,7 @@ def evaluate(studio: Studio, run_id: str | None):
         return stopped.is_set()
 
     try:
-        run = studio.owned_run(run_id, "score it again")
-        for progress in evaluate_now(studio.inference_model, run, should_stop=should_stop, policy=studio.policy):
+        for progress in compare.rescore(studio, run_id, should_stop):
             yield message(progress, "info"), *keep
         yield message(progress, "warn" if stopped.is_set() else "ok"), *comparison_outputs(studio, run_id)
     except Exception as exc:
@@ -144,7 +140,7 @@ def ask(studio: Studio, run_id: str | None, prompt: str, max_new_tokens: int, te
 def download_adapter(studio: Studio, run_id: str | None) -> str:
     if not run_id:
         raise gr.Error("Choose a run first.", print_exception=False)
-    return studio.handed_out(weights.zip_adapter(studio.owned_run(run_id, "download its adapter")))
+    return compare.adapter_download(studio, run_id)
 
 
 @shows_errors
@@ -152,11 +148,8 @@ def merge(studio: Studio, run_id: str | None):
     """(zip, folder, sentence): the merged full model to download, its folder on the server, and both sizes."""
     if not run_id:
         raise gr.Error("Choose a run first.", print_exception=False)
-    run = studio.owned_run(run_id, "merge and download its model")
-    studio.refuse_while_training_on_the_cpu("merging a model")
-    merged = weights.merged_download(run)
-    shown = studio.shown_path(merged.folder)
-    return (studio.handed_out(merged.archive), shown, message(weights.merged_download_message(run, merged, shown), "ok"))
+    archive, shown, said = compare.merged_download(studio, run_id)
+    return archive, shown, message(said, "ok")
 
 
 PUBLISH_KINDS = {"The LoRA adapter (small; loads on the Hub model it names)": False,
@@ -169,11 +162,8 @@ def publish(studio: Studio, run_id: str | None, repo: str, kind: str, private: b
     if not run_id:
         return message("Choose a run first.", "error")
     try:
-        run = studio.owned_run(run_id, "publish it")
-        if PUBLISH_KINDS.get(kind, False):
-            studio.refuse_while_training_on_the_cpu("merging a model to publish it")
-        published = hub.publish(run, repo, merged=PUBLISH_KINDS.get(kind, False), private=bool(private),
-                                token=token, update=bool(update), policy=studio.policy)
+        published = compare.publish_run(studio, run_id, repo, PUBLISH_KINDS.get(kind, False), bool(private),
+                                        bool(update), token)
     except Exception as exc:  # noqa: BLE001 - every failure is a sentence in the panel
         return message(explain(exc), "error")
     what = "merged model" if published.merged else "adapter"

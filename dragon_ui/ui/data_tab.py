@@ -15,14 +15,12 @@ import gradio as gr
 import pandas as pd
 from gradio.utils import get_upload_folder
 
-from ..config import HardwareSettings
 from ..data import DataConfig, bundled_datasets as shipped_datasets
-from ..engine.hardware import resolve_hardware
-from ..engine.prompts import CPU_PROMPT_TOKENS
 from ..errors import DragonError
 from ..studio.draft import place_problem
 from ..public import LAPTOP, Policy
-from ..studio.playground import DataPreview, data_config, fit_mapping, load_rows, preview_data, draft_tokenizer
+from ..studio.playground import (DataPreview, data_config, draft_tokenizer, fit_mapping, load_rows, preview_data,
+                                 prompt_limit_of)
 from ..tables import SUPPORTED_EXTENSIONS
 from .common import Shared, message, shows_errors
 
@@ -89,20 +87,8 @@ def _preview(draft: dict, setting: DataConfig, found: tuple | None, policy: Poli
     if found is None:  # nor the prompt limit, which may need the hardware: the lengths come with the prompts
         return preview_data(setting, draft.get("base_dir") or None, policy=policy), draft["model"]["id"]
     tokenizer, note = found
-    return preview_data(setting, draft.get("base_dir") or None, tokenizer, note, _prompt_limit(draft, setting),
+    return preview_data(setting, draft.get("base_dir") or None, tokenizer, note, prompt_limit_of(draft, setting),
                         policy=policy), ""
-
-
-def _prompt_limit(draft: dict, setting: DataConfig) -> int | None:
-    """The prompt length a run of the draft would keep to, where the form alone says it (engine.prompts): the
-    setting, or the CPU's default; the model's context is checked when the run starts."""
-    if setting.max_prompt_tokens is not None:
-        return setting.max_prompt_tokens
-    try:
-        device = resolve_hardware(HardwareSettings(**(draft.get("hardware") or {}))).device
-    except (DragonError, TypeError):
-        return None
-    return CPU_PROMPT_TOKENS if device == "cpu" else None
 
 
 def table_identity(data: DataConfig) -> list:

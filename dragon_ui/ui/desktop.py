@@ -26,7 +26,6 @@ from typing import NoReturn
 from pathlib import Path
 
 from .. import ASSETS_DIR
-from ..engine import queue, training
 from ..files import cache_dir
 from ..runstore import write_json_atomic
 from ..studio.backend import Studio
@@ -103,10 +102,10 @@ def run(studio: Studio, serve: Callable[..., str], driver: Driver | None = None)
     earlier = running_server(studio.runs_dir)
     if earlier is not None:
         print(f"A run is training in the background (process {earlier['pid']}); this window shows it.")
-        _open_window(earlier["url"], gui, driver, guarded=False)
+        _open_window(earlier["url"], gui, driver, guarded_for=None)
         _leave(0)
     url = serve("127.0.0.1", free_port(), inbrowser=False, block=False)
-    guard = _open_window(url, gui, driver, guarded=True)
+    guard = _open_window(url, gui, driver, guarded_for=studio)
     _leave(_after_the_window(studio, url, guard))
 
 
@@ -123,9 +122,9 @@ def _leave(status: int) -> NoReturn:
     os._exit(status)
 
 
-def _open_window(url: str, gui: str, driver: Driver | None, guarded: bool) -> CloseGuard | None:
-    """Show the window until it is closed; ``guarded``: its closing asks about a run that trains in this process
-    (the returned guard says what was answered)."""
+def _open_window(url: str, gui: str, driver: Driver | None, guarded_for: Studio | None) -> CloseGuard | None:
+    """Show the window until it is closed; ``guarded_for``: its closing asks about a run this app trains (the
+    returned guard says what was answered)."""
     if gui in ("qt", "gtk"):
         _load_tritons_llvm_first()
     import webview
@@ -143,7 +142,7 @@ def _open_window(url: str, gui: str, driver: Driver | None, guarded: bool) -> Cl
         # before the window's view exists ("initialized" runs on the main thread, between the two).
         window.events.initialized += lambda renderer: _mend_qt_downloads()
     window.events.resized += lambda width, height: remember_size(width, height)
-    guard = CloseGuard(window) if guarded else None
+    guard = CloseGuard(window, guarded_for) if guarded_for is not None else None
     if guard is not None:
         window.events.closing += guard.on_closing
     # Not private: the browser storage keeps the draft settings from one start to the next, as a browser tab does.
@@ -212,12 +211,12 @@ def _mend_qt_downloads() -> None:
 class CloseGuard:
     """Asks, when the window closes while a run trains, whether to stop it or keep it training in the background."""
 
-    def __init__(self, window) -> None:
-        self.window = window
+    def __init__(self, window, studio: Studio) -> None:
+        self.window, self.studio = window, studio
         self.decided: str | None = None  # "stop" or "keep" once asked; then the window may close
 
     def on_closing(self) -> bool:
-        if self.decided is not None or training.active_run() is None:
+        if self.decided is not None or self.studio.training() is None:
             return True
         threading.Thread(target=self._ask, name="dragon-close-question", daemon=True).start()
         return False  # closes once the question is answered
@@ -225,7 +224,7 @@ class CloseGuard:
     def _ask(self) -> None:
         stop = self.window.create_confirmation_dialog(TITLE, CLOSE_QUESTION)
         self.decided = "stop" if stop else "keep"
-        handle = training.active_run()
+        handle = self.studio.training()
         if handle is not None and stop:
             handle.stop()
         self.window.destroy()
@@ -234,7 +233,7 @@ class CloseGuard:
 def _after_the_window(studio: Studio, url: str, guard: CloseGuard) -> int:
     """Once the window is closed: wait for a stopped run to save; keep serving a run that trains on in the background
     until it and the runs queued after it have finished, so no process is left behind."""
-    handle = training.active_run()
+    handle = studio.training()
     if handle is None:
         return 0
     if guard.decided == "stop":
@@ -246,7 +245,7 @@ def _after_the_window(studio: Studio, url: str, guard: CloseGuard) -> int:
     print(f"{handle.run.id} trains on in the background; make desktop (or make run) shows it again. This process "
           "ends when the last run has finished.")
     try:
-        while training.active_run() is not None or queue.waiting_runs(studio.runs_dir):
+        while studio.training() is not None or studio.waiting_runs():
             time.sleep(2)
     finally:
         marker.unlink(missing_ok=True)

@@ -17,20 +17,14 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from .. import speedups
 from ..config import (AGGREGATIONS, DEVICES, DTYPES, GENERATION_BACKENDS, IMPORTANCE_SAMPLING_LEVELS, LEARNING_RATES,
                       LOSS_TYPES, SCALE_REWARDS, STRATEGIES, TRACKERS)
-from ..engine.hardware import HardwareInfo, resolve_hardware
-from ..system import system_memory_gb
 from ..errors import DragonError
 from ..runstore import slug
-from ..scaleout.launch_folder import export_launch_folder
+from ..studio import machine
 from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
-from ..engine.estimate import MINIMUM_SETTINGS, estimate_run, forget_cpu_speed, format_params, minimum_memory_gb
 from ..studio.playground import preview_examples
-from ..engine import trackers
-from ..engine.presets import PRESETS
 from .common import MESSAGE_ICONS, TAB_TRAIN, Form, Shared, in_the_page, message, shows_errors, tab_selected
 
 TAB_TITLE = "Model & Hardware"
@@ -88,7 +82,7 @@ ADVANCED_HELP = (
 SECTIONS: dict[str, tuple[Setting, ...]] = {
     "model": (
         Setting("id", "Starting model", "A preset from the table, any Hub id (owner/name) or the path of a local "
-                "model folder.", gr.Dropdown, {"choices": [p.id for p in PRESETS], "allow_custom_value": True},
+                "model folder.", gr.Dropdown, {"choices": machine.PRESET_IDS, "allow_custom_value": True},
                 lambda value: (value or "").strip()),
     ),
     "hardware": (
@@ -228,19 +222,6 @@ def field_values(draft: dict, paths: list[str]) -> list[Any]:
 # What the tab shows about the draft.
 
 
-def offered_presets(studio: Studio) -> list:
-    """The presets to offer: all of them, or in a public demo those it allows."""
-    if not studio.public:
-        return list(PRESETS)
-    allowed = {model_id.lower() for model_id in studio.allowed_models()}
-    return [preset for preset in PRESETS if preset.id.lower() in allowed]
-
-
-def preset_rows(presets) -> list[list[str]]:
-    return [[preset.id, format_params(preset.params), f"~{minimum_memory_gb(preset.dims):.1f} GB", preset.notes]
-            for preset in presets]
-
-
 def finished_runs(studio: Studio) -> list[tuple[str, str]]:
     """(label, run folder) of the runs a new run can continue from (in a public demo, the visitor's own)."""
     choices = []
@@ -252,39 +233,11 @@ def finished_runs(studio: Studio) -> list[tuple[str, str]]:
     return choices
 
 
-def hardware_markdown(info: HardwareInfo) -> str:
-    lines = [f"**Detected:** {info.summary()}."]
-    if info.cuda:
-        lines += [f"- GPU {d.index} " + ("supports bf16." if d.bf16 else "has no bf16, so fp16 is used.")
-                  for d in info.cuda]
-    else:
-        lines.append("- No CUDA GPU is visible to PyTorch" + (", but Apple MPS is." if info.mps else "."))
-    free, total = system_memory_gb(free=True), system_memory_gb(free=False)
-    if free is not None and total is not None:
-        lines.append(f"- Memory: {free:.1f} GB free of {total:.1f} GB.")
-    lines.append(speedups_markdown(speedups.status()))
-    if not info.cuda:
-        lines.append("- 4-bit loading: not available (it needs a CUDA GPU).")
-    else:
-        lines.append("- 4-bit loading: " + ("available (bitsandbytes is installed)." if info.bitsandbytes else
-                                              "not available (bitsandbytes is not installed)."))
-    return "\n".join(lines)
-
-
 # Which area of this tab shows a problem with a config section; problems of other tabs' sections are shown there
 # and named in the check, problems without a section only in the check.
 PROBLEM_AREAS = ("model", "hardware", "lora", "grpo", "advanced", "training", "scaleout", "name")
 AREA_OF_SECTION = {"model": "model", "hardware": "hardware", "lora": "lora", "grpo": "grpo", "training": "training",
                    "logging": "training", "distributed": "scaleout", "generation": "scaleout", "name": "name"}
-
-
-def speedups_markdown(state: dict) -> str:
-    """Which of Dragon's speed-ups are on (most apply to CPU and Apple GPU runs), and why any is off."""
-    active, disabled = state["active"], state["disabled"]
-    line = f"- Speed-ups: {len(active)} of {len(active) + len(disabled)} on"
-    if not disabled:
-        return line + " (most of them speed up training on the CPU)."
-    return line + ":\n" + "\n".join(f"  - {name} is off: {reason}." for name, reason in disabled.items())
 
 
 @dataclass
@@ -348,23 +301,14 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
     yaml_text = config.to_yaml()
     download = str(write_config_file(studio.downloads_dir, draft, yaml_text))  # also for another machine, whatever this one has
     try:  # what this machine must have for it: the hardware chosen, the trackers' packages
-        resolved = resolve_hardware(config.hardware, studio.hardware())
-        trackers.check(config.logging, studio.policy)
+        planned = machine.plan(studio, config)
     except DragonError as exc:
         check, problems = placed(place_problem(str(exc), labels))
         return Preview(check, "", "The estimate appears once the settings work on this machine.", yaml_text,
                        cli, download, problems)
-    choice = (f"**This run will use:** {resolved.device} · {resolved.dtype}"
-              + (f" · GPU {resolved.gpu}" if resolved.device == "cuda" else "")
-              + (" · 4-bit weights" if resolved.load_in_4bit else "")
-              + (f" · {resolved.cpu_threads} CPU thread{'s' if resolved.cpu_threads != 1 else ''}"
-                 if resolved.device == "cpu" else "") + "\n"
-              + "\n".join(f"- {reason}" for reason in resolved.reasons))
-    try:
-        described = estimate_run(config, resolved, studio.hardware()).describe()
-    except DragonError as exc:
-        described = message(str(exc), "info")
-    return Preview(message("The settings are valid.", "ok"), choice, described, yaml_text, cli, download, ready=True)
+    estimate = planned.estimate if planned.estimated else message(planned.estimate, "info")
+    return Preview(message("The settings are valid.", "ok"), planned.choice, estimate, yaml_text, cli, download,
+                   ready=True)
 
 
 def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tuple:
@@ -378,7 +322,7 @@ def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tu
         archive = folder.with_suffix(".zip")
         if not archive.is_file():
             shutil.rmtree(folder.parent, ignore_errors=True)  # what an export that failed half-way left
-            export_launch_folder(config, folder, int(gpus), int(nodes), policy=studio.policy)
+            machine.export(studio, config, folder, int(gpus), int(nodes))
             archive = Path(shutil.make_archive(str(folder), "zip", folder.parent, folder.name))
     except (DragonError, TypeError, ValueError, OverflowError) as exc:
         return gr.skip(), message(str(exc) if isinstance(exc, DragonError) else "GPUs and nodes must be whole numbers.", "error")
@@ -432,9 +376,11 @@ def build(shared: Shared) -> Callable[[], None]:
                                     info="Starts from that run's trained model; its folder becomes the model id.")
     areas["model"] = problem_area("model")
     with gr.Accordion("Presets (click a row to use it)", open=False):
-        gr.Markdown(f"Min. memory: {MINIMUM_SETTINGS}; CPU training is practical up to about 360M parameters.")
-        presets = gr.Dataframe(preset_rows(offered_presets(studio)), headers=["Model", "Parameters", "Min. memory", "Notes"],
-                               interactive=False, wrap=True, elem_id="model-presets")
+        gr.Markdown(f"Min. memory: {machine.MINIMUM_SETTINGS}; CPU training is practical up to about 360M "
+                    "parameters.")
+        presets = gr.Dataframe(machine.preset_rows(machine.offered_presets(studio)),
+                               headers=["Model", "Parameters", "Min. memory", "Notes"], interactive=False, wrap=True,
+                               elem_id="model-presets")
 
     gr.Markdown("### Hardware")
     with gr.Row():
@@ -521,13 +467,11 @@ def build(shared: Shared) -> Callable[[], None]:
         form.watch(lambda draft: (*describe(draft), ""), [*preview_outputs, start_status])
         # Start is offered once the loaded settings are in the form and checked.
         shared.refreshes.append((form.takes_draft(describe), form.inputs, preview_outputs))
-        shared.refreshes.append((lambda: hardware_markdown(studio.hardware()), [], [detected]))
+        shared.refreshes.append((lambda: machine.hardware_markdown(studio.hardware()), [], [detected]))
 
         @shows_errors
         def redetect(draft: dict):
-            forget_cpu_speed()
-            info = studio.hardware(refresh=True)
-            return (hardware_markdown(info), *describe(draft))
+            return (machine.hardware_markdown(machine.redetect(studio)), *describe(draft))
 
         detect_again.click(form.takes_draft(redetect), form.inputs, [detected, *preview_outputs],
                            show_progress_on=[detected], api_visibility="private")

@@ -31,10 +31,9 @@ from ..public import LAPTOP, Policy
 from ..studio.draft import place_problem
 from ..studio.playground import (PREVIEW_ROWS, GroupScores, advantages_of, data_config, generate_groups,
                                  no_signal_warning, playground_rewards, preview_examples, reward_failures,
-                                 score_example)
-from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, build_rewards, check_some_weight,
+                                 sampling_rewards, score_example)
+from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight,
                        kind_fields, parse_rewards, public_demo_refusal, reward_rule)
-from ..engine.reward_models import classifiers_on
 from ..studio.backend import Studio
 from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, shows_errors
 
@@ -440,9 +439,7 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
         studio.check_sampling(config.grpo.group_size * len(examples))
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.inference_model(config.model, settings=config.hardware)
-        rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, tokenizer=tokenizer,
-                                max_new_tokens=config.grpo.max_new_tokens,
-                                classifiers=classifiers_on(str(model.device)), policy=studio.policy)
+        rewards = sampling_rewards(config, tokenizer, str(model.device), studio.policy)
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
         return

@@ -16,10 +16,9 @@ from typing import Any
 
 import gradio as gr
 
-from ..engine.estimate import format_seconds
 from ..errors import DragonError
 from ..grpo_math import has_spread, known
-from ..runstore import ACTIVE_STATES, read_json, state_label
+from ..runstore import ACTIVE_STATES, format_seconds, read_json, state_label
 from ..studio.backend import Studio
 from ..studio.explain import GroupExplanation, explain_run_group, formula_lines, plain_words, shown_number
 from ..studio.monitor import Alert, Snapshot, fingerprint, health_alerts, read_snapshot
