@@ -15,6 +15,7 @@ train in their own process already, in a thread (``training.start``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from ..runstore import ACTIVE_STATES, RunDir, read_json
 log = logging.getLogger("dragon_ui")
 
 WORKER_MODULE = "dragon_ui.engine.worker_process"
-STOP_GRACE_S = 60  # after the app closes, how long a training may take to save its last step before it is ended
+STOP_GRACE_S = 60  # how long a closing app waits for a stopped training to save its last step
 
 
 class WorkerRun:
@@ -139,8 +140,9 @@ class Workers:
             self._closed = True
             waiting, self._warm = self._warm, None
         if waiting is not None:
-            waiting.stdin.close()  # an empty line: it exits without training
-            waiting.wait(10)
+            waiting.stdin.close()  # an empty line: it exits without training, once it has warmed up
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                waiting.wait(10)
         if running is not None and running.is_alive():
             running.stop()
             running.wait(STOP_GRACE_S)
