@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -130,8 +131,6 @@ def test_a_training_stops_with_its_last_step_when_the_app_dies(runs_dir, tiny_co
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(long_config(tiny_config_dict, "orphan")), encoding="utf-8")
     app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        from pathlib import Path
-
         from dragon_ui.runstore import RunDir
 
         run = RunDir(Path(app.stdout.readline().strip()))
@@ -143,10 +142,17 @@ def test_a_training_stops_with_its_last_step_when_the_app_dies(runs_dir, tiny_co
     assert run.latest_checkpoint() is not None
 
 
-def test_closing_the_app_lets_the_warm_worker_go(runs_dir, tiny_config_dict):
+def test_closing_the_app_lets_the_warm_worker_go_and_no_worker_holds_the_owner_key(runs_dir, tiny_config_dict,
+                                                                                   monkeypatch):
+    from dragon_ui import public
+
+    monkeypatch.setenv(public.OWNER_KEY_ENV, "the-owners-key")
     studio = Studio(runs_dir=runs_dir, training_processes=True)
     studio.workers.warm((ModelConfig(id=tiny_config_dict["model"]["id"]), HardwareSettings(device="cpu")))
     waiting = studio.workers._warm
+    environment = (Path("/proc") / str(waiting.pid) / "environ").read_bytes().split(b"\0")
+    assert b"PATH=" + os.environ["PATH"].encode() in environment  # the app's environment...
+    assert not any(entry.startswith(public.OWNER_KEY_ENV.encode()) for entry in environment)  # ...but the key
     started = time.monotonic()
     studio.close()
     assert waiting.poll() is not None and time.monotonic() - started < 15

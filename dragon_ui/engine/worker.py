@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from ..config import HardwareSettings, ModelConfig
-from ..public import Policy
+from ..public import OWNER_KEY_ENV, Policy
 from ..runstore import ACTIVE_STATES, RunDir, read_json
 
 log = logging.getLogger("dragon_ui")
@@ -92,9 +92,11 @@ class Workers:
                 self._warm = self._spawn()
 
     def _spawn(self) -> subprocess.Popen:
+        """A worker, with the app's environment but the owner key, which no training needs."""
         preload = None if self.preload is None else {"model": vars(self.preload[0]), "hardware": vars(self.preload[1])}
+        environment = {key: value for key, value in os.environ.items() if key != OWNER_KEY_ENV}
         return subprocess.Popen([sys.executable, "-m", WORKER_MODULE, json.dumps(preload)], stdin=subprocess.PIPE,
-                                env={**os.environ, **self.env}, text=True,
+                                env={**environment, **self.env}, text=True,
                                 start_new_session=True)  # a Ctrl+C in the app's terminal is for the app to handle
 
     def take(self, run: RunDir, resume_from: Path | None, policy: Policy) -> WorkerRun:
