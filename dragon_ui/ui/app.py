@@ -179,8 +179,9 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             """``start(outputs)`` wires an event that may load a whole draft (``loaded``) into ``outputs``; after it,
             the tabs' refreshes run on what the form shows, side by side."""
             event = start([*asking, *loading()])
-            for refresh, inputs, outputs in shared.refreshes:
-                event.then(refresh, inputs, outputs, api_visibility="private", show_progress="hidden")
+            for refresh, inputs, outputs, *options in shared.refreshes:
+                event.then(refresh, inputs, outputs, api_visibility="private", show_progress="hidden",
+                           **(options[0] if options else {}))
             return event
 
         offer_draft(load_recipe.click, lambda name: (studio.load_recipe(name), f"the {name} recipe"), [recipe])

@@ -164,8 +164,8 @@ class Shared:
     # What each tab shows of a whole draft just loaded: (function of the draft, its outputs), run one after another
     # before the form appears (app.build_app's fill_loaded)...
     fills: list = field(default_factory=list)
-    # ...and what each tab then works out from the form as it shows: (function, inputs, outputs), the Data tab's
-    # preview among them, which may take seconds and must not hold the form back.
+    # ...and what each tab then works out from the form as it shows: (function, inputs, outputs[, event options]),
+    # the Data tab's preview among them, which may take seconds and must not hold the form back.
     refreshes: list = field(default_factory=list)
     # What the page's first paint shows of the default recipe besides the fills, worked out while the app is built:
     # (function of the draft, its outputs); quick ones only (no model, no hardware, no run).

@@ -296,7 +296,7 @@ def build(shared: Shared) -> Callable[[], None]:
         def preview(draft):
             yield from show_preview(draft, form.labels, policy=policy)
 
-        shared.refreshes.append((shows_errors(form.takes_draft(preview)), form.inputs, updated))
+        shared.refreshes.append((shows_errors(form.takes_draft(preview)), form.inputs, updated, IN_TURN))
         shared.first_paint.append((lambda draft: first_preview(draft, form.labels, policy=policy), updated))
 
         def replace_source(draft, new_source, shown):
@@ -319,12 +319,13 @@ def build(shared: Shared) -> Callable[[], None]:
                 return (*[gr.skip()] * UPDATED.index("source_status"), problem_text(DataPreview(
                     [], [], [], "", error=str(exc), error_field="source"), form.labels),
                         *[gr.skip()] * (len(UPDATED) - UPDATED.index("source_status") - 1))
-            shown_now = list(replace_source(draft, kept, shown))
-            where = UPDATED.index("source_status")
-            if not shown_now[where]:  # the source field holds where the file is kept: say which file it is
-                sheet = f", sheet '{sheets[0]}'" if sheets else ""  # the first sheet is the one read
-                shown_now[where] = message(f"Your file {Path(new_source).name}{sheet}.", "ok")
-            return tuple(shown_now)
+            # The first sheet is the one read.
+            return _which_file(replace_source(draft, kept, shown), Path(new_source).name, (sheets or [None])[0])
+
+        def reshow_upload(draft, shown):
+            """The uploaded file's preview again, once every preview queued before the upload has answered."""
+            setting = data_config(draft)
+            return _which_file(update(draft, shown), Path(setting.source).name, setting.sheet)
 
         # always_last: a field changed while the preview computes is previewed again with what the form shows then.
         modes = {"trigger_mode": "always_last", "api_visibility": "private"}
@@ -339,11 +340,15 @@ def build(shared: Shared) -> Callable[[], None]:
                             **modes).then(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated,
                                           **previewing)
         submitted = source.submit(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated,
-                                  **previewing)
+                                  **previewing, **IN_TURN)
         picked = example.input(shows_errors(form.takes_draft(replace_source)), [*form.inputs, example, shown_table],
-                               updated, **previewing)
+                               updated, **previewing, **IN_TURN)
+        picked.then(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, **previewing,
+                    **IN_TURN)
         uploaded = upload.upload(shows_errors(form.takes_draft(take_upload)), [*form.inputs, upload, shown_table],
-                                 updated, **previewing)
+                                 updated, **previewing, **IN_TURN)
+        uploaded.then(shows_errors(form.takes_draft(reshow_upload)), [*form.inputs, shown_table], updated,
+                      **previewing, **IN_TURN)
         shared.source_replaced.extend([submitted, picked, uploaded])
         def reshow(draft, shown):
             return refresh_for_model(draft, shown, form.labels, policy=policy)
@@ -353,6 +358,21 @@ def build(shared: Shared) -> Callable[[], None]:
             [*form.inputs, previewed_model], [*views, previewed_model], show_progress="hidden", **modes)
 
     return connect
+
+
+# The page load's preview of the loaded settings and a new source's take turns, in the order they came, and a new
+# source is previewed once more after them: a file uploaded while the first still computed had its preview
+# overwritten by the loaded data's.
+IN_TURN = {"concurrency_id": "data-source", "concurrency_limit": 1}
+
+
+def _which_file(outputs: tuple, name: str, sheet: str | None) -> tuple:
+    """``outputs`` (UPDATED) saying which uploaded file (and sheet) the source is, where nothing else is said: the
+    source field holds where the file is kept."""
+    outputs, where = list(outputs), UPDATED.index("source_status")
+    if not outputs[where]:
+        outputs[where] = message(f"Your file {name}" + (f", sheet '{sheet}'" if sheet else "") + ".", "ok")
+    return tuple(outputs)
 
 
 def _text(value) -> str:
