@@ -112,6 +112,16 @@ def demo():
     return Policy.from_env()
 
 
+def stop_the_training() -> None:
+    """Stop the training this process started, if one still runs, and wait for it to save and end."""
+    from dragon_ui.engine import training
+
+    handle = training.active_run()
+    if handle is not None:
+        handle.stop()
+        handle.wait(120)
+
+
 @pytest.fixture
 def studio(runs_dir):
     """The app's backend on a temporary runs folder, under the policy of the test's environment (public mode where
@@ -121,10 +131,7 @@ def studio(runs_dir):
 
     studio = Studio(runs_dir=runs_dir, policy=demo())
     yield studio
-    handle = training.active_run()
-    if handle is not None:
-        handle.stop()
-        handle.wait(120)
+    stop_the_training()
     assert training.active_run() is None
 
 

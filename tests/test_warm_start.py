@@ -7,6 +7,7 @@ import sys
 import pytest
 import yaml
 
+from conftest import stop_the_training
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import models, training
 from dragon_ui.engine.hardware import resolve_hardware
@@ -23,10 +24,7 @@ def tiny_studio(tiny_config_dict, tmp_path, runs_dir):
     (recipes / "arithmetic.yaml").write_text(yaml.safe_dump(tiny_config_dict), encoding="utf-8")
     studio = Studio(runs_dir=runs_dir, recipes_dir=recipes)
     yield studio
-    handle = training.active_run()
-    if handle is not None:
-        handle.stop()
-        handle.wait(120)
+    stop_the_training()
     studio.release_model()
     models._set_aside = None  # nothing set aside outlives its test
 

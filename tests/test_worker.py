@@ -20,6 +20,7 @@ from dragon_ui.config import HardwareSettings, ModelConfig, RunConfig
 from dragon_ui.engine import training
 from dragon_ui.engine.worker import WorkerRun
 from dragon_ui.studio.backend import Studio
+from conftest import stop_the_training
 from test_app_client import served_app
 from test_queue import long_config, wait_for
 
@@ -32,10 +33,7 @@ def apart_studio(runs_dir, tiny_config_dict):
     config = RunConfig.from_dict(tiny_config_dict)
     studio.workers.warm((config.model, config.hardware))
     yield studio
-    handle = training.active_run()
-    if handle is not None:
-        handle.stop()
-        handle.wait(120)
+    stop_the_training()
     studio.close()
     assert training.active_run() is None
 

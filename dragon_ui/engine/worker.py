@@ -51,9 +51,6 @@ class WorkerRun:
         """Ask the training to stop at its next forward pass; it saves the last whole step, as a thread's does."""
         self.run.request_stop()
 
-    def stop_requested(self) -> bool:
-        return self.run.stop_requested()
-
     def is_alive(self) -> bool:
         return not self.ended.is_set()
 
