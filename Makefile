@@ -13,7 +13,8 @@ PYTEST_ARGS ?=
 
 DESKTOP_STAMP = $(VENV)/.desktop-installed
 
-.PHONY: install python-check run desktop run-cli test test-fast test-drift lock screenshots bench bench-quick clean
+.PHONY: install python-check run desktop run-cli test test-fast test-drift lock screenshots reference bench bench-quick \
+	clean
 
 # uv, where it is on PATH, makes the venv (finding or fetching a Python 3.11+) and installs ~10x faster; else pip.
 UV := $(shell command -v uv 2>/dev/null)
@@ -112,6 +113,10 @@ test-fast: install
 screenshots: install
 	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_browser.py -k click_through -p no:cacheprovider
 	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_desktop.py -k real_window -p no:cacheprovider
+
+# docs/reference.md's table of settings, made from the config fields' own labels and help.
+reference: install
+	$(BIN)/python -m dragon_ui settings --markdown | $(BIN)/python .ci/reference.py docs/reference.md
 
 # Benchmarks report, they do not assert: JSON in bench/results/, a table on stdout. Run them on an idle machine.
 bench: install

@@ -1,4 +1,4 @@
-"""Command line: ``python -m dragon_ui train|check|runs|eval|score|export|stop|merge|push|speedups`` (installed:
+"""Command line: ``python -m dragon_ui train|check|settings|runs|eval|score|export|stop|merge|push|speedups`` (installed:
 ``dragon``).
 
 Bad input ends with one line on stderr and exit status 2; a training that fails exits with 1.
@@ -7,6 +7,7 @@ Bad input ends with one line on stderr and exit status 2; a training that fails 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("config", nargs="?", help="run configuration (YAML or JSON), or a bundled recipe by name, e.g. arithmetic")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped or failed run from its latest checkpoint")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a setting, e.g. --set training.max_steps=5 (repeatable)")
+                       help="override a setting, e.g. --set training.max_steps=5 (repeatable; `settings` lists them)")
     train.add_argument("--run-dir", help="exact run directory to use (default: a new timestamped one under runs_dir)")
     train.set_defaults(func=_cmd_train)
 
@@ -57,8 +58,14 @@ def _parser() -> argparse.ArgumentParser:
                                          "hardware and the estimate")
     check.add_argument("config", help="run configuration (YAML or JSON), or a bundled recipe by name")
     check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a setting, e.g. --set data.max_rows=100 (repeatable)")
+                       help="override a setting, e.g. --set data.max_rows=100 (repeatable; `settings` lists them)")
     check.set_defaults(func=_cmd_check)
+
+    described = sub.add_parser("settings", help="every setting a configuration may hold: its default and what it does")
+    described.add_argument("prefix", nargs="?", default="",
+                           help="only the settings whose name starts with this, e.g. grpo or training.learning")
+    described.add_argument("--markdown", action="store_true", help="print them as docs/reference.md's table")
+    described.set_defaults(func=_cmd_settings)
 
     runs = sub.add_parser("runs", help="list runs")
     runs.add_argument("--runs-dir", help="folder holding the runs (default: $DRAGON_UI_RUNS_DIR or ./runs)")
@@ -209,6 +216,27 @@ def _cmd_check(args) -> int:
         print(f"Estimate: none ({exc})")
     print(f"A training could start: python -m dragon_ui train {args.config}"
           + "".join(f" --set {item}" for item in args.set))
+    return 0
+
+
+def _cmd_settings(args) -> int:
+    import textwrap
+
+    from .config import RunConfig, documented_settings, settings_table
+    from .described import plain
+    from .errors import ConfigError
+
+    if args.markdown:
+        print(settings_table(), end="")
+        return 0
+    chosen = [item for item in documented_settings() if item.path.startswith(args.prefix)]
+    if not chosen:
+        sections = ", ".join(spec.name for spec in dataclasses.fields(RunConfig) if spec.name != "base_dir")
+        raise ConfigError(f"No setting starts with {args.prefix!r}; the configuration's settings and sections are: "
+                          f"{sections}.")
+    for item in chosen:
+        print(f"{item.path} ({'empty' if item.default == '–' else 'default ' + plain(item.default)})")
+        print(textwrap.fill(plain(item.help), width=100, initial_indent="    ", subsequent_indent="    "))
     return 0
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import DataConfig
+from .described import is_described, setting, shown_default
 from .errors import ConfigError, check_length, first_line
 from .files import resolve_runs_dir
 from .grpo_math import AGGREGATIONS, SCALE_REWARDS
@@ -66,9 +67,12 @@ PATH_CHARS, NAME_CHARS, RUN_NAME_CHARS, NOTES_CHARS = 1000, 200, 100, 4000
 class ModelConfig:
     """Which weights to start from: a Hub id, a local model folder, or a finished run (its adapter is folded in)."""
 
-    id: str = DEFAULT_MODEL_ID
-    revision: str | None = None
-    trust_remote_code: bool = False
+    id: str = setting(DEFAULT_MODEL_ID, label="Starting model", help=(
+        "A preset from the table, any Hub id (owner/name), the path of a local model folder, or a finished run's "
+        "folder (its adapter is merged in first, so stages chain)."))
+    revision: str | None = setting(None, label="Revision", help="The Hub branch, tag or commit to load.")
+    trust_remote_code: bool = setting(False, label="Trust remote code",
+                                      help="Let the model's repository run its own code while loading.")
 
     def validate(self, where: str = "model") -> None:
         check_length(f"{where}.id", self.id, PATH_CHARS)
@@ -81,35 +85,57 @@ class ModelConfig:
 class GRPOSettings:
     """The reinforcement-learning knobs: how many completions per prompt and how far the model may drift."""
 
-    group_size: int = 4
-    beta: float = 0.04
-    temperature: float = 1.0
-    max_new_tokens: int = 128
-    loss_type: str = "dapo"  # TRL 1.16's default
-    scale_rewards: str = "group"
+    group_size: int = setting(4, label="Group size", help=(
+        "Completions sampled per prompt (2–64). GRPO compares them with each other, so more gives a clearer signal "
+        "but costs time."))
+    beta: float = setting(0.04, label="Beta (KL penalty)", help=(
+        "How strongly the model is held near where it started (0–10): higher is more conservative; 0 skips the "
+        "reference model's pass."))
+    temperature: float = setting(1.0, label="Temperature", help=(
+        "Sampling randomness, above 0 (so a group varies) and at most 3: higher gives more varied completions, too "
+        "high gives nonsense."))
+    max_new_tokens: int = setting(128, label="Max new tokens", help=(
+        "The length cap of each completion; answers cut off here usually score badly."))
+    loss_type: str = setting("dapo", label="Loss type", help=(
+        "How token losses are averaged: `grpo`, `bnpo`, `dr_grpo`, `dapo` (TRL 1.16's default: over all tokens of "
+        "the batch), `cispo`, `sapo`, `luspo`, `vespo`."))
+    scale_rewards: str = setting("group", label="Scale rewards", help=(
+        "Divide advantages by the reward spread of the `group`, of the `batch`, or not at all (`none`)."))
     # The variants below are TRL 1.16's, with TRL's defaults: a run that sets none of them trains as TRL does.
-    # GSPO: one importance ratio per completion (the mean of its tokens' log-ratios) instead of one per token.
-    importance_sampling_level: str = "token"
-    # PPO's clip: how far one update may move a probability ratio from 1. It can only act when a batch is trained on
-    # more than once (num_iterations), because on the first pass every ratio is exactly 1.
-    epsilon: float = 0.2
-    # DAPO's clip-higher: a wider upper bound (the paper's 0.28) lets rare good tokens grow; None: epsilon.
-    epsilon_high: float | None = None
-    # DAPO: completions cut off at max_new_tokens are left out of the loss, so an unfinished answer is not punished.
-    mask_truncated_completions: bool = False
-    # μ in the GRPO paper: passes over each sampled batch; each extra pass costs a forward and backward, no sampling.
-    num_iterations: int = 1
-    # GDPO: normalise each reward within its group before adding them up, so a reward with a small range counts.
-    multi_objective_aggregation: str = "sum_then_normalize"
-    # Beyond the 80/20 rule: train only on this share of tokens, the most uncertain ones (1: every token).
-    top_entropy_quantile: float = 1.0
-    # An entropy bonus in the loss, to keep the model exploring (0: none).
-    entropy_coef: float = 0.0
+    importance_sampling_level: str = setting("token", label="Importance sampling", help=(
+        "`token`: one probability ratio per token (GRPO); `sequence`: one per completion, "
+        "[GSPO](https://huggingface.co/papers/2507.18071) (with loss type `grpo`, or `luspo`)."))
+    epsilon: float = setting(0.2, label="Clip range (epsilon)", help=(
+        "PPO's clip: how far one update may move a token's probability ratio from 1. It acts only when a batch is "
+        "trained on more than once, because on the first pass every ratio is exactly 1."))
+    epsilon_high: float | None = setting(None, label="Upper clip (epsilon high)", help=(
+        "[DAPO](https://huggingface.co/papers/2503.14476)'s clip-higher: a wider upper bound (0.28 in the paper) "
+        "lets rare good tokens grow; for `cispo`, the ratio's cap (5.0 recommended). Empty: epsilon."))
+    mask_truncated_completions: bool = setting(False, label="Leave cut-off completions out of the loss", help=(
+        "DAPO: a completion cut off at max new tokens teaches nothing, instead of being punished for being "
+        "unfinished."))
+    num_iterations: int = setting(1, label="Updates per batch", help=(
+        "μ in the GRPO paper (1–16): train on each sampled batch this many times, at the cost of a forward and "
+        "backward pass each, with no new sampling. The steps in between say `reused_batch`; clipping and GSPO act "
+        "only from the second update."))
+    multi_objective_aggregation: str = setting("sum_then_normalize", label="Combine rewards", help=(
+        "`sum_then_normalize` (TRL's default), or `normalize_then_sum`: "
+        "[GDPO](https://huggingface.co/papers/2601.05242), each reward normalised within its group before the "
+        "weighted sum, so a reward with a small range is not drowned out."))
+    top_entropy_quantile: float = setting(1.0, label="Train on the most uncertain tokens", help=(
+        "Train only on this share of tokens, the highest-entropy ones: 1 is every token, 0.2 in "
+        "[Beyond the 80/20 rule](https://huggingface.co/papers/2506.01939)."))
+    entropy_coef: float = setting(0.0, label="Entropy bonus", help=(
+        "Above 0 pays the model for staying uncertain, to keep it exploring; 0 is TRL's default."))
     # How completions are sampled (Hugging Face generate's meanings; the defaults leave the distribution as is).
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float | None = None
-    repetition_penalty: float = 1.0
+    # The Rewards tab's "Generate a group" samples with them too.
+    top_p: float = setting(1.0, label="Sampling: top-p", help=(
+        "Sample from the likeliest tokens that make up this share of the probability; 1 keeps all."))
+    top_k: int = setting(0, label="Sampling: top-k", help="Sample from this many likeliest tokens; 0 keeps all.")
+    min_p: float | None = setting(None, label="Sampling: min-p", help=(
+        "Leave out tokens less likely than this share of the likeliest one's probability; empty: off."))
+    repetition_penalty: float = setting(1.0, label="Sampling: repetition penalty", help=(
+        "Above 1 holds back tokens already used; 1 is off."))
 
     def validate(self, where: str = "grpo") -> None:
         _check_range(f"{where}.group_size", self.group_size, 2, 64, "completions per prompt; GRPO compares them, so at least 2")
@@ -185,22 +211,31 @@ class GRPOSettings:
 class TrainingSettings:
     """Optimiser and schedule. ``batch_size`` counts prompts, so a step samples batch_size * group_size completions."""
 
-    learning_rate: float = 1e-5
-    epochs: float = 1.0
-    max_steps: int | None = None
-    batch_size: int = 4
-    grad_accum: int = 1
-    save_steps: int = 20
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    gradient_checkpointing: bool = False
-    seed: int = 42
-    # The held-out reward during training: every ``eval_every`` steps (None: about ten checks a run; 0: none) the
-    # model answers ``eval_prompts`` held-out prompts greedily, scored by the run's rewards. A few fixed prompts keep
-    # each check cheap (the whole held-out set is scored before and after); its curve is what tells learning the
-    # task from gaming the training prompts.
-    eval_every: int | None = None
-    eval_prompts: int = 8
+    learning_rate: float = setting(1e-5, label="Learning rate", help=(
+        f"The size of each update: {LEARNING_RATES}; the recipes use 1e-4. The Train tab warns of a high KL only "
+        "while the reward falls."))
+    epochs: float = setting(1.0, label="Epochs", help=(
+        "Passes over the training prompts (fractions allowed); max steps, when set, wins."))
+    max_steps: int | None = setting(None, label="Max steps", help=(
+        "Stop after this many steps, whatever the epochs say; empty: train for the epochs."))
+    batch_size: int = setting(4, label="Batch size (prompts per step)", help=(
+        "Prompts per step: each step samples batch size × group size completions."))
+    grad_accum: int = setting(1, label="Gradient accumulation", help="Micro-batches per optimiser step.")
+    save_steps: int = setting(20, label="Save every (steps)", help=(
+        "The checkpoint interval. A checkpoint is also saved at the end and on Stop, and Resume starts from the "
+        "latest."))
+    warmup_ratio: float = setting(0.0, label="Warm-up share", help="The share of steps spent warming up the learning rate.")
+    weight_decay: float = setting(0.0, label="Weight decay", help="AdamW's weight decay.")
+    gradient_checkpointing: bool = setting(False, label="Gradient checkpointing", help=(
+        "Recompute activations in the backward pass: much less memory on big models, slower steps."))
+    seed: int = setting(42, label="Seed", help="The seed of sampling and of the adapter's initial weights.")
+    # A few fixed prompts keep each held-out check cheap (the whole held-out set is scored before and after).
+    eval_every: int | None = setting(None, label="Held-out check every (steps)", help=(
+        "The model answers a few held-out prompts greedily, drawn beside the training reward (`heldout.jsonl`): it "
+        "tells learning the task from gaming the training prompts. Empty: about ten checks a run (about 3% of its "
+        "time on a CPU); 0: none. One process only (not under `accelerate launch`)."))
+    eval_prompts: int = setting(8, label="Held-out prompts per check", help=(
+        "How many held-out prompts each check answers: the first ones of the held-out set, the same every time."))
 
     def validate(self, where: str = "training") -> None:
         if not (0.0 < self.learning_rate <= 1.0):
@@ -231,11 +266,17 @@ class TrainingSettings:
 class LoraSettings:
     """LoRA adapter; ``enabled: false`` trains every weight instead (needs far more memory)."""
 
-    enabled: bool = True
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    target_modules: str | list[str] = "all-linear"
+    enabled: bool = setting(True, label="Train a LoRA adapter", help=(
+        "A small add-on instead of every weight: far less memory, and the starting model stays intact. Off trains "
+        "every weight."))
+    r: int = setting(16, label="Rank r", help="The adapter's capacity; 8–32 is plenty for RL.")
+    alpha: int = setting(32, label="Alpha", help="The adapter's scale; usually 2 × r.")
+    dropout: float = setting(0.05, label="Dropout", help=(
+        "Dropout on the adapter's input while training. At 0 a CPU step is about a third shorter, because each "
+        "prompt is read once per group, but it changes what is learned."),
+        see="[performance](performance.md#the-speed-ups)")
+    target_modules: str | list[str] = setting("all-linear", label="Target modules", help=(
+        "The layers that get an adapter: `all-linear`, or names like `q_proj, v_proj` (never `lm_head`)."))
 
     def validate(self, where: str = "lora") -> None:
         _check_range(f"{where}.r", self.r, 1, 1024, "the adapter rank")
@@ -256,13 +297,21 @@ class LoraSettings:
 class HardwareSettings:
     """Where and in what precision to train; "auto" picks CUDA, then Apple MPS, then CPU (see engine/hardware.py)."""
 
-    device: str = "auto"
-    dtype: str = "auto"
-    load_in_4bit: bool = False
-    cpu_threads: int | None = None  # None: chosen by hardware.default_cpu_threads()
-    # Which CUDA GPU one process trains on, counted among the GPUs it sees (CUDA_VISIBLE_DEVICES narrows them);
-    # None: the first. A launcher (accelerate, torchrun) gives each process its own GPU instead.
-    gpu: int | None = None
+    device: str = setting("auto", label="Device", help=(
+        "`auto` picks a CUDA GPU, then Apple MPS, then the CPU; `cuda`, `mps` and `cpu` ask for one (an absent "
+        "device is an error)."))
+    dtype: str = setting("auto", label="Precision", help=(
+        "`auto`: bf16 where it is fast, else fp32 (fp16 on GPUs without bf16); or `bfloat16`, `float16`, "
+        "`float32`."), see="[Hardware choices](#hardware-choices)")
+    load_in_4bit: bool = setting(False, label="4-bit weights (QLoRA)", help=(
+        "About 4× less memory for the weights, with bitsandbytes; needs a CUDA GPU and LoRA."))
+    cpu_threads: int | None = setting(None, label="CPU threads", help=(
+        "Torch threads on the CPU; empty: automatic (all cores on small machines, one spare from 4)."),
+        shown_default="automatic", see="[Hardware choices](#hardware-choices)")
+    # A launcher (accelerate, torchrun) gives each process its own GPU instead.
+    gpu: int | None = setting(None, label="GPU number", help=(
+        "Which CUDA GPU one process trains on, on a machine with several: 0 is the first among those "
+        "`CUDA_VISIBLE_DEVICES` shows; empty: the first. A launched run uses every GPU."), shown_default="the first")
 
     def validate(self, where: str = "hardware") -> None:
         _check_choice(f"{where}.device", self.device, DEVICES)
@@ -283,7 +332,10 @@ class DistributedSettings:
     ignores this setting.
     """
 
-    strategy: str = "ddp"
+    strategy: str = setting("ddp", label="Multi-GPU strategy", help=(
+        "How several GPUs share the work under a multi-process launch. `ddp`: a model copy per GPU; `zero2`: "
+        "shard the optimiser state; `zero3` and `fsdp`: shard the weights too, for models too big for one GPU."),
+        see="[scaling out](scaling.md)")
 
     def validate(self, where: str = "distributed") -> None:
         _check_choice(f"{where}.strategy", self.strategy, STRATEGIES)
@@ -297,9 +349,13 @@ class GenerationSettings:
     vllm-server sends prompts to a separate `trl vllm-serve` / `vllm serve` process at ``vllm_server_url``.
     """
 
-    backend: str = "transformers"
-    vllm_server_url: str | None = None
-    vllm_gpu_memory_utilization: float = 0.3
+    backend: str = setting("transformers", label="Generation", help=(
+        "Who samples the completions: `transformers` works everywhere; vLLM (CUDA only) samples much faster, inside "
+        "each process (`vllm-colocate`) or on a server (`vllm-server`)."), see="[scaling out](scaling.md)")
+    vllm_server_url: str | None = setting(None, label="vLLM server URL", help=(
+        "The `trl vllm-serve` server, like `http://10.0.0.5:8000`; only with `vllm-server`."))
+    vllm_gpu_memory_utilization: float = setting(0.3, label="vLLM's share of the GPU", help=(
+        "The share of each GPU vLLM may take in colocate mode (0.05–0.95)."))
 
     def validate(self, where: str = "generation") -> None:
         _check_choice(f"{where}.backend", self.backend, GENERATION_BACKENDS)
@@ -326,7 +382,12 @@ class LoggingSettings:
     into the run folder (``tensorboard/``); trackio and W&B log to the project "dragon-grpo-studio" under the
     run's id. A single name is taken as a list of one."""
 
-    report_to: list[str] | str = field(default_factory=list)
+    report_to: list[str] | str = setting(label="Also log to", factory=list, help=(
+        "Experiment trackers that also get the metrics, through TRL's `report_to`; the Train tab always shows the "
+        "run. `tensorboard` writes event files into the run's `tensorboard/` (`tensorboard --logdir runs`); "
+        "`trackio` and `wandb` log to the project `dragon-grpo-studio` under the run's id (W&B keeps your "
+        "`$WANDB_PROJECT`). A tracker that is not installed is refused before the run starts, with the "
+        "`pip install` to run; a public demo allows only `tensorboard`."))
 
     def validate(self, where: str = "logging") -> None:
         if isinstance(self.report_to, str):
@@ -344,7 +405,8 @@ class RunConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    rewards: list[RewardSpec] = field(default_factory=list)
+    rewards: list[RewardSpec] = setting(label="Rewards", factory=list, shown_default="–", help=(
+        "The list of rewards: at least one, and at least one with a weight above 0."), see="[Rewards](#rewards)")
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
     training: TrainingSettings = field(default_factory=TrainingSettings)
     lora: LoraSettings = field(default_factory=LoraSettings)
@@ -352,12 +414,16 @@ class RunConfig:
     distributed: DistributedSettings = field(default_factory=DistributedSettings)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
-    n_samples: int = 10
-    name: str = ""
-    # What these settings are for, in Markdown: shown above the tabs when they are loaded, so a lesson recipe can say
-    # what to try and what to look for, and a run's own notes come back with its settings.
-    notes: str = ""
-    runs_dir: str = ""
+    n_samples: int = setting(10, label="Sample replies kept", help=(
+        "Held-out prompts kept as side-by-side replies before and after training (`samples.json`)."))
+    name: str = setting("", label="Run name", help=(
+        "Names the run's folder; empty: named after the model."),
+        shown_default="model name + `-grpo`")
+    notes: str = setting("", label="Notes", help=(
+        "What these settings are for, in Markdown (up to 4,000 characters): shown above the tabs when they are "
+        "loaded. The lesson recipes say there what to try and what to look for."))
+    runs_dir: str = setting("", label="Runs folder", help="Where run folders are created.",
+                            shown_default="`$DRAGON_UI_RUNS_DIR` or `./runs`")
     # Folder the config file was read from: relative data and reward-file paths are looked up there too.
     base_dir: str = ""
 
@@ -452,6 +518,48 @@ class RunConfig:
     @property
     def completions_per_step(self) -> int:
         return self.training.batch_size * self.grpo.group_size * self.training.grad_accum
+
+
+@dataclass(frozen=True)
+class SettingHelp:
+    """One setting as the form, the command line and the reference explain it (from its field's metadata)."""
+
+    path: str  # as --set and error messages name it: training.max_steps
+    label: str
+    help: str  # Markdown, absolute links only
+    default: str  # as the reference writes it
+    see: str | None  # a link into the reference, shown there only
+
+
+def documented_settings(section: type = RunConfig, prefix: str = "") -> list[SettingHelp]:
+    """Every setting a config file may hold, in the order of the reference: a section's own settings before its
+    subsections, each in field order."""
+    own, nested = [], []
+    for spec in dataclasses.fields(section):
+        hint = typing.get_type_hints(section)[spec.name]
+        if dataclasses.is_dataclass(hint):
+            nested += documented_settings(hint, f"{prefix}{spec.name}.")
+        elif is_described(spec):
+            own.append(SettingHelp(prefix + spec.name, spec.metadata["label"], spec.metadata["help"],
+                                   shown_default(spec), spec.metadata["see"]))
+    return own + nested
+
+
+_HELP_AT = {item.path: item for item in documented_settings()}
+
+
+def setting_help(path: str) -> SettingHelp:
+    """The label and help of the setting at ``path`` (training.max_steps); KeyError for no such setting."""
+    return _HELP_AT[path]
+
+
+def settings_table() -> str:
+    """docs/reference.md's table of settings, in Markdown."""
+    rows = ["| setting | default | meaning |", "|---|---|---|"]
+    for item in documented_settings():
+        meaning = item.help + (f" See {item.see}." if item.see else "")
+        rows.append(f"| `{item.path}` | {item.default} | {meaning.replace('|', '&#124;')} |")
+    return "\n".join(rows) + "\n"
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

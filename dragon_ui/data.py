@@ -29,6 +29,7 @@ from dragon_ui.errors import ConfigError, check_length, first_line
 from dragon_ui.files import replaced_atomically
 from dragon_ui.public import LAPTOP, LIFT, Policy, is_own_upload
 from dragon_ui.chat import last_user_text
+from dragon_ui.described import setting
 from dragon_ui.tables import (SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, check_columns, read_file,
                               read_json_lines)
 
@@ -53,17 +54,27 @@ _FILE_EXTENSION = re.compile(r"\.[A-Za-z]+$")
 class DataConfig:
     """Where the examples come from and how a row becomes a prompt; part of the saved run config."""
 
-    source: str = ""
-    prompt: str = ""
-    reference: str | None = None
-    system: str | None = None
-    hub_config: str | None = None
-    hub_split: str = "train"
-    eval_frac: float = 0.05
-    seed: int = 42
-    max_rows: int | None = None
-    sheet: str | None = None  # a spreadsheet's sheet to read; None for the first
-    max_prompt_tokens: int | None = None  # longer prompts are dropped; None: 512 on the CPU, the context elsewhere
+    source: str = setting("", label="Data source", help=(
+        "A CSV, TSV, JSONL, JSON, Parquet or spreadsheet (`.xlsx`, `.xlsm`, `.xls`, `.ods`) file, or a Hugging "
+        "Face dataset id like `openai/gsm8k`."), see="[Reading files](#reading-files)")
+    prompt: str = setting("", label="Prompt", help=(
+        "A column, or a template with columns in braces such as `Q: {question}`."))
+    reference: str | None = setting(None, label="Reference answer", help=(
+        "A column or template the rewards compare replies with (e.g. the correct answer); may stay empty."))
+    system: str | None = setting(None, label="System message", help=(
+        "Fixed text, a column or a template; may stay empty."))
+    hub_config: str | None = setting(None, label="Hub config", help="Which configuration of a Hub dataset to read.")
+    hub_split: str = setting("train", label="Hub split", help="Which split of a Hub dataset to read.")
+    eval_frac: float = setting(0.05, label="Held-out fraction", help=(
+        "The share of rows kept aside to compare the model before and after training: at least 10 rows (a fifth of "
+        "the rows when 10 would be more); none under 20 rows or at 0."))
+    seed: int = setting(42, label="Split seed", help="The seed of the held-out split.")
+    max_rows: int | None = setting(None, label="Max rows", help="Train on the first rows only; empty: all of them.")
+    sheet: str | None = setting(None, label="Sheet", help="Which sheet of a spreadsheet to read; empty: the first.")
+    max_prompt_tokens: int | None = setting(None, label="Longest prompt (tokens)", help=(
+        "Prompts longer than this many tokens (chat template included) are dropped and counted; empty: 512 on the "
+        "CPU, the model's context elsewhere. A prompt that with max new tokens overflows the model's context is "
+        "dropped too."))
 
     def validate(self, where: str = "data") -> None:
         """Check the settings that make sense without reading the data; raises ConfigError."""

@@ -307,6 +307,7 @@ TYPED_MODEL_FIELDS = [
     ("#model-training-learning-rate input", "0.0002", "training.learning_rate", 0.0002),
     ("#model-training-epochs input", "2.5", "training.epochs", 2.5),
     ("#model-training-max-steps input", "30", "training.max_steps", 30),
+    ("#model-training-eval-every input", "0", "training.eval_every", 0),
     ("#model-training-batch-size input", "3", "training.batch_size", 3),
     ("#model-training-save-steps input", "15", "training.save_steps", 15),
     ("#model-run-name textarea", "fast-typist", "name", "fast-typist"),
@@ -363,6 +364,8 @@ def test_the_advanced_grpo_settings_say_what_is_wrong_and_train_what_they_show(p
                                                  "multi_objective_aggregation", "epsilon", "top_p")} == {
         "epsilon_high": 0.28, "num_iterations": 2, "mask_truncated_completions": True,
         "multi_objective_aggregation": "normalize_then_sum", "epsilon": 0.2, "top_p": 1.0}
+    # Each field left alone keeps the loaded value, empty ones too (gradio's number field would have sent 0).
+    assert (config["grpo"]["min_p"], config["training"]["eval_every"], config["hardware"]["gpu"]) == (None, 5, None)
 
 
 def kept_draft(page, studio) -> dict:

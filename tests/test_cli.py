@@ -134,3 +134,17 @@ def test_speedups_lists_each_with_why_and_verify_runs_the_self_checks(tmp_path):
         row = next(line for line in lines if line.strip().startswith(name + " "))
         assert " on   " in row and "its self-check passed on this machine" in row, row
     assert "Warning" not in verified.stderr, verified.stderr[-2000:]
+
+
+def test_settings_lists_each_setting_with_its_default_and_help(capsys):
+    assert main(["settings", "grpo.ep"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("grpo.epsilon (default 0.2)\n    PPO's clip: how far one update may move")
+    assert "grpo.epsilon_high (empty)\n    DAPO's clip-higher" in out  # the link's text, not its address
+    assert "grpo.beta" not in out and "https://" not in out
+
+
+def test_settings_names_the_sections_when_nothing_matches(capsys):
+    assert main(["settings", "gpro"]) == 2
+    assert "No setting starts with 'gpro'; the configuration's settings and sections are: model, data, rewards, grpo" \
+        in capsys.readouterr().err

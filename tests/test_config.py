@@ -1,13 +1,17 @@
 """Tests for dragon_ui.config: reference defaults, one clear ConfigError per bad setting, loading and round trips."""
 
 import copy
+import dataclasses
+import re
+import typing
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
+from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig, documented_settings, setting_help, settings_table
+from dragon_ui.described import plain
 from dragon_ui.files import RUNS_DIR_ENV
 from dragon_ui.errors import ConfigError
 
@@ -385,3 +389,54 @@ def test_set_takes_text_as_typed_and_reads_other_settings_as_yaml(tiny_config_di
     for part in path:
         value = value[part]
     assert value == expected
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Each setting carries its own label and help (the Model tab, `dragon settings` and the reference read them).
+
+
+def leaf_settings(section: type = RunConfig, prefix: str = "") -> set[str]:
+    out = set()
+    for spec in dataclasses.fields(section):
+        hint = typing.get_type_hints(section)[spec.name]
+        out |= leaf_settings(hint, f"{prefix}{spec.name}.") if dataclasses.is_dataclass(hint) else {prefix + spec.name}
+    return out
+
+
+def test_every_setting_a_file_may_hold_carries_a_label_and_help():
+    documented = {item.path for item in documented_settings()}
+    assert documented == leaf_settings() - {"base_dir"}  # base_dir is where the file was read from, never written
+
+
+@pytest.mark.parametrize("item", documented_settings(), ids=lambda item: item.path)
+def test_each_help_is_sentences_whose_links_work_wherever_it_is_shown(item):
+    assert 0 < len(item.label) <= 45 and not item.label.endswith(".")  # a few words, as a form names a field
+    assert item.help[0].isupper() or item.help[0] in "`[μ", item.help
+    assert item.help.endswith("."), item.help
+    assert not re.search(r"\]\((?!https://)", item.help), "the app shows the help too: relative links go in `see`"
+
+
+@pytest.mark.parametrize("path, shown", [
+    ("grpo.beta", "0.04"), ("training.learning_rate", "1e-5"), ("grpo.temperature", "1.0"),
+    ("lora.target_modules", "`all-linear`"), ("training.max_steps", "–"), ("logging.report_to", "`[]`"),
+    ("training.gradient_checkpointing", "false"), ("lora.enabled", "true"), ("hardware.gpu", "the first"),
+    ("data.hub_split", "`train`"),
+])
+def test_the_reference_states_each_default_as_written(path, shown):
+    assert setting_help(path).default == shown
+
+
+@pytest.mark.parametrize("markdown, shown", [
+    ("[GSPO](https://huggingface.co/papers/2507.18071) with `grpo`", "GSPO with grpo"),
+    ("`a` and [b](https://x.y) and [c](https://z)", "a and b and c"),
+    ("no marks", "no marks"),
+])
+def test_a_terminal_shows_help_without_markdown(markdown, shown):
+    assert plain(markdown) == shown
+
+
+def test_the_settings_table_has_a_row_per_setting_with_its_reference_link():
+    rows = settings_table().splitlines()[2:]
+    assert len(rows) == len(documented_settings())
+    (dropout,) = [row for row in rows if row.startswith("| `lora.dropout` |")]
+    assert dropout.endswith("See [performance](performance.md#the-speed-ups). |")

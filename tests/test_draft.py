@@ -12,7 +12,7 @@ import copy
 import gradio as gr
 import pytest
 
-from dragon_ui.config import RunConfig
+from dragon_ui.config import RunConfig, setting_help
 from dragon_ui.errors import DragonError
 from dragon_ui.studio import draft as drafts
 from dragon_ui import ASSETS_DIR
@@ -255,12 +255,16 @@ def test_renaming_twice_keeps_following():
 # The form and the draft.
 
 
-def test_the_form_has_a_field_for_every_model_tab_setting(form):
+def test_the_form_has_a_field_for_every_model_tab_setting_explained_by_the_setting_itself(form):
     labels = form.labels
     for section, settings in model_tab.SECTIONS.items():
         for setting in settings:
-            assert labels.get(f"{section}.{setting.key}") == setting.label, (section, setting.key)
-    assert labels["name"] == "Run name"
+            path = f"{section}.{setting.key}"
+            assert labels.get(path) == setting_help(path).label, path
+            assert form.component(path).info == setting_help(path).help, path
+    for path in ("name", "data.source", "data.prompt", "data.eval_frac", "data.max_rows"):  # other tabs' too
+        assert labels[path] == setting_help(path).label
+        assert form.component(path).info.startswith(setting_help(path).help), path
     assert {"data.source", "data.prompt", "rewards"} <= set(labels)  # the other tabs' fields are in it too
     assert len(labels) == len(form.fields)  # one field per path
     assert form.inputs[0] is form.loaded and form.inputs[1:] == [f.component for f in form.fields]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from dragon_ui import speedups
-from dragon_ui.config import RunConfig
+from dragon_ui.config import RunConfig, documented_settings, settings_table
 from dragon_ui.rewards import EXTRACT_MODES, REWARD_KINDS, kind_fields
 from dragon_ui.runstore import RunDir
 
@@ -179,62 +179,17 @@ def test_every_command_line_command_is_documented_and_every_documented_one_exist
 # --------------------------------------------------------------------------------------------------------------------
 
 SECTIONS = [f.name for f in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(getattr(RunConfig(), f.name))]
-# Defaults the configuration leaves empty and fills in when it runs, described in words in the table.
-DESCRIBED_DEFAULTS = {"name": "model name + `-grpo`", "runs_dir": "`$DRAGON_UI_RUNS_DIR` or `./runs`",
-                      "hardware.cpu_threads": "auto", "hardware.gpu": "the first"}
 
 
-def settings() -> dict[str, object]:
-    """Every setting of a run configuration and its default (rewards have a reference of their own)."""
-    out, defaults = {}, RunConfig()
-    for section_field in dataclasses.fields(RunConfig):
-        if section_field.name in ("rewards", "base_dir"):
-            continue
-        default = getattr(defaults, section_field.name)
-        if dataclasses.is_dataclass(default):
-            out |= {f"{section_field.name}.{f.name}": getattr(default, f.name) for f in dataclasses.fields(default)}
-        else:
-            out[section_field.name] = default
-    return out
+def settings() -> set[str]:
+    """Every setting of a run configuration (rewards have a reference of their own)."""
+    return {item.path for item in documented_settings()} - {"rewards"}
 
 
-def documented_defaults() -> dict[str, str]:
-    """The configuration reference's table: setting -> its default as written (rows may share several settings)."""
-    out = {}
-    for setting, default, _meaning in table_with(section(REFERENCE, "The configuration"), "setting"):
-        names = code_names(setting)
-        values = [default] if len(names) == 1 else [value.strip() for value in default.split(",")]
-        assert len(values) == len(names), f"the row for {setting} needs one default per setting"
-        out |= dict(zip(names, values))
-    return out
-
-
-def same_default(documented: str, default: object) -> bool:
-    """Whether the reference's cell states this default: numbers by value, true/false, – for none, text verbatim."""
-    if isinstance(default, bool):
-        return documented == str(default).lower()
-    if default is None or default == "":
-        return documented == "–"
-    if default == []:
-        return documented == "`[]`"
-    if isinstance(default, (int, float)):
-        return float(documented) == default
-    return documented.strip("`") == str(default)
-
-
-@pytest.mark.parametrize("name", settings())
-def test_every_setting_is_in_the_reference_with_its_default(name):
-    documented, default = documented_defaults(), settings()[name]
-    assert name in documented, f"{name} is missing from docs/reference.md"
-    if name in DESCRIBED_DEFAULTS:
-        assert documented[name] == DESCRIBED_DEFAULTS[name]
-    else:
-        assert same_default(documented[name], default), \
-            f"{name}: the reference says {documented[name]!r}, the default is {default!r}"
-
-
-def test_the_reference_documents_only_real_settings():
-    assert set(documented_defaults()) - {"rewards"} <= set(settings())
+def test_the_reference_table_is_the_one_the_settings_make():
+    """The table is made from the fields' own help (make reference): it is never edited by hand."""
+    shown = REFERENCE.partition("<!-- settings: begin -->\n")[2].partition("<!-- settings: end -->")[0]
+    assert shown == settings_table(), "docs/reference.md's table of settings is out of date: run make reference"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda path: path.name)

@@ -105,9 +105,10 @@ def test_the_form_composes_the_draft_from_what_it_shows(form, draft):
     assert draft["data"]["eval_frac"] == 0.05  # the loaded draft is left alone
 
 
-@pytest.mark.parametrize("shown, max_rows", [("", None), (None, None), (0, None), (30, 30)])
-def test_max_rows_empty_or_0_means_all(form, draft, shown, max_rows):
-    """0 as well as empty: before the field has its value, the page may send 0 for it."""
+@pytest.mark.parametrize("shown, max_rows", [("", None), (None, None), (" ", None), ("30", 30), (" 30 ", 30),
+                                             ("3e1", 30.0), ("thirty", "thirty")])
+def test_max_rows_is_empty_for_all_and_otherwise_what_was_typed(form, draft, shown, max_rows):
+    """Whatever is not a number goes on as typed, for the check to refuse in words."""
     assert on_screen(form, draft, {"data.max_rows": shown})["data"]["max_rows"] == max_rows
 
 
@@ -123,7 +124,7 @@ def test_a_loaded_draft_shows_at_once_and_its_preview_follows(draft, labels):
         data_tab.fill_fields(draft)
     assert not sheet.visible  # a CSV has no sheets
     assert source == example == ARITHMETIC
-    assert (hub_config, hub_split, eval_frac, max_rows) == ("", "train", 0.05, None)
+    assert (hub_config, hub_split, eval_frac, max_rows) == ("", "train", 0.05, "")
     assert (prompt, reference.value, system.value) == ("question", "answer", "")
     out = outputs(last(data_tab.show_preview(draft, labels)))
     assert all(is_skip(out[name]) for name in ("source", "hub_config", "hub_split", "prompt"))

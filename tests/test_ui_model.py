@@ -68,12 +68,12 @@ def test_the_form_composes_what_the_screen_shows(app, studio):
     original = copy.deepcopy(draft)
     values = screen(app, draft, model__id="  Qwen/Qwen2.5-0.5B-Instruct ", name=" my run ",
                     lora__enabled=True, lora__r=8, lora__alpha=16, lora__dropout=0.1, lora__target_modules="q_proj, v_proj",
-                    training__learning_rate=2e-5, training__epochs=2.0, training__max_steps=0, training__batch_size=8,
+                    training__learning_rate=2e-5, training__epochs=2.0, training__max_steps="", training__batch_size=8,
                     training__save_steps=10, training__gradient_checkpointing=True,
                     grpo__group_size=8, grpo__beta=0.0, grpo__temperature=0.7, grpo__max_new_tokens=64,
                     grpo__loss_type="grpo", grpo__scale_rewards="none",
                     hardware__device="cpu", hardware__dtype="float32", hardware__load_in_4bit=False,
-                    hardware__cpu_threads=0, hardware__gpu=1)
+                    hardware__cpu_threads=" ", hardware__gpu="1")
     new = app.form.compose(*values)
 
     assert new["lora"] == {"enabled": True, "r": 8, "alpha": 16, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}
@@ -140,6 +140,9 @@ def test_a_valid_draft_previews_its_yaml_cli_and_estimate(app, studio):
      "4-bit weights (QLoRA) needs LoRA (“Train a LoRA adapter” ticked)", "lora.enabled"),
     ({"generation__vllm_server_url": "http://10.0.0.5:8000"}, "scaleout",
      "vLLM server URL is only used with “Generation” vllm-server", "generation.backend"),
+    ({"training__max_steps": "ten"}, "training", "Max steps must be a whole number, not the text 'ten'",
+     "training.max_steps"),
+    ({"grpo__epsilon_high": "0"}, "advanced", "Upper clip (epsilon high) must be between", "grpo.epsilon_high"),
 ])
 def test_an_invalid_value_is_named_in_the_forms_words_next_to_its_fields(app, studio, edits, area, sentence, path):
     draft = app.form.compose(*screen(app, studio.default_draft(), **edits))

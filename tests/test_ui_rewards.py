@@ -267,7 +267,7 @@ def test_save_and_remove(recipe):
     shown = listing(rewards_tab.select_reward(out["rewards"], "short", policy=LAPTOP))
     assert (shown["kind"], shown["name"], shown["weight"]) == ("length", "short", 0.5)
     max_chars = shown["settings"][SETTINGS.index("max_chars")]
-    assert max_chars["value"] == 20 and max_chars["visible"]
+    assert max_chars["value"] == "20" and max_chars["visible"]
 
     out = listing(rewards_tab.remove_reward(out["rewards"], "numeric"))
     assert [spec["name"] for spec in out["rewards"]] == ["short"] and out["selector"].value == "short"

@@ -8,6 +8,7 @@ import functools
 import inspect
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import gradio as gr
 from gradio.context import Context
 
+from ..config import setting_help
 from ..errors import DragonError, describe
 from ..studio import draft as drafts
 from ..studio.backend import Studio
@@ -204,6 +206,39 @@ def progress_shown_quietly(demo: gr.Blocks, nowhere) -> None:
 
 
 UNCHANGED = "{__type__: 'update'}"  # the update that changes nothing (in_the_page)
+
+
+def described(path: str, hint: str = "") -> dict[str, str]:
+    """A field's label and info: the setting's own (config.setting_help), then ``hint`` on how this widget behaves."""
+    setting = setting_help(path)
+    return {"label": setting.label, "info": f"{setting.help} {hint}".strip()}
+
+
+def optional_number(value: float | None = None, **options) -> gr.Textbox:
+    """A number field that may stay empty, which means its setting's default. Not gr.Number: gradio 6 shows and
+    sends 0 for an empty one, and 0 means something else for several settings (held-out checks: none; the upper
+    clip: invalid). ``number`` reads it."""
+    return gr.Textbox(value=shown_number(value), lines=1, max_lines=1, **options)
+
+
+def shown_number(value: float | None) -> str:
+    return "" if value is None else str(value)
+
+
+def number(text: Any) -> int | float | str | None:
+    """An optional number field's value: empty is None, a number is itself, and anything else goes on as typed,
+    for the settings' check to refuse in words ("… must be a whole number, not the text 'ten'")."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return text
+    text = str(text or "").strip()
+    if not text:
+        return None
+    if re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def visible(shown: bool) -> str:

@@ -22,7 +22,7 @@ from ..public import LAPTOP, Policy
 from ..studio.playground import (DataPreview, data_config, draft_tokenizer, fit_mapping, load_rows, preview_data,
                                  prompt_limit_of)
 from ..tables import SUPPORTED_EXTENSIONS
-from .common import Shared, message, shows_errors
+from .common import Shared, described, message, number, optional_number, shown_number, shows_errors
 
 def bundled_datasets() -> list[tuple[str, str]]:
     """(file name, absolute path) of every example dataset shipped in assets/datasets, for the picker."""
@@ -184,7 +184,7 @@ def fill_fields(draft: dict) -> tuple:
     setting = data_config(draft)
     return (setting.source, _example_value(setting.source), setting.hub_config or "", setting.hub_split,
             setting.prompt, gr.Dropdown(choices=[], value=None), _column_picker([], setting.reference),
-            _column_picker([], setting.system), setting.eval_frac, setting.max_rows,
+            _column_picker([], setting.system), setting.eval_frac, shown_number(setting.max_rows),
             gr.Dropdown(choices=[setting.sheet] if setting.sheet else [], value=setting.sheet,
                         visible=bool(setting.sheet)))
 
@@ -238,42 +238,36 @@ def build(shared: Shared) -> Callable[[], None]:
                                   info="Small datasets that ship with the app.", elem_id="data-example")
             upload = gr.File(label="…or upload a file", file_types=list(SUPPORTED_EXTENSIONS), height=120,
                              elem_id="data-upload")
-            source = form.add("data.source", gr.Textbox(
-                label="Data source", elem_id="data-source",
-                info="A file path or a Hugging Face dataset id like openai/gsm8k (press Enter to load)."), _text)
+            source = form.add("data.source", gr.Textbox(elem_id="data-source", **described(
+                "data.source", "Press Enter to load it.")), _text)
             with gr.Row():
-                hub_config = form.add("data.hub_config", gr.Textbox(label="Hub config", placeholder="optional, e.g. main",
+                hub_config = form.add("data.hub_config", gr.Textbox(**described("data.hub_config"),
+                                                                    placeholder="optional, e.g. main",
                                                                     elem_id="data-hub-config"), _text_or_none)
-                hub_split = form.add("data.hub_split", gr.Textbox(label="Hub split", value="train",
+                hub_split = form.add("data.hub_split", gr.Textbox(**described("data.hub_split"), value="train",
                                                                   elem_id="data-hub-split"),
                                      lambda value: _text(value) or "train")
             source_status = gr.Markdown(elem_id="data-source-status")
         with gr.Column():
             prompt = form.add("data.prompt", gr.Textbox(
-                label="Prompt", lines=2, max_lines=12, elem_id="data-prompt",
-                info="A column, or a template with columns in braces such as Q: {question}; Enter starts a new "
-                     "line."), lambda value: value or "")
+                lines=2, max_lines=12, elem_id="data-prompt", **described("data.prompt", "Enter starts a new line.")),
+                lambda value: value or "")
             prompt_column = gr.Dropdown(label="…or use a column as the prompt", choices=[], value=None,
                                         elem_id="data-prompt-column")
             reference = form.add("data.reference", gr.Dropdown(
-                label="Reference answer", allow_custom_value=True, elem_id="data-reference",
-                info="A column or template the rewards compare replies with; may stay empty."), lambda value: value or None)
+                allow_custom_value=True, elem_id="data-reference", **described("data.reference")),
+                lambda value: value or None)
             system = form.add("data.system", gr.Dropdown(
-                label="System message", allow_custom_value=True, elem_id="data-system",
-                info="Fixed text, a column or a template; may stay empty."), lambda value: value or None)
+                allow_custom_value=True, elem_id="data-system", **described("data.system")), lambda value: value or None)
             mapping_status = gr.Markdown(elem_id="data-mapping-status")
             eval_frac = form.add("data.eval_frac", gr.Slider(
-                0, 0.5, value=0.05, step=0.01, label="Held-out fraction", elem_id="data-eval-frac",
-                info="Rows kept aside to compare the model before and after training."),
+                0, 0.5, value=0.05, step=0.01, elem_id="data-eval-frac", **described("data.eval_frac")),
                 lambda value: float(value) if value is not None else 0.05)
             sheet = form.add("data.sheet", gr.Dropdown(
-                label="Sheet", choices=[], value=None, allow_custom_value=True, visible=False, elem_id="data-sheet",
-                info="Which sheet of the spreadsheet to read; empty for the first."), _text_or_none)
-            max_rows = form.add("data.max_rows", gr.Number(
-                # 0 means all, as empty does: before the field has a value, the page may send 0 for it.
-                label="Max rows", precision=0, minimum=0, elem_id="data-max-rows",
-                info="Train on the first rows only; empty or 0 for all of them."),
-                lambda value: int(value) if value not in (None, "", 0) else None)
+                choices=[], value=None, allow_custom_value=True, visible=False, elem_id="data-sheet",
+                **described("data.sheet")), _text_or_none)
+            max_rows = form.add("data.max_rows", optional_number(
+                placeholder="all", elem_id="data-max-rows", **described("data.max_rows")), number)
             counts = gr.Markdown(elem_id="data-counts")
             lengths = gr.Markdown(elem_id="data-lengths")
     table = gr.Dataframe(EMPTY_TABLE, label="First rows", interactive=False, max_height=360, wrap=True,

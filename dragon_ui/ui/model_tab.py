@@ -17,15 +17,16 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from ..config import (AGGREGATIONS, DEVICES, DTYPES, GENERATION_BACKENDS, IMPORTANCE_SAMPLING_LEVELS, LEARNING_RATES,
-                      LOSS_TYPES, SCALE_REWARDS, STRATEGIES, TRACKERS)
+from ..config import (AGGREGATIONS, DEVICES, DTYPES, GENERATION_BACKENDS, IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES,
+                      SCALE_REWARDS, STRATEGIES, TRACKERS)
 from ..errors import DragonError
 from ..runstore import slug
 from ..studio import machine
 from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
 from ..studio.playground import preview_examples
-from .common import MESSAGE_ICONS, TAB_TRAIN, Form, Shared, in_the_page, message, shows_errors, tab_selected
+from .common import (MESSAGE_ICONS, TAB_TRAIN, Form, Shared, described, in_the_page, message, shows_errors,
+                     number, optional_number, shown_number, tab_selected)
 
 TAB_TITLE = "Model & Hardware"
 STARTED = MESSAGE_ICONS["ok"]  # how Start's message begins when the run started or was queued (start_run)
@@ -34,11 +35,6 @@ CLI_TEMPLATE = "python -m dragon_ui train {file}"
 
 # ----------------------------------------------------------------------------------------------------------------
 # How form values become settings.
-
-
-def _whole_or_auto(value: Any) -> int | None:
-    """Blank or 0 means "not set" (max steps: use the epochs; CPU threads: automatic)."""
-    return None if value in (None, "", 0) else value
 
 
 def _target_modules(text: str) -> str | list[str]:
@@ -56,12 +52,10 @@ def _target_modules_text(value: str | list[str] | None) -> str:
 
 @dataclass(frozen=True)
 class Setting:
-    """One field of the form: the draft key it edits, its widget with a one-line explanation, and how its value
-    converts between the form and the draft."""
+    """One field of the form: the draft key it edits, its widget, and how its value converts between the form and
+    the draft. Its label and help are the config field's own (config.setting_help)."""
 
     key: str
-    label: str
-    info: str
     widget: Callable[..., Any] = gr.Number
     options: dict = field(default_factory=dict)  # more keyword arguments for the widget
     to_draft: Callable[[Any], Any] = lambda value: value
@@ -70,6 +64,14 @@ class Setting:
 
 
 WHOLE = {"precision": 0}
+
+
+def optional(empty_means: str) -> dict:
+    """A setting whose empty field means its default, said in the field (``empty_means``)."""
+    return {"widget": optional_number, "options": {"placeholder": empty_means}, "to_draft": number,
+            "to_field": shown_number}
+
+
 ADVANCED_PER_ROW = 4
 ADVANCED_HELP = (
     "TRL's defaults train plain GRPO; each setting here is one published change to it. "
@@ -81,111 +83,63 @@ ADVANCED_HELP = (
     "[TRL's GRPO trainer](https://huggingface.co/docs/trl/grpo_trainer) documents them all.")
 SECTIONS: dict[str, tuple[Setting, ...]] = {
     "model": (
-        Setting("id", "Starting model", "A preset from the table, any Hub id (owner/name) or the path of a local "
-                "model folder.", gr.Dropdown, {"choices": machine.PRESET_IDS, "allow_custom_value": True},
+        Setting("id", gr.Dropdown, {"choices": machine.PRESET_IDS, "allow_custom_value": True},
                 lambda value: (value or "").strip()),
     ),
     "hardware": (
-        Setting("device", "Device", "auto picks a CUDA GPU, then Apple MPS, then the CPU.", gr.Radio,
-                {"choices": list(DEVICES)}),
-        Setting("dtype", "Precision", "auto: bf16 where it is fast, else fp32 (fp16 on GPUs without bf16).",
-                gr.Dropdown, {"choices": list(DTYPES)}),
-        Setting("load_in_4bit", "4-bit weights (QLoRA)", "About 4x less memory for the weights; needs a CUDA GPU, "
-                "bitsandbytes and LoRA.", gr.Checkbox),
-        Setting("cpu_threads", "CPU threads", "Torch threads on the CPU; 0 = automatic (all cores on small machines, "
-                "one spare from 4).", options={**WHOLE, "minimum": 0}, to_draft=_whole_or_auto,
-                to_field=lambda value: value or 0),
-        Setting("gpu", "GPU number", "Which CUDA GPU trains, on a machine with several: 0 is the first; empty = "
-                "the first. Launched runs use every GPU.", options={**WHOLE, "minimum": 0},
-                to_draft=lambda value: None if value in (None, "") else int(value)),
+        Setting("device", gr.Radio, {"choices": list(DEVICES)}),
+        Setting("dtype", gr.Dropdown, {"choices": list(DTYPES)}),
+        Setting("load_in_4bit", gr.Checkbox),
+        Setting("cpu_threads", **optional("automatic")),
+        Setting("gpu", **optional("the first")),
     ),
     "lora": (
-        Setting("enabled", "Train a LoRA adapter", "A small add-on instead of every weight: far less memory, and the "
-                "base stays intact.", gr.Checkbox),
-        Setting("r", "Rank r", "The adapter's capacity; 8-32 is plenty for RL.", options=WHOLE),
-        Setting("alpha", "Alpha", "The adapter's scale; usually 2 x r.", options=WHOLE),
-        Setting("dropout", "Dropout", "Dropout on the adapter's input while training. At 0, steps on a CPU are about "
-                "a third shorter: each prompt is read once per group.", options={"step": 0.01}),
-        Setting("target_modules", "Target modules", "Layers that get an adapter: all-linear, or names like q_proj, "
-                "v_proj.", gr.Textbox, to_draft=_target_modules, to_field=_target_modules_text),
+        Setting("enabled", gr.Checkbox),
+        Setting("r", options=WHOLE),
+        Setting("alpha", options=WHOLE),
+        Setting("dropout", options={"step": 0.01}),
+        Setting("target_modules", gr.Textbox, to_draft=_target_modules, to_field=_target_modules_text),
     ),
     "grpo": (
-        Setting("group_size", "Group size", "Completions per prompt; GRPO compares them, so more gives a clearer "
-                "signal but costs time.", options=WHOLE),
-        Setting("beta", "Beta (KL penalty)", "How strongly the model is held near where it started; 0 skips the "
-                "reference model.", options={"step": 0.01}),
-        Setting("temperature", "Temperature", "Sampling randomness: higher gives more varied completions, too high "
-                "gives nonsense.", options={"step": 0.1}),
-        Setting("max_new_tokens", "Max new tokens", "Length cap of each completion; answers cut off here usually "
-                "score badly.", options=WHOLE),
-        Setting("loss_type", "Loss type", "How token losses are averaged; dapo (TRL's default) averages over all "
-                "tokens of the batch.", gr.Dropdown, {"choices": list(LOSS_TYPES)}),
-        Setting("scale_rewards", "Scale rewards", "Divide advantages by the reward spread of the group, the batch, "
-                "or not at all.", gr.Dropdown, {"choices": list(SCALE_REWARDS)}),
-        Setting("num_iterations", "Updates per batch", "Train on each sampled batch this many times (μ); clipping "
-                "and GSPO only act from the second. 1 is TRL's default.", options={**WHOLE, "minimum": 1},
-                advanced=True),
-        Setting("epsilon", "Clip range (epsilon)", "How far one update may move a token's probability ratio from 1; "
-                "0.2 is TRL's default.", options={"step": 0.01}, advanced=True),
-        Setting("epsilon_high", "Upper clip (epsilon high)", "DAPO's clip-higher: a wider upper bound (0.28 in the "
-                "paper) lets rare good tokens grow. Empty = epsilon.", options={"step": 0.01},
-                to_draft=lambda value: None if value in (None, "") else value, advanced=True),
-        Setting("importance_sampling_level", "Importance sampling", "token: one ratio per token (GRPO); sequence: "
-                "one per completion (GSPO, with loss type grpo or luspo).", gr.Radio,
-                {"choices": list(IMPORTANCE_SAMPLING_LEVELS)}, advanced=True),
-        Setting("mask_truncated_completions", "Leave cut-off completions out of the loss", "DAPO: a completion that "
-                "hits max new tokens teaches nothing, instead of being punished for being unfinished.", gr.Checkbox,
-                advanced=True),
-        Setting("multi_objective_aggregation", "Combine rewards", "sum_then_normalize (TRL's default) or "
-                "normalize_then_sum (GDPO: each reward is normalised in its group first, so none is drowned out).",
-                gr.Dropdown, {"choices": list(AGGREGATIONS)}, advanced=True),
-        Setting("top_entropy_quantile", "Train on the most uncertain tokens", "The share of tokens trained on, the "
-                "highest-entropy ones; 1 = every token, 0.2 in the 80/20 paper.", options={"step": 0.05},
-                advanced=True),
-        Setting("entropy_coef", "Entropy bonus", "Above 0 pays the model for staying uncertain, to keep exploring; "
-                "0 is TRL's default.", options={"step": 0.001}, advanced=True),
-        Setting("top_p", "Sampling: top-p", "Sample from the likeliest tokens that make up this share of the "
-                "probability; 1 = all.", options={"step": 0.05}, advanced=True),
-        Setting("top_k", "Sampling: top-k", "Sample from this many likeliest tokens; 0 = all.",
-                options={**WHOLE, "minimum": 0}, advanced=True),
-        Setting("min_p", "Sampling: min-p", "Leave out tokens less likely than this share of the likeliest one's "
-                "probability; empty = off.", options={"step": 0.01},
-                to_draft=lambda value: None if value in (None, "") else value, advanced=True),
-        Setting("repetition_penalty", "Sampling: repetition penalty", "Above 1 holds back tokens already used; "
-                "1 = off.", options={"step": 0.05}, advanced=True),
+        Setting("group_size", options=WHOLE),
+        Setting("beta", options={"step": 0.01}),
+        Setting("temperature", options={"step": 0.1}),
+        Setting("max_new_tokens", options=WHOLE),
+        Setting("loss_type", gr.Dropdown, {"choices": list(LOSS_TYPES)}),
+        Setting("scale_rewards", gr.Dropdown, {"choices": list(SCALE_REWARDS)}),
+        Setting("num_iterations", options={**WHOLE, "minimum": 1}, advanced=True),
+        Setting("epsilon", options={"step": 0.01}, advanced=True),
+        Setting("epsilon_high", **optional("epsilon"), advanced=True),
+        Setting("importance_sampling_level", gr.Radio, {"choices": list(IMPORTANCE_SAMPLING_LEVELS)}, advanced=True),
+        Setting("mask_truncated_completions", gr.Checkbox, advanced=True),
+        Setting("multi_objective_aggregation", gr.Dropdown, {"choices": list(AGGREGATIONS)}, advanced=True),
+        Setting("top_entropy_quantile", options={"step": 0.05}, advanced=True),
+        Setting("entropy_coef", options={"step": 0.001}, advanced=True),
+        Setting("top_p", options={"step": 0.05}, advanced=True),
+        Setting("top_k", options={**WHOLE, "minimum": 0}, advanced=True),
+        Setting("min_p", **optional("off"), advanced=True),
+        Setting("repetition_penalty", options={"step": 0.05}, advanced=True),
     ),
     "training": (
-        Setting("learning_rate", "Learning rate", f"Size of each update: {LEARNING_RATES}."),
-        Setting("epochs", "Epochs", "Passes over the training prompts (ignored when max steps is set).",
-                options={"step": 0.5}),
-        Setting("max_steps", "Max steps", "Stop after this many steps; 0 = train for the epochs above.",
-                options={**WHOLE, "minimum": 0}, to_draft=_whole_or_auto, to_field=lambda value: value or 0),
-        Setting("batch_size", "Batch size (prompts per step)", "Each step samples batch size x group size "
-                "completions.", options=WHOLE),
-        Setting("save_steps", "Save every (steps)", "Checkpoint interval; Stop always saves one, and Resume starts "
-                "from the latest.", options=WHOLE),
-        Setting("gradient_checkpointing", "Gradient checkpointing", "Recompute activations in the backward pass: "
-                "much less memory, but each step recomputes part of the forward pass.", gr.Checkbox),
-        Setting("eval_every", "Held-out check every (steps)", "The model answers a few held-out prompts, drawn beside "
-                "the training reward: it tells learning from gaming. Empty = about ten checks a run (about 3% of its "
-                "time on a CPU), 0 = none.", options={**WHOLE, "minimum": 0},
-                to_draft=lambda value: None if value in (None, "") else int(value)),
+        Setting("learning_rate"),
+        Setting("epochs", options={"step": 0.5}),
+        Setting("max_steps", **optional("the epochs")),
+        Setting("batch_size", options=WHOLE),
+        Setting("save_steps", options=WHOLE),
+        Setting("gradient_checkpointing", gr.Checkbox),
+        Setting("eval_every", **optional("about ten checks a run")),
     ),
     "logging": (
-        Setting("report_to", "Also log to", "Experiment trackers (TRL's report_to); the Train tab always shows the "
-                "run. TensorBoard writes into the run folder: tensorboard --logdir runs.", gr.CheckboxGroup,
-                {"choices": list(TRACKERS)}, to_draft=list,
+        Setting("report_to", gr.CheckboxGroup, {"choices": list(TRACKERS)}, to_draft=list,
                 to_field=lambda value: [value] if isinstance(value, str) and value else list(value or [])),
     ),
     "distributed": (
-        Setting("strategy", "Multi-GPU strategy", "ddp: a model copy per GPU; zero2: shard optimiser state; zero3 / "
-                "fsdp: shard the weights too, for models too big for one GPU.", gr.Dropdown, {"choices": list(STRATEGIES)}),
+        Setting("strategy", gr.Dropdown, {"choices": list(STRATEGIES)}),
     ),
     "generation": (
-        Setting("backend", "Generation", "transformers works everywhere; vLLM (CUDA only) samples much faster, "
-                "inside each process (colocate) or on a server.", gr.Dropdown, {"choices": list(GENERATION_BACKENDS)}),
-        Setting("vllm_server_url", "vLLM server URL", "Only for vllm-server, e.g. http://10.0.0.5:8000.", gr.Textbox,
-                to_draft=lambda value: (value or "").strip() or None, to_field=lambda value: value or ""),
+        Setting("backend", gr.Dropdown, {"choices": list(GENERATION_BACKENDS)}),
+        Setting("vllm_server_url", gr.Textbox, to_draft=lambda value: (value or "").strip() or None,
+                to_field=lambda value: value or ""),
     ),
 }
 
@@ -196,9 +150,9 @@ def widgets(section: str, draft: dict, form: Form, advanced: bool = False, part:
     stored = draft.get(section) or {}
     chosen = [setting for setting in SECTIONS[section] if setting.advanced == advanced][part]
     return [form.add(f"{section}.{setting.key}",
-                     setting.widget(value=setting.to_field(stored.get(setting.key)), label=setting.label,
-                                    info=setting.info, elem_id=f"model-{section}-{setting.key.replace('_', '-')}",
-                                    **setting.options),
+                     setting.widget(value=setting.to_field(stored.get(setting.key)),
+                                    elem_id=f"model-{section}-{setting.key.replace('_', '-')}",
+                                    **described(f"{section}.{setting.key}"), **setting.options),
                      setting.to_draft)
             for setting in chosen]
 
@@ -431,10 +385,8 @@ def build(shared: Shared) -> Callable[[], None]:
         download = gr.DownloadButton("Download the YAML", preview.download, size="sm",
                                      interactive=preview.download is not None, elem_id="model-download")
     with gr.Row(equal_height=True):
-        run_name = form.add("name", gr.Textbox(value=initial.get("name", ""), label="Run name", scale=3,
-                                               elem_id="model-run-name",
-                                               info="Names the run's folder; it follows the data file until you "
-                                                    "type one. Empty: named after the model."),
+        run_name = form.add("name", gr.Textbox(value=initial.get("name", ""), scale=3, elem_id="model-run-name",
+                                               **described("name", "Until you type one, it follows the data file.")),
                             lambda value: (value or "").strip())
         start = gr.Button("Start training", variant="primary", scale=1, elem_id="model-start", interactive=False)
     areas["name"] = problem_area("name")

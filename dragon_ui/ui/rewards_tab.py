@@ -35,7 +35,7 @@ from ..studio.playground import (PREVIEW_ROWS, GroupScores, advantages_of, data_
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight,
                        kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
-from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, shows_errors
+from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, number, optional_number, shown_number, shows_errors
 
 # The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.
 SETTINGS = tuple(f.name for f in fields(RewardSpec) if f.name not in ("kind", "name", "weight"))
@@ -46,6 +46,7 @@ SCORE_COLUMNS = ["reward", "weight", "score", "weighted", "problem"]
 SAMPLED_ROWS = (1, 2, 3)  # rows one "Generate a group" samples
 DEFAULTS = {f.name: f.default for f in fields(RewardSpec)}
 LIST_SETTINGS = ("keys", "words", "tags")  # typed as comma-separated text
+OPTIONAL_NUMBERS = ("min_chars", "max_chars", "max_tokens", "buffer_tokens")  # empty: the setting's default
 STARTER_CODE = '''def reward(prompt, completion, reference, row):
     """Return a number; higher means a better reply. row holds every column of the data row as text."""
     return 1.0 if reference and reference.strip() in completion else 0.0
@@ -104,6 +105,8 @@ def form_values(spec: dict) -> list:
         value = spec.get(setting, DEFAULTS[setting])
         if setting in LIST_SETTINGS:
             value = ", ".join(value or [])
+        elif setting in OPTIONAL_NUMBERS:
+            value = shown_number(value)
         elif setting == "argv":
             value = shlex.join(value) if isinstance(value, list) else (value or "")
         elif setting == "code":  # a starting point for a new custom reward, unless it reads a file instead
@@ -122,6 +125,8 @@ def form_to_dict(kind: str, name: str | None, weight: float | None, values) -> d
             continue
         if setting in LIST_SETTINGS:
             value = [item.strip() for item in (value or "").split(",") if item.strip()] or None
+        elif setting in OPTIONAL_NUMBERS:
+            value = number(value)
         spec[setting] = value
     return spec
 
@@ -527,8 +532,8 @@ def _setting_components(shown: set[str]) -> list:
                               info="Python syntax, e.g. ^\\d+$ for a reply that is only digits."),
         "keys": gr.Textbox(label="Required keys", info="Comma-separated, e.g. name, age, city; empty only checks that "
                                                        "the reply is JSON."),
-        "min_chars": gr.Number(None, precision=0, label="At least this many characters"),
-        "max_chars": gr.Number(None, precision=0, label="At most this many characters"),
+        "min_chars": optional_number(label="At least this many characters", placeholder="no minimum"),
+        "max_chars": optional_number(label="At most this many characters", placeholder="no maximum"),
         "words": gr.Textbox(label="Words", info="Comma-separated; case does not matter."),
         "mode": gr.Radio(["any", "all"], value="any", label="Needs",
                          info="any: one of the words; all: the share found."),
@@ -536,10 +541,10 @@ def _setting_components(shown: set[str]) -> list:
                                                                                       "then <answer>…</answer>."),
         "tags": gr.Textbox(label="…or your own tags",
                            info="Comma-separated tag names in order, e.g. reasoning, answer."),
-        "max_tokens": gr.Number(None, precision=0, label="Length limit in tokens",
-                                info="Empty: the Model & Hardware tab's max new tokens."),
-        "buffer_tokens": gr.Number(None, precision=0, label="Penalty starts this many tokens before the limit",
-                                   info="Empty: the last fifth of the limit, as in DAPO."),
+        "max_tokens": optional_number(label="Length limit in tokens",
+                                      info="Empty: the Model & Hardware tab's max new tokens."),
+        "buffer_tokens": optional_number(label="Penalty starts this many tokens before the limit",
+                                         info="Empty: the last fifth of the limit, as in DAPO."),
         "ngram_size": gr.Number(DEFAULTS["ngram_size"], precision=0, label="Repeated sequences of this many tokens",
                                 info="3 by default: the same three tokens in a row again."),
         "model": gr.Textbox(label="Classifier model", info="A sequence-classification model: a Hub id (e.g. "
