@@ -1,5 +1,5 @@
 """The app's training in a worker process (engine/worker.py) against the same run in a thread of the app's own
-process: the arithmetic recipe as the app ships it, through Studio.start, alternating between the two ways in a
+process: the arithmetic recipe as the app ships it, through Runs.start, alternating between the two ways in a
 rotating order so drift on a shared machine hits both equally. The first step of every run is dropped (warm-up)
 and the medians of the rest are compared, with the completions' mean length beside them: a step's time follows
 the tokens it samples, and the two ways need not sample the same ones.
@@ -26,14 +26,14 @@ def step_times(processes: bool, steps: int, runs_dir: Path) -> tuple[list[float]
     """Step times and mean completion lengths of one run of the default recipe, started as a click on Start
     does."""
     studio = Studio(runs_dir=runs_dir, training_processes=processes)
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     draft["training"].update(max_steps=steps, save_steps=10_000, eval_every=0)
     draft["data"]["eval_frac"] = 0  # only the steps
     if processes:
-        config = studio.validate(draft)
+        config = studio.recipes.validate(draft)
         studio.workers.warm((config.model, config.hardware))
         time.sleep(20)  # warm, as the app's worker is by the time anyone presses Start
-    run = studio.start(draft)
+    run = studio.runs.start(draft)
     state = training.active_run().wait(1800)
     studio.close()
     assert state == "succeeded", run.read_status().get("error")

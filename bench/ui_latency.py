@@ -28,7 +28,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         studio = Studio(runs_dir=Path(tmp) / "runs")
         draft = bench_config_dict(100_000, studio.runs_dir, dtype=args.dtype)
-        run = studio.start(draft)
+        run = studio.runs.start(draft)
         watch: dict = {}
         quiet, redraw = [], []
         deadline = time.monotonic() + args.seconds
@@ -40,7 +40,7 @@ def main() -> None:
             (redraw if changed else quiet).append(elapsed)
             watch = view.watch
             time.sleep(max(0.0, 1.0 - elapsed))
-        studio.stop(run.id)
+        studio.runs.stop(run.id)
         steps = len(run.read_progress())
         from dragon_ui.engine import training
 

@@ -94,7 +94,7 @@ def write_arithmetic_csv(path: Path, rows: int = 30, seed: int = 0) -> Path:
 
 def uploaded_by(key: str, path: Path) -> str:
     """``path`` copied to where a public demo keeps the uploads of the visitor with this key (as the Data tab's
-    upload puts it, Studio.keep_upload); the copy's path, which that visitor alone may read."""
+    upload puts it, Files.keep_upload); the copy's path, which that visitor alone may read."""
     import shutil
 
     from dragon_ui import public

@@ -49,7 +49,7 @@ def client(studio) -> Iterator[Client]:
 
 
 def run_state(studio: Studio, run_id: str) -> str:
-    return studio.run(run_id).read_status().get("state", "")
+    return studio.runs.get(run_id).read_status().get("state", "")
 
 
 def is_skipped(value) -> bool:
@@ -97,8 +97,8 @@ def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path
 
     run_id = client.predict(config, api_name="/start")
     assert isinstance(run_id, str) and run_id.endswith("-client-run"), run_id
-    assert [run["id"] for run in studio.runs()] == [run_id]
-    trained = studio.run(run_id).read_config()  # the run trains exactly the configuration sent
+    assert [run["id"] for run in studio.runs.summaries()] == [run_id]
+    trained = studio.runs.get(run_id).read_config()  # the run trains exactly the configuration sent
     assert trained.model.id == str(tiny_model_dir) and trained.training.max_steps == 2
     assert trained.grpo.group_size == 2 and trained.hardware.device == "cpu"
     assert trained.data.source == str(tmp_path / "small.csv")
@@ -120,7 +120,7 @@ def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path
             if any(state in status for state in ("succeeded", "failed", "cancelled")):
                 break
         time.sleep(0.5)
-    assert run_state(studio, run_id) == "succeeded", studio.run(run_id).read_status().get("error")
+    assert run_state(studio, run_id) == "succeeded", studio.runs.get(run_id).read_status().get("error")
     assert any(run_id in status for status in statuses), statuses
     assert "succeeded" in latest["status"] and "Held-out reward" in latest["status"], latest["status"]
     assert 'aria-valuenow="2"' in latest["progress"] and "Step 2 / 2" in latest["progress"]
@@ -139,7 +139,7 @@ def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path
         assert trace["x"][0] == "total" and {"numeric", "length"} <= set(trace["x"])
         assert all(value is not None for value in trace["y"])
     assert table["headers"][:4] == ["Prompt", "Reference", "Before", "After"]
-    held_out = studio.run(run_id).read_status()
+    held_out = studio.runs.get(run_id).read_status()
     assert "30 rows" in held_out["data_summary"] and held_out["n_eval"] >= 2, held_out["data_summary"]
     assert len(table["data"]) == held_out["n_eval"]  # one row per held-out prompt
     for prompt, reference, before, after, before_reward, after_reward, _ in table["data"]:
@@ -167,7 +167,7 @@ def test_client_errors_are_sentences(studio, client, tmp_path, tiny_model_dir):
     with pytest.raises(AppError, match="missing.csv") as started:
         client.predict(config, api_name="/start")
     assert "Traceback" not in str(started.value)
-    assert studio.runs() == []
+    assert studio.runs.summaries() == []
 
 
 @pytest.mark.parametrize("source", ["someone/their-dataset", "missing.csv"])

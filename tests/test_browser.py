@@ -118,7 +118,7 @@ def recipes_dir(tmp_path, tiny_model_dir, monkeypatch) -> Path:
 @pytest.fixture
 def studio(recipes_dir, studio):
     """conftest's studio (its teardown stops any training left behind), reading the tiny arithmetic recipe."""
-    studio.recipes_dir = recipes_dir
+    studio.recipes.folder = recipes_dir
     return studio
 
 
@@ -220,7 +220,7 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     expect(explanation).to_contain_text("A_i = (r_i − mean) / (std + 0.0001)")
     page.mouse.move(0, 0)
     explanation.screenshot(path=str(screenshots / "explain.png"), animations="disabled")
-    (run,) = studio.runs()
+    (run,) = studio.runs.summaries()
     assert run["state"] == "cancelled" and STEPS_BEFORE_STOP <= run["step"] < run["total_steps"] == 200, run
     # The worker thread writes "cancelled" just before it exits; Evaluate now refuses while it is alive.
     handle = training.active_run()
@@ -283,9 +283,9 @@ def wait_until_loaded(page) -> None:
 def started_config(studio) -> dict:
     """The config.json of the one run Start made (stopped at once: only its settings matter here)."""
     deadline = time.monotonic() + 60
-    while not studio.runs() and time.monotonic() < deadline:
+    while not studio.runs.summaries() and time.monotonic() < deadline:
         time.sleep(0.1)
-    (run,) = studio.runs()
+    (run,) = studio.runs.summaries()
     handle = training.active_run()
     if handle is not None:
         handle.stop()

@@ -90,7 +90,7 @@ def test_a_second_page_opens_saying_that_a_run_trains(page, studio, tmp_path):
     expect(page.locator("#model-start")).to_be_enabled()
     page.locator("#model-start").click()
     expect(page.locator("#train-status")).to_contain_text("running")
-    (run,) = studio.runs()
+    (run,) = studio.runs.summaries()
     second = page.context.browser.new_page(viewport=VIEWPORT)
     second.set_default_timeout(WAIT_MS)
     second.goto(page.url)

@@ -37,7 +37,7 @@ def public_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir):
     # The arithmetic recipe on the tiny model, with nothing a public demo refuses, long enough to be stopped.
     recipes = write_recipe(tmp_path / "recipes", tiny_model_dir, custom_reward=False, max_steps=5000)
     studio = Studio(runs_dir=runs_dir, recipes_dir=recipes, policy=public.Policy.from_env())
-    scheduler = studio.start_queue()
+    scheduler = studio.runs.start_queue()
     yield studio
     scheduler.stop()
     while (handle := training.active_run()) is not None:
@@ -70,7 +70,7 @@ def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
             open_tab(alice, "model")
             alice.locator("#model-start").click()
             expect(alice.locator("#train-status")).to_contain_text("running")
-            (alices_run,) = public_studio.runs()
+            (alices_run,) = public_studio.runs.summaries()
 
             # A browser that kept its token but not its draft (one closed before the draft was written) waits for its
             # load before it may act: what it did before would be done as a visitor of its own, not as its token's.
@@ -97,7 +97,7 @@ def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
             bob.locator("#model-start").click()
             expect(bob.locator("#train-status")).to_contain_text("Waiting in the queue: 1st in line")
             screenshot(bob, tmp_path, "public-bob-queued")
-            bobs_run = next(run for run in public_studio.runs() if run["id"] != alices_run["id"])
+            bobs_run = next(run for run in public_studio.runs.summaries() if run["id"] != alices_run["id"])
             assert bobs_run["waiting"] == "start" and bobs_run["owner"] != alices_run["owner"]
 
             # Alice stops hers (Stop is hers to press); Bob's run then starts by itself.

@@ -64,7 +64,7 @@ def test_comparison_of_a_finished_run(finished_run, studio):
     assert not shown.can_evaluate
     assert f"{evaluation['before']['reward_mean']:.3f} before" in shown.summary and "6 prompts" in shown.summary
 
-    assert compare.comparable_runs(studio.runs()) == [(f"{finished_run.id} · succeeded", finished_run.id)]
+    assert compare.comparable_runs(studio.runs.summaries()) == [(f"{finished_run.id} · succeeded", finished_run.id)]
 
 
 def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_run, studio, tiny_model_dir):
@@ -75,10 +75,10 @@ def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_r
     assert [bar["after"] for bar in shown.bars] == [None, None, None]
 
     # A cancel before the first batch leaves the files as they were.
-    progress = list(evaluation.evaluate_now(studio.inference_model, finished_run, should_stop=lambda: True))
+    progress = list(evaluation.evaluate_now(studio.previews.load, finished_run, should_stop=lambda: True))
     assert progress[-1].startswith("Cancelled") and "after" not in finished_run.read_eval()
 
-    progress = list(evaluation.evaluate_now(studio.inference_model, finished_run))
+    progress = list(evaluation.evaluate_now(studio.previews.load, finished_run))
     assert progress[-1].startswith("Done") and "checkpoint-2" in progress[-1]
     scored = finished_run.read_eval()
     assert scored["before"] == original_eval["before"]  # already scored by training: kept, not recomputed
@@ -99,7 +99,7 @@ def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_r
     # Without any stored score, both sides are computed; "before" matches what training recorded.
     finished_run.eval_path.unlink()
     finished_run.samples_path.unlink()
-    list(evaluation.evaluate_now(studio.inference_model, finished_run))
+    list(evaluation.evaluate_now(studio.previews.load, finished_run))
     scored = finished_run.read_eval()
     assert scored["before"]["reward_mean"] == pytest.approx(original_eval["before"]["reward_mean"])
     assert scored["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
@@ -108,14 +108,14 @@ def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_r
 def test_evaluate_now_explains_what_is_missing(finished_run, studio):
     with pytest.raises(ConfigError, match="still running"):
         finished_run.update_status(state="running", pid=None)
-        next(evaluation.evaluate_now(studio.inference_model, finished_run))
+        next(evaluation.evaluate_now(studio.previews.load, finished_run))
     finished_run.update_status(state="cancelled")
     # What a dataset too small to hold prompts out leaves: an empty eval.jsonl and no scores.
     (finished_run.eval_data_path).write_text("")
     finished_run.eval_path.unlink()
     finished_run.samples_path.unlink()
     with pytest.raises(ConfigError, match="no held-out prompts"):
-        next(evaluation.evaluate_now(studio.inference_model, finished_run))
+        next(evaluation.evaluate_now(studio.previews.load, finished_run))
     shown = compare.comparison(finished_run)
     assert "no held-out prompts" in shown.summary and not shown.can_evaluate and shown.bars == shown.table == []
 
@@ -188,7 +188,7 @@ def test_full_fine_tuning_runs_compare_two_separate_models(tiny_config_dict, stu
     assert before == generate_replies(base, tokenizer, conversation, 12)[0]
     assert after == generate_replies(trained, tokenizer, conversation, 12)[0] != before
 
-    list(evaluation.evaluate_now(studio.inference_model, run))
+    list(evaluation.evaluate_now(studio.previews.load, run))
     config = run.read_config()
     expected = evaluate_model(trained, tokenizer, evaluation.held_out_examples(run), build_rewards(config.rewards),
                               config.grpo.max_new_tokens)

@@ -271,7 +271,7 @@ def test_the_form_has_a_field_for_every_model_tab_setting_explained_by_the_setti
 
 
 def test_form_compose_writes_every_fields_path(form, tmp_path):
-    draft = Studio(runs_dir=tmp_path / "runs").default_draft()
+    draft = Studio(runs_dir=tmp_path / "runs").recipes.default()
     shown = dict(zip(MODEL_TAB_PATHS, model_tab.field_values(draft, MODEL_TAB_PATHS), strict=True))
     values = [shown[f.path] if f.path in shown else get_path(draft, f.path) for f in form.fields]
     composed = form.compose({}, *values)  # nothing loaded: everything comes from the fields
@@ -282,7 +282,7 @@ def test_form_compose_writes_every_fields_path(form, tmp_path):
 
 @pytest.mark.parametrize("recipe", sorted(path.stem for path in (ASSETS_DIR / "recipes").glob("*.yaml")))
 def test_the_model_tab_fields_round_trip_a_recipe(form, tmp_path, recipe):
-    draft = Studio(runs_dir=tmp_path / "runs").load_recipe(recipe)
+    draft = Studio(runs_dir=tmp_path / "runs").recipes.load(recipe)
     fields = [next(f for f in form.fields if f.path == path) for path in MODEL_TAB_PATHS]  # one field per path
     stale = copy.deepcopy(draft)  # the settings last loaded, before the fields were filled
     for path in MODEL_TAB_PATHS:
@@ -328,8 +328,8 @@ def test_every_server_event_keeps_its_loading_status_on_a_few_components(app):
 
 def test_loading_a_recipe_replaces_an_unedited_draft_and_asks_about_an_edited_one(app, studio):
     load = wired(app, "load-recipe")
-    current = studio.default_draft()
-    wanted = studio.load_recipe("json_answers")
+    current = studio.recipes.default()
+    wanted = studio.recipes.load("json_answers")
 
     confirm, question, pending, status, new_draft, pristine, auto_name, opening, *filled = load(
         current, *form_inputs(app, current), "json_answers")
@@ -367,7 +367,7 @@ def test_the_page_first_paints_the_default_recipe_and_nothing_else(app, studio):
     with the Data tab's table and counts, so a browser that kept no draft shows real values before any event is
     answered; the form itself is hidden in it (a browser that kept a draft shows "Opening…" until its own is in).
     The updates worked out for it are not placed in the page as components of their own (common.made_apart)."""
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     assert app.form.loaded.value == draft  # the settings no field shows come from it
     shown = app.form.compose(app.form.loaded.value, *(field.component.value for field in app.form.fields))
     assert same_settings(shown, draft), shown
@@ -404,7 +404,7 @@ def test_the_first_paint_loads_no_tokenizer_and_says_the_prompts_are_coming(stud
     app = build_app(studio)
     (rendered,) = [c["props"]["value"] for c in app.config["components"]
                    if c["props"].get("elem_id") == "data-rendered"]
-    model = studio.default_draft()["model"]["id"]
+    model = studio.recipes.default()["model"]["id"]
     assert rendered == message(f"Loading the tokenizer of {model} to show the prompts as it reads them…")
 
 

@@ -64,7 +64,7 @@ def three_runs(tiny_model_dir, tmp_path, runs_dir):
 
 
 def test_the_leaderboard_ranks_by_held_out_reward_after_with_its_change(studio, three_runs):
-    entries = experiments.leaderboard(studio.runs())
+    entries = experiments.leaderboard(studio.runs.summaries())
     assert [e.run_id for e in entries] == ["20261201-110000-stronger", "20261201-100000-tiny",
                                            "20261201-120000-tiny"]  # best after first; not scored yet last
     best, finished, running = entries
@@ -84,7 +84,7 @@ def test_the_leaderboard_ranks_by_held_out_reward_after_with_its_change(studio, 
     ("nothing-like-it", 0),
 ])
 def test_the_filter_keeps_runs_with_every_word(studio, three_runs, words, expected):
-    entries = experiments.leaderboard(studio.runs())
+    entries = experiments.leaderboard(studio.runs.summaries())
     assert sum(entry.matches(words) for entry in entries) == expected
 
 

@@ -165,7 +165,7 @@ def test_a_group_whose_totals_overflow_is_answered_in_the_panel(studio, tmp_path
         {"text": "a", "scores": {"a": 1.0}, "total": 1e308, "advantage": 0.0}] * 2}]}
     monkeypatch.setattr(train_tab, "explain_run_group", lambda run, step, group: explain.explain_group(
         huge, group, {"rewards": [{"name": "a", "weight": 1e308}]}))
-    monkeypatch.setattr(studio, "run", lambda run_id: None)
+    monkeypatch.setattr(studio.runs, "get", lambda run_id: None)
     assert "too large to work out" in train_tab.explain_clicked(studio, "any", Event({"step": 1, "group": 1}))
 
 

@@ -220,20 +220,20 @@ def test_previews_beside_a_gpu_training_need_room_on_its_gpu(studio, training_el
     gpu_machine = HardwareInfo(cuda=[CudaDevice(0, "NVIDIA A100", 80.0, free_gb, True)], cpu_cores=16)
     monkeypatch.setattr(studio, "hardware", lambda refresh=False: gpu_machine)
     loaded: list = []
-    monkeypatch.setattr(studio.models, "load", lambda *args: loaded.append(args) or ("model", "tokenizer"))
+    monkeypatch.setattr(studio.previews.cache, "load", lambda *args: loaded.append(args) or ("model", "tokenizer"))
     model = RunConfig().model  # SmolLM2-135M: its size is known
     if refused:
         with pytest.raises(BusyError, match=r"A training is using GPU 0, and a preview of .* needs about \d"):
-            studio.inference_model(model, settings=HardwareSettings(device="cuda"))
+            studio.previews.load(model, settings=HardwareSettings(device="cuda"))
         assert loaded == []
     else:
-        assert studio.inference_model(model, settings=HardwareSettings(device="cuda")) == ("model", "tokenizer")
+        assert studio.previews.load(model, settings=HardwareSettings(device="cuda")) == ("model", "tokenizer")
 
 
 def test_previews_beside_a_cpu_training_are_refused(studio, training_elsewhere, monkeypatch):
     monkeypatch.setattr(studio, "hardware", lambda refresh=False: HardwareInfo(cpu_cores=2))
     with pytest.raises(BusyError, match="this machine's CPU"):
-        studio.inference_model(RunConfig().model)
+        studio.previews.load(RunConfig().model)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU here, the preview runs on it")

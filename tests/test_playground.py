@@ -50,9 +50,9 @@ def example(question: str, reference: str = "", system: str = "") -> dict:
 # --------------------------------------------------------------------------------------------- data preview
 
 
-@pytest.mark.parametrize("recipe", Studio(runs_dir="unused").recipe_names())
+@pytest.mark.parametrize("recipe", Studio(runs_dir="unused").recipes.names())
 def test_preview_of_each_bundled_dataset(recipe):
-    data = DataConfig(**Studio(runs_dir="unused").load_recipe(recipe)["data"])
+    data = DataConfig(**Studio(runs_dir="unused").recipes.load(recipe)["data"])
     rows = read_table(data.source).rows
     preview = preview_data(data)
     assert preview.error is None
@@ -72,7 +72,7 @@ def test_preview_of_each_bundled_dataset(recipe):
 
 def test_the_recipes_cover_every_bundled_dataset():
     studio = Studio(runs_dir="unused")
-    used = {Path(studio.load_recipe(name)["data"]["source"]).name for name in studio.recipe_names()}
+    used = {Path(studio.recipes.load(name)["data"]["source"]).name for name in studio.recipes.names()}
     bundled = {p.name for p in DATASETS.iterdir() if p.suffix in (".csv", ".jsonl")}
     assert used == bundled
 
@@ -226,7 +226,7 @@ def test_fit_mapping_without_a_reference_column_clears_it():
 
 
 def test_preview_examples_and_data_config():
-    draft = Studio(runs_dir="unused").default_draft()
+    draft = Studio(runs_dir="unused").recipes.default()
     examples = preview_examples(data_config(draft))
     assert len(examples) == PREVIEW_ROWS
     assert prompt_text(examples[0]) == "What is 66 + 24? Reply with just the number."

@@ -113,7 +113,7 @@ def test_a_public_run_of_allowed_settings_trains(public_mode, tiny_config_dict):
 
 
 def test_uploads_are_the_uploaders_own(public_mode, nothing_is_read, tiny_config_dict):
-    """An upload lies in its visitor's own folder (Studio.keep_upload): nobody else may name it, and a path that
+    """An upload lies in its visitor's own folder (Files.keep_upload): nobody else may name it, and a path that
     climbs out of one's own folder into another's is another's."""
     upload = uploaded_by("alice", tiny_config_dict["data"]["source"])
     tiny_config_dict["data"]["source"] = upload
@@ -220,7 +220,7 @@ def test_a_run_made_outside_the_demo_lends_no_code_and_reading_it_runs_none(publ
     with public.visiting(public.Visitor(key="bob")), \
             pytest.raises(ConfigError, match=f"The settings of run {finished_run.id} cannot be used here: "
                                              r"rewards\[0\]\.kind: custom Python rewards are turned off"):
-        studio.run_settings(finished_run.id)
+        studio.runs.settings_of(finished_run.id)
     assert not ran.exists()
 
 
@@ -306,23 +306,23 @@ def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, stud
     alice, bob = public.Visitor(key="alice"), public.Visitor(key="bob")
     public_config["training"].update(max_steps=500, save_steps=1)
     with public.visiting(alice):
-        run = studio.start(public_config)
+        run = studio.runs.start(public_config)
     assert run.read_status()["owner"] == "alice"
     with public.visiting(bob):
-        assert studio.whose({"owner": "alice"}) == "another visitor's"
+        assert studio.runs.whose({"owner": "alice"}) == "another visitor's"
         with pytest.raises(NotYoursError, match="belongs to another visitor: only the browser that started it can "
                                                 "stop it"):
-            studio.stop(run.id)
+            studio.runs.stop(run.id)
         with pytest.raises(gr.Error, match="belongs to another visitor"):
             compare_tab.download_adapter(studio, run.id)
     with public.visiting(Visitors(owner_key="s3cret").unlock(public.Visitor(key="teacher"), "s3cret")):
-        assert studio.whose({"owner": "alice"}) == "yours"
+        assert studio.runs.whose({"owner": "alice"}) == "yours"
     with public.visiting(alice):
-        assert studio.whose({"owner": "alice"}) == "yours"
-        studio.stop(run.id)
+        assert studio.runs.whose({"owner": "alice"}) == "yours"
+        studio.runs.stop(run.id)
     assert training.active_run().wait(120) == "cancelled"
     with public.visiting(bob), pytest.raises(NotYoursError, match="can resume it"):
-        studio.resume(run.id)
+        studio.runs.resume(run.id)
 
 
 def limit_reached_when(monkeypatch, reached):
@@ -463,7 +463,7 @@ def test_the_http_api_refuses_it_too(public_client, nothing_is_read, public_conf
     with pytest.raises(AppError) as started:
         client.predict(hostile, api_name="/start")
     assert re.search(refusal, checked) and re.search(refusal, str(started.value)), (checked, started.value)
-    assert training.active_run() is None and studio.runs() == []
+    assert training.active_run() is None and studio.runs.summaries() == []
 
 
 def test_the_http_apis_check_reads_no_data_in_a_public_demo(public_client, nothing_is_read, public_config):
@@ -484,7 +484,7 @@ def test_the_readmes_api_flow_works_whatever_runs_folder_the_app_was_given(publi
         assert client.predict({**public_config, "runs_dir": runs_dir}, api_name="/check") == "valid"
     run_id = client.predict({**public_config, "runs_dir": str(elsewhere)}, api_name="/start")
     assert (studio.runs_dir / run_id / "config.json").is_file() and not elsewhere.exists()
-    studio.run(run_id).request_stop()
+    studio.runs.get(run_id).request_stop()
 
 
 def test_over_the_api_one_visitor_cannot_stop_anothers_run(public_client, public_config):
@@ -498,14 +498,14 @@ def test_over_the_api_one_visitor_cannot_stop_anothers_run(public_client, public
     bob.predict(run_id, api_name="/train_open")
     with pytest.raises(AppError, match="belongs to another visitor"):
         bob.predict(api_name="/train_stop")
-    assert studio.run(run_id).read_status()["state"] in ("queued", "running")
+    assert studio.runs.get(run_id).read_status()["state"] in ("queued", "running")
     alice.predict(api_name="/train_runs")
     alice.predict(run_id, api_name="/train_open")
     assert "Stopping: the step under way ends at once" in alice.predict(api_name="/train_stop")
     handle = training.active_run()  # None when the stop came while it still waited for its turn
     if handle is not None:
         handle.wait(120)
-    assert studio.run(run_id).read_status()["state"] == "cancelled"
+    assert studio.runs.get(run_id).read_status()["state"] == "cancelled"
 
 
 def test_uploads_are_capped_at_the_limit(public_mode, monkeypatch, runs_dir):

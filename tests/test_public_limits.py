@@ -25,6 +25,7 @@ from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
 from dragon_ui.engine import public_checks, queue, retention, training
 from dragon_ui.errors import BusyError, ConfigError, NotYoursError
 from dragon_ui.studio.visitors import WRONG_KEYS_ALLOWED, Visitors
+from dragon_ui.studio.backend import Studio
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -459,30 +460,30 @@ def test_each_visitor_and_each_address_has_a_few_runs_and_starts(public_mode, st
                                                                  monkeypatch):
     monkeypatch.setenv("DRAGON_UI_MAX_RUNS_PER_ADDRESS", "3")
     monkeypatch.setenv("DRAGON_UI_MAX_STARTS_PER_HOUR", "3")
-    monkeypatch.setattr(studio, "policy", demo())  # as an app started with these limits
+    studio = Studio(runs_dir=studio.runs_dir, policy=demo())  # as an app started with these limits
     upload = uploaded_by("alice", tiny_config_dict["data"]["source"])
     alice = public.Visitor(key="alice", address="home")
     config = {**long_run(tiny_config_dict, "a"), "data": {**tiny_config_dict["data"], "source": upload}}
     with public.visiting(alice):
-        runs = [studio.start(config), studio.start(config)]
+        runs = [studio.runs.start(config), studio.runs.start(config)]
         with pytest.raises(BusyError, match="You already have 2 runs training or waiting"):
-            studio.start(config)
+            studio.runs.start(config)
     bundled = {**long_run(tiny_config_dict, "b"),
                "data": {**tiny_config_dict["data"], "source": str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")}}
     with public.visiting(public.Visitor(key="alices-script", address="home")):
-        runs.append(studio.start(bundled))
+        runs.append(studio.runs.start(bundled))
     with public.visiting(public.Visitor(key="another-call", address="home")), \
             pytest.raises(BusyError, match="3 runs from your network address are already training or waiting"):
-        studio.start(bundled)
+        studio.runs.start(bundled)
     with public.visiting(public.Visitor(key="bob", address="elsewhere")):
-        runs.append(studio.start(bundled))  # another address is not held up
+        runs.append(studio.runs.start(bundled))  # another address is not held up
     for run in runs:
         with public.visiting(public.Visitor(unlocked=True, key="owner")):
-            studio.stop(run.id)
+            studio.runs.stop(run.id)
     assert training.active_run().wait(120) == "cancelled"
     with public.visiting(public.Visitor(key="alices-script", address="home")), \
             pytest.raises(BusyError, match="3 runs were started from your network address in the last hour"):
-        studio.start(bundled)
+        studio.runs.start(bundled)
 
 
 def test_preparing_a_run_holds_up_nobody_elses_start_or_stop(public_mode, studio, tiny_config_dict, monkeypatch):
@@ -500,10 +501,10 @@ def test_preparing_a_run_holds_up_nobody_elses_start_or_stop(public_mode, studio
     config = {**tiny_config_dict, "data": {**tiny_config_dict["data"], "source": uploaded_by(
         "v", tiny_config_dict["data"]["source"])}}
     with public.visiting(public.Visitor(key="v", address="a")):
-        first = studio.start(long_run(config, "first"))
+        first = studio.runs.start(long_run(config, "first"))
     def start_slowly():
         with public.visiting(public.Visitor(key="v", address="a")):
-            studio.start({**config, "name": "slow"})
+            studio.runs.start({**config, "name": "slow"})
 
     slow = threading.Thread(target=start_slowly)
     slow.start()
@@ -512,7 +513,7 @@ def test_preparing_a_run_holds_up_nobody_elses_start_or_stop(public_mode, studio
     with queue._lock:  # the lock is free while the slow run prepares
         pass
     with public.visiting(public.Visitor(key="v", address="a")):
-        studio.stop(first.id)
+        studio.runs.stop(first.id)
     assert time.monotonic() - started < 5
     release.set()
     slow.join(60)
@@ -581,12 +582,12 @@ def test_an_upload_moves_into_its_visitors_own_folder(public_mode, studio, tmp_p
     uploaded.parent.mkdir(parents=True)
     write_arithmetic_csv(uploaded)
     with public.visiting(public.Visitor(key="alice")):
-        kept = Path(studio.keep_upload(uploaded, gradio_folder))
+        kept = Path(studio.files.keep_upload(uploaded, gradio_folder))
         assert kept.is_relative_to(public.uploads_dir() / "alice") and kept.read_text().startswith("question")
         assert not uploaded.parent.exists()  # gradio's copy, which gradio would serve, is gone
         assert data.locate(str(kept), policy=demo()) == kept
         with pytest.raises(ConfigError, match="was not uploaded here"):
-            studio.keep_upload(tmp_path / "elsewhere.csv", gradio_folder)
+            studio.files.keep_upload(tmp_path / "elsewhere.csv", gradio_folder)
     with public.visiting(public.Visitor(key="bob")), pytest.raises(ConfigError, match="reads no other files"):
         data.locate(str(kept), policy=demo())
 
@@ -598,12 +599,12 @@ def test_another_visitors_settings_are_lent_without_their_data_or_their_run(publ
     config["model"]["id"] = str(finished_run.path)
     finished_run.config_path.write_text(json.dumps(config))
     with public.visiting(public.Visitor(key="bob")):
-        draft, label = studio.run_settings(finished_run.id)
+        draft, label = studio.runs.settings_of(finished_run.id)
     assert draft["data"]["source"] == "" and draft["model"]["id"] == DEFAULT_MODEL_ID
     assert "without what was another visitor's: its data" in label and "its starting model" in label
     assert draft["rewards"] == config["rewards"]
     with public.visiting(public.Visitor(key="alice")):
-        draft, label = studio.run_settings(finished_run.id)
+        draft, label = studio.runs.settings_of(finished_run.id)
     assert draft["data"]["source"] == config["data"]["source"] and "without" not in label
 
 
@@ -615,16 +616,16 @@ def test_another_visitors_notes_are_lent_only_when_they_are_a_recipes(public_mod
     from dragon_ui import ASSETS_DIR
     from dragon_ui.config import RunConfig
 
-    studio.recipes_dir = ASSETS_DIR / "recipes"
+    studio.recipes.folder = ASSETS_DIR / "recipes"
     notes = notes or RunConfig.from_file(ASSETS_DIR / "recipes" / "reward_hacking.yaml").notes
     finished_run.update_status(owner="alice")
     config = json.loads(finished_run.config_path.read_text())
     finished_run.config_path.write_text(json.dumps({**config, "notes": notes}))
     with public.visiting(public.Visitor(key="bob")):
-        draft, label = studio.run_settings(finished_run.id)
+        draft, label = studio.runs.settings_of(finished_run.id)
     assert draft["notes"] == (notes if kept else "") and ("its notes" in label) is not kept
     with public.visiting(public.Visitor(key="alice")):
-        assert studio.run_settings(finished_run.id)[0]["notes"] == notes
+        assert studio.runs.settings_of(finished_run.id)[0]["notes"] == notes
 
 
 def test_ask_both_keeps_to_its_limits(public_mode, studio, finished_run):
@@ -632,7 +633,7 @@ def test_ask_both_keeps_to_its_limits(public_mode, studio, finished_run):
 
     finished_run.update_status(owner="alice")
     with public.visiting(public.Visitor(key="bob")), pytest.raises(NotYoursError):
-        studio.owned_run(finished_run.id, "ask its models")
+        studio.runs.owned(finished_run.id, "ask its models")
     for prompt, tokens, temperature, refusal in (("x" * 4001, 8, 0.0, "at most 4,000"),
                                                  ("hi", 257, 0.0, "from 1 to 256"),
                                                  ("hi", 8.5, 0.0, "whole number"),
@@ -713,7 +714,7 @@ def test_starts_sent_at_the_same_moment_cannot_all_pass(public_mode, studio, tin
     def start():
         with public.visiting(public.Visitor(key="v", address="a")):
             try:
-                outcomes.append(studio.start(config).id)
+                outcomes.append(studio.runs.start(config).id)
             except BusyError as refused:
                 outcomes.append(str(refused))
 
@@ -724,9 +725,9 @@ def test_starts_sent_at_the_same_moment_cannot_all_pass(public_mode, studio, tin
         thread.join(120)
     refused = [outcome for outcome in outcomes if "You already have 2 runs" in outcome]
     assert len(outcomes) == 4 and len(refused) == 2, outcomes
-    for run in studio.runs():
+    for run in studio.runs.summaries():
         with public.visiting(public.Visitor(key="v")):
-            studio.stop(run["id"])
+            studio.runs.stop(run["id"])
 
 
 def test_previews_are_refused_beside_a_cpu_training_even_with_the_model_loaded(studio, tiny_config_dict,
@@ -736,14 +737,14 @@ def test_previews_are_refused_beside_a_cpu_training_even_with_the_model_loaded(s
     from dragon_ui.config import HardwareSettings, ModelConfig
 
     model, settings = ModelConfig(id=str(tiny_model_dir)), HardwareSettings(device="cpu")
-    studio.inference_model(model, settings=settings)
-    assert studio.models.holds(model, None, settings)
+    studio.previews.load(model, settings=settings)
+    assert studio.previews.cache.holds(model, None, settings)
     tiny_config_dict["training"].update(max_steps=5000, save_steps=5000)
     handle = training.start(RunConfig.from_dict(tiny_config_dict))  # as the queue starts one: nothing is released
     with pytest.raises(BusyError, match="A training is running on this machine's CPU"):
-        studio.inference_model(model, settings=settings)
+        studio.previews.load(model, settings=settings)
     with pytest.raises(BusyError, match="merging a model now would slow it down badly"):
-        studio.refuse_while_training_on_the_cpu("merging a model")
+        studio.previews.refuse_while_training("merging a model")
     handle.stop()
     handle.wait(120)
 
@@ -770,12 +771,12 @@ def test_a_visitor_keeps_three_uploads_and_an_unreadable_one_is_not_kept(public_
             uploaded = gradio_folder / f"u{number}" / f"data{number}.csv"
             uploaded.parent.mkdir(parents=True)
             write_arithmetic_csv(uploaded)
-            kept.append(Path(studio.keep_upload(uploaded, gradio_folder)))
+            kept.append(Path(studio.files.keep_upload(uploaded, gradio_folder)))
             time.sleep(0.01)  # distinct modification times, newest last
         assert [path.exists() for path in kept] == [False, False, True, True, True]
-        studio.discard_upload(str(kept[-1]))
+        studio.files.discard_upload(str(kept[-1]))
         assert not kept[-1].exists() and kept[-2].exists()
-        studio.discard_upload(str(tmp_path / "elsewhere.csv"))  # anything but one's own upload is left alone
+        studio.files.discard_upload(str(tmp_path / "elsewhere.csv"))  # anything but one's own upload is left alone
 
 
 def test_a_request_body_over_the_limit_is_refused_before_it_is_read_whole(public_mode):

@@ -18,6 +18,7 @@ from dragon_ui.engine import publish as hub
 from dragon_ui.errors import ConfigError
 from dragon_ui.public import Visitor, visiting
 from dragon_ui.ui import compare_tab
+from dragon_ui.studio.backend import Studio
 
 REPO = "someone/arith-grpo"
 
@@ -144,7 +145,7 @@ def test_a_public_demo_uploads_only_with_the_visitors_own_token(fake_hub, hub_ru
 
 def test_the_compare_tab_publishes_the_visitors_own_run_only(fake_hub, hub_run, studio, monkeypatch):
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
-    monkeypatch.setattr(studio, "policy", public.Policy.from_env())
+    studio = Studio(runs_dir=studio.runs_dir, policy=public.Policy.from_env())  # as the app would start
     hub_run.update_status(owner="alice")
     kind = next(iter(compare_tab.PUBLISH_KINDS))
     with visiting(Visitor(key="bob")):

@@ -12,6 +12,7 @@ from dragon_ui import public
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import queue, training
 from dragon_ui.errors import BusyError
+from dragon_ui.studio.backend import Studio
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,25 +35,25 @@ def long_config(config: dict, name: str) -> dict:
 
 
 def test_runs_started_while_one_trains_wait_their_turn_and_start_by_themselves(studio, tiny_config_dict, runs_dir):
-    first = studio.start(long_config(tiny_config_dict, "first"))
+    first = studio.runs.start(long_config(tiny_config_dict, "first"))
     wait_for(lambda: first.read_progress(), what="the first step")
-    second = studio.start({**tiny_config_dict, "name": "second"})
-    third = studio.start({**tiny_config_dict, "name": "third"})
+    second = studio.runs.start({**tiny_config_dict, "name": "second"})
+    third = studio.runs.start({**tiny_config_dict, "name": "third"})
     assert [second.read_status()["waiting"], third.read_status()["waiting"]] == ["start", "start"]
     assert second.read_status()["state"] == "queued" and place_in_line(third) == 2
-    assert studio.queue_place(second.id).startswith("1st in line; ")
-    assert studio.active_run_id() == first.id
+    assert studio.runs.place(second.id).startswith("1st in line; ")
+    assert studio.runs.active_id() == first.id
 
-    studio.stop(third.id)  # out of the queue, kept to be resumed later
+    studio.runs.stop(third.id)  # out of the queue, kept to be resumed later
     assert third.read_status()["state"] == "cancelled" and place_in_line(third) is None
     assert "taken out of the queue" in third.read_status()["stop_reason"]
 
-    scheduler = studio.start_queue()
+    scheduler = studio.runs.start_queue()
     try:
         looked = scheduler.rounds
         wait_for(lambda: scheduler.rounds >= looked + 2, what="the scheduler to look at the queue twice")
         assert second.read_status()["state"] == "queued"  # nothing starts while the first run trains
-        studio.stop(first.id)
+        studio.runs.stop(first.id)
         wait_for(lambda: second.read_status()["state"] == "succeeded", what="the second run to start and finish")
         assert first.read_status()["state"] == "cancelled"
         assert third.read_status()["state"] == "cancelled"  # taken out: it does not start by itself
@@ -61,12 +62,12 @@ def test_runs_started_while_one_trains_wait_their_turn_and_start_by_themselves(s
 
 
 def test_the_queue_is_the_runs_folder_and_survives_a_restart(studio, tiny_config_dict, runs_dir):
-    first = studio.start(long_config(tiny_config_dict, "first"))
-    waiting = studio.start({**tiny_config_dict, "name": "waiting"})
-    studio.stop(first.id)
+    first = studio.runs.start(long_config(tiny_config_dict, "first"))
+    waiting = studio.runs.start({**tiny_config_dict, "name": "waiting"})
+    studio.runs.stop(first.id)
     assert training.active_run().wait(120) == "cancelled"
     assert waiting.read_status()["waiting"] == "start"  # no scheduler ran: it still waits, as after a crash
-    resumed = studio.resume(first.id)  # a resume while one waits queues behind it
+    resumed = studio.runs.resume(first.id)  # a resume while one waits queues behind it
     assert resumed.read_status()["waiting"] == "resume" and place_in_line(resumed) == 2
 
     scheduler = queue.Scheduler(runs_dir, interval_s=0.2).start()  # "the app started again"
@@ -75,18 +76,18 @@ def test_the_queue_is_the_runs_folder_and_survives_a_restart(studio, tiny_config
         wait_for(lambda: resumed.read_status().get("resumed_at"), what="the queued resume to start")
         status = resumed.read_status()
         assert status["state"] in ("running", "queued") and not status.get("waiting")
-        studio.stop(first.id)
+        studio.runs.stop(first.id)
         wait_for(lambda: training.active_run() is None, what="the resumed run to stop")
     finally:
         scheduler.stop()
 
 
 def test_a_queued_run_that_cannot_start_is_marked_failed_and_the_queue_goes_on(studio, tiny_config_dict, runs_dir):
-    first = studio.start(long_config(tiny_config_dict, "first"))
-    broken = studio.start({**tiny_config_dict, "name": "broken"})
-    after = studio.start({**tiny_config_dict, "name": "after"})
+    first = studio.runs.start(long_config(tiny_config_dict, "first"))
+    broken = studio.runs.start({**tiny_config_dict, "name": "broken"})
+    after = studio.runs.start({**tiny_config_dict, "name": "after"})
     broken.config_path.write_text("{not json", encoding="utf-8")
-    studio.stop(first.id)
+    studio.runs.stop(first.id)
     assert training.active_run().wait(120) == "cancelled"
     queue.start_next(runs_dir)
     assert broken.read_status()["state"] == "failed" and "could not start when its turn came" in \
@@ -100,11 +101,11 @@ def test_a_public_demo_caps_the_queue(studio, tiny_config_dict, monkeypatch, tin
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
     monkeypatch.setenv("DRAGON_UI_MAX_QUEUE", "1")
-    monkeypatch.setattr(studio, "policy", public.Policy.from_env())
+    studio = Studio(runs_dir=studio.runs_dir, policy=public.Policy.from_env())  # as the app would start
     tiny_config_dict["data"]["source"] = uploaded_by("v", tiny_config_dict["data"]["source"])
     with public.visiting(public.Visitor(key="v")):
-        first = studio.start(long_config(tiny_config_dict, "first"))
-        studio.start(tiny_config_dict)
+        first = studio.runs.start(long_config(tiny_config_dict, "first"))
+        studio.runs.start(tiny_config_dict)
         with pytest.raises(BusyError, match="The queue is full: 1 runs are already waiting"):
             queue.submit_start(RunConfig.from_dict(tiny_config_dict), studio.policy)
-        studio.stop(first.id)
+        studio.runs.stop(first.id)

@@ -130,7 +130,7 @@ def test_check_says_what_it_found_and_whether_a_run_could_start(kind, outcome, c
 def test_the_data_tab_shows_the_same_findings(kind, outcome, config_for, studio):
     said, could_start = outcome
     config, _ = config_for(kind)
-    draft = {**studio.default_draft(), **{key: config[key] for key in ("data", "model", "hardware", "grpo")}}
+    draft = {**studio.recipes.default(), **{key: config[key] for key in ("data", "model", "hardware", "grpo")}}
     labels = {"data.source": "Data source", "data.sheet": "Sheet", "data.max_prompt_tokens": "Max prompt tokens"}
     source_status, _, mapping_status, counts, _, lengths, sheets = data_tab.preview_views(
         data_tab._preview(draft, data_config(draft), draft_tokenizer(draft), LAPTOP)[0], labels)

@@ -73,7 +73,7 @@ def test_the_model_tab_says_a_tracker_is_missing_next_to_its_boxes(studio, monke
     from dragon_ui.ui import model_tab
 
     monkeypatch.setattr("transformers.integrations.is_trackio_available", lambda: False)
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     draft["logging"] = {"report_to": ["trackio"]}
     preview = model_tab.build_preview(studio, draft, {"logging.report_to": "Also log to"})
     assert "Also log to lists trackio, which is not installed here: run `pip install trackio`" in preview.check

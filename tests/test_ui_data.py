@@ -40,7 +40,7 @@ def labels(form) -> dict[str, str]:
 @pytest.fixture
 def draft(studio, tiny_model_dir):
     """The default draft (arithmetic recipe) on the tiny model, whose chat template is <|user|>...<|assistant|>."""
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     draft["model"]["id"] = str(tiny_model_dir)
     return draft
 

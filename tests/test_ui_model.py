@@ -52,7 +52,7 @@ def button(app, elem_id: str, event: str = "click"):
 @pytest.fixture
 def tiny_draft(studio, tiny_model_dir) -> dict:
     """The default draft on the tiny model, 2 quick steps on one CPU thread."""
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     draft["model"]["id"] = str(tiny_model_dir)
     draft["grpo"].update(group_size=2, max_new_tokens=6)
     draft["training"].update(batch_size=2, max_steps=2, save_steps=1, learning_rate=0.01)
@@ -63,7 +63,7 @@ def tiny_draft(studio, tiny_model_dir) -> dict:
 
 
 def test_the_form_composes_what_the_screen_shows(app, studio):
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     draft["training"]["grad_accum"] = 3  # not on the form: comes from the draft last loaded
     original = copy.deepcopy(draft)
     values = screen(app, draft, model__id="  Qwen/Qwen2.5-0.5B-Instruct ", name=" my run ",
@@ -95,13 +95,13 @@ def test_the_form_composes_what_the_screen_shows(app, studio):
 def test_a_handler_that_takes_the_draft_gets_what_the_screen_shows(app, studio):
     seen = []
     handler = app.form.takes_draft(lambda draft, extra: seen.append((draft, extra)) or "done")
-    assert handler(*screen(app, studio.default_draft(), training__learning_rate=3e-6), "more") == "done"
+    assert handler(*screen(app, studio.recipes.default(), training__learning_rate=3e-6), "more") == "done"
     (draft, extra), = seen
     assert draft["training"]["learning_rate"] == 3e-6 and extra == "more"
 
 
 def test_the_form_shows_the_draft_and_round_trips(app, studio):
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     draft["lora"]["target_modules"] = ["q_proj", "v_proj"]
     values = model_tab.field_values(draft, MODEL_TAB_PATHS)
     assert values[0] == draft["model"]["id"] and values[-1] == draft["name"]
@@ -113,13 +113,13 @@ def test_the_form_shows_the_draft_and_round_trips(app, studio):
 
 
 def test_a_valid_draft_previews_its_yaml_cli_and_estimate(app, studio):
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     preview = model_tab.build_preview(studio, draft, app.form.labels)
     assert preview.check == message("The settings are valid.", "ok") and preview.problems == {}
     assert preview.hardware.startswith("**This run will use:** ") and "- device " in preview.hardware
     assert preview.estimate.startswith("**Rough estimate** for HuggingFaceTB/SmolLM2-135M-Instruct (135M parameters")
     assert "Memory ≈" in preview.estimate and "Time per step ≈" in preview.estimate
-    assert RunConfig.from_dict(yaml.safe_load(preview.yaml), base_dir=draft["base_dir"]) == studio.validate(draft)
+    assert RunConfig.from_dict(yaml.safe_load(preview.yaml), base_dir=draft["base_dir"]) == studio.recipes.validate(draft)
     assert "python -m dragon_ui train arithmetic.yaml" in preview.cli
     outputs = preview.outputs()
     download = outputs[5]
@@ -145,7 +145,7 @@ def test_a_valid_draft_previews_its_yaml_cli_and_estimate(app, studio):
     ({"grpo__epsilon_high": "0"}, "advanced", "Upper clip (epsilon high) must be between", "grpo.epsilon_high"),
 ])
 def test_an_invalid_value_is_named_in_the_forms_words_next_to_its_fields(app, studio, edits, area, sentence, path):
-    draft = app.form.compose(*screen(app, studio.default_draft(), **edits))
+    draft = app.form.compose(*screen(app, studio.recipes.default(), **edits))
     preview = model_tab.build_preview(studio, draft, app.form.labels)
     assert preview.check.startswith(ERROR) and sentence in preview.check, preview.check
     assert path not in preview.check  # the form's words, not the config file's
@@ -162,7 +162,7 @@ def test_an_invalid_value_is_named_in_the_forms_words_next_to_its_fields(app, st
      "The 1st reward (shape): the regular expression is not a valid regular expression"),
 ])
 def test_a_problem_on_another_tab_is_named_with_that_tab(app, studio, section, value, tab, sentence):
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     draft[section] = {**draft[section], **value} if isinstance(value, dict) else value
     preview = model_tab.build_preview(studio, draft, app.form.labels)
     assert preview.check.startswith(ERROR) and sentence in preview.check, preview.check
@@ -172,7 +172,7 @@ def test_a_problem_on_another_tab_is_named_with_that_tab(app, studio, section, v
 
 def test_a_hardware_choice_this_machine_cannot_run_is_a_problem_of_the_hardware(app, studio):
     studio._hardware = NO_GPU  # whatever this machine has
-    draft = app.form.compose(*screen(app, studio.default_draft(), hardware__device="cuda"))
+    draft = app.form.compose(*screen(app, studio.recipes.default(), hardware__device="cuda"))
     preview = model_tab.build_preview(studio, draft, app.form.labels)
     assert preview.check.startswith(ERROR) and "settings are valid" not in preview.check
     assert "Device is cuda, but no CUDA GPU is visible" in preview.check and "hardware.device" not in preview.check
@@ -180,7 +180,7 @@ def test_a_hardware_choice_this_machine_cannot_run_is_a_problem_of_the_hardware(
     assert preview.hardware == "" and "once the settings work on this machine" in preview.estimate
     assert "device: cuda" in preview.yaml and preview.outputs()[5].interactive  # still saved for a GPU machine
 
-    draft = app.form.compose(*screen(app, studio.default_draft(), hardware__load_in_4bit=True, lora__enabled=True))
+    draft = app.form.compose(*screen(app, studio.recipes.default(), hardware__load_in_4bit=True, lora__enabled=True))
     preview = model_tab.build_preview(studio, draft, app.form.labels)
     assert preview.check.startswith(ERROR) and "4-bit weights (QLoRA) needs a CUDA GPU" in preview.check
     assert set(preview.problems) == {"hardware"}
@@ -224,7 +224,7 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
     assert status == message(f"Started {run_id}; follow it on the Train tab.", "ok")
     assert status.startswith(model_tab.STARTED)  # what the page reads to show the Train tab
     assert train_status.startswith(f"Run `{run_id}` · ")  # the Train tab at once, not "No run to show yet"
-    config = studio.run(run_id).read_config()
+    config = studio.runs.get(run_id).read_config()
     assert config.name == "typed-name" and config.training.save_steps == 2
     assert same_settings(config.to_dict(), app.form.compose(*inputs))
 
@@ -235,7 +235,7 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
 
     assert handle.wait(120) == "succeeded"
     (label, path), = model_tab.finished_runs(studio)
-    assert label.startswith(run_id) and path == str(studio.run(run_id).path)
+    assert label.startswith(run_id) and path == str(studio.runs.get(run_id).path)
     assert button(app, "model-continue", "input")(path) == path  # picking the run puts its folder in the model id
     assert button(app, "model-continue", "input")(None) == gr.skip()
     draft = app.form.compose(*screen(app, tiny_draft, model__id=path))
@@ -249,13 +249,13 @@ def test_start_with_a_bad_draft_explains_and_stays(studio, tiny_draft):
     run_id, timer, status, train_status = model_tab.start_run(studio, tiny_draft)
     assert (run_id, timer, train_status) == (gr.skip(),) * 3
     assert status.startswith(ERROR) and "Only " in status and "fewer than training.batch_size (500)" in status
-    assert training.active_run() is None and studio.runs() == []
+    assert training.active_run() is None and studio.runs.summaries() == []
 
 
 def test_export_for_a_cluster_gives_a_zip_of_the_launch_folder(studio):
     import zipfile
 
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     draft["distributed"]["strategy"] = "zero3"
     archive, note = model_tab.export_for_cluster(studio, draft, 4, 2)
     assert "launch.sh" in note and note.startswith(OK)

@@ -46,7 +46,7 @@ def public_studio(tmp_path, monkeypatch):
 
 @pytest.fixture
 def draft(studio):
-    return studio.default_draft()  # arithmetic: numeric (weight 1) + length (max 12 chars, weight 0.3)
+    return studio.recipes.default()  # arithmetic: numeric (weight 1) + length (max 12 chars, weight 0.3)
 
 
 @pytest.fixture
@@ -325,7 +325,7 @@ def test_bad_forms_show_the_error_and_leave_the_list(recipe, handler, args, word
 
 
 def test_public_mode_hides_custom_code_and_refuses_code_rewards(public_studio):
-    rewards = public_studio.default_draft()["rewards"]
+    rewards = public_studio.recipes.default()["rewards"]
     for kind in ("custom", "command"):
         shown = split_editor(rewards_tab.change_kind(rewards, NEW, kind, "numeric_2", 1.0, policy=public_studio.policy))
         assert "turned off in this public demo" in shown["help"]
@@ -495,8 +495,8 @@ def test_playground_rows_and_scoring_a_typed_completion(draft, labels):
 def test_the_playground_ignores_settings_it_does_not_use(studio, draft, labels, path, value):
     bad = with_setting(draft, path, value)
     with pytest.raises(DragonError, match=path.replace(".", r"\.")):
-        studio.validate(bad)  # Start would refuse it ...
-    config = studio.validate_for_sampling(bad)  # ... sampling does not need it
+        studio.recipes.validate(bad)  # Start would refuse it ...
+    config = studio.recipes.validate_for_sampling(bad)  # ... sampling does not need it
     assert config.grpo.max_new_tokens == draft["grpo"]["max_new_tokens"] and len(config.rewards) == 2
     picker, row_text = rewards_tab.playground_rows(bad, None, labels)
     assert len(picker.choices) == 20 and "What is 66 + 24?" in row_text
@@ -517,7 +517,7 @@ def test_playground_explains_problems(draft, labels):
 
 @pytest.fixture
 def tiny_draft(studio, tiny_model_dir):
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     draft["model"]["id"] = str(tiny_model_dir)
     draft["grpo"]["max_new_tokens"] = 4
     draft["hardware"]["device"] = "cpu"
@@ -534,7 +534,7 @@ def no_model(studio, monkeypatch):
         raise BusyError("A training is running on this machine's CPU; generating previews now would slow it down "
                         "badly. Wait for it to finish or stop it first.")
 
-    monkeypatch.setattr(studio, "inference_model", load)
+    monkeypatch.setattr(studio.previews, "load", load)
     return asked
 
 

@@ -35,7 +35,7 @@ def view(values: tuple) -> TrainView:
 
 @pytest.fixture
 def tiny_draft(studio, tiny_config_dict) -> dict:
-    draft = studio.default_draft()
+    draft = studio.recipes.default()
     draft.update({key: value for key, value in tiny_config_dict.items() if key != "runs_dir"})
     return draft
 
@@ -175,7 +175,7 @@ def test_the_tick_answers_with_a_fingerprint_and_the_view_refreshes_only_when_it
 
     run.update_status(state="queued", waiting=True)  # a waiting run: its place in the queue counts too
     shown = view(handler(app, "train_tick")(run.id, {}))
-    assert train_tab.tick(studio, run.id, shown.watch)[-1] == studio.queue_place(run.id) != ""
+    assert train_tab.tick(studio, run.id, shown.watch)[-1] == studio.runs.place(run.id) != ""
 
 
 def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
@@ -220,22 +220,22 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
     assert [t.name for t in reopened.reward_plot.data] == ["total", "numeric", "length", "held-out (6 prompts)"]
     assert list(reopened.reward_plot.data[0].x) == [1, 2]
     assert list(reopened.reward_plot.data[-1].x) == [0, 1, 2]  # the starting model, then a check after each step
-    assert list(reopened.reward_plot.data[-1].y) == [row["reward"] for row in studio.run(run_id).read_heldout()]
+    assert list(reopened.reward_plot.data[-1].y) == [row["reward"] for row in studio.runs.get(run_id).read_heldout()]
     assert "<b>Step 2</b>" in reopened.rollouts and not reopened.timer.active
 
     # "Load these settings" gives the run's settings back as a draft, to train them again or change them.
-    settings, label = studio.run_settings(run_id)
+    settings, label = studio.runs.settings_of(run_id)
     assert same_settings(settings, tiny_draft) and run_id in label
     assert settings["runs_dir"] == str(studio.runs_dir)
     with pytest.raises(ConfigError, match="Choose a run first"):
-        studio.run_settings("")
+        studio.runs.settings_of("")
 
 
 def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
     tiny_draft["training"].update(max_steps=200, save_steps=100)
     run_id, *_ = model_tab.start_run(studio, tiny_draft)
     handle = training.active_run()
-    run = studio.run(run_id)
+    run = studio.runs.get(run_id)
     deadline = time.time() + 120
     while not run.read_progress() and time.time() < deadline:  # wait for the first step
         time.sleep(0.1)
@@ -259,11 +259,11 @@ def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
     ((kind, words),) = said(busy_text)
     assert kind == "error" and busy_timer == SKIP  # still starting (queued) or already running
     assert re.fullmatch(rf"The run {run_id} is still (queued|running); stop it before resuming\.", words)
-    studio.stop(run_id)
+    studio.runs.stop(run_id)
     assert resumed.wait(120) == "cancelled"
     status = run.read_status()
     assert status["started_at"] == first_start < status["resumed_at"]  # the runs list's "Started" is the first start
-    (row,) = train_tab.runs_table(studio.runs())
+    (row,) = train_tab.runs_table(studio.runs.summaries())
     assert row[1] == "stopped — can resume"
     assert row[-1] == time.strftime("%Y-%m-%d %H:%M", time.localtime(first_start))
 

@@ -25,12 +25,12 @@ def tiny_studio(tiny_config_dict, tmp_path, runs_dir):
     studio = Studio(runs_dir=runs_dir, recipes_dir=recipes)
     yield studio
     stop_the_training()
-    studio.release_model()
+    studio.previews.release()
     models._set_aside = None  # nothing set aside outlives its test
 
 
 def train(studio: Studio, draft: dict) -> RunDir:
-    run = studio.start(draft)
+    run = studio.runs.start(draft)
     handle = training.active_run()
     assert handle is not None and handle.run.id == run.id
     handle.wait(timeout=240)
@@ -39,14 +39,14 @@ def train(studio: Studio, draft: dict) -> RunDir:
 
 
 def test_the_warm_up_loads_the_default_model_and_the_first_start_takes_it_over(tiny_studio):
-    draft = tiny_studio.default_draft()
+    draft = tiny_studio.recipes.default()
     config = RunConfig.from_dict(draft)
     tiny_studio.warm_up().join(timeout=240)
-    assert tiny_studio.models.holds(config.model, settings=config.hardware)
+    assert tiny_studio.previews.cache.holds(config.model, settings=config.hardware)
 
     run = train(tiny_studio, draft)
     assert "The model was loaded already" in run.log_tail()
-    assert not tiny_studio.models.holds(config.model, settings=config.hardware)  # one copy: the training's
+    assert not tiny_studio.previews.cache.holds(config.model, settings=config.hardware)  # one copy: the training's
     assert models._set_aside is None
     assert run.read_status()["phase"] == "done" and "before" in run.read_eval()
 
@@ -79,10 +79,10 @@ def test_the_warm_up_leaves_the_cpus_to_an_opening_page_until_its_load_event(tin
 
 
 def test_a_run_on_the_taken_over_model_trains_exactly_like_one_that_loaded_its_own(tiny_studio):
-    draft = tiny_studio.default_draft()
+    draft = tiny_studio.recipes.default()
     cold = train(tiny_studio, draft)
     config = RunConfig.from_dict(draft)
-    tiny_studio.models.load(config.model, settings=config.hardware)  # as the playground would
+    tiny_studio.previews.cache.load(config.model, settings=config.hardware)  # as the playground would
     warm = train(tiny_studio, draft)
     assert "loaded already" not in cold.log_tail() and "loaded already" in warm.log_tail()
     for read in (RunDir.read_rollouts, RunDir.read_heldout):
@@ -92,16 +92,16 @@ def test_a_run_on_the_taken_over_model_trains_exactly_like_one_that_loaded_its_o
 
 
 def test_a_model_set_aside_goes_back_to_the_previews_or_away_when_a_training_needs_another(tiny_studio):
-    config = RunConfig.from_dict(tiny_studio.default_draft())
-    model, _ = tiny_studio.models.load(config.model, settings=config.hardware)
-    tiny_studio.release_model(for_training=True)
-    assert tiny_studio.models.load(config.model, settings=config.hardware)[0] is model  # a Start that was refused
+    config = RunConfig.from_dict(tiny_studio.recipes.default())
+    model, _ = tiny_studio.previews.cache.load(config.model, settings=config.hardware)
+    tiny_studio.previews.release(for_training=True)
+    assert tiny_studio.previews.cache.load(config.model, settings=config.hardware)[0] is model  # a Start that was refused
 
-    tiny_studio.release_model(for_training=True)
+    tiny_studio.previews.release(for_training=True)
     source, hardware = models.resolve_model(config.model), resolve_hardware(config.hardware)
     assert models.take_set_aside(source, hardware, "bfloat16") is None  # another precision: loaded anew
     assert models._set_aside is None  # and the copy set aside is not kept beside it
-    tiny_studio.release_model(for_training=True)  # nothing held: nothing set aside
+    tiny_studio.previews.release(for_training=True)  # nothing held: nothing set aside
     assert models.take_set_aside(source, hardware, "float32") is None
 
 
@@ -111,10 +111,10 @@ def test_a_start_while_the_app_still_imports_its_libraries_waits_for_them(tiny_s
     'transformers'"), every time without engine.libraries. In a fresh interpreter, so that nothing is imported yet."""
     script = ("from dragon_ui.studio.backend import Studio\n"
               "from dragon_ui.engine import training\n"
-              f"studio = Studio(runs_dir={str(tmp_path / 'runs')!r}, recipes_dir={str(tiny_studio.recipes_dir)!r})\n"
-              "draft = studio.default_draft()\n"
+              f"studio = Studio(runs_dir={str(tmp_path / 'runs')!r}, recipes_dir={str(tiny_studio.recipes.folder)!r})\n"
+              "draft = studio.recipes.default()\n"
               "warming = studio.warm_up()\n"
-              "inspection = training.inspect(studio.validate(draft))\n"
+              "inspection = training.inspect(studio.recipes.validate(draft))\n"
               "warming.join()\n"
               "print(len(inspection.mapped.train), 'prompts')\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

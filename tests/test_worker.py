@@ -39,7 +39,7 @@ def apart_studio(runs_dir, tiny_config_dict):
 
 
 def test_a_start_trains_in_a_warm_worker_process_that_already_holds_the_model(apart_studio, tiny_config_dict):
-    run = apart_studio.start(tiny_config_dict)
+    run = apart_studio.runs.start(tiny_config_dict)
     handle = training.active_run()
     assert isinstance(handle, WorkerRun) and handle.run.id == run.id
     assert handle.wait(240) == "succeeded", run.read_status().get("error")
@@ -50,15 +50,15 @@ def test_a_start_trains_in_a_warm_worker_process_that_already_holds_the_model(ap
 
 
 def test_stop_saves_the_last_step_and_resume_continues_in_the_next_worker(apart_studio, tiny_config_dict):
-    run = apart_studio.start(long_config(tiny_config_dict, "long"))
+    run = apart_studio.runs.start(long_config(tiny_config_dict, "long"))
     wait_for(lambda: len(run.read_progress()) >= 2, what="two steps")
-    apart_studio.stop(run.id)
+    apart_studio.runs.stop(run.id)
     assert training.active_run().wait(120) == "cancelled"
     stopped_at = run.read_status()["step"]
     assert run.latest_checkpoint().name == f"checkpoint-{stopped_at}"
-    apart_studio.resume(run.id)
+    apart_studio.runs.resume(run.id)
     wait_for(lambda: run.read_status().get("step", 0) > stopped_at, what="a step after the resume")
-    apart_studio.stop(run.id)
+    apart_studio.runs.stop(run.id)
     assert training.active_run().wait(120) == "cancelled"
 
 
@@ -69,7 +69,7 @@ def test_a_worker_killed_mid_run_leaves_the_app_answering_and_the_run_failed_wit
 
     from dragon_ui.ui import build_app
 
-    run = apart_studio.start(long_config(tiny_config_dict, "doomed"))
+    run = apart_studio.runs.start(long_config(tiny_config_dict, "doomed"))
     handle = training.active_run()
     wait_for(lambda: run.latest_checkpoint() is not None and len(run.read_progress()) >= 2, what="a checkpoint")
     os.kill(handle.process.pid, signal.SIGKILL)
@@ -85,10 +85,10 @@ def test_a_worker_killed_mid_run_leaves_the_app_answering_and_the_run_failed_wit
         client = Client(url, verbose=False)
         runs = client.predict(api_name="/train_runs")
         assert run.id in json.dumps(runs) and "failed" in json.dumps(runs)
-    apart_studio.resume(run.id)  # from that checkpoint, in the next worker
+    apart_studio.runs.resume(run.id)  # from that checkpoint, in the next worker
     wait_for(lambda: run.read_status().get("state") == "running" and run.read_status().get("step", 0)
              > int(checkpoint.name.split("-")[1]), what="a step after the resume")
-    apart_studio.stop(run.id)
+    apart_studio.runs.stop(run.id)
     assert training.active_run().wait(120) == "cancelled"
 
 
@@ -106,12 +106,12 @@ def test_a_worker_that_raises_out_of_memory_marks_its_run_failed_in_words(apart_
         torch.nn.Module.__call__ = forward
     """), encoding="utf-8")
     apart_studio.workers.close()  # the warm one was started without the hook
-    apart_studio.workers = type(apart_studio.workers)(env={"PYTHONPATH": os.pathsep.join(
+    apart_studio.runs.workers = type(apart_studio.workers)(env={"PYTHONPATH": os.pathsep.join(
         [str(hook), os.environ.get("PYTHONPATH", "")])})
-    run = apart_studio.start(tiny_config_dict)
+    run = apart_studio.runs.start(tiny_config_dict)
     assert training.active_run().wait(240) == "failed"
     assert "out of memory" in run.read_status()["error"].lower()
-    assert apart_studio.runs()[0]["state"] == "failed"  # the app's own process carries on
+    assert apart_studio.runs.summaries()[0]["state"] == "failed"  # the app's own process carries on
 
 
 def test_a_training_stops_with_its_last_step_when_the_app_dies(runs_dir, tiny_config_dict, tmp_path):
@@ -122,7 +122,7 @@ def test_a_training_stops_with_its_last_step_when_the_app_dies(runs_dir, tiny_co
         import yaml
         from dragon_ui.studio.backend import Studio
         studio = Studio(runs_dir={str(runs_dir)!r}, training_processes=True)
-        run = studio.start(yaml.safe_load(open({str(tmp_path / "config.yaml")!r})))
+        run = studio.runs.start(yaml.safe_load(open({str(tmp_path / "config.yaml")!r})))
         print(run.path, flush=True)
         time.sleep(600)
     """), encoding="utf-8")

@@ -2,7 +2,7 @@
 
 Training writes eval.json and samples.json (greedy replies on the held-out prompts, scored by the run's rewards), and
 engine.evaluation.evaluate_now scores a stopped run the same way. This module turns them into chart and table data,
-and answers a free prompt with both models, from one cached load (Studio.inference_model): the trained adapter on the
+and answers a free prompt with both models, from one cached load (Previews.load): the trained adapter on the
 starting model, switched off for the "before" side.
 """
 
@@ -42,7 +42,7 @@ class Comparison:
 def comparable_runs(summaries: list[dict]) -> list[tuple[str, str]]:
     """(label, run id) for each run with something to compare: an evaluation or trained weights, newest first.
 
-    ``summaries`` as from runstore.list_runs (Studio.runs())."""
+    ``summaries`` as from runstore.list_runs (Runs.summaries())."""
     choices = []
     for summary in summaries:
         run = RunDir(summary["dir"])
@@ -195,7 +195,7 @@ def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = N
     conversation = _shared_system_message(run) + [{"role": "user", "content": prompt.strip()}]
     replies = []
     for side in SIDES:
-        with model_for(studio.inference_model, config, weights, side) as (model, tokenizer):
+        with model_for(studio.previews.load, config, weights, side) as (model, tokenizer):
             replies += generate_replies(model, tokenizer, [conversation], int(tokens), temperature=float(temperature))
     return replies[0], replies[1]
 
@@ -206,27 +206,27 @@ def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = N
 
 def rescore(studio, run_id: str, should_stop: Callable[[], bool]) -> Iterator[str]:
     """"Evaluate now": score one's own run again on its held-out prompts; a sentence per batch (evaluate_now)."""
-    run = studio.owned_run(run_id, "score it again")
-    yield from evaluate_now(studio.inference_model, run, should_stop=should_stop, policy=studio.policy)
+    run = studio.runs.owned(run_id, "score it again")
+    yield from evaluate_now(studio.previews.load, run, should_stop=should_stop, policy=studio.policy)
 
 
 def adapter_download(studio, run_id: str) -> str:
     """The zipped adapter of one's own run, handed out to download."""
-    return studio.handed_out(weights.zip_adapter(studio.owned_run(run_id, "download its adapter")))
+    return studio.files.handed_out(weights.zip_adapter(studio.runs.owned(run_id, "download its adapter")))
 
 
 def merged_download(studio, run_id: str) -> tuple[str, str, str]:
     """(zip handed out, the merged folder as the app shows it, a sentence with both sizes) of one's own run."""
-    run = studio.owned_run(run_id, "merge and download its model")
-    studio.refuse_while_training_on_the_cpu("merging a model")
+    run = studio.runs.owned(run_id, "merge and download its model")
+    studio.previews.refuse_while_training("merging a model")
     merged = weights.merged_download(run)
-    shown = studio.shown_path(merged.folder)
-    return studio.handed_out(merged.archive), shown, weights.merged_download_message(run, merged, shown)
+    shown = studio.files.shown_path(merged.folder)
+    return studio.files.handed_out(merged.archive), shown, weights.merged_download_message(run, merged, shown)
 
 
 def publish_run(studio, run_id: str, repo: str, merged: bool, private: bool, update: bool, token: str) -> Published:
     """Upload one's own run (its adapter, or the merged model) to the Hub, under the app's policy."""
-    run = studio.owned_run(run_id, "publish it")
+    run = studio.runs.owned(run_id, "publish it")
     if merged:
-        studio.refuse_while_training_on_the_cpu("merging a model to publish it")
+        studio.previews.refuse_while_training("merging a model to publish it")
     return publish(run, repo, merged=merged, private=private, token=token, update=update, policy=studio.policy)

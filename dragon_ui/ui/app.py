@@ -24,7 +24,8 @@ from ..files import RUNS_DIR_ENV
 from ..errors import DragonError
 from ..public import Policy, visitor, visiting
 from .. import ASSETS_DIR
-from ..studio.backend import DEFAULT_RECIPE, Studio
+from ..studio.backend import Studio
+from ..studio.recipes import DEFAULT_RECIPE
 from ..studio.draft import same_settings
 from .guard import UPLOADS_PER_WINDOW, RequestLimits, network_address
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
@@ -62,7 +63,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         with gr.Row(equal_height=True):
             gr.Markdown(f"# 🐉 {TITLE}\n{INTRO}", elem_id="intro")
             with gr.Column(scale=0, min_width=320):
-                recipe = gr.Dropdown(studio.recipe_names(), value=DEFAULT_RECIPE, label="Recipe",
+                recipe = gr.Dropdown(studio.recipes.names(), value=DEFAULT_RECIPE, label="Recipe",
                                      info="Loads data, rewards and settings in one click.", elem_id="recipe")
                 load_recipe = gr.Button("Load recipe", size="sm", elem_id="load-recipe")
         recipe_status = gr.Markdown(elem_id="recipe-status")
@@ -184,7 +185,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                            **(options[0] if options else {}))
             return event
 
-        offer_draft(load_recipe.click, lambda name: (studio.load_recipe(name), f"the {name} recipe"), [recipe])
+        offer_draft(load_recipe.click, lambda name: (studio.recipes.load(name), f"the {name} recipe"), [recipe])
         def offered(trigger, get_draft, inputs: list):
             return lambda outputs: trigger(functools.partial(offer, get_draft), [shared.pristine, *form.inputs, *inputs],
                                            outputs, api_visibility="private", show_progress="hidden")
@@ -206,7 +207,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         # and what the tabs work out from it quickly (the Data tab's table, the playground's rows), made the
         # components' own values now. A browser that kept no draft shows the form at once (a step in the page); one
         # that did shows "Opening…" until its own draft is in.
-        first_draft = studio.default_draft()
+        first_draft = studio.recipes.default()
         with made_apart():
             for block, update in zip(loading(), loaded(first_draft, "")[len(asking):], strict=True):
                 if block is not opening:
@@ -237,8 +238,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             except DragonError:  # too many wrong keys from here: the page opens locked
                 pass
             with visiting(who):
-                active = studio.active_run_id()
-                runs = studio.runs()
+                active = studio.runs.active_id()
+                runs = studio.runs.summaries()
                 run_id = active or (runs[0]["id"] if runs else "")
                 if isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
                     pristine, auto_name = kept.get("pristine"), kept.get("auto_name")  # anything, as the browser kept
@@ -255,7 +256,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             """The banner a page opens with while a run trains: a second browser, or a reload, sees it at once."""
             if not active:
                 return gr.Row(visible=False), ""
-            status = studio.run(active).read_status()
+            status = studio.runs.get(active).read_status()
             step = f"step {status.get('step') or 0} of {status.get('total_steps') or '?'}"
             return gr.Row(visible=True), message(f"A run is training: `{active}`, {step}.", "info")
 
@@ -294,20 +295,20 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         # The HTTP API (gradio_client): whole configs in, the same validation and run control as the buttons.
         def recipe(name: str) -> dict:
             """A recipe as a configuration to change and start."""
-            return studio.load_recipe(name)
+            return studio.recipes.load(name)
 
         def check(config: dict) -> str:
             """"valid", or the first problem, in the configuration file's words (dotted setting names): what
             ``dragon check`` says of the same file."""
             try:
-                studio.check(config)
+                studio.recipes.check(config)
             except DragonError as exc:
                 return str(exc)
             return "valid"
 
         def start(config: dict) -> str:
             """Start training a configuration; returns the run's id (follow it with /train_tick or the run list)."""
-            return studio.start(config).id
+            return studio.runs.start(config).id
 
         for endpoint in (recipe, check, start):
             gr.api(shows_errors(endpoint), api_name=endpoint.__name__)
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
     _log_to_terminal()
     studio = Studio(runs_dir=args.runs_dir, policy=Policy.from_env(), training_processes=True)
     demo = build_app(studio)
-    studio.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
+    studio.runs.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
 
     def serve(host: str, port: int, inbrowser: bool, block: bool = True) -> str:
         """Serve the app; with ``block`` until the process is stopped, else in the background. Its address."""

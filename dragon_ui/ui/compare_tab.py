@@ -60,7 +60,7 @@ def table(rows: list[list]) -> pd.DataFrame:
 
 
 def run_choices(studio: Studio) -> list[tuple[str, str]]:
-    return compare.comparable_runs(studio.runs())
+    return compare.comparable_runs(studio.runs.summaries())
 
 
 def pick(choices: list[tuple[str, str]], *preferred: str) -> str | None:
@@ -74,7 +74,7 @@ def comparison_outputs(studio: Studio, run_id: str | None):
     prompt, for one run."""
     if not run_id:
         return message(NO_RUN, "info"), None, table([]), gr.Row(visible=False), gr.Textbox(placeholder="")
-    shown = compare.comparison(studio.run(run_id))
+    shown = compare.comparison(studio.runs.get(run_id))
     return (message(shown.summary, "info"), chart(shown.bars), table(shown.table), gr.Row(visible=shown.can_evaluate),
             gr.Textbox(placeholder=shown.example_prompt))
 
@@ -121,7 +121,7 @@ def evaluate(studio: Studio, run_id: str | None):
 @shows_errors
 def cancel_evaluation(studio: Studio, run_id: str | None) -> str:
     if run_id:
-        studio.owned_run(run_id, "cancel its scoring")
+        studio.runs.owned(run_id, "cancel its scoring")
     with _cancel_lock:
         _cancel_requests.add(run_id or "")
     return message("Cancelling after the current batch of prompts...", "warn")
@@ -132,7 +132,7 @@ def ask(studio: Studio, run_id: str | None, prompt: str, max_new_tokens: int, te
     """The free prompt answered by the starting and the trained model of one's own run."""
     if not run_id:
         raise gr.Error("Choose a run first.", print_exception=False)
-    return compare.answer_both(studio, studio.owned_run(run_id, "ask its models"), prompt, max_new_tokens,
+    return compare.answer_both(studio, studio.runs.owned(run_id, "ask its models"), prompt, max_new_tokens,
                                temperature)
 
 
@@ -251,7 +251,7 @@ def build(shared: Shared) -> None:
     this_tab.select(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
                     api_visibility="private", show_progress="hidden")
     run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
-    shared.offer_draft(load_settings.click, studio.run_settings, [run_picker])
+    shared.offer_draft(load_settings.click, studio.runs.settings_of, [run_picker])
     evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
                                        api_name="compare_evaluate", **ONE_MODEL_AT_A_TIME)
     cancel_button.click(functools.partial(cancel_evaluation, studio), [run_picker], [evaluate_status], cancels=[evaluation],

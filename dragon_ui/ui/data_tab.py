@@ -298,16 +298,16 @@ def build(shared: Shared) -> Callable[[], None]:
 
         def take_upload(draft, new_source, shown):
             """An uploaded file becomes the source: in a public demo, moved into this visitor's own folder first
-            (Studio.keep_upload), where nobody else can read it."""
+            (Files.keep_upload), where nobody else can read it."""
             if not new_source:
                 return replace_source(draft, new_source, shown)
             try:
-                kept = shared.studio.keep_upload(new_source, get_upload_folder())
+                kept = shared.studio.files.keep_upload(new_source, get_upload_folder())
                 try:  # read once here (the preview reuses it): a file that cannot be read is not kept
                     setting = replace(data_config(draft), source=kept, hub_config=None, sheet=None)
                     sheets = load_rows(setting, policy=policy).sheets
                 except DragonError:
-                    shared.studio.discard_upload(kept)
+                    shared.studio.files.discard_upload(kept)
                     raise
             except DragonError as exc:
                 return (*[gr.skip()] * UPDATED.index("source_status"), problem_text(DataPreview(

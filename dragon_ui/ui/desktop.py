@@ -216,7 +216,7 @@ class CloseGuard:
         self.decided: str | None = None  # "stop" or "keep" once asked; then the window may close
 
     def on_closing(self) -> bool:
-        if self.decided is not None or self.studio.training() is None:
+        if self.decided is not None or self.studio.runs.training() is None:
             return True
         threading.Thread(target=self._ask, name="dragon-close-question", daemon=True).start()
         return False  # closes once the question is answered
@@ -224,7 +224,7 @@ class CloseGuard:
     def _ask(self) -> None:
         stop = self.window.create_confirmation_dialog(TITLE, CLOSE_QUESTION)
         self.decided = "stop" if stop else "keep"
-        handle = self.studio.training()
+        handle = self.studio.runs.training()
         if handle is not None and stop:
             handle.stop()
         self.window.destroy()
@@ -233,7 +233,7 @@ class CloseGuard:
 def _after_the_window(studio: Studio, url: str, guard: CloseGuard) -> int:
     """Once the window is closed: wait for a stopped run to save; keep serving a run that trains on in the background
     until it and the runs queued after it have finished, so no process is left behind."""
-    handle = studio.training()
+    handle = studio.runs.training()
     if handle is None:
         return 0
     if guard.decided == "stop":
@@ -245,7 +245,7 @@ def _after_the_window(studio: Studio, url: str, guard: CloseGuard) -> int:
     print(f"{handle.run.id} trains on in the background; make desktop (or make run) shows it again. This process "
           "ends when the last run has finished.")
     try:
-        while studio.training() is not None or studio.waiting_runs():
+        while studio.runs.training() is not None or studio.runs.waiting():
             time.sleep(2)
     finally:
         marker.unlink(missing_ok=True)

@@ -33,8 +33,8 @@ def board_rows(studio: Studio, words: str) -> tuple[list[list], list[dict]]:
     """The leaderboard rows that match the filter ``words``, and every run's summary."""
     if not isinstance(words, str) or len(words) > MAX_FILTER_CHARS:
         raise ConfigError(f"The filter takes at most {MAX_FILTER_CHARS} characters.")
-    summaries = studio.runs()
-    entries = experiments.leaderboard(summaries, studio.whose if studio.public else None)
+    summaries = studio.runs.summaries()
+    entries = experiments.leaderboard(summaries, studio.runs.whose if studio.public else None)
     return [entry.row(studio.public) for entry in entries if entry.matches(words)], summaries
 
 
@@ -53,7 +53,7 @@ def chosen_runs(studio: Studio, run_ids) -> list:
         raise ConfigError("Choose the runs from the list.")
     if len(run_ids) > experiments.MAX_OVERLAID:
         raise ConfigError(f"Choose at most {experiments.MAX_OVERLAID} runs: more lines than that cannot be told apart.")
-    return [studio.run(run_id) for run_id in dict.fromkeys(run_ids)]
+    return [studio.runs.get(run_id) for run_id in dict.fromkeys(run_ids)]
 
 
 def side_by_side(studio: Studio, run_ids, x: str) -> tuple:
@@ -80,7 +80,7 @@ def side_by_side(studio: Studio, run_ids, x: str) -> tuple:
 def export(studio: Studio, words: str) -> gr.File:
     """The leaderboard as filtered, in a CSV file to download (the file field shows only once there is one)."""
     rows, _ = board_rows(studio, words)
-    path = experiments.write_csv(studio.download_folder() / "dragon-runs.csv",
+    path = experiments.write_csv(studio.files.new_folder() / "dragon-runs.csv",
                                  experiments.leaderboard_columns(studio.public), rows)
     return gr.File(str(path), visible=True)
 

@@ -179,8 +179,8 @@ def field_values(draft: dict, paths: list[str]) -> list[Any]:
 def finished_runs(studio: Studio) -> list[tuple[str, str]]:
     """(label, run folder) of the runs a new run can continue from (in a public demo, the visitor's own)."""
     choices = []
-    for run in studio.runs():
-        if run["state"] == "succeeded" and studio.owns(run.get("owner")):
+    for run in studio.runs.summaries():
+        if run["state"] == "succeeded" and studio.runs.owns(run.get("owner")):
             after = run.get("heldout_after")
             reward = f", held-out reward {after:.2f}" if isinstance(after, (int, float)) else ""
             choices.append((f"{run['id']} ({run['model']}{reward})", run["dir"]))
@@ -245,7 +245,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
     cli = f"Run the same training without the app: save the YAML as `{config_file_name(draft)}` and run\n" \
           f"```\n{CLI_TEMPLATE.format(file=config_file_name(draft))}\n```"
     try:
-        config = studio.validate(draft)
+        config = studio.recipes.validate(draft)
         preview_examples(config.data, config.base_dir or None, studio.policy)  # read and mapped as the Data tab does
     except DragonError as exc:
         problem = place_problem(str(exc), labels, draft.get("rewards") or [])
@@ -253,7 +253,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
         return Preview(check, "", "The estimate appears once the settings are valid.",
                        f"# The settings are not valid yet:\n# {exc}", cli, None, problems)
     yaml_text = config.to_yaml()
-    download = str(write_config_file(studio.downloads_dir, draft, yaml_text))  # also for another machine, whatever this one has
+    download = str(write_config_file(studio.files.downloads_dir, draft, yaml_text))  # also for another machine, whatever this one has
     try:  # what this machine must have for it: the hardware chosen, the trackers' packages
         planned = machine.plan(studio, config)
     except DragonError as exc:
@@ -269,10 +269,10 @@ def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tu
     """(zip path or skip, message): the draft as a self-contained launch folder for ``nodes`` x ``gpus`` GPUs, built
     once per config and size (asked again, the same zip is handed out)."""
     try:
-        config = studio.validate(draft)
+        config = studio.recipes.validate(draft)
         size = f"{int(nodes)}x{int(gpus)}gpu"
         digest = hashlib.sha1(f"{config.to_yaml()}{size}".encode("utf-8")).hexdigest()[:12]
-        folder = studio.downloads_dir / f"export-{digest}" / f"{config_file_name(draft)[:-5]}-{size}"
+        folder = studio.files.downloads_dir / f"export-{digest}" / f"{config_file_name(draft)[:-5]}-{size}"
         archive = folder.with_suffix(".zip")
         if not archive.is_file():
             shutil.rmtree(folder.parent, ignore_errors=True)  # what an export that failed half-way left
@@ -289,12 +289,12 @@ def start_run(studio: Studio, draft: dict, labels: dict[str, str] | None = None)
     setting is explained in the message, in the screen's words (``labels``), and nothing else changes. The page
     then shows the Train tab when the message says it started (``STARTED``)."""
     try:
-        run = studio.start(draft)
+        run = studio.runs.start(draft)
     except DragonError as exc:
         problem = place_problem(str(exc), labels or {}, draft.get("rewards") or [])
         return gr.skip(), gr.skip(), message(problem.seen_from(TAB_TITLE), "error"), gr.skip()
     if run.read_status().get("waiting"):
-        said = (f"Queued {run.id} behind the run training now ({studio.queue_place(run.id)}): it starts by itself "
+        said = (f"Queued {run.id} behind the run training now ({studio.runs.place(run.id)}): it starts by itself "
                 "when its turn comes, even with this page closed. Follow it on the Train tab.")
     else:
         said = f"Started {run.id}; follow it on the Train tab."
@@ -313,7 +313,7 @@ def build(shared: Shared) -> Callable[[], None]:
     """The tab's components; returns the function that wires the events that read the whole form (app.build_app
     calls it once every tab has added its fields)."""
     studio, form = shared.studio, shared.form
-    initial = studio.default_draft()
+    initial = studio.recipes.default()
     # Filled when the page opens the settings (shared.refreshes); the build imports no torch, so the server answers
     # sooner, and the app's warm-up (Studio.warm_up) has measured the CPU for the estimate by then.
     preview = build_preview(studio, {})

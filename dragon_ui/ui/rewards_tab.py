@@ -439,11 +439,11 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
         yield message(f"Sample {SAMPLED_ROWS[0]} to {SAMPLED_ROWS[-1]} rows at a time.", "warn"), gr.skip(), ""
         return
     try:
-        config = studio.validate_for_sampling(draft)
+        config = studio.recipes.validate_for_sampling(draft)
         examples = preview_examples(config.data, config.base_dir or None, studio.policy)[row:row + int(n_prompts)]
-        studio.check_sampling(config.grpo.group_size * len(examples))
+        studio.recipes.check_sampling(config.grpo.group_size * len(examples))
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
-        model, tokenizer = studio.inference_model(config.model, settings=config.hardware)
+        model, tokenizer = studio.previews.load(config.model, settings=config.hardware)
         rewards = sampling_rewards(config, tokenizer, str(model.device), studio.policy)
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""

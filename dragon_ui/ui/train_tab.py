@@ -195,7 +195,7 @@ def explain_clicked(studio: Studio, run_id: str, event: gr.EventData) -> str:
             or not (0 <= step <= 10**9 and 1 <= group <= 10**4):
         return message("Press <b>What did this step do?</b> under a group of completions.", "warn")
     try:
-        return explanation_html(explain_run_group(studio.run(run_id), step, group))
+        return explanation_html(explain_run_group(studio.runs.get(run_id), step, group))
     except DragonError as exc:
         return message(html.escape(str(exc)), "warn")
     except (ArithmeticError, ValueError):  # totals beyond a float's range, from weights of 1e308
@@ -250,13 +250,13 @@ class TrainView:
 def runs_outputs(studio: Studio) -> tuple[list[list[Any]], gr.Dropdown]:
     """The runs list and the run picker's choices (only in an event: a Dropdown made while the page is built is
     shown on it)."""
-    runs = studio.runs()
+    runs = studio.runs.summaries()
     return runs_rows(studio, runs), gr.Dropdown(choices=[run["id"] for run in runs])
 
 
 def runs_rows(studio: Studio, runs: list[dict]) -> list[list[Any]]:
     """The runs list's rows: whose run each is, in a public demo."""
-    return runs_table(runs, studio.whose if studio.public else None)
+    return runs_table(runs, studio.runs.whose if studio.public else None)
 
 
 def empty_view(studio: Studio, text: str = NO_RUN) -> TrainView:
@@ -275,13 +275,13 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
             return empty_view(studio)
         return TrainView(*[skip] * (len(fields(TrainView)) - 1), timer=gr.Timer(active=False))
     try:
-        run = studio.run(run_id)
+        run = studio.runs.get(run_id)
     except DragonError as exc:
         return empty_view(studio, message(str(exc), "error"))
     same_run = not full and watch.get("run_id") == run_id
     snap: Snapshot = read_snapshot(run.path, since=watch.get("snapshot") if same_run else None)
     config = watch["config"] if same_run else read_json(run.config_path, default={}) or {}
-    queue_place = studio.queue_place(run_id) if snap.status.get("waiting") else ""
+    queue_place = studio.runs.place(run_id) if snap.status.get("waiting") else ""
     new_watch = {"run_id": run_id, "snapshot": snap.to_state(), "config": config, "queue_place": queue_place}
     if same_run and not snap.changed and queue_place == watch.get("queue_place", ""):
         return TrainView(new_watch, *[skip] * (len(fields(TrainView)) - 1))
@@ -290,7 +290,7 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
     reward_names = status.get("reward_names") or plots.reward_names_of(rows)
     state_changed = not same_run or status.get("state") != watch["snapshot"]["status"].get("state")
     runs, run_choices = runs_outputs(studio) if state_changed else (skip, skip)
-    mine = studio.owns(status.get("owner"))
+    mine = studio.runs.owns(status.get("owner"))
     max_new_tokens = (config.get("grpo") or {}).get("max_new_tokens")
     return TrainView(
         watch=new_watch,
@@ -323,22 +323,22 @@ def tick(studio: Studio, run_id: str, watch: dict) -> list:
     the page spent most of its time copying them while a run trained on 2 CPUs, and a click waited behind that.
     """
     try:
-        run = studio.run(run_id) if run_id else None
+        run = studio.runs.get(run_id) if run_id else None
     except DragonError:
         return [run_id]  # refresh says what is wrong
     shown = (watch or {}).get("snapshot")
     waiting = (shown or {}).get("status", {}).get("waiting")
-    return [run_id, fingerprint(run.path, shown) if run else None, studio.queue_place(run_id) if waiting else ""]
+    return [run_id, fingerprint(run.path, shown) if run else None, studio.runs.place(run_id) if waiting else ""]
 
 
 def stop_run(studio: Studio, run_id: str) -> str:
     if not run_id:
         return message("There is no run to stop.", "info")
-    state = studio.run(run_id).read_status().get("state")
+    state = studio.runs.get(run_id).read_status().get("state")
     if state not in ACTIVE_STATES:
         return message(f"The run {run_id} is not training (it is {state_label(state)}).", "info")
-    waiting = studio.run(run_id).read_status().get("waiting")
-    studio.stop(run_id)
+    waiting = studio.runs.get(run_id).read_status().get("waiting")
+    studio.runs.stop(run_id)
     if waiting:
         return message(f"Took {run_id} out of the queue; Resume puts it back in line.", "ok")
     return message("Stopping: the step under way ends at once and the last whole step is saved, so you can resume.", "ok")
@@ -349,7 +349,7 @@ def resume_run(studio: Studio, run_id: str) -> tuple[str, Any]:
     if not run_id:
         return message("There is no run to resume.", "info"), gr.skip()
     try:
-        run = studio.resume(run_id)
+        run = studio.runs.resume(run_id)
     except DragonError as exc:
         return message(str(exc), "error"), gr.skip()
     checkpoint = run.latest_checkpoint()
@@ -363,7 +363,7 @@ def resume_run(studio: Studio, run_id: str) -> tuple[str, Any]:
 
 def build(shared: Shared) -> None:
     studio = shared.studio
-    past_runs = studio.runs()
+    past_runs = studio.runs.summaries()
     watch = gr.State({})
 
     status = gr.Markdown(NO_RUN, elem_id="train-status")
@@ -423,7 +423,7 @@ def build(shared: Shared) -> None:
     runs.select(pick_row, None, [run_choice], api_visibility="private")
     open_run.click(lambda run_id: run_id or gr.skip(), [run_choice], [shared.run_id], api_name="train_open")
     # The picked run's settings, or the shown run's, back in every tab (asking first if the form was edited).
-    shared.offer_draft(load_settings.click, lambda picked, shown: studio.run_settings(picked or shown),
+    shared.offer_draft(load_settings.click, lambda picked, shown: studio.runs.settings_of(picked or shown),
                        [run_choice, shared.run_id])
     refresh_runs.click(lambda: runs_outputs(studio), None, [runs, run_choice], api_name="train_runs",
                        show_progress="hidden")
