@@ -1,5 +1,5 @@
 """The desktop window, for real: ``python app.py --desktop`` opens a pywebview window (Qt WebEngine) on a virtual
-screen (Xvfb, with openbox for the title bar and Alt+F4), and tests/desktop_driver.py drives it through the
+screen (Xvfb, with openbox for the title bar and closing), and tests/desktop_driver.py drives it through the
 webview's JavaScript bridge and with xdotool's keys. Without a screen the app says why in one sentence and falls
 back to the browser."""
 
@@ -79,7 +79,7 @@ def drive(display: str, tmp_path: Path, scenario: str, config: Path | None = Non
           timeout: float = 240) -> tuple[dict, subprocess.CompletedProcess]:
     result = tmp_path / "seen.json"
     answers(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], {**os.environ, "DISPLAY": display},
-            "the window manager (still)", "window id", seconds=5)  # the closing scenarios' Alt+F4 needs it
+            "the window manager (still)", "window id", seconds=5)  # the closing scenarios need it
     env = {**os.environ, "DISPLAY": display, "DRAGON_UI_RUNS_DIR": str(tmp_path / "runs"),
            "DRAGON_UI_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, str(DRIVER), scenario, str(result), str(config or "")]
@@ -102,7 +102,7 @@ def drive(display: str, tmp_path: Path, scenario: str, config: Path | None = Non
 def test_the_app_lives_inside_a_real_window(screen, tmp_path):
     shot = Path(os.environ.get("DRAGON_UI_SCREENSHOTS") or tmp_path) / "desktop.png"
     seen, done = drive(screen, tmp_path, "tabs", screenshot=shot)
-    assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
+    assert done.returncode == 0 and "error" not in seen, (seen.get("error"), seen, done.stderr[-3000:])
     assert seen["title"] == desktop.TITLE  # the page loaded inside the webview
     assert seen["model_tab"] is True  # a tab switch through the webview's JavaScript bridge
     from PIL import Image
@@ -123,7 +123,7 @@ def training_config(tmp_path: Path, tiny_model_dir: Path, steps: int) -> Path:
 @pytest.mark.timeout(400)
 def test_closing_while_training_and_choosing_stop_saves_a_checkpoint_and_ends(screen, tmp_path, tiny_model_dir):
     seen, done = drive(screen, tmp_path, "close-stop", training_config(tmp_path, tiny_model_dir, steps=2000))
-    assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
+    assert done.returncode == 0 and "error" not in seen, (seen.get("error"), seen, done.stderr[-3000:])
     status = json.loads((Path(seen["run_dir"]) / "status.json").read_text())
     assert status["state"] == "cancelled" and status["latest_checkpoint"].startswith("checkpoint-")
     assert status["step"] < 2000
@@ -134,7 +134,7 @@ def test_closing_while_training_and_choosing_stop_saves_a_checkpoint_and_ends(sc
 @pytest.mark.timeout(400)
 def test_closing_while_training_and_choosing_keep_trains_on_and_then_ends(screen, tmp_path, tiny_model_dir):
     seen, done = drive(screen, tmp_path, "close-keep", training_config(tmp_path, tiny_model_dir, steps=40))
-    assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
+    assert done.returncode == 0 and "error" not in seen, (seen.get("error"), seen, done.stderr[-3000:])
     status = json.loads((Path(seen["run_dir"]) / "status.json").read_text())
     assert status["state"] == "succeeded" and status["step"] == 40  # it trained to the end after the window closed
     assert "trains on in the background" in done.stdout and "make desktop" in done.stdout
@@ -150,7 +150,7 @@ def test_downloads_get_a_save_dialog_and_outside_links_open_in_the_browser(scree
     saved = tmp_path / "saved"
     saved.mkdir()
     seen, done = drive(screen, tmp_path, "downloads", saved)
-    assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
+    assert done.returncode == 0 and "error" not in seen, (seen.get("error"), seen, done.stderr[-3000:])
     assert seen["yaml_saved"] and seen["yaml_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct", seen
     assert seen["zip_saved"] and {"README.txt", "adapter/README.md", "adapter/adapter_config.json"} <= set(seen["zip_files"])
     assert seen["browser_opened"] == ["https://huggingface.co/docs/trl"] and seen["still_here"]
@@ -177,7 +177,7 @@ def test_a_second_start_opens_its_window_on_the_training_that_went_on_in_the_bac
         run_dir = Path(json.loads((first_seen / "seen.json").read_text())["run_dir"])
 
         seen, done = drive(screen, tmp_path, "reattach", run_dir.name)
-        assert done.returncode == 0 and "error" not in seen, (seen, done.stderr[-3000:])
+        assert done.returncode == 0 and "error" not in seen, (seen.get("error"), seen, done.stderr[-3000:])
         assert seen["url"].rstrip("/") == server["url"].rstrip("/")  # the window shows the first process's app
         assert seen["train_tab"] and f"process {server['pid']}" in done.stdout
         assert json.loads((run_dir / "status.json").read_text())["state"] == "running"  # untouched by the second
