@@ -217,10 +217,9 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
     # The Start button composes the draft from the fields at the moment it is pressed: a value typed just before
     # (here the run name and the steps) is what trains.
     inputs = screen(app, tiny_draft, name="typed-name", training__max_steps=2, training__save_steps=2)
-    run_id, timer, status, train_status = button(app, "model-start")(*inputs)
+    run_id, status, train_status = button(app, "model-start")(*inputs)
     handle = training.active_run()
     assert handle is not None and handle.run.id == run_id and run_id.endswith("-typed-name")
-    assert isinstance(timer, gr.Timer) and timer.active
     assert status == message(f"Started {run_id}; follow it on the Train tab.", "ok")
     assert status.startswith(model_tab.STARTED)  # what the page reads to show the Train tab
     assert train_status.startswith(f"Run `{run_id}` · ")  # the Train tab at once, not "No run to show yet"
@@ -228,7 +227,7 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
     assert config.name == "typed-name" and config.training.save_steps == 2
     assert same_settings(config.to_dict(), app.form.compose(*inputs))
 
-    queued_id, _, queued, _ = model_tab.start_run(studio, tiny_draft)  # a busy machine queues the next run
+    queued_id, queued, _ = model_tab.start_run(studio, tiny_draft)  # a busy machine queues the next run
     ((kind, words),) = said(queued)
     assert queued_id != run_id and kind == "ok"
     assert words.startswith(f"Queued {queued_id} behind the run training now (1st in line; expected to start in ")
@@ -246,8 +245,8 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
 
 def test_start_with_a_bad_draft_explains_and_stays(studio, tiny_draft):
     tiny_draft["training"]["batch_size"] = 500
-    run_id, timer, status, train_status = model_tab.start_run(studio, tiny_draft)
-    assert (run_id, timer, train_status) == (gr.skip(),) * 3
+    run_id, status, train_status = model_tab.start_run(studio, tiny_draft)
+    assert (run_id, train_status) == (gr.skip(),) * 2
     assert status.startswith(ERROR) and "Only " in status and "fewer than training.batch_size (500)" in status
     assert training.active_run() is None and studio.runs.summaries() == []
 

@@ -148,7 +148,7 @@ def test_tick_without_a_run_changes_nothing_and_stops_the_timer(app):
     result = view(handler(app, "train_tick")("", {}))
     assert result.outputs()[:-1] == (SKIP,) * (len(result.outputs()) - 1)
     assert isinstance(result.timer, gr.Timer) and not result.timer.active
-    shown = view(handler(app, "train_show")("", {}))
+    (shown,) = map(view, handler(app, "train_show")("", {}))
     assert shown.status == train_tab.NO_RUN and not shown.timer.active
 
 
@@ -179,10 +179,12 @@ def test_the_tick_answers_with_a_fingerprint_and_the_view_refreshes_only_when_it
 
 
 def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
-    run_id, timer, *_ = model_tab.start_run(studio, tiny_draft)
-    assert timer.active
-    shown = view(handler(app, "train_show")(run_id, {}))  # shared.run_id changed
-    assert shown.timer.active and shown.stop.interactive and not shown.resume.interactive
+    run_id, *_ = model_tab.start_run(studio, tiny_draft)
+    followed = [view(values) for values in handler(app, "train_show")(run_id, {})]  # shared.run_id changed
+    shown = followed[-1]  # followed from the server while it started, then the timer's
+    assert all(not v.timer.active for v in followed[:-1]) and shown.timer.active
+    assert "**running** · training" in "".join(v.status for v in followed if not skipped(v.status))
+    assert followed[0].stop.interactive and not followed[0].resume.interactive
     assert shown.status.startswith(f"Run `{run_id}` · ")
     assert run_id in [row[0] for row in shown.runs]
 
@@ -216,7 +218,7 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
     again = view(tick(run_id, watch))  # nothing new: everything skipped
     assert again.outputs()[1:] == (SKIP,) * (len(again.outputs()) - 1)
 
-    reopened = view(handler(app, "train_show")(run_id, {}))  # a page reload re-renders everything from the files
+    (reopened,) = map(view, handler(app, "train_show")(run_id, {}))  # a reload re-renders everything from the files
     assert [t.name for t in reopened.reward_plot.data] == ["total", "numeric", "length", "held-out (6 prompts)"]
     assert list(reopened.reward_plot.data[0].x) == [1, 2]
     assert list(reopened.reward_plot.data[-1].x) == [0, 1, 2]  # the starting model, then a check after each step
@@ -244,7 +246,7 @@ def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
     assert said(stopping) == [("ok", "Stopping: the step under way ends at once and the last whole step is saved, so you can resume.")]
     assert handle.wait(120) == "cancelled"
     assert "is not training (it is stopped — can resume)" in handler(app, "train_stop")(run_id)
-    shown = view(handler(app, "train_show")(run_id, {}))
+    (shown,) = map(view, handler(app, "train_show")(run_id, {}))  # a stopped run is not followed
     line, resumes = said(shown.status)
     assert "**stopped — can resume**" in line[1] and resumes[1].startswith("Stopped, not finished: Resume continues "
                                                                           "from checkpoint-")
@@ -273,7 +275,7 @@ def test_open_a_past_run(app, studio):
     assert handler(app, "train_open")(None) == SKIP
     table, choices = handler(app, "train_runs")()
     assert table == [] and choices.choices == []
-    missing = view(handler(app, "train_show")("no-such-run", {}))
+    (missing,) = map(view, handler(app, "train_show")("no-such-run", {}))
     ((kind, words),) = said(missing.status)
     assert kind == "error" and words.startswith("There is no run called 'no-such-run'")
 

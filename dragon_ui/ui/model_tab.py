@@ -285,20 +285,20 @@ def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tu
 
 
 def start_run(studio: Studio, draft: dict, labels: dict[str, str] | None = None) -> tuple:
-    """Start training the draft: (run id, timer, message, the Train tab's status line); a busy machine or a bad
-    setting is explained in the message, in the screen's words (``labels``), and nothing else changes. The page
-    then shows the Train tab when the message says it started (``STARTED``)."""
+    """Start training the draft: (run id, message, the Train tab's status line); a busy machine or a bad setting is
+    explained in the message, in the screen's words (``labels``), and nothing else changes. The page then shows the
+    Train tab when the message says it started (``STARTED``), which follows the new run (train_tab.show)."""
     try:
         run = studio.runs.start(draft)
     except DragonError as exc:
         problem = place_problem(str(exc), labels or {}, draft.get("rewards") or [])
-        return gr.skip(), gr.skip(), message(problem.seen_from(TAB_TITLE), "error"), gr.skip()
+        return gr.skip(), message(problem.seen_from(TAB_TITLE), "error"), gr.skip()
     if run.read_status().get("waiting"):
         said = (f"Queued {run.id} behind the run training now ({studio.runs.place(run.id)}): it starts by itself "
                 "when its turn comes, even with this page closed. Follow it on the Train tab.")
     else:
         said = f"Started {run.id}; follow it on the Train tab."
-    return run.id, gr.Timer(active=True), message(said, "ok"), f"Run `{run.id}` · {message('starting…', 'info')}"
+    return run.id, message(said, "ok"), f"Run `{run.id}` · {message('starting…', 'info')}"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -432,7 +432,7 @@ def build(shared: Shared) -> Callable[[], None]:
                      concurrency_limit=1, concurrency_id="exports")
         started = f"(inputs[0] || '').startsWith({json.dumps(STARTED)})"
         start.click(form.takes_draft(shows_errors(lambda draft: start_run(studio, draft, form.labels))), form.inputs,
-                    [shared.run_id, shared.timer, start_status, shared.train_status], api_visibility="private",
+                    [shared.run_id, start_status, shared.train_status], api_visibility="private",
                     show_progress="hidden").success(**in_the_page([shared.tabs], tab_selected(TAB_TRAIN, started)),
                                                     inputs=[start_status])
 
