@@ -13,10 +13,12 @@ import plotly.graph_objects as go
 import pytest
 from conftest import handler, said
 
+from dragon_ui import public
 from dragon_ui.engine import training
 from dragon_ui.errors import ConfigError
-from dragon_ui.runstore import RunDir
+from dragon_ui.runstore import ACTIVE_STATES, RunDir
 from dragon_ui.studio import monitor
+from dragon_ui.studio.backend import Studio
 from dragon_ui.studio.draft import same_settings
 from dragon_ui.ui import model_tab, plots, train_tab
 from dragon_ui.ui.train_tab import TrainView
@@ -148,7 +150,7 @@ def test_tick_without_a_run_changes_nothing_and_stops_the_timer(app):
     result = view(handler(app, "train_tick")("", {}))
     assert result.outputs()[:-1] == (SKIP,) * (len(result.outputs()) - 1)
     assert isinstance(result.timer, gr.Timer) and not result.timer.active
-    (shown,) = map(view, handler(app, "train_show")("", {}))
+    shown = view(handler(app, "train_show")("", {}))
     assert shown.status == train_tab.NO_RUN and not shown.timer.active
 
 
@@ -180,11 +182,15 @@ def test_the_tick_answers_with_a_fingerprint_and_the_view_refreshes_only_when_it
 
 def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
     run_id, *_ = model_tab.start_run(studio, tiny_draft)
-    followed = [view(values) for values in handler(app, "train_show")(run_id, {})]  # shared.run_id changed
-    shown = followed[-1]  # followed from the server while it started, then the timer's
-    assert all(not v.timer.active for v in followed[:-1]) and shown.timer.active
-    assert "**running** · training" in "".join(v.status for v in followed if not skipped(v.status))
-    assert followed[0].stop.interactive and not followed[0].resume.interactive
+    shown = view(handler(app, "train_show")(run_id, {}))  # shared.run_id changed
+    assert shown.timer.active and shown.stop.interactive and not shown.resume.interactive
+    # Then the server follows it while it starts, until it trains (well before the follower's time is up).
+    began = time.monotonic()
+    followed = [view(values) for values in handler(app, "train_follow")(run_id, shown.watch)]
+    assert time.monotonic() - began < train_tab.FOLLOW_AT_MOST_S
+    assert followed[-1].outputs() == (SKIP,) * len(fields(TrainView))  # ends leaving the page as it is
+    last = (followed[-2] if len(followed) > 1 else shown).watch["snapshot"]["status"]
+    assert last.get("step") or last["phase"].startswith("training") or last["state"] not in ACTIVE_STATES, last
     assert shown.status.startswith(f"Run `{run_id}` · ")
     assert run_id in [row[0] for row in shown.runs]
 
@@ -218,7 +224,7 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
     again = view(tick(run_id, watch))  # nothing new: everything skipped
     assert again.outputs()[1:] == (SKIP,) * (len(again.outputs()) - 1)
 
-    (reopened,) = map(view, handler(app, "train_show")(run_id, {}))  # a reload re-renders everything from the files
+    reopened = view(handler(app, "train_show")(run_id, {}))  # a page reload re-renders everything from the files
     assert [t.name for t in reopened.reward_plot.data] == ["total", "numeric", "length", "held-out (6 prompts)"]
     assert list(reopened.reward_plot.data[0].x) == [1, 2]
     assert list(reopened.reward_plot.data[-1].x) == [0, 1, 2]  # the starting model, then a check after each step
@@ -246,7 +252,7 @@ def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
     assert said(stopping) == [("ok", "Stopping: the step under way ends at once and the last whole step is saved, so you can resume.")]
     assert handle.wait(120) == "cancelled"
     assert "is not training (it is stopped — can resume)" in handler(app, "train_stop")(run_id)
-    (shown,) = map(view, handler(app, "train_show")(run_id, {}))  # a stopped run is not followed
+    shown = view(handler(app, "train_show")(run_id, {}))
     line, resumes = said(shown.status)
     assert "**stopped — can resume**" in line[1] and resumes[1].startswith("Stopped, not finished: Resume continues "
                                                                           "from checkpoint-")
@@ -275,7 +281,7 @@ def test_open_a_past_run(app, studio):
     assert handler(app, "train_open")(None) == SKIP
     table, choices = handler(app, "train_runs")()
     assert table == [] and choices.choices == []
-    (missing,) = map(view, handler(app, "train_show")("no-such-run", {}))
+    missing = view(handler(app, "train_show")("no-such-run", {}))
     ((kind, words),) = said(missing.status)
     assert kind == "error" and words.startswith("There is no run called 'no-such-run'")
 
@@ -287,3 +293,13 @@ def test_the_page_shows_only_the_fields_the_tabs_placed(app):
               if isinstance(block, gr.components.FormComponent) and not isinstance(block, (gr.State, gr.BrowserState))
               and not block.elem_id]
     assert strays == []
+
+
+def test_only_its_owner_follows_a_starting_run_so_no_visitor_holds_the_follower(tmp_path, monkeypatch):
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    studio = Studio(runs_dir=tmp_path / "runs", policy=public.Policy.from_env())
+    starting = {"snapshot": {"status": {"state": "running", "phase": "starting", "owner": "alice"}}}
+    with public.visiting(public.Visitor(key="bob")):
+        began = time.monotonic()
+        assert list(train_tab.follow_start(studio, "any", starting)) == [(SKIP,) * len(fields(TrainView))]
+        assert time.monotonic() - began < train_tab.FOLLOW_EVERY_S  # returned at once, without a look at the files

@@ -287,7 +287,7 @@ def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tu
 def start_run(studio: Studio, draft: dict, labels: dict[str, str] | None = None) -> tuple:
     """Start training the draft: (run id, message, the Train tab's status line); a busy machine or a bad setting is
     explained in the message, in the screen's words (``labels``), and nothing else changes. The page then shows the
-    Train tab when the message says it started (``STARTED``), which follows the new run (train_tab.show)."""
+    Train tab when the message says it started (``STARTED``), which follows the new run (train_tab.follow_start)."""
     try:
         run = studio.runs.start(draft)
     except DragonError as exc:

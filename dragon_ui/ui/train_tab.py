@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 import gradio as gr
@@ -315,30 +315,28 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
 
 
 FOLLOW_EVERY_S = 0.1  # how often a starting run's files are looked at from the server (a few stats)
-FOLLOW_AT_MOST_S = 30  # then the timer takes over, however the start goes
+FOLLOW_AT_MOST_S = 10  # then the timer alone follows it, however the start goes
 
 
-def _starting(watch: dict) -> bool:
-    """Whether the run a refresh saw is about to train: started, not waiting in the queue, no training phase yet."""
-    status = ((watch or {}).get("snapshot") or {}).get("status") or {}
-    return (status.get("state") in ACTIVE_STATES and not status.get("waiting") and not status.get("step")
-            and not str(status.get("phase") or "").startswith("training"))
-
-
-def show(studio: Studio, run_id: str, watch: dict) -> Iterator[tuple]:
-    """A run just chosen or started: all of it at once; then, while it starts, each change as it comes, looked for
-    on the server every FOLLOW_EVERY_S, so that the page says it trains as soon as it does (the timer's next tick
-    would come up to a second later, and quicker ticks cost the page more than they save). The timer takes over
-    when it trains, or once it is no longer starting."""
-    view = refresh(studio, run_id, watch, full=True)
+def follow_start(studio: Studio, run_id: str, watch: dict) -> Iterator[tuple]:
+    """One's own run while it starts: each change as it comes, looked for on the server every FOLLOW_EVERY_S, so that
+    the page says it trains as soon as it does (the timer's next tick would come up to a second later, and quicker
+    ticks cost the page more than they save). Ends once the run trains, waits in the queue or ends, and after
+    FOLLOW_AT_MOST_S. Only the run's owner follows it: one run starts at a time, so one follower at a time serves
+    (its own concurrency group), and nobody else's events wait for it."""
     deadline = time.monotonic() + FOLLOW_AT_MOST_S
-    while _starting(view.watch) and time.monotonic() < deadline:
-        if any(value != gr.skip() for value in view.outputs()[1:]):
-            yield replace(view, timer=gr.Timer(active=False)).outputs()
+    while time.monotonic() < deadline:
+        status = ((watch or {}).get("snapshot") or {}).get("status") or {}
+        starting = (status.get("state") in ACTIVE_STATES and not status.get("waiting") and not status.get("step")
+                    and not str(status.get("phase") or "").startswith("training"))
+        if not (starting and studio.runs.owns(status.get("owner"))):
+            break
         time.sleep(FOLLOW_EVERY_S)
-        view = refresh(studio, run_id, view.watch)
-    status = ((view.watch or {}).get("snapshot") or {}).get("status") or {}
-    yield replace(view, timer=gr.Timer(active=status.get("state") in ACTIVE_STATES)).outputs()
+        view = refresh(studio, run_id, watch)
+        if any(value != gr.skip() for value in view.outputs()[1:]):
+            yield view.outputs()
+        watch = view.watch
+    yield (gr.skip(),) * len(fields(TrainView))  # gradio clears every output of a generator that yields nothing
 
 
 def tick(studio: Studio, run_id: str, watch: dict) -> list:
@@ -429,10 +427,13 @@ def build(shared: Shared) -> None:
                       api_visibility="private", show_progress="hidden")
     seen.change(lambda run_id, state: refresh(studio, run_id, state).outputs(), [shared.run_id, watch], view,
                 api_name="train_tick", show_progress="hidden")
-    def shown(run_id: str, state: dict):
-        yield from show(studio, run_id, state)
+    def follow(run_id: str, state: dict):
+        yield from follow_start(studio, run_id, state)
 
-    shared.run_id.change(shown, [shared.run_id, watch], view, api_name="train_show", show_progress="hidden")
+    shared.run_id.change(lambda run_id, state: refresh(studio, run_id, state, full=True).outputs(),
+                         [shared.run_id, watch], view, api_name="train_show", show_progress="hidden").then(
+        follow, [shared.run_id, watch], view, api_name="train_follow", api_visibility="private",
+        show_progress="hidden", concurrency_limit=1, concurrency_id="follow-start")
 
     def explain(run_id: str, event: gr.EventData) -> str:
         return explain_clicked(studio, run_id, event)
