@@ -114,9 +114,9 @@ screenshots: install
 	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_browser.py -k click_through -p no:cacheprovider
 	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_desktop.py -k real_window -p no:cacheprovider
 
-# docs/reference.md's table of settings, made from the config fields' own labels and help.
+# docs/reference.md's tables of settings and public limits, made from the fields' own help.
 reference: install
-	$(BIN)/python -m dragon_ui settings --markdown | $(BIN)/python .ci/reference.py docs/reference.md
+	$(BIN)/python .ci/reference.py docs/reference.md
 
 # Benchmarks report, they do not assert: JSON in bench/results/, a table on stdout. Run them on an idle machine.
 bench: install

@@ -1,17 +1,22 @@
-"""For make reference: put the settings table (`dragon settings --markdown`, read from stdin) into the reference.
-
-The table is made from the config fields' own labels and help, so docs/reference.md is never edited by hand there.
-"""
+"""For make reference: write the tables docs/reference.md holds between markers, each made by the code it
+describes (the settings from the config fields' own labels and help, the public demo's limits from theirs), so the
+page is never edited by hand there."""
 
 import sys
 from pathlib import Path
 
-BEGIN, END = "<!-- settings: begin -->", "<!-- settings: end -->"
+from dragon_ui.config import settings_table
+from dragon_ui.public import Limits
+
+TABLES = {"settings": settings_table, "limits": Limits.table}
 
 page = Path(sys.argv[1])
 text = page.read_text(encoding="utf-8")
-before, found, rest = text.partition(BEGIN)
-_, ended, after = rest.partition(END)
-if not (found and ended):
-    sys.exit(f"{page} has no {BEGIN} … {END} markers to put the settings table between.")
-page.write_text(f"{before}{BEGIN}\n{sys.stdin.read()}{END}{after}", encoding="utf-8")
+for name, table in TABLES.items():
+    begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+    before, found, rest = text.partition(begin)
+    _, ended, after = rest.partition(end)
+    if not (found and ended):
+        sys.exit(f"{page} has no {begin} … {end} markers to put the {name} table between.")
+    text = f"{before}{begin}\n{table()}{end}{after}"
+page.write_text(text, encoding="utf-8")

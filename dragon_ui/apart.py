@@ -3,11 +3,14 @@ public demo reads what a visitor sends (an uploaded file, a Hub dataset) this wa
 
 A few kilobytes can unpack into gigabytes (a Parquet or spreadsheet cell repeated, one row of a Hub dataset), and a
 crafted file can keep a parser busy for minutes. Read apart, such a file ends its own process, never the server's,
-and the app receives at most the rows its limits allow. One read runs at a time: the cores are the training's.
+and the app receives at most the rows its limits allow. One read runs at a time, at a low priority: the cores are
+the training's and the pages'. Waiting reads take turns by network address (``FairTurns``), and an address has only
+a few waiting, so one visitor's files cannot fill the line ahead of another's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .public import visitor
 
 MEMORY_MB = 2048  # the reading process's address space: Python, the reading library, and the rows
 SECONDS = 60  # one read, from the process's start to its answer
@@ -26,7 +30,59 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])  # holds dragon_ui: a 
 WAIT_SECONDS = 120  # how long a read waits for the one before it
 SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "DRAGON_UI_OWNER_KEY")  # never in a child's environment
 
-_turn = threading.Semaphore(1)
+READER_NICENESS = 10  # the Linux nice of a process that serves visitors: the server's handlers and the training first
+WAITING_PER_ASKER = 2  # turns one network address may have waiting behind the running one
+
+
+class TurnRefused(Exception):
+    """No turn: ``crowded`` when the asker has WAITING_PER_ASKER turns waiting already, else its wait timed out."""
+
+    def __init__(self, crowded: bool) -> None:
+        super().__init__("crowded" if crowded else "timed out")
+        self.crowded = crowded
+
+
+class FairTurns:
+    """One turn at a time on a shared worker (the file reader, math-verify's), handed to the waiting asker (a
+    network address) served longest ago, first come first served among equals; TurnRefused for an asker with
+    WAITING_PER_ASKER turns waiting already, or one that waited ``timeout`` seconds."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._busy = False
+        self._waiting: list[tuple[str, int]] = []  # (asker, ticket), in arrival order
+        self._served: dict[str, int] = {}  # asker -> the ticket of its last turn
+        self._tickets = 0
+
+    @contextlib.contextmanager
+    def turn(self, asker: str, timeout: float):
+        with self._condition:
+            if sum(waiting == asker for waiting, _ in self._waiting) >= WAITING_PER_ASKER:
+                raise TurnRefused(crowded=True)
+            self._tickets += 1
+            ticket = (asker, self._tickets)
+            self._waiting.append(ticket)
+            try:
+                if not self._condition.wait_for(lambda: not self._busy and self._next() == ticket, timeout):
+                    self._condition.notify_all()  # the next in line may be another now
+                    raise TurnRefused(crowded=False)
+            finally:
+                self._waiting.remove(ticket)
+            self._busy = True
+            self._served = {**{k: v for k, v in self._served.items() if any(k == w for w, _ in self._waiting)},
+                            asker: ticket[1]}  # forget the askers that wait no more: the dict stays small
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._busy = False
+                self._condition.notify_all()
+
+    def _next(self) -> tuple[str, int]:
+        return min(self._waiting, key=lambda waiting: (self._served.get(waiting[0], 0), waiting[1]))
+
+
+_turns = FairTurns()
 
 
 def runs_apart(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -38,15 +94,16 @@ def runs_apart(function: Callable[..., Any]) -> Callable[..., Any]:
 def run_apart(function: Callable[..., Any], arguments: dict, limit_bytes: int, what: str) -> Any:
     """``function(**arguments)`` (marked @runs_apart, at its module's top level, whose answer is JSON) in a
     separate process; a ConfigError naming ``what`` (the file's or dataset's name) when it fails, runs out of memory
-    or time, or hands back more than ``limit_bytes``."""
-    if not _turn.acquire(timeout=WAIT_SECONDS):
-        raise ConfigError("data.source: the demo is busy reading other visitors' data; try again in a minute.")
+    or time, or hands back more than ``limit_bytes``, or waits too long for its turn (FairTurns)."""
     try:
-        with tempfile.TemporaryDirectory(prefix="dragon-read-") as empty:
-            target = f"{function.__module__}:{function.__qualname__}"
-            done = _child(target, arguments, limit_bytes, what, empty)
-    finally:
-        _turn.release()
+        with _turns.turn(asker(), WAIT_SECONDS), tempfile.TemporaryDirectory(prefix="dragon-read-") as empty:
+            done = _child(f"{function.__module__}:{function.__qualname__}", arguments, limit_bytes, what, empty)
+    except TurnRefused as refused:
+        if refused.crowded:
+            raise ConfigError(f"data.source: {WAITING_PER_ASKER} files or datasets from your network address are "
+                              "waiting to be read already; wait for them, then try again.") from None
+        raise ConfigError("data.source: the demo is busy reading other visitors' data; try again in a "
+                          "minute.") from None
     if done is None:
         raise ConfigError(f"data.source: {what} took longer than {SECONDS} s to read; use a smaller file or fewer "
                           "rows.")
@@ -58,6 +115,19 @@ def run_apart(function: Callable[..., Any], arguments: dict, limit_bytes: int, w
     if "error" in answer:
         raise ConfigError(answer["error"])
     return answer["value"]
+
+
+def asker() -> str:
+    """Whose turn a request of the current visitor takes: its network address (a visitor can open sessions at
+    will), its key without one, "" for the operator and a laptop."""
+    who = visitor()
+    return who.address or who.key or ""
+
+
+def lower_priority() -> None:
+    """In a process that serves visitors (a reading process, math-verify's worker): READER_NICENESS, or lower."""
+    with contextlib.suppress(AttributeError, OSError):  # not on Windows
+        os.setpriority(os.PRIO_PROCESS, 0, max(READER_NICENESS, os.getpriority(os.PRIO_PROCESS, 0)))
 
 
 def child_environment() -> dict[str, str]:
@@ -88,6 +158,7 @@ def main() -> None:
 
     request = json.loads(sys.stdin.read())
     resource.setrlimit(resource.RLIMIT_AS, (request["memory"], request["memory"]))
+    lower_priority()
     module, _, name = request["target"].partition(":")
     function = getattr(importlib.import_module(module), name, None) if module.startswith("dragon_ui.") else None
     if not getattr(function, "runs_apart", False):

@@ -20,7 +20,7 @@ from typing import Any
 
 from .data import DataConfig
 from .described import is_described, setting, shown_default
-from .errors import ConfigError, check_length, first_line
+from .errors import ConfigError, check_length, check_seed, first_line
 from .files import resolve_runs_dir
 from .grpo_math import AGGREGATIONS, SCALE_REWARDS
 from .public import LAPTOP, Policy
@@ -143,6 +143,9 @@ class GRPOSettings:
         if not (0.0 < self.temperature <= 3.0):
             raise ConfigError(f"{where}.temperature must be above 0 and at most 3 (got {self.temperature}); "
                               "at 0 every completion in a group is the same and nothing is learned.")
+        if self.temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"{where}.temperature must be at least {MIN_TEMPERATURE:g} (got {self.temperature:g}): "
+                              "below it the scores overflow when they are divided by it, and sampling fails.")
         _check_range(f"{where}.max_new_tokens", self.max_new_tokens, 1, 32768, "the length cap of each completion")
         _check_choice(f"{where}.loss_type", self.loss_type, LOSS_TYPES)
         _check_choice(f"{where}.scale_rewards", self.scale_rewards, SCALE_REWARDS)
@@ -241,6 +244,10 @@ class TrainingSettings:
         if not (0.0 < self.learning_rate <= 1.0):
             raise ConfigError(f"{where}.learning_rate must be above 0 and at most 1 (got {self.learning_rate}); "
                               f"{LEARNING_RATES}.")
+        if self.learning_rate < MIN_LEARNING_RATE:
+            raise ConfigError(f"{where}.learning_rate must be at least {MIN_LEARNING_RATE:g} (got "
+                              f"{self.learning_rate:g}): a smaller one changes no weight; {LEARNING_RATES}.")
+        check_seed(f"{where}.seed", self.seed)
         if not (0.0 < self.epochs <= 1000):
             raise ConfigError(f"{where}.epochs must be above 0 (got {self.epochs}).")
         if self.max_steps is not None:
@@ -682,6 +689,10 @@ def _describe(value: Any) -> str:
     if isinstance(value, (list, dict)):
         return f"a {'list' if isinstance(value, list) else 'mapping'}"
     return repr(value)
+
+
+MIN_TEMPERATURE = 0.01  # logits are divided by it: a tiny one makes them infinite
+MIN_LEARNING_RATE = 1e-10  # far below any that trains (the usual ones are 1e-6 to 1e-4)
 
 
 def _check_range(where: str, value: float, low: float, high: float, meaning: str) -> None:

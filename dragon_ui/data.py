@@ -25,7 +25,7 @@ import pandas as pd
 
 from dragon_ui import ASSETS_DIR
 from dragon_ui.apart import run_apart, runs_apart
-from dragon_ui.errors import ConfigError, check_length, first_line
+from dragon_ui.errors import ConfigError, check_length, check_seed, first_line
 from dragon_ui.files import replaced_atomically
 from dragon_ui.public import LAPTOP, LIFT, Policy, is_own_upload
 from dragon_ui.chat import last_user_text
@@ -113,8 +113,7 @@ class DataConfig:
             raise ConfigError(
                 f"{where}.eval_frac must be a number from 0 to 0.5 (the share of rows held out), got {frac!r}."
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigError(f"{where}.seed must be a whole number, got {self.seed!r}.")
+        check_seed(f"{where}.seed", self.seed)
         tokens = self.max_prompt_tokens
         if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
             raise ConfigError(f"{where}.max_prompt_tokens must be a whole number of at least 1, or empty for the "
@@ -260,10 +259,12 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     if sheet is not None and suffix not in SPREADSHEET_EXTENSIONS:
         raise ConfigError(f"data.sheet is only for spreadsheets ({', '.join(SPREADSHEET_EXTENSIONS)}); "
                           f"{place.name} has no sheets, so leave it empty.")
-    limits = policy.limits  # None on a laptop: it reads any file whole, in its own process
+    # None on a laptop, which reads any file whole, in its own process; and for the bundled datasets, the app's own
+    # small files, which every first page shows and which never wait for a visitor's read (apart.py).
+    limits = None if is_bundled(str(place)) else policy.limits
     try:
         table = read_file(place, sheet, limit, limits and limits.upload_mb * UNPACKED_TIMES_UPLOAD,
-                          limits and limits.columns)
+                          limits and limits.columns, limits and limits.text_chars)
     except OSError as exc:
         raise ConfigError(f"data.source: {place} could not be read ({exc.strerror or exc}).") from None
     if not table.rows:
@@ -468,17 +469,25 @@ def map_rows(rows: list[dict], config: DataConfig, policy: Policy = LAPTOP) -> M
             mapped.setdefault(column, mapping.label)
 
     examples = []
+    most_chars = policy.limits and policy.limits.text_chars
     for number, row in enumerate(rows, start=1):
         fields = _row_fields(row, number, mapped)
         user_text = prompt.render(fields)
         if not user_text.strip():
             continue
         system_text = system.render(fields) if system else ""
+        reference_text = reference.render(fields) if reference else ""
+        for mapping, text in ((prompt, user_text), (system, system_text), (reference, reference_text)):
+            if most_chars is not None and len(text) > most_chars:
+                raise ConfigError(f"{mapping.label} gives row {number} {len(text):,} characters, more than this "
+                                  f"public demo's limit of {most_chars:,} characters in one row's prompt, reference "
+                                  f"answer or system message; shorten it or leave that row out ({LIFT} for longer "
+                                  "texts).")
         messages = [{"role": "system", "content": system_text}] if system_text.strip() else []
         messages.append({"role": "user", "content": user_text})
         examples.append({
             "prompt": messages,
-            "reference": reference.render(fields) if reference else "",
+            "reference": reference_text,
             "row": json.dumps(fields, ensure_ascii=False),
         })
     if not examples:

@@ -56,3 +56,12 @@ def check_length(where: str, text: str | None, most: int) -> None:
     check, preview and saved config would carry them."""
     if isinstance(text, str) and len(text) > most:
         raise ConfigError(f"{where} has {len(text):,} characters, more than the {most:,} it may have.")
+
+
+MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
+
+
+def check_seed(where: str, seed) -> None:
+    """Refuse a seed that is not a whole number NumPy and PyTorch both take."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{where} must be a whole number from 0 to {MAX_SEED:,}, got {seed!r}.")

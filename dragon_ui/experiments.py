@@ -12,6 +12,7 @@ import csv
 import hashlib
 import math
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ LEADERBOARD_TYPES = ["str", "str", "str", "number", "number", "number", "number"
 # Config keys that are where a run was made, not how: they differ between any two runs and say nothing.
 NOT_SETTINGS = {"name", "notes", "runs_dir", "base_dir"}
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection): such text gets a quote.
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+FORMULA_SIGNS = ("=", "+", "-", "@")
 
 
 def shown_name(text: Any) -> str:
@@ -113,7 +114,7 @@ def write_csv(path: Path, columns: list[str], rows: list[list[Any]]) -> Path:
     def cell(value: Any) -> Any:
         if value is None:
             return ""
-        if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        if isinstance(value, str) and _may_run_as_formula(value):
             return "'" + value
         return value
 
@@ -122,6 +123,15 @@ def write_csv(path: Path, columns: list[str], rows: list[list[Any]]) -> Path:
         writer.writerow(columns)
         writer.writerows([cell(value) for value in row] for row in rows)
     return path
+
+
+def _may_run_as_formula(text: str) -> bool:
+    """Whether a spreadsheet might run ``text`` as a formula: it starts with a formula sign or a look-alike of one
+    (full-width ＝ reads as = once NFKC-normalized, as some spreadsheets read it), or with whitespace, a control
+    character (tab, line feed) or an invisible one (U+200B, category Cf), which a spreadsheet may strip first."""
+    first = text[:1]
+    return bool(first) and (first.isspace() or unicodedata.category(first).startswith("C")
+                            or unicodedata.normalize("NFKC", first).startswith(FORMULA_SIGNS))
 
 
 def flat_settings(config: dict) -> dict[str, str]:

@@ -33,10 +33,18 @@ class Limits:
     run_minutes: float = _limit(15, "DRAGON_UI_MAX_RUN_MINUTES",
                                 "minutes per run, held-out scoring included")
     max_new_tokens: int = _limit(256, "DRAGON_UI_MAX_NEW_TOKENS", "new tokens per completion")
+    prompt_tokens: int = _limit(512, "DRAGON_UI_MAX_PROMPT_TOKENS", "tokens per prompt, chat template included "
+                                "(longer ones are dropped)")
+    text_chars: int = _limit(10_000, "DRAGON_UI_MAX_TEXT_CHARS", "characters in one row's prompt, reference answer "
+                             "or system message")
     completions_per_step: int = _limit(32, "DRAGON_UI_MAX_COMPLETIONS_PER_STEP", "completions per step")
     dataset_rows: int = _limit(10_000, "DRAGON_UI_MAX_DATASET_ROWS", "rows of data")
     upload_mb: float = _limit(20, "DRAGON_UI_MAX_UPLOAD_MB", "MB per uploaded file or Hub dataset")
     columns: int = _limit(1000, "DRAGON_UI_MAX_COLUMNS", "columns of a data file")
+    sampling_seconds: float = _limit(120, "DRAGON_UI_MAX_SAMPLING_SECONDS", "seconds one playground group may "
+                                     "take, sampled and scored")
+    scoring_seconds: float = _limit(15, "DRAGON_UI_MAX_SCORING_SECONDS", "seconds the rewards may take on one reply "
+                                    "typed into the playground")
     held_out_prompts: int = _limit(50, "DRAGON_UI_MAX_HELD_OUT", "held-out prompts scored before and after")
     lora_rank: int = _limit(64, "DRAGON_UI_MAX_LORA_RANK", "LoRA rank (full fine-tuning is off)")
     queue_length: int = _limit(10, "DRAGON_UI_MAX_QUEUE", "runs waiting in the queue")
@@ -70,8 +78,15 @@ class Limits:
 
     @staticmethod
     def documented() -> list[tuple[str, str, float]]:
-        """(environment variable, what it limits, default) of every limit, for the README and the app."""
+        """(environment variable, what it limits, default) of every limit, for the reference and the app."""
         return [(limit.metadata["env"], limit.metadata["meaning"], limit.default) for limit in fields(Limits)]
+
+    @staticmethod
+    def table() -> str:
+        """docs/reference.md's table of the limits, in Markdown (make reference)."""
+        rows = ["| variable | limits | default |", "|---|---|---|"]
+        rows += [f"| `{env}` | {meaning} | {default:g} |" for env, meaning, default in Limits.documented()]
+        return "\n".join(rows) + "\n"
 
 
 def _listed(env: str) -> tuple[str, ...]:

@@ -7,7 +7,8 @@ Layout of ``runs/<id>/``::
                      ETA, hardware, error (rewritten atomically)
     log.txt          human-readable log of the run
     progress.jsonl   one row per optimiser step (reward, rewards: {<name>: mean}, kl, lengths, ...: ProgressRow)
-    rollouts.jsonl   per step, the sampled groups with per-reward scores and advantages
+    rollouts.jsonl   per step, the sampled groups with per-reward scores and advantages; prompts and references
+                     as excerpts (``excerpt``: data/ has them whole), so a step's line stays small whatever the data
     sampling.json    the completions just sampled for the step being trained, before it is scored (rewritten each
                      time a batch is sampled), so the first step shows the model at work before it ends
     heldout.jsonl    the held-out reward during training: a row per check (step, reward, rewards, seconds) on a
@@ -38,6 +39,15 @@ from typing import Any, TypedDict
 from .files import replaced_atomically
 
 ACTIVE_STATES = ("queued", "running")
+RECORDED_TEXT_CHARS = 2_000  # of a prompt or a reference in rollouts.jsonl and sampling.json: more than a view shows
+
+
+def excerpt(text: str | None, chars: int = RECORDED_TEXT_CHARS) -> str | None:
+    """``text`` as a run's records keep it: whole up to ``chars`` characters, else its start and how much is left
+    out. Every step writes its prompts and references again, and every view of the run reads them."""
+    if text is None or len(text) <= chars:
+        return text
+    return f"{text[:chars]}… ({len(text) - chars:,} more characters)"
 # How a person reads a state, where that differs from the stored value (which stays: status.json is a contract).
 # "cancelled" sounded final, but a stopped run keeps its checkpoints and resumes from the latest.
 STATE_LABELS = {"cancelled": "stopped — can resume"}
@@ -101,6 +111,36 @@ def read_appended_rows(path: Path, start: int = 0) -> tuple[list[dict], int]:
     return rows, start + end
 
 
+TAIL_CHUNK = 64 * 2**10
+
+
+def read_last_appended_row(path: Path, start: int = 0) -> tuple[list[dict], int]:
+    """The newest whole row appended after byte offset ``start`` (a list of none or one), and the offset to pass
+    next time: read_appended_rows for a view that shows only the newest row. The file is read back from its end,
+    TAIL_CHUNK at a time, so a long run's history costs nothing."""
+    end = None  # where the newest whole line ends
+    try:
+        with open(path, "rb") as fh:
+            position, tail = fh.seek(0, os.SEEK_END), b""
+            while position > start:
+                chunk_start = max(start, position - TAIL_CHUNK)
+                fh.seek(chunk_start)
+                tail = fh.read(position - chunk_start) + tail
+                position = chunk_start
+                whole = tail[:tail.rfind(b"\n") + 1]  # a line still being written is left for the next read
+                if end is None and whole:
+                    end = position + len(whole)
+                lines = whole.splitlines()
+                for line in reversed(lines[1:] if position > start else lines):  # the first may be cut
+                    try:
+                        return [json.loads(line)], end
+                    except ValueError:  # a damaged or blank line: the one before it
+                        continue
+    except FileNotFoundError:
+        pass
+    return [], start if end is None else end
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -153,6 +193,7 @@ class RunStatus(TypedDict, total=False):
     n_train: int
     n_eval: int
     n_skipped: int
+    longest_prompt_tokens: int  # the longest prompt kept: a public demo's memory check of a resume reads it
     reward_names: list[str]
     reward: float | None  # the latest step's mean total
     reward_errors: dict[str, int]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .apart import run_apart, runs_apart
 from .errors import ConfigError
+from .public import LIFT
 
 SPREADSHEET_EXTENSIONS = (".xlsx", ".xlsm", ".xls", ".ods")
 SUPPORTED_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet", *SPREADSHEET_EXTENSIONS)
@@ -42,25 +43,47 @@ class Table:
 
 
 def read_file(path: Path, sheet: str | None = None, max_rows: int | None = None,
-              max_read_mb: float | None = None, max_columns: int | None = None) -> Table:
+              max_read_mb: float | None = None, max_columns: int | None = None,
+              max_cell_chars: int | None = None) -> Table:
     """The table in a local file, by its extension; ConfigError with the sentence to show when it cannot be read.
 
     Reading stops after ``max_rows`` rows (the caller's row limit, plus one to tell that there were more), so a
     small file that holds millions of rows is never read whole. ``max_read_mb``: a public demo reads the file in a
-    separate process with limits on its memory and time, which hands back at most this many MB of rows (apart.py).
+    separate process with limits on its memory and time, which hands back at most this many MB of rows (apart.py),
+    and none at all when a cell has more than ``max_cell_chars`` characters (a small compressed file can hold
+    megabytes of one repeated text).
     """
     if max_read_mb is not None:
         answer = run_apart(read_here_as_json, {"path": str(path), "sheet": sheet, "max_rows": max_rows,
-                                               "max_columns": max_columns}, int(max_read_mb * 2**20), path.name)
+                                               "max_columns": max_columns, "max_cell_chars": max_cell_chars},
+                           int(max_read_mb * 2**20), path.name)
         return Table(answer["rows"], answer["notes"], answer["sheets"])
     return read_here(path, sheet, max_rows, max_columns)
 
 
 @runs_apart
-def read_here_as_json(path: str, sheet: str | None, max_rows: int | None, max_columns: int | None) -> dict:
+def read_here_as_json(path: str, sheet: str | None, max_rows: int | None, max_columns: int | None,
+                      max_cell_chars: int | None = None) -> dict:
     """read_here's table as the reading process hands it back (apart.run_apart)."""
     table = read_here(Path(path), sheet, max_rows, max_columns)
+    check_cells(table.rows, max_cell_chars, Path(path).name)
     return {"rows": table.rows, "notes": table.notes, "sheets": table.sheets}
+
+
+def check_cells(rows: list[dict], max_chars: int | None, name: str) -> None:
+    """Refuse rows with a cell of more than ``max_chars`` characters (public.Limits.text_chars); a list or a
+    mapping counts as its JSON text."""
+    if max_chars is None:
+        return
+    for number, row in enumerate(rows, start=1):
+        for column, value in row.items():
+            size = len(value) if isinstance(value, str) else (
+                len(json.dumps(value, default=str)) if isinstance(value, list | dict) else 0)
+            if size > max_chars:
+                raise ConfigError(f"data.source: row {number} of {name} has {size:,} characters in the column "
+                                  f"{str(column)[:60]!r}, more than this public demo's limit of {max_chars:,} "
+                                  f"characters in one row's prompt, reference answer or system message; shorten it or "
+                                  f"leave that row out ({LIFT} for longer texts).")
 
 
 def read_here(path: Path, sheet: str | None, max_rows: int | None, max_columns: int | None = None) -> Table:

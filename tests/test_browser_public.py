@@ -172,7 +172,7 @@ def test_an_upload_is_its_visitors_alone_and_the_owner_key_is_kept_only_when_ask
             page.locator("#data-max-rows input").press("Enter")  # read again, as the visitor the load made the page
             expect(page.locator("#data-counts")).to_contain_text("30 rows")
             source = page.locator("#data-source textarea").input_value()
-            assert source.startswith(str(public.uploads_dir())) and source.endswith("my-sums.csv")
+            assert source == "uploads/my-sums.csv"  # not where the server keeps it
             assert not list(Path(os.environ.get("GRADIO_TEMP_DIR", "/tmp/gradio")).rglob("my-sums.csv"))
             screenshot(page, tmp_path, "public-upload")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import time
 import pytest
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
@@ -118,12 +119,16 @@ def test_a_busy_playground_neither_holds_up_a_training_nor_waits_without_end(mon
     (playground,) = build_rewards(parse_rewards([{"kind": "math"}]))
     assert score_completion([training], "1", "1").scores["math"] == 1.0  # its worker started
     release = threading.Event()
-    holder = threading.Thread(target=lambda: (math_answers.PREVIEWS._lock.acquire(), release.wait(),
-                                               math_answers.PREVIEWS._lock.release()))
+
+    def hold_the_worker():
+        with math_answers.PREVIEWS._turns.turn("another address", timeout=60):
+            release.wait(60)
+
+    holder = threading.Thread(target=hold_the_worker)
     holder.start()
     try:
-        while not math_answers.PREVIEWS._lock.locked():
-            pass
+        while not math_answers.PREVIEWS._turns._busy:
+            time.sleep(0.01)
         assert score_completion([training], r"$\frac{1}{2}$", "0.5").scores["math"] == 1.0
         waited = score_completion([playground], "1", "1")
         assert waited.errors == {"math": "math-verify was busy with other replies for 0.5 s; this one was not checked"}

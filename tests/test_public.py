@@ -399,12 +399,17 @@ def test_every_event_of_the_app_knows_its_visitor(public_mode, studio):
         assert key == first.predict(api_name="/who") and session == first.session_hash
 
 
-def test_the_readme_lists_every_limit_with_its_default():
+def test_the_reference_lists_every_limit_with_its_default():
+    """The table is made from the limits' own help (make reference): it is never edited by hand."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    root = Path(__file__).resolve().parents[1]
+    reference = (root / "docs" / "reference.md").read_text(encoding="utf-8")
+    shown = reference.partition("<!-- limits: begin -->\n")[2].partition("<!-- limits: end -->")[0]
+    assert shown == public.Limits.table(), "docs/reference.md's table of limits is out of date: run make reference"
     for env, meaning, default in public.Limits.documented():
-        assert f"| `{env}` | {meaning} | {default:g} |" in readme
+        assert f"| `{env}` | {meaning} | {default:g} |" in shown
+    readme = (root / "README.md").read_text(encoding="utf-8")
     for name in (public.PUBLIC_ENV, public.MODELS_ENV, public.OWNER_KEY_ENV):
         assert f"`{name}" in readme
 
@@ -474,11 +479,11 @@ def test_the_http_apis_check_reads_no_data_in_a_public_demo(public_client, nothi
 
 
 def test_the_readmes_api_flow_works_whatever_runs_folder_the_app_was_given(public_client, public_config, tmp_path):
-    """/recipe gives the demo's own runs folder, and a draft naming another one is trained in the demo's: the
-    app never reads a draft's runs_dir."""
+    """/recipe names no runs folder, and a draft naming one is trained in the demo's: the app never reads a draft's
+    runs_dir."""
     studio, client, _ = public_client
     recipe = client.predict("arithmetic", api_name="/recipe")
-    assert recipe["runs_dir"] == str(studio.runs_dir)
+    assert recipe["runs_dir"] == ""  # the demo keeps runs in its own folder, which it shows to nobody
     elsewhere = tmp_path / "elsewhere"
     for runs_dir in (recipe["runs_dir"], str(elsewhere)):
         assert client.predict({**public_config, "runs_dir": runs_dir}, api_name="/check") == "valid"
@@ -515,7 +520,7 @@ def test_uploads_are_capped_at_the_limit(public_mode, monkeypatch, runs_dir):
     monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "5")
     options = serving_options(Studio(runs_dir=runs_dir, policy=demo()))
     assert options["max_file_size"] == "5mb" and "allowed_paths" not in options  # the runs folder is not served
-    (limits,) = options["app_kwargs"]["middleware"]
+    limits, _ = options["app_kwargs"]["middleware"]  # and app.SessionDoor
     assert limits.kwargs == {"upload_bytes": 25 * 2**20}  # five uploads' worth per address and ten minutes
 
 

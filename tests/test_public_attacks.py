@@ -93,7 +93,13 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory, tiny_model_dir):
+def demo_limits() -> dict:
+    """The limits the demo is started with (environment variables); a module of attacks may start it with others."""
+    return LIMITS
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory, tiny_model_dir, demo_limits):
     root = tmp_path_factory.mktemp("attacks")
     folder, outside = root / "app", root / "outside-the-demo"
     folder.mkdir()
@@ -106,7 +112,7 @@ def demo(tmp_path_factory, tiny_model_dir):
     env = {**os.environ, "DRAGON_UI_PUBLIC": "1", "DRAGON_UI_OWNER_KEY": OWNER_KEY, "HF_TOKEN": HF_TOKEN,
            "DRAGON_UI_PUBLIC_MODELS": f"{tiny_model_dir},someone/giant-400B", "HF_HUB_OFFLINE": "1",
            "GRADIO_TEMP_DIR": str(root / "gradio"), "DRAGON_UI_RUNS_DIR": str(root / "not-the-demos-runs"),
-           "ATTACK_WATCHED": str(outside), "ATTACK_OPENED": str(opened), **LIMITS}
+           "ATTACK_WATCHED": str(outside), "ATTACK_OPENED": str(opened), **demo_limits}
     env.pop("SPACE_ID", None)
     log = open(root / "server.log", "w")
     server = subprocess.Popen([sys.executable, "-c", SERVER, "--no-browser", "--port", str(port), "--runs-dir",
@@ -140,7 +146,7 @@ def base_draft(model_dir) -> dict:
 @dataclass
 class Victim:
     visitor: RawVisitor
-    upload: str  # the data source their upload became
+    upload: str  # the file their upload became on the server (the page shows it as uploads/private.csv)
     gradio_copy: str  # where gradio first stored the upload
     run_id: str
 
@@ -159,17 +165,18 @@ def victim(demo, tiny_model_dir, tmp_path_factory) -> Victim:
     uploaded = visitor.fire("data-upload", "upload", **{"data-upload": sent})
     assert uploaded.ok, uploaded.error
     source = uploaded.data[0]
-    assert source.startswith(str(demo.runs / ".uploads")) and not Path(sent["path"]).exists()
+    assert source == "uploads/private.csv" and not Path(sent["path"]).exists()
+    (kept,) = demo.runs.glob(".uploads/*/*/private.csv")
     config = visitor.call("recipe", "arithmetic").data[0]
-    assert config["runs_dir"] == str(demo.runs)  # the folder of --runs-dir, not $DRAGON_UI_RUNS_DIR
+    assert config["runs_dir"] == ""  # the app's own runs folder, which it shows to nobody
     config.update({key: value for key, value in base_draft(tiny_model_dir).items() if key != "rewards"})
     config["data"] = {**config["data"], "source": source, "prompt": "question", "reference": "answer"}
     assert visitor.call("check", config).data == ["valid"]
     started = visitor.call("start", config)
     assert started.ok, started.error
     run_id = started.data[0]
-    assert (demo.runs / run_id / "config.json").is_file()
-    return Victim(visitor, source, sent["path"], run_id)
+    assert (demo.runs / run_id / "config.json").is_file()  # the folder of --runs-dir, not $DRAGON_UI_RUNS_DIR
+    return Victim(visitor, str(kept), sent["path"], run_id)
 
 
 def leaks(text: str, victim: Victim | None = None) -> list[str]:
@@ -183,9 +190,13 @@ def leaks(text: str, victim: Victim | None = None) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def nothing_leaks(demo, victim):
+    yield
+    assert_nothing_leaked(demo, victim)
+
+
+def assert_nothing_leaked(demo: Demo, victim: Victim) -> None:
     """After every attack: no attacker was answered a secret, no run's log (which every visitor reads) holds one or
     another thread's error, and nothing outside the demo was opened."""
-    yield
     for attacker in demo.attackers:
         for sent, answer in attacker.answers:  # what the attacker sent itself may be echoed back
             found = [secret for secret in leaks(answer, victim) if secret not in sent]
@@ -334,6 +345,9 @@ MACHINE_TAKERS = {  # item 11, 14: (setting, value, the sentence)
     "a 20 MB reference": ("data.reference", "r" * 20_000_000, "takes requests of at most 2 MB"),
     "a 20 MB run name": ("name", "n" * 20_000_000, "takes requests of at most 2 MB"),
     "a pull request's weights": ("model.revision", "refs/pr/1", "model.revision must be left empty"),
+    # 42, item 1: the memory check assumed 56-token prompts; 1,000-token ones grew the server by 13 GB.
+    "8,000-token prompts": ("data.max_prompt_tokens", 8000, "data.max_prompt_tokens must be at most 512 in this "
+                            "public demo"),
 }
 
 
@@ -488,6 +502,26 @@ def test_a_tiny_file_of_millions_of_rows_is_refused_while_it_is_read(demo, no_tr
         answer = attacker.fire("data-upload", "upload", **{"data-upload": attacker.upload(bomb)})
     expect_refusal(answer, "data has more than 10,000 rows")
     assert resident_mb(demo.pid) - before < 300
+
+
+def test_references_of_megabytes_are_refused_before_the_app_holds_them(demo, tiny_model_dir, no_training, tmp_path):
+    """42, item 3: a 1.3 KB Parquet file held 40 references of 4 MB; every step wrote them all into rollouts.jsonl
+    (62.5 MB a step) and every view of the run parsed the whole file. Now a row's text has a size cap."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bomb = tmp_path / "references.parquet"
+    pq.write_table(pa.table({"question": [f"What is {n} + 1?" for n in range(40)], "answer": ["7" * 4 * 2**20] * 40}),
+                   bomb, compression="zstd")
+    assert bomb.stat().st_size < 50_000
+    attacker = demo.attacker(**{DRAFT_STORE: {"draft": base_draft(tiny_model_dir)}})
+    before = resident_mb(demo.pid)
+    with another_visitor_answered_within(demo):
+        uploaded = attacker.fire("data-upload", "upload", **{"data-upload": attacker.upload(bomb)})
+    expect_refusal(uploaded, "row 1 of references.parquet has 4,194,304 characters in the column 'answer', more "
+                             "than this public demo's limit of 10,000 characters in one row's prompt, reference answer "
+                             "or system message")
+    assert resident_mb(demo.pid) - before < 100
 
 
 def resident_mb(pid: int) -> float:

@@ -145,6 +145,7 @@ UNPACKING = {  # a few kilobytes that unpack into far more than the limit
 def test_a_small_file_that_unpacks_into_gigabytes_is_refused_and_the_app_never_holds_it(make, refusal, public_mode,
                                                                                         tmp_path, monkeypatch):
     monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "1")  # 10 MB of rows at most
+    monkeypatch.setenv("DRAGON_UI_MAX_TEXT_CHARS", str(10**7))  # the limits on unpacking, not the one on a cell
     path = make(tmp_path / "small")
     assert path.stat().st_size < 1_000_000
     source = uploaded_by("v", path)
@@ -153,6 +154,67 @@ def test_a_small_file_that_unpacks_into_gigabytes_is_refused_and_the_app_never_h
     with public.visiting(public.Visitor(key="v")), pytest.raises(ConfigError, match=refusal):
         data.read_table(source, policy=demo())
     assert time.monotonic() - started < apart.SECONDS
+
+
+def test_reads_take_turns_by_address_and_one_address_cannot_fill_the_line():
+    """42, item 5: three 60-second reads from one address made a bystander's Start fail after 121 s. Now the waiting
+    reads take turns by address (a bystander's comes next), and an address has at most two waiting."""
+    turns, order, holding = apart.FairTurns(), [], threading.Event()
+
+    def read(asker: str, name: str, hold: bool = False):
+        with turns.turn(asker, timeout=60):
+            order.append(name)
+            if hold:
+                holding.set()
+                release.wait(60)
+
+    release = threading.Event()
+    first = threading.Thread(target=read, args=("attacker", "attacker 1", True))
+    first.start()
+    assert holding.wait(60)
+    waiting = [threading.Thread(target=read, args=("attacker", f"attacker {n}")) for n in (2, 3)]
+    for thread in waiting:
+        thread.start()
+    while len(turns._waiting) < 2:
+        time.sleep(0.01)
+    with pytest.raises(apart.TurnRefused) as refused:
+        read("attacker", "attacker 4")
+    assert refused.value.crowded
+    bystander = threading.Thread(target=read, args=("bystander", "bystander"))
+    bystander.start()
+    while len(turns._waiting) < 3:
+        time.sleep(0.01)
+    release.set()
+    for thread in [first, *waiting, bystander]:
+        thread.join(60)
+    assert order == ["attacker 1", "bystander", "attacker 2", "attacker 3"]
+
+
+def test_the_bundled_datasets_never_wait_for_a_visitors_read(public_mode, monkeypatch):
+    """Every first page shows one: they are the app's own small files, read in the app's process."""
+    monkeypatch.setattr(tables, "run_apart", lambda *args: pytest.fail("read apart, behind visitors' files"))
+    for path in data.bundled_datasets():
+        assert data.read_table(str(path), policy=demo()).rows
+
+
+def test_a_read_that_waits_too_long_is_refused_and_the_line_goes_on():
+    turns, release = apart.FairTurns(), threading.Event()
+
+    def hold():
+        with turns.turn("a", timeout=60):
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    while not turns._busy:
+        time.sleep(0.01)
+    with pytest.raises(apart.TurnRefused) as refused, turns.turn("b", timeout=0.2):
+        pass
+    assert not refused.value.crowded
+    release.set()
+    holder.join(60)
+    with turns.turn("c", timeout=1):
+        assert not turns._waiting
 
 
 def test_a_file_read_apart_gives_the_same_table(public_mode, tmp_path):
@@ -408,6 +470,9 @@ REFUSED = {
     "a huge adapter": ("lora", "r", 128, "lora.r must be at most 64 in this public demo"),
     "every thread": ("hardware", "cpu_threads", (os.cpu_count() or 1) + 1, "hardware.cpu_threads must be at most"),
     "a revision": ("model", "revision", "refs/pr/1", "model.revision must be left empty in this public demo"),
+    "long prompts": ("data", "max_prompt_tokens", 8000, "data.max_prompt_tokens must be at most 512 in this public "
+                     "demo .its limit of tokens per prompt"),
+    "absurd prompts": ("data", "max_prompt_tokens", 10**30, "data.max_prompt_tokens must be at most 512"),
 }
 
 
@@ -425,9 +490,68 @@ def test_a_run_that_would_need_more_memory_than_the_machine_has_is_refused(publi
     monkeypatch.setenv(public.MODELS_ENV, "someone/giant-400B")
     tiny_config_dict["model"] = {"id": "someone/giant-400B"}
     tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
-    with pytest.raises(ConfigError, match=r"This run would need about [\d.]+ GB of memory, more than the [\d.]+ GB "
-                                          "this machine has"):
+    with pytest.raises(ConfigError, match=r"This run would need about [\d.]+ GB of memory with prompts of about 56 "
+                                          r"tokens, more than the [\d.]+ GB this machine has"):
         public_checks.check_run(RunConfig.from_dict(tiny_config_dict), demo())
+
+
+@pytest.mark.parametrize("long_words", [0, 150], ids=["short prompts", "some too long"])
+def test_the_memory_check_counts_the_longest_prompt_the_data_really_has(public_mode, monkeypatch, tiny_config_dict,
+                                                                        tmp_path, long_words):
+    """A visitor chooses the data: 1,000-token prompts once grew the server by 13 GB while the check assumed 56. The
+    settings are checked with prompts of a usual length before the data is read, and again with the longest prompt
+    the run keeps once it is (at most data.max_prompt_tokens, within the demo's limit)."""
+    from dragon_ui.engine import estimate
+
+    seen = []
+    real = estimate.estimate_memory
+    monkeypatch.setattr(estimate, "estimate_memory", lambda *args, **kwargs: (args[0] is config and seen.append(
+        args[5])) or real(*args, **kwargs))  # this run's estimates (not those of the presets offered)
+    rows = "question,answer\n" + "".join(f"{' '.join(['what'] * (long_words if n % 2 else 3))} {n} + 1?,{n + 1}\n"
+                                          for n in range(30))
+    (tmp_path / "long.csv").write_text(rows, encoding="utf-8")
+    tiny_config_dict["data"].update(source=uploaded_by("v", tmp_path / "long.csv"), max_prompt_tokens=200)
+    config = RunConfig.from_dict(tiny_config_dict)
+    with public.visiting(public.Visitor(key="v")):
+        inspection = training.inspect(config, demo())
+    fit = inspection.prompts
+    assert seen[0] == estimate.PROMPT_TOKENS and seen[-1] == fit.longest_kept == min(fit.longest, 200)
+    assert (fit.dropped > 0) == (long_words > 0)
+
+    if not long_words:
+        return
+    # A machine on which the settings fit with usual prompts, and this data's do not.
+    needed = [real(config, estimate.model_dims(config.model.id)[0], "float32", False, "cpu", tokens).total_gb
+              for tokens in (estimate.PROMPT_TOKENS, fit.longest_kept)]
+    monkeypatch.setattr(public_checks, "_memory_gb", lambda info, hardware: sum(needed) / 2)
+    with public.visiting(public.Visitor(key="v")), pytest.raises(
+            ConfigError, match=rf"with its longest prompt of {fit.longest_kept} tokens, more than the [\d.]+ GB this "
+                               r"machine has; .*, or shorter prompts \(data.max_prompt_tokens\)"):
+        training.inspect(config, demo())
+
+
+@pytest.mark.parametrize("chosen, device, limit, why", [
+    (None, "cpu", 512, "this public demo's limit of tokens per prompt"),
+    (None, "cuda", 512, "this public demo's limit of tokens per prompt"),
+    (300, "cpu", 300, "data.max_prompt_tokens"),
+])
+def test_a_public_run_drops_prompts_past_the_demos_limit_on_any_device(public_mode, chosen, device, limit, why,
+                                                                       tiny_config_dict):
+    from dragon_ui.engine.prompts import prompt_limit
+
+    tiny_config_dict["data"]["max_prompt_tokens"] = chosen
+    assert prompt_limit(RunConfig.from_dict(tiny_config_dict), device, context=None, policy=demo()) == (limit, why)
+
+
+@pytest.mark.parametrize("column", ["question", "answer"])
+def test_a_public_demo_refuses_a_row_whose_text_is_longer_than_its_limit(public_mode, column):
+    rows = [{"question": "What is 2 + 2?", "answer": "4"} for _ in range(30)]
+    rows[7][column] = "9" * 10_001
+    setting = data.DataConfig(source="x.csv", prompt="question", reference="answer")
+    with pytest.raises(ConfigError, match=rf"data.{'prompt' if column == 'question' else 'reference'} gives row 8 "
+                                          "10,001 characters, more than this public demo's limit of 10,000"):
+        data.map_rows(rows, setting, demo())
+    assert len(data.map_rows(rows, setting).train) > 20  # a laptop's policy trains on it
 
 
 def test_a_public_run_keeps_only_its_newest_checkpoints(public_mode, tiny_config_dict):
@@ -484,6 +608,25 @@ def test_each_visitor_and_each_address_has_a_few_runs_and_starts(public_mode, st
     with public.visiting(public.Visitor(key="alices-script", address="home")), \
             pytest.raises(BusyError, match="3 runs were started from your network address in the last hour"):
         studio.runs.start(bundled)
+
+
+def test_a_start_that_fails_after_reading_its_data_counts_against_the_starts_an_hour(public_mode, studio,
+                                                                                     tiny_config_dict, monkeypatch):
+    """42, item 5: twelve failing Starts from one address were all read, each one taking the one file reader."""
+    monkeypatch.setenv("DRAGON_UI_MAX_STARTS_PER_HOUR", "2")
+    studio = Studio(runs_dir=studio.runs_dir, policy=demo())
+    read = []
+    real_inspect = training.inspect
+    monkeypatch.setattr(training, "inspect", lambda config, policy: read.append(1) or real_inspect(config, policy))
+    config = {**tiny_config_dict, "data": {**tiny_config_dict["data"], "prompt": "no such column",
+                                           "source": uploaded_by("v", tiny_config_dict["data"]["source"])}}
+    with public.visiting(public.Visitor(key="v", address="fails-after-reading")):
+        for _ in range(2):
+            with pytest.raises(ConfigError, match="no such column"):
+                studio.runs.start(config)
+        with pytest.raises(BusyError, match="2 runs were started from your network address in the last hour"):
+            studio.runs.start(config)
+    assert len(read) == 2
 
 
 def test_preparing_a_run_holds_up_nobody_elses_start_or_stop(public_mode, studio, tiny_config_dict, monkeypatch):
@@ -567,10 +710,12 @@ def test_new_sessions_are_limited_per_address(monkeypatch):
     assert visitors.of("flood-3", address="flooder").key  # a new window
 
 
-def test_sessions_are_remembered_up_to_a_bound(monkeypatch):
+def test_sessions_no_longer_in_use_are_remembered_up_to_a_bound(monkeypatch):
+    """The stalest go first; a session in use is never forgotten (test_public_attacks_sessions.py)."""
     from dragon_ui.studio import visitors as visitors_module
 
     monkeypatch.setattr(visitors_module, "MAX_SESSIONS", 3)
+    monkeypatch.setattr(visitors_module, "QUIET_S", 0)  # each is out of use as soon as it was seen
     visitors = Visitors()
     keys = [visitors.of(f"s{i}").key for i in range(5)]
     assert len(visitors._sessions) == 3 and visitors.of("s4").key == keys[4]

@@ -138,6 +138,42 @@ def test_read_jsonl_of_a_missing_file(tmp_path, start):
     assert read_appended_rows(tmp_path / "none.jsonl", start) == ([], start)
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 64, 64 * 2**10])
+def test_the_newest_row_is_read_from_the_end_as_the_whole_file_would_give_it(tmp_path, monkeypatch, chunk):
+    """read_last_appended_row against read_appended_rows, over files of rows longer and shorter than the chunk it
+    reads back, with blank, damaged and unfinished lines, from every start a reader may hold."""
+    import random
+
+    monkeypatch.setattr(runstore, "TAIL_CHUNK", chunk)
+    draw = random.Random(chunk)
+    for case in range(40):
+        path = tmp_path / f"{case}.jsonl"
+        lines = [json.dumps({"step": i, "text": "é" * draw.choice([0, 3, 50, 300])}) + "\n" for i in range(draw.randint(0, 6))]
+        lines += draw.choice([[], ["\n"], ["not json\n"], ['{"step": 99, "unfini']])
+        path.write_bytes("".join(lines).encode())
+        for start in {0, *(len("".join(lines[:i]).encode()) for i in range(len(lines) + 1))}:
+            rows, offset = read_appended_rows(path, start)
+            assert runstore.read_last_appended_row(path, start) == (rows[-1:], offset), (lines, start)
+
+
+def test_the_newest_row_of_a_long_run_is_read_without_reading_the_rest(tmp_path, monkeypatch):
+    path = tmp_path / "rollouts.jsonl"
+    for step in range(1, 201):
+        append_jsonl(path, {"step": step, "groups": ["x" * 5000]})
+    read = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda *args, **kwargs: _counting(real_open(*args, **kwargs), read))
+    rows, offset = runstore.read_last_appended_row(path)
+    assert rows[0]["step"] == 200 and offset == path.stat().st_size
+    assert sum(read) <= 2 * runstore.TAIL_CHUNK  # of about 1 MB
+
+
+def _counting(handle, read: list):
+    original = handle.read
+    handle.read = lambda *args: read.append(len(data := original(*args))) or data
+    return handle
+
+
 def test_read_jsonl_skips_blank_lines(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text('{"a": 1}\n\n  \n{"a": 2}\n', encoding="utf-8")

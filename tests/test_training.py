@@ -197,6 +197,42 @@ def test_stop_mid_run_then_resume_continues_the_step_count(tiny_config_dict, run
     assert "after" in run.read_eval()
 
 
+def test_a_stop_during_scoring_scores_nothing_more(tiny_config_dict, runs_dir):
+    """Each reward may take its own time limit (math-verify's is 3 s), so a stop or a run's time limit must not wait
+    for every reply of the step to be scored by every reward: it acts before the next reply is scored, and the run
+    is left as it was after its last whole step."""
+    stopped = runs_dir.parent / "stopped"
+    late = runs_dir.parent / "scored-after-the-stop"
+    stopper = (
+        "import pathlib, glob\n"
+        "calls = [0]\n"
+        "def reward(prompt, completion, reference, row):\n"
+        "    calls[0] += 1\n"
+        f"    if calls[0] == 6 + 4 + 1:\n"
+        f"        pathlib.Path({str(stopped)!r}).write_text('x')\n"
+        f"        for run in glob.glob({str(runs_dir)!r} + '/*/'):\n"
+        "            pathlib.Path(run, 'stop.request').write_text('test')\n"
+        "    return 1.0\n"
+    )
+    counter = (
+        "import pathlib\n"
+        "def reward(prompt, completion, reference, row):\n"
+        f"    if pathlib.Path({str(stopped)!r}).exists():\n"
+        f"        with open({str(late)!r}, 'a') as late:\n"
+        "            late.write('scored\\n')\n"
+        "    return 1.0\n"
+    )
+    tiny_config_dict["rewards"] += [custom_reward(stopper, "stopper"), custom_reward(counter, "counter")]
+    tiny_config_dict["training"].update(max_steps=4, save_steps=10)
+    run = run_to_end(tiny_config_dict)
+
+    status = run.read_status()
+    assert stopped.exists() and status["state"] == "cancelled", status.get("error")
+    assert not late.exists()  # not one more reply scored, by this reward or the next
+    assert [p.name for p in run.checkpoints()] == [f"checkpoint-{status['step']}"]
+    assert [row["step"] for row in run.read_progress()] == list(range(1, status["step"] + 1))
+
+
 def test_resume_after_a_crash_truncates_rows_past_the_checkpoint(tiny_config_dict):
     tiny_config_dict["training"].update(max_steps=3, save_steps=2)
     run = run_to_end(tiny_config_dict)

@@ -515,6 +515,28 @@ def test_playground_explains_problems(draft, labels):
         rewards_tab.score_typed(draft, None, "90")
 
 
+def test_a_public_demo_stops_scoring_a_typed_reply_at_its_time_limit(draft, monkeypatch):
+    """42, item 7: twenty math rewards on a reply that keeps math-verify busy held a request for over 100 s."""
+    from dragon_ui.rewards import Reward, RewardSpec
+
+    monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
+    monkeypatch.setenv("DRAGON_UI_MAX_SCORING_SECONDS", "0.5")
+    scored = []
+
+    def slow(prompt, completion, reference, row):
+        scored.append(1)
+        time.sleep(0.3)
+        return 1.0
+
+    monkeypatch.setattr(rewards_tab, "playground_rewards", lambda draft, policy: [
+        Reward(RewardSpec(kind="numeric", name=f"slow{n}"), slow) for n in range(20)])
+    started = time.monotonic()
+    with pytest.raises(gr.Error, match="Scoring stopped: the rewards took longer than this public demo's limit of 0.5 "
+                                       "seconds on one reply"):
+        rewards_tab.score_typed(draft, 0, "90", policy=Policy.from_env())
+    assert len(scored) == 2 and time.monotonic() - started < 2
+
+
 @pytest.fixture
 def tiny_draft(studio, tiny_model_dir):
     draft = studio.recipes.default()
@@ -652,6 +674,33 @@ def test_a_group_closed_by_gradio_stops_sampling_and_the_next_one_waits_for_it(s
     assert not sampling_threads() and not rewards_tab.SAMPLING.locked()
     progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 0, 1))[-1]
     assert "Sampled 6 replies to 1 row(s)" in progress
+
+
+def test_a_row_whose_prompt_a_run_would_drop_is_not_sampled(studio, tiny_draft):
+    tiny_draft["data"]["max_prompt_tokens"] = 5
+    progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 1, 1))[-1]
+    assert re.search(r"Row 2's prompt has [\d,]+ tokens, more than the 5 a run keeps \(data.max_prompt_tokens\), so a "
+                     "run would drop it; try another row.", progress), progress
+    assert is_skip(table) and not sampling_threads()
+
+
+def test_a_public_demos_group_stops_at_its_time_limit(tiny_model_dir, paced_sampling, monkeypatch, runs_dir):
+    """A long prompt, many replies or a slow reward would otherwise hold the machine for minutes (once, 342 s)."""
+    monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
+    monkeypatch.setenv("DRAGON_UI_PUBLIC_MODELS", str(tiny_model_dir))
+    monkeypatch.setenv("DRAGON_UI_MAX_SAMPLING_SECONDS", "0.5")
+    public = Studio(runs_dir=runs_dir, policy=Policy.from_env())
+    draft = public.recipes.default()
+    draft["model"]["id"], draft["grpo"]["max_new_tokens"] = str(tiny_model_dir), 4
+    generation = rewards_tab.generate_samples(public, draft, 0, 3, request=SimpleNamespace(session_hash="s-3"))
+    first_table(generation)  # the thread now waits in hand_on
+    time.sleep(0.6)
+    paced_sampling.set()
+    progress, table, warnings = list(generation)[-1]
+    assert progress == message("Stopped: sampling took longer than this public demo's limit of 0.5 seconds per "
+                               "playground group; sample fewer rows, or lower the group size or max new tokens.",
+                               "error")
+    assert not sampling_threads() and not rewards_tab.SAMPLING.locked()
 
 
 def test_generation_shows_busy_errors_and_asks_for_a_row(studio, tiny_draft, no_model):

@@ -109,14 +109,16 @@ def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward]
     started = time.monotonic()
     replies = generate_replies(model, tokenizer, [ex["prompt"] for ex in examples], max_new_tokens,
                                should_stop=should_stop)
-    return score_replies(examples, replies, rewards, time.monotonic() - started)
+    return score_replies(examples, replies, rewards, time.monotonic() - started, should_stop)
 
 
-def score_replies(examples: list[dict], replies: list[str], rewards: list[Reward], seconds: float) -> EvalResult:
+def score_replies(examples: list[dict], replies: list[str], rewards: list[Reward], seconds: float,
+                  should_stop: Callable[[], bool] | None = None) -> EvalResult:
     """Score one reply per held-out example with every reward (also used by evaluate_now, which generates batch
-    by batch to report progress)."""
+    by batch to report progress); Stopped once ``should_stop()``."""
     results = score_completions(rewards, list(replies), [ex.get("reference") or None for ex in examples],
-                                [prompt_text(ex) for ex in examples], [json.loads(ex.get("row") or "{}") for ex in examples])
+                                [prompt_text(ex) for ex in examples], [json.loads(ex.get("row") or "{}") for ex in examples],
+                                should_stop)
     return scored(replies, [r.total for r in results], [r.scores for r in results], rewards, seconds)
 
 
@@ -202,7 +204,7 @@ class HeldOutChecks:
         started = time.monotonic()
         replies = generate_replies(model, self.tokenizer, [ex["prompt"] for ex in self.examples],
                                    self.config.grpo.max_new_tokens, should_stop=self.should_stop)
-        return score_replies(self.examples, replies, self.rewards, time.monotonic() - started)
+        return score_replies(self.examples, replies, self.rewards, time.monotonic() - started, self.should_stop)
 
     def _append(self, step: int, result: EvalResult) -> None:
         self.run.append_heldout({"step": step, "reward": result.reward_mean,
@@ -299,7 +301,11 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
                                             config.grpo.max_new_tokens, batch_size=EVAL_BATCH)
             model_name = "starting model" if side == "before" else f"trained model ({weights.label})"
             yield f"The {model_name} answered {len(replies)} of {len(examples)} held-out prompts..."
-        result = score_replies(examples, replies, rewards, time.monotonic() - started)
+        try:
+            result = score_replies(examples, replies, rewards, time.monotonic() - started, should_stop)
+        except Stopped:
+            yield f"Cancelled; the {side} side was not saved."
+            return
         evaluation = record_eval(run, side, result, examples, config.n_samples)
         if side == "after":  # say where "after" came from, so a later checkpoint shows up as newer
             evaluation["after"]["weights"] = weights.label

@@ -19,7 +19,7 @@ from ..errors import Stopped
 from ..grpo_math import no_spread_share, weighted_total
 from ..chat import completion_text, last_user_text
 from ..rewards import Reward, RewardFailures
-from ..runstore import RunDir
+from ..runstore import RunDir, excerpt
 from ..scaleout import distributed
 from .evaluation import HeldOutChecks
 from .model_card import write_model_card
@@ -79,8 +79,8 @@ class RunStoreCallback(TrainerCallback):
         """The batch TRL has just sampled, before it is scored and trained on (sampling.json): the Train tab shows
         the first step's completions while that step still runs, instead of only once it ends."""
         group_size = self.config.grpo.group_size
-        groups = [{"prompt": last_user_text(prompts[start]),
-                   "reference": references[start] if start < len(references) else "",
+        groups = [{"prompt": excerpt(last_user_text(prompts[start])),
+                   "reference": excerpt(references[start] if start < len(references) else ""),
                    "completions": [completion_text(c) for c in completions[start:start + group_size]]}
                   for start in range(0, len(prompts), group_size)]
         self.run.write_sampling({"step": self.trainer.state.global_step + 1, "groups": groups})
@@ -182,8 +182,8 @@ class RunStoreCallback(TrainerCallback):
                 items.append({"text": completion_text(completions[i]), "scores": scores,
                               "total": None if total is None else round(total, 6),
                               "advantage": finite_or_none(advantages[i]) if i < len(advantages) else None})
-            groups.append({"prompt": last_user_text(prompts[start]),
-                           "reference": references[start] if start < len(references) else "",
+            groups.append({"prompt": excerpt(last_user_text(prompts[start])),
+                           "reference": excerpt(references[start] if start < len(references) else ""),
                            "completions": items})
         return groups
 

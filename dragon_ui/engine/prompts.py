@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from ..config import RunConfig
 from ..data import MappedData
 from ..errors import ConfigError
+from ..public import LAPTOP, Policy
 from .libraries import import_all
 
 CPU_PROMPT_TOKENS = 512
@@ -30,6 +31,11 @@ class PromptFit:
     limit_reason: str  # "data.max_prompt_tokens", "the default on the CPU" or "the model's context of N tokens"
     dropped: int
 
+    @property
+    def longest_kept(self) -> int:
+        """At most this many tokens in any prompt the run trains or scores on (what its memory depends on)."""
+        return min(self.longest, self.limit)
+
     def summary(self) -> str:
         text = f"Prompts are {self.shortest} to {self.longest} tokens long (mean {self.mean:.0f})."
         if self.dropped:
@@ -38,16 +44,19 @@ class PromptFit:
         return text
 
 
-def prompt_limit(config: RunConfig, device: str, context: int | None) -> tuple[int, str]:
-    """(the most tokens a prompt may have, why that many)."""
+def prompt_limit(config: RunConfig, device: str, context: int | None,
+                 policy: Policy = LAPTOP) -> tuple[int, str]:
+    """(the most tokens a prompt may have, why that many); a public demo's limit when ``policy`` has one."""
     room = None if context is None else context - config.grpo.max_new_tokens
     if room is not None and room < 1:
         raise ConfigError(f"grpo.max_new_tokens ({config.grpo.max_new_tokens}) leaves no room for a prompt in the "
                           f"model's context of {context} tokens; lower it.")
     chosen = config.data.max_prompt_tokens
-    if chosen is None and room is None and device != "cpu":
+    if policy.public and chosen is None:
+        chosen, why = policy.limits.prompt_tokens, "this public demo's limit of tokens per prompt"
+    elif chosen is None and room is None and device != "cpu":
         return NO_LIMIT, "no limit: the model does not say its context"
-    if chosen is None and device == "cpu":
+    elif chosen is None and device == "cpu":
         chosen, why = CPU_PROMPT_TOKENS, "the default on the CPU; set data.max_prompt_tokens to change it"
     else:
         why = "data.max_prompt_tokens"

@@ -39,9 +39,10 @@ class PublicDemoRefusal(ConfigError):
     """A setting this public demo does not allow; the message names the limit and how to lift it."""
 
 
-def check_run(config: RunConfig, policy: Policy, reads_data: bool = True) -> None:
+def check_run(config: RunConfig, policy: Policy, reads_data: bool = True, longest_prompt: int | None = None) -> None:
     """Refuse the first setting of ``config`` that a public demo does not allow (nothing outside public mode),
-    before any data is read or model loaded; ``reads_data`` False for a run whose data is already in its folder."""
+    before any data is read or model loaded; ``reads_data`` False for a run whose data is already in its folder,
+    ``longest_prompt`` its longest prompt in tokens, where it is known (check_memory)."""
     if not policy.public:
         return
     limits = policy.limits
@@ -58,6 +59,10 @@ def check_run(config: RunConfig, policy: Policy, reads_data: bool = True) -> Non
         raise PublicDemoRefusal(f"grpo.max_new_tokens must be at most {limits.max_new_tokens} in this public demo "
                                 f"(its limit of new tokens per completion); got {config.grpo.max_new_tokens} "
                                 f"({LIFT} for longer completions).")
+    if config.data.max_prompt_tokens is not None and config.data.max_prompt_tokens > limits.prompt_tokens:
+        raise PublicDemoRefusal(f"data.max_prompt_tokens must be at most {limits.prompt_tokens} in this public demo "
+                                f"(its limit of tokens per prompt, chat template included); got "
+                                f"{config.data.max_prompt_tokens:,} ({LIFT} for longer prompts).")
     if config.completions_per_step > limits.completions_per_step:
         raise PublicDemoRefusal(f"A step samples {config.completions_per_step} completions (training.batch_size "
                                 f"{config.training.batch_size} x grpo.group_size {config.grpo.group_size} x "
@@ -86,7 +91,7 @@ def check_run(config: RunConfig, policy: Policy, reads_data: bool = True) -> Non
     if config.generation.backend == "vllm-server":
         raise PublicDemoRefusal("generation.backend vllm-server is turned off in this public demo: it would send "
                                 f"requests from the server to an address you choose ({LIFT} to use a vLLM server).")
-    check_memory(config, policy)
+    check_memory(config, policy, longest_prompt)
 
 
 def check_model(model: ModelConfig, policy: Policy) -> None:
@@ -118,11 +123,13 @@ def _is_own_run(model_id: str, runs_dir: Path, policy: Policy) -> bool:
     return (path / "config.json").is_file() and policy.owns(visitor(), RunDir(path).read_status().get("owner"))
 
 
-def check_memory(config: RunConfig, policy: Policy) -> None:
+def check_memory(config: RunConfig, policy: Policy, longest_prompt: int | None = None) -> None:
     """Refuse a run whose estimated memory is more than this machine has: it would end out of memory, or push the
-    app into swap for every visitor. Nothing is refused where the model's size is unknown (a model the owner added
-    to the allow-list), or the machine's memory."""
-    from .estimate import estimate_memory, model_dims
+    app into swap for every visitor. ``longest_prompt``: the longest prompt the run keeps, in tokens, once its data
+    is read (engine.training.inspect checks again then: a visitor chooses the data, and the demo caps it at
+    ``Limits.prompt_tokens``); before that, prompts of a usual length. Nothing is refused where the model's size is
+    unknown (a model the owner added to the allow-list), or the machine's memory."""
+    from .estimate import PROMPT_TOKENS, estimate_memory, model_dims
     from .hardware import resolve_hardware
 
     if not policy.public:
@@ -134,11 +141,15 @@ def check_memory(config: RunConfig, policy: Policy) -> None:
     except ConfigError:
         return  # an impossible device is refused where the run resolves it, with its own sentence
     memory_gb = _memory_gb(info, hardware)
-    needed = estimate_memory(config, dims, hardware.dtype, hardware.load_in_4bit, hardware.device).total_gb
+    needed = estimate_memory(config, dims, hardware.dtype, hardware.load_in_4bit, hardware.device,
+                             longest_prompt or PROMPT_TOKENS).total_gb
     if memory_gb is not None and needed > memory_gb:
-        raise PublicDemoRefusal(f"This run would need about {needed:.1f} GB of memory, more than the "
+        prompts = (f"with its longest prompt of {longest_prompt:,} tokens" if longest_prompt else
+                   f"with prompts of about {PROMPT_TOKENS} tokens")
+        shorter = ", or shorter prompts (data.max_prompt_tokens)" if longest_prompt else ""
+        raise PublicDemoRefusal(f"This run would need about {needed:.1f} GB of memory {prompts}, more than the "
                                 f"{memory_gb:.1f} GB this machine has; lower the batch size, the group size or max "
-                                f"new tokens ({LIFT} on a bigger machine).")
+                                f"new tokens{shorter} ({LIFT} on a bigger machine).")
 
 
 @functools.cache
@@ -193,8 +204,8 @@ _starts_lock = threading.Lock()
 
 def check_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) -> None:
     """Refuse a start or resume that would give the current visitor, or its network address, more than its share:
-    runs training or waiting (an API client can open a new session for every call, so its address counts too), and
-    starts in the last hour; the runs of ``preparing`` (being prepared, not in the runs folder yet) count too.
+    runs training or waiting (an API client can open a new session for every call, so its address counts too; the
+    runs of ``preparing``, not in the runs folder yet, count too), and starts in the last hour (count_start).
     Nothing outside public mode, or for the operator and the demo's owner."""
     if not policy.public or visitor().owns_everything:
         return
@@ -212,8 +223,7 @@ def check_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) -
                         f"one to finish ({LIFT} without limits).")
     with _starts_lock:
         recent = _recent_starts(who.address)
-        if who.address and len(recent) + sum(other.address == who.address for other in preparing) >= \
-                limits.starts_per_hour:
+        if who.address and len(recent) >= limits.starts_per_hour:
             wait = STARTS_WINDOW_S - (time.monotonic() - recent[0]) if recent else STARTS_WINDOW_S
             raise BusyError(f"{limits.starts_per_hour} runs were started from your network address in the last hour, "
                             f"this public demo's limit of starts and resumes per network address per hour; try again "
@@ -221,7 +231,8 @@ def check_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) -
 
 
 def count_start(policy: Policy) -> None:
-    """Count a start or resume that was accepted (after check_start), against its network address's hourly starts."""
+    """Count a start or resume that check_start let through against its network address's hourly starts, whether
+    it then succeeds or not."""
     who = visitor()
     if policy.public and who.address and not who.owns_everything:
         with _starts_lock:

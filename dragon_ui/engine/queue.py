@@ -87,16 +87,16 @@ def submit_resume(run_dir: Path, policy: Policy = LAPTOP, workers: Workers | Non
 @contextlib.contextmanager
 def _place(runs_dir: Path, policy: Policy):
     """A place in line for the current visitor's run while it is prepared: the limits count it from the moment it
-    is checked (under the lock), so starts sent at the same moment cannot all pass; it is counted as a start once
-    it is prepared."""
+    is checked (under the lock), so starts sent at the same moment cannot all pass. It counts as a start at once,
+    whether its preparation succeeds or not: reading the visitor's data is most of what a start costs."""
     who = visitor()
     with _lock:
         _refuse_if_full(runs_dir, policy)
         public_checks.check_start(runs_dir, policy, _preparing)
+        public_checks.count_start(policy)
         _preparing.append(who)
     try:
         yield
-        public_checks.count_start(policy)
     finally:
         with _lock:
             _preparing.remove(who)

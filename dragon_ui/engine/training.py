@@ -126,8 +126,9 @@ def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
     distributed.check_runnable_here(config, hardware.device)
     mapped = load_and_map(config.data, base_dir=config.base_dir or None, policy=policy)
     source = resolve_model(config.model)
-    limit, why = prompt_limit(config, hardware.device, context_length(source))
+    limit, why = prompt_limit(config, hardware.device, context_length(source), policy)
     mapped, prompts = fit_prompts(mapped, load_tokenizer(source), limit, why)
+    public_checks.check_memory(config, policy, prompts.longest_kept)
     if len(mapped.train) < config.training.batch_size:
         held_out = (f" ({len(mapped.eval)} more are held out for the before/after comparison; data.eval_frac 0 "
                     "trains on them too)") if mapped.eval else ""
@@ -147,7 +148,8 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
     """Everything of ``start`` but the training: the checks, then the run folder with its config and its mapped
     data, in state queued; ``waiting``: in the queue (``queue.py``), from the moment its status is written, which is
     the last thing done here."""
-    mapped = inspect(config, policy).mapped
+    inspection = inspect(config, policy)
+    mapped = inspection.mapped
     path = None
     if distributed.is_main_process():  # under accelerate/torchrun, one process creates and fills the folder
         if run_dir is None:
@@ -165,6 +167,7 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
                           owner_address=visitor().address if policy.public else None, **in_line,
                           reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
                           n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
+                          longest_prompt_tokens=inspection.prompts.longest_kept,
                           world_size=distributed.world_size())
         path = str(run.path)
     path = distributed.broadcast_from_main(path)
@@ -186,7 +189,9 @@ def resume(run_dir: str | Path, policy: Policy = LAPTOP, workers: Workers | None
 def check_resumable(run_dir: str | Path, policy: Policy = LAPTOP) -> RunDir:
     """The run, if it can be resumed (raises BusyError or ConfigError with the reason otherwise)."""
     run = RunDir(Path(run_dir), read_only=not distributed.is_main_process())
-    public_checks.check_run(run.read_config(), policy, reads_data=False)  # its data was read (and checked) at start
+    # Its data was read (and checked) when it started.
+    public_checks.check_run(run.read_config(), policy, reads_data=False,
+                            longest_prompt=run.read_status().get("longest_prompt_tokens"))
     state = run.read_status().get("state")
     if state in ACTIVE_STATES:
         raise BusyError(f"The run {run.id} is still {state}; stop it before resuming.")
@@ -345,7 +350,9 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
 
     failures = RewardFailures()
     callback = progress.RunStoreCallback(run, handle.should_stop, rewards, failures, config, checks)
-    trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures, callback.sampled)
+    inside_a_step = handle.should_stop if distributed.world_size() == 1 else None  # see _stoppable_forward_passes
+    trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures, callback.sampled,
+                            inside_a_step)
     callback.trainer = trainer
     trackers.point_at_run(trainer, run)
     trainer.add_callback(callback)
@@ -557,9 +564,11 @@ def _train_on_one_gpu(args, gpu: int) -> None:
 
 
 def build_trainer(config: RunConfig, args, model, tokenizer, train_rows: list[dict], rewards: list[Reward],
-                  failures: RewardFailures, on_sampled: Callable[[list, list, list], None] | None = None):
+                  failures: RewardFailures, on_sampled: Callable[[list, list, list], None] | None = None,
+                  should_stop: Callable[[], bool] | None = None):
     """TRL's GRPOTrainer for this run, with Dragon's rewards and the speed-ups that apply; ``on_sampled(prompts,
-    completions, references)`` hears of each sampled batch before it is scored."""
+    completions, references)`` hears of each sampled batch before it is scored; ``should_stop`` (a stop, a time
+    limit) is asked before each reply is scored."""
     import transformers
     from datasets import Dataset
     from peft import LoraConfig
@@ -584,7 +593,7 @@ def build_trainer(config: RunConfig, args, model, tokenizer, train_rows: list[di
             raise ConfigError(f"The reward '{name}' failed on all {n_scored} completions of the first step, so "
                               f"training stopped; fix the reward and resume. Its error: {message}")
 
-    reward_funcs = trl_reward_functions(rewards, failures, on_batch=on_batch)
+    reward_funcs = trl_reward_functions(rewards, failures, on_batch=on_batch, should_stop=should_stop)
     reward_funcs[0] = _watching_batches(reward_funcs[0], on_sampled)
     trainer = speedups.grpo_trainer_class()(model=model, reward_funcs=reward_funcs, args=args,
                                             train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,

@@ -10,7 +10,9 @@ a thread of its own. So the checks run in a worker process (started on first use
 main thread with math-verify's own time limits, and the caller waits at most :data:`LIMIT_S` for an answer: a check
 that takes longer ends with that worker, and the next check starts a fresh one. The worker's memory is capped where
 the system allows it. A training has a worker of its own (:data:`TRAINING`), so that what visitors of a public demo
-send to the playground (:data:`PREVIEWS`, where a wait for the worker is limited too) never holds up a run.
+send to the playground (:data:`PREVIEWS`, where a wait for the worker is limited too) never holds up a run. Checks
+take turns by network address (apart.FairTurns), so one visitor's many slow checks cannot crowd out another's,
+and the worker runs at a low priority.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import subprocess
 import sys
 import threading
 
-from ..apart import PACKAGE_PARENT, child_environment
+from ..apart import (PACKAGE_PARENT, WAITING_PER_ASKER, FairTurns, TurnRefused, asker, child_environment,
+                     lower_priority)
 from ..errors import RewardError, one_line
 from .text import extract_answer, require_reference
 
@@ -93,6 +96,7 @@ def serve() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
     except (ImportError, ValueError, OSError):  # not on Windows, or a lower hard limit already: keep that one
         pass
+    lower_priority()
     import math_verify  # noqa: F401  (imported before the first check, which its time limit then measures alone)
 
     sys.stdout.write(json.dumps(READY) + "\n")
@@ -110,10 +114,10 @@ def serve() -> None:
 class MathChecker:
     """The worker process, started with the same Python as the app (not a fork: the app holds a model and threads),
     and a thread that reads its answers, so that the wait for one can have a time limit on every platform. Checks
-    take turns (a lock), from any thread."""
+    take turns from any thread, fairly between network addresses (apart.FairTurns)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._turns = FairTurns()
         self._process: subprocess.Popen | None = None
         self._answers: queue.Queue = queue.Queue()
 
@@ -122,14 +126,17 @@ class MathChecker:
 
     def ask(self, check_name: str, *arguments):
         """The value of ``CHECKS[check_name](*arguments)``, computed by the worker."""
-        if not self._lock.acquire(timeout=LIMIT_S):
-            raise RewardError(f"math-verify was busy with other replies for {LIMIT_S:g} s; this one was not checked")
         try:
-            if self._process is None or self._process.poll() is not None:
-                self._start()
-            answer = self._ask([check_name, *arguments])
-        finally:
-            self._lock.release()
+            with self._turns.turn(asker(), LIMIT_S):
+                if self._process is None or self._process.poll() is not None:
+                    self._start()
+                answer = self._ask([check_name, *arguments])
+        except TurnRefused as refused:
+            if refused.crowded:
+                raise RewardError(f"math-verify is checking {WAITING_PER_ASKER} other replies from your network "
+                                  "address; this one was not checked") from None
+            raise RewardError(f"math-verify was busy with other replies for {LIMIT_S:g} s; this one was not "
+                              "checked") from None
         done, value = answer
         if not done:
             raise RewardError(value)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..chat import completion_text, last_user_text
-from ..errors import ConfigError, one_line
+from ..errors import ConfigError, Stopped, one_line
 from ..public import LAPTOP, Policy
 from .classifier import Classifiers, ClassifierScorer
 from .math_answers import PREVIEWS, TRAINING, math_scorer
@@ -133,21 +133,26 @@ def prepare(reward: Reward, completions: list[str]) -> None:
 
 
 def score_completions(rewards: list[Reward], completions: list[str], references: list[str | None],
-                      prompts: list[str], rows: list[dict]) -> list[ScoreResult]:
+                      prompts: list[str], rows: list[dict],
+                      should_stop: Callable[[], bool] | None = None) -> list[ScoreResult]:
     """Score several replies, each as :func:`score_completion` does, letting batch scorers see them all first."""
     for reward in rewards:
         prepare(reward, completions)
-    return [score_completion(rewards, completion, reference, prompt, row)
+    return [score_completion(rewards, completion, reference, prompt, row, should_stop=should_stop)
             for completion, reference, prompt, row in zip(completions, references, prompts, rows, strict=True)]
 
 
 def score_completion(rewards: list[Reward], completion: str, reference: str | None = None, prompt: str = "",
-                     row: dict | None = None, failures: RewardFailures | None = None) -> ScoreResult:
-    """THE way to score one completion with all rewards (CLI, playground, evaluation and training share it)."""
+                     row: dict | None = None, failures: RewardFailures | None = None,
+                     should_stop: Callable[[], bool] | None = None) -> ScoreResult:
+    """THE way to score one completion with all rewards (CLI, playground, evaluation and training share it).
+    Raises Stopped before a reward once ``should_stop()`` (a stop, a time limit): each reward may take its own time
+    limit, and a run's limit counts every one of them."""
     row = {} if row is None else row
     scores: dict[str, float] = {}
     errors: dict[str, str] = {}
     for reward in rewards:
+        check_stop(should_stop)
         scores[reward.name], error = safe_score(reward, prompt, completion, reference, row, failures)
         if error is not None:
             errors[reward.name] = error
@@ -160,20 +165,27 @@ def score_completion(rewards: list[Reward], completion: str, reference: str | No
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def check_stop(should_stop: Callable[[], bool] | None) -> None:
+    if should_stop is not None and should_stop():
+        raise Stopped("stopped while scoring replies")
+
+
 def trl_reward_functions(rewards: list[Reward], failures: RewardFailures,
-                         on_batch: Callable[[str, int, int], None] | None = None) -> list[Callable]:
+                         on_batch: Callable[[str, int, int], None] | None = None,
+                         should_stop: Callable[[], bool] | None = None) -> list[Callable]:
     """One TRL reward function per reward, named after it (TRL logs ``rewards/<name>/mean``).
 
     Scores are unweighted: the trainer passes the weights to TRL (``reward_weights``). Each function reads the
     dataset columns ``reference`` and ``row`` (a JSON string) from TRL's keyword arguments and ignores the rest;
     an empty reference becomes None, as in evaluation, so a reward sees the same inputs in training and evaluation.
     ``on_batch(name, n_scored, n_failed)`` runs after each call; its exceptions propagate so that the trainer can
-    stop a run whose reward is completely broken.
+    stop a run whose reward is completely broken. Once ``should_stop()`` (a stop, a time limit), Stopped is raised
+    before the next reply is scored: the trainer drops the step and the last whole one is checkpointed.
     """
-    return [_trl_function(reward, failures, on_batch) for reward in rewards]
+    return [_trl_function(reward, failures, on_batch, should_stop) for reward in rewards]
 
 
-def _trl_function(reward: Reward, failures: RewardFailures, on_batch) -> Callable:
+def _trl_function(reward: Reward, failures: RewardFailures, on_batch, should_stop) -> Callable:
     def reward_function(prompts, completions, **kwargs) -> list[float]:
         count = len(completions)
         references = kwargs.get("reference") or [None] * count
@@ -183,6 +195,7 @@ def _trl_function(reward: Reward, failures: RewardFailures, on_batch) -> Callabl
         failed = 0
         prepare(reward, [completion_text(completion) for completion in completions])
         for prompt, completion, reference, row in zip(prompts, completions, references, rows, strict=True):
+            check_stop(should_stop)
             if isinstance(row, str):
                 if row not in parsed:
                     parsed[row] = json.loads(row)

@@ -8,20 +8,26 @@ browser kept), which supplies the settings the form does not show.
 The engine's validation errors name dotted config paths (``training.learning_rate must be ...``), which is right for
 a YAML file and the command line. :func:`place_problem` says the same in the words on the screen ("Learning rate must
 be ...", "The 4th reward (my_check): ...") and which part of the form the problem belongs to.
+
+A public demo opens a draft kept by a browser only if it is no larger than the form makes (:func:`kept_draft_refusal`):
+anyone can send one of any size and shape with a page load.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig
+from ..config import NOTES_CHARS, PATH_CHARS, RunConfig
+from ..data import TEMPLATE_CHARS
 from ..errors import DragonError
 from ..public import LAPTOP, Policy
+from ..rewards.spec import MOST_REWARDS
 from ..runstore import slug
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))  # the first word of every config path
@@ -33,6 +39,52 @@ REWARD_FIELD_WORDS = {"code": "the Python code", "file": "the .py file", "functi
                       "tags": "the tags", "argv": "the command", "name": "the name", "weight": "the weight",
                       "kind": "the kind", "min_chars": "the minimum length", "max_chars": "the maximum length",
                       "tolerance": "the tolerance", "extract": "the part of the reply compared"}
+
+
+# The most a kept draft may take, in bytes of its JSON. It holds two drafts (the settings and their pristine copy:
+# app.remember), and a draft's bulk is the text the form lets one type at length: three templates of TEMPLATE_CHARS,
+# notes of NOTES_CHARS, and for each of MOST_REWARDS rewards a pattern or a classifier of up to PATH_CHARS; every
+# other setting, with the names around them all, takes far less than OTHER_SETTINGS_BYTES (a bundled recipe's whole
+# draft takes 3 KB). 124,384 bytes: 20 times the kept draft of the largest bundled recipe, and a 14th of what one
+# sent in the review (1.8 MB, held as 32 MB by its session).
+OTHER_SETTINGS_BYTES = 8 * 1024
+KEPT_DRAFT_BYTES = 2 * (3 * TEMPLATE_CHARS + NOTES_CHARS + MOST_REWARDS * PATH_CHARS + OTHER_SETTINGS_BYTES)
+# How deep a kept draft may nest: twice the five levels of the deepest the form makes (the kept draft, the draft, its
+# rewards, a reward, its list of keys or words).
+KEPT_DRAFT_DEPTH = 10
+
+
+def kept_draft_refusal(kept: Any) -> str | None:
+    """Why a public demo does not open the draft a browser kept (app.remember's {"draft", "pristine",
+    "auto_name"}), in a sentence; None when it may. Anyone can send a draft of any size and shape with a page load,
+    and the page's session holds what the tabs make of it: one larger, deeper or with more rewards than the form
+    makes is refused before anything is made of it."""
+    words = "The settings this browser kept were not opened:"
+    try:
+        size = len(json.dumps(kept, ensure_ascii=False).encode("utf-8"))
+    except RecursionError:  # nested hundreds deep
+        size = None
+    if size is not None and size > KEPT_DRAFT_BYTES:
+        return f"{words} they take {size:,} bytes, more than the {KEPT_DRAFT_BYTES:,} the form makes at most."
+    if size is None or _depth(kept) > KEPT_DRAFT_DEPTH:
+        return f"{words} they nest more than {KEPT_DRAFT_DEPTH} levels deep, deeper than the form makes."
+    for part in ("draft", "pristine"):
+        rewards = kept.get(part) if isinstance(kept, dict) else None
+        rewards = rewards.get("rewards") if isinstance(rewards, dict) else None
+        if isinstance(rewards, list) and len(rewards) > MOST_REWARDS:
+            return f"{words} they have {len(rewards):,} rewards, more than the {MOST_REWARDS} a run may have."
+    return None
+
+
+def _depth(value: Any) -> int:
+    """How many dicts and lists deep ``value`` nests, counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def set_path(draft: dict, path: str, value: Any) -> None:

@@ -2,7 +2,9 @@
 
 On your own machine they are simply paths. In a public demo they are where visitors could reach each other's
 things or the server's, so each upload moves into its visitor's own folder, a download is a copy in a folder of its
-own, and a path is shown from the runs folder on.
+own, and no path shown names a folder of the server's (the app's, the runs folder, a visitor's key): a run's path
+is shown from the runs folder on, a data source by its name (shown_source), and what comes back is resolved on the
+server (real_source).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..data import bundled_datasets, is_bundled
 from ..errors import ConfigError
-from ..public import is_own_upload, own_uploads_dir
+from ..public import Policy, is_own_upload, own_uploads_dir, uploads_dir
 
 UPLOADS_KEPT = 3  # a visitor's newest uploads in a public demo; an older one goes when a new one arrives
+UPLOADS_SHOWN = "uploads"  # a visitor's upload as a public demo shows it: uploads/<its file name>
 
 
 class Files:
@@ -91,3 +95,53 @@ class Files:
             return str(path)
         return str(Path(path).resolve().relative_to(self.runs_dir)) if Path(path).resolve().is_relative_to(
             self.runs_dir) else Path(path).name
+
+
+def shown_source(source: str, policy: Policy) -> str:
+    """A data source as the app shows it: as it is on your own machine; in a public demo a bundled dataset by its
+    file name and an upload as uploads/<its name>, since where the server keeps its files (and the visitor key that
+    names an upload's folder) is nobody's business. Other text (a Hub id, what a visitor typed) is shown as it is."""
+    if not policy.public or not source:
+        return source
+    if is_bundled(source):
+        return Path(source).name
+    path = Path(os.path.normpath(source))
+    if path.is_absolute() and path.is_relative_to(uploads_dir()):
+        return f"{UPLOADS_SHOWN}/{path.name}"
+    return source
+
+
+def real_source(shown: str, policy: Policy) -> str:
+    """The data source that a shown one stands for (shown_source's inverse, for what a page or an API client sends
+    back): a bundled dataset's file name is that dataset, uploads/<name> the visitor's newest upload of that name.
+    Any other text is left as it is, for the data loader to judge (data.locate)."""
+    if not policy.public or not shown:
+        return shown
+    text = shown.strip()
+    bundled = {path.name: path for path in bundled_datasets()}
+    if text in bundled:
+        return str(bundled[text])
+    folder, _, name = text.partition("/")
+    own = own_uploads_dir()
+    if folder != UPLOADS_SHOWN or own is None or not own.is_dir() or name in ("", ".", "..") or "/" in name:
+        return shown
+    kept = [upload / name for upload in own.iterdir() if (upload / name).is_file()]
+    return str(max(kept, key=lambda path: path.stat().st_mtime)) if kept else shown
+
+
+def shown_draft(draft: dict, policy: Policy) -> dict:
+    """A draft as it leaves the server (the HTTP API's /recipe, the copy a browser keeps): its data source as
+    shown_source shows it."""
+    return _with_source(draft, shown_source, policy)
+
+
+def real_draft(draft: dict, policy: Policy) -> dict:
+    """A draft as it comes back (a browser's kept copy): its data source as the file it stands for (real_source)."""
+    return _with_source(draft, real_source, policy)
+
+
+def _with_source(draft, change, policy: Policy):
+    data = draft.get("data") if isinstance(draft, dict) else None
+    if not policy.public or not isinstance(data, dict) or not isinstance(data.get("source"), str):
+        return draft
+    return {**draft, "data": {**data, "source": change(data["source"], policy)}}

@@ -24,7 +24,8 @@ from pathlib import Path
 from ..config import usual_learning_rates
 from ..grpo_math import finite_number
 from ..rewards import PENALTY_KINDS
-from ..runstore import ACTIVE_STATES, RunDir, errors_key, read_appended_rows, read_record_rows, reward_key, value_at
+from ..runstore import (ACTIVE_STATES, RunDir, errors_key, read_appended_rows, read_last_appended_row, read_record_rows,
+                        reward_key, value_at)
 
 LOG_LINES = 40
 LOG_TAIL_CHARS = 16_000
@@ -96,7 +97,8 @@ def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snap
     snap.heldout = rows if reset or previous is None else (previous.get("heldout") or []) + rows
     snap.progress_changed = snap.progress_changed or reset or bool(rows)  # the reward chart draws both
 
-    rows, reset, snap.cursor["rollouts"] = _read_new_rows(run.rollouts_path, old_cursor.get("rollouts"))
+    rows, reset, snap.cursor["rollouts"] = _read_new_rows(run.rollouts_path, old_cursor.get("rollouts"),
+                                                          read_last_appended_row)  # only the newest is shown
     if rows:
         snap.rollouts = rows[-1]
     elif previous is not None and not reset:

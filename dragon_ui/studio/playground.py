@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 
 from ..config import GRPOSettings, HardwareSettings, ModelConfig, RunConfig
 from ..engine.hardware import resolve_hardware
-from ..engine.prompts import CPU_PROMPT_TOKENS
+from ..engine.prompts import NO_LIMIT, prompt_limit, token_counts
 from ..engine.reward_models import classifiers_on
 from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locate, map_rows, prompt_text, read_table,
                    rows_to_read)
-from ..errors import ConfigError, DragonError, first_line
+from ..errors import ConfigError, DragonError, Stopped, first_line
 from ..grpo_math import advantages, has_spread
 from ..public import LAPTOP, Policy
 from ..rewards import (Reward, ScoreResult, build_rewards, counts_tokens, parse_rewards, score_completion,
@@ -224,16 +224,15 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None, 
     )
 
 
-def prompt_limit_of(draft: dict, setting: DataConfig) -> int | None:
-    """The prompt length a run of the draft would keep to, where the form alone says it (engine.prompts): the
-    setting, or the CPU's default; the model's context is checked when the run starts."""
-    if setting.max_prompt_tokens is not None:
-        return setting.max_prompt_tokens
+def prompt_limit_of(draft: dict, setting: DataConfig, policy: Policy = LAPTOP) -> int | None:
+    """The prompt length a run of the draft would keep to, where the form alone says it (engine.prompts.prompt_limit
+    without the model's context, which is checked when the run starts); None for no limit."""
     try:
         device = resolve_hardware(HardwareSettings(**(draft.get("hardware") or {}))).device
     except (DragonError, TypeError):
-        return None
-    return CPU_PROMPT_TOKENS if device == "cpu" else None
+        device = "cpu"  # the form's hardware is refused on its own tab; here, the strictest limit
+    limit, _ = prompt_limit(RunConfig(data=setting), device, None, policy)
+    return None if limit == NO_LIMIT else limit
 
 
 def preview_examples(data: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP) -> list[dict]:
@@ -383,10 +382,18 @@ def sampling_rewards(config: RunConfig, tokenizer, device: str, policy: Policy) 
                          max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(device), policy=policy)
 
 
-def score_example(rewards: list[Reward], example: dict, completion: str) -> ScoreResult:
-    """Score one reply to a mapped example exactly as training and evaluation do."""
-    return score_completion(rewards, completion, reference=example.get("reference") or None,
-                            prompt=prompt_text(example), row=json.loads(example.get("row") or "{}"))
+def score_example(rewards: list[Reward], example: dict, completion: str,
+                  time_limit_s: float | None = None) -> ScoreResult:
+    """Score one reply to a mapped example exactly as training and evaluation do; ConfigError once the rewards
+    have taken ``time_limit_s`` (a public demo's), before the next one scores."""
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+    try:
+        return score_completion(rewards, completion, reference=example.get("reference") or None,
+                                prompt=prompt_text(example), row=json.loads(example.get("row") or "{}"),
+                                should_stop=None if deadline is None else lambda: time.monotonic() > deadline)
+    except Stopped:
+        raise ConfigError(f"Scoring stopped: the rewards took longer than this public demo's limit of "
+                          f"{time_limit_s:g} seconds on one reply; use fewer rewards, or faster ones.") from None
 
 
 @dataclass(frozen=True)
@@ -407,11 +414,13 @@ class GroupScores:
         return list(self.results[0].scores) if self.results else []
 
 
-def score_group(rewards: list[Reward], example: dict, completions: list[str]) -> GroupScores:
-    """Score every completion of one prompt."""
+def score_group(rewards: list[Reward], example: dict, completions: list[str],
+                should_stop: Callable[[], bool] | None = None) -> GroupScores:
+    """Score every completion of one prompt; Stopped once ``should_stop()``."""
     count = len(completions)
     results = score_completions(rewards, list(completions), [example.get("reference") or None] * count,
-                                [prompt_text(example)] * count, [json.loads(example.get("row") or "{}")] * count)
+                                [prompt_text(example)] * count, [json.loads(example.get("row") or "{}")] * count,
+                                should_stop)
     return GroupScores(prompt_text(example), example.get("reference", ""), list(completions), results)
 
 
@@ -444,6 +453,17 @@ def reward_failures(group: GroupScores) -> list[str]:
             for name, (count, first) in failures.items()]
 
 
+def refuse_long_prompts(examples: list[dict], tokenizer, limit: int | None, first_row: int) -> None:
+    """Refuse to sample a row whose prompt a run would drop (engine.prompts): the group would show what training
+    never sees, and a long prompt takes the machine for minutes. ``first_row`` is the first example's index."""
+    if limit is None:
+        return
+    for offset, length in enumerate(token_counts(examples, tokenizer)):
+        if length > limit:
+            raise ConfigError(f"Row {first_row + offset + 1}'s prompt has {length:,} tokens, more than the {limit:,} a "
+                              "run keeps (data.max_prompt_tokens), so a run would drop it; try another row.")
+
+
 def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict], grpo: GRPOSettings,
                     should_stop: Callable[[], bool] | None = None,
                     on_replies: Callable[[list[str]], None] | None = None) -> Iterator[GroupScores]:
@@ -460,4 +480,4 @@ def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict
                                    batch_size=grpo.group_size, temperature=grpo.temperature, should_stop=should_stop,
                                    sampling={"top_p": grpo.top_p, "top_k": grpo.top_k or None, "min_p": grpo.min_p,
                                              "repetition_penalty": grpo.repetition_penalty}, on_replies=on_replies)
-        yield score_group(rewards, example, replies)
+        yield score_group(rewards, example, replies, should_stop)

@@ -14,6 +14,7 @@ from ..config import RunConfig
 from ..engine import public_checks, training
 from ..errors import ConfigError
 from ..public import Policy
+from .files import real_source
 
 DEFAULT_RECIPE = "arithmetic"
 # What sampling a group in the playground reads from a draft: the model, where it runs, the data and rewards, GRPO's
@@ -33,8 +34,9 @@ class Recipes:
         return sorted(p.stem for p in self.folder.glob("*.yaml"))
 
     def load(self, name: str) -> dict:
-        """A recipe as a draft: the config dict the UI edits, with paths made absolute so they survive any cwd. The
-        name must be one of the recipes listed (it is never joined to a folder as it was sent)."""
+        """A recipe as a draft: the config dict the UI edits, with paths made absolute so they survive any cwd (in
+        a public demo without the runs and recipes folders, which it does not use). The name must be one of the
+        recipes listed (it is never joined to a folder as it was sent)."""
         names = self.names()
         if not name:
             raise ConfigError(f"Choose a recipe first: {', '.join(names)}.")
@@ -47,7 +49,10 @@ class Recipes:
         beside = Path(config.base_dir, config.data.source.strip())
         if beside.exists():
             config.data.source = os.path.normpath(beside)
-        config.runs_dir = str(self.runs_dir)
+        if self.policy.public:  # it uses neither (validate): the server's folders are shown to nobody
+            config.runs_dir = config.base_dir = ""
+        else:
+            config.runs_dir = str(self.runs_dir)
         return config.to_dict()
 
     def default(self) -> dict:
@@ -61,11 +66,13 @@ class Recipes:
         """The draft as a validated RunConfig that this demo allows (raises ConfigError with the sentence to show).
 
         The app keeps runs in its own folder, whatever a draft says; in a public demo no folder of a draft is used
-        at all (``base_dir`` would make relative paths read files of the server's choosing of the visitor's)."""
+        at all (``base_dir`` would make relative paths read files of the server's choosing of the visitor's), and a
+        data source shown without the server's folders (files.shown_source) is the file it stands for."""
         config = RunConfig.from_dict(copy.deepcopy(draft), policy=self.policy)
         config.runs_dir = str(self.runs_dir)
         if self.policy.public:
             config.base_dir = ""
+            config.data.source = real_source(config.data.source, self.policy)  # the file a shown name stands for
         public_checks.check_run(config, self.policy)
         return config
 

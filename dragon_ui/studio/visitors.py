@@ -5,8 +5,13 @@ when the page loads; its visitor key is a hash of the token, so the key written 
 replayed to take the run over. A session that sends an event before any page load (an API client, or a page acting
 before its load is answered) is given a random token of its own at once; a page loading in that session with no
 token of its browser's takes that one, so what it did before its load stays its own. Whoever enters the owner key
-(``DRAGON_UI_OWNER_KEY``) owns every run, in that session (page) only; wrong keys are counted per network address,
-and after a few in a row that address must wait before it may try again.
+(``DRAGON_UI_OWNER_KEY``) owns every run, in that session (page) only.
+
+A session is in use while its page's heartbeat is open (gradio's page and gradio_client keep one) or for QUIET_S
+after its last event: the server holds gradio's copy of its page meanwhile, and forgets it after (ui/app.py). A
+session in use is never pushed out by others: a new one is refused instead when the demo, or its network address,
+has as many in use as it may. Wrong owner keys are counted per network address; past a few, a session that sent
+one must wait, while any other session's key is still checked, so the owner behind a shared address gets in.
 """
 
 from __future__ import annotations
@@ -18,18 +23,31 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from ..errors import BusyError
-from ..public import NOBODY, Visitor
+from ..errors import BusyError, ConfigError
+from ..public import LIFT, NOBODY, Visitor
 
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,200}")  # what a browser's token looks like (secrets.token_urlsafe)
-MAX_SESSIONS = 50_000  # sessions remembered; the oldest are forgotten (an API client can open one per call)
+MAX_SESSION_CHARS = 100  # a page's session names have 11 characters, gradio_client's 36
+# Sessions remembered (a few hundred bytes each), far more than are in use: past it, the stalest not in use is
+# forgotten (an API client can open one per call).
+MAX_SESSIONS = 50_000
+# A session whose heartbeat is closed (or never opened: a raw API client) is in use this long after its last sign of
+# life: longer than a page's heartbeat takes to reconnect, or a script between its calls.
+QUIET_S = 30
+# Each session in use holds gradio's copy of its page: about 1 MB, measured (0.6 MB made at its first event, the rest
+# what its page load fills in). 4,000 of them take 4 GB, a quarter of the 16 GB machine public.Limits is sized for.
+SESSIONS_IN_USE = 4_000
+# One network address may have a tenth of them in use (a workshop behind one address: a hundred people with a few
+# tabs each), so that filling the demo takes ten addresses.
+SESSIONS_IN_USE_PER_ADDRESS = SESSIONS_IN_USE // 10
 # New sessions one network address may open in NEW_SESSIONS_WINDOW_S: a workshop behind one address reloads far
 # fewer, while a client opening one per call could otherwise push everyone's sessions out of MAX_SESSIONS.
 NEW_SESSIONS_ALLOWED = 2_000
 NEW_SESSIONS_WINDOW_S = 10 * 60
-WRONG_KEYS_ALLOWED = 5  # wrong owner keys from one address within WRONG_KEYS_WINDOW_S, before it must wait
+WRONG_KEYS_ALLOWED = 5  # wrong owner keys from one address within WRONG_KEYS_WINDOW_S, before guessing is limited
 WRONG_KEYS_WINDOW_S = 15 * 60
 
 
@@ -42,6 +60,10 @@ class _Session:
     key: str  # its visitor's
     unclaimed: str | None = None  # the token a page loading in this session may still take (see Visitors.of)
     unlocked: bool = False  # the owner key was entered in this session
+    address: str | None = None  # the network address it last came from
+    seen: float = 0.0  # time.monotonic() of its last sign of life: an event, its heartbeat opening or closing
+    heartbeats: int = 0  # its heartbeats open now
+    wrong_key_at: float | None = None  # when it last sent a wrong owner key
 
 
 class Visitors:
@@ -50,80 +72,163 @@ class Visitors:
     def __init__(self, owner_key: str = "") -> None:
         self._owner_key = owner_key  # public.Policy's: empty, nobody can unlock
         self._lock = threading.Lock()
-        self._sessions: collections.OrderedDict[str, _Session] = collections.OrderedDict()
+        self._sessions: collections.OrderedDict[str, _Session] = collections.OrderedDict()  # the stalest first
+        self._heartbeating: dict[str, _Session] = {}  # the sessions with a heartbeat open
         # address -> [start of its window, sessions it opened in it], the newest window last
         self._new_sessions: collections.OrderedDict[str, list] = collections.OrderedDict()
-        self._wrong_keys: dict[str, collections.deque] = {}  # address -> times of its wrong owner keys
+        # address -> times of its latest wrong owner keys (as many as it may send: whether it sent more is all
+        # that is asked)
+        self._wrong_keys: dict[str, collections.deque] = {}
 
     def arrive(self, session: str, token: str | None) -> str:
         """A page loaded in ``session`` with the token its browser kept; returns the token it is to keep from now
         on. A browser that kept none takes the token its session's earlier events were served with, once (a
         second page load in that session gets a new one, so nobody else can take it); else a new one."""
         with self._lock:
-            known = self._sessions.get(session)
+            known, _ = self._enter(session, None)
             if not isinstance(token, str) or not TOKEN.fullmatch(token):
-                token = (known and known.unclaimed) or secrets.token_urlsafe(24)
-            self._remember(session, _Session(key_of(token), unlocked=bool(known and known.unlocked)))
+                token = known.unclaimed or secrets.token_urlsafe(24)
+            known.key, known.unclaimed = key_of(token), None
         return token
 
     def of(self, session: str | None, address: str | None = None) -> Visitor:
         """Who sent an event of ``session`` from ``address`` (a hash of the network address): its page's visitor.
         A session no page has loaded in yet becomes a visitor of its own, as a new browser would: a page acting
         before its load is answered (its uploads, its runs) stays that visitor when the load comes (arrive).
-        BusyError when ``address`` opened more than NEW_SESSIONS_ALLOWED sessions in NEW_SESSIONS_WINDOW_S."""
+        BusyError when no session may come into use now (see enter)."""
         if not session:
             return NOBODY
         with self._lock:
-            known = self._sessions.get(session)
-            if known is None:
-                self._count_new_session(address)
-                token = secrets.token_urlsafe(24)
-                known = self._remember(session, _Session(key_of(token), unclaimed=token))
+            known, _ = self._enter(session, address)
             return Visitor(key=known.key, unlocked=known.unlocked, address=address, session=session)
+
+    def enter(self, session: str, address: str | None) -> bool:
+        """``session`` sent a request from ``address``: it is in use from now on; whether it was not before. A
+        session not in use comes into use only while the demo has fewer than SESSIONS_IN_USE in use, and its address
+        fewer than SESSIONS_IN_USE_PER_ADDRESS; a new one only while its address has opened fewer than
+        NEW_SESSIONS_ALLOWED in NEW_SESSIONS_WINDOW_S (BusyError otherwise). ConfigError for a name longer than
+        MAX_SESSION_CHARS."""
+        with self._lock:
+            return self._enter(session, address)[1]
+
+    def heartbeat_opened(self, session: str, address: str | None) -> bool:
+        """A heartbeat of ``session`` opened, as enter: the session is in use while one is open."""
+        with self._lock:
+            known, came = self._enter(session, address)
+            known.heartbeats += 1
+            self._heartbeating[session] = known
+        return came
+
+    def heartbeat_closed(self, session: str) -> None:
+        """A heartbeat of ``session`` closed: once none is open, the session is in use for QUIET_S more."""
+        with self._lock:
+            known = self._sessions.get(session)
+            if known is None:  # forgotten meanwhile
+                return
+            known.heartbeats = max(0, known.heartbeats - 1)
+            if not known.heartbeats:
+                self._heartbeating.pop(session, None)
+            self._touch(session, known, time.monotonic())
+
+    def quiet(self, sessions: Iterable[str]) -> list[str]:
+        """Those of ``sessions`` not in use (nor known): what the server may forget of them now."""
+        now = time.monotonic()
+        with self._lock:
+            return [session for session in sessions
+                    if session not in self._sessions or not self._in_use(self._sessions[session], now)]
 
     def unlock(self, who: Visitor, key: str) -> Visitor | None:
         """``who``, owning every run from now on in its session, if ``key`` is the owner key; None if it is not.
-        BusyError after WRONG_KEYS_ALLOWED wrong keys from ``who``'s address in WRONG_KEYS_WINDOW_S."""
+
+        Once WRONG_KEYS_ALLOWED wrong keys came from ``who``'s address in WRONG_KEYS_WINDOW_S, a session that sent
+        one of them (or any key nobody can tell the session of) gets BusyError, whatever the key, until its own
+        wrong key is that old; any other session's key is checked, so the right key from a shared address unlocks
+        its page whoever guessed there. Guessing on then takes a new session per guess, which is counted as every
+        new session is (NEW_SESSIONS_ALLOWED)."""
         expected = self._owner_key
         if not expected or not isinstance(key, str) or not key.strip():
             return None  # no key to guess, or nothing entered: not a wrong guess
+        right = hmac.compare_digest(key.strip().encode("utf-8"), expected.encode("utf-8"))
+        now = time.monotonic()
         with self._lock:
-            wrong = self._wrong_keys.get(who.address or "", collections.deque())
-            while wrong and time.monotonic() - wrong[0] >= WRONG_KEYS_WINDOW_S:
-                wrong.popleft()
-            if len(wrong) >= WRONG_KEYS_ALLOWED:
-                minutes = max(1, round((WRONG_KEYS_WINDOW_S - (time.monotonic() - wrong[0])) / 60))
+            known = self._sessions.get(who.session) if who.session else None
+            wrong = self._wrong_keys.get(who.address or "", ())
+            guessed_enough = len(wrong) == WRONG_KEYS_ALLOWED and now - wrong[0] < WRONG_KEYS_WINDOW_S
+            last_guess = known.wrong_key_at if known is not None else now
+            if guessed_enough and last_guess is not None and now - last_guess < WRONG_KEYS_WINDOW_S:
+                minutes = max(1, round((WRONG_KEYS_WINDOW_S - (now - last_guess)) / 60))
                 raise BusyError(f"Too many wrong owner keys from your network address; try again in {minutes} "
                                 "minutes.")
-            if not hmac.compare_digest(key.strip().encode("utf-8"), expected.encode("utf-8")):
-                wrong.append(time.monotonic())
-                self._wrong_keys[who.address or ""] = wrong
+            if not right:
+                self._wrong_keys.setdefault(who.address or "", collections.deque(maxlen=WRONG_KEYS_ALLOWED)).append(now)
+                if known is not None:
+                    known.wrong_key_at = now
                 return None
-            if who.key and who.session in self._sessions:
-                self._sessions[who.session].unlocked = True
+            if who.key and known is not None:
+                known.unlocked = True
         return replace(who, unlocked=bool(who.key))
 
-    def _count_new_session(self, address: str | None) -> None:
+    def _enter(self, session: str, address: str | None) -> tuple[_Session, bool]:
+        """enter, for a caller that holds the lock: the session's record, and whether it came into use now."""
+        if len(session) > MAX_SESSION_CHARS:  # every session is remembered: its name must be short
+            raise ConfigError(f"A session_hash has at most {MAX_SESSION_CHARS} characters.")
+        now = time.monotonic()
+        known = self._sessions.get(session)
+        coming = known is None or not self._in_use(known, now)
+        if coming:
+            self._check_room(address or (known and known.address), now)
+        if known is None:
+            self._count_new_session(address, now)
+            if len(self._sessions) >= MAX_SESSIONS:  # forget the stalest not in use (_check_room: there is one)
+                del self._sessions[next(name for name, other in self._sessions.items() if not self._in_use(other, now))]
+            token = secrets.token_urlsafe(24)
+            known = self._sessions[session] = _Session(key_of(token), unclaimed=token)
+        known.address = address or known.address
+        self._touch(session, known, now)
+        return known, coming
+
+    def _touch(self, session: str, known: _Session, now: float) -> None:
+        known.seen = now
+        self._sessions.move_to_end(session)
+
+    @staticmethod
+    def _in_use(known: _Session, now: float) -> bool:
+        return known.heartbeats > 0 or now - known.seen < QUIET_S
+
+    def _sessions_in_use(self, now: float) -> Iterator[_Session]:
+        """The sessions in use: those seen within QUIET_S (the newest, at the end), and those with a heartbeat."""
+        for known in reversed(self._sessions.values()):
+            if now - known.seen >= QUIET_S:
+                break
+            yield known
+        yield from (known for known in self._heartbeating.values() if now - known.seen >= QUIET_S)
+
+    def _check_room(self, address: str | None, now: float) -> None:
+        """BusyError when no more sessions may be in use, in the demo or from ``address``."""
+        in_use = from_address = 0
+        for known in self._sessions_in_use(now):
+            in_use += 1
+            from_address += bool(address) and known.address == address
+        most = min(SESSIONS_IN_USE, MAX_SESSIONS)  # a session in use is never forgotten to make room
+        if in_use >= most:
+            raise BusyError(f"{most:,} pages are already open in this public demo, the most it holds at once; try "
+                            f"again in a few minutes ({LIFT} without limits).")
+        if from_address >= SESSIONS_IN_USE_PER_ADDRESS:
+            raise BusyError(f"{SESSIONS_IN_USE_PER_ADDRESS:,} pages from your network address are already open, this "
+                            "public demo's limit of pages open from one network address; close one, or try again "
+                            f"in a minute ({LIFT} without limits).")
+
+    def _count_new_session(self, address: str | None, now: float) -> None:
         """Count a session ``address`` opens, or raise BusyError past its allowance; the caller holds the lock."""
         if not address:  # unknown only outside a web server: nothing to count by
             return
-        now = time.monotonic()
         window = self._new_sessions.get(address)
         if window is None or now - window[0] >= NEW_SESSIONS_WINDOW_S:
             window = self._new_sessions[address] = [now, 0]
             self._new_sessions.move_to_end(address)
-            while len(self._new_sessions) > MAX_SESSIONS:  # the oldest windows go first, as sessions do
+            while len(self._new_sessions) > MAX_SESSIONS:  # the oldest windows go first
                 self._new_sessions.popitem(last=False)
         if window[1] >= NEW_SESSIONS_ALLOWED:
             minutes = max(1, round((NEW_SESSIONS_WINDOW_S - (now - window[0])) / 60))
             raise BusyError(f"Too many new sessions from your network address; try again in {minutes} minutes.")
         window[1] += 1
-
-    def _remember(self, session: str, known: _Session) -> _Session:
-        """Map ``session`` to ``known``, forgetting the oldest sessions past MAX_SESSIONS; the caller holds the
-        lock."""
-        self._sessions[session] = known
-        self._sessions.move_to_end(session)
-        while len(self._sessions) > MAX_SESSIONS:
-            self._sessions.popitem(last=False)
-        return known

@@ -8,11 +8,14 @@ in the form (common.Form) and, between visits, in the browser (``gr.BrowserState
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import functools
 import inspect
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -21,13 +24,15 @@ from gradio.context import LocalContext
 from starlette.middleware import Middleware
 
 from ..files import RUNS_DIR_ENV
-from ..errors import DragonError
+from ..errors import BusyError, DragonError
 from ..public import Policy, visitor, visiting
 from .. import ASSETS_DIR
 from ..studio.backend import Studio
 from ..studio.recipes import DEFAULT_RECIPE
-from ..studio.draft import same_settings
-from .guard import UPLOADS_PER_WINDOW, RequestLimits, network_address
+from ..studio.files import real_draft, shown_draft
+from ..studio.draft import KEPT_DRAFT_BYTES, kept_draft_refusal, same_settings
+from ..studio.visitors import SESSIONS_IN_USE, Visitors
+from .guard import UPLOADS_PER_WINDOW, RequestLimits, _refuse, _replay, network_address
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
 from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, UNCHANGED, Form,
                      Shared, explain, in_the_page, made_apart, message, progress_shown_quietly, show_at_first,
@@ -52,7 +57,6 @@ def kept_none_of(storage_keys: list[str]) -> str:
     return f"(() => {{ try {{ return !({kept}); }} catch {{ return true; }} }})()"
 
 
-MAX_SESSION_CHARS = 100  # a page's session names have 11 characters, gradio_client's 36
 FIRST_PAGE_S = 3.0  # how long the warm-up leaves the CPUs to a page opening as the app starts (make run opens one)
 
 
@@ -199,7 +203,9 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                           asking, api_visibility="private", show_progress="hidden")
 
         def remember(draft: dict, pristine: dict, auto_name: str):
-            return {"draft": draft, "pristine": pristine, "auto_name": auto_name}
+            """What the browser keeps: the drafts without the server's folders (files.shown_draft)."""
+            return {"draft": shown_draft(draft, studio.policy), "pristine": shown_draft(pristine, studio.policy),
+                    "auto_name": auto_name}
 
         form.watch(remember, [saved], [shared.pristine, shared.auto_name], alone=True)
         form.connect_watchers()
@@ -241,16 +247,20 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                 active = studio.runs.active_id()
                 runs = studio.runs.summaries()
                 run_id = active or (runs[0]["id"] if runs else "")
-                if isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
+                refusal = studio.public and kept_draft_refusal(kept)
+                if refusal:  # the browser forgets it, and the page shows the default recipe it was drawn with
+                    shown = list(unchanged(message(f"{refusal} The page shows the {DEFAULT_RECIPE} recipe.", "warn")))
+                elif isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
                     pristine, auto_name = kept.get("pristine"), kept.get("auto_name")  # anything, as the browser kept
-                    shown = list(loaded(kept["draft"], "", pristine if isinstance(pristine, dict) else {},
+                    shown = list(loaded(real_draft(kept["draft"], studio.policy), "",
+                                        real_draft(pristine, studio.policy) if isinstance(pristine, dict) else {},
                                         auto_name if isinstance(auto_name, str) else ""))
                 else:  # the page shows the default recipe since its first paint: what was done since stays
                     shown = [gr.skip()] * (len(asking) + len(loading()))
                 opening_at = next(at for at, block in enumerate(loading()) if block is opening)
                 shown[len(asking) + opening_at] = ""  # then the page shows the form (page_loaded)
-                return (token, *shown, run_id, gr.Timer(active=bool(active)), *train_tab.runs_outputs(studio),
-                        *running_now(active))
+                return (token, None if refusal else gr.skip(), *shown, run_id, gr.Timer(active=bool(active)),
+                        *train_tab.runs_outputs(studio), *running_now(active))
 
         def running_now(active: str | None) -> tuple:
             """The banner a page opens with while a run trains: a second browser, or a reload, sees it at once."""
@@ -262,7 +272,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
 
         page_loaded = fill_loaded(lambda outputs: demo.load(
             on_page_load, [visitor_token, kept_owner_key, saved],
-            [visitor_token, *outputs, shared.run_id, shared.timer, *shared.runs_list, running_banner, running_text],
+            [visitor_token, saved, *outputs, shared.run_id, shared.timer, *shared.runs_list, running_banner,
+             running_text],
             api_visibility="private", show_progress="hidden"))  # the "Opening…" line is its progress
         # A page that kept a draft or a token shows the form once its load is answered: it was hidden until then, so
         # that nothing typed meanwhile is overwritten, nor done as another visitor than the token's. Only the load
@@ -294,8 +305,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
 
         # The HTTP API (gradio_client): whole configs in, the same validation and run control as the buttons.
         def recipe(name: str) -> dict:
-            """A recipe as a configuration to change and start."""
-            return studio.recipes.load(name)
+            """A recipe as a configuration to change and start (its data source as a public demo shows it)."""
+            return shown_draft(studio.recipes.load(name), studio.policy)
 
         def check(config: dict) -> str:
             """"valid", or the first problem, in the configuration file's words (dotted setting names): what
@@ -337,11 +348,9 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
             if not session or session == LocalContext.event_id.get(None):  # gradio names a sessionless call by its id
                 raise gr.Error("This public demo answers only calls made within a session, as its page and "
                                "gradio_client make them; send a session_hash.", print_exception=False)
-            if len(session) > MAX_SESSION_CHARS:  # every session is remembered: its name must be short
-                raise gr.Error(f"A session_hash has at most {MAX_SESSION_CHARS} characters.", print_exception=False)
             try:
                 return studio.visitors.of(session, request_address(request))
-            except DragonError as exc:  # too many new sessions from one address
+            except DragonError as exc:  # a session name too long, or no room for another session
                 raise gr.Error(str(exc), print_exception=False) from None
 
         if inspect.isgeneratorfunction(fn):
@@ -440,13 +449,126 @@ def _log_to_terminal() -> None:
 
 def serving_options(studio: Studio) -> dict:
     """What the server may hand out: on your own machine the runs folder (downloads come straight from it); in a
-    public demo nothing of it (downloads are copies, handed to their owner alone), uploads up to the limit, and no
-    request larger than guard.RequestLimits allows."""
+    public demo nothing of it (downloads are copies, handed to their owner alone), uploads up to the limit, no
+    request larger than guard.RequestLimits allows, and what it holds of sessions kept to those in use
+    (SessionDoor, forgetting_quiet_sessions)."""
     if studio.public:
         limits = studio.policy.limits
-        middleware = Middleware(RequestLimits, upload_bytes=int(limits.upload_mb * UPLOADS_PER_WINDOW * 2**20))
-        return {"max_file_size": f"{limits.upload_mb:g}mb", "app_kwargs": {"middleware": [middleware]}}
+        middleware = [Middleware(RequestLimits, upload_bytes=int(limits.upload_mb * UPLOADS_PER_WINDOW * 2**20)),
+                      Middleware(SessionDoor, visitors=studio.visitors)]
+        # gradio forgets its oldest session past this many, in use or not: never reached, since at most
+        # SESSIONS_IN_USE are in use and the others are forgotten within SWEEP_S.
+        return {"max_file_size": f"{limits.upload_mb:g}mb", "state_session_capacity": 2 * SESSIONS_IN_USE,
+                "app_kwargs": {"middleware": middleware, "lifespan": forgetting_quiet_sessions(studio.visitors)}}
     return {"allowed_paths": [str(studio.runs_dir)]}
+
+
+# gradio's route a page keeps open while it is open (under the root path it may be mounted at)
+HEARTBEAT = re.compile(r"[^=]*/gradio_api/heartbeat/(?P<session>[^/=]+)/?")
+SWEEP_S = 5  # how often a public demo forgets the pages of the sessions no longer in use
+
+
+class SessionDoor:
+    """ASGI middleware of a public demo: a request naming a session brings it into use (Visitors.enter) before
+    gradio makes anything of it, and the session stays in use while its heartbeat is open (Visitors.heartbeat_opened).
+
+    gradio makes its copy of the page (about 1 MB, 50 ms) for any request that names a new session_hash, before the
+    app's handlers run, so they would count it too late. That, and reading a request larger than any page sends, is
+    work in the server's one thread, where every visitor's requests are answered: such requests take turns, so that
+    forty at once hold up another visitor's request by one of them, not all. A refusal is HTTP 429 (400 for a session
+    name too long) with the sentence. Inside guard.RequestLimits, which has capped the body this reads."""
+
+    def __init__(self, app, visitors: Visitors) -> None:
+        self.app, self.visitors = app, visitors
+        self._turns = asyncio.Lock()  # the costly requests', one at a time
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("GET", "POST"):
+            return await self.app(scope, receive, send)
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        address = network_address(headers, (scope.get("client") or (None,))[0])
+        heartbeat = HEARTBEAT.fullmatch(scope["path"]) if scope["method"] == "GET" else None
+        if heartbeat:
+            session = heartbeat["session"]
+            if await self._entered(send, self.visitors.heartbeat_opened, session, address) is None:
+                return None
+            try:
+                return await self.app(scope, receive, send)
+            finally:
+                self.visitors.heartbeat_closed(session)
+        if scope["method"] == "GET" or scope["path"].rstrip("/").endswith("/upload"):
+            return await self.app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before sending it all
+                return None
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        join = scope["path"].rstrip("/").endswith("/queue/join")  # answered as soon as its event is queued
+        large = len(body) > KEPT_DRAFT_BYTES  # more than any page sends: its largest is a page load's kept draft
+        async with contextlib.AsyncExitStack() as turn:
+            if large:
+                await turn.enter_async_context(self._turns)
+            session = _session_named(body)
+            coming = session is not None and await self._entered(send, self.visitors.enter, session, address)
+            if coming is None:
+                return None
+            if coming and join and not large:
+                await turn.enter_async_context(self._turns)
+            elif not join:  # the other routes may run the event before they answer: never in a turn
+                await turn.aclose()
+            return await self.app(scope, _replay(body, receive), send)
+
+    @staticmethod
+    async def _entered(send, enter, *args) -> bool | None:
+        """What ``enter(*args)`` answered; None if it refused the session, whose sentence is then the answer."""
+        try:
+            return enter(*args)
+        except DragonError as exc:
+            await _refuse(send, 429 if isinstance(exc, BusyError) else 400, str(exc))
+            return None
+
+
+def _session_named(body: bytes) -> str | None:
+    """The session_hash a request's JSON body names (as gradio's queue/join and its API routes take it), if any."""
+    try:
+        named = json.loads(body).get("session_hash")
+    except (ValueError, AttributeError, RecursionError):  # not JSON, or not an object
+        return None
+    return named if isinstance(named, str) and named else None
+
+
+def forgetting_quiet_sessions(visitors: Visitors):
+    """A lifespan for gradio's server that forgets, every SWEEP_S, gradio's copy of the page of each session not in
+    use (Visitors.quiet): a session without a heartbeat (a raw client) is forgotten QUIET_S after its last event.
+
+    gradio itself forgets a session only past its capacity, the oldest first whether in use or not, and an hour
+    after its heartbeat closed only the values of its gr.State (StateHolder.delete_state). Its StateHolder has no
+    call that forgets a whole session, so this removes the session's entry under the holder's lock, as the holder's
+    own eviction does; a later request of that session starts a fresh copy."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        async def sweep():
+            while True:
+                await asyncio.sleep(SWEEP_S)
+                holder = app.state_holder
+                with holder.lock:
+                    held = list(holder.session_data)
+                for session in visitors.quiet(held):
+                    with holder.lock:
+                        holder.session_data.pop(session, None)
+                        holder.time_last_used.pop(session, None)
+
+        task = asyncio.create_task(sweep())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    return lifespan
 
 
 def _notes(draft: dict) -> tuple:

@@ -18,6 +18,7 @@ from gradio.utils import get_upload_folder
 from ..data import DataConfig, bundled_datasets as shipped_datasets
 from ..errors import DragonError
 from ..studio.draft import place_problem
+from ..studio.files import real_source, shown_source
 from ..public import LAPTOP, Policy
 from ..studio.playground import (DataPreview, data_config, draft_tokenizer, fit_mapping, load_rows, preview_data,
                                  prompt_limit_of)
@@ -87,8 +88,8 @@ def _preview(draft: dict, setting: DataConfig, found: tuple | None, policy: Poli
     if found is None:  # nor the prompt limit, which may need the hardware: the lengths come with the prompts
         return preview_data(setting, draft.get("base_dir") or None, policy=policy), draft["model"]["id"]
     tokenizer, note = found
-    return preview_data(setting, draft.get("base_dir") or None, tokenizer, note, prompt_limit_of(draft, setting),
-                        policy=policy), ""
+    return preview_data(setting, draft.get("base_dir") or None, tokenizer, note,
+                        prompt_limit_of(draft, setting, policy), policy=policy), ""
 
 
 def table_identity(data: DataConfig) -> list:
@@ -112,8 +113,9 @@ def _column_picker(columns: list[str], value=_KEEP) -> gr.Dropdown:
     return gr.Dropdown(choices=columns, value=value or "", allow_custom_value=True)
 
 
-def _example_value(source: str) -> str | None:
-    return source if source in {path for _, path in bundled_datasets()} else None
+def _example_value(source: str, policy: Policy) -> str | None:
+    """The bundled example a source is, as the picker offers it (files.shown_source); None for any other source."""
+    return shown_source(source, policy) if source in {path for _, path in bundled_datasets()} else None
 
 
 def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_source: bool,
@@ -146,8 +148,9 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
     def source_field(value):
         return value if show_source else gr.skip()
 
-    return (source_field(setting.source), _example_value(setting.source), source_field(setting.hub_config or ""),
-            source_field(setting.hub_split), setting.prompt if notes else gr.skip(),
+    return (source_field(shown_source(setting.source, policy)), _example_value(setting.source, policy),
+            source_field(setting.hub_config or ""), source_field(setting.hub_split),
+            setting.prompt if notes else gr.skip(),
             gr.Dropdown(choices=preview.columns, value=None), mapping_field(setting.reference),
             mapping_field(setting.system), source_status, table, mapping_status, counts, rendered, lengths, sheets,
             table_identity(setting), _model_key(draft))
@@ -174,16 +177,17 @@ def use_source(draft: dict, source: str | None, shown_table: list | None,
     return _apply(draft, setting, shown_table, True, labels or {}, draft_tokenizer(draft, policy=policy), policy)
 
 
-def fill_fields(draft: dict) -> tuple:
+def fill_fields(draft: dict, policy: Policy = LAPTOP) -> tuple:
     """A whole new draft was loaded (recipe, past run, page load): show its data settings, at once (the preview,
-    which reads the data, follows: show_preview).
+    which reads the data, follows: show_preview); its source as the app shows it (files.shown_source).
 
     Returns (source, example, hub config, hub split, prompt, prompt's column picker, reference, system, held-out
     fraction, max rows, sheet).
     """
     setting = data_config(draft)
-    return (setting.source, _example_value(setting.source), setting.hub_config or "", setting.hub_split,
-            setting.prompt, gr.Dropdown(choices=[], value=None), _column_picker([], setting.reference),
+    return (shown_source(setting.source, policy), _example_value(setting.source, policy), setting.hub_config or "",
+            setting.hub_split, setting.prompt, gr.Dropdown(choices=[], value=None),
+            _column_picker([], setting.reference),
             _column_picker([], setting.system), setting.eval_frac, shown_number(setting.max_rows),
             gr.Dropdown(choices=[setting.sheet] if setting.sheet else [], value=setting.sheet,
                         visible=bool(setting.sheet)))
@@ -234,12 +238,14 @@ def build(shared: Shared) -> Callable[[], None]:
                 "rewards compare a reply with (e.g. the correct answer).")
     with gr.Row():
         with gr.Column():
-            example = gr.Dropdown(bundled_datasets(), value=None, label="Bundled example",
+            example = gr.Dropdown([(name, shown_source(path, policy)) for name, path in bundled_datasets()],
+                                  value=None, label="Bundled example",
                                   info="Small datasets that ship with the app.", elem_id="data-example")
             upload = gr.File(label="…or upload a file", file_types=list(SUPPORTED_EXTENSIONS), height=120,
                              elem_id="data-upload")
+            # It shows a source as the app shows it (files.shown_source); the draft holds the file it stands for.
             source = form.add("data.source", gr.Textbox(elem_id="data-source", **described(
-                "data.source", "Press Enter to load it.")), _text)
+                "data.source", "Press Enter to load it.")), lambda value: real_source(_text(value), policy))
             with gr.Row():
                 hub_config = form.add("data.hub_config", gr.Textbox(**described("data.hub_config"),
                                                                     placeholder="optional, e.g. main",
@@ -280,8 +286,8 @@ def build(shared: Shared) -> Callable[[], None]:
     views = [source_status, table, mapping_status, counts, rendered, lengths, sheet]
     updated = [source, example, hub_config, hub_split, prompt, prompt_column, reference, system, *views, shown_table,
                previewed_model]
-    shared.fills.append((fill_fields, [source, example, hub_config, hub_split, prompt, prompt_column, reference, system,
-                                       eval_frac, max_rows, sheet]))
+    shared.fills.append((lambda draft: fill_fields(draft, policy), [
+        source, example, hub_config, hub_split, prompt, prompt_column, reference, system, eval_frac, max_rows, sheet]))
 
     def connect() -> None:
         def update(draft, shown):
@@ -294,7 +300,7 @@ def build(shared: Shared) -> Callable[[], None]:
         shared.first_paint.append((lambda draft: first_preview(draft, form.labels, policy=policy), updated))
 
         def replace_source(draft, new_source, shown):
-            return use_source(draft, new_source, shown, form.labels, policy=policy)
+            return use_source(draft, real_source(new_source, policy), shown, form.labels, policy=policy)
 
         def take_upload(draft, new_source, shown):
             """An uploaded file becomes the source: in a public demo, moved into this visitor's own folder first

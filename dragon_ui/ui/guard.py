@@ -11,6 +11,8 @@ import os
 import threading
 import time
 
+from starlette.formparsers import MultiPartException
+
 from ..studio.visitors import key_of
 
 BODY_BYTES = 2 * 2**20  # an event's inputs: a whole config and a reply to score are far less
@@ -29,13 +31,43 @@ def network_address(headers, client_host: str | None) -> str | None:
     return key_of(f"address:{host}") if host else None
 
 
+class ShareSpent(MultiPartException):
+    """Raised into gradio's upload parser when an address's share runs out part way through an upload: it is the
+    parser's own error for a file too large, so gradio deletes what it wrote of the file and answers (the middleware
+    answers in its place)."""
+
+
+class _Share:
+    """The upload bytes one address sent in the window, as (second, bytes) counts: one per second at most, so an
+    address sending a byte at a time is still a few hundred counts."""
+
+    def __init__(self) -> None:
+        self.counts: collections.deque[list] = collections.deque()
+        self.spent = 0
+
+    def take(self, now: float, size: int, share: int) -> bool:
+        while self.counts and now - self.counts[0][0] >= UPLOAD_WINDOW_S:
+            self.spent -= self.counts.popleft()[1]
+        if self.spent + size > share:
+            return False
+        if self.counts and int(now) == int(self.counts[-1][0]):
+            self.counts[-1][1] += size
+        elif size:
+            self.counts.append([now, size])
+        self.spent += size
+        return True
+
+
 class RequestLimits:
     """ASGI middleware: a request that is not an upload may carry at most ``body_bytes``; uploads from one address
-    may carry at most ``upload_bytes`` in UPLOAD_WINDOW_S. A refusal is HTTP 413 or 429 with one sentence."""
+    may carry at most ``upload_bytes`` in UPLOAD_WINDOW_S. A refusal is HTTP 413 or 429 with one sentence.
+
+    An upload's bytes count as they arrive, before the app sees them (a chunked upload declares no length), and a
+    declared length counts at once: uploads sent side by side from one address draw on the one share."""
 
     def __init__(self, app, body_bytes: int = BODY_BYTES, upload_bytes: int = 100 * 2**20) -> None:
         self.app, self.body_bytes, self.upload_bytes = app, body_bytes, upload_bytes
-        self._uploads: dict[str, collections.deque] = {}  # address -> (time, bytes) of its uploads in the window
+        self._shares: dict[str, _Share] = {}
         self._lock = threading.Lock()
 
     async def __call__(self, scope, receive, send):
@@ -45,11 +77,7 @@ class RequestLimits:
         declared = int(headers["content-length"]) if headers.get("content-length", "").isdigit() else None
         if scope["path"].rstrip("/").endswith("/upload"):
             address = network_address(headers, (scope.get("client") or (None,))[0]) or ""
-            if not self._take_upload_share(address, declared or 0):
-                return await _refuse(send, 429, "Uploads from your network address have reached this public demo's "
-                                                f"share of {self.upload_bytes / 2**20:g} MB per "
-                                                f"{UPLOAD_WINDOW_S // 60} minutes; try again later.")
-            return await self.app(scope, receive, send)
+            return await self._upload(scope, receive, send, address, declared or 0)
         if declared is not None and declared > self.body_bytes:
             return await _refuse(send, 413, self._too_large())
         body, more = b"", True
@@ -63,20 +91,52 @@ class RequestLimits:
                 return await _refuse(send, 413, self._too_large())
         return await self.app(scope, _replay(body, receive), send)
 
+    async def _upload(self, scope, receive, send, address: str, declared: int) -> None:
+        """Pass an upload on while its address's share lasts: its declared length is taken first, then every byte
+        beyond it as it arrives. Once the share is spent the app's parser gets ShareSpent, and its answer gives way
+        to a 429 (unless it had begun answering)."""
+        if not self._take(address, declared):
+            return await _refuse(send, 429, self._share_spent())
+        counted, received, refused, answering = declared, 0, False, False
+
+        async def counting_receive():
+            nonlocal counted, received, refused
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > counted:
+                    if not self._take(address, received - counted):
+                        refused = True
+                        raise ShareSpent(self._share_spent())
+                    counted = received
+            return message
+
+        async def answering_send(message):
+            nonlocal answering
+            if refused and not answering:
+                return  # the app's answer to the refusal: the 429 goes in its place
+            answering = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, answering_send)
+        except ShareSpent:
+            pass  # an app that did not catch it: answered just below
+        if refused and not answering:
+            await _refuse(send, 429, self._share_spent())
+
+    def _take(self, address: str, size: int) -> bool:
+        """Count ``size`` more upload bytes from ``address``; False (counting nothing) if that passes its share."""
+        with self._lock:
+            return self._shares.setdefault(address, _Share()).take(time.monotonic(), size, self.upload_bytes)
+
+    def _share_spent(self) -> str:
+        return (f"Uploads from your network address have reached this public demo's share of "
+                f"{self.upload_bytes / 2**20:g} MB per {UPLOAD_WINDOW_S // 60} minutes; try again later.")
+
     def _too_large(self) -> str:
         return (f"This public demo takes requests of at most {self.body_bytes / 2**20:g} MB (no setting needs more); "
                 "send less.")
-
-    def _take_upload_share(self, address: str, size: int) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            recent = self._uploads.setdefault(address, collections.deque())
-            while recent and now - recent[0][0] >= UPLOAD_WINDOW_S:
-                recent.popleft()
-            if sum(sent for _, sent in recent) + size > self.upload_bytes:
-                return False
-            recent.append((now, size))
-        return True
 
 
 def _replay(body: bytes, receive):

@@ -26,12 +26,12 @@ import gradio as gr
 import pandas as pd
 
 from ..data import prompt_text
-from ..errors import DragonError
+from ..errors import ConfigError, DragonError
 from ..public import LAPTOP, Policy
 from ..studio.draft import place_problem
 from ..studio.playground import (PREVIEW_ROWS, GroupScores, advantages_of, data_config, generate_groups,
-                                 no_signal_warning, playground_rewards, preview_examples, reward_failures,
-                                 sampling_rewards, score_example)
+                                 no_signal_warning, playground_rewards, preview_examples, prompt_limit_of,
+                                 refuse_long_prompts, reward_failures, sampling_rewards, score_example)
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight,
                        kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
@@ -358,7 +358,11 @@ def score_typed(draft: dict, row: int | None, completion: str, policy: Policy = 
         raise gr.Error(f"The reply has {len(completion):,} characters; score one of at most {REPLY_CHARS:,} (a "
                        "completion is rarely longer than a few thousand).", print_exception=False)
     rewards = playground_rewards(draft, policy)
-    result = score_example(rewards, _example(draft, row, policy), completion if isinstance(completion, str) else "")
+    try:
+        result = score_example(rewards, _example(draft, row, policy), completion if isinstance(completion, str) else "",
+                               policy.limits and policy.limits.scoring_seconds)
+    except ConfigError as exc:  # its time limit
+        raise gr.Error(str(exc), print_exception=False) from None
     weights = {reward.name: reward.weight for reward in rewards}
     table = pd.DataFrame([[name, weights[name], round(score, 4), round(weights[name] * score, 4),
                            result.errors.get(name, "")] for name, score in result.scores.items()],
@@ -444,6 +448,7 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
         studio.recipes.check_sampling(config.grpo.group_size * len(examples))
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.previews.load(config.model, settings=config.hardware)
+        refuse_long_prompts(examples, tokenizer, prompt_limit_of(draft, config.data, studio.policy), row)
         rewards = sampling_rewards(config, tokenizer, str(model.device), studio.policy)
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
@@ -452,7 +457,9 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
     yield (message(f"Generating {group_size} replies to row {row + 1} (temperature {config.grpo.temperature:g}, up "
                    f"to {config.grpo.max_new_tokens} tokens each)…", "info"), gr.skip(), "")
     names = [reward.name for reward in rewards]
-    for sampled in _sampled(model, tokenizer, rewards, examples, config.grpo, session):
+    limits = studio.policy.limits
+    for sampled in _sampled(model, tokenizer, rewards, examples, config.grpo, session,
+                            limits and limits.sampling_seconds):
         if isinstance(sampled, str):
             yield message(sampled, "error"), gr.skip(), gr.skip()
             return
@@ -469,17 +476,22 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
             group_warnings(groups, row)
 
 
-def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str | None):
+def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str | None,
+             time_limit_s: float | None = None):
     """generate_groups on a thread of its own, so the page sees the replies as they grow: yields the replies so far
-    (a list), then the scored group for each row, or the sentence to show once if sampling failed; nothing more
-    once Cancel was pressed. Closing it (gradio does, on the event loop, when the page goes away or
-    Cancel is pressed) stops the sampling within a token without waiting for it; the next group waits for that
-    token (SAMPLING)."""
+    (a list), then the scored group for each row, or the sentence to show once if sampling failed or took longer
+    than a public demo's ``time_limit_s``; nothing more once Cancel was pressed. Closing it (gradio does,
+    on the event loop, when the page goes away or Cancel is pressed) stops the sampling within a token without
+    waiting for it; the next group waits for that token (SAMPLING)."""
     updates: queue.Queue = queue.Queue()
     closed = threading.Event()
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+
+    def out_of_time() -> bool:
+        return deadline is not None and time.monotonic() > deadline
 
     def stopped() -> bool:
-        return closed.is_set() or session in _cancelled_sessions
+        return closed.is_set() or session in _cancelled_sessions or out_of_time()
 
     def sample() -> None:
         try:
@@ -507,6 +519,10 @@ def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str
                 if update is None or stopped():
                     closed.set()
                     worker.join()  # within a token: the model is free for the next one when this event ends
+                    if out_of_time() and session not in _cancelled_sessions:
+                        yield (f"Stopped: sampling took longer than this public demo's limit of {time_limit_s:g} "
+                               "seconds per playground group; sample fewer rows, or lower the group size or max new "
+                               "tokens.")
                     return
                 yield update
     finally:

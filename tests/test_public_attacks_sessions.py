@@ -1,0 +1,449 @@
+"""Proof by attack, for sessions: what a page load may bring, how many sessions the server holds, and the owner key.
+The real app in public mode, as tests/test_public_attacks.py starts it (its fixtures; while each attack runs, a
+bystander is answered within a second, or BURST_S while forty pages open at once), then the rules behind the
+attacks, table by table.
+
+The review's findings: a page load's kept draft of 1.8 MB was held as 32 MB by its session, and a session without
+a heartbeat (a raw client) was never forgotten; 25 addresses opening 2,000 sessions each pushed out a page in use;
+five wrong owner keys from a shared address locked its owner out. Floods come from network addresses of their own
+(X-Forwarded-For, which uvicorn takes from a local proxy), so that they do not spend the other attacks' shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import secrets
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import test_public_attacks as attacks
+from raw_gradio import Answer, App, RawVisitor
+from test_public_attacks import (DRAFT_STORE, OWNER_KEY, OWNER_STORE, TOKEN_STORE, another_visitor_answered_within,
+                                 base_draft, expect_refusal, resident_mb, stop)
+
+from dragon_ui import ASSETS_DIR
+from dragon_ui.config import NOTES_CHARS, PATH_CHARS
+from dragon_ui.data import TEMPLATE_CHARS
+from dragon_ui.errors import BusyError, ConfigError
+from dragon_ui.public import LAPTOP
+from dragon_ui.rewards.spec import MOST_REWARDS
+from dragon_ui.studio import visitors as visitors_module
+from dragon_ui.studio.draft import KEPT_DRAFT_BYTES, kept_draft_refusal
+from dragon_ui.studio.recipes import Recipes
+from dragon_ui.studio.visitors import (QUIET_S, SESSIONS_IN_USE_PER_ADDRESS, WRONG_KEYS_ALLOWED, WRONG_KEYS_WINDOW_S,
+                                       Visitors)
+from dragon_ui.ui.app import SWEEP_S
+
+demo, demo_limits = attacks.demo, attacks.demo_limits  # its fixtures, used here by name
+pytestmark = pytest.mark.timeout(600)
+RETURNING_S = 8  # how long a returning visitor's page may take to open while 40 others open (it was 12.4 s)
+# How long a bystander may wait while 40 pages open at once: each page load is about 120 ms of the server's one thread
+# (gradio's copy of the page, and its outputs; half of that rebuilding the ones the load skips), whatever its kept
+# draft holds, and the bystander's requests wait behind a few of them. The same 40 loads without a kept draft hold it
+# up as long.
+BURST_S = 2
+NOT_OPENED = "The settings this browser kept were not opened"
+RECIPES = Recipes(ASSETS_DIR / "recipes", Path("runs"), LAPTOP)
+
+
+def nested(depth: int):
+    value = "deep"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def at_every_cap(draft: dict) -> dict:
+    """``draft`` with every text the form lets one type at length at its cap: the largest draft the form makes."""
+    return {**draft, "notes": "n" * NOTES_CHARS,
+            "data": {**draft["data"], **{name: "t" * TEMPLATE_CHARS for name in ("prompt", "reference", "system")}},
+            "rewards": [{"kind": "regex", "pattern": "p" * PATH_CHARS}] * MOST_REWARDS}
+
+
+def keeps(draft: dict) -> dict:
+    """What a browser keeps of ``draft`` (app.remember): the draft, its pristine copy and the name chosen for it."""
+    return {"draft": draft, "pristine": draft, "auto_name": draft.get("name", "")}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kept drafts: the attacks.
+
+HUGE_DRAFTS = {  # what a hostile page load may bring: (its kept draft, the sentence the page shows)
+    "1.8 MB of notes": ({"draft": {"notes": "x" * 1_800_000}}, "they take 1,800,0.. bytes, more than the 124,384"),
+    "1.8 MB of pristine copy": ({"draft": {"name": "a"}, "pristine": {"notes": "x" * 1_800_000}}, "they take"),
+    "5,000 rewards": ({"draft": {"rewards": [{"kind": "numeric"}] * 5000}}, "they have 5,000 rewards, more than the 20"),
+    "lists 50 deep": ({"draft": {"rewards": nested(50)}}, "they nest more than 10 levels deep"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kept, sentence", HUGE_DRAFTS.values(), ids=HUGE_DRAFTS.keys())
+def test_a_kept_draft_larger_than_the_form_makes_is_not_opened(demo, kept, sentence):
+    """Finding 1: the page filled every tab from whatever the load brought, and its session held it all. Now the
+    page opens with the default recipe and says why; the browser forgets the draft; the page works."""
+    visitor = RawVisitor(demo.app)
+    with another_visitor_answered_within(demo):
+        opened = visitor.open_page(**{TOKEN_STORE: secrets.token_urlsafe(24), DRAFT_STORE: kept})
+    page_load = demo.app.page_load()
+    said = demo.app.output(page_load, opened, "recipe-status")
+    assert NOT_OPENED in said and "The page shows the arithmetic recipe" in said, said
+    expect_refusal(opened, sentence)
+    assert demo.app.output(page_load, opened, "form-opening") == ""  # the form shows
+    assert opened.data[page_load["outputs"].index(draft_store(demo.app))] is None  # the browser forgets it
+    recipe = visitor.fire("load-recipe", recipe="arithmetic")
+    assert recipe.ok and "Loaded the arithmetic recipe" in recipe.text(), recipe.text()[:300]
+
+
+@pytest.mark.slow
+def test_the_largest_draft_the_form_makes_is_opened(demo, tiny_model_dir):
+    largest = at_every_cap(base_draft(tiny_model_dir))
+    visitor = RawVisitor(demo.app)
+    opened = visitor.open_page(**{TOKEN_STORE: secrets.token_urlsafe(24), DRAFT_STORE: keeps(largest)})
+    assert NOT_OPENED not in opened.text() and "t" * TEMPLATE_CHARS in opened.text()
+    assert demo.app.output(demo.app.page_load(), opened, "form-opening") == ""
+
+
+@pytest.mark.slow
+def test_a_session_holds_little_of_a_huge_kept_draft(demo):
+    """Finding 1: a page load of 1.8 MB was held as 32 MB by its session (500 of them filled 16 GB). Now its session
+    holds gradio's copy of the page, about 1 MB, whatever its kept draft: 40 of them grow the server by a few MB each
+    at most (what the server's allocator keeps of reading them included), not by 1.3 GB."""
+    huge = {TOKEN_STORE: secrets.token_urlsafe(24), DRAFT_STORE: {"draft": {"notes": "x" * 1_800_000},
+                                                               "pristine": {"notes": "x" * 100_000}}}
+    for _ in range(5):  # the server's first sessions grow its allocator's arenas
+        RawVisitor(demo.app).open_page(**huge)
+    before = resident_mb(demo.pid)
+    with another_visitor_answered_within(demo), pages_answered_within(demo):
+        loads = [RawVisitor(demo.app).open_page(**huge) for _ in range(40)]
+    assert all(load.ok and NOT_OPENED in load.text() for load in loads)
+    assert resident_mb(demo.pid) - before < 40 * 4, resident_mb(demo.pid) - before
+
+
+@pytest.mark.slow
+def test_forty_huge_kept_drafts_at_once_hold_up_a_returning_visitor_briefly(demo, tiny_model_dir):
+    """Finding 1: 40 page loads of 1.8 MB at once kept a returning visitor's page "Opening…" for 12.4 s. Now each is
+    refused before the tabs make anything of it, and the sessions that made them take turns for gradio's copy of
+    the page. The attacker is a process of its own, so that its work is not counted as the server's slowness."""
+    kept = {TOKEN_STORE: secrets.token_urlsafe(24), DRAFT_STORE: {"draft": base_draft(tiny_model_dir)}}
+    with (another_visitor_answered_within(demo, BURST_S), pages_answered_within(demo, BURST_S),
+          multiprocessing.get_context("spawn").Pool(1) as attacker):
+        refused, returned_in = attacker.apply(forty_huge_page_loads, (demo.app.url, kept))
+    assert refused == 40
+    assert returned_in < RETURNING_S, returned_in
+
+
+def forty_huge_page_loads(url: str, kept: dict) -> tuple[int, float]:
+    """40 page loads at once, each with a kept draft of 1.8 MB, and a returning visitor's page load while they are
+    answered: how many of the 40 were refused with the sentence, and how long the returning visitor's took."""
+    app = App(url)
+    event, huge = app.page_load(), {"draft": {"notes": "x" * 1_800_000}}
+    attackers = [RawVisitor(app) for _ in range(40)]
+    sent = [attacker.inputs(event, {TOKEN_STORE: secrets.token_urlsafe(24), DRAFT_STORE: huge}) for attacker in attackers]
+    with ThreadPoolExecutor(len(attackers)) as pool:
+        loads = [pool.submit(attacker.send, event["id"], data) for attacker, data in zip(attackers, sent, strict=True)]
+        back = RawVisitor(app).open_page(**kept)
+        refused = sum(load.result().ok and NOT_OPENED in load.result().text() for load in loads)
+    assert back.ok, back.error
+    return refused, back.seconds
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sessions: the attacks.
+
+
+@pytest.mark.slow
+def test_a_flood_of_sessions_never_pushes_out_a_page_in_use_and_a_quiet_one_is_forgotten(demo, tiny_model_dir):
+    """Findings 1 and 2: one address opens sessions that look in use (each with its heartbeat open) until it is
+    refused, with the sentence. A page in use keeps what its session holds meanwhile; a raw client's session (no
+    heartbeat) is forgotten once it has been quiet QUIET_S; and the flood's address may open sessions again once its
+    own are closed and quiet."""
+    kept = {"draft": base_draft(tiny_model_dir), "pristine": {"notes": "what this session holds"}}
+    in_use, raw = RawVisitor(demo.app), RawVisitor(demo.app)
+    flooder = "10.66.0.1"
+    with heartbeat(demo.app, in_use.session):
+        for visitor in (in_use, raw):
+            assert visitor.open_page(**{TOKEN_STORE: secrets.token_urlsafe(24), DRAFT_STORE: kept}).ok
+            assert held(visitor) == kept["pristine"]
+        with contextlib.ExitStack() as flood:
+            with another_visitor_answered_within(demo), pages_answered_within(demo):
+                answers = []
+                while not answers or answers[-1].startswith("HTTP/1.1 200"):
+                    answers.append(open_heartbeat(demo.app, secrets.token_hex(8), flooder, flood))
+            assert len(answers) == SESSIONS_IN_USE_PER_ADDRESS + 1
+            assert answers[-1].startswith("HTTP/1.1 429") and (f"{SESSIONS_IN_USE_PER_ADDRESS} pages from your "
+                                                               "network address are already open") in answers[-1]
+            assert held(in_use) == kept["pristine"]
+        time.sleep(QUIET_S + 2 * SWEEP_S)
+        assert held(in_use) == kept["pristine"]
+        assert held(raw) != kept["pristine"]  # a fresh copy of the page: the first was forgotten
+    with contextlib.ExitStack() as again:
+        assert open_heartbeat(demo.app, secrets.token_hex(8), flooder, again).startswith("HTTP/1.1 200")
+
+
+@pytest.mark.slow
+def test_the_right_owner_key_unlocks_a_page_whoever_guessed_from_its_address(demo, tiny_model_dir):
+    """Finding 3: five wrong keys from an address locked out the owner behind it too. Now the guessing page stays
+    locked, whatever key it sends; another page from that address is let in by the right key (typed or
+    remembered), and a wrong one there is its only guess. (Last: it leaves a stopped run behind, whose owner a
+    page names.)"""
+    starter = RawVisitor(demo.app)
+    starter.open_page(**{TOKEN_STORE: secrets.token_urlsafe(24)})
+    started = starter.call("start", base_draft(tiny_model_dir))
+    assert started.ok, started.error
+    stop(starter, started.data[0])
+    guesser = RawVisitor(demo.app)
+    guesser.open_page(**{TOKEN_STORE: secrets.token_urlsafe(24)})
+    answers = [guesser.fire("owner-unlock", **{"owner-key": f"guess-{n}"}) for n in range(WRONG_KEYS_ALLOWED + 1)]
+    assert all("That is not this demo's owner key" in answer.text() for answer in answers[:-1])
+    expect_refusal(answers[-1], "Too many wrong owner keys from your network address")
+    expect_refusal(guesser.fire("owner-unlock", **{"owner-key": OWNER_KEY}), "Too many wrong owner keys")
+    owner = RawVisitor(demo.app)
+    owner.open_page(**{TOKEN_STORE: secrets.token_urlsafe(24)})
+    unlocked = owner.fire("owner-unlock", **{"owner-key": OWNER_KEY, "owner-remember": True})
+    assert "Unlocked: this browser can stop, resume and download every run" in unlocked.text(), unlocked.text()
+    assert "yours" in unlocked.text()
+    reopened = RawVisitor(demo.app).open_page(**{TOKEN_STORE: secrets.token_urlsafe(24), OWNER_STORE: OWNER_KEY})
+    assert "yours" in runs_shown_as(demo.app, reopened)
+    another = RawVisitor(demo.app)
+    opened = another.open_page(**{TOKEN_STORE: secrets.token_urlsafe(24)})
+    assert "yours" not in runs_shown_as(demo.app, opened) and "another visitor's" in runs_shown_as(demo.app, opened)
+    assert "That is not this demo's owner key" in another.fire("owner-unlock", **{"owner-key": "guess"}).text()
+    expect_refusal(another.fire("owner-unlock", **{"owner-key": OWNER_KEY}), "Too many wrong owner keys")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What the attacks send and look at.
+
+
+def draft_store(app: App) -> int:
+    (found,) = [cid for cid, component in app.components.items() if component["type"] == "browserstate"
+                and component["props"].get("storage_key") == DRAFT_STORE]
+    return found
+
+
+def open_heartbeat(app: App, session: str, address: str, held_open: contextlib.ExitStack) -> str:
+    """Open ``session``'s heartbeat from ``address`` (X-Forwarded-For) on a connection ``held_open`` closes; the
+    start of the answer (its status line, and a refusal's sentence)."""
+    host, port = app.url.removeprefix("http://").split(":")
+    connection = held_open.enter_context(socket.create_connection((host, int(port)), timeout=30))
+    connection.sendall(f"GET /gradio_api/heartbeat/{session} HTTP/1.1\r\nHost: {host}\r\n"
+                       f"X-Forwarded-For: {address}\r\n\r\n".encode())
+    answer = connection.recv(4096)
+    while not answer.startswith(b"HTTP/1.1 200") and not answer.endswith(b"}"):  # a refusal: until its sentence
+        answer += connection.recv(4096)
+    return answer.decode("utf-8", "replace")
+
+
+def held(visitor: RawVisitor) -> dict:
+    """What the server holds as ``visitor``'s pristine settings (a gr.State): what the page would keep of them."""
+    event = next(event for event in visitor.app.events if draft_store(visitor.app) in event["outputs"]
+                 and [visitor.app.component_id("form-edits"), "change"] in [list(t) for t in event["targets"]])
+    answer = visitor.send(event["id"], visitor.inputs(event, {}))
+    assert answer.ok, answer.error
+    return answer.data[0]["pristine"]
+
+
+def runs_shown_as(app: App, page_load: Answer) -> str:
+    """Whose the runs are, as the runs list a page opens with says ("yours" for every run on an unlocked page)."""
+    return json.dumps(app.output(app.page_load(), page_load, "train-runs"))
+
+
+@contextlib.contextmanager
+def heartbeat(app: App, session: str):
+    """The heartbeat a page keeps open while it is open (gradio's page and gradio_client keep one)."""
+    with contextlib.ExitStack() as held_open:
+        assert open_heartbeat(app, session, "127.0.0.1", held_open).startswith("HTTP/1.1 200")
+        yield
+
+
+@contextlib.contextmanager
+def pages_answered_within(demo, seconds: float = 1.0):
+    """As test_public_attacks.another_visitor_answered_within, for a bystander's page and its /config."""
+    latencies: list[tuple[float, str]] = []
+    done = threading.Event()
+
+    def keep_asking():
+        while not done.is_set():
+            for path in ("/", "/config"):
+                started = time.monotonic()
+                httpx.get(f"{demo.app.url}{path}", timeout=30).raise_for_status()
+                latencies.append((time.monotonic() - started, path))
+            time.sleep(0.25)  # each takes the server some 40 ms: asked every 50 ms, they would be an attack too
+
+    asker = threading.Thread(target=keep_asking, daemon=True)
+    asker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        asker.join(30)
+    assert latencies and max(latencies)[0] < seconds, sorted(latencies)[-5:]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The rules, fast.
+
+KEPT = {  # (a kept draft, the words of its refusal; None: it is opened)
+    "nothing": (None, None),
+    "a draft of anything small": ({"draft": {"grpo": "nonsense"}, "pristine": 3, "auto_name": ["x"]}, None),
+    "the largest the form makes": (keeps(at_every_cap(RECIPES.load("arithmetic"))), None),
+    "a byte more": ({"draft": {"notes": "x" * (KEPT_DRAFT_BYTES - len('{"draft": {"notes": ""}}') + 1)}},
+                    f"they take {KEPT_DRAFT_BYTES + 1:,} bytes, more than the {KEPT_DRAFT_BYTES:,} the form"),
+    "non-ASCII text counts in bytes": ({"draft": {"notes": "é" * (KEPT_DRAFT_BYTES // 2)}}, "they take"),
+    "a huge text anywhere": ("x" * 200_000, "they take 200,002 bytes"),
+    "21 rewards": ({"draft": {"rewards": [{}] * 21}}, "they have 21 rewards, more than the 20 a run may have"),
+    "21 rewards in the pristine copy": ({"draft": {}, "pristine": {"rewards": [{}] * 21}}, "they have 21 rewards"),
+    "as deep as a reward's keys": ({"draft": {"rewards": [{"keys": ["a"]}]}}, None),
+    "11 levels": ({"draft": {"a": nested(9)}}, "they nest more than 10 levels deep"),
+    "deeper than json can write": ({"draft": nested(100_000)}, "they nest more than 10 levels deep"),
+}
+
+
+@pytest.mark.parametrize("kept, refusal", KEPT.values(), ids=KEPT.keys())
+def test_kept_drafts_are_opened_only_as_large_as_the_form_makes_them(kept, refusal):
+    said = kept_draft_refusal(kept)
+    assert (said is None) if refusal is None else (said.startswith(NOT_OPENED) and refusal in said), said
+
+
+def test_the_cap_on_kept_drafts_is_far_above_every_bundled_recipe():
+    """The cap is derived from the form's caps on text; every bundled recipe, kept as the page keeps it, takes a
+    tenth of it at most."""
+    for name in RECIPES.names():
+        size = len(json.dumps(keeps(RECIPES.load(name)), ensure_ascii=False).encode("utf-8"))
+        assert size * 10 < KEPT_DRAFT_BYTES, (name, size)
+
+
+class Clock:
+    """time.monotonic of visitors.py, moved by hand."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.now = 1000.0
+        monkeypatch.setattr(visitors_module.time, "monotonic", lambda: self.now)
+
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def small_demo(monkeypatch):
+    """Visitors of a demo that holds 6 sessions in use, 3 per address, and remembers 8."""
+    monkeypatch.setattr(visitors_module, "SESSIONS_IN_USE", 6)
+    monkeypatch.setattr(visitors_module, "SESSIONS_IN_USE_PER_ADDRESS", 3)
+    monkeypatch.setattr(visitors_module, "MAX_SESSIONS", 8)
+    return Clock(monkeypatch), Visitors(owner_key="the-key")
+
+
+def test_a_session_is_in_use_while_its_heartbeat_is_open_or_for_a_while_after_its_last_event(small_demo):
+    clock, visitors = small_demo
+    visitors.enter("page", "a")
+    visitors.heartbeat_opened("page", "a")
+    visitors.enter("raw client", "a")
+    clock.wait(QUIET_S - 1)
+    assert visitors.quiet(["page", "raw client", "never seen"]) == ["never seen"]
+    clock.wait(1)
+    assert visitors.quiet(["page", "raw client"]) == ["raw client"]
+    visitors.heartbeat_closed("page")  # the page was closed
+    clock.wait(QUIET_S - 1)
+    assert visitors.quiet(["page"]) == []
+    clock.wait(1)
+    assert visitors.quiet(["page"]) == ["page"]
+
+
+def test_a_session_in_use_is_never_pushed_out_and_a_full_demo_refuses_the_next(small_demo):
+    """Finding 2: sessions are forgotten the stalest first, but only those not in use; when the sessions in use are
+    as many as the demo holds, a new one is refused with the sentence, and a quiet one coming back is too."""
+    clock, visitors = small_demo
+    owner = visitors.of("owner", "a")
+    visitors.heartbeat_opened("owner", "a")
+    assert visitors.unlock(owner, "the-key").owns_everything
+    visitors.of("quiet raw client", "b")
+    clock.wait(QUIET_S)
+    for n, address in enumerate("bbbcc"):
+        visitors.of(f"flood {n}", address)
+    with pytest.raises(BusyError, match="6 pages are already open in this public demo, the most it holds at once; "
+                                        "try again in a few minutes"):
+        visitors.of("one more", "e")
+    with pytest.raises(BusyError, match="6 pages are already open"):
+        visitors.of("quiet raw client", "b")
+    clock.wait(QUIET_S)  # the flood is quiet: its sessions are forgotten first, the stalest first
+    for n in range(5):
+        visitors.of(f"later {n}", f"address {n}")
+    assert "flood 0" not in visitors._sessions and "quiet raw client" not in visitors._sessions
+    assert visitors.of("owner", "a").key == owner.key and visitors.of("owner", "a").unlocked
+
+
+def test_a_table_full_of_sessions_in_use_refuses_a_new_one_rather_than_forget_one(small_demo, monkeypatch):
+    """However the bounds are set: when every session remembered is in use, none is forgotten for a new one."""
+    clock, visitors = small_demo
+    monkeypatch.setattr(visitors_module, "MAX_SESSIONS", 3)
+    keys = [visitors.of(f"s{n}", f"address {n}").key for n in range(3)]
+    with pytest.raises(BusyError, match="3 pages are already open in this public demo"):
+        visitors.of("s3", "address 3")
+    clock.wait(QUIET_S)
+    assert visitors.of("s3", "address 3").key and len(visitors._sessions) == 3 and "s0" not in visitors._sessions
+    assert [visitors.of(f"s{n}", f"address {n}").key for n in (1, 2)] == keys[1:]
+
+
+def test_one_address_holds_a_share_of_the_sessions_in_use(small_demo):
+    clock, visitors = small_demo
+    for n in range(3):
+        visitors.of(f"mine {n}", "a")
+    with pytest.raises(BusyError, match="3 pages from your network address are already open, this public demo's "
+                                        "limit of pages open from one network address; close one"):
+        visitors.enter("mine 3", "a")
+    assert visitors.of("theirs", "b").key
+    visitors.enter("mine 0", "a")  # one of its own, still in use, is let in
+    clock.wait(QUIET_S)
+    assert visitors.enter("mine 3", "a")  # once its sessions are quiet
+
+
+def test_a_session_name_has_a_length_cap():
+    with pytest.raises(ConfigError, match="A session_hash has at most 100 characters"):
+        Visitors().enter("s" * 101, "a")
+    assert Visitors().enter("s" * 100, "a")
+
+
+GUESSES = {  # finding 3: who sends a key once their address has sent WRONG_KEYS_ALLOWED wrong ones -> the answer
+    "the guessing page, the right key": ("guesser", "the-key", BusyError),
+    "the guessing page, a wrong key": ("guesser", "guess", BusyError),
+    "another page there, the right key": ("owner", "the-key", True),
+    "another page there, a wrong key": ("owner", "typo", None),
+    "a page elsewhere, a wrong key": ("elsewhere", "typo", None),
+}
+
+
+@pytest.mark.parametrize("page, key, answer", GUESSES.values(), ids=GUESSES.keys())
+def test_the_right_owner_key_always_unlocks_a_page_that_has_not_guessed(small_demo, page, key, answer):
+    clock, visitors = small_demo
+    guesser = visitors.of("guesser", "shared")
+    for n in range(WRONG_KEYS_ALLOWED):
+        assert visitors.unlock(guesser, f"guess {n}") is None
+    who = visitors.of(page, "elsewhere" if page == "elsewhere" else "shared")
+    if answer is BusyError:
+        with pytest.raises(BusyError, match="Too many wrong owner keys from your network address; try again in 15"):
+            visitors.unlock(who, key)
+    else:
+        unlocked = visitors.unlock(who, key)
+        assert (unlocked is not None and unlocked.owns_everything) if answer else unlocked is None
+
+
+def test_a_page_that_guessed_past_the_allowance_guesses_no_more_and_may_again_later(small_demo):
+    clock, visitors = small_demo
+    guesser = visitors.of("guesser", "shared")
+    for n in range(WRONG_KEYS_ALLOWED):
+        visitors.unlock(guesser, f"guess {n}")
+    another = visitors.of("another", "shared")
+    assert visitors.unlock(another, "its one guess") is None
+    with pytest.raises(BusyError):
+        visitors.unlock(another, "the-key")
+    clock.wait(WRONG_KEYS_WINDOW_S)
+    assert visitors.unlock(visitors.of("guesser", "shared"), "the-key").owns_everything
+
+
