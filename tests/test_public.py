@@ -520,7 +520,7 @@ def test_uploads_are_capped_at_the_limit(public_mode, monkeypatch, runs_dir):
     monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "5")
     options = serving_options(Studio(runs_dir=runs_dir, policy=demo()))
     assert options["max_file_size"] == "5mb" and "allowed_paths" not in options  # the runs folder is not served
-    limits, _ = options["app_kwargs"]["middleware"]  # and app.SessionDoor
+    limits, _ = options["app_kwargs"]["middleware"]  # and guard.SessionDoor
     assert limits.kwargs == {"upload_bytes": 25 * 2**20}  # five uploads' worth per address and ten minutes
 
 

@@ -39,7 +39,7 @@ from dragon_ui.studio.draft import KEPT_DRAFT_BYTES, kept_draft_refusal
 from dragon_ui.studio.recipes import Recipes
 from dragon_ui.studio.visitors import (QUIET_S, SESSIONS_IN_USE_PER_ADDRESS, WRONG_KEYS_ALLOWED, WRONG_KEYS_WINDOW_S,
                                        Visitors)
-from dragon_ui.ui.app import SWEEP_S
+from dragon_ui.ui.guard import SWEEP_S
 
 demo, demo_limits = attacks.demo, attacks.demo_limits  # its fixtures, used here by name
 pytestmark = pytest.mark.timeout(600)

@@ -8,7 +8,7 @@ token of its browser's takes that one, so what it did before its load stays its 
 (``DRAGON_UI_OWNER_KEY``) owns every run, in that session (page) only.
 
 A session is in use while its page's heartbeat is open (gradio's page and gradio_client keep one) or for QUIET_S
-after its last event: the server holds gradio's copy of its page meanwhile, and forgets it after (ui/app.py). A
+after its last event: the server holds gradio's copy of its page meanwhile, and forgets it after (ui/guard.py). A
 session in use is never pushed out by others: a new one is refused instead when the demo, or its network address,
 has as many in use as it may. Wrong owner keys are counted per network address; past a few, a session that sent
 one must wait, while any other session's key is still checked, so the owner behind a shared address gets in.

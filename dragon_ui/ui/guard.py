@@ -1,19 +1,25 @@
-"""What a public demo's server refuses before any event runs: request bodies over a size, and uploads past each
-network address's share. gradio caps an upload's size (``max_file_size``) but no other request: a 400 MB JSON body
-would be read into memory (and copied into gradio's log) by anyone.
+"""What a public demo's server refuses before any event runs: request bodies over a size, uploads past each
+network address's share (RequestLimits), and sessions past those it may have in use (SessionDoor), whose pages it
+forgets once they are no longer in use (forgetting_quiet_sessions). gradio caps an upload's size (``max_file_size``)
+but no other request: a 400 MB JSON body would be read into memory (and copied into gradio's log) by anyone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import json
 import os
+import re
 import threading
 import time
 
 from starlette.formparsers import MultiPartException
 
-from ..studio.visitors import key_of
+from ..errors import BusyError, DragonError
+from ..studio.draft import KEPT_DRAFT_BYTES
+from ..studio.visitors import Visitors, key_of
 
 BODY_BYTES = 2 * 2**20  # an event's inputs: a whole config and a reply to score are far less
 UPLOAD_WINDOW_S = 600
@@ -158,3 +164,111 @@ async def _refuse(send, status: int, sentence: str) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+# gradio's route a page keeps open while it is open (under the root path it may be mounted at)
+HEARTBEAT = re.compile(r"[^=]*/gradio_api/heartbeat/(?P<session>[^/=]+)/?")
+SWEEP_S = 5  # how often a public demo forgets the pages of the sessions no longer in use
+
+
+class SessionDoor:
+    """ASGI middleware of a public demo: a request naming a session brings it into use (Visitors.enter) before
+    gradio makes anything of it, and the session stays in use while its heartbeat is open (Visitors.heartbeat_opened).
+
+    gradio makes its copy of the page (about 1 MB, 50 ms) for any request that names a new session_hash, before the
+    app's handlers run, so they would count it too late. That, and reading a request larger than any page sends, is
+    work in the server's one thread, where every visitor's requests are answered: such requests take turns, so that
+    forty at once hold up another visitor's request by one of them, not all. A refusal is HTTP 429 (400 for a session
+    name too long) with the sentence. Inside guard.RequestLimits, which has capped the body this reads."""
+
+    def __init__(self, app, visitors: Visitors) -> None:
+        self.app, self.visitors = app, visitors
+        self._turns = asyncio.Lock()  # the costly requests', one at a time
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("GET", "POST"):
+            return await self.app(scope, receive, send)
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        address = network_address(headers, (scope.get("client") or (None,))[0])
+        heartbeat = HEARTBEAT.fullmatch(scope["path"]) if scope["method"] == "GET" else None
+        if heartbeat:
+            session = heartbeat["session"]
+            if await self._entered(send, self.visitors.heartbeat_opened, session, address) is None:
+                return None
+            try:
+                return await self.app(scope, receive, send)
+            finally:
+                self.visitors.heartbeat_closed(session)
+        if scope["method"] == "GET" or scope["path"].rstrip("/").endswith("/upload"):
+            return await self.app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before sending it all
+                return None
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        join = scope["path"].rstrip("/").endswith("/queue/join")  # answered as soon as its event is queued
+        large = len(body) > KEPT_DRAFT_BYTES  # more than any page sends: its largest is a page load's kept draft
+        async with contextlib.AsyncExitStack() as turn:
+            if large:
+                await turn.enter_async_context(self._turns)
+            session = _session_named(body)
+            coming = session is not None and await self._entered(send, self.visitors.enter, session, address)
+            if coming is None:
+                return None
+            if coming and join and not large:
+                await turn.enter_async_context(self._turns)
+            elif not join:  # the other routes may run the event before they answer: never in a turn
+                await turn.aclose()
+            return await self.app(scope, _replay(body, receive), send)
+
+    @staticmethod
+    async def _entered(send, enter, *args) -> bool | None:
+        """What ``enter(*args)`` answered; None if it refused the session, whose sentence is then the answer."""
+        try:
+            return enter(*args)
+        except DragonError as exc:
+            await _refuse(send, 429 if isinstance(exc, BusyError) else 400, str(exc))
+            return None
+
+
+def _session_named(body: bytes) -> str | None:
+    """The session_hash a request's JSON body names (as gradio's queue/join and its API routes take it), if any."""
+    try:
+        named = json.loads(body).get("session_hash")
+    except (ValueError, AttributeError, RecursionError):  # not JSON, or not an object
+        return None
+    return named if isinstance(named, str) and named else None
+
+
+def forgetting_quiet_sessions(visitors: Visitors):
+    """A lifespan for gradio's server that forgets, every SWEEP_S, gradio's copy of the page of each session not in
+    use (Visitors.quiet): a session without a heartbeat (a raw client) is forgotten QUIET_S after its last event.
+
+    gradio itself forgets a session only past its capacity, the oldest first whether in use or not, and an hour
+    after its heartbeat closed only the values of its gr.State (StateHolder.delete_state). Its StateHolder has no
+    call that forgets a whole session, so this removes the session's entry under the holder's lock, as the holder's
+    own eviction does; a later request of that session starts a fresh copy."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        async def sweep():
+            while True:
+                await asyncio.sleep(SWEEP_S)
+                holder = app.state_holder
+                with holder.lock:
+                    held = list(holder.session_data)
+                for session in visitors.quiet(held):
+                    with holder.lock:
+                        holder.session_data.pop(session, None)
+                        holder.time_last_used.pop(session, None)
+
+        task = asyncio.create_task(sweep())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    return lifespan
