@@ -293,7 +293,7 @@ def test_a_call_without_a_session_is_refused(demo, tiny_model_dir):
 
 
 def test_a_session_with_a_huge_name_is_refused(demo):
-    """The review: every session's name is remembered (up to 50,000 of them), so names of up to 2 MB each (the most a request may carry) could
+    """The review: every session's name is remembered (up to 50,000 of them), so names of up to 2 MB each (the most a request could carry then) could
     fill the server's memory."""
     flooder = RawVisitor(demo.app, session="s" * 10_000)
     demo.attackers.append(flooder)
@@ -341,9 +341,9 @@ MACHINE_TAKERS = {  # item 11, 14: (setting, value, the sentence)
     "a 200,000-character reference": ("data.reference", "r" * 200_000, "data.reference has 200,000 characters"),
     "a 1,000-character run name": ("name", "n" * 1000, "name has 1,000 characters"),
     # Larger bodies do not reach the app: the server refuses them before reading them whole (ui/guard.py).
-    "a 4 MB prompt template": ("data.prompt", "q" * 4_000_000, "takes requests of at most 2 MB"),
-    "a 20 MB reference": ("data.reference", "r" * 20_000_000, "takes requests of at most 2 MB"),
-    "a 20 MB run name": ("name", "n" * 20_000_000, "takes requests of at most 2 MB"),
+    "a 4 MB prompt template": ("data.prompt", "q" * 4_000_000, "takes requests of at most 512 KB"),
+    "a 20 MB reference": ("data.reference", "r" * 20_000_000, "takes requests of at most 512 KB"),
+    "a 20 MB run name": ("name", "n" * 20_000_000, "takes requests of at most 512 KB"),
     "a pull request's weights": ("model.revision", "refs/pr/1", "model.revision must be left empty"),
     # 42, item 1: the memory check assumed 56-token prompts; 1,000-token ones grew the server by 13 GB.
     "8,000-token prompts": ("data.max_prompt_tokens", 8000, "data.max_prompt_tokens must be at most 512 in this "
@@ -365,7 +365,7 @@ def test_a_huge_request_is_refused_before_the_server_reads_it(demo):
     body = b'{"data": ["' + b"x" * (200 * 2**20) + b'"], "fn_index": 0, "session_hash": "abc"}'
     answer = httpx.post(f"{demo.app.url}/gradio_api/queue/join", content=body,
                         headers={"content-type": "application/json"}, timeout=120)
-    assert answer.status_code == 413 and "takes requests of at most 2 MB" in answer.text
+    assert answer.status_code == 413 and "takes requests of at most 512 KB" in answer.text
     assert resident_mb(demo.pid) - before < 100
 
 

@@ -925,7 +925,7 @@ def test_a_visitor_keeps_three_uploads_and_an_unreadable_one_is_not_kept(public_
 
 
 def test_a_request_body_over_the_limit_is_refused_before_it_is_read_whole(public_mode):
-    """The middleware refuses an event's body past 2 MB, declared or not, and lets uploads through up to each
+    """The middleware refuses an event's body past its limit, declared or not, and lets uploads through up to each
     address's share; gradio itself reads any body into memory."""
     import asyncio
 

@@ -21,7 +21,9 @@ from ..errors import BusyError, DragonError
 from ..studio.draft import KEPT_DRAFT_BYTES
 from ..studio.visitors import Visitors, key_of
 
-BODY_BYTES = 2 * 2**20  # an event's inputs: a whole config and a reply to score are far less
+# An event's inputs: the largest a page sends, a page load with its kept draft (studio.draft.KEPT_DRAFT_BYTES), is a
+# quarter of it. Each request waiting in gradio's queue holds several times its body (13 MB for 2 MB).
+BODY_BYTES = 512 * 2**10
 UPLOAD_WINDOW_S = 600
 UPLOADS_PER_WINDOW = 5  # times the upload limit, per address and window: files people pick by hand
 
@@ -141,7 +143,7 @@ class RequestLimits:
                 f"{self.upload_bytes / 2**20:g} MB per {UPLOAD_WINDOW_S // 60} minutes; try again later.")
 
     def _too_large(self) -> str:
-        return (f"This public demo takes requests of at most {self.body_bytes / 2**20:g} MB (no setting needs more); "
+        return (f"This public demo takes requests of at most {self.body_bytes / 2**10:g} KB (no setting needs more); "
                 "send less.")
 
 
