@@ -45,7 +45,8 @@ class TurnRefused(Exception):
 class FairTurns:
     """One turn at a time on a shared worker (the file reader, math-verify's), handed to the waiting asker (a
     network address) served longest ago, first come first served among equals; TurnRefused for an asker with
-    WAITING_PER_ASKER turns waiting already, or one that waited ``timeout`` seconds."""
+    WAITING_PER_ASKER turns waiting already (never the unnamed asker "": a laptop, the operator, a training), or
+    one that waited ``timeout`` seconds."""
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
@@ -57,7 +58,7 @@ class FairTurns:
     @contextlib.contextmanager
     def turn(self, asker: str, timeout: float):
         with self._condition:
-            if sum(waiting == asker for waiting, _ in self._waiting) >= WAITING_PER_ASKER:
+            if asker and sum(waiting == asker for waiting, _ in self._waiting) >= WAITING_PER_ASKER:
                 raise TurnRefused(crowded=True)
             self._tickets += 1
             ticket = (asker, self._tickets)

@@ -197,6 +197,35 @@ def test_the_bundled_datasets_never_wait_for_a_visitors_read(public_mode, monkey
         assert data.read_table(str(path), policy=demo()).rows
 
 
+def test_the_unnamed_asker_is_never_refused_for_crowding():
+    """A laptop's checks (or a training's) all ask as "": they wait their turn, as behind a plain lock."""
+    turns, release, holding = apart.FairTurns(), threading.Event(), threading.Event()
+
+    def hold():
+        with turns.turn("", timeout=60):
+            holding.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(60)
+    done = []
+    waiting = [threading.Thread(target=lambda: done.append(_take_turn(turns, ""))) for _ in range(3)]
+    for thread in waiting:
+        thread.start()
+    while len(turns._waiting) < 3:
+        time.sleep(0.01)
+    release.set()
+    for thread in [holder, *waiting]:
+        thread.join(60)
+    assert done == [True] * 3
+
+
+def _take_turn(turns, asker: str) -> bool:
+    with turns.turn(asker, timeout=60):
+        return True
+
+
 def test_a_read_that_waits_too_long_is_refused_and_the_line_goes_on():
     turns, release = apart.FairTurns(), threading.Event()
 
