@@ -292,6 +292,15 @@ def test_a_call_without_a_session_is_refused(demo, tiny_model_dir):
     assert not leaks(result)
 
 
+@pytest.mark.parametrize("route", ["run", "api"])
+def test_no_event_skips_the_queue(demo, route):
+    """The review: off Spaces gradio answers /gradio_api/run/<api name> (and /api/) at once, outside the queue and its
+    turns, so one client could run any number of events side by side. A public demo closes those routes."""
+    asked = httpx.post(f"{demo.app.url}/gradio_api/{route}/train_runs", timeout=30,
+                       json={"data": [], "session_hash": secrets.token_hex(8)})
+    assert asked.status_code == 404 and "join the queue" in asked.json()["detail"], asked.text
+
+
 def test_a_session_with_a_huge_name_is_refused(demo):
     """The review: every session's name is remembered (up to 50,000 of them), so names of up to 2 MB each (the most a request could carry then) could
     fill the server's memory."""

@@ -13,6 +13,8 @@ import asyncio
 import csv
 import os
 import secrets
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -119,6 +121,33 @@ def test_uploads_sent_side_by_side_draw_on_one_share(attacked):
     kept = {path: size for path, size in upload_files(demo).items() if path not in before}
     assert sorted(kept.values()) == [FILE_BYTES] * statuses.count(200), kept
     assert sum(kept.values()) <= SHARE
+
+
+@pytest.mark.usefixtures("no_training")
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_upload_abandoned_part_way_leaves_nothing_behind(attacked):
+    """The review: gradio keeps what it wrote of an upload whose client leaves part way (until the hourly clean-up),
+    so clients that send most of a file and hang up fill the disk outside every share. Now the part is deleted."""
+    demo = attacked
+    before = upload_files(demo)
+    host, port = demo.app.url.removeprefix("http://").split(":")
+    with another_visitor_answered_within(demo):
+        for _ in range(3):
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n"
+                             f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n\r\n".encode())
+                for part in [FORM_HEAD, *[os.urandom(2**16)] * 16]:
+                    sock.sendall(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                deadline = time.monotonic() + 30
+                while not set(upload_files(demo)) - set(before):  # gradio is writing it
+                    assert time.monotonic() < deadline, "the upload was never written"
+                    time.sleep(0.05)
+            # the client hangs up here, without the file's end
+    deadline = time.monotonic() + 30
+    while set(upload_files(demo)) - set(before):
+        assert time.monotonic() < deadline, set(upload_files(demo)) - set(before)
+        time.sleep(0.1)
 
 
 def as_the_page_does(visitor: RawVisitor, event: dict, shown: dict, trigger: str | None = None) -> None:

@@ -29,7 +29,7 @@ from ..studio.recipes import DEFAULT_RECIPE
 from ..studio.files import real_draft, shown_draft
 from ..studio.draft import kept_draft_refusal, same_settings
 from ..studio.visitors import SESSIONS_IN_USE
-from .guard import UPLOADS_PER_WINDOW, RequestLimits, SessionDoor, forgetting_quiet_sessions, network_address
+from .guard import UPLOADS_PER_WINDOW, RequestLimits, SessionDoor, keeping_sessions_small, network_address
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
 from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, UNCHANGED, Form,
                      Shared, explain, in_the_page, made_apart, message, progress_shown_quietly, show_at_first,
@@ -271,7 +271,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             on_page_load, [visitor_token, kept_owner_key, saved],
             [visitor_token, saved, *outputs, shared.run_id, shared.timer, *shared.runs_list, running_banner,
              running_text],
-            api_visibility="private", show_progress="hidden"))  # the "Opening…" line is its progress
+            api_visibility="private", show_progress="hidden", **PAGE_LOADS))  # "Opening…" is its progress
         # A page that kept a draft or a token shows the form once its load is answered: it was hidden until then, so
         # that nothing typed meanwhile is overwritten, nor done as another visitor than the token's. Only the load
         # shows it (a recipe loaded before it would show it early); a page whose load failed keeps "Opening…".
@@ -383,6 +383,11 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
             block_fn.fn = as_visitor(block_fn.fn)
 
 
+# Page loads take turns of their own: a burst of them (a class opening the demo at once, or a flood of new sessions)
+# waits behind itself, not in front of every other visitor's clicks, which share gradio's default turns.
+PAGE_LOADS = {"concurrency_id": "page-loads", "concurrency_limit": 4}
+
+
 def request_address(request) -> str | None:
     """guard.network_address of a gradio request: it counts the runs and starts of API clients that open a new
     session for every call."""
@@ -413,8 +418,10 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
     studio.runs.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
 
     def serve(host: str, port: int, inbrowser: bool, block: bool = True) -> str:
-        """Serve the app; with ``block`` until the process is stopped, else in the background. Its address."""
-        demo.queue(default_concurrency_limit=4).launch(
+        """Serve the app; with ``block`` until the process is stopped, else in the background. Its address. A public
+        demo's events run only through the queue, with its shares per visitor (gradio lets off-Space clients skip
+        it through /gradio_api/run/<api name>)."""
+        demo.queue(default_concurrency_limit=4, api_open=not studio.public).launch(
             server_name=host, server_port=port, share=args.share, inbrowser=inbrowser, prevent_thread_lock=True,
             theme=gr.themes.Soft(primary_hue="emerald"), css_paths=[str(ASSETS_DIR / "app.css")],
             show_error=True, footer_links=["api", "gradio"], **serving_options(studio),
@@ -448,7 +455,7 @@ def serving_options(studio: Studio) -> dict:
     """What the server may hand out: on your own machine the runs folder (downloads come straight from it); in a
     public demo nothing of it (downloads are copies, handed to their owner alone), uploads up to the limit, no
     request larger than guard.RequestLimits allows, and what it holds of sessions kept to those in use
-    (SessionDoor, forgetting_quiet_sessions)."""
+    (SessionDoor, keeping_sessions_small)."""
     if studio.public:
         limits = studio.policy.limits
         middleware = [Middleware(RequestLimits, upload_bytes=int(limits.upload_mb * UPLOADS_PER_WINDOW * 2**20)),
@@ -456,7 +463,7 @@ def serving_options(studio: Studio) -> dict:
         # gradio forgets its oldest session past this many, in use or not: never reached, since at most
         # SESSIONS_IN_USE are in use and the others are forgotten within SWEEP_S.
         return {"max_file_size": f"{limits.upload_mb:g}mb", "state_session_capacity": 2 * SESSIONS_IN_USE,
-                "app_kwargs": {"middleware": middleware, "lifespan": forgetting_quiet_sessions(studio.visitors)}}
+                "app_kwargs": {"middleware": middleware, "lifespan": keeping_sessions_small(studio.visitors)}}
     return {"allowed_paths": [str(studio.runs_dir)]}
 
 

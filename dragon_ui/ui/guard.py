@@ -1,7 +1,8 @@
 """What a public demo's server refuses before any event runs: request bodies over a size, uploads past each
-network address's share (RequestLimits), and sessions past those it may have in use (SessionDoor), whose pages it
-forgets once they are no longer in use (forgetting_quiet_sessions). gradio caps an upload's size (``max_file_size``)
-but no other request: a 400 MB JSON body would be read into memory (and copied into gradio's log) by anyone.
+network address's share (RequestLimits), sessions past those it may have in use and gradio's deep links
+(SessionDoor); and what it holds of each session: a lean copy of the page, forgotten once no longer in use
+(keeping_sessions_small). gradio caps an upload's size (``max_file_size``) but no other request: a 400 MB JSON body
+would be read into memory (and copied into gradio's log) by anyone.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import os
 import re
 import threading
 import time
+from types import SimpleNamespace
 
+from gradio.state_holder import SessionState, StateHolder
 from starlette.formparsers import MultiPartException
 
 from ..errors import BusyError, DragonError
@@ -39,10 +42,17 @@ def network_address(headers, client_host: str | None) -> str | None:
     return key_of(f"address:{host}") if host else None
 
 
-class ShareSpent(MultiPartException):
-    """Raised into gradio's upload parser when an address's share runs out part way through an upload: it is the
-    parser's own error for a file too large, so gradio deletes what it wrote of the file and answers (the middleware
-    answers in its place)."""
+class UploadCut(MultiPartException):
+    """Raised into gradio's upload parser to end an upload part way: it is the parser's own error for a file too
+    large, so gradio deletes what it wrote of the file (it keeps it when the connection merely ends)."""
+
+
+class ShareSpent(UploadCut):
+    """The address's share ran out part way through an upload (the middleware answers in gradio's place)."""
+
+
+class UploadAbandoned(UploadCut):
+    """The client left part way through an upload."""
 
 
 class _Share:
@@ -110,6 +120,8 @@ class RequestLimits:
         async def counting_receive():
             nonlocal counted, received, refused
             message = await receive()
+            if message["type"] == "http.disconnect":
+                raise UploadAbandoned("The upload was abandoned part way.")
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > counted:
@@ -128,8 +140,8 @@ class RequestLimits:
 
         try:
             await self.app(scope, counting_receive, answering_send)
-        except ShareSpent:
-            pass  # an app that did not catch it: answered just below
+        except UploadCut:
+            pass  # an app that did not catch it: answered just below, if anyone is listening
         if refused and not answering:
             await _refuse(send, 429, self._share_spent())
 
@@ -170,6 +182,8 @@ async def _refuse(send, status: int, sentence: str) -> None:
 
 # gradio's route a page keeps open while it is open (under the root path it may be mounted at)
 HEARTBEAT = re.compile(r"[^=]*/gradio_api/heartbeat/(?P<session>[^/=]+)/?")
+# gradio's route that writes a copy of any session's page, named by its session_hash, to disk and hands out its link
+DEEP_LINK = re.compile(r"[^=]*/gradio_api/deep_link/?")
 SWEEP_S = 5  # how often a public demo forgets the pages of the sessions no longer in use
 
 
@@ -181,7 +195,10 @@ class SessionDoor:
     app's handlers run, so they would count it too late. That, and reading a request larger than any page sends, is
     work in the server's one thread, where every visitor's requests are answered: such requests take turns, so that
     forty at once hold up another visitor's request by one of them, not all. A refusal is HTTP 429 (400 for a session
-    name too long) with the sentence. Inside guard.RequestLimits, which has capped the body this reads."""
+    name too long) with the sentence. Inside guard.RequestLimits, which has capped the body this reads.
+
+    gradio's deep links are closed (HTTP 404): anyone who knew a session's name could have its page, as it is filled
+    in, written to disk and opened by link, and each ask writes a file."""
 
     def __init__(self, app, visitors: Visitors) -> None:
         self.app, self.visitors = app, visitors
@@ -192,6 +209,8 @@ class SessionDoor:
             return await self.app(scope, receive, send)
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
         address = network_address(headers, (scope.get("client") or (None,))[0])
+        if DEEP_LINK.fullmatch(scope["path"]):
+            return await _refuse(send, 404, "This public demo makes no links to a page as it is filled in.")
         heartbeat = HEARTBEAT.fullmatch(scope["path"]) if scope["method"] == "GET" else None
         if heartbeat:
             session = heartbeat["session"]
@@ -245,9 +264,36 @@ def _session_named(body: bytes) -> str | None:
     return named if isinstance(named, str) and named else None
 
 
-def forgetting_quiet_sessions(visitors: Visitors):
-    """A lifespan for gradio's server that forgets, every SWEEP_S, gradio's copy of the page of each session not in
-    use (Visitors.quiet): a session without a heartbeat (a raw client) is forgotten QUIET_S after its last event.
+class SessionPage(SessionState):
+    """gradio's copy of the page for one session, without its second copy of every component's config: only deep
+    links read that copy (closed, SessionDoor), and making it (about 360 components, each through inspect.signature)
+    was most of what a new session cost the server's one thread, where every visitor's requests are answered.
+
+    gradio's own initialiser runs, on a stand-in that lists no component to copy; later updates copy nothing either
+    (this session's BlocksConfig is its own, and gr.render, its one other reader of block configs, is not used)."""
+
+    def __init__(self, blocks) -> None:
+        super().__init__(SimpleNamespace(default_config=blocks.default_config, blocks={}))
+        self.blocks_config.config_for_block = _no_config
+
+
+def _no_config(*_args, **_kwargs) -> dict:
+    return {}
+
+
+class SessionPages(StateHolder):
+    """gradio's table of sessions, making each a SessionPage."""
+
+    def __getitem__(self, session_id: str) -> SessionState:
+        if session_id not in self.session_data:
+            self.session_data[session_id] = SessionPage(self.blocks)
+        return super().__getitem__(session_id)
+
+
+def keeping_sessions_small(visitors: Visitors):
+    """A lifespan for gradio's server that makes its sessions SessionPages, and forgets, every SWEEP_S, the page of
+    each session not in use (Visitors.quiet): a session without a heartbeat (a raw client) is forgotten QUIET_S
+    after its last event.
 
     gradio itself forgets a session only past its capacity, the oldest first whether in use or not, and an hour
     after its heartbeat closed only the values of its gr.State (StateHolder.delete_state). Its StateHolder has no
@@ -256,6 +302,8 @@ def forgetting_quiet_sessions(visitors: Visitors):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        app.state_holder.__class__ = SessionPages  # before any session; the blocks and the queue share this holder
+
         async def sweep():
             while True:
                 await asyncio.sleep(SWEEP_S)
