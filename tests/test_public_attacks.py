@@ -6,7 +6,8 @@ Each attack checks the sentence it is refused with (or that its outcome is harml
 secret (the owner key, the token, a file outside the demo, another visitor's data) appears in anything the server
 answered, in a file it handed out, or in a run's log that every visitor reads, and that the server opened no file
 outside the demo (an audit hook in the server process records every open of a watched path). The attacks that used
-to freeze the server are sent while another visitor's requests are timed: each is answered within a second.
+to freeze the server are sent while another visitor's requests, page and /config are timed: each is answered within
+a second.
 """
 
 from __future__ import annotations
@@ -421,27 +422,42 @@ def stop(visitor: RawVisitor, run_id: str) -> None:
 
 @contextlib.contextmanager
 def another_visitor_answered_within(demo, seconds: float = 1.0):
+    """While the attack runs, a bystander's page keeps asking: its run list (an event through the queue) every 50 ms,
+    and the page itself and its /config every 250 ms (each takes the server some 40 ms: asked every 50 ms, they
+    would be an attack too). Each must be answered within ``seconds``."""
     bystander = RawVisitor(demo.app)
-    latencies: list[float] = []
+    events: list[float] = []
+    pages: list[tuple[float, str]] = []
     done = threading.Event()
 
-    def keep_asking():
+    def keep_asking_events():
         while not done.is_set():
-            latencies.append(bystander.call("train_runs").seconds)
+            events.append(bystander.call("train_runs").seconds)
             time.sleep(0.05)
 
-    asker = threading.Thread(target=keep_asking, daemon=True)
-    asker.start()
+    def keep_opening_the_page():
+        while not done.is_set():
+            for path in ("/", "/config"):
+                started = time.monotonic()
+                httpx.get(f"{demo.app.url}{path}", timeout=30).raise_for_status()
+                pages.append((time.monotonic() - started, path))
+            time.sleep(0.25)
+
+    askers = [threading.Thread(target=ask, daemon=True) for ask in (keep_asking_events, keep_opening_the_page)]
+    for asker in askers:
+        asker.start()
     deadline = time.monotonic() + 30
-    while not latencies:  # the bystander is answered before the attack begins, so it measures the attack
+    while not (events and pages):  # the bystander is answered before the attack begins, so it measures the attack
         assert time.monotonic() < deadline, "the bystander was never answered"
         time.sleep(0.05)
     try:
         yield
     finally:
         done.set()
-        asker.join(30)
-    assert latencies and max(latencies) < seconds, sorted(latencies)[-5:]
+        for asker in askers:
+            asker.join(30)
+    assert max(events) < seconds, sorted(events)[-5:]
+    assert max(pages)[0] < seconds, sorted(pages)[-5:]
 
 
 @pytest.fixture
