@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .errors import DragonError
+from .errors import ConfigError, DragonError
 from .public import Policy
 from .runstore import state_label
 
@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("config", help="run configuration (YAML or JSON), or a bundled recipe by name")
     check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a setting, e.g. --set data.max_rows=100 (repeatable; `settings` lists them)")
+    check.add_argument("--preflight", action="store_true",
+                       help="will it learn? sample the run's groups for some training prompts (about a minute) and "
+                            "say whether they give GRPO a signal, with fixes")
+    check.add_argument("--prompts", type=int, metavar="N",
+                       help="with --preflight: sample this many prompts (default: about a minute's worth, at least 16)")
     check.set_defaults(func=_cmd_check)
 
     described = sub.add_parser("settings", help="every setting a configuration may hold: its default and what it does")
@@ -123,7 +128,6 @@ def config_file(name_or_path: str, what: str = "configuration file") -> Path:
     """The file a command line names: a path, or the name of a recipe shipped with the package (``arithmetic``), so
     an installed ``dragon train arithmetic`` works from any folder."""
     from . import ASSETS_DIR
-    from .errors import ConfigError
 
     path = Path(name_or_path)
     recipe = ASSETS_DIR / "recipes" / f"{name_or_path}.yaml"
@@ -148,7 +152,6 @@ def load_config_with_overrides(path: str, overrides: list[str], policy):
 
 def _cmd_train(args) -> int:
     from .engine import training
-    from .errors import ConfigError
 
     if args.resume:
         if args.config or args.set:
@@ -216,7 +219,21 @@ def _cmd_check(args) -> int:
         print(f"Estimate: none ({exc})")
     print(f"A training could start: python -m dragon_ui train {args.config}"
           + "".join(f" --set {item}" for item in args.set))
+    if args.preflight:
+        _preflight(config, found, args)
     return 0
+
+
+def _preflight(config, found, args) -> None:
+    from .engine.models import ModelCache
+    from .engine.preflight import preflight
+
+    if args.prompts is not None and args.prompts < 1:
+        raise ConfigError("--prompts must be at least 1.")
+    print("\nPre-flight: sampling the run's groups…", flush=True)
+    report = preflight(config, ModelCache().load, args.policy, prompts=args.prompts, inspection=found,
+                       on_progress=lambda done, total: print(f"  {done} of {total} prompts sampled", flush=True))
+    print(report.describe())
 
 
 def _cmd_settings(args) -> int:
@@ -224,7 +241,6 @@ def _cmd_settings(args) -> int:
 
     from .config import RunConfig, documented_settings, settings_table
     from .described import plain
-    from .errors import ConfigError
 
     if args.markdown:
         print(settings_table(), end="")

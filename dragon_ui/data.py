@@ -489,6 +489,7 @@ def map_rows(rows: list[dict], config: DataConfig, policy: Policy = LAPTOP) -> M
             "prompt": messages,
             "reference": reference_text,
             "row": json.dumps(fields, ensure_ascii=False),
+            "number": number,  # its row in the file: what a pre-flight's pass rates are keyed by
         })
     if not examples:
         used = prompt.used_columns

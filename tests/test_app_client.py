@@ -80,14 +80,14 @@ def tiny_config(client: Client, csv_path, model_dir) -> dict:
 
 
 def test_the_api_is_whole_configs_and_run_control(client):
-    """The UI's own events are private: a client sees /recipe, /check, /start and the Train, Compare and Experiments
-    endpoints."""
+    """The UI's own events are private: a client sees /recipe, /check, /preflight, /start and the Train, Compare and
+    Experiments endpoints."""
     endpoints = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
-    assert {"/recipe", "/check", "/start"} <= endpoints
+    assert {"/recipe", "/check", "/preflight", "/start"} <= endpoints
     assert {"/train_tick", "/train_show", "/train_stop", "/train_resume", "/train_open", "/train_runs",
             "/compare_runs", "/compare_show", "/compare_evaluate", "/compare_ask", "/experiments_runs",
             "/experiments_side_by_side", "/experiments_export"} <= endpoints
-    others = endpoints - {"/recipe", "/check", "/start"}
+    others = endpoints - {"/recipe", "/check", "/preflight", "/start"}
     assert all(name.startswith(("/train_", "/compare_", "/experiments_")) for name in others), sorted(others)
 
 
@@ -146,6 +146,17 @@ def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path
         assert re.fullmatch(r"\d+ [-+*] \d+\?", prompt) and reference  # the part that differs from row to row
         assert before_reward is not None and after_reward is not None
         assert before.strip() and after.strip()  # a scored side never shows a blank cell, even for an empty reply
+
+
+def test_a_client_asks_whether_a_config_will_learn(client, tmp_path, tiny_model_dir):
+    config = tiny_config(client, write_arithmetic_csv(tmp_path / "small.csv"), tiny_model_dir)
+    report = client.predict(config, 4, api_name="/preflight")
+    assert len(report["prompts"]) == 4 and "% of groups" in report["verdict"]
+    assert report["no_spread"] == report["all_fail"] + report["all_pass"]
+    assert {reward["name"] for reward in report["rewards"]} == {spec["name"] for spec in config["rewards"]}
+    for bad in (0, 10_000, 2.5, "4", True):
+        with pytest.raises(AppError, match="The number of prompts to sample must be a whole number from 1 to 256"):
+            client.predict(config, bad, api_name="/preflight")
 
 
 def test_client_errors_are_sentences(studio, client, tmp_path, tiny_model_dir):

@@ -59,6 +59,12 @@ PUBLIC_REFUSALS = {
 }
 
 
+def full_marks(spec: RewardSpec) -> float:
+    """What a reply that does all a reward asks scores: 0 for a penalty (PENALTY_KINDS), 1 for every other kind
+    (a custom reward is taken to score up to 1, as the built-in ones do)."""
+    return 0.0 if spec.kind in PENALTY_KINDS else 1.0
+
+
 def kind_fields(kind: str) -> tuple[str, ...]:
     """The settings a reward of this kind takes besides kind, name and weight (what an editor form should show)."""
     return _KIND_FIELDS[kind]

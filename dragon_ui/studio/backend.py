@@ -16,6 +16,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import ASSETS_DIR
@@ -23,6 +24,8 @@ from ..engine import public_checks, queue
 from ..engine.estimate import estimate_run
 from ..engine.hardware import HardwareInfo, detect_hardware, resolve_hardware
 from ..engine.libraries import import_all
+from ..engine.preflight import MOST_PROMPTS, Preflight, preflight
+from ..errors import ConfigError
 from ..engine.worker import WorkerRun, Workers
 from ..files import resolve_runs_dir
 from ..public import LAPTOP, Policy
@@ -126,6 +129,16 @@ class Studio:
                      config.model.id)
             if self.workers is not None:
                 self.workers.warm((config.model, config.hardware))
+
+    def preflight(self, draft: dict, prompts=None, should_stop: Callable[[], bool] | None = None,
+                  on_progress: Callable[[int, int], None] | None = None) -> Preflight:
+        """Will the draft learn? (engine.preflight) With the preview model, so it is refused while a training uses
+        this machine's CPU, as previews are. ``prompts``: how many to sample, as anyone may send it."""
+        config = self.recipes.validate(draft)
+        if prompts is not None and (isinstance(prompts, bool) or not isinstance(prompts, int)
+                                    or not 1 <= prompts <= MOST_PROMPTS):
+            raise ConfigError(f"The number of prompts to sample must be a whole number from 1 to {MOST_PROMPTS}.")
+        return preflight(config, self.previews.load, self.policy, prompts, should_stop, on_progress)
 
     def close(self) -> None:
         """The app is closing: a training in a worker process is asked to stop and save its last step, and the warm

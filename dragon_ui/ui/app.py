@@ -31,9 +31,9 @@ from ..studio.draft import kept_draft_refusal, same_settings
 from ..studio.visitors import SESSIONS_IN_USE
 from .guard import UPLOADS_PER_WINDOW, RequestLimits, SessionDoor, keeping_sessions_small, network_address
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
-from .common import (TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN, UNCHANGED, Form,
-                     Shared, explain, in_the_page, made_apart, message, progress_shown_quietly, show_at_first,
-                     shows_errors, tab_selected, visible)
+from .common import (ONE_MODEL_AT_A_TIME, TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN,
+                     UNCHANGED, Form, Shared, explain, in_the_page, made_apart, message, progress_shown_quietly,
+                     show_at_first, shows_errors, tab_selected, visible)
 
 log = logging.getLogger(__name__)
 
@@ -318,8 +318,15 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             """Start training a configuration; returns the run's id (follow it with /train_tick or the run list)."""
             return studio.runs.start(config).id
 
+        def preflight(config: dict, prompts: int | None = None) -> dict:
+            """Will it learn? Sample the configuration's groups for some of its training prompts (by default about a
+            minute's worth, at least 16) and report: the verdict, the shares of groups with no spread (all fail, all
+            pass), each reward's mean, spread and failures, the prompts hardest first, and the fixes as settings."""
+            return studio.preflight(config, prompts).to_dict()
+
         for endpoint in (recipe, check, start):
             gr.api(shows_errors(endpoint), api_name=endpoint.__name__)
+        gr.api(shows_errors(preflight), api_name="preflight", **ONE_MODEL_AT_A_TIME)
         progress_shown_quietly(demo, gr.Markdown(visible=False, elem_id="no-progress"))
     serve_as_visitors(demo, studio)
     demo.form = form  # the fields and their config paths, for tests and for apps that embed this one

@@ -1,0 +1,355 @@
+"""Will it learn? Before Start, sample the run's groups for some of its training prompts, as a step samples them, and
+score them with its rewards: GRPO learns only from groups whose replies score differently, so the share of groups
+with no spread, and whether those all fail (too hard) or all pass (too easy), says before any training whether the
+run can learn, and which change would help.
+
+A reply *passes* when its weighted total reaches half the rewards' full marks (``full_marks``: 1 a reward, 0 a
+penalty). "No spread" is ``grpo_math.has_spread``, as training counts it. The app's pre-flight button, ``dragon
+check --preflight`` and the HTTP API all call ``sample_preflight``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from ..config import RunConfig
+from ..data import prompt_text
+from ..errors import DragonError
+from ..grpo_math import finite_number, has_spread
+from ..public import LAPTOP, Policy
+from ..rewards import Reward, build_rewards, score_completions
+from ..rewards.spec import full_marks
+from ..runstore import excerpt, format_seconds
+from .evaluation import LoadModel, generate_replies
+from .prompts import NO_LIMIT, token_counts
+from .reward_models import classifiers_on
+from .training import Inspection, inspect
+
+PREFLIGHT_S = 60  # the default sample is sized to take about this long
+MIN_PROMPTS = 16
+MOST_PROMPTS = 256
+NO_SPREAD_TOO_MUCH = 0.5  # past this share of groups without spread, most of every step teaches nothing
+CAPPED_TOO_MANY = 0.25  # past this share of replies cut off at max new tokens, the length cap is hurting
+FAILING_TOO_OFTEN = 0.1  # past this share of replies a reward failed on, it is broken for this data
+PROMPT_CHARS = 300  # what the report keeps of a prompt or a reference
+
+
+@dataclass(frozen=True)
+class PromptCheck:
+    """One prompt's sampled group."""
+
+    number: int  # its row in the data file (1-based), or its place in the training prompts
+    prompt: str
+    reference: str
+    totals: list[float | None]
+    passed: int  # replies whose total reached half the full marks
+    capped: int  # replies cut off at max new tokens
+    longest_tokens: int  # the prompt and its longest reply
+    replies: list[str] = field(repr=False)
+
+    @property
+    def pass_rate(self) -> float:
+        return self.passed / len(self.totals) if self.totals else 0.0
+
+    @property
+    def kind(self) -> str:
+        """"spread" (GRPO learns from it), "all fail" or "all pass" (it does not)."""
+        if has_spread(self.totals):
+            return "spread"
+        return "all pass" if self.passed == len(self.totals) and self.totals else "all fail"
+
+
+@dataclass(frozen=True)
+class RewardCheck:
+    """One reward over every sampled reply."""
+
+    name: str
+    mean: float | None
+    spread: float | None  # the standard deviation of its scores
+    failed: float  # the share of replies it failed on (a failure scores 0)
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A change that would help, as settings to write into the form (``changes``: config sections, nested)."""
+
+    label: str
+    why: str
+    changes: dict
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What sampling found, the verdict, and the fixes."""
+
+    prompts: list[PromptCheck]
+    rewards: list[RewardCheck]
+    group_size: int
+    max_new_tokens: int
+    token_limit: int | None  # the longest prompt a run keeps plus max new tokens; None: no limit is known
+    sampling_s: float
+    step_s: float | None  # the predicted time of a training step
+    ended_early: str = ""  # why sampling ended before every chosen prompt was sampled
+    fixes: list[Fix] = field(default_factory=list)
+
+    def share(self, kind: str) -> float:
+        """The share of groups of ``kind`` ("spread", "all fail", "all pass", or "no spread" for the last two)."""
+        if not self.prompts:
+            return 0.0
+        kinds = [check.kind for check in self.prompts]
+        count = len(kinds) - kinds.count("spread") if kind == "no spread" else kinds.count(kind)
+        return count / len(kinds)
+
+    @property
+    def capped_share(self) -> float:
+        replies = sum(len(check.totals) for check in self.prompts)
+        return sum(check.capped for check in self.prompts) / replies if replies else 0.0
+
+    @property
+    def longest_tokens(self) -> int:
+        return max((check.longest_tokens for check in self.prompts), default=0)
+
+    @property
+    def verdict(self) -> str:
+        """The answer in one or a few sentences, with the numbers."""
+        no_spread, fail, passes = (round(100 * self.share(kind)) for kind in ("no spread", "all fail", "all pass"))
+        groups = f"{len(self.prompts)} prompt{'s' if len(self.prompts) != 1 else ''}, {self.group_size} replies each"
+        if self.share("no spread") >= NO_SPREAD_TOO_MUCH:
+            head = f"{no_spread} % of groups have no spread ({groups}): "
+            if self.share("all fail") >= self.share("all pass"):
+                sentences = [head + f"{fail} % all fail. Too hard for this model: give partial credit (numeric "
+                             "tolerance, `contains`), shorten the answer format, or raise the temperature."]
+            else:
+                sentences = [head + f"{passes} % all pass. Too easy: every reply already earns the reward; drop "
+                             "those prompts, or use harder data or a stricter reward."]
+        else:
+            sentences = [f"It can learn: {100 - no_spread} % of groups have a spread to learn from ({groups}; "
+                         f"{fail} % all fail, {passes} % all pass)."]
+        if self.capped_share >= CAPPED_TOO_MANY:
+            sentences.append(f"{round(100 * self.capped_share)} % of replies are cut off at max new tokens "
+                             f"({self.max_new_tokens}): raise it, or ask for a shorter answer.")
+        for reward in self.rewards:
+            if reward.failed >= FAILING_TOO_OFTEN:
+                sentences.append(f"The reward {reward.name} failed on {round(100 * reward.failed)} % of replies "
+                                 "(each scores 0): try it in the playground.")
+            elif reward.spread == 0 and len(self.prompts) > 1:
+                sentences.append(f"The reward {reward.name} gave every reply {reward.mean:g}: it teaches nothing "
+                                 "here.")
+        if self.ended_early:
+            sentences.append(self.ended_early)
+        return " ".join(sentences)
+
+    def to_dict(self) -> dict:
+        """The report as JSON (the HTTP API's answer, and what a run folder keeps)."""
+        return {"verdict": self.verdict, "no_spread": self.share("no spread"), "all_fail": self.share("all fail"),
+                "all_pass": self.share("all pass"), "capped": self.capped_share,
+                "longest_tokens": self.longest_tokens, "token_limit": self.token_limit,
+                "group_size": self.group_size, "max_new_tokens": self.max_new_tokens,
+                "sampling_s": round(self.sampling_s, 2), "step_s": None if self.step_s is None else round(self.step_s, 2),
+                "ended_early": self.ended_early,
+                "rewards": [asdict(reward) for reward in self.rewards],
+                "prompts": [{"number": check.number, "prompt": check.prompt, "reference": check.reference,
+                             "pass_rate": check.pass_rate, "kind": check.kind, "totals": check.totals,
+                             "capped": check.capped, "longest_tokens": check.longest_tokens}
+                            for check in self.ranked()],
+                "fixes": [asdict(fix) for fix in self.fixes]}
+
+    def ranked(self) -> list[PromptCheck]:
+        """The prompts from the hardest (lowest pass rate) to the easiest."""
+        return sorted(self.prompts, key=lambda check: (check.pass_rate, check.number))
+
+    def describe(self) -> str:
+        """The report as plain text lines (the command line's)."""
+        lines = [self.verdict, ""]
+        lines.append(f"Groups: {round(100 * self.share('spread'))} % with a spread, "
+                     f"{round(100 * self.share('all fail'))} % all fail, {round(100 * self.share('all pass'))} % all "
+                     f"pass; {round(100 * self.capped_share)} % of replies cut off at {self.max_new_tokens} tokens.")
+        allowed = "" if self.token_limit is None else f", of the {self.token_limit} a run allows"
+        lines.append(f"Longest prompt and reply: {self.longest_tokens} tokens{allowed}.")
+        timing = f"Sampled in {format_seconds(self.sampling_s)}"
+        if self.step_s is not None:
+            timing += f"; predicted time per training step: {format_seconds(self.step_s)}"
+        lines.append(timing + ".")
+        lines.append("Rewards (mean, spread, failed):")
+        lines += [f"  {reward.name}: {_number(reward.mean)}, {_number(reward.spread)}, {round(100 * reward.failed)} %"
+                  for reward in self.rewards]
+        lines.append("Prompts, hardest first (row: pass rate):")
+        lines += [f"  row {check.number}: {round(100 * check.pass_rate)} % ({check.kind}) {_one_line(check.prompt)}"
+                  for check in self.ranked()]
+        for fix in self.fixes:
+            lines.append(f"Fix: {fix.label}: {fix.why} {json.dumps(fix.changes)}")
+        return "\n".join(lines)
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g}"
+
+
+def _one_line(text: str, chars: int = 70) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= chars else text[:chars - 1] + "…"
+
+
+def pass_mark(rewards: list[Reward]) -> float:
+    """The weighted total a reply must reach to pass: half the full marks of the rewards trained on (0 where only
+    penalties are, so that a reply passes when nothing took a point away)."""
+    full = sum(reward.weight * full_marks(reward.spec) for reward in rewards)
+    return full / 2
+
+
+def prompts_for_a_minute(config: RunConfig, generation_s_per_step: float | None, available: int) -> int:
+    """How many prompts a pre-flight samples by default: about PREFLIGHT_S of sampling by the estimate's generation
+    time, at least MIN_PROMPTS, at most MOST_PROMPTS and the training prompts there are, in whole steps."""
+    batch = config.training.batch_size
+    wanted = MIN_PROMPTS
+    if generation_s_per_step:
+        wanted = max(MIN_PROMPTS, round(PREFLIGHT_S / generation_s_per_step * batch))
+    wanted = min(wanted, MOST_PROMPTS, available)
+    return max(1, min(available, math.ceil(wanted / batch) * batch))
+
+
+def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, prompts: int | None = None,
+              should_stop: Callable[[], bool] | None = None, on_progress: Callable[[int, int], None] | None = None,
+              inspection: Inspection | None = None) -> Preflight:
+    """The pre-flight of ``config``: every check Start makes (training.inspect), then ``prompts`` of its training
+    prompts (by default about a minute's worth, by the estimate), drawn with its seed, sampled and scored with the
+    model ``load`` gives (a ModelCache.load, or the app's). A public demo's playground time limit bounds it.
+    ``inspection``: what training.inspect found already for this config, if the caller has it."""
+    from .estimate import estimate_run
+    from .hardware import detect_hardware
+
+    inspection = inspection or inspect(config, policy)
+    train = inspection.mapped.train
+    try:
+        estimate = estimate_run(config, inspection.hardware, detect_hardware(),
+                                prompt_tokens=max(1, round(inspection.prompts.mean)))
+        generation_s, training_pass_s = estimate.step.generation_s, estimate.step.training_s + estimate.step.reference_s
+    except DragonError:  # a model of unknown size: a default sample, and no predicted step time
+        generation_s = training_pass_s = None
+    count = min(prompts, len(train)) if prompts else prompts_for_a_minute(config, generation_s, len(train))
+    chosen = random.Random(config.training.seed).sample(train, count)
+    model, tokenizer = load(config.model, settings=config.hardware)
+    rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, tokenizer=tokenizer,
+                            max_new_tokens=config.grpo.max_new_tokens,
+                            classifiers=classifiers_on(inspection.hardware.device), policy=policy)
+    fit = inspection.prompts
+    token_limit = None if fit.limit >= NO_LIMIT else fit.limit + config.grpo.max_new_tokens
+    return sample_preflight(config, model, tokenizer, chosen, rewards, token_limit, training_pass_s, should_stop,
+                            policy.limits.sampling_seconds if policy.public else None, on_progress)
+
+
+def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], rewards: list[Reward],
+                     token_limit: int, training_pass_s: float | None = None,
+                     should_stop: Callable[[], bool] | None = None, time_limit_s: float | None = None,
+                     on_progress: Callable[[int, int], None] | None = None) -> Preflight:
+    """Sample ``config.grpo.group_size`` replies to each of ``examples`` as a training step samples them (a step's
+    batch of prompts at a time, the run's temperature and sampling settings), score them, and report.
+
+    ``should_stop`` (Cancel) raises Stopped. At ``time_limit_s`` sampling ends, and the report covers the prompts
+    sampled by then (at least one step's). ``on_progress(done, total)`` is told after each step's batch.
+    ``training_pass_s``: the estimate's forward and backward of a step, added to the measured sampling for the
+    predicted step time."""
+    grpo, batch = config.grpo, config.training.batch_size
+    mark = pass_mark(rewards)
+    prompt_tokens = token_counts(examples, tokenizer)
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+    checks: list[PromptCheck] = []
+    scores: dict[str, list[float]] = {reward.name: [] for reward in rewards}
+    failed: dict[str, int] = dict.fromkeys(scores, 0)
+    batch_seconds: list[float] = []
+    ended_early = ""
+    started = time.monotonic()
+    for start in range(0, len(examples), batch):
+        if deadline is not None and time.monotonic() > deadline and checks:
+            ended_early = (f"Sampling stopped at the time limit of {time_limit_s:g} seconds, after {len(checks)} "
+                           f"of {len(examples)} prompts.")
+            break
+        chosen = examples[start:start + batch]
+        began = time.monotonic()
+        replies = generate_replies(model, tokenizer, [example["prompt"] for example in chosen
+                                                      for _ in range(grpo.group_size)],
+                                   grpo.max_new_tokens, batch_size=len(chosen) * grpo.group_size,
+                                   temperature=grpo.temperature, should_stop=should_stop,
+                                   sampling={"top_p": grpo.top_p, "top_k": grpo.top_k or None, "min_p": grpo.min_p,
+                                             "repetition_penalty": grpo.repetition_penalty})
+        batch_seconds.append(time.monotonic() - began)
+        lengths = [len(ids) for ids in tokenizer(replies, add_special_tokens=False)["input_ids"]]
+        for offset, example in enumerate(chosen):
+            group = slice(offset * grpo.group_size, (offset + 1) * grpo.group_size)
+            group_replies, group_lengths = replies[group], lengths[group]
+            count = len(group_replies)
+            results = score_completions(rewards, group_replies, [example.get("reference") or None] * count,
+                                        [prompt_text(example)] * count,
+                                        [json.loads(example.get("row") or "{}")] * count, should_stop)
+            for result in results:
+                for name, score in result.scores.items():
+                    scores[name].append(score)
+                    failed[name] += name in result.errors
+            totals = [finite_number(result.total) for result in results]
+            checks.append(PromptCheck(
+                number=example.get("number") or start + offset + 1,
+                prompt=excerpt(prompt_text(example), PROMPT_CHARS) or "",
+                reference=excerpt(example.get("reference") or "", PROMPT_CHARS) or "",
+                totals=totals, passed=sum(total is not None and total >= mark - 1e-9 for total in totals),
+                capped=sum(length >= grpo.max_new_tokens for length in group_lengths),
+                longest_tokens=prompt_tokens[start + offset] + max(group_lengths, default=0),
+                replies=group_replies))
+        if on_progress is not None:
+            on_progress(len(checks), len(examples))
+    sampling_s = time.monotonic() - started
+    step_sampling = statistics.median(batch_seconds[1:] or batch_seconds)  # the first batch warms the model up
+    rewards_found = [RewardCheck(reward.name, statistics.fmean(scores[reward.name]) if scores[reward.name] else None,
+                                 statistics.pstdev(scores[reward.name]) if scores[reward.name] else None,
+                                 failed[reward.name] / len(scores[reward.name]) if scores[reward.name] else 0.0)
+                     for reward in rewards]
+    report = Preflight(checks, rewards_found, grpo.group_size, grpo.max_new_tokens, token_limit, sampling_s,
+                       None if training_pass_s is None else step_sampling + training_pass_s, ended_early)
+    return dataclasses.replace(report, fixes=fixes_for(report, config))
+
+
+TEMPERATURE_STEP = 0.3
+WARMEST = 1.5  # past this, small models' replies turn to noise
+PARTIAL_CREDIT_WEIGHT = 0.5
+
+
+def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
+    """The one-click fixes for what the report found: for groups without spread, a higher temperature (more varied
+    replies); for prompts that all fail, partial credit for a reply close to the reference (a number within 5 %, or
+    one that contains it)."""
+    fixes = []
+    if report.share("no spread") < NO_SPREAD_TOO_MUCH:
+        return fixes
+    temperature = config.grpo.temperature
+    if temperature < WARMEST:
+        warmer = round(min(WARMEST, temperature + TEMPERATURE_STEP), 2)
+        fixes.append(Fix(f"Raise the temperature to {warmer:g}",
+                         f"More varied replies give more groups a spread (it is {temperature:g}).",
+                         {"grpo": {"temperature": warmer}}))
+    references = [check.reference for check in report.prompts if check.reference]
+    if report.share("all fail") >= report.share("all pass") and references:
+        numeric = all(_is_number(reference) for reference in references)
+        extra = ({"kind": "numeric", "name": "close_number", "extract": "last_number", "tolerance": 0.05,
+                  "weight": PARTIAL_CREDIT_WEIGHT} if numeric else
+                 {"kind": "contains", "name": "mentions_answer", "weight": PARTIAL_CREDIT_WEIGHT})
+        names = {spec.name for spec in config.rewards}
+        if extra["name"] not in names:
+            kept = [spec.to_dict() for spec in config.rewards]
+            what = "a number within 5 % of the reference" if numeric else "a reply that contains the reference"
+            fixes.append(Fix(f"Add partial credit ({extra['name']})",
+                             f"Pays {PARTIAL_CREDIT_WEIGHT:g} for {what}, so nearly right replies stand out.",
+                             {"rewards": [*kept, extra]}))
+    return fixes
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text.replace(",", "").strip()))
+    except ValueError:
+        return False

@@ -1,0 +1,196 @@
+"""The pre-flight ("will it learn?"): the rules table by table, then end to end on the tiny model and the command line."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import yaml
+
+from dragon_ui.cli import main
+from dragon_ui.config import RunConfig
+from dragon_ui.engine.models import ModelCache
+from dragon_ui.engine.preflight import (MIN_PROMPTS, MOST_PROMPTS, Fix, Preflight, PromptCheck, RewardCheck, fixes_for,
+                                        pass_mark, preflight, prompts_for_a_minute)
+from dragon_ui.errors import Stopped
+from dragon_ui.grpo_math import has_spread
+from dragon_ui.rewards import RewardSpec, build_rewards
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def check(totals, passed: int | None = None, capped: int = 0, number: int = 1, reference: str = "12") -> PromptCheck:
+    passed = sum(total is not None and total >= 0.5 for total in totals) if passed is None else passed
+    return PromptCheck(number, f"prompt {number}", reference, list(totals), passed, capped, 40, ["r"] * len(totals))
+
+
+def report(checks, rewards=(), capped_tokens: int = 64, ended: str = "") -> Preflight:
+    rewards = list(rewards) or [RewardCheck("answer", 0.5, 0.5, 0.0)]
+    return Preflight(list(checks), rewards, len(checks[0].totals), capped_tokens, 512, 10.0, 3.0, ended)
+
+
+GROUPS = {  # totals of one group -> its kind
+    "all right": ([1.0, 1.0, 1.0, 1.0], "all pass"),
+    "all wrong": ([0.0, 0.0, 0.0, 0.0], "all fail"),
+    "one right": ([1.0, 0.0, 0.0, 0.0], "spread"),
+    "partly right, all the same": ([0.3, 0.3, 0.3, 0.3], "all fail"),
+    "differing only by rounding": ([1.3, 1.3 + 1e-9, 1.3, 1.3], "all pass"),
+    "a reward failed on some": ([None, 0.0, 0.0, None], "all fail"),
+}
+
+
+@pytest.mark.parametrize("totals, kind", GROUPS.values(), ids=GROUPS.keys())
+def test_a_group_is_learned_from_only_with_a_spread_and_is_otherwise_too_hard_or_too_easy(totals, kind):
+    assert check(totals).kind == kind
+    assert (kind == "spread") == has_spread(totals)  # one definition of "no spread", training's
+
+
+VERDICTS = {  # groups -> words the verdict says
+    "too hard": ([[0, 0], [0, 0], [0, 0], [1, 0]], "75 % of groups have no spread (4 prompts, 2 replies each): 75 % all "
+                                                   "fail. Too hard for this model"),
+    "too easy": ([[1, 1], [1, 1], [1, 1], [0, 1]], "75 % of groups have no spread (4 prompts, 2 replies each): 75 % all "
+                                                   "pass. Too easy"),
+    "can learn": ([[1, 0], [0, 1], [1, 0], [1, 1]], "It can learn: 75 % of groups have a spread to learn from (4 prompts, "
+                                                    "2 replies each; 0 % all fail, 25 % all pass)."),
+}
+
+
+@pytest.mark.parametrize("groups, words", VERDICTS.values(), ids=VERDICTS.keys())
+def test_the_verdict_says_which_and_gives_the_numbers(groups, words):
+    found = report([check(group, number=n) for n, group in enumerate(groups)])
+    assert found.verdict.startswith(words), found.verdict
+
+
+def test_the_verdict_adds_cut_off_replies_and_rewards_that_fail_or_never_vary():
+    found = report([check([1, 0], capped=1), check([0, 1], capped=1)],
+                   [RewardCheck("answer", 0.5, 0.5, 0.0), RewardCheck("broken", 0.0, 0.0, 0.5),
+                    RewardCheck("format", 1.0, 0.0, 0.0)], ended="Sampling stopped at the time limit.")
+    verdict = found.verdict
+    assert "50 % of replies are cut off at max new tokens (64)" in verdict
+    assert "The reward broken failed on 50 % of replies" in verdict
+    assert "The reward format gave every reply 1: it teaches nothing here." in verdict
+    assert "The reward answer" not in verdict
+    assert verdict.endswith("Sampling stopped at the time limit.")
+
+
+def test_the_prompts_are_ranked_hardest_first_and_the_report_is_json():
+    found = report([check([1, 1], number=3), check([0, 0], number=7), check([1, 0], number=5)])
+    assert [c.number for c in found.ranked()] == [7, 5, 3]
+    data = json.loads(json.dumps(found.to_dict()))
+    assert [p["number"] for p in data["prompts"]] == [7, 5, 3] and data["prompts"][0]["kind"] == "all fail"
+    assert data["no_spread"] == pytest.approx(2 / 3) and data["verdict"] == found.verdict
+    assert "row 7: 0 % (all fail)" in found.describe()
+
+
+MARKS = {  # rewards -> the total a reply must reach to pass
+    "one reward": ([{"kind": "numeric"}], 0.5),
+    "weighted": ([{"kind": "numeric", "weight": 2}, {"kind": "length", "max_chars": 9, "weight": 0.4}], 1.2),
+    "a penalty adds no marks": ([{"kind": "numeric"}, {"kind": "repetition", "weight": 1}], 0.5),
+    "only penalties": ([{"kind": "repetition"}], 0.0),
+}
+
+
+@pytest.mark.parametrize("specs, mark", MARKS.values(), ids=MARKS.keys())
+def test_a_reply_passes_at_half_the_full_marks(specs, mark, tiny_model_dir):
+    from dragon_ui.engine.models import load_tokenizer, resolve_model
+    from dragon_ui.config import ModelConfig
+
+    tokenizer = load_tokenizer(resolve_model(ModelConfig(id=str(tiny_model_dir))))
+    rewards = build_rewards([RewardSpec.from_dict(spec) for spec in specs], tokenizer=tokenizer, max_new_tokens=16)
+    assert pass_mark(rewards) == pytest.approx(mark)
+
+
+SIZES = {  # (generation seconds a step, training prompts, batch size) -> prompts sampled
+    "slow: at least 16": ((30.0, 500, 4), MIN_PROMPTS),
+    "a minute's worth, in whole steps": ((2.0, 500, 4), 120),
+    "rounded up to whole steps": ((7.0, 500, 3), 27),
+    "fast: at most 256": ((0.01, 5000, 4), MOST_PROMPTS),
+    "no more than there are": ((2.0, 10, 4), 10),
+    "unknown speed: 16": ((None, 500, 4), MIN_PROMPTS),
+}
+
+
+@pytest.mark.parametrize("given, count", SIZES.values(), ids=SIZES.keys())
+def test_the_default_sample_takes_about_a_minute(given, count, tiny_config_dict):
+    seconds, available, batch = given
+    config = RunConfig.from_dict({**tiny_config_dict, "training": {"batch_size": batch}})
+    assert prompts_for_a_minute(config, seconds, available) == count
+
+
+def fixes(groups, tiny_config_dict, references=("12",), **grpo) -> list[Fix]:
+    config = RunConfig.from_dict({**tiny_config_dict, "grpo": {**tiny_config_dict["grpo"], **grpo}})
+    checks = [check(group, number=n, reference=references[n % len(references)]) for n, group in enumerate(groups)]
+    return fixes_for(report(checks), config)
+
+
+def test_too_hard_offers_a_warmer_temperature_and_partial_credit(tiny_config_dict):
+    warmer, partial = fixes([[0, 0], [0, 0], [1, 0]], tiny_config_dict)
+    assert warmer.changes == {"grpo": {"temperature": 1.3}}
+    rewards = partial.changes["rewards"]
+    assert rewards[:-1] == [RewardSpec.from_dict(spec).to_dict() for spec in tiny_config_dict["rewards"]]
+    assert rewards[-1] == {"kind": "numeric", "name": "close_number", "extract": "last_number", "tolerance": 0.05,
+                           "weight": 0.5}
+    RunConfig.from_dict({**tiny_config_dict, **partial.changes})  # what the fix writes is a valid run
+
+
+def test_partial_credit_for_text_answers_is_contains(tiny_config_dict):
+    partial = fixes([[0, 0], [0, 0]], tiny_config_dict, references=("Paris", "Rome"))[-1]
+    assert partial.changes["rewards"][-1]["kind"] == "contains"
+
+
+FEW_FIXES = {  # what the pre-flight found -> the fixes' labels
+    "it can learn": (([[1, 0], [0, 1]], {}), []),
+    "too easy: no partial credit": (([[1, 1], [1, 1]], {}), ["Raise the temperature to 1.3"]),
+    "warm already": (([[0, 0], [0, 0]], {"temperature": 1.5}), ["Add partial credit (close_number)"]),
+    "nearly warm enough": (([[0, 0], [0, 0]], {"temperature": 1.4}), ["Raise the temperature to 1.5",
+                                                                       "Add partial credit (close_number)"]),
+}
+
+
+@pytest.mark.parametrize("found, labels", FEW_FIXES.values(), ids=FEW_FIXES.keys())
+def test_only_the_fixes_that_apply_are_offered(found, labels, tiny_config_dict):
+    groups, grpo = found
+    assert [fix.label for fix in fixes(groups, tiny_config_dict, **grpo)] == labels
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# End to end, on the tiny model.
+
+
+def test_a_preflight_samples_the_runs_groups_and_reports(tiny_config_dict):
+    config = RunConfig.from_dict(tiny_config_dict)
+    progress = []
+    found = preflight(config, ModelCache().load, prompts=5, on_progress=lambda done, total: progress.append((done, total)))
+    assert progress == [(2, 5), (4, 5), (5, 5)]  # a step's batch of prompts at a time
+    assert len(found.prompts) == 5 and all(len(c.totals) == config.grpo.group_size for c in found.prompts)
+    assert all(0 <= c.longest_tokens <= found.token_limit for c in found.prompts)
+    assert {reward.name for reward in found.rewards} == {"numeric", "length"}
+    assert found.step_s is not None and found.sampling_s > 0 and found.verdict
+    again = preflight(config, ModelCache().load, prompts=5)
+    assert [c.number for c in again.prompts] == [c.number for c in found.prompts]  # drawn with the run's seed
+    with open(config.data.source, newline="", encoding="utf-8") as file:
+        questions = [row["question"] for row in csv.DictReader(file)]
+    assert all(c.prompt == questions[c.number - 1] for c in found.prompts)  # numbered by their row in the file
+
+
+def test_a_preflight_can_be_cancelled(tiny_config_dict):
+    asked = []
+
+    def cancel_after_a_while() -> bool:
+        asked.append(1)
+        return len(asked) > 3
+
+    with pytest.raises(Stopped):
+        preflight(RunConfig.from_dict(tiny_config_dict), ModelCache().load, prompts=6, should_stop=cancel_after_a_while)
+
+
+def test_the_command_line_prints_the_verdict(tiny_config_dict, tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_config_dict), encoding="utf-8")
+    assert main(["check", str(path), "--preflight", "--prompts", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "Pre-flight: sampling" in out and "4 of 4 prompts sampled" in out
+    assert "% of groups" in out and "Prompts, hardest first" in out
+    assert main(["check", str(path), "--preflight", "--prompts", "0"]) == 2
+    assert "--prompts must be at least 1." in capsys.readouterr().err
