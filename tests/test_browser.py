@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from playwright import sync_api
 
 from dragon_ui.config import DEFAULT_MODEL_ID
-from dragon_ui.engine import training
+from dragon_ui.engine import preflight, training
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
 from dragon_ui.ui.app import DRAFT_STORAGE_KEY
@@ -545,3 +545,33 @@ def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, stu
     assert [(r["name"], r["kind"], r["weight"]) for r in config["rewards"]] == [("json", "json", 2.0),
                                                                                  ("length", "length", 1.0)]
     assert config["rewards"][1]["max_chars"] == 40
+
+
+def test_will_it_learn_says_why_not_and_its_fix_changes_the_settings_shown(page, studio, screenshots, monkeypatch):
+    """The pre-flight on the Model tab: the verdict with the numbers, the prompts hardest first, and fixes that write
+    into the form. At a temperature of 0.01 the tiny model's replies to a prompt are all alike and fail: too hard."""
+    monkeypatch.setattr(preflight, "MOST_PROMPTS", 16)  # the tiny model samples so fast that the default is the most
+    wait_until_loaded(page)
+    open_tab(page, "model")
+    type_into(page, "#model-grpo-temperature input", "0.01")
+    page.locator("#model-preflight").click()
+    status = page.locator("#preflight-status")
+    expect(status).to_contain_text("% of groups have no spread")
+    expect(status).to_contain_text("all fail. Too hard for this model")
+    expect(page.locator("#preflight-prompts")).to_contain_text("all fail")
+    warmer = page.locator("#preflight-fix-0")
+    expect(warmer).to_have_text("Raise the temperature to 0.31")
+    expect(page.locator("#preflight-fix-1")).to_have_text("Add partial credit (close_number)")
+    screenshot(page, screenshots, "preflight")
+    warmer.click()
+    expect(status).to_contain_text("Applied the pre-flight's fix: Raise the temperature to 0.31")
+    expect(page.locator("#model-grpo-temperature input")).to_have_value("0.31")
+    page.locator("#preflight-fix-1").click()
+    expect(status).to_contain_text("Applied the pre-flight's fix: Add partial credit (close_number)")
+    expect(page.locator("#model-grpo-temperature input")).to_have_value("0.31")  # the first fix stays
+    open_tab(page, "rewards")
+    expect(page.locator("#rewards-table")).to_contain_text("close_number")
+    open_tab(page, "model")
+    page.locator("#model-start").click()
+    config = started_config(studio)
+    assert config["grpo"]["temperature"] == 0.31 and config["rewards"][-1]["name"] == "close_number"

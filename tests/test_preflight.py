@@ -13,7 +13,7 @@ from dragon_ui.config import RunConfig
 from dragon_ui.engine.models import ModelCache
 from dragon_ui.engine.preflight import (MIN_PROMPTS, MOST_PROMPTS, Fix, Preflight, PromptCheck, RewardCheck, fixes_for,
                                         pass_mark, preflight, prompts_for_a_minute)
-from dragon_ui.errors import Stopped
+from dragon_ui.errors import ConfigError, Stopped
 from dragon_ui.grpo_math import has_spread
 from dragon_ui.rewards import RewardSpec, build_rewards
 
@@ -126,17 +126,24 @@ def fixes(groups, tiny_config_dict, references=("12",), **grpo) -> list[Fix]:
 
 def test_too_hard_offers_a_warmer_temperature_and_partial_credit(tiny_config_dict):
     warmer, partial = fixes([[0, 0], [0, 0], [1, 0]], tiny_config_dict)
-    assert warmer.changes == {"grpo": {"temperature": 1.3}}
-    rewards = partial.changes["rewards"]
-    assert rewards[:-1] == [RewardSpec.from_dict(spec).to_dict() for spec in tiny_config_dict["rewards"]]
-    assert rewards[-1] == {"kind": "numeric", "name": "close_number", "extract": "last_number", "tolerance": 0.05,
-                           "weight": 0.5}
-    RunConfig.from_dict({**tiny_config_dict, **partial.changes})  # what the fix writes is a valid run
+    assert warmer.settings == {"grpo": {"temperature": 1.3}} and not warmer.add_rewards
+    assert warmer.as_command_line() == "--set grpo.temperature=1.3"
+    warmed = warmer.applied_to(tiny_config_dict)
+    assert warmed["grpo"] == {**tiny_config_dict["grpo"], "temperature": 1.3}
+    assert warmed["rewards"] == tiny_config_dict["rewards"] and tiny_config_dict["grpo"].get("temperature") is None
+    added = partial.applied_to(warmed)
+    assert added["rewards"] == [*tiny_config_dict["rewards"], {"kind": "numeric", "name": "close_number",
+                                                               "extract": "last_number", "tolerance": 0.05,
+                                                               "weight": 0.5}]
+    assert added["grpo"]["temperature"] == 1.3  # each fix applies to the settings as they are by then
+    assert partial.applied_to(added)["rewards"] == added["rewards"]  # applied twice, it adds the reward once
+    assert "add under rewards" in partial.as_command_line()
+    RunConfig.from_dict(added)  # what the fixes write is a valid run
 
 
 def test_partial_credit_for_text_answers_is_contains(tiny_config_dict):
     partial = fixes([[0, 0], [0, 0]], tiny_config_dict, references=("Paris", "Rome"))[-1]
-    assert partial.changes["rewards"][-1]["kind"] == "contains"
+    assert partial.add_rewards == [{"kind": "contains", "name": "mentions_answer", "weight": 0.5}]
 
 
 FEW_FIXES = {  # what the pre-flight found -> the fixes' labels
@@ -194,3 +201,14 @@ def test_the_command_line_prints_the_verdict(tiny_config_dict, tmp_path, capsys)
     assert "% of groups" in out and "Prompts, hardest first" in out
     assert main(["check", str(path), "--preflight", "--prompts", "0"]) == 2
     assert "--prompts must be at least 1." in capsys.readouterr().err
+
+
+def test_a_fix_applies_only_what_the_last_preflight_offered(tiny_config_dict):
+    from dragon_ui.studio.preflight import apply_fix
+
+    warmer = Fix("Raise the temperature to 1.3", "why", settings={"grpo": {"temperature": 1.3}})
+    draft, said = apply_fix(tiny_config_dict, [warmer], 0)
+    assert draft["grpo"]["temperature"] == 1.3 and said.startswith("Applied the pre-flight's fix: Raise the temp")
+    for found, number in (([], 0), ([warmer], 1), ([warmer], -1), (None, 0)):
+        with pytest.raises(ConfigError, match="There is no such fix"):
+            apply_fix(tiny_config_dict, found, number)

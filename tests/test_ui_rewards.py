@@ -22,7 +22,7 @@ from dragon_ui.errors import BusyError, DragonError
 from dragon_ui.public import LAPTOP, Policy
 from dragon_ui.rewards import REWARD_KINDS, kind_fields, parse_rewards, public_demo_refusal
 from dragon_ui.studio.backend import Studio
-from dragon_ui.ui import build_app, rewards_tab
+from dragon_ui.ui import build_app, common, rewards_tab
 from dragon_ui.ui.common import message
 
 SETTINGS = rewards_tab.SETTINGS
@@ -656,7 +656,7 @@ def test_a_group_shows_its_replies_as_they_are_sampled_and_cancel_stops_it(studi
     assert "Cancelled" in rewards_tab.cancel_generation(request)
     paced_sampling.set()
     assert list(generation) == []  # nothing more: the sampling stopped within a token
-    assert not sampling_threads() and not rewards_tab.SAMPLING.locked()
+    assert not sampling_threads() and not common.SAMPLING.locked()
 
 
 def test_a_group_closed_by_gradio_stops_sampling_and_the_next_one_waits_for_it(studio, tiny_draft, paced_sampling):
@@ -666,12 +666,12 @@ def test_a_group_closed_by_gradio_stops_sampling_and_the_next_one_waits_for_it(s
     generation = rewards_tab.generate_samples(studio, tiny_draft, 0, 3, request=SimpleNamespace(session_hash="s-2"))
     first_table(generation)
     generation.close()  # the thread is held in hand_on: closing returns at once
-    assert sampling_threads() and rewards_tab.SAMPLING.locked()
+    assert sampling_threads() and common.SAMPLING.locked()
     paced_sampling.set()
     deadline = time.monotonic() + 60
     while sampling_threads() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not sampling_threads() and not rewards_tab.SAMPLING.locked()
+    assert not sampling_threads() and not common.SAMPLING.locked()
     progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 0, 1))[-1]
     assert "Sampled 6 replies to 1 row(s)" in progress
 
@@ -700,7 +700,7 @@ def test_a_public_demos_group_stops_at_its_time_limit(tiny_model_dir, paced_samp
     assert progress == message("Stopped: sampling took longer than this public demo's limit of 0.5 seconds per "
                                "playground group; sample fewer rows, or lower the group size or max new tokens.",
                                "error")
-    assert not sampling_threads() and not rewards_tab.SAMPLING.locked()
+    assert not sampling_threads() and not common.SAMPLING.locked()
 
 
 def test_generation_shows_busy_errors_and_asks_for_a_row(studio, tiny_draft, no_model):

@@ -78,11 +78,31 @@ class RewardCheck:
 
 @dataclass(frozen=True)
 class Fix:
-    """A change that would help, as settings to write into the form (``changes``: config sections, nested)."""
+    """A change that would help, made to the settings as they are when it is applied (``applied_to``): settings
+    to set (config sections, nested), and rewards to add."""
 
     label: str
     why: str
-    changes: dict
+    settings: dict = field(default_factory=dict)
+    add_rewards: list[dict] = field(default_factory=list)
+
+    def applied_to(self, draft: dict) -> dict:
+        """``draft`` with this fix: its settings set, its rewards added (one of the same name is kept instead)."""
+        changed = {**draft}
+        for section, values in self.settings.items():
+            changed[section] = {**(draft.get(section) or {}), **values}
+        rewards = list(draft.get("rewards") or [])
+        names = {reward.get("name") or reward.get("kind") for reward in rewards if isinstance(reward, dict)}
+        changed["rewards"] = rewards + [reward for reward in self.add_rewards if reward["name"] not in names]
+        return changed
+
+    def as_command_line(self) -> str:
+        """The fix as ``dragon`` options (a reward to add is shown as YAML to paste under ``rewards:``)."""
+        sets = " ".join(f"--set {section}.{name}={value}" for section, values in self.settings.items()
+                        for name, value in values.items())
+        added = "; add under rewards: " + "; ".join(json.dumps(reward) for reward in self.add_rewards) \
+            if self.add_rewards else ""
+        return (sets + added).strip("; ")
 
 
 @dataclass(frozen=True)
@@ -121,7 +141,7 @@ class Preflight:
         """The answer in one or a few sentences, with the numbers."""
         no_spread, fail, passes = (round(100 * self.share(kind)) for kind in ("no spread", "all fail", "all pass"))
         groups = f"{len(self.prompts)} prompt{'s' if len(self.prompts) != 1 else ''}, {self.group_size} replies each"
-        if self.share("no spread") >= NO_SPREAD_TOO_MUCH:
+        if not self.learns:
             head = f"{no_spread} % of groups have no spread ({groups}): "
             if self.share("all fail") >= self.share("all pass"):
                 sentences = [head + f"{fail} % all fail. Too hard for this model: give partial credit (numeric "
@@ -165,26 +185,32 @@ class Preflight:
         """The prompts from the hardest (lowest pass rate) to the easiest."""
         return sorted(self.prompts, key=lambda check: (check.pass_rate, check.number))
 
+    @property
+    def learns(self) -> bool:
+        """Whether enough groups have a spread for most of every step to teach something."""
+        return self.share("no spread") < NO_SPREAD_TOO_MUCH
+
+    def facts(self) -> list[str]:
+        """The numbers behind the verdict, a sentence each (the app shows them as a list, the command line as
+        lines)."""
+        allowed = "" if self.token_limit is None else f" of the {self.token_limit} a run allows"
+        step = "" if self.step_s is None else f"; predicted time per training step: {format_seconds(self.step_s)}"
+        rewards = "; ".join(f"{reward.name} {_number(reward.mean)}, {_number(reward.spread)}, "
+                            f"{round(100 * reward.failed)} %" for reward in self.rewards)
+        return [f"Groups: {round(100 * self.share('spread'))} % with a spread, {round(100 * self.share('all fail'))} % "
+                f"all fail, {round(100 * self.share('all pass'))} % all pass ({len(self.prompts)} prompts, "
+                f"{self.group_size} replies each).",
+                f"Length: {round(100 * self.capped_share)} % of replies cut off at {self.max_new_tokens} tokens; the "
+                f"longest prompt and reply take {self.longest_tokens} tokens{allowed}.",
+                f"Time: sampled in {format_seconds(self.sampling_s)}{step}.",
+                f"Rewards (mean, spread, failed): {rewards}."]
+
     def describe(self) -> str:
         """The report as plain text lines (the command line's)."""
-        lines = [self.verdict, ""]
-        lines.append(f"Groups: {round(100 * self.share('spread'))} % with a spread, "
-                     f"{round(100 * self.share('all fail'))} % all fail, {round(100 * self.share('all pass'))} % all "
-                     f"pass; {round(100 * self.capped_share)} % of replies cut off at {self.max_new_tokens} tokens.")
-        allowed = "" if self.token_limit is None else f", of the {self.token_limit} a run allows"
-        lines.append(f"Longest prompt and reply: {self.longest_tokens} tokens{allowed}.")
-        timing = f"Sampled in {format_seconds(self.sampling_s)}"
-        if self.step_s is not None:
-            timing += f"; predicted time per training step: {format_seconds(self.step_s)}"
-        lines.append(timing + ".")
-        lines.append("Rewards (mean, spread, failed):")
-        lines += [f"  {reward.name}: {_number(reward.mean)}, {_number(reward.spread)}, {round(100 * reward.failed)} %"
-                  for reward in self.rewards]
-        lines.append("Prompts, hardest first (row: pass rate):")
+        lines = [self.verdict, "", *self.facts(), "Prompts, hardest first (row: pass rate):"]
         lines += [f"  row {check.number}: {round(100 * check.pass_rate)} % ({check.kind}) {_one_line(check.prompt)}"
                   for check in self.ranked()]
-        for fix in self.fixes:
-            lines.append(f"Fix: {fix.label}: {fix.why} {json.dumps(fix.changes)}")
+        lines += [f"Fix: {fix.label}. {fix.why} ({fix.as_command_line()})" for fix in self.fixes]
         return "\n".join(lines)
 
 
@@ -331,20 +357,18 @@ def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
         warmer = round(min(WARMEST, temperature + TEMPERATURE_STEP), 2)
         fixes.append(Fix(f"Raise the temperature to {warmer:g}",
                          f"More varied replies give more groups a spread (it is {temperature:g}).",
-                         {"grpo": {"temperature": warmer}}))
+                         settings={"grpo": {"temperature": warmer}}))
     references = [check.reference for check in report.prompts if check.reference]
     if report.share("all fail") >= report.share("all pass") and references:
         numeric = all(_is_number(reference) for reference in references)
         extra = ({"kind": "numeric", "name": "close_number", "extract": "last_number", "tolerance": 0.05,
                   "weight": PARTIAL_CREDIT_WEIGHT} if numeric else
                  {"kind": "contains", "name": "mentions_answer", "weight": PARTIAL_CREDIT_WEIGHT})
-        names = {spec.name for spec in config.rewards}
-        if extra["name"] not in names:
-            kept = [spec.to_dict() for spec in config.rewards]
+        if extra["name"] not in {spec.name for spec in config.rewards}:
             what = "a number within 5 % of the reference" if numeric else "a reply that contains the reference"
             fixes.append(Fix(f"Add partial credit ({extra['name']})",
                              f"Pays {PARTIAL_CREDIT_WEIGHT:g} for {what}, so nearly right replies stand out.",
-                             {"rewards": [*kept, extra]}))
+                             add_rewards=[extra]))
     return fixes
 
 

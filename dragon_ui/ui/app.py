@@ -160,6 +160,28 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             offers.append((trigger, get_draft, inputs))
 
         shared.offer_draft = offer_draft
+
+        def change(make_change, pristine: dict, auto_name: str, *args) -> tuple:
+            """Show the settings ``make_change`` makes of the ones shown, without asking (nothing shown is lost);
+            the last load stays the pristine one, so the change counts as an edit. ``args``: the form's inputs, then
+            ``make_change``'s."""
+            current, rest = form.compose(*args[:len(form.inputs)]), args[len(form.inputs):]
+            try:
+                new_draft, said = make_change(current, *rest)
+            except DragonError as exc:
+                return unchanged(message(str(exc), "error"))
+            shown = list(loaded(new_draft, "", pristine, auto_name))
+            shown[asking.index(recipe_status)] = message(said, "ok")
+            return tuple(shown)
+
+        changes = []
+
+        def change_draft(trigger, make_change, inputs: list, said_in) -> None:
+            """Wire ``trigger`` to show the settings ``make_change(draft, *inputs)`` returns as (draft, a sentence
+            saying what changed), which is shown in ``said_in`` too, once every tab has said what it fills."""
+            changes.append((trigger, make_change, inputs, said_in))
+
+        shared.change_draft = change_draft
         with gr.Column(visible=False, elem_id="form-area") as form_area, gr.Tabs(elem_id="tabs") as tabs:
             shared.tabs = tabs
             with gr.Tab("1 · Data", id=TAB_DATA, elem_id="tab-data"):
@@ -193,6 +215,11 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
 
         for trigger, get_draft, inputs in offers:
             fill_loaded(offered(trigger, get_draft, inputs))
+        for trigger, make_change, inputs, said_in in changes:
+            fill_loaded(lambda outputs, trigger=trigger, make_change=make_change, inputs=inputs: trigger(
+                functools.partial(change, make_change), [shared.pristine, shared.auto_name, *form.inputs, *inputs],
+                outputs, api_visibility="private", show_progress="hidden")).then(
+                lambda said: said, [recipe_status], [said_in], api_visibility="private", show_progress="hidden")
         fill_loaded(lambda outputs: replace_button.click(
             lambda wanted: loaded(wanted["draft"], wanted["label"]) if wanted else unchanged(""),
             [pending], outputs, api_visibility="private", show_progress="hidden"))

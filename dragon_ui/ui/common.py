@@ -9,6 +9,7 @@ import inspect
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,6 +164,9 @@ class Shared:
     # Tabs that replace the whole draft (a past run's "Load these settings") call this with their trigger and a
     # function of their inputs that returns (draft, what it is); app.build_app sets it before building the tabs.
     offer_draft: Callable[..., Any] | None = None
+    # Events that change the settings shown (a pre-flight's fix) call this with their trigger, a function of the draft
+    # and their inputs that returns (the changed draft, a sentence saying what changed), and where to say it.
+    change_draft: Callable[..., Any] | None = None
     # What each tab shows of a whole draft just loaded: (function of the draft, its outputs), run one after another
     # before the form appears (app.build_app's fill_loaded)...
     fills: list = field(default_factory=list)
@@ -255,6 +259,9 @@ def tab_selected(tab_id: str, when: str = "true") -> str:
 # What loads or writes a whole model (previews, scoring, merging, zipping, publishing) takes turns across the app,
 # whoever asks: two at once would hold two models in memory and share the cores with a training.
 ONE_MODEL_AT_A_TIME = {"concurrency_limit": 1, "concurrency_id": "models"}
+# Held by the thread that samples for such an event (the playground's group, the pre-flight): gradio lets the next
+# model event start once it has closed a cancelled one, while that thread may still be finishing its token.
+SAMPLING = threading.Lock()
 
 MESSAGE_ICONS = {"info": "ℹ️", "ok": "✅", "warn": "⚠️", "error": "❌"}
 

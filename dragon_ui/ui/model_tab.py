@@ -25,6 +25,7 @@ from ..studio import machine
 from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
 from ..studio.playground import preview_examples
+from . import preflight
 from .common import (MESSAGE_ICONS, TAB_TRAIN, Form, Shared, described, in_the_page, message, shows_errors,
                      number, optional_number, shown_number, tab_selected)
 
@@ -388,9 +389,11 @@ def build(shared: Shared) -> Callable[[], None]:
         run_name = form.add("name", gr.Textbox(value=initial.get("name", ""), scale=3, elem_id="model-run-name",
                                                **described("name", "Until you type one, it follows the data file.")),
                             lambda value: (value or "").strip())
+        will_it_learn = gr.Button("Will it learn?", scale=1, elem_id="model-preflight")
         start = gr.Button("Start training", variant="primary", scale=1, elem_id="model-start", interactive=False)
     areas["name"] = problem_area("name")
     start_status = gr.Markdown(elem_id="model-start-status")
+    connect_preflight = preflight.build(shared, will_it_learn)
     own = [f for f in form.fields if f.path.split(".")[0] in (*SECTIONS, "name")]
     own_fields, own_paths = [f.component for f in own], [f.path for f in own]
 
@@ -409,6 +412,7 @@ def build(shared: Shared) -> Callable[[], None]:
     shared.fills.append((fill_fields, [*own_fields, continue_from]))
 
     def connect() -> None:
+        connect_preflight()
         preview_outputs = [check, hardware_choice, estimate, yaml_view, cli, download,
                            *(areas[area] for area in PROBLEM_AREAS), start]
 

@@ -35,7 +35,7 @@ from ..studio.playground import (PREVIEW_ROWS, GroupScores, advantages_of, data_
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight,
                        kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
-from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, number, optional_number, shown_number, shows_errors
+from .common import ONE_MODEL_AT_A_TIME, SAMPLING, Shared, explain, message, number, optional_number, shown_number, shows_errors
 
 # The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.
 SETTINGS = tuple(f.name for f in fields(RewardSpec) if f.name not in ("kind", "name", "weight"))
@@ -399,9 +399,6 @@ def group_warnings(groups: list[GroupScores], first_row: int) -> str:
 
 _generating: set[str | None] = set()  # the sessions generating a group now
 _cancelled_sessions: set[str | None] = set()  # those of them whose Cancel was pressed
-# Held by a playground group's sampling thread: gradio lets the next model event start once it has closed a cancelled
-# one, while that thread may still be finishing its token.
-SAMPLING = threading.Lock()
 
 
 def cancel_generation(request: gr.Request | None = None) -> str:

@@ -1,0 +1,101 @@
+"""The Model tab's "Will it learn?": the pre-flight (engine.preflight) of the settings shown, with its progress, a
+Cancel, the verdict, the prompts hardest first, and its fixes as buttons that change the settings shown."""
+
+from __future__ import annotations
+
+import contextvars
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import gradio as gr
+
+from ..errors import Stopped
+from ..runstore import format_seconds
+from ..studio.backend import Studio
+from ..studio.preflight import MOST_FIXES, PROMPT_COLUMNS, Preflight, apply_fix, prompt_rows
+from .common import ONE_MODEL_AT_A_TIME, SAMPLING, Shared, explain, message
+
+
+def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
+    """The pre-flight's components, under the Start row; returns the function that wires its events once every tab
+    has added its fields (``button`` starts it)."""
+    with gr.Row():
+        cancel = gr.Button("Cancel the pre-flight", variant="stop", size="sm", scale=0, min_width=220,
+                           elem_id="preflight-cancel")
+        fixes_shown = [gr.Button(visible=False, size="sm", scale=0, min_width=220, elem_id=f"preflight-fix-{n}")
+                       for n in range(MOST_FIXES)]
+    status = gr.Markdown(elem_id="preflight-status")
+    prompts = gr.Dataframe(headers=PROMPT_COLUMNS, visible=False, interactive=False, wrap=True, max_height=360,
+                           label="Prompts, hardest first", elem_id="preflight-prompts")
+    fixes = gr.State([])  # the last report's fixes, held by the server: a fix button applies one of these alone
+
+    def connect() -> None:
+        form = shared.form
+
+        def check_draft(draft: dict):
+            yield from checked(shared.studio, draft)
+
+        checking = button.click(form.takes_draft(check_draft), form.inputs,
+                                [status, prompts, *fixes_shown, fixes], api_visibility="private",
+                                show_progress="hidden", **ONE_MODEL_AT_A_TIME)
+        cancel.click(lambda: message("Cancelled: nothing was changed.", "info"), None, [status], cancels=[checking],
+                     api_visibility="private", show_progress="hidden")
+        for number, shown_fix in enumerate(fixes_shown):
+            shared.change_draft(shown_fix.click, lambda draft, found, number=number: apply_fix(draft, found, number),
+                                [fixes], status)
+
+    return connect
+
+
+def checked(studio: Studio, draft: dict):
+    """The pre-flight on a thread of its own, so the page sees its progress: yields (status, prompts, each fix
+    button, the fixes). Closing it (Cancel, or the page going away) stops the sampling within a token."""
+    updates: queue.Queue = queue.Queue()
+    closed = threading.Event()
+
+    def work() -> None:
+        try:
+            with SAMPLING:
+                updates.put(studio.preflight(draft, should_stop=closed.is_set,
+                                             on_progress=lambda done, total: updates.put((done, total))))
+        except Stopped:
+            updates.put(None)
+        except Exception as exc:  # noqa: BLE001 - shown as the sentence it is, and logged if unexpected
+            updates.put(explain(exc))
+
+    hidden = (gr.Dataframe(visible=False), *[gr.Button(visible=False)] * MOST_FIXES, [])
+    # In the context of the request (public.visiting): the pre-flight acts for the visitor who asked.
+    threading.Thread(target=contextvars.copy_context().run, args=(work,), name="preflight", daemon=True).start()
+    started = time.monotonic()
+    try:
+        yield message("Will it learn? Reading the data and loading the model…"), *hidden
+        while True:
+            update = updates.get()
+            if isinstance(update, tuple):
+                done, total = update
+                left = (time.monotonic() - started) / done * (total - done)
+                yield message(f"Will it learn? Sampled {done} of {total} prompts; about {format_seconds(left)} "
+                              "left."), *hidden
+                continue
+            if isinstance(update, Preflight):
+                yield shown(update)
+            elif isinstance(update, str):
+                yield message(update, "error"), *hidden
+            return
+    finally:
+        closed.set()
+
+
+def shown(report: Preflight) -> tuple:
+    """The report as the page shows it: (status, prompts, each fix button, the fixes)."""
+    lines = [message(report.verdict, "ok" if report.learns else "warn"), "",
+             *(f"- {fact}" for fact in report.facts())]
+    if report.fixes:
+        lines.append("- Fixes (each changes the settings shown; check again after): "
+                     + " ".join(f"**{fix.label}**: {fix.why}" for fix in report.fixes))
+    buttons = [gr.Button(fix.label, visible=True) for fix in report.fixes[:MOST_FIXES]]
+    buttons += [gr.Button(visible=False)] * (MOST_FIXES - len(buttons))
+    return ("\n".join(lines), gr.Dataframe(prompt_rows(report), headers=PROMPT_COLUMNS, visible=True), *buttons,
+            [fix for fix in report.fixes[:MOST_FIXES]])
