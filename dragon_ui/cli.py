@@ -203,6 +203,7 @@ def _cmd_check(args) -> int:
     from .engine import training
     from .engine.estimate import estimate_run
     from .engine.hardware import detect_hardware
+    from .engine.redteam import red_team_of
 
     config = load_config_with_overrides(args.config, args.set, args.policy)
     found = training.inspect(config, args.policy)
@@ -217,6 +218,7 @@ def _cmd_check(args) -> int:
         print(f"Estimate:\n{estimate_run(config, hardware, detect_hardware()).describe()}")
     except DragonError as exc:  # an unknown model size: the run can still start
         print(f"Estimate: none ({exc})")
+    print("Red team: " + red_team_of(config, found.mapped.train, hardware.device, args.policy).describe())
     print(f"A training could start: python -m dragon_ui train {args.config}"
           + "".join(f" --set {item}" for item in args.set))
     if args.preflight:

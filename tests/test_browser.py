@@ -575,3 +575,23 @@ def test_will_it_learn_says_why_not_and_its_fix_changes_the_settings_shown(page,
     page.locator("#model-start").click()
     config = started_config(studio)
     assert config["grpo"]["temperature"] == 0.31 and config["rewards"][-1]["name"] == "close_number"
+
+
+def test_the_playground_tries_to_game_the_rewards(page, studio, screenshots):
+    """The red team on the Rewards tab: the recipe's rewards pass; a heavy reward for mentioning the reference is
+    gamed by naming it beside a wrong answer, and the page says which reward pays and how to close it."""
+    wait_until_loaded(page)
+    open_tab(page, "rewards")
+    page.locator("#rewards-red-team").click()
+    verdict = page.locator("#rewards-red-team-verdict")
+    expect(verdict).to_contain_text("No gaming reply earns half of what an honest one does (9 tried on 8 rows)")
+    choose(page, "#rewards-selected", "➕ New reward")
+    choose(page, "#rewards-kind", "contains")
+    type_into(page, "#rewards-weight input", "3")
+    page.locator("#rewards-add").click()
+    expect(page.locator("#rewards-table")).to_contain_text("contains")
+    page.locator("#rewards-red-team").click()
+    expect(verdict).to_contain_text("These rewards can be gamed: 'the reference in a negation'")
+    expect(verdict).to_contain_text("contains: it pays for the reference anywhere in the reply")
+    expect(page.locator("#rewards-red-team-table")).to_contain_text("⚠️ yes")
+    screenshot(page, screenshots, "rewards-red-team")

@@ -197,6 +197,8 @@ def test_the_command_line_prints_the_verdict(tiny_config_dict, tmp_path, capsys)
     path.write_text(yaml.safe_dump(tiny_config_dict), encoding="utf-8")
     assert main(["check", str(path), "--preflight", "--prompts", "4"]) == 0
     out = capsys.readouterr().out
+    assert "Red team: No gaming reply earns half of what an honest one does" in out  # check's own, before
+    assert out.count("Red team:") == 2  # and the pre-flight's, on the prompts it sampled
     assert "Pre-flight: sampling" in out and "4 of 4 prompts sampled" in out
     assert "% of groups" in out and "Prompts, hardest first" in out
     assert main(["check", str(path), "--preflight", "--prompts", "0"]) == 2

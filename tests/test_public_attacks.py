@@ -370,22 +370,6 @@ def test_settings_that_would_take_the_machine_are_refused(demo, tiny_model_dir, 
     expect_refusal(attacker.call("start", config), refusal)
 
 
-@pytest.mark.usefixtures("no_training")
-def test_a_preflight_is_bounded_like_the_playground(demo, tiny_model_dir):
-    """The pre-flight samples groups as the playground does: as many prompts as anyone may ask for (256), with the
-    model's turns and the playground's time limit, while a bystander is answered; more is refused."""
-    attacker = demo.attacker()
-    deadline = time.monotonic() + 60
-    while "A training is running" in attacker.call("preflight", base_draft(tiny_model_dir), 1).error:
-        assert time.monotonic() < deadline  # the stopped run's process ends a little after its status says so
-        time.sleep(0.5)
-    with another_visitor_answered_within(demo):
-        answer = attacker.call("preflight", base_draft(tiny_model_dir), 256)
-    assert answer.ok, answer.error
-    assert "% of groups" in answer.data[0]["verdict"] and len(answer.data[0]["prompts"]) <= 256
-    expect_refusal(attacker.call("preflight", base_draft(tiny_model_dir), 257), "a whole number from 1 to 256")
-
-
 def test_a_huge_request_is_refused_before_the_server_reads_it(demo):
     """Reviewer's finding: 400 MB JSON bodies were read into memory (8 GB after four) and copied into the log."""
     before = resident_mb(demo.pid)
@@ -499,6 +483,23 @@ def with_rewards(demo, tiny_model_dir, rewards: list[dict]) -> RawVisitor:
     attacker = demo.attacker(**{DRAFT_STORE: {"draft": draft}})
     assert attacker.fire("form-edits", "change", sets="model-check", **PLAYGROUND_DATA).ok
     return attacker
+
+
+@pytest.mark.usefixtures("no_training")
+def test_a_preflight_is_bounded_like_the_playground(demo, tiny_model_dir):
+    """The pre-flight samples groups as the playground does: as many prompts as anyone may ask for (256), with the
+    model's turns and the playground's time limit, while a bystander is answered; more is refused. (It stops the
+    victim's run, so it comes after the queue's attacks, which need that run training.)"""
+    attacker = demo.attacker()
+    deadline = time.monotonic() + 60
+    while "A training is running" in attacker.call("preflight", base_draft(tiny_model_dir), 1).error:
+        assert time.monotonic() < deadline  # the stopped run's process ends a little after its status says so
+        time.sleep(0.5)
+    with another_visitor_answered_within(demo):
+        answer = attacker.call("preflight", base_draft(tiny_model_dir), 256)
+    assert answer.ok, answer.error
+    assert "% of groups" in answer.data[0]["verdict"] and len(answer.data[0]["prompts"]) <= 256
+    expect_refusal(attacker.call("preflight", base_draft(tiny_model_dir), 257), "a whole number from 1 to 256")
 
 
 def test_a_regex_that_backtracks_forever_is_refused_at_once(demo, tiny_model_dir, no_training):

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..config import RunConfig
 from ..data import prompt_text
-from ..errors import DragonError
+from ..errors import DragonError, Stopped
 from ..grpo_math import finite_number, has_spread
 from ..public import LAPTOP, Policy
 from ..rewards import Reward, build_rewards, score_completions
@@ -29,6 +29,7 @@ from ..rewards.spec import full_marks
 from ..runstore import excerpt, format_seconds
 from .evaluation import LoadModel, generate_replies
 from .prompts import NO_LIMIT, token_counts
+from .redteam import RedTeam, red_team
 from .reward_models import classifiers_on
 from .training import Inspection, inspect
 
@@ -118,6 +119,7 @@ class Preflight:
     step_s: float | None  # the predicted time of a training step
     ended_early: str = ""  # why sampling ended before every chosen prompt was sampled
     fixes: list[Fix] = field(default_factory=list)
+    red_team: RedTeam | None = None  # the gaming replies, scored on the same prompts
 
     def share(self, kind: str) -> float:
         """The share of groups of ``kind`` ("spread", "all fail", "all pass", or "no spread" for the last two)."""
@@ -179,7 +181,8 @@ class Preflight:
                              "pass_rate": check.pass_rate, "kind": check.kind, "totals": check.totals,
                              "capped": check.capped, "longest_tokens": check.longest_tokens}
                             for check in self.ranked()],
-                "fixes": [asdict(fix) for fix in self.fixes]}
+                "fixes": [asdict(fix) for fix in self.fixes],
+                "red_team": None if self.red_team is None else self.red_team.to_dict()}
 
     def ranked(self) -> list[PromptCheck]:
         """The prompts from the hardest (lowest pass rate) to the easiest."""
@@ -211,6 +214,8 @@ class Preflight:
         lines += [f"  row {check.number}: {round(100 * check.pass_rate)} % ({check.kind}) {_one_line(check.prompt)}"
                   for check in self.ranked()]
         lines += [f"Fix: {fix.label}. {fix.why} ({fix.as_command_line()})" for fix in self.fixes]
+        if self.red_team is not None:
+            lines.append("Red team: " + self.red_team.describe())
         return "\n".join(lines)
 
 
@@ -267,8 +272,20 @@ def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, promp
                             classifiers=classifiers_on(inspection.hardware.device), policy=policy)
     fit = inspection.prompts
     token_limit = None if fit.limit >= NO_LIMIT else fit.limit + config.grpo.max_new_tokens
-    return sample_preflight(config, model, tokenizer, chosen, rewards, token_limit, training_pass_s, should_stop,
-                            policy.limits.sampling_seconds if policy.public else None, on_progress)
+    report = sample_preflight(config, model, tokenizer, chosen, rewards, token_limit, training_pass_s, should_stop,
+                              policy.limits.sampling_seconds if policy.public else None, on_progress)
+    limit = policy.limits.scoring_seconds if policy.public else None
+    deadline = None if limit is None else time.monotonic() + limit
+    try:
+        gamed = red_team(rewards, chosen, config.grpo.max_new_tokens, tokenizer,
+                         lambda: (should_stop is not None and should_stop())
+                         or (deadline is not None and time.monotonic() > deadline))
+    except Stopped:
+        if should_stop is not None and should_stop():
+            raise
+        return dataclasses.replace(report, ended_early=" ".join(filter(None, [
+            report.ended_early, f"The red team stopped at this public demo's limit of {limit:g} seconds of scoring."])))
+    return dataclasses.replace(report, red_team=gamed)
 
 
 def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], rewards: list[Reward],

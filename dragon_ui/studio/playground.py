@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from ..config import GRPOSettings, HardwareSettings, ModelConfig, RunConfig
 from ..engine.hardware import resolve_hardware
 from ..engine.prompts import NO_LIMIT, prompt_limit, token_counts
+from ..engine.redteam import RedTeam, red_team
 from ..engine.reward_models import classifiers_on
 from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locate, map_rows, prompt_text, read_table,
                    rows_to_read)
@@ -481,3 +482,24 @@ def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict
                                    sampling={"top_p": grpo.top_p, "top_k": grpo.top_k or None, "min_p": grpo.min_p,
                                              "repetition_penalty": grpo.repetition_penalty}, on_replies=on_replies)
         yield score_group(rewards, example, replies, should_stop)
+
+
+def red_team_draft(draft: dict, policy: Policy = LAPTOP) -> RedTeam:
+    """The red team (engine.redteam) of the draft's rewards on the playground's rows, padded to its max new tokens.
+    In a public demo it stops at the limit on scoring a typed reply, and says so."""
+    rewards = playground_rewards(draft, policy)
+    examples = preview_examples(data_config(draft), draft.get("base_dir") or None, policy)
+    try:
+        grpo = GRPOSettings(**(draft.get("grpo") or {}))
+        grpo.validate()  # at most 32,768 tokens: a padded reply of a few hundred KB
+        max_new_tokens = grpo.max_new_tokens
+    except (ConfigError, TypeError):  # a half-typed Model tab: the default length cap
+        max_new_tokens = GRPOSettings().max_new_tokens
+    limit = policy.limits.scoring_seconds if policy.public else None
+    deadline = None if limit is None else time.monotonic() + limit
+    try:
+        return red_team(rewards, examples, max_new_tokens, draft_tokenizer(draft, policy=policy)[0],
+                        should_stop=None if deadline is None else lambda: time.monotonic() > deadline)
+    except Stopped:
+        raise ConfigError(f"The red team stopped: the rewards took longer than this public demo's limit of "
+                          f"{limit:g} seconds; use fewer rewards, or faster ones.") from None

@@ -92,6 +92,8 @@ def shown(report: Preflight) -> tuple:
     """The report as the page shows it: (status, prompts, each fix button, the fixes)."""
     lines = [message(report.verdict, "ok" if report.learns else "warn"), "",
              *(f"- {fact}" for fact in report.facts())]
+    if report.red_team is not None:
+        lines.append(f"- Red team: {report.red_team.verdict}")
     if report.fixes:
         lines.append("- Fixes (each changes the settings shown; check again after): "
                      + " ".join(f"**{fix.label}**: {fix.why}" for fix in report.fixes))

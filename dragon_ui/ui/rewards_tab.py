@@ -29,9 +29,10 @@ from ..data import prompt_text
 from ..errors import ConfigError, DragonError
 from ..public import LAPTOP, Policy
 from ..studio.draft import place_problem
-from ..studio.playground import (PREVIEW_ROWS, GroupScores, advantages_of, data_config, generate_groups,
+from ..studio.playground import (PREVIEW_ROWS, GroupScores, advantages_of, data_config, display_text, generate_groups,
                                  no_signal_warning, playground_rewards, preview_examples, prompt_limit_of,
-                                 refuse_long_prompts, reward_failures, sampling_rewards, score_example)
+                                 red_team_draft, refuse_long_prompts, reward_failures, sampling_rewards,
+                                 score_example)
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight,
                        kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
@@ -373,6 +374,24 @@ def score_typed(draft: dict, row: int | None, completion: str, policy: Policy = 
     return table, total
 
 
+RED_TEAM_COLUMNS = ["Gaming reply", "Flagged", "Share of honest", "Its total", "Honest total", "Paid by",
+                    "As made for the first row"]
+
+
+def red_team_shown(draft: dict, policy: Policy = LAPTOP) -> tuple:
+    """The red team of the draft's rewards on the playground's rows: (verdict, table)."""
+    try:
+        found = red_team_draft(draft, policy)
+    except DragonError as exc:
+        return message(str(exc), "error"), gr.Dataframe(visible=False)
+    rows = [[check.name, "⚠️ yes" if check.flagged else "no",
+             "–" if check.share is None else f"{round(100 * check.share)} %", round(check.total, 3),
+             round(check.honest, 3), ", ".join(check.paid_by) or "–", display_text(check.example, 80)]
+            for check in found.checks]
+    return (message(found.verdict, "warn" if found.flagged else "ok"),
+            gr.Dataframe(pd.DataFrame(rows, columns=RED_TEAM_COLUMNS), visible=True))
+
+
 def group_table(groups: list[GroupScores], first_row: int, advantages: list[list[float]] = (),
                 reward_names: list[str] | None = None, unscored: list[str] = ()) -> pd.DataFrame:
     """One line per sampled reply: which row, the reply, each reward's score, the total and the advantage (one list
@@ -658,6 +677,13 @@ def build(shared: Shared) -> Callable[[], None]:
     groups = gr.Dataframe(group_table([], 0), label="Sampled replies", interactive=False, wrap=True, max_height=420,
                           elem_id="rewards-groups")
     warnings = gr.Markdown(elem_id="rewards-warnings")
+    with gr.Row():
+        game = gr.Button("Try to game these rewards", elem_id="rewards-red-team", scale=0, min_width=260)
+        gr.Markdown("Scores nine replies a model could learn instead of the answer (empty, padded, the answer "
+                    "beside a wrong one, …) on the first rows, beside an honest one.")
+    red_team_said = gr.Markdown(elem_id="rewards-red-team-verdict")
+    red_team_table = gr.Dataframe(headers=RED_TEAM_COLUMNS, visible=False, interactive=False, wrap=True,
+                                  elem_id="rewards-red-team-table")
 
     def connect() -> None:
         playground = {"show_progress": "hidden", "api_visibility": "private"}
@@ -688,5 +714,7 @@ def build(shared: Shared) -> Callable[[], None]:
                                     api_visibility="private", **ONE_MODEL_AT_A_TIME)
         cancel.click(cancel_generation, None, [progress], cancels=[generating], api_visibility="private",
                      show_progress="hidden")
+        game.click(form.takes_draft(functools.partial(red_team_shown, policy=policy)), form.inputs,
+                   [red_team_said, red_team_table], **playground)
 
     return connect
