@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import threading
+import time
 
 import pytest
 import yaml
@@ -214,3 +216,62 @@ def test_a_fix_applies_only_what_the_last_preflight_offered(tiny_config_dict):
     for found, number in (([], 0), ([warmer], 1), ([warmer], -1), (None, 0)):
         with pytest.raises(ConfigError, match="There is no such fix"):
             apply_fix(tiny_config_dict, found, number)
+
+
+def test_one_preflight_runs_at_a_time_and_none_beside_a_training(studio, tiny_config_dict, monkeypatch):
+    """A pre-flight gradio has cancelled may still be sampling: a second one is refused until it ends, rather than
+    run beside it; and none starts (reading its data) while a training uses the CPU."""
+    from dragon_ui.errors import BusyError
+    from dragon_ui.studio import backend
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow(*args, **kwargs):
+        started.set()
+        release.wait(30)
+        return "report"
+
+    monkeypatch.setattr(backend, "preflight", slow)
+    first = threading.Thread(target=studio.preflight, args=(tiny_config_dict,))
+    first.start()
+    assert started.wait(30)
+    with pytest.raises(BusyError, match="A pre-flight is running on this machine already"):
+        studio.preflight(tiny_config_dict)
+    release.set()
+    first.join(30)
+    assert studio.preflight(tiny_config_dict) == "report"  # free again once it ended
+
+    def training(doing):
+        raise BusyError(f"A training is running on this machine; {doing} now would slow it down badly.")
+
+    monkeypatch.setattr(studio.previews, "refuse_while_training", training)
+    with pytest.raises(BusyError, match="a pre-flight now would slow it down"):
+        studio.preflight(tiny_config_dict)
+
+
+def test_cancel_reaches_the_preflights_thread_at_once(tiny_config_dict):
+    """gradio closes a cancelled generator only once it yields, and the thread may be loading a model or sampling a
+    batch meanwhile: Cancel sets the session's stop flag itself, so the sampling ends at its next token."""
+    from types import SimpleNamespace
+
+    from dragon_ui.ui import preflight as panel
+
+    asked, ended = threading.Event(), threading.Event()
+
+    class Sampling:
+        def preflight(self, draft, should_stop, on_progress):
+            asked.set()
+            while not should_stop():
+                time.sleep(0.01)
+            ended.set()
+            raise Stopped("cancelled")
+
+    shown = panel.checked(Sampling(), tiny_config_dict, "session-a")
+    assert "Reading the data" in next(shown)[0]
+    assert asked.wait(30)
+    panel.cancel_preflight(SimpleNamespace(session_hash="session-b"))  # another session's Cancel: not this one
+    assert not ended.wait(0.3)
+    assert "Cancelled" in panel.cancel_preflight(SimpleNamespace(session_hash="session-a"))
+    assert ended.wait(5)
+    shown.close()
+    assert "session-a" not in panel._running

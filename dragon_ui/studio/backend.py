@@ -25,7 +25,7 @@ from ..engine.estimate import estimate_run
 from ..engine.hardware import HardwareInfo, detect_hardware, resolve_hardware
 from ..engine.libraries import import_all
 from ..engine.preflight import MOST_PROMPTS, Preflight, preflight
-from ..errors import ConfigError
+from ..errors import BusyError, ConfigError
 from ..engine.worker import WorkerRun, Workers
 from ..files import resolve_runs_dir
 from ..public import LAPTOP, Policy
@@ -51,6 +51,7 @@ class Studio:
         self._hardware_lock = threading.Lock()  # the warm-up and a page's first request may both ask at once
         self.visitors = Visitors(policy.owner_key)
         self._page_opened = threading.Event()  # see warm_up
+        self._preflight = threading.Lock()  # held by the one pre-flight running (Studio.preflight)
         # Each part asks for the hardware through this Studio, so that one detection (or a test's) serves all.
         machine = lambda refresh=False: self.hardware(refresh)  # noqa: E731
         self.recipes = Recipes(Path(recipes_dir or ASSETS_DIR / "recipes").resolve(), self.runs_dir, policy)
@@ -138,7 +139,15 @@ class Studio:
         if prompts is not None and (isinstance(prompts, bool) or not isinstance(prompts, int)
                                     or not 1 <= prompts <= MOST_PROMPTS):
             raise ConfigError(f"The number of prompts to sample must be a whole number from 1 to {MOST_PROMPTS}.")
-        return preflight(config, self.previews.load, self.policy, prompts, should_stop, on_progress)
+        self.previews.refuse_while_training("a pre-flight")  # before its data is read
+        # One at a time in this process, whoever asks: a request gradio cancelled may still be sampling (its thread
+        # ends at its next token once told to stop), and a new one must not start beside it.
+        if not self._preflight.acquire(blocking=False):
+            raise BusyError("A pre-flight is running on this machine already; try again when it has finished.")
+        try:
+            return preflight(config, self.previews.load, self.policy, prompts, should_stop, on_progress)
+        finally:
+            self._preflight.release()
 
     def close(self) -> None:
         """The app is closing: a training in a worker process is asked to stop and save its last step, and the warm

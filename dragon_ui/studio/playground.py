@@ -495,6 +495,8 @@ def red_team_draft(draft: dict, policy: Policy = LAPTOP) -> RedTeam:
         max_new_tokens = grpo.max_new_tokens
     except (ConfigError, TypeError):  # a half-typed Model tab: the default length cap
         max_new_tokens = GRPOSettings().max_new_tokens
+    if policy.public:  # no run here makes longer replies
+        max_new_tokens = min(max_new_tokens, policy.limits.max_new_tokens)
     limit = policy.limits.scoring_seconds if policy.public else None
     deadline = None if limit is None else time.monotonic() + limit
     try:

@@ -34,14 +34,14 @@ def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
     def connect() -> None:
         form = shared.form
 
-        def check_draft(draft: dict):
-            yield from checked(shared.studio, draft)
+        def check_draft(request: gr.Request, *shown):
+            yield from checked(shared.studio, form.compose(*shown), request.session_hash)
 
-        checking = button.click(form.takes_draft(check_draft), form.inputs,
+        checking = button.click(check_draft, form.inputs,
                                 [status, prompts, *fixes_shown, fixes], api_visibility="private",
                                 show_progress="hidden", **ONE_MODEL_AT_A_TIME)
-        cancel.click(lambda: message("Cancelled: nothing was changed.", "info"), None, [status], cancels=[checking],
-                     api_visibility="private", show_progress="hidden")
+        cancel.click(cancel_preflight, None, [status], cancels=[checking], api_visibility="private",
+                     show_progress="hidden")
         for number, shown_fix in enumerate(fixes_shown):
             shared.change_draft(shown_fix.click, lambda draft, found, number=number: apply_fix(draft, found, number),
                                 [fixes], status)
@@ -49,15 +49,31 @@ def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
     return connect
 
 
-def checked(studio: Studio, draft: dict):
+# The stop flag of each session's running pre-flight: Cancel sets it at once. gradio closes the cancelled generator
+# only once it yields, which a thread busy loading a model or sampling a batch would keep it from doing for long.
+_running: dict[str | None, threading.Event] = {}
+
+
+def cancel_preflight(request: gr.Request | None = None) -> str:
+    """The Cancel button: the session's pre-flight stops at its next token or reward."""
+    closed = _running.get(request.session_hash if request is not None else None)
+    if closed is not None:
+        closed.set()
+    return message("Cancelled: nothing was changed.", "info")
+
+
+def checked(studio: Studio, draft: dict, session: str | None = None):
     """The pre-flight on a thread of its own, so the page sees its progress: yields (status, prompts, each fix
-    button, the fixes). Closing it (Cancel, or the page going away) stops the sampling within a token."""
+    button, the fixes). Cancel (cancel_preflight), or closing it when the page goes away, stops the sampling within
+    a token."""
     updates: queue.Queue = queue.Queue()
-    closed = threading.Event()
+    closed = _running[session] = threading.Event()
 
     def work() -> None:
         try:
             with SAMPLING:
+                if closed.is_set():  # cancelled while the playground's group finished
+                    raise Stopped("the pre-flight was cancelled")
                 updates.put(studio.preflight(draft, should_stop=closed.is_set,
                                              on_progress=lambda done, total: updates.put((done, total))))
         except Stopped:
@@ -86,6 +102,8 @@ def checked(studio: Studio, draft: dict):
             return
     finally:
         closed.set()
+        if _running.get(session) is closed:
+            del _running[session]
 
 
 def shown(report: Preflight) -> tuple:

@@ -374,6 +374,8 @@ def score_typed(draft: dict, row: int | None, completion: str, policy: Policy = 
     return table, total
 
 
+# One red team at a time, whoever asks: each scores about a hundred replies, and the default turns are everyone's clicks.
+RED_TEAM_TURNS = {"concurrency_limit": 1, "concurrency_id": "red-team"}
 RED_TEAM_COLUMNS = ["Gaming reply", "Flagged", "Share of honest", "Its total", "Honest total", "Paid by",
                     "As made for the first row"]
 
@@ -715,6 +717,6 @@ def build(shared: Shared) -> Callable[[], None]:
         cancel.click(cancel_generation, None, [progress], cancels=[generating], api_visibility="private",
                      show_progress="hidden")
         game.click(form.takes_draft(functools.partial(red_team_shown, policy=policy)), form.inputs,
-                   [red_team_said, red_team_table], **playground)
+                   [red_team_said, red_team_table], **playground, **RED_TEAM_TURNS)
 
     return connect
