@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 
 def check(totals, passed: int | None = None, capped: int = 0, number: int = 1, reference: str = "12") -> PromptCheck:
     passed = sum(total is not None and total >= 0.5 for total in totals) if passed is None else passed
-    return PromptCheck(number, f"prompt {number}", reference, list(totals), passed, capped, 40, ["r"] * len(totals))
+    return PromptCheck(number, f"prompt {number}", reference, list(totals), passed, capped, 40)
 
 
 def report(checks, rewards=(), capped_tokens: int = 64, ended: str = "") -> Preflight:

@@ -10,6 +10,7 @@ from dragon_ui.config import DEFAULT_MODEL_ID, ModelConfig, RunConfig
 from dragon_ui.data import load_and_map
 from dragon_ui.engine.models import load_tokenizer, resolve_model
 from dragon_ui.engine.redteam import REPEATED, red_team
+from dragon_ui.errors import Stopped
 from dragon_ui.rewards import RewardSpec, build_rewards
 
 pytestmark = pytest.mark.timeout(300)
@@ -79,3 +80,12 @@ def test_text_answers_get_wrong_answers_of_their_own(tokenizer):
     assert examples["a confident wrong answer"] == "The answer is definitely Paris."
     assert len(tokenizer(examples["a padded reply at the length cap"], add_special_tokens=False)["input_ids"]) <= 16
     assert found.to_dict()["rows"] == 2
+
+
+def test_the_red_team_stops_at_its_time_limit_or_when_cancelled(tokenizer):
+    rewards = build_rewards([RewardSpec.from_dict({"kind": "numeric"})], tokenizer=tokenizer, max_new_tokens=16)
+    with pytest.raises(Stopped):
+        red_team(rewards, [ROW], 16, tokenizer, time_limit_s=0)
+    with pytest.raises(Stopped):
+        red_team(rewards, [ROW], 16, tokenizer, should_stop=lambda: True)
+    assert len(red_team(rewards, [ROW], 16, tokenizer, time_limit_s=60).checks) == 9

@@ -19,7 +19,7 @@ from ..data import prompt_text, read_jsonl
 from ..errors import ConfigError, Stopped
 from ..public import LAPTOP, Policy
 from .. import speedups
-from ..rewards import Reward, build_rewards, score_completions
+from ..rewards import Reward, ScoreResult, build_rewards, score_completions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
 from .reward_models import classifiers_on
@@ -112,13 +112,20 @@ def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward]
     return score_replies(examples, replies, rewards, time.monotonic() - started, should_stop)
 
 
+def score_examples(rewards: list[Reward], examples: list[dict], replies: list[str],
+                   should_stop: Callable[[], bool] | None = None) -> list[ScoreResult]:
+    """Score ``replies[i]`` as a reply to the mapped ``examples[i]`` (its reference, its prompt's text, its row) with
+    every reward; Stopped once ``should_stop()``."""
+    return score_completions(rewards, list(replies), [ex.get("reference") or None for ex in examples],
+                             [prompt_text(ex) for ex in examples], [json.loads(ex.get("row") or "{}") for ex in examples],
+                             should_stop)
+
+
 def score_replies(examples: list[dict], replies: list[str], rewards: list[Reward], seconds: float,
                   should_stop: Callable[[], bool] | None = None) -> EvalResult:
     """Score one reply per held-out example with every reward (also used by evaluate_now, which generates batch
     by batch to report progress); Stopped once ``should_stop()``."""
-    results = score_completions(rewards, list(replies), [ex.get("reference") or None for ex in examples],
-                                [prompt_text(ex) for ex in examples], [json.loads(ex.get("row") or "{}") for ex in examples],
-                                should_stop)
+    results = score_examples(rewards, examples, replies, should_stop)
     return scored(replies, [r.total for r in results], [r.scores for r in results], rewards, seconds)
 
 

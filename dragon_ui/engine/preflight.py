@@ -5,7 +5,7 @@ run can learn, and which change would help.
 
 A reply *passes* when its weighted total reaches half the rewards' full marks (``full_marks``: 1 a reward, 0 a
 penalty). "No spread" is ``grpo_math.has_spread``, as training counts it. The app's pre-flight button, ``dragon
-check --preflight`` and the HTTP API all call ``sample_preflight``.
+check --preflight`` and the HTTP API all call ``preflight``.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from ..data import prompt_text
 from ..errors import DragonError, Stopped
 from ..grpo_math import finite_number, has_spread
 from ..public import LAPTOP, Policy
-from ..rewards import Reward, build_rewards, score_completions
+from ..rewards import Reward, build_rewards
 from ..rewards.spec import full_marks
 from ..runstore import excerpt, format_seconds
-from .evaluation import LoadModel, generate_replies
+from .evaluation import LoadModel, generate_replies, score_examples
 from .prompts import NO_LIMIT, token_counts
-from .redteam import RedTeam, red_team
+from .redteam import RedTeam, as_number, red_team
 from .reward_models import classifiers_on
 from .training import Inspection, inspect
 
@@ -53,7 +53,6 @@ class PromptCheck:
     passed: int  # replies whose total reached half the full marks
     capped: int  # replies cut off at max new tokens
     longest_tokens: int  # the prompt and its longest reply
-    replies: list[str] = field(repr=False)
 
     @property
     def pass_rate(self) -> float:
@@ -275,11 +274,8 @@ def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, promp
     report = sample_preflight(config, model, tokenizer, chosen, rewards, token_limit, training_pass_s, should_stop,
                               policy.limits.sampling_seconds if policy.public else None, on_progress)
     limit = policy.limits.scoring_seconds if policy.public else None
-    deadline = None if limit is None else time.monotonic() + limit
     try:
-        gamed = red_team(rewards, chosen, config.grpo.max_new_tokens, tokenizer,
-                         lambda: (should_stop is not None and should_stop())
-                         or (deadline is not None and time.monotonic() > deadline))
+        gamed = red_team(rewards, chosen, config.grpo.max_new_tokens, tokenizer, should_stop, limit)
     except Stopped:
         if should_stop is not None and should_stop():
             raise
@@ -289,7 +285,7 @@ def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, promp
 
 
 def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], rewards: list[Reward],
-                     token_limit: int, training_pass_s: float | None = None,
+                     token_limit: int | None, training_pass_s: float | None = None,
                      should_stop: Callable[[], bool] | None = None, time_limit_s: float | None = None,
                      on_progress: Callable[[int, int], None] | None = None) -> Preflight:
     """Sample ``config.grpo.group_size`` replies to each of ``examples`` as a training step samples them (a step's
@@ -327,10 +323,7 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
         for offset, example in enumerate(chosen):
             group = slice(offset * grpo.group_size, (offset + 1) * grpo.group_size)
             group_replies, group_lengths = replies[group], lengths[group]
-            count = len(group_replies)
-            results = score_completions(rewards, group_replies, [example.get("reference") or None] * count,
-                                        [prompt_text(example)] * count,
-                                        [json.loads(example.get("row") or "{}")] * count, should_stop)
+            results = score_examples(rewards, [example] * len(group_replies), group_replies, should_stop)
             for result in results:
                 for name, score in result.scores.items():
                     scores[name].append(score)
@@ -342,8 +335,7 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
                 reference=excerpt(example.get("reference") or "", PROMPT_CHARS) or "",
                 totals=totals, passed=sum(total is not None and total >= mark - 1e-9 for total in totals),
                 capped=sum(length >= grpo.max_new_tokens for length in group_lengths),
-                longest_tokens=prompt_tokens[start + offset] + max(group_lengths, default=0),
-                replies=group_replies))
+                longest_tokens=prompt_tokens[start + offset] + max(group_lengths, default=0)))
         if on_progress is not None:
             on_progress(len(checks), len(examples))
     sampling_s = time.monotonic() - started
@@ -367,7 +359,7 @@ def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
     replies); for prompts that all fail, partial credit for a reply close to the reference (a number within 5 %, or
     one that contains it)."""
     fixes = []
-    if report.share("no spread") < NO_SPREAD_TOO_MUCH:
+    if report.learns:
         return fixes
     temperature = config.grpo.temperature
     if temperature < WARMEST:
@@ -377,7 +369,7 @@ def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
                          settings={"grpo": {"temperature": warmer}}))
     references = [check.reference for check in report.prompts if check.reference]
     if report.share("all fail") >= report.share("all pass") and references:
-        numeric = all(_is_number(reference) for reference in references)
+        numeric = all(as_number(reference) is not None for reference in references)
         extra = ({"kind": "numeric", "name": "close_number", "extract": "last_number", "tolerance": 0.05,
                   "weight": PARTIAL_CREDIT_WEIGHT} if numeric else
                  {"kind": "contains", "name": "mentions_answer", "weight": PARTIAL_CREDIT_WEIGHT})
@@ -387,10 +379,3 @@ def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
                              f"Pays {PARTIAL_CREDIT_WEIGHT:g} for {what}, so nearly right replies stand out.",
                              add_rewards=[extra]))
     return fixes
-
-
-def _is_number(text: str) -> bool:
-    try:
-        return math.isfinite(float(text.replace(",", "").strip()))
-    except ValueError:
-        return False

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config import RunConfig
 from ..data import prompt_text
 from ..public import LAPTOP, Policy
-from ..rewards import Reward, build_rewards, score_completions
+from ..rewards import Reward, build_rewards
 from ..rewards.spec import FORMAT_PRESETS
+from .evaluation import score_examples
 from .models import load_tokenizer, resolve_model
 from .reward_models import classifiers_on
 
@@ -105,10 +107,16 @@ class RedTeam:
 
 
 def red_team(rewards: list[Reward], examples: list[dict], max_new_tokens: int, tokenizer=None,
-             should_stop: Callable[[], bool] | None = None) -> RedTeam:
+             should_stop: Callable[[], bool] | None = None, time_limit_s: float | None = None) -> RedTeam:
     """Score the gaming replies and the honest ones for the first MOST_ROWS ``examples`` (mapped rows with
     references) against ``rewards``; a reply is padded to ``max_new_tokens`` (counted with ``tokenizer`` when
-    given)."""
+    given). Stopped before the next reward once ``should_stop()`` (Cancel), or once ``time_limit_s`` has passed."""
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+
+    def stop_now() -> bool:
+        return (should_stop is not None and should_stop()) or (deadline is not None and time.monotonic() > deadline)
+
+    padding = _padded(FILLER, max_new_tokens, tokenizer)  # the same for every row
     rows = [example for example in examples if example.get("reference")][:MOST_ROWS] or examples[:MOST_ROWS]
     references = [row.get("reference") or "" for row in rows]
     weights = {reward.name: reward.weight for reward in rewards}
@@ -119,8 +127,9 @@ def red_team(rewards: list[Reward], examples: list[dict], max_new_tokens: int, t
     for index, example in enumerate(rows):
         reference, wrong = references[index], _wrong_answers(references, index)
         honest_replies = _honest(example, rewards, reference)
-        gaming = _gaming(example, rewards, reference, wrong, max_new_tokens, tokenizer)
-        scored = _scored(rewards, example, [*honest_replies, *gaming.values()], should_stop)
+        gaming = _gaming(example, rewards, reference, wrong, padding, max_new_tokens, tokenizer)
+        replies = [*honest_replies, *gaming.values()]
+        scored = score_examples(rewards, [example] * len(replies), replies, stop_now)
         honest_scores, gaming_scores = scored[:len(honest_replies)], scored[len(honest_replies):]
         honest += max(result.total for result in honest_scores)
         plain += honest_scores[0].total
@@ -158,21 +167,15 @@ def red_team_of(config: RunConfig, examples: list[dict], device: str, policy: Po
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, tokenizer=tokenizer,
                             max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(device),
                             policy=policy)
-    return red_team(rewards, examples, config.grpo.max_new_tokens, tokenizer)
-
-
-def _scored(rewards, example, replies, should_stop):
-    count = len(replies)
-    return score_completions(rewards, replies, [example.get("reference") or None] * count,
-                             [prompt_text(example)] * count, [json.loads(example.get("row") or "{}")] * count,
-                             should_stop)
+    return red_team(rewards, examples, config.grpo.max_new_tokens, tokenizer,
+                    time_limit_s=policy.limits.scoring_seconds if policy.public else None)
 
 
 def _wrong_answers(references: list[str], index: int) -> list[str]:
     """Three wrong answers for row ``index``: the numbers just above it for a number, else other rows' references
     (or the reference with a word added, where there are none)."""
     reference = references[index]
-    number = _number(reference)
+    number = as_number(reference)
     if number is not None:
         step = 1 if number.is_integer() else 1.5
         return [_plain(number + step * k) for k in (1, 2, 3)]
@@ -184,7 +187,8 @@ def _plain(number: float) -> str:
     return str(int(number)) if float(number).is_integer() else f"{number:g}"
 
 
-def _number(text: str) -> float | None:
+def as_number(text: str) -> float | None:
+    """``text`` as a finite number (a thousands comma allowed), or None when it is anything else."""
     try:
         value = float(text.replace(",", "").strip())
     except ValueError:
@@ -226,8 +230,8 @@ def _honest(example: dict, rewards: list[Reward], reference: str) -> list[str]:
     return replies
 
 
-def _gaming(example: dict, rewards: list[Reward], reference: str, wrong: list[str], max_new_tokens: int,
-            tokenizer) -> dict[str, str]:
+def _gaming(example: dict, rewards: list[Reward], reference: str, wrong: list[str], padding: str,
+            max_new_tokens: int, tokenizer) -> dict[str, str]:
     """The gaming replies to the row, by name: none ends with the right answer (but REPEATED)."""
     tags = _tags(rewards) or ["answer"]
     return {
@@ -236,7 +240,7 @@ def _gaming(example: dict, rewards: list[Reward], reference: str, wrong: list[st
         "the reference in a negation": f"Not {reference}, but {wrong[0]}.",
         "every option listed": f"It could be {reference}, {', '.join(wrong[:-1])} or {wrong[-1]}.",
         "the tags with nothing in them": "".join(f"<{tag}></{tag}>" for tag in tags),
-        "a padded reply at the length cap": _padded(FILLER, max_new_tokens, tokenizer),
+        "a padded reply at the length cap": padding,
         REPEATED: _padded(f"{reference} ", max_new_tokens, tokenizer),
         "a number spray": " ".join(str(number) for number in range(1, 101)),
         "a confident wrong answer": f"The answer is definitely {wrong[0]}.",

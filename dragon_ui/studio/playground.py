@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from ..config import GRPOSettings, HardwareSettings, ModelConfig, RunConfig
 from ..engine.hardware import resolve_hardware
 from ..engine.prompts import NO_LIMIT, prompt_limit, token_counts
+from ..engine.evaluation import generate_replies, score_examples
 from ..engine.redteam import RedTeam, red_team
 from ..engine.reward_models import classifiers_on
 from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locate, map_rows, prompt_text, read_table,
@@ -24,8 +25,7 @@ from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locat
 from ..errors import ConfigError, DragonError, Stopped, first_line
 from ..grpo_math import advantages, has_spread
 from ..public import LAPTOP, Policy
-from ..rewards import (Reward, ScoreResult, build_rewards, counts_tokens, parse_rewards, score_completion,
-                       score_completions)
+from ..rewards import (Reward, ScoreResult, build_rewards, counts_tokens, parse_rewards, score_completion)
 from ..tables import Table
 
 PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
@@ -366,14 +366,19 @@ def playground_rewards(draft: dict, policy: Policy = LAPTOP) -> list[Reward]:
     (once) on the CPU."""
     specs = parse_rewards(draft.get("rewards") or [], policy=policy)
     tokenizer = draft_tokenizer(draft, policy=policy)[0] if counts_tokens(specs) else None
+    return build_rewards(specs, base_dir=draft.get("base_dir") or None, tokenizer=tokenizer,
+                         max_new_tokens=draft_max_new_tokens(draft), classifiers=classifiers_on(PLAYGROUND_DEVICE),
+                         policy=policy)
+
+
+def draft_max_new_tokens(draft: dict) -> int | None:
+    """The draft's grpo.max_new_tokens, validated (at most 32,768); None while the Model tab is half typed."""
     try:
         grpo = GRPOSettings(**(draft.get("grpo") or {}))
         grpo.validate()
-        max_new_tokens = grpo.max_new_tokens
-    except (ConfigError, TypeError):  # a half-typed Model tab: a reward that needs it says so
-        max_new_tokens = None
-    return build_rewards(specs, base_dir=draft.get("base_dir") or None, tokenizer=tokenizer,
-                         max_new_tokens=max_new_tokens, classifiers=classifiers_on(PLAYGROUND_DEVICE), policy=policy)
+    except (ConfigError, TypeError):
+        return None
+    return grpo.max_new_tokens
 
 
 def sampling_rewards(config: RunConfig, tokenizer, device: str, policy: Policy) -> list[Reward]:
@@ -418,10 +423,7 @@ class GroupScores:
 def score_group(rewards: list[Reward], example: dict, completions: list[str],
                 should_stop: Callable[[], bool] | None = None) -> GroupScores:
     """Score every completion of one prompt; Stopped once ``should_stop()``."""
-    count = len(completions)
-    results = score_completions(rewards, list(completions), [example.get("reference") or None] * count,
-                                [prompt_text(example)] * count, [json.loads(example.get("row") or "{}")] * count,
-                                should_stop)
+    results = score_examples(rewards, [example] * len(completions), completions, should_stop)
     return GroupScores(prompt_text(example), example.get("reference", ""), list(completions), results)
 
 
@@ -474,8 +476,6 @@ def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict
     ``should_stop`` is asked after every token: once it is true, generation ends (evaluation.Stopped).
     ``on_replies`` sees the replies to the prompt being sampled as they grow (evaluation.generate_replies).
     """
-    from ..engine.evaluation import generate_replies
-
     for example in examples:
         replies = generate_replies(model, tokenizer, [example["prompt"]] * grpo.group_size, grpo.max_new_tokens,
                                    batch_size=grpo.group_size, temperature=grpo.temperature, should_stop=should_stop,
@@ -489,19 +489,13 @@ def red_team_draft(draft: dict, policy: Policy = LAPTOP) -> RedTeam:
     In a public demo it stops at the limit on scoring a typed reply, and says so."""
     rewards = playground_rewards(draft, policy)
     examples = preview_examples(data_config(draft), draft.get("base_dir") or None, policy)
-    try:
-        grpo = GRPOSettings(**(draft.get("grpo") or {}))
-        grpo.validate()  # at most 32,768 tokens: a padded reply of a few hundred KB
-        max_new_tokens = grpo.max_new_tokens
-    except (ConfigError, TypeError):  # a half-typed Model tab: the default length cap
-        max_new_tokens = GRPOSettings().max_new_tokens
+    max_new_tokens = draft_max_new_tokens(draft) or GRPOSettings().max_new_tokens  # half typed: the default
     if policy.public:  # no run here makes longer replies
         max_new_tokens = min(max_new_tokens, policy.limits.max_new_tokens)
     limit = policy.limits.scoring_seconds if policy.public else None
-    deadline = None if limit is None else time.monotonic() + limit
     try:
         return red_team(rewards, examples, max_new_tokens, draft_tokenizer(draft, policy=policy)[0],
-                        should_stop=None if deadline is None else lambda: time.monotonic() > deadline)
+                        time_limit_s=limit)
     except Stopped:
         raise ConfigError(f"The red team stopped: the rewards took longer than this public demo's limit of "
                           f"{limit:g} seconds; use fewer rewards, or faster ones.") from None

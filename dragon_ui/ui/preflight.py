@@ -118,4 +118,4 @@ def shown(report: Preflight) -> tuple:
     buttons = [gr.Button(fix.label, visible=True) for fix in report.fixes[:MOST_FIXES]]
     buttons += [gr.Button(visible=False)] * (MOST_FIXES - len(buttons))
     return ("\n".join(lines), gr.Dataframe(prompt_rows(report), headers=PROMPT_COLUMNS, visible=True), *buttons,
-            [fix for fix in report.fixes[:MOST_FIXES]])
+            report.fixes[:MOST_FIXES])
