@@ -554,6 +554,7 @@ def test_will_it_learn_says_why_not_and_its_fix_changes_the_settings_shown(page,
     wait_until_loaded(page)
     open_tab(page, "model")
     type_into(page, "#model-grpo-temperature input", "0.01")
+    expect(page.locator("#preflight-cancel")).to_be_hidden()  # shown only while a pre-flight runs
     page.locator("#model-preflight").click()
     status = page.locator("#preflight-status")
     expect(status).to_contain_text("% of groups have no spread")
@@ -562,6 +563,7 @@ def test_will_it_learn_says_why_not_and_its_fix_changes_the_settings_shown(page,
     warmer = page.locator("#preflight-fix-0")
     expect(warmer).to_have_text("Raise the temperature to 0.31")
     expect(page.locator("#preflight-fix-1")).to_have_text("Add partial credit (close_number)")
+    expect(page.locator("#preflight-cancel")).to_be_hidden()
     screenshot(page, screenshots, "preflight")
     warmer.click()
     expect(status).to_contain_text("Applied the pre-flight's fix: Raise the temperature to 0.31")

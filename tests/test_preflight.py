@@ -267,11 +267,13 @@ def test_cancel_reaches_the_preflights_thread_at_once(tiny_config_dict):
             raise Stopped("cancelled")
 
     shown = panel.checked(Sampling(), tiny_config_dict, "session-a")
-    assert "Reading the data" in next(shown)[0]
+    said, _, cancel, *_ = next(shown)
+    assert "Reading the data" in said and cancel.visible is True  # Cancel shows while it runs
     assert asked.wait(30)
     panel.cancel_preflight(SimpleNamespace(session_hash="session-b"))  # another session's Cancel: not this one
     assert not ended.wait(0.3)
-    assert "Cancelled" in panel.cancel_preflight(SimpleNamespace(session_hash="session-a"))
+    said, button = panel.cancel_preflight(SimpleNamespace(session_hash="session-a"))
+    assert "Cancelled" in said and button.visible is False
     assert ended.wait(5)
     shown.close()
     assert "session-a" not in panel._running

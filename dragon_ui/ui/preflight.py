@@ -23,7 +23,7 @@ def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
     has added its fields (``button`` starts it)."""
     with gr.Row():
         cancel = gr.Button("Cancel the pre-flight", variant="stop", size="sm", scale=0, min_width=220,
-                           elem_id="preflight-cancel")
+                           visible=False, elem_id="preflight-cancel")  # shown while one runs
         fixes_shown = [gr.Button(visible=False, size="sm", scale=0, min_width=220, elem_id=f"preflight-fix-{n}")
                        for n in range(MOST_FIXES)]
     status = gr.Markdown(elem_id="preflight-status")
@@ -38,9 +38,9 @@ def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
             yield from checked(shared.studio, form.compose(*shown), request.session_hash)
 
         checking = button.click(check_draft, form.inputs,
-                                [status, prompts, *fixes_shown, fixes], api_visibility="private",
+                                [status, prompts, cancel, *fixes_shown, fixes], api_visibility="private",
                                 show_progress="hidden", **ONE_MODEL_AT_A_TIME)
-        cancel.click(cancel_preflight, None, [status], cancels=[checking], api_visibility="private",
+        cancel.click(cancel_preflight, None, [status, cancel], cancels=[checking], api_visibility="private",
                      show_progress="hidden")
         for number, shown_fix in enumerate(fixes_shown):
             shared.change_draft(shown_fix.click, lambda draft, found, number=number: apply_fix(draft, found, number),
@@ -54,17 +54,17 @@ def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
 _running: dict[str | None, threading.Event] = {}
 
 
-def cancel_preflight(request: gr.Request | None = None) -> str:
-    """The Cancel button: the session's pre-flight stops at its next token or reward."""
+def cancel_preflight(request: gr.Request | None = None) -> tuple:
+    """The Cancel button: the session's pre-flight stops at its next token or reward. (status, the button)"""
     closed = _running.get(request.session_hash if request is not None else None)
     if closed is not None:
         closed.set()
-    return message("Cancelled: nothing was changed.", "info")
+    return message("Cancelled: nothing was changed.", "info"), gr.Button(visible=False)
 
 
 def checked(studio: Studio, draft: dict, session: str | None = None):
-    """The pre-flight on a thread of its own, so the page sees its progress: yields (status, prompts, each fix
-    button, the fixes). Cancel (cancel_preflight), or closing it when the page goes away, stops the sampling within
+    """The pre-flight on a thread of its own, so the page sees its progress: yields (status, prompts, Cancel, each
+    fix button, the fixes). Cancel (cancel_preflight), or closing it when the page goes away, stops the sampling within
     a token."""
     updates: queue.Queue = queue.Queue()
     closed = _running[session] = threading.Event()
@@ -81,24 +81,25 @@ def checked(studio: Studio, draft: dict, session: str | None = None):
         except Exception as exc:  # noqa: BLE001 - shown as the sentence it is, and logged if unexpected
             updates.put(explain(exc))
 
-    hidden = (gr.Dataframe(visible=False), *[gr.Button(visible=False)] * MOST_FIXES, [])
+    running = (gr.Dataframe(visible=False), gr.Button(visible=True), *[gr.Button(visible=False)] * MOST_FIXES, [])
+    failed = (gr.Dataframe(visible=False), *[gr.Button(visible=False)] * (1 + MOST_FIXES), [])
     # In the context of the request (public.visiting): the pre-flight acts for the visitor who asked.
     threading.Thread(target=contextvars.copy_context().run, args=(work,), name="preflight", daemon=True).start()
     started = time.monotonic()
     try:
-        yield message("Will it learn? Reading the data and loading the model…"), *hidden
+        yield message("Will it learn? Reading the data and loading the model…"), *running
         while True:
             update = updates.get()
             if isinstance(update, tuple):
                 done, total = update
                 left = (time.monotonic() - started) / done * (total - done)
                 yield message(f"Will it learn? Sampled {done} of {total} prompts; about {format_seconds(left)} "
-                              "left."), *hidden
+                              "left."), *running
                 continue
             if isinstance(update, Preflight):
                 yield shown(update)
             elif isinstance(update, str):
-                yield message(update, "error"), *hidden
+                yield message(update, "error"), *failed
             return
     finally:
         closed.set()
@@ -107,7 +108,7 @@ def checked(studio: Studio, draft: dict, session: str | None = None):
 
 
 def shown(report: Preflight) -> tuple:
-    """The report as the page shows it: (status, prompts, each fix button, the fixes)."""
+    """The report as the page shows it: (status, prompts, Cancel, each fix button, the fixes)."""
     lines = [message(report.verdict, "ok" if report.learns else "warn"), "",
              *(f"- {fact}" for fact in report.facts())]
     if report.red_team is not None:
@@ -117,5 +118,6 @@ def shown(report: Preflight) -> tuple:
                      + " ".join(f"**{fix.label}**: {fix.why}" for fix in report.fixes))
     buttons = [gr.Button(fix.label, visible=True) for fix in report.fixes[:MOST_FIXES]]
     buttons += [gr.Button(visible=False)] * (MOST_FIXES - len(buttons))
-    return ("\n".join(lines), gr.Dataframe(prompt_rows(report), headers=PROMPT_COLUMNS, visible=True), *buttons,
+    return ("\n".join(lines), gr.Dataframe(prompt_rows(report), headers=PROMPT_COLUMNS, visible=True),
+            gr.Button(visible=False), *buttons,
             report.fixes[:MOST_FIXES])
