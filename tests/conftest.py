@@ -112,6 +112,17 @@ def demo():
     return Policy.from_env()
 
 
+def ended(run, timeout: float = 120) -> str:
+    """The state ``run`` ended in, once the training that runs it in this process (if any) has finished. Asking
+    ``active_run()`` after a stop races the run: one stopped at its first step may have ended already."""
+    from dragon_ui.engine import training
+
+    handle = training.active_run()
+    if handle is not None and handle.run.id == run.id:
+        handle.wait(timeout)
+    return run.read_status().get("state", "unknown")
+
+
 def stop_the_training() -> None:
     """Stop the training this process started, if one still runs, and wait for it to save and end."""
     from dragon_ui.engine import training

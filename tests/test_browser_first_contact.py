@@ -13,7 +13,7 @@ from playwright import sync_api
 from test_browser import (CHROMIUM, CHROMIUM_ARGS, VIEWPORT, WAIT_MS, open_tab, page, recipes_dir,  # noqa: F401
                           started_config, studio, type_into, wait_until_loaded)
 
-from dragon_ui.engine import training
+from conftest import stop_the_training
 from dragon_ui.ui.app import DRAFT_STORAGE_KEY, VISITOR_STORAGE_KEY
 
 expect = sync_api.expect
@@ -98,7 +98,7 @@ def test_a_second_page_opens_saying_that_a_run_trains(page, studio, tmp_path):
     second.locator("#running-banner-open").click()
     expect(second.locator("#train-status")).to_contain_text(run["id"])
     expect(second.locator("#running-banner")).to_be_hidden()
-    training.active_run().stop()
+    stop_the_training()
     assert json.loads((Path(run["dir"]) / "config.json").read_text())["name"]
 
 

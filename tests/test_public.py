@@ -11,7 +11,7 @@ import gradio as gr
 import pytest
 import yaml
 
-from conftest import demo, uploaded_by
+from conftest import demo, ended, uploaded_by
 from dragon_ui import data, public
 from dragon_ui.cli import main
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
@@ -320,7 +320,7 @@ def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, stud
     with public.visiting(alice):
         assert studio.runs.whose({"owner": "alice"}) == "yours"
         studio.runs.stop(run.id)
-    assert training.active_run().wait(120) == "cancelled"
+    assert ended(run) == "cancelled"
     with public.visiting(bob), pytest.raises(NotYoursError, match="can resume it"):
         studio.runs.resume(run.id)
 

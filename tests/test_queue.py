@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import uploaded_by
+from conftest import ended, uploaded_by
 
 from dragon_ui import public
 from dragon_ui.config import RunConfig
@@ -65,7 +65,7 @@ def test_the_queue_is_the_runs_folder_and_survives_a_restart(studio, tiny_config
     first = studio.runs.start(long_config(tiny_config_dict, "first"))
     waiting = studio.runs.start({**tiny_config_dict, "name": "waiting"})
     studio.runs.stop(first.id)
-    assert training.active_run().wait(120) == "cancelled"
+    assert ended(first) == "cancelled"
     assert waiting.read_status()["waiting"] == "start"  # no scheduler ran: it still waits, as after a crash
     resumed = studio.runs.resume(first.id)  # a resume while one waits queues behind it
     assert resumed.read_status()["waiting"] == "resume" and place_in_line(resumed) == 2
@@ -88,13 +88,13 @@ def test_a_queued_run_that_cannot_start_is_marked_failed_and_the_queue_goes_on(s
     after = studio.runs.start({**tiny_config_dict, "name": "after"})
     broken.config_path.write_text("{not json", encoding="utf-8")
     studio.runs.stop(first.id)
-    assert training.active_run().wait(120) == "cancelled"
+    assert ended(first) == "cancelled"
     queue.start_next(runs_dir)
     assert broken.read_status()["state"] == "failed" and "could not start when its turn came" in \
         broken.read_status()["error"]
     started = queue.start_next(runs_dir)
     assert started is not None and started.id == after.id
-    assert training.active_run().wait(120) == "succeeded"
+    assert ended(started) == "succeeded"
 
 
 def test_a_public_demo_caps_the_queue(studio, tiny_config_dict, monkeypatch, tiny_model_dir):

@@ -20,7 +20,7 @@ from dragon_ui.config import HardwareSettings, ModelConfig, RunConfig
 from dragon_ui.engine import training
 from dragon_ui.engine.worker import WorkerRun
 from dragon_ui.studio.backend import Studio
-from conftest import stop_the_training
+from conftest import ended, stop_the_training
 from test_app_client import served_app
 from test_queue import long_config, wait_for
 
@@ -53,13 +53,13 @@ def test_stop_saves_the_last_step_and_resume_continues_in_the_next_worker(apart_
     run = apart_studio.runs.start(long_config(tiny_config_dict, "long"))
     wait_for(lambda: len(run.read_progress()) >= 2, what="two steps")
     apart_studio.runs.stop(run.id)
-    assert training.active_run().wait(120) == "cancelled"
+    assert ended(run) == "cancelled"
     stopped_at = run.read_status()["step"]
     assert run.latest_checkpoint().name == f"checkpoint-{stopped_at}"
     apart_studio.runs.resume(run.id)
     wait_for(lambda: run.read_status().get("step", 0) > stopped_at, what="a step after the resume")
     apart_studio.runs.stop(run.id)
-    assert training.active_run().wait(120) == "cancelled"
+    assert ended(run) == "cancelled"
 
 
 def test_a_worker_killed_mid_run_leaves_the_app_answering_and_the_run_failed_with_its_checkpoints(
@@ -89,7 +89,7 @@ def test_a_worker_killed_mid_run_leaves_the_app_answering_and_the_run_failed_wit
     wait_for(lambda: run.read_status().get("state") == "running" and run.read_status().get("step", 0)
              > int(checkpoint.name.split("-")[1]), what="a step after the resume")
     apart_studio.runs.stop(run.id)
-    assert training.active_run().wait(120) == "cancelled"
+    assert ended(run) == "cancelled"
 
 
 def test_a_worker_that_raises_out_of_memory_marks_its_run_failed_in_words(apart_studio, tiny_config_dict, tmp_path):
@@ -109,7 +109,7 @@ def test_a_worker_that_raises_out_of_memory_marks_its_run_failed_in_words(apart_
     apart_studio.runs.workers = type(apart_studio.workers)(env={"PYTHONPATH": os.pathsep.join(
         [str(hook), os.environ.get("PYTHONPATH", "")])})
     run = apart_studio.runs.start(tiny_config_dict)
-    assert training.active_run().wait(240) == "failed"
+    assert ended(run, 240) == "failed"
     assert "out of memory" in run.read_status()["error"].lower()
     assert apart_studio.runs.summaries()[0]["state"] == "failed"  # the app's own process carries on
 
