@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list runs")
     runs.add_argument("--runs-dir", help="folder holding the runs (default: $DRAGON_UI_RUNS_DIR or ./runs)")
     runs.add_argument("--csv", metavar="FILE", help="also write the leaderboard (the Experiments tab's) to FILE")
+    runs.add_argument("--rank-by", metavar="REWARD", default=None,
+                      help="rank the leaderboard by one reward or metric's held-out score instead of the total (the "
+                           "totals of runs whose rewards differ do not compare)")
     runs.set_defaults(func=_cmd_runs)
 
     ev = sub.add_parser("eval", help="held-out reward of a run before vs after training, per reward")
@@ -279,8 +282,13 @@ def _cmd_runs(args) -> int:
     if args.csv:
         from . import experiments
 
-        board = [entry.row(public=False) for entry in experiments.leaderboard(runs)]
-        experiments.write_csv(Path(args.csv), experiments.leaderboard_columns(False), board)
+        by = args.rank_by or experiments.HELDOUT_TOTAL
+        choices = experiments.rank_choices(runs)
+        if by not in choices:
+            print(f"No run was scored on {by!r}; rank by one of: {', '.join(choices)}.", file=sys.stderr)
+            return 2
+        board = [entry.row(public=False) for entry in experiments.leaderboard(runs, by=by)]
+        experiments.write_csv(Path(args.csv), experiments.leaderboard_columns(False, by), board)
         print(f"Leaderboard written to {args.csv}.")
     return 0
 
@@ -311,15 +319,16 @@ def _print_heldout_curve(run) -> None:
 
 
 def _print_eval(evaluation: dict) -> None:
-    from .engine.evaluation import before_and_after
+    from .engine.evaluation import before_and_after, metric_names, shown_reward_name
 
     if not evaluation.get("before") and not evaluation.get("after"):
         return
     print(f"Held-out reward on {evaluation.get('n_prompts', '?')} prompts (greedy):")
     print(f"  {'reward':<20}{'before':>10}{'after':>10}{'change':>10}")
+    metrics = metric_names(evaluation)
     for name, *values in before_and_after(evaluation):
         change = values[1] - values[0] if None not in values else None
-        print(f"  {name or 'total':<20}" + "".join(f"{'-' if v is None else f'{v:.3f}':>10}" for v in values)
+        print(f"  {shown_reward_name(name, metrics):<20}" + "".join(f"{'-' if v is None else f'{v:.3f}':>10}" for v in values)
               + (f"{change:>+10.3f}" if change is not None else f"{'-':>10}"))
 
 

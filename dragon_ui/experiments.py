@@ -24,6 +24,8 @@ from .runstore import RunDir, read_json, state_label
 MAX_OVERLAID = 8  # more lines than a legend can tell apart
 LEADERBOARD_COLUMNS = ["Run", "Name", "Data", "Held-out before", "Held-out after", "Change", "Steps", "Minutes",
                        "State", "Started"]
+HELDOUT_TOTAL = "held-out total"  # what the leaderboard ranks by unless a reward or metric is chosen
+MOST_RANK_CHARS = 100  # a reward's name to rank by, as any client may send one
 LEADERBOARD_TYPES = ["str", "str", "str", "number", "number", "number", "number", "number", "str", "str"]
 # Config keys that are where a run was made, not how: they differ between any two runs and say nothing.
 NOT_SETTINGS = {"name", "notes", "runs_dir", "base_dir"}
@@ -80,17 +82,37 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
     return round(value, digits) + 0.0  # + 0.0: no "-0.0"
 
 
-def leaderboard(summaries: list[dict], whose: Callable[[dict], str] | None = None) -> list[Entry]:
-    """One entry per run (``summaries`` as from runstore.list_runs), best held-out reward after training first;
-    runs with none yet follow, newest first. ``whose`` says whose each run is, in a public demo."""
+def rank_choices(summaries: list[dict]) -> list[str]:
+    """What the leaderboard can rank by: the held-out total, then every reward and metric some run was scored on
+    (totals of runs whose rewards differ do not compare; one reward, or a metric no run trained on, does)."""
+    names = {str(name) for summary in summaries for side in ("before", "after")
+             for name in _scores(summary, side)}
+    return [HELDOUT_TOTAL, *sorted(names)]
+
+
+def _scores(summary: dict, side: str) -> dict:
+    scores = summary.get(f"heldout_{side}_scores")
+    return scores if isinstance(scores, dict) else {}
+
+
+def _held_out(summary: dict, side: str, by: str) -> float | None:
+    value = summary.get(f"heldout_{side}") if by == HELDOUT_TOTAL else _scores(summary, side).get(by)
+    return _rounded(value, 6)
+
+
+def leaderboard(summaries: list[dict], whose: Callable[[dict], str] | None = None,
+                by: str = HELDOUT_TOTAL) -> list[Entry]:
+    """One entry per run (``summaries`` as from runstore.list_runs), best held-out score after training first, by
+    the total or by one reward or metric (``by``, one of rank_choices); runs with none yet follow, newest first.
+    ``whose`` says whose each run is, in a public demo."""
     entries = []
     for summary in summaries:
         started = summary.get("started_at")
         elapsed = summary.get("elapsed_s")
         entries.append(Entry(
             run_id=summary["id"], name=summary.get("name") or "", data=shown_name(summary.get("data")),
-            heldout_before=_rounded(summary.get("heldout_before"), 6),
-            heldout_after=_rounded(summary.get("heldout_after"), 6), steps=int(summary.get("step") or 0),
+            heldout_before=_held_out(summary, "before", by),
+            heldout_after=_held_out(summary, "after", by), steps=int(summary.get("step") or 0),
             minutes=elapsed / 60 if isinstance(elapsed, (int, float)) else None,
             state=state_label(summary.get("state")),
             started=time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else "",
@@ -99,9 +121,13 @@ def leaderboard(summaries: list[dict], whose: Callable[[dict], str] | None = Non
     return scored + [e for e in entries if e.heldout_after is None]
 
 
-def leaderboard_columns(public: bool) -> list[str]:
-    """The leaderboard's columns; a public demo's says whose each run is."""
-    return [*LEADERBOARD_COLUMNS, "Whose"] if public else LEADERBOARD_COLUMNS
+def leaderboard_columns(public: bool, by: str = HELDOUT_TOTAL) -> list[str]:
+    """The leaderboard's columns, the held-out ones named after what it ranks by; a public demo's says whose each
+    run is."""
+    columns = list(LEADERBOARD_COLUMNS)
+    if by != HELDOUT_TOTAL:
+        columns[3:5] = [f"{by} before", f"{by} after"]
+    return [*columns, "Whose"] if public else columns
 
 
 def leaderboard_types(public: bool) -> list[str]:

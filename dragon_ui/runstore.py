@@ -483,6 +483,8 @@ def list_runs(runs_dir: Path) -> list[dict]:
             "step": status.get("step", 0), "total_steps": status.get("total_steps"),
             "reward": status.get("reward"), "heldout_before": status.get("heldout_before"),
             "heldout_after": status.get("heldout_after"),
+            "heldout_before_scores": status.get("heldout_before_scores"),
+            "heldout_after_scores": status.get("heldout_after_scores"),
             "model": (config.get("model") or {}).get("id", ""), "started_at": status.get("started_at"),
             "name": config.get("name") or "", "data": (config.get("data") or {}).get("source") or "",
             "elapsed_s": status.get("elapsed_s"),

@@ -51,10 +51,13 @@ def three_runs(tiny_model_dir, tmp_path, runs_dir):
     return [
         make_run(runs_dir, "20261201-100000-tiny", base,
                  {"state": "succeeded", "step": 4, "total_steps": 4, "heldout_before": 0.25, "heldout_after": 0.5,
+                  "heldout_before_scores": {"numeric": 0.25}, "heldout_after_scores": {"numeric": 0.5},
                   "elapsed_s": 120.0, "started_at": 1_790_000_000}, rows_of([0.2, 0.3, 0.4, 0.5]),
                  [(0, 0.25), (2, 0.4), (4, 0.5)]),
         make_run(runs_dir, "20261201-110000-stronger", better,
                  {"state": "succeeded", "step": 4, "total_steps": 4, "heldout_before": 0.25, "heldout_after": 0.9,
+                  "heldout_before_scores": {"numeric": 0.05, "length": 0.4, "digits_only": 0.0},
+                  "heldout_after_scores": {"numeric": 0.3, "length": 0.9, "digits_only": 0.0},  # a total of 0.87
                   "elapsed_s": 60.0, "started_at": 1_790_003_600}, rows_of([0.4, 0.6, 0.8, 0.9], 15.0),
                  [(0, 0.25), (2, 0.6), (4, 0.9)]),
         make_run(runs_dir, "20261201-120000-tiny", base,
@@ -72,6 +75,19 @@ def test_the_leaderboard_ranks_by_held_out_reward_after_with_its_change(studio, 
     assert (best.minutes, best.steps, best.state) == (1.0, 4, "succeeded")
     assert running.state == "running" and running.row(public=False)[3:6] == [0.25, None, None]
     assert best.data == "arithmetic.csv"  # a file by its name: no server path on a board everyone reads
+
+
+def test_the_leaderboard_ranks_by_one_reward_where_the_totals_do_not_compare(studio, three_runs):
+    """"stronger" has the higher total only because it is paid by more rewards, with more weight: on numeric,
+    the one reward both runs were scored on, "tiny" is better."""
+    summaries = studio.runs.summaries()
+    assert experiments.rank_choices(summaries) == [experiments.HELDOUT_TOTAL, "digits_only", "length", "numeric"]
+    entries = experiments.leaderboard(summaries, by="numeric")
+    assert [e.run_id for e in entries] == ["20261201-100000-tiny", "20261201-110000-stronger", "20261201-120000-tiny"]
+    assert [(e.heldout_before, e.heldout_after) for e in entries] == [(0.25, 0.5), (0.05, 0.3), (None, None)]
+    assert experiments.leaderboard_columns(False, "numeric")[3:6] == ["numeric before", "numeric after", "Change"]
+    only_one = experiments.leaderboard(summaries, by="length")
+    assert [e.heldout_after for e in only_one] == [0.9, None, None]  # a run not scored on it ranks with the unscored
 
 
 @pytest.mark.parametrize("words, expected", [
@@ -175,12 +191,17 @@ def test_two_runs_of_one_name_are_told_apart_in_the_legend(three_runs):
 
 
 def test_the_tab_lists_draws_and_exports_the_runs(app, studio, three_runs):
-    board, choices = handler(app, "experiments_runs")("")
+    board, choices, by = handler(app, "experiments_runs")("", experiments.HELDOUT_TOTAL)
     assert list(board.columns) == experiments.LEADERBOARD_COLUMNS and len(board) == 3
     assert board.iloc[0]["Run"] == "20261201-110000-stronger" and board.iloc[0]["Change"] == pytest.approx(0.65)
     assert [value for _, value in choices.choices] == [run.id for run in reversed(three_runs)]
-    filtered, _ = handler(app, "experiments_runs")("stronger")
+    assert [value for _, value in by.choices] == [experiments.HELDOUT_TOTAL, "digits_only", "length", "numeric"]
+    filtered, _, _ = handler(app, "experiments_runs")("stronger", experiments.HELDOUT_TOTAL)
     assert list(filtered["Run"]) == ["20261201-110000-stronger"]
+    by_numeric, _, by = handler(app, "experiments_runs")("", "numeric")
+    assert list(by_numeric["Run"])[:2] == ["20261201-100000-tiny", "20261201-110000-stronger"] and by.value == "numeric"
+    gone, _, by = handler(app, "experiments_runs")("", "accuracy")  # no run's any more: back to the total
+    assert gone.iloc[0]["Run"] == "20261201-110000-stronger" and by.value == experiments.HELDOUT_TOTAL
 
     said, differing, *charts = handler(app, "experiments_side_by_side")([three_runs[0].id, three_runs[1].id], "step")
     assert "4 settings differ between these runs" in said
@@ -196,11 +217,11 @@ def test_the_tab_lists_draws_and_exports_the_runs(app, studio, three_runs):
     _, _, *by_minute = handler(app, "experiments_side_by_side")([three_runs[0].id, three_runs[1].id], "minutes")
     assert list(by_minute[1].data[1].x) == [0.0, 0.5, 1.0]  # step 0, then the minutes of steps 2 and 4 (15 s a step)
 
-    exported = handler(app, "experiments_export")("tiny")
+    exported = handler(app, "experiments_export")("tiny", "numeric")
     assert exported.visible
     with open(exported.value["path"], newline="", encoding="utf-8") as fh:
         header, *rows = list(csv.reader(fh))
-    assert header == experiments.LEADERBOARD_COLUMNS and [row[0] for row in rows] == [
+    assert header == experiments.leaderboard_columns(False, "numeric") and [row[0] for row in rows] == [
         "20261201-100000-tiny", "20261201-120000-tiny"]
 
 
@@ -226,7 +247,13 @@ def test_what_a_client_sends_is_checked(app, three_runs, run_ids, x, says):
 
 def test_a_filter_longer_than_the_field_is_refused(app, three_runs):
     with pytest.raises(Exception, match="at most 200 characters"):
-        handler(app, "experiments_runs")("x" * 201)
+        handler(app, "experiments_runs")("x" * 201, experiments.HELDOUT_TOTAL)
+
+
+@pytest.mark.parametrize("by", [["numeric"], {"a": 1}, None, "x" * 101])
+def test_what_to_rank_by_is_checked(app, three_runs, by):
+    with pytest.raises(Exception, match="Choose what to rank by from the list"):
+        handler(app, "experiments_runs")("", by)
 
 
 def test_a_public_demo_lists_everyones_runs_as_whose_they_are(monkeypatch, runs_dir, three_runs):
@@ -237,7 +264,8 @@ def test_a_public_demo_lists_everyones_runs_as_whose_they_are(monkeypatch, runs_
     write_json_atomic(three_runs[1].status_path, {**status, "owner": "someone"})
     write_json_atomic(three_runs[0].status_path, {**json.loads(three_runs[0].status_path.read_text()), "owner": "me"})
     with public.visiting(public.Visitor(key="me")):  # the app serves each event so (tests/test_public.py)
-        board, _ = experiments_tab.board(Studio(runs_dir=runs_dir, policy=public.Policy.from_env()), "")
+        board, _, _ = experiments_tab.board(Studio(runs_dir=runs_dir, policy=public.Policy.from_env()), "",
+                                            experiments.HELDOUT_TOTAL)
     assert list(board.columns) == [*experiments.LEADERBOARD_COLUMNS, "Whose"]
     whose = dict(zip(board["Run"], board["Whose"]))
     assert whose["20261201-110000-stronger"] == "another visitor's" and whose["20261201-100000-tiny"] == "yours"
@@ -256,3 +284,11 @@ def test_the_command_line_writes_the_same_leaderboard(three_runs, runs_dir, tmp_
     assert [(row[0], row[4], row[5]) for row in rows] == [("20261201-110000-stronger", "0.9", "0.65"),
                                                           ("20261201-100000-tiny", "0.5", "0.25"),
                                                           ("20261201-120000-tiny", "", "")]
+    assert main(["runs", "--csv", str(target), "--rank-by", "numeric"]) == 0
+    with open(target, newline="", encoding="utf-8") as fh:
+        header, *rows = list(csv.reader(fh))
+    assert header[3:5] == ["numeric before", "numeric after"] and rows[0][0] == "20261201-100000-tiny"
+    capsys.readouterr()
+    assert main(["runs", "--csv", str(target), "--rank-by", "accuracy"]) == 2
+    assert "No run was scored on 'accuracy'; rank by one of: held-out total, digits_only, length, numeric" in \
+        capsys.readouterr().err

@@ -443,6 +443,42 @@ def test_the_training_reward_rising_while_the_held_out_reward_does_not(heldout, 
         assert "completions below" in alert.fix
 
 
+METRIC_CONFIG = {**CONFIG, "rewards": [{"kind": "numeric"}, {"kind": "format", "weight": 0.5, "train": False}]}
+
+
+def metric_checks(*format_scores: float) -> list[dict]:
+    """Held-out checks at steps 0, 5 and 10 with the metric 'format' at these scores."""
+    return [{**check, "rewards": {"numeric": 0.5, "format": score}}
+            for check, score in zip(checks(0.5, 0.5, 0.5), format_scores)]
+
+
+@pytest.mark.parametrize("rows, config, heldout, quoted", [
+    (recorded(reward=[0.5, 0.5, 0.5, 0.8, 0.9, 1.0], reward_format=[0.8, 0.8, 0.8, 0.5, 0.4, 0.3]), METRIC_CONFIG, [],
+     "The metric 'format' fell from 0.800 to 0.400 on the training prompts (the last 3 steps against the 3 before) "
+     "while the training reward rose from 0.50 to 0.90"),
+    (recorded(), METRIC_CONFIG, metric_checks(0.8, 0.6, 0.4),
+     "The metric 'format' fell from 0.800 to 0.400 in the held-out checks of steps 0 to 10 while the training reward "
+     "rose from 0.52 to 1.06"),
+    (recorded(), METRIC_CONFIG, metric_checks(0.8, 0.75, 0.7), None),  # by less than TRADE_OFF
+    (recorded(reward=[0.5, 0.5, 0.5, 0.8, 0.9, 1.0], reward_format=[0.4, 0.4, 0.4, 0.5, 0.6, 0.7]), METRIC_CONFIG, [],
+     None),  # the metric rises with the reward
+    (recorded(reward=[0.9] * 6, reward_format=[0.8, 0.8, 0.8, 0.5, 0.4, 0.3]), METRIC_CONFIG, [],
+     None),  # the training reward does not rise: not a loophole, whatever else it is
+    (recorded(reward=[0.5, 0.5, 0.5, 0.8, 0.9, 1.0], reward_format=[0.8, 0.8, 0.8, 0.5, 0.4, 0.3]), CONFIG, [],
+     None),  # format is trained on: a falling reward, not a metric
+])
+def test_a_metric_falling_while_the_training_reward_rises(rows, config, heldout, quoted):
+    alerts = health_alerts(rows, {}, config, heldout=heldout)
+    falling = [a for a in alerts if a.kind == "metric_falling"]
+    assert not any(a.kind == "reward_trade_off" and "format" in a.title for a in alerts if config is METRIC_CONFIG)
+    if quoted is None:
+        assert falling == []
+    else:
+        (alert,) = falling
+        assert alert.title == quoted and alert.step == 10 and alert.value == pytest.approx(0.4)
+        assert "which it never sees" in alert.fix and "completions below" in alert.fix
+
+
 def test_a_held_out_reward_that_climbs_with_the_training_reward_is_no_alarm():
     rising = recorded(reward=[0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1])
     assert health_alerts(rising, {}, CONFIG, heldout=checks(0.2, 0.6, 1.0)) == []

@@ -52,7 +52,7 @@ def test_the_compare_and_experiments_tabs_show_it(recorded_run, runs_dir):
     studio = Studio(runs_dir)
     summary, chart, table, *_ = compare_tab.comparison_outputs(studio, recorded_run.id)
     assert chart is not None and len(table) == len(recorded_run.read_samples())
-    board, _ = experiments_tab.board(studio, "")
+    board, _, _ = experiments_tab.board(studio, "", "held-out total")
     assert recorded_run.id in board.to_string() or "recorded-v1" in board.to_string()
     said, differing, *charts = experiments_tab.side_by_side(studio, [recorded_run.id], "step")
     rewards_chart = charts[2]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 import textwrap
 import threading
@@ -18,11 +19,13 @@ from dragon_ui.rewards import (
     RewardSpec,
     ScoreResult,
     build_rewards,
+    check_some_weight,
     public_refusal,
     extract_answer,
     parse_rewards,
     safe_score,
     score_completion,
+    training_weight,
     trl_reward_functions,
 )
 
@@ -250,7 +253,7 @@ def test_unusable_reference_is_a_counted_failure(settings, reference, message):
     ({"kind": "nope"}, "rewards[0].kind 'nope' is not a known reward kind"),
     ("numeric", "rewards[0] must be a mapping"),
     ({"kind": "numeric", "foo": 1}, "rewards[0] has an unknown setting 'foo'; known settings for a numeric reward "
-                                    "are: kind, name, weight, extract, tolerance."),
+                                    "are: kind, name, weight, train, extract, tolerance."),
     ({"kind": "numeric", "pattern": "x"}, "rewards[0].pattern does not apply to a numeric reward"),
     ({"kind": "exact", "tolerance": 0.1},
      "rewards[0].tolerance does not apply to an exact reward; it is a setting of numeric rewards."),
@@ -487,6 +490,30 @@ def test_score_completion_weights_and_errors():
     assert result.to_dict() == {"scores": result.scores, "total": result.total, "errors": result.errors}
     assert failures.counts() == {"broken": 1}
     assert score_completion(rewards, "").errors.keys() == {"numeric", "broken"}
+
+
+def test_a_metric_is_scored_but_adds_nothing_to_the_total():
+    specs = parse_rewards([{"kind": "length", "max_chars": 40, "weight": 2},
+                           {"kind": "exact", "name": "accuracy", "weight": 3, "train": False}])
+    assert specs[1].to_dict() == {"kind": "exact", "name": "accuracy", "weight": 3.0, "train": False}
+    assert "train" not in specs[0].to_dict()  # trained on is the default, and is not written out
+    assert [training_weight(spec) for spec in specs] == [2.0, 0.0]
+    assert [training_weight(spec.to_dict()) for spec in specs] == [2.0, 0.0]  # a stored config's dict alike
+    result = score_completion(build_rewards(specs), "12", "12")
+    assert result.scores == {"length": 1.0, "accuracy": 1.0} and result.total == 2.0
+    with pytest.raises(ConfigError, match="rewards\\[1\\].train must be true or false"):
+        parse_rewards([specs[0].to_dict(), {"kind": "exact", "train": "no"}])
+
+
+@pytest.mark.parametrize("rewards, says", [
+    ([{"kind": "exact", "train": False}], "Every reward is a metric (not trained on) or has weight 0"),
+    ([{"kind": "exact", "train": False}, {"kind": "length", "max_chars": 9, "weight": 0}],
+     "train on one with a weight above 0"),
+    ([{"kind": "exact", "weight": 0}], "Every reward has weight 0, so the total is always 0"),
+])
+def test_a_list_with_nothing_to_train_on_is_refused(rewards, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        check_some_weight(parse_rewards(rewards))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -210,7 +210,7 @@ def test_fill_rewards_lists_the_draft_and_shows_the_first(draft):
                                        (rewards_tab.NEW_REWARD_LABEL, NEW)]
     assert (out["kind"], out["name"], out["weight"]) == ("numeric", "numeric", 1.0)
     assert "number equals the reference" in out["help"]
-    assert visible(out) == {"extract", "tolerance"}
+    assert visible(out) == {"train", "extract", "tolerance"}
     assert not out["add"].visible and out["save"].visible and out["remove"].visible
     assert out["status"] == ""
 
@@ -225,7 +225,7 @@ def test_fill_rewards_without_rewards_shows_a_new_one(draft):
 @pytest.mark.parametrize("kind", REWARD_KINDS)
 def test_only_the_kinds_settings_are_shown(recipe, kind):
     shown = split_editor(rewards_tab.change_kind(recipe, NEW, kind, "numeric_2", 1.0, policy=LAPTOP))
-    assert visible(shown) == set(kind_fields(kind))
+    assert visible(shown) == {"train", *kind_fields(kind)}
     assert shown["help"] == rewards_tab.KIND_HELP[kind]
     assert shown["kind"] == kind and shown["weight"] == 1.0
     # every setting is set, hidden ones to their defaults, so nothing of a reward shown before stays behind
@@ -247,6 +247,7 @@ def test_only_the_kinds_settings_are_shown(recipe, kind):
      {"kind": "command", "name": "tests", "weight": 1.0, "argv": ["python", "check.py", "{completion_file}"],
       "input": "file"}),
     ("custom", "mine", 1.0, {}, {"kind": "custom", "name": "mine", "weight": 1.0, "code": rewards_tab.STARTER_CODE}),
+    ("exact", "accuracy", 1.0, {"train": False}, {"kind": "exact", "name": "accuracy", "weight": 1.0, "train": False}),
 ])
 def test_add_reward_appends_to_the_list_and_shows_it(recipe, kind, name, weight, values, stored):
     out = listing(rewards_tab.add_reward(recipe, kind, name, weight, *settings(kind, **values)))
@@ -335,7 +336,7 @@ def test_public_mode_hides_custom_code_and_refuses_code_rewards(public_studio):
                                         policy=public_studio.policy)
         assert result[0] == rewards and "turned off in this public demo" in result[3]
     shown = split_editor(rewards_tab.change_kind(rewards, NEW, "regex", "numeric_2", 1.0, policy=public_studio.policy))
-    assert shown["help"] == rewards_tab.KIND_HELP["regex"] and visible(shown) == set(kind_fields("regex"))
+    assert shown["help"] == rewards_tab.KIND_HELP["regex"] and visible(shown) == {"train", *kind_fields("regex")}
     assert [kind for kind in REWARD_KINDS if public_demo_refusal(kind)] == ["command", "custom"]
 
 

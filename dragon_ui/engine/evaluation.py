@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import ModelConfig, RunConfig
 from ..data import prompt_text, read_jsonl
@@ -39,10 +39,11 @@ class EvalResult:
     totals: list[float]
     scores: list[dict[str, float]]
     seconds: float
+    metrics: list[str] = field(default_factory=list)  # the breakdown's names that are metrics, not in reward_mean
 
     def summary(self) -> dict:
-        return {"reward_mean": self.reward_mean, "reward_breakdown": self.breakdown, "n_prompts": len(self.replies),
-                "seconds": round(self.seconds, 2)}
+        return {"reward_mean": self.reward_mean, "reward_breakdown": self.breakdown, "metrics": self.metrics,
+                "n_prompts": len(self.replies), "seconds": round(self.seconds, 2)}
 
 
 def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int = EVAL_BATCH,
@@ -134,7 +135,8 @@ def scored(replies: list[str], totals: list[float], scores: list[dict[str, float
     """The means over the prompts of their scored replies."""
     n = max(1, len(totals))
     breakdown = {r.name: sum(s[r.name] for s in scores) / n for r in rewards}
-    return EvalResult(sum(totals) / n, breakdown, replies, totals, scores, seconds)
+    return EvalResult(sum(totals) / n, breakdown, replies, totals, scores, seconds,
+                      [r.name for r in rewards if r.metric])
 
 
 def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict], n_samples: int) -> dict:
@@ -151,7 +153,7 @@ def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict
     for sample, reply, total, scores in zip(samples, result.replies, result.totals, result.scores):
         sample[stage] = {"reply": reply, "reward": total, "scores": scores}
     write_json_atomic(run.samples_path, samples)
-    run.update_status(**{f"heldout_{stage}": result.reward_mean})
+    run.update_status(**{f"heldout_{stage}": result.reward_mean, f"heldout_{stage}_scores": result.breakdown})
     log.info("Held-out reward %s training: %.3f (%s) on %d prompts in %.1f s", stage, result.reward_mean,
              ", ".join(f"{k} {v:.3f}" for k, v in result.breakdown.items()), len(examples), result.seconds)
     return evaluation
@@ -231,13 +233,26 @@ LoadModel = Callable[..., tuple]
 
 
 def before_and_after(evaluation: dict) -> list[tuple[str | None, float | None, float | None]]:
-    """eval.json as rows of (reward name, before, after): the weighted total first (name None), then each reward;
-    a side not scored yet is None. The Compare tab's chart, ``eval`` and the model card all show these rows."""
+    """eval.json as rows of (reward name, before, after): the weighted total first (name None), then each reward
+    and metric (metric_names); a side not scored yet is None. The Compare tab's chart, ``eval`` and the model card
+    all show these rows."""
     before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
     rows = [(None, before.get("reward_mean"), after.get("reward_mean"))]
     for name in (before or after).get("reward_breakdown", {}):
         rows.append((name, *(side.get("reward_breakdown", {}).get(name) for side in (before, after))))
     return rows
+
+
+def metric_names(evaluation: dict) -> set[str]:
+    """The rewards of eval.json that are metrics: scored, but not part of the total (nor trained on)."""
+    return {str(name) for side in SIDES for name in (evaluation.get(side) or {}).get("metrics") or []}
+
+
+def shown_reward_name(name: str | None, metrics: set[str]) -> str:
+    """A row of before_and_after as a table labels it: the total, a reward, or a metric saying it is one."""
+    if name is None:
+        return "total (weighted)"
+    return f"{name} (metric)" if name in metrics else name
 
 
 def heldout_curve(rows: list[dict]) -> str:

@@ -72,12 +72,14 @@ def _body(run: RunDir, config: RunConfig, root: str, earlier: list[Stage], merge
     status = run.read_status()
     adapter = config.lora.enabled and not merged
     what = "LoRA adapter" if adapter else "model"
-    names = ", ".join(spec.name for spec in config.rewards)
+    names = ", ".join(spec.name for spec in config.rewards if spec.train)
+    metrics = ", ".join(spec.name for spec in config.rewards if not spec.train)
     lines = [
         f"# {config.name or run.id}",
         "",
         f"A {what} for {_model_name(root)} trained with GRPO (reinforcement learning with rewards that "
-        f"can be checked, TRL's `GRPOTrainer`) in Dragon GRPO Studio, run `{run.id}`. It was rewarded for: {names}.",
+        f"can be checked, TRL's `GRPOTrainer`) in Dragon GRPO Studio, run `{run.id}`. It was rewarded for: {names}."
+        + (f" It was also measured by {metrics}, which training never saw (metrics)." if metrics else ""),
         "",
     ]
     if OFFLINE_NOTE in (status.get("model_label") or ""):
@@ -90,7 +92,8 @@ def _body(run: RunDir, config: RunConfig, root: str, earlier: list[Stage], merge
         lines += ["", "so this adapter applies to that merged model, not to the first one alone." if adapter else
                   "The merge folds all of them in: this model stands on its own.", ""]
     lines += ["## Rewards", "", "| reward | weight | pays 1 when |", "|---|---:|---|"]
-    lines += [f"| {spec.name} | {spec.weight:g} | {reward_rule(spec)} |" for spec in config.rewards]
+    lines += [f"| {spec.name} | {spec.weight:g} | {reward_rule(spec)} |" if spec.train else
+              f"| {spec.name} | metric, not trained on | {reward_rule(spec)} |" for spec in config.rewards]
     lines += ["", "## Data", "", f"- Source: {_data_name(config.data.source.strip())}",
               f"- {status.get('data_summary') or 'Rows: -'}",
               f"- Prompt: {_template(config.data.prompt)}"]
@@ -137,16 +140,18 @@ def _template(text: str | None) -> str:
 
 
 def _eval_table(run: RunDir) -> list[str]:
-    from .evaluation import before_and_after  # it imports weights, which imports this module
+    from .evaluation import before_and_after, metric_names, shown_reward_name  # it imports weights, which imports this module
 
     evaluation = run.read_eval()
     if not evaluation.get("before") and not evaluation.get("after"):
         return ["This run was not scored on held-out prompts."]
     rows = [f"Mean reward on {evaluation.get('n_prompts', '?')} held-out prompts, greedy replies:", "",
             "| reward | before | after | change |", "|---|---:|---:|---:|"]
+    metrics = metric_names(evaluation)
     for name, *values in before_and_after(evaluation):
         change = f"{values[1] - values[0]:+.3f}" if None not in values else "-"
-        rows.append(f"| {name or '**total (weighted)**'} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values)
+        shown = shown_reward_name(name, metrics)
+        rows.append(f"| {f'**{shown}**' if name is None else shown} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values)
                     + f" | {change} |")
     return rows
 

@@ -28,7 +28,7 @@ from .reward_models import check_labels, classifiers_on
 from ..data import MappedData, load_and_map, read_jsonl, write_jsonl
 from ..errors import BusyError, ConfigError, DragonError, Stopped, describe
 from ..public import LAPTOP, Policy, visitor
-from ..rewards import Reward, RewardFailures, build_rewards, trl_reward_functions
+from ..rewards import Reward, RewardFailures, build_rewards, training_weight, trl_reward_functions
 from ..runstore import ACTIVE_STATES, RunDir
 from ..scaleout import distributed
 from . import public_checks, trackers
@@ -527,7 +527,7 @@ def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware, policy
         loss_type=config.grpo.loss_type,
         scale_rewards=config.grpo.scale_rewards,
         **{name: getattr(config.grpo, name) for name in GRPO_VARIANTS},
-        reward_weights=[spec.weight for spec in config.rewards],  # TRL's per-reward metrics stay unweighted
+        reward_weights=[training_weight(spec) for spec in config.rewards],  # a metric 0; TRL logs each unweighted
         activation_checkpointing=config.training.gradient_checkpointing,
         logging_steps=1,
         save_strategy="steps",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ..errors import RewardError
 from .code import compile_pattern
-from .spec import FORMAT_PRESETS, RewardSpec
+from .spec import FORMAT_PRESETS, RewardSpec, training_weight
 from .text import extract_answer, last_number, normalise, require_reference
 
 Scorer = Callable[[str, str, "str | None", dict], object]
@@ -25,7 +25,8 @@ class Reward:
     def __init__(self, spec: RewardSpec, scorer: Scorer):
         self.spec = spec
         self.name = spec.name or spec.kind
-        self.weight = spec.weight
+        self.weight = training_weight(spec)  # 0 for a metric: every total (training's, held-out, playground) skips it
+        self.metric = not spec.train
         self._scorer = scorer
 
     def __call__(self, prompt: str, completion: str, reference: str | None, row: dict) -> float:

@@ -29,7 +29,7 @@ TOKEN_KINDS = ("overlong", "repetition", "cosine_length")
 PENALTY_KINDS = ("overlong", "repetition")
 
 # Settings every reward has, then the ones that only make sense for one kind (anything else is rejected).
-_COMMON_FIELDS = ("kind", "name", "weight")
+_COMMON_FIELDS = ("kind", "name", "weight", "train")
 _KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "exact": ("extract", "case_sensitive"),
     "contains": ("extract", "case_sensitive"),
@@ -65,8 +65,16 @@ def full_marks(spec: RewardSpec) -> float:
     return 0.0 if spec.kind in PENALTY_KINDS else 1.0
 
 
+def training_weight(reward: RewardSpec | Mapping) -> float:
+    """What a reward (a spec, or a stored config's dict) adds to the total that training maximizes: its weight, or
+    0 for a metric (``train: false``), which is scored and shown everywhere but never trained on."""
+    if isinstance(reward, Mapping):
+        return 0.0 if reward.get("train", True) is False else float(reward.get("weight", 1.0))
+    return reward.weight if reward.train else 0.0
+
+
 def kind_fields(kind: str) -> tuple[str, ...]:
-    """The settings a reward of this kind takes besides kind, name and weight (what an editor form should show)."""
+    """The settings a reward of this kind takes besides kind, name, weight and train (what an editor should show)."""
     return _KIND_FIELDS[kind]
 
 
@@ -97,6 +105,7 @@ class RewardSpec:
     kind: str
     name: str = ""
     weight: float = 1.0
+    train: bool = True  # False: a metric, scored in held-out checks, Compare and the model card, never trained on
     extract: str = "whole"
     case_sensitive: bool = False
     tolerance: float = 1e-6
@@ -367,6 +376,7 @@ def _as_function_name(value, label: str) -> str:
 _PARSERS: dict[str, Callable[[object, str], object]] = {
     "name": _as_name,
     "weight": _non_negative,
+    "train": _as_bool,
     "extract": _choice(*EXTRACT_MODES),
     "case_sensitive": _as_bool,
     "tolerance": _non_negative,
@@ -441,11 +451,16 @@ def _check_kind(spec: RewardSpec, where: str, load_code: bool) -> None:
 
 
 def check_some_weight(specs: list[RewardSpec], where: str = "") -> None:
-    """A list whose every weight is 0 scores every completion 0: nothing to learn from. ``where``: the list's name in
-    a configuration file ("rewards"); the Rewards tab, which shows the list, names none."""
-    if not any(spec.weight > 0 for spec in specs):
-        raise ConfigError(f"Every reward{f' in {where}' if where else ''} has weight 0, so the total is always 0 and "
-                          "nothing can be learned; give one a weight above 0.")
+    """A list whose every weight is 0, or that holds only metrics, trains on a total that is always 0: nothing to
+    learn from. ``where``: the list's name in a configuration file ("rewards"); the Rewards tab, which shows the
+    list, names none."""
+    if not any(training_weight(spec) > 0 for spec in specs):
+        every = f"Every reward{f' in {where}' if where else ''}"
+        if any(not spec.train for spec in specs):
+            raise ConfigError(f"{every} is a metric (not trained on) or has weight 0, so the total training maximizes "
+                              "is always 0 and nothing can be learned; train on one with a weight above 0.")
+        raise ConfigError(f"{every} has weight 0, so the total is always 0 and nothing can be learned; give one a "
+                          "weight above 0.")
 
 
 def parse_rewards(items: list, where: str = "rewards", policy: Policy = LAPTOP,

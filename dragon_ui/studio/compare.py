@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ..data import read_jsonl
 from ..engine import weights
-from ..engine.evaluation import SIDES, before_and_after, evaluate_now, generate_replies, model_for
+from ..engine.evaluation import (SIDES, before_and_after, evaluate_now, generate_replies, metric_names, model_for,
+                                 shown_reward_name)
 from ..engine.publish import Published, publish
 from ..engine.trained import TrainedWeights, trained_weights
 from ..errors import ConfigError
@@ -69,8 +70,9 @@ def comparison(run: RunDir) -> Comparison:
     evaluation = run.read_eval()
     before, after = evaluation.get("before"), evaluation.get("after")
     rows = before_and_after(evaluation)
-    names = [name for name, _, _ in rows[1:]]
-    bars = [{"reward": name or "total", **dict(zip(SIDES, values))} for name, *values in rows]
+    names, metrics = [name for name, _, _ in rows[1:]], metric_names(evaluation)
+    bars = [{"reward": "total" if name is None else shown_reward_name(name, metrics), **dict(zip(SIDES, values))}
+            for name, *values in rows]
     samples = run.read_samples()
     prompts = [sample.get("prompt", "") for sample in samples]
     shared_text, varying = shared_template(prompts)
@@ -135,6 +137,10 @@ def _summary(run: RunDir, evaluation: dict, state: str, weights: TrainedWeights 
                 f"{after['reward_mean']:.3f} after ({after['reward_mean'] - before['reward_mean']:+.3f}).{source}")
         if can_evaluate:
             text += f" Newer weights exist ({weights.label}): press Evaluate now to score them."
+        metrics = sorted(metric_names(evaluation))
+        if metrics:
+            text += (f" {', '.join(metrics)} {'is a metric' if len(metrics) == 1 else 'are metrics'}: scored, but "
+                     "not part of the total and never trained on.")
         return text
     if not _has_held_out(run):
         return (f"The run {run.id} has no held-out prompts (datasets under 20 rows keep none), so there is no "

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import DragonError
 from ..grpo_math import STD_EPSILON, advantages, finite_number, has_spread, known, sample_std
+from ..rewards import training_weight
 from ..runstore import RunDir, read_json
 
 AGREE = 1e-3  # our advantage and TRL's, equal up to float32 arithmetic and the 6 decimals the run keeps
@@ -111,7 +112,7 @@ def explain_group(rollout: dict, group_number: int, config: dict, kl: float | No
     grpo = config.get("grpo") or {}
     scale = str(grpo.get("scale_rewards", "group"))
     aggregation = str(grpo.get("multi_objective_aggregation", "sum_then_normalize"))
-    weights = {str(r.get("name") or r.get("kind")): float(r.get("weight", 1.0))
+    weights = {str(r.get("name") or r.get("kind")): training_weight(r)
                for r in config.get("rewards") or [] if isinstance(r, dict)}
     items = [[c if isinstance(c, dict) else {} for c in g.get("completions") or []] for g in groups]
     totals = [[finite_number(c.get("total")) for c in group] for group in items]

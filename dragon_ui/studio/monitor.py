@@ -442,13 +442,18 @@ def hacking_alerts(rows: list[dict], rollout: dict | None, config: dict, heldout
     """The usual signs that a model games its rewards, each with the numbers and a fix:
 
     - the training reward rising over the last three held-out checks while the held-out reward stays flat or falls;
+    - a metric (a reward not trained on) falling while the training reward rises, over the last WINDOW steps
+      against the WINDOW before or over the last three held-out checks;
     - one reward rising while another falls (the last WINDOW steps against the WINDOW before), a failing reward
-      (in ``skip``: its fall is explained already) aside;
+      (in ``skip``: its fall is explained already) and metrics aside;
     - replies grown to the length cap since the first steps while a reward that pays for length rose: padding;
     - one reply to most of the latest step's prompts, among prompts whose references differ;
     - most replies repeating themselves (few distinct word 3-grams), or empty.
     """
-    return [*_heldout_alerts(rows, heldout or []), *_trade_off_alerts(rows, config, skip),
+    metrics = {str(r.get("name") or r.get("kind")) for r in config.get("rewards") or []
+               if isinstance(r, dict) and r.get("train") is False}
+    return [*_heldout_alerts(rows, heldout or []), *_metric_alerts(rows, heldout or [], metrics - skip),
+            *_trade_off_alerts(rows, config, skip | metrics),
             *_padding_alerts(rows, config), *_reply_alerts(rollout)]
 
 
@@ -475,6 +480,45 @@ def _heldout_alerts(rows: list[dict], heldout: list[dict]) -> list[Alert]:
                   f"prompts it has learned by heart. Read the completions below (step {rows[-1].get('step')}); make "
                   "the reward check the answer itself, or train on more, and more varied, prompts.",
                   "heldout_gap", None, last, held_last)]
+
+
+def _metric_alerts(rows: list[dict], heldout: list[dict], metrics: set[str]) -> list[Alert]:
+    """A metric that falls while the training reward rises: what training optimises is not what the metric
+    measures, the very gap a metric is there to show. Held-out checks are the stronger sign, so they come first."""
+    alerts = []
+    for name in sorted(metrics):
+        fall = _metric_fall_heldout(rows, heldout, name) or _metric_fall_training(rows, name)
+        if fall is None:
+            continue
+        where, (trained_before, trained_after), (before, after), step = fall
+        alerts.append(Alert(
+            "warn", f"The metric '{name}' fell from {before:.3f} to {after:.3f} {where} while the training reward rose "
+            f"from {trained_before:.2f} to {trained_after:.2f}",
+            f"Training is paid by rewards that no longer go with '{name}', which it never sees: a reward pays for "
+            f"something other than what '{name}' measures (reward hacking). Read the completions below (step "
+            f"{rows[-1].get('step')}); make the trained rewards check what '{name}' checks, or train on '{name}' "
+            "itself.", "metric_falling", reward_key(name), step, after))
+    return alerts
+
+
+def _metric_fall_heldout(rows: list[dict], heldout: list[dict], name: str):
+    checks = [(row["step"], row["rewards"][name]) for row in heldout if isinstance(row.get("step"), int)
+              and isinstance((row.get("rewards") or {}).get(name), (int, float))][-3:]
+    if len(checks) < 3:
+        return None
+    (first, before), (last, after) = checks[0], checks[-1]
+    trained = _training_reward_at(rows, first), _training_reward_at(rows, last)
+    if None in trained or trained[1] - trained[0] < TRADE_OFF or before - after < TRADE_OFF:
+        return None
+    return f"in the held-out checks of steps {first} to {last}", trained, (before, after), last
+
+
+def _metric_fall_training(rows: list[dict], name: str):
+    metric, trained = _window_means(rows, reward_key(name)), _window_means(rows, "reward")
+    if metric is None or trained is None or trained[1] - trained[0] < TRADE_OFF or metric[0] - metric[1] < TRADE_OFF:
+        return None
+    return (f"on the training prompts (the last {WINDOW} steps against the {WINDOW} before)", trained, metric,
+            rows[-1].get("step"))
 
 
 def _training_reward_at(rows: list[dict], step: int) -> float | None:

@@ -6,6 +6,7 @@ and finished runs alike; in a public demo everyone's runs are there to read, as 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import gradio as gr
 import pandas as pd
@@ -29,20 +30,39 @@ CHARTS = [  # (key, title, y axis, of the held-out checks rather than the progre
 NO_CHECKS = "No held-out checks: runs before this feature, or with training.eval_every 0"
 
 
-def board_rows(studio: Studio, words: str) -> tuple[list[list], list[dict]]:
-    """The leaderboard rows that match the filter ``words``, and every run's summary."""
+@dataclass
+class Board:
+    """The leaderboard as filtered and ranked: its columns and rows, what it ranks by (the held-out total where the
+    reward asked for is no run's), what else it could rank by, and every run's summary."""
+
+    columns: list[str]
+    rows: list[list]
+    by: str
+    rank_choices: list[str]
+    summaries: list[dict]
+
+
+def board_rows(studio: Studio, words: str, by: str = experiments.HELDOUT_TOTAL) -> Board:
+    """The leaderboard rows that match the filter ``words``, best by ``by`` (a reward, a metric, or the total)."""
     if not isinstance(words, str) or len(words) > MAX_FILTER_CHARS:
         raise ConfigError(f"The filter takes at most {MAX_FILTER_CHARS} characters.")
+    if not isinstance(by, str) or len(by) > experiments.MOST_RANK_CHARS:
+        raise ConfigError("Choose what to rank by from the list.")
     summaries = studio.runs.summaries()
-    entries = experiments.leaderboard(summaries, studio.runs.whose if studio.public else None)
-    return [entry.row(studio.public) for entry in entries if entry.matches(words)], summaries
+    choices = experiments.rank_choices(summaries)
+    by = by if by in choices else experiments.HELDOUT_TOTAL
+    entries = experiments.leaderboard(summaries, studio.runs.whose if studio.public else None, by)
+    return Board(experiments.leaderboard_columns(studio.public, by),
+                 [entry.row(studio.public) for entry in entries if entry.matches(words)], by, choices, summaries)
 
 
-def board(studio: Studio, words: str) -> tuple[pd.DataFrame, gr.Dropdown]:
-    """The leaderboard as filtered, and every run as a choice to draw."""
-    rows, summaries = board_rows(studio, words)
-    choices = [(f"{summary['id']} · {summary.get('name') or ''}".rstrip(" ·"), summary["id"]) for summary in summaries]
-    return pd.DataFrame(rows, columns=experiments.leaderboard_columns(studio.public)), gr.Dropdown(choices=choices)
+def board(studio: Studio, words: str, by: str) -> tuple[pd.DataFrame, gr.Dropdown, gr.Dropdown]:
+    """The leaderboard as filtered and ranked, what it can rank by, and every run as a choice to draw."""
+    shown = board_rows(studio, words, by)
+    choices = [(f"{summary['id']} · {summary.get('name') or ''}".rstrip(" ·"), summary["id"])
+               for summary in shown.summaries]
+    return (pd.DataFrame(shown.rows, columns=shown.columns), gr.Dropdown(choices=choices),
+            gr.Dropdown(choices=shown.rank_choices, value=shown.by))
 
 
 def chosen_runs(studio: Studio, run_ids) -> list:
@@ -77,22 +97,26 @@ def side_by_side(studio: Studio, run_ids, x: str) -> tuple:
     return said, pd.DataFrame(differing, columns=["Setting", *labels]), *charts
 
 
-def export(studio: Studio, words: str) -> gr.File:
-    """The leaderboard as filtered, in a CSV file to download (the file field shows only once there is one)."""
-    rows, _ = board_rows(studio, words)
-    path = experiments.write_csv(studio.files.new_folder() / "dragon-runs.csv",
-                                 experiments.leaderboard_columns(studio.public), rows)
+def export(studio: Studio, words: str, by: str) -> gr.File:
+    """The leaderboard as filtered and ranked, in a CSV file to download (the file field shows only once there is
+    one)."""
+    shown = board_rows(studio, words, by)
+    path = experiments.write_csv(studio.files.new_folder() / "dragon-runs.csv", shown.columns, shown.rows)
     return gr.File(str(path), visible=True)
 
 
 def build(shared: Shared) -> None:
     studio = shared.studio
     this_tab = get_render_context()  # the gr.Tab that app.build_app builds this tab in
-    gr.Markdown("Every run, best held-out reward first (a column's ⋮ menu sorts by it). Choose runs below to draw them "
+    gr.Markdown("Every run, best held-out score first (a column's ⋮ menu sorts by it). Totals compare only runs with "
+                "the same rewards: rank by one reward or metric to compare the others. Choose runs below to draw them "
                 "over each other and to see which settings differ.")
     with gr.Row(equal_height=True):
-        words = gr.Textbox(label="Filter", placeholder="a name, a data file, a state…", scale=4, max_length=MAX_FILTER_CHARS,
+        words = gr.Textbox(label="Filter", placeholder="a name, a data file, a state…", scale=3, max_length=MAX_FILTER_CHARS,
                            elem_id="experiments-filter")
+        by = gr.Dropdown([experiments.HELDOUT_TOTAL], value=experiments.HELDOUT_TOTAL, label="Rank by", scale=2,
+                         info="The held-out total, or one reward or metric the runs were scored on.",
+                         elem_id="experiments-rank-by")
         refresh_button = gr.Button("↻ Refresh", size="sm", scale=0, min_width=110, elem_id="experiments-refresh")
         export_button = gr.Button("Export CSV", size="sm", scale=0, min_width=130, elem_id="experiments-export")
     columns = experiments.leaderboard_columns(studio.public)
@@ -119,13 +143,14 @@ def build(shared: Shared) -> None:
     listed = shows_errors(functools.partial(board, studio))
     drawn = shows_errors(functools.partial(side_by_side, studio))
     shown = [said, differing, *charts]
-    refresh_button.click(listed, [words], [leaderboard, picked], api_name="experiments_runs").then(
+    board_outputs = [leaderboard, picked, by]
+    refresh_button.click(listed, [words, by], board_outputs, api_name="experiments_runs").then(
         drawn, [picked, x_axis], shown, api_visibility="private", show_progress="hidden")
-    this_tab.select(listed, [words], [leaderboard, picked], api_visibility="private", show_progress="hidden").then(
+    this_tab.select(listed, [words, by], board_outputs, api_visibility="private", show_progress="hidden").then(
         drawn, [picked, x_axis], shown, api_visibility="private", show_progress="hidden")
-    words.change(listed, [words], [leaderboard, picked], api_visibility="private", show_progress="hidden",
-                 trigger_mode="always_last")
+    gr.on([words.change, by.input], listed, [words, by], board_outputs, api_visibility="private",
+          show_progress="hidden", trigger_mode="always_last")
     gr.on([picked.change, x_axis.change], drawn, [picked, x_axis], shown, api_name="experiments_side_by_side",
           trigger_mode="always_last", show_progress="hidden")
-    export_button.click(shows_errors(functools.partial(export, studio)), [words], [csv_file],
+    export_button.click(shows_errors(functools.partial(export, studio)), [words, by], [csv_file],
                         api_name="experiments_export")

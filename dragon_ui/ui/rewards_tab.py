@@ -89,7 +89,7 @@ def visible_settings(kind: str, public: bool) -> set[str]:
     """The settings to show for a kind; none for a kind a public demo refuses (its reason is shown instead)."""
     if kind not in REWARD_KINDS or (public and public_demo_refusal(kind)):
         return set()
-    return set(kind_fields(kind))
+    return {"train", *kind_fields(kind)}
 
 
 def kind_help(kind: str, public: bool) -> str:
@@ -122,8 +122,9 @@ def form_to_dict(kind: str, name: str | None, weight: float | None, values) -> d
     """The form as a reward dict for RewardSpec.from_dict: only the selected kind's settings, lists split on commas."""
     spec: dict = {"kind": kind, "name": (name or "").strip(), "weight": weight}
     for setting, value in zip(SETTINGS, values, strict=True):
-        if kind not in REWARD_KINDS or setting not in kind_fields(kind):
-            continue
+        if kind not in REWARD_KINDS or setting not in ("train", *kind_fields(kind)) or (setting == "train"
+                                                                                         and value is True):
+            continue  # trained on is the default: a stored reward says "train" only for a metric
         if setting in LIST_SETTINGS:
             value = [item.strip() for item in (value or "").split(",") if item.strip()] or None
         elif setting in OPTIONAL_NUMBERS:
@@ -139,7 +140,9 @@ def rewards_table(rewards: list[dict], policy: Policy = LAPTOP) -> pd.DataFrame:
         for key, value in spec.items():
             if key in ("kind", "name", "weight"):
                 continue
-            if key == "code":
+            if key == "train":
+                shown += ["a metric: not trained on"] if value is False else []
+            elif key == "code":
                 shown.append(f"code ({len(value.splitlines())} lines)")
             else:
                 shown.append(f"{key}: {', '.join(map(str, value)) if isinstance(value, list) else value}")
@@ -364,10 +367,10 @@ def score_typed(draft: dict, row: int | None, completion: str, policy: Policy = 
                                policy.limits and policy.limits.scoring_seconds)
     except ConfigError as exc:  # its time limit
         raise gr.Error(str(exc), print_exception=False) from None
-    weights = {reward.name: reward.weight for reward in rewards}
-    table = pd.DataFrame([[name, weights[name], round(score, 4), round(weights[name] * score, 4),
-                           result.errors.get(name, "")] for name, score in result.scores.items()],
-                         columns=SCORE_COLUMNS)
+    by_name = {reward.name: reward for reward in rewards}
+    table = pd.DataFrame([[f"{name} (metric)" if by_name[name].metric else name, by_name[name].weight, round(score, 4),
+                           round(by_name[name].weight * score, 4), result.errors.get(name, "")]
+                          for name, score in result.scores.items()], columns=SCORE_COLUMNS)
     total = f"**Total (weighted sum): {result.total:.3f}**"
     if result.errors:
         total += "\n\n" + message("Failed rewards score 0; see the problem column.", "warn")
@@ -556,6 +559,10 @@ def _setting_components(shown: set[str]) -> list:
     Only the ``shown`` ones start visible; show_kind and select_reward switch them when the kind changes.
     """
     components = {
+        "train": gr.Checkbox(True, label="Train on it",
+                             info="Off: a metric. It is scored in the held-out checks, Compare, the model card and "
+                                  "the leaderboard, and watched for falling, but adds nothing to what training "
+                                  "maximizes."),
         "extract": gr.Dropdown(list(EXTRACT_MODES), value="whole", label="Compare which part of the reply",
                                info="whole; last_number; after_hashes (text after ####); boxed (\\boxed{…}); "
                                     "answer_tag (<answer>…</answer>)."),
