@@ -508,7 +508,7 @@ def test_a_classifier_reward_is_added_and_scores_a_typed_reply(page, studio, cla
     expect(row).to_be_visible()
 
 
-def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, studio):
+def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, studio, screenshots):
     wait_until_loaded(page)
     open_tab(page, "rewards")
     table = page.locator("#rewards-table")
@@ -535,6 +535,17 @@ def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, stu
     choose(page, "#rewards-kind", "length")
     type_into(page, "#rewards-settings-max-chars input", "40")
     page.locator("#rewards-add").click()
+    choose(page, "#rewards-selected", "➕ New reward")
+    choose(page, "#rewards-kind", "exact")
+    type_into(page, "#rewards-name textarea", "accuracy")
+    page.locator("#rewards-settings-train input").uncheck()  # a metric: measured, never trained on
+    page.locator("#rewards-add").click()
+    expect(table).to_contain_text("a metric: not trained on")
+    page.locator("#rewards-completion textarea").fill("12")
+    page.locator("#rewards-score").click()
+    expect(page.locator("#rewards-scores").get_by_role("row", name=re.compile(r"^accuracy \(metric\) 0 "))) \
+        .to_be_visible()
+    screenshot(page, screenshots, "rewards-metric")
     choose(page, "#rewards-selected", "keyword")
     page.locator("#rewards-remove").click()
     expect(table).not_to_contain_text("keyword")
@@ -542,8 +553,8 @@ def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, stu
     page.locator("#model-start").click()
 
     config = started_config(studio)
-    assert [(r["name"], r["kind"], r["weight"]) for r in config["rewards"]] == [("json", "json", 2.0),
-                                                                                 ("length", "length", 1.0)]
+    assert [(r["name"], r["kind"], r["weight"], r.get("train", True)) for r in config["rewards"]] == [
+        ("json", "json", 2.0, True), ("length", "length", 1.0, True), ("accuracy", "exact", 1.0, False)]
     assert config["rewards"][1]["max_chars"] == 40
 
 

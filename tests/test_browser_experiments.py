@@ -29,6 +29,18 @@ def test_runs_are_ranked_filtered_drawn_together_and_exported(page, studio, thre
     expect(page.locator("#experiments-leaderboard")).to_contain_text(best)
     assert leaderboard_runs(page) == [best, first, running]  # best held-out reward after first
 
+    rank_by = page.locator("#experiments-rank-by input")
+    rank_by.click()
+    page.get_by_role("option", name="numeric", exact=True).click()  # the one reward both finished runs were scored on
+    expect(page.locator("#experiments-leaderboard thead")).to_contain_text("numeric after")
+    expect(page.locator(ROWS).first).to_contain_text(first)
+    assert leaderboard_runs(page) == [first, best, running]
+    screenshot(page, screenshots, "experiments-rank-by")
+    rank_by.click()
+    page.get_by_role("option", name="held-out total").click()
+    expect(page.locator("#experiments-leaderboard thead")).to_contain_text("Held-out after")
+    expect(page.locator(ROWS).first).to_contain_text(best)
+
     minutes = page.locator("#experiments-leaderboard thead th", has_text="Minutes").first
     minutes.hover()
     minutes.locator("button.cell-menu-button").click()  # a column's menu sorts by it

@@ -618,7 +618,7 @@ def build(shared: Shared) -> Callable[[], None]:
     studio, policy, form = shared.studio, shared.studio.policy, shared.form
     public = policy.public
     gr.Markdown("Rewards score each reply; GRPO pushes the model towards replies that score above their group's "
-                "average. The total is the weighted sum of all rewards.")
+                "average. The total is the weighted sum of the rewards trained on (a metric is only measured).")
     rewards = form.add("rewards", gr.State([]), label="Rewards")
     table = gr.Dataframe(rewards_table([], policy), label="Rewards (what training uses)", interactive=False, max_height=260,
                          wrap=True,
