@@ -646,6 +646,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             except ConfigError as exc:
                 errors.append(exc)
         raise errors[-1]
+    if origin is dict:
+        key_type, item_type = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, not {_describe(value)}.")
+        return {_coerce(key, key_type, f"{where} (a key)"): _coerce(item, item_type, f"{where}[{key!r}]")
+                for key, item in value.items()}
     if origin is list:
         (item_type,) = typing.get_args(hint)
         if not isinstance(value, list):

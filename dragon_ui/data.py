@@ -41,6 +41,7 @@ MIN_ROWS_FOR_EVAL = 20
 # but never more than a fifth of the rows, so small data still trains on the other four fifths.
 MIN_HELD_OUT = 10
 TEMPLATE_CHARS = 10_000  # a prompt, reference or system template (with its fixed text) may be this long
+MOST_PASS_RATES = 100_000  # rows of data.pass_rates: far more than a pre-flight measures (at most 256 a time)
 SETTING_CHARS = 1000  # the source, and the Hub config, split and sheet names
 # A public demo hands the app at most this many times its upload limit of rows, from a file or a Hub dataset.
 UNPACKED_TIMES_UPLOAD = 10
@@ -75,6 +76,17 @@ class DataConfig:
         "Prompts longer than this many tokens (chat template included) are dropped and counted; empty: 512 on the "
         "CPU, the model's context elsewhere. A prompt that with max new tokens overflows the model's context is "
         "dropped too."))
+    pass_rates: dict[str, float] | None = setting(None, label="Pre-flight pass rates", help=(
+        "Row number (in the file) → the share of its sampled replies that passed in a pre-flight; the difficulty "
+        "filter keeps a training row whose rate lies from `data.min_pass_rate` to `data.max_pass_rate`. The "
+        "pre-flight's fix *Drop the prompts that all fail or all pass* writes it; rows not measured are kept."),
+        see="[Will it learn? The pre-flight](#will-it-learn-the-pre-flight)")
+    min_pass_rate: float = setting(0.0, label="Lowest pass rate kept", help=(
+        "Training rows whose pre-flight pass rate is below this are dropped (0.01: those where every reply "
+        "failed, too hard to learn from)."))
+    max_pass_rate: float = setting(1.0, label="Highest pass rate kept", help=(
+        "Training rows whose pre-flight pass rate is above this are dropped (0.99: those where every reply passed, "
+        "nothing left to learn)."))
 
     def validate(self, where: str = "data") -> None:
         """Check the settings that make sense without reading the data; raises ConfigError."""
@@ -123,6 +135,38 @@ class DataConfig:
             raise ConfigError(
                 f"{where}.max_rows must be a whole number of at least 1, or empty to use all rows, got {rows!r}."
             )
+        self._check_difficulty(where)
+
+    def _check_difficulty(self, where: str) -> None:
+        for name in ("min_pass_rate", "max_pass_rate"):
+            rate = getattr(self, name)
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+                raise ConfigError(f"{where}.{name} must be a share from 0 to 1, got {rate!r}.")
+        if self.min_pass_rate > self.max_pass_rate:
+            raise ConfigError(f"{where}.min_pass_rate ({self.min_pass_rate:g}) is above {where}.max_pass_rate "
+                              f"({self.max_pass_rate:g}), so every measured row would be dropped.")
+        rates = self.pass_rates
+        if rates is None:
+            return
+        if not isinstance(rates, dict) or len(rates) > MOST_PASS_RATES:
+            raise ConfigError(f"{where}.pass_rates must map at most {MOST_PASS_RATES:,} row numbers to pass rates, "
+                              "as the pre-flight writes them.")
+        for row, rate in rates.items():
+            if not isinstance(row, str) or not row.isascii() or not row.isdigit() or int(row) < 1 or len(row) > 9:
+                raise ConfigError(f"{where}.pass_rates: {_shown(row)} is not a row number (1, 2, 3, …).")
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+                raise ConfigError(f"{where}.pass_rates[{row}] must be a share from 0 to 1, got {_shown(rate)}.")
+
+    def dropped_because(self, row_number: int) -> str | None:
+        """Why the difficulty filter drops the training row ``row_number`` (its pre-flight pass rate is outside the
+        range kept), or None when it keeps it (a row the pre-flight did not measure is kept)."""
+        rate = (self.pass_rates or {}).get(str(row_number))
+        if rate is None or self.min_pass_rate <= rate <= self.max_pass_rate:
+            return None
+        side = "below" if rate < self.min_pass_rate else "above"
+        bound = self.min_pass_rate if side == "below" else self.max_pass_rate
+        what = " (every reply failed)" if rate == 0 else " (every reply passed)" if rate == 1 else ""
+        return f"its pre-flight pass rate {rate:.0%}{what} is {side} {bound:g}"
 
 
 @dataclass
@@ -137,13 +181,16 @@ class MappedData:
     eval_frac: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)  # how the file was read (tables.Table.notes)
     held_out_limit: int | None = None  # a public demo's limit of held-out prompts; None: no limit
+    dropped: list[dict] = dataclasses.field(default_factory=list)  # {"row", "why"}: training rows the filter dropped
 
     def summary(self) -> str:
         """One line for the UI and the run log, e.g. '400 rows: 380 for training, 20 held out, 0 skipped. Read
         as Windows-1252.'."""
         rows = f"{self.n_rows} row" + ("" if self.n_rows == 1 else "s")
         counts = f"{rows}: {len(self.train)} for training, {len(self.eval)} held out, {self.n_skipped} skipped."
-        return " ".join(filter(None, [counts, self.held_out_reason(), *self.notes]))
+        filtered = (f"{len(self.dropped)} training row{'s were' if len(self.dropped) > 1 else ' was'} dropped by "
+                    "the difficulty filter (the pre-flight's pass rates).") if self.dropped else ""
+        return " ".join(filter(None, [counts, filtered, self.held_out_reason(), *self.notes]))
 
     def held_out_reason(self) -> str:
         """Why more rows are held out than eval_frac asks for, or '' when they are not."""
@@ -500,8 +547,25 @@ def map_rows(rows: list[dict], config: DataConfig, policy: Policy = LAPTOP) -> M
         )
     held_out_limit = policy.limits and policy.limits.held_out_prompts
     train, held_out = _split(examples, config.eval_frac, config.seed, held_out_limit)
-    return MappedData(train, held_out, len(rows), len(rows) - len(examples), columns, config.eval_frac,
-                      held_out_limit=held_out_limit)
+    kept, dropped = [], []
+    for example in train:  # after the split: filtering first would move rows between training and held out
+        why = config.dropped_because(example["number"])
+        if why is None:
+            kept.append(example)
+        else:
+            dropped.append({"row": example["number"], "why": why})
+    if not kept:
+        raise ConfigError(f"data.pass_rates: the difficulty filter drops all {len(train)} training rows (their "
+                          f"pre-flight pass rates are outside {config.min_pass_rate:g} to {config.max_pass_rate:g}); "
+                          "widen the range or clear the filter.")
+    return MappedData(kept, held_out, len(rows), len(rows) - len(examples), columns, config.eval_frac,
+                      held_out_limit=held_out_limit, dropped=dropped)
+
+
+def _shown(value) -> str:
+    """A value a message quotes, cut short: a config may hold anything."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _given(text: str | None) -> bool:

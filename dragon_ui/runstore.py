@@ -13,7 +13,8 @@ Layout of ``runs/<id>/``::
                      time a batch is sampled), so the first step shows the model at work before it ends
     heldout.jsonl    the held-out reward during training: a row per check (step, reward, rewards, seconds) on a
                      fixed few held-out prompts; step 0 is the starting model on the same prompts
-    data/            the exact train/eval split used, so resume and evaluation never re-split
+    data/            the exact train/eval split used, so resume and evaluation never re-split; dropped.json
+                     lists the training rows the difficulty filter left out ({"row", "why"}), when it left out any
     checkpoints/     checkpoint-<step>/ with adapter, optimiser, scheduler and RNG state
     adapter/         the final LoRA adapter plus tokenizer (model/ instead for full fine-tuning)
     eval.json        held-out reward before and after training, per reward
@@ -337,6 +338,7 @@ class RunDir:
     data_dir = property(lambda self: self.path / "data")
     train_data_path = property(lambda self: self.data_dir / "train.jsonl")  # the mapped training examples
     eval_data_path = property(lambda self: self.data_dir / "eval.jsonl")  # the held-out ones (empty when none)
+    dropped_rows_path = property(lambda self: self.data_dir / "dropped.json")  # rows the difficulty filter left out
     checkpoints_dir = property(lambda self: self.path / "checkpoints")
     adapter_dir = property(lambda self: self.path / "adapter")
     full_model_dir = property(lambda self: self.path / "model")

@@ -574,6 +574,7 @@ def test_will_it_learn_says_why_not_and_its_fix_changes_the_settings_shown(page,
     warmer = page.locator("#preflight-fix-0")
     expect(warmer).to_have_text("Raise the temperature to 0.31")
     expect(page.locator("#preflight-fix-1")).to_have_text("Add partial credit (close_number)")
+    expect(page.locator("#preflight-fix-2")).to_have_text("Drop the prompts that all fail or all pass (16)")
     expect(page.locator("#preflight-cancel")).to_be_hidden()
     screenshot(page, screenshots, "preflight")
     warmer.click()
@@ -585,9 +586,27 @@ def test_will_it_learn_says_why_not_and_its_fix_changes_the_settings_shown(page,
     open_tab(page, "rewards")
     expect(page.locator("#rewards-table")).to_contain_text("close_number")
     open_tab(page, "model")
+    page.locator("#preflight-fix-2").click()  # the difficulty filter: shown, and cleared, on the Data tab
+    expect(status).to_contain_text("Applied the pre-flight's fix: Drop the prompts that all fail or all pass (16)")
+    open_tab(page, "data")
+    difficulty = page.locator("#data-difficulty")
+    expect(difficulty).to_contain_text("training leaves out the 16 of 16 rows measured by a pre-flight whose pass "
+                                       "rate is outside 0.01 to 0.99")
+    expect(page.locator("#data-counts")).to_contain_text("The difficulty filter leaves out 16 more training rows")
+    screenshot(page, screenshots, "difficulty-filter")
+    page.locator("#data-difficulty-clear").click()
+    expect(difficulty).to_contain_text("Cleared the difficulty filter: every row trains.")
+    expect(page.locator("#data-difficulty-clear")).to_be_hidden()
+    expect(page.locator("#data-counts")).not_to_contain_text("difficulty filter")
+    open_tab(page, "model")
+    page.locator("#preflight-fix-2").click()
+    expect(page.locator("#model-grpo-temperature input")).to_have_value("0.31")  # the other fixes stay
     page.locator("#model-start").click()
     config = started_config(studio)
     assert config["grpo"]["temperature"] == 0.31 and config["rewards"][-1]["name"] == "close_number"
+    assert len(config["data"]["pass_rates"]) == 16 and set(config["data"]["pass_rates"].values()) == {0.0}
+    (run,) = studio.runs.summaries()
+    assert len(json.loads((Path(run["dir"]) / "data" / "dropped.json").read_text())) == 16
 
 
 def test_the_playground_tries_to_game_the_rewards(page, studio, screenshots):

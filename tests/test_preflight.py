@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import threading
 import time
@@ -122,12 +123,13 @@ def test_the_default_sample_takes_about_a_minute(given, count, tiny_config_dict)
 
 def fixes(groups, tiny_config_dict, references=("12",), **grpo) -> list[Fix]:
     config = RunConfig.from_dict({**tiny_config_dict, "grpo": {**tiny_config_dict["grpo"], **grpo}})
-    checks = [check(group, number=n, reference=references[n % len(references)]) for n, group in enumerate(groups)]
+    checks = [check(group, number=n, reference=references[n % len(references)])
+              for n, group in enumerate(groups, start=1)]
     return fixes_for(report(checks), config)
 
 
 def test_too_hard_offers_a_warmer_temperature_and_partial_credit(tiny_config_dict):
-    warmer, partial = fixes([[0, 0], [0, 0], [1, 0]], tiny_config_dict)
+    warmer, partial, drop = fixes([[0, 0], [0, 0], [1, 0]], tiny_config_dict)
     assert warmer.settings == {"grpo": {"temperature": 1.3}} and not warmer.add_rewards
     assert warmer.as_command_line() == "--set grpo.temperature=1.3"
     warmed = warmer.applied_to(tiny_config_dict)
@@ -140,7 +142,14 @@ def test_too_hard_offers_a_warmer_temperature_and_partial_credit(tiny_config_dic
     assert added["grpo"]["temperature"] == 1.3  # each fix applies to the settings as they are by then
     assert partial.applied_to(added)["rewards"] == added["rewards"]  # applied twice, it adds the reward once
     assert "add under rewards" in partial.as_command_line()
-    RunConfig.from_dict(added)  # what the fixes write is a valid run
+    assert drop.label == "Drop the prompts that all fail or all pass (2)"
+    assert drop.settings == {"data": {"pass_rates": {"1": 0.0, "2": 0.0, "3": 0.5}, "min_pass_rate": 0.01,
+                                      "max_pass_rate": 0.99}}
+    assert drop.as_command_line() == ("--set 'data.pass_rates={\"1\": 0.0, \"2\": 0.0, \"3\": 0.5}' "
+                                      "--set data.min_pass_rate=0.01 --set data.max_pass_rate=0.99")
+    dropped = drop.applied_to(added)
+    assert dropped["data"] == {**tiny_config_dict["data"], **drop.settings["data"]}
+    RunConfig.from_dict(dropped)  # what the fixes write is a valid run
 
 
 def test_partial_credit_for_text_answers_is_contains(tiny_config_dict):
@@ -150,11 +159,24 @@ def test_partial_credit_for_text_answers_is_contains(tiny_config_dict):
 
 FEW_FIXES = {  # what the pre-flight found -> the fixes' labels
     "it can learn": (([[1, 0], [0, 1]], {}), []),
-    "too easy: no partial credit": (([[1, 1], [1, 1]], {}), ["Raise the temperature to 1.3"]),
+    "it can learn, and one prompt all passes": (([[1, 0], [0, 1], [1, 1]], {}),
+                                                ["Drop the prompts that all fail or all pass (1)"]),
+    "too easy: no partial credit": (([[1, 1], [1, 1]], {}), ["Raise the temperature to 1.3"]),  # nothing left to keep
     "warm already": (([[0, 0], [0, 0]], {"temperature": 1.5}), ["Add partial credit (close_number)"]),
     "nearly warm enough": (([[0, 0], [0, 0]], {"temperature": 1.4}), ["Raise the temperature to 1.5",
                                                                        "Add partial credit (close_number)"]),
 }
+
+
+def test_dropping_every_sampled_prompt_is_offered_while_other_training_rows_stay(tiny_config_dict):
+    config = RunConfig.from_dict(tiny_config_dict)
+    checks = [check([0, 0], number=n) for n in (4, 9)]
+    assert [fix.label for fix in fixes_for(dataclasses.replace(report(checks), training_prompts=2), config)][-1:] \
+        != ["Drop the prompts that all fail or all pass (2)"]  # nothing would be left to train on
+    drop = fixes_for(dataclasses.replace(report(checks), training_prompts=24), config)[-1]
+    assert drop.label == "Drop the prompts that all fail or all pass (2)"
+    assert drop.why.endswith("; the 22 training rows not sampled stay.")
+    assert drop.settings["data"]["pass_rates"] == {"4": 0.0, "9": 0.0}
 
 
 @pytest.mark.parametrize("found, labels", FEW_FIXES.values(), ids=FEW_FIXES.keys())

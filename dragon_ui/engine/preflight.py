@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import random
+import shlex
 import statistics
 import time
 from collections.abc import Callable
@@ -98,8 +99,8 @@ class Fix:
 
     def as_command_line(self) -> str:
         """The fix as ``dragon`` options (a reward to add is shown as YAML to paste under ``rewards:``)."""
-        sets = " ".join(f"--set {section}.{name}={value}" for section, values in self.settings.items()
-                        for name, value in values.items())
+        sets = " ".join("--set " + shlex.quote(f"{section}.{name}={json.dumps(value) if isinstance(value, dict) else value}")
+                        for section, values in self.settings.items() for name, value in values.items())
         added = "; add under rewards: " + "; ".join(json.dumps(reward) for reward in self.add_rewards) \
             if self.add_rewards else ""
         return (sets + added).strip("; ")
@@ -119,6 +120,7 @@ class Preflight:
     ended_early: str = ""  # why sampling ended before every chosen prompt was sampled
     fixes: list[Fix] = field(default_factory=list)
     red_team: RedTeam | None = None  # the gaming replies, scored on the same prompts
+    training_prompts: int = 0  # the run's training prompts, sampled or not (0: only the sampled ones are known)
 
     def share(self, kind: str) -> float:
         """The share of groups of ``kind`` ("spread", "all fail", "all pass", or "no spread" for the last two)."""
@@ -272,7 +274,7 @@ def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, promp
     fit = inspection.prompts
     token_limit = None if fit.limit >= NO_LIMIT else fit.limit + config.grpo.max_new_tokens
     report = sample_preflight(config, model, tokenizer, chosen, rewards, token_limit, training_pass_s, should_stop,
-                              policy.limits.sampling_seconds if policy.public else None, on_progress)
+                              policy.limits.sampling_seconds if policy.public else None, on_progress, len(train))
     limit = policy.limits.scoring_seconds if policy.public else None
     try:
         gamed = red_team(rewards, chosen, config.grpo.max_new_tokens, tokenizer, should_stop, limit)
@@ -287,14 +289,14 @@ def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, promp
 def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], rewards: list[Reward],
                      token_limit: int | None, training_pass_s: float | None = None,
                      should_stop: Callable[[], bool] | None = None, time_limit_s: float | None = None,
-                     on_progress: Callable[[int, int], None] | None = None) -> Preflight:
+                     on_progress: Callable[[int, int], None] | None = None, training_prompts: int = 0) -> Preflight:
     """Sample ``config.grpo.group_size`` replies to each of ``examples`` as a training step samples them (a step's
     batch of prompts at a time, the run's temperature and sampling settings), score them, and report.
 
     ``should_stop`` (Cancel) raises Stopped. At ``time_limit_s`` sampling ends, and the report covers the prompts
     sampled by then (at least one step's). ``on_progress(done, total)`` is told after each step's batch.
     ``training_pass_s``: the estimate's forward and backward of a step, added to the measured sampling for the
-    predicted step time."""
+    predicted step time. ``training_prompts``: how many the run trains on, ``examples`` among them."""
     grpo, batch = config.grpo, config.training.batch_size
     mark = pass_mark(rewards)
     prompt_tokens = token_counts(examples, tokenizer)
@@ -345,22 +347,28 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
                                  failed[reward.name] / len(scores[reward.name]) if scores[reward.name] else 0.0)
                      for reward in rewards]
     report = Preflight(checks, rewards_found, grpo.group_size, grpo.max_new_tokens, token_limit, sampling_s,
-                       None if training_pass_s is None else step_sampling + training_pass_s, ended_early)
+                       None if training_pass_s is None else step_sampling + training_pass_s, ended_early,
+                       training_prompts=training_prompts)
     return dataclasses.replace(report, fixes=fixes_for(report, config))
 
 
 TEMPERATURE_STEP = 0.3
 WARMEST = 1.5  # past this, small models' replies turn to noise
 PARTIAL_CREDIT_WEIGHT = 0.5
+# The difficulty filter's range that the "drop" fix sets: a pass rate of 0 (every reply failed) or 1 (every reply
+# passed) is outside it, as DAPO's dynamic sampling drops such groups; any other share of a group is inside.
+KEEP_PASS_RATES = (0.01, 0.99)
 
 
 def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
     """The one-click fixes for what the report found: for groups without spread, a higher temperature (more varied
     replies); for prompts that all fail, partial credit for a reply close to the reference (a number within 5 %, or
-    one that contains it)."""
+    one that contains it); and, learning or not, dropping the prompts where every reply failed or every reply passed
+    (data.pass_rates), when some training prompt would stay."""
+    dropping = [] if (drop := _drop_fix(report)) is None else [drop]
     fixes = []
     if report.learns:
-        return fixes
+        return dropping
     temperature = config.grpo.temperature
     if temperature < WARMEST:
         warmer = round(min(WARMEST, temperature + TEMPERATURE_STEP), 2)
@@ -378,4 +386,19 @@ def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
             fixes.append(Fix(f"Add partial credit ({extra['name']})",
                              f"Pays {PARTIAL_CREDIT_WEIGHT:g} for {what}, so nearly right replies stand out.",
                              add_rewards=[extra]))
-    return fixes
+    return fixes + dropping
+
+
+def _drop_fix(report: Preflight) -> Fix | None:
+    rates = {str(check.number): round(check.pass_rate, 4) for check in report.prompts}
+    low, high = KEEP_PASS_RATES
+    failing = sum(rate < low for rate in rates.values())
+    passing = sum(rate > high for rate in rates.values())
+    unsampled = max(0, report.training_prompts - len(rates))
+    if not failing + passing or failing + passing == len(rates) + unsampled:  # nothing would be left to train on
+        return None
+    return Fix(f"Drop the prompts that all fail or all pass ({failing + passing})",
+               f"Of the {len(rates)} prompts sampled, every reply failed on {failing} and passed on {passing}: "
+               "training on them teaches nothing. The difficulty filter leaves them out of training by their row"
+               + (f"; the {unsampled} training rows not sampled stay." if unsampled else "."),
+               settings={"data": {"pass_rates": rates, "min_pass_rate": low, "max_pass_rate": high}})

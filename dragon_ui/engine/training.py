@@ -29,7 +29,7 @@ from ..data import MappedData, load_and_map, read_jsonl, write_jsonl
 from ..errors import BusyError, ConfigError, DragonError, Stopped, describe
 from ..public import LAPTOP, Policy, visitor
 from ..rewards import Reward, RewardFailures, build_rewards, training_weight, trl_reward_functions
-from ..runstore import ACTIVE_STATES, RunDir
+from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from ..scaleout import distributed
 from . import public_checks, trackers
 from .evaluation import HeldOutChecks, evaluate_model, evaluate_now, record_eval, starting_weights
@@ -160,6 +160,8 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
         run.write_config(config)
         write_jsonl(run.train_data_path, mapped.train)
         write_jsonl(run.eval_data_path, mapped.eval)
+        if mapped.dropped:
+            write_json_atomic(run.dropped_rows_path, mapped.dropped)
         in_line = {"waiting": "start", "queued_at": time.time()} if waiting else {}
         run.update_status(state="queued", step=0, total_steps=None, created_at=time.time(),
                           phase="waiting for its turn" if waiting else "waiting to start",

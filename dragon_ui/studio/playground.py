@@ -83,6 +83,7 @@ class DataPreview:
     n_train: int = 0
     n_eval: int = 0
     n_skipped: int = 0
+    n_dropped: int = 0  # training rows the difficulty filter leaves out (data.pass_rates)
     held_out_reason: str = ""  # why more rows are held out than the fraction asks for (MappedData.held_out_reason)
     notes: list[str] = field(default_factory=list)  # how the file was read: encoding, sheet, repaired lines
     sheets: list[str] = field(default_factory=list)  # a spreadsheet's sheet names
@@ -96,6 +97,9 @@ class DataPreview:
         text = f"{rows}: {self.n_train} for training, {self.n_eval} held out, {self.n_skipped} skipped."
         if self.n_skipped:
             text += " Skipped rows gave an empty prompt."
+        if self.n_dropped:
+            text += (f" The difficulty filter leaves out {self.n_dropped} more training row"
+                     f"{'s' if self.n_dropped > 1 else ''}, by the pre-flight's pass rates.")
         if self.held_out_reason:
             text += " " + self.held_out_reason
         if self.n_eval == 0 and self.n_train < MIN_ROWS_FOR_EVAL:
@@ -211,7 +215,7 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None, 
     except ConfigError as exc:
         return replace(preview, error=str(exc), error_field="mapping")
     try:  # the first rows in file order, unsplit; they may all be empty even when later rows are not
-        examples = map_rows(rows[:PREVIEW_ROWS], replace(data, eval_frac=0.0, max_rows=None), policy).train
+        examples = map_rows(rows[:PREVIEW_ROWS], every_row(data), policy).train
     except ConfigError:
         examples = []
     everything = mapped.train + mapped.eval
@@ -220,7 +224,7 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None, 
     return replace(
         preview, rendered=shown, rendered_note=note, n_rows=mapped.n_rows,
         n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
-        held_out_reason=mapped.held_out_reason(),
+        n_dropped=len(mapped.dropped), held_out_reason=mapped.held_out_reason(),
         lengths=prompt_lengths(texts, len(everything), tokenizer, prompt_limit),
     )
 
@@ -236,6 +240,12 @@ def prompt_limit_of(draft: dict, setting: DataConfig, policy: Policy = LAPTOP) -
     return None if limit == NO_LIMIT else limit
 
 
+def every_row(data: DataConfig) -> DataConfig:
+    """``data`` mapping every row, in file order: nothing held out, cut short or left out by the difficulty filter
+    (the previews' and the playground's rows)."""
+    return replace(data, eval_frac=0.0, max_rows=None, pass_rates=None)
+
+
 def preview_examples(data: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP) -> list[dict]:
     """The first PREVIEW_ROWS rows as examples, in file order and unsplit: the playground's rows.
 
@@ -243,7 +253,7 @@ def preview_examples(data: DataConfig, base_dir: str | None = None, policy: Poli
     """
     data.validate()
     rows = load_rows(data, base_dir, policy).rows[:PREVIEW_ROWS]
-    return map_rows(rows, replace(data, eval_frac=0.0, max_rows=None), policy).train
+    return map_rows(rows, every_row(data), policy).train
 
 
 def fit_mapping(data: DataConfig, rows: list[dict], policy: Policy = LAPTOP) -> tuple[DataConfig, list[str]]:
@@ -257,7 +267,7 @@ def fit_mapping(data: DataConfig, rows: list[dict], policy: Policy = LAPTOP) -> 
     notes: list[str] = []
     for _ in range(3):  # prompt, reference, system: each is fixed at most once
         try:
-            map_rows(sample, replace(data, eval_frac=0.0, max_rows=None), policy)
+            map_rows(sample, every_row(data), policy)
             break
         except ConfigError as exc:
             message = str(exc)

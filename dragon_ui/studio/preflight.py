@@ -6,9 +6,10 @@ from __future__ import annotations
 from ..engine.preflight import Fix, Preflight
 from ..errors import ConfigError
 
-__all__ = ["MOST_FIXES", "PROMPT_COLUMNS", "Fix", "Preflight", "apply_fix", "prompt_rows"]
+__all__ = ["MOST_FIXES", "PROMPT_COLUMNS", "Fix", "Preflight", "apply_fix", "difficulty_filter", "prompt_rows",
+           "without_difficulty_filter"]
 
-MOST_FIXES = 2  # engine.preflight.fixes_for offers at most a warmer temperature and partial credit
+MOST_FIXES = 3  # engine.preflight.fixes_for offers at most a warmer temperature, partial credit and the drop
 PROMPT_COLUMNS = ["Row", "Pass rate", "Group", "Prompt", "Reference"]
 
 
@@ -16,6 +17,27 @@ def prompt_rows(report: Preflight) -> list[list]:
     """The sampled prompts, hardest first, as the table's rows (PROMPT_COLUMNS)."""
     return [[check.number, f"{round(100 * check.pass_rate)} %", check.kind, check.prompt, check.reference]
             for check in report.ranked()]
+
+
+def difficulty_filter(draft: dict) -> str:
+    """The difficulty filter the draft sets, in a sentence ("" for none): how many rows the pre-flight measured, the
+    range kept, and how many of them fall outside it."""
+    data = draft.get("data") if isinstance(draft.get("data"), dict) else {}
+    rates = data.get("pass_rates")
+    if not isinstance(rates, dict) or not rates:
+        return ""
+    low, high = (value if isinstance(value := data.get(name), (int, float)) else default
+                 for name, default in (("min_pass_rate", 0.0), ("max_pass_rate", 1.0)))
+    outside = sum(not low <= rate <= high for rate in rates.values() if isinstance(rate, (int, float)))
+    return (f"**Difficulty filter:** training leaves out the {outside} of {len(rates)} rows measured by a pre-flight "
+            f"whose pass rate is outside {low:g} to {high:g}; the other rows all train.")
+
+
+def without_difficulty_filter(draft: dict) -> tuple[dict, str]:
+    """The draft with no difficulty filter (every row trains again), and the sentence saying so."""
+    data = {key: value for key, value in (draft.get("data") or {}).items()
+            if key not in ("pass_rates", "min_pass_rate", "max_pass_rate")}
+    return {**draft, "data": data}, "Cleared the difficulty filter: every row trains."
 
 
 def apply_fix(draft: dict, found: list[Fix], number: int) -> tuple[dict, str]:

@@ -19,6 +19,7 @@ from ..data import DataConfig, bundled_datasets as shipped_datasets
 from ..errors import DragonError
 from ..studio.draft import place_problem
 from ..studio.files import real_source, shown_source
+from ..studio.preflight import difficulty_filter, without_difficulty_filter
 from ..public import LAPTOP, Policy
 from ..studio.playground import (DataPreview, data_config, draft_tokenizer, fit_mapping, load_rows, preview_data,
                                  prompt_limit_of)
@@ -275,6 +276,10 @@ def build(shared: Shared) -> Callable[[], None]:
             max_rows = form.add("data.max_rows", optional_number(
                 placeholder="all", elem_id="data-max-rows", **described("data.max_rows")), number)
             counts = gr.Markdown(elem_id="data-counts")
+            with gr.Row(equal_height=True):
+                difficulty = gr.Markdown(elem_id="data-difficulty")
+                clear_difficulty = gr.Button("Clear the filter", size="sm", scale=0, min_width=150, visible=False,
+                                             elem_id="data-difficulty-clear")
             lengths = gr.Markdown(elem_id="data-lengths")
     table = gr.Dataframe(EMPTY_TABLE, label="First rows", interactive=False, max_height=360, wrap=True,
                          elem_id="data-preview")
@@ -289,7 +294,15 @@ def build(shared: Shared) -> Callable[[], None]:
     shared.fills.append((lambda draft: fill_fields(draft, policy), [
         source, example, hub_config, hub_split, prompt, prompt_column, reference, system, eval_frac, max_rows, sheet]))
 
+    def show_difficulty(draft: dict) -> tuple:
+        said = difficulty_filter(draft)
+        return said, gr.Button(visible=bool(said))
+
+    shared.fills.append((show_difficulty, [difficulty, clear_difficulty]))
+
     def connect() -> None:
+        shared.change_draft(clear_difficulty.click, without_difficulty_filter, [], difficulty)
+
         def update(draft, shown):
             return update_data(draft, shown, form.labels, policy=policy)
 
