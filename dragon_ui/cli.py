@@ -221,7 +221,8 @@ def _cmd_check(args) -> int:
         print(f"Estimate:\n{estimate_run(config, hardware, detect_hardware()).describe()}")
     except DragonError as exc:  # an unknown model size: the run can still start
         print(f"Estimate: none ({exc})")
-    print("Red team: " + red_team_of(config, found.mapped.train, hardware.device, args.policy).describe())
+    if not args.preflight:  # the pre-flight's report has its own, on the prompts it samples
+        print("Red team: " + red_team_of(config, found.mapped.train, hardware.device, args.policy).describe())
     print(f"A training could start: python -m dragon_ui train {args.config}"
           + "".join(f" --set {item}" for item in args.set))
     if args.preflight:

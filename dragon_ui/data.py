@@ -494,9 +494,10 @@ def _row_fields(row: dict, number: int, mapped: dict[str, str]) -> dict[str, str
     return fields
 
 
-def map_rows(rows: list[dict], config: DataConfig, policy: Policy = LAPTOP) -> MappedData:
+def map_rows(rows: list[dict], config: DataConfig, policy: Policy = LAPTOP, first_row: int = 1) -> MappedData:
     """Turn raw rows into chat-format examples and split off a seeded, reproducible held-out set (within
-    ``policy``'s limits of rows and held-out prompts)."""
+    ``policy``'s limits of rows and held-out prompts). ``first_row``: the row of the file ``rows`` start at, which
+    numbers the examples and the messages."""
     config._check_mapping_settings("data", columns_of(rows))
     rows = rows[: config.max_rows] if config.max_rows is not None else rows
     if not rows:
@@ -517,7 +518,7 @@ def map_rows(rows: list[dict], config: DataConfig, policy: Policy = LAPTOP) -> M
 
     examples = []
     most_chars = policy.limits and policy.limits.text_chars
-    for number, row in enumerate(rows, start=1):
+    for number, row in enumerate(rows, start=first_row):
         fields = _row_fields(row, number, mapped)
         user_text = prompt.render(fields)
         if not user_text.strip():

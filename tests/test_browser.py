@@ -577,6 +577,13 @@ def test_will_it_learn_says_why_not_and_its_fix_changes_the_settings_shown(page,
     expect(page.locator("#preflight-fix-2")).to_have_text("Drop the prompts that all fail or all pass (16)")
     expect(page.locator("#preflight-cancel")).to_be_hidden()
     screenshot(page, screenshots, "preflight")
+    first = page.locator("#preflight-prompts [role=row]:has([role=gridcell])").first  # hardest first
+    row, prompt = (first.locator("[role=gridcell]").nth(n).inner_text().strip() for n in (0, 3))
+    first.locator("[role=gridcell]").nth(3).click()  # opens in the playground, whichever row of the file it is
+    expect(page.locator("#rewards-row-text")).to_contain_text(prompt)
+    expect(page.locator("#rewards-row input")).to_have_value(re.compile(rf"^{row}: "))
+    expect(page.locator("#rewards-score")).to_be_visible()  # the Rewards tab is the one shown
+    open_tab(page, "model")
     warmer.click()
     expect(status).to_contain_text("Applied the pre-flight's fix: Raise the temperature to 0.31")
     expect(page.locator("#model-grpo-temperature input")).to_have_value("0.31")

@@ -179,6 +179,17 @@ def test_dropping_every_sampled_prompt_is_offered_while_other_training_rows_stay
     assert drop.settings["data"]["pass_rates"] == {"4": 0.0, "9": 0.0}
 
 
+def test_no_prompt_whose_group_has_a_spread_is_dropped(tiny_config_dict):
+    """Partial credit separates replies that all fail: such a group teaches, though its pass rate is 0. Leaving out
+    the rows by pass rate would leave it out too, so the drop is not offered (the too_hard lesson's fixed run)."""
+    config = RunConfig.from_dict(tiny_config_dict)
+    nearly = check([0.25, 0.0], number=4)  # close_number paid one reply, none passed
+    assert nearly.kind == "spread" and nearly.pass_rate == 0.0
+    found = dataclasses.replace(report([nearly, check([0, 0], number=9), check([1, 0], number=12)]),
+                                training_prompts=24)
+    assert not [fix for fix in fixes_for(found, config) if fix.label.startswith("Drop")]
+
+
 @pytest.mark.parametrize("found, labels", FEW_FIXES.values(), ids=FEW_FIXES.keys())
 def test_only_the_fixes_that_apply_are_offered(found, labels, tiny_config_dict):
     groups, grpo = found
@@ -221,8 +232,9 @@ def test_the_command_line_prints_the_verdict(tiny_config_dict, tmp_path, capsys)
     path.write_text(yaml.safe_dump(tiny_config_dict), encoding="utf-8")
     assert main(["check", str(path), "--preflight", "--prompts", "4"]) == 0
     out = capsys.readouterr().out
-    assert "Red team: No gaming reply earns half of what an honest one does" in out  # check's own, before
-    assert out.count("Red team:") == 2  # and the pre-flight's, on the prompts it sampled
+    assert "Red team: No gaming reply earns half of what an honest one does" in out
+    assert out.count("Red team:") == 1  # the pre-flight's, on the prompts it sampled: check's own is not repeated
+    assert out.index("Red team:") > out.index("Pre-flight: sampling")
     assert "Pre-flight: sampling" in out and "4 of 4 prompts sampled" in out
     assert "% of groups" in out and "Prompts, hardest first" in out
     assert main(["check", str(path), "--preflight", "--prompts", "0"]) == 2

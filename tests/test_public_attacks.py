@@ -512,7 +512,7 @@ def test_a_regex_that_backtracks_forever_is_refused_at_once(demo, tiny_model_dir
         expect_refusal(added, "takes too long on some replies")
         for pattern in (r"(a|aa)+$", r"^(\w+\s?)*$"):
             scored = with_rewards(demo, tiny_model_dir, [{"kind": "regex", "pattern": pattern}]).fire(
-                "rewards-score", **{"rewards-row": 0, "rewards-completion": "a" * 5000 + "!", **PLAYGROUND_DATA})
+                "rewards-score", **{"rewards-row": 1, "rewards-completion": "a" * 5000 + "!", **PLAYGROUND_DATA})
             assert scored.seconds < 5, scored.seconds
             if pattern.startswith("(a|aa)"):
                 expect_refusal(scored, "takes too long on some replies")
@@ -522,7 +522,7 @@ def test_a_long_fenced_reply_is_scored_in_linear_time(demo, tiny_model_dir, no_t
     """Item 9: the json reward's fence regex took 20 s on a 40 000-character reply. The playground caps a typed
     reply, and a capped one is scored at once."""
     attacker = with_rewards(demo, tiny_model_dir, [{"kind": "json"}])
-    typed = {"rewards-row": 0, **PLAYGROUND_DATA}
+    typed = {"rewards-row": 1, **PLAYGROUND_DATA}
     with another_visitor_answered_within(demo):
         scored = attacker.fire("rewards-score", **typed, **{"rewards-completion": "```" + "a" * 19_990})
         assert scored.ok and scored.seconds < 2, (scored.error, scored.seconds)

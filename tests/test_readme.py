@@ -453,3 +453,29 @@ def test_the_loop_tables_are_their_results_files():
         assert row[2].split(" / ")[0] == two_decimals(after[row[0]]["p50_s"]), row[0]
         if row[1] != "–":
             assert row[1].split(" / ")[0] == two_decimals(before[row[0]]["p50_s"]), row[0]
+
+
+def test_the_too_hard_table_is_its_results_file():
+    """Each cell of the lesson's table, worked out from what bench/too_hard.py recorded."""
+    found = result("too-hard.json")
+    rows = table_with(section(PERFORMANCE, "The too-hard lesson"), "run")
+    assert [row[0] for row in rows] == ["as shipped", "with its fix"]
+    assert found["fix"] == "Add partial credit (close_number)"
+
+    def percent(share: float) -> str:
+        return f"{round(100 * share)} %"
+
+    def moved(before: dict, after: dict, name: str) -> str:
+        return f"{before[name]:.3f} → {after[name]:.3f}" if name in after else "–"
+
+    for row, run in zip(rows, (found["as_shipped"], found["fixed"])):
+        steps, heldout = run["steps"], run["heldout"]
+        close = ("–" if steps[0]["close_number"] is None else
+                 f"{statistics.fmean(s['close_number'] for s in steps[:8]):.3f} → "
+                 f"{statistics.fmean(s['close_number'] for s in steps[-8:]):.3f}")
+        assert row[1:] == [percent(run["preflight_no_spread"]), "can learn" if run["learns"] else "too hard",
+                           percent(run["train_no_spread"]), close,
+                           moved(heldout["before"], heldout["after"], "answer"),
+                           moved(heldout["before"], heldout["after"], "close_number"),
+                           f"{run['minutes']:.1f}"], row[0]
+    assert len(found["as_shipped"]["steps"]) == 48 and found["as_shipped"]["state"] == "succeeded"

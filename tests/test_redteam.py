@@ -31,7 +31,7 @@ def recipe_red_team(name: str, tokenizer):
     return red_team(rewards, examples, config.grpo.max_new_tokens, tokenizer)
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "beta_and_temperature", "json_answers", "think_answer"])
+@pytest.mark.parametrize("name", ["arithmetic", "beta_and_temperature", "json_answers", "think_answer", "too_hard"])
 def test_the_bundled_recipes_rewards_raise_no_alarm(name, tokenizer):
     found = recipe_red_team(name, tokenizer)
     assert not found.flagged, found.describe()

@@ -472,18 +472,22 @@ def with_setting(draft: dict, path: str, value) -> dict:
 
 def test_playground_rows_and_scoring_a_typed_completion(draft, labels):
     picker, row_text = rewards_tab.playground_rows(draft, None, labels)
-    assert len(picker.choices) == 20 and picker.value == 0
-    assert picker.choices[0] == ("1: What is 66 + 24? Reply with just the number.", 0)
+    assert len(picker.choices) == 20 and picker.value == 1
+    assert picker.choices[0] == ("1: What is 66 + 24? Reply with just the number.", 1)
     assert row_text == "**Prompt:** What is 66 + 24? Reply with just the number.\n\n**Reference:** 90"
     assert rewards_tab.playground_rows(draft, 5, labels)[0].value == 5  # the chosen row is kept
-    assert rewards_tab.playground_rows(draft, 99, labels)[0].value == 0
+    far, far_text = rewards_tab.playground_rows(draft, 250, labels)  # a pre-flight's prompt, beyond the first rows
+    assert far.value == 250 and len(far.choices) == 21 and far.choices[-1][0].startswith("250: What is ")
+    assert far_text.startswith("**Prompt:** What is ") and far_text.split("**Reference:** ")[1].isdigit()
+    for missing in (401, 0, -3, "7", True, 10**12):  # past the data's 400 rows, or not a row a client may send
+        assert rewards_tab.playground_rows(draft, missing, labels)[0].value == 1
 
-    table, total = rewards_tab.score_typed(draft, 0, "90")
+    table, total = rewards_tab.score_typed(draft, 1, "90")
     assert isinstance(table, pd.DataFrame)
     assert table[["reward", "weight", "score", "weighted"]].values.tolist() == [["numeric", 1.0, 1.0, 1.0],
                                                                                ["length", 0.3, 1.0, 0.3]]
     assert "Total (weighted sum): 1.300" in total
-    table, total = rewards_tab.score_typed(draft, 1, "The sum is 30, I think.")  # row 2 is 10 + 21 = 31
+    table, total = rewards_tab.score_typed(draft, 2, "The sum is 30, I think.")  # row 2 is 10 + 21 = 31
     assert table["score"].tolist() == [0.0, pytest.approx(1 - (23 - 12) / 12, abs=1e-4)]
 
 
@@ -501,13 +505,13 @@ def test_the_playground_ignores_settings_it_does_not_use(studio, draft, labels, 
     assert config.grpo.max_new_tokens == draft["grpo"]["max_new_tokens"] and len(config.rewards) == 2
     picker, row_text = rewards_tab.playground_rows(bad, None, labels)
     assert len(picker.choices) == 20 and "What is 66 + 24?" in row_text
-    table, total = rewards_tab.score_typed(bad, 0, "90")
+    table, total = rewards_tab.score_typed(bad, 1, "90")
     assert "1.300" in total
 
 
 def test_playground_explains_problems(draft, labels):
     no_reference = with_setting(draft, "data.reference", None)
-    table, total = rewards_tab.score_typed(no_reference, 0, "90")
+    table, total = rewards_tab.score_typed(no_reference, 1, "90")
     assert "no reference answer" in table.loc[0, "problem"] and "Failed rewards score 0" in total
     picker, row_text = rewards_tab.playground_rows(with_setting(draft, "data.prompt", "{nope}"), 3, labels)
     assert picker.choices == [] and picker.value is None
@@ -534,7 +538,7 @@ def test_a_public_demo_stops_scoring_a_typed_reply_at_its_time_limit(draft, monk
     started = time.monotonic()
     with pytest.raises(gr.Error, match="Scoring stopped: the rewards took longer than this public demo's limit of 0.5 "
                                        "seconds on one reply"):
-        rewards_tab.score_typed(draft, 0, "90", policy=Policy.from_env())
+        rewards_tab.score_typed(draft, 1, "90", policy=Policy.from_env())
     assert len(scored) == 2 and time.monotonic() - started < 2
 
 
@@ -569,7 +573,7 @@ def no_model(studio, monkeypatch):
 ])
 def test_generation_names_the_setting_and_its_tab_before_loading_a_model(studio, tiny_draft, labels, no_model, path,
                                                                          value, words, tab):
-    updates = list(rewards_tab.generate_samples(studio, with_setting(tiny_draft, path, value), 0, 1, labels=labels))
+    updates = list(rewards_tab.generate_samples(studio, with_setting(tiny_draft, path, value), 1, 1, labels=labels))
     assert len(updates) == 1 and not no_model  # said at once, no model loaded
     (progress, table, warnings), = updates
     assert words in progress and progress.rstrip().endswith(tab)
@@ -578,14 +582,14 @@ def test_generation_names_the_setting_and_its_tab_before_loading_a_model(studio,
 
 def test_a_reward_problem_in_generation_is_said_without_a_tab(studio, tiny_draft, labels, no_model):
     bad = {**tiny_draft, "rewards": [NUMERIC, {"kind": "regex", "name": "digits"}]}
-    (progress, table, warnings), = rewards_tab.generate_samples(studio, bad, 0, 1, labels=labels)
+    (progress, table, warnings), = rewards_tab.generate_samples(studio, bad, 1, 1, labels=labels)
     assert "The 2nd reward (digits): the regular expression is missing" in progress and "(on the" not in progress
     assert not no_model
 
 
 def test_generation_goes_on_with_an_invalid_learning_rate(studio, tiny_draft, labels, no_model):
     bad = with_setting(tiny_draft, "training.learning_rate", -1)
-    updates = list(rewards_tab.generate_samples(studio, bad, 0, 1, labels=labels))
+    updates = list(rewards_tab.generate_samples(studio, bad, 1, 1, labels=labels))
     assert "Loading " in updates[0][0] and len(no_model) == 1  # got as far as loading the model
     assert "A training is running on this machine's CPU" in updates[-1][0]
     assert "earning rate" not in " ".join(update[0] for update in updates)
@@ -593,12 +597,12 @@ def test_generation_goes_on_with_an_invalid_learning_rate(studio, tiny_draft, la
 
 def test_generation_without_labels_keeps_the_config_paths(studio, tiny_draft, no_model):
     (progress, table, warnings), = rewards_tab.generate_samples(
-        studio, with_setting(tiny_draft, "grpo.temperature", 0), 0, 1)
+        studio, with_setting(tiny_draft, "grpo.temperature", 0), 1, 1)
     assert "grpo.temperature must be above 0" in progress
 
 
 def test_generate_a_group_with_the_tiny_model(studio, tiny_draft, labels):
-    updates = list(rewards_tab.generate_samples(studio, tiny_draft, 0, 2, labels=labels))
+    updates = list(rewards_tab.generate_samples(studio, tiny_draft, 1, 2, labels=labels))
     assert "Loading " in updates[0][0]
     progress, table, warnings = updates[-1]
     assert "Sampled 12 replies to 2 row(s)" in progress  # group_size 6 from the arithmetic recipe
@@ -650,7 +654,7 @@ def sampling_threads() -> list[threading.Thread]:
 
 def test_a_group_shows_its_replies_as_they_are_sampled_and_cancel_stops_it(studio, tiny_draft, paced_sampling):
     request = SimpleNamespace(session_hash="session-1")
-    generation = rewards_tab.generate_samples(studio, tiny_draft, 0, 3, request=request)
+    generation = rewards_tab.generate_samples(studio, tiny_draft, 1, 3, request=request)
     table = first_table(generation)
     # The first row's replies as far as they go, not yet scored.
     assert set(table["row"]) == {1} and len(table) == 6 and set(table["total"]) == {""}
@@ -664,7 +668,7 @@ def test_a_group_closed_by_gradio_stops_sampling_and_the_next_one_waits_for_it(s
     """Gradio closes the generator (on its event loop) when the page goes away or Cancel is pressed, and may start
     the next model event at once: closing does not wait for the thread, which stops within a token, and the next
     group's sampling waits for it."""
-    generation = rewards_tab.generate_samples(studio, tiny_draft, 0, 3, request=SimpleNamespace(session_hash="s-2"))
+    generation = rewards_tab.generate_samples(studio, tiny_draft, 1, 3, request=SimpleNamespace(session_hash="s-2"))
     first_table(generation)
     generation.close()  # the thread is held in hand_on: closing returns at once
     assert sampling_threads() and common.SAMPLING.locked()
@@ -673,13 +677,13 @@ def test_a_group_closed_by_gradio_stops_sampling_and_the_next_one_waits_for_it(s
     while sampling_threads() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not sampling_threads() and not common.SAMPLING.locked()
-    progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 0, 1))[-1]
+    progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 1, 1))[-1]
     assert "Sampled 6 replies to 1 row(s)" in progress
 
 
 def test_a_row_whose_prompt_a_run_would_drop_is_not_sampled(studio, tiny_draft):
     tiny_draft["data"]["max_prompt_tokens"] = 5
-    progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 1, 1))[-1]
+    progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 2, 1))[-1]
     assert re.search(r"Row 2's prompt has [\d,]+ tokens, more than the 5 a run keeps \(data.max_prompt_tokens\), so a "
                      "run would drop it; try another row.", progress), progress
     assert is_skip(table) and not sampling_threads()
@@ -693,7 +697,7 @@ def test_a_public_demos_group_stops_at_its_time_limit(tiny_model_dir, paced_samp
     public = Studio(runs_dir=runs_dir, policy=Policy.from_env())
     draft = public.recipes.default()
     draft["model"]["id"], draft["grpo"]["max_new_tokens"] = str(tiny_model_dir), 4
-    generation = rewards_tab.generate_samples(public, draft, 0, 3, request=SimpleNamespace(session_hash="s-3"))
+    generation = rewards_tab.generate_samples(public, draft, 1, 3, request=SimpleNamespace(session_hash="s-3"))
     first_table(generation)  # the thread now waits in hand_on
     time.sleep(0.6)
     paced_sampling.set()
@@ -705,7 +709,7 @@ def test_a_public_demos_group_stops_at_its_time_limit(tiny_model_dir, paced_samp
 
 
 def test_generation_shows_busy_errors_and_asks_for_a_row(studio, tiny_draft, no_model):
-    progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 0, 1))[-1]
+    progress, table, warnings = list(rewards_tab.generate_samples(studio, tiny_draft, 1, 1))[-1]
     assert "A training is running on this machine's CPU" in progress and is_skip(table)
     (progress, table, warnings), = rewards_tab.generate_samples(studio, tiny_draft, None, 1)
     assert "Choose a row" in progress

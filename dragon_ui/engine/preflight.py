@@ -390,12 +390,15 @@ def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
 
 
 def _drop_fix(report: Preflight) -> Fix | None:
+    """Leaving out, by their pass rate, the prompts whose groups had no spread; None where that would leave out a
+    group with a spread too (partial credit can separate replies that all fail), or every training prompt."""
     rates = {str(check.number): round(check.pass_rate, 4) for check in report.prompts}
     low, high = KEEP_PASS_RATES
-    failing = sum(rate < low for rate in rates.values())
-    passing = sum(rate > high for rate in rates.values())
+    left_out = [check for check in report.prompts if not low <= rates[str(check.number)] <= high]
+    failing = sum(rates[str(check.number)] < low for check in left_out)
+    passing = len(left_out) - failing
     unsampled = max(0, report.training_prompts - len(rates))
-    if not failing + passing or failing + passing == len(rates) + unsampled:  # nothing would be left to train on
+    if not left_out or len(left_out) == len(rates) + unsampled or any(check.kind == "spread" for check in left_out):
         return None
     return Fix(f"Drop the prompts that all fail or all pass ({failing + passing})",
                f"Of the {len(rates)} prompts sampled, every reply failed on {failing} and passed on {passing}: "

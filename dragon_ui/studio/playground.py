@@ -246,14 +246,19 @@ def every_row(data: DataConfig) -> DataConfig:
     return replace(data, eval_frac=0.0, max_rows=None, pass_rates=None)
 
 
-def preview_examples(data: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP) -> list[dict]:
-    """The first PREVIEW_ROWS rows as examples, in file order and unsplit: the playground's rows.
+def preview_examples(data: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP, first: int = 1,
+                     count: int = PREVIEW_ROWS) -> list[dict]:
+    """``count`` rows from row ``first`` of the file (1-based) as examples, in file order, unsplit and unfiltered,
+    each numbered by its row ("number"): the playground's rows, the first PREVIEW_ROWS of them offered, any other
+    one opened from the pre-flight. A row with an empty prompt gives no example.
 
-    Raises ConfigError with the sentence to show when the data cannot be read or mapped.
+    Raises ConfigError with the sentence to show when the data cannot be read or mapped, or has no row ``first``.
     """
     data.validate()
-    rows = load_rows(data, base_dir, policy).rows[:PREVIEW_ROWS]
-    return map_rows(rows, every_row(data), policy).train
+    rows = load_rows(data, base_dir, policy).rows
+    if rows and not 1 <= first <= len(rows):  # no rows at all: map_rows says so in its words
+        raise ConfigError(f"The data has {len(rows):,} rows; there is no row {first:,}.")
+    return map_rows(rows[first - 1:first - 1 + count], every_row(data), policy, first_row=first).train
 
 
 def fit_mapping(data: DataConfig, rows: list[dict], policy: Policy = LAPTOP) -> tuple[DataConfig, list[str]]:
@@ -466,14 +471,14 @@ def reward_failures(group: GroupScores) -> list[str]:
             for name, (count, first) in failures.items()]
 
 
-def refuse_long_prompts(examples: list[dict], tokenizer, limit: int | None, first_row: int) -> None:
+def refuse_long_prompts(examples: list[dict], tokenizer, limit: int | None) -> None:
     """Refuse to sample a row whose prompt a run would drop (engine.prompts): the group would show what training
-    never sees, and a long prompt takes the machine for minutes. ``first_row`` is the first example's index."""
+    never sees, and a long prompt takes the machine for minutes."""
     if limit is None:
         return
-    for offset, length in enumerate(token_counts(examples, tokenizer)):
+    for example, length in zip(examples, token_counts(examples, tokenizer), strict=True):
         if length > limit:
-            raise ConfigError(f"Row {first_row + offset + 1}'s prompt has {length:,} tokens, more than the {limit:,} a "
+            raise ConfigError(f"Row {example['number']}'s prompt has {length:,} tokens, more than the {limit:,} a "
                               "run keeps (data.max_prompt_tokens), so a run would drop it; try another row.")
 
 

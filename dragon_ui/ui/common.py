@@ -161,6 +161,9 @@ class Shared:
     runs_list: list = field(default_factory=list)
     # The Train tab's status line, which Start fills at once (else it would show "no run yet" until the run is read).
     train_status: Any = None
+    # The Rewards tab's playground row picker and the row it shows: a pre-flight's prompt opens there.
+    playground_row: Any = None
+    playground_row_text: Any = None
     # Tabs that replace the whole draft (a past run's "Load these settings") call this with their trigger and a
     # function of their inputs that returns (draft, what it is); app.build_app sets it before building the tabs.
     offer_draft: Callable[..., Any] | None = None

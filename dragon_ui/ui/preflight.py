@@ -15,7 +15,9 @@ from ..errors import Stopped
 from ..runstore import format_seconds
 from ..studio.backend import Studio
 from ..studio.preflight import MOST_FIXES, PROMPT_COLUMNS, Preflight, apply_fix, prompt_rows
-from .common import ONE_MODEL_AT_A_TIME, SAMPLING, Shared, explain, message
+from .common import (ONE_MODEL_AT_A_TIME, SAMPLING, TAB_REWARDS, Shared, explain, in_the_page, message,
+                     tab_selected)
+from .rewards_tab import playground_rows
 
 
 def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
@@ -28,7 +30,8 @@ def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
                        for n in range(MOST_FIXES)]
     status = gr.Markdown(elem_id="preflight-status")
     prompts = gr.Dataframe(headers=PROMPT_COLUMNS, visible=False, interactive=False, wrap=True, max_height=360,
-                           label="Prompts, hardest first", elem_id="preflight-prompts")
+                           label="Prompts, hardest first (pick one to try it in the Rewards tab's playground)",
+                           elem_id="preflight-prompts")
     fixes = gr.State([])  # the last report's fixes, held by the server: a fix button applies one of these alone
 
     def connect() -> None:
@@ -45,6 +48,15 @@ def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
         for number, shown_fix in enumerate(fixes_shown):
             shared.change_draft(shown_fix.click, lambda draft, found, number=number: apply_fix(draft, found, number),
                                 [fixes], status)
+
+        def open_row(event: gr.SelectData, *shown):
+            """A prompt of the table, picked: its row in the playground, to sample or score by hand."""
+            row = event.row_value[0] if isinstance(event.row_value, list) and event.row_value else None
+            return playground_rows(form.compose(*shown), row, form.labels, shared.studio.policy)
+
+        prompts.select(open_row, form.inputs, [shared.playground_row, shared.playground_row_text],
+                       api_visibility="private", show_progress="hidden").then(
+            **in_the_page([shared.tabs], f"[{tab_selected(TAB_REWARDS)}]"))
 
     return connect
 

@@ -29,7 +29,7 @@ from ..data import prompt_text
 from ..errors import ConfigError, DragonError
 from ..public import LAPTOP, Policy
 from ..studio.draft import place_problem
-from ..studio.playground import (PREVIEW_ROWS, GroupScores, advantages_of, data_config, display_text, generate_groups,
+from ..studio.playground import (GroupScores, advantages_of, data_config, display_text, generate_groups,
                                  no_signal_warning, playground_rewards, preview_examples, prompt_limit_of,
                                  red_team_draft, refuse_long_prompts, reward_failures, sampling_rewards,
                                  score_example)
@@ -45,6 +45,7 @@ TAB_TITLE = "Rewards"
 REPLY_CHARS = 20_000  # a typed reply to score
 SCORE_COLUMNS = ["reward", "weight", "score", "weighted", "problem"]
 SAMPLED_ROWS = (1, 2, 3)  # rows one "Generate a group" samples
+MOST_ROW = 10**9  # the largest row number a client may send for the playground (no file read here has more)
 DEFAULTS = {f.name: f.default for f in fields(RewardSpec)}
 LIST_SETTINGS = ("keys", "words", "tags")  # typed as comma-separated text
 OPTIONAL_NUMBERS = ("min_chars", "max_chars", "max_tokens", "buffer_tokens")  # empty: the setting's default
@@ -318,28 +319,43 @@ def _row_label(number: int, example: dict) -> str:
 
 def playground_rows(draft: dict, current: int | None, labels: dict[str, str] | None = None,
                     policy: Policy = LAPTOP) -> tuple:
-    """The rows one can try (the first mapped rows of the draft's data). Returns (row picker, row status)."""
+    """The rows one can try: the first mapped rows of the draft's data, and the ``current`` one (a row of the file,
+    1-based) wherever it is, as a pre-flight's prompt opens it. Returns (row picker, row status)."""
     try:
         config = data_config(draft)
         examples = preview_examples(config, draft.get("base_dir") or None, policy) if config.source else []
     except DragonError as exc:
         return gr.Dropdown(choices=[], value=None), message(f"No rows to try: {sentence(exc, draft, labels)}", "warn")
-    choices = [(_row_label(number, example), number - 1) for number, example in enumerate(examples, 1)]
-    keep = current if isinstance(current, int) and 0 <= current < len(choices) else (0 if choices else None)
+    if _is_row(current) and current not in [example["number"] for example in examples]:
+        try:
+            examples += [_example(draft, current, policy)]
+        except DragonError:  # no such row in this data: the first is shown instead
+            pass
+    choices = [(_row_label(example["number"], example), example["number"]) for example in examples]
+    numbers = [number for _, number in choices]
+    keep = current if current in numbers else (numbers[0] if numbers else None)
     return gr.Dropdown(choices=choices, value=keep), show_row(draft, keep, examples, policy=policy)
 
 
 def _example(draft: dict, row: int | None, policy: Policy) -> dict:
-    """The mapped example at a playground row (raises ConfigError when the data cannot be mapped)."""
-    examples = preview_examples(data_config(draft), draft.get("base_dir") or None, policy)
-    if not _is_row(row) or row >= len(examples):
+    """The mapped example of a row of the file (raises ConfigError when the data cannot be mapped or the row gives no
+    prompt)."""
+    if not _is_row(row):
         raise gr.Error("Choose a row to try first.")
-    return examples[row]
+    return _examples_from(data_config(draft), draft.get("base_dir") or None, policy, row, 1)[0]
+
+
+def _examples_from(data, base_dir: str | None, policy: Policy, row: int, count: int) -> list[dict]:
+    """The examples of ``count`` rows of the file from ``row`` on; ConfigError when the first gives no prompt."""
+    examples = preview_examples(data, base_dir, policy, first=row, count=count)
+    if not examples or examples[0]["number"] != row:
+        raise ConfigError(f"Row {row} gives an empty prompt; choose another row.")
+    return examples
 
 
 def _is_row(row) -> bool:
-    """A row number the picker offers (any client can send anything in its place)."""
-    return isinstance(row, int) and not isinstance(row, bool) and 0 <= row < PREVIEW_ROWS
+    """A row of a file (1-based), as the picker offers them; any client can send anything in its place."""
+    return isinstance(row, int) and not isinstance(row, bool) and 1 <= row <= MOST_ROW
 
 
 def show_row(draft: dict, row: int | None, examples: list[dict] | None = None, policy: Policy = LAPTOP) -> str:
@@ -347,7 +363,8 @@ def show_row(draft: dict, row: int | None, examples: list[dict] | None = None, p
     if row is None:
         return ""
     try:
-        example = examples[row] if examples is not None else _example(draft, row, policy)
+        shown = [example for example in examples or [] if example["number"] == row]
+        example = shown[0] if shown else _example(draft, row, policy)
     except DragonError as exc:
         return message(sentence(exc, draft, None), "error")
     system = next((m["content"] for m in example["prompt"] if m["role"] == "system"), "")
@@ -397,27 +414,27 @@ def red_team_shown(draft: dict, policy: Policy = LAPTOP) -> tuple:
             gr.Dataframe(pd.DataFrame(rows, columns=RED_TEAM_COLUMNS), visible=True))
 
 
-def group_table(groups: list[GroupScores], first_row: int, advantages: list[list[float]] = (),
+def group_table(groups: list[GroupScores], rows: list[int], advantages: list[list[float]] = (),
                 reward_names: list[str] | None = None, unscored: list[str] = ()) -> pd.DataFrame:
-    """One line per sampled reply: which row, the reply, each reward's score, the total and the advantage (one list
-    per group: advantages_of); then the ``unscored`` replies to the next row as far as they are generated, their
-    scores still blank."""
+    """One line per sampled reply: its row (``rows``: the file rows sampled, in order), the reply, each reward's
+    score, the total and the advantage (one list per group: advantages_of); then the ``unscored`` replies to the next
+    row as far as they are generated, their scores still blank."""
     names = groups[0].reward_names if groups else list(reward_names or [])
     lines = []
-    for offset, (group, advantage_of) in enumerate(zip(groups, advantages, strict=True)):
+    for row, group, advantage_of in zip(rows, groups, advantages):
         for completion, result, advantage in zip(group.completions, group.results, advantage_of, strict=True):
-            lines.append([first_row + offset + 1, completion, *(round(result.scores[n], 3) for n in names),
+            lines.append([row, completion, *(round(result.scores[n], 3) for n in names),
                           round(result.total, 3), round(advantage, 2) + 0.0])  # + 0.0: no "-0.0"
-    lines += [[first_row + len(groups) + 1, reply, *[""] * (len(names) + 2)] for reply in unscored]
+    lines += [[rows[len(groups)], reply, *[""] * (len(names) + 2)] for reply in unscored]
     return pd.DataFrame(lines, columns=["row", "completion", *names, "total", "advantage"])
 
 
-def group_warnings(groups: list[GroupScores], first_row: int) -> str:
+def group_warnings(groups: list[GroupScores], rows: list[int]) -> str:
     """Per row: the no-learning-signal warning and failing rewards, or one line saying every group is usable."""
     lines = []
-    for offset, group in enumerate(groups):
+    for row, group in zip(rows, groups):
         problems = [no_signal_warning(group), *reward_failures(group)]
-        lines += [message(f"Row {first_row + offset + 1}: {text}", "warn") for text in problems if text]
+        lines += [message(f"Row {row}: {text}", "warn") for text in problems if text]
     return "\n\n".join(lines) or message("Every group has different scores, so GRPO can learn from each of them.", "ok")
 
 
@@ -465,17 +482,18 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
         return
     try:
         config = studio.recipes.validate_for_sampling(draft)
-        examples = preview_examples(config.data, config.base_dir or None, studio.policy)[row:row + int(n_prompts)]
+        examples = _examples_from(config.data, config.base_dir or None, studio.policy, row, int(n_prompts))
         studio.recipes.check_sampling(config.grpo.group_size * len(examples))
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.previews.load(config.model, settings=config.hardware)
-        refuse_long_prompts(examples, tokenizer, prompt_limit_of(draft, config.data, studio.policy), row)
+        refuse_long_prompts(examples, tokenizer, prompt_limit_of(draft, config.data, studio.policy))
         rewards = sampling_rewards(config, tokenizer, str(model.device), studio.policy)
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
         return
     group_size, started, groups, shown = config.grpo.group_size, time.monotonic(), [], []
-    yield (message(f"Generating {group_size} replies to row {row + 1} (temperature {config.grpo.temperature:g}, up "
+    numbers = [example["number"] for example in examples]
+    yield (message(f"Generating {group_size} replies to row {row} (temperature {config.grpo.temperature:g}, up "
                    f"to {config.grpo.max_new_tokens} tokens each)…", "info"), gr.skip(), "")
     names = [reward.name for reward in rewards]
     limits = studio.policy.limits
@@ -485,16 +503,16 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
             yield message(sampled, "error"), gr.skip(), gr.skip()
             return
         if isinstance(sampled, list):  # replies to the next row, as far as they go
-            yield gr.skip(), group_table(groups, row, shown, names, sampled), gr.skip()
+            yield gr.skip(), group_table(groups, numbers, shown, names, sampled), gr.skip()
             continue
         groups.append(sampled)
         shown = advantages_of(groups, rewards, config.grpo)  # the rows sampled together are one step's batch
         done = len(groups) == len(examples)
         progress = (f"Sampled {len(groups) * group_size} replies to {len(groups)} row(s) in "
                     f"{time.monotonic() - started:.1f} s." if done else
-                    f"Row {row + len(groups)} done; generating row {row + len(groups) + 1}…")
-        yield message(progress, "ok" if done else "info"), group_table(groups, row, shown), \
-            group_warnings(groups, row)
+                    f"Row {numbers[len(groups) - 1]} done; generating row {numbers[len(groups)]}…")
+        yield message(progress, "ok" if done else "info"), group_table(groups, numbers, shown), \
+            group_warnings(groups, numbers)
 
 
 def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str | None,
@@ -671,6 +689,7 @@ def build(shared: Shared) -> Callable[[], None]:
         with gr.Column():
             row = gr.Dropdown(label="Row", elem_id="rewards-row")
             row_text = gr.Markdown(elem_id="rewards-row-text")
+            shared.playground_row, shared.playground_row_text = row, row_text
             completion = gr.Textbox(label="A reply to score", lines=3, elem_id="rewards-completion")
             score = gr.Button("Score this reply", elem_id="rewards-score")
         with gr.Column():
@@ -683,7 +702,7 @@ def build(shared: Shared) -> Callable[[], None]:
         generate = gr.Button("Generate a group", variant="primary", elem_id="rewards-generate")
         cancel = gr.Button("Cancel", variant="stop", elem_id="rewards-cancel")
     progress = gr.Markdown(elem_id="rewards-progress")
-    groups = gr.Dataframe(group_table([], 0), label="Sampled replies", interactive=False, wrap=True, max_height=420,
+    groups = gr.Dataframe(group_table([], []), label="Sampled replies", interactive=False, wrap=True, max_height=420,
                           elem_id="rewards-groups")
     warnings = gr.Markdown(elem_id="rewards-warnings")
     with gr.Row():

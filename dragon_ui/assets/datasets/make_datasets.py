@@ -91,6 +91,17 @@ def small_sums(rng: random.Random) -> list[dict]:
     return rows
 
 
+def products(rng: random.Random) -> list[dict]:
+    """300 products of two two-digit numbers, which the base SmolLM2-135M almost never gets exactly right but often
+    nearly: the too-hard lesson needs a task where an exact reward gives almost every group the same zero, and
+    partial credit gives many of them a spread."""
+    rows = []
+    for _ in range(300):
+        a, b = rng.randint(12, 99), rng.randint(12, 99)
+        rows.append({"question": f"What is {a} × {b}? Reply with just the number.", "answer": a * b})
+    return rows
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["question", "answer"], lineterminator="\n")
@@ -110,7 +121,8 @@ def main(out_dir: Path) -> None:
     write_csv(out_dir / "arithmetic.csv", arithmetic(rng))
     write_jsonl(out_dir / "json_answers.jsonl", json_answers(rng))
     write_jsonl(out_dir / "think_answer.jsonl", think_answer(rng))
-    write_csv(out_dir / "small_sums.csv", small_sums(rng))  # last: the datasets before it stay as they were
+    write_csv(out_dir / "small_sums.csv", small_sums(rng))
+    write_csv(out_dir / "products.csv", products(rng))  # last: the datasets before it stay as they were
 
 
 if __name__ == "__main__":
