@@ -200,6 +200,8 @@ class RunStatus(TypedDict, total=False):
     reward_errors: dict[str, int]
     heldout_before: float | None
     heldout_after: float | None
+    heldout_before_scores: dict[str, float]  # each reward's and metric's held-out mean, before and after training
+    heldout_after_scores: dict[str, float]
     latest_checkpoint: str
 
 

@@ -191,6 +191,9 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     page.get_by_text("The whole configuration (YAML)").click()
     yaml_view = page.locator("#model-yaml")
     expect(yaml_view).to_contain_text(model)
+    for line in yaml_view.locator(".cm-line").all()[-1:]:  # the editor draws only the lines in view: show its end
+        line.scroll_into_view_if_needed()
+        page.mouse.wheel(0, 600)
     expect(yaml_view).to_contain_text(f"group_size: {SCENARIO['group_size']}")
     page.locator("#model-start").click()
 

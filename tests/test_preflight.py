@@ -50,10 +50,16 @@ def test_a_group_is_learned_from_only_with_a_spread_and_is_otherwise_too_hard_or
 
 
 VERDICTS = {  # groups -> words the verdict says
-    "too hard": ([[0, 0], [0, 0], [0, 0], [1, 0]], "75 % of groups have no spread (4 prompts, 2 replies each): 75 % all "
-                                                   "fail. Too hard for this model"),
-    "too easy": ([[1, 1], [1, 1], [1, 1], [0, 1]], "75 % of groups have no spread (4 prompts, 2 replies each): 75 % all "
-                                                   "pass. Too easy"),
+    "hard": ([[0, 0], [0, 0], [0, 0], [1, 0]], "75 % of groups have no spread (4 prompts, 2 replies each): 75 % all "
+                                               "fail. Hard for this model. Only 25 % of the groups teach, so it learns "
+                                               "slowly if at all. Give partial credit"),
+    "too hard": ([[0, 0]] * 9 + [[1, 0]], "90 % of groups have no spread (10 prompts, 2 replies each): 90 % all fail. "
+                                          "Too hard for this model. Give partial credit"),
+    "mostly too easy": ([[1, 1], [1, 1], [1, 1], [0, 1]], "75 % of groups have no spread (4 prompts, 2 replies each): "
+                                                          "75 % all pass. Mostly too easy: most replies already earn "
+                                                          "the reward. Only 25 % of the groups teach"),
+    "too easy": ([[1, 1]] * 10, "100 % of groups have no spread (10 prompts, 2 replies each): 100 % all pass. Too easy: "
+                                "most replies already earn the reward. Drop those prompts"),
     "can learn": ([[1, 0], [0, 1], [1, 0], [1, 1]], "It can learn: 75 % of groups have a spread to learn from (4 prompts, "
                                                     "2 replies each; 0 % all fail, 25 % all pass)."),
 }

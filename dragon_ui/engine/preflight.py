@@ -38,6 +38,9 @@ PREFLIGHT_S = 60  # the default sample is sized to take about this long
 MIN_PROMPTS = 16
 MOST_PROMPTS = 256
 NO_SPREAD_TOO_MUCH = 0.5  # past this share of groups without spread, most of every step teaches nothing
+# ...and past this one, next to nothing does. Measured (docs/performance.md): runs at 44-57 % learned within 10 steps,
+# one at 78 % a little in 24, the too_hard lesson at 94 % nothing in 48.
+NO_SPREAD_HOPELESS = 0.9
 CAPPED_TOO_MANY = 0.25  # past this share of replies cut off at max new tokens, the length cap is hurting
 FAILING_TOO_OFTEN = 0.1  # past this share of replies a reward failed on, it is broken for this data
 PROMPT_CHARS = 300  # what the report keeps of a prompt or a reference
@@ -146,12 +149,17 @@ class Preflight:
         groups = f"{len(self.prompts)} prompt{'s' if len(self.prompts) != 1 else ''}, {self.group_size} replies each"
         if not self.learns:
             head = f"{no_spread} % of groups have no spread ({groups}): "
+            hopeless = self.share("no spread") >= NO_SPREAD_HOPELESS
+            slowly = "" if hopeless else (f" Only {100 - no_spread} % of the groups teach, so it learns slowly if at "
+                                          "all.")
             if self.share("all fail") >= self.share("all pass"):
-                sentences = [head + f"{fail} % all fail. Too hard for this model: give partial credit (numeric "
-                             "tolerance, `contains`), shorten the answer format, or raise the temperature."]
+                sentences = [head + f"{fail} % all fail. {'Too hard' if hopeless else 'Hard'} for this model.{slowly}"
+                             " Give partial credit (numeric tolerance, `contains`), shorten the answer format, or "
+                             "raise the temperature."]
             else:
-                sentences = [head + f"{passes} % all pass. Too easy: every reply already earns the reward; drop "
-                             "those prompts, or use harder data or a stricter reward."]
+                sentences = [head + f"{passes} % all pass. {'Too easy' if hopeless else 'Mostly too easy'}: most "
+                             f"replies already earn the reward.{slowly} Drop those prompts, or use harder data or a "
+                             "stricter reward."]
         else:
             sentences = [f"It can learn: {100 - no_spread} % of groups have a spread to learn from ({groups}; "
                          f"{fail} % all fail, {passes} % all pass)."]
