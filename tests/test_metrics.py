@@ -5,6 +5,8 @@ held-out total."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from huggingface_hub import ModelCard
 
@@ -14,7 +16,9 @@ from dragon_ui.config import RunConfig
 from dragon_ui.engine import training
 from dragon_ui.engine.model_card import CARD_FILE
 from dragon_ui.runstore import list_runs
+from dragon_ui.rewards import stored_metrics
 from dragon_ui.studio.compare import comparison
+from dragon_ui.ui import plots
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -75,6 +79,10 @@ def test_the_card_compare_the_cli_and_the_leaderboard_show_it_as_a_metric(metric
 
     assert main(["eval", str(metric_run.path)]) == 0
     assert "mentions_answer (metric)" in capsys.readouterr().out
+
+    figure = plots.reward_figure(metric_run.read_progress(), ["numeric", "length", "mentions_answer"],
+                                 metrics=stored_metrics(json.loads(metric_run.config_path.read_text())))
+    assert [trace.name for trace in figure.data] == ["total", "numeric", "length", "mentions_answer (metric)"]
 
     summaries = list_runs(metric_run.path.parent)
     assert "mentions_answer" in experiments.rank_choices(summaries)

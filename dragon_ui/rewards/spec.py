@@ -73,6 +73,12 @@ def training_weight(reward: RewardSpec | Mapping) -> float:
     return reward.weight if reward.train else 0.0
 
 
+def stored_metrics(config: Mapping) -> set[str]:
+    """The names of the rewards of a stored run config (config.json) that are metrics (``train: false``)."""
+    return {str(reward.get("name") or reward.get("kind")) for reward in config.get("rewards") or []
+            if isinstance(reward, Mapping) and reward.get("train") is False}
+
+
 def kind_fields(kind: str) -> tuple[str, ...]:
     """The settings a reward of this kind takes besides kind, name, weight and train (what an editor should show)."""
     return _KIND_FIELDS[kind]

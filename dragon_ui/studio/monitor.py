@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..config import usual_learning_rates
 from ..grpo_math import finite_number
-from ..rewards import PENALTY_KINDS
+from ..rewards import PENALTY_KINDS, stored_metrics
 from ..runstore import (ACTIVE_STATES, RunDir, errors_key, read_appended_rows, read_last_appended_row, read_record_rows,
                         reward_key, value_at)
 
@@ -450,8 +450,7 @@ def hacking_alerts(rows: list[dict], rollout: dict | None, config: dict, heldout
     - one reply to most of the latest step's prompts, among prompts whose references differ;
     - most replies repeating themselves (few distinct word 3-grams), or empty.
     """
-    metrics = {str(r.get("name") or r.get("kind")) for r in config.get("rewards") or []
-               if isinstance(r, dict) and r.get("train") is False}
+    metrics = stored_metrics(config)
     return [*_heldout_alerts(rows, heldout or []), *_metric_alerts(rows, heldout or [], metrics - skip),
             *_trade_off_alerts(rows, config, skip | metrics),
             *_padding_alerts(rows, config), *_reply_alerts(rollout)]

@@ -46,11 +46,13 @@ def _laid_out(figure: go.Figure, title: str, x_title: str, y_title: str, uirevis
 
 
 def reward_figure(rows: list[dict], reward_names: list[str] | None = None,
-                  heldout: list[dict] | None = None) -> go.Figure:
-    """Total reward (weighted sum) and each reward's mean: what the model is being pushed towards; and the held-out
-    reward of the checks during training (dashed): whether that carries over to prompts it does not train on."""
+                  heldout: list[dict] | None = None, metrics: set[str] = frozenset()) -> go.Figure:
+    """Total reward (weighted sum) and each reward's mean: what the model is being pushed towards, and each metric's
+    (``metrics``, named so: not trained on); and the held-out reward of the checks during training (dashed): whether
+    that carries over to prompts it does not train on."""
     names = reward_names if reward_names is not None else reward_names_of(rows)
-    figure = line_figure(rows, [("reward", "total"), *((reward_key(n), n) for n in names)], "Reward", "mean reward")
+    figure = line_figure(rows, [("reward", "total"), *((reward_key(n), f"{n} (metric)" if n in metrics else n)
+                                                        for n in names)], "Reward", "mean reward")
     steps, values = series(heldout or [], "reward")
     if rows and any(value is not None for value in values):
         prompts = (heldout or [{}])[-1].get("n_prompts")

@@ -18,6 +18,7 @@ import gradio as gr
 
 from ..errors import DragonError
 from ..grpo_math import has_spread, known
+from ..rewards import stored_metrics
 from ..runstore import ACTIVE_STATES, format_seconds, read_json, state_label
 from ..studio.backend import Studio
 from ..studio.explain import GroupExplanation, explain_run_group, formula_lines, plain_words, shown_number
@@ -297,7 +298,8 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
         status=status_markdown(run_id, status, queue_place)
         if snap.status_changed or queue_place != watch.get("queue_place", "") else skip,
         progress=progress_html(status) if snap.status_changed else skip,
-        reward_plot=plots.reward_figure(rows, reward_names, snap.heldout) if snap.progress_changed else skip,
+        reward_plot=plots.reward_figure(rows, reward_names, snap.heldout, stored_metrics(config))
+        if snap.progress_changed else skip,
         spread_plot=plots.spread_figure(rows) if snap.progress_changed else skip,
         kl_plot=plots.kl_figure(rows) if snap.progress_changed else skip,
         length_plot=plots.length_figure(rows, max_new_tokens) if snap.progress_changed else skip,
