@@ -139,8 +139,7 @@ class DataConfig:
 
     def _check_difficulty(self, where: str) -> None:
         for name in ("min_pass_rate", "max_pass_rate"):
-            rate = getattr(self, name)
-            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            if not _is_share(rate := getattr(self, name)):
                 raise ConfigError(f"{where}.{name} must be a share from 0 to 1, got {rate!r}.")
         if self.min_pass_rate > self.max_pass_rate:
             raise ConfigError(f"{where}.min_pass_rate ({self.min_pass_rate:g}) is above {where}.max_pass_rate "
@@ -154,14 +153,19 @@ class DataConfig:
         for row, rate in rates.items():
             if not isinstance(row, str) or not row.isascii() or not row.isdigit() or int(row) < 1 or len(row) > 9:
                 raise ConfigError(f"{where}.pass_rates: {_shown(row)} is not a row number (1, 2, 3, …).")
-            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            if not _is_share(rate):
                 raise ConfigError(f"{where}.pass_rates[{row}] must be a share from 0 to 1, got {_shown(rate)}.")
+
+    def keeps_rate(self, rate: float) -> bool:
+        """Whether the difficulty filter keeps a row whose pre-flight pass rate is ``rate``: the one rule that
+        training, the pre-flight's drop fix and the Data tab's sentence all apply."""
+        return self.min_pass_rate <= rate <= self.max_pass_rate
 
     def dropped_because(self, row_number: int) -> str | None:
         """Why the difficulty filter drops the training row ``row_number`` (its pre-flight pass rate is outside the
         range kept), or None when it keeps it (a row the pre-flight did not measure is kept)."""
         rate = (self.pass_rates or {}).get(str(row_number))
-        if rate is None or self.min_pass_rate <= rate <= self.max_pass_rate:
+        if rate is None or self.keeps_rate(rate):
             return None
         side = "below" if rate < self.min_pass_rate else "above"
         bound = self.min_pass_rate if side == "below" else self.max_pass_rate
@@ -561,6 +565,11 @@ def map_rows(rows: list[dict], config: DataConfig, policy: Policy = LAPTOP, firs
                           "widen the range or clear the filter.")
     return MappedData(kept, held_out, len(rows), len(rows) - len(examples), columns, config.eval_frac,
                       held_out_limit=held_out_limit, dropped=dropped)
+
+
+def _is_share(value) -> bool:
+    """A number from 0 to 1 (a bool is not one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
 
 
 def _shown(value) -> str:

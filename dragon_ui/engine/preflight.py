@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from ..config import RunConfig
-from ..data import prompt_text
+from ..data import DataConfig, prompt_text
 from ..errors import DragonError, Stopped
 from ..grpo_math import finite_number, has_spread
 from ..public import LAPTOP, Policy
@@ -402,14 +402,15 @@ def _drop_fix(report: Preflight) -> Fix | None:
     group with a spread too (partial credit can separate replies that all fail), or every training prompt."""
     rates = {str(check.number): round(check.pass_rate, 4) for check in report.prompts}
     low, high = KEEP_PASS_RATES
-    left_out = [check for check in report.prompts if not low <= rates[str(check.number)] <= high]
+    kept = DataConfig(min_pass_rate=low, max_pass_rate=high)
+    left_out = [check for check in report.prompts if not kept.keeps_rate(rates[str(check.number)])]
     failing = sum(rates[str(check.number)] < low for check in left_out)
-    passing = len(left_out) - failing
     unsampled = max(0, report.training_prompts - len(rates))
     if not left_out or len(left_out) == len(rates) + unsampled or any(check.kind == "spread" for check in left_out):
         return None
-    return Fix(f"Drop the prompts that all fail or all pass ({failing + passing})",
-               f"Of the {len(rates)} prompts sampled, every reply failed on {failing} and passed on {passing}: "
+    return Fix(f"Drop the prompts that all fail or all pass ({len(left_out)})",
+               f"Of the {len(rates)} prompts sampled, every reply failed on {failing} and passed on "
+               f"{len(left_out) - failing}: "
                "training on them teaches nothing. The difficulty filter leaves them out of training by their row"
                + (f"; the {unsampled} training rows not sampled stay." if unsampled else "."),
                settings={"data": {"pass_rates": rates, "min_pass_rate": low, "max_pass_rate": high}})

@@ -501,8 +501,7 @@ def _metric_alerts(rows: list[dict], heldout: list[dict], metrics: set[str]) -> 
 
 
 def _metric_fall_heldout(rows: list[dict], heldout: list[dict], name: str):
-    checks = [(row["step"], row["rewards"][name]) for row in heldout if isinstance(row.get("step"), int)
-              and isinstance((row.get("rewards") or {}).get(name), (int, float))][-3:]
+    checks = points(heldout, reward_key(name))[-3:]
     if len(checks) < 3:
         return None
     (first, before), (last, after) = checks[0], checks[-1]

@@ -3,6 +3,7 @@ fixes applied to the settings shown."""
 
 from __future__ import annotations
 
+from ..data import DataConfig
 from ..engine.preflight import Fix, Preflight
 from ..errors import ConfigError
 
@@ -28,7 +29,8 @@ def difficulty_filter(draft: dict) -> str:
         return ""
     low, high = (value if isinstance(value := data.get(name), (int, float)) else default
                  for name, default in (("min_pass_rate", 0.0), ("max_pass_rate", 1.0)))
-    outside = sum(not low <= rate <= high for rate in rates.values() if isinstance(rate, (int, float)))
+    kept = DataConfig(min_pass_rate=low, max_pass_rate=high)
+    outside = sum(not kept.keeps_rate(rate) for rate in rates.values() if isinstance(rate, (int, float)))
     return (f"**Difficulty filter:** training leaves out the {outside} of {len(rates)} rows measured by a pre-flight "
             f"whose pass rate is outside {low:g} to {high:g}; the other rows all train.")
 

@@ -123,8 +123,9 @@ def form_to_dict(kind: str, name: str | None, weight: float | None, values) -> d
     """The form as a reward dict for RewardSpec.from_dict: only the selected kind's settings, lists split on commas."""
     spec: dict = {"kind": kind, "name": (name or "").strip(), "weight": weight}
     for setting, value in zip(SETTINGS, values, strict=True):
-        if kind not in REWARD_KINDS or setting not in ("train", *kind_fields(kind)) or (setting == "train"
-                                                                                         and value is True):
+        if kind not in REWARD_KINDS or setting not in ("train", *kind_fields(kind)):
+            continue
+        if setting == "train" and value is True:
             continue  # trained on is the default: a stored reward says "train" only for a metric
         if setting in LIST_SETTINGS:
             value = [item.strip() for item in (value or "").split(",") if item.strip()] or None
