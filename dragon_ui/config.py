@@ -26,6 +26,7 @@ from .grpo_math import AGGREGATIONS, SCALE_REWARDS
 from .public import LAPTOP, Policy
 from .rewards import RewardSpec, check_some_weight, parse_rewards
 from .rewards.trl_rewards import overlong_window
+from .tools import ToolSpec, parse_tools
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
@@ -136,6 +137,9 @@ class GRPOSettings:
         "Leave out tokens less likely than this share of the likeliest one's probability; empty: off."))
     repetition_penalty: float = setting(1.0, label="Sampling: repetition penalty", help=(
         "Above 1 holds back tokens already used; 1 is off."))
+    max_tool_calling_iterations: int = setting(2, label="Tool rounds per completion", help=(
+        "With tools: how many times (1–10) one completion may call tools and go on with their answers before it "
+        "must stop; its tokens, the tools' answers included, stay within max new tokens."))
 
     def validate(self, where: str = "grpo") -> None:
         _check_range(f"{where}.group_size", self.group_size, 2, 64, "completions per prompt; GRPO compares them, so at least 2")
@@ -147,6 +151,8 @@ class GRPOSettings:
             raise ConfigError(f"{where}.temperature must be at least {MIN_TEMPERATURE:g} (got {self.temperature:g}): "
                               "below it the scores overflow when they are divided by it, and sampling fails.")
         _check_range(f"{where}.max_new_tokens", self.max_new_tokens, 1, 32768, "the length cap of each completion")
+        _check_range(f"{where}.max_tool_calling_iterations", self.max_tool_calling_iterations, 1, 10,
+                     "rounds of tool calls per completion")
         _check_choice(f"{where}.loss_type", self.loss_type, LOSS_TYPES)
         _check_choice(f"{where}.scale_rewards", self.scale_rewards, SCALE_REWARDS)
         self._validate_variants(where)
@@ -414,6 +420,9 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rewards: list[RewardSpec] = setting(label="Rewards", factory=list, shown_default="–", help=(
         "The list of rewards: at least one, and at least one with a weight above 0."), see="[Rewards](#rewards)")
+    tools: list[ToolSpec] = setting(label="Tools", factory=list, shown_default="none", help=(
+        "Tools the model may call while it answers (multi-turn GRPO): a calculator, a unit converter, a lookup or "
+        "a search over the data, or your own Python function."), see="[Tools](#tools)")
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
     training: TrainingSettings = field(default_factory=TrainingSettings)
     lora: LoraSettings = field(default_factory=LoraSettings)
@@ -445,12 +454,14 @@ class RunConfig:
         if isinstance(data.get("model"), str):  # `model: some/id` is the common short form
             data["model"] = {"id": data["model"]}
         rewards = data.pop("rewards", None)
-        config = _build(cls, data, "config", skip={"rewards"})
+        tools = data.pop("tools", None)
+        config = _build(cls, data, "config", skip={"rewards", "tools"})
         if rewards is None:
             raise ConfigError("rewards is missing; add at least one reward, for example `- kind: numeric`.")
         if not isinstance(rewards, list):
             raise ConfigError("rewards must be a list of rewards, each with a kind (numeric, exact, length, ...).")
         config.rewards = parse_rewards(rewards, policy=policy, load_code=load_code)
+        config.tools = parse_tools(tools, policy=policy)
         if base_dir is not None and not config.base_dir:
             config.base_dir = str(Path(base_dir).resolve())
         config.validate()
@@ -502,6 +513,9 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["rewards"] = [spec.to_dict() for spec in self.rewards]
+        out["tools"] = [spec.to_dict() for spec in self.tools]
+        if not self.tools:  # most runs call none: their configs stay as they were
+            del out["tools"]
         return out
 
     def to_yaml(self) -> str:

@@ -49,6 +49,35 @@ def excerpt(text: str | None, chars: int = RECORDED_TEXT_CHARS) -> str | None:
     if text is None or len(text) <= chars:
         return text
     return f"{text[:chars]}… ({len(text) - chars:,} more characters)"
+
+
+class Turn(TypedDict, total=False):
+    """One message of a completion that called tools, as rollouts.jsonl and sampling.json keep it."""
+
+    role: str  # "assistant": the model's text and calls (trained on); "tool": a tool's answer (not trained on)
+    text: str | None
+    calls: list[dict]  # assistant: each call's {"name", "arguments"}
+    name: str  # tool: which tool answered
+
+
+def recorded_turns(completion) -> list[Turn] | None:
+    """A completion's turns when it called a tool (each text an excerpt), None for a one-message reply: the final
+    answer is the last assistant turn, which the record's text already holds."""
+    if not isinstance(completion, list) or not any(m.get("tool_calls") or m.get("role") == "tool"
+                                                   for m in completion if isinstance(m, dict)):
+        return None
+    turns: list[Turn] = []
+    for message in completion:
+        content = message.get("content")
+        text = excerpt(content if isinstance(content, str) else str(content or ""))
+        if message.get("role") == "tool":
+            turns.append({"role": "tool", "name": str(message.get("name", "")), "text": text})
+        else:
+            calls = [{"name": (call.get("function") or {}).get("name"),
+                      "arguments": (call.get("function") or {}).get("arguments")}
+                     for call in message.get("tool_calls") or []]
+            turns.append({"role": "assistant", "text": text, "calls": calls})
+    return turns
 # How a person reads a state, where that differs from the stored value (which stays: status.json is a contract).
 # "cancelled" sounded final, but a stopped run keeps its checkpoints and resumes from the latest.
 STATE_LABELS = {"cancelled": "stopped — can resume"}
@@ -237,6 +266,8 @@ class ProgressRow(TypedDict, total=False):
     world_size: int
     completions_per_step: int
     reused_batch: bool  # num_iterations > 1: this step trained again on the last sampled batch
+    tool_calls: float | None  # with tools: calls per completion (TRL's tools/call_frequency)
+    tool_failures: float | None  # the share of those calls that failed (TRL's tools/failure_frequency)
 
 
 class HeldOutRow(TypedDict, total=False):

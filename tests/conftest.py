@@ -55,6 +55,14 @@ def build_tiny_model(target: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_tool_model_dir(tmp_path_factory) -> Path:
+    """A tiny Qwen2 taught to call a calculator (tests/tool_model.py): a random model never writes a tool call."""
+    from tool_model import build_tiny_tool_model
+
+    return build_tiny_tool_model(tmp_path_factory.mktemp("tiny-tool-qwen2"))
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     # Before any test loads a model: the speed-ups' self-checks (a few seconds, once per set of library versions)
     # would otherwise run inside the first test that does, among the calls it counts.

@@ -146,5 +146,5 @@ def test_settings_lists_each_setting_with_its_default_and_help(capsys):
 
 def test_settings_names_the_sections_when_nothing_matches(capsys):
     assert main(["settings", "gpro"]) == 2
-    assert "No setting starts with 'gpro'; the configuration's settings and sections are: model, data, rewards, grpo" \
+    assert "No setting starts with 'gpro'; the configuration's settings and sections are: model, data, rewards, tools, grpo" \
         in capsys.readouterr().err

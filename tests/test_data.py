@@ -564,7 +564,8 @@ def test_bundled_json_answers_and_think_answer_map():
 
 def test_bundled_datasets_are_small_and_regenerate_identically(tmp_path):
     subprocess.run([sys.executable, str(DATASETS / "make_datasets.py"), str(tmp_path)], check=True, timeout=60)
-    for name in ("arithmetic.csv", "json_answers.jsonl", "think_answer.jsonl", "small_sums.csv", "products.csv"):
+    for name in ("arithmetic.csv", "json_answers.jsonl", "think_answer.jsonl", "small_sums.csv", "products.csv",
+                 "big_products.csv"):
         assert (tmp_path / name).read_bytes() == (DATASETS / name).read_bytes(), name
         assert (DATASETS / name).stat().st_size < 100_000
 

@@ -100,6 +100,18 @@ def test_the_words_say_which_completions_go_up_and_down_and_what_beta_adds():
         explain.explain_group(rollout, 1, config(beta=0.0))))
 
 
+def test_a_group_that_called_tools_says_the_loss_leaves_the_tools_answers_out():
+    rollout = {"step": 5, "groups": [group(1.0, 0.0, advantages=[0.7071, -0.7071])]}
+    called = {"role": "assistant", "text": "", "calls": [{"name": "calculator", "arguments": {"expression": "2*3"}}]}
+    rollout["groups"][0]["completions"][0]["turns"] = [called, {"role": "tool", "name": "calculator", "text": "6"},
+                                                       {"role": "assistant", "text": "6", "calls": []}]
+    explained = explain.explain_group(rollout, 1, config())
+    assert explained.tool_calls == 1
+    assert "called tools 1 time. The loss sees only the model's own tokens" in " ".join(explain.plain_words(explained))
+    rollout["groups"][0]["completions"][0].pop("turns")
+    assert "tools" not in " ".join(explain.plain_words(explain.explain_group(rollout, 1, config())))
+
+
 def test_advantages_that_differ_from_trls_are_reported_not_hidden():
     rollout = {"step": 5, "groups": [group(1.0, 0.0, advantages=[0.3, -0.3])]}
     explained = explain.explain_group(rollout, 1, config())

@@ -534,3 +534,45 @@ def test_padding_for_a_length_reward_is_caught_on_the_lessons_real_run():
 def test_no_padding_alert_without_a_length_reward_that_rose_with_the_lengths(rewards, rows):
     kinds = {a.kind for a in health_alerts(rows, {}, {**LESSON_CONFIG, "rewards": rewards})}
     assert "padding" not in kinds and "clipped" in kinds
+
+
+TOOLS_CONFIG = {**CONFIG, "tools": [{"kind": "calculator", "name": "calculator"}],
+                "grpo": {**CONFIG["grpo"], "max_tool_calling_iterations": 2}}
+CALLED = [{"role": "assistant", "text": "", "calls": [{"name": "calculator", "arguments": {"expression": "2 * 3"}}]},
+          {"role": "tool", "name": "calculator", "text": "6"}]
+ANSWERED = [*CALLED, {"role": "assistant", "text": "6", "calls": []}]
+
+
+def tool_rollout(*endings: list[dict]) -> dict:
+    """One group whose completions ended as ``endings`` (their turns), each final text as the records keep it."""
+    completions = [{"text": turns[-1]["text"] if turns[-1]["role"] == "assistant" else "", "turns": turns,
+                    "scores": {}, "total": 0.0, "advantage": 0.0} for turns in endings]
+    return {"step": 12, "groups": [{"prompt": "What is 2 * 3?", "reference": "6", "completions": completions}]}
+
+
+TOOL_CASES = {
+    "calling and answering": ({"tool_calls": [0.5, 0.75, 1.0], "tool_failures": [0.0, 0.1, 0.0]},
+                              tool_rollout(ANSWERED, ANSWERED, CALLED[:1] + [{"role": "assistant", "text": "6",
+                                                                              "calls": []}]), []),
+    "no call for three steps": ({"tool_calls": [0.0, 0.0, 0.0], "tool_failures": [0.0, 0.0, 0.0]}, None,
+                                [("tools_unused", 0.0, "No completion called a tool in the last 3 steps (to step 10)")]),
+    "a call two steps ago": ({"tool_calls": [0.25, 0.0, 0.0], "tool_failures": [1.0, 0.0, 0.0]}, None, []),
+    "every call failing": ({"tool_calls": [1.0, 1.5, 1.0], "tool_failures": [1.0, 1.0, 1.0]}, None,
+                           [("tool_failures", 1.0, "Every tool call failed in the last 3 steps (to step 10)")]),
+    "most calls failing": ({"tool_calls": [1.0, 1.5, 1.0], "tool_failures": [1.0, 0.9, 1.0]}, None, []),
+    "stuck in calls": ({"tool_calls": [1.0, 1.0, 2.0], "tool_failures": [0.0, 0.0, 0.0]},
+                       tool_rollout(CALLED, CALLED[:1], ANSWERED, CALLED + CALLED),
+                       [("no_final_answer", 0.75, "3 of 4 completions at step 12 end in a tool call, not an answer")]),
+    "half stuck": ({"tool_calls": [1.0, 1.0, 1.0], "tool_failures": [0.0, 0.0, 0.0]},
+                   tool_rollout(CALLED, ANSWERED, ANSWERED, ANSWERED), []),
+}
+
+
+@pytest.mark.parametrize(("last", "rollout", "expected"), TOOL_CASES.values(), ids=TOOL_CASES.keys())
+def test_a_tools_run_is_warned_when_its_model_skips_breaks_or_never_leaves_its_tools(last, rollout, expected):
+    alerts = health_alerts(recorded(**last), {}, TOOLS_CONFIG, rollout=rollout)
+    assert [(a.kind, a.value) for a in alerts] == [case[:2] for case in expected]
+    for alert, (_, _, quoted) in zip(alerts, expected, strict=True):
+        assert quoted in alert.title
+    # the same rows without tools in the config raise nothing about tools, and a stuck reply is not "empty"
+    assert health_alerts(recorded(**last), {}, CONFIG, rollout=rollout) == []

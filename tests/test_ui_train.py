@@ -303,3 +303,27 @@ def test_only_its_owner_follows_a_starting_run_so_no_visitor_holds_the_follower(
         began = time.monotonic()
         assert list(train_tab.follow_start(studio, "any", starting)) == [(SKIP,) * len(fields(TrainView))]
         assert time.monotonic() - began < train_tab.FOLLOW_EVERY_S  # returned at once, without a look at the files
+
+
+def test_a_completion_that_called_tools_shows_each_turn_escaped_and_the_tools_answers_greyed():
+    from dragon_ui.ui.train_tab import completion_html, rollouts_html
+
+    turns = [{"role": "assistant", "text": "Let me <b>check</b>.", "calls": [
+                 {"name": "calculator", "arguments": {"expression": "437 × 478"}}]},
+             {"role": "tool", "name": "calculator", "text": "<script>alert(1)</script>"},
+             {"role": "assistant", "text": "208886", "calls": []}]
+    shown = completion_html("208886", turns)
+    assert "Let me &lt;b&gt;check&lt;/b&gt;." in shown and "<script>" not in shown
+    assert '<code>calculator(expression=&quot;437 × 478&quot;)</code>' in shown
+    assert "class='tool-answer'" in shown and "(not trained on)" in shown and "&lt;script&gt;" in shown
+    assert shown.endswith("<b>Answer:</b> <span style='white-space:pre-wrap'>208886</span></div>")
+    assert shown.count("208886") == 1  # the final reply is shown once, as the answer
+    stuck = completion_html("", turns[:2])
+    assert "no answer: it ended calling a tool" in stuck
+    assert completion_html("<i>85</i>", None) == "<span style='white-space:pre-wrap'>&lt;i&gt;85&lt;/i&gt;</span>"
+    rollout = {"step": 1, "groups": [{"prompt": "What is 437 × 478?", "reference": "208886", "completions": [
+        {"text": "208886", "turns": turns, "scores": {"answer": 1.0}, "total": 1.0, "advantage": 0.7}]}]}
+    assert "(not trained on)" in rollouts_html(rollout, ["answer"])
+    sampled = {"step": 1, "groups": [{"prompt": "q", "reference": "r", "completions": ["208886", "12"],
+                                      "turns": [turns, None]}]}
+    assert rollouts_html(None, ["answer"], sampling=sampled).count("(not trained on)") == 1

@@ -23,6 +23,7 @@ from ..rewards import Reward, ScoreResult, build_rewards, score_completions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
 from .reward_models import classifiers_on
+from .tool_calls import ToolUse, final_text, ready_for_tools, reply_with_tools, tool_use
 from .trained import TrainedWeights, trained_weights
 
 log = logging.getLogger(__name__)
@@ -103,13 +104,30 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
     return replies
 
 
+def held_out_replies(model, tokenizer, examples: list[dict], max_new_tokens: int, tools: ToolUse | None = None,
+                     should_stop: Callable[[], bool] | None = None, batch_size: int = EVAL_BATCH) -> list[str]:
+    """Greedy replies to mapped examples, as the rewards score them: with ``tools``, each calls them as training
+    does and its final answer is the reply."""
+    conversations = [example["prompt"] for example in examples]
+    if tools is None:
+        return generate_replies(model, tokenizer, conversations, max_new_tokens, batch_size=batch_size,
+                                should_stop=should_stop)
+    was_training = model.training
+    model.eval()
+    try:
+        replies = reply_with_tools(model, tokenizer, conversations, tools, max_new_tokens, batch_size, should_stop)
+    finally:
+        model.train(was_training)
+        release_openmp_threads()  # as generate_replies: the UI's pooled threads outlive the request
+    return [final_text(reply) for reply in replies]
+
+
 def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward], max_new_tokens: int,
-                   should_stop: Callable[[], bool] | None = None) -> EvalResult:
-    """Greedy replies to every held-out example, scored with every reward; means are over prompts. Raises Stopped
-    once ``should_stop()`` (a stop, a time limit) turns true."""
+                   should_stop: Callable[[], bool] | None = None, tools: ToolUse | None = None) -> EvalResult:
+    """Greedy replies to every held-out example (calling ``tools`` as training does), scored with every reward;
+    means are over prompts. Raises Stopped once ``should_stop()`` (a stop, a time limit) turns true."""
     started = time.monotonic()
-    replies = generate_replies(model, tokenizer, [ex["prompt"] for ex in examples], max_new_tokens,
-                               should_stop=should_stop)
+    replies = held_out_replies(model, tokenizer, examples, max_new_tokens, tools, should_stop)
     return score_replies(examples, replies, rewards, time.monotonic() - started, should_stop)
 
 
@@ -174,8 +192,8 @@ class HeldOutChecks:
     One process only: with several, the others would wait at the next step's collective for as long as it takes."""
 
     def __init__(self, run: RunDir, config: RunConfig, eval_rows: list[dict], rewards: list[Reward], tokenizer,
-                 should_stop: Callable[[], bool], processes: int) -> None:
-        self.run, self.config, self.rewards, self.tokenizer = run, config, rewards, tokenizer
+                 should_stop: Callable[[], bool], processes: int, tools: ToolUse | None = None) -> None:
+        self.run, self.config, self.rewards, self.tokenizer, self.tools = run, config, rewards, tokenizer, tools
         wanted = config.training.eval_every != 0 and processes == 1 and not run.read_only
         self.examples = eval_rows[:config.training.eval_prompts] if wanted else []
         self.should_stop = should_stop
@@ -211,8 +229,8 @@ class HeldOutChecks:
 
     def _score(self, model) -> EvalResult:
         started = time.monotonic()
-        replies = generate_replies(model, self.tokenizer, [ex["prompt"] for ex in self.examples],
-                                   self.config.grpo.max_new_tokens, should_stop=self.should_stop)
+        replies = held_out_replies(model, self.tokenizer, self.examples, self.config.grpo.max_new_tokens, self.tools,
+                                   self.should_stop)
         return score_replies(self.examples, replies, self.rewards, time.monotonic() - started, self.should_stop)
 
     def _append(self, step: int, result: EvalResult) -> None:
@@ -306,6 +324,7 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
                           "nothing to evaluate.")
     weights = trained_weights(run)
     rewards: list[Reward] = []  # built with the first model's tokenizer, which TRL's length rewards count with
+    tools = tool_use(config, read_jsonl(run.train_data_path) + examples) if config.tools else None
     sides = [side for side in SIDES if side == "after" or rescore_before or "before" not in run.read_eval()]
     yield f"Loading the model with {weights.label}..."
     for side in sides:
@@ -319,8 +338,10 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
                 rewards = rewards or build_rewards(config.rewards, base_dir=config.base_dir or None,
                                                    tokenizer=tokenizer, max_new_tokens=config.grpo.max_new_tokens,
                                                    classifiers=classifiers_on(str(model.device)), policy=policy)
-                replies += generate_replies(model, tokenizer, [ex["prompt"] for ex in examples[start:start + EVAL_BATCH]],
-                                            config.grpo.max_new_tokens, batch_size=EVAL_BATCH)
+                if tools is not None:
+                    tokenizer = ready_for_tools(tokenizer, config.model.id)
+                replies += held_out_replies(model, tokenizer, examples[start:start + EVAL_BATCH],
+                                            config.grpo.max_new_tokens, tools)
             model_name = "starting model" if side == "before" else f"trained model ({weights.label})"
             yield f"The {model_name} answered {len(replies)} of {len(examples)} held-out prompts..."
         try:

@@ -19,7 +19,7 @@ from ..errors import Stopped
 from ..grpo_math import no_spread_share, weighted_total
 from ..chat import completion_text, last_user_text
 from ..rewards import Reward, RewardFailures
-from ..runstore import RunDir, excerpt
+from ..runstore import RunDir, excerpt, recorded_turns
 from ..scaleout import distributed
 from .evaluation import HeldOutChecks
 from .model_card import write_model_card
@@ -81,12 +81,19 @@ class RunStoreCallback(TrainerCallback):
         group_size = self.config.grpo.group_size
         groups = [{"prompt": excerpt(last_user_text(prompts[start])),
                    "reference": excerpt(references[start] if start < len(references) else ""),
-                   "completions": [completion_text(c) for c in completions[start:start + group_size]]}
+                   "completions": [completion_text(c) for c in completions[start:start + group_size]],
+                   **self._sampled_turns(completions[start:start + group_size])}
                   for start in range(0, len(prompts), group_size)]
         self.run.write_sampling({"step": self.trainer.state.global_step + 1, "groups": groups})
         if not self._sampled_once:  # the training set FIRST_SAMPLING; the rest of that step learns
             self._sampled_once = True
             self.run.update_status(phase=FIRST_LEARNING)
+
+    @staticmethod
+    def _sampled_turns(completions: list) -> dict:
+        """sampling.json's turns of a group's completions, only where one called a tool (a list beside the texts)."""
+        turns = [recorded_turns(completion) for completion in completions]
+        return {"turns": turns} if any(turns) else {}
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._pace = StepPace(state.global_step, self._session_start)
@@ -143,6 +150,8 @@ class RunStoreCallback(TrainerCallback):
             "peak_gpu_mem_gb": peak_gpu_memory_gb(),
             "world_size": distributed.world_size(),
             "completions_per_step": self.config.completions_per_step * distributed.world_size(),
+            **({"tool_calls": logs.get("tools/call_frequency"), "tool_failures": logs.get("tools/failure_frequency")}
+               if self.config.tools else {}),
             "errors": {r.name: errors[r.name] for r in self.rewards},
         }
         if reused:
@@ -179,9 +188,11 @@ class RunStoreCallback(TrainerCallback):
             for i in range(start, min(start + group_size, len(prompts))):
                 scores = {name: finite_or_none(values[i]) if i < len(values) else None for name, values in per_reward.items()}
                 total = weighted_total(scores, weights)
-                items.append({"text": completion_text(completions[i]), "scores": scores,
-                              "total": None if total is None else round(total, 6),
-                              "advantage": finite_or_none(advantages[i]) if i < len(advantages) else None})
+                item = {"text": completion_text(completions[i]), "scores": scores,
+                        "total": None if total is None else round(total, 6),
+                        "advantage": finite_or_none(advantages[i]) if i < len(advantages) else None}
+                turns = recorded_turns(completions[i])
+                items.append(item if turns is None else {**item, "turns": turns})
             groups.append({"prompt": excerpt(last_user_text(prompts[start])),
                            "reference": excerpt(references[start] if start < len(references) else ""),
                            "completions": items})

@@ -78,16 +78,20 @@ def context_length(source) -> int | None:
     return getattr(model_config, "max_position_embeddings", None)
 
 
-def token_counts(examples: list[dict], tokenizer) -> list[int]:
-    """Each example's prompt length in tokens, chat template and opened assistant turn included."""
-    texts = [tokenizer.apply_chat_template(example["prompt"], add_generation_prompt=True, tokenize=False)
-             for example in examples]
+def token_counts(examples: list[dict], tokenizer, tools: list | None = None) -> list[int]:
+    """Each example's prompt length in tokens, chat template, opened assistant turn and ``tools``' schemas
+    included."""
+    texts = [tokenizer.apply_chat_template(example["prompt"], tools=tools or None, add_generation_prompt=True,
+                                           tokenize=False) for example in examples]
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
 
 
-def fit_prompts(mapped: MappedData, tokenizer, limit: int, limit_reason: str) -> tuple[MappedData, PromptFit]:
-    """``mapped`` without the prompts longer than ``limit`` tokens, and what was found; ConfigError when none fits."""
-    train_lengths, eval_lengths = token_counts(mapped.train, tokenizer), token_counts(mapped.eval, tokenizer)
+def fit_prompts(mapped: MappedData, tokenizer, limit: int, limit_reason: str,
+                tools: list | None = None) -> tuple[MappedData, PromptFit]:
+    """``mapped`` without the prompts longer than ``limit`` tokens (the schemas of ``tools`` counted), and what was
+    found; ConfigError when none fits."""
+    train_lengths = token_counts(mapped.train, tokenizer, tools)
+    eval_lengths = token_counts(mapped.eval, tokenizer, tools)
     lengths = train_lengths + eval_lengths
     if not lengths:
         raise ConfigError("data.prompt gave no prompts to train on.")

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import speedups
@@ -38,6 +38,7 @@ from .model_card import write_model_card
 from .weights import make_portable
 from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model, take_set_aside
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
+from .tool_calls import ready_for_tools, tool_use
 from .worker import WorkerRun, Workers
 
 log = logging.getLogger("dragon_ui")
@@ -127,7 +128,13 @@ def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
     mapped = load_and_map(config.data, base_dir=config.base_dir or None, policy=policy)
     source = resolve_model(config.model)
     limit, why = prompt_limit(config, hardware.device, context_length(source), policy)
-    mapped, prompts = fit_prompts(mapped, load_tokenizer(source), limit, why)
+    tokenizer = load_tokenizer(source)
+    tools = tool_use(config, mapped.train + mapped.eval)
+    if tools is not None:  # the worked examples go before each question, in the prompts the run stores
+        tokenizer = ready_for_tools(tokenizer, source.label)
+        mapped = replace(mapped, train=[{**ex, "prompt": tools.prompt(ex["prompt"])} for ex in mapped.train],
+                         eval=[{**ex, "prompt": tools.prompt(ex["prompt"])} for ex in mapped.eval])
+    mapped, prompts = fit_prompts(mapped, tokenizer, limit, why, tools.functions if tools else None)
     public_checks.check_memory(config, policy, prompts.longest_kept)
     if len(mapped.train) < config.training.batch_size:
         held_out = (f" ({len(mapped.eval)} more are held out for the before/after comparison; data.eval_frac 0 "
@@ -331,9 +338,12 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, training=True, tokenizer=tokenizer,
                             max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(hardware.device),
                             policy=handle.policy)
+    tools = tool_use(config, train_rows + eval_rows, handle.should_stop)
+    if tools is not None:
+        tokenizer = ready_for_tools(tokenizer, source.label)
 
     checks = HeldOutChecks(run, config, [] if sharded else eval_rows, rewards, tokenizer, handle.should_stop,
-                           distributed.world_size())
+                           distributed.world_size(), tools)
     # The starting model is scored after training where its weights are still there then: with sharded weights
     # (no process holds the whole model), and with LoRA, whose frozen weights are the starting model once the
     # adapter is switched off, so Start is not kept waiting. Only a full fine-tune must score it first.
@@ -342,7 +352,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
         phase(f"scoring the starting model on {len(eval_rows)} held-out prompts")
         if not run.read_only:  # the main process evaluates; the others wait for it
             result = evaluate_model(model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens,
-                                    should_stop=handle.should_stop)
+                                    should_stop=handle.should_stop, tools=tools)
             record_eval(run, "before", result, eval_rows, config.n_samples)
             checks.record_start(result)
         distributed.barrier()
@@ -354,7 +364,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     callback = progress.RunStoreCallback(run, handle.should_stop, rewards, failures, config, checks)
     inside_a_step = handle.should_stop if distributed.world_size() == 1 else None  # see _stoppable_forward_passes
     trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures, callback.sampled,
-                            inside_a_step)
+                            inside_a_step, tools.functions if tools else None)
     callback.trainer = trainer
     trackers.point_at_run(trainer, run)
     trainer.add_callback(callback)
@@ -404,7 +414,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
                 run.update_status(phase=f"scoring the {which} model on {len(eval_rows)} held-out prompts")
                 with starting_weights(trainer.model) if side == "before" else contextlib.nullcontext():
                     result = evaluate_model(trainer.model, tokenizer, eval_rows, rewards, config.grpo.max_new_tokens,
-                                            should_stop=handle.should_stop)
+                                            should_stop=handle.should_stop, tools=tools)
                 record_eval(run, side, result, eval_rows, config.n_samples)
         except Stopped:  # the trained weights are saved: the run is done, its held-out score can be taken later
             why = "the time limit" if handle.out_of_time() else "a stop"
@@ -530,6 +540,7 @@ def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware, policy
         scale_rewards=config.grpo.scale_rewards,
         **{name: getattr(config.grpo, name) for name in GRPO_VARIANTS},
         reward_weights=[training_weight(spec) for spec in config.rewards],  # a metric 0; TRL logs each unweighted
+        max_tool_calling_iterations=config.grpo.max_tool_calling_iterations if config.tools else None,
         activation_checkpointing=config.training.gradient_checkpointing,
         logging_steps=1,
         save_strategy="steps",
@@ -567,10 +578,10 @@ def _train_on_one_gpu(args, gpu: int) -> None:
 
 def build_trainer(config: RunConfig, args, model, tokenizer, train_rows: list[dict], rewards: list[Reward],
                   failures: RewardFailures, on_sampled: Callable[[list, list, list], None] | None = None,
-                  should_stop: Callable[[], bool] | None = None):
-    """TRL's GRPOTrainer for this run, with Dragon's rewards and the speed-ups that apply; ``on_sampled(prompts,
-    completions, references)`` hears of each sampled batch before it is scored; ``should_stop`` (a stop, a time
-    limit) is asked before each reply is scored."""
+                  should_stop: Callable[[], bool] | None = None, tools: list[Callable] | None = None):
+    """TRL's GRPOTrainer for this run, with Dragon's rewards, the ``tools`` the model may call and the speed-ups
+    that apply; ``on_sampled(prompts, completions, references)`` hears of each sampled batch before it is scored;
+    ``should_stop`` (a stop, a time limit) is asked before each reply is scored."""
     import transformers
     from datasets import Dataset
     from peft import LoraConfig
@@ -599,7 +610,7 @@ def build_trainer(config: RunConfig, args, model, tokenizer, train_rows: list[di
     reward_funcs[0] = _watching_batches(reward_funcs[0], on_sampled)
     trainer = speedups.grpo_trainer_class()(model=model, reward_funcs=reward_funcs, args=args,
                                             train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
-                                            peft_config=peft_config)
+                                            peft_config=peft_config, tools=tools)
     speedups.apply_to_trainer_model(trainer.model)
     trainer.remove_callback(PrinterCallback)  # it prints raw log dicts; RunStoreCallback writes readable lines
     # TRL writes a card of its own beside the checkpoints at every save ("fine-tuned version of None"): each

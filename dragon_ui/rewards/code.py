@@ -52,10 +52,10 @@ def _slow_text(pattern_text: str, flags: int) -> str | None:
     return None
 
 
-def load_custom_function(code: str | None, file: str | None, function_name: str, module_name: str,
-                         base_dir: str | None, where: str) -> Callable:
-    """Compile and run the custom source (``code``, or the file ``file``) in a fresh module namespace and return its
-    reward function, ``function_name``."""
+def load_function(code: str | None, file: str | None, function_name: str, module_name: str, base_dir: str | None,
+                  where: str, usage: str) -> tuple[Callable, str]:
+    """Compile and run Python source (``code``, or the file ``file``) in a fresh module namespace; (its function
+    ``function_name``, the setting's label for errors). ``usage`` says how the function should be defined."""
     if code is not None:
         source, label, filename = code, f"{where}.code", f"<{where}.code>"
     else:
@@ -70,7 +70,7 @@ def load_custom_function(code: str | None, file: str | None, function_name: str,
         compiled = compile(source, filename, "exec")
     except SyntaxError as error:
         raise ConfigError(f"{label} has a syntax error on line {error.lineno}: {error.msg}.") from None
-    module = types.ModuleType(f"dragon_reward_{module_name}")
+    module = types.ModuleType(module_name)
     module.__file__ = filename
     try:
         exec(compiled, module.__dict__)
@@ -78,11 +78,19 @@ def load_custom_function(code: str | None, file: str | None, function_name: str,
         raise ConfigError(f"{label} failed while loading: {one_line(error)}.") from None
     function = module.__dict__.get(function_name)
     if function is None:
-        raise ConfigError(f"{label} defines no function named {function_name!r}; define "
-                          f"def {function_name}(prompt, completion, reference, row) returning a number.")
+        raise ConfigError(f"{label} defines no function named {function_name!r}; define {usage}.")
     if not callable(function):
         raise ConfigError(f"{label} defines {function_name!r}, but it is a {type(function).__name__}, "
                           f"not a function.")
+    return function, label
+
+
+def load_custom_function(code: str | None, file: str | None, function_name: str, module_name: str,
+                         base_dir: str | None, where: str) -> Callable:
+    """Compile and run the custom source (``code``, or the file ``file``) in a fresh module namespace and return its
+    reward function, ``function_name``."""
+    function, label = load_function(code, file, function_name, f"dragon_reward_{module_name}", base_dir, where,
+                                    f"def {function_name}(prompt, completion, reference, row) returning a number")
     try:
         inspect.signature(function).bind("", "", None, {})
     except TypeError:

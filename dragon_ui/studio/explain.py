@@ -86,6 +86,7 @@ class GroupExplanation:
     beta: float
     kl: float | None
     largest_difference: float | None  # |ours - TRL's| at most this; None when TRL logged no advantages
+    tool_calls: int = 0  # calls the group's completions made: the loss leaves the tools' answers out
 
     @property
     def no_spread(self) -> bool:
@@ -133,7 +134,9 @@ def explain_group(rollout: dict, group_number: int, config: dict, kl: float | No
         divisor=worked_out.divisors[index], scale_rewards=scale, aggregation=aggregation,
         loss_type=str(grpo.get("loss_type", "dapo")),
         beta=float(grpo.get("beta", 0.0) or 0.0), kl=finite_number(kl),
-        largest_difference=max(differences) if differences else None)
+        largest_difference=max(differences) if differences else None,
+        tool_calls=sum(len(turn.get("calls") or []) for item in items[index] for turn in item.get("turns") or []
+                       if isinstance(turn, dict)))
 
 
 def shown_number(value: Any, digits: int = 2) -> str:
@@ -192,6 +195,11 @@ def plain_words(explained: GroupExplanation) -> list[str]:
         lines.append(f"Each completion's advantage is {how}: " + "; ".join(moves) + ".")
         lines.append(f"How much each one moves the model: with loss type {e.loss_type}, "
                      f"{LOSS_WEIGHTING.get(e.loss_type, 'each token carries its completion’s advantage')}.")
+    if e.tool_calls:
+        lines.append(f"These completions called tools {e.tool_calls} time{'s' if e.tool_calls != 1 else ''}. The loss "
+                     "sees only the model's own tokens: its text, its calls and its final answer. The tools' answers "
+                     "(grey above) sit inside the completion, but they are masked out of the loss, so the step makes "
+                     "the calls more or less likely, never the answers the tools gave.")
     if e.beta:
         kl = "" if e.kl is None else (f" This step's KL was {_small(e.kl)}, so the pull costs about "
                                       f"{_small(e.beta * e.kl)} per token, next to advantages of about "

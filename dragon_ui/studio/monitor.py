@@ -247,7 +247,9 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     - KL: a spike among the last WINDOW steps, the latest above 1.0, or rising for WINDOW steps to 3x the level before;
     - reward hacking (:func:`hacking_alerts`): the training reward rising while the held-out one does not, one
       reward rising while another falls, padding to earn a length reward, one reply to different questions,
-      repetitive or empty replies.
+      repetitive or empty replies;
+    - with tools (:func:`_tool_alerts`): no tool called for WINDOW steps, every call failing for WINDOW steps, most
+      of the latest step's replies ending in a call instead of an answer.
     """
     grpo = config.get("grpo") or {}
     training = config.get("training") or {}
@@ -262,6 +264,8 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
         alerts += _length_alerts(progress_rows, grpo)
     alerts += _kl_alerts(progress_rows, grpo, training, usual_learning_rates(
         (config.get("lora") or {}).get("enabled", True), _parameters((config.get("model") or {}).get("id", ""))))
+    if config.get("tools"):
+        alerts += _tool_alerts(progress_rows, rollout, grpo)
     return alerts + hacking
 
 
@@ -591,10 +595,48 @@ def _first_and_last_means(rows: list[dict], key: str) -> tuple[float, float] | N
     return statistics.fmean(values[:WINDOW]), statistics.fmean(values[-WINDOW:])
 
 
+def _tool_alerts(rows: list[dict], rollout: dict | None, grpo: dict) -> list[Alert]:
+    """A tools run whose model does not use them, uses them wrongly, or never gets past them to an answer."""
+    alerts = []
+    steps, calls = series(rows[-WINDOW:], "tool_calls")
+    if len(calls) == WINDOW and None not in calls and max(calls) <= SAME:
+        alerts.append(Alert("warn", f"No completion called a tool in the last {WINDOW} steps (to step {steps[-1]})",
+                            "GRPO can only reinforce a call the model makes sometimes. Give each tool worked examples "
+                            "(Tools: examples) so every prompt shows a call, raise the temperature, or pick a model "
+                            "that was trained to call tools.", "tools_unused", "tool_calls", steps[-1], 0.0))
+    _, failures = series(rows[-WINDOW:], "tool_failures")
+    if len(failures) == WINDOW and None not in failures and min(failures) >= 1 - SAME and min(calls) > SAME:
+        alerts.append(Alert("warn", f"Every tool call failed in the last {WINDOW} steps (to step {steps[-1]})",
+                            "Read a call and the tool's answer in the sampled groups below: the error says what was "
+                            "wrong (an unknown tool name, missing arguments, arguments the tool cannot read). Show "
+                            "the right call in a worked example, or try the tool with such arguments on the Rewards "
+                            "tab.", "tool_failures", "tool_failures", steps[-1], 1.0))
+    completions = [c for g in (rollout or {}).get("groups") or [] if isinstance(g, dict)
+                   for c in g.get("completions") or [] if isinstance(c, dict)]
+    stuck = sum(ends_calling(c) for c in completions)
+    if completions and stuck / len(completions) >= MOST_REPLIES:
+        rounds, tokens = grpo.get("max_tool_calling_iterations", "?"), grpo.get("max_new_tokens", "?")
+        alerts.append(Alert("warn", f"{stuck} of {len(completions)} completions at step {rollout.get('step')} end in a "
+                            "tool call, not an answer", "They run out of rounds or tokens before they answer, and the "
+                            "rewards see no answer. Raise tool rounds per completion (now "
+                            f"{rounds}) or max new tokens (now {tokens}; the tools' answers use them too), or show in "
+                            "a worked example that the answer follows the call.", "no_final_answer", None,
+                            rollout.get("step"), stuck / len(completions)))
+    return alerts
+
+
+def ends_calling(completion: dict) -> bool:
+    """A completion whose turns end in a call or a tool's answer, so it gave no final answer."""
+    turns = completion.get("turns")
+    if not isinstance(turns, list) or not turns or not isinstance(turns[-1], dict):
+        return False
+    return turns[-1].get("role") == "tool" or bool(turns[-1].get("calls"))
+
+
 def _reply_alerts(rollout: dict | None) -> list[Alert]:
     groups = [g for g in (rollout or {}).get("groups") or [] if isinstance(g, dict)]
-    replies = [(str(g.get("reference", "")), str(c.get("text", ""))) for g in groups
-               for c in g.get("completions") or [] if isinstance(c, dict)]
+    completions = [(g, c) for g in groups for c in g.get("completions") or [] if isinstance(c, dict)]
+    replies = [(str(g.get("reference", "")), str(c.get("text", ""))) for g, c in completions]
     if not replies:
         return []
     step, total, alerts = rollout.get("step"), len(replies), []
@@ -615,7 +657,8 @@ def _reply_alerts(rollout: dict | None) -> list[Alert]:
                             "completions below; pay for the answer rather than its length, lower the temperature or the "
                             "learning rate, or raise beta to keep the model nearer where it started.",
                             "repetition", None, step, repetitive / total))
-    empty = sum(not reply.strip() for _, reply in replies)
+    empty = sum(not reply.strip() and not ends_calling(c)  # those are _tool_alerts' no_final_answer
+                for (_, reply), (_, c) in zip(replies, completions, strict=True))
     if empty / total >= MOST_REPLIES:
         alerts.append(Alert("warn", f"{empty} of {total} completions at step {step} are empty", "An empty reply costs "
                             "nothing and a length or format reward may pay for it. Read the completions below; give "

@@ -9,6 +9,7 @@ next to nothing while the same CPU trains.
 from __future__ import annotations
 
 import html
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -22,7 +23,7 @@ from ..rewards import stored_metrics
 from ..runstore import ACTIVE_STATES, format_seconds, read_json, state_label
 from ..studio.backend import Studio
 from ..studio.explain import GroupExplanation, explain_run_group, formula_lines, plain_words, shown_number
-from ..studio.monitor import Alert, Snapshot, fingerprint, health_alerts, read_snapshot
+from ..studio.monitor import Alert, Snapshot, ends_calling, fingerprint, health_alerts, read_snapshot
 from . import plots
 from .common import Shared, message, shows_errors
 
@@ -38,6 +39,7 @@ EXPLAIN_CLICKS = ("element.addEventListener('click', (event) => { const button =
 MOVES = {"up": "↑ more likely", "down": "↓ less likely", "same": "– unchanged"}
 NO_RUN = "No run to show yet: press **Start training** on the Model & Hardware tab, or open a past run below."
 BEST_STYLE, WORST_STYLE = "background:#e7f6ec", "background:#fdecec"
+TOOL_ANSWER_STYLE = "color:#6b7280;background:#f3f4f6;border-left:3px solid #d1d5db;padding:2px 6px;margin:2px 0"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -128,8 +130,7 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
             elif spread and completion.get("total") == min(totals):
                 style = WORST_STYLE
             scores = completion.get("scores") or {}
-            text = html.escape(str(completion.get("text", "")))
-            cells = [str(index), f"<span style='white-space:pre-wrap'>{text}</span>",
+            cells = [str(index), completion_html(completion.get("text", ""), completion.get("turns")),
                      *(shown_number(scores.get(name)) for name in reward_names),
                      shown_number(completion.get("total")), shown_number(completion.get("advantage"))]
             rows.append(f"<tr style='{style}'>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
@@ -145,6 +146,41 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
     return "".join(parts)
 
 
+def completion_html(text, turns) -> str:
+    """One completion as the viewer shows it: its text, or, where it called tools, each turn: the model's text and
+    calls, each tool's answer greyed (not trained on), and the final answer the rewards scored. Escaped: the turns
+    are the model's text and the tools' answers to it."""
+    if not isinstance(turns, list) or not turns:
+        return f"<span style='white-space:pre-wrap'>{html.escape(str(text))}</span>"
+    parts = []
+    for number, turn in enumerate(turns, start=1):
+        if not isinstance(turn, dict) or (number == len(turns) and not turn.get("calls")
+                                          and turn.get("role") != "tool"):
+            continue  # the last reply without a call is the final answer, shown below
+        said = html.escape(str(turn.get("text") or ""))
+        if turn.get("role") == "tool":
+            parts.append(f"<div class='tool-answer' style='{TOOL_ANSWER_STYLE}'>{html.escape(str(turn.get('name')))} "
+                         f"answered: <span style='white-space:pre-wrap'>{said}</span> "
+                         "<small>(not trained on)</small></div>")
+            continue
+        if said:
+            parts.append(f"<div style='white-space:pre-wrap'>{said}</div>")
+        for call in turn.get("calls") or []:
+            if isinstance(call, dict):
+                parts.append(f"<div class='tool-call'><code>{html.escape(call_text(call))}</code></div>")
+    final = "no answer: it ended calling a tool" if ends_calling({"turns": turns}) else html.escape(str(text))
+    parts.append(f"<div class='final-answer'><b>Answer:</b> <span style='white-space:pre-wrap'>{final}</span></div>")
+    return "".join(parts)
+
+
+def call_text(call: dict) -> str:
+    """A tool call as one reads it: name(argument="value", ...)."""
+    arguments = call.get("arguments")
+    shown = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in arguments.items()) \
+        if isinstance(arguments, dict) else json.dumps(arguments, ensure_ascii=False)
+    return f"{call.get('name')}({shown})"
+
+
 def sampled_html(sampling: dict, max_groups: int = MAX_GROUPS_SHOWN) -> str:
     """The completions the first step just sampled, while it scores them and trains on them: the model at work
     before the step's numbers exist. Escaped like the rollouts: completions are untrusted text."""
@@ -154,7 +190,9 @@ def sampled_html(sampling: dict, max_groups: int = MAX_GROUPS_SHOWN) -> str:
              "step ends.</p>"]
     for group in groups[:max_groups]:
         completions = group.get("completions") if isinstance(group.get("completions"), list) else []
-        items = "".join(f"<li style='white-space:pre-wrap'>{html.escape(str(text))}</li>" for text in completions)
+        turns = group.get("turns") if isinstance(group.get("turns"), list) else []
+        items = "".join(f"<li>{completion_html(text, turns[n] if n < len(turns) else None)}</li>"
+                        for n, text in enumerate(completions))
         parts.append(f"<div class='rollout-group sampled' style='margin:12px 0'><div><b>Prompt:</b> "
                      f"<span style='white-space:pre-wrap'>{html.escape(str(group.get('prompt', '')))}</span></div>"
                      f"<div><b>Reference:</b> {html.escape(str(group.get('reference', '')))}</div>"

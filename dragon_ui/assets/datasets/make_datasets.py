@@ -102,6 +102,16 @@ def products(rng: random.Random) -> list[dict]:
     return rows
 
 
+def big_products(rng: random.Random) -> list[dict]:
+    """300 products of two three-digit numbers, which SmolLM2-135M never works out alone: the calculator lesson needs
+    a task only the tool can do, so the reward pays for learning to call it."""
+    rows = []
+    for _ in range(300):
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        rows.append({"question": f"What is {a} × {b}?", "answer": a * b})
+    return rows
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["question", "answer"], lineterminator="\n")
@@ -122,7 +132,8 @@ def main(out_dir: Path) -> None:
     write_jsonl(out_dir / "json_answers.jsonl", json_answers(rng))
     write_jsonl(out_dir / "think_answer.jsonl", think_answer(rng))
     write_csv(out_dir / "small_sums.csv", small_sums(rng))
-    write_csv(out_dir / "products.csv", products(rng))  # last: the datasets before it stay as they were
+    write_csv(out_dir / "products.csv", products(rng))
+    write_csv(out_dir / "big_products.csv", big_products(rng))  # last: the datasets before it stay as they were
 
 
 if __name__ == "__main__":

@@ -1,0 +1,136 @@
+"""Tools a model may call while it answers (multi-turn GRPO): the settings, the built-in tools, and the functions
+TRL's GRPOTrainer is handed (``tools=``), each bounded in what it may return and stopped with the run.
+
+Like ``rewards``, this package is light (no torch or gradio): the config, the engine, the CLI and the studio all
+build a run's tools through :func:`build_tools`, so every entry point calls the same functions the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+
+from ..errors import ConfigError, Stopped
+from .builtin import ToolError, calculator, convert_units, make_lookup, make_search
+from .spec import DEFAULT_NAMES, MOST_EXAMPLES, MOST_TOOLS, TOOL_KINDS, ToolExample, ToolSpec, parse_tools
+
+ANSWER_CHARS = 1000  # what one call may hand back to the model; the rest is cut, and the cut is said
+
+__all__ = ["ANSWER_CHARS", "DEFAULT_NAMES", "MOST_EXAMPLES", "MOST_TOOLS", "TOOL_KINDS", "ToolError", "ToolExample",
+           "ToolSpec", "build_tools", "call_tool", "demonstration", "parse_tools", "tool_schema",
+           "with_demonstration"]
+
+
+def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = None,
+                should_stop: Callable[[], bool] | None = None) -> list[Callable]:
+    """The run's tools as the functions the model calls: ``rows`` (the data's rows, every column as text) fill the
+    lookups and searches; every answer is cut to ANSWER_CHARS; once ``should_stop()`` (a stop, a time limit), a
+    call raises Stopped, which TRL hands back as a failed call before the run's next forward pass ends the step."""
+    return [_bounded(_function(spec, rows, base_dir, f"tools[{index}]"), should_stop)
+            for index, spec in enumerate(specs)]
+
+
+def _function(spec: ToolSpec, rows: list[dict], base_dir: str | None, where: str) -> Callable:
+    if spec.kind == "calculator":
+        return _renamed(calculator, spec.name)
+    if spec.kind == "convert":
+        return _renamed(convert_units, spec.name)
+    if spec.kind == "lookup":
+        _check_columns(rows, (spec.key_column, spec.value_column), where, ("key_column", "value_column"))
+        table = {row[spec.key_column]: row[spec.value_column] for row in rows
+                 if row.get(spec.key_column) and spec.value_column in row}
+        description = spec.description or f"Look up the {spec.value_column} of a {spec.key_column}."
+        return make_lookup(spec.name, description, f"The {spec.key_column} to look up.", table)
+    if spec.kind == "search":
+        _check_columns(rows, (spec.column,), where, ("column",))
+        description = spec.description or f"Search the {spec.column} for the passages that best match some words."
+        return make_search(spec.name, description, [row.get(spec.column, "") for row in rows])
+    from ..rewards.code import load_function
+
+    function, label = load_function(spec.code, spec.file, spec.function, f"dragon_tool_{spec.name}", base_dir, where,
+                                    f"def {spec.function}(argument: str) -> str with a docstring that says what it "
+                                    "does and, under Args:, what each argument is")
+    try:
+        tool_schema(function)
+    except Exception as error:  # transformers' schema errors name what is missing; say it with the setting's name
+        raise ConfigError(f"{label}: the model cannot be shown {spec.function!r}: {error}") from None
+    return _renamed(function, spec.name)
+
+
+def _check_columns(rows: list[dict], columns: tuple, where: str, settings: tuple[str, ...]) -> None:
+    present = {key for row in rows for key in row}
+    for column, setting in zip(columns, settings, strict=True):
+        if column not in present:
+            shown = ", ".join(sorted(present)[:20]) or "none"
+            raise ConfigError(f"{where}.{setting} {column!r} is not a column of the data; its columns are: {shown}.")
+
+
+def _renamed(function: Callable, name: str) -> Callable:
+    """``function`` as the model will call it, by ``name`` (a copy when that differs: the built-ins are shared)."""
+    if function.__name__ == name:
+        return function
+
+    @functools.wraps(function)
+    def renamed(*args, **kwargs):
+        return function(*args, **kwargs)
+
+    renamed.__name__ = renamed.__qualname__ = name
+    return renamed
+
+
+def _bounded(function: Callable, should_stop: Callable[[], bool] | None) -> Callable:
+    @functools.wraps(function)
+    def bounded(**arguments):
+        if should_stop is not None and should_stop():
+            raise Stopped("the run is stopping, so the tool was not called")
+        return call_tool(function, arguments)
+
+    return bounded
+
+
+def call_tool(function: Callable, arguments: dict) -> str:
+    """What one call hands back to the model: the answer as text, cut to ANSWER_CHARS (the cut is said)."""
+    answer = function(**arguments)
+    text = answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False, default=str)
+    if len(text) > ANSWER_CHARS:
+        text = text[:ANSWER_CHARS] + f"… (cut: the answer had {len(text):,} characters)"
+    return text
+
+
+def tool_schema(function: Callable) -> dict:
+    """The JSON schema the model is shown for ``function`` (from its name, type hints and docstring), as TRL and
+    the chat template make it."""
+    from transformers.utils import get_json_schema
+
+    return get_json_schema(function)
+
+
+def demonstration(specs: list[ToolSpec], tools: list[Callable]) -> list[dict]:
+    """The worked examples of every tool as chat messages: each question, the call, the tool's real answer, and that
+    answer given back. A call the tool cannot answer is refused here, where the example is set."""
+    messages: list[dict] = []
+    for index, (spec, tool) in enumerate(zip(specs, tools, strict=True)):
+        for number, example in enumerate(spec.examples):
+            try:
+                answer = tool(**example.arguments)
+            except TypeError as error:
+                raise ConfigError(f"tools[{index}].examples[{number}].arguments do not fit {spec.name}: {error}.") \
+                    from None
+            except ToolError as error:
+                raise ConfigError(f"tools[{index}].examples[{number}]: {spec.name} answers with an error: {error}") \
+                    from None
+            call = {"type": "function", "function": {"name": spec.name, "arguments": dict(example.arguments)}}
+            messages += [{"role": "user", "content": example.question},
+                         {"role": "assistant", "content": "", "tool_calls": [call]},
+                         {"role": "tool", "name": spec.name, "content": answer},
+                         {"role": "assistant", "content": answer}]
+    return messages
+
+
+def with_demonstration(prompt: list[dict], messages: list[dict]) -> list[dict]:
+    """A chat prompt with the worked examples between its system message (if any) and its question."""
+    if not messages:
+        return prompt
+    system = 1 if prompt and prompt[0].get("role") == "system" else 0
+    return [*prompt[:system], *messages, *prompt[system:]]
