@@ -514,8 +514,6 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out["rewards"] = [spec.to_dict() for spec in self.rewards]
         out["tools"] = [spec.to_dict() for spec in self.tools]
-        if not self.tools:  # most runs call none: their configs stay as they were
-            del out["tools"]
         return out
 
     def to_yaml(self) -> str:

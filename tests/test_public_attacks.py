@@ -567,6 +567,44 @@ def test_references_of_megabytes_are_refused_before_the_app_holds_them(demo, tin
     assert resident_mb(demo.pid) - before < 100
 
 
+def test_custom_tools_are_refused_everywhere_before_their_code_runs(demo, tiny_model_dir, no_training, tmp_path):
+    """44, public mode: only the built-in tools. A custom tool sent through the API, the Tools section's Add or a
+    kept draft is refused in words, and its code never runs."""
+    marker = demo.folder / "custom-tool-ran"
+    code = f"open({str(marker)!r}, 'w').close()\ndef tool(x: str) -> str:\n    return x\n"
+    config = {**base_draft(tiny_model_dir), "tools": [{"kind": "custom", "code": code}]}
+    attacker = demo.attacker(**{DRAFT_STORE: {"draft": config}})
+    for api in ("check", "start"):
+        expect_refusal(attacker.call(api, config), "custom Python tools are turned off in this public demo")
+    added = attacker.fire("tools-add", **{"tools-kind": "custom", "tools-code": code})
+    expect_refusal(added, "Choose a kind of tool: calculator, convert, lookup, search")
+    tried = attacker.fire("tools-try", **{"tools-chosen": "tool", "tools-arguments": '{"x": "1"}', **PLAYGROUND_DATA})
+    # gradio refuses a tool the list does not offer; answered, the handler says there is none
+    assert not tried.ok or re.search("Add a tool first|no tool named", tried.text()), tried.text()[:300]
+    assert not marker.exists()
+
+
+def test_a_tools_answer_is_cut_and_a_slow_call_is_refused_at_once(demo, tiny_model_dir, no_training, tmp_path):
+    """44, public mode: a lookup over cells of 10,000 characters hands back 1,000 of them, and arithmetic that
+    would take the machine is refused in a sentence, while a bystander is answered."""
+    facts = tmp_path / "facts.csv"
+    facts.write_text("question,answer\n" + "".join(f"k{n},{'y' * 10_000}\n" for n in range(30)))
+    tools = [{"kind": "calculator"}, {"kind": "lookup", "name": "fact", "key_column": "question",
+                                      "value_column": "answer"}]
+    attacker = demo.attacker(**{DRAFT_STORE: {"draft": {**base_draft(tiny_model_dir), "tools": tools}}})
+    uploaded = attacker.fire("data-upload", "upload", **{"data-upload": attacker.upload(facts)})
+    assert uploaded.ok, uploaded.error
+    data = {"data-source": uploaded.data[0], "data-prompt": "question", "data-reference": "answer"}
+    with another_visitor_answered_within(demo):
+        answer = attacker.fire("tools-try", **{"tools-chosen": "fact", "tools-arguments": '{"key": "k3"}', **data})
+        assert answer.ok and "(cut: the answer had 10,000 characters)" in answer.text(), answer.text()[:300]
+        assert answer.text().count("y") < 1100
+        for expression in ("9 ** 9 ** 9 ** 9", "(10 ** 99) * (10 ** 99)", "1" * 201):
+            slow = attacker.fire("tools-try", **{"tools-chosen": "calculator", **data,
+                                                 "tools-arguments": json.dumps({"expression": expression})})
+            assert slow.ok and slow.seconds < 2 and "error: " in slow.text(), (slow.seconds, slow.text()[:300])
+
+
 def resident_mb(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024

@@ -199,9 +199,9 @@ def test_worked_examples_call_the_tool_for_real_and_sit_before_the_question():
         demonstration(bad, build_tools(bad, []))
 
 
-def test_the_run_config_keeps_its_tools_and_leaves_them_out_when_there_are_none(tiny_config_dict):
+def test_the_run_config_keeps_its_tools(tiny_config_dict):
     plain = RunConfig.from_dict(tiny_config_dict)
-    assert plain.tools == [] and "tools" not in plain.to_dict()
+    assert plain.tools == [] and plain.to_dict()["tools"] == [] and "tools: []" in plain.to_yaml()
     with_tools = RunConfig.from_dict({**tiny_config_dict, "tools": [{"kind": "calculator"}],
                                       "grpo": {**tiny_config_dict["grpo"], "max_tool_calling_iterations": 3}})
     again = RunConfig.from_dict(with_tools.to_dict())

@@ -109,6 +109,14 @@ def test_a_model_whose_template_cannot_show_tools_is_refused_before_anything_tra
         training.inspect(config)
 
 
+def test_a_preset_that_cannot_call_tools_is_refused_before_it_is_downloaded(tiny_config_dict):
+    config = RunConfig.from_dict({**tiny_config_dict, "model": {"id": "google/gemma-3-1b-it"},
+                                  "tools": [{"kind": "calculator"}]})
+    with pytest.raises(ConfigError, match="tools: google/gemma-3-1b-it cannot call tools: Gemma 3's chat template has "
+                                          "no turn for a tool's answer"):
+        training.inspect(config)
+
+
 def test_worked_examples_and_the_tools_schemas_are_counted_in_the_prompts(tiny_tool_model_dir, tmp_path, runs_dir):
     plain = tools_config(tiny_tool_model_dir, tmp_path, runs_dir)
     plain.pop("tools")

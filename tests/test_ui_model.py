@@ -196,7 +196,8 @@ def test_the_presets_table(studio, monkeypatch, tiny_model_dir):
     assert "google/gemma-3-1b-it" not in [preset.id for preset in machine.offered_presets(studio)]
     memories = [float(row[2].strip("~ GB")) for row in rows]
     assert memories[0] < 4.0 and all(m > memories[0] for m in memories[1:])
-    assert "offline" in rows[0][3] and "Gated" in rows[4][3]
+    assert "offline" in rows[0][4] and "Gated" in rows[4][4]
+    assert [row[0] for row in rows if row[3] == "no"] == ["google/gemma-3-1b-it"]  # its template has no tool turn
 
 
 def test_hardware_panel_lists_what_was_found(studio):

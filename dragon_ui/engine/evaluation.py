@@ -23,7 +23,7 @@ from ..rewards import Reward, ScoreResult, build_rewards, score_completions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
 from .reward_models import classifiers_on
-from .tool_calls import ToolUse, final_text, ready_for_tools, reply_with_tools, tool_use
+from .tool_calls import ToolUse, final_text, ready_for_tools, tool_use
 from .trained import TrainedWeights, trained_weights
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,6 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
     replies: list[str] = []
     prompt_length, said_at = 0, time.monotonic()
 
-    class StopWhenAsked(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool, device=input_ids.device)
-
     class SaySoFar(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
             nonlocal said_at
@@ -74,7 +70,7 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
                 said_at = time.monotonic()
             return torch.zeros((input_ids.shape[0],), dtype=torch.bool, device=input_ids.device)
 
-    stopping = StoppingCriteriaList([*([StopWhenAsked()] if should_stop is not None else []),
+    stopping = StoppingCriteriaList([*_stopping_when_asked(should_stop),
                                      *([SaySoFar()] if on_replies is not None else [])])
     device = next(model.parameters()).device
     texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
@@ -102,6 +98,102 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
         # slow a later training by half (see release_openmp_threads).
         release_openmp_threads()
     return replies
+
+
+def _stopping_when_asked(should_stop: Callable[[], bool] | None) -> list:
+    """generate's stopping criterion that ends every row once ``should_stop()`` (asked after each token); none
+    without one. The caller raises Stopped once generate returns."""
+    if should_stop is None:
+        return []
+    import torch
+    from transformers import StoppingCriteria
+
+    class StopWhenAsked(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), should_stop(), dtype=torch.bool, device=input_ids.device)
+
+    return [StopWhenAsked()]
+
+
+def reply_with_tools(model, tokenizer, conversations: list[list[dict]], use: ToolUse, max_new_tokens: int,
+                     batch_size: int, should_stop: Callable[[], bool] | None = None) -> list[list[dict]]:
+    """Greedy replies that call tools as training does: each round generates for the conversations still going,
+    runs the tools they call and hands the answers back, up to ``use.max_rounds`` rounds. Each reply is the messages
+    it added (the last assistant message is the final answer the rewards score); its generated tokens and the tools'
+    answers share ``max_new_tokens``, as in training."""
+    import torch
+    from transformers import StoppingCriteriaList
+    from trl.chat_template_utils import parse_response
+
+    histories = [list(conversation) for conversation in conversations]
+    added: list[list[dict]] = [[] for _ in conversations]
+    left = [max_new_tokens] * len(conversations)
+    going = list(range(len(conversations)))
+    device = next(model.parameters()).device
+    stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    for round_number in range(use.max_rounds + 1):
+        calling = []
+        for start in range(0, len(going), batch_size):
+            if should_stop is not None and should_stop():
+                raise Stopped("stopped while generating replies")
+            batch_rows = going[start:start + batch_size]
+            texts = [tokenizer.apply_chat_template(histories[i], tools=use.functions, add_generation_prompt=True,
+                                                   tokenize=False) for i in batch_rows]
+            batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
+                              add_special_tokens=False).to(device)
+            with torch.inference_mode():
+                out = speedups.generate(model, False, **batch, max_new_tokens=max(left[i] for i in batch_rows),
+                                        pad_token_id=tokenizer.pad_token_id, do_sample=False, top_k=None,
+                                        stopping_criteria=StoppingCriteriaList(_stopping_when_asked(should_stop)))
+            if should_stop is not None and should_stop():
+                raise Stopped("stopped while generating replies")
+            prompt_length = batch["input_ids"].shape[1]
+            for row, i in enumerate(batch_rows):
+                ids = _until_end(out[row, prompt_length:].tolist()[:left[i]], stop_ids, tokenizer.eos_token_id)
+                left[i] -= len(ids)
+                prefix = tokenizer(texts[row], add_special_tokens=False)["input_ids"]
+                message = parse_response(tokenizer, ids, prefix=prefix, tools=use.functions)
+                message.setdefault("role", "assistant")
+                histories[i].append(message)
+                added[i].append(message)
+                if message.get("tool_calls") and round_number < use.max_rounds and left[i] > 0:
+                    calling.append(i)
+        for i in calling:
+            for answer in _answers(added[i][-1]["tool_calls"], use.functions):
+                left[i] -= len(tokenizer(answer["content"], add_special_tokens=False)["input_ids"])
+                histories[i].append(answer)
+                added[i].append(answer)
+        going = [i for i in calling if left[i] > 0]
+        if not going:
+            break
+    return added
+
+
+def _until_end(ids: list[int], stop_ids: set, eos_id: int) -> list[int]:
+    """A row's generated tokens up to and including its end of turn (the padding after it dropped)."""
+    for position, token in enumerate(ids):
+        if token in stop_ids:
+            return ids[:position] + ([eos_id] if token == eos_id else [])
+    return ids
+
+
+def _answers(calls: list[dict], functions: list[Callable]) -> list[dict]:
+    """The tool messages answering ``calls``, as TRL makes them: an error becomes {"error": ...} for the model."""
+    by_name = {function.__name__: function for function in functions}
+    messages = []
+    for call in calls:
+        function = call.get("function") or {}
+        name = function.get("name", "unknown")
+        try:
+            if name not in by_name:
+                raise ValueError(f"Tool {name} not found.")
+            content = by_name[name](**(function.get("arguments") or {}))  # build_tools' functions answer text
+        except Stopped:
+            raise
+        except Exception as error:  # as TRL: any failure of the call is the model's to read
+            content = str({"error": str(error)})
+        messages.append({"role": "tool", "name": name, "content": content})
+    return messages
 
 
 def held_out_replies(model, tokenizer, examples: list[dict], max_new_tokens: int, tools: ToolUse | None = None,

@@ -67,6 +67,9 @@ class ModelPreset:
     dims: ModelDims
     notes: str
     gated: bool = False
+    # Why a run with tools cannot use it (engine.tool_calls checks any model's template when the run starts; for a
+    # preset the picker says so before anything is downloaded); None: it can call tools.
+    no_tools: str | None = None
 
     @property
     def params(self) -> int:
@@ -85,7 +88,9 @@ PRESETS: tuple[ModelPreset, ...] = (
                 "GPU recommended."),
     ModelPreset("google/gemma-3-1b-it", ModelDims(1152, 26, 6912, 262144, 4, 1, head_dim=256),
                 "Gated: accept the licence on its Hub page and log in (`hf auth login`). Large vocabulary, so more "
-                "memory per token. GPU.", gated=True),
+                "memory per token. GPU.", gated=True,
+                no_tools="Gemma 3's chat template has no turn for a tool's answer, so TRL cannot train it to call "
+                         "tools"),
     ModelPreset("meta-llama/Llama-3.2-1B-Instruct", ModelDims(2048, 16, 8192, 128256, 32, 8),
                 "Gated: accept the licence on its Hub page and log in (`hf auth login`). GPU.", gated=True),
     ModelPreset("Qwen/Qwen2.5-1.5B-Instruct", ModelDims(1536, 28, 8960, 151936, 12, 2),

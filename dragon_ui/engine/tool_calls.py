@@ -1,6 +1,5 @@
-"""Tool calling on the engine's side: a chat template that can call tools, the run's tools as one bundle, and
-greedy multi-turn replies for the held-out checks, which must answer the way training samples (call, read the
-answer, go on) or a tools run's before and after would not compare what it learned.
+"""Tool calling on the engine's side: a chat template that can call tools, and the run's tools as one bundle (the
+held-out checks answer with them as training does: evaluation.reply_with_tools).
 
 TRL's GRPOTrainer parses tool calls only for chat templates it knows (it matches them by exact text). The default
 model, SmolLM2-135M-Instruct, writes ChatML (``<|im_start|>``) but its template cannot show tools, so such a model
@@ -17,9 +16,8 @@ from dataclasses import dataclass, field
 
 from ..chat import completion_text
 from ..config import RunConfig
-from ..errors import ConfigError, Stopped
+from ..errors import ConfigError
 from ..tools import build_tools, demonstration, with_demonstration
-from .. import speedups
 
 CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
 TOOL_FAMILIES = "a Qwen2.5, Qwen3, SmolLM2 or other ChatML model, or a Llama 3.1 or 3.2 one"
@@ -87,83 +85,6 @@ def _speaks_chatml(tokenizer) -> bool:
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
     vocabulary = tokenizer.get_vocab()
     return all(marker in template and marker in vocabulary for marker in CHATML_MARKERS)
-
-
-def reply_with_tools(model, tokenizer, conversations: list[list[dict]], use: ToolUse, max_new_tokens: int,
-                     batch_size: int, should_stop: Callable[[], bool] | None = None) -> list[list[dict]]:
-    """Greedy replies that call tools as training does: each round generates for the conversations still going,
-    runs the tools they call and hands the answers back, up to ``use.max_rounds`` rounds. Each reply is the messages
-    it added (the last assistant message is the final answer the rewards score); its generated tokens and the tools'
-    answers share ``max_new_tokens``, as in training."""
-    import torch
-    from trl.chat_template_utils import parse_response
-
-    histories = [list(conversation) for conversation in conversations]
-    added: list[list[dict]] = [[] for _ in conversations]
-    left = [max_new_tokens] * len(conversations)
-    going = list(range(len(conversations)))
-    device = next(model.parameters()).device
-    stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
-    for round_number in range(use.max_rounds + 1):
-        calling = []
-        for start in range(0, len(going), batch_size):
-            if should_stop is not None and should_stop():
-                raise Stopped("stopped while generating replies")
-            batch_rows = going[start:start + batch_size]
-            texts = [tokenizer.apply_chat_template(histories[i], tools=use.functions, add_generation_prompt=True,
-                                                   tokenize=False) for i in batch_rows]
-            batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
-                              add_special_tokens=False).to(device)
-            with torch.inference_mode():
-                out = speedups.generate(model, False, **batch, max_new_tokens=max(left[i] for i in batch_rows),
-                                        pad_token_id=tokenizer.pad_token_id, do_sample=False, top_k=None)
-            prompt_length = batch["input_ids"].shape[1]
-            for row, i in enumerate(batch_rows):
-                ids = _until_end(out[row, prompt_length:].tolist()[:left[i]], stop_ids, tokenizer.eos_token_id)
-                left[i] -= len(ids)
-                prefix = tokenizer(texts[row], add_special_tokens=False)["input_ids"]
-                message = parse_response(tokenizer, ids, prefix=prefix, tools=use.functions)
-                message.setdefault("role", "assistant")
-                histories[i].append(message)
-                added[i].append(message)
-                if message.get("tool_calls") and round_number < use.max_rounds and left[i] > 0:
-                    calling.append(i)
-        for i in calling:
-            for answer in _answers(added[i][-1]["tool_calls"], use.functions):
-                left[i] -= len(tokenizer(answer["content"], add_special_tokens=False)["input_ids"])
-                histories[i].append(answer)
-                added[i].append(answer)
-        going = [i for i in calling if left[i] > 0]
-        if not going:
-            break
-    return added
-
-
-def _until_end(ids: list[int], stop_ids: set, eos_id: int) -> list[int]:
-    """A row's generated tokens up to and including its end of turn (the padding after it dropped)."""
-    for position, token in enumerate(ids):
-        if token in stop_ids:
-            return ids[:position] + ([eos_id] if token == eos_id else [])
-    return ids
-
-
-def _answers(calls: list[dict], functions: list[Callable]) -> list[dict]:
-    """The tool messages answering ``calls``, as TRL makes them: an error becomes {"error": ...} for the model."""
-    by_name = {function.__name__: function for function in functions}
-    messages = []
-    for call in calls:
-        function = call.get("function") or {}
-        name = function.get("name", "unknown")
-        try:
-            if name not in by_name:
-                raise ValueError(f"Tool {name} not found.")
-            content = by_name[name](**(function.get("arguments") or {}))  # build_tools' functions answer text
-        except Stopped:
-            raise
-        except Exception as error:  # as TRL: any failure of the call is the model's to read
-            content = str({"error": str(error)})
-        messages.append({"role": "tool", "name": name, "content": content})
-    return messages
 
 
 def final_text(reply: list[dict]) -> str:

@@ -38,7 +38,8 @@ from .model_card import write_model_card
 from .weights import make_portable
 from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model, take_set_aside
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
-from .tool_calls import ready_for_tools, tool_use
+from .presets import find_preset
+from .tool_calls import TOOL_FAMILIES, ready_for_tools, tool_use
 from .worker import WorkerRun, Workers
 
 log = logging.getLogger("dragon_ui")
@@ -123,6 +124,9 @@ def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
     """Every check a run passes before it trains (``policy``'s, the data's, the prompts', the rewards'), with what
     they found; ConfigError with the sentence to show at the first that fails. ``check`` prints it."""
     public_checks.check_run(config, policy)
+    preset = find_preset(config.model.id)
+    if config.tools and preset is not None and preset.no_tools:  # said before anything is downloaded
+        raise ConfigError(f"tools: {preset.id} cannot call tools: {preset.no_tools}; pick {TOOL_FAMILIES}.")
     hardware = resolve_hardware(config.hardware)
     distributed.check_runnable_here(config, hardware.device)
     mapped = load_and_map(config.data, base_dir=config.base_dir or None, policy=policy)

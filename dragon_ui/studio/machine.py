@@ -16,7 +16,7 @@ from ..errors import DragonError
 from ..scaleout.launch_folder import export_launch_folder
 from ..system import system_memory_gb
 
-__all__ = ["MINIMUM_SETTINGS", "PRESET_IDS", "Plan", "export", "hardware_markdown", "offered_presets", "plan",
+__all__ = ["MINIMUM_SETTINGS", "PRESET_COLUMNS", "PRESET_IDS", "Plan", "export", "hardware_markdown", "offered_presets", "plan",
            "preset_rows", "redetect", "speedups_markdown"]
 
 PRESET_IDS = [preset.id for preset in PRESETS]
@@ -30,9 +30,12 @@ def offered_presets(studio) -> list:
     return [preset for preset in PRESETS if preset.id.lower() in allowed]
 
 
+PRESET_COLUMNS = ["Model", "Parameters", "Min. memory", "Tools", "Notes"]
+
+
 def preset_rows(presets) -> list[list[str]]:
-    return [[preset.id, format_params(preset.params), f"~{minimum_memory_gb(preset.dims):.1f} GB", preset.notes]
-            for preset in presets]
+    return [[preset.id, format_params(preset.params), f"~{minimum_memory_gb(preset.dims):.1f} GB",
+             "yes" if preset.no_tools is None else "no", preset.notes] for preset in presets]
 
 
 def hardware_markdown(info: HardwareInfo) -> str:

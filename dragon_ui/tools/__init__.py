@@ -18,7 +18,7 @@ from .spec import DEFAULT_NAMES, MOST_EXAMPLES, MOST_TOOLS, TOOL_KINDS, ToolExam
 ANSWER_CHARS = 1000  # what one call may hand back to the model; the rest is cut, and the cut is said
 
 __all__ = ["ANSWER_CHARS", "DEFAULT_NAMES", "MOST_EXAMPLES", "MOST_TOOLS", "TOOL_KINDS", "ToolError", "ToolExample",
-           "ToolSpec", "build_tools", "call_tool", "demonstration", "parse_tools", "tool_schema",
+           "ToolSpec", "build_tools", "call_tool", "demonstration", "described", "parse_tools", "tool_schema",
            "with_demonstration"]
 
 
@@ -40,12 +40,13 @@ def _function(spec: ToolSpec, rows: list[dict], base_dir: str | None, where: str
         _check_columns(rows, (spec.key_column, spec.value_column), where, ("key_column", "value_column"))
         table = {row[spec.key_column]: row[spec.value_column] for row in rows
                  if row.get(spec.key_column) and spec.value_column in row}
-        description = spec.description or f"Look up the {spec.value_column} of a {spec.key_column}."
-        return make_lookup(spec.name, description, f"The {spec.key_column} to look up.", table)
+        return make_lookup(spec.name, described(spec), f"The {spec.key_column} to look up.", table)
     if spec.kind == "search":
         _check_columns(rows, (spec.column,), where, ("column",))
-        description = spec.description or f"Search the {spec.column} for the passages that best match some words."
-        return make_search(spec.name, description, [row.get(spec.column, "") for row in rows])
+        try:
+            return make_search(spec.name, described(spec), [row.get(spec.column, "") for row in rows])
+        except ToolError as error:
+            raise ConfigError(f"{where}.column {spec.column!r}: {error}") from None
     from ..rewards.code import load_function
 
     function, label = load_function(spec.code, spec.file, spec.function, f"dragon_tool_{spec.name}", base_dir, where,
@@ -56,6 +57,19 @@ def _function(spec: ToolSpec, rows: list[dict], base_dir: str | None, where: str
     except Exception as error:  # transformers' schema errors name what is missing; say it with the setting's name
         raise ConfigError(f"{label}: the model cannot be shown {spec.function!r}: {error}") from None
     return _renamed(function, spec.name)
+
+
+def described(spec: ToolSpec) -> str:
+    """What the model is told a tool does (its schema's description), known without building it."""
+    if spec.description:
+        return spec.description
+    if spec.kind == "lookup":
+        return f"Look up the {spec.value_column} of a {spec.key_column}."
+    if spec.kind == "search":
+        return f"Search the {spec.column} for the passages that best match some words."
+    if spec.kind == "custom":
+        return f"Your function {spec.function}, as its docstring says."
+    return (calculator if spec.kind == "calculator" else convert_units).__doc__.strip().splitlines()[0]
 
 
 def _check_columns(rows: list[dict], columns: tuple, where: str, settings: tuple[str, ...]) -> None:

@@ -169,6 +169,8 @@ def _unit_name(unit) -> str:
 
 MOST_RESULTS = 3
 RESULT_CHARS = 300
+INDEXED_CHARS = 2_000  # of each document: its words beyond are not searched (an answer shows 300 anyway)
+MOST_INDEXED_CHARS = 2_000_000  # of all documents: indexing takes about a second per million characters
 _WORD_RE = re.compile(r"\w+")
 
 
@@ -197,7 +199,11 @@ def make_search(name: str, description: str, documents: list[str]) -> Callable[[
     """A tool ``name(query)`` answering the documents that best match the query's words (BM25, as search engines
     rank), each cut to RESULT_CHARS characters, at most MOST_RESULTS of them."""
     texts = [text for text in documents if text.strip()]
-    words = [Counter(_WORD_RE.findall(text.casefold())) for text in texts]
+    indexed = sum(min(len(text), INDEXED_CHARS) for text in texts)
+    if indexed > MOST_INDEXED_CHARS:
+        raise ToolError(f"the documents hold {indexed:,} characters to search (counting {INDEXED_CHARS:,} of each), "
+                        f"more than the {MOST_INDEXED_CHARS:,} a search tool indexes; search fewer or shorter rows.")
+    words = [Counter(_WORD_RE.findall(text[:INDEXED_CHARS].casefold())) for text in texts]
     lengths = [sum(counts.values()) for counts in words]
     mean_length = sum(lengths) / len(lengths) if lengths else 1.0
     holding = Counter(word for counts in words for word in counts)

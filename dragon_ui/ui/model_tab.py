@@ -332,9 +332,9 @@ def build(shared: Shared) -> Callable[[], None]:
     areas["model"] = problem_area("model")
     with gr.Accordion("Presets (click a row to use it)", open=False):
         gr.Markdown(f"Min. memory: {machine.MINIMUM_SETTINGS}; CPU training is practical up to about 360M "
-                    "parameters.")
+                    "parameters. Tools: whether a run with tools (Rewards tab) can train it to call them.")
         presets = gr.Dataframe(machine.preset_rows(machine.offered_presets(studio)),
-                               headers=["Model", "Parameters", "Min. memory", "Notes"], interactive=False, wrap=True,
+                               headers=machine.PRESET_COLUMNS, interactive=False, wrap=True,
                                elem_id="model-presets")
 
     gr.Markdown("### Hardware")
@@ -394,7 +394,7 @@ def build(shared: Shared) -> Callable[[], None]:
     areas["name"] = problem_area("name")
     start_status = gr.Markdown(elem_id="model-start-status")
     connect_preflight = preflight.build(shared, will_it_learn)
-    own = [f for f in form.fields if f.path.split(".")[0] in (*SECTIONS, "name")]
+    own = [f for f in form.fields if f.path in SETTINGS_AT or f.path == "name"]  # not the Rewards tab's tool rounds
     own_fields, own_paths = [f.component for f in own], [f.path for f in own]
 
     continue_from.input(lambda folder: folder or gr.skip(), [continue_from], [model_id], api_visibility="private")

@@ -36,6 +36,7 @@ from ..studio.playground import (GroupScores, advantages_of, data_config, displa
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight,
                        kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
+from . import tools_section
 from .common import ONE_MODEL_AT_A_TIME, SAMPLING, Shared, explain, message, number, optional_number, shown_number, shows_errors
 
 # The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.
@@ -683,6 +684,8 @@ def build(shared: Shared) -> Callable[[], None]:
 
     form.watch(problem_line, [problem])
     shared.first_paint.append((problem_line, [problem]))
+
+    tools_section.build(shared)
 
     gr.Markdown("## Playground\nTry the rewards on a reply before training: type one, or let the starting model "
                 "sample a group of replies the way one GRPO step would.")

@@ -1,0 +1,127 @@
+"""The Tools section's backend: the draft's tools as a table, edited as a list the run config validates, each shown
+as the model will see it (its JSON schema), and called on arguments the person types ("Try it").
+
+Tools are built exactly as a run builds them (tools.build_tools over the rows of the draft's data, as
+engine.tool_calls.tool_use does), so what Try it answers is what the model would be answered.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ..errors import ConfigError
+from ..public import LAPTOP, Policy
+from ..tools import DEFAULT_NAMES, TOOL_KINDS, ToolError, ToolSpec, build_tools, described, parse_tools, tool_schema
+from .playground import data_config, every_row, load_rows, map_rows
+
+TABLE_COLUMNS = ["name", "kind", "what the model is told", "worked examples"]
+# What the model is asked with when a tool has no worked example yet: a call that shows the tool working.
+SAMPLE_ARGUMENTS = {"calculator": {"expression": "347 * 862"},
+                    "convert": {"value": 5, "from_unit": "mile", "to_unit": "kilometer"}}
+_EXAMPLE_LINE = re.compile(r"^(?P<question>.+?)\s*(?:→|=>)\s*(?P<arguments>\{.*\})\s*$")
+
+
+def tools_table(tools: list[dict], policy: Policy = LAPTOP) -> list[list]:
+    """One row per tool of a validated list: its name, kind, what the model is told of it, and how many worked
+    examples every prompt shows."""
+    specs = parse_tools(tools, policy=policy)
+    return [[spec.name, spec.kind, described(spec), len(spec.examples)] for spec in specs]
+
+
+def parse_examples(text: str | None) -> list[dict]:
+    """Worked examples typed one a line as ``question → {"argument": "value"}`` (or ``=>``); ConfigError naming
+    the line that is not."""
+    examples = []
+    for number, line in enumerate((text or "").splitlines(), start=1):
+        if not line.strip():
+            continue
+        found = _EXAMPLE_LINE.match(line.strip())
+        try:
+            arguments = json.loads(found["arguments"]) if found else None
+        except json.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise ConfigError(f"tools.examples: line {number} is not `question → {{\"argument\": \"value\"}}`, for "
+                              "example `What is 12 × 34? → {\"expression\": \"12 × 34\"}`.")
+        examples.append({"question": found["question"], "arguments": arguments})
+    return examples
+
+
+def validated(tools, policy: Policy = LAPTOP) -> list[dict]:
+    """A tool list as a run validates it, stored as ToolSpec.to_dict dicts (a custom tool's code loaded and its
+    schema made, where the policy allows one); ConfigError saying what is wrong."""
+    specs = parse_tools(tools, policy=policy)
+    build_tools([spec for spec in specs if spec.kind == "custom"], [])
+    return [spec.to_dict() for spec in specs]
+
+
+def added(tools: list[dict], spec: dict, policy: Policy = LAPTOP) -> list[dict]:
+    """The list with ``spec`` appended, :func:`validated`; ConfigError saying what is wrong, the list unchanged."""
+    return validated([*tools, spec], policy)
+
+
+def removed(tools: list[dict], name: str) -> list[dict]:
+    return [spec for spec in tools if spec.get("name") != name]
+
+
+def draft_tool(draft: dict, name: str, policy: Policy = LAPTOP):
+    """The draft's tool ``name`` as the run would build it: (its spec, the function the model calls)."""
+    specs = parse_tools(draft.get("tools"), policy=policy)
+    chosen = [spec for spec in specs if spec.name == name]
+    if not chosen:
+        raise ConfigError(f"There is no tool named {str(name)[:40]!r}; choose one of the list.")
+    rows = _data_rows(draft, policy) if chosen[0].kind in ("lookup", "search") else []
+    (function,) = build_tools(chosen, rows, draft.get("base_dir") or None)
+    return chosen[0], function
+
+
+def _data_rows(draft: dict, policy: Policy) -> list[dict]:
+    """Every row of the draft's data, each column as text (what a run's lookups and searches read)."""
+    data = data_config(draft)
+    data.validate()
+    mapped = map_rows(load_rows(data, draft.get("base_dir") or None, policy).rows, every_row(data), policy)
+    return [json.loads(example["row"]) for example in mapped.train + mapped.eval]
+
+
+def shown_schema(draft: dict, name: str, policy: Policy = LAPTOP) -> tuple[str, str]:
+    """(the tool's JSON schema as the model reads it, arguments to try it with: its first worked example's, or a
+    call that shows it working)."""
+    spec, function = draft_tool(draft, name, policy)
+    schema = json.dumps(tool_schema(function), indent=2, ensure_ascii=False)
+    arguments = spec.examples[0].arguments if spec.examples else SAMPLE_ARGUMENTS.get(spec.kind) or {
+        parameter: "" for parameter in tool_schema(function)["function"]["parameters"].get("properties", {})}
+    return schema, json.dumps(arguments, ensure_ascii=False)
+
+
+def try_tool(draft: dict, name: str, arguments_text: str, policy: Policy = LAPTOP) -> str:
+    """What the tool answers these arguments (JSON), as the model would read it; a sentence when it cannot."""
+    try:
+        arguments = json.loads(arguments_text or "{}")
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"The arguments are not JSON ({error.msg}); write them like {{\"expression\": \"2 * 3\"}}.") \
+            from None
+    if not isinstance(arguments, dict):
+        raise ConfigError("The arguments must be a JSON object of each argument's value, like "
+                          "{\"expression\": \"2 * 3\"}.")
+    _, function = draft_tool(draft, name, policy)
+    try:
+        return function(**arguments)
+    except TypeError as error:
+        raise ConfigError(f"{name} cannot be called with these arguments: {error}.") from None
+    except ToolError as error:
+        return f"error: {error}"  # what the model would read back: the tool's own sentence
+
+
+def new_spec(kind: str, name: str, settings: dict, examples: str) -> dict:
+    """The tool the Tools section's form describes: its kind, name, the kind's settings, its worked examples."""
+    spec = {"kind": kind, "name": (name or "").strip() or DEFAULT_NAMES.get(kind) or None}
+    allowed = {"lookup": ("key_column", "value_column", "description"), "search": ("column", "description"),
+               "custom": ("code", "function")}.get(kind, ())
+    spec.update({key: value for key, value in settings.items() if key in allowed and value not in (None, "")})
+    spec["examples"] = parse_examples(examples)
+    return spec
+
+
+__all__ = ["SAMPLE_ARGUMENTS", "TABLE_COLUMNS", "TOOL_KINDS", "ToolSpec", "added", "draft_tool", "new_spec",
+           "parse_examples", "removed", "shown_schema", "tools_table", "try_tool", "validated"]

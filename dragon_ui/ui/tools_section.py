@@ -1,0 +1,169 @@
+"""The Rewards tab's Tools section: the tools the model may call while it answers (multi-turn GRPO).
+
+A list (a field of the form at "tools") edited through studio.tools, which validates it as a run does; each tool
+shown as the model will see it (its JSON schema) and called on typed arguments (Try it). Every handler's inputs may
+come from any client in a public demo: names are looked up in the validated list, arguments are parsed as JSON and
+handed to the same bounded tools a run calls, and a custom tool is refused before its code runs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import gradio as gr
+import pandas as pd
+
+from ..errors import DragonError
+from ..public import LAPTOP, Policy
+from ..studio.tools import (TABLE_COLUMNS, TOOL_KINDS, added, new_spec, removed, shown_schema, tools_table,
+                            try_tool, validated)
+from .common import Shared, message
+
+KIND_SETTINGS = {"lookup": ("key_column", "value_column", "description"), "search": ("column", "description"),
+                 "custom": ("code", "function")}
+SETTING_NAMES = ("key_column", "value_column", "column", "description", "code", "function")
+STARTER_CODE = '''def tool(city: str) -> str:
+    """Say what the weather is in a city.
+
+    Args:
+        city: The city's name, for example "Paris".
+    """
+    return "sunny" if city.lower() == "paris" else "rain"
+'''
+KIND_HELP = {
+    "calculator": "Works out arithmetic exactly (+ - * / ** and brackets; × and ÷ too).",
+    "convert": "Converts amounts between units: miles to km, degC to degF, km/h to m/s.",
+    "lookup": "Answers the value column of the data row whose key column matches what the model asks.",
+    "search": "Answers the three passages of a column of the data that best match the model's words.",
+    "custom": "Your own Python function: type hints and a docstring with Args (the model is shown them).",
+}
+
+
+def kinds(policy: Policy) -> list[str]:
+    return [kind for kind in TOOL_KINDS if not (policy.public and kind == "custom")]
+
+
+def listing(tools: list[dict], chosen: str | None, status: str, policy: Policy) -> list:
+    """(tools, table, the tool picker, status) for a list that changed (validated by ``policy``)."""
+    names = [spec["name"] for spec in tools]
+    keep = chosen if chosen in names else (names[-1] if names else None)
+    return [tools, gr.Dataframe(pd.DataFrame(tools_table(tools, policy), columns=TABLE_COLUMNS), visible=bool(tools)),
+            gr.Dropdown(choices=names, value=keep, visible=bool(tools)), status]
+
+
+def add_tool(tools: list[dict], kind: str, name: str, examples: str, *settings, policy: Policy = LAPTOP) -> list:
+    """Append the form's tool, validated as a run validates it; refused, the list stays and the status says why."""
+    if kind not in kinds(policy):
+        return [gr.skip(), gr.skip(), gr.skip(), message(f"Choose a kind of tool: {', '.join(kinds(policy))}.",
+                                                         "warn")]
+    try:
+        spec = new_spec(kind, name, dict(zip(SETTING_NAMES, settings, strict=True)), examples)
+        changed = added(list(tools or []), spec, policy)
+    except DragonError as exc:
+        return [gr.skip(), gr.skip(), gr.skip(), message(str(exc), "error")]
+    return listing(changed, changed[-1]["name"], message(f"Added the tool {changed[-1]['name']}.", "ok"), policy)
+
+
+def remove_tool(tools: list[dict], chosen: str, policy: Policy = LAPTOP) -> list:
+    left = removed(list(tools or []), chosen)
+    if len(left) == len(tools or []):
+        return [gr.skip(), gr.skip(), gr.skip(), message("Choose the tool to remove first.", "warn")]
+    return listing(left, None, message(f"Removed the tool {chosen}.", "ok"), policy)
+
+
+def change_kind(kind: str) -> list:
+    """The settings of the chosen kind, its help, and the examples box's hint."""
+    shown = KIND_SETTINGS.get(kind, ())
+    return [KIND_HELP.get(kind, ""), *(gr.update(visible=setting in shown) for setting in SETTING_NAMES)]
+
+
+def show_tool(draft: dict, chosen: str | None, policy: Policy = LAPTOP) -> tuple:
+    """The chosen tool's schema as the model reads it, and arguments to try it with."""
+    if not chosen:
+        return "", "", ""
+    try:
+        schema, arguments = shown_schema(draft, chosen, policy)
+    except DragonError as exc:
+        return "", gr.skip(), message(str(exc), "error")
+    return schema, arguments, ""
+
+
+def call_tool(draft: dict, chosen: str | None, arguments: str, policy: Policy = LAPTOP) -> str:
+    """What the chosen tool answers the typed arguments, as the model would read it."""
+    if not chosen:
+        return message("Add a tool first, then try it here.", "warn")
+    try:
+        answer = try_tool(draft, chosen, str(arguments or "")[:2000], policy)
+    except DragonError as exc:
+        return message(str(exc), "error")
+    return f"**{chosen} answered:**\n\n```\n{answer}\n```"
+
+
+def fill_tools(draft: dict, policy: Policy = LAPTOP) -> list:
+    """A whole new draft was loaded: its tools and its rounds per reply. A list this demo refuses (a kept draft
+    with a custom tool) is shown empty, with why."""
+    rounds = (draft.get("grpo") or {}).get("max_tool_calling_iterations", 2)
+    try:
+        return [*listing(validated(draft.get("tools"), policy), None, "", policy), rounds]
+    except DragonError as exc:
+        return [*listing([], None, message(str(exc), "error"), policy), rounds]
+
+
+def build(shared: Shared) -> None:
+    form, policy = shared.form, shared.studio.policy
+    gr.Markdown("## Tools\nTools the model may call while it answers: it writes a call, the tool's answer is added "
+                "to the conversation, and it goes on. The rewards score its final answer; the tools' answers are "
+                "never trained on. Worked examples put a call before every question, which a small model copies far "
+                "more readily than it follows a description.")
+    tools = form.add("tools", gr.State([]), label="Tools")
+    rounds = form.add("grpo.max_tool_calling_iterations",
+                      gr.Number(2, precision=0, minimum=1, maximum=10, label="Tool rounds per reply",
+                                info="How many times one reply may call tools before it must answer.",
+                                elem_id="tools-rounds"))
+    table = gr.Dataframe(pd.DataFrame(columns=TABLE_COLUMNS), label="Tools (what training gives the model)",
+                         interactive=False, wrap=True, visible=False, elem_id="tools-table")
+    with gr.Row():
+        with gr.Column(scale=1):
+            kind = gr.Dropdown(kinds(policy), value="calculator", label="Kind of tool", elem_id="tools-kind",
+                               info="Custom tools are turned off in this public demo." if policy.public else None)
+            kind_help = gr.Markdown(KIND_HELP["calculator"], elem_id="tools-kind-help")
+            name = gr.Textbox(label="Name", placeholder="the kind's own", elem_id="tools-name",
+                              info="What the model calls it: letters, digits and _.")
+        with gr.Column(scale=2):
+            settings = [
+                gr.Textbox(label="Key column", visible=False, elem_id="tools-key-column",
+                           info="The data column the model looks up by (e.g. country)."),
+                gr.Textbox(label="Value column", visible=False, elem_id="tools-value-column",
+                           info="The data column it gets back (e.g. capital)."),
+                gr.Textbox(label="Column to search", visible=False, elem_id="tools-column"),
+                gr.Textbox(label="What the model is told it does", visible=False, elem_id="tools-description"),
+                gr.Code(STARTER_CODE, language="python", label="Python function", visible=False,
+                        elem_id="tools-code"),
+                gr.Textbox("tool", label="Function name", visible=False, elem_id="tools-function"),
+            ]
+            examples = gr.Textbox(label="Worked examples, one a line: question → arguments (JSON)", lines=2,
+                                  placeholder='What is 12 × 34? → {"expression": "12 × 34"}', elem_id="tools-examples")
+    add = gr.Button("Add tool", variant="primary", elem_id="tools-add")
+    status = gr.Markdown(elem_id="tools-status")
+    with gr.Row():
+        with gr.Column():
+            chosen = gr.Dropdown(label="Tool", visible=False, elem_id="tools-chosen")
+            schema = gr.Code(language="json", label="What the model is shown", elem_id="tools-schema")
+            remove = gr.Button("Remove tool", variant="stop", elem_id="tools-remove")
+        with gr.Column():
+            arguments = gr.Textbox(label="Arguments to try it with (JSON)", elem_id="tools-arguments")
+            call = gr.Button("Try it", elem_id="tools-try")
+            answer = gr.Markdown(elem_id="tools-answer")
+
+    listed = [tools, table, chosen, status]
+    edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
+             "concurrency_limit": 1, "concurrency_id": "tool-list-edits"}  # as the reward list's: one edit at a time
+    add.click(functools.partial(add_tool, policy=policy), [tools, kind, name, examples, *settings], listed, **edits)
+    remove.click(functools.partial(remove_tool, policy=policy), [tools, chosen], listed, **edits)
+    kind.input(change_kind, [kind], [kind_help, *settings], show_progress="hidden", api_visibility="private")
+    shared.fills.append((functools.partial(fill_tools, policy=policy), [*listed, rounds]))
+    quick = {"show_progress": "hidden", "api_visibility": "private"}
+    shown = form.takes_draft(functools.partial(show_tool, policy=policy))
+    chosen.change(shown, [*form.inputs, chosen], [schema, arguments, answer], **quick)
+    call.click(form.takes_draft(functools.partial(call_tool, policy=policy)), [*form.inputs, chosen, arguments],
+               [answer], **quick)

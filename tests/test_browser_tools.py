@@ -1,0 +1,88 @@
+"""Tools in a real browser: a calculator added on the Rewards tab, shown as the model sees it and tried, a run
+started with it, and the Train tab's sampled groups showing each turn (the call, the tool's answer greyed and not
+trained on, the final answer). The model is tests/tool_model.py's tiny Qwen2, taught to call the calculator."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+from test_browser import choose, expect, open_tab, screenshot, type_into
+
+from tool_model import ANSWER, EXPRESSION, QUESTION
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
+
+
+@pytest.fixture
+def recipes_dir(tmp_path, tiny_tool_model_dir, monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("DRAGON_UI_PUBLIC", raising=False)
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    data = tmp_path / "questions.csv"
+    with open(data, "w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows([["question", "answer"], *[[QUESTION, ANSWER]] * 25])
+    (folder / "arithmetic.yaml").write_text(f"""\
+name: tools
+model: {tiny_tool_model_dir}
+data:
+  source: {data}
+  prompt: question
+  reference: answer
+  eval_frac: 0.2
+rewards:
+  - kind: exact
+    name: answer
+grpo:
+  group_size: 2
+  max_new_tokens: 64
+training:
+  learning_rate: 0.01
+  batch_size: 2
+  max_steps: 400
+  save_steps: 400
+lora:
+  r: 4
+  alpha: 8
+hardware:
+  device: cpu
+  dtype: float32
+  cpu_threads: 1
+n_samples: 2
+""", encoding="utf-8")
+    return folder
+
+
+def test_a_calculator_is_added_tried_and_trained_with_and_every_turn_is_shown(page, studio, screenshots):
+    expect(page.locator("#data-counts")).to_contain_text("25 rows")
+    open_tab(page, "rewards")
+    expect(page.locator("#tools-table")).to_be_hidden()  # no tools yet
+    choose(page, "#tools-kind", "lookup")
+    expect(page.locator("#tools-key-column")).to_be_visible()
+    choose(page, "#tools-kind", "calculator")
+    expect(page.locator("#tools-key-column")).to_be_hidden()
+    expect(page.locator("#tools-kind-help")).to_contain_text("Works out arithmetic exactly")
+    page.locator("#tools-add").click()
+    expect(page.locator("#tools-status")).to_contain_text("Added the tool calculator.")
+    expect(page.locator("#tools-table")).to_contain_text("Work out an arithmetic expression exactly")
+    expect(page.locator("#tools-schema")).to_contain_text('"name": "calculator"')
+    type_into(page, "#tools-arguments textarea", '{"expression": "347 × 862"}')
+    page.locator("#tools-try").click()
+    expect(page.locator("#tools-answer")).to_contain_text("299114")
+    page.locator("#tools-table").scroll_into_view_if_needed()
+    screenshot(page, screenshots, "rewards-tools")
+
+    open_tab(page, "model")
+    page.locator("#model-start").click()
+    open_tab(page, "train")
+    rollouts = page.locator("#train-rollouts")
+    expect(rollouts.locator(".tool-call").first).to_contain_text(f'calculator(expression="{EXPRESSION}")')
+    answer = rollouts.locator(".tool-answer").first
+    expect(answer).to_contain_text(f"calculator answered: {ANSWER}")
+    expect(answer).to_contain_text("(not trained on)")
+    expect(rollouts.locator(".final-answer").first).to_contain_text(f"Answer: {ANSWER}")
+    rollouts.scroll_into_view_if_needed()
+    screenshot(page, screenshots, "train-tools")
+    page.locator("#train-stop").click()
+    expect(page.locator("#train-status")).to_contain_text("stopped", ignore_case=True)

@@ -1,0 +1,118 @@
+"""The Rewards tab's Tools section: adding and removing tools through the run config's validation, a tool shown as
+the model sees it, Try it answering what the model would be answered, and hostile inputs answered in words."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import said, write_arithmetic_csv
+
+from dragon_ui.public import LAPTOP, Limits, Policy
+from dragon_ui.studio import tools as studio_tools
+from dragon_ui.ui import tools_section
+
+PUBLIC = Policy(limits=Limits())
+SETTINGS = {name: None for name in tools_section.SETTING_NAMES}
+
+
+def add(tools, kind, name="", examples="", policy=LAPTOP, **settings):
+    values = [settings.get(name_, SETTINGS[name_]) for name_ in tools_section.SETTING_NAMES]
+    return tools_section.add_tool(tools, kind, name, examples, *values, policy=policy)
+
+
+@pytest.fixture
+def draft(tmp_path) -> dict:
+    data = write_arithmetic_csv(tmp_path / "arithmetic.csv")
+    return {"data": {"source": str(data), "prompt": "question", "reference": "answer"}, "rewards": [{"kind": "numeric"}]}
+
+
+def test_tools_are_added_shown_tried_and_removed(draft):
+    tools, table, chosen, status = add([], "calculator", examples='What is 12 × 34? → {"expression": "12 × 34"}')
+    assert said(status) == [("ok", "Added the tool calculator.")]
+    assert tools == [{"kind": "calculator", "name": "calculator", "examples": [
+        {"question": "What is 12 × 34?", "arguments": {"expression": "12 × 34"}}]}]
+    assert table.value["data"] == [["calculator", "calculator", "Work out an arithmetic expression exactly: + - * / ** "
+                                    "and brackets.", 1]]
+    assert chosen.value == "calculator"
+    tools, _, chosen, _ = add(tools, "lookup", name="answer_of", key_column="question", value_column="answer")
+    draft["tools"] = tools
+    schema, arguments, problem = tools_section.show_tool(draft, "answer_of")
+    assert json.loads(schema)["function"]["name"] == "answer_of" and json.loads(arguments) == {"key": ""}
+    assert problem == ""
+    question = draft_question(draft)
+    answer = tools_section.call_tool(draft, "answer_of", json.dumps({"key": question["question"]}))
+    assert answer == f"**answer_of answered:**\n\n```\n{question['answer']}\n```"
+    schema, arguments, _ = tools_section.show_tool(draft, "calculator")
+    assert json.loads(arguments) == {"expression": "12 × 34"}
+    assert "```\n408\n```" in tools_section.call_tool(draft, "calculator", arguments)
+    tools, table, chosen, status = tools_section.remove_tool(tools, "calculator")
+    assert [tool["name"] for tool in tools] == ["answer_of"] and said(status) == [("ok", "Removed the tool calculator.")]
+
+
+def draft_question(draft: dict) -> dict:
+    import csv
+
+    with open(draft["data"]["source"], encoding="utf-8") as handle:
+        return next(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("kind, settings, examples, words", [
+    ("lookup", {"key_column": "question"}, "", "needs key_column"),
+    ("calculator", {}, "What is 2 * 3? {\"expression\": \"2 * 3\"}", "line 1 is not `question → "),
+    ("calculator", {}, "What is 2 * 3? → [1, 2]", "line 1 is not"),
+    ("calculator", {}, "What is 2 * 3? → {\"expression\": \"2 / 0\"}\n", None),  # checked when the run is built
+    ("custom", {"code": "def tool(:"}, "", "syntax error"),
+    ("shell", {}, "", "Choose a kind of tool"),
+])
+def test_a_tool_the_run_would_refuse_is_refused_here_and_the_list_stays(kind, settings, examples, words):
+    before = [{"kind": "convert", "name": "convert_units"}]
+    answer = add(before, kind, examples=examples, **settings)
+    if words is None:
+        assert said(answer[3])[0][0] == "ok"
+        return
+    assert answer[:3] == [tools_section.gr.skip()] * 3 and words in said(answer[3])[0][1]
+
+
+def test_a_public_demo_offers_no_custom_tool_and_refuses_one_sent_anyway(tmp_path):
+    marker = tmp_path / "ran"
+    assert "custom" not in tools_section.kinds(PUBLIC) and "custom" in tools_section.kinds(LAPTOP)
+    answer = add([], "custom", policy=PUBLIC, code=f"open({str(marker)!r}, 'w')\ndef tool(x: str) -> str:\n    return x\n")
+    assert said(answer[3]) == [("warn", "Choose a kind of tool: calculator, convert, lookup, search.")]
+    kept = tools_section.fill_tools({"tools": [{"kind": "custom", "code": "def tool(x: str) -> str:\n    return x\n"}]},
+                                    policy=PUBLIC)
+    assert kept[0] == [] and "custom Python tools are turned off" in said(kept[3])[0][1]
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("chosen, arguments, words", [
+    (None, "{}", "Add a tool first"),
+    ("nosuch", "{}", "There is no tool named 'nosuch'"),
+    ("calculator", "not json", "The arguments are not JSON"),
+    ("calculator", "[1, 2]", "must be a JSON object"),
+    ("calculator", '{"nothing": 1}', "calculator cannot be called with these arguments"),
+    ("calculator", json.dumps({"expression": "9 ** 9 ** 9"}), "error: the result would have more than 100 digits"),
+    ("calculator", "{" + " " * 10_000_000 + "}", "The arguments are not JSON"),  # cut to 2,000 characters first
+])
+def test_try_it_answers_what_the_model_would_read_or_says_why_not(draft, chosen, arguments, words):
+    draft["tools"] = [{"kind": "calculator", "name": "calculator"}]
+    assert words in tools_section.call_tool(draft, chosen, arguments)
+
+
+def test_a_huge_cell_comes_back_cut_and_a_huge_corpus_is_refused(tmp_path):
+    data = tmp_path / "facts.csv"
+    data.write_text("key,fact\n" + "".join(f"k{i},{'x' * 5000}\n" for i in range(1100)))
+    draft = {"data": {"source": str(data), "prompt": "key"},
+             "tools": [{"kind": "lookup", "name": "fact_of", "key_column": "key", "value_column": "fact"},
+                       {"kind": "search", "name": "search", "column": "fact"}]}
+    answer = tools_section.call_tool(draft, "fact_of", '{"key": "k1"}')
+    assert "… (cut: the answer had 5,000 characters)" in answer and len(answer) < 1100
+    refused = tools_section.call_tool(draft, "search", '{"query": "x"}')
+    assert "more than the 2,000,000 a search tool indexes" in refused
+
+
+def test_the_table_and_the_rounds_follow_a_loaded_draft():
+    tools, table, chosen, status, rounds = tools_section.fill_tools(
+        {"tools": [{"kind": "calculator", "name": "calc"}], "grpo": {"max_tool_calling_iterations": 3}})
+    assert tools == [{"kind": "calculator", "name": "calc"}] and rounds == 3 and chosen.value == "calc"
+    assert studio_tools.tools_table([]) == [] and tools_section.fill_tools({})[0] == []
