@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dragon_ui.config import RunConfig
+from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
 from dragon_ui.errors import ConfigError, Stopped
 from dragon_ui.public import LAPTOP, Limits, Policy
 from dragon_ui.tools import (ANSWER_CHARS, ToolError, build_tools, calculator, demonstration, parse_tools, tool_schema,
@@ -28,6 +28,10 @@ PUBLIC = Policy(limits=Limits())
     ("-3 ** 2", "-9"),
     ("2 ** -2", "0.25"),
     ("2 ** 0.5", "1.41421356237"),
+    ("2 ** 0.5 * 2 ** 60", "1.63047722817e+18"),  # not exact, so not shown as a whole number
+    ("2 ** 200", str(2 ** 200)),
+    ("10 ** 99", str(10 ** 99)),
+    ("1 ** (10 ** 99)", "1"),
     ("99999999999 ** 9", str(99999999999 ** 9)),  # 99 digits: within the bound
 ])
 def test_the_calculator_works_out_arithmetic_exactly(expression, answer):
@@ -47,6 +51,9 @@ def test_the_calculator_works_out_arithmetic_exactly(expression, answer):
     ("'a' * 10", "only takes numbers"),
     ("True + 1", "only takes numbers"),
     ("1e400 * 1", "finite"),
+    ("0 ** -0.5", "divides by zero"),
+    ("(2 ** 0.5) ** 700", "more than 100 digits"),
+    ("10 ** 100", "more than 100 digits"),
     ("347 x 862", "not arithmetic"),
     ("1 + " * 60 + "1", "at most 200"),
 ])
@@ -62,6 +69,8 @@ def test_the_calculator_refuses_what_is_not_bounded_arithmetic(expression, said)
     ((30, "degC", "degF"), "86 degF"),
     (("2", "km/h", "m/s"), "0.5555555556 m/s"),
     ((1, "kg", "g"), "1000 g"),
+    ((2, "m^2", "cm^2"), "20000 cm^2"),
+    ((1, "kg*m/s^2", "N"), "1 N"),
 ])
 def test_the_converter_converts_units(arguments, answer):
     assert convert_units(*arguments) == answer
@@ -73,12 +82,19 @@ def test_the_converter_converts_units(arguments, answer):
     ((5, "m" * 41, "km"), "not a unit"),
     ((5, "furlongs_of_doom", "m"), "not a unit"),
     ((1e301, "m", "km"), "below 1e300"),
+    ((10 ** 400, "m", "km"), "below 1e300"),
+    ((1, "9^9^9", "m"), "not a unit"),  # pint computes the numbers in a unit: none but small exponents get through
+    ((1, "2**2**2**2 m", "m"), "not a unit"),
+    ((1, "m/0", "m"), "not a unit"),
+    ((1, "m^0", "1"), "not a unit"),
     (("five", "m", "km"), "must be a number"),
     ((True, "m", "km"), "must be a number"),
 ])
 def test_the_converter_refuses_in_words(arguments, said):
+    started = time.monotonic()
     with pytest.raises(ToolError, match=said):
         convert_units(*arguments)
+    assert time.monotonic() - started < 0.5
 
 
 def test_a_lookup_answers_by_key_whatever_its_case_and_spacing():
@@ -130,6 +146,11 @@ def test_a_tool_answer_is_cut_and_a_stopped_run_calls_no_tool(tmp_path):
                           should_stop=lambda: bool(stopping))
     answer = tool(text="hi")
     assert len(answer) < ANSWER_CHARS + 60 and answer.endswith("(cut: the answer had 2,000 characters)")
+    (lookup,) = build_tools(parse_tools([{"kind": "lookup", "key_column": "k", "value_column": "v"}]),
+                            [{"k": "a" * 5000, "v": "1"}, {"k": "b" * 5000, "v": "2"}])
+    with pytest.raises(ToolError) as refused:
+        lookup(key="c")
+    assert len(str(refused.value)) < 200  # its error quotes the keys cut short
     stopping.append(True)
     with pytest.raises(Stopped):
         tool(text="hi")
@@ -160,6 +181,9 @@ def test_a_public_demo_refuses_custom_tools_before_running_their_code(tmp_path):
     code = f"open({str(marker)!r}, 'w').close()\ndef tool(x: str) -> str:\n    return x\n"
     with pytest.raises(ConfigError, match="custom Python tools are turned off in this public demo"):
         parse_tools([{"kind": "custom", "code": code}], policy=PUBLIC)
+    trusted = parse_tools([{"kind": "custom", "code": code}])  # as a run folder's config is read back
+    with pytest.raises(ConfigError, match=r"tools\[0\].kind: custom Python tools are turned off"):
+        build_tools(trusted, [], policy=PUBLIC)
     assert not marker.exists()
     assert parse_tools([{"kind": "calculator"}], policy=PUBLIC)[0].kind == "calculator"
 
@@ -211,3 +235,12 @@ def test_the_run_config_keeps_its_tools(tiny_config_dict):
     with pytest.raises(ConfigError, match="custom Python tools are turned off"):
         RunConfig.from_dict({**tiny_config_dict, "tools": [{"kind": "custom", "code": "x"}]}, policy=PUBLIC)
     assert LAPTOP.public is False
+
+
+def test_a_public_demos_run_check_refuses_a_custom_tool_in_a_config_read_back(tiny_config_dict):
+    from dragon_ui.engine import public_checks
+
+    config = RunConfig.from_dict({**tiny_config_dict, "runs_dir": "", "model": {"id": DEFAULT_MODEL_ID}, "tools": [
+        {"kind": "custom", "code": "def tool(x: str) -> str:\n    return x\n"}]}, load_code=False)
+    with pytest.raises(ConfigError, match=r"tools\[0\].kind: custom Python tools are turned off"):
+        public_checks.check_run(config, PUBLIC, reads_data=False)

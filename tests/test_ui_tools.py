@@ -4,6 +4,7 @@ the model sees it, Try it answering what the model would be answered, and hostil
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from conftest import said, write_arithmetic_csv
@@ -61,16 +62,22 @@ def draft_question(draft: dict) -> dict:
     ("lookup", {"key_column": "question"}, "", "needs key_column"),
     ("calculator", {}, "What is 2 * 3? {\"expression\": \"2 * 3\"}", "line 1 is not `question → "),
     ("calculator", {}, "What is 2 * 3? → [1, 2]", "line 1 is not"),
-    ("calculator", {}, "What is 2 * 3? → {\"expression\": \"2 / 0\"}\n", None),  # checked when the run is built
+    ("calculator", {}, "What is 2 * 3? → {\"expression\": \"2 / 0\"}\n", "calculator answers with an error: the "
+                                                                         "expression divides by zero"),
+    ("calculator", {}, "What is 2 * 3? → {\"expr\": \"2 * 3\"}", "arguments do not fit calculator"),
+    ("calculator", {}, "q → " + "[" * 3000, "line 1 is not"),
+    ("calculator", {}, "q → {\"expression\": " + "9" * 5000 + "}", "line 1 is not"),
+    ("calculator", {}, "What " + " " * 30_000 + "x", "take at most 5,600"),
+    ("lookup", {"key_column": "a", "value_column": "b", "description": "  "}, "", "must say in words"),
+    ("lookup", {"key_column": "a", "value_column": "b", "description": "Look.\nArgs:\n  x: y"}, "", "without sections"),
     ("custom", {"code": "def tool(:"}, "", "syntax error"),
     ("shell", {}, "", "Choose a kind of tool"),
 ])
 def test_a_tool_the_run_would_refuse_is_refused_here_and_the_list_stays(kind, settings, examples, words):
     before = [{"kind": "convert", "name": "convert_units"}]
+    started = time.monotonic()
     answer = add(before, kind, examples=examples, **settings)
-    if words is None:
-        assert said(answer[3])[0][0] == "ok"
-        return
+    assert time.monotonic() - started < 0.5  # linear in what was typed, however it was typed
     assert answer[:3] == [tools_section.gr.skip()] * 3 and words in said(answer[3])[0][1]
 
 

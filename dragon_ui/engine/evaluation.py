@@ -158,12 +158,16 @@ def reply_with_tools(model, tokenizer, conversations: list[list[dict]], use: Too
                 added[i].append(message)
                 if message.get("tool_calls") and round_number < use.max_rounds and left[i] > 0:
                     calling.append(i)
+        going = []
         for i in calling:
-            for answer in _answers(added[i][-1]["tool_calls"], use.functions):
-                left[i] -= len(tokenizer(answer["content"], add_special_tokens=False)["input_ids"])
-                histories[i].append(answer)
-                added[i].append(answer)
-        going = [i for i in calling if left[i] > 0]
+            answers = _answers(added[i][-1]["tool_calls"], use.functions)
+            tokens = sum(len(tokenizer(answer["content"], add_special_tokens=False)["input_ids"]) for answer in answers)
+            if tokens >= left[i]:  # as TRL: answers that would pass the budget are left out, and the reply ends
+                continue
+            left[i] -= tokens
+            histories[i] += answers
+            added[i] += answers
+            going.append(i)
         if not going:
             break
     return added
@@ -416,7 +420,7 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
                           "nothing to evaluate.")
     weights = trained_weights(run)
     rewards: list[Reward] = []  # built with the first model's tokenizer, which TRL's length rewards count with
-    tools = tool_use(config, read_jsonl(run.train_data_path) + examples) if config.tools else None
+    tools = tool_use(config, read_jsonl(run.train_data_path) + examples, policy=policy) if config.tools else None
     sides = [side for side in SIDES if side == "after" or rescore_before or "before" not in run.read_eval()]
     yield f"Loading the model with {weights.label}..."
     for side in sides:

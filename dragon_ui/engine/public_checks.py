@@ -32,6 +32,7 @@ from ..data import locate
 from ..errors import BusyError, ConfigError
 from ..public import LIFT, MODELS_ENV, Limits, Policy, Visitor, visitor
 from ..rewards import public_refusal
+from ..tools import public_refusal as tool_refusal
 from ..runstore import ACTIVE_STATES, RunDir, list_runs
 
 
@@ -84,6 +85,10 @@ def check_run(config: RunConfig, policy: Policy, reads_data: bool = True, longes
         refusal = public_refusal(spec, policy, f"rewards[{index}]")
         if refusal is not None:
             raise PublicDemoRefusal(refusal)
+    for index, tool in enumerate(config.tools):  # a run's folder holds its config: what made it is not trusted
+        refusal = tool_refusal(tool.kind, policy)
+        if refusal is not None:
+            raise PublicDemoRefusal(f"tools[{index}].kind: {refusal}")
     classifiers = {spec.model.strip() for spec in config.rewards if spec.kind == "classifier"}
     if len(classifiers) > 1:
         raise PublicDemoRefusal(f"The rewards use {len(classifiers)} classifier models; a run in this public demo may "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..chat import completion_text
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..public import LAPTOP, Policy
 from ..tools import build_tools, demonstration, with_demonstration
 
 CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
@@ -36,13 +37,14 @@ class ToolUse:
         return with_demonstration(messages, self.examples)
 
 
-def tool_use(config: RunConfig, examples: list[dict], should_stop: Callable[[], bool] | None = None) -> ToolUse | None:
+def tool_use(config: RunConfig, examples: list[dict], should_stop: Callable[[], bool] | None = None,
+             policy: Policy = LAPTOP) -> ToolUse | None:
     """The run's tools built on the rows of its mapped ``examples`` (None when it has none); ConfigError at the first
-    bad setting."""
+    bad setting, or at a tool ``policy`` refuses."""
     if not config.tools:
         return None
     rows = [json.loads(example.get("row") or "{}") for example in examples]
-    functions = build_tools(config.tools, rows, config.base_dir or None, should_stop)
+    functions = build_tools(config.tools, rows, config.base_dir or None, should_stop, policy)
     return ToolUse(functions, demonstration(config.tools, functions), config.grpo.max_tool_calling_iterations)
 
 

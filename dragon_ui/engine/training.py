@@ -133,7 +133,7 @@ def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
     source = resolve_model(config.model)
     limit, why = prompt_limit(config, hardware.device, context_length(source), policy)
     tokenizer = load_tokenizer(source)
-    tools = tool_use(config, mapped.train + mapped.eval)
+    tools = tool_use(config, mapped.train + mapped.eval, policy=policy)
     if tools is not None:  # the worked examples go before each question, in the prompts the run stores
         tokenizer = ready_for_tools(tokenizer, source.label)
         mapped = replace(mapped, train=[{**ex, "prompt": tools.prompt(ex["prompt"])} for ex in mapped.train],
@@ -342,7 +342,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, training=True, tokenizer=tokenizer,
                             max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(hardware.device),
                             policy=handle.policy)
-    tools = tool_use(config, train_rows + eval_rows, handle.should_stop)
+    tools = tool_use(config, train_rows + eval_rows, handle.should_stop, handle.policy)
     if tools is not None:
         tokenizer = ready_for_tools(tokenizer, source.label)
 

@@ -8,18 +8,18 @@ engine.tool_calls.tool_use does), so what Try it answers is what the model would
 from __future__ import annotations
 
 import json
-import re
 
 from ..errors import ConfigError
 from ..public import LAPTOP, Policy
-from ..tools import DEFAULT_NAMES, TOOL_KINDS, ToolError, ToolSpec, build_tools, described, parse_tools, tool_schema
+from ..tools import (DEFAULT_NAMES, TOOL_KINDS, ToolSpec, build_tools, demonstration, described,
+                     parse_tools, tool_schema)
 from .playground import data_config, every_row, load_rows, map_rows
 
 TABLE_COLUMNS = ["name", "kind", "what the model is told", "worked examples"]
 # What the model is asked with when a tool has no worked example yet: a call that shows the tool working.
 SAMPLE_ARGUMENTS = {"calculator": {"expression": "347 * 862"},
                     "convert": {"value": 5, "from_unit": "mile", "to_unit": "kilometer"}}
-_EXAMPLE_LINE = re.compile(r"^(?P<question>.+?)\s*(?:→|=>)\s*(?P<arguments>\{.*\})\s*$")
+EXAMPLES_CHARS = 4 * 1_400  # MOST_EXAMPLES lines, each a question and its arguments
 
 
 def tools_table(tools: list[dict], policy: Policy = LAPTOP) -> list[list]:
@@ -32,27 +32,35 @@ def tools_table(tools: list[dict], policy: Policy = LAPTOP) -> list[list]:
 def parse_examples(text: str | None) -> list[dict]:
     """Worked examples typed one a line as ``question → {"argument": "value"}`` (or ``=>``); ConfigError naming
     the line that is not."""
+    text = text or ""
+    if len(text) > EXAMPLES_CHARS:
+        raise ConfigError(f"tools.examples has {len(text):,} characters; a tool's worked examples take at most "
+                          f"{EXAMPLES_CHARS:,}.")
     examples = []
-    for number, line in enumerate((text or "").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        found = _EXAMPLE_LINE.match(line.strip())
+        question, arrow, arguments = line.partition("→")
+        if not arrow:
+            question, arrow, arguments = line.partition("=>")
         try:
-            arguments = json.loads(found["arguments"]) if found else None
-        except json.JSONDecodeError:
-            arguments = None
-        if not isinstance(arguments, dict):
+            parsed = json.loads(arguments) if arrow else None
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError; so is a number of 5,000 digits
+            parsed = None
+        if not isinstance(parsed, dict) or not question.strip():
             raise ConfigError(f"tools.examples: line {number} is not `question → {{\"argument\": \"value\"}}`, for "
                               "example `What is 12 × 34? → {\"expression\": \"12 × 34\"}`.")
-        examples.append({"question": found["question"], "arguments": arguments})
+        examples.append({"question": question.strip(), "arguments": parsed})
     return examples
 
 
 def validated(tools, policy: Policy = LAPTOP) -> list[dict]:
-    """A tool list as a run validates it, stored as ToolSpec.to_dict dicts (a custom tool's code loaded and its
-    schema made, where the policy allows one); ConfigError saying what is wrong."""
+    """A tool list as a run validates it, stored as ToolSpec.to_dict dicts: each tool that needs no data built (a
+    custom one's code loaded, where the policy allows one) and its worked examples called; ConfigError saying what is
+    wrong."""
     specs = parse_tools(tools, policy=policy)
-    build_tools([spec for spec in specs if spec.kind == "custom"], [])
+    tools = build_tools([spec for spec in specs if spec.kind not in ("lookup", "search")], [], policy=policy)
+    demonstration([spec for spec in specs if spec.kind not in ("lookup", "search")], tools)  # the data's at Start
     return [spec.to_dict() for spec in specs]
 
 
@@ -72,7 +80,7 @@ def draft_tool(draft: dict, name: str, policy: Policy = LAPTOP):
     if not chosen:
         raise ConfigError(f"There is no tool named {str(name)[:40]!r}; choose one of the list.")
     rows = _data_rows(draft, policy) if chosen[0].kind in ("lookup", "search") else []
-    (function,) = build_tools(chosen, rows, draft.get("base_dir") or None)
+    (function,) = build_tools(chosen, rows, draft.get("base_dir") or None, policy=policy)
     return chosen[0], function
 
 
@@ -98,9 +106,8 @@ def try_tool(draft: dict, name: str, arguments_text: str, policy: Policy = LAPTO
     """What the tool answers these arguments (JSON), as the model would read it; a sentence when it cannot."""
     try:
         arguments = json.loads(arguments_text or "{}")
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"The arguments are not JSON ({error.msg}); write them like {{\"expression\": \"2 * 3\"}}.") \
-            from None
+    except (ValueError, RecursionError):
+        raise ConfigError("The arguments are not JSON; write them like {\"expression\": \"2 * 3\"}.") from None
     if not isinstance(arguments, dict):
         raise ConfigError("The arguments must be a JSON object of each argument's value, like "
                           "{\"expression\": \"2 * 3\"}.")
@@ -109,8 +116,8 @@ def try_tool(draft: dict, name: str, arguments_text: str, policy: Policy = LAPTO
         return function(**arguments)
     except TypeError as error:
         raise ConfigError(f"{name} cannot be called with these arguments: {error}.") from None
-    except ToolError as error:
-        return f"error: {error}"  # what the model would read back: the tool's own sentence
+    except Exception as error:  # noqa: BLE001 - what the model would read back, as TRL hands it any failure
+        return f"error: {error}"
 
 
 def new_spec(kind: str, name: str, settings: dict, examples: str) -> dict:

@@ -12,23 +12,37 @@ import json
 from collections.abc import Callable
 
 from ..errors import ConfigError, Stopped
+from ..public import LAPTOP, Policy
 from .builtin import ToolError, calculator, convert_units, make_lookup, make_search
-from .spec import DEFAULT_NAMES, MOST_EXAMPLES, MOST_TOOLS, TOOL_KINDS, ToolExample, ToolSpec, parse_tools
+from .spec import (DEFAULT_NAMES, MOST_EXAMPLES, MOST_TOOLS, TOOL_KINDS, ToolExample, ToolSpec, parse_tools,
+                   public_refusal)
 
 ANSWER_CHARS = 1000  # what one call may hand back to the model; the rest is cut, and the cut is said
 
 __all__ = ["ANSWER_CHARS", "DEFAULT_NAMES", "MOST_EXAMPLES", "MOST_TOOLS", "TOOL_KINDS", "ToolError", "ToolExample",
-           "ToolSpec", "build_tools", "call_tool", "demonstration", "described", "parse_tools", "tool_schema",
+           "ToolSpec", "build_tools", "demonstration", "described", "parse_tools", "public_refusal", "tool_schema",
            "with_demonstration"]
 
 
 def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = None,
-                should_stop: Callable[[], bool] | None = None) -> list[Callable]:
+                should_stop: Callable[[], bool] | None = None, policy: Policy = LAPTOP) -> list[Callable]:
     """The run's tools as the functions the model calls: ``rows`` (the data's rows, every column as text) fill the
-    lookups and searches; every answer is cut to ANSWER_CHARS; once ``should_stop()`` (a stop, a time limit), a
-    call raises Stopped, which TRL hands back as a failed call before the run's next forward pass ends the step."""
-    return [_bounded(_function(spec, rows, base_dir, f"tools[{index}]"), should_stop)
-            for index, spec in enumerate(specs)]
+    lookups and searches; every answer and error is cut to ANSWER_CHARS; once ``should_stop()`` (a stop, a time
+    limit), a call raises Stopped, which TRL hands back as a failed call before the run's next forward pass ends the
+    step. A tool ``policy`` refuses is refused here too, before its code is loaded, whatever validated it before."""
+    tools = []
+    for index, spec in enumerate(specs):
+        where = f"tools[{index}]"
+        refusal = public_refusal(spec.kind, policy)
+        if refusal is not None:
+            raise ConfigError(f"{where}.kind: {refusal}")
+        function = _function(spec, rows, base_dir, where)
+        try:
+            tool_schema(function)
+        except Exception as error:  # transformers' schema errors name what is missing; said with the setting
+            raise ConfigError(f"{where}: the model cannot be shown {spec.name!r}: {error}") from None
+        tools.append(_bounded(function, should_stop))
+    return tools
 
 
 def _function(spec: ToolSpec, rows: list[dict], base_dir: str | None, where: str) -> Callable:
@@ -49,13 +63,9 @@ def _function(spec: ToolSpec, rows: list[dict], base_dir: str | None, where: str
             raise ConfigError(f"{where}.column {spec.column!r}: {error}") from None
     from ..rewards.code import load_function
 
-    function, label = load_function(spec.code, spec.file, spec.function, f"dragon_tool_{spec.name}", base_dir, where,
-                                    f"def {spec.function}(argument: str) -> str with a docstring that says what it "
-                                    "does and, under Args:, what each argument is")
-    try:
-        tool_schema(function)
-    except Exception as error:  # transformers' schema errors name what is missing; say it with the setting's name
-        raise ConfigError(f"{label}: the model cannot be shown {spec.function!r}: {error}") from None
+    function, _ = load_function(spec.code, spec.file, spec.function, f"dragon_tool_{spec.name}", base_dir, where,
+                                f"def {spec.function}(argument: str) -> str with a docstring that says what it does "
+                                "and, under Args:, what each argument is")
     return _renamed(function, spec.name)
 
 
@@ -94,22 +104,25 @@ def _renamed(function: Callable, name: str) -> Callable:
 
 
 def _bounded(function: Callable, should_stop: Callable[[], bool] | None) -> Callable:
+    """``function`` as the model calls it: its answer as text, and its answer or error cut to ANSWER_CHARS."""
     @functools.wraps(function)
     def bounded(**arguments):
         if should_stop is not None and should_stop():
             raise Stopped("the run is stopping, so the tool was not called")
-        return call_tool(function, arguments)
+        try:
+            answer = function(**arguments)
+        except ToolError as error:
+            raise ToolError(_cut(str(error), "error")) from None
+        return _cut(answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False, default=str))
 
     return bounded
 
 
-def call_tool(function: Callable, arguments: dict) -> str:
-    """What one call hands back to the model: the answer as text, cut to ANSWER_CHARS (the cut is said)."""
-    answer = function(**arguments)
-    text = answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False, default=str)
-    if len(text) > ANSWER_CHARS:
-        text = text[:ANSWER_CHARS] + f"… (cut: the answer had {len(text):,} characters)"
-    return text
+def _cut(text: str, what: str = "answer") -> str:
+    """``text`` as a call may hand it back: at most ANSWER_CHARS characters, the cut said."""
+    if len(text) <= ANSWER_CHARS:
+        return text
+    return text[:ANSWER_CHARS] + f"… (cut: the {what} had {len(text):,} characters)"
 
 
 def tool_schema(function: Callable) -> dict:
@@ -131,9 +144,9 @@ def demonstration(specs: list[ToolSpec], tools: list[Callable]) -> list[dict]:
             except TypeError as error:
                 raise ConfigError(f"tools[{index}].examples[{number}].arguments do not fit {spec.name}: {error}.") \
                     from None
-            except ToolError as error:
-                raise ConfigError(f"tools[{index}].examples[{number}]: {spec.name} answers with an error: {error}") \
-                    from None
+            except Exception as error:  # noqa: BLE001 - a custom tool may raise anything; the example is refused
+                raise ConfigError(f"tools[{index}].examples[{number}]: {spec.name} answers with an error: "
+                                  f"{_cut(str(error), 'error')}") from None
             call = {"type": "function", "function": {"name": spec.name, "arguments": dict(example.arguments)}}
             messages += [{"role": "user", "content": example.question},
                          {"role": "assistant", "content": "", "tool_calls": [call]},

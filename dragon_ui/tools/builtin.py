@@ -58,7 +58,8 @@ def calculator(expression: str) -> str:
     return _shown(_evaluate(tree.body))
 
 
-def _evaluate(node: ast.AST) -> Fraction:
+def _evaluate(node: ast.AST) -> Fraction | float:
+    """Exact fractions while the arithmetic is exact; a float (shown to 12 digits) once a fractional power is taken."""
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         if isinstance(node.value, float) and not math.isfinite(node.value):
             raise ToolError("the numbers must be finite.")
@@ -72,35 +73,50 @@ def _evaluate(node: ast.AST) -> Fraction:
         left, right = _evaluate(node.left), _evaluate(node.right)
         if right == 0 and isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod):
             raise ToolError("the expression divides by zero.")
+        if isinstance(left, float) or isinstance(right, float):
+            return _inexact(lambda: _BINARY[type(node.op)](float(left), float(right)))
         return _bounded(Fraction(_BINARY[type(node.op)](left, right)))
     raise ToolError("the calculator only takes numbers, + - * / // % **, and brackets.")
 
 
-def _power(base: Fraction, exponent: Fraction) -> Fraction:
-    if exponent.denominator == 1:
+def _power(base: Fraction | float, exponent: Fraction | float) -> Fraction | float:
+    if base == 0 and exponent < 0:
+        raise ToolError("the expression divides by zero.")
+    if isinstance(base, Fraction) and isinstance(exponent, Fraction) and exponent.denominator == 1:
+        # |base| is at least 2 ** (size - 1), so its power has at least (size - 1) * n bits: refused before it is
+        # computed; anything under that is cheap to compute and then measured exactly.
         size = max(base.numerator.bit_length(), base.denominator.bit_length())
-        if size * abs(exponent.numerator) > _MOST_BITS:
+        if (size - 1) * abs(exponent.numerator) > _MOST_BITS:
             raise ToolError(f"the result would have more than {MOST_DIGITS} digits.")
-        if base == 0 and exponent < 0:
-            raise ToolError("the expression divides by zero.")
         return _bounded(base ** exponent.numerator)
-    if base < 0:
+    if base < 0 and float(exponent) != int(exponent):
         raise ToolError("a negative number has no real power with a fractional exponent.")
+    return _inexact(lambda: float(base) ** float(exponent))
+
+
+def _inexact(compute) -> float:
+    """A float result, refused in a sentence if it overflows or passes MOST_DIGITS digits."""
     try:
-        return _bounded(Fraction(float(base) ** float(exponent)))
-    except OverflowError:
-        raise ToolError(f"the result would have more than {MOST_DIGITS} digits.") from None
+        value = compute()
+    except (OverflowError, ZeroDivisionError):
+        value = math.inf
+    if not math.isfinite(value) or abs(value) >= 10.0 ** MOST_DIGITS:
+        raise ToolError(f"the result would have more than {MOST_DIGITS} digits.")
+    return value
+
+
+_TOO_LARGE = 10 ** MOST_DIGITS
 
 
 def _bounded(value: Fraction) -> Fraction:
-    if max(value.numerator.bit_length(), value.denominator.bit_length()) > _MOST_BITS:
+    if abs(value.numerator) >= _TOO_LARGE or value.denominator >= _TOO_LARGE:
         raise ToolError(f"a number in the calculation would have more than {MOST_DIGITS} digits.")
     return value
 
 
-def _shown(value: Fraction) -> str:
-    """A whole number exactly; anything else as a decimal of 12 significant digits."""
-    if value.denominator == 1:
+def _shown(value: Fraction | float) -> str:
+    """An exact whole number in full; anything else as a decimal of 12 significant digits."""
+    if isinstance(value, Fraction) and value.denominator == 1:
         return str(value.numerator)
     return f"{float(value):.12g}"
 
@@ -108,7 +124,11 @@ def _shown(value: Fraction) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Unit converter: pint's registry of units, behind a check that keeps its parser to unit names.
 
-_UNIT_RE = re.compile(r"[A-Za-z°µΩ_ /*^0-9.]{1,40}")
+# Unit names, each with at most a small exponent, joined by * or /: pint evaluates any number in a unit string
+# ("9^9^9" is a number it computes), so none is let through but an exponent of one or two digits.
+_UNIT_NAME = r"[A-Za-z°µΩ_]+(?:\^-?\d{1,2})?"
+_UNIT_RE = re.compile(rf"{_UNIT_NAME}(?:\s*[*/ ]\s*{_UNIT_NAME})*")
+MOST_UNIT_CHARS = 40
 
 
 @functools.cache
@@ -134,12 +154,15 @@ def convert_units(value: float, from_unit: str, to_unit: str) -> str:
         parsed = [units.parse_units(_unit_name(unit)) for unit in (from_unit, to_unit)]
         converted = units.Quantity(amount, parsed[0]).to(parsed[1])
     except pint.DimensionalityError:
-        raise ToolError(f"{from_unit} cannot be converted to {to_unit}: they measure different things.") from None
-    except (pint.UndefinedUnitError, pint.errors.DefinitionSyntaxError, AttributeError, TypeError, ValueError,
-            SyntaxError):
-        raise ToolError(f"{from_unit!r} or {to_unit!r} is not a unit the converter knows; use names like "
-                        "\"meter\", \"mile\", \"kg\", \"degC\".") from None
-    magnitude = float(converted.magnitude)
+        raise ToolError(f"{str(from_unit)[:40]} cannot be converted to {str(to_unit)[:40]}: they measure different "
+                        "things.") from None
+    except Exception:  # pint's parser raises many kinds (KeyError, OverflowError, ...): all mean "not a unit here"
+        raise ToolError(f"{str(from_unit)[:40]!r} or {str(to_unit)[:40]!r} is not a unit the converter knows; use "
+                        "names like \"meter\", \"mile\", \"kg\", \"degC\", \"km/h\", \"m^2\".") from None
+    try:
+        magnitude = float(converted.magnitude)
+    except (OverflowError, TypeError, ValueError):
+        magnitude = math.inf
     if not math.isfinite(magnitude):
         raise ToolError("the converted amount is too large to show.")
     return f"{magnitude:.10g} {to_unit.strip()}"
@@ -150,6 +173,8 @@ def _number(value) -> float:
         raise ToolError("value must be a number, for example 5.")
     try:
         amount = float(value)
+    except OverflowError:
+        amount = math.inf
     except (TypeError, ValueError):
         raise ToolError(f"value must be a number, for example 5, not {str(value)[:40]!r}.") from None
     if not math.isfinite(amount) or abs(amount) > 1e300:
@@ -158,7 +183,7 @@ def _number(value) -> float:
 
 
 def _unit_name(unit) -> str:
-    if not isinstance(unit, str) or not _UNIT_RE.fullmatch(unit.strip() or "?"):
+    if not isinstance(unit, str) or len(unit) > MOST_UNIT_CHARS or not _UNIT_RE.fullmatch(unit.strip()):
         raise ValueError(unit)
     return unit.strip()
 
@@ -182,7 +207,7 @@ def _key(text: str) -> str:
 def make_lookup(name: str, description: str, argument: str, table: dict[str, str]) -> Callable[[str], str]:
     """A tool ``name(key)`` answering the value ``table`` holds for ``key`` (compared as :func:`_key` says)."""
     entries = {_key(key): value for key, value in table.items() if _key(key)}
-    some = ", ".join(repr(key) for key in list(table)[:3])
+    some = ", ".join(repr(key if len(key) <= 40 else key[:39] + "…") for key in list(table)[:3])
 
     def lookup(key: str) -> str:
         if not isinstance(key, str) or not key.strip():

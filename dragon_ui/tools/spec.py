@@ -3,6 +3,7 @@ the field, and the worked examples a run shows the model before each prompt."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -23,6 +24,7 @@ _KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "custom": ("code", "file", "function"),
 }
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+_SECTION_RE = re.compile(r"^\s*(Args|Arguments|Returns|Raises|Yields)\s*:", re.MULTILINE)  # a docstring's own
 MOST_TOOLS, MOST_EXAMPLES = 8, 4
 _LONGEST = {"code": 100_000, "file": 1000, "description": 500}
 _LONGEST_TEXT = 200
@@ -64,8 +66,9 @@ class ToolSpec:
         if kind not in TOOL_KINDS:
             said = "has no kind" if kind is None else f".kind {str(kind)[:40]!r} is not a known tool kind"
             raise ConfigError(f"{where}{' ' if kind is None else ''}{said}; choose one of: {', '.join(TOOL_KINDS)}.")
-        if kind == "custom" and policy.public:
-            raise ConfigError(f"{where}.kind: {PUBLIC_REFUSAL}")
+        refusal = public_refusal(kind, policy)
+        if refusal is not None:
+            raise ConfigError(f"{where}.kind: {refusal}")
         allowed = _COMMON_FIELDS + _KIND_FIELDS[kind]
         every = {f.name for f in fields(cls)}
         for key, value in data.items():
@@ -84,7 +87,10 @@ class ToolSpec:
             if not isinstance(value, str):
                 raise ConfigError(f"{where}.{key} must be text, not {type(value).__name__}.")
             check_length(f"{where}.{key}", value, _LONGEST.get(key, _LONGEST_TEXT))
-            setattr(spec, key, value)
+            setattr(spec, key, value.strip() if key == "description" else value)
+        if spec.description is not None and (not spec.description or _SECTION_RE.search(spec.description)):
+            raise ConfigError(f"{where}.description must say in words what the tool does (the model reads it), "
+                              "without sections like Args: or Returns:.")
         spec.examples = _examples(data.get("examples"), f"{where}.examples")
         spec.name = spec.name or DEFAULT_NAMES.get(kind) or spec.function
         if not _NAME_RE.fullmatch(spec.name):
@@ -104,6 +110,11 @@ class ToolSpec:
             elif f.name not in out and value != f.default:
                 out[f.name] = value
         return out
+
+
+def public_refusal(kind: str, policy: Policy) -> str | None:
+    """Why ``policy`` refuses a tool of this kind (its code would run on the server); None where it allows it."""
+    return PUBLIC_REFUSAL if policy.public and kind == "custom" else None
 
 
 def _check_kind(spec: ToolSpec, where: str) -> None:
@@ -138,8 +149,9 @@ def _examples(items, where: str) -> list[ToolExample]:
         if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
             raise ConfigError(f"{at}.arguments must map each of the tool's arguments to its value.")
         for key, value in arguments.items():
-            if not isinstance(value, str | int | float) or isinstance(value, bool):
-                raise ConfigError(f"{at}.arguments.{key[:40]} must be text or a number.")
+            if not isinstance(value, str | int | float) or isinstance(value, bool) or (
+                    isinstance(value, float) and not math.isfinite(value)):
+                raise ConfigError(f"{at}.arguments.{key[:40]} must be text or a finite number.")
             check_length(f"{at}.arguments.{key[:40]}", str(value), _LONGEST_TEXT)
         examples.append(ToolExample(question, dict(arguments)))
     return examples
