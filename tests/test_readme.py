@@ -455,6 +455,21 @@ def test_the_loop_tables_are_their_results_files():
             assert row[1].split(" / ")[0] == two_decimals(before[row[0]]["p50_s"]), row[0]
 
 
+def test_the_calculator_table_is_its_results_file():
+    """Each cell of the calculator lesson's table, worked out from what bench/calculator.py recorded."""
+    found = result("calculator.json")
+    rows = table_with(section(PERFORMANCE, "The calculator lesson"), "run")
+    alone, tool = found["alone"], found["with_tool"]
+    assert [row[0] for row in rows] == ["the model alone (no tool, 1 step)", "with the calculator"]
+    assert rows[0][1:] == [f"{alone['heldout_before']:.3f}", "–", "–", f"{alone['minutes']:.1f}"]
+    assert rows[1][1:] == [f"{tool['heldout_before']:.3f} → {tool['heldout_after']:.3f}",
+                           f"{tool['answer_first']:.3f} → {tool['answer_last']:.3f}",
+                           f"{tool['calls_first']:.2f} → {tool['calls_last']:.2f}", f"{tool['minutes']:.1f}"]
+    recipe = yaml.safe_load((ROOT / "dragon_ui" / "assets" / "recipes" / "calculator.yaml").read_text())
+    assert found["steps"] == recipe["training"]["max_steps"] == len(tool["steps"]) and tool["state"] == "succeeded"
+    assert tool["n_heldout"] == 30
+
+
 def test_the_too_hard_table_is_its_results_file():
     """Each cell of the lesson's table, worked out from what bench/too_hard.py recorded."""
     found = result("too-hard.json")
