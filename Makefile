@@ -112,6 +112,7 @@ test-fast: install
 # desktop window on a virtual screen (Xvfb, openbox, xdotool, x11-utils).
 screenshots: install
 	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_browser.py -k click_through -p no:cacheprovider
+	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_browser_tools.py -p no:cacheprovider
 	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_desktop.py -k real_window -p no:cacheprovider
 
 # docs/reference.md's tables of settings and public limits, made from the fields' own help.

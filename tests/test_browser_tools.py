@@ -1,15 +1,21 @@
 """Tools in a real browser: a calculator added on the Rewards tab, shown as the model sees it and tried, a run
 started with it, and the Train tab's sampled groups showing each turn (the call, the tool's answer greyed and not
-trained on, the final answer). The model is tests/tool_model.py's tiny Qwen2, taught to call the calculator."""
+trained on, the final answer). The model is tests/tool_model.py's tiny Qwen2, taught to call the calculator.
+
+`make screenshots` runs it on the bundled calculator recipe with the real SmolLM2 instead (its tool already listed),
+for the README's picture of the turns (assets/screenshots/tools.png): a first step takes about a minute."""
 
 from __future__ import annotations
 
 import csv
 
 import pytest
-from test_browser import choose, expect, open_tab, screenshot, type_into
+from test_browser import choose, expect, open_tab, page, screenshot, screenshots, studio, type_into  # noqa: F401
 
+from test_browser import README_SCREENSHOTS
 from tool_model import ANSWER, EXPRESSION, QUESTION
+
+from dragon_ui import ASSETS_DIR
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
 
@@ -20,6 +26,12 @@ def recipes_dir(tmp_path, tiny_tool_model_dir, monkeypatch):
     monkeypatch.delenv("DRAGON_UI_PUBLIC", raising=False)
     folder = tmp_path / "recipes"
     folder.mkdir()
+    if README_SCREENSHOTS:  # the lesson itself, as a participant opens it
+        recipe = (ASSETS_DIR / "recipes" / "calculator.yaml").read_text(encoding="utf-8")
+        data = ASSETS_DIR / "datasets" / "big_products.csv"
+        (folder / "arithmetic.yaml").write_text(recipe.replace("../datasets/big_products.csv", str(data)),
+                                                encoding="utf-8")
+        return folder
     data = tmp_path / "questions.csv"
     with open(data, "w", newline="", encoding="utf-8") as handle:
         csv.writer(handle).writerows([["question", "answer"], *[[QUESTION, ANSWER]] * 25])
@@ -55,6 +67,8 @@ n_samples: 2
 
 
 def test_a_calculator_is_added_tried_and_trained_with_and_every_turn_is_shown(page, studio, screenshots):
+    if README_SCREENSHOTS:
+        return the_lessons_turns(page, screenshots)
     expect(page.locator("#data-counts")).to_contain_text("25 rows")
     open_tab(page, "rewards")
     expect(page.locator("#tools-table")).to_be_hidden()  # no tools yet
@@ -86,3 +100,19 @@ def test_a_calculator_is_added_tried_and_trained_with_and_every_turn_is_shown(pa
     screenshot(page, screenshots, "train-tools")
     page.locator("#train-stop").click()
     expect(page.locator("#train-status")).to_contain_text("stopped", ignore_case=True)
+
+
+def the_lessons_turns(page, screenshots) -> None:
+    """The calculator lesson started as it ships, and its first sampled groups pictured for the README."""
+    expect(page.locator("#data-counts")).to_contain_text("300 rows")
+    open_tab(page, "rewards")
+    expect(page.locator("#tools-table")).to_contain_text("calculator")
+    open_tab(page, "model")
+    page.locator("#model-start").click()
+    open_tab(page, "train")
+    group = page.locator("#train-rollouts .rollout-group").first
+    expect(group.locator(".tool-answer").first).to_be_visible(timeout=600_000)
+    group.scroll_into_view_if_needed()
+    page.mouse.move(0, 0)
+    group.screenshot(path=str(screenshots / "tools.png"), animations="disabled")
+    page.locator("#train-stop").click()

@@ -685,7 +685,7 @@ def build(shared: Shared) -> Callable[[], None]:
     form.watch(problem_line, [problem])
     shared.first_paint.append((problem_line, [problem]))
 
-    tools_section.build(shared)
+    connect_tools = tools_section.build(shared)
 
     gr.Markdown("## Playground\nTry the rewards on a reply before training: type one, or let the starting model "
                 "sample a group of replies the way one GRPO step would.")
@@ -718,6 +718,7 @@ def build(shared: Shared) -> Callable[[], None]:
                                   elem_id="rewards-red-team-table")
 
     def connect() -> None:
+        connect_tools()
         playground = {"show_progress": "hidden", "api_visibility": "private"}
         rows_of = gr.State(None)  # the data settings the row picker shows rows of
 

@@ -9,6 +9,7 @@ handed to the same bounded tools a run calls, and a custom tool is refused befor
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import gradio as gr
 import pandas as pd
@@ -109,7 +110,9 @@ def fill_tools(draft: dict, policy: Policy = LAPTOP) -> list:
         return [*listing([], None, message(str(exc), "error"), policy), rounds]
 
 
-def build(shared: Shared) -> None:
+def build(shared: Shared) -> Callable[[], None]:
+    """The section; returns the function that wires what reads the whole form (the schema, Try it), to be called
+    once every tab has added its fields."""
     form, policy = shared.form, shared.studio.policy
     gr.Markdown("## Tools\nTools the model may call while it answers: it writes a call, the tool's answer is added "
                 "to the conversation, and it goes on. The rewards score its final answer; the tools' answers are "
@@ -162,8 +165,12 @@ def build(shared: Shared) -> None:
     remove.click(functools.partial(remove_tool, policy=policy), [tools, chosen], listed, **edits)
     kind.input(change_kind, [kind], [kind_help, *settings], show_progress="hidden", api_visibility="private")
     shared.fills.append((functools.partial(fill_tools, policy=policy), [*listed, rounds]))
-    quick = {"show_progress": "hidden", "api_visibility": "private"}
-    shown = form.takes_draft(functools.partial(show_tool, policy=policy))
-    chosen.change(shown, [*form.inputs, chosen], [schema, arguments, answer], **quick)
-    call.click(form.takes_draft(functools.partial(call_tool, policy=policy)), [*form.inputs, chosen, arguments],
-               [answer], **quick)
+
+    def connect() -> None:
+        quick = {"show_progress": "hidden", "api_visibility": "private"}
+        shown = form.takes_draft(functools.partial(show_tool, policy=policy))
+        chosen.change(shown, [*form.inputs, chosen], [schema, arguments, answer], **quick)
+        call.click(form.takes_draft(functools.partial(call_tool, policy=policy)), [*form.inputs, chosen, arguments],
+                   [answer], **quick)
+
+    return connect
