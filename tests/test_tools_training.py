@@ -130,3 +130,20 @@ def test_worked_examples_and_the_tools_schemas_are_counted_in_the_prompts(tiny_t
     prompt = with_examples.mapped.train[0]["prompt"]
     assert [message["role"] for message in prompt] == ["user", "assistant", "tool", "assistant", "user"]
     assert prompt[2]["content"] == "6" and prompt[-1]["content"] == QUESTION
+
+
+def test_the_preflight_and_the_playground_sample_calling_the_tools(tiny_tool_model_dir, tmp_path, runs_dir):
+    """Will it learn? and Generate a group sample as a step does: a reply that calls the calculator is scored on its
+    final answer. Without the tools, the same model's replies would all be calls, and all fail."""
+    from dragon_ui.engine.models import ModelCache
+    from dragon_ui.engine.preflight import preflight
+    from dragon_ui.studio.playground import generate_groups, preview_examples, sampling_tools
+
+    config = RunConfig.from_dict(tools_config(tiny_tool_model_dir, tmp_path, runs_dir))
+    load = ModelCache().load
+    report = preflight(config, load, prompts=2)
+    assert report.share("all pass") == 1.0, report.verdict
+    model, tokenizer = load(config.model, settings=config.hardware)
+    examples, ready, tools = sampling_tools(config, preview_examples(config.data, count=1), tokenizer)
+    (group,) = generate_groups(model, ready, [], examples, config.grpo, tools=tools)
+    assert group.completions == [ANSWER] * config.grpo.group_size

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..config import ModelConfig, RunConfig
+from ..config import GRPOSettings, ModelConfig, RunConfig
 from ..data import prompt_text, read_jsonl
 from ..errors import ConfigError, Stopped
 from ..public import LAPTOP, Policy
@@ -83,8 +83,7 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
             batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True, padding_side="left",
                               add_special_tokens=False).to(device)
             prompt_length = batch["input_ids"].shape[1]
-            how = ({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": None, **(sampling or {})}
-                   if temperature > 0 else {"do_sample": False, "top_k": None})
+            how = _how(temperature, sampling)
             with torch.inference_mode():
                 out = speedups.generate(model, temperature > 0, **batch, max_new_tokens=max_new_tokens,
                                         pad_token_id=tokenizer.pad_token_id, stopping_criteria=stopping, **how)
@@ -98,6 +97,42 @@ def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_
         # slow a later training by half (see release_openmp_threads).
         release_openmp_threads()
     return replies
+
+
+def _how(temperature: float, sampling: dict | None) -> dict:
+    """generate's settings: greedy at temperature 0, else sampled with ``sampling``'s settings."""
+    if temperature > 0:
+        return {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": None, **(sampling or {})}
+    return {"do_sample": False, "top_k": None}
+
+
+def sampled_replies(model, tokenizer, conversations: list[list[dict]], grpo: GRPOSettings,
+                    tools: ToolUse | None = None, should_stop: Callable[[], bool] | None = None,
+                    on_replies: Callable[[list[str]], None] | None = None) -> list[str]:
+    """Replies sampled as a training step samples them, in one batch: its temperature, length cap and sampling
+    settings, calling ``tools`` as training does (each reply then its final answer; ``on_replies`` is not told of
+    them as they grow)."""
+    sampling = {"top_p": grpo.top_p, "top_k": grpo.top_k or None, "min_p": grpo.min_p,
+                "repetition_penalty": grpo.repetition_penalty}
+    if tools is None:
+        return generate_replies(model, tokenizer, conversations, grpo.max_new_tokens, batch_size=len(conversations),
+                                temperature=grpo.temperature, should_stop=should_stop, sampling=sampling,
+                                on_replies=on_replies)
+    return [final_text(reply) for reply in _with_tools(model, lambda: reply_with_tools(
+        model, tokenizer, conversations, tools, grpo.max_new_tokens, len(conversations), should_stop,
+        grpo.temperature, sampling))]
+
+
+def _with_tools(model, reply: Callable[[], list]) -> list:
+    """``reply()`` with the model in eval mode, put back as it was; idle OpenMP workers released as
+    generate_replies does (the UI's pooled threads outlive the request)."""
+    was_training = model.training
+    model.eval()
+    try:
+        return reply()
+    finally:
+        model.train(was_training)
+        release_openmp_threads()
 
 
 def _stopping_when_asked(should_stop: Callable[[], bool] | None) -> list:
@@ -116,8 +151,9 @@ def _stopping_when_asked(should_stop: Callable[[], bool] | None) -> list:
 
 
 def reply_with_tools(model, tokenizer, conversations: list[list[dict]], use: ToolUse, max_new_tokens: int,
-                     batch_size: int, should_stop: Callable[[], bool] | None = None) -> list[list[dict]]:
-    """Greedy replies that call tools as training does: each round generates for the conversations still going,
+                     batch_size: int, should_stop: Callable[[], bool] | None = None, temperature: float = 0.0,
+                     sampling: dict | None = None) -> list[list[dict]]:
+    """Replies (greedy at ``temperature`` 0) that call tools as training does: each round generates for the conversations still going,
     runs the tools they call and hands the answers back, up to ``use.max_rounds`` rounds. Each reply is the messages
     it added (the last assistant message is the final answer the rewards score); its generated tokens and the tools'
     answers share ``max_new_tokens``, as in training."""
@@ -142,8 +178,9 @@ def reply_with_tools(model, tokenizer, conversations: list[list[dict]], use: Too
             batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
                               add_special_tokens=False).to(device)
             with torch.inference_mode():
-                out = speedups.generate(model, False, **batch, max_new_tokens=max(left[i] for i in batch_rows),
-                                        pad_token_id=tokenizer.pad_token_id, do_sample=False, top_k=None,
+                out = speedups.generate(model, temperature > 0, **batch,
+                                        max_new_tokens=max(left[i] for i in batch_rows),
+                                        pad_token_id=tokenizer.pad_token_id, **_how(temperature, sampling),
                                         stopping_criteria=StoppingCriteriaList(_stopping_when_asked(should_stop)))
             if should_stop is not None and should_stop():
                 raise Stopped("stopped while generating replies")
@@ -208,14 +245,8 @@ def held_out_replies(model, tokenizer, examples: list[dict], max_new_tokens: int
     if tools is None:
         return generate_replies(model, tokenizer, conversations, max_new_tokens, batch_size=batch_size,
                                 should_stop=should_stop)
-    was_training = model.training
-    model.eval()
-    try:
-        replies = reply_with_tools(model, tokenizer, conversations, tools, max_new_tokens, batch_size, should_stop)
-    finally:
-        model.train(was_training)
-        release_openmp_threads()  # as generate_replies: the UI's pooled threads outlive the request
-    return [final_text(reply) for reply in replies]
+    return [final_text(reply) for reply in _with_tools(model, lambda: reply_with_tools(
+        model, tokenizer, conversations, tools, max_new_tokens, batch_size, should_stop))]
 
 
 def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward], max_new_tokens: int,

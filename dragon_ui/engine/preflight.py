@@ -28,10 +28,11 @@ from ..public import LAPTOP, Policy
 from ..rewards import Reward, build_rewards
 from ..rewards.spec import full_marks
 from ..runstore import excerpt, format_seconds
-from .evaluation import LoadModel, generate_replies, score_examples
+from .evaluation import LoadModel, sampled_replies, score_examples
 from .prompts import NO_LIMIT, token_counts
 from .redteam import RedTeam, as_number, red_team
 from .reward_models import classifiers_on
+from .tool_calls import ToolUse, ready_for_tools
 from .training import Inspection, inspect
 
 PREFLIGHT_S = 60  # the default sample is sized to take about this long
@@ -276,13 +277,16 @@ def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, promp
     count = min(prompts, len(train)) if prompts else prompts_for_a_minute(config, generation_s, len(train))
     chosen = random.Random(config.training.seed).sample(train, count)
     model, tokenizer = load(config.model, settings=config.hardware)
+    if inspection.tools is not None:
+        tokenizer = ready_for_tools(tokenizer, config.model.id)
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, tokenizer=tokenizer,
                             max_new_tokens=config.grpo.max_new_tokens,
                             classifiers=classifiers_on(inspection.hardware.device), policy=policy)
     fit = inspection.prompts
     token_limit = None if fit.limit >= NO_LIMIT else fit.limit + config.grpo.max_new_tokens
     report = sample_preflight(config, model, tokenizer, chosen, rewards, token_limit, training_pass_s, should_stop,
-                              policy.limits.sampling_seconds if policy.public else None, on_progress, len(train))
+                              policy.limits.sampling_seconds if policy.public else None, on_progress, len(train),
+                              inspection.tools)
     limit = policy.limits.scoring_seconds if policy.public else None
     try:
         gamed = red_team(rewards, chosen, config.grpo.max_new_tokens, tokenizer, should_stop, limit)
@@ -297,9 +301,11 @@ def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, promp
 def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], rewards: list[Reward],
                      token_limit: int | None, training_pass_s: float | None = None,
                      should_stop: Callable[[], bool] | None = None, time_limit_s: float | None = None,
-                     on_progress: Callable[[int, int], None] | None = None, training_prompts: int = 0) -> Preflight:
+                     on_progress: Callable[[int, int], None] | None = None, training_prompts: int = 0,
+                     tools: ToolUse | None = None) -> Preflight:
     """Sample ``config.grpo.group_size`` replies to each of ``examples`` as a training step samples them (a step's
-    batch of prompts at a time, the run's temperature and sampling settings), score them, and report.
+    batch of prompts at a time, the run's temperature and sampling settings, calling its ``tools``), score them,
+    and report.
 
     ``should_stop`` (Cancel) raises Stopped. At ``time_limit_s`` sampling ends, and the report covers the prompts
     sampled by then (at least one step's). ``on_progress(done, total)`` is told after each step's batch.
@@ -307,7 +313,7 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
     predicted step time. ``training_prompts``: how many the run trains on, ``examples`` among them."""
     grpo, batch = config.grpo, config.training.batch_size
     mark = pass_mark(rewards)
-    prompt_tokens = token_counts(examples, tokenizer)
+    prompt_tokens = token_counts(examples, tokenizer, tools.functions if tools else None)
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     checks: list[PromptCheck] = []
     scores: dict[str, list[float]] = {reward.name: [] for reward in rewards}
@@ -322,12 +328,8 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
             break
         chosen = examples[start:start + batch]
         began = time.monotonic()
-        replies = generate_replies(model, tokenizer, [example["prompt"] for example in chosen
-                                                      for _ in range(grpo.group_size)],
-                                   grpo.max_new_tokens, batch_size=len(chosen) * grpo.group_size,
-                                   temperature=grpo.temperature, should_stop=should_stop,
-                                   sampling={"top_p": grpo.top_p, "top_k": grpo.top_k or None, "min_p": grpo.min_p,
-                                             "repetition_penalty": grpo.repetition_penalty})
+        replies = sampled_replies(model, tokenizer, [example["prompt"] for example in chosen
+                                                     for _ in range(grpo.group_size)], grpo, tools, should_stop)
         batch_seconds.append(time.monotonic() - began)
         lengths = [len(ids) for ids in tokenizer(replies, add_special_tokens=False)["input_ids"]]
         for offset, example in enumerate(chosen):

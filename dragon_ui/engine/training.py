@@ -39,7 +39,7 @@ from .weights import make_portable
 from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model, take_set_aside
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
 from .presets import find_preset
-from .tool_calls import TOOL_FAMILIES, ready_for_tools, tool_use
+from .tool_calls import TOOL_FAMILIES, ToolUse, ready_for_tools, tool_use
 from .worker import WorkerRun, Workers
 
 log = logging.getLogger("dragon_ui")
@@ -118,6 +118,7 @@ class Inspection:
     mapped: MappedData
     prompts: PromptFit
     hardware: ResolvedHardware
+    tools: ToolUse | None = None  # the tools the model may call (its prompts already show their worked examples)
 
 
 def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
@@ -151,7 +152,7 @@ def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
         if spec.kind == "classifier":
             check_labels(spec, f"rewards[{index}]")
     trackers.check(config.logging, policy)
-    return Inspection(mapped, prompts, hardware)
+    return Inspection(mapped, prompts, hardware, tools)
 
 
 def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool = False,

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from ..config import GRPOSettings, HardwareSettings, ModelConfig, RunConfig
 from ..engine.hardware import resolve_hardware
 from ..engine.prompts import NO_LIMIT, prompt_limit, token_counts
-from ..engine.evaluation import generate_replies, score_examples
+from ..engine.evaluation import sampled_replies, score_examples
+from ..engine.tool_calls import ToolUse, ready_for_tools, tool_use
 from ..engine.redteam import RedTeam, red_team
 from ..engine.reward_models import classifiers_on
 from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locate, map_rows, prompt_text, read_table,
@@ -471,12 +472,12 @@ def reward_failures(group: GroupScores) -> list[str]:
             for name, (count, first) in failures.items()]
 
 
-def refuse_long_prompts(examples: list[dict], tokenizer, limit: int | None) -> None:
-    """Refuse to sample a row whose prompt a run would drop (engine.prompts): the group would show what training
-    never sees, and a long prompt takes the machine for minutes."""
+def refuse_long_prompts(examples: list[dict], tokenizer, limit: int | None, tools: ToolUse | None = None) -> None:
+    """Refuse to sample a row whose prompt a run would drop (engine.prompts, the ``tools``' schemas counted): the
+    group would show what training never sees, and a long prompt takes the machine for minutes."""
     if limit is None:
         return
-    for example, length in zip(examples, token_counts(examples, tokenizer), strict=True):
+    for example, length in zip(examples, token_counts(examples, tokenizer, tools and tools.functions), strict=True):
         if length > limit:
             raise ConfigError(f"Row {example['number']}'s prompt has {length:,} tokens, more than the {limit:,} a "
                               "run keeps (data.max_prompt_tokens), so a run would drop it; try another row.")
@@ -484,19 +485,30 @@ def refuse_long_prompts(examples: list[dict], tokenizer, limit: int | None) -> N
 
 def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict], grpo: GRPOSettings,
                     should_stop: Callable[[], bool] | None = None,
-                    on_replies: Callable[[list[str]], None] | None = None) -> Iterator[GroupScores]:
+                    on_replies: Callable[[list[str]], None] | None = None,
+                    tools: ToolUse | None = None) -> Iterator[GroupScores]:
     """Sample ``grpo.group_size`` replies to each example, as one GRPO step would (its temperature, length cap and
-    sampling settings), and yield each prompt's scored group.
+    sampling settings, calling its ``tools``), and yield each prompt's scored group.
 
     ``should_stop`` is asked after every token: once it is true, generation ends (evaluation.Stopped).
-    ``on_replies`` sees the replies to the prompt being sampled as they grow (evaluation.generate_replies).
+    ``on_replies`` sees the replies to the prompt being sampled as they grow (evaluation.generate_replies; not
+    with tools, whose replies come whole).
     """
     for example in examples:
-        replies = generate_replies(model, tokenizer, [example["prompt"]] * grpo.group_size, grpo.max_new_tokens,
-                                   batch_size=grpo.group_size, temperature=grpo.temperature, should_stop=should_stop,
-                                   sampling={"top_p": grpo.top_p, "top_k": grpo.top_k or None, "min_p": grpo.min_p,
-                                             "repetition_penalty": grpo.repetition_penalty}, on_replies=on_replies)
+        replies = sampled_replies(model, tokenizer, [example["prompt"]] * grpo.group_size, grpo, tools, should_stop,
+                                  on_replies)
         yield score_group(rewards, example, replies, should_stop)
+
+
+def sampling_tools(config: RunConfig, examples: list[dict], tokenizer,
+                   policy: Policy = LAPTOP) -> tuple[list[dict], object, ToolUse | None]:
+    """(the examples with the tools' worked examples before each question, the tokenizer able to show the tools,
+    the tools) for a playground group of a run with tools, as the run would sample it; unchanged without tools."""
+    tools = tool_use(config, examples, policy=policy)
+    if tools is None:
+        return examples, tokenizer, None
+    shown = [{**example, "prompt": tools.prompt(example["prompt"])} for example in examples]
+    return shown, ready_for_tools(tokenizer, config.model.id), tools
 
 
 def red_team_draft(draft: dict, policy: Policy = LAPTOP) -> RedTeam:

@@ -32,7 +32,7 @@ from ..studio.draft import place_problem
 from ..studio.playground import (GroupScores, advantages_of, data_config, display_text, generate_groups,
                                  no_signal_warning, playground_rewards, preview_examples, prompt_limit_of,
                                  red_team_draft, refuse_long_prompts, reward_failures, sampling_rewards,
-                                 score_example)
+                                 sampling_tools, score_example)
 from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight,
                        kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
@@ -488,7 +488,8 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
         studio.recipes.check_sampling(config.grpo.group_size * len(examples))
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.previews.load(config.model, settings=config.hardware)
-        refuse_long_prompts(examples, tokenizer, prompt_limit_of(draft, config.data, studio.policy))
+        examples, tokenizer, tools = sampling_tools(config, examples, tokenizer, studio.policy)
+        refuse_long_prompts(examples, tokenizer, prompt_limit_of(draft, config.data, studio.policy), tools)
         rewards = sampling_rewards(config, tokenizer, str(model.device), studio.policy)
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
@@ -500,7 +501,7 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
     names = [reward.name for reward in rewards]
     limits = studio.policy.limits
     for sampled in _sampled(model, tokenizer, rewards, examples, config.grpo, session,
-                            limits and limits.sampling_seconds):
+                            limits and limits.sampling_seconds, tools):
         if isinstance(sampled, str):
             yield message(sampled, "error"), gr.skip(), gr.skip()
             return
@@ -518,7 +519,7 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
 
 
 def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str | None,
-             time_limit_s: float | None = None):
+             time_limit_s: float | None = None, tools=None):
     """generate_groups on a thread of its own, so the page sees the replies as they grow: yields the replies so far
     (a list), then the scored group for each row, or the sentence to show once if sampling failed or took longer
     than a public demo's ``time_limit_s``; nothing more once Cancel was pressed. Closing it (gradio does,
@@ -538,7 +539,7 @@ def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str
         try:
             with SAMPLING:
                 for group in generate_groups(model, tokenizer, rewards, examples, grpo, should_stop=stopped,
-                                             on_replies=updates.put):
+                                             on_replies=updates.put, tools=tools):
                     updates.put(group)
         except Exception as exc:
             if not stopped():
