@@ -80,6 +80,10 @@ def test_export_writes_a_self_contained_folder(tiny_config_dict, tmp_path):
     reward_file = tmp_path / "my_reward.py"
     reward_file.write_text("def reward(prompt, completion, reference, row):\n    return 1.0\n")
     tiny_config_dict["rewards"].append({"kind": "custom", "name": "mine", "file": str(reward_file)})
+    tool_file = tmp_path / "my_tool.py"
+    tool_file.write_text('def tool(city: str) -> str:\n    """Say the weather.\n\n    Args:\n        city: Where.\n    """\n'
+                         '    return "sunny"\n')
+    tiny_config_dict["tools"] = [{"kind": "custom", "name": "weather", "file": str(tool_file)}]
     tiny_config_dict["distributed"] = {"strategy": "zero2"}
     tiny_config_dict["generation"] = {"backend": "vllm-server", "vllm_server_url": "http://placeholder:8000"}
     folder = export_launch_folder(RunConfig.from_dict(tiny_config_dict), tmp_path / "export", gpus=4, nodes=2)
@@ -87,6 +91,7 @@ def test_export_writes_a_self_contained_folder(tiny_config_dict, tmp_path):
     config = yaml.safe_load((folder / "config.yaml").read_text())
     assert config["data"]["source"] == "data/arithmetic.csv" and (folder / "data" / "arithmetic.csv").is_file()
     assert config["rewards"][-1]["file"] == "rewards/my_reward.py" and (folder / "rewards" / "my_reward.py").is_file()
+    assert config["tools"][0]["file"] == "tools/my_tool.py" and (folder / "tools" / "my_tool.py").is_file()
     assert config["runs_dir"] == "runs" and config["hardware"]["device"] == "auto"
     accelerate = yaml.safe_load((folder / "accelerate.yaml").read_text())
     assert accelerate["distributed_type"] == "DEEPSPEED" and accelerate["deepspeed_config"]["zero_stage"] == 2

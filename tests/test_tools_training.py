@@ -96,6 +96,9 @@ def test_a_tools_run_records_every_turn_masks_the_answers_and_scores_the_final_r
             assert tokenizer.decode(masked) == (f"\n<|im_start|>user\n<tool_response>\n{ANSWER}\n</tool_response>"
                                                 "<|im_end|>\n<|im_start|>assistant\n")
 
+    card = (run.path / "adapter" / "README.md").read_text(encoding="utf-8")
+    assert "## Tools" in card and "| calculator | calculator | Work out an arithmetic expression exactly" in card
+
     # The held-out checks called the tool too, so before and after score the whole exchange's final answer.
     evaluation = run.read_eval()
     assert evaluation["before"]["reward_mean"] == evaluation["after"]["reward_mean"] == 1.0

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..config import RunConfig
 from ..data import is_hub_dataset_id
 from ..rewards import reward_rule
+from ..tools import described
 from ..runstore import RunDir, reward_key, value_at
 from .models import OFFLINE_NOTE, is_hub_id, is_run_dir
 
@@ -94,6 +95,15 @@ def _body(run: RunDir, config: RunConfig, root: str, earlier: list[Stage], merge
     lines += ["## Rewards", "", "| reward | weight | pays 1 when |", "|---|---:|---|"]
     lines += [f"| {spec.name} | {spec.weight:g} | {reward_rule(spec)} |" if spec.train else
               f"| {spec.name} | metric, not trained on | {reward_rule(spec)} |" for spec in config.rewards]
+    if config.tools:
+        lines += ["", "## Tools", "", "It was trained to call these tools while it answers (multi-turn GRPO); give it "
+                  "the same ones, with the chat template saved beside it, to use it that way.", "",
+                  "| tool | kind | what it was told |", "|---|---|---|"]
+        lines += [f"| {spec.name} | {spec.kind} | {described(spec)} |" for spec in config.tools]
+        if any(spec.examples for spec in config.tools):
+            lines += ["", "Each prompt began with worked examples of a call: "
+                      + "; ".join(f"{example.question} → {spec.name}({json.dumps(example.arguments, ensure_ascii=False)})"
+                                  for spec in config.tools for example in spec.examples) + "."]
     lines += ["", "## Data", "", f"- Source: {_data_name(config.data.source.strip())}",
               f"- {status.get('data_summary') or 'Rows: -'}",
               f"- Prompt: {_template(config.data.prompt)}"]

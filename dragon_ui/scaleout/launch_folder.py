@@ -55,14 +55,15 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
     if isinstance(source, Path):  # a Hub dataset is downloaded by the cluster itself
         shutil.copy2(source, target / "data" / source.name)
         exported.data.source = f"data/{source.name}"
-    for spec in exported.rewards:
-        if spec.kind == "custom" and spec.file:
-            source = Path(spec.file) if Path(spec.file).is_absolute() else Path(base_dir or ".") / spec.file
-            if not source.is_file():
-                raise ConfigError(f"The custom reward '{spec.name}' reads {source}, which does not exist.")
-            (target / "rewards").mkdir(exist_ok=True)
-            shutil.copy2(source, target / "rewards" / source.name)
-            spec.file = f"rewards/{source.name}"
+    for what, specs in (("reward", exported.rewards), ("tool", exported.tools)):
+        for spec in specs:  # a custom one's .py file travels with the config, which names it relative to the folder
+            if spec.kind == "custom" and spec.file:
+                source = Path(spec.file) if Path(spec.file).is_absolute() else Path(base_dir or ".") / spec.file
+                if not source.is_file():
+                    raise ConfigError(f"The custom {what} '{spec.name}' reads {source}, which does not exist.")
+                (target / f"{what}s").mkdir(exist_ok=True)
+                shutil.copy2(source, target / f"{what}s" / source.name)
+                spec.file = f"{what}s/{source.name}"
     # The cluster decides its own devices (a precision chosen in the settings is kept); runs land next to the
     # launch files.
     exported.hardware.device, exported.hardware.cpu_threads, exported.hardware.gpu = "auto", None, None
@@ -181,7 +182,7 @@ def _readme(config: RunConfig, gpus: int, nodes: int, vllm_server: bool) -> str:
     return f"""# {config.name or 'Dragon GRPO run'}: exported for {nodes} node(s) x {gpus} GPU(s)
 
 This folder is self-contained: `config.yaml` (the run, with paths relative to this folder), `data/` (its dataset),
-`rewards/` (custom reward files, if any), `dragon_ui/` (the engine), `accelerate.yaml` (distributed strategy
+`rewards/` and `tools/` (custom reward and tool files, if any), `dragon_ui/` (the engine), `accelerate.yaml` (distributed strategy
 **{config.distributed.strategy}**, generation with **{config.generation.backend}**), `launch.sh` and `slurm.sbatch`.
 
 ## Set up (once per machine)
