@@ -420,3 +420,22 @@ def test_a_generator_handler_that_fails_midway_says_so_in_a_sentence():
     assert next(answers) == "the table"
     with pytest.raises(gr.Error, match="The data could not be read."):
         next(answers)
+
+
+TOOLS = [{"kind": "calculator", "name": "calculator"}, {"kind": "lookup", "name": "capital", "key_column": "country",
+                                                         "value_column": "capital"}]
+
+
+@pytest.mark.parametrize("engine, said", [
+    ("tools[1].key_column 'land' is not a column of the data; its columns are: a, b.",
+     "The 2nd tool (capital): the key column 'land' is not a column of the data; its columns are: a, b."),
+    ("tools[0].examples[1]: calculator answers with an error: the expression divides by zero.",
+     "The 1st tool (calculator): its 2nd worked example: calculator answers with an error: the expression divides by "
+     "zero."),
+    ("tools[0].examples[0].arguments do not fit calculator: bad.",
+     "The 1st tool (calculator): its 1st worked example's arguments do not fit calculator: bad."),
+    ("tools[4] needs key_column.", "The 5th tool needs key_column."),
+])
+def test_a_tools_problem_names_the_tool_as_the_rewards_tab_lists_it(engine, said):
+    problem = place_problem(engine, {}, [], TOOLS)
+    assert (problem.text, problem.section, problem.tab) == (said, "tools", "Rewards")

@@ -34,6 +34,12 @@ SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))  # the first wor
 # A config path at the start of an engine message: "training.learning_rate", "rewards[3].code", "data.source".
 _LEADING_PATH = re.compile(r"^(?P<path>(?P<section>[a-z_]+)(?:\[(?P<index>\d+)\])?(?:\.[a-z_0-9]+)*)(?=[\s:;,.]|$)")
 _REWARD_PATH = re.compile(r"^rewards\[(?P<index>\d+)\](?:\.(?P<field>[a-z_]+))?$")
+_TOOL_PATH = re.compile(r"^tools\[(?P<index>\d+)\](?:\.(?P<field>[a-z_]+))?")
+_EXAMPLE_REST = re.compile(r"^\.examples\[(?P<index>\d+)\](?:\.(?P<field>[a-z_]+))?")
+TOOL_FIELD_WORDS = {"kind": "the kind", "name": "the name", "key_column": "the key column",
+                    "value_column": "the value column", "column": "the column to search",
+                    "description": "what the model is told", "code": "the Python function", "file": "the .py file",
+                    "function": "the function name", "examples": "the worked examples"}
 REWARD_FIELD_WORDS = {"code": "the Python code", "file": "the .py file", "function": "the function name",
                       "pattern": "the regular expression", "keys": "the required keys", "words": "the words",
                       "tags": "the tags", "argv": "the command", "name": "the name", "weight": "the weight",
@@ -149,7 +155,7 @@ class Problem:
         """The app tab whose fields it concerns."""
         if self.section is None:
             return None
-        return {"data": "Data", "rewards": "Rewards"}.get(self.section, "Model & Hardware")
+        return {"data": "Data", "rewards": "Rewards", "tools": "Rewards"}.get(self.section, "Model & Hardware")
 
     def seen_from(self, tab: str) -> str:
         """The sentence as shown on ``tab``: naming the tab it is on when that is another one."""
@@ -161,8 +167,10 @@ def ordinal(number: int) -> str:
     return f"{number}{suffix}"
 
 
-def place_problem(message: str, labels: dict[str, str], rewards: list[dict] | None = None) -> Problem:
-    """Where an engine message belongs and how to say it with the form's ``labels`` (config path -> label).
+def place_problem(message: str, labels: dict[str, str], rewards: list[dict] | None = None,
+                  tools: list[dict] | None = None) -> Problem:
+    """Where an engine message belongs and how to say it with the form's ``labels`` (config path -> label), the
+    draft's ``rewards`` and ``tools`` naming the one it is about.
 
     Other config paths inside the message are replaced by their labels too.
     """
@@ -170,6 +178,18 @@ def place_problem(message: str, labels: dict[str, str], rewards: list[dict] | No
     if not match or match["section"] not in SECTIONS:
         return Problem(None, None, _with_labels(message, labels))
     path, rest = match["path"], message[match.end():]
+    tool = _TOOL_PATH.match(path)
+    if tool:  # "The 1st tool (calculator): the worked examples ..."
+        spec = (tools or [])[int(tool["index"])] if int(tool["index"]) < len(tools or []) else {}
+        name = spec.get("name") or spec.get("kind") if isinstance(spec, dict) else None
+        subject = f"The {ordinal(int(tool['index']) + 1)} tool" + (f" ({name})" if name else "")
+        field = TOOL_FIELD_WORDS.get(tool["field"] or "", "")
+        example = _EXAMPLE_REST.match(rest)
+        if example:  # tools[0].examples[1]: ... (the leading path stops before an index it cannot end at)
+            field = f"its {ordinal(int(example['index']) + 1)} worked example" + ("'s arguments" if example["field"]
+                                                                                  else "")
+            rest = rest[example.end():]
+        return Problem("tools", path, f"{subject}: {field}{rest}" if field else f"{subject}{rest}")
     reward = _REWARD_PATH.match(path)
     if reward:
         field = REWARD_FIELD_WORDS.get(reward["field"] or "", reward["field"] or "")

@@ -249,7 +249,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
         config = studio.recipes.validate(draft)
         preview_examples(config.data, config.base_dir or None, studio.policy)  # read and mapped as the Data tab does
     except DragonError as exc:
-        problem = place_problem(str(exc), labels, draft.get("rewards") or [])
+        problem = place_problem(str(exc), labels, draft.get("rewards") or [], draft.get("tools") or [])
         check, problems = placed(problem)
         return Preview(check, "", "The estimate appears once the settings are valid.",
                        f"# The settings are not valid yet:\n# {exc}", cli, None, problems)
@@ -292,7 +292,7 @@ def start_run(studio: Studio, draft: dict, labels: dict[str, str] | None = None)
     try:
         run = studio.runs.start(draft)
     except DragonError as exc:
-        problem = place_problem(str(exc), labels or {}, draft.get("rewards") or [])
+        problem = place_problem(str(exc), labels or {}, draft.get("rewards") or [], draft.get("tools") or [])
         return gr.skip(), message(problem.seen_from(TAB_TITLE), "error"), gr.skip()
     if run.read_status().get("waiting"):
         said = (f"Queued {run.id} behind the run training now ({studio.runs.place(run.id)}): it starts by itself "

@@ -455,7 +455,8 @@ def cancel_generation(request: gr.Request | None = None) -> str:
 
 def sentence(exc: BaseException, draft: dict, labels: dict[str, str] | None) -> str:
     """An error as this tab says it: in the form's words, naming the tab it concerns when that is another one."""
-    return place_problem(explain(exc), labels or {}, draft.get("rewards") or []).seen_from(TAB_TITLE)
+    return place_problem(explain(exc), labels or {}, draft.get("rewards") or [],
+                         draft.get("tools") or []).seen_from(TAB_TITLE)
 
 
 def generate_samples(studio: Studio, draft: dict, row: int | None, n_prompts: int, request: gr.Request | None = None,
