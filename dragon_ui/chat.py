@@ -6,6 +6,8 @@ the run's records read the text of one message from them.
 
 from __future__ import annotations
 
+import json
+
 
 def _message_text(content) -> str:
     """Message content as text: a plain string, or the text parts of a multimodal content list."""
@@ -34,3 +36,26 @@ def completion_text(completion) -> str:
         if message.get("role", "assistant") == "assistant":
             return _message_text(message.get("content"))
     return ""
+
+
+def call_text(name, arguments) -> str:
+    """A tool call as one reads it: name(argument="value", ...)."""
+    shown = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in arguments.items()) \
+        if isinstance(arguments, dict) else json.dumps(arguments, ensure_ascii=False, default=str)
+    return f"{name}({shown})"
+
+
+def turns_text(messages: list[dict]) -> str:
+    """A reply that called tools as plain text, one line a turn: its text and calls, each tool's answer after an
+    arrow, and the final answer."""
+    lines = []
+    for message in messages:
+        content = _message_text(message.get("content"))
+        if message.get("role") == "tool":
+            lines.append(f"→ {message.get('name')} answered: {content}")
+            continue
+        if content:
+            lines.append(content)
+        lines += [call_text((call.get("function") or {}).get("name"), (call.get("function") or {}).get("arguments"))
+                  for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    return "\n".join(lines)

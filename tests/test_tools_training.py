@@ -148,5 +148,9 @@ def test_the_preflight_and_the_playground_sample_calling_the_tools(tiny_tool_mod
     assert report.share("all pass") == 1.0, report.verdict
     model, tokenizer = load(config.model, settings=config.hardware)
     examples, ready, tools = sampling_tools(config, preview_examples(config.data, count=1), tokenizer)
-    (group,) = generate_groups(model, ready, [], examples, config.grpo, tools=tools)
-    assert group.completions == [ANSWER] * config.grpo.group_size
+    from dragon_ui.rewards import build_rewards
+
+    (group,) = generate_groups(model, ready, build_rewards(config.rewards), examples, config.grpo, tools=tools)
+    shown = f'calculator(expression="{EXPRESSION}")\n→ calculator answered: {ANSWER}\n{ANSWER}'
+    assert group.completions == [shown] * config.grpo.group_size  # each turn, to read in the playground's table
+    assert group.totals == [1.0] * config.grpo.group_size  # scored on the final answer alone

@@ -112,15 +112,26 @@ def sampled_replies(model, tokenizer, conversations: list[list[dict]], grpo: GRP
     """Replies sampled as a training step samples them, in one batch: its temperature, length cap and sampling
     settings, calling ``tools`` as training does (each reply then its final answer; ``on_replies`` is not told of
     them as they grow)."""
-    sampling = {"top_p": grpo.top_p, "top_k": grpo.top_k or None, "min_p": grpo.min_p,
-                "repetition_penalty": grpo.repetition_penalty}
     if tools is None:
         return generate_replies(model, tokenizer, conversations, grpo.max_new_tokens, batch_size=len(conversations),
-                                temperature=grpo.temperature, should_stop=should_stop, sampling=sampling,
+                                temperature=grpo.temperature, should_stop=should_stop, sampling=_sampling(grpo),
                                 on_replies=on_replies)
-    return [final_text(reply) for reply in _with_tools(model, lambda: reply_with_tools(
-        model, tokenizer, conversations, tools, grpo.max_new_tokens, len(conversations), should_stop,
-        grpo.temperature, sampling))]
+    return [final_text(reply) for reply in sampled_turns(model, tokenizer, conversations, grpo, tools, should_stop)]
+
+
+def sampled_turns(model, tokenizer, conversations: list[list[dict]], grpo: GRPOSettings, tools: ToolUse,
+                  should_stop: Callable[[], bool] | None = None) -> list[list[dict]]:
+    """sampled_replies' replies with ``tools``, whole: each the messages it added (its calls, the tools' answers,
+    the final answer last)."""
+    return _with_tools(model, lambda: reply_with_tools(model, tokenizer, conversations, tools, grpo.max_new_tokens,
+                                                       len(conversations), should_stop, grpo.temperature,
+                                                       _sampling(grpo)))
+
+
+def _sampling(grpo: GRPOSettings) -> dict:
+    """generate's sampling settings of a run (Hugging Face's names)."""
+    return {"top_p": grpo.top_p, "top_k": grpo.top_k or None, "min_p": grpo.min_p,
+            "repetition_penalty": grpo.repetition_penalty}
 
 
 def _with_tools(model, reply: Callable[[], list]) -> list:

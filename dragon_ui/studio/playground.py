@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from ..config import GRPOSettings, HardwareSettings, ModelConfig, RunConfig
 from ..engine.hardware import resolve_hardware
 from ..engine.prompts import NO_LIMIT, prompt_limit, token_counts
-from ..engine.evaluation import sampled_replies, score_examples
+from ..chat import completion_text, turns_text
+from ..engine.evaluation import sampled_replies, sampled_turns, score_examples
 from ..engine.tool_calls import ToolUse, ready_for_tools, tool_use
 from ..engine.redteam import RedTeam, red_team
 from ..engine.reward_models import classifiers_on
@@ -495,9 +496,14 @@ def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict
     with tools, whose replies come whole).
     """
     for example in examples:
-        replies = sampled_replies(model, tokenizer, [example["prompt"]] * grpo.group_size, grpo, tools, should_stop,
-                                  on_replies)
-        yield score_group(rewards, example, replies, should_stop)
+        conversations = [example["prompt"]] * grpo.group_size
+        if tools is None:
+            yield score_group(rewards, example, sampled_replies(model, tokenizer, conversations, grpo, None,
+                                                                should_stop, on_replies), should_stop)
+            continue
+        turns = sampled_turns(model, tokenizer, conversations, grpo, tools, should_stop)
+        group = score_group(rewards, example, [completion_text(reply) for reply in turns], should_stop)
+        yield replace(group, completions=[turns_text(reply) for reply in turns])  # scored on the answers
 
 
 def sampling_tools(config: RunConfig, examples: list[dict], tokenizer,

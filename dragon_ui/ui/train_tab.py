@@ -9,7 +9,6 @@ next to nothing while the same CPU trains.
 from __future__ import annotations
 
 import html
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -17,6 +16,7 @@ from typing import Any
 
 import gradio as gr
 
+from ..chat import call_text
 from ..errors import DragonError
 from ..grpo_math import has_spread, known
 from ..rewards import stored_metrics
@@ -167,18 +167,11 @@ def completion_html(text, turns) -> str:
             parts.append(f"<div style='white-space:pre-wrap'>{said}</div>")
         for call in turn.get("calls") or []:
             if isinstance(call, dict):
-                parts.append(f"<div class='tool-call'><code>{html.escape(call_text(call))}</code></div>")
+                parts.append(f"<div class='tool-call'><code>{html.escape(call_text(call.get('name'), call.get('arguments')))}"
+                             "</code></div>")
     final = "no answer: it ended calling a tool" if ends_calling({"turns": turns}) else html.escape(str(text))
     parts.append(f"<div class='final-answer'><b>Answer:</b> <span style='white-space:pre-wrap'>{final}</span></div>")
     return "".join(parts)
-
-
-def call_text(call: dict) -> str:
-    """A tool call as one reads it: name(argument="value", ...)."""
-    arguments = call.get("arguments")
-    shown = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in arguments.items()) \
-        if isinstance(arguments, dict) else json.dumps(arguments, ensure_ascii=False)
-    return f"{call.get('name')}({shown})"
 
 
 def sampled_html(sampling: dict, max_groups: int = MAX_GROUPS_SHOWN) -> str:
