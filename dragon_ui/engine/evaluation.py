@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from ..chat import completion_text
 from ..config import GRPOSettings, ModelConfig, RunConfig
 from ..data import prompt_text, read_jsonl
 from ..errors import ConfigError, Stopped
@@ -23,7 +24,7 @@ from ..rewards import Reward, ScoreResult, build_rewards, score_completions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
 from .reward_models import classifiers_on
-from .tool_calls import ToolUse, final_text, ready_for_tools, tool_use
+from .tool_calls import ToolUse, ready_for_tools, tool_use
 from .trained import TrainedWeights, trained_weights
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ def sampled_replies(model, tokenizer, conversations: list[list[dict]], grpo: GRP
         return generate_replies(model, tokenizer, conversations, grpo.max_new_tokens, batch_size=len(conversations),
                                 temperature=grpo.temperature, should_stop=should_stop, sampling=_sampling(grpo),
                                 on_replies=on_replies)
-    return [final_text(reply) for reply in sampled_turns(model, tokenizer, conversations, grpo, tools, should_stop)]
+    return [completion_text(reply) for reply in sampled_turns(model, tokenizer, conversations, grpo, tools, should_stop)]
 
 
 def sampled_turns(model, tokenizer, conversations: list[list[dict]], grpo: GRPOSettings, tools: ToolUse,
@@ -256,7 +257,7 @@ def held_out_replies(model, tokenizer, examples: list[dict], max_new_tokens: int
     if tools is None:
         return generate_replies(model, tokenizer, conversations, max_new_tokens, batch_size=batch_size,
                                 should_stop=should_stop)
-    return [final_text(reply) for reply in _with_tools(model, lambda: reply_with_tools(
+    return [completion_text(reply) for reply in _with_tools(model, lambda: reply_with_tools(
         model, tokenizer, conversations, tools, max_new_tokens, batch_size, should_stop))]
 
 

@@ -14,7 +14,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..chat import completion_text
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..public import LAPTOP, Policy
@@ -87,8 +86,3 @@ def _speaks_chatml(tokenizer) -> bool:
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
     vocabulary = tokenizer.get_vocab()
     return all(marker in template and marker in vocabulary for marker in CHATML_MARKERS)
-
-
-def final_text(reply: list[dict]) -> str:
-    """What the rewards score of a multi-turn reply: its last assistant message's text."""
-    return completion_text(reply)
