@@ -215,10 +215,14 @@ def _cmd_check(args) -> int:
         if hardware.device == "cpu" else ""
     print(f"Data: {found.mapped.summary()}")
     print(f"Rewards: {', '.join(spec.name for spec in config.rewards)}")
+    if config.tools:
+        print(f"Tools: {', '.join(f'{spec.name} ({spec.kind})' for spec in config.tools)}, up to "
+              f"{config.grpo.max_tool_calling_iterations} rounds a reply")
     print(f"Hardware: {hardware.device} {hardware.dtype}{threads}" +
           "".join(f"\n  - {reason}" for reason in hardware.reasons))
     try:
-        print(f"Estimate:\n{estimate_run(config, hardware, detect_hardware()).describe()}")
+        estimate = estimate_run(config, hardware, detect_hardware(), prompt_tokens=max(1, round(found.prompts.mean)))
+        print(f"Estimate:\n{estimate.describe()}")
     except DragonError as exc:  # an unknown model size: the run can still start
         print(f"Estimate: none ({exc})")
     if not args.preflight:  # the pre-flight's report has its own, on the prompts it samples

@@ -244,3 +244,15 @@ def test_a_public_demos_run_check_refuses_a_custom_tool_in_a_config_read_back(ti
         {"kind": "custom", "code": "def tool(x: str) -> str:\n    return x\n"}]}, load_code=False)
     with pytest.raises(ConfigError, match=r"tools\[0\].kind: custom Python tools are turned off"):
         public_checks.check_run(config, PUBLIC, reads_data=False)
+
+
+def test_the_calculator_lesson_fits_a_free_space_with_its_own_prompts():
+    """Its prompts are about 416 tokens (the tool's schema and two worked exchanges): without gradient checkpointing
+    a step peaked at 15.4 GB and the estimate said 36 GB, which a public demo refuses (docs/performance.md)."""
+    from dragon_ui import ASSETS_DIR
+    from dragon_ui.engine.estimate import estimate_memory, model_dims
+
+    config = RunConfig.from_file(ASSETS_DIR / "recipes" / "calculator.yaml")
+    dims, _ = model_dims(config.model.id)
+    assert config.training.gradient_checkpointing
+    assert estimate_memory(config, dims, "bfloat16", False, "cpu", 416).total_gb < 8
