@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
-from pathlib import Path
 
-from common import REPO, table, write_result
+from common import REPO, lesson_draft, table, write_result
 
 from dragon_ui.config import RunConfig
 
@@ -57,12 +55,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int)
     args = parser.parse_args()
 
-    folder = Path(tempfile.mkdtemp(prefix="bench-calculator-"))
-    draft = RunConfig.from_file(LESSON).to_dict()
-    draft.update(runs_dir=str(folder / "runs"), n_samples=0)
-    draft["hardware"].update(device="cpu")
-    if args.steps:
-        draft["training"]["max_steps"] = args.steps
+    draft = lesson_draft(LESSON, "bench-calculator-", args.steps)
     alone = {key: value for key, value in draft.items() if key != "tools"}
     alone.update(name="calculator-alone", training={**draft["training"], "max_steps": 1, "eval_every": 0})
 

@@ -36,6 +36,21 @@ def bench_config_dict(steps: int, runs_dir: Path, dtype: str = "float32", thread
     return data
 
 
+def lesson_draft(recipe: Path, prefix: str, steps: int | None = None) -> dict:
+    """A lesson recipe as it ships, on the CPU, its runs in a new temporary folder, keeping no sample replies;
+    ``steps`` instead of its own number of steps, where given."""
+    import tempfile
+
+    from dragon_ui.config import RunConfig
+
+    draft = RunConfig.from_file(recipe).to_dict()
+    draft.update(runs_dir=str(Path(tempfile.mkdtemp(prefix=prefix)) / "runs"), n_samples=0)
+    draft["hardware"].update(device="cpu")
+    if steps:
+        draft["training"]["max_steps"] = steps
+    return draft
+
+
 def device() -> str:
     import torch
 

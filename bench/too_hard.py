@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-from common import REPO, table, write_result
+from common import REPO, lesson_draft, table, write_result
 
 from dragon_ui.config import RunConfig
 
@@ -62,12 +60,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int)
     args = parser.parse_args()
 
-    folder = Path(tempfile.mkdtemp(prefix="bench-too-hard-"))
-    draft = RunConfig.from_file(LESSON).to_dict()
-    draft.update(runs_dir=str(folder / "runs"), n_samples=0)
-    draft["hardware"].update(device="cpu")
-    if args.steps:
-        draft["training"]["max_steps"] = args.steps
+    draft = lesson_draft(LESSON, "bench-too-hard-", args.steps)
 
     as_set = measured(RunConfig.from_dict(draft), args.prompts)
     (fix,) = [fix for fix in as_set["_report"].fixes if fix.label.startswith("Add partial credit")]

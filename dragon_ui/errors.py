@@ -58,6 +58,16 @@ def check_length(where: str, text: str | None, most: int) -> None:
         raise ConfigError(f"{where} has {len(text):,} characters, more than the {most:,} it may have.")
 
 
+def check_unique_names(where: str, names: list[str], what: str) -> None:
+    """Refuse a list whose entries share a name (``what``: "rewards", "tools"): a name is how a run tells them apart."""
+    seen: dict[str, int] = {}
+    for index, name in enumerate(names):
+        if name in seen:
+            raise ConfigError(f"{where}[{index}].name: two {what} are named {name!r} ({where}[{seen[name]}] and "
+                              f"{where}[{index}]); give one of them a different name.")
+        seen[name] = index
+
+
 MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
 
 

@@ -200,7 +200,7 @@ def reply_with_tools(model, tokenizer, conversations: list[list[dict]], use: Too
             for row, i in enumerate(batch_rows):
                 ids = _until_end(out[row, prompt_length:].tolist()[:left[i]], stop_ids, tokenizer.eos_token_id)
                 left[i] -= len(ids)
-                prefix = tokenizer(texts[row], add_special_tokens=False)["input_ids"]
+                prefix = batch["input_ids"][row][batch["attention_mask"][row].bool()].tolist()  # its prompt, unpadded
                 message = parse_response(tokenizer, ids, prefix=prefix, tools=use.functions)
                 message.setdefault("role", "assistant")
                 histories[i].append(message)

@@ -32,8 +32,9 @@ class ToolUse:
     examples: list[dict] = field(default_factory=list)
     max_rounds: int = 1
 
-    def prompt(self, messages: list[dict]) -> list[dict]:
-        return with_demonstration(messages, self.examples)
+    def shown(self, examples: list[dict]) -> list[dict]:
+        """Mapped examples with the worked examples before each question, as the run's prompts hold them."""
+        return [{**example, "prompt": with_demonstration(example["prompt"], self.examples)} for example in examples]
 
 
 def tool_use(config: RunConfig, examples: list[dict], should_stop: Callable[[], bool] | None = None,
@@ -47,15 +48,6 @@ def tool_use(config: RunConfig, examples: list[dict], should_stop: Callable[[], 
     return ToolUse(functions, demonstration(config.tools, functions), config.grpo.max_tool_calling_iterations)
 
 
-def tool_template_refusal(tokenizer) -> str | None:
-    """Why this tokenizer's model cannot be trained to call tools, as the end of a sentence; None when it can
-    (possibly once :func:`ready_for_tools` gives it TRL's ChatML template)."""
-    if _readable(tokenizer) or _speaks_chatml(tokenizer):
-        return None
-    return (f"its chat template is not one TRL can show tools with and read tool calls from; pick "
-            f"{TOOL_FAMILIES}")
-
-
 def ready_for_tools(tokenizer, label: str):
     """A copy of the tokenizer (the app's model cache shares the original) that can show tools and have its tool
     calls read; ConfigError saying why a model cannot."""
@@ -67,7 +59,8 @@ def ready_for_tools(tokenizer, label: str):
 
         tokenizer.chat_template = qwen3_instruct_2507_chat_template
         return add_response_schema(tokenizer)
-    raise ConfigError(f"tools: {label} cannot call tools: {tool_template_refusal(tokenizer)}.")
+    raise ConfigError(f"tools: {label} cannot call tools: its chat template is not one TRL can show tools with and "
+                      f"read tool calls from; pick {TOOL_FAMILIES}.")
 
 
 def _readable(tokenizer) -> bool:

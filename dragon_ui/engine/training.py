@@ -137,8 +137,7 @@ def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
     tools = tool_use(config, mapped.train + mapped.eval, policy=policy)
     if tools is not None:  # the worked examples go before each question, in the prompts the run stores
         tokenizer = ready_for_tools(tokenizer, source.label)
-        mapped = replace(mapped, train=[{**ex, "prompt": tools.prompt(ex["prompt"])} for ex in mapped.train],
-                         eval=[{**ex, "prompt": tools.prompt(ex["prompt"])} for ex in mapped.eval])
+        mapped = replace(mapped, train=tools.shown(mapped.train), eval=tools.shown(mapped.eval))
     mapped, prompts = fit_prompts(mapped, tokenizer, limit, why, tools.functions if tools else None)
     public_checks.check_memory(config, policy, prompts.longest_kept)
     if len(mapped.train) < config.training.batch_size:

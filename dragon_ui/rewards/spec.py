@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 
-from ..errors import ConfigError, check_length
+from ..errors import ConfigError, check_length, check_unique_names
 from ..public import LAPTOP, LIFT, Policy
 from .code import compile_pattern, load_custom_function
 from .text import EXTRACT_MODES
@@ -478,10 +478,5 @@ def parse_rewards(items: list, where: str = "rewards", policy: Policy = LAPTOP,
     if len(items) > MOST_REWARDS:
         raise ConfigError(f"{where} has {len(items)} rewards, more than the {MOST_REWARDS} a run may have.")
     specs = [RewardSpec.from_dict(item, f"{where}[{index}]", policy, load_code) for index, item in enumerate(items)]
-    seen: dict[str, int] = {}
-    for index, spec in enumerate(specs):
-        if spec.name in seen:
-            raise ConfigError(f"{where}[{index}].name: two rewards are named {spec.name!r} ({where}[{seen[spec.name]}] "
-                              f"and {where}[{index}]); give one of them a different name.")
-        seen[spec.name] = index
+    check_unique_names(where, [spec.name for spec in specs], "rewards")
     return specs

@@ -513,8 +513,7 @@ def sampling_tools(config: RunConfig, examples: list[dict], tokenizer,
     tools = tool_use(config, examples, policy=policy)
     if tools is None:
         return examples, tokenizer, None
-    shown = [{**example, "prompt": tools.prompt(example["prompt"])} for example in examples]
-    return shown, ready_for_tools(tokenizer, config.model.id), tools
+    return tools.shown(examples), ready_for_tools(tokenizer, config.model.id), tools
 
 
 def red_team_draft(draft: dict, policy: Policy = LAPTOP) -> RedTeam:

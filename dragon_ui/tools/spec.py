@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from ..errors import ConfigError, check_length
+from ..errors import ConfigError, check_length, check_unique_names
 from ..public import LAPTOP, LIFT, Policy
 
 TOOL_KINDS = ("calculator", "convert", "lookup", "search", "custom")
@@ -129,13 +129,20 @@ def _check_kind(spec: ToolSpec, where: str) -> None:
         raise ConfigError(f"{where}.function {spec.function[:40]!r} must be a Python name.")
 
 
-def _examples(items, where: str) -> list[ToolExample]:
+def _listed(items, where: str, most: int, what: str, each: str, holder: str) -> list:
+    """``items`` as a list of at most ``most`` (none when not given); ConfigError in words otherwise."""
     if items in (None, ""):
         return []
     if not isinstance(items, list):
-        raise ConfigError(f"{where} must be a list of examples, each with a question and the call's arguments.")
-    if len(items) > MOST_EXAMPLES:
-        raise ConfigError(f"{where} has {len(items)} examples, more than the {MOST_EXAMPLES} a tool may show.")
+        raise ConfigError(f"{where} must be a list of {what}, each {each}.")
+    if len(items) > most:
+        raise ConfigError(f"{where} has {len(items)} {what}, more than the {most} {holder}.")
+    return items
+
+
+def _examples(items, where: str) -> list[ToolExample]:
+    items = _listed(items, where, MOST_EXAMPLES, "examples", "with a question and the call's arguments",
+                    "a tool may show")
     examples = []
     for index, item in enumerate(items):
         at = f"{where}[{index}]"
@@ -160,17 +167,7 @@ def _examples(items, where: str) -> list[ToolExample]:
 def parse_tools(items, where: str = "tools", policy: Policy = LAPTOP) -> list[ToolSpec]:
     """Validate a run's tool list (empty: the run calls no tools): each entry valid and allowed by ``policy``, at
     most MOST_TOOLS, names unique (the model calls each by its name)."""
-    if items in (None, ""):
-        return []
-    if not isinstance(items, list):
-        raise ConfigError(f"{where} must be a list of tools, each with a kind ({', '.join(TOOL_KINDS)}).")
-    if len(items) > MOST_TOOLS:
-        raise ConfigError(f"{where} has {len(items)} tools, more than the {MOST_TOOLS} a run may have.")
+    items = _listed(items, where, MOST_TOOLS, "tools", f"with a kind ({', '.join(TOOL_KINDS)})", "a run may have")
     specs = [ToolSpec.from_dict(item, f"{where}[{index}]", policy) for index, item in enumerate(items)]
-    seen: dict[str, int] = {}
-    for index, spec in enumerate(specs):
-        if spec.name in seen:
-            raise ConfigError(f"{where}[{index}].name: two tools are named {spec.name!r} ({where}[{seen[spec.name]}] "
-                              f"and {where}[{index}]); give one of them a different name.")
-        seen[spec.name] = index
+    check_unique_names(where, [spec.name for spec in specs], "tools")
     return specs
