@@ -506,9 +506,28 @@ class RunConfig:
         if self.hardware.load_in_4bit and not self.lora.enabled:
             raise ConfigError("hardware.load_in_4bit needs LoRA (lora.enabled: true): 4-bit weights cannot be trained directly.")
         check_some_weight(self.rewards, "rewards")
+        self._check_environments()
         for index, spec in enumerate(self.rewards):
             if spec.kind == "overlong":
                 overlong_window(spec, self.grpo.max_new_tokens, f"rewards[{index}]")
+
+    def _check_environments(self) -> None:
+        """The environment reward needs an environment to read; two or more environments need the data column
+        that picks each row's."""
+        environments = [spec.name for spec in self.tools if spec.is_environment]
+        for index, spec in enumerate(self.rewards):
+            if spec.kind == "environment" and not environments:
+                raise ConfigError(f"rewards[{index}]: an environment reward reads the score of the environment the "
+                                  "model played, and no tool is an environment; add one (guess_number, arithmetic "
+                                  "or your own) or remove this reward.")
+        column = self.data.environment_column
+        if len(environments) > 1 and not column:
+            raise ConfigError(f"data.environment_column is missing: with {len(environments)} environments "
+                              f"({', '.join(environments)}), each row must say which one it plays, in a column.")
+        if column and len(environments) < 2:
+            raise ConfigError("data.environment_column picks one of several environments per row, and the tools "
+                              f"have {len(environments) or 'no'} environment{'s' if not environments else ''}; "
+                              "clear it.")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -81,6 +81,9 @@ class DataConfig:
         "filter keeps a training row whose rate lies from `data.min_pass_rate` to `data.max_pass_rate`. The "
         "pre-flight's fix *Drop the prompts that all fail or all pass* writes it; rows not measured are kept."),
         see="[Will it learn? The pre-flight](#will-it-learn-the-pre-flight)")
+    environment_column: str | None = setting(None, label="Environment column", help=(
+        "With two or more environments among the tools: the column whose value, in each row, is the name of the "
+        "environment that row plays."), see="[Environments](#environments)")
     min_pass_rate: float = setting(0.0, label="Lowest pass rate kept", help=(
         "Training rows whose pre-flight pass rate is below this are dropped (0.01: those where every reply "
         "failed, too hard to learn from)."))
@@ -120,6 +123,12 @@ class DataConfig:
                 raise ConfigError(f"{where}.{name} must be text (a column name or a template), or empty.")
         for name in ("prompt", "reference", "system"):
             check_length(f"{where}.{name}", getattr(self, name), TEMPLATE_CHARS)
+        column = self.environment_column
+        if column == "":  # an empty box: no column
+            self.environment_column = column = None
+        if column is not None and (not isinstance(column, str) or not column.strip()):
+            raise ConfigError(f"{where}.environment_column must be the name of a column, or empty.")
+        check_length(f"{where}.environment_column", column, SETTING_CHARS)
         frac = self.eval_frac
         if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0 <= frac <= 0.5:
             raise ConfigError(

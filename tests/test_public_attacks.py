@@ -567,20 +567,33 @@ def test_references_of_megabytes_are_refused_before_the_app_holds_them(demo, tin
     assert resident_mb(demo.pid) - before < 100
 
 
-def test_custom_tools_are_refused_everywhere_before_their_code_runs(demo, tiny_model_dir, no_training, tmp_path):
-    """44, public mode: only the built-in tools. A custom tool sent through the API, the Tools section's Add or a
-    kept draft is refused in words, and its code never runs."""
-    marker = demo.folder / "custom-tool-ran"
-    code = f"open({str(marker)!r}, 'w').close()\ndef tool(x: str) -> str:\n    return x\n"
-    config = {**base_draft(tiny_model_dir), "tools": [{"kind": "custom", "code": code}]}
+CUSTOM_CODE = {
+    "custom": "def tool(x: str) -> str:\n    return x\n",
+    "environment": "class Environment:\n    def reset(self, **row):\n        pass\n\n    def echo(self, x: str) -> str:\n"
+                   "        \"\"\"Echo.\n\n        Args:\n            x: Text.\n        \"\"\"\n        return x\n",
+}
+
+
+@pytest.mark.parametrize("kind", list(CUSTOM_CODE))
+def test_custom_tools_are_refused_everywhere_before_their_code_runs(demo, tiny_model_dir, no_training, tmp_path,
+                                                                    kind):
+    """44, public mode: only the built-in tools and environments. A custom tool or environment sent through the
+    API, the Tools section's Add or a kept draft is refused in words, and its code never runs."""
+    marker = demo.folder / f"custom-{kind}-ran"
+    code = f"open({str(marker)!r}, 'w').close()\n" + CUSTOM_CODE[kind]
+    config = {**base_draft(tiny_model_dir), "tools": [{"kind": kind, "code": code}],
+              "rewards": [{"kind": "numeric"}, *([{"kind": "environment"}] if kind == "environment" else [])]}
     attacker = demo.attacker(**{DRAFT_STORE: {"draft": config}})
     for api in ("check", "start"):
-        expect_refusal(attacker.call(api, config), "custom Python tools are turned off in this public demo")
-    added = attacker.fire("tools-add", **{"tools-kind": "custom", "tools-code": code})
+        expect_refusal(attacker.call(api, config),
+                       "custom Python tools and environments are turned off in this public demo")
+    added = attacker.fire("tools-add", **{"tools-kind": kind, "tools-code": code})
     # gradio refuses a kind the menu does not offer; past it, the handler does (tests/test_ui_tools.py)
-    expect_refusal(added, "not in the list of choices: \\['calculator', 'convert', 'lookup', 'search'\\]"
-                          "|Choose a kind of tool: calculator, convert, lookup, search")
-    tried = attacker.fire("tools-try", **{"tools-chosen": "tool", "tools-arguments": '{"x": "1"}', **PLAYGROUND_DATA})
+    offered = "calculator, convert, lookup, search, guess_number, arithmetic"
+    expect_refusal(added, "not in the list of choices: \\[" + ", ".join(f"'{k}'" for k in offered.split(", ")) +
+                   f"\\]|Choose a kind of tool: {offered}")
+    name = "tool" if kind == "custom" else "Environment"
+    tried = attacker.fire("tools-try", **{"tools-chosen": name, "tools-arguments": '{"x": "1"}', **PLAYGROUND_DATA})
     # gradio refuses a tool the list does not offer; answered, the handler says there is none
     assert not tried.ok or re.search("Add a tool first|no tool named", tried.text()), tried.text()[:300]
     assert not marker.exists()

@@ -53,7 +53,8 @@ def score(settings: dict, completion: str, reference=None, prompt: str = "", row
 
 def test_kind_and_mode_lists():
     assert REWARD_KINDS == ("exact", "contains", "numeric", "math", "regex", "json", "length", "keyword", "format",
-                            "think_format", "overlong", "repetition", "cosine_length", "classifier", "command", "custom")
+                            "think_format", "overlong", "repetition", "cosine_length", "classifier", "command", "custom",
+                            "environment")
     assert EXTRACT_MODES == ("whole", "last_number", "after_hashes", "boxed", "answer_tag")
 
 

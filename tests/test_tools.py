@@ -179,10 +179,10 @@ def test_bad_tool_settings_are_refused_naming_the_setting(tools, said):
 def test_a_public_demo_refuses_custom_tools_before_running_their_code(tmp_path):
     marker = tmp_path / "ran"
     code = f"open({str(marker)!r}, 'w').close()\ndef tool(x: str) -> str:\n    return x\n"
-    with pytest.raises(ConfigError, match="custom Python tools are turned off in this public demo"):
+    with pytest.raises(ConfigError, match="custom Python tools and environments are turned off in this public demo"):
         parse_tools([{"kind": "custom", "code": code}], policy=PUBLIC)
     trusted = parse_tools([{"kind": "custom", "code": code}])  # as a run folder's config is read back
-    with pytest.raises(ConfigError, match=r"tools\[0\].kind: custom Python tools are turned off"):
+    with pytest.raises(ConfigError, match=r"tools\[0\].kind: custom Python tools and environments are turned off"):
         build_tools(trusted, [], policy=PUBLIC)
     assert not marker.exists()
     assert parse_tools([{"kind": "calculator"}], policy=PUBLIC)[0].kind == "calculator"
@@ -232,7 +232,7 @@ def test_the_run_config_keeps_its_tools(tiny_config_dict):
     assert again.tools == with_tools.tools and again.grpo.max_tool_calling_iterations == 3
     with pytest.raises(ConfigError, match="max_tool_calling_iterations"):
         RunConfig.from_dict({**tiny_config_dict, "grpo": {"max_tool_calling_iterations": 0}})
-    with pytest.raises(ConfigError, match="custom Python tools are turned off"):
+    with pytest.raises(ConfigError, match="custom Python tools and environments are turned off"):
         RunConfig.from_dict({**tiny_config_dict, "tools": [{"kind": "custom", "code": "x"}]}, policy=PUBLIC)
     assert LAPTOP.public is False
 
@@ -242,7 +242,7 @@ def test_a_public_demos_run_check_refuses_a_custom_tool_in_a_config_read_back(ti
 
     config = RunConfig.from_dict({**tiny_config_dict, "runs_dir": "", "model": {"id": DEFAULT_MODEL_ID}, "tools": [
         {"kind": "custom", "code": "def tool(x: str) -> str:\n    return x\n"}]}, load_code=False)
-    with pytest.raises(ConfigError, match=r"tools\[0\].kind: custom Python tools are turned off"):
+    with pytest.raises(ConfigError, match=r"tools\[0\].kind: custom Python tools and environments are turned off"):
         public_checks.check_run(config, PUBLIC, reads_data=False)
 
 

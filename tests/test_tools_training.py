@@ -154,3 +154,113 @@ def test_the_preflight_and_the_playground_sample_calling_the_tools(tiny_tool_mod
     shown = f'calculator(expression="{EXPRESSION}")\n→ calculator answered: {ANSWER}\n{ANSWER}'
     assert group.completions == [shown] * config.grpo.group_size  # each turn, to read in the playground's table
     assert group.totals == [1.0] * config.grpo.group_size  # scored on the final answer alone
+
+
+COUNTING_ENVIRONMENT = '''
+class Counting:
+    """Answers calculator calls and remembers them; scores the conversation by what it was asked."""
+
+    worth = {worth}
+
+    def reset(self, question, reference, row):
+        self.calls = []
+
+    def calculator(self, expression: str) -> str:
+        """Work out an arithmetic expression exactly.
+
+        Args:
+            expression: The arithmetic to work out.
+        """
+        self.calls.append(expression)
+        return "408" if expression == "12 * 34" else "?"
+
+    def get_reward(self) -> float:
+        return self.worth if self.calls == ["12 * 34"] else 0.0
+'''
+
+
+def environment_config(model_dir, tmp_path, runs_dir, worths: dict[str, float]) -> dict:
+    """A run whose model plays one environment per conversation (a Counting one per name, each scoring its
+    conversations ``worth``), picked per row by the column ``game`` when there are several; the rows cycle through
+    them, and each row's reference names its environment."""
+    config = tools_config(model_dir, tmp_path, runs_dir)
+    names = list(worths)
+    data = tmp_path / "games.csv"
+    with open(data, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["question", "answer", "game"])
+        writer.writerows([[QUESTION, names[row % len(names)], names[row % len(names)]] for row in range(25)])
+    config["data"].update(source=str(data), reference="answer",
+                          environment_column="game" if len(names) > 1 else None)
+    config["tools"] = [{"kind": "environment", "name": name, "class_name": "Counting",
+                        "code": COUNTING_ENVIRONMENT.format(worth=worth)} for name, worth in worths.items()]
+    config["rewards"] = [{"kind": "environment", "name": "played"}]
+    return config
+
+
+def test_each_conversation_plays_its_own_environment_which_scores_it(tiny_tool_model_dir, tmp_path, runs_dir):
+    """One environment per conversation, picked by the row's column: its method is the tool the model calls, and
+    its get_reward is the run's environment reward, in the rollouts, the progress rows and the held-out scores,
+    not a reward TRL adds beside the run's."""
+    config = environment_config(tiny_tool_model_dir, tmp_path, runs_dir, {"easy": 1.0, "hard": 0.25})
+    handle = training.start(RunConfig.from_dict(config))
+    handle.wait(timeout=240)
+    run = handle.run
+    status = run.read_status()
+    assert status["state"] == "succeeded", status.get("error")
+
+    groups = [group for step in run.read_rollouts() for group in step["groups"]]
+    assert {group["reference"] for group in groups} == {"easy", "hard"}  # both environments were played
+    for group in groups:
+        for completion in group["completions"]:
+            assert completion["turns"][:2] == [
+                {"role": "assistant", "text": "", "calls": [{"name": "calculator",
+                                                            "arguments": {"expression": EXPRESSION}}]},
+                {"role": "tool", "name": "calculator", "text": ANSWER}]
+            assert completion["scores"] == {"played": {"easy": 1.0, "hard": 0.25}[group["reference"]]}
+    for row in run.read_progress():
+        assert set(row["rewards"]) == {"played"}, row  # TRL's own get_reward column ("Counting") is not there
+
+    evaluation = run.read_eval()
+    held_out = [example["environment"] for example in training.read_jsonl(run.eval_data_path)]
+    expected = sum({"easy": 1.0, "hard": 0.25}[name] for name in held_out) / len(held_out)
+    assert evaluation["before"]["reward_breakdown"]["played"] == pytest.approx(expected)
+    assert evaluation["after"]["reward_breakdown"]["played"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("change", "refusal"), [
+    ({"data": {"environment_column": None}}, r"data.environment_column is missing: with 2 environments"),
+    ({"rows": {3: "chess"}}, r"Row 3: data.environment_column 'game' says 'chess', which is not one of the "
+                             r"environments: easy, hard"),
+])
+def test_rows_that_pick_no_environment_are_refused_before_training(tiny_tool_model_dir, tmp_path, runs_dir, change,
+                                                                   refusal):
+    config = environment_config(tiny_tool_model_dir, tmp_path, runs_dir, {"easy": 1.0, "hard": 0.25})
+    for row, game in change.get("rows", {}).items():
+        path = config["data"]["source"]
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+        lines[row] = lines[row].rsplit(",", 1)[0] + f",{game}"
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+    config["data"].update(change.get("data", {}))
+    with pytest.raises(ConfigError, match=refusal):
+        training.inspect(RunConfig.from_dict(config))
+
+
+def test_a_bundled_environment_alone_is_played_and_scores_itself(tiny_tool_model_dir, tmp_path, runs_dir):
+    """The arithmetic environment, the run's only one: its calculator answers the model's call, and it scores 0 a
+    conversation that never submits a result, while the answer it gives in words still earns `exact`."""
+    config = tools_config(tiny_tool_model_dir, tmp_path, runs_dir)
+    config["tools"] = [{"kind": "arithmetic"}]
+    config["rewards"] = [{"kind": "exact", "name": "answer"}, {"kind": "environment", "name": "submitted"}]
+    config["training"]["max_steps"] = 1
+    handle = training.start(RunConfig.from_dict(config))
+    handle.wait(timeout=240)
+    run = handle.run
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
+    for group in run.read_rollouts()[0]["groups"]:
+        for completion in group["completions"]:
+            assert completion["turns"][1] == {"role": "tool", "name": "calculator", "text": ANSWER}
+            assert completion["scores"] == {"answer": 1.0, "submitted": 0.0}
+    assert run.read_eval()["after"]["reward_breakdown"] == {"answer": 1.0, "submitted": 0.0}

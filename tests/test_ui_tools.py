@@ -85,10 +85,11 @@ def test_a_public_demo_offers_no_custom_tool_and_refuses_one_sent_anyway(tmp_pat
     marker = tmp_path / "ran"
     assert "custom" not in tools_section.kinds(PUBLIC) and "custom" in tools_section.kinds(LAPTOP)
     answer = add([], "custom", policy=PUBLIC, code=f"open({str(marker)!r}, 'w')\ndef tool(x: str) -> str:\n    return x\n")
-    assert said(answer[3]) == [("warn", "Choose a kind of tool: calculator, convert, lookup, search.")]
+    assert said(answer[3]) == [("warn", "Choose a kind of tool: calculator, convert, lookup, search, guess_number, "
+                                        "arithmetic.")]
     kept = tools_section.fill_tools({"tools": [{"kind": "custom", "code": "def tool(x: str) -> str:\n    return x\n"}]},
                                     policy=PUBLIC)
-    assert kept[0] == [] and "custom Python tools are turned off" in said(kept[3])[0][1]
+    assert kept[0] == [] and "custom Python tools and environments are turned off" in said(kept[3])[0][1]
     assert not marker.exists()
 
 
@@ -119,7 +120,57 @@ def test_a_huge_cell_comes_back_cut_and_a_huge_corpus_is_refused(tmp_path):
 
 
 def test_the_table_and_the_rounds_follow_a_loaded_draft():
-    tools, table, chosen, status, rounds = tools_section.fill_tools(
-        {"tools": [{"kind": "calculator", "name": "calc"}], "grpo": {"max_tool_calling_iterations": 3}})
+    tools, table, chosen, status, rounds, column = tools_section.fill_tools(
+        {"tools": [{"kind": "calculator", "name": "calc"}], "grpo": {"max_tool_calling_iterations": 3},
+         "data": {"environment_column": "game"}})
     assert tools == [{"kind": "calculator", "name": "calc"}] and rounds == 3 and chosen.value == "calc"
+    assert column == "game"
     assert studio_tools.tools_table([]) == [] and tools_section.fill_tools({})[0] == []
+
+
+def test_an_environment_is_added_shown_and_played_by_hand(draft):
+    """The guessing game: its tools' schemas, and a game played by hand against the data's first row, scored as
+    the environment reward scores a conversation."""
+    tools, table, chosen, status = add([], "guess_number", examples='Hi → {"number": 1}')
+    assert "shows no worked examples" in said(status)[0][1]
+    tools, table, chosen, status = add([], "guess_number")
+    assert tools == [{"kind": "guess_number", "name": "guess_number"}]
+    assert table.value["data"][0][:3] == ["guess_number", "guess_number", "A number-guessing game: the row's "
+                                          "reference answer is the secret, a whole number. Its tools: guess."]
+    draft["tools"] = tools
+    schema, arguments, _ = tools_section.show_tool(draft, "guess_number")
+    assert [tool["function"]["name"] for tool in json.loads(schema)] == ["guess"]
+    assert json.loads(arguments) == [{"guess": {"number": ""}}]
+    secret = int(draft_question(draft)["answer"])  # the first row's reference answer
+    played = tools_section.call_tool(draft, "guess_number", json.dumps(
+        [{"guess": {"number": secret + 1}}, {"guess": {"number": secret}}]))
+    assert (f"guess({{\"number\": {secret + 1}}}) → The secret number is lower.\n"
+            f"guess({{\"number\": {secret}}}) → Right: the secret number is {secret}.\n"
+            "It scores the conversation 0.9 (the environment reward).") in played
+    for hostile, words in [("[]", "Play guess_number with a list of at most 20 calls"),
+                           ('{"shout": {}}', "guess_number has no tool 'shout'; its tools are: guess"),
+                           (json.dumps([{"guess": {"number": 1}}] * 21), "at most 20 calls")]:
+        answer = tools_section.call_tool(draft, "guess_number", hostile)
+        assert words is None or words in answer, answer
+    draft["data"]["reference"] = "question"
+    assert "the GuessNumber environment cannot play it: the reference answer (the secret) must be a number" in \
+        tools_section.call_tool(draft, "guess_number", '{"guess": {"number": 1}}')
+
+
+def test_a_custom_environment_is_trusted_only_and_needs_a_class_with_tools(tmp_path):
+    marker = tmp_path / "ran"
+    code = f"open({str(marker)!r}, 'w')\n" + tools_section.STARTER_ENVIRONMENT
+    answer = add([], "environment", policy=PUBLIC, code=code, class_name="Environment")
+    assert "Choose a kind of tool" in said(answer[3])[0][1] and not marker.exists()
+    tools, _, _, status = add([], "environment", code=tools_section.STARTER_ENVIRONMENT, class_name="Environment")
+    assert said(status) == [("ok", "Added the tool Environment.")]
+    for code, class_name, words in [
+            ("x = 1", "Environment", "defines no function named 'Environment'"),
+            ("def Environment(): pass", "Environment", "Environment must be a class with a reset method"),
+            ("class Game:\n    def reset(self, **row): pass\n", "Game", "Game has no public method for the model"),
+            ("class Game:\n    def reset(self, **row): pass\n    def go(self, x): return x\n", "Game",
+             "the model cannot be shown the Game environment's tool 'go'")]:
+        answer = add([], "environment", code=code, class_name=class_name)
+        assert words in said(answer[3])[0][1], said(answer[3])
+    assert tools_section.change_kind("environment")[-1]["visible"] is False  # no worked examples for an environment
+    assert tools_section.change_kind("calculator")[-1]["visible"] is True

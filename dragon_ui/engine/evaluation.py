@@ -20,11 +20,11 @@ from ..data import prompt_text, read_jsonl
 from ..errors import ConfigError, Stopped
 from ..public import LAPTOP, Policy
 from .. import speedups
-from ..rewards import Reward, ScoreResult, build_rewards, score_completions
+from ..rewards import EPISODE_SCORE, Reward, ScoreResult, build_rewards, score_completions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
 from .reward_models import classifiers_on
-from .tool_calls import ToolUse, ready_for_tools, tool_use
+from .tool_calls import EPISODE_TOOLS, ToolUse, played, ready_for_tools, tool_use
 from .trained import TrainedWeights, trained_weights
 
 log = logging.getLogger(__name__)
@@ -107,26 +107,26 @@ def _how(temperature: float, sampling: dict | None) -> dict:
     return {"do_sample": False, "top_k": None}
 
 
-def sampled_replies(model, tokenizer, conversations: list[list[dict]], grpo: GRPOSettings,
+def sampled_replies(model, tokenizer, examples: list[dict], grpo: GRPOSettings,
                     tools: ToolUse | None = None, should_stop: Callable[[], bool] | None = None,
                     on_replies: Callable[[list[str]], None] | None = None) -> list[str]:
-    """Replies sampled as a training step samples them, in one batch: its temperature, length cap and sampling
-    settings, calling ``tools`` as training does (each reply then its final answer; ``on_replies`` is not told of
-    them as they grow)."""
+    """Replies to mapped ``examples`` sampled as a training step samples them, in one batch: its temperature, length
+    cap and sampling settings, calling ``tools`` as training does (``examples`` then played: tool_calls.played;
+    each reply is its final answer, and ``on_replies`` is not told of them as they grow)."""
     if tools is None:
-        return generate_replies(model, tokenizer, conversations, grpo.max_new_tokens, batch_size=len(conversations),
-                                temperature=grpo.temperature, should_stop=should_stop, sampling=_sampling(grpo),
-                                on_replies=on_replies)
-    return [completion_text(reply) for reply in sampled_turns(model, tokenizer, conversations, grpo, tools, should_stop)]
+        return generate_replies(model, tokenizer, [example["prompt"] for example in examples], grpo.max_new_tokens,
+                                batch_size=len(examples), temperature=grpo.temperature, should_stop=should_stop,
+                                sampling=_sampling(grpo), on_replies=on_replies)
+    return [completion_text(reply) for reply in sampled_turns(model, tokenizer, examples, grpo, tools, should_stop)]
 
 
-def sampled_turns(model, tokenizer, conversations: list[list[dict]], grpo: GRPOSettings, tools: ToolUse,
+def sampled_turns(model, tokenizer, episodes: list[dict], grpo: GRPOSettings, tools: ToolUse,
                   should_stop: Callable[[], bool] | None = None) -> list[list[dict]]:
-    """sampled_replies' replies with ``tools``, whole: each the messages it added (its calls, the tools' answers,
-    the final answer last)."""
-    return _with_tools(model, lambda: reply_with_tools(model, tokenizer, conversations, tools, grpo.max_new_tokens,
-                                                       len(conversations), should_stop, grpo.temperature,
-                                                       _sampling(grpo)))
+    """sampled_replies' replies to played ``episodes`` with ``tools``, whole: each the messages it added (its calls,
+    the tools' answers, the final answer last)."""
+    return _with_tools(model, lambda: reply_with_tools(model, tokenizer, episodes, tools.max_rounds,
+                                                       grpo.max_new_tokens, len(episodes), should_stop,
+                                                       grpo.temperature, _sampling(grpo)))
 
 
 def _sampling(grpo: GRPOSettings) -> dict:
@@ -162,30 +162,32 @@ def _stopping_when_asked(should_stop: Callable[[], bool] | None) -> list:
     return [StopWhenAsked()]
 
 
-def reply_with_tools(model, tokenizer, conversations: list[list[dict]], use: ToolUse, max_new_tokens: int,
+def reply_with_tools(model, tokenizer, episodes: list[dict], max_rounds: int, max_new_tokens: int,
                      batch_size: int, should_stop: Callable[[], bool] | None = None, temperature: float = 0.0,
                      sampling: dict | None = None) -> list[list[dict]]:
-    """Replies (greedy at ``temperature`` 0) that call tools as training does: each round generates for the conversations still going,
-    runs the tools they call and hands the answers back, up to ``use.max_rounds`` rounds. Each reply is the messages
-    it added (the last assistant message is the final answer the rewards score); its generated tokens and the tools'
-    answers share ``max_new_tokens``, as in training."""
+    """Replies (greedy at ``temperature`` 0) to played ``episodes`` (ToolUse.episodes) that call their tools as
+    training does: each round generates for the conversations still going, runs the tools they call and hands the
+    answers back, up to ``max_rounds`` rounds. Each reply is the messages it added (the last assistant message is
+    the final answer the rewards score); its generated tokens and the tools' answers share ``max_new_tokens``, as
+    in training."""
     import torch
     from transformers import StoppingCriteriaList
     from trl.chat_template_utils import parse_response
 
-    histories = [list(conversation) for conversation in conversations]
-    added: list[list[dict]] = [[] for _ in conversations]
-    left = [max_new_tokens] * len(conversations)
-    going = list(range(len(conversations)))
+    histories = [list(episode["prompt"]) for episode in episodes]
+    functions = [episode[EPISODE_TOOLS] for episode in episodes]
+    added: list[list[dict]] = [[] for _ in episodes]
+    left = [max_new_tokens] * len(episodes)
+    going = list(range(len(episodes)))
     device = next(model.parameters()).device
     stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
-    for round_number in range(use.max_rounds + 1):
+    for round_number in range(max_rounds + 1):
         calling = []
         for start in range(0, len(going), batch_size):
             if should_stop is not None and should_stop():
                 raise Stopped("stopped while generating replies")
             batch_rows = going[start:start + batch_size]
-            texts = [tokenizer.apply_chat_template(histories[i], tools=use.functions, add_generation_prompt=True,
+            texts = [tokenizer.apply_chat_template(histories[i], tools=functions[i], add_generation_prompt=True,
                                                    tokenize=False) for i in batch_rows]
             batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
                               add_special_tokens=False).to(device)
@@ -201,15 +203,15 @@ def reply_with_tools(model, tokenizer, conversations: list[list[dict]], use: Too
                 ids = _until_end(out[row, prompt_length:].tolist()[:left[i]], stop_ids, tokenizer.eos_token_id)
                 left[i] -= len(ids)
                 prefix = batch["input_ids"][row][batch["attention_mask"][row].bool()].tolist()  # its prompt, unpadded
-                message = parse_response(tokenizer, ids, prefix=prefix, tools=use.functions)
+                message = parse_response(tokenizer, ids, prefix=prefix, tools=functions[i])
                 message.setdefault("role", "assistant")
                 histories[i].append(message)
                 added[i].append(message)
-                if message.get("tool_calls") and round_number < use.max_rounds and left[i] > 0:
+                if message.get("tool_calls") and round_number < max_rounds and left[i] > 0:
                     calling.append(i)
         going = []
         for i in calling:
-            answers = _answers(added[i][-1]["tool_calls"], use.functions)
+            answers = _answers(added[i][-1]["tool_calls"], functions[i])
             tokens = sum(len(tokenizer(answer["content"], add_special_tokens=False)["input_ids"]) for answer in answers)
             if tokens >= left[i]:  # as TRL: answers that would pass the budget are left out, and the reply ends
                 continue
@@ -251,14 +253,13 @@ def _answers(calls: list[dict], functions: list[Callable]) -> list[dict]:
 
 def held_out_replies(model, tokenizer, examples: list[dict], max_new_tokens: int, tools: ToolUse | None = None,
                      should_stop: Callable[[], bool] | None = None, batch_size: int = EVAL_BATCH) -> list[str]:
-    """Greedy replies to mapped examples, as the rewards score them: with ``tools``, each calls them as training
-    does and its final answer is the reply."""
-    conversations = [example["prompt"] for example in examples]
+    """Greedy replies to mapped examples, as the rewards score them: with ``tools`` (``examples`` then played:
+    tool_calls.played), each calls them as training does and its final answer is the reply."""
     if tools is None:
-        return generate_replies(model, tokenizer, conversations, max_new_tokens, batch_size=batch_size,
-                                should_stop=should_stop)
+        return generate_replies(model, tokenizer, [example["prompt"] for example in examples], max_new_tokens,
+                                batch_size=batch_size, should_stop=should_stop)
     return [completion_text(reply) for reply in _with_tools(model, lambda: reply_with_tools(
-        model, tokenizer, conversations, tools, max_new_tokens, batch_size, should_stop))]
+        model, tokenizer, examples, tools.max_rounds, max_new_tokens, batch_size, should_stop))]
 
 
 def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward], max_new_tokens: int,
@@ -266,17 +267,21 @@ def evaluate_model(model, tokenizer, examples: list[dict], rewards: list[Reward]
     """Greedy replies to every held-out example (calling ``tools`` as training does), scored with every reward;
     means are over prompts. Raises Stopped once ``should_stop()`` (a stop, a time limit) turns true."""
     started = time.monotonic()
+    examples = played(tools, examples)
     replies = held_out_replies(model, tokenizer, examples, max_new_tokens, tools, should_stop)
     return score_replies(examples, replies, rewards, time.monotonic() - started, should_stop)
 
 
 def score_examples(rewards: list[Reward], examples: list[dict], replies: list[str],
                    should_stop: Callable[[], bool] | None = None) -> list[ScoreResult]:
-    """Score ``replies[i]`` as a reply to the mapped ``examples[i]`` (its reference, its prompt's text, its row) with
-    every reward; Stopped once ``should_stop()``."""
+    """Score ``replies[i]`` as a reply to the mapped ``examples[i]`` (its reference, its prompt's text, its row and,
+    played in an environment, the environment's score) with every reward; Stopped once ``should_stop()``."""
+    rows = [json.loads(ex.get("row") or "{}") for ex in examples]
+    for row, example in zip(rows, examples, strict=True):
+        if EPISODE_SCORE in example:
+            row[EPISODE_SCORE] = example[EPISODE_SCORE]
     return score_completions(rewards, list(replies), [ex.get("reference") or None for ex in examples],
-                             [prompt_text(ex) for ex in examples], [json.loads(ex.get("row") or "{}") for ex in examples],
-                             should_stop)
+                             [prompt_text(ex) for ex in examples], rows, should_stop)
 
 
 def score_replies(examples: list[dict], replies: list[str], rewards: list[Reward], seconds: float,
@@ -368,9 +373,10 @@ class HeldOutChecks:
 
     def _score(self, model) -> EvalResult:
         started = time.monotonic()
-        replies = held_out_replies(model, self.tokenizer, self.examples, self.config.grpo.max_new_tokens, self.tools,
+        examples = played(self.tools, self.examples)
+        replies = held_out_replies(model, self.tokenizer, examples, self.config.grpo.max_new_tokens, self.tools,
                                    self.should_stop)
-        return score_replies(self.examples, replies, self.rewards, time.monotonic() - started, self.should_stop)
+        return score_replies(examples, replies, self.rewards, time.monotonic() - started, self.should_stop)
 
     def _append(self, step: int, result: EvalResult) -> None:
         self.run.append_heldout({"step": step, "reward": result.reward_mean,
@@ -469,6 +475,7 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
     for side in sides:
         started = time.monotonic()
         replies: list[str] = []
+        episodes = played(tools, examples)  # fresh environments for each side
         for start in range(0, len(examples), EVAL_BATCH):
             if should_stop():
                 yield f"Cancelled; the {side} side was not saved."
@@ -479,12 +486,12 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
                                                    classifiers=classifiers_on(str(model.device)), policy=policy)
                 if tools is not None:
                     tokenizer = ready_for_tools(tokenizer, config.model.id)
-                replies += held_out_replies(model, tokenizer, examples[start:start + EVAL_BATCH],
+                replies += held_out_replies(model, tokenizer, episodes[start:start + EVAL_BATCH],
                                             config.grpo.max_new_tokens, tools)
             model_name = "starting model" if side == "before" else f"trained model ({weights.label})"
             yield f"The {model_name} answered {len(replies)} of {len(examples)} held-out prompts..."
         try:
-            result = score_replies(examples, replies, rewards, time.monotonic() - started, should_stop)
+            result = score_replies(episodes, replies, rewards, time.monotonic() - started, should_stop)
         except Stopped:
             yield f"Cancelled; the {side} side was not saved."
             return

@@ -32,7 +32,7 @@ from .evaluation import LoadModel, sampled_replies, score_examples
 from .prompts import NO_LIMIT, token_counts
 from .redteam import RedTeam, as_number, red_team
 from .reward_models import classifiers_on
-from .tool_calls import ToolUse, ready_for_tools
+from .tool_calls import ToolUse, played, ready_for_tools
 from .training import Inspection, inspect
 
 PREFLIGHT_S = 60  # the default sample is sized to take about this long
@@ -313,7 +313,7 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
     predicted step time. ``training_prompts``: how many the run trains on, ``examples`` among them."""
     grpo, batch = config.grpo, config.training.batch_size
     mark = pass_mark(rewards)
-    prompt_tokens = token_counts(examples, tokenizer, tools.functions if tools else None)
+    prompt_tokens = token_counts(examples, tokenizer, tools.every_function if tools else None)
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     checks: list[PromptCheck] = []
     scores: dict[str, list[float]] = {reward.name: [] for reward in rewards}
@@ -328,14 +328,14 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
             break
         chosen = examples[start:start + batch]
         began = time.monotonic()
-        replies = sampled_replies(model, tokenizer, [example["prompt"] for example in chosen
-                                                     for _ in range(grpo.group_size)], grpo, tools, should_stop)
+        episodes = played(tools, [example for example in chosen for _ in range(grpo.group_size)])
+        replies = sampled_replies(model, tokenizer, episodes, grpo, tools, should_stop)
         batch_seconds.append(time.monotonic() - began)
         lengths = [len(ids) for ids in tokenizer(replies, add_special_tokens=False)["input_ids"]]
         for offset, example in enumerate(chosen):
             group = slice(offset * grpo.group_size, (offset + 1) * grpo.group_size)
             group_replies, group_lengths = replies[group], lengths[group]
-            results = score_examples(rewards, [example] * len(group_replies), group_replies, should_stop)
+            results = score_examples(rewards, episodes[group], group_replies, should_stop)
             for result in results:
                 for name, score in result.scores.items():
                     scores[name].append(score)

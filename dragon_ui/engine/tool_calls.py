@@ -10,6 +10,7 @@ in the system turn and ``<tool_call>`` blocks. Other templates TRL does not know
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,35 +18,119 @@ from dataclasses import dataclass, field
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..public import LAPTOP, Policy
-from ..tools import build_tools, demonstration, with_demonstration
+from ..rewards import EPISODE_SCORE
+from ..tools import Played, build_environments, build_tools, demonstration, with_demonstration
+from ..tools.environments import check_playable, episode_score, tool_methods
 
 CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
+EPISODE_TOOLS = "episode_tools"  # the key of a played example (ToolUse.episodes) that holds what it may call
 TOOL_FAMILIES = "a Qwen2.5, Qwen3, SmolLM2 or other ChatML model, or a Llama 3.1 or 3.2 one"
 
 
 @dataclass
 class ToolUse:
-    """What a tools run hands the model: the tools, the worked examples before each question, and how many rounds
-    of calls one reply may make."""
+    """What a tools run hands the model: the tools, the worked examples before each question, how many rounds of
+    calls one reply may make, and the environments (by name; ``column``: the data column naming each row's, with
+    two or more), one of which each conversation plays."""
 
     functions: list[Callable]
     examples: list[dict] = field(default_factory=list)
     max_rounds: int = 1
+    environments: dict[str, type[Played]] = field(default_factory=dict)
+    column: str | None = None
 
     def shown(self, examples: list[dict]) -> list[dict]:
-        """Mapped examples with the worked examples before each question, as the run's prompts hold them."""
-        return [{**example, "prompt": with_demonstration(example["prompt"], self.examples)} for example in examples]
+        """Mapped examples as the run's prompts hold them: the worked examples before each question and, with
+        several environments, the one each row plays (TRL's ``environment`` column); ConfigError naming the first
+        row an environment cannot play."""
+        shown = []
+        for example in examples:
+            example = {**example, "prompt": with_demonstration(example["prompt"], self.examples)}
+            if self.column:
+                example["environment"] = self._named(example)
+            name = self.environment_of(example)
+            if name is not None:
+                check_playable(self.environments[name]._kind, example.get("reference"),
+                               f"Row {example.get('number', '?')}")
+            shown.append(example)
+        return shown
+
+    def _named(self, example: dict) -> str:
+        name = json.loads(example.get("row") or "{}").get(self.column)
+        if name not in self.environments:
+            said = "has no value" if not name else f"says {str(name)[:40]!r}"
+            raise ConfigError(f"Row {example.get('number', '?')}: data.environment_column {self.column!r} {said}, "
+                              f"which is not one of the environments: {', '.join(self.environments)}.")
+        return name
+
+    def environment_of(self, example: dict) -> str | None:
+        """The name of the environment a shown example plays; None without environments."""
+        if not self.environments:
+            return None
+        return example.get("environment") if self.column else next(iter(self.environments))
+
+    @property
+    def every_function(self) -> list[Callable]:
+        """Every tool some prompt shows: what its tokens are counted with (the most a prompt can show)."""
+        methods = [getattr(kind, name) for kind in self.environments.values() for name in tool_methods(kind)]
+        return self.functions + methods
+
+    def trl_environments(self):
+        """TRL's ``environment_factory``: the one environment, or (with a column) every environment by name."""
+        if not self.environments:
+            return None
+        return dict(self.environments) if self.column else next(iter(self.environments.values()))
+
+    def episodes(self, examples: list[dict]) -> list[dict]:
+        """Each shown example as one conversation, as TRL plays it: its own environment (if any) reset with it, that
+        environment's first words after the question, what it may call (EPISODE_TOOLS) and what gives the
+        environment's score of it (rewards.EPISODE_SCORE)."""
+        played = []
+        for example in examples:
+            name = self.environment_of(example)
+            if name is None:
+                played.append({**example, EPISODE_TOOLS: self.functions})
+                continue
+            environment = self.environments[name]()
+            observation = environment.reset(**{key: value for key, value in example.items() if key != "environment"})
+            prompt = example["prompt"]
+            if observation is not None:
+                prompt = [*prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + observation}]
+            played.append({**example, "prompt": prompt,
+                           EPISODE_TOOLS: self.functions + [getattr(environment, method)
+                                                            for method in tool_methods(type(environment))],
+                           EPISODE_SCORE: functools.partial(episode_score, environment)})
+        return played
+
+
+def scoring_episodes(reward_function: Callable) -> Callable:
+    """A TRL reward function of the run's that reads each reply's environment score (rewards.EPISODE_SCORE) from
+    the environments TRL played them in, which TRL hands every reward function."""
+    @functools.wraps(reward_function)
+    def scored(*args, environments=None, **kwargs):
+        if environments is not None:
+            kwargs["episode_scores"] = [functools.partial(episode_score, environment) for environment in environments]
+        return reward_function(*args, **kwargs)
+
+    return scored
+
+
+def played(tools: ToolUse | None, examples: list[dict]) -> list[dict]:
+    """``examples`` as conversations with the run's tools (ToolUse.episodes); unchanged without tools."""
+    return examples if tools is None else tools.episodes(examples)
 
 
 def tool_use(config: RunConfig, examples: list[dict], should_stop: Callable[[], bool] | None = None,
              policy: Policy = LAPTOP) -> ToolUse | None:
-    """The run's tools built on the rows of its mapped ``examples`` (None when it has none); ConfigError at the first
-    bad setting, or at a tool ``policy`` refuses."""
+    """The run's tools and environments built on the rows of its mapped ``examples`` (None when it has none);
+    ConfigError at the first bad setting, or at a tool ``policy`` refuses."""
     if not config.tools:
         return None
     rows = [json.loads(example.get("row") or "{}") for example in examples]
-    functions = build_tools(config.tools, rows, config.base_dir or None, should_stop, policy)
-    return ToolUse(functions, demonstration(config.tools, functions), config.grpo.max_tool_calling_iterations)
+    base_dir = config.base_dir or None
+    functions = build_tools(config.tools, rows, base_dir, should_stop, policy)
+    return ToolUse(functions, demonstration(config.tools, functions), config.grpo.max_tool_calling_iterations,
+                   build_environments(config.tools, base_dir, should_stop, policy), config.data.environment_column)
 
 
 def ready_for_tools(tokenizer, label: str):

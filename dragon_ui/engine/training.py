@@ -39,7 +39,7 @@ from .weights import make_portable
 from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model, take_set_aside
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
 from .presets import find_preset
-from .tool_calls import TOOL_FAMILIES, ToolUse, ready_for_tools, tool_use
+from .tool_calls import TOOL_FAMILIES, ToolUse, ready_for_tools, scoring_episodes, tool_use
 from .worker import WorkerRun, Workers
 
 log = logging.getLogger("dragon_ui")
@@ -138,7 +138,7 @@ def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
     if tools is not None:  # the worked examples go before each question, in the prompts the run stores
         tokenizer = ready_for_tools(tokenizer, source.label)
         mapped = replace(mapped, train=tools.shown(mapped.train), eval=tools.shown(mapped.eval))
-    mapped, prompts = fit_prompts(mapped, tokenizer, limit, why, tools.functions if tools else None)
+    mapped, prompts = fit_prompts(mapped, tokenizer, limit, why, tools.every_function if tools else None)
     public_checks.check_memory(config, policy, prompts.longest_kept)
     if len(mapped.train) < config.training.batch_size:
         held_out = (f" ({len(mapped.eval)} more are held out for the before/after comparison; data.eval_frac 0 "
@@ -368,7 +368,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     callback = progress.RunStoreCallback(run, handle.should_stop, rewards, failures, config, checks)
     inside_a_step = handle.should_stop if distributed.world_size() == 1 else None  # see _stoppable_forward_passes
     trainer = build_trainer(config, args, model, tokenizer, train_rows, rewards, failures, callback.sampled,
-                            inside_a_step, tools.functions if tools else None)
+                            inside_a_step, tools)
     callback.trainer = trainer
     trackers.point_at_run(trainer, run)
     trainer.add_callback(callback)
@@ -582,8 +582,9 @@ def _train_on_one_gpu(args, gpu: int) -> None:
 
 def build_trainer(config: RunConfig, args, model, tokenizer, train_rows: list[dict], rewards: list[Reward],
                   failures: RewardFailures, on_sampled: Callable[[list, list, list], None] | None = None,
-                  should_stop: Callable[[], bool] | None = None, tools: list[Callable] | None = None):
-    """TRL's GRPOTrainer for this run, with Dragon's rewards, the ``tools`` the model may call and the speed-ups
+                  should_stop: Callable[[], bool] | None = None, tools: ToolUse | None = None):
+    """TRL's GRPOTrainer for this run, with Dragon's rewards, the ``tools`` the model may call (and the environments
+    it plays, each scored by the run's environment reward, not by TRL: tool_calls.scoring_episodes) and the speed-ups
     that apply; ``on_sampled(prompts, completions, references)`` hears of each sampled batch before it is scored;
     ``should_stop`` (a stop, a time limit) is asked before each reply is scored."""
     import transformers
@@ -612,9 +613,13 @@ def build_trainer(config: RunConfig, args, model, tokenizer, train_rows: list[di
 
     reward_funcs = trl_reward_functions(rewards, failures, on_batch=on_batch, should_stop=should_stop)
     reward_funcs[0] = _watching_batches(reward_funcs[0], on_sampled)
+    environments = tools.trl_environments() if tools else None
+    if environments is not None:
+        reward_funcs = [scoring_episodes(function) for function in reward_funcs]
     trainer = speedups.grpo_trainer_class()(model=model, reward_funcs=reward_funcs, args=args,
                                             train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
-                                            peft_config=peft_config, tools=tools)
+                                            peft_config=peft_config, tools=tools.functions if tools else None,
+                                            environment_factory=environments)
     speedups.apply_to_trainer_model(trainer.model)
     trainer.remove_callback(PrinterCallback)  # it prints raw log dicts; RunStoreCallback writes readable lines
     # TRL writes a card of its own beside the checkpoints at every save ("fine-tuned version of None"): each

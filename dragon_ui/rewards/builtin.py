@@ -17,6 +17,9 @@ from .spec import FORMAT_PRESETS, RewardSpec, training_weight
 from .text import extract_answer, last_number, normalise, require_reference
 
 Scorer = Callable[[str, str, "str | None", dict], object]
+# The key of a scored row that holds, for a reply played in an environment (tools.environments), what gives the
+# environment's own score of it: the environment reward reads it; a typed reply has none.
+EPISODE_SCORE = "__environment_score__"
 
 
 class Reward:
@@ -193,7 +196,17 @@ def _format(spec: RewardSpec) -> Scorer:
     return score
 
 
+def _environment(spec: RewardSpec) -> Scorer:
+    def score(prompt, completion, reference, row):
+        scored = row.get(EPISODE_SCORE)
+        if scored is None:
+            raise RewardError("only a reply the model wrote while playing the run's environment has an environment "
+                              "score (Generate a group plays it); a typed reply has none")
+        return scored()
+    return score
+
+
 BUILTIN_SCORERS: dict[str, Callable[[RewardSpec], Scorer]] = {
     "exact": _exact, "contains": _contains, "numeric": _numeric, "json": _json,
-    "length": _length, "keyword": _keyword, "format": _format,
+    "length": _length, "keyword": _keyword, "format": _format, "environment": _environment,
 }

@@ -12,7 +12,7 @@ from ..errors import ConfigError, Stopped, one_line
 from ..public import LAPTOP, Policy
 from .classifier import Classifiers, ClassifierScorer
 from .math_answers import PREVIEWS, TRAINING, math_scorer
-from .builtin import BUILTIN_SCORERS, Reward, regex_scorer
+from .builtin import BUILTIN_SCORERS, EPISODE_SCORE, Reward, regex_scorer
 from .code import load_custom_function
 from .programs import command_scorer
 from .spec import REWARD_KINDS, TOKEN_KINDS, TRL_KINDS, RewardSpec, public_refusal
@@ -178,7 +178,8 @@ def trl_reward_functions(rewards: list[Reward], failures: RewardFailures,
     Scores are unweighted: the trainer passes the weights to TRL (``reward_weights``). Each function reads the
     dataset columns ``reference`` and ``row`` (a JSON string) from TRL's keyword arguments and ignores the rest;
     an empty reference becomes None, as in evaluation, so a reward sees the same inputs in training and evaluation.
-    ``on_batch(name, n_scored, n_failed)`` runs after each call; its exceptions propagate so that the trainer can
+    ``episode_scores`` (the engine's, for a run with environments): what gives each reply's environment score, which
+    the ``environment`` reward reads from the row. ``on_batch(name, n_scored, n_failed)`` runs after each call; its exceptions propagate so that the trainer can
     stop a run whose reward is completely broken. Once ``should_stop()`` (a stop, a time limit), Stopped is raised
     before the next reply is scored: the trainer drops the step and the last whole one is checkpointed.
     """
@@ -190,16 +191,20 @@ def _trl_function(reward: Reward, failures: RewardFailures, on_batch, should_sto
         count = len(completions)
         references = kwargs.get("reference") or [None] * count
         rows = kwargs.get("row") or [None] * count
+        episodes = kwargs.get("episode_scores") or [None] * count
         parsed: dict[str, dict] = {}  # each row repeats once per generation; parse it once
         scores: list[float] = []
         failed = 0
         prepare(reward, [completion_text(completion) for completion in completions])
-        for prompt, completion, reference, row in zip(prompts, completions, references, rows, strict=True):
+        for prompt, completion, reference, row, episode in zip(prompts, completions, references, rows, episodes,
+                                                               strict=True):
             check_stop(should_stop)
             if isinstance(row, str):
                 if row not in parsed:
                     parsed[row] = json.loads(row)
                 row = parsed[row]
+            if episode is not None:
+                row = {**(row or {}), EPISODE_SCORE: episode}
             score, error = safe_score(reward, last_user_text(prompt), completion_text(completion), reference or None,
                                       row or {}, failures)
             scores.append(score)

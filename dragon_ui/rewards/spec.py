@@ -19,7 +19,7 @@ FORMAT_PRESETS: dict[str, tuple[str, ...]] = {"think_answer": ("think", "answer"
 
 REWARD_KINDS: tuple[str, ...] = (
     "exact", "contains", "numeric", "math", "regex", "json", "length", "keyword", "format", "think_format", "overlong",
-    "repetition", "cosine_length", "classifier", "command", "custom",
+    "repetition", "cosine_length", "classifier", "command", "custom", "environment",
 )
 # TRL's own reward functions (trl.rewards), scored with our weight, failure counting and playground around them.
 TRL_KINDS = ("think_format", "overlong", "repetition", "cosine_length")
@@ -47,6 +47,7 @@ _KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "classifier": ("model", "label", "output"),
     "command": ("argv", "input", "score_from", "min_score", "max_score", "timeout"),
     "custom": ("code", "file", "function"),
+    "environment": (),
 }
 _NAME_RE = re.compile(r"[A-Za-z0-9_]+")
 _TAG_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
@@ -217,6 +218,7 @@ def reward_rule(spec: RewardSpec) -> str:
                                                            " (its probability)"),
         "command": f"the command `{' '.join(spec.argv or [])}` passes on the reply",
         "custom": f"the Python function `{spec.function}` scores it",
+        "environment": "the environment it played says it earned (its get_reward)",
     }
     return rules[spec.kind]
 

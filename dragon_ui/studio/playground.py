@@ -478,7 +478,8 @@ def refuse_long_prompts(examples: list[dict], tokenizer, limit: int | None, tool
     group would show what training never sees, and a long prompt takes the machine for minutes."""
     if limit is None:
         return
-    for example, length in zip(examples, token_counts(examples, tokenizer, tools and tools.functions), strict=True):
+    for example, length in zip(examples, token_counts(examples, tokenizer, tools and tools.every_function),
+                               strict=True):
         if length > limit:
             raise ConfigError(f"Row {example['number']}'s prompt has {length:,} tokens, more than the {limit:,} a "
                               "run keeps (data.max_prompt_tokens), so a run would drop it; try another row.")
@@ -496,14 +497,16 @@ def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict
     with tools, whose replies come whole).
     """
     for example in examples:
-        conversations = [example["prompt"]] * grpo.group_size
+        group = [example] * grpo.group_size
         if tools is None:
-            yield score_group(rewards, example, sampled_replies(model, tokenizer, conversations, grpo, None,
-                                                                should_stop, on_replies), should_stop)
+            yield score_group(rewards, example, sampled_replies(model, tokenizer, group, grpo, None, should_stop,
+                                                                on_replies), should_stop)
             continue
-        turns = sampled_turns(model, tokenizer, conversations, grpo, tools, should_stop)
-        group = score_group(rewards, example, [completion_text(reply) for reply in turns], should_stop)
-        yield replace(group, completions=[turns_text(reply) for reply in turns])  # scored on the answers
+        episodes = tools.episodes(group)  # each reply plays its own environment, if the run has one
+        turns = sampled_turns(model, tokenizer, episodes, grpo, tools, should_stop)
+        results = score_examples(rewards, episodes, [completion_text(reply) for reply in turns], should_stop)
+        yield GroupScores(prompt_text(episodes[0]), example.get("reference", ""),
+                          [turns_text(reply) for reply in turns], results)  # scored on the answers
 
 
 def sampling_tools(config: RunConfig, examples: list[dict], tokenizer,

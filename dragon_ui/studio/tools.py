@@ -11,7 +11,10 @@ import json
 
 from ..errors import ConfigError
 from ..public import LAPTOP, Policy
-from ..tools import (DEFAULT_NAMES, TOOL_KINDS, ToolSpec, build_tools, demonstration, described,
+from ..engine.tool_calls import EPISODE_TOOLS, ToolUse
+from ..rewards import EPISODE_SCORE
+from ..tools.environments import tool_methods
+from ..tools import (DEFAULT_NAMES, ENVIRONMENT_KINDS, TOOL_KINDS, ToolSpec, build_environments, build_tools, demonstration, described,
                      parse_tools, tool_schema)
 from .playground import data_config, every_row, load_rows, map_rows
 
@@ -61,6 +64,7 @@ def validated(tools, policy: Policy = LAPTOP) -> list[dict]:
     specs = parse_tools(tools, policy=policy)
     tools = build_tools([spec for spec in specs if spec.kind not in ("lookup", "search")], [], policy=policy)
     demonstration([spec for spec in specs if spec.kind not in ("lookup", "search")], tools)  # the data's at Start
+    build_environments(specs, policy=policy)
     return [spec.to_dict() for spec in specs]
 
 
@@ -79,27 +83,42 @@ def draft_tool(draft: dict, name: str, policy: Policy = LAPTOP):
     chosen = [spec for spec in specs if spec.name == name]
     if not chosen:
         raise ConfigError(f"There is no tool named {str(name)[:40]!r}; choose one of the list.")
-    rows = _data_rows(draft, policy) if chosen[0].kind in ("lookup", "search") else []
+    if chosen[0].is_environment:
+        (factory,) = build_environments(chosen, draft.get("base_dir") or None, policy=policy).values()
+        return chosen[0], factory
+    rows = [json.loads(example["row"]) for example in _data_examples(draft, policy)] \
+        if chosen[0].kind in ("lookup", "search") else []
     (function,) = build_tools(chosen, rows, draft.get("base_dir") or None, policy=policy)
     return chosen[0], function
 
 
-def _data_rows(draft: dict, policy: Policy) -> list[dict]:
-    """Every row of the draft's data, each column as text (what a run's lookups and searches read)."""
+def _data_examples(draft: dict, policy: Policy) -> list[dict]:
+    """Every row of the draft's data, mapped (each its prompt, reference and row, every column as text: what a run's
+    lookups and searches read, and what an environment is reset with)."""
     data = data_config(draft)
     data.validate()
     mapped = map_rows(load_rows(data, draft.get("base_dir") or None, policy).rows, every_row(data), policy)
-    return [json.loads(example["row"]) for example in mapped.train + mapped.eval]
+    return mapped.train + mapped.eval
 
 
 def shown_schema(draft: dict, name: str, policy: Policy = LAPTOP) -> tuple[str, str]:
     """(the tool's JSON schema as the model reads it, arguments to try it with: its first worked example's, or a
-    call that shows it working)."""
+    call that shows it working). An environment's: each of its tools' schemas, and a call of its first tool to
+    play against the data's first row."""
     spec, function = draft_tool(draft, name, policy)
+    if spec.is_environment:
+        methods = [getattr(function, method) for method in tool_methods(function)]
+        schema = json.dumps([tool_schema(method) for method in methods], indent=2, ensure_ascii=False)
+        first = tool_schema(methods[0])["function"]
+        return schema, json.dumps([{first["name"]: _blank_arguments(first)}], ensure_ascii=False)
     schema = json.dumps(tool_schema(function), indent=2, ensure_ascii=False)
-    arguments = spec.examples[0].arguments if spec.examples else SAMPLE_ARGUMENTS.get(spec.kind) or {
-        parameter: "" for parameter in tool_schema(function)["function"]["parameters"].get("properties", {})}
+    arguments = spec.examples[0].arguments if spec.examples else SAMPLE_ARGUMENTS.get(spec.kind) or \
+        _blank_arguments(tool_schema(function)["function"])
     return schema, json.dumps(arguments, ensure_ascii=False)
+
+
+def _blank_arguments(schema: dict) -> dict:
+    return {parameter: "" for parameter in schema["parameters"].get("properties", {})}
 
 
 def try_tool(draft: dict, name: str, arguments_text: str, policy: Policy = LAPTOP) -> str:
@@ -108,10 +127,16 @@ def try_tool(draft: dict, name: str, arguments_text: str, policy: Policy = LAPTO
         arguments = json.loads(arguments_text or "{}")
     except (ValueError, RecursionError):
         raise ConfigError("The arguments are not JSON; write them like {\"expression\": \"2 * 3\"}.") from None
+    spec, function = draft_tool(draft, name, policy)
+    if spec.is_environment:
+        return _play(draft, spec, function, arguments, policy)
     if not isinstance(arguments, dict):
         raise ConfigError("The arguments must be a JSON object of each argument's value, like "
                           "{\"expression\": \"2 * 3\"}.")
-    _, function = draft_tool(draft, name, policy)
+    return _called(function, name, arguments)
+
+
+def _called(function, name: str, arguments: dict) -> str:
     try:
         return function(**arguments)
     except TypeError as error:
@@ -120,15 +145,45 @@ def try_tool(draft: dict, name: str, arguments_text: str, policy: Policy = LAPTO
         return f"error: {error}"
 
 
+MOST_PLAYED_CALLS = 20
+
+
+def _play(draft: dict, spec: ToolSpec, factory, calls, policy: Policy) -> str:
+    """Play the environment by hand: reset with the data's first row as a run resets it, the ``calls`` made in
+    order (a list of {tool: arguments}), each answer, and what the environment says the conversation earned."""
+    if isinstance(calls, dict):
+        calls = [calls]
+    if not isinstance(calls, list) or not calls or len(calls) > MOST_PLAYED_CALLS or not all(
+            isinstance(call, dict) and len(call) == 1 and isinstance(next(iter(call.values())), dict)
+            for call in calls):
+        raise ConfigError(f"Play {spec.name} with a list of at most {MOST_PLAYED_CALLS} calls, each its tool and "
+                          "arguments, like [{\"guess\": {\"number\": 50}}, {\"guess\": {\"number\": 25}}].")
+    examples = _data_examples(draft, policy)
+    use = ToolUse([], environments={spec.name: factory})
+    (episode,) = use.episodes(use.shown(examples[:1]))
+    tools = {function.__name__: function for function in episode[EPISODE_TOOLS]}
+    lines = [f"Reset with row {examples[0].get('number', 1)} (reference answer: {examples[0].get('reference') or '—'})."]
+    for call in calls:
+        (tool, arguments), = call.items()
+        if tool not in tools:
+            raise ConfigError(f"{spec.name} has no tool {str(tool)[:40]!r}; its tools are: {', '.join(tools)}.")
+        lines.append(f"{tool}({json.dumps(arguments, ensure_ascii=False)}) → {_called(tools[tool], tool, arguments)}")
+    try:
+        lines.append(f"It scores the conversation {episode[EPISODE_SCORE]():g} (the environment reward).")
+    except Exception as error:  # noqa: BLE001 - a custom environment's get_reward may raise anything
+        lines.append(f"It cannot score the conversation: {error}")
+    return "\n".join(lines)
+
+
 def new_spec(kind: str, name: str, settings: dict, examples: str) -> dict:
     """The tool the Tools section's form describes: its kind, name, the kind's settings, its worked examples."""
     spec = {"kind": kind, "name": (name or "").strip() or DEFAULT_NAMES.get(kind) or None}
     allowed = {"lookup": ("key_column", "value_column", "description"), "search": ("column", "description"),
-               "custom": ("code", "function")}.get(kind, ())
+               "custom": ("code", "function"), "environment": ("code", "class_name")}.get(kind, ())
     spec.update({key: value for key, value in settings.items() if key in allowed and value not in (None, "")})
     spec["examples"] = parse_examples(examples)
     return spec
 
 
-__all__ = ["SAMPLE_ARGUMENTS", "TABLE_COLUMNS", "TOOL_KINDS", "ToolSpec", "added", "draft_tool", "new_spec",
+__all__ = ["ENVIRONMENT_KINDS", "SAMPLE_ARGUMENTS", "TABLE_COLUMNS", "TOOL_KINDS", "ToolSpec", "added", "draft_tool", "new_spec",
            "parse_examples", "removed", "shown_schema", "tools_table", "try_tool", "validated"]

@@ -8,20 +8,19 @@ build a run's tools through :func:`build_tools`, so every entry point calls the 
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 
-from ..errors import ConfigError, Stopped
+from ..errors import ConfigError
 from ..public import LAPTOP, Policy
+from .bounds import ANSWER_CHARS, answered, cut
 from .builtin import ToolError, calculator, convert_units, make_lookup, make_search
-from .spec import (DEFAULT_NAMES, MOST_EXAMPLES, MOST_TOOLS, TOOL_KINDS, ToolExample, ToolSpec, parse_tools,
-                   public_refusal)
+from .environments import Played, environment_class, environment_factory, tool_methods
+from .spec import (DEFAULT_NAMES, ENVIRONMENT_KINDS, MOST_EXAMPLES, MOST_TOOLS, TOOL_KINDS, ToolExample, ToolSpec,
+                   parse_tools, public_refusal)
 
-ANSWER_CHARS = 1000  # what one call may hand back to the model; the rest is cut, and the cut is said
-
-__all__ = ["ANSWER_CHARS", "DEFAULT_NAMES", "MOST_EXAMPLES", "MOST_TOOLS", "TOOL_KINDS", "ToolError", "ToolExample",
-           "ToolSpec", "build_tools", "demonstration", "described", "parse_tools", "public_refusal", "tool_schema",
-           "with_demonstration"]
+__all__ = ["ANSWER_CHARS", "DEFAULT_NAMES", "ENVIRONMENT_KINDS", "MOST_EXAMPLES", "MOST_TOOLS", "TOOL_KINDS",
+           "Played", "ToolError", "ToolExample", "ToolSpec", "build_environments", "build_tools", "demonstration",
+           "described", "parse_tools", "public_refusal", "tool_schema", "with_demonstration"]
 
 
 def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = None,
@@ -29,13 +28,14 @@ def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = 
     """The run's tools as the functions the model calls: ``rows`` (the data's rows, every column as text) fill the
     lookups and searches; every answer and error is cut to ANSWER_CHARS; once ``should_stop()`` (a stop, a time
     limit), a call raises Stopped, which TRL hands back as a failed call before the run's next forward pass ends the
-    step. A tool ``policy`` refuses is refused here too, before its code is loaded, whatever validated it before."""
+    step. A tool ``policy`` refuses is refused here too, before its code is loaded, whatever validated it before.
+    Environments are left out (:func:`build_environments` builds them)."""
     tools = []
     for index, spec in enumerate(specs):
+        if spec.is_environment:
+            continue
         where = f"tools[{index}]"
-        refusal = public_refusal(spec.kind, policy)
-        if refusal is not None:
-            raise ConfigError(f"{where}.kind: {refusal}")
+        _refuse(spec, policy, where)
         function = _function(spec, rows, base_dir, where)
         try:
             tool_schema(function)
@@ -43,6 +43,39 @@ def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = 
             raise ConfigError(f"{where}: the model cannot be shown {spec.name!r}: {error}") from None
         tools.append(_bounded(function, should_stop))
     return tools
+
+
+def build_environments(specs: list[ToolSpec], base_dir: str | None = None,
+                       should_stop: Callable[[], bool] | None = None,
+                       policy: Policy = LAPTOP) -> dict[str, Callable[[], Played]]:
+    """The environments among ``specs``, by name: what TRL's ``environment_factory`` takes (each a class whose
+    instances are Played environments, their tools bounded as build_tools' are). A tool of the environment that
+    shares the name of another tool the conversation may call, or that the model cannot be shown, is refused."""
+    factories = {}
+    names = {spec.name: f"tools[{index}]" for index, spec in enumerate(specs) if not spec.is_environment}
+    for index, spec in enumerate(specs):
+        if not spec.is_environment:
+            continue
+        where = f"tools[{index}]"
+        _refuse(spec, policy, where)
+        factory = environment_factory(spec, base_dir, should_stop, where)
+        for method in tool_methods(factory._kind):
+            if method in names:
+                raise ConfigError(f"{where}: the {spec.name} environment's tool {method!r} has the name of "
+                                  f"{names[method]}; rename that tool.")
+            try:
+                tool_schema(getattr(factory._kind, method))
+            except Exception as error:  # transformers' schema errors name what is missing; said with the setting
+                raise ConfigError(f"{where}: the model cannot be shown the {spec.name} environment's tool "
+                                  f"{method!r}: {error}") from None
+        factories[spec.name] = factory
+    return factories
+
+
+def _refuse(spec: ToolSpec, policy: Policy, where: str) -> None:
+    refusal = public_refusal(spec.kind, policy)
+    if refusal is not None:
+        raise ConfigError(f"{where}.kind: {refusal}")
 
 
 def _function(spec: ToolSpec, rows: list[dict], base_dir: str | None, where: str) -> Callable:
@@ -79,6 +112,11 @@ def described(spec: ToolSpec) -> str:
         return f"Search the {spec.column} for the passages that best match some words."
     if spec.kind == "custom":
         return f"Your function {spec.function}, as its docstring says."
+    if spec.kind == "environment":  # its code is not run to say so
+        return f"Your environment {spec.class_name}: its methods are the tools."
+    if spec.is_environment:
+        kind = environment_class(spec, None, "")
+        return f"{' '.join(kind.__doc__.split()).split('. ')[0]}. Its tools: {', '.join(tool_methods(kind))}."
     return (calculator if spec.kind == "calculator" else convert_units).__doc__.strip().splitlines()[0]
 
 
@@ -104,25 +142,12 @@ def _renamed(function: Callable, name: str) -> Callable:
 
 
 def _bounded(function: Callable, should_stop: Callable[[], bool] | None) -> Callable:
-    """``function`` as the model calls it: its answer as text, and its answer or error cut to ANSWER_CHARS."""
+    """``function`` as the model calls it (bounds.answered)."""
     @functools.wraps(function)
     def bounded(**arguments):
-        if should_stop is not None and should_stop():
-            raise Stopped("the run is stopping, so the tool was not called")
-        try:
-            answer = function(**arguments)
-        except ToolError as error:
-            raise ToolError(_cut(str(error), "error")) from None
-        return _cut(answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False, default=str))
+        return answered(function, arguments, should_stop)
 
     return bounded
-
-
-def _cut(text: str, what: str = "answer") -> str:
-    """``text`` as a call may hand it back: at most ANSWER_CHARS characters, the cut said."""
-    if len(text) <= ANSWER_CHARS:
-        return text
-    return text[:ANSWER_CHARS] + f"… (cut: the {what} had {len(text):,} characters)"
 
 
 def tool_schema(function: Callable) -> dict:
@@ -137,7 +162,8 @@ def demonstration(specs: list[ToolSpec], tools: list[Callable]) -> list[dict]:
     """The worked examples of every tool as chat messages: each question, the call, the tool's real answer, and that
     answer given back. A call the tool cannot answer is refused here, where the example is set."""
     messages: list[dict] = []
-    for index, (spec, tool) in enumerate(zip(specs, tools, strict=True)):
+    plain = [(index, spec) for index, spec in enumerate(specs) if not spec.is_environment]
+    for (index, spec), tool in zip(plain, tools, strict=True):
         for number, example in enumerate(spec.examples):
             try:
                 answer = tool(**example.arguments)
@@ -146,7 +172,7 @@ def demonstration(specs: list[ToolSpec], tools: list[Callable]) -> list[dict]:
                     from None
             except Exception as error:  # noqa: BLE001 - a custom tool may raise anything; the example is refused
                 raise ConfigError(f"tools[{index}].examples[{number}]: {spec.name} answers with an error: "
-                                  f"{_cut(str(error), 'error')}") from None
+                                  f"{cut(str(error), 'error')}") from None
             call = {"type": "function", "function": {"name": spec.name, "arguments": dict(example.arguments)}}
             messages += [{"role": "user", "content": example.question},
                          {"role": "assistant", "content": "", "tool_calls": [call]},

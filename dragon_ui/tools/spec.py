@@ -11,9 +11,13 @@ from dataclasses import dataclass, field, fields
 from ..errors import ConfigError, check_length, check_unique_names
 from ..public import LAPTOP, LIFT, Policy
 
-TOOL_KINDS = ("calculator", "convert", "lookup", "search", "custom")
-# The name the model calls each built-in kind by, unless the spec names it.
-DEFAULT_NAMES = {"calculator": "calculator", "convert": "convert_units", "lookup": "lookup", "search": "search"}
+TOOL_KINDS = ("calculator", "convert", "lookup", "search", "custom", "guess_number", "arithmetic", "environment")
+# Kinds that are environments (tools.environments): one instance per conversation, whose methods are the tools.
+ENVIRONMENT_KINDS = ("guess_number", "arithmetic", "environment")
+CODE_KINDS = ("custom", "environment")  # kinds whose Python code runs on the server
+# The name the model calls each built-in kind by (an environment: the name the data's rows pick it by).
+DEFAULT_NAMES = {"calculator": "calculator", "convert": "convert_units", "lookup": "lookup", "search": "search",
+                 "guess_number": "guess_number", "arithmetic": "arithmetic"}
 # Settings every tool has, then those of one kind (anything else is refused).
 _COMMON_FIELDS = ("kind", "name", "examples")
 _KIND_FIELDS: dict[str, tuple[str, ...]] = {
@@ -22,14 +26,17 @@ _KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "lookup": ("key_column", "value_column", "description"),
     "search": ("column", "description"),
     "custom": ("code", "file", "function"),
+    "guess_number": (),
+    "arithmetic": (),
+    "environment": ("code", "file", "class_name"),
 }
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 _SECTION_RE = re.compile(r"^\s*(Args|Arguments|Returns|Raises|Yields)\s*:", re.MULTILINE)  # a docstring's own
 MOST_TOOLS, MOST_EXAMPLES = 8, 4
 _LONGEST = {"code": 100_000, "file": 1000, "description": 500}
 _LONGEST_TEXT = 200
-PUBLIC_REFUSAL = (f"custom Python tools are turned off in this public demo because they run arbitrary code on the "
-                  f"server; {LIFT} to use them.")
+PUBLIC_REFUSAL = (f"custom Python tools and environments are turned off in this public demo because they run "
+                  f"arbitrary code on the server; {LIFT} to use them.")
 
 
 @dataclass
@@ -56,6 +63,7 @@ class ToolSpec:
     code: str | None = None
     file: str | None = None
     function: str = "tool"
+    class_name: str = "Environment"
 
     @classmethod
     def from_dict(cls, data, where: str = "tools[0]", policy: Policy = LAPTOP) -> ToolSpec:
@@ -92,12 +100,20 @@ class ToolSpec:
             raise ConfigError(f"{where}.description must say in words what the tool does (the model reads it), "
                               "without sections like Args: or Returns:.")
         spec.examples = _examples(data.get("examples"), f"{where}.examples")
-        spec.name = spec.name or DEFAULT_NAMES.get(kind) or spec.function
+        if spec.examples and kind in ENVIRONMENT_KINDS:
+            raise ConfigError(f"{where}.examples: an environment shows no worked examples (its tools answer only "
+                              "within a conversation it was reset for); describe the game in the prompt instead.")
+        spec.name = spec.name or DEFAULT_NAMES.get(kind) or (spec.class_name if kind == "environment" else
+                                                            spec.function)
         if not _NAME_RE.fullmatch(spec.name):
             raise ConfigError(f"{where}.name {spec.name[:40]!r} must be a Python name of at most 40 letters, digits "
                               "and underscores, not starting with a digit: the model calls the tool by it.")
         _check_kind(spec, where)
         return spec
+
+    @property
+    def is_environment(self) -> bool:
+        return self.kind in ENVIRONMENT_KINDS
 
     def to_dict(self) -> dict:
         """kind and name, plus every setting that differs from its default; round-trips via from_dict."""
@@ -114,7 +130,7 @@ class ToolSpec:
 
 def public_refusal(kind: str, policy: Policy) -> str | None:
     """Why ``policy`` refuses a tool of this kind (its code would run on the server); None where it allows it."""
-    return PUBLIC_REFUSAL if policy.public and kind == "custom" else None
+    return PUBLIC_REFUSAL if policy.public and kind in CODE_KINDS else None
 
 
 def _check_kind(spec: ToolSpec, where: str) -> None:
@@ -123,10 +139,11 @@ def _check_kind(spec: ToolSpec, where: str) -> None:
                           "it gets back).")
     if spec.kind == "search" and not spec.column:
         raise ConfigError(f"{where}.column is missing: name the column holding the documents to search.")
-    if spec.kind == "custom" and (spec.code is None) == (spec.file is None):
+    if spec.kind in CODE_KINDS and (spec.code is None) == (spec.file is None):
         raise ConfigError(f"{where} needs exactly one of code (the Python source) or file (a .py file).")
-    if spec.kind == "custom" and not _NAME_RE.fullmatch(spec.function):
-        raise ConfigError(f"{where}.function {spec.function[:40]!r} must be a Python name.")
+    for kind, setting in (("custom", "function"), ("environment", "class_name")):
+        if spec.kind == kind and not _NAME_RE.fullmatch(getattr(spec, setting)):
+            raise ConfigError(f"{where}.{setting} {getattr(spec, setting)[:40]!r} must be a Python name.")
 
 
 def _listed(items, where: str, most: int, what: str, each: str, holder: str) -> list:
@@ -166,7 +183,7 @@ def _examples(items, where: str) -> list[ToolExample]:
 
 def parse_tools(items, where: str = "tools", policy: Policy = LAPTOP) -> list[ToolSpec]:
     """Validate a run's tool list (empty: the run calls no tools): each entry valid and allowed by ``policy``, at
-    most MOST_TOOLS, names unique (the model calls each by its name)."""
+    most MOST_TOOLS, names unique (the model calls each by its name; the data's rows pick an environment by it)."""
     items = _listed(items, where, MOST_TOOLS, "tools", f"with a kind ({', '.join(TOOL_KINDS)})", "a run may have")
     specs = [ToolSpec.from_dict(item, f"{where}[{index}]", policy) for index, item in enumerate(items)]
     check_unique_names(where, [spec.name for spec in specs], "tools")

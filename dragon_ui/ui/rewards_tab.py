@@ -81,6 +81,8 @@ KIND_HELP = {
                   "POSITIVE of a sentiment model. It is loaded once and scores replies in batches.",
     "command": "Runs a program for each reply; the score comes from its exit code or the last number it prints.",
     "custom": "Your own Python function reward(prompt, completion, reference, row) that returns a number.",
+    "environment": "What the environment the model played says the conversation earned (its get_reward): add an "
+                   "environment on the Tools section first.",
 }
 
 

@@ -16,13 +16,14 @@ import pandas as pd
 
 from ..errors import DragonError
 from ..public import LAPTOP, Policy
-from ..studio.tools import (TABLE_COLUMNS, TOOL_KINDS, added, new_spec, removed, shown_schema, tools_table,
+from ..studio.tools import (ENVIRONMENT_KINDS, TABLE_COLUMNS, TOOL_KINDS, added, new_spec, removed, shown_schema, tools_table,
                             try_tool, validated)
 from .common import Shared, message
 
 KIND_SETTINGS = {"lookup": ("key_column", "value_column", "description"), "search": ("column", "description"),
-                 "custom": ("code", "function")}
-SETTING_NAMES = ("key_column", "value_column", "column", "description", "code", "function")
+                 "custom": ("code", "function"), "environment": ("code", "class_name")}
+SETTING_NAMES = ("key_column", "value_column", "column", "description", "code", "function", "class_name")
+CODE_KINDS = ("custom", "environment")
 STARTER_CODE = '''def tool(city: str) -> str:
     """Say what the weather is in a city.
 
@@ -31,17 +32,44 @@ STARTER_CODE = '''def tool(city: str) -> str:
     """
     return "sunny" if city.lower() == "paris" else "rain"
 '''
+STARTER_ENVIRONMENT = '''class Environment:
+    """Find the word: the reference answer is a secret word; each try says how many letters are right."""
+
+    def reset(self, question, reference, row):
+        self.secret, self.found = (reference or "").lower(), False
+        return None  # or text the model reads after the question
+
+    def try_word(self, word: str) -> str:
+        """Try a word; the answer says how many of its letters are in the right place.
+
+        Args:
+            word: The word to try.
+        """
+        self.found = word.lower() == self.secret
+        right = sum(a == b for a, b in zip(word.lower(), self.secret))
+        return "Right!" if self.found else f"{right} letters are in the right place."
+
+    def get_reward(self) -> float:
+        return 1.0 if self.found else 0.0
+'''
 KIND_HELP = {
     "calculator": "Works out arithmetic exactly (+ - * / ** and brackets; × and ÷ too).",
     "convert": "Converts amounts between units: miles to km, degC to degF, km/h to m/s.",
     "lookup": "Answers the value column of the data row whose key column matches what the model asks.",
     "search": "Answers the three passages of a column of the data that best match the model's words.",
     "custom": "Your own Python function: type hints and a docstring with Args (the model is shown them).",
+    "guess_number": "An environment: a game per conversation whose secret is the row's reference answer (a whole "
+                    "number); the model calls guess and hears higher or lower. It scores itself (the environment "
+                    "reward).",
+    "arithmetic": "An environment: the model works with its calculator, then submits one result, scored 1 when it "
+                  "equals the row's reference answer (the environment reward).",
+    "environment": "Your own environment: a class with reset(self, question, reference, row); its other methods "
+                   "are the tools, and get_reward(self) scores the conversation (the environment reward).",
 }
 
 
 def kinds(policy: Policy) -> list[str]:
-    return [kind for kind in TOOL_KINDS if not (policy.public and kind == "custom")]
+    return [kind for kind in TOOL_KINDS if not (policy.public and kind in CODE_KINDS)]
 
 
 def listing(tools: list[dict], chosen: str | None, status: str, policy: Policy) -> list:
@@ -73,9 +101,12 @@ def remove_tool(tools: list[dict], chosen: str, policy: Policy = LAPTOP) -> list
 
 
 def change_kind(kind: str) -> list:
-    """The settings of the chosen kind, its help, and the examples box's hint."""
+    """The settings of the chosen kind, its help, its starter code, and the worked examples (not an environment's)."""
     shown = KIND_SETTINGS.get(kind, ())
-    return [KIND_HELP.get(kind, ""), *(gr.update(visible=setting in shown) for setting in SETTING_NAMES)]
+    updates = {setting: gr.update(visible=setting in shown) for setting in SETTING_NAMES}
+    if kind in CODE_KINDS:
+        updates["code"] = gr.update(visible=True, value=STARTER_ENVIRONMENT if kind == "environment" else STARTER_CODE)
+    return [KIND_HELP.get(kind, ""), *updates.values(), gr.update(visible=kind not in ENVIRONMENT_KINDS)]
 
 
 def show_tool(draft: dict, chosen: str | None, policy: Policy = LAPTOP) -> tuple:
@@ -104,10 +135,11 @@ def fill_tools(draft: dict, policy: Policy = LAPTOP) -> list:
     """A whole new draft was loaded: its tools and its rounds per reply. A list this demo refuses (a kept draft
     with a custom tool) is shown empty, with why."""
     rounds = (draft.get("grpo") or {}).get("max_tool_calling_iterations", 2)
+    column = (draft.get("data") or {}).get("environment_column") or ""
     try:
-        return [*listing(validated(draft.get("tools"), policy), None, "", policy), rounds]
+        return [*listing(validated(draft.get("tools"), policy), None, "", policy), rounds, column]
     except DragonError as exc:
-        return [*listing([], None, message(str(exc), "error"), policy), rounds]
+        return [*listing([], None, message(str(exc), "error"), policy), rounds, column]
 
 
 def build(shared: Shared) -> Callable[[], None]:
@@ -123,12 +155,16 @@ def build(shared: Shared) -> Callable[[], None]:
                       gr.Number(2, precision=0, minimum=1, maximum=10, label="Tool rounds per reply",
                                 info="How many times one reply may call tools before it must answer.",
                                 elem_id="tools-rounds"))
+    column = form.add("data.environment_column",
+                      gr.Textbox(label="Environment column", elem_id="tools-environment-column",
+                                 info="With two or more environments: the data column naming each row's."))
     table = gr.Dataframe(pd.DataFrame(columns=TABLE_COLUMNS), label="Tools (what training gives the model)",
                          interactive=False, wrap=True, visible=False, elem_id="tools-table")
     with gr.Row():
         with gr.Column(scale=1):
             kind = gr.Dropdown(kinds(policy), value="calculator", label="Kind of tool", elem_id="tools-kind",
-                               info="Custom tools are turned off in this public demo." if policy.public else None)
+                               info="Custom tools and environments are turned off in this public demo." if policy.public
+                else None)
             kind_help = gr.Markdown(KIND_HELP["calculator"], elem_id="tools-kind-help")
             name = gr.Textbox(label="Name", placeholder="the kind's own", elem_id="tools-name",
                               info="What the model calls it: letters, digits and _.")
@@ -143,6 +179,7 @@ def build(shared: Shared) -> Callable[[], None]:
                 gr.Code(STARTER_CODE, language="python", label="Python function", visible=False,
                         elem_id="tools-code"),
                 gr.Textbox("tool", label="Function name", visible=False, elem_id="tools-function"),
+                gr.Textbox("Environment", label="Class name", visible=False, elem_id="tools-class-name"),
             ]
             examples = gr.Textbox(label="Worked examples, one a line: question → arguments (JSON)", lines=2,
                                   placeholder='What is 12 × 34? → {"expression": "12 × 34"}', elem_id="tools-examples")
@@ -163,8 +200,9 @@ def build(shared: Shared) -> Callable[[], None]:
              "concurrency_limit": 1, "concurrency_id": "tool-list-edits"}  # as the reward list's: one edit at a time
     add.click(functools.partial(add_tool, policy=policy), [tools, kind, name, examples, *settings], listed, **edits)
     remove.click(functools.partial(remove_tool, policy=policy), [tools, chosen], listed, **edits)
-    kind.input(change_kind, [kind], [kind_help, *settings], show_progress="hidden", api_visibility="private")
-    shared.fills.append((functools.partial(fill_tools, policy=policy), [*listed, rounds]))
+    kind.input(change_kind, [kind], [kind_help, *settings, examples], show_progress="hidden",
+               api_visibility="private")
+    shared.fills.append((functools.partial(fill_tools, policy=policy), [*listed, rounds, column]))
 
     def connect() -> None:
         quick = {"show_progress": "hidden", "api_visibility": "private"}
