@@ -116,3 +116,41 @@ def the_lessons_turns(page, screenshots) -> None:
     page.mouse.move(0, 0)
     group.screenshot(path=str(screenshots / "tools.png"), animations="disabled")
     page.locator("#train-stop").click()
+
+
+def test_an_environment_is_added_played_by_hand_and_trained_with(page, studio, screenshots):
+    """The arithmetic environment: added (no worked examples offered), its tools shown, a conversation played by
+    hand and scored, its reward added, and a run that plays it shows the environment's calculator answering."""
+    if README_SCREENSHOTS:
+        pytest.skip("the README pictures the calculator lesson (the test above)")
+    expect(page.locator("#data-counts")).to_contain_text("25 rows")
+    open_tab(page, "rewards")
+    choose(page, "#tools-kind", "arithmetic")
+    expect(page.locator("#tools-kind-help")).to_contain_text("submits one result")
+    expect(page.locator("#tools-examples")).to_be_hidden()
+    page.locator("#tools-add").click()
+    expect(page.locator("#tools-status")).to_contain_text("Added the tool arithmetic.")
+    expect(page.locator("#tools-table")).to_contain_text("Its tools: calculator, submit.")
+    expect(page.locator("#tools-schema")).to_contain_text('"name": "submit"')
+    type_into(page, "#tools-arguments textarea",
+              f'[{{"calculator": {{"expression": "{EXPRESSION}"}}}}, {{"submit": {{"answer": "{ANSWER}"}}}}]')
+    page.locator("#tools-try").click()
+    expect(page.locator("#tools-answer")).to_contain_text(f"calculator({{\"expression\": \"{EXPRESSION}\"}}) → "
+                                                          f"{ANSWER}")
+    expect(page.locator("#tools-answer")).to_contain_text("It scores the conversation 1 (the environment reward).")
+    choose(page, "#rewards-selected", "➕ New reward")
+    choose(page, "#rewards-kind", "environment")
+    page.locator("#rewards-add").click()
+    expect(page.locator("#rewards-table")).to_contain_text("the environment it played says it earned")
+    page.locator("#tools-answer").scroll_into_view_if_needed()
+    screenshot(page, screenshots, "rewards-environment")
+
+    open_tab(page, "model")
+    page.locator("#model-start").click()
+    open_tab(page, "train")
+    rollouts = page.locator("#train-rollouts")
+    expect(rollouts.locator(".tool-answer").first).to_contain_text(f"calculator answered: {ANSWER}")
+    rollouts.scroll_into_view_if_needed()
+    screenshot(page, screenshots, "train-environment")
+    page.locator("#train-stop").click()
+    expect(page.locator("#train-status")).to_contain_text("stopped", ignore_case=True)

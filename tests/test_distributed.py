@@ -83,7 +83,11 @@ def test_export_writes_a_self_contained_folder(tiny_config_dict, tmp_path):
     tool_file = tmp_path / "my_tool.py"
     tool_file.write_text('def tool(city: str) -> str:\n    """Say the weather.\n\n    Args:\n        city: Where.\n    """\n'
                          '    return "sunny"\n')
-    tiny_config_dict["tools"] = [{"kind": "custom", "name": "weather", "file": str(tool_file)}]
+    game_file = tmp_path / "my_game.py"
+    game_file.write_text('class Game:\n    def reset(self, **row):\n        pass\n\n    def play(self, move: str) -> str:\n'
+                         '        """Play.\n\n        Args:\n            move: A move.\n        """\n        return move\n')
+    tiny_config_dict["tools"] = [{"kind": "custom", "name": "weather", "file": str(tool_file)},
+                                 {"kind": "environment", "name": "game", "class_name": "Game", "file": str(game_file)}]
     tiny_config_dict["distributed"] = {"strategy": "zero2"}
     tiny_config_dict["generation"] = {"backend": "vllm-server", "vllm_server_url": "http://placeholder:8000"}
     folder = export_launch_folder(RunConfig.from_dict(tiny_config_dict), tmp_path / "export", gpus=4, nodes=2)
@@ -92,6 +96,7 @@ def test_export_writes_a_self_contained_folder(tiny_config_dict, tmp_path):
     assert config["data"]["source"] == "data/arithmetic.csv" and (folder / "data" / "arithmetic.csv").is_file()
     assert config["rewards"][-1]["file"] == "rewards/my_reward.py" and (folder / "rewards" / "my_reward.py").is_file()
     assert config["tools"][0]["file"] == "tools/my_tool.py" and (folder / "tools" / "my_tool.py").is_file()
+    assert config["tools"][1]["file"] == "tools/my_game.py" and (folder / "tools" / "my_game.py").is_file()
     assert config["runs_dir"] == "runs" and config["hardware"]["device"] == "auto"
     accelerate = yaml.safe_load((folder / "accelerate.yaml").read_text())
     assert accelerate["distributed_type"] == "DEEPSPEED" and accelerate["deepspeed_config"]["zero_stage"] == 2
