@@ -87,6 +87,12 @@ def test_a_calculator_is_added_tried_and_trained_with_and_every_turn_is_shown(pa
     page.locator("#tools-table").scroll_into_view_if_needed()
     screenshot(page, screenshots, "rewards-tools")
 
+    trains_showing_every_turn(page, screenshots, "train-tools")
+
+
+def trains_showing_every_turn(page, screenshots, picture: str) -> None:
+    """Start the run, see a sampled reply's turns on the Train tab (the call, the tool's answer greyed and not
+    trained on, the final answer), picture them, and stop."""
     open_tab(page, "model")
     page.locator("#model-start").click()
     open_tab(page, "train")
@@ -97,7 +103,7 @@ def test_a_calculator_is_added_tried_and_trained_with_and_every_turn_is_shown(pa
     expect(answer).to_contain_text("(not trained on)")
     expect(rollouts.locator(".final-answer").first).to_contain_text(f"Answer: {ANSWER}")
     rollouts.scroll_into_view_if_needed()
-    screenshot(page, screenshots, "train-tools")
+    screenshot(page, screenshots, picture)
     page.locator("#train-stop").click()
     expect(page.locator("#train-status")).to_contain_text("stopped", ignore_case=True)
 
@@ -144,13 +150,4 @@ def test_an_environment_is_added_played_by_hand_and_trained_with(page, studio, s
     expect(page.locator("#rewards-table")).to_contain_text("the environment it played says it earned")
     page.locator("#tools-answer").scroll_into_view_if_needed()
     screenshot(page, screenshots, "rewards-environment")
-
-    open_tab(page, "model")
-    page.locator("#model-start").click()
-    open_tab(page, "train")
-    rollouts = page.locator("#train-rollouts")
-    expect(rollouts.locator(".tool-answer").first).to_contain_text(f"calculator answered: {ANSWER}")
-    rollouts.scroll_into_view_if_needed()
-    screenshot(page, screenshots, "train-environment")
-    page.locator("#train-stop").click()
-    expect(page.locator("#train-status")).to_contain_text("stopped", ignore_case=True)
+    trains_showing_every_turn(page, screenshots, "train-environment")

@@ -19,8 +19,8 @@ from ..config import RunConfig
 from ..errors import ConfigError
 from ..public import LAPTOP, Policy
 from ..rewards import EPISODE_SCORE
-from ..tools import Played, build_environments, build_tools, demonstration, with_demonstration
-from ..tools.environments import check_playable, episode_score, tool_methods
+from ..tools import Played, build_environments, build_tools, demonstration, environment_tools, with_demonstration
+from ..tools.environments import check_playable, episode_score
 
 CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
 EPISODE_TOOLS = "episode_tools"  # the key of a played example (ToolUse.episodes) that holds what it may call
@@ -50,8 +50,7 @@ class ToolUse:
                 example["environment"] = self._named(example)
             name = self.environment_of(example)
             if name is not None:
-                check_playable(self.environments[name]._kind, example.get("reference"),
-                               f"Row {example.get('number', '?')}")
+                check_playable(self.environments[name], example.get("reference"), f"Row {example.get('number', '?')}")
             shown.append(example)
         return shown
 
@@ -72,8 +71,7 @@ class ToolUse:
     @property
     def every_function(self) -> list[Callable]:
         """Every tool some prompt shows: what its tokens are counted with (the most a prompt can show)."""
-        methods = [getattr(kind, name) for kind in self.environments.values() for name in tool_methods(kind)]
-        return self.functions + methods
+        return self.functions + [tool for kind in self.environments.values() for tool in environment_tools(kind)]
 
     def trl_environments(self):
         """TRL's ``environment_factory``: the one environment, or (with a column) every environment by name."""
@@ -92,13 +90,11 @@ class ToolUse:
                 played.append({**example, EPISODE_TOOLS: self.functions})
                 continue
             environment = self.environments[name]()
-            observation = environment.reset(**{key: value for key, value in example.items() if key != "environment"})
+            observation = environment.reset(**example)
             prompt = example["prompt"]
             if observation is not None:
                 prompt = [*prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + observation}]
-            played.append({**example, "prompt": prompt,
-                           EPISODE_TOOLS: self.functions + [getattr(environment, method)
-                                                            for method in tool_methods(type(environment))],
+            played.append({**example, "prompt": prompt, EPISODE_TOOLS: self.functions + environment_tools(environment),
                            EPISODE_SCORE: functools.partial(episode_score, environment)})
         return played
 

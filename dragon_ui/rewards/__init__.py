@@ -18,8 +18,8 @@ from .spec import (FORMAT_PRESETS, PENALTY_KINDS, REWARD_KINDS, RewardSpec, chec
                    training_weight)
 from .text import EXTRACT_MODES, extract_answer
 
-__all__ = ["EPISODE_SCORE", "EXTRACT_MODES", "FORMAT_PRESETS", "PENALTY_KINDS", "REWARD_KINDS", "Reward", "RewardError",
-           "RewardFailures", "RewardSpec", "ScoreResult", "build_rewards", "check_some_weight", "counts_tokens",
-           "extract_answer", "kind_fields", "parse_rewards", "public_demo_refusal", "public_refusal",
+__all__ = ["EPISODE_SCORE", "EXTRACT_MODES", "FORMAT_PRESETS", "PENALTY_KINDS", "REWARD_KINDS", "Reward",
+           "RewardError", "RewardFailures", "RewardSpec", "ScoreResult", "build_rewards", "check_some_weight",
+           "counts_tokens", "extract_answer", "kind_fields", "parse_rewards", "public_demo_refusal", "public_refusal",
            "reward_rule", "stored_metrics", "training_weight",
            "safe_score", "score_completion", "score_completions", "trl_reward_functions"]

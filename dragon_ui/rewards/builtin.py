@@ -1,4 +1,5 @@
-"""The built-in reward kinds that only read the reply: exact, contains, numeric, regex, json, length, keyword, format.
+"""The built-in reward kinds that only read the reply (exact, contains, numeric, regex, json, length, keyword,
+format) or what the environment the model played said of it (environment).
 
 Each is a function of its spec returning a scorer ``(prompt, completion, reference, row) -> score``; a score is
 checked to be a finite number by :class:`Reward`."""

@@ -179,9 +179,10 @@ def trl_reward_functions(rewards: list[Reward], failures: RewardFailures,
     dataset columns ``reference`` and ``row`` (a JSON string) from TRL's keyword arguments and ignores the rest;
     an empty reference becomes None, as in evaluation, so a reward sees the same inputs in training and evaluation.
     ``episode_scores`` (the engine's, for a run with environments): what gives each reply's environment score, which
-    the ``environment`` reward reads from the row. ``on_batch(name, n_scored, n_failed)`` runs after each call; its exceptions propagate so that the trainer can
-    stop a run whose reward is completely broken. Once ``should_stop()`` (a stop, a time limit), Stopped is raised
-    before the next reply is scored: the trainer drops the step and the last whole one is checkpointed.
+    the ``environment`` reward reads from the row. ``on_batch(name, n_scored, n_failed)`` runs after each call; its
+    exceptions propagate so that the trainer can stop a run whose reward is completely broken. Once ``should_stop()``
+    (a stop, a time limit), Stopped is raised before the next reply is scored: the trainer drops the step and the
+    last whole one is checkpointed.
     """
     return [_trl_function(reward, failures, on_batch, should_stop) for reward in rewards]
 
@@ -191,20 +192,20 @@ def _trl_function(reward: Reward, failures: RewardFailures, on_batch, should_sto
         count = len(completions)
         references = kwargs.get("reference") or [None] * count
         rows = kwargs.get("row") or [None] * count
-        episodes = kwargs.get("episode_scores") or [None] * count
+        episode_scores = kwargs.get("episode_scores") or [None] * count
         parsed: dict[str, dict] = {}  # each row repeats once per generation; parse it once
         scores: list[float] = []
         failed = 0
         prepare(reward, [completion_text(completion) for completion in completions])
-        for prompt, completion, reference, row, episode in zip(prompts, completions, references, rows, episodes,
-                                                               strict=True):
+        for prompt, completion, reference, row, episode_score in zip(prompts, completions, references, rows,
+                                                                     episode_scores, strict=True):
             check_stop(should_stop)
             if isinstance(row, str):
                 if row not in parsed:
                     parsed[row] = json.loads(row)
                 row = parsed[row]
-            if episode is not None:
-                row = {**(row or {}), EPISODE_SCORE: episode}
+            if episode_score is not None:
+                row = {**(row or {}), EPISODE_SCORE: episode_score}
             score, error = safe_score(reward, last_user_text(prompt), completion_text(completion), reference or None,
                                       row or {}, failures)
             scores.append(score)

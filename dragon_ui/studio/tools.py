@@ -13,9 +13,8 @@ from ..errors import ConfigError
 from ..public import LAPTOP, Policy
 from ..engine.tool_calls import EPISODE_TOOLS, ToolUse
 from ..rewards import EPISODE_SCORE
-from ..tools.environments import tool_methods
-from ..tools import (DEFAULT_NAMES, ENVIRONMENT_KINDS, TOOL_KINDS, ToolSpec, build_environments, build_tools, demonstration, described,
-                     parse_tools, tool_schema)
+from ..tools import (DEFAULT_NAMES, ENVIRONMENT_KINDS, TOOL_KINDS, ToolSpec, build_environments, build_tools,
+                     demonstration, described, environment_tools, form_settings, parse_tools, tool_schema)
 from .playground import data_config, every_row, load_rows, map_rows
 
 TABLE_COLUMNS = ["name", "kind", "what the model is told", "worked examples"]
@@ -107,7 +106,7 @@ def shown_schema(draft: dict, name: str, policy: Policy = LAPTOP) -> tuple[str, 
     play against the data's first row."""
     spec, function = draft_tool(draft, name, policy)
     if spec.is_environment:
-        methods = [getattr(function, method) for method in tool_methods(function)]
+        methods = environment_tools(function)
         schema = json.dumps([tool_schema(method) for method in methods], indent=2, ensure_ascii=False)
         first = tool_schema(methods[0])["function"]
         return schema, json.dumps([{first["name"]: _blank_arguments(first)}], ensure_ascii=False)
@@ -162,7 +161,8 @@ def _play(draft: dict, spec: ToolSpec, factory, calls, policy: Policy) -> str:
     use = ToolUse([], environments={spec.name: factory})
     (episode,) = use.episodes(use.shown(examples[:1]))
     tools = {function.__name__: function for function in episode[EPISODE_TOOLS]}
-    lines = [f"Reset with row {examples[0].get('number', 1)} (reference answer: {examples[0].get('reference') or '—'})."]
+    first = examples[0]
+    lines = [f"Reset with row {first.get('number', 1)} (reference answer: {first.get('reference') or '—'})."]
     for call in calls:
         (tool, arguments), = call.items()
         if tool not in tools:
@@ -178,12 +178,12 @@ def _play(draft: dict, spec: ToolSpec, factory, calls, policy: Policy) -> str:
 def new_spec(kind: str, name: str, settings: dict, examples: str) -> dict:
     """The tool the Tools section's form describes: its kind, name, the kind's settings, its worked examples."""
     spec = {"kind": kind, "name": (name or "").strip() or DEFAULT_NAMES.get(kind) or None}
-    allowed = {"lookup": ("key_column", "value_column", "description"), "search": ("column", "description"),
-               "custom": ("code", "function"), "environment": ("code", "class_name")}.get(kind, ())
+    allowed = form_settings(kind)
     spec.update({key: value for key, value in settings.items() if key in allowed and value not in (None, "")})
     spec["examples"] = parse_examples(examples)
     return spec
 
 
-__all__ = ["ENVIRONMENT_KINDS", "SAMPLE_ARGUMENTS", "TABLE_COLUMNS", "TOOL_KINDS", "ToolSpec", "added", "draft_tool", "new_spec",
-           "parse_examples", "removed", "shown_schema", "tools_table", "try_tool", "validated"]
+__all__ = ["ENVIRONMENT_KINDS", "SAMPLE_ARGUMENTS", "TABLE_COLUMNS", "TOOL_KINDS", "ToolSpec", "added", "draft_tool",
+           "form_settings", "new_spec", "parse_examples", "removed", "shown_schema", "tools_table", "try_tool",
+           "validated"]

@@ -14,13 +14,14 @@ from ..errors import ConfigError
 from ..public import LAPTOP, Policy
 from .bounds import ANSWER_CHARS, answered, cut
 from .builtin import ToolError, calculator, convert_units, make_lookup, make_search
-from .environments import Played, environment_class, environment_factory, tool_methods
+from .environments import Played, environment_class, environment_factory, environment_tools, tool_methods
 from .spec import (DEFAULT_NAMES, ENVIRONMENT_KINDS, MOST_EXAMPLES, MOST_TOOLS, TOOL_KINDS, ToolExample, ToolSpec,
-                   parse_tools, public_refusal)
+                   form_settings, parse_tools, public_refusal)
 
 __all__ = ["ANSWER_CHARS", "DEFAULT_NAMES", "ENVIRONMENT_KINDS", "MOST_EXAMPLES", "MOST_TOOLS", "TOOL_KINDS",
            "Played", "ToolError", "ToolExample", "ToolSpec", "build_environments", "build_tools", "demonstration",
-           "described", "parse_tools", "public_refusal", "tool_schema", "with_demonstration"]
+           "environment_tools",
+           "described", "form_settings", "parse_tools", "public_refusal", "tool_schema", "with_demonstration"]
 
 
 def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = None,
@@ -59,15 +60,15 @@ def build_environments(specs: list[ToolSpec], base_dir: str | None = None,
         where = f"tools[{index}]"
         _refuse(spec, policy, where)
         factory = environment_factory(spec, base_dir, should_stop, where)
-        for method in tool_methods(factory._kind):
-            if method in names:
-                raise ConfigError(f"{where}: the {spec.name} environment's tool {method!r} has the name of "
-                                  f"{names[method]}; rename that tool.")
+        for method in environment_tools(factory):
+            if method.__name__ in names:
+                raise ConfigError(f"{where}: the {spec.name} environment's tool {method.__name__!r} has the name of "
+                                  f"{names[method.__name__]}; rename that tool.")
             try:
-                tool_schema(getattr(factory._kind, method))
+                tool_schema(method)
             except Exception as error:  # transformers' schema errors name what is missing; said with the setting
                 raise ConfigError(f"{where}: the model cannot be shown the {spec.name} environment's tool "
-                                  f"{method!r}: {error}") from None
+                                  f"{method.__name__!r}: {error}") from None
         factories[spec.name] = factory
     return factories
 

@@ -167,6 +167,12 @@ def tool_methods(kind: type) -> dict[str, Callable]:
             if not name.startswith("_") and name not in NOT_TOOLS}
 
 
+def environment_tools(environment: Played | type[Played]) -> list[Callable]:
+    """What the model may call of a Played environment (a conversation's), or of its class (their schemas)."""
+    kind = environment if inspect.isclass(environment) else type(environment)
+    return [getattr(environment, name) for name in tool_methods(kind)]
+
+
 def environment_class(spec, base_dir: str | None, where: str) -> type:
     """The class of an environment spec: a bundled one, or the user's (its code loaded here); ConfigError when it
     is not a class with ``reset``."""
@@ -204,13 +210,13 @@ def _bounded_method(name: str, function: Callable, should_stop: Callable[[], boo
     return method
 
 
-def check_playable(kind: type, reference: str | None, where: str) -> None:
+def check_playable(played: type[Played], reference: str | None, where: str) -> None:
     """Refuse, before a run starts, a row a bundled environment cannot be reset with (its reference answer is not a
     number); a custom environment's rows are its own to check."""
-    check = getattr(kind, "_playable", None)
+    check = getattr(played._kind, "_playable", None)
     if check is None:
         return
     try:
         check(reference)
     except ToolError as error:
-        raise ConfigError(f"{where}: the {kind.__name__} environment cannot play it: {error}.") from None
+        raise ConfigError(f"{where}: the {played.__name__} environment cannot play it: {error}.") from None

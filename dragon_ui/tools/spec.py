@@ -128,6 +128,11 @@ class ToolSpec:
         return out
 
 
+def form_settings(kind: str) -> tuple[str, ...]:
+    """The settings of a tool kind that the Tools section's form sets (all but ``file``: there, code is typed)."""
+    return tuple(setting for setting in _KIND_FIELDS.get(kind, ()) if setting != "file")
+
+
 def public_refusal(kind: str, policy: Policy) -> str | None:
     """Why ``policy`` refuses a tool of this kind (its code would run on the server); None where it allows it."""
     return PUBLIC_REFUSAL if policy.public and kind in CODE_KINDS else None

@@ -16,12 +16,10 @@ import pandas as pd
 
 from ..errors import DragonError
 from ..public import LAPTOP, Policy
-from ..studio.tools import (ENVIRONMENT_KINDS, TABLE_COLUMNS, TOOL_KINDS, added, new_spec, removed, shown_schema, tools_table,
-                            try_tool, validated)
+from ..studio.tools import (ENVIRONMENT_KINDS, TABLE_COLUMNS, TOOL_KINDS, added, form_settings, new_spec, removed,
+                            shown_schema, tools_table, try_tool, validated)
 from .common import Shared, message
 
-KIND_SETTINGS = {"lookup": ("key_column", "value_column", "description"), "search": ("column", "description"),
-                 "custom": ("code", "function"), "environment": ("code", "class_name")}
 SETTING_NAMES = ("key_column", "value_column", "column", "description", "code", "function", "class_name")
 CODE_KINDS = ("custom", "environment")
 STARTER_CODE = '''def tool(city: str) -> str:
@@ -102,7 +100,7 @@ def remove_tool(tools: list[dict], chosen: str, policy: Policy = LAPTOP) -> list
 
 def change_kind(kind: str) -> list:
     """The settings of the chosen kind, its help, its starter code, and the worked examples (not an environment's)."""
-    shown = KIND_SETTINGS.get(kind, ())
+    shown = form_settings(kind)
     updates = {setting: gr.update(visible=setting in shown) for setting in SETTING_NAMES}
     if kind in CODE_KINDS:
         updates["code"] = gr.update(visible=True, value=STARTER_ENVIRONMENT if kind == "environment" else STARTER_CODE)
