@@ -93,12 +93,13 @@ def screenshots(runs: list[Path], folder: Path) -> None:
 
     from dragon_ui.studio.backend import Studio
     from dragon_ui.ui import build_app
+    from dragon_ui.ui.app import launch
 
     (runs_dir,) = {Path(run).resolve().parent for run in runs}
     ids = [Path(run).name for run in runs]
     demo = build_app(Studio(runs_dir))
-    demo.queue().launch(prevent_thread_lock=True, quiet=True, theme=gr.themes.Soft(primary_hue="emerald"),
-                        css_paths=[str(REPO / "dragon_ui" / "assets" / "app.css")])
+    launch(demo, prevent_thread_lock=True, quiet=True, theme=gr.themes.Soft(primary_hue="emerald"),
+           css_paths=[str(REPO / "dragon_ui" / "assets" / "app.css")])
     folder.mkdir(parents=True, exist_ok=True)
     try:
         with sync_playwright() as playwright:

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .public import visitor
+from .public import visitor, without_secrets
 
 MEMORY_MB = 2048  # the reading process's address space: Python, the reading library, and the rows
 SECONDS = 60  # one read, from the process's start to its answer
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])  # holds dragon_ui: a child imports this copy of it
 WAIT_SECONDS = 120  # how long a read waits for the one before it
-SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "DRAGON_UI_OWNER_KEY")  # never in a child's environment
 
 READER_NICENESS = 10  # the Linux nice of a process that serves visitors: the server's handlers and the training first
 WAITING_PER_ASKER = 2  # turns one network address may have waiting behind the running one
@@ -134,7 +133,7 @@ def lower_priority() -> None:
 def child_environment() -> dict[str, str]:
     """The environment of a process that handles what visitors send (a file to read, an answer to check): the app's,
     without the server's Hub tokens or the demo's owner key, and finding this copy of dragon_ui."""
-    environment = {key: value for key, value in os.environ.items() if key not in SECRETS}
+    environment = without_secrets(dict(os.environ))
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))
     return environment
 

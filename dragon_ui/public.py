@@ -6,8 +6,13 @@ to a run are in ``engine/public_checks.py``; the data loader and the rewards tak
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import hashlib
+import ipaddress
 import os
+import threading
+import time
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -18,7 +23,10 @@ PUBLIC_ENV = "DRAGON_UI_PUBLIC"
 MODELS_ENV = "DRAGON_UI_PUBLIC_MODELS"
 CLASSIFIERS_ENV = "DRAGON_UI_PUBLIC_CLASSIFIERS"
 OWNER_KEY_ENV = "DRAGON_UI_OWNER_KEY"
+PROXIES_ENV = "DRAGON_UI_PROXIES"
 LIFT = "run Dragon GRPO Studio on your own machine (make run)"  # how every refusal says a limit is lifted
+HUB_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH")  # how the Hub's libraries find a token
+SHARE_WINDOW_S = 600  # the window of each network address's share of the disk (Limits.disk_mb, Limits.disk_files)
 
 
 def _limit(default: float, env: str, meaning: str):
@@ -55,6 +63,17 @@ class Limits:
     starts_per_hour: int = _limit(10, "DRAGON_UI_MAX_STARTS_PER_HOUR", "starts and resumes per network address "
                                   "per hour")
     keep_hours: float = _limit(72, "DRAGON_UI_KEEP_HOURS", "hours a finished run and an upload are kept")
+    preflights_per_hour: int = _limit(20, "DRAGON_UI_MAX_PREFLIGHTS_PER_HOUR", "pre-flights (Will it learn?) per "
+                                      "network address per hour")
+    waiting_per_session: int = _limit(12, "DRAGON_UI_MAX_WAITING_PER_SESSION", "events one page (or API session) "
+                                      "may have in the server's queue: waiting, running, or answered but not read")
+    waiting_mb_per_address: float = _limit(64, "DRAGON_UI_MAX_WAITING_MB_PER_ADDRESS", "MB the events from one "
+                                           "network address may hold in the server's queue, as the server estimates "
+                                           "them")
+    disk_mb: float = _limit(100, "DRAGON_UI_MAX_DISK_MB", f"MB of uploads and downloads the server writes for one "
+                            f"network address per {SHARE_WINDOW_S // 60} minutes")
+    disk_files: int = _limit(30, "DRAGON_UI_MAX_DISK_FILES", f"files (uploads and downloads) the server writes for "
+                             f"one network address per {SHARE_WINDOW_S // 60} minutes")
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -93,6 +112,44 @@ def _listed(env: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in os.environ.get(env, "").split(",") if part.strip())
 
 
+def _proxies() -> int:
+    """How many reverse proxies in front of the app add the address they saw to X-Forwarded-For: as
+    ``DRAGON_UI_PROXIES`` says, else 1 on a Space (the Space's own proxy) and 0 elsewhere."""
+    raw = os.environ.get(PROXIES_ENV, "").strip()
+    if not raw:
+        return 1 if os.environ.get("SPACE_ID") else 0
+    if not raw.isdigit() or int(raw) > 10:
+        raise ConfigError(f"{PROXIES_ENV} must be a whole number from 0 to 10 (the reverse proxies in front of the "
+                          f"app that add to X-Forwarded-For); got {raw!r}.")
+    return int(raw)
+
+
+def without_secrets(environment: dict[str, str], hub_token: bool = False) -> dict[str, str]:
+    """``environment`` for a process of the app's: without the demo's owner key, and unless ``hub_token`` without
+    the Hub tokens, nor the token a login saved on the disk (HF_HUB_DISABLE_IMPLICIT_TOKEN)."""
+    kept_out = {OWNER_KEY_ENV, *(() if hub_token else HUB_TOKENS)}
+    kept = {key: value for key, value in environment.items() if key not in kept_out}
+    return kept if hub_token else {**kept, "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
+
+
+def _one_visitor(host: str) -> str:
+    """What tells one visitor's address from another's: an IPv4 address (an IPv4 one mapped into IPv6 too), an IPv6
+    address's /64 network, or the text itself where it is no address."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        mapped = address.ipv4_mapped
+        return str(mapped) if mapped else str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+def key_of(text: str) -> str:
+    """A short hash of ``text``: what the app keeps of a browser's token or a network address."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
 @dataclass(frozen=True)
 class Policy:
     """What this app allows: on a laptop (``LAPTOP``) everything; in a public demo (``limits`` set) each visitor's
@@ -102,6 +159,7 @@ class Policy:
     models: tuple[str, ...] = ()  # model ids the owner adds to the public allow-list
     classifiers: tuple[str, ...] = ()  # the classifier models a public demo's classifier rewards may use
     owner_key: str = field(default="", repr=False)  # unlocks every run for the Space's owner; empty: nobody has it
+    proxies: int = 0  # reverse proxies in front of the app that add to X-Forwarded-For (network_address)
 
     @property
     def public(self) -> bool:
@@ -116,7 +174,17 @@ class Policy:
         if not (os.environ.get("SPACE_ID") or os.environ.get(PUBLIC_ENV) == "1"):
             return LAPTOP
         return cls(limits=Limits.from_env(), models=_listed(MODELS_ENV), classifiers=_listed(CLASSIFIERS_ENV),
-                   owner_key=os.environ.get(OWNER_KEY_ENV, "").strip())
+                   owner_key=os.environ.get(OWNER_KEY_ENV, "").strip(), proxies=_proxies())
+
+    def network_address(self, forwarded_for: str | None, connection: str | None) -> str | None:
+        """A hash of the network address a request came from: the address the outermost of the ``proxies`` saw,
+        which is the ``proxies``-th entry of X-Forwarded-For from the right (each proxy appends the address that
+        connected to it; whatever stands left of that, the client wrote). With no proxies, or a header shorter than
+        they make it (a request that did not come through them), the connection's own address. An IPv6 address
+        counts by its /64 network, which one subscriber is given whole."""
+        hops = [hop.strip() for hop in (forwarded_for or "").split(",")]
+        host = hops[-self.proxies] if 0 < self.proxies <= len(hops) and hops[-self.proxies] else connection
+        return key_of(f"address:{_one_visitor(host)}") if host else None
 
     def to_json(self) -> dict:
         """What a training process needs of it (not the owner key): the app hands it over with each run."""
@@ -146,6 +214,53 @@ class Policy:
 
 
 LAPTOP = Policy()
+
+
+class Allowance:
+    """What each asker (a network address) has spent in the last ``window_s`` seconds, of something a public demo
+    shares out: starts, pre-flights, bytes and files written. Spending is counted per second, so an asker that spends
+    a little at a time holds at most ``window_s`` counts; askers with nothing left in the window are forgotten.
+    Thread-safe."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._spent: dict[str, collections.deque[list]] = {}  # asker -> [second, amount], oldest first
+        self._lock = threading.Lock()
+
+    def take(self, asker: str, amount: float, most: float) -> bool:
+        """Count ``amount`` against ``asker``, unless that would pass ``most`` in the window: then False, counting
+        nothing."""
+        with self._lock:
+            counts = self._current(asker)
+            if sum(spent for _, spent in counts) + amount > most:
+                return False
+            now = time.monotonic()
+            if counts and int(now) == int(counts[-1][0]):
+                counts[-1][1] += amount
+            elif amount:
+                counts.append([now, amount])
+                self._spent[asker] = counts
+            return True
+
+    def spent(self, asker: str) -> float:
+        with self._lock:
+            return sum(spent for _, spent in self._current(asker))
+
+    def minutes_to_wait(self, asker: str) -> int:
+        """Whole minutes (at least 1) until the oldest spending of ``asker`` leaves the window: for a refusal."""
+        with self._lock:
+            counts = self._current(asker)
+            left = self.window_s - (time.monotonic() - counts[0][0]) if counts else self.window_s
+        return max(1, round(left / 60))
+
+    def _current(self, asker: str) -> collections.deque[list]:
+        """``asker``'s counts still in the window (forgetting the asker when none is); the caller holds the lock."""
+        counts = self._spent.get(asker, collections.deque())
+        while counts and time.monotonic() - counts[0][0] >= self.window_s:
+            counts.popleft()
+        if not counts:
+            self._spent.pop(asker, None)
+        return counts
 
 
 @dataclass(frozen=True)

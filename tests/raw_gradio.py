@@ -75,9 +75,10 @@ class App:
 class RawVisitor:
     """One session of the app: sends events by fn_index with inputs it chooses, and keeps every answer."""
 
-    def __init__(self, app: App, session: str | None = None) -> None:
+    def __init__(self, app: App, session: str | None = None, headers: dict | None = None) -> None:
         self.app = app
         self.session = secrets.token_hex(8) if session is None else session
+        self.headers = headers or {}  # sent with every request (an X-Forwarded-For: another network address)
         self.answers: list[tuple[str, str]] = []  # (what was sent, what came back)
 
     def inputs(self, event: dict, values: dict) -> list:
@@ -111,12 +112,18 @@ class RawVisitor:
         event = self.app.page_load()
         return self.send(event["id"], self.inputs(event, kept))
 
+    def join(self, fn_index: int, data: list, trigger_id: int | None = None, timeout: float = 120,
+             headers: dict | None = None) -> httpx.Response:
+        """Put one event in gradio's queue by its fn_index, as the page's client does, without reading its result."""
+        body = {"data": data, "fn_index": fn_index, "trigger_id": trigger_id, "session_hash": self.session,
+                "event_data": None}
+        return httpx.post(f"{self.app.url}/gradio_api/queue/join", json=body, timeout=timeout,
+                          headers={**self.headers, **(headers or {})})
+
     def send(self, fn_index: int, data: list, trigger_id: int | None = None, timeout: float = 120) -> Answer:
         """One event by its fn_index, through gradio's queue, as the page's client sends it."""
         started = time.monotonic()
-        body = {"data": data, "fn_index": fn_index, "trigger_id": trigger_id, "session_hash": self.session,
-                "event_data": None}
-        joined = httpx.post(f"{self.app.url}/gradio_api/queue/join", json=body, timeout=timeout)
+        joined = self.join(fn_index, data, trigger_id, timeout)
         if joined.status_code != 200:
             answer = Answer(False, error=f"HTTP {joined.status_code}: {joined.text}")
         else:
@@ -127,7 +134,7 @@ class RawVisitor:
 
     def _result(self, event_id: str, timeout: float) -> Answer:
         with httpx.stream("GET", f"{self.app.url}/gradio_api/queue/data", params={"session_hash": self.session},
-                          timeout=timeout) as stream:
+                          timeout=timeout, headers=self.headers) as stream:
             for line in stream.iter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -144,7 +151,7 @@ class RawVisitor:
         """Upload a file as a page does (gradio's upload route); the FileData an upload event then sends."""
         with open(path, "rb") as handle:
             response = httpx.post(f"{self.app.url}/gradio_api/upload", files={"files": (path.name, handle)},
-                                  timeout=60)
+                                  timeout=60, headers=self.headers)
         (stored,) = response.raise_for_status().json()
         return file_data(stored, path.name)
 

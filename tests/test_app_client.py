@@ -23,6 +23,7 @@ from gradio_client.exceptions import AppError
 from conftest import write_arithmetic_csv
 from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app
+from dragon_ui.ui.app import launch
 
 pytestmark = pytest.mark.timeout(300)
 RUN_TIMEOUT_S = 180
@@ -30,11 +31,12 @@ RUN_TIMEOUT_S = 180
 
 @contextlib.contextmanager
 def served_app(demo: gr.Blocks, **launch_options) -> Iterator[str]:
-    """Serve a built app on a free local port while the block runs; yields its URL and closes the server after."""
+    """Serve a built app on a free local port, as the app serves itself (app.launch: a public demo with its guards),
+    while the block runs; yields its URL and closes the server after."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    demo.queue().launch(prevent_thread_lock=True, server_port=port, quiet=True, **launch_options)
+    launch(demo, prevent_thread_lock=True, server_port=port, quiet=True, **launch_options)
     try:
         yield demo.local_url
     finally:

@@ -25,12 +25,14 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
+import yaml
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from playwright import sync_api
 
 from dragon_ui.config import DEFAULT_MODEL_ID
 from dragon_ui.engine import preflight, training
+from dragon_ui.runstore import slug
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
 from dragon_ui.ui.app import DRAFT_STORAGE_KEY
@@ -195,6 +197,12 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
         line.scroll_into_view_if_needed()
         page.mouse.wheel(0, 600)
     expect(yaml_view).to_contain_text(f"group_size: {SCENARIO['group_size']}")
+    with page.expect_download() as saving:  # the browser saves the YAML shown; the server writes nothing for it
+        page.get_by_role("button", name="Download the YAML").click()
+    saved = saving.value
+    assert saved.suggested_filename == f"{slug(page.locator('#model-run-name textarea').input_value())}.yaml"
+    kept = yaml.safe_load(Path(saved.path()).read_text(encoding="utf-8"))
+    assert kept["model"]["id"] == model and kept["grpo"]["group_size"] == SCENARIO["group_size"]
     page.locator("#model-start").click()
 
     # 4 · Train: Start switches here; the charts and the latest completions fill in as steps complete.

@@ -391,6 +391,7 @@ def test_every_event_of_the_app_knows_its_visitor(public_mode, studio):
         gr.Button().click(who_over_time, None, gr.Textbox(), api_name="who_over_time")  # a generator's each step
         gr.Button().click(who_and_which_page, None, gr.Textbox(), api_name="who_and_which_page")
     serve_as_visitors(demo, studio)
+    demo.studio = studio  # served as the app is, with a public demo's guards
     with served_app(demo) as url:
         first, second = Client(url, verbose=False), Client(url, verbose=False)
         assert first.predict(api_name="/who") == first.predict(api_name="/who") != second.predict(api_name="/who")
@@ -442,11 +443,10 @@ def public_client(public_mode, runs_dir):
 
     from dragon_ui.studio.backend import Studio
     from dragon_ui.ui import build_app
-    from dragon_ui.ui.app import serving_options
     from test_app_client import served_app
 
     studio = Studio(runs_dir=runs_dir, policy=demo())
-    with served_app(build_app(studio), **serving_options(studio)) as url:
+    with served_app(build_app(studio)) as url:
         yield studio, Client(url, verbose=False), Client(url, verbose=False)
     while (handle := training.active_run()) is not None:
         handle.stop()
@@ -515,13 +515,15 @@ def test_over_the_api_one_visitor_cannot_stop_anothers_run(public_client, public
 
 def test_uploads_are_capped_at_the_limit(public_mode, monkeypatch, runs_dir):
     from dragon_ui.studio.backend import Studio
+    from dragon_ui.ui import guard
     from dragon_ui.ui.app import serving_options
 
     monkeypatch.setenv("DRAGON_UI_MAX_UPLOAD_MB", "5")
     options = serving_options(Studio(runs_dir=runs_dir, policy=demo()))
     assert options["max_file_size"] == "5mb" and "allowed_paths" not in options  # the runs folder is not served
-    limits, _ = options["app_kwargs"]["middleware"]  # and guard.SessionDoor
-    assert limits.kwargs == {"upload_bytes": 25 * 2**20}  # five uploads' worth per address and ten minutes
+    assert not options["run_history"] and not options["enable_monitoring"]
+    routes, limits, door = options["app_kwargs"]["middleware"]
+    assert (routes.cls, limits.cls, door.cls) == (guard.OpenRoutes, guard.RequestLimits, guard.SessionDoor)
 
 
 def test_the_data_preview_reads_no_server_path(public_mode, nothing_is_read):

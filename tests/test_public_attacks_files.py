@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import json
 import os
 import secrets
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 from raw_gradio import RawVisitor
-from starlette.formparsers import MultiPartException
 import test_public_attacks as attacks
 from test_public_attacks import (DRAFT_STORE, LIMITS, TOKEN_STORE, Demo, another_visitor_answered_within,
                                  assert_nothing_leaked, base_draft, expect_refusal)
@@ -29,26 +30,28 @@ from test_public_attacks import (DRAFT_STORE, LIMITS, TOKEN_STORE, Demo, another
 import dragon_ui
 from dragon_ui import experiments, public
 from dragon_ui.data import BUNDLED_DATASETS_DIR
-from dragon_ui.studio.files import real_source, shown_source
+from dragon_ui.studio.files import Files, real_source, shown_source
 from dragon_ui.studio.recipes import Recipes
-from dragon_ui.studio.visitors import key_of
+from dragon_ui.public import key_of
 from dragon_ui.ui import guard
 
 demo, victim, no_training = attacks.demo, attacks.victim, attacks.no_training  # its fixtures, used here by name
 UPLOAD_MB = 2
-SHARE = UPLOAD_MB * guard.UPLOADS_PER_WINDOW * 2**20
+SHARE_MB = 10
+SHARE = SHARE_MB * 2**20
 FILE_BYTES = int(1.9 * 2**20)  # under the upload limit
 BOUNDARY = secrets.token_hex(16)
 FORM_HEAD = (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="files"; filename="part.csv"\r\n'
              "Content-Type: text/csv\r\n\r\n").encode()
 FORM_TAIL = f"\r\n--{BOUNDARY}--\r\n".encode()
 UPLOADS_IN_A_SHARE = SHARE // (len(FORM_HEAD) + FILE_BYTES + len(FORM_TAIL))
-SHARE_SPENT = "Uploads from your network address have reached this public demo's share of 10 MB per 10 minutes"
+SHARE_SPENT = ("Uploads and downloads from your network address have reached this public demo's share of 10 MB "
+               "per 10 minutes")
 
 
 @pytest.fixture(scope="module")
 def demo_limits() -> dict:
-    return {**LIMITS, "DRAGON_UI_MAX_UPLOAD_MB": str(UPLOAD_MB)}
+    return {**LIMITS, "DRAGON_UI_MAX_UPLOAD_MB": str(UPLOAD_MB), "DRAGON_UI_MAX_DISK_MB": str(SHARE_MB)}
 
 
 @pytest.fixture
@@ -235,30 +238,39 @@ def test_anothers_upload_cannot_be_named_as_it_is_shown(attacked, victim, tiny_m
 # The rules, table by table.
 
 
-def gradio_like(reached: list[int]):
-    """An ASGI app that reads an upload as gradio's parser does: a MultiPartException from receive() means it
-    deletes what it wrote and answers 400. ``reached`` gets every chunk's size that reached it."""
-    async def app(scope, receive, send):
-        status, answer, more = 200, b"[]", True
-        try:
-            while more:
-                message = await receive()
-                reached.append(len(message.get("body", b"")))
-                more = message.get("more_body", False)
-        except MultiPartException as exc:
-            status, answer = 400, exc.message.encode()
-        await send({"type": "http.response.start", "status": status, "headers": []})
-        await send({"type": "http.response.body", "body": answer})
+SHARE_BYTES = 5000  # a file's bytes that fit an address's share in the rules below, besides two forms' head and tail
+FORM_BYTES = len(FORM_HEAD) + len(FORM_TAIL)
 
-    return app
+
+@pytest.fixture
+def share_of(tmp_path, monkeypatch):
+    """RequestLimits of a public demo whose addresses' share of the disk fits SHARE_BYTES of files in two uploads,
+    and the folder its uploads arrive in."""
+    monkeypatch.setattr(public, "time", FakeTime())
+    limits = public.Limits(disk_mb=(SHARE_BYTES + 2 * FORM_BYTES) / 2**20)
+    files = Files(tmp_path / "runs", public.Policy(limits=limits))
+    files.serve_from(tmp_path / "cache")
+    return guard.RequestLimits(None, files=files, policy=files.policy), files.arrivals
+
+
+class FakeTime:
+    """public.py's time, its clock moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
 
 
 async def upload_through(limits: guard.RequestLimits, declared: int | None, chunks: list[int],
                          address: str = "10.0.0.1") -> tuple[int, str]:
-    """(status, answer) of an upload of ``chunks`` (their sizes) declaring ``declared`` bytes (None: chunked);
-    each chunk lets the other uploads run, as a connection's arrivals do."""
-    pending = [{"type": "http.request", "body": b"x" * size, "more_body": at < len(chunks) - 1}
-               for at, size in enumerate(chunks)]
+    """(status, answer) of an upload of one file sent in ``chunks`` (their sizes) after the form's head, declaring
+    ``declared`` bytes of file besides the form (None: chunked); each chunk lets the other uploads run, as a
+    connection's arrivals do."""
+    parts = [FORM_HEAD, *[b"x" * size for size in chunks], FORM_TAIL]
+    pending = [{"type": "http.request", "body": part, "more_body": at < len(parts) - 1}
+               for at, part in enumerate(parts)]
     sent = []
 
     async def receive():
@@ -268,14 +280,23 @@ async def upload_through(limits: guard.RequestLimits, declared: int | None, chun
     async def send(message):
         sent.append(message)
 
-    headers = [(b"content-length", str(declared).encode())] if declared is not None else []
+    headers = [(b"content-type", f"multipart/form-data; boundary={BOUNDARY}".encode())]
+    if declared is not None:
+        headers.append((b"content-length", str(declared + FORM_BYTES).encode()))
+    received = set()
+    app = SimpleNamespace(get_blocks=lambda: SimpleNamespace(upload_file_set=received))
     scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload", "headers": headers,
-             "client": (address, 1)}
+             "client": (address, 1), "query_string": b"", "app": app}
     await limits(scope, receive, send)
     return sent[0]["status"], b"".join(message.get("body", b"") for message in sent[1:]).decode()
 
 
-SHARE_CASES = {  # uploads (declared length, chunk sizes) one after another from one address with a share of 5000
+def arrived(folder: Path) -> list[int]:
+    """The sizes of the files that arrived, each in a folder of its own."""
+    return sorted(path.stat().st_size for path in folder.glob("*/*"))
+
+
+SHARE_CASES = {  # uploads (declared length, chunk sizes) one after another from one address (share_of)
     "chunked: counted as it arrives": ([(None, [1000] * 3), (None, [1000] * 3)], [200, 429]),
     "declared: counted at once, then chunked": ([(4000, [4000]), (None, [500] * 4)], [200, 429]),
     "declared past the share: refused unread": ([(6000, [6000]), (None, [1000] * 5)], [429, 200]),
@@ -285,38 +306,67 @@ SHARE_CASES = {  # uploads (declared length, chunk sizes) one after another from
 
 
 @pytest.mark.parametrize("uploads, statuses", SHARE_CASES.values(), ids=SHARE_CASES.keys())
-def test_an_address_share_counts_every_upload_byte_before_the_app_gets_it(uploads, statuses):
-    reached: list[int] = []
-    limits = guard.RequestLimits(gradio_like(reached), upload_bytes=5000)
+def test_an_address_share_counts_every_upload_byte_before_it_is_kept(share_of, uploads, statuses):
+    limits, folder = share_of
     answers = [asyncio.run(upload_through(limits, declared, chunks)) for declared, chunks in uploads]
     assert [status for status, _ in answers] == statuses
     assert all("reached this public demo's share" in answer for status, answer in answers if status == 429)
-    assert sum(reached) <= 5000
+    assert sum(arrived(folder)) <= SHARE_BYTES  # nothing of a refused upload is left
     assert asyncio.run(upload_through(limits, None, [5000], address="10.0.0.2"))[0] == 200  # another address's
 
 
-def test_the_chunks_of_uploads_side_by_side_count_before_the_app_gets_them():
-    """Eight chunked uploads at once from one address, their chunks interleaved: the app gets no byte past the
-    share, and those refused are answered 429."""
-    reached: list[int] = []
-    limits = guard.RequestLimits(gradio_like(reached), upload_bytes=5000)
+def test_the_chunks_of_uploads_side_by_side_count_before_they_are_kept(share_of):
+    """Eight chunked uploads at once from one address, their chunks interleaved: no byte past the share is kept,
+    and those refused are answered 429."""
+    limits, folder = share_of
 
     async def side_by_side():
         return await asyncio.gather(*(upload_through(limits, None, [250] * 8) for _ in range(8)))
 
     statuses = [status for status, _ in asyncio.run(side_by_side())]
-    assert sum(reached) <= 5000 and 429 in statuses and set(statuses) <= {200, 429}
+    assert 429 in statuses and set(statuses) <= {200, 429}
+    assert arrived(folder) == [2000] * statuses.count(200) and sum(arrived(folder)) <= SHARE_BYTES
 
 
-def test_the_share_is_whole_again_after_the_window(monkeypatch):
-    now = [1000.0]
-    monkeypatch.setattr(guard.time, "monotonic", lambda: now[0])
-    limits = guard.RequestLimits(gradio_like([]), upload_bytes=5000)
+def test_the_share_is_whole_again_after_the_window(share_of):
+    limits, _ = share_of
     assert asyncio.run(upload_through(limits, None, [4000]))[0] == 200
-    now[0] += guard.UPLOAD_WINDOW_S - 1
+    public.time.now += public.SHARE_WINDOW_S - 1
     assert asyncio.run(upload_through(limits, None, [2000]))[0] == 429
-    now[0] += 1
+    public.time.now += 1
     assert asyncio.run(upload_through(limits, None, [4000]))[0] == 200
+
+
+def test_an_upload_carries_one_file_and_identical_ones_stay_two(share_of):
+    """Findings: one request carried 1,000 files, each in a folder of its own that gradio's hourly clean-up left
+    behind; and two visitors' identical uploads shared gradio's one folder, so the first one's upload event took
+    the other's file away. Now a request of two files is refused with nothing kept, and identical bytes arrive
+    twice, each in a folder of its own."""
+    limits, folder = share_of
+    two = FORM_HEAD + b"a" * 10 + f"\r\n--{BOUNDARY}\r\n".encode() + FORM_HEAD.split(b"\r\n", 1)[1] + b"b" * 10 + FORM_TAIL
+
+    async def posted(body: bytes) -> tuple[int, str]:
+        sent, pending = [], [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        app = SimpleNamespace(get_blocks=lambda: SimpleNamespace(upload_file_set=set()))
+        scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload", "query_string": b"", "app": app,
+                 "headers": [(b"content-type", f"multipart/form-data; boundary={BOUNDARY}".encode())],
+                 "client": ("10.0.0.3", 1)}
+        await limits(scope, receive, send)
+        return sent[0]["status"], sent[1]["body"].decode()
+
+    status, answer = asyncio.run(posted(two))
+    assert status == 400 and "carries 1 file" in answer and arrived(folder) == []
+    same = FORM_HEAD + b"same bytes" + FORM_TAIL
+    (first, one), (second, other) = asyncio.run(posted(same)), asyncio.run(posted(same))
+    assert first == second == 200 and json.loads(one) != json.loads(other)
+    assert [Path(path).read_bytes() for path in [*json.loads(one), *json.loads(other)]] == [b"same bytes"] * 2
 
 
 CSV_CELLS = {  # what a name is exported as: a text a spreadsheet could run as a formula gets a quote

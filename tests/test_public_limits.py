@@ -36,7 +36,8 @@ def public_mode(monkeypatch, tiny_model_dir, runs_dir):
     monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
     for env, _, _ in public.Limits.documented():
         monkeypatch.delenv(env, raising=False)
-    public_checks._starts.clear()
+    monkeypatch.setattr(public_checks, "_starts", public.Allowance(window_s=3600))
+    monkeypatch.setattr(public_checks, "_preflights", public.Allowance(window_s=3600))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -751,17 +752,21 @@ def test_sessions_no_longer_in_use_are_remembered_up_to_a_bound(monkeypatch):
 
 
 def test_an_upload_moves_into_its_visitors_own_folder(public_mode, studio, tmp_path):
-    gradio_folder = tmp_path / "gradio"
-    uploaded = gradio_folder / "a1b2" / "mine.csv"
+    studio.files.serve_from(tmp_path / "gradio")
+    uploaded = studio.files.arrivals / "a1b2" / "mine.csv"
     uploaded.parent.mkdir(parents=True)
     write_arithmetic_csv(uploaded)
+    elsewhere = tmp_path / "gradio" / "c3d4" / "download.csv"  # in the server's cache, where uploads do not arrive
+    elsewhere.parent.mkdir(parents=True)
+    write_arithmetic_csv(elsewhere)
     with public.visiting(public.Visitor(key="alice")):
-        kept = Path(studio.files.keep_upload(uploaded, gradio_folder))
+        kept = Path(studio.files.keep_upload(uploaded))
         assert kept.is_relative_to(public.uploads_dir() / "alice") and kept.read_text().startswith("question")
-        assert not uploaded.parent.exists()  # gradio's copy, which gradio would serve, is gone
+        assert not uploaded.parent.exists()  # the server's copy, which it would serve, is gone
         assert data.locate(str(kept), policy=demo()) == kept
-        with pytest.raises(ConfigError, match="was not uploaded here"):
-            studio.files.keep_upload(tmp_path / "elsewhere.csv", gradio_folder)
+        for other in (tmp_path / "elsewhere.csv", elsewhere):
+            with pytest.raises(ConfigError, match="was not uploaded here"):
+                studio.files.keep_upload(other)
     with public.visiting(public.Visitor(key="bob")), pytest.raises(ConfigError, match="reads no other files"):
         data.locate(str(kept), policy=demo())
 
@@ -864,7 +869,7 @@ def test_old_runs_uploads_and_downloads_are_removed_and_what_is_needed_stays(pub
     os.utime(downloads / "stale" / "adapter.zip", (old, old))
     os.utime(downloads / "stale", (old, old))
     (downloads / "fresh").mkdir()
-    removed = retention.clean_up(runs_dir, keep_hours=4, downloads=[downloads])
+    removed = retention.clean_up(runs_dir, keep_hours=4, passing=[downloads])
     assert set(removed) == {finished_run.path, upload.parent, downloads / "stale"}
     assert not finished_run.path.exists() and not upload.exists() and not (downloads / "stale").exists()
     assert recent.exists() and needed.exists() and waiting.exists() and (downloads / "fresh").exists()
@@ -938,14 +943,14 @@ def test_merges_of_one_run_take_turns_and_load_its_model_once(finished_run, monk
 
 
 def test_a_visitor_keeps_three_uploads_and_an_unreadable_one_is_not_kept(public_mode, studio, tmp_path):
-    gradio_folder = tmp_path / "gradio"
+    studio.files.serve_from(tmp_path / "gradio")
     kept = []
     with public.visiting(public.Visitor(key="alice")):
         for number in range(5):
-            uploaded = gradio_folder / f"u{number}" / f"data{number}.csv"
+            uploaded = studio.files.arrivals / f"u{number}" / f"data{number}.csv"
             uploaded.parent.mkdir(parents=True)
             write_arithmetic_csv(uploaded)
-            kept.append(Path(studio.files.keep_upload(uploaded, gradio_folder)))
+            kept.append(Path(studio.files.keep_upload(uploaded)))
             time.sleep(0.01)  # distinct modification times, newest last
         assert [path.exists() for path in kept] == [False, False, True, True, True]
         studio.files.discard_upload(str(kept[-1]))
@@ -953,11 +958,12 @@ def test_a_visitor_keeps_three_uploads_and_an_unreadable_one_is_not_kept(public_
         studio.files.discard_upload(str(tmp_path / "elsewhere.csv"))  # anything but one's own upload is left alone
 
 
-def test_a_request_body_over_the_limit_is_refused_before_it_is_read_whole(public_mode):
-    """The middleware refuses an event's body past its limit, declared or not, and lets uploads through up to each
-    address's share; gradio itself reads any body into memory."""
+def test_a_request_body_over_the_limit_is_refused_before_it_is_read_whole(public_mode, tmp_path):
+    """The middleware refuses an event's body past its limit, declared or not; gradio itself reads any body into
+    memory. (Uploads: tests/test_public_attacks_files.py.)"""
     import asyncio
 
+    from dragon_ui.studio.files import Files
     from dragon_ui.ui.guard import RequestLimits
 
     seen = []
@@ -984,13 +990,11 @@ def test_a_request_body_over_the_limit_is_refused_before_it_is_read_whole(public
         asyncio.run(limits(scope, receive, send))
         return sent[0]["status"]
 
-    limits = RequestLimits(app, body_bytes=1000, upload_bytes=5000)
+    limits = RequestLimits(app, files=Files(tmp_path, demo()), policy=demo(), body_bytes=1000)
     assert request("/gradio_api/queue/join", [b"x" * 500], 500, limits) == 200 and seen == [500]
     assert request("/gradio_api/queue/join", [b"x" * 2000], 2000, limits) == 413  # declared too large
     assert request("/gradio_api/queue/join", [b"x" * 600] * 3, None, limits) == 413  # sent too large, undeclared
     assert seen == [500]  # neither reached the app
-    assert request("/gradio_api/upload", [b"x" * 3000], 3000, limits) == 200
-    assert request("/gradio_api/upload", [b"x" * 3000], 3000, limits) == 429  # the address's share is used up
 
 
 def test_the_reading_process_runs_only_functions_marked_to_run_apart(tmp_path):

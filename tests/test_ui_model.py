@@ -122,11 +122,9 @@ def test_a_valid_draft_previews_its_yaml_cli_and_estimate(app, studio):
     assert RunConfig.from_dict(yaml.safe_load(preview.yaml), base_dir=draft["base_dir"]) == studio.recipes.validate(draft)
     assert "python -m dragon_ui train arithmetic.yaml" in preview.cli
     outputs = preview.outputs()
-    download = outputs[5]
-    assert download.value["orig_name"] == "arithmetic.yaml" and download.interactive
-    with open(download.value["path"], encoding="utf-8") as fh:
-        assert fh.read() == preview.yaml
-    assert outputs[6:-1] == ("",) * len(model_tab.PROBLEM_AREAS)  # no problem shown next to any fields
+    file_name, download = outputs[5:7]  # the browser saves the YAML shown under this name: the server writes nothing
+    assert file_name == "arithmetic.yaml" and download.interactive
+    assert outputs[7:-1] == ("",) * len(model_tab.PROBLEM_AREAS)  # no problem shown next to any fields
     assert preview.ready and outputs[-1].interactive  # Start is offered
 
 
@@ -152,8 +150,8 @@ def test_an_invalid_value_is_named_in_the_forms_words_next_to_its_fields(app, st
     assert "tab)" not in preview.check  # it is on this tab
     assert set(preview.problems) == {area} and sentence in preview.problems[area]
     assert preview.yaml.startswith("# The settings are not valid yet:")
-    download = preview.outputs()[5]
-    assert download.value is None and not download.interactive
+    file_name, download = preview.outputs()[5:7]
+    assert file_name == "" and not download.interactive
 
 
 @pytest.mark.parametrize(("section", "value", "tab", "sentence"), [
@@ -178,7 +176,7 @@ def test_a_hardware_choice_this_machine_cannot_run_is_a_problem_of_the_hardware(
     assert "Device is cuda, but no CUDA GPU is visible" in preview.check and "hardware.device" not in preview.check
     assert set(preview.problems) == {"hardware"} and "no CUDA GPU" in preview.problems["hardware"]
     assert preview.hardware == "" and "once the settings work on this machine" in preview.estimate
-    assert "device: cuda" in preview.yaml and preview.outputs()[5].interactive  # still saved for a GPU machine
+    assert "device: cuda" in preview.yaml and preview.outputs()[6].interactive  # still saved for a GPU machine
 
     draft = app.form.compose(*screen(app, studio.recipes.default(), hardware__load_in_4bit=True, lora__enabled=True))
     preview = model_tab.build_preview(studio, draft, app.form.labels)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from dragon_ui.config import HardwareSettings, ModelConfig, RunConfig
-from dragon_ui.engine import training
+from dragon_ui.engine import training, worker
 from dragon_ui.engine.worker import WorkerRun
 from dragon_ui.studio.backend import Studio
 from conftest import ended, stop_the_training
@@ -154,3 +154,55 @@ def test_closing_the_app_lets_the_warm_worker_go_and_no_worker_holds_the_owner_k
     started = time.monotonic()
     studio.close()
     assert waiting.poll() is not None and time.monotonic() - started < 15
+
+
+def test_a_training_that_never_stops_is_ended_and_the_queue_moves_on(apart_studio, tiny_config_dict, tmp_path,
+                                                                     monkeypatch):
+    """A reward that never returns: a stop acts at the next forward pass or reward, so the run never hears it, and
+    held the queue forever. Once the grace has passed the app ends its worker: the run is stopped with its last
+    checkpoint, and the run waiting behind it starts."""
+    monkeypatch.setattr(worker, "WATCHDOG_GRACE_S", 3)
+    hang, hung = tmp_path / "hang", tmp_path / "hung"
+    stuck = long_config(tiny_config_dict, "stuck")
+    stuck["rewards"] = [*stuck["rewards"], {"kind": "custom", "name": "stuck", "code": (
+        "import pathlib, time\n"
+        "def reward(prompt, completion, reference, row):\n"
+        f"    if pathlib.Path({str(hang)!r}).exists():\n"
+        f"        pathlib.Path({str(hung)!r}).touch()\n"
+        "        time.sleep(10 ** 6)\n"
+        "    return 1.0\n")}]
+    scheduler = apart_studio.runs.start_queue()
+    run = apart_studio.runs.start(stuck)
+    wait_for(lambda: run.latest_checkpoint() is not None, what="a checkpoint")
+    waiting = apart_studio.runs.start({**tiny_config_dict, "name": "next"})
+    hang.touch()
+    wait_for(lambda: hung.exists(), what="the reward to hang")
+    checkpoint = run.latest_checkpoint()
+    apart_studio.runs.stop(run.id)
+    assert ended(run, 60) == "cancelled"
+    status = run.read_status()
+    assert status["stop_reason"] == ("It did not stop within 3 s of being asked to (a reward or a library that never "
+                                     "returned), so its training process was ended. Resume continues from its "
+                                     f"{checkpoint.name}.")
+    assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "trainer_state.json").is_file()
+    try:
+        wait_for(lambda: waiting.read_status().get("state") != "queued", timeout=60, what="the next run to start")
+        assert ended(waiting, 240) == "succeeded"
+    finally:
+        scheduler.stop()
+
+
+def test_a_public_demos_worker_has_no_hub_token(runs_dir, tiny_config_dict, monkeypatch):
+    """The review: the training worker inherited the server's HF_TOKEN, which no visitor's run needs."""
+    from dragon_ui import public
+
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    monkeypatch.setenv("HF_TOKEN", "hf_the_servers_token")
+    studio = Studio(runs_dir=runs_dir, policy=public.Policy.from_env(), training_processes=True)
+    studio.workers.warm((ModelConfig(id=tiny_config_dict["model"]["id"]), HardwareSettings(device="cpu")))
+    try:
+        environment = (Path("/proc") / str(studio.workers._warm.pid) / "environ").read_bytes().split(b"\0")
+        assert not any(entry.startswith((b"HF_TOKEN", public.OWNER_KEY_ENV.encode())) for entry in environment)
+        assert b"HF_HUB_DISABLE_IMPLICIT_TOKEN=1" in environment  # nor a login's token on the disk
+    finally:
+        studio.close()

@@ -12,25 +12,22 @@ Public mode is on where ``SPACE_ID`` is set (every Space) or ``DRAGON_UI_PUBLIC=
 - take more than its share of the machine: each run stops with a checkpoint after ``Limits.run_minutes`` (held-out
   scoring included); completion length, completions per step, rows of data, held-out prompts, upload size, LoRA
   rank (full fine-tuning is off), CPU threads and the estimated memory are capped; each visitor and each network
-  address may have a few runs training or waiting, and start only so many an hour (``check_start``).
+  address may have a few runs training or waiting, and start only so many an hour (``take_start``).
 
 Every refusal is one sentence that names the limit and how to lift it.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import os
-import threading
-import time
 from pathlib import Path
 
 from ..config import DEFAULT_MODEL_ID, ModelConfig, RunConfig
 from ..files import resolve_runs_dir
 from ..data import locate
 from ..errors import BusyError, ConfigError
-from ..public import LIFT, MODELS_ENV, Limits, Policy, Visitor, visitor
+from ..public import LIFT, MODELS_ENV, Allowance, Limits, Policy, Visitor, visitor
 from ..rewards import public_refusal
 from ..tools import public_refusal as tool_refusal
 from ..runstore import ACTIVE_STATES, RunDir, list_runs
@@ -202,16 +199,16 @@ def _fitting_presets(limits: Limits) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------------------------------------
 # Each visitor's share of the queue.
 
-STARTS_WINDOW_S = 3600
-_starts: dict[str, collections.deque] = {}  # network address -> times of its starts in the last hour
-_starts_lock = threading.Lock()
+_starts = Allowance(window_s=3600)  # each network address's starts and resumes in the last hour
+_preflights = Allowance(window_s=3600)  # and its pre-flights
 
 
-def check_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) -> None:
-    """Refuse a start or resume that would give the current visitor, or its network address, more than its share:
-    runs training or waiting (an API client can open a new session for every call, so its address counts too; the
-    runs of ``preparing``, not in the runs folder yet, count too), and starts in the last hour (count_start).
-    Nothing outside public mode, or for the operator and the demo's owner."""
+def take_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) -> None:
+    """Refuse a start or resume that would give the current visitor, or its network address, more than its share,
+    or else count it: runs training or waiting (an API client can open a new session for every call, so its address
+    counts too; the runs of ``preparing``, not in the runs folder yet, count too), and starts in the last hour (a
+    start counts whether it then succeeds or not: reading the visitor's data is most of what it costs). Nothing
+    outside public mode, or for the operator and the demo's owner."""
     if not policy.public or visitor().owns_everything:
         return
     who, limits = visitor(), policy.limits
@@ -226,30 +223,20 @@ def check_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) -
         raise BusyError(f"{limits.runs_per_address} runs from your network address are already training or waiting, "
                         "this public demo's limit of runs training or waiting from one network address; wait for "
                         f"one to finish ({LIFT} without limits).")
-    with _starts_lock:
-        recent = _recent_starts(who.address)
-        if who.address and len(recent) >= limits.starts_per_hour:
-            wait = STARTS_WINDOW_S - (time.monotonic() - recent[0]) if recent else STARTS_WINDOW_S
-            raise BusyError(f"{limits.starts_per_hour} runs were started from your network address in the last hour, "
-                            f"this public demo's limit of starts and resumes per network address per hour; try again "
-                            f"in {max(1, round(wait / 60))} minutes ({LIFT} without limits).")
+    if who.address and not _starts.take(who.address, 1, limits.starts_per_hour):
+        raise BusyError(f"{limits.starts_per_hour} runs were started from your network address in the last hour, "
+                        f"this public demo's limit of starts and resumes per network address per hour; try again "
+                        f"in {_starts.minutes_to_wait(who.address)} minutes ({LIFT} without limits).")
 
 
-def count_start(policy: Policy) -> None:
-    """Count a start or resume that check_start let through against its network address's hourly starts, whether
-    it then succeeds or not."""
+def take_preflight(policy: Policy) -> None:
+    """Refuse a pre-flight past its network address's allowance an hour, or else count it: each one samples the
+    model for minutes, as a run's first steps do. Nothing outside public mode, or for the operator and the owner."""
     who = visitor()
-    if policy.public and who.address and not who.owns_everything:
-        with _starts_lock:
-            _starts.setdefault(who.address, _recent_starts(who.address)).append(time.monotonic())
-
-
-def _recent_starts(address: str | None) -> collections.deque:
-    """The start times of ``address`` in the last hour; older ones, and addresses with none left, are forgotten.
-    The caller holds _starts_lock."""
-    starts = _starts.get(address or "", collections.deque())
-    while starts and time.monotonic() - starts[0] >= STARTS_WINDOW_S:
-        starts.popleft()
-    if not starts:
-        _starts.pop(address or "", None)
-    return starts
+    if not policy.public or who.owns_everything or not who.address:
+        return
+    most = policy.limits.preflights_per_hour
+    if not _preflights.take(who.address, 1, most):
+        raise BusyError(f"{most} pre-flights were asked for from your network address in the last hour, this public "
+                        f"demo's limit of pre-flights per network address per hour; try again in "
+                        f"{_preflights.minutes_to_wait(who.address)} minutes ({LIFT} without limits).")

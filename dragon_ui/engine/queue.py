@@ -75,8 +75,7 @@ def submit_resume(run_dir: Path, policy: Policy = LAPTOP, workers: Workers | Non
     run = training.check_resumable(run_dir, policy)
     with _lock:
         _refuse_if_full(run.path.parent, policy)
-        public_checks.check_start(run.path.parent, policy, _preparing)
-        public_checks.count_start(policy)
+        public_checks.take_start(run.path.parent, policy, _preparing)
         if _free(run.path.parent):
             return training.resume(run.path, policy, workers).run
         run.update_status(state="queued", waiting="resume", queued_at=time.time(), phase="waiting for its turn",
@@ -92,8 +91,7 @@ def _place(runs_dir: Path, policy: Policy):
     who = visitor()
     with _lock:
         _refuse_if_full(runs_dir, policy)
-        public_checks.check_start(runs_dir, policy, _preparing)
-        public_checks.count_start(policy)
+        public_checks.take_start(runs_dir, policy, _preparing)
         _preparing.append(who)
     try:
         yield

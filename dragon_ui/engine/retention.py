@@ -1,5 +1,6 @@
 """A public demo's disk stays in bounds: finished runs and uploads older than the owner's retention
-(``DRAGON_UI_KEEP_HOURS``) are removed, and download copies after an hour, by the queue's scheduler thread.
+(``DRAGON_UI_KEEP_HOURS``) are removed, and downloads and unclaimed uploads after an hour, by the queue's scheduler
+thread.
 
 Nothing a run still needs is removed: a run training or waiting, and a finished run that a waiting one continues
 from, stay whatever their age.
@@ -18,15 +19,18 @@ from ..runstore import ACTIVE_STATES, RunDir, list_runs, read_json
 
 log = logging.getLogger("dragon_ui")
 
-DOWNLOAD_HOURS = 1.0  # a download copy is fetched by its browser at once; an hour covers a slow connection
+# A download is fetched by its browser at once, and an upload claimed by its page's next event: an hour covers a slow
+# connection.
+PASSING_HOURS = 1.0
 
 
-def clean_up(runs_dir: Path, keep_hours: float, downloads: Iterable[Path] = ()) -> list[Path]:
+def clean_up(runs_dir: Path, keep_hours: float, passing: Iterable[Path] = ()) -> list[Path]:
     """Remove what is older than ``keep_hours`` (runs by the time they finished, uploads by the time they arrived)
-    and the download folders' entries older than DOWNLOAD_HOURS; returns what was removed."""
+    and the entries of the ``passing`` folders (downloads, uploads on their way) older than PASSING_HOURS; returns
+    what was removed."""
     removed = [*_old_runs(runs_dir, keep_hours), *_old_entries(runs_dir / UPLOADS_FOLDER, keep_hours, depth=2)]
-    for folder in downloads:
-        removed += _old_entries(folder, DOWNLOAD_HOURS, depth=1)
+    for folder in passing:
+        removed += _old_entries(folder, PASSING_HOURS, depth=1)
     for path in removed:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

@@ -27,21 +27,28 @@ import time
 from pathlib import Path
 
 from ..config import HardwareSettings, ModelConfig
-from ..public import OWNER_KEY_ENV, Policy
+from ..public import Policy, without_secrets
 from ..runstore import ACTIVE_STATES, RunDir, read_json
+from ..system import end_group
 
 log = logging.getLogger("dragon_ui")
 
 WORKER_MODULE = "dragon_ui.engine.worker_process"
 STOP_GRACE_S = 60  # how long a closing app waits for a stopped training to save its last step
+# How long a training asked to stop (Stop, or a public demo's time limit) may take to end before it is ended: a
+# stop acts at the next forward pass or reward, so only something that never returns (a reward, a library) is late.
+WATCHDOG_GRACE_S = 60
+END_GRACE_S = 10  # between asking a late worker to end (SIGTERM) and killing it (SIGKILL)
 
 
 class WorkerRun:
     """A run training in a worker process: what the app holds of it, as ``training.RunHandle`` is for a thread."""
 
-    def __init__(self, run: RunDir, process: subprocess.Popen) -> None:
+    def __init__(self, run: RunDir, process: subprocess.Popen, time_limit_s: float | None = None) -> None:
         self.run, self.process = run, process
         self.ended = threading.Event()  # set once the process has ended and its run's state says so
+        self.time_limit_s = time_limit_s  # a public demo's, counted from now
+        self.started = time.monotonic()
 
     @property
     def run_dir(self) -> Path:
@@ -53,6 +60,11 @@ class WorkerRun:
 
     def is_alive(self) -> bool:
         return not self.ended.is_set()
+
+    def asked_to_stop(self) -> bool:
+        """Whether the training was asked to stop: Stop was pressed, or its time limit has passed."""
+        out_of_time = self.time_limit_s is not None and time.monotonic() - self.started >= self.time_limit_s
+        return out_of_time or self.run.stop_requested()
 
     def wait(self, timeout: float | None = None) -> str:
         self.ended.wait(timeout)
@@ -70,10 +82,12 @@ def _exit_reason(code: int) -> str:
 
 
 class Workers:
-    """The app's one warm worker (thread-safe). ``env`` adds to the workers' environment."""
+    """The app's one warm worker (thread-safe). ``env`` adds to the workers' environment; without ``hub_token`` (a
+    public demo's) a worker has none of the app's Hugging Face tokens, nor its login's."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, hub_token: bool = True) -> None:
         self.env = env or {}
+        self.hub_token = hub_token
         self.preload: tuple[ModelConfig, HardwareSettings] | None = None
         self._lock = threading.Lock()
         self._warm: subprocess.Popen | None = None
@@ -89,9 +103,10 @@ class Workers:
                 self._warm = self._spawn()
 
     def _spawn(self) -> subprocess.Popen:
-        """A worker, with the app's environment but the owner key, which no training needs."""
+        """A worker, with the app's environment but the owner key, which no training needs (and the Hub tokens,
+        without hub_token)."""
         preload = None if self.preload is None else {"model": vars(self.preload[0]), "hardware": vars(self.preload[1])}
-        environment = {key: value for key, value in os.environ.items() if key != OWNER_KEY_ENV}
+        environment = without_secrets(dict(os.environ), hub_token=self.hub_token)
         return subprocess.Popen([sys.executable, "-m", WORKER_MODULE, json.dumps(preload)], stdin=subprocess.PIPE,
                                 env={**environment, **self.env}, text=True,
                                 start_new_session=True)  # a Ctrl+C in the app's terminal is for the app to handle
@@ -105,7 +120,7 @@ class Workers:
                 process = self._spawn()
         job = {"run_dir": str(run.path), "resume_from": str(resume_from) if resume_from else None,
                "policy": policy.to_json()}
-        handle = WorkerRun(run, process)
+        handle = WorkerRun(run, process, policy.limits.run_minutes * 60 if policy.public else None)
         try:
             process.stdin.write(json.dumps(job) + "\n")
             process.stdin.close()
@@ -115,9 +130,10 @@ class Workers:
         return handle
 
     def _watch(self, handle: WorkerRun) -> None:
-        """Wait for the worker to end (which also frees its process entry, so its pid reads as gone), mark its run
-        failed if it ended first, and warm the next one."""
-        code = handle.process.wait()
+        """Wait for the worker to end (which also frees its process entry, so its pid reads as gone), ending it
+        once it is WATCHDOG_GRACE_S late to stop; mark its run stopped if it was ended so, failed if it ended
+        before its run did; and warm the next one."""
+        code, late = self._waited(handle)
         try:
             # The status as written: read_status would see the process gone and say so without knowing how.
             status = read_json(handle.run.status_path, default={}) or {}
@@ -125,12 +141,37 @@ class Workers:
                 checkpoint = handle.run.latest_checkpoint()
                 after = (f"Resume continues from its {checkpoint.name}." if checkpoint is not None else
                          "It had saved no checkpoint yet, so Resume starts it again.")
-                handle.run.update_status(state="failed", phase="done", finished_at=time.time(),
-                                         error=f"{_exit_reason(code)} {after}")
-                log.error("Run %s failed: its training process ended (%s).", handle.run.id, code)
+                if late:
+                    handle.run.update_status(state="cancelled", phase="done", finished_at=time.time(),
+                                             stop_reason=f"It did not stop within {WATCHDOG_GRACE_S} s of being "
+                                                         f"asked to (a reward or a library that never returned), "
+                                                         f"so its training process was ended. {after}")
+                    log.error("Run %s: its training process was ended, %d s late to stop.", handle.run.id,
+                              WATCHDOG_GRACE_S)
+                else:
+                    handle.run.update_status(state="failed", phase="done", finished_at=time.time(),
+                                             error=f"{_exit_reason(code)} {after}")
+                    log.error("Run %s failed: its training process ended (%s).", handle.run.id, code)
         finally:
             handle.ended.set()
             self.warm()
+
+    @staticmethod
+    def _waited(handle: WorkerRun) -> tuple[int, bool]:
+        """(the worker's exit code, whether it was ended for being late to stop), once it has ended."""
+        asked = None
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return handle.process.wait(timeout=1), False
+            if asked is None and handle.asked_to_stop():
+                asked = time.monotonic()
+            if asked is not None and time.monotonic() - asked > WATCHDOG_GRACE_S:
+                end_group(handle.process, hard=False)  # the worker and what it started (its own session)
+                try:
+                    return handle.process.wait(END_GRACE_S), True
+                except subprocess.TimeoutExpired:
+                    end_group(handle.process, hard=True)
+                    return handle.process.wait(), True
 
     def close(self, running: WorkerRun | None = None) -> None:
         """The app is closing: let the warm worker go, and ask a running training to stop, waiting a while for it

@@ -3,13 +3,12 @@ public demo (spec.public_demo_refusal), as the custom Python function is (code.l
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import tempfile
 
 from ..errors import RewardError
+from ..system import end_group
 from .builtin import Scorer
 from .spec import RewardSpec
 from .text import last_number
@@ -59,7 +58,7 @@ def command_scorer(spec: RewardSpec, base_dir: str | None) -> Scorer:
                 try:
                     out, err = proc.communicate(stdin, timeout=spec.timeout)
                 except subprocess.TimeoutExpired:
-                    _kill_group(proc)
+                    end_group(proc, hard=True)
                     raise RewardError(f"timed out after {spec.timeout:g} s") from None
         if spec.score_from == "exit_code":
             return 1.0 if proc.returncode == 0 else 0.0
@@ -74,10 +73,3 @@ def command_scorer(spec: RewardSpec, base_dir: str | None) -> Scorer:
     return score
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the child and everything it started; it is not reaped yet, so its group id cannot have been reused."""
-    if hasattr(os, "killpg"):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    else:  # Windows has no process groups in this sense
-        proc.kill()

@@ -229,15 +229,15 @@ def _tokens(count: int | None) -> str:
 
 # The longest a text setting may be (any client can send megabytes); list settings: each item, and how many.
 _LONGEST = {"code": 100_000, "file": 1000, "pattern": 1000, "argv": 4000, "model": 1000}
-_LONGEST_ITEM, _MOST_ITEMS, MOST_REWARDS = 200, 100, 20
+_LONGEST_ITEM, MOST_ITEMS, MOST_REWARDS = 200, 100, 20
 MOST_NGRAM, MOST_TOKENS = 32, 32768  # MOST_TOKENS: the largest grpo.max_new_tokens
 
 
 def _check_size(value, label: str, longest: int) -> None:
-    """Refuse a text longer than ``longest``, or a list of more than _MOST_ITEMS items or with a longer item."""
+    """Refuse a text longer than ``longest``, or a list of more than MOST_ITEMS items or with a longer item."""
     items = value if isinstance(value, (list, tuple)) else [value]
-    if len(items) > _MOST_ITEMS:
-        raise ConfigError(f"{label} has {len(items)} items, more than the {_MOST_ITEMS} it may have.")
+    if len(items) > MOST_ITEMS:
+        raise ConfigError(f"{label} has {len(items)} items, more than the {MOST_ITEMS} it may have.")
     for item in items:
         check_length(label, item, longest)
 

@@ -56,9 +56,10 @@ class Studio:
         machine = lambda refresh=False: self.hardware(refresh)  # noqa: E731
         self.recipes = Recipes(Path(recipes_dir or ASSETS_DIR / "recipes").resolve(), self.runs_dir, policy)
         self.previews = Previews(machine, policy, in_processes=training_processes)
-        self.files = Files(self.runs_dir, policy.public)
+        self.files = Files(self.runs_dir, policy)
         # The app's way: each run trains in a process of its own (engine/worker.py); else in a thread of this one.
-        self.runs = Runs(self.recipes, self.previews, self.files, machine, Workers() if training_processes else None)
+        workers = Workers(hub_token=not policy.public) if training_processes else None
+        self.runs = Runs(self.recipes, self.previews, self.files, machine, workers)
 
     @property
     def public(self) -> bool:
@@ -145,6 +146,7 @@ class Studio:
         if not self._preflight.acquire(blocking=False):
             raise BusyError("A pre-flight is running on this machine already; try again when it has finished.")
         try:
+            public_checks.take_preflight(self.policy)
             return preflight(config, self.previews.load, self.policy, prompts, should_stop, on_progress)
         finally:
             self._preflight.release()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,9 @@ from ..config import NOTES_CHARS, PATH_CHARS, RunConfig
 from ..data import TEMPLATE_CHARS
 from ..errors import DragonError
 from ..public import LAPTOP, Policy
-from ..rewards.spec import MOST_REWARDS
+from ..rewards.spec import MOST_ITEMS, MOST_REWARDS, RewardSpec
 from ..runstore import slug
+from ..tools.spec import MOST_EXAMPLES, MOST_TOOLS, ToolSpec
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))  # the first word of every config path
 # A config path at the start of an engine message: "training.learning_rate", "rewards[3].code", "data.source".
@@ -58,6 +60,15 @@ KEPT_DRAFT_BYTES = 2 * (3 * TEMPLATE_CHARS + NOTES_CHARS + MOST_REWARDS * PATH_C
 # How deep a kept draft may nest: twice the five levels of the deepest the form makes (the kept draft, the draft, its
 # rewards, a reward, its list of keys or words).
 KEPT_DRAFT_DEPTH = 10
+# The most JSON values a kept draft may hold (each object, list, text and number is one): what it costs the server
+# once parsed, which its bytes do not say (a body of empty objects takes 30 times its size). Each of its two drafts
+# may have MOST_REWARDS rewards with every field a reward has and two lists of MOST_ITEMS items, MOST_TOOLS tools with
+# every field and MOST_EXAMPLES examples, and far fewer than OTHER_SETTINGS_VALUES values besides (a bundled recipe's
+# whole draft has about 100).
+OTHER_SETTINGS_VALUES = 500
+KEPT_DRAFT_VALUES = 2 * (MOST_REWARDS * (len(dataclasses.fields(RewardSpec)) + 2 * MOST_ITEMS)
+                         + MOST_TOOLS * (len(dataclasses.fields(ToolSpec)) + MOST_EXAMPLES * 8)
+                         + OTHER_SETTINGS_VALUES)
 
 
 def kept_draft_refusal(kept: Any) -> str | None:
@@ -72,8 +83,11 @@ def kept_draft_refusal(kept: Any) -> str | None:
         size = None
     if size is not None and size > KEPT_DRAFT_BYTES:
         return f"{words} they take {size:,} bytes, more than the {KEPT_DRAFT_BYTES:,} the form makes at most."
-    if size is None or _depth(kept) > KEPT_DRAFT_DEPTH:
+    values, depth = json_shape(kept, KEPT_DRAFT_VALUES)
+    if size is None or depth > KEPT_DRAFT_DEPTH:
         return f"{words} they nest more than {KEPT_DRAFT_DEPTH} levels deep, deeper than the form makes."
+    if values > KEPT_DRAFT_VALUES:
+        return f"{words} they hold more than {KEPT_DRAFT_VALUES:,} values, more than the form makes at most."
     for part in ("draft", "pristine"):
         rewards = kept.get(part) if isinstance(kept, dict) else None
         rewards = rewards.get("rewards") if isinstance(rewards, dict) else None
@@ -82,15 +96,17 @@ def kept_draft_refusal(kept: Any) -> str | None:
     return None
 
 
-def _depth(value: Any) -> int:
-    """How many dicts and lists deep ``value`` nests, counted without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
+def json_shape(value: Any, most_values: float = math.inf) -> tuple[int, int]:
+    """(how many values, how many dicts and lists deep) ``value`` holds, counted without recursion; the count stops
+    once it passes ``most_values``, and the depth is then that of what was counted."""
+    values, deepest, stack = 0, 0, [(value, 1)]
+    while stack and values <= most_values:
         item, depth = stack.pop()
+        values += 1
         if isinstance(item, dict | list):
             deepest = max(deepest, depth)
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
+    return values, deepest
 
 
 def set_path(draft: dict, path: str, value: Any) -> None:

@@ -9,60 +9,121 @@ server (real_source).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import secrets
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from ..data import bundled_datasets, is_bundled
-from ..errors import ConfigError
-from ..public import Policy, is_own_upload, own_uploads_dir, uploads_dir
+from ..errors import BusyError, ConfigError
+from ..public import (LIFT, SHARE_WINDOW_S, Allowance, Policy, is_own_upload, own_uploads_dir, uploads_dir,
+                      visitor)
 
 UPLOADS_KEPT = 3  # a visitor's newest uploads in a public demo; an older one goes when a new one arrives
 UPLOADS_SHOWN = "uploads"  # a visitor's upload as a public demo shows it: uploads/<its file name>
 
 
 class Files:
-    """Downloads, uploads and shown paths for the app serving ``runs_dir``, in a public demo when ``public``."""
+    """Downloads, uploads and shown paths for the app serving ``runs_dir`` under ``policy``. In a public demo each
+    network address has a share of the disk (``Limits.disk_mb`` and ``Limits.disk_files`` per SHARE_WINDOW_S): an
+    upload, an export and a copy of a run's file each count against it before it is written."""
 
-    def __init__(self, runs_dir: Path, public: bool) -> None:
+    def __init__(self, runs_dir: Path, policy: Policy) -> None:
         self.runs_dir = runs_dir
-        self.public = public
+        self.policy = policy
+        self.public = policy.public
+        self.cache_dir = Path(tempfile.gettempdir())  # the web server's cache (serve_from)
+        self._bytes, self._files = Allowance(SHARE_WINDOW_S), Allowance(SHARE_WINDOW_S)
+        self._share_lock = threading.Lock()
+        self._secret = secrets.token_bytes(32)  # download_name's
+
+    def serve_from(self, cache_dir: str | Path) -> None:
+        """The web server hands out the files of ``cache_dir`` as they are: downloads are made there, so none is
+        copied again on its way out, and a public demo's uploads arrive there (``arrivals``)."""
+        self.cache_dir = Path(cache_dir)
 
     @property
     def downloads_dir(self) -> Path:
-        """Where files made to be downloaded go (configs, exports, copies of a run's files), each in a folder of
-        its own; a public demo removes them after an hour."""
-        folder = Path(tempfile.gettempdir()) / "dragon-downloads"
-        folder.mkdir(exist_ok=True)
+        """Where files made to be downloaded go (exports, copies of a run's files), each in a folder of its own; a
+        public demo removes them after an hour."""
+        folder = self.cache_dir / "dragon-downloads"
+        folder.mkdir(parents=True, exist_ok=True)
         return folder
 
-    def new_folder(self) -> Path:
-        """A new, empty folder for one download."""
-        return Path(tempfile.mkdtemp(dir=self.downloads_dir))
+    @property
+    def arrivals(self) -> Path:
+        """Where a public demo's uploads arrive, each in a folder of its own, until an upload event moves it into its
+        visitor's folder (keep_upload); what nobody claims goes after an hour. On your own machine, the web server's
+        cache, where gradio puts them."""
+        return self.cache_dir / "dragon-uploads" if self.public else self.cache_dir
+
+    def take_share(self, size: int, files: int, address: str | None = None) -> None:
+        """Count ``size`` bytes and ``files`` files that the server is about to write for a network address
+        (``address``, else the current visitor's) against its share of the disk; BusyError, counting nothing, when
+        that would pass it. Nothing outside public mode, or for the operator and the demo's owner."""
+        who = visitor()
+        address = address if address is not None else who.address
+        if not self.public or not address or (address == who.address and who.owns_everything):
+            return
+        limits = self.policy.limits
+        most_bytes = limits.disk_mb * 2**20
+        with self._share_lock:
+            if self._files.spent(address) + files > limits.disk_files:
+                spent, wait = f"{limits.disk_files} files", self._files.minutes_to_wait(address)
+            elif self._bytes.spent(address) + size > most_bytes:
+                spent, wait = f"{limits.disk_mb:g} MB", self._bytes.minutes_to_wait(address)
+            else:
+                self._files.take(address, files, limits.disk_files)
+                self._bytes.take(address, size, most_bytes)
+                return
+        raise BusyError(f"Uploads and downloads from your network address have reached this public demo's share of "
+                        f"{spent} per {SHARE_WINDOW_S // 60} minutes; try again in {wait} minutes ({LIFT} without "
+                        "limits).")
+
+    def new_download(self, name: str) -> Path:
+        """Where to write one new download named ``name``: in a folder of its own, counted as a file against the
+        visitor's share. The folder's name cannot be guessed: the server hands out its cache to anyone who names a
+        file in it."""
+        self.take_share(0, 1)
+        folder = self.downloads_dir / secrets.token_hex(16)
+        folder.mkdir()
+        return folder / name
+
+    def download_name(self, what: str) -> str:
+        """The name of a download's folder that stands for ``what`` (the same for the same ``what``, while the app
+        runs), which nobody can work out from ``what``."""
+        return hmac.new(self._secret, what.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
 
     def handed_out(self, path: Path) -> str:
         """A file of a run to hand to its owner's browser: the file itself where the runs folder is served (your
-        own machine); in a public demo, where it is not, a link to it (or a copy) in a new temporary folder, which
-        the server then hands to that browser alone."""
+        own machine); in a public demo, where it is not, a link to it (or a copy, counted against the visitor's
+        share) in a new folder of the server's cache, which the server then hands to that browser alone."""
         if not self.public:
             return str(path)
-        target = self.new_folder() / Path(path).name
+        target = self.new_download(Path(path).name)
         try:
             os.link(path, target)  # no copy of a large model where the folders share a disk
         except OSError:
+            try:
+                self.take_share(Path(path).stat().st_size, 0)
+            except BusyError:
+                target.parent.rmdir()
+                raise
             shutil.copy2(path, target)
         return str(target)
 
-    def keep_upload(self, uploaded: str | Path, upload_folder: str | Path) -> str:
-        """The data source an upload becomes. In a public demo the file moves out of gradio's upload folder (which
-        gradio serves to anyone who knows a file's address) into the visitor's own folder, which nothing serves
-        and only that visitor's runs may read (public.is_own_upload); elsewhere it stays where gradio put it.
+    def keep_upload(self, uploaded: str | Path) -> str:
+        """The data source an upload becomes. In a public demo the file moves out of the web server's cache (which
+        it serves to anyone who knows a file's address) into the visitor's own folder, which nothing serves and
+        only that visitor's runs may read (public.is_own_upload); elsewhere it stays where it arrived.
 
-        ``uploaded`` must lie in ``upload_folder``: an event can be sent with any path."""
+        ``uploaded`` must lie where uploads arrive (``arrivals``): an event can be sent with any path."""
         uploaded = Path(uploaded).resolve()
-        folder = Path(upload_folder).resolve()
+        folder = self.arrivals.resolve()
         if not uploaded.is_file() or not uploaded.is_relative_to(folder):
             raise ConfigError("That file was not uploaded here; upload it again.")
         if not self.public:
@@ -78,7 +139,7 @@ class Files:
         target = own / secrets.token_hex(8) / uploaded.name
         target.parent.mkdir(parents=True)
         shutil.move(uploaded, target)
-        if uploaded.parent != folder:  # gradio keeps each upload in a folder of its own
+        if uploaded.parent != folder:  # each upload arrives in a folder of its own
             shutil.rmtree(uploaded.parent, ignore_errors=True)
         return str(target)
 

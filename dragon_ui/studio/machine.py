@@ -3,6 +3,9 @@ the hardware a draft would use and how long its steps would take, and a draft as
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +103,20 @@ def redetect(studio) -> HardwareInfo:
     return studio.hardware(refresh=True)
 
 
-def export(studio, config: RunConfig, folder: Path, gpus: int, nodes: int) -> Path:
-    """``config`` as a launch folder for ``nodes`` x ``gpus`` GPUs (scaleout/launch_folder.py)."""
-    return export_launch_folder(config, folder, gpus, nodes, policy=studio.policy)
+def export(studio, config: RunConfig, name: str, gpus: int, nodes: int) -> Path:
+    """``config`` as a zipped launch folder named ``name`` for ``nodes`` x ``gpus`` GPUs (scaleout/launch_folder.py),
+    made once per config and size: asked again, the same zip. It is built in a folder of its own, which goes once
+    zipped, and the zip counts against the visitor's share of the disk (Files.take_share)."""
+    size = f"{nodes}x{gpus}gpu"
+    folder = studio.files.downloads_dir / studio.files.download_name(f"{config.to_yaml()}{size}")
+    archive = folder / f"{name}-{size}.zip"
+    if archive.is_file():
+        return archive
+    studio.files.take_share(0, 1)
+    with tempfile.TemporaryDirectory(dir=studio.files.downloads_dir) as building:
+        launch = export_launch_folder(config, Path(building) / archive.stem, gpus, nodes, policy=studio.policy)
+        made = Path(shutil.make_archive(str(launch), "zip", launch.parent, launch.name))
+        studio.files.take_share(made.stat().st_size, 0)
+        folder.mkdir(exist_ok=True)
+        os.replace(made, archive)
+    return archive

@@ -80,7 +80,7 @@ class Recipes:
         """What ``dragon check`` checks: the settings, then the data, prompts and rewards read as a Start reads them
         (a Hub dataset that cannot be reached is refused here, not at Start). A public demo checks the settings and
         its limits only: reading a visitor's data takes the demo's one reading slot, and a Start, which reads it,
-        counts against the visitor's starts (public_checks.check_start), where a check would count against
+        counts against the visitor's starts (public_checks.take_start), where a check would count against
         nothing."""
         config = self.validate(draft)
         if not self.policy.public:

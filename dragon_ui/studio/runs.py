@@ -139,8 +139,9 @@ class Runs:
 
     def _clean_up(self) -> list:
         """Remove what a public demo keeps no longer: its owner's retention for runs and uploads, an hour for
-        download copies."""
-        return retention.clean_up(self.folder, self.policy.limits.keep_hours, downloads=[self.files.downloads_dir])
+        downloads and for uploads nobody claimed."""
+        return retention.clean_up(self.folder, self.policy.limits.keep_hours,
+                                  passing=[self.files.downloads_dir, self.files.arrivals])
 
     def place(self, run_id: str) -> str:
         """Where a waiting run is in the queue and when it should start: "2nd in line; expected to start in

@@ -17,7 +17,6 @@ one must wait, while any other session's key is still checked, so the owner behi
 from __future__ import annotations
 
 import collections
-import hashlib
 import hmac
 import re
 import secrets
@@ -27,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from ..errors import BusyError, ConfigError
-from ..public import LIFT, NOBODY, Visitor
+from ..public import LIFT, NOBODY, Visitor, key_of
 
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,200}")  # what a browser's token looks like (secrets.token_urlsafe)
 MAX_SESSION_CHARS = 100  # a page's session names have 11 characters, gradio_client's 36
@@ -47,12 +46,11 @@ SESSIONS_IN_USE_PER_ADDRESS = SESSIONS_IN_USE // 10
 # fewer, while a client opening one per call could otherwise push everyone's sessions out of MAX_SESSIONS.
 NEW_SESSIONS_ALLOWED = 2_000
 NEW_SESSIONS_WINDOW_S = 10 * 60
+# Streams one session may hold open at once: its page's heartbeat and its stream of results, and as many again while
+# they reconnect. Each holds a connection of the server's.
+STREAMS_PER_SESSION = 4
 WRONG_KEYS_ALLOWED = 5  # wrong owner keys from one address within WRONG_KEYS_WINDOW_S, before guessing is limited
 WRONG_KEYS_WINDOW_S = 15 * 60
-
-
-def key_of(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()[:32]
 
 
 @dataclass
@@ -112,9 +110,13 @@ class Visitors:
             return self._enter(session, address)[1]
 
     def heartbeat_opened(self, session: str, address: str | None) -> bool:
-        """A heartbeat of ``session`` opened, as enter: the session is in use while one is open."""
+        """A heartbeat (or a stream of results) of ``session`` opened, as enter: the session is in use while one is
+        open. BusyError past STREAMS_PER_SESSION open at once."""
         with self._lock:
             known, came = self._enter(session, address)
+            if known.heartbeats >= STREAMS_PER_SESSION:
+                raise BusyError(f"This page has {STREAMS_PER_SESSION} connections open to this public demo already, "
+                                "the most one page may have; close one.")
             known.heartbeats += 1
             self._heartbeating[session] = known
         return came

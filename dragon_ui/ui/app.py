@@ -18,7 +18,7 @@ from pathlib import Path
 
 import gradio as gr
 from gradio.context import LocalContext
-from starlette.middleware import Middleware
+from gradio.utils import get_upload_folder
 
 from ..files import RUNS_DIR_ENV
 from ..errors import DragonError
@@ -29,11 +29,11 @@ from ..studio.recipes import DEFAULT_RECIPE
 from ..studio.files import real_draft, shown_draft
 from ..studio.draft import kept_draft_refusal, same_settings
 from ..studio.visitors import SESSIONS_IN_USE
-from .guard import UPLOADS_PER_WINDOW, RequestLimits, SessionDoor, keeping_sessions_small, network_address
+from .guard import NO_SESSION, guards, keeping_sessions_small, take_turns_fairly
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
 from .common import (ONE_MODEL_AT_A_TIME, TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN,
-                     UNCHANGED, Form, Shared, explain, in_the_page, made_apart, message, progress_shown_quietly,
-                     show_at_first, shows_errors, tab_selected, visible)
+                     UNCHANGED, Form, Shared, client_left, explain, in_the_page, made_apart, message,
+                     progress_shown_quietly, show_at_first, shows_errors, tab_selected, visible)
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             to a running (or the latest) run."""
             studio.page_opened()
             token = studio.visitors.arrive(request.session_hash, token)
-            who = studio.visitors.of(request.session_hash, request_address(request))
+            who = studio.visitors.of(request.session_hash, request_address(studio, request))
             try:  # the owner key this browser was asked to remember
                 who = studio.visitors.unlock(who, owner_key_kept) or who
             except DragonError:  # too many wrong keys from here: the page opens locked
@@ -348,14 +348,20 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         def preflight(config: dict, prompts: int | None = None) -> dict:
             """Will it learn? Sample the configuration's groups for some of its training prompts (by default about a
             minute's worth, at least 16) and report: the verdict, the shares of groups with no spread (all fail, all
-            pass), each reward's mean, spread and failures, the prompts hardest first, and the fixes as settings."""
-            return studio.preflight(config, prompts).to_dict()
+            pass), each reward's mean, spread and failures, the prompts hardest first, and the fixes as settings. It
+            stops once its client has gone."""
+            return studio.preflight(config, prompts, should_stop=client_left()).to_dict()
 
         for endpoint in (recipe, check, start):
             gr.api(shows_errors(endpoint), api_name=endpoint.__name__)
         gr.api(shows_errors(preflight), api_name="preflight", **ONE_MODEL_AT_A_TIME)
         progress_shown_quietly(demo, gr.Markdown(visible=False, elem_id="no-progress"))
     serve_as_visitors(demo, studio)
+    # A public demo's events run only through the queue, with its shares per visitor (gradio lets off-Space clients
+    # skip it through /gradio_api/run/<api name>), and every app's queue takes turns fairly (guard.turns).
+    demo.queue(default_concurrency_limit=4, api_open=not studio.public)
+    take_turns_fairly(demo._queue, lambda event: request_address(studio, event.request) or "")
+    studio.files.serve_from(get_upload_folder())  # downloads go where the server hands them out without a copy
     demo.form = form  # the fields and their config paths, for tests and for apps that embed this one
     demo.studio = studio  # the backend it serves, under its policy
     return demo
@@ -377,10 +383,9 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
             request = LocalContext.request.get(None)
             session = getattr(request, "session_hash", None)
             if not session or session == LocalContext.event_id.get(None):  # gradio names a sessionless call by its id
-                raise gr.Error("This public demo answers only calls made within a session, as its page and "
-                               "gradio_client make them; send a session_hash.", print_exception=False)
+                raise gr.Error(NO_SESSION, print_exception=False)  # guard.SessionDoor refuses it first
             try:
-                return studio.visitors.of(session, request_address(request))
+                return studio.visitors.of(session, request_address(studio, request))
             except DragonError as exc:  # a session name too long, or no room for another session
                 raise gr.Error(str(exc), print_exception=False) from None
 
@@ -422,10 +427,17 @@ def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
 PAGE_LOADS = {"concurrency_id": "page-loads", "concurrency_limit": 4}
 
 
-def request_address(request) -> str | None:
-    """guard.network_address of a gradio request: it counts the runs and starts of API clients that open a new
-    session for every call."""
-    return network_address(request.headers, getattr(getattr(request, "client", None), "host", None))
+def request_address(studio: Studio, request) -> str | None:
+    """The network address (a hash) a request came from, as the studio's policy tells it (public.Policy): it counts
+    the runs and starts of API clients that open a new session for every call."""
+    headers = request.headers  # starlette's, or (a request gradio rebuilt) a dict of one value per name
+    hops = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else [headers.get("x-forwarded-for", "")]
+    return studio.policy.network_address(", ".join(hops), getattr(getattr(request, "client", None), "host", None))
+
+
+def launch(demo: gr.Blocks, **options) -> None:
+    """Serve ``demo`` (built by build_app) with what its studio's policy allows (serving_options) and ``options``."""
+    demo.launch(**serving_options(demo.studio), **options)
 
 
 def main(argv: list[str] | None = None, desktop_driver=None) -> int:
@@ -452,14 +464,10 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
     studio.runs.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
 
     def serve(host: str, port: int, inbrowser: bool, block: bool = True) -> str:
-        """Serve the app; with ``block`` until the process is stopped, else in the background. Its address. A public
-        demo's events run only through the queue, with its shares per visitor (gradio lets off-Space clients skip
-        it through /gradio_api/run/<api name>)."""
-        demo.queue(default_concurrency_limit=4, api_open=not studio.public).launch(
-            server_name=host, server_port=port, share=args.share, inbrowser=inbrowser, prevent_thread_lock=True,
-            theme=gr.themes.Soft(primary_hue="emerald"), css_paths=[str(ASSETS_DIR / "app.css")],
-            show_error=True, footer_links=["api", "gradio"], **serving_options(studio),
-        )
+        """Serve the app; with ``block`` until the process is stopped, else in the background. Its address."""
+        launch(demo, server_name=host, server_port=port, share=args.share, inbrowser=inbrowser,
+               prevent_thread_lock=True, theme=gr.themes.Soft(primary_hue="emerald"),
+               css_paths=[str(ASSETS_DIR / "app.css")], show_error=True, footer_links=["api", "gradio"])
         studio.warm_up(FIRST_PAGE_S)  # the hardware, the libraries and the default model, once a page is up
         if block:
             demo.block_thread()  # until Ctrl+C
@@ -486,19 +494,19 @@ def _log_to_terminal() -> None:
 
 
 def serving_options(studio: Studio) -> dict:
-    """What the server may hand out: on your own machine the runs folder (downloads come straight from it); in a
-    public demo nothing of it (downloads are copies, handed to their owner alone), uploads up to the limit, no
-    request larger than guard.RequestLimits allows, and what it holds of sessions kept to those in use
-    (SessionDoor, keeping_sessions_small)."""
+    """What the server may hand out and keep: on your own machine the runs folder (downloads come straight from
+    it); in a public demo nothing of it (downloads are copies, handed to their owner alone), uploads up to the limit,
+    only what its guards let through (guard.guards), and what it holds of sessions kept to those in use
+    (keeping_sessions_small). No run history (in a public demo it could make the server use its Hugging Face token)
+    and no monitoring (it shows every visitor's requests to anyone)."""
+    options = {"run_history": False, "enable_monitoring": False}
     if studio.public:
-        limits = studio.policy.limits
-        middleware = [Middleware(RequestLimits, upload_bytes=int(limits.upload_mb * UPLOADS_PER_WINDOW * 2**20)),
-                      Middleware(SessionDoor, visitors=studio.visitors)]
         # gradio forgets its oldest session past this many, in use or not: never reached, since at most
         # SESSIONS_IN_USE are in use and the others are forgotten within SWEEP_S.
-        return {"max_file_size": f"{limits.upload_mb:g}mb", "state_session_capacity": 2 * SESSIONS_IN_USE,
-                "app_kwargs": {"middleware": middleware, "lifespan": keeping_sessions_small(studio.visitors)}}
-    return {"allowed_paths": [str(studio.runs_dir)]}
+        return {**options, "max_file_size": f"{studio.policy.limits.upload_mb:g}mb",
+                "state_session_capacity": 2 * SESSIONS_IN_USE,
+                "app_kwargs": {"middleware": guards(studio), "lifespan": keeping_sessions_small(studio.visitors)}}
+    return {**options, "allowed_paths": [str(studio.runs_dir)]}
 
 
 def _notes(draft: dict) -> tuple:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
-from gradio.context import Context
+from gradio.context import Context, LocalContext
 
 from ..config import setting_help
 from ..errors import DragonError, describe
@@ -265,6 +265,18 @@ ONE_MODEL_AT_A_TIME = {"concurrency_limit": 1, "concurrency_id": "models"}
 # Held by the thread that samples for such an event (the playground's group, the pre-flight): gradio lets the next
 # model event start once it has closed a cancelled one, while that thread may still be finishing its token.
 SAMPLING = threading.Lock()
+
+
+
+def client_left() -> Callable[[], bool]:
+    """A should_stop for the event being served: true once its client has gone. gradio marks the event so when the
+    client's stream of results closes, and a public demo's guard when its session is no longer in use
+    (guard.keeping_sessions_small); outside an event, never."""
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+    jobs = blocks._queue.active_jobs if blocks is not None and blocks._queue is not None else []
+    event = next((event for job in jobs if job for event in job if event._id == event_id), None)
+    return (lambda: False) if event is None else (lambda: not event.alive)
+
 
 MESSAGE_ICONS = {"info": "ℹ️", "ok": "✅", "warn": "⚠️", "error": "❌"}
 

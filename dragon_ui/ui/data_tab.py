@@ -13,7 +13,6 @@ from pathlib import Path
 
 import gradio as gr
 import pandas as pd
-from gradio.utils import get_upload_folder
 
 from ..data import DataConfig, bundled_datasets as shipped_datasets
 from ..errors import DragonError
@@ -25,6 +24,7 @@ from ..studio.playground import (DataPreview, data_config, draft_tokenizer, fit_
                                  prompt_limit_of)
 from ..tables import SUPPORTED_EXTENSIONS
 from .common import Shared, described, message, number, optional_number, shown_number, shows_errors
+from .guard import in_page_order
 
 def bundled_datasets() -> list[tuple[str, str]]:
     """(file name, absolute path) of every example dataset shipped in assets/datasets, for the picker."""
@@ -321,7 +321,7 @@ def build(shared: Shared) -> Callable[[], None]:
             if not new_source:
                 return replace_source(draft, new_source, shown)
             try:
-                kept = shared.studio.files.keep_upload(new_source, get_upload_folder())
+                kept = shared.studio.files.keep_upload(new_source)
                 try:  # read once here (the preview reuses it): a file that cannot be read is not kept
                     setting = replace(data_config(draft), source=kept, hub_config=None, sheet=None)
                     sheets = load_rows(setting, policy=policy).sheets
@@ -373,10 +373,10 @@ def build(shared: Shared) -> Callable[[], None]:
     return connect
 
 
-# The page load's preview of the loaded settings and a new source's take turns, in the order they came, and a new
-# source is previewed once more after them: a file uploaded while the first still computed had its preview
-# overwritten by the loaded data's.
-IN_TURN = {"concurrency_id": "data-source", "concurrency_limit": 1}
+# A page's preview of the loaded settings and its new source's take turns, in the order they came, and a new source is
+# previewed once more after them: a file uploaded while the first still computed had its preview overwritten by the
+# loaded data's. Other pages' run beside them.
+IN_TURN = in_page_order("data-source")
 
 
 def _which_file(outputs: tuple, name: str, sheet: str | None) -> tuple:

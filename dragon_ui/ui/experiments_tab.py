@@ -101,7 +101,7 @@ def export(studio: Studio, words: str, by: str) -> gr.File:
     """The leaderboard as filtered and ranked, in a CSV file to download (the file field shows only once there is
     one)."""
     shown = board_rows(studio, words, by)
-    path = experiments.write_csv(studio.files.new_folder() / "dragon-runs.csv", shown.columns, shown.rows)
+    path = experiments.write_csv(studio.files.new_download("dragon-runs.csv"), shown.columns, shown.rows)
     return gr.File(str(path), visible=True)
 
 

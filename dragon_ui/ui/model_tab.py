@@ -7,12 +7,9 @@ every change of the draft, from any tab, refreshes the checks, the estimate and 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import gradio as gr
@@ -204,13 +201,13 @@ class Preview:
     estimate: str
     yaml: str
     cli: str
-    download: str | None
+    file_name: str | None  # what the YAML is saved as, when it may be (the settings are valid)
     problems: dict[str, str] = field(default_factory=dict)  # PROBLEM_AREAS key -> message next to those fields
     ready: bool = False  # the settings are valid and work here: Start is offered
 
     def outputs(self) -> tuple:
-        return (self.check, self.hardware, self.estimate, self.yaml, self.cli,
-                gr.DownloadButton(value=self.download, interactive=self.download is not None),
+        return (self.check, self.hardware, self.estimate, self.yaml, self.cli, self.file_name or "",
+                gr.Button(interactive=self.file_name is not None),
                 *(self.problems.get(area, "") for area in PROBLEM_AREAS), gr.Button(interactive=self.ready))
 
 
@@ -218,15 +215,18 @@ def config_file_name(draft: dict) -> str:
     return f"{slug((draft.get('name') or '').strip(), empty='my-run')}.yaml"
 
 
-def write_config_file(downloads: Path, draft: dict, yaml_text: str) -> Path:
-    """The YAML in a folder of ``downloads`` named by its content, so every browser session downloads its own
-    version."""
-    folder = downloads / f"config-{hashlib.sha1(yaml_text.encode('utf-8')).hexdigest()[:12]}"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / config_file_name(draft)
-    if not path.is_file():
-        path.write_text(yaml_text, encoding="utf-8")
-    return path
+# "Download the YAML" saves the text the page shows, made into a file by the browser: the server writes nothing for
+# it (a file for every edit of the settings was a file for every event any visitor sent).
+SAVE_IN_THE_BROWSER = """(text, name) => {
+    const link = document.createElement('a');
+    link.href = URL.createObjectURL(new Blob([text], {type: 'application/x-yaml'}));
+    link.download = name;
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+    return [];
+}"""
 
 
 def placed(problem: Problem) -> tuple[str, dict[str, str]]:
@@ -254,7 +254,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
         return Preview(check, "", "The estimate appears once the settings are valid.",
                        f"# The settings are not valid yet:\n# {exc}", cli, None, problems)
     yaml_text = config.to_yaml()
-    download = str(write_config_file(studio.files.downloads_dir, draft, yaml_text))  # also for another machine, whatever this one has
+    download = config_file_name(draft)  # also for another machine, whatever this one has
     try:  # what this machine must have for it: the hardware chosen, the trackers' packages
         planned = machine.plan(studio, config)
     except DragonError as exc:
@@ -267,21 +267,14 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
 
 
 def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tuple:
-    """(zip path or skip, message): the draft as a self-contained launch folder for ``nodes`` x ``gpus`` GPUs, built
-    once per config and size (asked again, the same zip is handed out)."""
+    """(zip path or skip, message): the draft as a self-contained launch folder for ``nodes`` x ``gpus`` GPUs
+    (studio.machine.export)."""
     try:
         config = studio.recipes.validate(draft)
-        size = f"{int(nodes)}x{int(gpus)}gpu"
-        digest = hashlib.sha1(f"{config.to_yaml()}{size}".encode("utf-8")).hexdigest()[:12]
-        folder = studio.files.downloads_dir / f"export-{digest}" / f"{config_file_name(draft)[:-5]}-{size}"
-        archive = folder.with_suffix(".zip")
-        if not archive.is_file():
-            shutil.rmtree(folder.parent, ignore_errors=True)  # what an export that failed half-way left
-            machine.export(studio, config, folder, int(gpus), int(nodes))
-            archive = Path(shutil.make_archive(str(folder), "zip", folder.parent, folder.name))
+        archive = machine.export(studio, config, config_file_name(draft)[:-5], int(gpus), int(nodes))
     except (DragonError, TypeError, ValueError, OverflowError) as exc:
         return gr.skip(), message(str(exc) if isinstance(exc, DragonError) else "GPUs and nodes must be whole numbers.", "error")
-    return str(archive), message(f"Unzip it on the GPU machine and run `./launch.sh` there ({folder.name}/README.md "
+    return str(archive), message(f"Unzip it on the GPU machine and run `./launch.sh` there ({archive.stem}/README.md "
                                  "explains the SLURM template and where results appear).", "ok")
 
 
@@ -383,8 +376,9 @@ def build(shared: Shared) -> Callable[[], None]:
         yaml_view = gr.Code(preview.yaml, language="yaml", label="Configuration", interactive=False,
                             elem_id="model-yaml")
         cli = gr.Markdown(preview.cli, elem_id="model-cli")
-        download = gr.DownloadButton("Download the YAML", preview.download, size="sm",
-                                     interactive=preview.download is not None, elem_id="model-download")
+        download = gr.Button("Download the YAML", size="sm", interactive=preview.file_name is not None,
+                             elem_id="model-download")
+        file_name = gr.Textbox(preview.file_name or "", visible=False, elem_id="model-download-name")
     with gr.Row(equal_height=True):
         run_name = form.add("name", gr.Textbox(value=initial.get("name", ""), scale=3, elem_id="model-run-name",
                                                **described("name", "Until you type one, it follows the data file.")),
@@ -413,7 +407,9 @@ def build(shared: Shared) -> Callable[[], None]:
 
     def connect() -> None:
         connect_preflight()
-        preview_outputs = [check, hardware_choice, estimate, yaml_view, cli, download,
+        download.click(None, [yaml_view, file_name], None, js=SAVE_IN_THE_BROWSER, api_visibility="private",
+                       show_progress="hidden")
+        preview_outputs = [check, hardware_choice, estimate, yaml_view, cli, file_name, download,
                            *(areas[area] for area in PROBLEM_AREAS), start]
 
         def describe(draft: dict) -> tuple:

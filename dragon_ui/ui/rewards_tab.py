@@ -38,6 +38,7 @@ from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, 
 from ..studio.backend import Studio
 from . import tools_section
 from .common import ONE_MODEL_AT_A_TIME, SAMPLING, Shared, explain, message, number, optional_number, shown_number, shows_errors
+from .guard import in_page_order
 
 # The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.
 SETTINGS = tuple(f.name for f in fields(RewardSpec) if f.name not in ("kind", "name", "weight"))
@@ -673,9 +674,9 @@ def build(shared: Shared) -> Callable[[], None]:
     # always_last everywhere: a click while the previous one is still being handled runs after it, on the list
     # that one left, instead of being dropped. One queue for every edit of the list: gradio reads a State input as
     # an event starts, so an Add still being handled while a Remove (or a choice) started lost its reward when the
-    # later one wrote back the list it had read. Each edit takes milliseconds; the queue keeps their order.
+    # later one wrote back the list it had read. Each edit takes milliseconds; the queue keeps each page's order.
     edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
-             "concurrency_limit": 1, "concurrency_id": "reward-list-edits"}
+             **in_page_order("reward-list-edits")}
     add.click(functools.partial(add_reward, policy=policy), [rewards, *values], listing, **edits)
     save.click(functools.partial(save_reward, policy=policy), [rewards, selected, *values], listing, **edits)
     remove.click(functools.partial(remove_reward, policy=policy), [rewards, selected], listing, **edits)

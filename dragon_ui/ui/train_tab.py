@@ -26,6 +26,7 @@ from ..studio.explain import GroupExplanation, explain_run_group, formula_lines,
 from ..studio.monitor import Alert, Snapshot, ends_calling, fingerprint, health_alerts, read_snapshot
 from . import plots
 from .common import Shared, message, shows_errors
+from .guard import in_page_order
 
 MAX_GROUPS_SHOWN = 4
 # By stored state; "cancelled" (shown as "stopped — can resume", see runstore.STATE_LABELS) pauses, it does not end.
@@ -466,7 +467,7 @@ def build(shared: Shared) -> None:
     shared.run_id.change(lambda run_id, state: refresh(studio, run_id, state, full=True).outputs(),
                          [shared.run_id, watch], view, api_name="train_show", show_progress="hidden").then(
         follow, [shared.run_id, watch], view, api_name="train_follow", api_visibility="private",
-        show_progress="hidden", concurrency_limit=1, concurrency_id="follow-start")
+        show_progress="hidden", **in_page_order("follow-start"))
 
     def explain(run_id: str, event: gr.EventData) -> str:
         return explain_clicked(studio, run_id, event)
