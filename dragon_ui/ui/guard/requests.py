@@ -53,8 +53,8 @@ class Stalled(UploadCut):
 
 
 class RequestLimits:
-    """ASGI middleware of a public demo: the body limit, and uploads (see the module). A refusal is HTTP 400, 413
-    or 429 with one sentence."""
+    """ASGI middleware of a public demo: the body limit, and uploads (see the module). A refusal is HTTP 400, 408,
+    413 or 429 with one sentence."""
 
     def __init__(self, app, files: Files, policy: Policy, body_bytes: int = BODY_BYTES) -> None:
         self.app, self.files, self.policy, self.body_bytes = app, files, policy, body_bytes
@@ -68,7 +68,7 @@ class RequestLimits:
         declared = int(headers["content-length"]) if headers.get("content-length", "").isdigit() else None
         if UPLOAD_ROUTE.fullmatch(route_path(scope)):
             address = self.policy.network_address(forwarded_for(scope), (scope.get("client") or (None,))[0])
-            return await self._upload(scope, receive, send, address or "", declared or 0)
+            return await self._upload(scope, receive, send, address or "unknown", declared or 0)
         if declared is not None and declared > self.body_bytes:
             return await refuse(send, 413, self._too_large())
         try:  # read here, to its limit, whatever the request declared
