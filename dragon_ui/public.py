@@ -216,6 +216,14 @@ class Policy:
 LAPTOP = Policy()
 
 
+class _Spending:
+    """One asker's spending in the window: [second, amount] counts, oldest first, and their total."""
+
+    def __init__(self) -> None:
+        self.counts: collections.deque[list] = collections.deque()
+        self.total = 0.0
+
+
 class Allowance:
     """What each asker (a network address) has spent in the last ``window_s`` seconds, of something a public demo
     shares out: starts, pre-flights, bytes and files written. Spending is counted per second, so an asker that spends
@@ -224,43 +232,46 @@ class Allowance:
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._spent: dict[str, collections.deque[list]] = {}  # asker -> [second, amount], oldest first
+        self._spent: dict[str, _Spending] = {}
         self._lock = threading.Lock()
 
     def take(self, asker: str, amount: float, most: float) -> bool:
         """Count ``amount`` against ``asker``, unless that would pass ``most`` in the window: then False, counting
         nothing."""
         with self._lock:
-            counts = self._current(asker)
-            if sum(spent for _, spent in counts) + amount > most:
+            spending = self._current(asker)
+            if spending.total + amount > most:
                 return False
             now = time.monotonic()
-            if counts and int(now) == int(counts[-1][0]):
-                counts[-1][1] += amount
+            if spending.counts and int(now) == int(spending.counts[-1][0]):
+                spending.counts[-1][1] += amount
             elif amount:
-                counts.append([now, amount])
-                self._spent[asker] = counts
+                spending.counts.append([now, amount])
+                self._spent[asker] = spending
+            spending.total += amount
             return True
 
     def spent(self, asker: str) -> float:
         with self._lock:
-            return sum(spent for _, spent in self._current(asker))
+            return self._current(asker).total
 
     def minutes_to_wait(self, asker: str) -> int:
         """Whole minutes (at least 1) until the oldest spending of ``asker`` leaves the window: for a refusal."""
         with self._lock:
-            counts = self._current(asker)
+            counts = self._current(asker).counts
             left = self.window_s - (time.monotonic() - counts[0][0]) if counts else self.window_s
         return max(1, round(left / 60))
 
-    def _current(self, asker: str) -> collections.deque[list]:
-        """``asker``'s counts still in the window (forgetting the asker when none is); the caller holds the lock."""
-        counts = self._spent.get(asker, collections.deque())
-        while counts and time.monotonic() - counts[0][0] >= self.window_s:
-            counts.popleft()
-        if not counts:
+    def _current(self, asker: str) -> _Spending:
+        """``asker``'s spending still in the window (forgetting the asker when there is none); the caller holds the
+        lock."""
+        spending = self._spent.get(asker) or _Spending()
+        while spending.counts and time.monotonic() - spending.counts[0][0] >= self.window_s:
+            spending.total -= spending.counts.popleft()[1]
+        if not spending.counts:
             self._spent.pop(asker, None)
-        return counts
+            spending.total = 0.0
+        return spending
 
 
 @dataclass(frozen=True)

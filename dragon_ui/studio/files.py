@@ -35,11 +35,14 @@ class Files:
     def __init__(self, runs_dir: Path, policy: Policy) -> None:
         self.runs_dir = runs_dir
         self.policy = policy
-        self.public = policy.public
         self.cache_dir = Path(tempfile.gettempdir())  # the web server's cache (serve_from)
         self._bytes, self._files = Allowance(SHARE_WINDOW_S), Allowance(SHARE_WINDOW_S)
         self._share_lock = threading.Lock()
         self._secret = secrets.token_bytes(32)  # download_name's
+
+    @property
+    def public(self) -> bool:
+        return self.policy.public
 
     def serve_from(self, cache_dir: str | Path) -> None:
         """The web server hands out the files of ``cache_dir`` as they are: downloads are made there, so none is
