@@ -25,6 +25,7 @@ MAX_OVERLAID = 8  # more lines than a legend can tell apart
 LEADERBOARD_COLUMNS = ["Run", "Name", "Data", "Held-out before", "Held-out after", "Change", "Steps", "Minutes",
                        "State", "Started"]
 HELDOUT_TOTAL = "held-out total"  # what the leaderboard ranks by unless a reward or metric is chosen
+RIGHT_ANSWERS = "right answers (each run's goal)"  # the share of held-out replies that pass the run's goal
 MOST_RANK_CHARS = 100  # a reward's name to rank by, as any client may send one
 LEADERBOARD_TYPES = ["str", "str", "str", "number", "number", "number", "number", "number", "str", "str"]
 # Config keys that are where a run was made, not how: they differ between any two runs and say nothing.
@@ -83,11 +84,13 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
 
 
 def rank_choices(summaries: list[dict]) -> list[str]:
-    """What the leaderboard can rank by: the held-out total, then every reward and metric some run was scored on
-    (totals of runs whose rewards differ do not compare; one reward, or a metric no run trained on, does)."""
-    names = {str(name) for summary in summaries for side in ("before", "after")
-             for name in _scores(summary, side)}
-    return [HELDOUT_TOTAL, *sorted(names)]
+    """What the leaderboard can rank by: the held-out total, the right answers by each run's goal (where a run was
+    scored on one), then every reward and metric some run was scored on (totals of runs whose rewards differ do not
+    compare; one reward, a metric no run trained on, or the share of right answers does)."""
+    sides = ("before", "after")
+    names = {str(name) for summary in summaries for side in sides for name in _scores(summary, side)}
+    goals = any(summary.get(f"heldout_{side}_right") is not None for summary in summaries for side in sides)
+    return [HELDOUT_TOTAL, *([RIGHT_ANSWERS] if goals else []), *sorted(names)]
 
 
 def _scores(summary: dict, side: str) -> dict:
@@ -96,7 +99,8 @@ def _scores(summary: dict, side: str) -> dict:
 
 
 def _held_out(summary: dict, side: str, by: str) -> float | None:
-    value = summary.get(f"heldout_{side}") if by == HELDOUT_TOTAL else _scores(summary, side).get(by)
+    value = summary.get(f"heldout_{side}") if by == HELDOUT_TOTAL else summary.get(f"heldout_{side}_right") \
+        if by == RIGHT_ANSWERS else _scores(summary, side).get(by)
     return _rounded(value, 6)
 
 

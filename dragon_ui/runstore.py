@@ -231,6 +231,9 @@ class RunStatus(TypedDict, total=False):
     heldout_after: float | None
     heldout_before_scores: dict[str, float]  # each reward's and metric's held-out mean, before and after training
     heldout_after_scores: dict[str, float]
+    heldout_before_right: float | None  # the share of held-out replies that pass every goal reward
+    heldout_after_right: float | None
+    goal: list[str]  # the rewards that say the answer is right (rewards.goal_names)
     latest_checkpoint: str
 
 
@@ -277,6 +280,7 @@ class HeldOutRow(TypedDict, total=False):
     step: int
     reward: float | None
     rewards: dict[str, float | None]
+    right: float | None  # the share of replies that pass every goal reward (rewards.goal_names)
     n_prompts: int
     seconds: float
 
@@ -520,6 +524,8 @@ def list_runs(runs_dir: Path) -> list[dict]:
             "heldout_after": status.get("heldout_after"),
             "heldout_before_scores": status.get("heldout_before_scores"),
             "heldout_after_scores": status.get("heldout_after_scores"),
+            "heldout_before_right": status.get("heldout_before_right"),
+            "heldout_after_right": status.get("heldout_after_right"), "goal": status.get("goal") or [],
             "model": (config.get("model") or {}).get("id", ""), "started_at": status.get("started_at"),
             "name": config.get("name") or "", "data": (config.get("data") or {}).get("source") or "",
             "elapsed_s": status.get("elapsed_s"),

@@ -634,7 +634,7 @@ def test_the_playground_tries_to_game_the_rewards(page, studio, screenshots):
     open_tab(page, "rewards")
     page.locator("#rewards-red-team").click()
     verdict = page.locator("#rewards-red-team-verdict")
-    expect(verdict).to_contain_text("No gaming reply earns half of what an honest one does (9 tried on 8 rows)")
+    expect(verdict).to_contain_text("No gaming reply earns half of what an honest one does (11 tried on 8 rows)")
     choose(page, "#rewards-selected", "➕ New reward")
     choose(page, "#rewards-kind", "contains")
     type_into(page, "#rewards-weight input", "3")

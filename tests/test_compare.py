@@ -63,6 +63,12 @@ def test_comparison_of_a_finished_run(finished_run, studio):
         assert "numeric" in row[6] and "length" in row[6] and "→" in row[6]
     assert not shown.can_evaluate
     assert f"{evaluation['before']['reward_mean']:.3f} before" in shown.summary and "6 prompts" in shown.summary
+    # numeric (0 or 1) is the goal: a reply is right where it pays, so the share right is its mean
+    for side in ("before", "after"):
+        assert evaluation[side]["goal"] == ["numeric"]
+        assert evaluation[side]["right"] == pytest.approx(evaluation[side]["reward_breakdown"]["numeric"])
+    right = [round(evaluation[side]["right"] * 6) for side in ("before", "after")]
+    assert f"Right answers by the goal (numeric): {right[0]} of 6 before → {right[1]} of 6 after." in shown.summary
 
     assert compare.comparable_runs(studio.runs.summaries()) == [(f"{finished_run.id} · succeeded", finished_run.id)]
 

@@ -292,3 +292,17 @@ def test_the_command_line_writes_the_same_leaderboard(three_runs, runs_dir, tmp_
     assert main(["runs", "--csv", str(target), "--rank-by", "accuracy"]) == 2
     assert "No run was scored on 'accuracy'; rank by one of: held-out total, digits_only, length, numeric" in \
         capsys.readouterr().err
+
+
+def test_the_leaderboard_ranks_by_right_answers_each_by_its_own_goal():
+    """Runs whose goals differ (exact for one, contains for the other) compare by the share each gets right."""
+    summaries = [{"id": run, "state": "succeeded", "heldout_before": 0.2, "heldout_after": total,
+                  "heldout_before_right": 0.1, "heldout_after_right": right, "goal": [goal]}
+                 for run, total, right, goal in (("a", 0.9, 0.2, "exact"), ("b", 0.5, 0.6, "contains"))]
+    assert experiments.rank_choices(summaries)[:2] == [experiments.HELDOUT_TOTAL, experiments.RIGHT_ANSWERS]
+    assert [e.run_id for e in experiments.leaderboard(summaries)] == ["a", "b"]
+    ranked = experiments.leaderboard(summaries, by=experiments.RIGHT_ANSWERS)
+    assert [(e.run_id, e.heldout_before, e.heldout_after) for e in ranked] == [("b", 0.1, 0.6), ("a", 0.1, 0.2)]
+    assert experiments.RIGHT_ANSWERS not in experiments.rank_choices([{**s, "heldout_before_right": None,
+                                                                       "heldout_after_right": None}
+                                                                      for s in summaries])

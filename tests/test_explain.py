@@ -203,3 +203,16 @@ def test_gdpo_normalises_each_reward_in_its_group_before_adding_them_up():
     assert "normalize_then_sum" in " ".join(explain.plain_words(explained))
     assert explain.formula_lines(explained)[1] == ("r_i = 1 × z_big + 0.5 × z_tiny   (the weighted sum of "
                                                    "completion i's normalised scores)")
+
+
+def test_a_gated_reward_says_when_it_pays_in_the_formula():
+    gated = config()
+    gated["rewards"] = [{"kind": "exact", "name": "exact"},
+                        {"kind": "length", "name": "short", "max_chars": 20, "weight": 0.3, "only_when": "exact"}]
+    rollout = {"step": 2, "groups": [{"prompt": "Opposite of hot?", "reference": "cold", "completions": [
+        {"text": "cold", "scores": {"exact": 1.0, "short": 1.0}, "total": 1.3},
+        {"text": "warm", "scores": {"exact": 0.0, "short": 0.0}, "total": 0.0}]}]}
+    explained = explain.explain_group(rollout, 1, gated)
+    assert explained.gates == {"short": "exact passes"}
+    assert explain.formula_lines(explained)[0] == ("r_i = 1 × s_exact + 0.3 × s_short   (the weighted total of "
+                                                   "completion i; s_short is 0 unless exact passes (its only_when))")

@@ -576,3 +576,25 @@ def test_a_tools_run_is_warned_when_its_model_skips_breaks_or_never_leaves_its_t
         assert quoted in alert.title
     # the same rows without tools in the config raise nothing about tools, and a stuck reply is not "empty"
     assert health_alerts(recorded(**last), {}, CONFIG, rollout=rollout) == []
+
+
+GOAL_CONFIG = {**CONFIG, "rewards": [{"kind": "numeric"}, {"kind": "format", "weight": 0.5}]}
+RISING = [0.3, 0.3, 0.3, 0.4, 0.5, 0.5, 0.6, 0.7, 0.8, 0.8]  # every step's training reward
+
+
+@pytest.mark.parametrize("numeric, config, fires", [
+    ([0.2] * 10, GOAL_CONFIG, True),  # the reward rises, the goal stays: the format is what it learns
+    ([0.2, 0.2, 0.2, 0.3, 0.3, 0.4, 0.4, 0.5, 0.6, 0.6], GOAL_CONFIG, False),  # the goal rises with it
+    ([0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.3], GOAL_CONFIG, False),  # it fell: the trade-off alert's
+    ([0.2] * 10, {**GOAL_CONFIG, "rewards": [{"kind": "format"}]}, False),  # no reward is a goal
+])
+def test_the_training_reward_rising_while_the_goal_stays(numeric, config, fires):
+    alerts = [a for a in health_alerts(recorded(reward=RISING, reward_numeric=numeric), {}, config)
+              if a.kind == "goal_flat"]
+    if not fires:
+        assert alerts == []
+        return
+    (alert,) = alerts
+    assert alert.title == ("The training reward rose from 0.30 to 0.77 since the first 3 steps while your goal, "
+                           "'numeric', stayed at 0.20 (from 0.20)")
+    assert "paid by 'format', not by 'numeric'" in alert.fix and "Pays only when: numeric" in alert.fix

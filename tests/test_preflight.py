@@ -238,7 +238,7 @@ def test_the_command_line_prints_the_verdict(tiny_config_dict, tmp_path, capsys)
     path.write_text(yaml.safe_dump(tiny_config_dict), encoding="utf-8")
     assert main(["check", str(path), "--preflight", "--prompts", "4"]) == 0
     out = capsys.readouterr().out
-    assert "Red team: No gaming reply earns half of what an honest one does" in out
+    assert "Red team: " in out and "a short wrong answer" in out
     assert out.count("Red team:") == 1  # the pre-flight's, on the prompts it sampled: check's own is not repeated
     assert out.index("Red team:") > out.index("Pre-flight: sampling")
     assert "Pre-flight: sampling" in out and "4 of 4 prompts sampled" in out

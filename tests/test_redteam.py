@@ -11,7 +11,7 @@ from dragon_ui.data import load_and_map
 from dragon_ui.engine.models import load_tokenizer, resolve_model
 from dragon_ui.engine.redteam import REPEATED, red_team
 from dragon_ui.errors import Stopped
-from dragon_ui.rewards import RewardSpec, build_rewards
+from dragon_ui.rewards import RewardSpec, build_rewards, parse_rewards
 
 pytestmark = pytest.mark.timeout(300)
 RECIPES = ASSETS_DIR / "recipes"
@@ -35,7 +35,7 @@ def recipe_red_team(name: str, tokenizer):
 def test_the_bundled_recipes_rewards_raise_no_alarm(name, tokenizer):
     found = recipe_red_team(name, tokenizer)
     assert not found.flagged, found.describe()
-    assert found.verdict.startswith("No gaming reply earns half of what an honest one does (9 tried on 8 rows)")
+    assert found.verdict.startswith("No gaming reply earns half of what an honest one does (11 tried on 8 rows)")
     assert all(check.honest > 0 for check in found.checks)
 
 
@@ -69,7 +69,7 @@ def test_each_kind_is_flagged_for_what_it_pays_for(specs, flagged, tokenizer):
     rewards = build_rewards([RewardSpec.from_dict(spec) for spec in specs], tokenizer=tokenizer, max_new_tokens=32)
     found = red_team(rewards, [ROW], 32, tokenizer)
     assert {check.name for check in found.flagged} == flagged, found.describe()
-    assert len(found.checks) == 9
+    assert len(found.checks) == 11
 
 
 def test_text_answers_get_wrong_answers_of_their_own(tokenizer):
@@ -88,4 +88,31 @@ def test_the_red_team_stops_at_its_time_limit_or_when_cancelled(tokenizer):
         red_team(rewards, [ROW], 16, tokenizer, time_limit_s=0)
     with pytest.raises(Stopped):
         red_team(rewards, [ROW], 16, tokenizer, should_stop=lambda: True)
-    assert len(red_team(rewards, [ROW], 16, tokenizer, time_limit_s=60).checks) == 9
+    assert len(red_team(rewards, [ROW], 16, tokenizer, time_limit_s=60).checks) == 11
+
+
+SHORT_AND_RIGHT = [{"kind": "exact"}, {"kind": "length", "name": "short", "max_chars": 20, "weight": 0.3}]
+
+
+@pytest.mark.parametrize(("gate", "no_right", "flagged"), [
+    (None, 0.9, True),  # most groups have no right reply: the short wrong one wins them
+    (None, 0.1, False),  # few do: the rewards' shape matters little
+    (None, None, False),  # no samples to say (the playground's red team): shown, not flagged
+    ("exact", 0.9, False),  # paid only when right: a wrong answer earns nothing for its shape
+])
+def test_a_wrong_answer_that_wins_by_its_shape_is_judged_against_a_wrong_one(gate, no_right, flagged, tokenizer):
+    settings = [dict(spec) for spec in SHORT_AND_RIGHT]
+    if gate:
+        settings[1]["only_when"] = gate
+    rewards = build_rewards(parse_rewards(settings), tokenizer=tokenizer, max_new_tokens=16)
+    found = red_team(rewards, [TEXT_ROW, {**TEXT_ROW, "reference": "Paris"}], 16, tokenizer, no_right=no_right)
+    short = next(check for check in found.checks if check.name == "a short wrong answer")
+    assert short.example == "Paris"
+    # "The answer is definitely Paris." (31 characters) and "... Rome." (30) earn a little of short: 0.135, 0.15
+    assert short.total == pytest.approx(0.0 if gate else 0.3)
+    assert short.against_wrong == pytest.approx(0.0 if gate else 0.1425)
+    assert short.flagged is flagged, found.describe()
+    if flagged:
+        assert short.paid_by == ["short"]
+        assert "earns 0.16 more than the same wrong answer in a sentence, paid by short" in found.verdict
+        assert "pay it only when exact passes (only_when: exact)" in found.verdict

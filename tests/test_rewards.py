@@ -254,7 +254,7 @@ def test_unusable_reference_is_a_counted_failure(settings, reference, message):
     ({"kind": "nope"}, "rewards[0].kind 'nope' is not a known reward kind"),
     ("numeric", "rewards[0] must be a mapping"),
     ({"kind": "numeric", "foo": 1}, "rewards[0] has an unknown setting 'foo'; known settings for a numeric reward "
-                                    "are: kind, name, weight, train, extract, tolerance."),
+                                    "are: kind, name, weight, train, goal, only_when, extract, tolerance."),
     ({"kind": "numeric", "pattern": "x"}, "rewards[0].pattern does not apply to a numeric reward"),
     ({"kind": "exact", "tolerance": 0.1},
      "rewards[0].tolerance does not apply to an exact reward; it is a setting of numeric rewards."),
@@ -488,7 +488,8 @@ def test_score_completion_weights_and_errors():
     assert result.scores == {"numeric": 1.0, "format": 1.0, "broken": 0.0}
     assert result.total == pytest.approx(2.5)
     assert result.errors == {"broken": "KeyError: 'missing'"}
-    assert result.to_dict() == {"scores": result.scores, "total": result.total, "errors": result.errors}
+    assert result.to_dict() == {"scores": result.scores, "total": result.total, "errors": result.errors,
+                                "withheld": {}}
     assert failures.counts() == {"broken": 1}
     assert score_completion(rewards, "").errors.keys() == {"numeric", "broken"}
 

@@ -114,8 +114,8 @@ def test_max_rows_is_empty_for_all_and_otherwise_what_was_typed(form, draft, sho
 
 def test_bundled_datasets_are_the_data_files():
     names = [name for name, _ in data_tab.bundled_datasets()]
-    assert names == ["arithmetic.csv", "big_products.csv", "json_answers.jsonl", "products.csv", "small_sums.csv",
-                     "think_answer.jsonl"]
+    assert names == ["arithmetic.csv", "big_products.csv", "json_answers.jsonl", "opposites.csv", "products.csv",
+                     "small_sums.csv", "think_answer.jsonl"]
 
 
 def test_a_loaded_draft_shows_at_once_and_its_preview_follows(draft, labels):

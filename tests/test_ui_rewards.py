@@ -203,14 +203,14 @@ def test_fill_rewards_lists_the_draft_and_shows_the_first(draft):
     out = listing(rewards_tab.fill_rewards(draft, policy=LAPTOP))
     assert out["rewards"] == [NUMERIC, LENGTH] and out["rewards"] is not draft["rewards"]
     assert out["table"].values.tolist() == [
-        ["numeric", "numeric", 1.0, "the number in the reply equals the reference", ""],
-        ["length", "length", 0.3, "the reply has 0 to 12 characters", "max_chars: 12"]]
+        ["numeric", "numeric", 1.0, "🎯 goal", "the number in the reply equals the reference", ""],
+        ["length", "length", 0.3, "", "the reply has 0 to 12 characters", "max_chars: 12"]]
     assert out["selector"].value == "numeric"
     assert out["selector"].choices == [("numeric", "numeric"), ("length", "length"),
                                        (rewards_tab.NEW_REWARD_LABEL, NEW)]
     assert (out["kind"], out["name"], out["weight"]) == ("numeric", "numeric", 1.0)
     assert "number equals the reference" in out["help"]
-    assert visible(out) == {"train", "extract", "tolerance"}
+    assert visible(out) == {"train", "goal", "only_when", "extract", "tolerance"}
     assert not out["add"].visible and out["save"].visible and out["remove"].visible
     assert out["status"] == ""
 
@@ -225,7 +225,7 @@ def test_fill_rewards_without_rewards_shows_a_new_one(draft):
 @pytest.mark.parametrize("kind", REWARD_KINDS)
 def test_only_the_kinds_settings_are_shown(recipe, kind):
     shown = split_editor(rewards_tab.change_kind(recipe, NEW, kind, "numeric_2", 1.0, policy=LAPTOP))
-    assert visible(shown) == {"train", *kind_fields(kind)}
+    assert visible(shown) == {"train", "goal", "only_when", *kind_fields(kind)}
     assert shown["help"] == rewards_tab.KIND_HELP[kind]
     assert shown["kind"] == kind and shown["weight"] == 1.0
     # every setting is set, hidden ones to their defaults, so nothing of a reward shown before stays behind
@@ -336,7 +336,8 @@ def test_public_mode_hides_custom_code_and_refuses_code_rewards(public_studio):
                                         policy=public_studio.policy)
         assert result[0] == rewards and "turned off in this public demo" in result[3]
     shown = split_editor(rewards_tab.change_kind(rewards, NEW, "regex", "numeric_2", 1.0, policy=public_studio.policy))
-    assert shown["help"] == rewards_tab.KIND_HELP["regex"] and visible(shown) == {"train", *kind_fields("regex")}
+    assert shown["help"] == rewards_tab.KIND_HELP["regex"] and visible(shown) == {"train", "goal", "only_when",
+                                                                               *kind_fields("regex")}
     assert [kind for kind in REWARD_KINDS if public_demo_refusal(kind)] == ["command", "custom"]
 
 
@@ -713,3 +714,21 @@ def test_generation_shows_busy_errors_and_asks_for_a_row(studio, tiny_draft, no_
     assert "A training is running on this machine's CPU" in progress and is_skip(table)
     (progress, table, warnings), = rewards_tab.generate_samples(studio, tiny_draft, None, 1)
     assert "Choose a row" in progress
+
+
+@pytest.mark.parametrize(("stored", "shown"), [(None, "automatic"), (True, "yes"), (False, "no")])
+def test_the_goal_and_the_gate_go_through_the_form_and_back(stored, shown):
+    spec = {"kind": "length", "name": "short", "weight": 0.3, "max_chars": 20, "only_when": "exact >= 1"}
+    if stored is not None:
+        spec["goal"] = stored
+    values = rewards_tab.form_values(spec)
+    by_setting = dict(zip(rewards_tab.SETTINGS, values))
+    assert by_setting["goal"] == shown and by_setting["only_when"] == "exact >= 1"
+    back = rewards_tab.form_to_dict("length", "short", 0.3, values)
+    assert back.get("goal") == stored and back["only_when"] == "exact >= 1"
+    assert ("goal" in back) is (stored is not None)
+    rewards = [{"kind": "exact"}, back]
+    assert parse_rewards(rewards)[1].only_when == "exact >= 1"
+    unsaved = rewards_tab.form_to_dict("length", "short", 0.3, [value if setting != "only_when" else "" for
+                                                                 setting, value in zip(rewards_tab.SETTINGS, values)])
+    assert parse_rewards([{"kind": "exact"}, unsaved])[1].only_when is None  # an empty box: always pays

@@ -20,7 +20,8 @@ from ..data import prompt_text, read_jsonl
 from ..errors import ConfigError, Stopped
 from ..public import LAPTOP, Policy
 from .. import speedups
-from ..rewards import EPISODE_SCORE, Reward, ScoreResult, build_rewards, score_completions
+from ..rewards import (EPISODE_SCORE, Reward, ScoreResult, build_rewards, goal_names, right_by_goal,
+                       score_completions)
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
 from .reward_models import classifiers_on
@@ -42,10 +43,13 @@ class EvalResult:
     scores: list[dict[str, float]]
     seconds: float
     metrics: list[str] = field(default_factory=list)  # the breakdown's names that are metrics, not in reward_mean
+    goal: list[str] = field(default_factory=list)  # the rewards that say the answer is right (goal_names)
+    right: float | None = None  # the share of replies that pass every goal reward; None: no goal
 
     def summary(self) -> dict:
         return {"reward_mean": self.reward_mean, "reward_breakdown": self.breakdown, "metrics": self.metrics,
-                "n_prompts": len(self.replies), "seconds": round(self.seconds, 2)}
+                "goal": self.goal, "right": self.right, "n_prompts": len(self.replies),
+                "seconds": round(self.seconds, 2)}
 
 
 def generate_replies(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int = EVAL_BATCH,
@@ -297,8 +301,11 @@ def scored(replies: list[str], totals: list[float], scores: list[dict[str, float
     """The means over the prompts of their scored replies."""
     n = max(1, len(totals))
     breakdown = {r.name: sum(s[r.name] for s in scores) / n for r in rewards}
+    specs = [r.spec for r in rewards]
+    goal = goal_names(specs)
+    right = [right_by_goal(s, specs) for s in scores] if goal else []
     return EvalResult(sum(totals) / n, breakdown, replies, totals, scores, seconds,
-                      [r.name for r in rewards if r.metric])
+                      [r.name for r in rewards if r.metric], goal, sum(right) / n if goal else None)
 
 
 def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict], n_samples: int) -> dict:
@@ -315,7 +322,8 @@ def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict
     for sample, reply, total, scores in zip(samples, result.replies, result.totals, result.scores):
         sample[stage] = {"reply": reply, "reward": total, "scores": scores}
     write_json_atomic(run.samples_path, samples)
-    run.update_status(**{f"heldout_{stage}": result.reward_mean, f"heldout_{stage}_scores": result.breakdown})
+    run.update_status(**{f"heldout_{stage}": result.reward_mean, f"heldout_{stage}_scores": result.breakdown,
+                         f"heldout_{stage}_right": result.right, "goal": result.goal})
     log.info("Held-out reward %s training: %.3f (%s) on %d prompts in %.1f s", stage, result.reward_mean,
              ", ".join(f"{k} {v:.3f}" for k, v in result.breakdown.items()), len(examples), result.seconds)
     return evaluation
@@ -380,7 +388,7 @@ class HeldOutChecks:
 
     def _append(self, step: int, result: EvalResult) -> None:
         self.run.append_heldout({"step": step, "reward": result.reward_mean,
-                                 "rewards": dict(result.breakdown),
+                                 "rewards": dict(result.breakdown), "right": result.right,
                                  "n_prompts": len(result.totals), "seconds": round(result.seconds, 2)})
 
 

@@ -29,6 +29,8 @@ from ..rewards import Reward, build_rewards
 from ..rewards.spec import full_marks
 from ..runstore import excerpt, format_seconds
 from .evaluation import LoadModel, sampled_replies, score_examples
+from .goal import GoalCheck, SampledGroup, alternatives, check_goal
+from .presets import PRESETS, find_preset
 from .prompts import NO_LIMIT, token_counts
 from .redteam import RedTeam, as_number, red_team
 from .reward_models import classifiers_on
@@ -84,30 +86,36 @@ class RewardCheck:
 @dataclass(frozen=True)
 class Fix:
     """A change that would help, made to the settings as they are when it is applied (``applied_to``): settings
-    to set (config sections, nested), and rewards to add."""
+    to set (config sections, nested), settings of rewards to change (by name), and rewards to add."""
 
     label: str
     why: str
     settings: dict = field(default_factory=dict)
     add_rewards: list[dict] = field(default_factory=list)
+    change_rewards: dict[str, dict] = field(default_factory=dict)
 
     def applied_to(self, draft: dict) -> dict:
-        """``draft`` with this fix: its settings set, its rewards added (one of the same name is kept instead)."""
+        """``draft`` with this fix: its settings set, its rewards changed and added (one of the same name is kept
+        instead)."""
         changed = {**draft}
         for section, values in self.settings.items():
             changed[section] = {**(draft.get(section) or {}), **values}
-        rewards = list(draft.get("rewards") or [])
+        rewards = [{**reward, **self.change_rewards.get(reward.get("name") or reward.get("kind"), {})}
+                   if isinstance(reward, dict) else reward for reward in draft.get("rewards") or []]
         names = {reward.get("name") or reward.get("kind") for reward in rewards if isinstance(reward, dict)}
         changed["rewards"] = rewards + [reward for reward in self.add_rewards if reward["name"] not in names]
         return changed
 
     def as_command_line(self) -> str:
-        """The fix as ``dragon`` options (a reward to add is shown as YAML to paste under ``rewards:``)."""
+        """The fix as ``dragon`` options (rewards to change or add are shown as YAML to edit under ``rewards:``)."""
         sets = " ".join("--set " + shlex.quote(f"{section}.{name}={json.dumps(value) if isinstance(value, dict) else value}")
                         for section, values in self.settings.items() for name, value in values.items())
+        changes = "; under rewards, set " + "; ".join(
+            f"{name}: {json.dumps(values)}" for name, values in self.change_rewards.items()) \
+            if self.change_rewards else ""
         added = "; add under rewards: " + "; ".join(json.dumps(reward) for reward in self.add_rewards) \
             if self.add_rewards else ""
-        return (sets + added).strip("; ")
+        return (sets + changes + added).strip("; ")
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,7 @@ class Preflight:
     fixes: list[Fix] = field(default_factory=list)
     red_team: RedTeam | None = None  # the gaming replies, scored on the same prompts
     training_prompts: int = 0  # the run's training prompts, sampled or not (0: only the sampled ones are known)
+    goal: GoalCheck | None = None  # the goal's part in the groups' spread; None: no reward says the answer is right
 
     def share(self, kind: str) -> float:
         """The share of groups of ``kind`` ("spread", "all fail", "all pass", or "no spread" for the last two)."""
@@ -161,6 +170,9 @@ class Preflight:
                 sentences = [head + f"{passes} % all pass. {'Too easy' if hopeless else 'Mostly too easy'}: most "
                              f"replies already earn the reward.{slowly} Drop those prompts, or use harder data or a "
                              "stricter reward."]
+        elif not self.teaches_goal:
+            sentences = [*self.goal.sentences(),
+                         f"({100 - no_spread} % of groups have a spread; {groups}.)"]
         else:
             sentences = [f"It can learn: {100 - no_spread} % of groups have a spread to learn from ({groups}; "
                          f"{fail} % all fail, {passes} % all pass)."]
@@ -171,7 +183,8 @@ class Preflight:
             if reward.failed >= FAILING_TOO_OFTEN:
                 sentences.append(f"The reward {reward.name} failed on {round(100 * reward.failed)} % of replies "
                                  "(each scores 0): try it in the playground.")
-            elif reward.spread == 0 and len(self.prompts) > 1:
+            elif reward.spread == 0 and len(self.prompts) > 1 and not (
+                    self.learns and not self.teaches_goal and reward.name in self.goal.names):  # said already
                 sentences.append(f"The reward {reward.name} gave every reply {reward.mean:g}: it teaches nothing "
                                  "here.")
         if self.ended_early:
@@ -192,7 +205,8 @@ class Preflight:
                              "capped": check.capped, "longest_tokens": check.longest_tokens}
                             for check in self.ranked()],
                 "fixes": [asdict(fix) for fix in self.fixes],
-                "red_team": None if self.red_team is None else self.red_team.to_dict()}
+                "red_team": None if self.red_team is None else self.red_team.to_dict(),
+                "goal": None if self.goal is None else self.goal.to_dict()}
 
     def ranked(self) -> list[PromptCheck]:
         """The prompts from the hardest (lowest pass rate) to the easiest."""
@@ -203,6 +217,16 @@ class Preflight:
         """Whether enough groups have a spread for most of every step to teach something."""
         return self.share("no spread") < NO_SPREAD_TOO_MUCH
 
+    @property
+    def teaches_goal(self) -> bool:
+        """Whether what the groups differ in is mostly the goal (or no reward is marked as one)."""
+        return self.goal is None or self.goal.teaches
+
+    @property
+    def good(self) -> bool:
+        """The verdict's colour: it learns, and what it learns is the goal."""
+        return self.learns and self.teaches_goal
+
     def facts(self) -> list[str]:
         """The numbers behind the verdict, a sentence each (the app shows them as a list, the command line as
         lines)."""
@@ -210,7 +234,15 @@ class Preflight:
         step = "" if self.step_s is None else f"; predicted time per training step: {format_seconds(self.step_s)}"
         rewards = "; ".join(f"{reward.name} {_number(reward.mean)}, {_number(reward.spread)}, "
                             f"{round(100 * reward.failed)} %" for reward in self.rewards)
-        return [f"Groups: {round(100 * self.share('spread'))} % with a spread, {round(100 * self.share('all fail'))} % "
+        goal = self.goal
+        spread = [] if goal is None else [
+            f"Goal: {', '.join(goal.names)}, passed by {goal.passed} of {goal.replies} replies; it separates the "
+            f"replies in {round(100 * goal.spread)} % of the {goal.spread_groups} groups with a spread, and in "
+            f"{goal.wrong_wins} of them no reply passes it (there the other rewards pick the winner). The spread by "
+            "reward (its share of the groups' spread; the groups only it separates): " + "; ".join(
+                f"{share.name} {round(100 * share.advantage)} % ({round(100 * share.alone)} %)"
+                for share in goal.shares) + "."]
+        return [*spread, f"Groups: {round(100 * self.share('spread'))} % with a spread, {round(100 * self.share('all fail'))} % "
                 f"all fail, {round(100 * self.share('all pass'))} % all pass ({len(self.prompts)} prompts, "
                 f"{self.group_size} replies each).",
                 f"Length: {round(100 * self.capped_share)} % of replies cut off at {self.max_new_tokens} tokens; the "
@@ -223,7 +255,12 @@ class Preflight:
         lines = [self.verdict, "", *self.facts(), "Prompts, hardest first (row: pass rate):"]
         lines += [f"  row {check.number}: {round(100 * check.pass_rate)} % ({check.kind}) {_one_line(check.prompt)}"
                   for check in self.ranked()]
+        if self.goal is not None and self.goal.winners:
+            lines.append("Groups with no right reply, and the wrong reply that wins each:")
+            lines += [f"  row {winner.number}: “{_one_line(winner.reply)}” {winner.advantage:+.2f} from {winner.by} "
+                      f"(reference {winner.reference})" for winner in self.goal.winners]
         lines += [f"Fix: {fix.label}. {fix.why} ({fix.as_command_line()})" for fix in self.fixes]
+
         if self.red_team is not None:
             lines.append("Red team: " + self.red_team.describe())
         return "\n".join(lines)
@@ -286,10 +323,11 @@ def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, promp
     token_limit = None if fit.limit >= NO_LIMIT else fit.limit + config.grpo.max_new_tokens
     report = sample_preflight(config, model, tokenizer, chosen, rewards, token_limit, training_pass_s, should_stop,
                               policy.limits.sampling_seconds if policy.public else None, on_progress, len(train),
-                              inspection.tools)
+                              inspection.tools, policy)
     limit = policy.limits.scoring_seconds if policy.public else None
     try:
-        gamed = red_team(rewards, chosen, config.grpo.max_new_tokens, tokenizer, should_stop, limit)
+        no_right = report.goal.wrong_wins / len(report.prompts) if report.goal and report.prompts else None
+        gamed = red_team(rewards, chosen, config.grpo.max_new_tokens, tokenizer, should_stop, limit, no_right)
     except Stopped:
         if should_stop is not None and should_stop():
             raise
@@ -302,7 +340,7 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
                      token_limit: int | None, training_pass_s: float | None = None,
                      should_stop: Callable[[], bool] | None = None, time_limit_s: float | None = None,
                      on_progress: Callable[[int, int], None] | None = None, training_prompts: int = 0,
-                     tools: ToolUse | None = None) -> Preflight:
+                     tools: ToolUse | None = None, policy: Policy = LAPTOP) -> Preflight:
     """Sample ``config.grpo.group_size`` replies to each of ``examples`` as a training step samples them (a step's
     batch of prompts at a time, the run's temperature and sampling settings, calling its ``tools``), score them,
     and report.
@@ -310,12 +348,14 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
     ``should_stop`` (Cancel) raises Stopped. At ``time_limit_s`` sampling ends, and the report covers the prompts
     sampled by then (at least one step's). ``on_progress(done, total)`` is told after each step's batch.
     ``training_pass_s``: the estimate's forward and backward of a step, added to the measured sampling for the
-    predicted step time. ``training_prompts``: how many the run trains on, ``examples`` among them."""
+    predicted step time. ``training_prompts``: how many the run trains on, ``examples`` among them. ``policy``
+    builds the goal's alternatives (engine.goal) that are scored on the replies."""
     grpo, batch = config.grpo, config.training.batch_size
     mark = pass_mark(rewards)
     prompt_tokens = token_counts(examples, tokenizer, tools.every_function if tools else None)
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     checks: list[PromptCheck] = []
+    sampled: list[SampledGroup] = []
     scores: dict[str, list[float]] = {reward.name: [] for reward in rewards}
     failed: dict[str, int] = dict.fromkeys(scores, 0)
     batch_seconds: list[float] = []
@@ -336,6 +376,11 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
             group = slice(offset * grpo.group_size, (offset + 1) * grpo.group_size)
             group_replies, group_lengths = replies[group], lengths[group]
             results = score_examples(rewards, episodes[group], group_replies, should_stop)
+            sampled.append(SampledGroup(example.get("number") or start + offset + 1,
+                                        excerpt(prompt_text(example), PROMPT_CHARS) or "",
+                                        excerpt(example.get("reference") or "", PROMPT_CHARS) or "",
+                                        episodes[group], group_replies, results,
+                                        [length >= grpo.max_new_tokens for length in group_lengths]))
             for result in results:
                 for name, score in result.scores.items():
                     scores[name].append(score)
@@ -358,8 +403,32 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
                      for reward in rewards]
     report = Preflight(checks, rewards_found, grpo.group_size, grpo.max_new_tokens, token_limit, sampling_s,
                        None if training_pass_s is None else step_sampling + training_pass_s, ended_early,
-                       training_prompts=training_prompts)
+                       training_prompts=training_prompts,
+                       goal=check_goal(rewards, sampled, grpo.scale_rewards, grpo.multi_objective_aggregation))
+    if report.learns and not report.teaches_goal:
+        def resample(system: str) -> tuple[list[dict], list[str]]:
+            """The first step's prompts, sampled again with ``system`` as their system message."""
+            asked = [{**example, "prompt": [{"role": "system", "content": system},
+                                            *[m for m in example["prompt"] if m.get("role") != "system"]]}
+                     for example in examples[:batch] for _ in range(grpo.group_size)]
+            return asked, sampled_replies(model, tokenizer, asked, grpo, None, should_stop)
+
+        in_time = deadline is None or time.monotonic() < deadline
+        found = alternatives(report.goal, rewards, sampled, config.rewards,
+                             lambda some, asked, replies: score_examples(some, asked, replies, should_stop),
+                             resample if tools is None and in_time else None, bool(config.data.system),
+                             report.capped_share, grpo.max_new_tokens, _larger_model(config.model.id), policy)
+        report = dataclasses.replace(report, goal=dataclasses.replace(report.goal, alternatives=found))
     return dataclasses.replace(report, fixes=fixes_for(report, config))
+
+
+def _larger_model(model_id: str) -> str | None:
+    """The next preset up from ``model_id`` that needs no licence to be accepted; None past the largest, or for a
+    model that is not a preset."""
+    preset = find_preset(model_id)
+    larger = sorted((other for other in PRESETS if preset and other.params > preset.params and not other.gated),
+                    key=lambda other: other.params)
+    return larger[0].id if larger else None
 
 
 TEMPERATURE_STEP = 0.3
@@ -377,6 +446,9 @@ def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
     (data.pass_rates), when some training prompt would stay."""
     dropping = [] if (drop := _drop_fix(report)) is None else [drop]
     fixes = []
+    if report.learns and not report.teaches_goal:
+        return [Fix(alternative.label, alternative.effect, **alternative.fix)
+                for alternative in sorted(report.goal.alternatives, key=_recommended_first)] + dropping
     if report.learns:
         return dropping
     temperature = config.grpo.temperature
@@ -397,6 +469,12 @@ def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
                              f"Pays {PARTIAL_CREDIT_WEIGHT:g} for {what}, so nearly right replies stand out.",
                              add_rewards=[extra]))
     return fixes + dropping
+
+
+def _recommended_first(alternative) -> tuple:
+    """Measured before not measured, then what makes most replies pass the goal (ties keep goal.alternatives'
+    order, which puts the gated goal first)."""
+    return not alternative.measured, -round(alternative.pays or 0.0, 2)
 
 
 def _drop_fix(report: Preflight) -> Fix | None:

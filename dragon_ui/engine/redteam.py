@@ -4,7 +4,10 @@ much as the honest one is what GRPO will find and reinforce: the report names th
 close it. No model is needed: it takes a second.
 
 The gaming replies hold no right final answer (the reference is only ever named beside a wrong one), except "the
-answer repeated", which is flagged only when repeating pays more than saying the answer once.
+answer repeated", which is flagged only when repeating pays more than saying the answer once. A wrong answer in the
+shape the rewards like (short, in the tags) is judged against the same wrong answer in a sentence: where it earns
+more, the shape picks the winner of a group that has no right reply, and training teaches the shape whatever the
+answer.
 """
 
 from __future__ import annotations
@@ -18,13 +21,17 @@ from dataclasses import dataclass, field
 from ..config import RunConfig
 from ..data import prompt_text
 from ..public import LAPTOP, Policy
-from ..rewards import Reward, build_rewards
+from ..rewards import Reward, build_rewards, goal_names
 from ..rewards.spec import FORMAT_PRESETS
 from .evaluation import score_examples
 from .models import load_tokenizer, resolve_model
 from .reward_models import classifiers_on
 
 FLAG_SHARE = 0.5  # a gaming reply that earns this share of the best honest reply's total is flagged
+# A shaped wrong answer that earns this share of the honest total more than a plain one (GRPO divides by the group's
+# spread, so among wrong replies any difference becomes a whole advantage)...
+WRONG_MARGIN = 0.01
+NO_RIGHT_MANY = 0.25  # ...is flagged where at least this share of the pre-flight's groups has no right reply
 MOST_ROWS = 8  # the rows the replies are made for
 FILLER = "Let me think about this step by step and explain my working carefully. "
 CHARS_PER_TOKEN = 4  # a padded reply's length without a tokenizer to count it
@@ -60,8 +67,9 @@ class GamingCheck:
     example: str  # the reply as made for the first row
     total: float
     honest: float
-    paid_by: list[str]  # the rewards that pay it, most first
+    paid_by: list[str]  # the rewards that pay it, most first (a shaped wrong answer: that pay it more)
     flagged: bool
+    against_wrong: float | None = None  # a shaped wrong answer: what the same wrong answer in a sentence earns
 
     @property
     def share(self) -> float | None:
@@ -86,6 +94,11 @@ class RedTeam:
                     f"row{'s' if self.rows != 1 else ''}).")
         sentences = []
         for check in self.flagged:
+            if check.against_wrong is not None:
+                sentences.append(f"'{check.name}' earns {check.total - check.against_wrong:.2f} more than the same "
+                                 f"wrong answer in a sentence, paid by {', '.join(check.paid_by)}: where no reply is "
+                                 "right, the shape picks the winner.")
+                continue
             share = "" if check.share is None else f" {round(100 * check.share)} % of"
             sentences.append(f"'{check.name}' earns{share} what an honest reply does, paid by "
                              f"{', '.join(check.paid_by)}.")
@@ -96,6 +109,7 @@ class RedTeam:
     def describe(self) -> str:
         lines = [self.verdict, "Gaming reply: its total / the best honest reply's (means over the rows)"]
         lines += [f"  {'⚠ ' if check.flagged else '  '}{check.name}: {check.total:.2f} / {check.honest:.2f}"
+                  + ("" if check.against_wrong is None else f", in a sentence {check.against_wrong:.2f}")
                   + (f" (paid by {', '.join(check.paid_by)})" if check.paid_by else "") for check in self.checks]
         return "\n".join(lines)
 
@@ -103,14 +117,20 @@ class RedTeam:
         return {"verdict": self.verdict, "rows": self.rows,
                 "checks": [{"name": check.name, "example": check.example, "total": check.total,
                             "honest": check.honest, "share": check.share, "paid_by": check.paid_by,
-                            "flagged": check.flagged} for check in self.checks]}
+                            "flagged": check.flagged, "against_wrong": check.against_wrong}
+                           for check in self.checks]}
 
 
 def red_team(rewards: list[Reward], examples: list[dict], max_new_tokens: int, tokenizer=None,
-             should_stop: Callable[[], bool] | None = None, time_limit_s: float | None = None) -> RedTeam:
+             should_stop: Callable[[], bool] | None = None, time_limit_s: float | None = None,
+             no_right: float | None = None) -> RedTeam:
     """Score the gaming replies and the honest ones for the first MOST_ROWS ``examples`` (mapped rows with
     references) against ``rewards``; a reply is padded to ``max_new_tokens`` (counted with ``tokenizer`` when
-    given). Stopped before the next reward once ``should_stop()`` (Cancel), or once ``time_limit_s`` has passed."""
+    given). Stopped before the next reward once ``should_stop()`` (Cancel), or once ``time_limit_s`` has passed.
+
+    ``no_right``: the share of the pre-flight's sampled groups in which no reply passes the goal. A wrong answer that
+    earns more for its shape matters only in such groups, so it is flagged only where they are many
+    (NO_RIGHT_MANY); without samples (None) it is shown, not flagged."""
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
 
     def stop_now() -> bool:
@@ -120,6 +140,7 @@ def red_team(rewards: list[Reward], examples: list[dict], max_new_tokens: int, t
     rows = [example for example in examples if example.get("reference")][:MOST_ROWS] or examples[:MOST_ROWS]
     references = [row.get("reference") or "" for row in rows]
     weights = {reward.name: reward.weight for reward in rewards}
+    goal = goal_names([reward.spec for reward in rewards])
     totals: dict[str, float] = {}
     paid: dict[str, dict[str, float]] = {}
     honest = plain = 0.0
@@ -141,15 +162,29 @@ def red_team(rewards: list[Reward], examples: list[dict], max_new_tokens: int, t
                 paid[name][reward_name] = paid[name].get(reward_name, 0.0) + weights[reward_name] * score
     checks = []
     for name, total in totals.items():
-        paid_by = [reward for reward, amount in sorted(paid[name].items(), key=lambda item: -item[1]) if amount > 0]
-        flagged = honest > 0 and total >= FLAG_SHARE * honest and (name != REPEATED or total > plain + 1e-9)
+        against = totals[PLAIN_WRONG] if name in SHAPED_WRONG else None
+        if against is None:
+            paid_by = [reward for reward, amount in sorted(paid[name].items(), key=lambda item: -item[1])
+                       if amount > 0]
+            flagged = honest > 0 and total >= FLAG_SHARE * honest and (name != REPEATED or total > plain + 1e-9)
+        else:
+            more = {reward: amount - paid[PLAIN_WRONG][reward] for reward, amount in paid[name].items()}
+            paid_by = [reward for reward, amount in sorted(more.items(), key=lambda item: -item[1]) if amount > 1e-9]
+            flagged = honest > 0 and total - against >= WRONG_MARGIN * honest and (no_right or 0) >= NO_RIGHT_MANY
         checks.append(GamingCheck(name, made_for_first[name], round(total / len(rows), 4),
-                                  round(honest / len(rows), 4), paid_by, flagged))
+                                  round(honest / len(rows), 4), paid_by, flagged,
+                                  None if against is None else round(against / len(rows), 4)))
     advice = {reward.name: close_it(reward.spec) for reward in rewards}
+    for check in checks:
+        if check.flagged and check.against_wrong is not None and check.paid_by and goal:
+            advice[check.paid_by[0]] = (f"it pays a wrong answer for its shape: pay it only when {goal[0]} passes "
+                                        f"(only_when: {goal[0]})")
     return RedTeam(checks, len(rows), advice)
 
 
 REPEATED = "the answer repeated"
+PLAIN_WRONG = "a confident wrong answer"
+SHAPED_WRONG = ("a short wrong answer", "a well-formatted wrong answer")
 PADDING = ("it pays for length, not for content: pay for a short reply (at most so many characters), or remove the "
            "minimum")
 
@@ -243,7 +278,10 @@ def _gaming(example: dict, rewards: list[Reward], reference: str, wrong: list[st
         "a padded reply at the length cap": padding,
         REPEATED: _padded(f"{reference} ", max_new_tokens, tokenizer),
         "a number spray": " ".join(str(number) for number in range(1, 101)),
-        "a confident wrong answer": f"The answer is definitely {wrong[0]}.",
+        PLAIN_WRONG: f"The answer is definitely {wrong[0]}.",
+        SHAPED_WRONG[0]: wrong[0],
+        SHAPED_WRONG[1]: "\n".join(f"<{tag}>{wrong[0] if tag == 'answer' or tag == tags[-1] else 'I work it out.'}"
+                                   f"</{tag}>" for tag in tags),
     }
 
 

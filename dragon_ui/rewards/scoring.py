@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -15,7 +16,8 @@ from .math_answers import PREVIEWS, TRAINING, math_scorer
 from .builtin import BUILTIN_SCORERS, EPISODE_SCORE, Reward, regex_scorer
 from .code import load_custom_function
 from .programs import command_scorer
-from .spec import REWARD_KINDS, TOKEN_KINDS, TRL_KINDS, RewardSpec, public_refusal
+from .spec import (REFERENCE_KINDS, REWARD_KINDS, TOKEN_KINDS, TRL_KINDS, Gate, RewardSpec, full_marks, gate_of,
+                   public_refusal)
 from .trl_rewards import trl_scorer
 
 
@@ -64,6 +66,37 @@ def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training
     return rewards
 
 
+# Where each kind cannot read a reference, what to use instead.
+WORDS = "Use exact or contains instead: they compare words."
+INSTEAD = {"numeric": WORDS, "math": WORDS, "cosine_length": WORDS}
+MOST_REFERENCES = 32  # the references a check scores (a math check takes milliseconds each)
+
+
+def cannot_pay(specs: list[RewardSpec], references: list[str | None], policy: Policy = LAPTOP) -> dict[str, str]:
+    """The rewards that compare a reply with the reference and would pay nothing on any of ``references``, even for a
+    reply that is the reference itself (numeric on names, math on words): reward name -> why, as a sentence with the
+    fix. Checked on the first MOST_REFERENCES references that are not empty."""
+    checked = [reference for reference in references if reference and reference.strip()][:MOST_REFERENCES]
+    found = {}
+    for spec in specs:
+        if spec.kind not in REFERENCE_KINDS or not checked:
+            continue
+        # The reference is the whole reply; ``policy`` refuses what it refused when the list was checked.
+        (reward,) = build_rewards([dataclasses.replace(spec, extract="whole")], policy=policy)
+        errors = []
+        for reference in checked:
+            score, error = safe_score(reward, "", reference, reference, {})
+            if error is None and score >= full_marks(spec) / 2:
+                break
+            errors.append(error)
+        else:
+            why = next((error for error in errors if error), "the reference itself scores 0")
+            found[spec.name] = (f"`{spec.name}` ({spec.kind}) cannot pay on this data: {why}, on all "
+                                f"{len(checked)} references checked, so no reply can earn it. "
+                                f"{INSTEAD.get(spec.kind, 'Check the reference column, or use another kind.')}")
+    return found
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Scoring safely
 # --------------------------------------------------------------------------------------------------------------------
@@ -98,14 +131,17 @@ class RewardFailures:
 
 @dataclass
 class ScoreResult:
-    """Scores of one completion: per reward (unweighted, 0 where it failed), the weighted total, and failures."""
+    """Scores of one completion: per reward (unweighted, 0 where it failed or its gate stayed shut), the weighted
+    total, failures, and what each gated reward would have paid had its gate opened (``withheld``)."""
 
     scores: dict[str, float]
     total: float
     errors: dict[str, str] = field(default_factory=dict)
+    withheld: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"scores": dict(self.scores), "total": self.total, "errors": dict(self.errors)}
+        return {"scores": dict(self.scores), "total": self.total, "errors": dict(self.errors),
+                "withheld": dict(self.withheld)}
 
 
 def safe_score(reward: Reward, prompt, completion, reference, row,
@@ -156,8 +192,14 @@ def score_completion(rewards: list[Reward], completion: str, reference: str | No
         scores[reward.name], error = safe_score(reward, prompt, completion, reference, row, failures)
         if error is not None:
             errors[reward.name] = error
+    withheld = {}
+    specs = {reward.name: reward.spec for reward in rewards}
+    for reward in rewards:
+        gate = gate_of(reward.spec)
+        if gate is not None and not gate.opens(scores[gate.name], specs[gate.name]):
+            withheld[reward.name], scores[reward.name] = scores[reward.name], 0.0
     total = sum(reward.weight * scores[reward.name] for reward in rewards)
-    return ScoreResult(scores=scores, total=total, errors=errors)
+    return ScoreResult(scores=scores, total=total, errors=errors, withheld=withheld)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -184,10 +226,34 @@ def trl_reward_functions(rewards: list[Reward], failures: RewardFailures,
     (a stop, a time limit), Stopped is raised before the next reply is scored: the trainer drops the step and the
     last whole one is checkpointed.
     """
-    return [_trl_function(reward, failures, on_batch, should_stop) for reward in rewards]
+    by_name = {reward.name: reward for reward in rewards}
+    latest: dict[str, tuple[list, list[float]]] = {}  # each reward's last batch: (its completions, its scores)
+    functions = []
+    for reward in rewards:
+        gate = gate_of(reward.spec)
+        function = _trl_function(reward, failures, on_batch, should_stop, latest)
+        functions.append(function if gate is None else _gated(function, gate, by_name[gate.name], latest))
+    return functions
 
 
-def _trl_function(reward: Reward, failures: RewardFailures, on_batch, should_stop) -> Callable:
+def _gated(pays: Callable, gate: Gate, gate_reward: Reward, latest: dict) -> Callable:
+    """``pays``, paying only where ``gate_reward`` opens ``gate``: its scores of the same batch when its own function
+    has scored it (TRL calls them in the list's order), else scored here (its failures are counted by its own)."""
+    def reward_function(prompts, completions, **kwargs) -> list[float]:
+        scores = pays(prompts, completions, **kwargs)
+        seen = latest.get(gate_reward.name)
+        if seen is not None and seen[0] is completions:
+            gate_scores = seen[1]
+        else:
+            gate_scores = _trl_function(gate_reward, RewardFailures(), None, None, {})(prompts, completions, **kwargs)
+        return [score if gate.opens(opened, gate_reward.spec) else 0.0
+                for score, opened in zip(scores, gate_scores, strict=True)]
+
+    reward_function.__name__ = reward_function.__qualname__ = pays.__name__
+    return reward_function
+
+
+def _trl_function(reward: Reward, failures: RewardFailures, on_batch, should_stop, latest: dict) -> Callable:
     def reward_function(prompts, completions, **kwargs) -> list[float]:
         count = len(completions)
         references = kwargs.get("reference") or [None] * count
@@ -212,6 +278,7 @@ def _trl_function(reward: Reward, failures: RewardFailures, on_batch, should_sto
             failed += error is not None
         if on_batch is not None:
             on_batch(reward.name, count, failed)
+        latest[reward.name] = (completions, scores)
         return scores
 
     reward_function.__name__ = reward_function.__qualname__ = reward.name

@@ -28,8 +28,14 @@ TOKEN_KINDS = ("overlong", "repetition", "cosine_length")
 # Kinds that only take away (scores from -1 to 0): a mean of 0 means "no penalty was needed", not a broken reward.
 PENALTY_KINDS = ("overlong", "repetition")
 
+# Kinds that say whether the answer is right: a run's goal is inferred among them (goal_names). The others shape the
+# reply (its length, layout, words, repetition) or score what a model or program thinks of it.
+GOAL_KINDS = ("exact", "contains", "numeric", "math", "json", "cosine_length", "command", "environment")
+# Kinds that compare the reply with the row's reference answer: each fails on a reference it cannot read.
+REFERENCE_KINDS = ("exact", "contains", "numeric", "math", "cosine_length")
+
 # Settings every reward has, then the ones that only make sense for one kind (anything else is rejected).
-_COMMON_FIELDS = ("kind", "name", "weight", "train")
+_COMMON_FIELDS = ("kind", "name", "weight", "train", "goal", "only_when")
 _KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "exact": ("extract", "case_sensitive"),
     "contains": ("extract", "case_sensitive"),
@@ -58,6 +64,68 @@ PUBLIC_REFUSALS = {
     "command": f"command rewards are turned off in this public demo because they run arbitrary programs on the "
                f"server; {LIFT} to use them.",
 }
+
+
+@dataclass(frozen=True)
+class Gate:
+    """``only_when``: a reward pays only where the reward ``name`` passes, at ``threshold`` or above (None: half
+    that reward's full marks, the pre-flight's pass)."""
+
+    name: str
+    threshold: float | None = None
+
+    def opens(self, score: float, spec: RewardSpec) -> bool:
+        return passes(score, spec) if self.threshold is None else score >= self.threshold - 1e-9
+
+    def describe(self) -> str:
+        return f"{self.name} passes" if self.threshold is None else f"{self.name} scores {self.threshold:g} or more"
+
+
+_GATE_RE = re.compile(r"\s*([A-Za-z0-9_]+)\s*(?:>=\s*([-+0-9.eE]+)\s*)?")
+
+
+def gate_of(spec: RewardSpec | Mapping) -> Gate | None:
+    """The gate ``only_when`` sets (of a spec, or of a stored config's reward dict), or None for a reward that
+    always pays."""
+    text = spec.get("only_when") if isinstance(spec, Mapping) else spec.only_when
+    found = _GATE_RE.fullmatch(text) if isinstance(text, str) else None
+    return None if found is None else Gate(found[1], None if found[2] is None else float(found[2]))
+
+
+def is_goal(spec: RewardSpec, specs: list[RewardSpec]) -> bool:
+    return spec.name in goal_names(specs)
+
+
+def goal_names(specs: list[RewardSpec] | list[Mapping]) -> list[str]:
+    """The rewards (specs, or a stored config's reward dicts) that say the answer is right: those marked ``goal:
+    true``; where none is, the heaviest (by training weight) of the GOAL_KINDS not marked ``goal: false``. [] when
+    no reward says so (a run of format or length rewards alone): the whole total stands for the goal."""
+    def read(spec, key: str):
+        return spec.get(key) if isinstance(spec, Mapping) else getattr(spec, key)
+
+    def name(spec) -> str:
+        return str(read(spec, "name") or read(spec, "kind"))
+
+    marked = [name(spec) for spec in specs if read(spec, "goal") is True]
+    if marked:
+        return marked
+    candidates = [spec for spec in specs if read(spec, "goal") is None and read(spec, "kind") in GOAL_KINDS]
+    if not candidates:
+        return []
+    heaviest = max(training_weight(spec) for spec in candidates)
+    return [name(spec) for spec in candidates if training_weight(spec) == heaviest]
+
+
+def passes(score: float, spec: RewardSpec) -> bool:
+    """Whether a reward's score passes: half its full marks or more (a penalty: nothing taken away). The
+    pre-flight's pass, a gate's, and a right answer by the goal."""
+    return score >= full_marks(spec) / 2 - 1e-9
+
+
+def right_by_goal(scores: Mapping[str, float], specs: list[RewardSpec]) -> bool | None:
+    """Whether a reply's scores pass every goal reward (goal_names); None where no reward is the goal."""
+    goal = [spec for spec in specs if spec.name in goal_names(specs)]
+    return all(passes(scores.get(spec.name, 0.0), spec) for spec in goal) if goal else None
 
 
 def full_marks(spec: RewardSpec) -> float:
@@ -113,6 +181,8 @@ class RewardSpec:
     name: str = ""
     weight: float = 1.0
     train: bool = True  # False: a metric, scored in held-out checks, Compare and the model card, never trained on
+    goal: bool | None = None  # whether it says the answer is right; None: inferred from the kinds (goal_names)
+    only_when: str | None = None  # "exact" or "exact >= 0.5": pays only where that reward passes (gate_of)
     extract: str = "whole"
     case_sensitive: bool = False
     tolerance: float = 1e-6
@@ -220,7 +290,8 @@ def reward_rule(spec: RewardSpec) -> str:
         "custom": f"the Python function `{spec.function}` scores it",
         "environment": "the environment it played says it earned (its get_reward)",
     }
-    return rules[spec.kind]
+    gate = gate_of(spec)
+    return rules[spec.kind] + (f", paid only when {gate.describe()}" if gate else "")
 
 
 def _tokens(count: int | None) -> str:
@@ -307,6 +378,17 @@ def _as_label(value, label: str) -> str:
     return _as_text(value, label).strip()
 
 
+def _as_gate(value, label: str) -> str:
+    """``only_when``: a reward's name, optionally ``>= threshold``; kept in one spelling ("exact >= 0.5")."""
+    found = _GATE_RE.fullmatch(value) if isinstance(value, str) else None
+    if found is None:
+        raise ConfigError(f"{label} must name another reward, optionally with a threshold, like 'exact' or "
+                          f"'exact >= 0.5', not {value!r}.")
+    if found[2] is None:
+        return found[1]
+    return f"{found[1]} >= {_as_float(found[2], label):g}"
+
+
 def _as_bool(value, label: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{label} must be true or false, not {value!r}.")
@@ -385,6 +467,8 @@ _PARSERS: dict[str, Callable[[object, str], object]] = {
     "name": _as_name,
     "weight": _non_negative,
     "train": _as_bool,
+    "goal": _as_bool,
+    "only_when": _as_gate,
     "extract": _choice(*EXTRACT_MODES),
     "case_sensitive": _as_bool,
     "tolerance": _non_negative,
@@ -481,4 +565,24 @@ def parse_rewards(items: list, where: str = "rewards", policy: Policy = LAPTOP,
         raise ConfigError(f"{where} has {len(items)} rewards, more than the {MOST_REWARDS} a run may have.")
     specs = [RewardSpec.from_dict(item, f"{where}[{index}]", policy, load_code) for index, item in enumerate(items)]
     check_unique_names(where, [spec.name for spec in specs], "rewards")
+    check_gates(specs, where)
     return specs
+
+
+def check_gates(specs: list[RewardSpec], where: str = "rewards") -> None:
+    """Each ``only_when`` names another reward of the list, one that is not gated itself (a gate is scored as it
+    is, so the order of scoring never matters)."""
+    by_name = {spec.name: spec for spec in specs}
+    for index, spec in enumerate(specs):
+        gate = gate_of(spec)
+        if gate is None:
+            continue
+        label = f"{where}[{index}].only_when"
+        if gate.name == spec.name:
+            raise ConfigError(f"{label} names the reward itself ({spec.name}); name the reward that must pass first.")
+        if gate.name not in by_name:
+            raise ConfigError(f"{label} names {gate.name!r}, which is not one of the rewards "
+                              f"({', '.join(by_name)}).")
+        if gate_of(by_name[gate.name]) is not None:
+            raise ConfigError(f"{label} names {gate.name}, which pays only when {by_name[gate.name].only_when} "
+                              "itself; gate on a reward that always pays.")

@@ -135,6 +135,9 @@ def _summary(run: RunDir, evaluation: dict, state: str, weights: TrainedWeights 
         source = f" The trained side was scored from {after['weights']}." if after.get("weights") else ""
         text = (f"Held-out reward on {n} prompts (greedy replies): {before['reward_mean']:.3f} before → "
                 f"{after['reward_mean']:.3f} after ({after['reward_mean'] - before['reward_mean']:+.3f}).{source}")
+        if before.get("right") is not None and after.get("right") is not None:
+            text += (f" Right answers by the goal ({', '.join(after.get('goal') or [])}): "
+                     f"{round(before['right'] * n)} of {n} before → {round(after['right'] * n)} of {n} after.")
         if can_evaluate:
             text += f" Newer weights exist ({weights.label}): press Evaluate now to score them."
         metrics = sorted(metric_names(evaluation))

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DragonError
 from ..grpo_math import STD_EPSILON, advantages, finite_number, has_spread, known, sample_std
-from ..rewards import training_weight
+from ..rewards import gate_of, training_weight
 from ..runstore import RunDir, read_json
 
 AGREE = 1e-3  # our advantage and TRL's, equal up to float32 arithmetic and the 6 decimals the run keeps
@@ -87,6 +87,7 @@ class GroupExplanation:
     kl: float | None
     largest_difference: float | None  # |ours - TRL's| at most this; None when TRL logged no advantages
     tool_calls: int = 0  # calls the group's completions made: the loss leaves the tools' answers out
+    gates: dict[str, str] = field(default_factory=dict)  # reward name -> when it pays (its only_when), if gated
 
     @property
     def no_spread(self) -> bool:
@@ -136,7 +137,9 @@ def explain_group(rollout: dict, group_number: int, config: dict, kl: float | No
         beta=float(grpo.get("beta", 0.0) or 0.0), kl=finite_number(kl),
         largest_difference=max(differences) if differences else None,
         tool_calls=sum(len(turn.get("calls") or []) for item in items[index] for turn in item.get("turns") or []
-                       if isinstance(turn, dict)))
+                       if isinstance(turn, dict)),
+        gates={str(r.get("name") or r.get("kind")): gate.describe() for r in config.get("rewards") or []
+               if isinstance(r, dict) and (gate := gate_of(r)) is not None})
 
 
 def shown_number(value: Any, digits: int = 2) -> str:
@@ -227,7 +230,8 @@ def formula_lines(explained: GroupExplanation) -> list[str]:
     """The same computation as formulas, with this group's numbers in them."""
     e = explained
     reward = " + ".join(f"{weight:g} × s_{name}" for name, weight in e.weights.items()) or "Σ_k w_k × s_k"
-    lines = [f"r_i = {reward}   (the weighted total of completion i)",
+    gated = [f"s_{name} is 0 unless {when} (its only_when)" for name, when in e.gates.items()]
+    lines = [f"r_i = {reward}   (the weighted total of completion i{'; ' if gated else ''}{'; '.join(gated)})",
              f"mean = (1/G) Σ r_i = {shown_number(e.mean, 4)}   (G = {len(e.completions)})",
              f"std = √( Σ (r_i − mean)² / (G − 1) ) = {shown_number(e.spread, 4)}"]
     if e.aggregation == "normalize_then_sum":

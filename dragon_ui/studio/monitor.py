@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..config import usual_learning_rates
 from ..grpo_math import finite_number
-from ..rewards import PENALTY_KINDS, stored_metrics
+from ..rewards import PENALTY_KINDS, goal_names, stored_metrics, training_weight
 from ..runstore import (ACTIVE_STATES, RunDir, errors_key, read_appended_rows, read_last_appended_row, read_record_rows,
                         reward_key, value_at)
 
@@ -452,10 +452,13 @@ def hacking_alerts(rows: list[dict], rollout: dict | None, config: dict, heldout
       (in ``skip``: its fall is explained already) and metrics aside;
     - replies grown to the length cap since the first steps while a reward that pays for length rose: padding;
     - one reply to most of the latest step's prompts, among prompts whose references differ;
-    - most replies repeating themselves (few distinct word 3-grams), or empty.
+    - most replies repeating themselves (few distinct word 3-grams), or empty;
+    - the training reward rising since the first steps while the goal (the rewards that say the answer is right)
+      did not: the other rewards are what it learns.
     """
     metrics = stored_metrics(config)
-    return [*_heldout_alerts(rows, heldout or []), *_metric_alerts(rows, heldout or [], metrics - skip),
+    return [*_heldout_alerts(rows, heldout or []), *_goal_alerts(rows, config, skip),
+            *_metric_alerts(rows, heldout or [], metrics - skip),
             *_trade_off_alerts(rows, config, skip | metrics),
             *_padding_alerts(rows, config), *_reply_alerts(rollout)]
 
@@ -483,6 +486,29 @@ def _heldout_alerts(rows: list[dict], heldout: list[dict]) -> list[Alert]:
                   f"prompts it has learned by heart. Read the completions below (step {rows[-1].get('step')}); make "
                   "the reward check the answer itself, or train on more, and more varied, prompts.",
                   "heldout_gap", None, last, held_last)]
+
+
+def _goal_alerts(rows: list[dict], config: dict, skip: set[str]) -> list[Alert]:
+    """The training reward risen since the first WINDOW steps while the goal stayed where it was: what training
+    learns is paid by the other rewards (a goal that fell is the trade-off and metric alerts')."""
+    stored = [reward for reward in config.get("rewards") or [] if isinstance(reward, dict)]
+    goal = [name for name in goal_names(stored) if name not in skip]
+    trained = _first_and_last_means(rows, "reward")
+    if len(goal) != 1 or trained is None or trained[1] - trained[0] < TRADE_OFF:
+        return []
+    (name,) = goal
+    moved = _first_and_last_means(rows, reward_key(name))
+    if moved is None or moved[1] - moved[0] >= HELDOUT_FLAT or moved[0] - moved[1] >= TRADE_OFF:
+        return []
+    others = [str(reward.get("name") or reward.get("kind")) for reward in stored if training_weight(reward) > 0]
+    others = [other for other in others if other != name]
+    step = rows[-1].get("step")
+    return [Alert("warn", f"The training reward rose from {trained[0]:.2f} to {trained[1]:.2f} since the first "
+                  f"{WINDOW} steps while your goal, '{name}', stayed at {moved[1]:.2f} (from {moved[0]:.2f})",
+                  f"What training learns is paid by {', '.join(repr(other) for other in others) or 'other rewards'}, "
+                  f"not by '{name}'. Read the completions below (step {step}): pay the other rewards only when "
+                  f"'{name}' passes (Pays only when: {name}), or choose a goal this model can reach; Will it learn? "
+                  "measures both before a run.", "goal_flat", reward_key(name), step, moved[1])]
 
 
 def _metric_alerts(rows: list[dict], heldout: list[dict], metrics: set[str]) -> list[Alert]:

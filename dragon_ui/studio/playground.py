@@ -7,6 +7,7 @@ or a reward that gives every reply the same score then shows up here instead of 
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -27,7 +28,9 @@ from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locat
 from ..errors import ConfigError, DragonError, Stopped, first_line
 from ..grpo_math import advantages, has_spread
 from ..public import LAPTOP, Policy
-from ..rewards import (Reward, ScoreResult, build_rewards, counts_tokens, parse_rewards, score_completion)
+from ..rewards import (Reward, ScoreResult, build_rewards, cannot_pay, counts_tokens, parse_rewards,
+                       score_completion)
+from ..rewards.scoring import MOST_REFERENCES
 from ..tables import Table
 
 PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
@@ -361,6 +364,25 @@ def draft_tokenizer(draft: dict, wait: bool = True, policy: Policy = LAPTOP) -> 
     except ConfigError as exc:
         return None, f"{PLAIN_PREVIEW}: {first_line(exc)}"
     return preview_tokenizer(config, wait, policy)
+
+
+def unpayable(rewards: list, data: DataConfig, base_dir: str | None, policy: Policy = LAPTOP) -> list[str]:
+    """Why each of ``rewards`` (a draft's list) that compares with the reference cannot pay on ``data``'s first
+    references (rewards.cannot_pay), a sentence each; [] while the list or the data cannot be read (their own
+    problems are shown where they are)."""
+    try:
+        specs = parse_rewards(rewards, policy=policy, load_code=False)
+        examples = preview_examples(data, base_dir, policy, count=MOST_REFERENCES) if data.source else []
+    except DragonError:
+        return []
+    return list(_unpayable(json.dumps([spec.to_dict() for spec in specs], sort_keys=True),
+                           tuple(example.get("reference") or "" for example in examples), policy))
+
+
+@functools.lru_cache(maxsize=64)  # the form asks again at each edit; a math check takes a moment
+def _unpayable(specs: str, references: tuple[str, ...], policy: Policy) -> tuple[str, ...]:
+    return tuple(cannot_pay(parse_rewards(json.loads(specs), policy=policy, load_code=False), list(references),
+                            policy).values())
 
 
 def data_config(draft: dict) -> DataConfig:

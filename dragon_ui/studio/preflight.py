@@ -10,7 +10,10 @@ from ..errors import ConfigError
 __all__ = ["MOST_FIXES", "PROMPT_COLUMNS", "Fix", "Preflight", "apply_fix", "difficulty_filter", "prompt_rows",
            "without_difficulty_filter"]
 
-MOST_FIXES = 3  # engine.preflight.fixes_for offers at most a warmer temperature, partial credit and the drop
+# engine.preflight.fixes_for offers at most a warmer temperature, partial credit and the drop; or, where the goal does
+# not teach, the goal's alternatives (another goal, the shaping gated, one for each other extraction, a system
+# message, more tokens, a larger model) and the drop.
+MOST_FIXES = 8
 PROMPT_COLUMNS = ["Row", "Pass rate", "Group", "Prompt", "Reference"]
 
 

@@ -21,7 +21,7 @@ from ..studio.files import real_source, shown_source
 from ..studio.preflight import difficulty_filter, without_difficulty_filter
 from ..public import LAPTOP, Policy
 from ..studio.playground import (DataPreview, data_config, draft_tokenizer, fit_mapping, load_rows, preview_data,
-                                 prompt_limit_of)
+                                 prompt_limit_of, unpayable)
 from ..tables import SUPPORTED_EXTENSIONS
 from .common import Shared, described, message, number, optional_number, shown_number, shows_errors
 from .guard import in_page_order
@@ -141,6 +141,9 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
         sheets = gr.Dropdown(choices=preview.sheets, value=setting.sheet or preview.sheets[0], visible=True)
     if notes:
         mapping_status = "\n\n".join([message(" ".join(notes), "info"), mapping_status]).strip()
+    if not preview.error:  # the rewards that no reply can earn on these references, where the data changed
+        mapping_status = "\n\n".join([mapping_status, *(message(said, "warn") for said in unpayable(
+            draft.get("rewards") or [], setting, draft.get("base_dir") or None, policy))]).strip()
 
     def mapping_field(value: str | None):
         """New column choices; the value only when fit_mapping changed it (never overwrite what is being typed)."""

@@ -121,14 +121,18 @@ def checked(studio: Studio, draft: dict, session: str | None = None):
 
 def shown(report: Preflight) -> tuple:
     """The report as the page shows it: (status, prompts, Cancel, each fix button, the fixes)."""
-    lines = [message(report.verdict, "ok" if report.learns else "warn"), "",
+    lines = [message(report.verdict, "ok" if report.good else "warn"), "",
              *(f"- {fact}" for fact in report.facts())]
+    if report.goal is not None and report.goal.winners:
+        lines.append("- Groups where no reply passes the goal, and the reply the other rewards make the winner: "
+                     + "; ".join(f"row {winner.number}: “{winner.reply}” ({winner.advantage:+.2f}, from "
+                                 f"`{winner.by}`; reference {winner.reference})" for winner in report.goal.winners))
     if report.red_team is not None:
         lines.append(f"- Red team: {report.red_team.verdict}")
     if report.fixes:
         lines.append("- Fixes (each changes the settings shown; check again after): "
                      + " ".join(f"**{fix.label}**: {fix.why}" for fix in report.fixes))
-    buttons = [gr.Button(fix.label, visible=True) for fix in report.fixes[:MOST_FIXES]]
+    buttons = [gr.Button(fix.label.replace("`", ""), visible=True) for fix in report.fixes[:MOST_FIXES]]
     buttons += [gr.Button(visible=False)] * (MOST_FIXES - len(buttons))
     return ("\n".join(lines), gr.Dataframe(prompt_rows(report), headers=PROMPT_COLUMNS, visible=True),
             gr.Button(visible=False), *buttons,

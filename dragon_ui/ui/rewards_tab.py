@@ -32,8 +32,8 @@ from ..studio.draft import place_problem
 from ..studio.playground import (GroupScores, advantages_of, data_config, display_text, generate_groups,
                                  no_signal_warning, playground_rewards, preview_examples, prompt_limit_of,
                                  red_team_draft, refuse_long_prompts, reward_failures, sampling_rewards,
-                                 sampling_tools, score_example)
-from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight,
+                                 sampling_tools, score_example, unpayable)
+from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight, goal_names,
                        kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
 from . import tools_section
@@ -50,6 +50,8 @@ SAMPLED_ROWS = (1, 2, 3)  # rows one "Generate a group" samples
 MOST_ROW = 10**9  # the largest row number a client may send for the playground (no file read here has more)
 DEFAULTS = {f.name: f.default for f in fields(RewardSpec)}
 LIST_SETTINGS = ("keys", "words", "tags")  # typed as comma-separated text
+COMMON_SETTINGS = ("train", "goal", "only_when")  # the settings every kind shows
+GOAL_CHOICES = {"automatic": None, "yes": True, "no": False}  # the goal radio's choices and what each stores
 OPTIONAL_NUMBERS = ("min_chars", "max_chars", "max_tokens", "buffer_tokens")  # empty: the setting's default
 STARTER_CODE = '''def reward(prompt, completion, reference, row):
     """Return a number; higher means a better reply. row holds every column of the data row as text."""
@@ -94,7 +96,7 @@ def visible_settings(kind: str, public: bool) -> set[str]:
     """The settings to show for a kind; none for a kind a public demo refuses (its reason is shown instead)."""
     if kind not in REWARD_KINDS or (public and public_demo_refusal(kind)):
         return set()
-    return {"train", *kind_fields(kind)}
+    return {*COMMON_SETTINGS, *kind_fields(kind)}
 
 
 def kind_help(kind: str, public: bool) -> str:
@@ -117,7 +119,9 @@ def form_values(spec: dict) -> list:
             value = shlex.join(value) if isinstance(value, list) else (value or "")
         elif setting == "code":  # a starting point for a new custom reward, unless it reads a file instead
             value = value or ("" if spec.get("file") else STARTER_CODE)
-        elif value is None and setting in ("pattern", "file", "model", "label"):
+        elif setting == "goal":
+            value = next((choice for choice, stored in GOAL_CHOICES.items() if stored is value), "automatic")
+        elif value is None and setting in ("pattern", "file", "model", "label", "only_when"):
             value = ""
         values.append(value)
     return values
@@ -127,10 +131,14 @@ def form_to_dict(kind: str, name: str | None, weight: float | None, values) -> d
     """The form as a reward dict for RewardSpec.from_dict: only the selected kind's settings, lists split on commas."""
     spec: dict = {"kind": kind, "name": (name or "").strip(), "weight": weight}
     for setting, value in zip(SETTINGS, values, strict=True):
-        if kind not in REWARD_KINDS or setting not in ("train", *kind_fields(kind)):
+        if kind not in REWARD_KINDS or setting not in (*COMMON_SETTINGS, *kind_fields(kind)):
             continue
         if setting == "train" and value is True:
             continue  # trained on is the default: a stored reward says "train" only for a metric
+        if setting == "goal":
+            value = GOAL_CHOICES.get(value, value)  # anything else is sent on, for parse_rewards to refuse
+            if value is None:
+                continue  # automatic: the default, not written
         if setting in LIST_SETTINGS:
             value = [item.strip() for item in (value or "").split(",") if item.strip()] or None
         elif setting in OPTIONAL_NUMBERS:
@@ -140,11 +148,12 @@ def form_to_dict(kind: str, name: str | None, weight: float | None, values) -> d
 
 
 def rewards_table(rewards: list[dict], policy: Policy = LAPTOP) -> pd.DataFrame:
-    """One line per reward: name, kind, weight and the settings that differ from their defaults."""
+    """One line per reward: name, kind, weight, whether it is the goal, what it pays for and the settings that
+    differ from their defaults."""
     def settings(spec: dict) -> str:
         shown = []
         for key, value in spec.items():
-            if key in ("kind", "name", "weight"):
+            if key in ("kind", "name", "weight", "goal", "only_when"):  # their own column, or said in "pays for"
                 continue
             if key == "train":
                 shown += ["a metric: not trained on"] if value is False else []
@@ -160,8 +169,14 @@ def rewards_table(rewards: list[dict], policy: Policy = LAPTOP) -> pd.DataFrame:
         except DragonError:  # a reward still being fixed: its problem is shown under the table
             return ""
 
-    return pd.DataFrame([[spec.get("name") or spec["kind"], spec["kind"], spec.get("weight", 1.0), pays_for(spec),
-                          settings(spec)] for spec in rewards], columns=["name", "kind", "weight", "pays for", "settings"])
+    try:
+        goal = set(goal_names(parse_rewards(rewards, policy=policy))) if rewards else set()
+    except DragonError:  # a list still being fixed: its problem is shown under the table
+        goal = set()
+    return pd.DataFrame([[spec.get("name") or spec["kind"], spec["kind"], spec.get("weight", 1.0),
+                          "🎯 goal" if (spec.get("name") or spec["kind"]) in goal else "", pays_for(spec),
+                          settings(spec)] for spec in rewards],
+                        columns=["name", "kind", "weight", "goal", "pays for", "settings"])
 
 
 NEW_REWARD = "+ new"  # the selector's "New reward" entry; no reward can have this name (it has a space)
@@ -588,6 +603,13 @@ def _setting_components(shown: set[str]) -> list:
                              info="Off: a metric. It is scored in the held-out checks, Compare, the model card and "
                                   "the leaderboard, and watched for falling, but adds nothing to what training "
                                   "maximizes."),
+        "goal": gr.Radio(list(GOAL_CHOICES), value="automatic", label="The goal: says the answer is right",
+                         info="automatic: the heaviest of the rewards that check the answer (exact, contains, "
+                              "numeric, math, json, …). The pre-flight asks whether training teaches the goal."),
+        "only_when": gr.Textbox(label="Pays only when", placeholder="always",
+                                info="Another reward's name (exact), or a name and a score (exact >= 0.5): this "
+                                     "reward then pays only where that one passes, so a wrong reply earns nothing "
+                                     "for its length or layout."),
         "extract": gr.Dropdown(list(EXTRACT_MODES), value="whole", label="Compare which part of the reply",
                                info="whole; last_number; after_hashes (text after ####); boxed (\\boxed{…}); "
                                     "answer_tag (<answer>…</answer>)."),
@@ -685,7 +707,10 @@ def build(shared: Shared) -> Callable[[], None]:
                **edits)
     shared.fills.append((functools.partial(fill_rewards, policy=policy), listing))
     def problem_line(draft: dict) -> str:
-        return rewards_problem(draft.get("rewards"), policy)
+        """What stops the list from training, or else the rewards that cannot pay on the data's references."""
+        return rewards_problem(draft.get("rewards"), policy) or "\n\n".join(
+            message(said, "warn") for said in unpayable(draft.get("rewards") or [], data_config(draft),
+                                                        draft.get("base_dir") or None, policy))
 
     form.watch(problem_line, [problem])
     shared.first_paint.append((problem_line, [problem]))

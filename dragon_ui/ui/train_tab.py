@@ -72,9 +72,17 @@ def status_markdown(run_id: str, status: dict, queue_place: str = "") -> str:
         if status.get("stop_reason"):
             text += "\n\n" + message(status["stop_reason"], "info")
     elif state == "succeeded" and status.get("heldout_after") is not None and status.get("heldout_before") is not None:
-        text += "\n\n" + message(f"Held-out reward {status['heldout_before']:.3f} → {status['heldout_after']:.3f}; "
-                                 "compare replies on the Compare tab.", "ok")
+        text += "\n\n" + message(f"Held-out reward {status['heldout_before']:.3f} → {status['heldout_after']:.3f}"
+                                 f"{right_answers(status)}; compare replies on the Compare tab.", "ok")
     return text
+
+
+def right_answers(status: dict) -> str:
+    """"; right answers by the goal (exact): 10 % → 35 %", from a run's status; "" for a run with no goal."""
+    before, after, goal = status.get("heldout_before_right"), status.get("heldout_after_right"), status.get("goal")
+    if not isinstance(before, (int, float)) or not isinstance(after, (int, float)) or not goal:
+        return ""
+    return f"; right answers by the goal ({', '.join(goal)}): {before:.0%} → {after:.0%}"
 
 
 def progress_html(status: dict) -> str:

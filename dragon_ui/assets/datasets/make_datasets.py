@@ -112,6 +112,34 @@ def big_products(rng: random.Random) -> list[dict]:
     return rows
 
 
+OPPOSITES = """hot cold|big small|up down|happy sad|fast slow|light dark|old young|open closed|high low|long short|hard soft
+rich poor|full empty|wet dry|loud quiet|early late|strong weak|thick thin|clean dirty|heavy light|in out|left right|day night
+win lose|buy sell|push pull|give take|begin end|first last|top bottom|front back|inside outside|above below|true false
+yes no|always never|before after|more less|many few|best worst|love hate|friend enemy|question answer|arrive leave
+remember forget|accept refuse|laugh cry|sweet sour|asleep awake|alive dead|north south|east west|summer winter|noon midnight
+sunrise sunset|start finish|entrance exit|import export|increase decrease|maximum minimum|tall short|wide narrow|deep shallow
+near far|cheap expensive|easy difficult|safe dangerous|smooth rough|sharp blunt|tight loose|brave cowardly|polite rude
+kind cruel|wise foolish|calm angry|busy idle|honest dishonest|patient impatient|possible impossible|visible invisible
+success failure|victory defeat|peace war|health illness|joy sorrow|hope despair|praise blame|profit loss|attack defend
+appear disappear|agree disagree|connect disconnect|include exclude|inhale exhale|lend borrow|teach learn|send receive
+rise fall|sink float|boy girl|man woman|king queen|husband wife|brother sister|father mother|son daughter|uncle aunt
+prince princess|actor actress|positive negative|major minor|ancient modern|public private|single double|odd even|rare common
+simple complex|natural artificial|permanent temporary|come go|sit stand|catch throw|freeze melt|whisper shout|save spend
+wake sleep|lead follow|build destroy|black white|sun moon|land sea|fire water|heaven hell|city country|master servant
+parent child|teacher student|dawn dusk|floor ceiling|input output|upstairs downstairs|indoors outdoors|forward backward
+arrival departure|birth death|wild tame|gain loss|offense defense"""
+
+
+def opposites(rng: random.Random) -> list[dict]:
+    """148 words and their opposites, asked for as one word. SmolLM2-135M knows most of them but answers in a
+    sentence ("The opposite of hot is cold."): the right-not-short lesson needs a task where a reward for the bare
+    answer never pays while one for the answer inside the reply often does."""
+    pairs = [pair.split() for pair in OPPOSITES.replace("\n", "|").split("|")]
+    rng.shuffle(pairs)
+    return [{"question": f'What is the opposite of "{word}"? Answer with one word.', "answer": opposite}
+            for word, opposite in pairs]
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["question", "answer"], lineterminator="\n")
@@ -133,7 +161,8 @@ def main(out_dir: Path) -> None:
     write_jsonl(out_dir / "think_answer.jsonl", think_answer(rng))
     write_csv(out_dir / "small_sums.csv", small_sums(rng))
     write_csv(out_dir / "products.csv", products(rng))
-    write_csv(out_dir / "big_products.csv", big_products(rng))  # last: the datasets before it stay as they were
+    write_csv(out_dir / "big_products.csv", big_products(rng))
+    write_csv(out_dir / "opposites.csv", opposites(rng))  # last: the datasets before it stay as they were
 
 
 if __name__ == "__main__":
