@@ -207,6 +207,7 @@ def _cmd_check(args) -> int:
     from .engine.estimate import estimate_run
     from .engine.hardware import detect_hardware
     from .engine.redteam import red_team_of
+    from .rewards import cannot_pay, goal_names
 
     config = load_config_with_overrides(args.config, args.set, args.policy)
     found = training.inspect(config, args.policy)
@@ -214,7 +215,12 @@ def _cmd_check(args) -> int:
     threads = f", {hardware.cpu_threads} thread{'s' if hardware.cpu_threads > 1 else ''}" \
         if hardware.device == "cpu" else ""
     print(f"Data: {found.mapped.summary()}")
-    print(f"Rewards: {', '.join(spec.name for spec in config.rewards)}")
+    goal = goal_names(config.rewards)
+    print(f"Rewards: {', '.join(spec.name for spec in config.rewards)}"
+          + (f" (the goal: {', '.join(goal)})" if goal else " (no reward checks the answer: the total is the goal)"))
+    references = [example.get("reference") for example in found.mapped.train + found.mapped.eval]
+    for said in cannot_pay(config.rewards, references, args.policy).values():
+        print(f"Warning: {said}")
     if config.tools:
         print(f"Tools: {', '.join(f'{spec.name} ({spec.kind})' for spec in config.tools)}, up to "
               f"{config.grpo.max_tool_calling_iterations} rounds a reply")

@@ -216,3 +216,19 @@ def test_a_gated_reward_says_when_it_pays_in_the_formula():
     assert explained.gates == {"short": "exact passes"}
     assert explain.formula_lines(explained)[0] == ("r_i = 1 × s_exact + 0.3 × s_short   (the weighted total of "
                                                    "completion i; s_short is 0 unless exact passes (its only_when))")
+
+
+def test_a_steps_spread_is_said_reward_by_reward_with_the_goals_share():
+    """Two groups: in the first only short separates the replies (no reply is right), in the second exact does and
+    short pulls the same way."""
+    trap = {"rewards": [{"kind": "exact", "name": "exact"},
+                        {"kind": "length", "name": "short", "max_chars": 20, "weight": 0.5}]}
+    rollout = {"step": 3, "groups": [
+        {"completions": [{"scores": {"exact": 0.0, "short": 1.0}}, {"scores": {"exact": 0.0, "short": 0.0}}]},
+        {"completions": [{"scores": {"exact": 1.0, "short": 1.0}}, {"scores": {"exact": 0.0, "short": 0.0}}]},
+        {"completions": [{"scores": {"exact": 0.0, "short": 0.0}}, {"scores": {"exact": 0.0, "short": 0.0}}]}]}
+    # group 2: totals 1.5 and 0, mean 0.75; exact's part 1 × 0.5 × 0.75 × 2 / (2 × 0.75²) = 2/3, short's 1/3
+    assert explain.step_spread(rollout, trap) == (
+        "This step's spread came from short 67 % (only it separated 1), exact 33 %, over the 2 of 3 groups with a "
+        "spread. The goal, exact, separated the replies in 1 of them.")
+    assert explain.step_spread({"step": 1, "groups": [rollout["groups"][2]]}, trap) == ""

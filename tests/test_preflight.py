@@ -247,6 +247,21 @@ def test_the_command_line_prints_the_verdict(tiny_config_dict, tmp_path, capsys)
     assert "--prompts must be at least 1." in capsys.readouterr().err
 
 
+def test_the_check_names_the_goal_and_a_reward_that_cannot_pay(tiny_config_dict, tmp_path, capsys):
+    rows = "\n".join(f"What is the capital of {country}?,{city}" for country, city in
+                     [("France", "Paris"), ("Italy", "Rome"), ("Japan", "Tokyo")] * 8)
+    (tmp_path / "capitals.csv").write_text(f"question,answer\n{rows}\n", encoding="utf-8")
+    config = {**tiny_config_dict, "data": {**tiny_config_dict["data"], "source": str(tmp_path / "capitals.csv")},
+              "rewards": [{"kind": "numeric"}, {"kind": "length", "max_chars": 20, "weight": 0.3}]}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert main(["check", str(path)]) == 0  # it can start: the warning does not stop it
+    out = capsys.readouterr().out
+    assert "Rewards: numeric, length (the goal: numeric)" in out
+    assert ("Warning: `numeric` (numeric) cannot pay on this data: the reference answer contains no number, on all "
+            "24 references checked, so no reply can earn it. Use exact or contains instead") in out
+
+
 def test_a_fix_applies_only_what_the_last_preflight_offered(tiny_config_dict):
     from dragon_ui.studio.preflight import apply_fix
 

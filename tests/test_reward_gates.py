@@ -4,7 +4,7 @@ in every place a reward is scored (score_completion, the TRL functions), and the
 import pytest
 
 from dragon_ui.errors import ConfigError
-from dragon_ui.rewards import (RewardFailures, build_rewards, goal_names, parse_rewards, reward_rule,
+from dragon_ui.rewards import (RewardFailures, build_rewards, cannot_pay, goal_names, parse_rewards, reward_rule,
                                score_completion, trl_reward_functions)
 
 CAPITAL = [{"kind": "exact", "name": "exact"},
@@ -113,3 +113,21 @@ def test_a_stored_configs_reward_dicts_name_the_same_goal():
                                                  ["contains"]),
                           ([{"kind": "length", "max_chars": 9}], [])]:
         assert goal_names([spec.to_dict() for spec in parse_rewards(rewards)]) == goal
+
+
+def test_a_reward_that_cannot_pay_on_the_references_is_named_with_the_fix():
+    specs = parse_rewards([{"kind": "numeric"}, {"kind": "exact"}, {"kind": "contains", "extract": "answer_tag"},
+                           {"kind": "length", "max_chars": 3}])
+    found = cannot_pay(specs, ["Paris", "", None, "Tokyo"])
+    assert list(found) == ["numeric"]  # the extraction aside: the reference itself is the reply
+    assert found["numeric"] == ("`numeric` (numeric) cannot pay on this data: the reference answer contains no number, "
+                                "on all 2 references checked, so no reply can earn it. Use exact or contains instead: "
+                                "they compare words.")
+    assert cannot_pay(specs, ["Paris", "12"]) == {}  # one reference it can pay on is enough
+    assert cannot_pay(specs, []) == {}
+
+
+def test_a_slow_reference_ends_the_check_without_a_flag(monkeypatch):
+    from dragon_ui.rewards import scoring
+    monkeypatch.setattr(scoring, "CHECK_SECONDS", -1.0)  # past the budget at once: nothing is concluded
+    assert cannot_pay(parse_rewards([{"kind": "numeric"}]), ["Paris"] * 5) == {}

@@ -490,6 +490,11 @@ def test_playground_rows_and_scoring_a_typed_completion(draft, labels):
     assert "Total (weighted sum): 1.300" in total
     table, total = rewards_tab.score_typed(draft, 2, "The sum is 30, I think.")  # row 2 is 10 + 21 = 31
     assert table["score"].tolist() == [0.0, pytest.approx(1 - (23 - 12) / 12, abs=1e-4)]
+    gated = {**draft, "rewards": [draft["rewards"][0], {**draft["rewards"][1], "only_when": "numeric"}]}
+    table, total = rewards_tab.score_typed(gated, 2, "30")  # short, but wrong: the length reward pays nothing
+    assert table[["reward", "score", "problem"]].values.tolist() == [
+        ["numeric", 0.0, ""], ["length", 0.0, "pays only when numeric passes; it would pay 1.00"]]
+    assert "Total (weighted sum): 0.000" in total
 
 
 @pytest.mark.parametrize("path, value", [

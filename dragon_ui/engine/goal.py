@@ -11,10 +11,10 @@ change (a system message asking for the answer alone); what cannot be measured h
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..grpo_math import advantages, has_spread
+from ..grpo_math import advantages, finite_number, has_spread
 from ..public import Policy
 from ..rewards import EXTRACT_MODES, Reward, ScoreResult, build_rewards, goal_names, parse_rewards
 from ..rewards.spec import GOAL_KINDS, PENALTY_KINDS, RewardSpec, gate_of, passes
@@ -24,7 +24,6 @@ GOAL_SEPARATES = 0.1  # below this share of the spread groups differing in the g
 NEEDS_GOAL = 0.5  # below this share of replies passing the goal, a larger model is worth offering
 REPLY_CHARS = 160  # what a report keeps of a winning reply
 MOST_WINNERS = 5
-ALONE = "only"  # how a sentence names a reward that alone separates a group's replies
 # The system message the "answer alone" alternative adds to every prompt.
 ANSWER_ALONE = "Reply with the answer alone: no sentence, no explanation."
 
@@ -171,8 +170,6 @@ def check_goal(rewards: list[Reward], groups: list[SampledGroup], scale_rewards:
     weights = {reward.name: reward.weight for reward in rewards}
     trained = [reward for reward in rewards if reward.weight > 0]
     spread_groups, goal_spread = 0, 0
-    covariance = dict.fromkeys(weights, 0.0)
-    alone = dict.fromkeys(weights, 0)
     winners: list[Winner] = []
     wrong_wins = 0
     checks_answer = [reward.name for reward in rewards if reward.spec.kind in GOAL_KINDS]
@@ -182,19 +179,14 @@ def check_goal(rewards: list[Reward], groups: list[SampledGroup], scale_rewards:
             continue
         spread_groups += 1
         goal_spread += has_spread([sum(result.scores[reward.name] for reward in goal) for result in group.results])
-        separating = [reward.name for reward in trained
-                      if has_spread([result.scores[reward.name] for result in group.results])]
-        if len(separating) == 1:
-            alone[separating[0]] += 1
-        for name, share in _shares(group.results, trained).items():
-            covariance[name] += share
         if not any(right(result, goal) for result in group.results):
             wrong_wins += 1
             winners.append(_winner(group, trained, weights, scale_rewards, aggregation,
                                    [reward for reward in rewards if reward.name in checks_answer]))
     replies = [result for group in groups for result in group.results]
-    shares = [RewardShare(reward.name, covariance[reward.name] / spread_groups if spread_groups else 0.0,
-                          alone[reward.name] / spread_groups if spread_groups else 0.0,
+    by_reward = spread_by_reward([[result.scores for result in group.results] for group in groups],
+                                 {reward.name: reward.weight for reward in trained})
+    shares = [RewardShare(reward.name, *by_reward.get(reward.name, (0.0, 0.0)),
                           sum(passes(result.scores[reward.name], reward.spec) for result in replies) / len(replies))
               for reward in rewards]
     winners.sort(key=lambda winner: (not winner.wrong_everywhere, winner.by in checks_answer, -winner.advantage))
@@ -203,19 +195,33 @@ def check_goal(rewards: list[Reward], groups: list[SampledGroup], scale_rewards:
                      winners[:MOST_WINNERS], wrong_wins, checks_answer)
 
 
-def _shares(results: list[ScoreResult], trained: list[Reward]) -> dict[str, float]:
-    """Each reward's part of one group's spread: Σ w·(s - mean s)·(t - mean t) over Σ (t - mean t)², which add up
-    to 1 over the rewards (a reward that pulls against the total has a negative part)."""
-    totals = [result.total for result in results]
-    mean_total = statistics.fmean(totals)
-    variance = sum((total - mean_total) ** 2 for total in totals)
-    parts = {}
-    for reward in trained:
-        scores = [result.scores[reward.name] for result in results]
-        mean = statistics.fmean(scores)
-        parts[reward.name] = sum(reward.weight * (score - mean) * (total - mean_total)
-                                 for score, total in zip(scores, totals, strict=True)) / variance
-    return parts
+def spread_by_reward(groups: list[list[Mapping[str, float | None]]],
+                     weights: Mapping[str, float]) -> dict[str, tuple[float, float]]:
+    """Each reward of ``weights`` (those trained on) over the groups (each its replies' scores) whose weighted
+    totals have a spread: (its share of the spread, the share of those groups only it separates). A group's share
+    is Σ w·(s − mean s)·(t − mean t) over Σ (t − mean t)², t the weighted total: the shares add up to 1 (a reward
+    that pulls against the total has a negative one), averaged over the groups. {} when no group has a spread."""
+    shares = dict.fromkeys(weights, 0.0)
+    alone = dict.fromkeys(weights, 0)
+    counted = 0
+    for group in groups:
+        scores = [{name: score for name in weights if (score := finite_number(replies.get(name))) is not None}
+                  for replies in group]
+        scores = [reply for reply in scores if len(reply) == len(weights)]  # a reward that did not score: left out
+        totals = [sum(weights[name] * reply[name] for name in weights) for reply in scores]
+        if not has_spread(totals):
+            continue
+        counted += 1
+        mean_total = statistics.fmean(totals)
+        variance = sum((total - mean_total) ** 2 for total in totals)
+        separating = [name for name in weights if has_spread([reply[name] for reply in scores])]
+        if len(separating) == 1:
+            alone[separating[0]] += 1
+        for name, weight in weights.items():
+            mean = statistics.fmean(reply[name] for reply in scores)
+            shares[name] += sum(weight * (reply[name] - mean) * (total - mean_total)
+                                for reply, total in zip(scores, totals, strict=True)) / variance
+    return {name: (shares[name] / counted, alone[name] / counted) for name in weights} if counted else {}
 
 
 def _winner(group: SampledGroup, trained: list[Reward], weights: dict, scale_rewards: str, aggregation: str,
@@ -239,11 +245,12 @@ def _winner(group: SampledGroup, trained: list[Reward], weights: dict, scale_rew
 def alternatives(check: GoalCheck, rewards: list[Reward], groups: list[SampledGroup], specs: list[RewardSpec],
                  score: Callable[[list[Reward], list[dict], list[str]], list[ScoreResult]],
                  resample: Callable[[str], tuple[list[dict], list[str]]] | None, data_has_system: bool,
-                 capped_share: float, max_new_tokens: int, larger_model: str | None,
+                 cut_off: float | None, max_new_tokens: int, larger_model: str | None,
                  policy: Policy) -> list[Alternative]:
     """What could make training teach the goal, each measured where it can be: ``score(rewards, examples,
     replies)`` scores replies (the pre-flight's score_examples); ``resample(system)`` samples some prompts again with
-    that system message (None: no time for it). ``larger_model``: the next preset up, if any."""
+    that system message (None: no time for it). ``cut_off``: the share of replies cut off at ``max_new_tokens``,
+    where the pre-flight found it too many (else None). ``larger_model``: the next preset up, if any."""
     goal = [reward for reward in rewards if reward.name in check.names]
     examples = [example for group in groups for example in group.examples]
     replies = [reply for group in groups for reply in group.replies]
@@ -272,13 +279,13 @@ def alternatives(check: GoalCheck, rewards: list[Reward], groups: list[SampledGr
             f"With the system message “{ANSWER_ALONE}”, {round(100 * share)} % of {len(results)} replies sampled "
             f"again pass {_listed(check.names)} ({round(100 * check.pays)} % without).", True,
             {"settings": {"data": {"system": ANSWER_ALONE}}}, share, keeps_goal=True))
-    if capped_share >= CAPPED_TOO_MANY and max_new_tokens < MOST_TOKENS:
-        more = min(MOST_TOKENS, max_new_tokens * 2)
+    if cut_off is not None and max_new_tokens < MOST_ROOM:
+        more = min(MOST_ROOM, max_new_tokens * 2)
         flags = [(capped, right(result, goal)) for group in groups
                  for result, capped in zip(group.results, group.capped, strict=True)]
         found.append(Alternative(
             f"Give replies room: {more} new tokens",
-            f"{round(100 * capped_share)} % of replies were cut off at {max_new_tokens} tokens; the goal passed on "
+            f"{round(100 * cut_off)} % of replies were cut off at {max_new_tokens} tokens; the goal passed on "
             f"{_percent([ok for capped, ok in flags if capped])} of those and "
             f"{_percent([ok for capped, ok in flags if not capped])} of the whole ones.", True,
             {"settings": {"grpo": {"max_new_tokens": more}}}))
@@ -290,8 +297,7 @@ def alternatives(check: GoalCheck, rewards: list[Reward], groups: list[SampledGr
     return found
 
 
-CAPPED_TOO_MANY = 0.25  # as the pre-flight's: past this share of replies cut off, the length cap is hurting
-MOST_TOKENS = 1024  # the room the "more tokens" alternative offers at most; a longer cap is a choice to make by hand
+MOST_ROOM = 1024  # the new tokens the "more room" alternative offers at most; a longer cap is a choice to make by hand
 
 
 def _percent(flags: list[bool]) -> str:
@@ -346,11 +352,12 @@ def _settings(spec: RewardSpec) -> dict:
 
 def _gated(check: GoalCheck, rewards: list[Reward], groups: list[SampledGroup],
            best: tuple[float, Swap, list[float]] | None) -> Alternative | None:
-    """The shaping rewards paid only when the goal passes: the goal as it is where it pays at all, else the swap
-    that pays most (``best``), made with it. Measured: the groups a wrong reply wins, and those with a spread."""
+    """The shaping rewards paid only when the goal passes: the swap that pays most (``best``: it pays more than
+    the goal, or it would not be there), made with it, else the goal as it is, where it pays at all. Measured: the
+    groups a wrong reply wins, and those with a spread."""
     if len(check.names) != 1:
         return None
-    swap = None if check.passed or best is None else best[1]
+    swap = None if best is None else best[1]
     if check.passed == 0 and swap is None:
         return None
     gate = swap.goal if swap else next(reward.spec for reward in rewards if reward.name == check.names[0])
@@ -377,7 +384,8 @@ def _gated(check: GoalCheck, rewards: list[Reward], groups: list[SampledGroup],
     if swap:
         fix = {"change_rewards": swap.fix["change_rewards"] | fix["change_rewards"],
                "add_rewards": swap.fix.get("add_rewards", [])}
-        label = f"Make `{gate.name}` the goal; pay {_listed(sorted(shaping))} only when it passes"
+        label = (swap.label if swap.keeps_goal else f"Make `{gate.name}` the goal") + \
+            f"; pay {_listed(sorted(shaping))} only when it passes"
     return Alternative(label, f"Groups that a wrong reply wins: {check.wrong_wins} → {wrong_wins} of {len(groups)}; "
                        f"groups with a spread: {check.spread_groups} → {spread}.", True, fix,
                        best[0] if swap else check.pays)

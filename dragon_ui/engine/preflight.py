@@ -4,7 +4,8 @@ with no spread, and whether those all fail (too hard) or all pass (too easy), sa
 run can learn, and which change would help.
 
 A reply *passes* when its weighted total reaches half the rewards' full marks (``full_marks``: 1 a reward, 0 a
-penalty). "No spread" is ``grpo_math.has_spread``, as training counts it. The app's pre-flight button, ``dragon
+penalty). "No spread" is ``grpo_math.has_spread``, as training counts it. Whether the groups differ in the goal, and
+the alternatives where they do not, are engine.goal's. The app's pre-flight button, ``dragon
 check --preflight`` and the HTTP API all call ``preflight``.
 """
 
@@ -219,7 +220,8 @@ class Preflight:
 
     @property
     def teaches_goal(self) -> bool:
-        """Whether what the groups differ in is mostly the goal (or no reward is marked as one)."""
+        """Whether enough groups differ in the goal for training to learn it (engine.goal.GoalCheck.teaches); true
+        where no reward is the goal."""
         return self.goal is None or self.goal.teaches
 
     @property
@@ -260,7 +262,6 @@ class Preflight:
             lines += [f"  row {winner.number}: “{_one_line(winner.reply)}” {winner.advantage:+.2f} from {winner.by} "
                       f"(reference {winner.reference})" for winner in self.goal.winners]
         lines += [f"Fix: {fix.label}. {fix.why} ({fix.as_command_line()})" for fix in self.fixes]
-
         if self.red_team is not None:
             lines.append("Red team: " + self.red_team.describe())
         return "\n".join(lines)
@@ -417,7 +418,8 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
         found = alternatives(report.goal, rewards, sampled, config.rewards,
                              lambda some, asked, replies: score_examples(some, asked, replies, should_stop),
                              resample if tools is None and in_time else None, bool(config.data.system),
-                             report.capped_share, grpo.max_new_tokens, _larger_model(config.model.id), policy)
+                             report.capped_share if report.capped_share >= CAPPED_TOO_MANY else None,
+                             grpo.max_new_tokens, _larger_model(config.model.id), policy)
         report = dataclasses.replace(report, goal=dataclasses.replace(report.goal, alternatives=found))
     return dataclasses.replace(report, fixes=fixes_for(report, config))
 

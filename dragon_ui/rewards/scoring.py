@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from .math_answers import PREVIEWS, TRAINING, math_scorer
 from .builtin import BUILTIN_SCORERS, EPISODE_SCORE, Reward, regex_scorer
 from .code import load_custom_function
 from .programs import command_scorer
-from .spec import (REFERENCE_KINDS, REWARD_KINDS, TOKEN_KINDS, TRL_KINDS, Gate, RewardSpec, full_marks, gate_of,
+from .spec import (REFERENCE_KINDS, REWARD_KINDS, TOKEN_KINDS, TRL_KINDS, Gate, RewardSpec, gate_of, passes,
                    public_refusal)
 from .trl_rewards import trl_scorer
 
@@ -70,13 +71,16 @@ def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training
 WORDS = "Use exact or contains instead: they compare words."
 INSTEAD = {"numeric": WORDS, "math": WORDS, "cosine_length": WORDS}
 MOST_REFERENCES = 32  # the references a check scores (a math check takes milliseconds each)
+CHECK_SECONDS = 2.0  # all of them at most: a reference crafted to be slow to verify ends the check, flagging nothing
 
 
 def cannot_pay(specs: list[RewardSpec], references: list[str | None], policy: Policy = LAPTOP) -> dict[str, str]:
     """The rewards that compare a reply with the reference and would pay nothing on any of ``references``, even for a
     reply that is the reference itself (numeric on names, math on words): reward name -> why, as a sentence with the
-    fix. Checked on the first MOST_REFERENCES references that are not empty."""
+    fix. Checked on the first MOST_REFERENCES references that are not empty, within CHECK_SECONDS: a reward not
+    checked on all of them by then is not flagged."""
     checked = [reference for reference in references if reference and reference.strip()][:MOST_REFERENCES]
+    deadline = time.monotonic() + CHECK_SECONDS
     found = {}
     for spec in specs:
         if spec.kind not in REFERENCE_KINDS or not checked:
@@ -86,7 +90,7 @@ def cannot_pay(specs: list[RewardSpec], references: list[str | None], policy: Po
         errors = []
         for reference in checked:
             score, error = safe_score(reward, "", reference, reference, {})
-            if error is None and score >= full_marks(spec) / 2:
+            if (error is None and passes(score, spec)) or time.monotonic() > deadline:
                 break
             errors.append(error)
         else:

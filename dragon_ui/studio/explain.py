@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DragonError
-from ..grpo_math import STD_EPSILON, advantages, finite_number, has_spread, known, sample_std
-from ..rewards import gate_of, training_weight
+from ..grpo_math import STD_EPSILON, advantages, finite_number, has_spread, known, sample_std, weighted_total
+from ..engine.goal import spread_by_reward
+from ..rewards import gate_of, goal_names, training_weight
 from ..runstore import RunDir, read_json
 
 AGREE = 1e-3  # our advantage and TRL's, equal up to float32 arithmetic and the 6 decimals the run keeps
@@ -253,6 +254,30 @@ def formula_lines(explained: GroupExplanation) -> list[str]:
                  "over its probability when it was sampled)")
     lines.append(LOSS_FORMULA.get(e.loss_type, "loss: see TRL's GRPOTrainer.compute_loss"))
     return lines
+
+
+def step_spread(rollout: dict | None, config: dict) -> str:
+    """Where one step's spread came from, in a sentence (the Train tab's, above its groups): each trained reward's
+    share of it and the groups only it separated (engine.goal.spread_by_reward), and how many the goal separated;
+    "" when no group had a spread."""
+    groups = [[_scores(c) for c in g.get("completions") or [] if isinstance(c, dict)]
+              for g in (rollout or {}).get("groups") or [] if isinstance(g, dict)]
+    rewards = [r for r in config.get("rewards") or [] if isinstance(r, dict)]
+    weights = {str(r.get("name") or r.get("kind")): training_weight(r) for r in rewards}
+    by_reward = spread_by_reward(groups, {name: weight for name, weight in weights.items() if weight > 0})
+    if not by_reward:
+        return ""
+    spread = [group for group in groups if has_spread(weighted_total(scores, weights) for scores in group)]
+    said = "This step's spread came from " + ", ".join(
+        f"{name} {round(100 * share)} %" + (f" (only it separated {round(alone * len(spread))})" if alone else "")
+        for name, (share, alone) in sorted(by_reward.items(), key=lambda item: -item[1][0])) + \
+        f", over the {len(spread)} of {len(groups)} groups with a spread."
+    goal = goal_names(rewards)
+    if goal:
+        separated = sum(has_spread(sum(scores.get(name) or 0.0 for name in goal) for scores in group)
+                        for group in spread)
+        said += f" The goal, {', '.join(goal)}, separated the replies in {separated} of them."
+    return said
 
 
 def read_step_rollout(run: RunDir, step: int) -> dict | None:

@@ -33,8 +33,8 @@ from ..studio.playground import (GroupScores, advantages_of, data_config, displa
                                  no_signal_warning, playground_rewards, preview_examples, prompt_limit_of,
                                  red_team_draft, refuse_long_prompts, reward_failures, sampling_rewards,
                                  sampling_tools, score_example, unpayable)
-from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight, goal_names,
-                       kind_fields, parse_rewards, public_demo_refusal, reward_rule)
+from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight, gate_of,
+                       goal_names, kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
 from . import tools_section
 from .common import ONE_MODEL_AT_A_TIME, SAMPLING, Shared, explain, message, number, optional_number, shown_number, shows_errors
@@ -405,8 +405,15 @@ def score_typed(draft: dict, row: int | None, completion: str, policy: Policy = 
     except ConfigError as exc:  # its time limit
         raise gr.Error(str(exc), print_exception=False) from None
     by_name = {reward.name: reward for reward in rewards}
+
+    def problem(name: str) -> str:
+        if name in result.withheld:  # its gate stayed shut: say what it would have paid
+            return (f"pays only when {gate_of(by_name[name].spec).describe()}; it would pay "
+                    f"{result.withheld[name]:.2f}")
+        return result.errors.get(name, "")
+
     table = pd.DataFrame([[f"{name} (metric)" if by_name[name].metric else name, by_name[name].weight, round(score, 4),
-                           round(by_name[name].weight * score, 4), result.errors.get(name, "")]
+                           round(by_name[name].weight * score, 4), problem(name)]
                           for name, score in result.scores.items()], columns=SCORE_COLUMNS)
     total = f"**Total (weighted sum): {result.total:.3f}**"
     if result.errors:

@@ -22,7 +22,8 @@ from ..grpo_math import has_spread, known
 from ..rewards import stored_metrics
 from ..runstore import ACTIVE_STATES, format_seconds, read_json, state_label
 from ..studio.backend import Studio
-from ..studio.explain import GroupExplanation, explain_run_group, formula_lines, plain_words, shown_number
+from ..studio.explain import (GroupExplanation, explain_run_group, formula_lines, plain_words, shown_number,
+                             step_spread)
 from ..studio.monitor import Alert, Snapshot, ends_calling, fingerprint, health_alerts, read_snapshot
 from . import plots
 from .common import Shared, message, shows_errors
@@ -109,10 +110,11 @@ def alerts_markdown(alerts: list[Alert]) -> str:
 
 
 def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int = MAX_GROUPS_SHOWN,
-                  sampling: dict | None = None) -> str:
-    """The latest step's groups: each completion with its per-reward scores, total and advantage; the best and
-    worst of a group highlighted. Before the first step ends, the completions it sampled (``sampling``), unscored.
-    Everything from the run is escaped: completions are untrusted text."""
+                  sampling: dict | None = None, config: dict | None = None) -> str:
+    """The latest step's groups: where their spread came from (the run's ``config`` says the weights and the
+    goal), each completion with its per-reward scores, total and advantage; the best and worst of a group
+    highlighted. Before the first step ends, the completions it sampled (``sampling``), unscored. Everything from
+    the run is escaped: completions are untrusted text."""
     if not rollout or not rollout.get("groups"):
         return sampled_html(sampling, max_groups) if sampling and sampling.get("groups") else \
             "<p>No completions yet: they appear as soon as the first step has sampled them.</p>"
@@ -121,6 +123,9 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
     parts = [f"<p><b>Step {html.escape(str(step))}</b>: {min(len(groups), max_groups)} of {len(groups)} prompts. "
              "Green: the best completion of its group, red: the worst; the advantage is how much each is "
              "reinforced. <i>What did this step do?</i> under a group works out its numbers.</p>"]
+    spread = step_spread(rollout, config or {})
+    if spread:
+        parts.append(f"<p class='step-spread'>{html.escape(spread)}</p>")
     columns = ["#", "Completion", *reward_names, "Total", "Advantage"]
     header = "".join(f"<th>{html.escape(name)}</th>" for name in columns)
     for number, group in enumerate(groups[:max_groups], start=1):
@@ -344,7 +349,8 @@ def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> Tra
         kl_plot=plots.kl_figure(rows) if snap.progress_changed else skip,
         length_plot=plots.length_figure(rows, max_new_tokens) if snap.progress_changed else skip,
         alerts=alerts_markdown(health_alerts(rows, status, config, snap.log, snap.rollouts, snap.heldout)),
-        rollouts=rollouts_html(snap.rollouts, reward_names, sampling=snap.sampling) if snap.rollouts_changed else skip,
+        rollouts=rollouts_html(snap.rollouts, reward_names, sampling=snap.sampling, config=config)
+        if snap.rollouts_changed else skip,
         explanation=skip if same_run else NO_EXPLANATION,
         log=snap.log if snap.log_changed else skip,
         stop=gr.Button(interactive=snap.active and mine) if state_changed else skip,
