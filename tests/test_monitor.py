@@ -584,6 +584,7 @@ RISING = [0.3, 0.3, 0.3, 0.4, 0.5, 0.5, 0.6, 0.7, 0.8, 0.8]  # every step's trai
 
 @pytest.mark.parametrize("numeric, config, fires", [
     ([0.2] * 10, GOAL_CONFIG, True),  # the reward rises, the goal stays: the format is what it learns
+    ([0.0] * 10, GOAL_CONFIG, True),  # a goal that never pays: said beside the alert that it teaches nothing
     ([0.2, 0.2, 0.2, 0.3, 0.3, 0.4, 0.4, 0.5, 0.6, 0.6], GOAL_CONFIG, False),  # the goal rises with it
     ([0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.3], GOAL_CONFIG, False),  # it fell: the trade-off alert's
     ([0.2] * 10, {**GOAL_CONFIG, "rewards": [{"kind": "format"}]}, False),  # no reward is a goal
@@ -596,5 +597,5 @@ def test_the_training_reward_rising_while_the_goal_stays(numeric, config, fires)
         return
     (alert,) = alerts
     assert alert.title == ("The training reward rose from 0.30 to 0.77 since the first 3 steps while your goal, "
-                           "'numeric', stayed at 0.20 (from 0.20)")
+                           f"'numeric', stayed at {numeric[-1]:.2f} (from {numeric[0]:.2f})")
     assert "paid by 'format', not by 'numeric'" in alert.fix and "Pays only when: numeric" in alert.fix

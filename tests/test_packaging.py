@@ -106,7 +106,7 @@ def test_the_installed_commands_work_from_any_folder(wheel, tmp_path):
     assert rc == 0 and '"numeric": 1.0' in out, out
     rc, out = run("dragon", "train", "nosuch-recipe")
     assert rc == 2 and ("bundled recipe: arithmetic, beta_and_temperature, calculator, json_answers, reward_hacking, "
-                        "think_answer, too_hard") in out, out
+                        "right_not_short, think_answer, too_hard") in out, out
     assert "usage: dragon " in run("dragon", "--help")[1]
     rc, out = run("dragon-studio", "--help")
     assert rc == 0 and "usage: dragon-studio" in out and "--desktop" in out, out

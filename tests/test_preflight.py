@@ -74,12 +74,14 @@ def test_the_verdict_says_which_and_gives_the_numbers(groups, words):
 def test_the_verdict_adds_cut_off_replies_and_rewards_that_fail_or_never_vary():
     found = report([check([1, 0], capped=1), check([0, 1], capped=1)],
                    [RewardCheck("answer", 0.5, 0.5, 0.0), RewardCheck("broken", 0.0, 0.0, 0.5),
-                    RewardCheck("format", 1.0, 0.0, 0.0)], ended="Sampling stopped at the time limit.")
+                    RewardCheck("format", 1.0, 0.0, 0.0), RewardCheck("accuracy", 0.0, 0.0, 0.0, trained=False)],
+                   ended="Sampling stopped at the time limit.")
     verdict = found.verdict
     assert "50 % of replies are cut off at max new tokens (64)" in verdict
     assert "The reward broken failed on 50 % of replies" in verdict
     assert "The reward format gave every reply 1: it teaches nothing here." in verdict
     assert "The reward answer" not in verdict
+    assert "accuracy" not in verdict  # a metric teaches nothing whatever it scores: not worth a sentence
     assert verdict.endswith("Sampling stopped at the time limit.")
 
 

@@ -82,6 +82,7 @@ class RewardCheck:
     mean: float | None
     spread: float | None  # the standard deviation of its scores
     failed: float  # the share of replies it failed on (a failure scores 0)
+    trained: bool = True  # False: a metric, which teaches nothing whatever it scores
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ class Preflight:
             if reward.failed >= FAILING_TOO_OFTEN:
                 sentences.append(f"The reward {reward.name} failed on {round(100 * reward.failed)} % of replies "
                                  "(each scores 0): try it in the playground.")
-            elif reward.spread == 0 and len(self.prompts) > 1 and not (
+            elif reward.spread == 0 and len(self.prompts) > 1 and reward.trained and not (
                     self.learns and not self.teaches_goal and reward.name in self.goal.names):  # said already
                 sentences.append(f"The reward {reward.name} gave every reply {reward.mean:g}: it teaches nothing "
                                  "here.")
@@ -400,7 +401,8 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
     step_sampling = statistics.median(batch_seconds[1:] or batch_seconds)  # the first batch warms the model up
     rewards_found = [RewardCheck(reward.name, statistics.fmean(scores[reward.name]) if scores[reward.name] else None,
                                  statistics.pstdev(scores[reward.name]) if scores[reward.name] else None,
-                                 failed[reward.name] / len(scores[reward.name]) if scores[reward.name] else 0.0)
+                                 failed[reward.name] / len(scores[reward.name]) if scores[reward.name] else 0.0,
+                                 not reward.metric)
                      for reward in rewards]
     report = Preflight(checks, rewards_found, grpo.group_size, grpo.max_new_tokens, token_limit, sampling_s,
                        None if training_pass_s is None else step_sampling + training_pass_s, ended_early,

@@ -457,7 +457,7 @@ def hacking_alerts(rows: list[dict], rollout: dict | None, config: dict, heldout
       did not: the other rewards are what it learns.
     """
     metrics = stored_metrics(config)
-    return [*_heldout_alerts(rows, heldout or []), *_goal_alerts(rows, config, skip),
+    return [*_heldout_alerts(rows, heldout or []), *_goal_alerts(rows, config),
             *_metric_alerts(rows, heldout or [], metrics - skip),
             *_trade_off_alerts(rows, config, skip | metrics),
             *_padding_alerts(rows, config), *_reply_alerts(rollout)]
@@ -488,11 +488,13 @@ def _heldout_alerts(rows: list[dict], heldout: list[dict]) -> list[Alert]:
                   "heldout_gap", None, last, held_last)]
 
 
-def _goal_alerts(rows: list[dict], config: dict, skip: set[str]) -> list[Alert]:
+def _goal_alerts(rows: list[dict], config: dict) -> list[Alert]:
     """The training reward risen since the first WINDOW steps while the goal stayed where it was: what training
-    learns is paid by the other rewards (a goal that fell is the trade-off and metric alerts')."""
+    learns is paid by the other rewards (a goal that fell is the trade-off and metric alerts'). A goal that never
+    pays is said here too, beside the failing-reward alert: that one says the goal teaches nothing, this one what
+    is learnt instead."""
     stored = [reward for reward in config.get("rewards") or [] if isinstance(reward, dict)]
-    goal = [name for name in goal_names(stored) if name not in skip]
+    goal = goal_names(stored)
     trained = _first_and_last_means(rows, "reward")
     if len(goal) != 1 or trained is None or trained[1] - trained[0] < TRADE_OFF:
         return []
