@@ -301,11 +301,11 @@ def scored(replies: list[str], totals: list[float], scores: list[dict[str, float
     """The means over the prompts of their scored replies."""
     n = max(1, len(totals))
     breakdown = {r.name: sum(s[r.name] for s in scores) / n for r in rewards}
-    specs = [r.spec for r in rewards]
-    goal = goal_names(specs)
-    right = [right_by_goal(s, specs) for s in scores] if goal else []
+    goal = goal_names([r.spec for r in rewards])
+    goal_specs = [r.spec for r in rewards if r.name in goal]
+    right = sum(right_by_goal(s, goal_specs) for s in scores) / n if goal else None
     return EvalResult(sum(totals) / n, breakdown, replies, totals, scores, seconds,
-                      [r.name for r in rewards if r.metric], goal, sum(right) / n if goal else None)
+                      [r.name for r in rewards if r.metric], goal, right)
 
 
 def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict], n_samples: int) -> dict:

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 
 from ..grpo_math import advantages, finite_number, has_spread
 from ..public import Policy
-from ..rewards import EXTRACT_MODES, Reward, ScoreResult, build_rewards, goal_names, parse_rewards
+from ..rewards import EXTRACT_MODES, Reward, ScoreResult, build_rewards, goal_names, parse_rewards, right_by_goal
 from ..rewards.spec import GOAL_KINDS, PENALTY_KINDS, RewardSpec, gate_of, passes
 from ..runstore import excerpt
 
 GOAL_SEPARATES = 0.1  # below this share of the spread groups differing in the goal, training teaches other things
 NEEDS_GOAL = 0.5  # below this share of replies passing the goal, a larger model is worth offering
+MOST_ROOM = 1024  # the new tokens the "more room" alternative offers at most; a longer cap is a choice to make by hand
 REPLY_CHARS = 160  # what a report keeps of a winning reply
 MOST_WINNERS = 5
 # The system message the "answer alone" alternative adds to every prompt.
@@ -157,7 +158,7 @@ def _short(text: str, chars: int = 60) -> str:
 
 
 def right(result: ScoreResult, goal: list[Reward]) -> bool:
-    return all(passes(result.scores[reward.name], reward.spec) for reward in goal)
+    return right_by_goal(result.scores, [reward.spec for reward in goal])
 
 
 def check_goal(rewards: list[Reward], groups: list[SampledGroup], scale_rewards: str = "group",
@@ -296,8 +297,6 @@ def alternatives(check: GoalCheck, rewards: list[Reward], groups: list[SampledGr
             "more often, and each step takes longer.", False, {"settings": {"model": {"id": larger_model}}}))
     return found
 
-
-MOST_ROOM = 1024  # the new tokens the "more room" alternative offers at most; a longer cap is a choice to make by hand
 
 
 def _percent(flags: list[bool]) -> str:

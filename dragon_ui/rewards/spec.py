@@ -122,10 +122,10 @@ def passes(score: float, spec: RewardSpec) -> bool:
     return score >= full_marks(spec) / 2 - 1e-9
 
 
-def right_by_goal(scores: Mapping[str, float], specs: list[RewardSpec]) -> bool | None:
-    """Whether a reply's scores pass every goal reward (goal_names); None where no reward is the goal."""
-    goal = [spec for spec in specs if spec.name in goal_names(specs)]
-    return all(passes(scores.get(spec.name, 0.0), spec) for spec in goal) if goal else None
+def right_by_goal(scores: Mapping[str, float], goal: list[RewardSpec]) -> bool:
+    """Whether a reply's scores (by reward name) pass every reward of ``goal`` (those goal_names names): a right
+    answer."""
+    return all(passes(scores.get(spec.name, 0.0), spec) for spec in goal)
 
 
 def full_marks(spec: RewardSpec) -> float:
