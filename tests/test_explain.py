@@ -232,3 +232,14 @@ def test_a_steps_spread_is_said_reward_by_reward_with_the_goals_share():
         "This step's spread came from short 67 % (only it separated 1), exact 33 %, over the 2 of 3 groups with a "
         "spread. The goal, exact, separated the replies in 1 of them.")
     assert explain.step_spread({"step": 1, "groups": [rollout["groups"][2]]}, trap) == ""
+
+
+def test_a_setting_a_stored_config_lacks_is_the_configs_default():
+    """An older or hand-written config.json without grpo.beta trained with the config's default (0.04), not 0."""
+    from dragon_ui.config import GRPOSettings
+    rollout = {"step": 5, "groups": [group(1.0, 0.0, 0.0, 1.0, advantages=[HALF, -HALF, -HALF, HALF])]}
+    explained = explain.explain_group(rollout, 1, {"rewards": config()["rewards"], "grpo": {}}, kl=0.25)
+    defaults = GRPOSettings()
+    assert (explained.beta, explained.loss_type, explained.scale_rewards, explained.aggregation) == (
+        defaults.beta, defaults.loss_type, defaults.scale_rewards, defaults.multi_objective_aggregation)
+    assert explained.beta == 0.04

@@ -15,13 +15,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import GRPOSettings
+from ..engine.goal import spread_by_reward
 from ..errors import DragonError
 from ..grpo_math import STD_EPSILON, advantages, finite_number, has_spread, known, sample_std, weighted_total
-from ..engine.goal import spread_by_reward
 from ..rewards import gate_of, goal_names, training_weight
 from ..runstore import RunDir, read_json
 
 AGREE = 1e-3  # our advantage and TRL's, equal up to float32 arithmetic and the 6 decimals the run keeps
+DEFAULTS = GRPOSettings()  # what a stored config's missing setting meant: the run trained with the default
 
 # How each loss type turns a completion's advantage into its share of the update (TRL 1.16's compute_loss), in words
 # and as the formula: loss types that average the same way share a sentence.
@@ -113,8 +115,8 @@ def explain_group(rollout: dict, group_number: int, config: dict, kl: float | No
     if not 1 <= group_number <= len(groups):
         raise ExplainError(f"Step {rollout.get('step', '?')} has {len(groups)} groups; there is no group {group_number}.")
     grpo = config.get("grpo") or {}
-    scale = str(grpo.get("scale_rewards", "group"))
-    aggregation = str(grpo.get("multi_objective_aggregation", "sum_then_normalize"))
+    scale = str(grpo.get("scale_rewards", DEFAULTS.scale_rewards))  # a setting it lacks: the config's default
+    aggregation = str(grpo.get("multi_objective_aggregation", DEFAULTS.multi_objective_aggregation))
     weights = {str(r.get("name") or r.get("kind")): training_weight(r)
                for r in config.get("rewards") or [] if isinstance(r, dict)}
     items = [[c if isinstance(c, dict) else {} for c in g.get("completions") or []] for g in groups]
@@ -134,8 +136,8 @@ def explain_group(rollout: dict, group_number: int, config: dict, kl: float | No
         reference=str(group.get("reference", "")), weights=weights, completions=completions,
         mean=statistics.fmean(values) if values else None, spread=sample_std(values),
         divisor=worked_out.divisors[index], scale_rewards=scale, aggregation=aggregation,
-        loss_type=str(grpo.get("loss_type", "dapo")),
-        beta=float(grpo.get("beta", 0.0) or 0.0), kl=finite_number(kl),
+        loss_type=str(grpo.get("loss_type", DEFAULTS.loss_type)),
+        beta=float(finite_number(grpo.get("beta", DEFAULTS.beta)) or 0.0), kl=finite_number(kl),
         largest_difference=max(differences) if differences else None,
         tool_calls=sum(len(turn.get("calls") or []) for item in items[index] for turn in item.get("turns") or []
                        if isinstance(turn, dict)),
