@@ -36,6 +36,7 @@ from dragon_ui.runstore import slug
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
 from dragon_ui.ui.app import DRAFT_STORAGE_KEY
+from dragon_ui.ui.rewards_tab import KIND_HELP
 from test_app_client import served_app
 
 expect = sync_api.expect
@@ -287,6 +288,14 @@ def choose(page, selector: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
+def choose_kind(page, kind: str) -> None:
+    """Pick a reward kind and wait for the editor to show it: the answer writes every field of the editor (the name
+    that follows the kind, the kind's settings), so typing before it lands would be overwritten, as a person's
+    would be who typed within those milliseconds."""
+    choose(page, "#rewards-kind", kind)
+    expect(page.locator("#rewards-kind-help")).to_contain_text(KIND_HELP[kind][:40])
+
+
 def wait_until_loaded(page) -> None:
     expect(page.locator("#data-counts")).to_contain_text("400 rows")
 
@@ -491,7 +500,7 @@ def test_one_of_trls_rewards_is_added_and_tried_in_the_playground(page, studio, 
     wait_until_loaded(page)
     open_tab(page, "rewards")
     choose(page, "#rewards-selected", "➕ New reward")
-    choose(page, "#rewards-kind", "overlong")
+    choose_kind(page, "overlong")
     expect(page.locator("#rewards-kind-help")).to_contain_text("soft overlong punishment")
     expect(page.locator("#rewards-settings-ngram-size")).to_be_hidden()
     type_into(page, "#rewards-settings-max-tokens input", "4")
@@ -507,7 +516,7 @@ def test_a_classifier_reward_is_added_and_scores_a_typed_reply(page, studio, cla
     wait_until_loaded(page)
     open_tab(page, "rewards")
     choose(page, "#rewards-selected", "➕ New reward")
-    choose(page, "#rewards-kind", "classifier")
+    choose_kind(page, "classifier")
     expect(page.locator("#rewards-settings-max-tokens")).to_be_hidden()
     type_into(page, "#rewards-settings-model textarea", str(classifier_dir))
     type_into(page, "#rewards-settings-label textarea", "POSITIVE")
@@ -528,13 +537,13 @@ def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, stu
         page.locator("#rewards-remove").click()
         expect(table).not_to_contain_text(name)
     expect(page.locator("#rewards-name textarea")).to_have_value("numeric")  # a new reward, with its defaults
-    choose(page, "#rewards-kind", "json")
+    choose_kind(page, "json")
     expect(page.locator("#rewards-name textarea")).to_have_value("json")
     expect(page.locator("#rewards-weight input")).to_have_value("1")
     page.locator("#rewards-add").click()
     expect(table).to_contain_text("json")
     choose(page, "#rewards-selected", "➕ New reward")
-    choose(page, "#rewards-kind", "keyword")
+    choose_kind(page, "keyword")
     type_into(page, "#rewards-settings-words textarea", "hello, world")
     page.locator("#rewards-add").click()
     expect(table).to_contain_text("keyword")
@@ -543,11 +552,11 @@ def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, stu
     type_into(page, "#rewards-weight input", "2")
     page.locator("#rewards-save").click()
     choose(page, "#rewards-selected", "➕ New reward")
-    choose(page, "#rewards-kind", "length")
+    choose_kind(page, "length")
     type_into(page, "#rewards-settings-max-chars input", "40")
     page.locator("#rewards-add").click()
     choose(page, "#rewards-selected", "➕ New reward")
-    choose(page, "#rewards-kind", "exact")
+    choose_kind(page, "exact")
     type_into(page, "#rewards-name textarea", "accuracy")
     page.locator("#rewards-settings-train input").uncheck()  # a metric: measured, never trained on
     page.locator("#rewards-add").click()
@@ -636,7 +645,7 @@ def test_the_playground_tries_to_game_the_rewards(page, studio, screenshots):
     verdict = page.locator("#rewards-red-team-verdict")
     expect(verdict).to_contain_text("No gaming reply earns half of what an honest one does (11 tried on 8 rows)")
     choose(page, "#rewards-selected", "➕ New reward")
-    choose(page, "#rewards-kind", "contains")
+    choose_kind(page, "contains")
     type_into(page, "#rewards-weight input", "3")
     page.locator("#rewards-add").click()
     expect(page.locator("#rewards-table")).to_contain_text("contains")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from playwright import sync_api
-from test_browser import (ASSETS_DIR, choose, open_tab, page, screenshot, screenshots, started_config,  # noqa: F401
-                          studio, type_into, wait_until_loaded)
+from test_browser import (ASSETS_DIR, choose, choose_kind, open_tab, page, screenshot, screenshots,  # noqa: F401
+                          started_config, studio, type_into, wait_until_loaded)
 
 from dragon_ui.config import DEFAULT_MODEL_ID
 from dragon_ui.engine import preflight
@@ -73,14 +73,14 @@ def test_rewards_that_teach_the_wrong_thing_are_named_and_fixed(page, studio, sc
                                     "number, on all 24 references checked")
     open_tab(page, "rewards")
     expect(page.locator("#rewards-problem")).to_contain_text("numeric")
-    choose(page, "#rewards-kind", "exact")  # the bare answer: the goal the user means
+    choose_kind(page, "exact")  # the bare answer: the goal the user means
     type_into(page, "#rewards-name textarea", "exact")
     page.locator("#rewards-save").click()
     expect(page.locator("#rewards-problem")).not_to_contain_text("cannot pay")
     for kind, name, weight, setting in (("length", "short", "0.3", ("#rewards-settings-max-chars input", "20")),
                                         ("contains", "contains", "0.5", None)):
         choose(page, "#rewards-selected", "➕ New reward")
-        choose(page, "#rewards-kind", kind)
+        choose_kind(page, kind)
         type_into(page, "#rewards-name textarea", name)
         type_into(page, "#rewards-weight input", weight)
         if setting:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import csv
 
 import pytest
-from test_browser import choose, expect, open_tab, page, screenshot, screenshots, studio, type_into  # noqa: F401
+from test_browser import (choose, choose_kind, expect, open_tab, page, screenshot, screenshots, studio,  # noqa: F401
+                          type_into)
 
 from test_browser import README_SCREENSHOTS
 from tool_model import ANSWER, EXPRESSION, QUESTION
@@ -145,7 +146,7 @@ def test_an_environment_is_added_played_by_hand_and_trained_with(page, studio, s
                                                           f"{ANSWER}")
     expect(page.locator("#tools-answer")).to_contain_text("It scores the conversation 1 (the environment reward).")
     choose(page, "#rewards-selected", "➕ New reward")
-    choose(page, "#rewards-kind", "environment")
+    choose_kind(page, "environment")
     page.locator("#rewards-add").click()
     expect(page.locator("#rewards-table")).to_contain_text("the environment it played says it earned")
     page.locator("#tools-answer").scroll_into_view_if_needed()
