@@ -212,6 +212,7 @@ def main() -> None:
     from dragon_ui.config import ModelConfig, RunConfig, apply_overrides
     from dragon_ui.engine import training
     from dragon_ui.engine.models import load_tokenizer, resolve_model
+    from dragon_ui.public import LAPTOP
 
     torch.set_num_threads(args.threads)
     timers = Timers()
@@ -219,11 +220,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = bench_config_dict(args.steps, Path(tmp), dtype=args.dtype, threads=args.threads)
         config = RunConfig.from_dict(apply_overrides(data, args.set))
-        handle = training.start(config)
-        handle.wait()
-        status = handle.run.read_status()
+        run = training.train_config(config, policy=LAPTOP)
+        status = run.read_status()
         assert status["state"] == "succeeded", status.get("error")
-        examples = [json.loads(line) for line in (handle.run.train_data_path).read_text().splitlines()]
+        examples = [json.loads(line) for line in run.train_data_path.read_text().splitlines()]
 
     source = resolve_model(ModelConfig())
     tokenizer = load_tokenizer(source)

@@ -23,11 +23,11 @@ WINDOW = 4  # steps at each end of a run whose mean says where it started and wh
 
 
 def trained(config: RunConfig) -> dict:
+    from dragon_ui.public import LAPTOP
     from dragon_ui.engine import training
 
-    handle = training.start(config)
-    state = handle.wait()
-    run = handle.run
+    run = training.train_config(config, policy=LAPTOP)
+    state = run.read_status()["state"]
     rows = run.read_progress()
     evaluation = run.read_eval()
     answer = [(row.get("rewards") or {}).get("answer") for row in rows]

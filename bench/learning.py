@@ -13,6 +13,7 @@ import argparse
 import json
 import random
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +53,7 @@ def main() -> None:
 
     from dragon_ui.config import RunConfig, apply_overrides
     from dragon_ui.data import load_and_map
+    from dragon_ui.public import LAPTOP
     from dragon_ui.engine import training
     from dragon_ui.engine.hardware import resolve_hardware
     from dragon_ui.engine.models import load_model, load_tokenizer, resolve_model
@@ -84,16 +86,22 @@ def main() -> None:
 
     points: list[dict] = []
     measure(base_model, 0.0, 0)
-    handle = training.start(config)
-    run = handle.run
+    run = None
     for budget in args.minutes:
-        while handle.is_alive():
-            rows = run.read_progress()
-            if rows and rows[-1]["elapsed_s"] >= budget * 60:
-                break
-            time.sleep(2)
-        handle.stop()
-        handle.wait()
+        # Trains here (as `dragon train` does) until ``budget`` minutes of training, then stops with a checkpoint.
+        def stop_at_budget(job, budget=budget) -> None:
+            def watch() -> None:
+                while not job.should_stop():
+                    rows = job.run.read_progress()
+                    if rows and rows[-1]["elapsed_s"] >= budget * 60:
+                        job.stop()
+                    time.sleep(2)
+            threading.Thread(target=watch, daemon=True).start()
+
+        if run is None:
+            run = training.train_config(config, policy=LAPTOP, on_start=stop_at_budget)
+        else:
+            training.resume_here(run.path, policy=LAPTOP, on_start=stop_at_budget)
         status = run.read_status()
         if status["state"] != "cancelled":
             raise SystemExit(f"training ended unexpectedly: {status.get('state')} {status.get('error')}")
@@ -101,8 +109,6 @@ def main() -> None:
         model = PeftModel.from_pretrained(base_model, str(run.latest_checkpoint()))
         measure(model, rows[-1]["elapsed_s"], rows[-1]["step"])
         base_model = model.unload()  # the same base weights, without this checkpoint's adapter
-        if budget < max(args.minutes):
-            handle = training.resume(run.path)
     progress = run.read_progress()
     result = {"settings": {**vars(args), "config": config.to_dict()}, "points": points, "progress": progress,
               "run_dir": str(run.path)}

@@ -40,6 +40,7 @@ def newcomer_task(folder: Path, rows: int = 400, seed: int = 7) -> dict:
 
 
 def main() -> None:
+    from dragon_ui.public import LAPTOP
     from dragon_ui.engine import training
     from dragon_ui.engine.models import ModelCache
     from dragon_ui.engine.preflight import preflight
@@ -63,9 +64,9 @@ def main() -> None:
     preflight_s = time.monotonic() - started
     print(report.verdict)
 
-    handle = training.start(config)
-    state = handle.wait()
-    rows = handle.run.read_progress()
+    run = training.train_config(config, policy=LAPTOP)
+    state = run.read_status()["state"]
+    rows = run.read_progress()
     shares = [row["no_spread_share"] for row in rows if row.get("no_spread_share") is not None][:args.steps]
     trained = statistics.fmean(shares) if shares else None
     points = None if trained is None else round(100 * abs(report.share("no spread") - trained), 1)

@@ -26,6 +26,7 @@ WINDOW = 4  # steps at each end of a run whose mean says where it started and wh
 
 def measured(config: RunConfig, prompts: int) -> dict:
     """The pre-flight of ``config``, then its training."""
+    from dragon_ui.public import LAPTOP
     from dragon_ui.engine import training
     from dragon_ui.engine.models import ModelCache
     from dragon_ui.engine.preflight import preflight
@@ -33,9 +34,8 @@ def measured(config: RunConfig, prompts: int) -> dict:
     started = time.monotonic()
     report = preflight(config, ModelCache().load, prompts=prompts)
     preflight_s = time.monotonic() - started
-    handle = training.start(config)
-    state = handle.wait()
-    run = handle.run
+    run = training.train_config(config, policy=LAPTOP)
+    state = run.read_status()["state"]
     rows = run.read_progress()
     answer = [(row.get("rewards") or {}).get("answer") for row in rows]
     no_spread = [row.get("no_spread_share") for row in rows]

@@ -154,50 +154,53 @@ def load_config_with_overrides(path: str, overrides: list[str], policy):
 
 
 def _cmd_train(args) -> int:
+    """Train here, in this process (the runner the app's worker processes run), to the end or to a Ctrl+C, which
+    stops at the next forward pass and saves the last whole step (a second one quits at once)."""
     from .engine import training
 
-    if args.resume:
-        if args.config or args.set:
-            raise ConfigError("--resume continues a run with its own saved configuration; give no config file or --set with it.")
-        handle = training.resume(args.resume, args.policy)
-    elif args.config:
-        config = load_config_with_overrides(args.config, args.set, args.policy)
-        handle = training.start(config, run_dir=args.run_dir, policy=args.policy)
-    else:
-        raise ConfigError("Give a configuration file or a bundled recipe (e.g. arithmetic), or --resume RUN_DIR.")
-    if not handle.run.read_only:
-        print(f"Run folder: {handle.run_dir}", flush=True)
-
     interrupts = 0
+    stopping: list = []  # the training, once it has its folder
 
     def on_interrupt(signum, frame):
         nonlocal interrupts
         interrupts += 1
-        if interrupts == 1:
+        if interrupts == 1 and stopping:
             print("\nStopping now and saving the last whole step (press Ctrl+C again to quit at once)...",
                   file=sys.stderr, flush=True)
-            handle.stop()
+            stopping[0].stop()
         else:
             os._exit(130)
 
+    def on_start(job) -> None:
+        stopping.append(job)
+        if not job.run.read_only:
+            print(f"Run folder: {job.run.path}", flush=True)
+
+    if args.resume and (args.config or args.set):
+        raise ConfigError("--resume continues a run with its own saved configuration; give no config file or --set with it.")
+    if not (args.resume or args.config):
+        raise ConfigError("Give a configuration file or a bundled recipe (e.g. arithmetic), or --resume RUN_DIR.")
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        while handle.is_alive():
-            handle.wait(timeout=0.5)
+        if args.resume:
+            run = training.resume_here(args.resume, policy=args.policy, on_start=on_start)
+        else:
+            config = load_config_with_overrides(args.config, args.set, args.policy)
+            run = training.train_config(config, run_dir=args.run_dir, policy=args.policy, on_start=on_start)
     finally:
         signal.signal(signal.SIGINT, previous)
-    status = handle.run.read_status()
+    status = run.read_status()
     state = status.get("state")
-    if handle.run.read_only:
+    if run.read_only:
         return 1 if state == "failed" else 0
     if state == "failed":
         print(f"Training failed: {status.get('error')}", file=sys.stderr)
-        print(f"Resume with: python -m dragon_ui train --resume {handle.run_dir}", file=sys.stderr)
+        print(f"Resume with: python -m dragon_ui train --resume {run.path}", file=sys.stderr)
         return 1
-    _print_eval(handle.run.read_eval())
-    print(f"Run {state_label(state)}: {handle.run_dir}")
+    _print_eval(run.read_eval())
+    print(f"Run {state_label(state)}: {run.path}")
     if state == "cancelled":
-        print(f"Resume with: python -m dragon_ui train --resume {handle.run_dir}")
+        print(f"Resume with: python -m dragon_ui train --resume {run.path}")
     return 0
 
 

@@ -406,10 +406,12 @@ class RunDir:
 
     # --- status ------------------------------------------------------------------------------------------------
     def read_status(self) -> RunStatus:
-        """The status, with a run left "running" by a process that no longer exists reported (and saved) as failed."""
+        """The status, with a run left "running" by a process that no longer exists reported (and saved) as failed.
+        A run waiting in the queue belongs to no process until its turn comes."""
         status = read_json(self.status_path, default={}) or {}
-        if (status.get("state") in ACTIVE_STATES and status.get("host") == socket.gethostname()
-                and isinstance(status.get("pid"), int) and not _pid_alive(status["pid"])):
+        if (status.get("state") in ACTIVE_STATES and not status.get("waiting")
+                and status.get("host") == socket.gethostname() and isinstance(status.get("pid"), int)
+                and not _pid_alive(status["pid"])):
             status = self.update_status(state="failed", finished_at=time.time(),
                                         error="Interrupted: the process running this training stopped unexpectedly "
                                               "(closed, killed or out of memory). Resume continues from the latest checkpoint.")
@@ -424,9 +426,10 @@ class RunDir:
             write_json_atomic(self.status_path, status)
             return status
 
-    def mark_owner(self) -> None:
-        """Record which process owns the run, so readers can tell a live run from an abandoned one."""
-        self.update_status(pid=os.getpid(), host=socket.gethostname())
+    def mark_owner(self, pid: int | None = None) -> None:
+        """Record which process owns the run (this one, or ``pid``: the training process it was handed to), so
+        readers can tell a live run from an abandoned one."""
+        self.update_status(pid=pid or os.getpid(), host=socket.gethostname())
 
     # --- progress and rollouts ---------------------------------------------------------------------------------
     def append_progress(self, row: ProgressRow) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -121,7 +122,7 @@ def demo():
 
 
 def ended(run, timeout: float = 120) -> str:
-    """The state ``run`` ended in, once the training that runs it in this process (if any) has finished. Asking
+    """The state ``run`` ended in, once the training process this app runs it in (if any) has finished. Asking
     ``active_run()`` after a stop races the run: one stopped at its first step may have ended already."""
     from dragon_ui.engine import training
 
@@ -132,7 +133,7 @@ def ended(run, timeout: float = 120) -> str:
 
 
 def stop_the_training() -> None:
-    """Stop the training this process started, if one still runs, and wait for it to save and end."""
+    """Stop the training this app started, if one still runs, and wait for it to save and end."""
     from dragon_ui.engine import training
 
     handle = training.active_run()
@@ -141,14 +142,37 @@ def stop_the_training() -> None:
         handle.wait(120)
 
 
+@pytest.fixture(scope="session")
+def training_processes(tiny_model_dir):
+    """The app's training processes (engine/worker.py), shared by the tests' Studios as one app's are by its runs:
+    a worker warms up (the libraries and the tiny model) while the tests before its run go on, so a Start trains at
+    once. ``training_processes(public)``: a public demo's, whose workers hold no Hub token."""
+    from dragon_ui.config import HardwareSettings, ModelConfig
+    from dragon_ui.engine.worker import Workers
+
+    pools: dict[bool, Workers] = {}
+
+    def pool(public: bool) -> Workers:
+        if public not in pools:
+            pools[public] = Workers(hub_token=not public)
+            pools[public].warm((ModelConfig(id=str(tiny_model_dir)), HardwareSettings(device="cpu")))
+        return pools[public]
+
+    yield pool
+    for workers in pools.values():
+        workers.close()
+
+
 @pytest.fixture
-def studio(runs_dir):
+def studio(runs_dir, training_processes):
     """The app's backend on a temporary runs folder, under the policy of the test's environment (public mode where
-    a fixture listed before it turned it on); fails the test if it leaves a training thread behind."""
+    a fixture listed before it turned it on), training in the session's warm processes; fails the test if it leaves
+    a training behind."""
     from dragon_ui.engine import training
     from dragon_ui.studio.backend import Studio
 
-    studio = Studio(runs_dir=runs_dir, policy=demo())
+    policy = demo()
+    studio = Studio(runs_dir=runs_dir, policy=policy, workers=training_processes(policy.public))
     yield studio
     stop_the_training()
     assert training.active_run() is None
@@ -202,15 +226,15 @@ def _trained_tiny_run(tiny_model_dir, tmp_path_factory) -> Path:
     token); finished_run hands each test its own copy."""
     from dragon_ui.config import RunConfig
     from dragon_ui.engine import training
+    from dragon_ui.public import LAPTOP
 
     folder = tmp_path_factory.mktemp("trained")
     config = tiny_config(tiny_model_dir, folder, folder / "runs")
     config["hardware"]["dtype"] = "float32"
-    handle = training.start(RunConfig.from_dict(config))
-    handle.wait(timeout=240)
-    status = handle.run.read_status()
+    run = training.train_config(RunConfig.from_dict(config), policy=LAPTOP)
+    status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
-    return handle.run.path
+    return run.path
 
 
 @pytest.fixture

@@ -250,15 +250,19 @@ def drive(window) -> None:
             window.destroy()
             return
         from dragon_ui.config import RunConfig
+        from dragon_ui.engine import queue
+        from dragon_ui.engine.worker import Workers
+        from dragon_ui.public import LAPTOP
 
         reached("page")
-        handle = training.start(RunConfig.from_file(config_path))
-        seen["run_dir"] = str(handle.run_dir)
+        # In a training process of the app's, as Start does: the window's app sees it (training.active_run).
+        run = queue.submit_start(RunConfig.from_file(config_path), policy=LAPTOP, workers=Workers())
+        seen["run_dir"] = str(run.path)
         deadline = time.monotonic() + 180
-        while (handle.run.read_status().get("step") or 0) < 1 and time.monotonic() < deadline:
+        while (run.read_status().get("step") or 0) < 1 and time.monotonic() < deadline:
             time.sleep(0.5)
-        if (handle.run.read_status().get("step") or 0) < 1:
-            raise TimeoutError(f"the run had not finished a step after 180 s: {handle.run.read_status()}")
+        if (run.read_status().get("step") or 0) < 1:
+            raise TimeoutError(f"the run had not finished a step after 180 s: {run.read_status()}")
         reached("step 1")
         # Whether the window heard the close at all: without it, a lost key; with it, the question went missing.
         window.events.closing += lambda: reached("closing event")

@@ -32,11 +32,12 @@ from playwright import sync_api
 
 from dragon_ui.config import DEFAULT_MODEL_ID
 from dragon_ui.engine import preflight, training
-from dragon_ui.runstore import slug
+from dragon_ui.runstore import RunDir, slug
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
 from dragon_ui.ui.app import DRAFT_STORAGE_KEY
 from dragon_ui.ui.rewards_tab import KIND_HELP
+from conftest import stop_the_training
 from test_app_client import served_app
 
 expect = sync_api.expect
@@ -306,10 +307,11 @@ def started_config(studio) -> dict:
     while not studio.runs.summaries() and time.monotonic() < deadline:
         time.sleep(0.1)
     (run,) = studio.runs.summaries()
-    handle = training.active_run()
-    if handle is not None:
-        handle.stop()
-        handle.wait(60)
+    # The folder is written first; the run is handed to a training process a moment later (training._launch).
+    while training.active_run() is None and RunDir(Path(run["dir"])).read_status().get("state") == "queued" \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop_the_training()
     return json.loads((Path(run["dir"]) / "config.json").read_text(encoding="utf-8"))
 
 

@@ -28,7 +28,7 @@ WAIT_MS = 60_000
 
 
 @pytest.fixture
-def public_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir):
+def public_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir, training_processes):
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
     monkeypatch.setenv(public.OWNER_KEY_ENV, "the-owners-key")  # the instructor's, unlocking every run
@@ -36,7 +36,8 @@ def public_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir):
 
     # The arithmetic recipe on the tiny model, with nothing a public demo refuses, long enough to be stopped.
     recipes = write_recipe(tmp_path / "recipes", tiny_model_dir, custom_reward=False, max_steps=5000)
-    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes, policy=public.Policy.from_env())
+    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes, policy=public.Policy.from_env(),
+                    workers=training_processes(public=True))
     scheduler = studio.runs.start_queue()
     yield studio
     scheduler.stop()

@@ -16,6 +16,7 @@ from dragon_ui.config import RunConfig
 from dragon_ui.engine.reward_models import classifiers_on, load_classifier
 from dragon_ui.errors import ConfigError
 from dragon_ui.rewards import build_rewards, parse_rewards, reward_rule, score_completion, score_completions
+from dragon_ui.public import LAPTOP
 
 pytestmark = pytest.mark.timeout(300)
 REPLIES = ["What is 12 + 30?", "42", "The answer is 42", "", "12 12 12 12 12 12 12 12 12 12 12 12 12 12"]
@@ -170,16 +171,15 @@ def test_a_short_cpu_training_is_scored_by_the_classifier(tiny_config_dict, clas
     from dragon_ui.engine import training
 
     tiny_config_dict["rewards"] = [{"kind": "classifier", "model": str(classifier_dir), "label": "POSITIVE"}]
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    status = handle.run.read_status()
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
-    assert all(row["errors"]["classifier"] == 0 for row in handle.run.read_progress())
-    for record in handle.run.read_rollouts():
+    assert all(row["errors"]["classifier"] == 0 for row in run.read_progress())
+    for record in run.read_rollouts():
         for group in record["groups"]:
             for completion in group["completions"]:
                 logits = direct_logits(classifier_dir, completion["text"])
                 expected = math.exp(logits[1]) / sum(map(math.exp, logits))
                 assert completion["scores"]["classifier"] == pytest.approx(expected, abs=1e-4)
-    evaluation = json.loads(handle.run.eval_path.read_text())
+    evaluation = json.loads(run.eval_path.read_text())
     assert 0 < evaluation["after"]["reward_mean"] < 1

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 from conftest import (
+    ended,
     openmp_threads_around,
     stop_after_last_checkpoint,
     strengthen_adapter,
@@ -14,6 +15,7 @@ from conftest import (
 
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import training
+from dragon_ui.public import LAPTOP
 from dragon_ui.engine import evaluation
 from dragon_ui.engine.evaluation import evaluate_model, generate_replies
 from dragon_ui.errors import BusyError, ConfigError
@@ -129,9 +131,7 @@ def test_evaluate_now_explains_what_is_missing(finished_run, studio):
 def test_answer_both_gives_the_starting_and_the_trained_reply(tiny_config_dict, studio, tiny_model_dir):
     tiny_config_dict["data"]["system"] = "Answer with one number."  # the free prompt is asked like training prompts
     tiny_config_dict["hardware"]["dtype"] = "float32"
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    run = handle.run
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
     strengthen_adapter(run)
 
     before, after = compare.answer_both(studio, run, "What is 3 + 4?", max_new_tokens=12)
@@ -152,13 +152,13 @@ def test_answer_both_gives_the_starting_and_the_trained_reply(tiny_config_dict, 
 def test_answer_both_refuses_while_training_uses_the_cpu(finished_run, tiny_config_dict, studio):
     slow = "import time\ndef reward(prompt, completion, reference, row):\n    time.sleep(0.2)\n    return 1.0\n"
     tiny_config_dict["rewards"].append({"kind": "custom", "name": "slow", "code": slow})
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+    run = studio.runs.start(tiny_config_dict)
     try:
         with pytest.raises(BusyError, match="training is running"):
             compare.answer_both(studio, finished_run, "What is 3 + 4?")
     finally:
-        handle.stop()
-        handle.wait(timeout=240)
+        studio.runs.stop(run.id)
+    assert ended(run) == "cancelled"
 
 
 def test_a_run_without_weights_cannot_answer(finished_run, studio):
@@ -176,9 +176,7 @@ def test_full_fine_tuning_runs_compare_two_separate_models(tiny_config_dict, stu
 
     tiny_config_dict["lora"] = {"enabled": False}
     tiny_config_dict["hardware"]["dtype"] = "float32"
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    run = handle.run
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
     # Make the trained model visibly different from the starting one.
     trained = AutoModelForCausalLM.from_pretrained(run.full_model_dir, dtype=torch.float32)
     torch.manual_seed(0)

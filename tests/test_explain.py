@@ -10,6 +10,7 @@ import pytest
 
 from dragon_ui.config import LOSS_TYPES, RunConfig
 from dragon_ui.engine import training
+from dragon_ui.public import LAPTOP
 from dragon_ui.runstore import RunDir
 from dragon_ui.studio import explain
 from dragon_ui.ui import train_tab
@@ -25,9 +26,7 @@ def test_every_groups_advantages_are_the_ones_trl_logged(tiny_config_dict, scale
                                     multi_objective_aggregation=aggregation)
     # Paid by the character below 12, the tiny model's short random replies all score differently.
     tiny_config_dict["rewards"][1] = {"kind": "length", "min_chars": 12, "weight": 0.3}
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    run = handle.run
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     checked = 0
     for rollout in run.read_rollouts():

@@ -16,6 +16,7 @@ from dragon_ui.data import read_jsonl, write_jsonl
 from dragon_ui.engine import trained, weights
 from dragon_ui.errors import ConfigError
 from dragon_ui.runstore import RunDir
+from dragon_ui.public import LAPTOP
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -213,9 +214,7 @@ def test_full_fine_tuning_already_is_a_full_model(tiny_config_dict, tmp_path):
     from transformers import AutoModelForCausalLM
 
     tiny_config_dict["lora"] = {"enabled": False}
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    run = handle.run
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded"
     assert weights.merge_model(run) == run.full_model_dir
     assert "already is a full model" in weights.merge_message(run, run.full_model_dir)

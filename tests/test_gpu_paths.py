@@ -22,6 +22,7 @@ from dragon_ui.engine.hardware import CudaDevice, HardwareInfo, ResolvedHardware
 from dragon_ui.errors import BusyError, ConfigError
 from dragon_ui.scaleout import distributed
 from dragon_ui.scaleout.launch_folder import export_launch_folder
+from dragon_ui.public import LAPTOP
 
 CUDA_1 = ResolvedHardware("cuda", "bfloat16", False, 1, gpu=1)
 
@@ -157,7 +158,7 @@ def test_the_run_builds_its_arguments_before_it_loads_the_model(monkeypatch, tin
 
     monkeypatch.setattr(training, "load_model", load_model)
     with pytest.raises(Sentinel):
-        training._train(training.RunHandle(run), config, None)
+        training._train(training.Training(run, policy=LAPTOP), config, None)
     assert order == ["gpu selected", "arguments", ("model", weights_dtype, placement)]
 
 
@@ -166,11 +167,11 @@ def test_with_sharded_weights_both_sides_are_scored_from_the_saved_weights(monke
     """Under ZeRO-3/FSDP the main process cannot generate alone with its shard while the others wait: the before
     and after scores come from the saved weights, loaded whole once the trainer is gone."""
     monkeypatch.setattr(distributed, "shards_weights", lambda config: True)
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    assert handle.wait(timeout=240) == "succeeded", handle.run.read_status().get("error")
-    evaluation = handle.run.read_eval()
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
+    evaluation = run.read_eval()
     assert {"before", "after"} <= set(evaluation) and evaluation["after"]["weights"] == "the final adapter"
-    log = handle.run.log_path.read_text()
+    log = run.log_path.read_text()
     assert log.index("Saved the trained adapter") < log.index("Held-out reward before")
 
 

@@ -10,6 +10,7 @@ from trl import GRPOConfig
 
 from dragon_ui.config import GRPO_VARIANTS, GRPOSettings, RunConfig
 from dragon_ui.errors import ConfigError
+from dragon_ui.public import LAPTOP
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -149,9 +150,7 @@ def test_a_tiny_run_trains_with_every_variant_and_records_every_step(tiny_config
                                     min_p=0.05, repetition_penalty=1.1)
     tiny_config_dict["rewards"][1] = {"kind": "length", "min_chars": 12, "weight": 0.3}
     tiny_config_dict["training"]["max_steps"] = 4
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    run = handle.run
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     rows = run.read_progress()
     assert [row["step"] for row in rows] == [1, 2, 3, 4]

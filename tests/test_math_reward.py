@@ -11,6 +11,7 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 
 from dragon_ui.rewards import build_rewards, parse_rewards, score_completion
 from dragon_ui.rewards import math_answers
+from dragon_ui.public import LAPTOP
 
 CASES = [  # reference, reply, the right verdict
     # fractions
@@ -99,13 +100,12 @@ def test_a_training_scores_with_math_verify_from_its_own_thread(tiny_config_dict
     from dragon_ui.engine import training
 
     tiny_config_dict["rewards"] = [{"kind": "math"}, {"kind": "length", "min_chars": 12, "weight": 0.3}]
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    status = handle.run.read_status()
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
-    rows = handle.run.read_progress()
+    rows = run.read_progress()
     assert [row["errors"]["math"] for row in rows] == [0, 0] and all(row["rewards"]["math"] is not None for row in rows)
-    scores = [c["scores"]["math"] for r in handle.run.read_rollouts() for g in r["groups"] for c in g["completions"]]
+    scores = [c["scores"]["math"] for r in run.read_rollouts() for g in r["groups"] for c in g["completions"]]
     assert scores and set(scores) <= {0.0, 1.0}
 
 

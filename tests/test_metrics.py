@@ -14,6 +14,7 @@ from dragon_ui import experiments
 from dragon_ui.cli import main
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import training
+from dragon_ui.public import LAPTOP
 from dragon_ui.engine.model_card import CARD_FILE
 from dragon_ui.runstore import list_runs
 from dragon_ui.rewards import stored_metrics
@@ -33,9 +34,9 @@ def metric_run(tiny_model_dir, tmp_path_factory):
     config = tiny_config(tiny_model_dir, folder, folder / "runs")
     config["rewards"].append(METRIC)
     config["hardware"]["dtype"] = "float32"
-    handle = training.start(RunConfig.from_dict(config))
-    assert handle.wait(240) == "succeeded", handle.run.read_status().get("error")
-    return handle.run
+    run = training.train_config(RunConfig.from_dict(config), policy=LAPTOP)
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
+    return run
 
 
 def trained_total(scores: dict) -> float:

@@ -10,6 +10,7 @@ from dragon_ui.config import DEFAULT_MODEL_ID, ModelConfig, RunConfig
 from dragon_ui.engine import models
 from dragon_ui.engine.hardware import HardwareSettings, resolve_hardware
 from dragon_ui.errors import ConfigError
+from dragon_ui.public import LAPTOP
 
 
 def test_local_folder_is_used_as_is(tiny_model_dir):
@@ -101,9 +102,8 @@ def test_offline_default_converts_once_generates_and_trains(tmp_path, monkeypatc
         "hardware": {"device": "cpu", "dtype": "float32"},
         "runs_dir": str(tmp_path / "runs"),
     })
-    handle = training.start(config)
-    handle.wait(timeout=400)
-    status = handle.run.read_status()
+    run = training.train_config(config, policy=LAPTOP)
+    status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
     assert "offline Q4_1" in status["model_label"]
-    assert (handle.run.adapter_dir / "adapter_model.safetensors").is_file()
+    assert (run.adapter_dir / "adapter_model.safetensors").is_file()

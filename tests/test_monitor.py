@@ -10,7 +10,6 @@ import types
 
 import pytest
 
-from dragon_ui.config import RunConfig
 from dragon_ui.engine import progress, training
 from dragon_ui.runstore import RunDir, current_row, value_at
 from dragon_ui.studio import monitor
@@ -171,24 +170,26 @@ def test_a_dead_training_process_is_noticed_without_any_file_changing(run, monke
     assert "stopped unexpectedly" in second.status["error"]
 
 
-def test_snapshots_follow_a_real_training_run(tiny_config_dict):
-    """Polling while a tiny run trains gives, row for row, what the run wrote, and ends on its final state."""
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
+def test_snapshots_follow_a_real_training_run(studio, tiny_config_dict):
+    """Polling while a tiny run trains in its process gives, row for row, what the run wrote, and ends on its final
+    state."""
+    run = studio.runs.start(tiny_config_dict)
+    handle = training.active_run()
     state: dict | None = None
     seen_states = set()
     while True:
         alive = handle.is_alive()
-        snap = read_snapshot(handle.run.path, since=state)
+        snap = read_snapshot(run.path, since=state)
         state = snap.to_state()
         seen_states.add(snap.status.get("state"))
         if not alive:
             break
-        handle.thread.join(0.05)
-    final = read_snapshot(handle.run.path, since=state)
+        handle.wait(0.05)
+    final = read_snapshot(run.path, since=state)
     assert not final.changed
     assert snap.status["state"] == "succeeded" and not snap.active
-    assert snap.progress == handle.run.read_progress() and [r["step"] for r in snap.progress] == [1, 2]
-    assert snap.rollouts == handle.run.read_rollouts()[-1] and len(snap.rollouts["groups"]) == 2
+    assert snap.progress == run.read_progress() and [r["step"] for r in snap.progress] == [1, 2]
+    assert snap.rollouts == run.read_rollouts()[-1] and len(snap.rollouts["groups"]) == 2
     assert "step 2/2" in snap.log and len(snap.log.splitlines()) <= monitor.LOG_LINES
     assert seen_states & {"queued", "running"}
 

@@ -88,7 +88,7 @@ def test_the_engine_refuses_a_hostile_run_before_reading_or_writing_anything(pub
                                                                              value, refusal):
     hostile = with_setting(public_config, setting, value)
     with pytest.raises(ConfigError, match=refusal) as raised:
-        training.start(RunConfig.from_dict(hostile, policy=demo()), policy=demo())
+        training.train_config(RunConfig.from_dict(hostile, policy=demo()), policy=demo())
     assert MAKE_RUN in str(raised.value) and "\n" not in str(raised.value)
     assert training.active_run() is None
     assert not runs_dir.exists() or not any(runs_dir.iterdir())
@@ -108,8 +108,8 @@ def test_a_public_run_of_allowed_settings_trains(public_mode, tiny_config_dict):
     """The same checks let an ordinary run through: the visitor's own upload and a model on the allow-list."""
     tiny_config_dict["data"]["source"] = uploaded_by("someone", tiny_config_dict["data"]["source"])
     with public.visiting(public.Visitor(key="someone")):
-        handle = training.start(RunConfig.from_dict(tiny_config_dict), policy=demo())
-    assert handle.wait(240) == "succeeded", handle.run.read_status().get("error")
+        run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=demo())
+        assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
 
 
 def test_uploads_are_the_uploaders_own(public_mode, nothing_is_read, tiny_config_dict):
@@ -122,7 +122,7 @@ def test_uploads_are_the_uploaders_own(public_mode, nothing_is_read, tiny_config
         tiny_config_dict["data"]["source"] = source
         with public.visiting(public.Visitor(key=who)), \
                 pytest.raises(ConfigError, match="reads no other files on the server"):
-            training.start(RunConfig.from_dict(tiny_config_dict), policy=demo())
+            training.train_config(RunConfig.from_dict(tiny_config_dict), policy=demo())
     with public.visiting(public.Visitor(key="alice")):
         assert data.locate(upload, policy=demo()) == Path(upload)
 
@@ -326,21 +326,21 @@ def test_a_visitor_cannot_stop_resume_or_download_anothers_run(public_mode, stud
 
 
 def limit_reached_when(monkeypatch, reached):
-    """The public time limit (RunHandle.out_of_time) reached as soon as ``reached(status)`` holds for the run's
+    """The public time limit (Training.out_of_time) reached as soon as ``reached(status)`` holds for the run's
     status: the moment it strikes is chosen by what the run is doing, not by a clock."""
-    monkeypatch.setattr(training.RunHandle, "out_of_time", lambda handle: reached(handle.run.read_status()))
+    monkeypatch.setattr(training.Training, "out_of_time", lambda job: reached(job.run.read_status()))
 
 
 def test_the_time_limit_ends_a_step_within_a_forward_pass_and_keeps_the_last_whole_step(public_mode, public_config,
                                                                                       monkeypatch):
     limit_reached_when(monkeypatch, lambda status: status.get("step", 0) >= 2)
     public_config["training"].update(max_steps=50, save_steps=100)
-    handle = training.start(RunConfig.from_dict(public_config), policy=demo())
-    assert handle.wait(240) == "cancelled"
-    status = handle.run.read_status()
+    run = training.train_config(RunConfig.from_dict(public_config), policy=demo())
+    assert run.read_status()["state"] == "cancelled"
+    status = run.read_status()
     assert status["step"] == 2 and status["latest_checkpoint"] == "checkpoint-2"
-    assert [run.name for run in handle.run.checkpoints()] == ["checkpoint-2"]  # step 3 was cut at its first token
-    assert [row["step"] for row in handle.run.read_progress()] == [1, 2]
+    assert [path.name for path in run.checkpoints()] == ["checkpoint-2"]  # step 3 was cut at its first token
+    assert [row["step"] for row in run.read_progress()] == [1, 2]
     assert status["stop_reason"].startswith("It reached this public demo's limit of 15 minutes per run (held-out "
                                             "scoring included)")
 
@@ -351,11 +351,11 @@ def test_the_time_limit_counts_the_held_out_scoring(public_mode, public_config, 
     generated token: scoring is part of a run's time. The trained weights are saved by then, so the run is done,
     and Evaluate now scores both models later."""
     limit_reached_when(monkeypatch, lambda status: status.get("phase", "").startswith("scoring the starting model"))
-    handle = training.start(RunConfig.from_dict(public_config), policy=demo())
-    assert handle.wait(240) == "succeeded"
-    assert handle.run.has_final_weights() and handle.run.read_status()["step"] == public_config["training"]["max_steps"]
-    assert "before" not in handle.run.read_eval() and "after" not in handle.run.read_eval()
-    assert "held-out scoring of the starting model ended early (the time limit)" in handle.run.log_tail()
+    run = training.train_config(RunConfig.from_dict(public_config), policy=demo())
+    assert run.read_status()["state"] == "succeeded"
+    assert run.has_final_weights() and run.read_status()["step"] == public_config["training"]["max_steps"]
+    assert "before" not in run.read_eval() and "after" not in run.read_eval()
+    assert "held-out scoring of the starting model ended early (the time limit)" in run.log_tail()
 
 
 def test_a_spaces_persistent_storage_keeps_the_runs(monkeypatch, tmp_path):
@@ -437,7 +437,7 @@ def test_the_row_limit_is_said_in_the_data_tabs_words():
 
 
 @pytest.fixture
-def public_client(public_mode, runs_dir):
+def public_client(public_mode, runs_dir, training_processes):
     """A gradio_client of the app served in public mode, and a second client (another visitor)."""
     from gradio_client import Client
 
@@ -445,7 +445,7 @@ def public_client(public_mode, runs_dir):
     from dragon_ui.ui import build_app
     from test_app_client import served_app
 
-    studio = Studio(runs_dir=runs_dir, policy=demo())
+    studio = Studio(runs_dir=runs_dir, policy=demo(), workers=training_processes(public=True))
     with served_app(build_app(studio)) as url:
         yield studio, Client(url, verbose=False), Client(url, verbose=False)
     while (handle := training.active_run()) is not None:

@@ -21,6 +21,7 @@ import pytest
 from conftest import demo, ended, uploaded_by, write_arithmetic_csv
 
 from dragon_ui import apart, data, public, rewards, tables
+from dragon_ui.public import LAPTOP
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
 from dragon_ui.engine import public_checks, queue, retention, training
 from dragon_ui.errors import BusyError, ConfigError, NotYoursError
@@ -588,9 +589,9 @@ def test_a_public_run_keeps_only_its_newest_checkpoints(public_mode, tiny_config
     tiny_config_dict["data"]["source"] = uploaded_by("v", tiny_config_dict["data"]["source"])
     tiny_config_dict["training"].update(max_steps=4, save_steps=1)
     with public.visiting(public.Visitor(key="v")):
-        handle = training.start(RunConfig.from_dict(tiny_config_dict), policy=demo())
-    assert handle.wait(240) == "succeeded", handle.run.read_status().get("error")
-    assert [path.name for path in handle.run.checkpoints()] == ["checkpoint-3", "checkpoint-4"]
+        run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=demo())
+        assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
+    assert [path.name for path in run.checkpoints()] == ["checkpoint-3", "checkpoint-4"]
 
 
 def test_the_held_out_prompts_are_capped_and_the_summary_says_so(public_mode, tmp_path):
@@ -611,10 +612,11 @@ def long_run(config: dict, name: str) -> dict:
 
 
 def test_each_visitor_and_each_address_has_a_few_runs_and_starts(public_mode, studio, tiny_config_dict,
-                                                                 monkeypatch):
+                                                                 monkeypatch, training_processes):
     monkeypatch.setenv("DRAGON_UI_MAX_RUNS_PER_ADDRESS", "3")
     monkeypatch.setenv("DRAGON_UI_MAX_STARTS_PER_HOUR", "3")
-    studio = Studio(runs_dir=studio.runs_dir, policy=demo())  # as an app started with these limits
+    studio = Studio(runs_dir=studio.runs_dir, policy=demo(),  # as an app started with these limits
+                    workers=training_processes(public=True))
     upload = uploaded_by("alice", tiny_config_dict["data"]["source"])
     alice = public.Visitor(key="alice", address="home")
     config = {**long_run(tiny_config_dict, "a"), "data": {**tiny_config_dict["data"], "source": upload}}
@@ -821,20 +823,20 @@ def test_ask_both_keeps_to_its_limits(public_mode, studio, finished_run):
             compare.answer_both(studio, finished_run, prompt, tokens, temperature)
 
 
-def test_a_runs_log_holds_only_what_its_training_thread_logs(tiny_config_dict):
-    """Errors of the app's other threads (another visitor's request) go to the server's log, not to the log.txt
-    every visitor of a public demo reads."""
+def test_a_runs_log_holds_only_what_its_training_process_logs(studio, tiny_config_dict):
+    """Errors of the app's threads (another visitor's request) go to the server's log, not to the log.txt every
+    visitor of a public demo reads."""
     tiny_config_dict["training"].update(max_steps=30, save_steps=100)
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    while handle.run.read_status().get("step", 0) < 1:
+    run = studio.runs.start(tiny_config_dict)
+    while run.read_status().get("step", 0) < 1:
         time.sleep(0.05)
     other = threading.Thread(target=lambda: logging.getLogger("dragon_ui.ui.common").error("another visitor's "
                                                                                             "secret error"))
     other.start()
     other.join()
-    handle.stop()
-    handle.wait(120)
-    log = handle.run.log_path.read_text()
+    studio.runs.stop(run.id)
+    assert ended(run) == "cancelled"
+    log = run.log_path.read_text()
     assert "step 1/30" in log and "secret error" not in log
 
 
@@ -919,13 +921,14 @@ def test_previews_are_refused_beside_a_cpu_training_even_with_the_model_loaded(s
     studio.previews.load(model, settings=settings)
     assert studio.previews.cache.holds(model, None, settings)
     tiny_config_dict["training"].update(max_steps=5000, save_steps=5000)
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))  # as the queue starts one: nothing is released
+    run = training.prepare(RunConfig.from_dict(tiny_config_dict), waiting=True, policy=LAPTOP)
+    training.start_waiting(run, resume=False, policy=LAPTOP, workers=studio.workers)  # nothing released first
     with pytest.raises(BusyError, match="A training is running on this machine's CPU"):
         studio.previews.load(model, settings=settings)
     with pytest.raises(BusyError, match="merging a model now would slow it down badly"):
         studio.previews.refuse_while_training("merging a model")
-    handle.stop()
-    handle.wait(120)
+    studio.runs.stop(run.id)
+    assert ended(run) == "cancelled"
 
 
 def test_merges_of_one_run_take_turns_and_load_its_model_once(finished_run, monkeypatch):

@@ -9,6 +9,7 @@ import pytest
 from conftest import ended, uploaded_by
 
 from dragon_ui import public
+from dragon_ui.public import LAPTOP
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import queue, training
 from dragon_ui.errors import BusyError
@@ -70,7 +71,7 @@ def test_the_queue_is_the_runs_folder_and_survives_a_restart(studio, tiny_config
     resumed = studio.runs.resume(first.id)  # a resume while one waits queues behind it
     assert resumed.read_status()["waiting"] == "resume" and place_in_line(resumed) == 2
 
-    scheduler = queue.Scheduler(runs_dir, interval_s=0.2).start()  # "the app started again"
+    scheduler = queue.Scheduler(runs_dir, interval_s=0.2, policy=LAPTOP, workers=studio.workers).start()  # "the app started again"
     try:
         wait_for(lambda: waiting.read_status()["state"] == "succeeded", what="the waiting run")
         wait_for(lambda: resumed.read_status().get("resumed_at"), what="the queued resume to start")
@@ -89,23 +90,24 @@ def test_a_queued_run_that_cannot_start_is_marked_failed_and_the_queue_goes_on(s
     broken.config_path.write_text("{not json", encoding="utf-8")
     studio.runs.stop(first.id)
     assert ended(first) == "cancelled"
-    queue.start_next(runs_dir)
+    queue.start_next(runs_dir, policy=LAPTOP, workers=studio.workers)
     assert broken.read_status()["state"] == "failed" and "could not start when its turn came" in \
         broken.read_status()["error"]
-    started = queue.start_next(runs_dir)
+    started = queue.start_next(runs_dir, policy=LAPTOP, workers=studio.workers)
     assert started is not None and started.id == after.id
     assert ended(started) == "succeeded"
 
 
-def test_a_public_demo_caps_the_queue(studio, tiny_config_dict, monkeypatch, tiny_model_dir):
+def test_a_public_demo_caps_the_queue(studio, tiny_config_dict, monkeypatch, tiny_model_dir, training_processes):
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
     monkeypatch.setenv("DRAGON_UI_MAX_QUEUE", "1")
-    studio = Studio(runs_dir=studio.runs_dir, policy=public.Policy.from_env())  # as the app would start
+    studio = Studio(runs_dir=studio.runs_dir, policy=public.Policy.from_env(),  # as the app would start
+                    workers=training_processes(public=True))
     tiny_config_dict["data"]["source"] = uploaded_by("v", tiny_config_dict["data"]["source"])
     with public.visiting(public.Visitor(key="v")):
         first = studio.runs.start(long_config(tiny_config_dict, "first"))
         studio.runs.start(tiny_config_dict)
         with pytest.raises(BusyError, match="The queue is full: 1 runs are already waiting"):
-            queue.submit_start(RunConfig.from_dict(tiny_config_dict), studio.policy)
+            queue.submit_start(RunConfig.from_dict(tiny_config_dict), policy=studio.policy, workers=studio.workers)
         studio.runs.stop(first.id)

@@ -12,6 +12,7 @@ import torch
 from dragon_ui import speedups
 from dragon_ui.speedups import attention, lm_head, lora_layers, registry, sampling, selfcheck, shared_prompts
 from dragon_ui.errors import ConfigError
+from dragon_ui.public import LAPTOP
 
 
 @pytest.mark.parametrize("setting, expected", [
@@ -661,12 +662,11 @@ def test_a_run_samples_its_completions_in_eval_mode(tiny_config_dict, monkeypatc
     monkeypatch.setattr(GenerationMixin, "generate", recording_generate)
     tiny_config_dict["data"]["eval_frac"] = 0.0  # only the trainer generates
     tiny_config_dict["training"]["max_steps"] = 1
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    assert handle.run.read_status()["state"] == "succeeded", handle.run.read_status().get("error")
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     assert modes and all(mode == sampled_in_training_mode for mode in modes)
     assert dropouts == {dropout_class}
-    row = handle.run.read_progress()[0]
+    row = run.read_progress()[0]
     assert row["completion_len"] is not None and row["clipped_ratio"] is not None  # TRL filed them as training metrics
 
 
@@ -1034,9 +1034,8 @@ def test_a_run_shares_prompts_and_leaves_the_libraries_as_it_found_them(tiny_con
     libraries_own = (torch.multinomial, utils._use_triton, utils._ChunkedLogProbFunction)
     tiny_config_dict["training"]["max_steps"] = 1
     tiny_config_dict["grpo"]["beta"] = 0.04
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    assert handle.run.read_status()["state"] == "succeeded", handle.run.read_status().get("error")
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     assert True in sharing_calls and True in prefill_calls
     assert (torch.multinomial, utils._use_triton, utils._ChunkedLogProbFunction) == libraries_own
 

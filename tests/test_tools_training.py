@@ -10,6 +10,7 @@ import pytest
 
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import training
+from dragon_ui.public import LAPTOP
 from dragon_ui.errors import ConfigError
 from tool_model import ANSWER, EXPRESSION, QUESTION
 
@@ -60,9 +61,7 @@ def test_a_tools_run_records_every_turn_masks_the_answers_and_scores_the_final_r
         tiny_tool_model_dir, tmp_path, runs_dir, captured_batches):
     from transformers import AutoTokenizer
 
-    handle = training.start(RunConfig.from_dict(tools_config(tiny_tool_model_dir, tmp_path, runs_dir)))
-    handle.wait(timeout=240)
-    run = handle.run
+    run = training.train_config(RunConfig.from_dict(tools_config(tiny_tool_model_dir, tmp_path, runs_dir)), policy=LAPTOP)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
 
@@ -203,9 +202,7 @@ def test_each_conversation_plays_its_own_environment_which_scores_it(tiny_tool_m
     its get_reward is the run's environment reward, in the rollouts, the progress rows and the held-out scores,
     not a reward TRL adds beside the run's."""
     config = environment_config(tiny_tool_model_dir, tmp_path, runs_dir, {"easy": 1.0, "hard": 0.25})
-    handle = training.start(RunConfig.from_dict(config))
-    handle.wait(timeout=240)
-    run = handle.run
+    run = training.train_config(RunConfig.from_dict(config), policy=LAPTOP)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
 
@@ -255,9 +252,7 @@ def test_a_bundled_environment_alone_is_played_and_scores_itself(tiny_tool_model
     config["tools"] = [{"kind": "arithmetic"}]
     config["rewards"] = [{"kind": "exact", "name": "answer"}, {"kind": "environment", "name": "submitted"}]
     config["training"]["max_steps"] = 1
-    handle = training.start(RunConfig.from_dict(config))
-    handle.wait(timeout=240)
-    run = handle.run
+    run = training.train_config(RunConfig.from_dict(config), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     for group in run.read_rollouts()[0]["groups"]:
         for completion in group["completions"]:

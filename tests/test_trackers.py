@@ -9,6 +9,7 @@ from dragon_ui import public
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import trackers, training
 from dragon_ui.errors import ConfigError
+from dragon_ui.public import LAPTOP
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,7 +39,7 @@ def test_a_tracker_that_is_not_installed_is_refused_before_a_run_folder_exists(t
     monkeypatch.setattr("transformers.integrations.is_wandb_available", lambda: False)
     tiny_config_dict["logging"] = {"report_to": ["wandb"]}
     with pytest.raises(ConfigError, match=r"lists wandb, which is not installed here: run `pip install wandb`"):
-        training.start(RunConfig.from_dict(tiny_config_dict))
+        training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
     assert not runs_dir.exists() or not any(runs_dir.iterdir())
 
 
@@ -56,9 +57,7 @@ def test_tensorboard_event_files_land_in_the_run_folder(tiny_config_dict):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tiny_config_dict["logging"] = {"report_to": ["tensorboard"]}
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    run = handle.run
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     events = list(run.tensorboard_dir.glob("events.out.tfevents.*"))
     assert events, sorted(p.name for p in run.path.iterdir())

@@ -13,15 +13,15 @@ from dragon_ui.config import RunConfig
 from dragon_ui.engine import progress, training
 from dragon_ui.errors import BusyError
 from dragon_ui.runstore import RunDir
+from dragon_ui.public import LAPTOP
+from conftest import ended
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def run_to_end(config_dict: dict) -> RunDir:
-    handle = training.start(RunConfig.from_dict(config_dict))
-    handle.wait(timeout=240)
-    assert not handle.is_alive(), "training did not finish in time"
-    return handle.run
+    run = training.train_config(RunConfig.from_dict(config_dict), policy=LAPTOP)
+    return run
 
 
 def custom_reward(code: str, name: str = "custom") -> dict:
@@ -179,8 +179,7 @@ def test_stop_mid_run_then_resume_continues_the_step_count(tiny_config_dict, run
     assert not run.stop_requested()
     first_start = status["started_at"]
 
-    handle = training.resume(run.path)
-    handle.wait(timeout=240)
+    training.resume_here(run.path, policy=LAPTOP)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
     assert status["step"] == 4
@@ -240,8 +239,7 @@ def test_resume_after_a_crash_truncates_rows_past_the_checkpoint(tiny_config_dic
     shutil.rmtree(run.checkpoints_dir / "checkpoint-3")
     shutil.rmtree(run.adapter_dir)
     run.update_status(state="failed", error="simulated crash")
-    handle = training.resume(run.path)
-    handle.wait(timeout=240)
+    training.resume_here(run.path, policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded"
     assert [row["step"] for row in run.read_progress()] == [1, 2, 3]
 
@@ -297,26 +295,24 @@ def test_a_reward_that_fails_sometimes_is_counted_and_training_goes_on(tiny_conf
     assert "every third call" in run.log_tail()
 
 
-def test_only_one_training_per_process(tiny_config_dict):
+def test_only_one_training_per_app(studio, tiny_config_dict):
     slow = "import time\ndef reward(prompt, completion, reference, row):\n    time.sleep(0.2)\n    return 1.0\n"
     tiny_config_dict["rewards"].append(custom_reward(slow, "slow"))
-    first = training.start(RunConfig.from_dict(tiny_config_dict))
+    first = studio.runs.start(tiny_config_dict)
+    second = training.prepare(RunConfig.from_dict(tiny_config_dict), waiting=True, policy=LAPTOP)
     try:
-        assert training.active_run() is first
+        assert training.active_run().run.id == first.id
         with pytest.raises(BusyError, match="already running"):
-            training.start(RunConfig.from_dict(tiny_config_dict))
+            training.start_waiting(second, resume=False, policy=LAPTOP, workers=studio.workers)
     finally:
-        first.stop()
-        first.wait(timeout=240)
-    assert first.run.read_status()["state"] == "cancelled"
+        studio.runs.stop(first.id)
+    assert ended(first) == "cancelled"
     assert training.active_run() is None
 
 
 def test_stop_before_training_begins_leaves_a_cancelled_run(tiny_config_dict):
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.stop()
-    handle.wait(timeout=240)
-    status = handle.run.read_status()
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP, on_start=lambda job: job.stop())
+    status = run.read_status()
     assert status["state"] == "cancelled"
     assert status.get("error") is None
 
@@ -346,12 +342,12 @@ def test_bad_input_is_refused_before_a_run_folder_exists(tiny_config_dict, runs_
 
     tiny_config_dict["data"]["prompt"] = "{nonexistent}"
     with pytest.raises(ConfigError, match="nonexistent"):
-        training.start(RunConfig.from_dict(tiny_config_dict))
+        training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
     tiny_config_dict["data"]["prompt"] = "question"
     tiny_config_dict["training"]["batch_size"] = 100
     with pytest.raises(ConfigError, match=r"Only 24 training prompts \(6 more are held out .* data\.eval_frac 0 trains "
                                           r"on them too\), fewer than training\.batch_size \(100\)"):
-        training.start(RunConfig.from_dict(tiny_config_dict))
+        training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
     assert not runs_dir.exists() or not any(runs_dir.iterdir())
 
 

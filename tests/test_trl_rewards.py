@@ -16,6 +16,7 @@ from dragon_ui.errors import ConfigError
 from dragon_ui.rewards import build_rewards, parse_rewards, reward_rule, score_completion
 from dragon_ui.studio.monitor import health_alerts
 from dragon_ui.studio.playground import playground_rewards
+from dragon_ui.public import LAPTOP
 
 REPEATS = "12 12 12 12 12 12 12 12 12 12"
 
@@ -206,14 +207,13 @@ def test_a_training_scores_with_trls_functions_on_the_replies_tokens(tiny_config
     tiny_config_dict["rewards"] = [{"kind": "think_format"}, {"kind": "overlong", "buffer_tokens": 3},
                                    {"kind": "repetition", "ngram_size": 1},
                                    {"kind": "cosine_length", "weight": 0.5}]
-    handle = training.start(RunConfig.from_dict(tiny_config_dict))
-    handle.wait(timeout=240)
-    status = handle.run.read_status()
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
-    rows = handle.run.read_progress()
+    rows = run.read_progress()
     assert all(row["errors"][name] == 0 for row in rows for name in ("overlong", "repetition", "cosine_length"))
     checked = 0
-    for record in handle.run.read_rollouts():
+    for record in run.read_rollouts():
         for group in record["groups"]:
             for completion in group["completions"]:
                 reply, scores = completion["text"], completion["scores"]
@@ -226,5 +226,5 @@ def test_a_training_scores_with_trls_functions_on_the_replies_tokens(tiny_config
                 assert math.isfinite(scores["cosine_length"]) and -1 <= scores["cosine_length"] <= 1
                 checked += 1
     assert checked == 8  # 2 steps x 2 prompts x 2 replies
-    evaluation = handle.run.read_eval()
+    evaluation = run.read_eval()
     assert set(evaluation["after"]["reward_breakdown"]) == {"think_format", "overlong", "repetition", "cosine_length"}

@@ -1,5 +1,5 @@
 """The warm app: what the first Start and the first preview would wait for is loaded once the server answers, and a
-Start takes over the model the app already holds instead of loading a second copy, training exactly as a cold start."""
+Start hands the run to a training process that holds the model already, which trains exactly as a cold start."""
 
 import subprocess
 import sys
@@ -11,41 +11,37 @@ from conftest import stop_the_training
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import models, training
 from dragon_ui.engine.hardware import resolve_hardware
+from dragon_ui.public import LAPTOP
 from dragon_ui.runstore import RunDir
 from dragon_ui.studio.backend import Studio
 
 
 @pytest.fixture
 def tiny_studio(tiny_config_dict, tmp_path, runs_dir):
-    """A Studio whose default recipe trains the tiny model (in float32, so runs compare number for number)."""
+    """A Studio whose default recipe trains the tiny model (in float32, so runs compare number for number), with
+    training processes of its own, as the app has."""
     tiny_config_dict["hardware"]["dtype"] = "float32"
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     (recipes / "arithmetic.yaml").write_text(yaml.safe_dump(tiny_config_dict), encoding="utf-8")
-    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes)
+    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes, policy=LAPTOP)
     yield studio
     stop_the_training()
+    studio.close()
     studio.previews.release()
     models._set_aside = None  # nothing set aside outlives its test
 
 
-def train(studio: Studio, draft: dict) -> RunDir:
-    run = studio.runs.start(draft)
-    handle = training.active_run()
-    assert handle is not None and handle.run.id == run.id
-    handle.wait(timeout=240)
-    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
-    return run
-
-
-def test_the_warm_up_loads_the_default_model_and_the_first_start_takes_it_over(tiny_studio):
+def test_the_warm_up_loads_the_default_model_and_a_training_process_that_holds_it(tiny_studio):
     draft = tiny_studio.recipes.default()
     config = RunConfig.from_dict(draft)
     tiny_studio.warm_up().join(timeout=240)
     assert tiny_studio.previews.cache.holds(config.model, settings=config.hardware)
 
-    run = train(tiny_studio, draft)
-    assert "The model was loaded already" in run.log_tail()
+    run = tiny_studio.runs.start(draft)
+    handle = training.active_run()
+    assert handle is not None and handle.run.id == run.id and handle.wait(240) == "succeeded"
+    assert "The model was loaded already" in run.log_tail()  # by the warm training process
     assert not tiny_studio.previews.cache.holds(config.model, settings=config.hardware)  # one copy: the training's
     assert models._set_aside is None
     assert run.read_status()["phase"] == "done" and "before" in run.read_eval()
@@ -79,11 +75,13 @@ def test_the_warm_up_leaves_the_cpus_to_an_opening_page_until_its_load_event(tin
 
 
 def test_a_run_on_the_taken_over_model_trains_exactly_like_one_that_loaded_its_own(tiny_studio):
-    draft = tiny_studio.recipes.default()
-    cold = train(tiny_studio, draft)
-    config = RunConfig.from_dict(draft)
-    tiny_studio.previews.cache.load(config.model, settings=config.hardware)  # as the playground would
-    warm = train(tiny_studio, draft)
+    """What a warm training process does (engine/worker_process.py): load the model, set it aside, and train on it."""
+    config = RunConfig.from_dict(tiny_studio.recipes.default())
+    cold = training.train_config(config, policy=LAPTOP)
+    cache = models.ModelCache()
+    cache.load(config.model, settings=config.hardware)
+    cache.release(for_training=True)
+    warm = training.train_config(config, policy=LAPTOP)
     assert "loaded already" not in cold.log_tail() and "loaded already" in warm.log_tail()
     for read in (RunDir.read_rollouts, RunDir.read_heldout):
         assert [{**row, "seconds": 0} for row in read(cold)] == [{**row, "seconds": 0} for row in read(warm)]
@@ -93,15 +91,16 @@ def test_a_run_on_the_taken_over_model_trains_exactly_like_one_that_loaded_its_o
 
 def test_a_model_set_aside_goes_back_to_the_previews_or_away_when_a_training_needs_another(tiny_studio):
     config = RunConfig.from_dict(tiny_studio.recipes.default())
-    model, _ = tiny_studio.previews.cache.load(config.model, settings=config.hardware)
-    tiny_studio.previews.release(for_training=True)
-    assert tiny_studio.previews.cache.load(config.model, settings=config.hardware)[0] is model  # a Start that was refused
+    cache = tiny_studio.previews.cache
+    model, _ = cache.load(config.model, settings=config.hardware)
+    cache.release(for_training=True)
+    assert cache.load(config.model, settings=config.hardware)[0] is model  # asked for again before a training took it
 
-    tiny_studio.previews.release(for_training=True)
+    cache.release(for_training=True)
     source, hardware = models.resolve_model(config.model), resolve_hardware(config.hardware)
     assert models.take_set_aside(source, hardware, "bfloat16") is None  # another precision: loaded anew
     assert models._set_aside is None  # and the copy set aside is not kept beside it
-    tiny_studio.previews.release(for_training=True)  # nothing held: nothing set aside
+    cache.release(for_training=True)  # nothing held: nothing set aside
     assert models.take_set_aside(source, hardware, "float32") is None
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from dragon_ui.config import HardwareSettings, ModelConfig, RunConfig
 from dragon_ui.engine import training, worker
-from dragon_ui.engine.worker import WorkerRun
+from dragon_ui.engine.worker import TrainingProcess
 from dragon_ui.studio.backend import Studio
 from conftest import ended, stop_the_training
 from test_app_client import served_app
@@ -29,7 +29,7 @@ from test_queue import long_config, wait_for
 def apart_studio(runs_dir, tiny_config_dict):
     """The app's backend as `make run` builds it: each run trains in a worker process; a worker warming the tiny
     model is started at once."""
-    studio = Studio(runs_dir=runs_dir, training_processes=True)
+    studio = Studio(runs_dir=runs_dir)
     config = RunConfig.from_dict(tiny_config_dict)
     studio.workers.warm((config.model, config.hardware))
     yield studio
@@ -41,7 +41,7 @@ def apart_studio(runs_dir, tiny_config_dict):
 def test_a_start_trains_in_a_warm_worker_process_that_already_holds_the_model(apart_studio, tiny_config_dict):
     run = apart_studio.runs.start(tiny_config_dict)
     handle = training.active_run()
-    assert isinstance(handle, WorkerRun) and handle.run.id == run.id
+    assert isinstance(handle, TrainingProcess) and handle.run.id == run.id
     assert handle.wait(240) == "succeeded", run.read_status().get("error")
     status = run.read_status()
     assert status["pid"] == handle.process.pid != os.getpid()  # trained in the worker, which has ended
@@ -121,7 +121,7 @@ def test_a_training_stops_with_its_last_step_when_the_app_dies(runs_dir, tiny_co
         import time
         import yaml
         from dragon_ui.studio.backend import Studio
-        studio = Studio(runs_dir={str(runs_dir)!r}, training_processes=True)
+        studio = Studio(runs_dir={str(runs_dir)!r})
         run = studio.runs.start(yaml.safe_load(open({str(tmp_path / "config.yaml")!r})))
         print(run.path, flush=True)
         time.sleep(600)
@@ -145,7 +145,7 @@ def test_closing_the_app_lets_the_warm_worker_go_and_no_worker_holds_the_owner_k
     from dragon_ui import public
 
     monkeypatch.setenv(public.OWNER_KEY_ENV, "the-owners-key")
-    studio = Studio(runs_dir=runs_dir, training_processes=True)
+    studio = Studio(runs_dir=runs_dir)
     studio.workers.warm((ModelConfig(id=tiny_config_dict["model"]["id"]), HardwareSettings(device="cpu")))
     waiting = studio.workers._warm
     environment = (Path("/proc") / str(waiting.pid) / "environ").read_bytes().split(b"\0")
@@ -198,7 +198,7 @@ def test_a_public_demos_worker_has_no_hub_token(runs_dir, tiny_config_dict, monk
 
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv("HF_TOKEN", "hf_the_servers_token")
-    studio = Studio(runs_dir=runs_dir, policy=public.Policy.from_env(), training_processes=True)
+    studio = Studio(runs_dir=runs_dir, policy=public.Policy.from_env())
     studio.workers.warm((ModelConfig(id=tiny_config_dict["model"]["id"]), HardwareSettings(device="cpu")))
     try:
         environment = (Path("/proc") / str(studio.workers._warm.pid) / "environ").read_bytes().split(b"\0")

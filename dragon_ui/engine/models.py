@@ -255,8 +255,9 @@ def loaded_as(source: ModelSource, hardware: ResolvedHardware, dtype: str) -> tu
     return (source.path, source.revision, tuple(source.adapters), hardware.torch_device, dtype, hardware.load_in_4bit)
 
 
-# The preview model the app let go of as a training started (ModelCache.release(for_training=True)): the training
-# takes it when it is what it would load itself (take_set_aside), which spares the first step a second or more.
+# The model a warm training process loaded before its run came (ModelCache.release(for_training=True), see
+# engine/worker_process.py): the training takes it when it is what it would load itself (take_set_aside), which
+# spares the Start the load.
 _set_aside_lock = threading.Lock()
 _set_aside: tuple[tuple, object, object] | None = None  # (loaded_as key, model, tokenizer)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import BusyError
-from ..public import LAPTOP, Policy, Visitor, visitor
+from ..public import Policy, Visitor, visitor
 from ..runstore import RunDir, list_runs
 from . import public_checks, training
 from .worker import Workers
@@ -52,7 +52,7 @@ def _free(runs_dir: Path) -> bool:
     return training_run_id(runs_dir) is None and not waiting_runs(runs_dir)
 
 
-def submit_start(config: RunConfig, policy: Policy = LAPTOP, workers: Workers | None = None) -> RunDir:
+def submit_start(config: RunConfig, *, policy: Policy, workers: Workers) -> RunDir:
     """Start ``config`` now if nothing trains and nobody waits, or else put it in the queue; either way its mistakes
     are raised here and its folder exists when this returns.
 
@@ -70,14 +70,14 @@ def submit_start(config: RunConfig, policy: Policy = LAPTOP, workers: Workers | 
     return run
 
 
-def submit_resume(run_dir: Path, policy: Policy = LAPTOP, workers: Workers | None = None) -> RunDir:
+def submit_resume(run_dir: Path, *, policy: Policy, workers: Workers) -> RunDir:
     """Resume the run now if nothing trains and nobody waits, or else put it back in the queue."""
     run = training.check_resumable(run_dir, policy)
     with _lock:
         _refuse_if_full(run.path.parent, policy)
         public_checks.take_start(run.path.parent, policy, _preparing)
         if _free(run.path.parent):
-            return training.resume(run.path, policy, workers).run
+            return training.resume(run.path, policy=policy, workers=workers).run
         run.update_status(state="queued", waiting="resume", queued_at=time.time(), phase="waiting for its turn",
                           error=None, traceback=None, finished_at=None, stop_reason=None)
         return run
@@ -108,8 +108,8 @@ def take_out(run: RunDir) -> None:
                               stop_reason="It was taken out of the queue before its turn came.")
 
 
-def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None, policy: Policy = LAPTOP,
-               workers: Workers | None = None) -> RunDir | None:
+def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None, *, policy: Policy,
+               workers: Workers) -> RunDir | None:
     """Start the first waiting run if nothing trains (after ``before_start``: the app lets go of its preview model);
     a run that cannot start is marked failed with the reason, and the next one gets its turn at the next call."""
     with _lock:
@@ -144,12 +144,12 @@ def _refuse_if_full(runs_dir: Path, policy: Policy) -> None:
 
 class Scheduler:
     """A daemon thread that starts the next waiting run whenever nothing trains (every ``interval_s`` seconds, after
-    ``before_start``), under ``policy`` (in a process of ``workers``, if given), and runs ``housekeeping`` (a public
+    ``before_start``), under ``policy``, in a process of ``workers``, and runs ``housekeeping`` (a public
     demo's clean-up of old runs and files) every ``housekeeping_every_s``."""
 
     def __init__(self, runs_dir: Path, interval_s: float = 2.0, housekeeping: Callable[[], object] | None = None,
-                 housekeeping_every_s: float = 600.0, before_start: Callable[[], object] | None = None,
-                 policy: Policy = LAPTOP, workers: Workers | None = None) -> None:
+                 housekeeping_every_s: float = 600.0, before_start: Callable[[], object] | None = None, *,
+                 policy: Policy, workers: Workers) -> None:
         self.runs_dir, self.interval_s, self.policy, self.workers = runs_dir, interval_s, policy, workers
         self.housekeeping, self.housekeeping_every_s = housekeeping, housekeeping_every_s
         self.before_start = before_start
@@ -169,7 +169,7 @@ class Scheduler:
         kept_house = -math.inf
         while not self._stopped.wait(self.interval_s):
             try:
-                start_next(self.runs_dir, self.before_start, self.policy, self.workers)
+                start_next(self.runs_dir, self.before_start, policy=self.policy, workers=self.workers)
             except Exception:  # the queue must outlive any one bad run folder
                 log.exception("The run queue could not start the next run")
             self.rounds += 1

@@ -1,20 +1,22 @@
-"""GRPO training in a background thread, writing everything it does into the run directory.
+"""GRPO training of one run, in the calling thread, writing everything it does into the run directory.
 
-``start(config)`` returns a :class:`RunHandle` at once; a worker thread loads data and model, runs TRL's
-``GRPOTrainer`` (the algorithm is TRL's, not ours) and scores the starting and the trained model on held-out prompts
-(a full fine-tune scores the starting one first; LoRA after training, with the adapter off, so Start trains at once). ``progress.RunStoreCallback`` turns TRL's logs into ``progress.jsonl`` / ``rollouts.jsonl`` rows and honours
-stop requests. Only one training runs per process: a model this size already takes the whole machine.
+One runner, two hosts: the app hands each run to a process of its own (engine/worker.py, which calls
+:func:`train_here`), and the command line, a process of its own already, calls it in its main thread
+(:func:`train_config`). Either way :func:`prepare` checks the run and creates its folder first, in the process that was
+asked, so mistakes are said there; then the runner loads data and model, runs TRL's ``GRPOTrainer`` (the algorithm
+is TRL's, not ours) and scores the starting and the trained model on held-out prompts (a full fine-tune scores the
+starting one first; LoRA after training, with the adapter off, so Start trains at once). ``progress.RunStoreCallback``
+turns TRL's logs into ``progress.jsonl`` / ``rollouts.jsonl`` rows and honours stop requests. One training at a
+time per app: a model this size already takes the whole machine.
 
 Failure policy: every exception ends the run as ``failed`` with a readable reason; checkpoints already written stay;
-``resume(run_dir)`` continues from the latest one with step count, optimiser and schedule intact.
+a resume continues from the latest one with step count, optimiser and schedule intact.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import sys
 import threading
 import time
 import traceback
@@ -33,39 +35,34 @@ from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from ..scaleout import distributed
 from . import public_checks, trackers
 from .evaluation import HeldOutChecks, evaluate_model, evaluate_now, record_eval, starting_weights
-from .hardware import ResolvedHardware, release_openmp_threads, resolve_hardware
+from .hardware import ResolvedHardware, resolve_hardware
 from .model_card import write_model_card
 from .weights import make_portable
 from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model, take_set_aside
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
 from .presets import find_preset
 from .tool_calls import TOOL_FAMILIES, ToolUse, ready_for_tools, scoring_episodes, tool_use
-from .worker import WorkerRun, Workers
+from .worker import TrainingProcess, Workers
 
 log = logging.getLogger("dragon_ui")
 
 _ACTIVE_LOCK = threading.Lock()
-_active: RunHandle | None = None
+_active: TrainingProcess | None = None
 
 
 PUBLIC_CHECKPOINTS_KEPT = 2  # a public demo keeps a run's newest checkpoints only: the disk is everyone's
 
 
-class RunHandle:
-    """A training started in this process: its run directory, its thread, a thread-safe stop, and the policy it
-    trains under, whose time limit (in a public demo) ends it, counted from the moment its thread starts."""
+class Training:
+    """A run being trained by this process: its run directory, a thread-safe stop, and the policy it trains under,
+    whose time limit (in a public demo) ends it, counted from the moment the runner starts."""
 
-    def __init__(self, run: RunDir, policy: Policy = LAPTOP) -> None:
+    def __init__(self, run: RunDir, *, policy: Policy) -> None:
         self.run = run
         self.policy = policy
         self.stop_event = threading.Event()
-        self.thread: threading.Thread | None = None
         self.time_limit_s = policy.limits.run_minutes * 60 if policy.public else None
-        self.started = time.monotonic()  # set again when the worker starts
-
-    @property
-    def run_dir(self) -> Path:
-        return self.run.path
+        self.started = time.monotonic()  # set again when the runner starts
 
     def stop(self) -> None:
         """Ask the training to stop at its next forward pass (see _stoppable_forward_passes); it saves a checkpoint of
@@ -84,30 +81,35 @@ class RunHandle:
         batches of held-out scoring, so either takes effect within moments."""
         return self.stop_requested() or self.out_of_time()
 
-    def is_alive(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
 
-    def wait(self, timeout: float | None = None) -> str:
-        if self.thread is not None:
-            self.thread.join(timeout)
-        return self.run.read_status().get("state", "unknown")
-
-
-def active_run() -> RunHandle | WorkerRun | None:
-    """The training running in this process, if any (the UI re-attaches to it after a page reload)."""
+def active_run() -> TrainingProcess | None:
+    """The training this app has running in a process of its own, if any (the UI re-attaches to it after a page
+    reload)."""
     return _active if _active is not None and _active.is_alive() else None
 
 
-def start(config: RunConfig, run_dir: str | Path | None = None, policy: Policy = LAPTOP) -> RunHandle:
-    """Check the data, rewards and hardware, create the run directory and train in a background thread.
+def train_config(config: RunConfig, run_dir: str | Path | None = None, *, policy: Policy,
+          on_start: Callable[[Training], object] | None = None) -> RunDir:
+    """Check the data, rewards and hardware, create the run directory and train it here, to its end: the command
+    line's way (a process of its own). Mistakes found without loading a model raise ConfigError before any folder
+    is created; so does a setting ``policy`` refuses. ``on_start`` gets the training first (to stop it on Ctrl+C)."""
+    job = Training(prepare(config, run_dir, policy=policy), policy=policy)
+    if on_start is not None:
+        on_start(job)
+    train_here(job, None)
+    return job.run
 
-    Mistakes that can be found without loading a model raise ConfigError here, before any folder is created; so
-    does a setting ``policy`` refuses. The returned handle's thread does the slow part (model loading, baseline
-    scoring, training).
-    """
-    _refuse_if_busy()
-    run = prepare(config, run_dir, policy=policy)
-    return _launch(run, config, None, policy, None)
+
+def resume_here(run_dir: str | Path, *, policy: Policy,
+                on_start: Callable[[Training], object] | None = None) -> RunDir:
+    """Continue a stopped, failed or interrupted run here from its latest checkpoint (or from the start if it has
+    none), to its end: the command line's resume."""
+    run, checkpoint = _reopen(run_dir, policy)
+    job = Training(run, policy=policy)
+    if on_start is not None:
+        on_start(job)
+    train_here(job, checkpoint)
+    return run
 
 
 @dataclass
@@ -187,16 +189,23 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
     return RunDir(Path(path), read_only=not distributed.is_main_process())
 
 
-def resume(run_dir: str | Path, policy: Policy = LAPTOP, workers: Workers | None = None) -> RunHandle:
-    """Continue a stopped, failed or interrupted run from its latest checkpoint (or from the start if it has none)."""
+def resume(run_dir: str | Path, *, policy: Policy, workers: Workers) -> TrainingProcess:
+    """Continue a stopped, failed or interrupted run from its latest checkpoint (or from the start if it has none),
+    in a process of ``workers``: the app's resume."""
+    run, checkpoint = _reopen(run_dir, policy)
+    return _launch(run, checkpoint, policy, workers)
+
+
+def _reopen(run_dir: str | Path, policy: Policy) -> tuple[RunDir, Path | None]:
+    """The run, checked resumable and marked queued again, with the checkpoint it continues from."""
     run = check_resumable(run_dir, policy)
     _refuse_if_busy()
     checkpoint = run.latest_checkpoint()
     distributed.barrier()  # every process has read the state before the main one changes it
     run.clear_stop_request()
     run.update_status(state="queued", phase="waiting to resume", error=None, traceback=None, finished_at=None,
-                      stop_reason=None)
-    return _launch(run, run.read_config(), checkpoint, policy, workers)
+                      stop_reason=None, pid=None)  # owned by no process until one takes it (mark_owner)
+    return run, checkpoint
 
 
 def check_resumable(run_dir: str | Path, policy: Policy = LAPTOP) -> RunDir:
@@ -213,12 +222,15 @@ def check_resumable(run_dir: str | Path, policy: Policy = LAPTOP) -> RunDir:
     return run
 
 
-def start_waiting(run: RunDir, resume: bool, policy: Policy = LAPTOP, workers: Workers | None = None) -> RunHandle:
-    """Train a run that waited in the queue: from its start, or (``resume``) from its latest checkpoint."""
+def start_waiting(run: RunDir, resume: bool, *, policy: Policy, workers: Workers) -> TrainingProcess:
+    """Train a run that waited in the queue, in a process of ``workers``: from its start, or (``resume``) from its
+    latest checkpoint."""
     _refuse_if_busy()
+    run.read_config()  # a folder whose config cannot be read (ConfigError) never takes the machine
     run.clear_stop_request()
-    run.update_status(waiting=None, phase="waiting to resume" if resume else "waiting to start", stop_reason=None)
-    return _launch(run, run.read_config(), run.latest_checkpoint() if resume else None, policy, workers)
+    run.update_status(waiting=None, phase="waiting to resume" if resume else "waiting to start", stop_reason=None,
+                      pid=None)  # owned by no process until one takes it (mark_owner)
+    return _launch(run, run.latest_checkpoint() if resume else None, policy, workers)
 
 
 def _refuse_if_busy() -> None:
@@ -227,47 +239,34 @@ def _refuse_if_busy() -> None:
         raise BusyError(f"A training is already running ({running.run.id}); stop it or wait for it to finish first.")
 
 
-def _launch(run: RunDir, config: RunConfig, resume_from: Path | None, policy: Policy,
-            workers: Workers | None) -> RunHandle | WorkerRun:
-    """Train in a worker process of ``workers`` (the app's way), or else in a thread of this process."""
+def _launch(run: RunDir, resume_from: Path | None, policy: Policy, workers: Workers) -> TrainingProcess:
+    """Hand the run to a process of ``workers``, which trains it (train_here) while the app serves."""
     global _active
     with _ACTIVE_LOCK:
         _refuse_if_busy()
-        if workers is not None:
-            _active = workers.take(run, resume_from, policy)
-            return _active
-        release_openmp_threads()  # this thread's idle torch workers would slow every step (see the function)
-        handle = RunHandle(run, policy)
-        handle.thread = threading.Thread(target=_worker, args=(handle, config, resume_from), daemon=True,
-                                         name=f"dragon-train-{run.id}")
-        _active = handle
-        run.mark_owner()
-        handle.thread.start()
-    return handle
-
-
-def train_here(handle: RunHandle, resume_from: Path | None) -> None:
-    """Train ``handle``'s run in this thread, to its end: a worker process's whole job (engine/worker.py)."""
-    handle.run.mark_owner()
-    _worker(handle, handle.run.read_config(), resume_from)
+        _active = workers.take(run, resume_from, policy)
+        return _active
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The worker thread.
+# The runner.
 
 
-def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> None:
-    run = handle.run
-    handle.started = time.monotonic()
-    _yield_to_the_app()
+def train_here(job: Training, resume_from: Path | None) -> None:
+    """Train ``job``'s run in the calling thread, to its end, and leave its final state in its status: the whole
+    work of a worker process (engine/worker_process.py) and of ``dragon train``."""
+    run = job.run
+    run.mark_owner()
+    job.started = time.monotonic()
     log_handler = None if run.read_only else _attach_run_log(run)
     now = time.time()
     first_run = not run.read_status().get("started_at")  # a resume keeps the first start: the runs list shows it
     run.update_status(state="running", phase="starting", **{"started_at" if first_run else "resumed_at": now})
     try:
+        config = run.read_config()
         if resume_from is not None:
             log.info("Resuming %s from %s", run.id, resume_from.name)
-        outcome = _train(handle, config, resume_from)
+        outcome = _train(job, config, resume_from)
         # A speed-up that raised while training was switched off: the final status says so.
         run.update_status(state=outcome, phase="done", finished_at=time.time(), eta_s=0, speedups=speedups.status())
         log.info("Run %s %s.", run.id, outcome)
@@ -275,12 +274,14 @@ def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> N
             _write_card(run, config)
     except Stopped:
         log.info("Run %s stopped before training began.", run.id)
-        run.update_status(state="cancelled", phase="done", finished_at=time.time(), **_time_limit_reason(handle))
-    except BaseException as exc:  # the thread must never die without saying why
+        run.update_status(state="cancelled", phase="done", finished_at=time.time(), **_time_limit_reason(job))
+    except BaseException as exc:  # the runner must never end without saying why
         reason = explain_failure(exc)
         log.error("Run %s failed: %s", run.id, reason)
         run.update_status(state="failed", phase="done", finished_at=time.time(), error=reason,
                           traceback=_traceback_tail(exc))
+        if not isinstance(exc, Exception):  # Ctrl+C, SystemExit: marked failed, and still what it was
+            raise
     finally:
         run.clear_stop_request()
         if log_handler is not None:
@@ -288,20 +289,7 @@ def _worker(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> N
         _free_accelerator_memory()
 
 
-TRAINING_NICENESS = 10  # Linux nice of the training thread: the app's handlers get ~90% of a core they contend for
-
-
-def _yield_to_the_app() -> None:
-    """Lower the training thread's CPU priority, and with it that of the threads and processes it starts (torch's
-    workers, the reward children). On a laptop's or a Space's few cores the web server's handlers then run as soon as
-    they have something to do, instead of queueing behind the training, which still gets every cycle they leave.
-    Linux only: elsewhere a thread's id is not what setpriority takes."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), TRAINING_NICENESS)
-
-
-def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> str:
+def _train(handle: Training, config: RunConfig, resume_from: Path | None) -> str:
     """Everything a run does, in order; returns the final state."""
     run = handle.run
 
@@ -428,7 +416,7 @@ def _train(handle: RunHandle, config: RunConfig, resume_from: Path | None) -> st
     return "succeeded"
 
 
-def _time_limit_reason(handle: RunHandle) -> dict:
+def _time_limit_reason(handle: Training) -> dict:
     """The status's stop_reason when a public demo's time limit ended the run; {} when something else did."""
     if not handle.out_of_time():
         return {}
@@ -438,7 +426,7 @@ def _time_limit_reason(handle: RunHandle) -> dict:
 
 
 @contextlib.contextmanager
-def _stoppable_forward_passes(model, handle: RunHandle):
+def _stoppable_forward_passes(model, handle: Training):
     """While the trainer trains, raise Stopped at the next forward pass of the model once ``handle.should_stop()``:
     a stop or a time limit then ends a step that samples long completions within moments, instead of after it.
 
@@ -667,16 +655,14 @@ def _traceback_tail(exc: BaseException, lines: int = 12) -> str:
 
 def _attach_run_log(run: RunDir) -> logging.Handler:
     """Dragon's lines and the libraries' warnings go to log.txt; Python warnings are routed through logging so the
-    real ones (a reward's, TRL's) land there too instead of only on a terminal nobody watches.
-
-    Only what the training's own thread logs: every visitor of a public demo can read a run's log, and the app's
-    other threads (another visitor's request, the queue) log their errors to the server's log alone."""
+    real ones (a reward's, TRL's) land there too instead of only on a terminal nobody watches. The process trains
+    this run alone: the app's requests (another visitor's, whose errors every visitor of a public demo could read
+    here) log in the app's process."""
     handler = logging.FileHandler(run.log_path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.setLevel(logging.INFO)
-    training_thread = threading.get_ident()
-    handler.addFilter(lambda record: record.thread == training_thread and record.name.startswith(
-        ("dragon_ui", "trl", "transformers", "peft", "py.warnings")))
+    handler.addFilter(lambda record: record.name.startswith(("dragon_ui", "trl", "transformers", "peft",
+                                                             "py.warnings")))
     logging.getLogger().addHandler(handler)
     logging.captureWarnings(True)
     if log.getEffectiveLevel() > logging.INFO:
@@ -691,7 +677,7 @@ def _detach_run_log(handler: logging.Handler) -> None:
 
 
 def _use_hardware(hardware: ResolvedHardware) -> None:
-    """Set up the worker thread: its torch threads on the CPU; its GPU on CUDA, since a thread's current CUDA
+    """Set up the training's thread: its torch threads on the CPU; its GPU on CUDA, since a thread's current CUDA
     device starts at GPU 0 whatever accelerate chose for the process's main thread."""
     import torch
 

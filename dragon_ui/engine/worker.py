@@ -7,10 +7,14 @@ A worker is started *warm* (:class:`Workers`): it imports the training libraries
 app's default model, then waits on its standard input. Start hands it a run (one line of JSON: the run folder, the
 checkpoint to resume from, the policy it trains under) and it trains at once. The next worker warms up once that
 run has ended, so it never takes cores or memory from a training. The app waits for each worker to end
-(:meth:`WorkerRun.wait`): one that ends while its run still reads as active has its run marked failed, with why.
+(:meth:`TrainingProcess.wait`): one that ends while its run still reads as active has its run marked failed, with why.
 
 ``python -m dragon_ui.engine.worker_process`` is the worker itself; the command line and ``accelerate launch``
-train in their own process already, in a thread (``training.start``).
+train in their own process already, with the same runner (``training.train_here``).
+
+Our own settings (``DRAGON_UI_*``) are read when they are used, so they travel with each run (the job) and a warm
+worker takes the app's values of now; the libraries read theirs as they import, so a worker warmed under other
+ones is let go and a fresh one started.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ WATCHDOG_GRACE_S = 60
 END_GRACE_S = 10  # between asking a late worker to end (SIGTERM) and killing it (SIGKILL)
 
 
-class WorkerRun:
-    """A run training in a worker process: what the app holds of it, as ``training.RunHandle`` is for a thread."""
+OWN_SETTINGS = "DRAGON_UI_"  # the environment variables of ours, which a job carries (see the module's docstring)
+
+
+class TrainingProcess:
+    """A run training in a worker process: what the app holds of it."""
 
     def __init__(self, run: RunDir, process: subprocess.Popen, time_limit_s: float | None = None) -> None:
         self.run, self.process = run, process
@@ -55,7 +62,7 @@ class WorkerRun:
         return self.run.path
 
     def stop(self) -> None:
-        """Ask the training to stop at its next forward pass; it saves the last whole step, as a thread's does."""
+        """Ask the training to stop at its next forward pass; it saves the last whole step."""
         self.run.request_stop()
 
     def is_alive(self) -> bool:
@@ -91,6 +98,7 @@ class Workers:
         self.preload: tuple[ModelConfig, HardwareSettings] | None = None
         self._lock = threading.Lock()
         self._warm: subprocess.Popen | None = None
+        self._warm_libraries: dict[str, str] = {}  # the libraries' settings the warm worker started with
         self._closed = False
 
     def warm(self, preload: tuple[ModelConfig, HardwareSettings] | None = None) -> None:
@@ -102,25 +110,37 @@ class Workers:
             if self._warm is None and not self._closed:
                 self._warm = self._spawn()
 
-    def _spawn(self) -> subprocess.Popen:
-        """A worker, with the app's environment but the owner key, which no training needs (and the Hub tokens,
+    def _environment(self) -> dict[str, str]:
+        """A worker's environment: the app's, but the owner key, which no training needs (and the Hub tokens,
         without hub_token)."""
+        return {**without_secrets(dict(os.environ), hub_token=self.hub_token), **self.env}
+
+    def _spawn(self) -> subprocess.Popen:
+        """A worker, started now with the environment of now."""
         preload = None if self.preload is None else {"model": vars(self.preload[0]), "hardware": vars(self.preload[1])}
-        environment = without_secrets(dict(os.environ), hub_token=self.hub_token)
+        environment = self._environment()
+        self._warm_libraries = _libraries_settings(environment)
         return subprocess.Popen([sys.executable, "-m", WORKER_MODULE, json.dumps(preload)], stdin=subprocess.PIPE,
-                                env={**environment, **self.env}, text=True,
+                                env=environment, text=True,
                                 start_new_session=True)  # a Ctrl+C in the app's terminal is for the app to handle
 
-    def take(self, run: RunDir, resume_from: Path | None, policy: Policy) -> WorkerRun:
-        """Hand ``run`` to the warm worker (starting one if there is none) and return at once; the worker marks the
-        run its own and trains it. The next worker warms up when this one has ended."""
+    def take(self, run: RunDir, resume_from: Path | None, policy: Policy) -> TrainingProcess:
+        """Hand ``run`` to the warm worker (starting one if there is none, or if it warmed under other settings of
+        the libraries) and return at once; the worker marks the run its own and trains it. The next worker warms up
+        when this one has ended."""
+        environment = self._environment()
         with self._lock:
             process, self._warm = self._warm, None
+            if process is not None and self._warm_libraries != _libraries_settings(environment):
+                _let_go(process)
+                process = None
             if process is None or process.poll() is not None:  # none yet, or it died warming up (its log says why)
                 process = self._spawn()
         job = {"run_dir": str(run.path), "resume_from": str(resume_from) if resume_from else None,
-               "policy": policy.to_json()}
-        handle = WorkerRun(run, process, policy.limits.run_minutes * 60 if policy.public else None)
+               "policy": policy.to_json(),
+               "settings": {key: value for key, value in environment.items() if key.startswith(OWN_SETTINGS)}}
+        handle = TrainingProcess(run, process, policy.limits.run_minutes * 60 if policy.public else None)
+        run.mark_owner(process.pid)  # from now: the status the last worker left names a process that has ended
         try:
             process.stdin.write(json.dumps(job) + "\n")
             process.stdin.close()
@@ -129,7 +149,7 @@ class Workers:
         threading.Thread(target=self._watch, args=(handle,), name=f"dragon-watch-{run.id}", daemon=True).start()
         return handle
 
-    def _watch(self, handle: WorkerRun) -> None:
+    def _watch(self, handle: TrainingProcess) -> None:
         """Wait for the worker to end (which also frees its process entry, so its pid reads as gone), ending it
         once it is WATCHDOG_GRACE_S late to stop; mark its run stopped if it was ended so, failed if it ended
         before its run did; and warm the next one."""
@@ -157,7 +177,7 @@ class Workers:
             self.warm()
 
     @staticmethod
-    def _waited(handle: WorkerRun) -> tuple[int, bool]:
+    def _waited(handle: TrainingProcess) -> tuple[int, bool]:
         """(the worker's exit code, whether it was ended for being late to stop), once it has ended."""
         asked = None
         while True:
@@ -173,16 +193,28 @@ class Workers:
                     end_group(handle.process, hard=True)
                     return handle.process.wait(), True
 
-    def close(self, running: WorkerRun | None = None) -> None:
+    def close(self, running: TrainingProcess | None = None) -> None:
         """The app is closing: let the warm worker go, and ask a running training to stop, waiting a while for it
         to save its last step."""
         with self._lock:
             self._closed = True
             waiting, self._warm = self._warm, None
         if waiting is not None:
-            waiting.stdin.close()  # an empty line: it exits without training, once it has warmed up
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                waiting.wait(10)
+            _let_go(waiting)
         if running is not None and running.is_alive():
             running.stop()
             running.wait(STOP_GRACE_S)
+
+
+def _libraries_settings(environment: dict[str, str]) -> dict[str, str]:
+    """What of ``environment`` a worker reads as it warms up: everything but our own settings, which travel with
+    each job."""
+    return {key: value for key, value in environment.items() if not key.startswith(OWN_SETTINGS)}
+
+
+def _let_go(process: subprocess.Popen) -> None:
+    """End a warm worker that will train nothing: an empty line, and it exits once it has warmed up."""
+    with contextlib.suppress(OSError):
+        process.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(10)

@@ -14,10 +14,14 @@ from pathlib import Path
 from ..config import HardwareSettings, ModelConfig
 from ..public import Policy
 from ..runstore import RunDir
+from .worker import OWN_SETTINGS
 
 log = logging.getLogger("dragon_ui")
 
-WORKER_NICENESS = 10  # the web server's handlers get ~90% of a core they contend for (see training._yield_to_the_app)
+# Linux nice of a worker and what it starts (torch's threads, the reward processes): on a laptop's or a Space's few
+# cores the web server's handlers then run as soon as they have something to do, instead of queueing behind the
+# training, which still gets every cycle they leave (~90% of a core they contend for).
+WORKER_NICENESS = 10
 
 
 def _warm_up(preload: dict | None) -> None:
@@ -54,20 +58,30 @@ def main(argv: list[str]) -> int:
     if not line.strip():
         return 0
     job = json.loads(line)
+    _take_settings(job["settings"])
     run = RunDir(Path(job["run_dir"]))
-    handle = training.RunHandle(run, Policy.from_json(job["policy"]))
-    threading.Thread(target=_stop_when_orphaned, args=(app, handle), name="dragon-orphaned", daemon=True).start()
-    training.train_here(handle, Path(job["resume_from"]) if job["resume_from"] else None)
+    training_job = training.Training(run, policy=Policy.from_json(job["policy"]))
+    threading.Thread(target=_stop_when_orphaned, args=(app, training_job), name="dragon-orphaned",
+                     daemon=True).start()
+    training.train_here(training_job, Path(job["resume_from"]) if job["resume_from"] else None)
     return 0
 
 
-def _stop_when_orphaned(app: int, handle) -> None:
+def _take_settings(settings: dict[str, str]) -> None:
+    """Our own settings as the app has them now (engine/worker.py): this worker may have warmed up before they
+    changed."""
+    for key in [key for key in os.environ if key.startswith(OWN_SETTINGS)]:
+        del os.environ[key]
+    os.environ.update(settings)
+
+
+def _stop_when_orphaned(app: int, training_job) -> None:
     """The app ended (closed, killed or crashed) while this trained: stop as Stop does, saving the last whole step,
     so no training goes on unseen and Resume continues from there."""
     while os.getppid() == app:
         time.sleep(1)
     log.info("The app has ended: stopping the training at its next step.")
-    handle.stop()
+    training_job.stop()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 - ``files``: downloads, uploads and the paths the app shows (studio/files.py).
 
 The Studio itself holds what they share: the policy it serves under, the machine's hardware, the warm-up, and the
-training processes. The UI receives a Studio as an argument, so tests can give it one pointed at a temporary runs
+training processes (engine/worker.py: every run trains in a process of its own). The UI receives a Studio as an argument, so tests can give it one pointed at a temporary runs
 folder and a tiny model.
 """
 
@@ -26,7 +26,7 @@ from ..engine.hardware import HardwareInfo, detect_hardware, resolve_hardware
 from ..engine.libraries import import_all
 from ..engine.preflight import MOST_PROMPTS, Preflight, preflight
 from ..errors import BusyError, ConfigError
-from ..engine.worker import WorkerRun, Workers
+from ..engine.worker import STOP_GRACE_S, Workers
 from ..files import resolve_runs_dir
 from ..public import LAPTOP, Policy
 from ..runstore import read_json, write_json_atomic
@@ -44,7 +44,7 @@ class Studio:
     limits, or the laptop's none). Thread-safe: Gradio calls it from several worker threads at once."""
 
     def __init__(self, runs_dir: str | Path | None = None, recipes_dir: str | Path | None = None,
-                 policy: Policy = LAPTOP, training_processes: bool = False) -> None:
+                 policy: Policy = LAPTOP, workers: Workers | None = None) -> None:
         self.runs_dir = resolve_runs_dir(runs_dir)
         self.policy = policy
         self._hardware: HardwareInfo | None = None
@@ -55,19 +55,20 @@ class Studio:
         # Each part asks for the hardware through this Studio, so that one detection (or a test's) serves all.
         machine = lambda refresh=False: self.hardware(refresh)  # noqa: E731
         self.recipes = Recipes(Path(recipes_dir or ASSETS_DIR / "recipes").resolve(), self.runs_dir, policy)
-        self.previews = Previews(machine, policy, in_processes=training_processes)
+        self.previews = Previews(machine, policy)
         self.files = Files(self.runs_dir, policy)
-        # The app's way: each run trains in a process of its own (engine/worker.py); else in a thread of this one.
-        workers = Workers(hub_token=not policy.public) if training_processes else None
-        self.runs = Runs(self.recipes, self.previews, self.files, machine, workers)
+        # ``workers``: a test's, shared between the Studios it makes, which closes it itself.
+        self._own_workers = workers is None
+        self.runs = Runs(self.recipes, self.previews, self.files, machine,
+                         Workers(hub_token=not policy.public) if workers is None else workers)
 
     @property
     def public(self) -> bool:
         return self.policy.public
 
     @property
-    def workers(self) -> Workers | None:
-        """The training processes (engine/worker.py), which the runs own; None: runs train in threads."""
+    def workers(self) -> Workers:
+        """The training processes (engine/worker.py), which the runs own."""
         return self.runs.workers
 
     def allowed_models(self) -> list[str]:
@@ -111,14 +112,12 @@ class Studio:
         """Import the libraries (engine.libraries: whatever needs them meanwhile waits, rather than racing the
         import), detect the hardware, measure the CPU for the estimate while nothing else runs, and load the default
         recipe's model and tokenizer for previews; then warm a training process with that model
-        (engine/worker.py), or, training in a thread, let a Start take this one over (engine.models.take_set_aside).
-        Nothing is loaded beside a training, and a failure here only means the first use loads what it needs."""
+        (engine/worker.py). Nothing is loaded beside a training, and a failure here only means the first use loads
+        what it needs."""
         self._page_opened.wait(page_wait_s)
         started = time.monotonic()
         try:
             import_all()
-            if self.workers is None:
-                from ..engine import progress  # noqa: F401 - the training's callback and its imports: not at Start
             info = self.hardware()
             config = self.recipes.validate(self.recipes.default())
             estimate_run(config, resolve_hardware(config.hardware, info), info)
@@ -129,8 +128,7 @@ class Studio:
         else:
             log.info("Warmed up in %.1f s: the hardware, the training libraries and %s", time.monotonic() - started,
                      config.model.id)
-            if self.workers is not None:
-                self.workers.warm((config.model, config.hardware))
+            self.workers.warm((config.model, config.hardware))
 
     def preflight(self, draft: dict, prompts=None, should_stop: Callable[[], bool] | None = None,
                   on_progress: Callable[[int, int], None] | None = None) -> Preflight:
@@ -153,7 +151,10 @@ class Studio:
 
     def close(self) -> None:
         """The app is closing: a training in a worker process is asked to stop and save its last step, and the warm
-        worker goes."""
-        if self.workers is not None:
-            active = self.runs.training()
-            self.workers.close(active if isinstance(active, WorkerRun) else None)
+        worker goes (unless the workers were given: their owner closes them)."""
+        active = self.runs.training()
+        if self._own_workers:
+            self.workers.close(active)
+        elif active is not None:
+            active.stop()
+            active.wait(STOP_GRACE_S)

@@ -20,12 +20,11 @@ from ..public import Policy
 
 class Previews:
     """The preview model of an app serving under ``policy``; ``hardware(refresh)`` says what this machine has.
-    ``in_processes``: runs train in worker processes of their own, which load their own model."""
+    Runs train in worker processes of their own, which load their own model."""
 
-    def __init__(self, hardware: Callable[..., HardwareInfo], policy: Policy, in_processes: bool) -> None:
+    def __init__(self, hardware: Callable[..., HardwareInfo], policy: Policy) -> None:
         self.hardware = hardware
         self.policy = policy
-        self.in_processes = in_processes
         self.cache = ModelCache(hardware)
 
     def load(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
@@ -69,8 +68,7 @@ class Previews:
             raise BusyError(f"A training is running on this machine; {doing} now would slow it down badly. Wait "
                             "for it to finish or stop it first.")
 
-    def release(self, for_training: bool = False) -> None:
-        """Let go of the preview model; ``for_training`` in a thread of this process: set it aside for the training
-        about to start, which takes it if it is the model and precision it would load
-        (engine.models.ModelCache.release). A worker process has its own (engine/worker.py)."""
-        self.cache.release(for_training and not self.in_processes)
+    def release(self) -> None:
+        """Let go of the preview model: a training about to start needs the memory more (its worker process loads
+        its own, engine/worker.py)."""
+        self.cache.release()

@@ -29,10 +29,10 @@ ESTIMATED_START_S = 60  # loading the model and scoring it on the held-out promp
 
 
 class Runs:
-    """The runs in ``recipes.runs_dir``; each trains in one of ``workers`` (None: a thread of this process)."""
+    """The runs in ``recipes.runs_dir``; each trains in a process of ``workers``."""
 
     def __init__(self, recipes: Recipes, previews: Previews, files: Files, hardware: Callable[..., HardwareInfo],
-                 workers: Workers | None) -> None:
+                 workers: Workers) -> None:
         self.recipes = recipes
         self.previews = previews
         self.files = files
@@ -109,14 +109,14 @@ class Runs:
         """Start the draft, or queue it while another run trains (engine.queue)."""
         config = self.recipes.validate(draft)
         if queue.training_run_id(self.folder) is None:
-            self.previews.release(for_training=True)  # training needs the memory more than a preview does
-        return queue.submit_start(config, self.policy, self.workers)
+            self.previews.release()  # training needs the memory more than a preview does
+        return queue.submit_start(config, policy=self.policy, workers=self.workers)
 
     def resume(self, run_id: str) -> RunDir:
         run = self.owned(run_id, "resume it")
         if queue.training_run_id(self.folder) is None:
-            self.previews.release(for_training=True)
-        return queue.submit_resume(run.path, self.policy, self.workers)
+            self.previews.release()
+        return queue.submit_resume(run.path, policy=self.policy, workers=self.workers)
 
     def stop(self, run_id: str) -> None:
         """Ask a run to stop after its current step, whichever process trains it; a waiting run leaves the queue."""
@@ -135,7 +135,7 @@ class Runs:
         public demo the same thread removes old runs, uploads and download copies (engine.retention)."""
         housekeeping = self._clean_up if self.policy.public else None
         return queue.Scheduler(self.folder, housekeeping=housekeeping, policy=self.policy, workers=self.workers,
-                               before_start=lambda: self.previews.release(for_training=True)).start()
+                               before_start=self.previews.release).start()
 
     def _clean_up(self) -> list:
         """Remove what a public demo keeps no longer: its owner's retention for runs and uploads, an hour for
@@ -178,7 +178,7 @@ class Runs:
         return seconds
 
     def training(self):
-        """The training this app started that is still going (a WorkerRun, or a thread's RunHandle), or None."""
+        """The training this app started that is still going (engine.worker.TrainingProcess), or None."""
         return training.active_run()
 
     def waiting(self) -> list[RunDir]:

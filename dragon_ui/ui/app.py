@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
         os.environ[RUNS_DIR_ENV] = str(Path(args.runs_dir).expanduser().resolve())
 
     _log_to_terminal()
-    studio = Studio(runs_dir=args.runs_dir, policy=Policy.from_env(), training_processes=True)
+    studio = Studio(runs_dir=args.runs_dir, policy=Policy.from_env())
     demo = build_app(studio)
     studio.runs.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
 
