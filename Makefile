@@ -85,19 +85,23 @@ run-cli: install
 
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The newest releases the ranges allow, not the lock (TORCH_SPEC=torch==2.13.0 for the oldest torch the speed-ups
 # were verified with): the tests that follow the libraries most closely, in a venv of their own, .venv-drift.
 # .ci/run runs it so that a new release that breaks them shows up in CI, not at a user's first run. Where the newest
 # releases are the locked ones, make test has just tested them, and it says so instead.
+# It asks as a user's pip does: without this machine's pip configuration, which may cap a package at the release
+# lying on its disk (a CI image's torch) where a user's `pipx install .` takes the newest.
 DRIFT_TESTS ?= tests/test_speedups.py tests/test_training.py tests/test_desktop.py
+DRIFT_PIP = PIP_CONFIG_FILE=/dev/null
 test-drift: install
-	@if [ -z "$(TORCH_SPEC)" ] && $(BIN)/python -m pip install -q --dry-run --ignore-installed --report - \
+	@if [ -z "$(TORCH_SPEC)" ] && $(DRIFT_PIP) $(BIN)/python -m pip install -q --dry-run --ignore-installed --report - \
 	    -r requirements-dev.txt | $(BIN)/python .ci/drift.py constraints.txt; then \
 	  echo "The newest releases the ranges allow are the locked ones (constraints.txt): make test tested them."; \
 	else \
-	  rm -rf .venv-drift && $(MAKE) -s install VENV=.venv-drift LOCKED=no && \
+	  rm -rf .venv-drift && $(DRIFT_PIP) $(MAKE) -s install VENV=.venv-drift LOCKED=no && \
 	  .venv-drift/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|transformers|trl|peft|gradio|pyqt6|pywebview) ' && \
 	  .venv-drift/bin/python -m dragon_ui speedups --verify && \
 	  .venv-drift/bin/python -m pytest $(DRIFT_TESTS) $(PYTEST_ARGS); \
@@ -106,6 +110,7 @@ test-drift: install
 # Everything but the real-model and browser tests: what to run while editing.
 test-fast: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
 # The README's pictures: the browser test on the real default model (a few minutes of CPU training), and the

@@ -219,7 +219,7 @@ def main() -> None:
     instrument(timers)
     with tempfile.TemporaryDirectory() as tmp:
         data = bench_config_dict(args.steps, Path(tmp), dtype=args.dtype, threads=args.threads)
-        config = RunConfig.from_dict(apply_overrides(data, args.set))
+        config = RunConfig.from_dict(apply_overrides(data, args.set), policy=LAPTOP)
         run = training.train_config(config, policy=LAPTOP)
         status = run.read_status()
         assert status["state"] == "succeeded", status.get("error")

@@ -17,6 +17,7 @@ import statistics
 from common import REPO, lesson_draft, table, write_result
 
 from dragon_ui.config import RunConfig
+from dragon_ui.public import LAPTOP
 
 LESSON = REPO / "dragon_ui" / "assets" / "recipes" / "calculator.yaml"
 WINDOW = 4  # steps at each end of a run whose mean says where it started and where it ended
@@ -59,8 +60,8 @@ def main() -> None:
     alone = {key: value for key, value in draft.items() if key != "tools"}
     alone.update(name="calculator-alone", training={**draft["training"], "max_steps": 1, "eval_every": 0})
 
-    without = trained(RunConfig.from_dict(alone))
-    with_tool = trained(RunConfig.from_dict(draft))
+    without = trained(RunConfig.from_dict(alone, policy=LAPTOP))
+    with_tool = trained(RunConfig.from_dict(draft, policy=LAPTOP))
     print(table([["the model alone (no tool)", f"{without['heldout_before']:.3f}", "–", "–"],
                  ["with the calculator", f"{with_tool['heldout_before']:.3f} → {with_tool['heldout_after']:.3f}",
                   f"{with_tool['answer_first']:.3f} → {with_tool['answer_last']:.3f}",

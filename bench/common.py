@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from dragon_ui.public import LAPTOP
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 RECIPE = REPO / "dragon_ui" / "assets" / "recipes" / "arithmetic.yaml"
@@ -25,7 +27,7 @@ def bench_config_dict(steps: int, runs_dir: Path, dtype: str = "float32", thread
     """The arithmetic recipe on the CPU with a fixed number of steps: the issue's 4 prompts x 6 completions x 16 tokens."""
     from dragon_ui.config import RunConfig
 
-    data = RunConfig.from_file(RECIPE).to_dict()
+    data = RunConfig.from_file(RECIPE, policy=LAPTOP).to_dict()
     data["training"].update(max_steps=steps, save_steps=10_000)
     data["hardware"].update(device=device(), dtype=dtype, cpu_threads=threads)
     data["runs_dir"] = str(runs_dir)
@@ -43,7 +45,7 @@ def lesson_draft(recipe: Path, prefix: str, steps: int | None = None) -> dict:
 
     from dragon_ui.config import RunConfig
 
-    draft = RunConfig.from_file(recipe).to_dict()
+    draft = RunConfig.from_file(recipe, policy=LAPTOP).to_dict()
     draft.update(runs_dir=str(Path(tempfile.mkdtemp(prefix=prefix)) / "runs"), n_samples=0)
     draft["hardware"].update(device="cpu")
     if steps:

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from common import RECIPE, REPO, bench_config_dict, median, table, write_result
+from dragon_ui.public import LAPTOP
 
 SIDES = {"off": "held-out checks off", "on": "held-out checks on"}
 
@@ -52,8 +53,8 @@ def default_run_steps() -> int:
     from dragon_ui.data import load_and_map
 
 
-    config = RunConfig.from_file(RECIPE)
-    prompts = len(load_and_map(config.data, base_dir=config.base_dir).train)
+    config = RunConfig.from_file(RECIPE, policy=LAPTOP)
+    prompts = len(load_and_map(config.data, base_dir=config.base_dir, policy=LAPTOP).train)
     return -(-prompts // config.training.batch_size)
 
 

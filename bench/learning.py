@@ -63,14 +63,14 @@ def main() -> None:
     data = bench_config_dict(100_000, workdir / "runs", dtype=args.dtype, threads=args.threads)
     apply_overrides(data, args.set)
     data["training"]["save_steps"] = 100_000
-    config = RunConfig.from_dict(data)
+    config = RunConfig.from_dict(data, policy=LAPTOP)
     hardware = resolve_hardware(config.hardware)
     source = resolve_model(config.model)
     tokenizer = load_tokenizer(source)
-    rewards = build_rewards(config.rewards, tokenizer=tokenizer, max_new_tokens=config.grpo.max_new_tokens)
+    rewards = build_rewards(config.rewards, tokenizer=tokenizer, max_new_tokens=config.grpo.max_new_tokens, policy=LAPTOP)
 
     base_model = load_model(source, hardware)
-    split = load_and_map(config.data, base_dir=config.base_dir)
+    split = load_and_map(config.data, base_dir=config.base_dir, policy=LAPTOP)
     questions = {json.loads(example["row"])["question"] for example in split.train + split.eval}
     fresh = [{"prompt": [{"role": "user", "content": p["question"]}], "reference": p["answer"],
               "row": json.dumps(p)} for p in fresh_problems(questions)]

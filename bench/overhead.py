@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from common import REPO, bench_config_dict, median, table, write_result
+from dragon_ui.public import LAPTOP
 
 
 SIDES = {"plain": "plain TRL script", "dragon-none": "Dragon, speed-ups off",
@@ -76,9 +77,9 @@ def main() -> None:
     from dragon_ui.engine.models import resolve_model
 
     model_dir = resolve_model(ModelConfig()).path
-    config = RunConfig.from_dict(bench_config_dict(args.steps, Path("unused"), dtype=args.dtype, threads=args.threads))
+    config = RunConfig.from_dict(bench_config_dict(args.steps, Path("unused"), dtype=args.dtype, threads=args.threads), policy=LAPTOP)
     prompts = Path(tempfile.mkdtemp()) / "train.jsonl"
-    write_jsonl(prompts, load_and_map(config.data, base_dir=config.base_dir).train)  # Dragon's exact training rows
+    write_jsonl(prompts, load_and_map(config.data, base_dir=config.base_dir, policy=LAPTOP).train)  # Dragon's exact training rows
     sides = [side for pair in args.pairs for side in PAIRS[pair]]
     measured = {side: [] for side in sides}
     lengths = {side: [] for side in sides}

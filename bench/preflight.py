@@ -53,14 +53,14 @@ def main() -> None:
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="bench-preflight-"))
-    data = RunConfig.from_file(RECIPE).to_dict()
+    data = RunConfig.from_file(RECIPE, policy=LAPTOP).to_dict()
     data.update(newcomer_task(folder), name="preflight-bench", runs_dir=str(folder / "runs"))
     data["training"].update(max_steps=args.steps, save_steps=10_000)
     data["hardware"].update(device="cpu")
-    config = RunConfig.from_dict(apply_overrides(data, args.set))
+    config = RunConfig.from_dict(apply_overrides(data, args.set), policy=LAPTOP)
 
     started = time.monotonic()
-    report = preflight(config, ModelCache().load, prompts=args.prompts)
+    report = preflight(config, ModelCache().load, prompts=args.prompts, policy=LAPTOP)
     preflight_s = time.monotonic() - started
     print(report.verdict)
 

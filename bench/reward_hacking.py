@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from common import REPO, table, write_result
+from dragon_ui.public import LAPTOP
 
 LESSON = REPO / "dragon_ui" / "assets" / "recipes" / "reward_hacking.yaml"
 HACKING = {"padding", "heldout_gap", "reward_trade_off", "same_reply", "repetition", "empty_replies"}
@@ -30,7 +31,7 @@ HACKING = {"padding", "heldout_gap", "reward_trade_off", "same_reply", "repetiti
 def lesson_config(fixed: bool, steps: int, runs_dir: Path) -> dict:
     from dragon_ui.config import RunConfig
 
-    config = RunConfig.from_file(LESSON).to_dict()
+    config = RunConfig.from_file(LESSON, policy=LAPTOP).to_dict()
     if fixed:  # the notes' step 2: show_working pays for a short reply instead of a long one
         (reward,) = [r for r in config["rewards"] if r["name"] == "show_working"]
         reward.pop("min_chars")
@@ -97,7 +98,7 @@ def screenshots(runs: list[Path], folder: Path) -> None:
 
     (runs_dir,) = {Path(run).resolve().parent for run in runs}
     ids = [Path(run).name for run in runs]
-    demo = build_app(Studio(runs_dir))
+    demo = build_app(Studio(runs_dir, policy=LAPTOP))
     launch(demo, prevent_thread_lock=True, quiet=True, theme=gr.themes.Soft(primary_hue="emerald"),
            css_paths=[str(REPO / "dragon_ui" / "assets" / "app.css")])
     folder.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from common import REPO, machine, table, write_result
+from dragon_ui.public import LAPTOP
 
 LESSON = REPO / "dragon_ui" / "assets" / "recipes" / "right_not_short.yaml"
 PREFLIGHT_PROMPTS = 32
@@ -29,8 +30,8 @@ def preflight(config: dict) -> dict:
     from dragon_ui.engine.models import ModelCache
     from dragon_ui.engine.preflight import preflight as check
 
-    report = check(RunConfig.from_dict(config, base_dir=str(LESSON.parent)), ModelCache().load,
-                   prompts=PREFLIGHT_PROMPTS)
+    report = check(RunConfig.from_dict(config, base_dir=str(LESSON.parent), policy=LAPTOP), ModelCache().load,
+                   prompts=PREFLIGHT_PROMPTS, policy=LAPTOP)
     return {"verdict": report.verdict, "good": report.good, "goal": report.goal and report.goal.to_dict(),
             "fixes": [fix.__dict__ for fix in report.fixes], "report": report}
 
@@ -67,14 +68,14 @@ def main() -> None:
 
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="dragon-right-not-short-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    shipped = RunConfig.from_file(LESSON).to_dict()
+    shipped = RunConfig.from_file(LESSON, policy=LAPTOP).to_dict()
     shipped.update(runs_dir=str(workdir / "runs"), n_samples=0)
     shipped["data"]["source"] = str(LESSON.parent / shipped["data"]["source"])
     shipped["training"]["max_steps"] = args.steps
-    first = preflight(shipped)
+    first = preflight(shipped, policy=LAPTOP)
     fixed = first["report"].fixes[0].applied_to(shipped)
     fixed["name"] = "right-not-short-fixed"
-    second = preflight(fixed)
+    second = preflight(fixed, policy=LAPTOP)
     runs = {"shipped": shipped, "fixed": fixed}
     results = {}
     for label, config in runs.items():

@@ -17,6 +17,7 @@ import statistics
 import time
 
 from common import REPO, lesson_draft, table, write_result
+from dragon_ui.public import LAPTOP
 
 from dragon_ui.config import RunConfig
 
@@ -26,13 +27,12 @@ WINDOW = 4  # steps at each end of a run whose mean says where it started and wh
 
 def measured(config: RunConfig, prompts: int) -> dict:
     """The pre-flight of ``config``, then its training."""
-    from dragon_ui.public import LAPTOP
     from dragon_ui.engine import training
     from dragon_ui.engine.models import ModelCache
     from dragon_ui.engine.preflight import preflight
 
     started = time.monotonic()
-    report = preflight(config, ModelCache().load, prompts=prompts)
+    report = preflight(config, ModelCache().load, prompts=prompts, policy=LAPTOP)
     preflight_s = time.monotonic() - started
     run = training.train_config(config, policy=LAPTOP)
     state = run.read_status()["state"]
@@ -62,9 +62,9 @@ def main() -> None:
 
     draft = lesson_draft(LESSON, "bench-too-hard-", args.steps)
 
-    as_set = measured(RunConfig.from_dict(draft), args.prompts)
+    as_set = measured(RunConfig.from_dict(draft, policy=LAPTOP), args.prompts)
     (fix,) = [fix for fix in as_set["_report"].fixes if fix.label.startswith("Add partial credit")]
-    fixed = measured(RunConfig.from_dict({**fix.applied_to(draft), "name": "too-hard-fixed"}), args.prompts)
+    fixed = measured(RunConfig.from_dict({**fix.applied_to(draft), "name": "too-hard-fixed"}, policy=LAPTOP), args.prompts)
 
     rows = []
     for label, result in (("as shipped", as_set), (f"with the fix ({fix.label})", fixed)):

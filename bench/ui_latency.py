@@ -22,11 +22,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
 
+    from dragon_ui.public import LAPTOP
     from dragon_ui.studio.backend import Studio
     from dragon_ui.ui import train_tab
 
     with tempfile.TemporaryDirectory() as tmp:
-        studio = Studio(runs_dir=Path(tmp) / "runs")
+        studio = Studio(runs_dir=Path(tmp) / "runs", policy=LAPTOP)
         draft = bench_config_dict(100_000, studio.runs_dir, dtype=args.dtype)
         run = studio.runs.start(draft)
         watch: dict = {}

@@ -148,8 +148,8 @@ def load_config_with_overrides(path: str, overrides: list[str], policy):
 
     config_path = config_file(path)
     if not overrides:
-        return RunConfig.from_file(config_path, policy)
-    settings = apply_overrides(RunConfig.from_file(config_path, policy).to_dict(), overrides)
+        return RunConfig.from_file(config_path, policy=policy)
+    settings = apply_overrides(RunConfig.from_file(config_path, policy=policy).to_dict(), overrides)
     return RunConfig.from_dict(settings, policy=policy)
 
 
@@ -213,7 +213,7 @@ def _cmd_check(args) -> int:
     from .rewards import cannot_pay, goal_names
 
     config = load_config_with_overrides(args.config, args.set, args.policy)
-    found = training.inspect(config, args.policy)
+    found = training.inspect(config, policy=args.policy)
     hardware = found.hardware
     threads = f", {hardware.cpu_threads} thread{'s' if hardware.cpu_threads > 1 else ''}" \
         if hardware.device == "cpu" else ""
@@ -222,7 +222,7 @@ def _cmd_check(args) -> int:
     print(f"Rewards: {', '.join(spec.name for spec in config.rewards)}"
           + (f" (the goal: {', '.join(goal)})" if goal else " (no reward checks the answer: the total is the goal)"))
     references = [example.get("reference") for example in found.mapped.train + found.mapped.eval]
-    for said in cannot_pay(config.rewards, references, args.policy).values():
+    for said in cannot_pay(config.rewards, references, policy=args.policy).values():
         print(f"Warning: {said}")
     if config.tools:
         print(f"Tools: {', '.join(f'{spec.name} ({spec.kind})' for spec in config.tools)}, up to "
@@ -235,7 +235,7 @@ def _cmd_check(args) -> int:
     except DragonError as exc:  # an unknown model size: the run can still start
         print(f"Estimate: none ({exc})")
     if not args.preflight:  # the pre-flight's report has its own, on the prompts it samples
-        print("Red team: " + red_team_of(config, found.mapped.train, hardware.device, args.policy).describe())
+        print("Red team: " + red_team_of(config, found.mapped.train, hardware.device, policy=args.policy).describe())
     print(f"A training could start: python -m dragon_ui train {args.config}"
           + "".join(f" --set {item}" for item in args.set))
     if args.preflight:
@@ -250,7 +250,7 @@ def _preflight(config, found, args) -> None:
     if args.prompts is not None and args.prompts < 1:
         raise ConfigError("--prompts must be at least 1.")
     print("\nPre-flight: sampling the run's groups…", flush=True)
-    report = preflight(config, ModelCache().load, args.policy, prompts=args.prompts, inspection=found,
+    report = preflight(config, ModelCache().load, policy=args.policy, prompts=args.prompts, inspection=found,
                        on_progress=lambda done, total: print(f"  {done} of {total} prompts sampled", flush=True))
     print(report.describe())
 

@@ -23,7 +23,7 @@ from .described import is_described, setting, shown_default
 from .errors import ConfigError, check_length, check_seed, first_line
 from .files import resolve_runs_dir
 from .grpo_math import AGGREGATIONS, SCALE_REWARDS
-from .public import LAPTOP, Policy
+from .public import Policy
 from .rewards import RewardSpec, check_some_weight, parse_rewards
 from .rewards.trl_rewards import overlong_window
 from .tools import ToolSpec, parse_tools
@@ -445,7 +445,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], base_dir: str | os.PathLike | None = None,
-                  policy: Policy = LAPTOP, load_code: bool = True) -> RunConfig:
+                  *, policy: Policy, load_code: bool = True) -> RunConfig:
         """The settings, validated; the rewards ``policy`` refuses are refused before any of their code runs.
         ``load_code`` False reads settings checked when they were saved without running a custom reward's code."""
         if not isinstance(data, dict):
@@ -468,7 +468,7 @@ class RunConfig:
         return config
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, policy: Policy = LAPTOP) -> RunConfig:
+    def from_file(cls, path: str | os.PathLike, *, policy: Policy) -> RunConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"No configuration file at {path}.")

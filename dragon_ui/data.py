@@ -27,7 +27,7 @@ from dragon_ui import ASSETS_DIR
 from dragon_ui.apart import run_apart, runs_apart
 from dragon_ui.errors import ConfigError, check_length, check_seed, first_line
 from dragon_ui.files import replaced_atomically
-from dragon_ui.public import LAPTOP, LIFT, Policy, is_own_upload
+from dragon_ui.public import LIFT, Policy, is_own_upload
 from dragon_ui.chat import last_user_text
 from dragon_ui.described import setting
 from dragon_ui.tables import (SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, check_columns, read_file,
@@ -245,7 +245,7 @@ class HubDataset:
     id: str
 
 
-def locate(source: str, base_dir: str | None = None, policy: Policy = LAPTOP) -> Path | HubDataset:
+def locate(source: str, base_dir: str | None = None, *, policy: Policy) -> Path | HubDataset:
     """Where ``source`` is read from: a local file (looked up in the current folder, then ``base_dir``, the folder
     of the config file, so a config and its data can be moved together), or a Hub dataset.
 
@@ -287,7 +287,7 @@ def _candidate_paths(source: str, base_dir: str | None) -> list[Path]:
     return candidates
 
 
-def rows_to_read(max_rows: int | None, policy: Policy = LAPTOP) -> int | None:
+def rows_to_read(max_rows: int | None, *, policy: Policy) -> int | None:
     """How many rows to read at most: the rows asked for (``data.max_rows``); in a public demo one more than its
     limit whatever is asked (enough to tell that a file has too many, and the same read for every Max rows, so a
     visitor cannot make the app read a file again and again)."""
@@ -295,14 +295,14 @@ def rows_to_read(max_rows: int | None, policy: Policy = LAPTOP) -> int | None:
 
 
 def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None,
-               sheet: str | None = None, max_rows: int | None = None, policy: Policy = LAPTOP) -> Table:
+               sheet: str | None = None, max_rows: int | None = None, *, policy: Policy) -> Table:
     """Read the rows of a local file (``sheet`` of a spreadsheet) or a Hub dataset, and what reading them took: the
     first ``max_rows`` (and, in a public demo, never more than one past its row limit).
 
     A public demo reads only what :func:`locate` allows, and a Hub id from the Hub alone.
     """
-    place = locate(source, base_dir, policy)
-    limit = rows_to_read(max_rows, policy)
+    place = locate(source, base_dir, policy=policy)
+    limit = rows_to_read(max_rows, policy=policy)
     if isinstance(place, HubDataset):
         return Table(_load_hub(place.id, hub_config, hub_split, limit, policy))
     if not place.exists():
@@ -507,7 +507,7 @@ def _row_fields(row: dict, number: int, mapped: dict[str, str]) -> dict[str, str
     return fields
 
 
-def map_rows(rows: list[dict], config: DataConfig, policy: Policy = LAPTOP, first_row: int = 1) -> MappedData:
+def map_rows(rows: list[dict], config: DataConfig, *, policy: Policy, first_row: int = 1) -> MappedData:
     """Turn raw rows into chat-format examples and split off a seeded, reproducible held-out set (within
     ``policy``'s limits of rows and held-out prompts). ``first_row``: the row of the file ``rows`` start at, which
     numbers the examples and the messages."""
@@ -620,12 +620,12 @@ def _split(examples: list[dict], eval_frac: float, seed: int, limit: int | None)
     )
 
 
-def load_and_map(config: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP) -> MappedData:
+def load_and_map(config: DataConfig, base_dir: str | None = None, *, policy: Policy) -> MappedData:
     """Validate, load and map in one go: what training and the data preview both need."""
     config.validate()
     table = read_table(config.source, config.hub_config, config.hub_split, base_dir=base_dir, sheet=config.sheet,
                        max_rows=config.max_rows, policy=policy)
-    mapped = map_rows(table.rows, config, policy)
+    mapped = map_rows(table.rows, config, policy=policy)
     mapped.notes = table.notes
     return mapped
 

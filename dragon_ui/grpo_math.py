@@ -12,6 +12,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 STD_EPSILON = 1e-4  # TRL adds it to the spread before dividing, so a group whose scores barely differ stays finite
 # Totals closer than this, relative to the largest, are the same: a weighted total is rounded (1.0 + 0.3 is not 1.3
@@ -23,27 +24,32 @@ AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 Scores = Mapping[str, float | None]
 
 
-def finite_number(value) -> float | None:
+def finite_number(value: object) -> float | None:
     """The value if it is a finite number (not a bool), else None: records are read as they are, and a value may be
     missing, NaN, or anything a hand-edited file holds."""
+    return value if finite(value) else None
+
+
+def finite(value: object) -> TypeGuard[float]:
+    """Whether the value is a finite number (not a bool): a score a reward gave."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
+        return False
     try:
-        return value if math.isfinite(value) else None
+        return math.isfinite(value)
     except OverflowError:  # an integer too large for a float
-        return None
+        return False
 
 
 def known(values: Iterable[float | None]) -> list[float]:
     """The values that are finite numbers (a reward that failed or returned None has no score)."""
-    return [v for v in values if finite_number(v) is not None]
+    return [v for v in values if finite(v)]
 
 
 def weighted_total(scores: Scores, weights: Mapping[str, float]) -> float | None:
     """Σ weight × score over the rewards that scored (TRL's nansum); None when none did: TRL then leaves the
     completion out of its group's mean and gives it no advantage."""
     parts = [(weights[name], score) for name, score in scores.items()
-             if name in weights and known([score])]
+             if name in weights and finite(score)]
     return sum(weight * score for weight, score in parts) if parts else None  # inf where TRL's would be
 
 
@@ -102,9 +108,9 @@ def advantages(groups: Sequence[Sequence[Scores]], weights: Mapping[str, float],
             divisors = [(sample_std(v for group in compared for v in group) or 0.0) + STD_EPSILON] * len(compared)
         else:
             divisors = [None] * len(compared)
-    values = [[(v - baseline) / (divisor or 1.0) if known([v]) and baseline is not None else 0.0 for v in group]
-              for group, baseline, divisor in zip(compared, baselines, divisors, strict=True)]
-    return Advantages(values, compared, baselines, divisors)
+    per_completion = [[(v - baseline) / (divisor or 1.0) if finite(v) and baseline is not None else 0.0 for v in group]
+                      for group, baseline, divisor in zip(compared, baselines, divisors, strict=True)]
+    return Advantages(per_completion, compared, baselines, divisors)
 
 
 def _normalised_sums(group: Sequence[Scores], weights: Mapping[str, float]) -> list[float | None]:
@@ -118,6 +124,6 @@ def _normalised_sums(group: Sequence[Scores], weights: Mapping[str, float]) -> l
             continue
         mean, divisor = statistics.fmean(values), (sample_std(values) or 0.0) + STD_EPSILON
         for index, score in enumerate(column):
-            if known([score]):
+            if finite(score):
                 relative[index][name] = (score - mean) / divisor
     return [weighted_total(scores, weights) for scores in relative]

@@ -13,9 +13,11 @@ import ipaddress
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any, cast
 
 from .errors import ConfigError
 
@@ -29,7 +31,7 @@ HUB_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH")  # how the 
 SHARE_WINDOW_S = 600  # the window of each network address's share of the disk (Limits.disk_mb, Limits.disk_files)
 
 
-def _limit(default: float, env: str, meaning: str):
+def _limit(default: float, env: str, meaning: str) -> Any:
     return field(default=default, metadata={"env": env, "meaning": meaning})
 
 
@@ -79,7 +81,7 @@ class Limits:
     def from_env(cls) -> Limits:
         """The defaults, with each limit the environment sets; a value that is not a positive number is refused
         when the app starts, not when a visitor meets it."""
-        values = {}
+        values: dict[str, Any] = {}
         for limit in fields(cls):
             raw = os.environ.get(limit.metadata["env"], "").strip()
             if not raw:
@@ -98,7 +100,8 @@ class Limits:
     @staticmethod
     def documented() -> list[tuple[str, str, float]]:
         """(environment variable, what it limits, default) of every limit, for the reference and the app."""
-        return [(limit.metadata["env"], limit.metadata["meaning"], limit.default) for limit in fields(Limits)]
+        return [(limit.metadata["env"], limit.metadata["meaning"], cast(float, limit.default))
+                for limit in fields(Limits)]
 
     @staticmethod
     def table() -> str:
@@ -186,13 +189,13 @@ class Policy:
         host = hops[-self.proxies] if 0 < self.proxies <= len(hops) and hops[-self.proxies] else connection
         return key_of(f"address:{_one_visitor(host)}") if host else None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """What a training process needs of it (not the owner key): the app hands it over with each run."""
         return {"limits": None if self.limits is None else asdict(self.limits), "models": list(self.models),
                 "classifiers": list(self.classifiers)}
 
     @classmethod
-    def from_json(cls, data: dict) -> Policy:
+    def from_json(cls, data: dict[str, Any]) -> Policy:
         limits = data.get("limits")
         return cls(limits=None if limits is None else Limits(**limits), models=tuple(data.get("models") or ()),
                    classifiers=tuple(data.get("classifiers") or ()))
@@ -220,7 +223,7 @@ class _Spending:
     """One asker's spending in the window: [second, amount] counts, oldest first, and their total."""
 
     def __init__(self) -> None:
-        self.counts: collections.deque[list] = collections.deque()
+        self.counts: collections.deque[list[float]] = collections.deque()
         self.total = 0.0
 
 
@@ -304,7 +307,7 @@ def visitor() -> Visitor:
 
 
 @contextlib.contextmanager
-def visiting(who: Visitor):
+def visiting(who: Visitor) -> Iterator[None]:
     """Serve the block as ``who``."""
     token = _current.set(who)
     try:

@@ -231,7 +231,7 @@ def _trained_tiny_run(tiny_model_dir, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("trained")
     config = tiny_config(tiny_model_dir, folder, folder / "runs")
     config["hardware"]["dtype"] = "float32"
-    run = training.train_config(RunConfig.from_dict(config), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(config, policy=LAPTOP), policy=LAPTOP)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
     return run.path
@@ -245,13 +245,14 @@ def finished_run(_trained_tiny_run, runs_dir):
     import shutil
 
     from dragon_ui.config import RunConfig
+    from dragon_ui.public import LAPTOP
     from dragon_ui.runstore import RunDir
 
     copy = runs_dir / _trained_tiny_run.name
     shutil.copytree(_trained_tiny_run, copy)
     config = json.loads((copy / "config.json").read_text(encoding="utf-8"))
     config["runs_dir"] = str(runs_dir)
-    (copy / "config.json").write_text(json.dumps(RunConfig.from_dict(config).to_dict()), encoding="utf-8")
+    (copy / "config.json").write_text(json.dumps(RunConfig.from_dict(config, policy=LAPTOP).to_dict()), encoding="utf-8")
     return RunDir(copy)
 
 

@@ -256,7 +256,7 @@ def drive(window) -> None:
 
         reached("page")
         # In a training process of the app's, as Start does: the window's app sees it (training.active_run).
-        run = queue.submit_start(RunConfig.from_file(config_path), policy=LAPTOP, workers=Workers())
+        run = queue.submit_start(RunConfig.from_file(config_path, policy=LAPTOP), policy=LAPTOP, workers=Workers())
         seen["run_dir"] = str(run.path)
         deadline = time.monotonic() + 180
         while (run.read_status().get("step") or 0) < 1 and time.monotonic() < deadline:

@@ -34,8 +34,8 @@ def direct_logits(folder: Path, text: str) -> list[float]:
 
 
 def classifier_reward(folder: Path, **settings):
-    specs = parse_rewards([{"kind": "classifier", "model": str(folder), **settings}])
-    return build_rewards(specs, classifiers=classifiers_on("cpu"))
+    specs = parse_rewards([{"kind": "classifier", "model": str(folder), **settings}], policy=LAPTOP)
+    return build_rewards(specs, classifiers=classifiers_on("cpu"), policy=LAPTOP)
 
 
 @pytest.mark.parametrize("label, output, index", [("POSITIVE", "probability", 1), ("negative", "probability", 0),
@@ -64,11 +64,11 @@ def test_a_batch_is_scored_in_one_go_and_agrees_with_one_at_a_time(classifier_di
 
 def test_settings_are_checked_with_the_field_named(classifier_dir):
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.model is missing"):
-        parse_rewards([{"kind": "classifier", "label": "POSITIVE"}])
+        parse_rewards([{"kind": "classifier", "label": "POSITIVE"}], policy=LAPTOP)
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.label is missing"):
-        parse_rewards([{"kind": "classifier", "model": "x/y"}])
+        parse_rewards([{"kind": "classifier", "model": "x/y"}], policy=LAPTOP)
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.output 'odds' is not one of: probability, logit"):
-        parse_rewards([{"kind": "classifier", "model": "x/y", "label": "1", "output": "odds"}])
+        parse_rewards([{"kind": "classifier", "model": "x/y", "label": "1", "output": "odds"}], policy=LAPTOP)
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.label 'JOY' is not a label of .*; its labels are: "
                                           r"0 NEGATIVE, 1 POSITIVE"):
         classifier_reward(classifier_dir, label="JOY")
@@ -76,7 +76,7 @@ def test_settings_are_checked_with_the_field_named(classifier_dir):
         classifier_reward(classifier_dir.parent, label="1")  # a folder without a model in it
     with pytest.raises(ConfigError, match="is not a label of"):
         classifier_reward(classifier_dir, label="²")  # a digit to isdigit(), not to int()
-    assert reward_rule(parse_rewards([{"kind": "classifier", "model": "m", "label": "POSITIVE"}])[0]) == \
+    assert reward_rule(parse_rewards([{"kind": "classifier", "model": "m", "label": "POSITIVE"}], policy=LAPTOP)[0]) == \
         "m says POSITIVE (its probability)"
 
 
@@ -91,13 +91,13 @@ def test_check_finds_a_wrong_label_before_the_run_starts(tiny_config_dict, class
 
     tiny_config_dict["rewards"] = [{"kind": "classifier", "model": str(classifier_dir), "label": "JOY"}]
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.label 'JOY' is not a label"):
-        training.inspect(RunConfig.from_dict(tiny_config_dict))
+        training.inspect(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
 
 
 def test_rewards_naming_one_classifier_share_its_forward_pass(classifier_dir, monkeypatch):
     specs = parse_rewards([{"kind": "classifier", "name": f"c{i}", "model": str(classifier_dir), "label": "1"}
-                           for i in range(5)])
-    rewards = build_rewards(specs, classifiers=classifiers_on("cpu"))
+                           for i in range(5)], policy=LAPTOP)
+    rewards = build_rewards(specs, classifiers=classifiers_on("cpu"), policy=LAPTOP)
     classifier = load_classifier(str(classifier_dir), "cpu")
     passes = []
     original = type(classifier.model).forward
@@ -111,7 +111,7 @@ def test_rewards_naming_one_classifier_share_its_forward_pass(classifier_dir, mo
 
 
 def test_without_a_loader_it_fails_on_each_reply_in_words():
-    rewards = build_rewards(parse_rewards([{"kind": "classifier", "model": "x/y", "label": "1"}]))
+    rewards = build_rewards(parse_rewards([{"kind": "classifier", "model": "x/y", "label": "1"}], policy=LAPTOP), policy=LAPTOP)
     assert "the classifier model is not loaded here" in score_completion(rewards, "hi").errors["classifier"]
 
 
@@ -119,7 +119,7 @@ def test_a_public_demo_offers_only_the_classifiers_its_owner_lists(classifier_di
     from dragon_ui.public import LAPTOP, Limits, Policy
 
     settings = [{"kind": "classifier", "model": str(classifier_dir), "label": "POSITIVE"}]
-    specs = parse_rewards(settings)  # the settings themselves are fine anywhere
+    specs = parse_rewards(settings, policy=LAPTOP)  # the settings themselves are fine anywhere
     build_rewards(specs, policy=LAPTOP)
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.model .* is not offered as a classifier in this public "
                                           r"demo; it offers none .*DRAGON_UI_PUBLIC_CLASSIFIERS"):
@@ -137,10 +137,10 @@ def test_a_public_run_uses_one_classifier_model(tiny_config_dict, classifier_dir
     tiny_config_dict["rewards"] = [{"kind": "classifier", "name": f"c{i}", "model": model, "label": "1"}
                                    for i, model in enumerate(("org/other", str(classifier_dir)))]
     with pytest.raises(ConfigError, match="The rewards use 2 classifier models; a run in this public demo may use one"):
-        public_checks.check_run(RunConfig.from_dict(tiny_config_dict), demo, reads_data=False)
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), demo, reads_data=False)
     tiny_config_dict["rewards"][0]["model"] = "org/unlisted"
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.model 'org/unlisted' is not offered as a classifier"):
-        public_checks.check_run(RunConfig.from_dict(tiny_config_dict), demo, reads_data=False)
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), demo, reads_data=False)
 
 
 def test_the_estimate_counts_the_classifiers_memory(tiny_config_dict, classifier_dir):
@@ -148,9 +148,9 @@ def test_the_estimate_counts_the_classifiers_memory(tiny_config_dict, classifier
     from dragon_ui.engine.hardware import HardwareInfo, resolve_hardware
 
     info = HardwareInfo(cuda=[], mps=False, cpu_cores=2)
-    plain = RunConfig.from_dict(tiny_config_dict)
+    plain = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     tiny_config_dict["rewards"].append({"kind": "classifier", "model": str(classifier_dir), "label": "POSITIVE"})
-    with_classifier = RunConfig.from_dict(tiny_config_dict)
+    with_classifier = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     before = estimate_run(plain, resolve_hardware(plain.hardware, info), info, cpu_flops=1e11)
     after = estimate_run(with_classifier, resolve_hardware(with_classifier.hardware, info), info, cpu_flops=1e11)
     parameters = sum(p.numel() for p in BertForSequenceClassification.from_pretrained(classifier_dir).parameters())
@@ -162,7 +162,7 @@ def test_the_playground_scores_a_typed_reply_with_it(tiny_config_dict, classifie
     from dragon_ui.studio.playground import playground_rewards
 
     draft = {**tiny_config_dict, "rewards": [{"kind": "classifier", "model": str(classifier_dir), "label": "1"}]}
-    score = score_completion(playground_rewards(draft), "42").scores["classifier"]
+    score = score_completion(playground_rewards(draft, policy=LAPTOP), "42").scores["classifier"]
     logits = direct_logits(classifier_dir, "42")
     assert score == pytest.approx(math.exp(logits[1]) / sum(map(math.exp, logits)), abs=1e-5)
 
@@ -171,7 +171,7 @@ def test_a_short_cpu_training_is_scored_by_the_classifier(tiny_config_dict, clas
     from dragon_ui.engine import training
 
     tiny_config_dict["rewards"] = [{"kind": "classifier", "model": str(classifier_dir), "label": "POSITIVE"}]
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
     assert all(row["errors"]["classifier"] == 0 for row in run.read_progress())

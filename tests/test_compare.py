@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture
 def studio(runs_dir):
-    return Studio(runs_dir=runs_dir)
+    return Studio(runs_dir=runs_dir, policy=LAPTOP)
 
 
 def base_and_adapter(tiny_model_dir, adapter_dir):
@@ -83,10 +83,10 @@ def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_r
     assert [bar["after"] for bar in shown.bars] == [None, None, None]
 
     # A cancel before the first batch leaves the files as they were.
-    progress = list(evaluation.evaluate_now(studio.previews.load, finished_run, should_stop=lambda: True))
+    progress = list(evaluation.evaluate_now(studio.previews.load, finished_run, should_stop=lambda: True, policy=LAPTOP))
     assert progress[-1].startswith("Cancelled") and "after" not in finished_run.read_eval()
 
-    progress = list(evaluation.evaluate_now(studio.previews.load, finished_run))
+    progress = list(evaluation.evaluate_now(studio.previews.load, finished_run, policy=LAPTOP))
     assert progress[-1].startswith("Done") and "checkpoint-2" in progress[-1]
     scored = finished_run.read_eval()
     assert scored["before"] == original_eval["before"]  # already scored by training: kept, not recomputed
@@ -96,7 +96,7 @@ def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_r
     config = finished_run.read_config()
     examples = evaluation.held_out_examples(finished_run)
     _, adapted, tokenizer = base_and_adapter(tiny_model_dir, finished_run.latest_checkpoint())
-    expected = evaluate_model(adapted, tokenizer, examples, build_rewards(config.rewards), config.grpo.max_new_tokens)
+    expected = evaluate_model(adapted, tokenizer, examples, build_rewards(config.rewards, policy=LAPTOP), config.grpo.max_new_tokens)
     assert scored["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
     assert scored["after"]["reward_breakdown"] == pytest.approx(expected.breakdown)
     samples = finished_run.read_samples()
@@ -107,7 +107,7 @@ def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_r
     # Without any stored score, both sides are computed; "before" matches what training recorded.
     finished_run.eval_path.unlink()
     finished_run.samples_path.unlink()
-    list(evaluation.evaluate_now(studio.previews.load, finished_run))
+    list(evaluation.evaluate_now(studio.previews.load, finished_run, policy=LAPTOP))
     scored = finished_run.read_eval()
     assert scored["before"]["reward_mean"] == pytest.approx(original_eval["before"]["reward_mean"])
     assert scored["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
@@ -116,14 +116,14 @@ def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_r
 def test_evaluate_now_explains_what_is_missing(finished_run, studio):
     with pytest.raises(ConfigError, match="still running"):
         finished_run.update_status(state="running", pid=None)
-        next(evaluation.evaluate_now(studio.previews.load, finished_run))
+        next(evaluation.evaluate_now(studio.previews.load, finished_run, policy=LAPTOP))
     finished_run.update_status(state="cancelled")
     # What a dataset too small to hold prompts out leaves: an empty eval.jsonl and no scores.
     (finished_run.eval_data_path).write_text("")
     finished_run.eval_path.unlink()
     finished_run.samples_path.unlink()
     with pytest.raises(ConfigError, match="no held-out prompts"):
-        next(evaluation.evaluate_now(studio.previews.load, finished_run))
+        next(evaluation.evaluate_now(studio.previews.load, finished_run, policy=LAPTOP))
     shown = compare.comparison(finished_run)
     assert "no held-out prompts" in shown.summary and not shown.can_evaluate and shown.bars == shown.table == []
 
@@ -131,7 +131,7 @@ def test_evaluate_now_explains_what_is_missing(finished_run, studio):
 def test_answer_both_gives_the_starting_and_the_trained_reply(tiny_config_dict, studio, tiny_model_dir):
     tiny_config_dict["data"]["system"] = "Answer with one number."  # the free prompt is asked like training prompts
     tiny_config_dict["hardware"]["dtype"] = "float32"
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     strengthen_adapter(run)
 
     before, after = compare.answer_both(studio, run, "What is 3 + 4?", max_new_tokens=12)
@@ -176,7 +176,7 @@ def test_full_fine_tuning_runs_compare_two_separate_models(tiny_config_dict, stu
 
     tiny_config_dict["lora"] = {"enabled": False}
     tiny_config_dict["hardware"]["dtype"] = "float32"
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     # Make the trained model visibly different from the starting one.
     trained = AutoModelForCausalLM.from_pretrained(run.full_model_dir, dtype=torch.float32)
     torch.manual_seed(0)
@@ -192,9 +192,9 @@ def test_full_fine_tuning_runs_compare_two_separate_models(tiny_config_dict, stu
     assert before == generate_replies(base, tokenizer, conversation, 12)[0]
     assert after == generate_replies(trained, tokenizer, conversation, 12)[0] != before
 
-    list(evaluation.evaluate_now(studio.previews.load, run))
+    list(evaluation.evaluate_now(studio.previews.load, run, policy=LAPTOP))
     config = run.read_config()
-    expected = evaluate_model(trained, tokenizer, evaluation.held_out_examples(run), build_rewards(config.rewards),
+    expected = evaluate_model(trained, tokenizer, evaluation.held_out_examples(run), build_rewards(config.rewards, policy=LAPTOP),
                               config.grpo.max_new_tokens)
     assert run.read_eval()["after"]["reward_mean"] == pytest.approx(expected.reward_mean)
     assert run.read_eval()["after"]["weights"] == "the final model"

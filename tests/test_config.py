@@ -14,6 +14,7 @@ from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig, documented_settings, s
 from dragon_ui.described import plain
 from dragon_ui.files import RUNS_DIR_ENV
 from dragon_ui.errors import ConfigError
+from dragon_ui.public import LAPTOP
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "dragon_ui" / "assets" / "recipes" / "arithmetic.yaml"
@@ -74,7 +75,7 @@ DELETE = object()
     ("model.id", "HuggingFaceTB/SmolLM2-135M-Instruct"),
 ])
 def test_defaults_match_the_reference_api(attribute, expected):
-    value = RunConfig.from_dict(MINIMAL)
+    value = RunConfig.from_dict(MINIMAL, policy=LAPTOP)
     for part in attribute.split("."):
         value = getattr(value, part)
     assert value == expected
@@ -142,7 +143,7 @@ BAD_SETTINGS = [
                          ids=[f"{d}={v!r}" if v is not DELETE else f"{d} missing" for d, v, _ in BAD_SETTINGS])
 def test_bad_setting_raises_config_error_naming_the_field(dotted, value, expected):
     with pytest.raises(ConfigError) as caught:
-        RunConfig.from_dict(with_setting(dotted, value))
+        RunConfig.from_dict(with_setting(dotted, value), policy=LAPTOP)
     assert expected in str(caught.value)
 
 
@@ -154,7 +155,7 @@ def test_bad_setting_raises_config_error_naming_the_field(dotted, value, expecte
 ])
 def test_unknown_settings_are_rejected_by_name(data, expected):
     with pytest.raises(ConfigError) as caught:
-        RunConfig.from_dict(data)
+        RunConfig.from_dict(data, policy=LAPTOP)
     for text in expected:
         assert text in str(caught.value)
 
@@ -162,19 +163,19 @@ def test_unknown_settings_are_rejected_by_name(data, expected):
 def test_load_in_4bit_needs_lora():
     data = with_setting("hardware.load_in_4bit", True, with_setting("lora.enabled", False))
     with pytest.raises(ConfigError, match=r"hardware\.load_in_4bit"):
-        RunConfig.from_dict(data)
-    assert RunConfig.from_dict(with_setting("hardware.load_in_4bit", True)).hardware.load_in_4bit is True
+        RunConfig.from_dict(data, policy=LAPTOP)
+    assert RunConfig.from_dict(with_setting("hardware.load_in_4bit", True), policy=LAPTOP).hardware.load_in_4bit is True
 
 
 @pytest.mark.parametrize("data", [None, [], "rewards: numeric", 3])
 def test_non_mapping_config_is_rejected(data):
     with pytest.raises(ConfigError):
-        RunConfig.from_dict(data)
+        RunConfig.from_dict(data, policy=LAPTOP)
 
 
 def test_config_error_is_a_value_error_with_one_sentence():
     with pytest.raises(ValueError) as caught:
-        RunConfig.from_dict(with_setting("grpo.group_size", 1))
+        RunConfig.from_dict(with_setting("grpo.group_size", 1), policy=LAPTOP)
     message = str(caught.value)
     assert "\n" not in message and message.rstrip().endswith(".")
 
@@ -182,7 +183,7 @@ def test_config_error_is_a_value_error_with_one_sentence():
 def test_from_dict_does_not_modify_its_input():
     data = with_setting("model", "some/id")
     before = copy.deepcopy(data)
-    RunConfig.from_dict(data)
+    RunConfig.from_dict(data, policy=LAPTOP)
     assert data == before
 
 
@@ -203,7 +204,7 @@ def test_from_dict_does_not_modify_its_input():
     ("model", {"id": "other/id", "revision": "main"}, "model.revision", "main"),
 ])
 def test_lossless_coercions_are_accepted(dotted, value, attribute, expected):
-    result = RunConfig.from_dict(with_setting(dotted, value))
+    result = RunConfig.from_dict(with_setting(dotted, value), policy=LAPTOP)
     for part in attribute.split("."):
         result = getattr(result, part)
     assert result == expected
@@ -214,7 +215,7 @@ def test_yaml_exponent_without_dot_loads_as_text_and_is_coerced(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(MINIMAL) + "training:\n  learning_rate: 1e-5\n", encoding="utf-8")
     assert isinstance(yaml.safe_load(path.read_text())["training"]["learning_rate"], str)
-    assert RunConfig.from_file(path).training.learning_rate == 1e-5
+    assert RunConfig.from_file(path, policy=LAPTOP).training.learning_rate == 1e-5
 
 
 # ------------------------------------------------------------------------------------------------ from_file
@@ -230,7 +231,7 @@ def test_from_file_reads_yaml_and_json(tmp_path, suffix, dump):
     data = with_setting("grpo.group_size", 8, with_setting("model", "some/id"))
     path = tmp_path / f"run{suffix}"
     path.write_text(dump(data), encoding="utf-8")
-    config = RunConfig.from_file(path)
+    config = RunConfig.from_file(path, policy=LAPTOP)
     assert config.grpo.group_size == 8
     assert config.model.id == "some/id"
     assert config.base_dir == str(tmp_path.resolve())
@@ -248,7 +249,7 @@ def test_malformed_files_give_config_error(tmp_path, name, text, expected):
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError) as caught:
-        RunConfig.from_file(path)
+        RunConfig.from_file(path, policy=LAPTOP)
     assert expected in str(caught.value)
 
 
@@ -256,17 +257,17 @@ def test_file_that_is_not_utf8_gives_config_error(tmp_path):
     path = tmp_path / "binary.yaml"
     path.write_bytes(b"name: \xff\xfe\x00run\n")
     with pytest.raises(ConfigError, match="binary.yaml"):
-        RunConfig.from_file(path)
+        RunConfig.from_file(path, policy=LAPTOP)
 
 
 @pytest.mark.parametrize("make_path", [lambda tmp: tmp / "missing.yaml", lambda tmp: tmp])
 def test_missing_file_gives_config_error(tmp_path, make_path):
     with pytest.raises(ConfigError, match="No configuration file"):
-        RunConfig.from_file(make_path(tmp_path))
+        RunConfig.from_file(make_path(tmp_path), policy=LAPTOP)
 
 
 def test_bundled_arithmetic_recipe_loads():
-    config = RunConfig.from_file(RECIPE)
+    config = RunConfig.from_file(RECIPE, policy=LAPTOP)
     assert config.name == "arithmetic"
     assert config.model.id == DEFAULT_MODEL_ID
     assert config.grpo.group_size == 6
@@ -304,8 +305,8 @@ ROUND_TRIP_CASES = [
 
 @pytest.mark.parametrize("data", ROUND_TRIP_CASES, ids=["minimal", "everything"])
 def test_to_dict_round_trips(data, tmp_path):
-    config = RunConfig.from_dict(data, base_dir=tmp_path)
-    again = RunConfig.from_dict(config.to_dict())
+    config = RunConfig.from_dict(data, base_dir=tmp_path, policy=LAPTOP)
+    again = RunConfig.from_dict(config.to_dict(), policy=LAPTOP)
     assert again == config
     assert again.to_dict() == config.to_dict()
     json.dumps(config.to_dict())  # what a run folder stores must be plain JSON
@@ -313,27 +314,27 @@ def test_to_dict_round_trips(data, tmp_path):
 
 @pytest.mark.parametrize("data", ROUND_TRIP_CASES, ids=["minimal", "everything"])
 def test_to_yaml_parses_back(data, tmp_path):
-    config = RunConfig.from_dict(data, base_dir=tmp_path)
+    config = RunConfig.from_dict(data, base_dir=tmp_path, policy=LAPTOP)
     parsed = yaml.safe_load(config.to_yaml())
     assert "base_dir" not in parsed
-    again = RunConfig.from_dict(parsed, base_dir=tmp_path)
+    again = RunConfig.from_dict(parsed, base_dir=tmp_path, policy=LAPTOP)
     assert again == config
 
 
 def test_to_yaml_file_loads_with_from_file(tmp_path):
-    config = RunConfig.from_file(RECIPE)
+    config = RunConfig.from_file(RECIPE, policy=LAPTOP)
     path = tmp_path / "copy.yaml"
     path.write_text(config.to_yaml(), encoding="utf-8")
-    again = RunConfig.from_file(path)
+    again = RunConfig.from_file(path, policy=LAPTOP)
     assert again.base_dir == str(tmp_path.resolve())
     again.base_dir = config.base_dir
     assert again == config
 
 
 def test_base_dir_argument_does_not_override_a_stored_one(tmp_path):
-    stored = RunConfig.from_dict(MINIMAL, base_dir=tmp_path / "first").to_dict()
-    assert RunConfig.from_dict(stored, base_dir=tmp_path / "second").base_dir == str((tmp_path / "first").resolve())
-    assert RunConfig.from_dict(MINIMAL).base_dir == ""
+    stored = RunConfig.from_dict(MINIMAL, base_dir=tmp_path / "first", policy=LAPTOP).to_dict()
+    assert RunConfig.from_dict(stored, base_dir=tmp_path / "second", policy=LAPTOP).base_dir == str((tmp_path / "first").resolve())
+    assert RunConfig.from_dict(MINIMAL, policy=LAPTOP).base_dir == ""
 
 
 # ------------------------------------------------------------------------------------------- derived values
@@ -342,22 +343,22 @@ def test_base_dir_argument_does_not_override_a_stored_one(tmp_path):
 def test_resolved_runs_dir_prefers_setting_then_environment_then_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(RUNS_DIR_ENV, raising=False)
-    assert RunConfig.from_dict(MINIMAL).resolved_runs_dir() == (tmp_path / "runs").resolve()
+    assert RunConfig.from_dict(MINIMAL, policy=LAPTOP).resolved_runs_dir() == (tmp_path / "runs").resolve()
 
     monkeypatch.setenv(RUNS_DIR_ENV, str(tmp_path / "from-env"))
-    assert RunConfig.from_dict(MINIMAL).resolved_runs_dir() == (tmp_path / "from-env").resolve()
+    assert RunConfig.from_dict(MINIMAL, policy=LAPTOP).resolved_runs_dir() == (tmp_path / "from-env").resolve()
 
-    config = RunConfig.from_dict({**MINIMAL, "runs_dir": str(tmp_path / "from-config")})
+    config = RunConfig.from_dict({**MINIMAL, "runs_dir": str(tmp_path / "from-config")}, policy=LAPTOP)
     assert config.resolved_runs_dir() == (tmp_path / "from-config").resolve()
 
-    relative = RunConfig.from_dict({**MINIMAL, "runs_dir": "rel"})
+    relative = RunConfig.from_dict({**MINIMAL, "runs_dir": "rel"}, policy=LAPTOP)
     assert relative.resolved_runs_dir().is_absolute()
     assert relative.resolved_runs_dir() == (tmp_path / "rel").resolve()
 
 
 def test_resolved_runs_dir_expands_home(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
-    config = RunConfig.from_dict({**MINIMAL, "runs_dir": "~/my-runs"})
+    config = RunConfig.from_dict({**MINIMAL, "runs_dir": "~/my-runs"}, policy=LAPTOP)
     assert config.resolved_runs_dir() == (tmp_path / "my-runs").resolve()
 
 
@@ -371,7 +372,7 @@ def test_resolved_runs_dir_expands_home(monkeypatch, tmp_path):
 def test_completions_per_step(batch_size, group_size, grad_accum, expected):
     data = {**MINIMAL, "grpo": {"group_size": group_size},
             "training": {"batch_size": batch_size, "grad_accum": grad_accum}}
-    assert RunConfig.from_dict(data).completions_per_step == expected
+    assert RunConfig.from_dict(data, policy=LAPTOP).completions_per_step == expected
 
 
 @pytest.mark.parametrize("override, path, expected", [
@@ -390,7 +391,7 @@ def test_completions_per_step(batch_size, group_size, grad_accum, expected):
 def test_set_takes_text_as_typed_and_reads_other_settings_as_yaml(tiny_config_dict, override, path, expected):
     from dragon_ui.config import apply_overrides
 
-    config = RunConfig.from_dict(apply_overrides(tiny_config_dict, [override])).to_dict()
+    config = RunConfig.from_dict(apply_overrides(tiny_config_dict, [override]), policy=LAPTOP).to_dict()
     value = config
     for part in path:
         value = value[part]

@@ -26,6 +26,7 @@ from dragon_ui.data import (
     write_jsonl,
 )
 from dragon_ui.errors import ConfigError
+from dragon_ui.public import LAPTOP
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = REPO / "dragon_ui" / "assets" / "datasets"
@@ -81,10 +82,10 @@ def fields(example: dict) -> dict:
 @pytest.mark.parametrize("suffix", SUPPORTED_EXTENSIONS)
 def test_every_format_loads_the_same_rows(tmp_path, suffix):
     path = write_table(tmp_path / f"table{suffix}", TABLE)
-    rows = read_table(str(path)).rows
+    rows = read_table(str(path), policy=LAPTOP).rows
     assert rows == TABLE
     assert columns_of(rows) == ["question", "answer", "code", "note"]
-    mapped = map_rows(rows, config(reference="answer"))
+    mapped = map_rows(rows, config(reference="answer"), policy=LAPTOP)
     assert [fields(ex) for ex in mapped.train] == TABLE
     assert [prompt_text(ex) for ex in mapped.train] == [r["question"] for r in TABLE]
 
@@ -93,21 +94,21 @@ def test_every_format_loads_the_same_rows(tmp_path, suffix):
 def test_json_wrapped_in_an_object(tmp_path, key):
     path = tmp_path / "wrapped.json"
     path.write_text(json.dumps({"info": "x", key: TABLE}), encoding="utf-8")
-    assert read_table(str(path)).rows == TABLE
+    assert read_table(str(path), policy=LAPTOP).rows == TABLE
 
 
 def test_json_file_holding_json_lines_is_read_line_by_line(tmp_path):
     path = write_table(tmp_path / "really_lines.jsonl", TABLE).rename(tmp_path / "really_lines.json")
-    assert read_table(str(path)).rows == TABLE
+    assert read_table(str(path), policy=LAPTOP).rows == TABLE
 
 
 def test_csv_with_byte_order_mark_and_blank_jsonl_lines(tmp_path):
     csv_path = tmp_path / "excel.csv"
     csv_path.write_bytes("\ufeffquestion,answer\nq,1\n".encode("utf-8"))
-    assert read_table(str(csv_path)).rows == [{"question": "q", "answer": "1"}]
+    assert read_table(str(csv_path), policy=LAPTOP).rows == [{"question": "q", "answer": "1"}]
     jsonl = tmp_path / "gaps.jsonl"
     jsonl.write_text('{"question": "a"}\n\n   \n{"question": "b"}\n', encoding="utf-8")
-    assert read_table(str(jsonl)).rows == [{"question": "a"}, {"question": "b"}]
+    assert read_table(str(jsonl), policy=LAPTOP).rows == [{"question": "a"}, {"question": "b"}]
 
 
 def test_relative_path_found_in_cwd_then_base_dir(tmp_path, monkeypatch):
@@ -115,9 +116,9 @@ def test_relative_path_found_in_cwd_then_base_dir(tmp_path, monkeypatch):
     config_dir.mkdir()
     write_table(config_dir / "mine.csv", TABLE)
     monkeypatch.chdir(tmp_path)
-    assert read_table("mine.csv", base_dir=str(config_dir)).rows == TABLE
+    assert read_table("mine.csv", base_dir=str(config_dir), policy=LAPTOP).rows == TABLE
     write_table(tmp_path / "mine.csv", TABLE[:1])  # the current folder wins
-    assert read_table("mine.csv", base_dir=str(config_dir)).rows == TABLE[:1]
+    assert read_table("mine.csv", base_dir=str(config_dir), policy=LAPTOP).rows == TABLE[:1]
 
 
 # ----------------------------------------------------------------------------------------- load errors
@@ -125,40 +126,40 @@ def test_relative_path_found_in_cwd_then_base_dir(tmp_path, monkeypatch):
 
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match=r"data\.source: no file at .*nope\.csv"):
-        read_table(str(tmp_path / "nope.csv")).rows
+        read_table(str(tmp_path / "nope.csv"), policy=LAPTOP).rows
 
 
 def test_a_broken_spreadsheet_is_refused_with_a_sentence(tmp_path):
     path = tmp_path / "sheet.xlsx"
     path.write_bytes(b"PK")
     with pytest.raises(ConfigError, match=r"sheet\.xlsx is not a spreadsheet this app can read \(.*\)\."):
-        read_table(str(path)).rows
+        read_table(str(path), policy=LAPTOP).rows
 
 
 def test_unsupported_extension(tmp_path):
     path = tmp_path / "notes.docx"
     path.write_bytes(b"PK")
     with pytest.raises(ConfigError, match=r"unsupported file type '\.docx'.*\.csv"):
-        read_table(str(path)).rows
+        read_table(str(path), policy=LAPTOP).rows
 
 
 def test_folder_instead_of_file(tmp_path):
     with pytest.raises(ConfigError, match="is a folder"):
-        read_table(str(tmp_path)).rows
+        read_table(str(tmp_path), policy=LAPTOP).rows
 
 
 def test_malformed_json_line_names_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"question": "a"}\n{"question": "b"}\n{"question": oops}\n', encoding="utf-8")
     with pytest.raises(ConfigError, match=r"line 3 of bad\.jsonl is not valid JSON"):
-        read_table(str(path)).rows
+        read_table(str(path), policy=LAPTOP).rows
 
 
 def test_json_line_that_is_not_an_object(tmp_path):
     path = tmp_path / "list.ndjson"
     path.write_text('{"question": "a"}\n[1, 2]\n', encoding="utf-8")
     with pytest.raises(ConfigError, match="line 2 of list.ndjson is not a JSON object"):
-        read_table(str(path)).rows
+        read_table(str(path), policy=LAPTOP).rows
 
 
 @pytest.mark.parametrize(
@@ -173,7 +174,7 @@ def test_malformed_json_file(tmp_path, text, message):
     path = tmp_path / "bad.json"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError, match=message):
-        read_table(str(path)).rows
+        read_table(str(path), policy=LAPTOP).rows
 
 
 @pytest.mark.parametrize(
@@ -187,14 +188,14 @@ def test_malformed_csv(tmp_path, text, message):
     path = tmp_path / "bad.csv"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError, match=message):
-        read_table(str(path)).rows
+        read_table(str(path), policy=LAPTOP).rows
 
 
 def test_not_parquet(tmp_path):
     path = tmp_path / "fake.parquet"
     path.write_text("question\nq\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="fake.parquet is not a valid Parquet file"):
-        read_table(str(path)).rows
+        read_table(str(path), policy=LAPTOP).rows
 
 
 @pytest.mark.parametrize(
@@ -205,7 +206,7 @@ def test_not_parquet(tmp_path):
 def test_empty_file(tmp_path, name, content):
     (tmp_path / name).write_text(content, encoding="utf-8")
     with pytest.raises(ConfigError, match=f"{name} has no rows"):
-        read_table(str(tmp_path / name)).rows
+        read_table(str(tmp_path / name), policy=LAPTOP).rows
 
 
 # ----------------------------------------------------------------------------------------- Hub
@@ -251,7 +252,7 @@ def test_hub_load_passes_config_and_split(monkeypatch):
         return types.SimpleNamespace(to_list=lambda: [{"question": "q", "answer": 3}])
 
     fake_datasets(monkeypatch, load_dataset)
-    mapped = load_and_map(DataConfig(source="openai/gsm8k", prompt="question", reference="answer", hub_config="main"))
+    mapped = load_and_map(DataConfig(source="openai/gsm8k", prompt="question", reference="answer", hub_config="main"), policy=LAPTOP)
     assert calls == [("openai/gsm8k", "main", "train")]
     assert mapped.train[0]["reference"] == "3"
 
@@ -266,7 +267,7 @@ def test_hub_unreachable_gives_offline_advice(monkeypatch):
     fake_datasets(monkeypatch, load_dataset)
     advice = r"Hugging Face Hub could not be reached to load 'openai/gsm8k'; download the data as a CSV"
     with pytest.raises(ConfigError, match=advice):
-        read_table("openai/gsm8k").rows
+        read_table("openai/gsm8k", policy=LAPTOP).rows
 
 
 def test_hub_other_failure_is_reported(monkeypatch):
@@ -276,7 +277,7 @@ def test_hub_other_failure_is_reported(monkeypatch):
     fake_datasets(monkeypatch, load_dataset)
     message = r"could not load the Hub dataset 'owner/name' \(split 'tset'\).*Unknown split"
     with pytest.raises(ConfigError, match=message):
-        read_table("owner/name", hub_split="tset").rows
+        read_table("owner/name", hub_split="tset", policy=LAPTOP).rows
 
 
 @pytest.mark.timeout(120)
@@ -286,7 +287,8 @@ def test_real_datasets_offline_fails_fast_with_advice(tmp_path):
     code = (
         "from dragon_ui.data import read_table\n"
         "from dragon_ui.errors import ConfigError\n"
-        "try:\n    read_table('openai/gsm8k', hub_config='main').rows\n"
+        "from dragon_ui.public import LAPTOP\n"
+        "try:\n    read_table('openai/gsm8k', hub_config='main', policy=LAPTOP).rows\n"
         "except ConfigError as exc:\n    print(exc)\n"
     )
     result = subprocess.run(
@@ -300,7 +302,7 @@ def test_real_datasets_offline_fails_fast_with_advice(tmp_path):
 
 def test_prompt_template_reference_template_and_chat_shape():
     rows = [{"question": "2+2", "answer": 4, "unit": "apples"}]
-    mapped = map_rows(rows, config(prompt="Q: {question} ({unit})", reference="{answer} {unit}"))
+    mapped = map_rows(rows, config(prompt="Q: {question} ({unit})", reference="{answer} {unit}"), policy=LAPTOP)
     example = mapped.train[0]
     assert example["prompt"] == [{"role": "user", "content": "Q: 2+2 (apples)"}]
     assert example["reference"] == "4 apples"
@@ -308,12 +310,12 @@ def test_prompt_template_reference_template_and_chat_shape():
 
 
 def test_brace_escapes_in_templates():
-    mapped = map_rows([{"text": "Ana, 30"}], config(prompt='Reply as {{"name": ...}}: {text}'))
+    mapped = map_rows([{"text": "Ana, 30"}], config(prompt='Reply as {{"name": ...}}: {text}'), policy=LAPTOP)
     assert prompt_text(mapped.train[0]) == 'Reply as {"name": ...}: Ana, 30'
 
 
 def test_reference_absent_is_empty_string():
-    assert map_rows(numbered_rows(1), config()).train[0]["reference"] == ""
+    assert map_rows(numbered_rows(1), config(), policy=LAPTOP).train[0]["reference"] == ""
 
 
 @pytest.mark.parametrize(
@@ -326,23 +328,23 @@ def test_reference_absent_is_empty_string():
 )
 def test_system_constant_template_or_column(system, expected):
     rows = [{"question": "hi", "lang": "French", "persona": "You are a pirate."}]
-    messages = map_rows(rows, config(system=system)).train[0]["prompt"]
+    messages = map_rows(rows, config(system=system), policy=LAPTOP).train[0]["prompt"]
     assert messages == [{"role": "system", "content": expected}, {"role": "user", "content": "hi"}]
 
 
 @pytest.mark.parametrize("system", [None, "", "   "])
 def test_no_system_message_when_not_given(system):
-    assert map_rows(numbered_rows(1), config(system=system)).train[0]["prompt"][0]["role"] == "user"
+    assert map_rows(numbered_rows(1), config(system=system), policy=LAPTOP).train[0]["prompt"][0]["role"] == "user"
 
 
 def test_system_column_empty_in_a_row_omits_the_message():
     rows = [{"question": "a", "persona": "Be kind."}, {"question": "b", "persona": ""}]
-    train = map_rows(rows, config(system="persona")).train
+    train = map_rows(rows, config(system="persona"), policy=LAPTOP).train
     assert [len(ex["prompt"]) for ex in train] == [2, 1]
 
 
 def test_column_name_with_stray_spaces_still_matches():
-    assert prompt_text(map_rows(numbered_rows(1), config(prompt=" question ")).train[0]) == "q0"
+    assert prompt_text(map_rows(numbered_rows(1), config(prompt=" question "), policy=LAPTOP).train[0]) == "q0"
 
 
 def test_all_fields_travel_as_text_including_unmapped_columns(tmp_path):
@@ -350,7 +352,7 @@ def test_all_fields_travel_as_text_including_unmapped_columns(tmp_path):
     rows = [{"question": "q", "answer": 85, "score": 85.0, "ratio": 0.25, "ok": True, "tags": ["a", "b"],
              "meta": {"k": 1}, "gone": None, "nan": float("nan")}]
     path.write_text(json.dumps(rows[0]) + "\n", encoding="utf-8")
-    example = load_and_map(DataConfig(source=str(path), prompt="question", reference="answer")).train[0]
+    example = load_and_map(DataConfig(source=str(path), prompt="question", reference="answer"), policy=LAPTOP).train[0]
     assert example["reference"] == "85"
     assert fields(example) == {"question": "q", "answer": "85", "score": "85", "ratio": "0.25", "ok": "true",
                                "tags": '["a", "b"]', "meta": '{"k": 1}'}
@@ -358,7 +360,7 @@ def test_all_fields_travel_as_text_including_unmapped_columns(tmp_path):
 
 def test_leading_zeros_survive_in_csv(tmp_path):
     path = write_table(tmp_path / "codes.csv", [{"question": "Code?", "answer": "007"}])
-    mapped = load_and_map(DataConfig(source=str(path), prompt="question", reference="answer"))
+    mapped = load_and_map(DataConfig(source=str(path), prompt="question", reference="answer"), policy=LAPTOP)
     assert mapped.train[0]["reference"] == "007"
     assert fields(mapped.train[0]) == {"question": "Code?", "answer": "007"}
 
@@ -366,7 +368,7 @@ def test_leading_zeros_survive_in_csv(tmp_path):
 def test_parquet_int_column_with_nulls_stays_integer(tmp_path):
     path = tmp_path / "nulls.parquet"
     pq.write_table(pa.Table.from_pylist([{"question": "a", "answer": 85}, {"question": "b", "answer": None}]), path)
-    train = load_and_map(DataConfig(source=str(path), prompt="question", reference="answer")).train
+    train = load_and_map(DataConfig(source=str(path), prompt="question", reference="answer"), policy=LAPTOP).train
     assert [fields(ex) for ex in train] == [{"question": "a", "answer": "85"}, {"question": "b"}]
     assert [ex["reference"] for ex in train] == ["85", ""]
 
@@ -390,7 +392,7 @@ def test_parquet_int_column_with_nulls_stays_integer(tmp_path):
 )
 def test_bad_mappings(mapping, message):
     with pytest.raises(ConfigError, match=message):
-        map_rows(numbered_rows(3), config(**mapping))
+        map_rows(numbered_rows(3), config(**mapping), policy=LAPTOP)
 
 
 @pytest.mark.parametrize(
@@ -405,12 +407,12 @@ def test_bad_mappings(mapping, message):
 def test_non_text_values_in_mapped_columns(mapping, message):
     rows = [{"question": "fine", "text": "t", "meta": {"a": 1}}, {"question": ["not", "text"], "text": "t", "meta": {}}]
     with pytest.raises(ConfigError, match=message):
-        map_rows(rows, config(**mapping))
+        map_rows(rows, config(**mapping), policy=LAPTOP)
 
 
 def test_empty_prompts_are_skipped_and_counted():
     rows = numbered_rows(25) + [{"question": ""}, {"question": "   \n"}, {"answer": "no question"}]
-    mapped = map_rows(rows, config())
+    mapped = map_rows(rows, config(), policy=LAPTOP)
     assert (mapped.n_rows, mapped.n_skipped) == (28, 3)
     assert len(mapped.train) + len(mapped.eval) == 25
     assert mapped.summary() == ("28 rows: 20 for training, 5 held out, 3 skipped. 5 rows are held out for the "
@@ -419,12 +421,12 @@ def test_empty_prompts_are_skipped_and_counted():
 
 def test_all_prompts_empty_is_an_error():
     with pytest.raises(ConfigError, match=r"data\.prompt gave empty text for all 2 rows.*column 'question'"):
-        map_rows([{"question": ""}, {"question": " "}], config())
+        map_rows([{"question": ""}, {"question": " "}], config(), policy=LAPTOP)
 
 
 def test_no_rows_is_an_error():
     with pytest.raises(ConfigError, match="has no rows"):
-        map_rows([], config())
+        map_rows([], config(), policy=LAPTOP)
 
 
 # ----------------------------------------------------------------------------------------- split
@@ -438,7 +440,7 @@ def test_no_rows_is_an_error():
     (100, 0.0, 0),  # 0 means none
 ])
 def test_split_sizes(n, frac, held_out):
-    mapped = map_rows(numbered_rows(n), config(eval_frac=frac))
+    mapped = map_rows(numbered_rows(n), config(eval_frac=frac), policy=LAPTOP)
     assert (len(mapped.train), len(mapped.eval)) == (n - held_out, held_out)
 
 
@@ -449,14 +451,14 @@ def test_split_sizes(n, frac, held_out):
     (400, 0.05, ""), (100, 0.0, ""), (19, 0.5, ""),
 ])
 def test_the_summary_says_why_more_rows_are_held_out_than_asked(n, frac, reason):
-    mapped = map_rows(numbered_rows(n), config(eval_frac=frac))
+    mapped = map_rows(numbered_rows(n), config(eval_frac=frac), policy=LAPTOP)
     assert mapped.held_out_reason() == reason
     assert mapped.summary().endswith(reason or "skipped.")
 
 
 def test_split_is_deterministic_and_disjoint():
     def split(seed):
-        mapped = map_rows(numbered_rows(200), config(eval_frac=0.1, seed=seed))
+        mapped = map_rows(numbered_rows(200), config(eval_frac=0.1, seed=seed), policy=LAPTOP)
         return [prompt_text(ex) for ex in mapped.train], [prompt_text(ex) for ex in mapped.eval]
 
     train, held_out = split(7)
@@ -468,7 +470,7 @@ def test_split_is_deterministic_and_disjoint():
 
 
 def test_max_rows_applies_before_split():
-    mapped = map_rows(numbered_rows(100), config(max_rows=30))
+    mapped = map_rows(numbered_rows(100), config(max_rows=30), policy=LAPTOP)
     assert mapped.n_rows == 30
     assert len(mapped.train) + len(mapped.eval) == 30
     assert {prompt_text(ex) for ex in mapped.train + mapped.eval} == {f"q{i}" for i in range(30)}
@@ -513,7 +515,7 @@ def test_data_config_fields_and_defaults():
 
 
 def test_write_and_read_jsonl_round_trip(tmp_path):
-    examples = map_rows([{"question": "Zoë?", "answer": 1}], config(reference="answer", system="Hi")).train
+    examples = map_rows([{"question": "Zoë?", "answer": 1}], config(reference="answer", system="Hi"), policy=LAPTOP).train
     path = tmp_path / "sub" / "train.jsonl"
     write_jsonl(path, examples)
     assert read_jsonl(path) == examples
@@ -539,7 +541,7 @@ def test_prompt_text_of_plain_and_chat_prompts():
 
 
 def test_bundled_arithmetic_maps_to_380_and_20_with_correct_sums():
-    mapped = load_and_map(DataConfig(source=str(DATASETS / "arithmetic.csv"), prompt="question", reference="answer"))
+    mapped = load_and_map(DataConfig(source=str(DATASETS / "arithmetic.csv"), prompt="question", reference="answer"), policy=LAPTOP)
     assert isinstance(mapped, MappedData)
     assert (mapped.n_rows, len(mapped.train), len(mapped.eval), mapped.n_skipped) == (400, 380, 20, 0)
     assert mapped.summary() == "400 rows: 380 for training, 20 held out, 0 skipped. Read as UTF-8."
@@ -552,13 +554,13 @@ def test_bundled_arithmetic_maps_to_380_and_20_with_correct_sums():
 
 def test_bundled_json_answers_and_think_answer_map():
     prompt = "Extract name, age and city from the text as a JSON object with keys name, age, city.\n\n{text}"
-    extract = load_and_map(DataConfig(source=str(DATASETS / "json_answers.jsonl"), prompt=prompt, reference="answer"))
+    extract = load_and_map(DataConfig(source=str(DATASETS / "json_answers.jsonl"), prompt=prompt, reference="answer"), policy=LAPTOP)
     assert extract.columns == ["text", "name", "age", "city", "answer"]
     for example in extract.train:
         row = fields(example)
         assert json.loads(example["reference"]) == {"name": row["name"], "age": int(row["age"]), "city": row["city"]}
         assert row["name"] in prompt_text(example) and row["age"] in prompt_text(example)
-    think = load_and_map(DataConfig(source=str(DATASETS / "think_answer.jsonl"), prompt="question", reference="answer"))
+    think = load_and_map(DataConfig(source=str(DATASETS / "think_answer.jsonl"), prompt="question", reference="answer"), policy=LAPTOP)
     assert think.n_rows == 200 and all(ex["reference"].isdigit() for ex in think.train)
 
 

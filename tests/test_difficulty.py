@@ -15,12 +15,13 @@ from dragon_ui.config import RunConfig, apply_overrides
 from dragon_ui.engine import training
 from dragon_ui.engine.preflight import Fix
 from dragon_ui.errors import ConfigError
+from dragon_ui.public import LAPTOP
 
 
 def mapped(tmp_path, **difficulty) -> data.MappedData:
     source = write_arithmetic_csv(tmp_path / "arithmetic.csv")
     return data.load_and_map(data.DataConfig(source=str(source), prompt="question", reference="answer",
-                                             eval_frac=0.2, **difficulty))
+                                             eval_frac=0.2, **difficulty), policy=LAPTOP)
 
 
 def test_the_filter_leaves_out_training_rows_outside_the_range_and_keeps_the_split(tmp_path):
@@ -60,11 +61,11 @@ def test_a_filter_that_leaves_nothing_to_train_on_says_so(tmp_path):
 ])
 def test_the_filters_settings_are_checked(settings, says, tiny_config_dict):
     with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-        RunConfig.from_dict({**tiny_config_dict, "data": {**tiny_config_dict["data"], **settings}})
+        RunConfig.from_dict({**tiny_config_dict, "data": {**tiny_config_dict["data"], **settings}}, policy=LAPTOP)
 
 
 def test_a_yaml_row_number_is_read_as_the_row(tiny_config_dict):
-    config = RunConfig.from_dict({**tiny_config_dict, "data": {**tiny_config_dict["data"], "pass_rates": {3: 1}}})
+    config = RunConfig.from_dict({**tiny_config_dict, "data": {**tiny_config_dict["data"], "pass_rates": {3: 1}}}, policy=LAPTOP)
     assert config.data.pass_rates == {"3": 1.0}
 
 
@@ -72,17 +73,17 @@ def test_the_fixs_command_line_sets_what_its_button_sets(tiny_config_dict):
     fix = Fix("Drop", "why", settings={"data": {"pass_rates": {"3": 0.0, "7": 1.0}, "min_pass_rate": 0.01,
                                                 "max_pass_rate": 0.99}})
     overrides = [word for word in shlex.split(fix.as_command_line()) if word != "--set"]
-    by_command = RunConfig.from_dict(apply_overrides(json.loads(json.dumps(tiny_config_dict)), overrides))
-    by_button = RunConfig.from_dict(fix.applied_to(tiny_config_dict))
+    by_command = RunConfig.from_dict(apply_overrides(json.loads(json.dumps(tiny_config_dict)), overrides), policy=LAPTOP)
+    by_button = RunConfig.from_dict(fix.applied_to(tiny_config_dict), policy=LAPTOP)
     assert by_command.data == by_button.data and by_button.data.pass_rates == {"3": 0.0, "7": 1.0}
 
 
 def test_the_run_folder_records_the_rows_left_out(tiny_config_dict):
-    plain = RunConfig.from_dict(tiny_config_dict)
-    first = json.loads(training.prepare(plain).train_data_path.read_text(encoding="utf-8").splitlines()[0])["number"]
+    plain = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
+    first = json.loads(training.prepare(plain, policy=LAPTOP).train_data_path.read_text(encoding="utf-8").splitlines()[0])["number"]
     config = RunConfig.from_dict({**tiny_config_dict, "data": {**tiny_config_dict["data"],
-                                                               "pass_rates": {str(first): 1.0}, "max_pass_rate": 0.99}})
-    run = training.prepare(config)
+                                                               "pass_rates": {str(first): 1.0}, "max_pass_rate": 0.99}}, policy=LAPTOP)
+    run = training.prepare(config, policy=LAPTOP)
     assert json.loads(run.dropped_rows_path.read_text()) == [
         {"row": first, "why": "its pre-flight pass rate 100% (every reply passed) is above 0.99"}]
     assert run.read_status()["n_train"] == 23 and "1 training row was dropped" in run.read_status()["data_summary"]

@@ -15,6 +15,7 @@ from dragon_ui.config import RunConfig
 from dragon_ui.errors import ConfigError
 from dragon_ui.scaleout import distributed
 from dragon_ui.scaleout.launch_folder import export_launch_folder
+from dragon_ui.public import LAPTOP
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,13 +31,13 @@ REPO = Path(__file__).resolve().parents[1]
 def test_scaleout_settings_are_validated(tiny_config_dict, section, values, field):
     tiny_config_dict[section] = values
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        RunConfig.from_dict(tiny_config_dict)
+        RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
 
 
 def test_valid_scaleout_settings_load(tiny_config_dict):
     tiny_config_dict["distributed"] = {"strategy": "zero3"}
     tiny_config_dict["generation"] = {"backend": "vllm-server", "vllm_server_url": "http://10.0.0.5:8000"}
-    config = RunConfig.from_dict(tiny_config_dict)
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     assert config.distributed.strategy == "zero3" and config.generation.backend == "vllm-server"
 
 
@@ -44,7 +45,7 @@ def test_valid_scaleout_settings_load(tiny_config_dict):
 def test_vllm_needs_cuda(tiny_config_dict, backend):
     tiny_config_dict["generation"] = {"backend": backend, "vllm_server_url": "http://h:8000" if backend == "vllm-server" else None}
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
-        distributed.check_runnable_here(RunConfig.from_dict(tiny_config_dict), "cpu")
+        distributed.check_runnable_here(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), "cpu")
 
 
 def test_vllm_needs_the_package(tiny_config_dict, monkeypatch):
@@ -54,7 +55,7 @@ def test_vllm_needs_the_package(tiny_config_dict, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     tiny_config_dict["generation"] = {"backend": "vllm-colocate"}
     with pytest.raises(ConfigError, match="needs the vllm package"):
-        distributed.check_runnable_here(RunConfig.from_dict(tiny_config_dict), "cuda")
+        distributed.check_runnable_here(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), "cuda")
 
 
 @pytest.mark.parametrize("strategy, device, env, message", [
@@ -68,12 +69,12 @@ def test_sharded_strategies_need_their_launch(tiny_config_dict, monkeypatch, str
         monkeypatch.setenv(key, value)
     tiny_config_dict["distributed"] = {"strategy": strategy}
     with pytest.raises(ConfigError, match=message):
-        distributed.check_runnable_here(RunConfig.from_dict(tiny_config_dict), device)
+        distributed.check_runnable_here(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), device)
 
 
 def test_a_single_process_ignores_the_strategy(tiny_config_dict):
     tiny_config_dict["distributed"] = {"strategy": "zero3"}
-    distributed.check_runnable_here(RunConfig.from_dict(tiny_config_dict), "cpu")  # no error: nothing to shard
+    distributed.check_runnable_here(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), "cpu")  # no error: nothing to shard
 
 
 def test_export_writes_a_self_contained_folder(tiny_config_dict, tmp_path):
@@ -90,7 +91,7 @@ def test_export_writes_a_self_contained_folder(tiny_config_dict, tmp_path):
                                  {"kind": "environment", "name": "game", "class_name": "Game", "file": str(game_file)}]
     tiny_config_dict["distributed"] = {"strategy": "zero2"}
     tiny_config_dict["generation"] = {"backend": "vllm-server", "vllm_server_url": "http://placeholder:8000"}
-    folder = export_launch_folder(RunConfig.from_dict(tiny_config_dict), tmp_path / "export", gpus=4, nodes=2)
+    folder = export_launch_folder(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), tmp_path / "export", gpus=4, nodes=2, policy=LAPTOP)
 
     config = yaml.safe_load((folder / "config.yaml").read_text())
     assert config["data"]["source"] == "data/arithmetic.csv" and (folder / "data" / "arithmetic.csv").is_file()
@@ -108,14 +109,14 @@ def test_export_writes_a_self_contained_folder(tiny_config_dict, tmp_path):
     assert not (folder / "dragon_ui" / "studio").exists()  # the engine and the CLI only
     assert "zero2" in (folder / "README.md").read_text()
     # The exported config is valid where it lands (paths relative to its folder).
-    RunConfig.from_file(folder / "config.yaml")
+    RunConfig.from_file(folder / "config.yaml", policy=LAPTOP)
 
 
 def test_export_refuses_to_overwrite(tiny_config_dict, tmp_path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
     with pytest.raises(ConfigError, match="not empty"):
-        export_launch_folder(RunConfig.from_dict(tiny_config_dict), tmp_path / "busy", gpus=2)
+        export_launch_folder(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), tmp_path / "busy", gpus=2, policy=LAPTOP)
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
 
 
@@ -180,7 +181,7 @@ def test_two_processes_share_one_run_and_stop_and_resume(tiny_config_dict, runs_
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_exported_launch_script_runs_two_cpu_processes(tiny_config_dict, tmp_path):
-    folder = export_launch_folder(RunConfig.from_dict(tiny_config_dict), tmp_path / "export", gpus=2)
+    folder = export_launch_folder(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), tmp_path / "export", gpus=2, policy=LAPTOP)
     done = subprocess.run([str(folder / "launch.sh"), "--cpu", "--set", "training.max_steps=2"], cwd=tmp_path,
                           env={**_env(tmp_path / "unused"), "GPUS": "2"}, capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -20,6 +20,7 @@ from dragon_ui.studio.backend import Studio
 from dragon_ui.studio.draft import Problem, compose, ordinal, place_problem, renamed, run_name_for, same_settings, set_path
 from dragon_ui.ui import build_app, model_tab
 from dragon_ui.ui.common import message
+from dragon_ui.public import LAPTOP
 
 MODEL_TAB_PATHS = [f"{section}.{setting.key}" for section, settings in model_tab.SECTIONS.items()
                    for setting in settings] + ["name"]
@@ -28,7 +29,7 @@ MODEL_TAB_PATHS = [f"{section}.{setting.key}" for section, settings in model_tab
 @pytest.fixture(scope="module")
 def form(tmp_path_factory):
     """The app's form (built once for this module: its labels and conversions do not depend on the runs)."""
-    return build_app(Studio(runs_dir=tmp_path_factory.mktemp("runs"))).form
+    return build_app(Studio(runs_dir=tmp_path_factory.mktemp("runs"), policy=LAPTOP)).form
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def labels(form) -> dict[str, str]:
 def engine_message(config: dict) -> str:
     """What the engine says about a config it refuses."""
     with pytest.raises(DragonError) as refused:
-        RunConfig.from_dict(copy.deepcopy(config))
+        RunConfig.from_dict(copy.deepcopy(config), policy=LAPTOP)
     return str(refused.value)
 
 
@@ -110,7 +111,7 @@ def bad_config(base: dict, edits: dict) -> dict:
                          ids=[",".join(edits) for edits, *_ in PROBLEMS])
 def test_engine_problems_are_placed_and_said_with_the_forms_labels(tiny_config_dict, labels, edits, section, path,
                                                                     start, words):
-    RunConfig.from_dict(copy.deepcopy(tiny_config_dict))  # the base is valid: the edit is the problem
+    RunConfig.from_dict(copy.deepcopy(tiny_config_dict), policy=LAPTOP)  # the base is valid: the edit is the problem
     config = bad_config(tiny_config_dict, edits)
     problem = place_problem(engine_message(config), labels, config["rewards"])
     assert (problem.section, problem.path) == (section, path)
@@ -200,26 +201,26 @@ def test_same_settings_compares_what_the_run_would_use(tiny_config_dict):
     one["training"]["learning_rate"] = 1e-5
     other = copy.deepcopy(one)
     other["training"]["learning_rate"] = 0.00001
-    assert same_settings(one, other)
+    assert same_settings(one, other, policy=LAPTOP)
     other["training"]["learning_rate"] = "1e-5"  # how YAML 1.1 reads it: still the same setting
-    assert same_settings(one, other)
+    assert same_settings(one, other, policy=LAPTOP)
     other["training"]["epochs"] = 1  # a whole number where a float is expected, and defaults spelled out
     other["generation"] = {"backend": "transformers"}
-    assert same_settings(one, other)
+    assert same_settings(one, other, policy=LAPTOP)
 
     more_steps = copy.deepcopy(one)
     more_steps["training"]["max_steps"] = 3
-    assert not same_settings(one, more_steps)
+    assert not same_settings(one, more_steps, policy=LAPTOP)
     renamed_run = copy.deepcopy(one)
     renamed_run["name"] = "other"
-    assert not same_settings(one, renamed_run)
+    assert not same_settings(one, renamed_run, policy=LAPTOP)
 
     broken = copy.deepcopy(one)
     broken["grpo"]["group_size"] = 1  # invalid drafts are compared as they are
-    assert same_settings(broken, copy.deepcopy(broken))
+    assert same_settings(broken, copy.deepcopy(broken), policy=LAPTOP)
     also_broken = copy.deepcopy(broken)
     also_broken["grpo"]["group_size"] = 0
-    assert not same_settings(broken, also_broken) and not same_settings(broken, one)
+    assert not same_settings(broken, also_broken, policy=LAPTOP) and not same_settings(broken, one, policy=LAPTOP)
 
 
 @pytest.mark.parametrize(("source", "name"), [("/data/arithmetic.csv", "arithmetic"),
@@ -271,7 +272,7 @@ def test_the_form_has_a_field_for_every_model_tab_setting_explained_by_the_setti
 
 
 def test_form_compose_writes_every_fields_path(form, tmp_path):
-    draft = Studio(runs_dir=tmp_path / "runs").recipes.default()
+    draft = Studio(runs_dir=tmp_path / "runs", policy=LAPTOP).recipes.default()
     shown = dict(zip(MODEL_TAB_PATHS, model_tab.field_values(draft, MODEL_TAB_PATHS), strict=True))
     values = [shown[f.path] if f.path in shown else get_path(draft, f.path) for f in form.fields]
     composed = form.compose({}, *values)  # nothing loaded: everything comes from the fields
@@ -282,16 +283,16 @@ def test_form_compose_writes_every_fields_path(form, tmp_path):
 
 @pytest.mark.parametrize("recipe", sorted(path.stem for path in (ASSETS_DIR / "recipes").glob("*.yaml")))
 def test_the_model_tab_fields_round_trip_a_recipe(form, tmp_path, recipe):
-    draft = Studio(runs_dir=tmp_path / "runs").recipes.load(recipe)
+    draft = Studio(runs_dir=tmp_path / "runs", policy=LAPTOP).recipes.load(recipe)
     fields = [next(f for f in form.fields if f.path == path) for path in MODEL_TAB_PATHS]  # one field per path
     stale = copy.deepcopy(draft)  # the settings last loaded, before the fields were filled
     for path in MODEL_TAB_PATHS:
         set_path(stale, path, None)
-    assert not same_settings(stale, draft)
+    assert not same_settings(stale, draft, policy=LAPTOP)
     values = model_tab.field_values(draft, MODEL_TAB_PATHS)
     composed = compose(stale, {f.path: f.to_draft(value) for f, value in zip(fields, values, strict=True)})
-    assert same_settings(composed, draft)
-    RunConfig.from_dict(copy.deepcopy(composed))
+    assert same_settings(composed, draft, policy=LAPTOP)
+    RunConfig.from_dict(copy.deepcopy(composed), policy=LAPTOP)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -370,7 +371,7 @@ def test_the_page_first_paints_the_default_recipe_and_nothing_else(app, studio):
     draft = studio.recipes.default()
     assert app.form.loaded.value == draft  # the settings no field shows come from it
     shown = app.form.compose(app.form.loaded.value, *(field.component.value for field in app.form.fields))
-    assert same_settings(shown, draft), shown
+    assert same_settings(shown, draft, policy=LAPTOP), shown
     props = {component["props"]["elem_id"]: component["props"] for component in app.config["components"]
              if component["props"].get("elem_id")}
     assert props["data-source"]["value"] == draft["data"]["source"]

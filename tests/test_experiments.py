@@ -16,6 +16,7 @@ from dragon_ui import experiments
 from dragon_ui.ui import plots
 from dragon_ui.ui import experiments_tab
 from dragon_ui.ui.experiments_tab import CHARTS
+from dragon_ui.public import LAPTOP
 from conftest import handler, tiny_config
 
 
@@ -25,7 +26,7 @@ def make_run(runs_dir: Path, run_id: str, config: dict, status: dict, progress: 
     check (step, reward) now and then."""
     run = RunDir(runs_dir / run_id)
     run.path.mkdir(parents=True)
-    run.write_config(RunConfig.from_dict(config))
+    run.write_config(RunConfig.from_dict(config, policy=LAPTOP))
     write_json_atomic(run.status_path, status)
     for row in progress:
         run.append_progress(row)

@@ -26,7 +26,7 @@ def test_every_groups_advantages_are_the_ones_trl_logged(tiny_config_dict, scale
                                     multi_objective_aggregation=aggregation)
     # Paid by the character below 12, the tiny model's short random replies all score differently.
     tiny_config_dict["rewards"][1] = {"kind": "length", "min_chars": 12, "weight": 0.3}
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     checked = 0
     for rollout in run.read_rollouts():

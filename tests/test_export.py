@@ -214,7 +214,7 @@ def test_full_fine_tuning_already_is_a_full_model(tiny_config_dict, tmp_path):
     from transformers import AutoModelForCausalLM
 
     tiny_config_dict["lora"] = {"enabled": False}
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded"
     assert weights.merge_model(run) == run.full_model_dir
     assert "already is a full model" in weights.merge_message(run, run.full_model_dir)

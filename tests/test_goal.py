@@ -37,7 +37,7 @@ def scorer(some, examples, replies):
 
 
 def test_a_goal_that_never_pays_is_named_with_where_the_spread_comes_from():
-    rewards = build_rewards(parse_rewards(TRAP))
+    rewards = build_rewards(parse_rewards(TRAP, policy=LAPTOP), policy=LAPTOP)
     check = check_goal(rewards, sampled(rewards))
     assert check.names == ["exact"] and check.passed == 0 and check.replies == 12
     assert not check.teaches and check.spread == 0 and check.spread_groups == 3
@@ -59,7 +59,7 @@ def test_a_goal_that_never_pays_is_named_with_where_the_spread_comes_from():
 def test_the_winner_of_a_group_with_no_right_reply_is_the_one_its_advantage_puts_first():
     """Group 2: "tiny" (4 characters, length 1) and "huge" beat the sentence that contains "small" on length, but
     the sentence earns contains (0.5) and length 0.9 (29 characters): 0.77 against 0.3. It wins, from contains."""
-    rewards = build_rewards(parse_rewards(TRAP))
+    rewards = build_rewards(parse_rewards(TRAP, policy=LAPTOP), policy=LAPTOP)
     check = check_goal(rewards, sampled(rewards))
     assert [winner.number for winner in check.winners] == [3, 2, 1]  # the one a shaping reward picked first
     winners = {winner.number: winner for winner in check.winners}
@@ -71,14 +71,14 @@ def test_the_winner_of_a_group_with_no_right_reply_is_the_one_its_advantage_puts
 
 def test_a_goal_that_separates_the_replies_teaches():
     rewards = build_rewards(parse_rewards([{"kind": "contains"}, {"kind": "length", "max_chars": 20,
-                                                                   "weight": 0.3}]))
+                                                                   "weight": 0.3}], policy=LAPTOP), policy=LAPTOP)
     check = check_goal(rewards, sampled(rewards))
     assert check.names == ["contains"] and check.teaches and check.sentences() == []
 
 
 def test_the_alternatives_are_measured_on_the_sampled_replies_and_fix_the_draft():
-    specs = parse_rewards(TRAP)
-    rewards = build_rewards(specs)
+    specs = parse_rewards(TRAP, policy=LAPTOP)
+    rewards = build_rewards(specs, policy=LAPTOP)
     groups = sampled(rewards)
     check = check_goal(rewards, groups)
     found = alternatives(check, rewards, groups, specs, scorer, None, False, None, 24, None, LAPTOP)
@@ -96,14 +96,14 @@ def test_the_alternatives_are_measured_on_the_sampled_replies_and_fix_the_draft(
                                  "only_when": "contains"},
                                 {"kind": "contains", "weight": 1.0, "goal": True}]
     # The fixed rewards, scored again: the goal is contains, and no group has a wrong winner any more.
-    after = build_rewards(parse_rewards(fixed["rewards"]))
+    after = build_rewards(parse_rewards(fixed["rewards"], policy=LAPTOP), policy=LAPTOP)
     again = check_goal(after, sampled(after))
     assert again.names == ["contains"] and again.teaches and again.wrong_wins == 0
 
 
 def test_a_system_message_is_measured_on_replies_sampled_again():
-    specs = parse_rewards(TRAP)
-    rewards = build_rewards(specs)
+    specs = parse_rewards(TRAP, policy=LAPTOP)
+    rewards = build_rewards(specs, policy=LAPTOP)
     groups = sampled(rewards)
     check = check_goal(rewards, groups)
     asked = []
@@ -124,8 +124,8 @@ def test_a_system_message_is_measured_on_replies_sampled_again():
 
 
 def test_room_and_a_larger_model_are_offered_one_measured_one_not():
-    specs = parse_rewards(TRAP)
-    rewards = build_rewards(specs)
+    specs = parse_rewards(TRAP, policy=LAPTOP)
+    rewards = build_rewards(specs, policy=LAPTOP)
     groups = sampled(rewards)
     check = check_goal(rewards, groups)
     found = {a.label: a for a in alternatives(check, rewards, groups, specs, scorer, None, False, 0.4, 24,
@@ -146,8 +146,8 @@ def test_a_goal_that_pays_a_little_is_gated_on_the_goal_that_pays_most():
     exact would leave almost nothing to learn from; on contains, which pays three times as often, it does not."""
     groups_with_one = [(word, reference, list(replies)) for word, reference, replies in GROUPS]
     groups_with_one[0][2][1] = "cold"
-    specs = parse_rewards(TRAP)
-    rewards = build_rewards(specs)
+    specs = parse_rewards(TRAP, policy=LAPTOP)
+    rewards = build_rewards(specs, policy=LAPTOP)
     groups = sampled(rewards, groups_with_one)
     check = check_goal(rewards, groups)
     assert check.passed == 1 and check.spread == pytest.approx(1 / 3)

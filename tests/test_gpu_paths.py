@@ -49,7 +49,7 @@ def new_run(tmp_path: Path):
 def test_one_process_on_a_two_gpu_machine_trains_on_the_chosen_gpu_alone(two_gpus, tiny_config_dict, tmp_path):
     """transformers hands a single process every visible GPU (nn.DataParallel), which TRL's GRPOTrainer refuses."""
     hardware = ResolvedHardware("cuda", "float32", False, 1, gpu=1)  # bf16 would ask the (absent) GPU about it
-    args = training.grpo_args(RunConfig.from_dict(tiny_config_dict), new_run(tmp_path), hardware)
+    args = training.grpo_args(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), new_run(tmp_path), hardware, policy=LAPTOP)
     assert args.n_gpu == 1
     assert args.device == torch.device("cuda", 1)
     assert two_gpus[-1] in (1, torch.device("cuda", 1))
@@ -85,8 +85,8 @@ def test_collectives_name_the_process_device_and_wait_long_enough(monkeypatch):
 
 
 def test_the_training_arguments_keep_the_collective_timeout(tiny_config_dict, tmp_path):
-    args = training.grpo_args(RunConfig.from_dict(tiny_config_dict), new_run(tmp_path),
-                              ResolvedHardware("cpu", "float32", False, 1))
+    args = training.grpo_args(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), new_run(tmp_path),
+                              ResolvedHardware("cpu", "float32", False, 1), policy=LAPTOP)
     assert args.ddp_timeout == distributed.COLLECTIVE_TIMEOUT.total_seconds()
 
 
@@ -143,13 +143,13 @@ def test_the_run_builds_its_arguments_before_it_loads_the_model(monkeypatch, tin
                                                                   placement, weights_dtype):
     """ZeRO-3 shards the weights as they load only once the training arguments exist."""
     tiny_config_dict["lora"]["enabled"] = lora
-    config = RunConfig.from_dict(tiny_config_dict)
-    run = training.prepare(config)
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
+    run = training.prepare(config, policy=LAPTOP)
     order: list = []
     monkeypatch.setattr(training, "resolve_hardware", lambda settings: ResolvedHardware("cuda", dtype, False, 1, gpu=0))
     monkeypatch.setattr(training, "_use_hardware", lambda hardware: order.append("gpu selected"))
     monkeypatch.setattr(training, "_gpu_name", lambda hardware: "NVIDIA H100 80GB HBM3")  # no CUDA to ask here
-    monkeypatch.setattr(training, "grpo_args", lambda *args: order.append("arguments"))
+    monkeypatch.setattr(training, "grpo_args", lambda *args, **kwargs: order.append("arguments"))
     monkeypatch.setattr(distributed, "shards_weights", lambda config: sharded)
 
     def load_model(source, hardware, dtype=None, placement=models.ON_DEVICE):
@@ -167,7 +167,7 @@ def test_with_sharded_weights_both_sides_are_scored_from_the_saved_weights(monke
     """Under ZeRO-3/FSDP the main process cannot generate alone with its shard while the others wait: the before
     and after scores come from the saved weights, loaded whole once the trainer is gone."""
     monkeypatch.setattr(distributed, "shards_weights", lambda config: True)
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     evaluation = run.read_eval()
     assert {"before", "after"} <= set(evaluation) and evaluation["after"]["weights"] == "the final adapter"
@@ -257,7 +257,7 @@ def test_4bit_weights_are_not_sharded(tiny_config_dict, monkeypatch, strategy):
     tiny_config_dict["distributed"] = {"strategy": strategy}
     tiny_config_dict["hardware"] = {"load_in_4bit": True}
     with pytest.raises(ConfigError, match=f"load_in_4bit cannot be combined with distributed.strategy {strategy}"):
-        distributed.check_runnable_here(RunConfig.from_dict(tiny_config_dict), "cuda")
+        distributed.check_runnable_here(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), "cuda")
 
 
 @pytest.mark.parametrize("dtype, mixed_precision", [("float32", "no"), ("bfloat16", "bf16"), ("auto", "no")])
@@ -265,13 +265,13 @@ def test_an_exported_run_trains_in_the_precision_it_asks_for(tiny_config_dict, t
                                                               mixed_precision):
     """accelerate launch exports the YAML's mixed_precision, which transformers uses when bf16 and fp16 are off."""
     tiny_config_dict["hardware"]["dtype"] = dtype
-    folder = export_launch_folder(RunConfig.from_dict(tiny_config_dict), tmp_path / "export", gpus=2)
+    folder = export_launch_folder(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), tmp_path / "export", gpus=2, policy=LAPTOP)
     launcher = yaml.safe_load((folder / "accelerate.yaml").read_text())
-    exported = RunConfig.from_file(folder / "config.yaml")
+    exported = RunConfig.from_file(folder / "config.yaml", policy=LAPTOP)
     assert exported.hardware.dtype == dtype  # a precision chosen in the settings travels with the run
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher["mixed_precision"])
     resolved = ResolvedHardware("cpu", "float32" if dtype == "auto" else dtype, False, 1)  # as a GPU would resolve it
-    args = training.grpo_args(exported, new_run(tmp_path), resolved)
+    args = training.grpo_args(exported, new_run(tmp_path), resolved, policy=LAPTOP)
     assert args.mixed_precision == mixed_precision
 
 
@@ -283,7 +283,7 @@ def stub(folder: Path, name: str, body: str) -> None:
 
 def test_the_slurm_script_points_the_trainers_at_the_vllm_node(tiny_config_dict, tmp_path):
     tiny_config_dict["generation"] = {"backend": "vllm-server", "vllm_server_url": "http://placeholder:8000"}
-    folder = export_launch_folder(RunConfig.from_dict(tiny_config_dict), tmp_path / "export", gpus=8, nodes=2)
+    folder = export_launch_folder(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), tmp_path / "export", gpus=8, nodes=2, policy=LAPTOP)
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
     bin_dir.mkdir()
     stub(bin_dir, "scontrol", 'printf "node1\\nnode2\\nnode3\\n"\n')

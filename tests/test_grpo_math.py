@@ -14,6 +14,7 @@ from dragon_ui.rewards import ScoreResult, build_rewards, parse_rewards
 from dragon_ui.studio import explain
 from dragon_ui.studio.playground import GroupScores, advantages_of, no_signal_warning
 from dragon_ui.ui import train_tab
+from dragon_ui.public import LAPTOP
 
 WEIGHTS = {"correct": 1.0, "short": 0.3}
 
@@ -141,7 +142,7 @@ def test_every_screen_agrees_on_spread_and_advantages(scale_rewards, aggregation
                   for g, group in enumerate(SCREENS_STEP)]
     grpo = GRPOSettings(group_size=3, scale_rewards=scale_rewards, multi_objective_aggregation=aggregation)
     rewards = build_rewards(parse_rewards([{"kind": "exact", "name": "correct"},
-                                           {"kind": "length", "name": "short", "max_chars": 10, "weight": 0.3}]))
+                                           {"kind": "length", "name": "short", "max_chars": 10, "weight": 0.3}], policy=LAPTOP), policy=LAPTOP)
     assert flat(advantages_of(playground, rewards, grpo)) == pytest.approx(flat(truth.values))
     assert [no_signal_warning(group) is None for group in playground] == spread
 

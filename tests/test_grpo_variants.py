@@ -75,7 +75,7 @@ def test_with_vllm_one_update_per_batch_still_clips(backend):
 def test_the_config_checks_the_clip_against_its_generation_backend(tiny_config_dict):
     tiny_config_dict["grpo"]["epsilon_high"] = 0.28
     with pytest.raises(ConfigError, match="only changes training when each batch is trained on more than once"):
-        RunConfig.from_dict(tiny_config_dict).validate()
+        RunConfig.from_dict(tiny_config_dict, policy=LAPTOP).validate()
 
 
 @pytest.mark.parametrize("settings", [
@@ -104,8 +104,8 @@ def test_every_variant_reaches_trls_config(tiny_config_dict, tmp_path):
               "multi_objective_aggregation": "normalize_then_sum", "top_entropy_quantile": 0.5, "entropy_coef": 0.02,
               "top_p": 0.8, "top_k": 20, "min_p": 0.1, "repetition_penalty": 1.2}
     tiny_config_dict["grpo"].update(chosen)
-    config = RunConfig.from_dict(tiny_config_dict)
-    args = training.grpo_args(config, RunDir(tmp_path / "run"), resolve_hardware(config.hardware))
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
+    args = training.grpo_args(config, RunDir(tmp_path / "run"), resolve_hardware(config.hardware), policy=LAPTOP)
     assert {name: getattr(args, name) for name in chosen} == chosen
     assert set(GRPO_VARIANTS) <= set(chosen)
 
@@ -114,13 +114,13 @@ def test_the_yaml_and_the_model_card_show_the_variants_that_differ(tiny_config_d
     from dragon_ui.engine import model_card
 
     tiny_config_dict["grpo"].update(num_iterations=2, epsilon_high=0.28)
-    config = RunConfig.from_dict(tiny_config_dict)
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     assert "epsilon_high: 0.28" in config.to_yaml() and "num_iterations: 2" in config.to_yaml()
-    assert RunConfig.from_dict(__import__("yaml").safe_load(config.to_yaml())).grpo == config.grpo
+    assert RunConfig.from_dict(__import__("yaml").safe_load(config.to_yaml()), policy=LAPTOP).grpo == config.grpo
     assert config.grpo.changed_variants() == {"epsilon_high": 0.28, "num_iterations": 2}
     rows = dict(model_card._settings(config, {}))
     assert rows["GRPO variants"] == "epsilon_high 0.28, num_iterations 2"
-    assert dict(model_card._settings(RunConfig.from_dict({**tiny_config_dict, "grpo": {}}), {}))["GRPO variants"] \
+    assert dict(model_card._settings(RunConfig.from_dict({**tiny_config_dict, "grpo": {}}, policy=LAPTOP), {}))["GRPO variants"] \
         == "TRL's defaults"
 
 
@@ -128,9 +128,9 @@ def test_the_estimate_samples_once_every_num_iterations_steps(tiny_config_dict):
     from dragon_ui.engine.estimate import DeviceSpeed, estimate_step_time, generic_dims
 
     speed = DeviceSpeed(description="test", flops=1e11, bandwidth=1e10, layer_latency_s=1e-4)
-    once = estimate_step_time(RunConfig.from_dict(tiny_config_dict), generic_dims(135e6), speed, "float32", False)
+    once = estimate_step_time(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), generic_dims(135e6), speed, "float32", False)
     tiny_config_dict["grpo"]["num_iterations"] = 2
-    twice = estimate_step_time(RunConfig.from_dict(tiny_config_dict), generic_dims(135e6), speed, "float32", False)
+    twice = estimate_step_time(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), generic_dims(135e6), speed, "float32", False)
     assert twice.generation_s == pytest.approx(once.generation_s / 2)
     assert twice.reference_s == pytest.approx(once.reference_s / 2)
     assert once.training_s < twice.training_s < 1.5 * once.training_s  # one forward more per sampled batch
@@ -150,7 +150,7 @@ def test_a_tiny_run_trains_with_every_variant_and_records_every_step(tiny_config
                                     min_p=0.05, repetition_penalty=1.1)
     tiny_config_dict["rewards"][1] = {"kind": "length", "min_chars": 12, "weight": 0.3}
     tiny_config_dict["training"]["max_steps"] = 4
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     rows = run.read_progress()
     assert [row["step"] for row in rows] == [1, 2, 3, 4]

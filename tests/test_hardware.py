@@ -245,10 +245,11 @@ def run_python(code: str, tmp_path) -> list:
 def test_starting_the_app_and_detecting_hardware_leave_bitsandbytes_unimported(tmp_path):
     """Its import prints "Failed to load CPU gemm_4bit_forward ..." on CPUs; only a 4-bit run needs it."""
     loaded, detected = run_python(
+        "from dragon_ui.public import LAPTOP\n"
         "from dragon_ui.studio.backend import Studio\n"
         "from dragon_ui.ui import build_app\n"
         "import dragon_ui.engine.training, dragon_ui.engine.weights, dragon_ui.studio.compare\n"
-        "studio = Studio()\n"
+        "studio = Studio(policy=LAPTOP)\n"
         "build_app(studio)\n"
         "detected = studio.hardware().bitsandbytes\n"
         f"print(json.dumps([{LOADED_BITSANDBYTES}, detected]))\n", tmp_path)

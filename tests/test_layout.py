@@ -84,9 +84,11 @@ def heavy_modules_after(script: str, heavy: tuple[str, ...], timeout: int) -> li
 
 def test_trls_reward_kinds_load_no_torch():
     """Building and scoring with TRL's kinds imports trl.rewards, which must not pull torch into a validation."""
-    script = ("from dragon_ui.rewards import build_rewards, parse_rewards, score_completion\n"
-              "specs = parse_rewards([{'kind': 'think_format'}, {'kind': 'repetition'}, {'kind': 'overlong'}])\n"
-              "result = score_completion(build_rewards(specs, max_new_tokens=8), '<think>a</think> b')\n"
+    script = ("from dragon_ui.public import LAPTOP\n"
+              "from dragon_ui.rewards import build_rewards, parse_rewards, score_completion\n"
+              "specs = parse_rewards([{'kind': 'think_format'}, {'kind': 'repetition'}, {'kind': 'overlong'}], "
+              "policy=LAPTOP)\n"
+              "result = score_completion(build_rewards(specs, max_new_tokens=8, policy=LAPTOP), '<think>a</think> b')\n"
               "assert result.scores['think_format'] == 1.0, result\n")
     assert heavy_modules_after(script, ("torch", "transformers"), timeout=120) == []
 
@@ -95,9 +97,10 @@ def test_the_app_is_built_without_torch_or_the_training_libraries():
     """The server answers seconds sooner when building the page imports none of them: the warm-up (Studio.warm_up)
     loads them once it answers, and a Start, a preview or an estimate that comes first loads what it needs."""
     script = ("import tempfile\n"
+              "from dragon_ui.public import LAPTOP\n"
               "from dragon_ui.studio.backend import Studio\n"
               "from dragon_ui.ui import build_app\n"
-              "build_app(Studio(runs_dir=tempfile.mkdtemp()))\n")
+              "build_app(Studio(runs_dir=tempfile.mkdtemp(), policy=LAPTOP))\n")
     assert heavy_modules_after(script, ("torch", "transformers", "peft", "trl", "datasets"), timeout=300) == []
 
 
@@ -200,6 +203,23 @@ def calls_without_a_policy(source: str, taking: dict[str, int]) -> list[str]:
         if len(node.args) <= taking[name] and not any(isinstance(arg, ast.Starred) for arg in node.args):
             missing.append(f"{name}() on line {node.lineno}")
     return missing
+
+
+def test_no_policy_below_the_entry_points_has_a_default():
+    """A policy fails closed: every function that takes one requires it, so a call that forgot it fails at once
+    instead of quietly giving a public demo's visitor the laptop's freedom (public.LAPTOP)."""
+    defaulted = []
+    for path in files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            positional = node.args.posonlyargs + node.args.args
+            defaults = dict(zip([argument.arg for argument in positional[len(positional) - len(node.args.defaults):]],
+                                node.args.defaults))
+            keywords = {argument.arg: default for argument, default in zip(node.args.kwonlyargs, node.args.kw_defaults)}
+            if "policy" in defaults or keywords.get("policy") is not None:
+                defaulted.append(f"{module_of(path)}.{node.name}")
+    assert defaulted == []
 
 
 def test_every_call_in_the_package_passes_the_policy_on():

@@ -53,7 +53,7 @@ def math_verify_verdict(reference: str, reply: str) -> bool:
 
 @pytest.fixture(scope="module")
 def math_reward():
-    (reward,) = build_rewards(parse_rewards([{"kind": "math"}]))
+    (reward,) = build_rewards(parse_rewards([{"kind": "math"}], policy=LAPTOP), policy=LAPTOP)
     return reward
 
 
@@ -72,7 +72,7 @@ def test_our_verdict_is_math_verifys(math_reward, reference, reply, right):
     ("answer_tag", "no tags at all", 0.0),
 ])
 def test_an_extraction_mode_hands_math_verify_only_that_part(extract, reply, score):
-    (reward,) = build_rewards(parse_rewards([{"kind": "math", "extract": extract}]))
+    (reward,) = build_rewards(parse_rewards([{"kind": "math", "extract": extract}], policy=LAPTOP), policy=LAPTOP)
     assert score_completion([reward], reply, "0.5").scores["math"] == score
 
 
@@ -100,7 +100,7 @@ def test_a_training_scores_with_math_verify_from_its_own_thread(tiny_config_dict
     from dragon_ui.engine import training
 
     tiny_config_dict["rewards"] = [{"kind": "math"}, {"kind": "length", "min_chars": 12, "weight": 0.3}]
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
     rows = run.read_progress()
@@ -115,8 +115,8 @@ def test_a_busy_playground_neither_holds_up_a_training_nor_waits_without_end(mon
     import threading
 
     monkeypatch.setattr(math_answers, "LIMIT_S", 0.5)
-    (training,) = build_rewards(parse_rewards([{"kind": "math"}]), training=True)
-    (playground,) = build_rewards(parse_rewards([{"kind": "math"}]))
+    (training,) = build_rewards(parse_rewards([{"kind": "math"}], policy=LAPTOP), training=True, policy=LAPTOP)
+    (playground,) = build_rewards(parse_rewards([{"kind": "math"}], policy=LAPTOP), policy=LAPTOP)
     assert score_completion([training], "1", "1").scores["math"] == 1.0  # its worker started
     release = threading.Event()
 

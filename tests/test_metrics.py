@@ -34,7 +34,7 @@ def metric_run(tiny_model_dir, tmp_path_factory):
     config = tiny_config(tiny_model_dir, folder, folder / "runs")
     config["rewards"].append(METRIC)
     config["hardware"]["dtype"] = "float32"
-    run = training.train_config(RunConfig.from_dict(config), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(config, policy=LAPTOP), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     return run
 

@@ -20,6 +20,7 @@ from dragon_ui.engine import weights
 from dragon_ui.engine.model_card import CARD_FILE, CURVE_FILE, chain_of, write_model_card
 from dragon_ui.rewards import RewardSpec, reward_rule
 from dragon_ui.runstore import RunDir
+from dragon_ui.public import LAPTOP
 
 
 def _set(run: RunDir, section: str, **values) -> None:
@@ -109,7 +110,7 @@ def test_a_run_continued_from_earlier_runs_names_the_whole_chain(finished_run, r
     ({"kind": "command", "argv": ["pytest", "-q"]}, "the command `pytest -q` passes on the reply"),
 ])
 def test_each_reward_says_what_it_pays_for(spec, rule):
-    assert reward_rule(RewardSpec.from_dict(spec)) == rule
+    assert reward_rule(RewardSpec.from_dict(spec, policy=LAPTOP)) == rule
 
 
 def test_the_zipped_adapter_loads_in_a_fresh_process_on_the_model_its_config_names(finished_run, tiny_model_dir,

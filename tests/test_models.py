@@ -55,7 +55,7 @@ def test_unfinished_run_cannot_be_a_starting_model(tiny_config_dict, runs_dir):
     from dragon_ui.runstore import RunDir
 
     run = RunDir.create(runs_dir, "unfinished")
-    run.write_config(RunConfig.from_dict(tiny_config_dict))
+    run.write_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP))
     run.update_status(state="failed")
     with pytest.raises(ConfigError, match="no trained adapter"):
         models.resolve_model(ModelConfig(id=str(run.path)))
@@ -101,7 +101,7 @@ def test_offline_default_converts_once_generates_and_trains(tmp_path, monkeypatc
         "lora": {"r": 2, "alpha": 4},
         "hardware": {"device": "cpu", "dtype": "float32"},
         "runs_dir": str(tmp_path / "runs"),
-    })
+    }, policy=LAPTOP)
     run = training.train_config(config, policy=LAPTOP)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")

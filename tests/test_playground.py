@@ -29,6 +29,7 @@ from dragon_ui.studio.playground import (
 from dragon_ui.rewards import build_rewards, parse_rewards
 from dragon_ui import ASSETS_DIR
 from dragon_ui.studio.backend import Studio
+from dragon_ui.public import LAPTOP
 
 DATASETS = ASSETS_DIR / "datasets"
 ARITHMETIC = DataConfig(source=str(DATASETS / "arithmetic.csv"), prompt="question", reference="answer")
@@ -50,11 +51,11 @@ def example(question: str, reference: str = "", system: str = "") -> dict:
 # --------------------------------------------------------------------------------------------- data preview
 
 
-@pytest.mark.parametrize("recipe", Studio(runs_dir="unused").recipes.names())
+@pytest.mark.parametrize("recipe", Studio(runs_dir="unused", policy=LAPTOP).recipes.names())
 def test_preview_of_each_bundled_dataset(recipe):
-    data = DataConfig(**Studio(runs_dir="unused").recipes.load(recipe)["data"])
-    rows = read_table(data.source).rows
-    preview = preview_data(data)
+    data = DataConfig(**Studio(runs_dir="unused", policy=LAPTOP).recipes.load(recipe)["data"])
+    rows = read_table(data.source, policy=LAPTOP).rows
+    preview = preview_data(data, policy=LAPTOP)
     assert preview.error is None
     assert preview.n_rows == len(rows)
     assert preview.n_train + preview.n_eval + preview.n_skipped == len(rows)
@@ -63,7 +64,7 @@ def test_preview_of_each_bundled_dataset(recipe):
     assert len(preview.rows) == PREVIEW_ROWS and set(preview.rows[0]) == set(preview.columns)
     assert all(isinstance(value, str) for row in preview.rows for value in row.values())
     assert len(preview.rendered) == RENDERED_ROWS
-    first_prompt = prompt_text(preview_examples(data)[0])  # the playground's first row is the first rendered one
+    first_prompt = prompt_text(preview_examples(data, policy=LAPTOP)[0])  # the playground's first row is the first rendered one
     assert first_prompt and first_prompt in preview.rendered[0]
     assert preview.rendered[0].startswith("system: " if data.system else "user: ")
     assert preview.lengths.unit == "words" and preview.lengths.total == preview.n_train + preview.n_eval
@@ -71,7 +72,7 @@ def test_preview_of_each_bundled_dataset(recipe):
 
 
 def test_the_recipes_cover_every_bundled_dataset():
-    studio = Studio(runs_dir="unused")
+    studio = Studio(runs_dir="unused", policy=LAPTOP)
     used = {Path(studio.recipes.load(name)["data"]["source"]).name for name in studio.recipes.names()}
     bundled = {p.name for p in DATASETS.iterdir() if p.suffix in (".csv", ".jsonl")}
     assert used == bundled
@@ -89,7 +90,7 @@ def test_the_recipes_cover_every_bundled_dataset():
 ])
 def test_preview_errors_are_sentences_for_the_right_field(changes, field, fragment):
     data = DataConfig(**{**ARITHMETIC.__dict__, **changes})
-    preview = preview_data(data)
+    preview = preview_data(data, policy=LAPTOP)
     assert fragment in preview.error
     assert preview.error_field == field
     assert preview.rendered == [] and preview.lengths is None
@@ -100,7 +101,7 @@ def test_preview_errors_are_sentences_for_the_right_field(changes, field, fragme
 def test_skipped_rows_and_small_files_are_explained(tmp_path):
     source = tmp_path / "few.jsonl"
     source.write_text("".join(json.dumps({"q": q, "a": "1"}) + "\n" for q in ["one", "", "three"]), encoding="utf-8")
-    preview = preview_data(DataConfig(source=str(source), prompt="q", reference="a", eval_frac=0.5))
+    preview = preview_data(DataConfig(source=str(source), prompt="q", reference="a", eval_frac=0.5), policy=LAPTOP)
     assert (preview.n_rows, preview.n_train, preview.n_eval, preview.n_skipped) == (3, 2, 0, 1)
     summary = preview.counts_summary()
     assert "3 rows: 2 for training, 0 held out, 1 skipped." in summary
@@ -116,14 +117,14 @@ def test_skipped_rows_and_small_files_are_explained(tmp_path):
 def test_the_counts_say_how_many_are_held_out_and_why(tmp_path, rows, frac, expected):
     source = tmp_path / "data.jsonl"
     source.write_text("".join(json.dumps({"q": f"question {i}"}) + "\n" for i in range(rows)), encoding="utf-8")
-    assert preview_data(DataConfig(source=str(source), prompt="q", eval_frac=frac)).counts_summary() == expected
+    assert preview_data(DataConfig(source=str(source), prompt="q", eval_frac=frac), policy=LAPTOP).counts_summary() == expected
 
 
 def test_token_stats_use_the_chat_template(tiny_tokenizer):
-    preview = preview_data(ARITHMETIC, tokenizer=tiny_tokenizer, tokenizer_note="Rendered with the tiny model.")
+    preview = preview_data(ARITHMETIC, tokenizer=tiny_tokenizer, tokenizer_note="Rendered with the tiny model.", policy=LAPTOP)
     texts = [tiny_tokenizer.apply_chat_template([{"role": "user", "content": row["question"]}],
                                                 add_generation_prompt=True, tokenize=False)
-             for row in read_table(ARITHMETIC.source).rows]
+             for row in read_table(ARITHMETIC.source, policy=LAPTOP).rows]
     lengths = [len(tiny_tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
     stats = preview.lengths
     assert stats.unit == "tokens" and stats.measured == stats.total == 400
@@ -139,7 +140,7 @@ def test_a_template_that_rejects_the_messages_falls_back_to_plain_text(tiny_toke
     strict.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
                             "{% endif %}" + tiny_tokenizer.chat_template)
     data = DataConfig(**{**ARITHMETIC.__dict__, "system": "Be brief."})
-    preview = preview_data(data, tokenizer=strict, tokenizer_note="Rendered with the tiny model.")
+    preview = preview_data(data, tokenizer=strict, tokenizer_note="Rendered with the tiny model.", policy=LAPTOP)
     assert preview.error is None
     assert "rejected these messages (System role not supported)" in preview.rendered_note
     assert preview.rendered[0] == "system: Be brief.\nuser: What is 66 + 24? Reply with just the number."
@@ -147,10 +148,10 @@ def test_a_template_that_rejects_the_messages_falls_back_to_plain_text(tiny_toke
 
 
 def test_preview_tokenizer_is_cached_and_explains_failures(tiny_model_dir):
-    tokenizer, note = preview_tokenizer(ModelConfig(id=str(tiny_model_dir)))
+    tokenizer, note = preview_tokenizer(ModelConfig(id=str(tiny_model_dir)), policy=LAPTOP)
     assert tokenizer is not None and "chat template of local model" in note
-    assert preview_tokenizer(ModelConfig(id=str(tiny_model_dir)))[0] is tokenizer
-    missing, reason = preview_tokenizer(ModelConfig(id="/no/such/model"))
+    assert preview_tokenizer(ModelConfig(id=str(tiny_model_dir)), policy=LAPTOP)[0] is tokenizer
+    missing, reason = preview_tokenizer(ModelConfig(id="/no/such/model"), policy=LAPTOP)
     assert missing is None
     assert "could not be loaded: model.id: no folder at /no/such/model" in reason
 
@@ -163,10 +164,10 @@ def test_a_failed_tokenizer_is_retried_only_after_a_while(monkeypatch, tmp_path)
     real = dragon_ui.engine.models.resolve_model
     monkeypatch.setattr(dragon_ui.engine.models, "resolve_model", lambda config: calls.append(1) or real(config))
     model = ModelConfig(id=str(tmp_path / "not-yet"))
-    assert preview_tokenizer(model)[0] is None and preview_tokenizer(model)[0] is None
+    assert preview_tokenizer(model, policy=LAPTOP)[0] is None and preview_tokenizer(model, policy=LAPTOP)[0] is None
     assert len(calls) == 1
     monkeypatch.setattr(dragon_ui.studio.playground, "TOKENIZER_RETRY_S", 0)
-    assert preview_tokenizer(model)[0] is None and len(calls) == 2
+    assert preview_tokenizer(model, policy=LAPTOP)[0] is None and len(calls) == 2
 
 
 def test_a_tokenizer_asked_for_without_waiting_answers_at_once_while_another_model_loads(tiny_model_dir,
@@ -178,16 +179,16 @@ def test_a_tokenizer_asked_for_without_waiting_answers_at_once_while_another_mod
 
     import dragon_ui.studio.playground as playground
 
-    cached, _ = preview_tokenizer(ModelConfig(id=str(tiny_model_dir)))
+    cached, _ = preview_tokenizer(ModelConfig(id=str(tiny_model_dir)), policy=LAPTOP)
     loading, done = threading.Event(), threading.Event()
     held = threading.Thread(target=lambda: (playground._tokenizers_lock.acquire(), loading.set(), done.wait(),
                                             playground._tokenizers_lock.release()))
     held.start()
     try:
         assert loading.wait(10)
-        assert preview_tokenizer(ModelConfig(id=str(tiny_model_dir)), wait=False)[0] is cached
-        assert preview_tokenizer(ModelConfig(id=str(tiny_model_dir)))[0] is cached  # cached: no lock either
-        assert preview_tokenizer(ModelConfig(id="/not/loaded/yet"), wait=False) is None
+        assert preview_tokenizer(ModelConfig(id=str(tiny_model_dir)), wait=False, policy=LAPTOP)[0] is cached
+        assert preview_tokenizer(ModelConfig(id=str(tiny_model_dir)), policy=LAPTOP)[0] is cached  # cached: no lock either
+        assert preview_tokenizer(ModelConfig(id="/not/loaded/yet"), wait=False, policy=LAPTOP) is None
     finally:
         done.set()
         held.join()
@@ -197,9 +198,9 @@ def test_load_rows_sees_a_file_saved_again(tmp_path):
     source = tmp_path / "data.csv"
     source.write_text("question,answer\nq1,1\n", encoding="utf-8")
     data = DataConfig(source=str(source), prompt="question")
-    assert load_rows(data) is load_rows(data)  # cached
+    assert load_rows(data, policy=LAPTOP) is load_rows(data, policy=LAPTOP)  # cached
     source.write_text("question,answer\nq1,1\nq2,2\n", encoding="utf-8")
-    assert len(load_rows(data).rows) == 2
+    assert len(load_rows(data, policy=LAPTOP).rows) == 2
 
 
 @pytest.mark.parametrize("mapping, expected, notes", [
@@ -210,8 +211,8 @@ def test_load_rows_sees_a_file_saved_again(tmp_path):
     ({"prompt": "text", "system": "You reply with JSON only."}, {"system": "You reply with JSON only."}, 0),
 ])
 def test_fit_mapping_guesses_only_what_does_not_fit(mapping, expected, notes):
-    rows = read_table(str(DATASETS / "json_answers.jsonl")).rows
-    fitted, messages = fit_mapping(DataConfig(source="x", **mapping), rows)
+    rows = read_table(str(DATASETS / "json_answers.jsonl"), policy=LAPTOP).rows
+    fitted, messages = fit_mapping(DataConfig(source="x", **mapping), rows, policy=LAPTOP)
     for key, value in expected.items():
         assert getattr(fitted, key) == value
     assert len(messages) == notes
@@ -219,28 +220,28 @@ def test_fit_mapping_guesses_only_what_does_not_fit(mapping, expected, notes):
 
 def test_fit_mapping_without_a_reference_column_clears_it():
     fitted, messages = fit_mapping(DataConfig(source="x", prompt="question", reference="answer"),
-                                   [{"body": "hello"}, {"body": "world"}])
+                                   [{"body": "hello"}, {"body": "world"}], policy=LAPTOP)
     assert (fitted.prompt, fitted.reference) == ("body", None)
     assert messages == ["The prompt now uses the column 'body' ('question' does not fit this data).",
                         "The reference 'answer' does not fit this data, so it was cleared."]
 
 
 def test_preview_examples_and_data_config():
-    draft = Studio(runs_dir="unused").recipes.default()
-    examples = preview_examples(data_config(draft))
+    draft = Studio(runs_dir="unused", policy=LAPTOP).recipes.default()
+    examples = preview_examples(data_config(draft), policy=LAPTOP)
     assert len(examples) == PREVIEW_ROWS
     assert prompt_text(examples[0]) == "What is 66 + 24? Reply with just the number."
     assert examples[0]["reference"] == "90"
     assert data_config({}).source == ""
     with pytest.raises(Exception, match="data.prompt uses the column 'nope'"):
-        preview_examples(DataConfig(**{**ARITHMETIC.__dict__, "prompt": "{nope}"}))
+        preview_examples(DataConfig(**{**ARITHMETIC.__dict__, "prompt": "{nope}"}), policy=LAPTOP)
 
 
 # --------------------------------------------------------------------------------------------- group scoring
 
 
 ARITHMETIC_REWARDS = build_rewards(parse_rewards([{"kind": "numeric"},
-                                                  {"kind": "length", "max_chars": 12, "weight": 0.3}]))
+                                                  {"kind": "length", "max_chars": 12, "weight": 0.3}], policy=LAPTOP), policy=LAPTOP)
 
 
 @pytest.mark.parametrize("completions, totals, advantages", [

@@ -19,6 +19,7 @@ from dragon_ui.engine.preflight import (MIN_PROMPTS, MOST_PROMPTS, Fix, Prefligh
 from dragon_ui.errors import ConfigError, Stopped
 from dragon_ui.grpo_math import has_spread
 from dragon_ui.rewards import RewardSpec, build_rewards
+from dragon_ui.public import LAPTOP
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -108,7 +109,7 @@ def test_a_reply_passes_at_half_the_full_marks(specs, mark, tiny_model_dir):
     from dragon_ui.config import ModelConfig
 
     tokenizer = load_tokenizer(resolve_model(ModelConfig(id=str(tiny_model_dir))))
-    rewards = build_rewards([RewardSpec.from_dict(spec) for spec in specs], tokenizer=tokenizer, max_new_tokens=16)
+    rewards = build_rewards([RewardSpec.from_dict(spec, policy=LAPTOP) for spec in specs], tokenizer=tokenizer, max_new_tokens=16, policy=LAPTOP)
     assert pass_mark(rewards) == pytest.approx(mark)
 
 
@@ -125,12 +126,12 @@ SIZES = {  # (generation seconds a step, training prompts, batch size) -> prompt
 @pytest.mark.parametrize("given, count", SIZES.values(), ids=SIZES.keys())
 def test_the_default_sample_takes_about_a_minute(given, count, tiny_config_dict):
     seconds, available, batch = given
-    config = RunConfig.from_dict({**tiny_config_dict, "training": {"batch_size": batch}})
+    config = RunConfig.from_dict({**tiny_config_dict, "training": {"batch_size": batch}}, policy=LAPTOP)
     assert prompts_for_a_minute(config, seconds, available) == count
 
 
 def fixes(groups, tiny_config_dict, references=("12",), **grpo) -> list[Fix]:
-    config = RunConfig.from_dict({**tiny_config_dict, "grpo": {**tiny_config_dict["grpo"], **grpo}})
+    config = RunConfig.from_dict({**tiny_config_dict, "grpo": {**tiny_config_dict["grpo"], **grpo}}, policy=LAPTOP)
     checks = [check(group, number=n, reference=references[n % len(references)])
               for n, group in enumerate(groups, start=1)]
     return fixes_for(report(checks), config)
@@ -157,7 +158,7 @@ def test_too_hard_offers_a_warmer_temperature_and_partial_credit(tiny_config_dic
                                       "--set data.min_pass_rate=0.01 --set data.max_pass_rate=0.99")
     dropped = drop.applied_to(added)
     assert dropped["data"] == {**tiny_config_dict["data"], **drop.settings["data"]}
-    RunConfig.from_dict(dropped)  # what the fixes write is a valid run
+    RunConfig.from_dict(dropped, policy=LAPTOP)  # what the fixes write is a valid run
 
 
 def test_partial_credit_for_text_answers_is_contains(tiny_config_dict):
@@ -177,7 +178,7 @@ FEW_FIXES = {  # what the pre-flight found -> the fixes' labels
 
 
 def test_dropping_every_sampled_prompt_is_offered_while_other_training_rows_stay(tiny_config_dict):
-    config = RunConfig.from_dict(tiny_config_dict)
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     checks = [check([0, 0], number=n) for n in (4, 9)]
     assert [fix.label for fix in fixes_for(dataclasses.replace(report(checks), training_prompts=2), config)][-1:] \
         != ["Drop the prompts that all fail or all pass (2)"]  # nothing would be left to train on
@@ -190,7 +191,7 @@ def test_dropping_every_sampled_prompt_is_offered_while_other_training_rows_stay
 def test_no_prompt_whose_group_has_a_spread_is_dropped(tiny_config_dict):
     """Partial credit separates replies that all fail: such a group teaches, though its pass rate is 0. Leaving out
     the rows by pass rate would leave it out too, so the drop is not offered (the too_hard lesson's fixed run)."""
-    config = RunConfig.from_dict(tiny_config_dict)
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     nearly = check([0.25, 0.0], number=4)  # close_number paid one reply, none passed
     assert nearly.kind == "spread" and nearly.pass_rate == 0.0
     found = dataclasses.replace(report([nearly, check([0, 0], number=9), check([1, 0], number=12)]),
@@ -209,15 +210,15 @@ def test_only_the_fixes_that_apply_are_offered(found, labels, tiny_config_dict):
 
 
 def test_a_preflight_samples_the_runs_groups_and_reports(tiny_config_dict):
-    config = RunConfig.from_dict(tiny_config_dict)
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     progress = []
-    found = preflight(config, ModelCache().load, prompts=5, on_progress=lambda done, total: progress.append((done, total)))
+    found = preflight(config, ModelCache().load, prompts=5, on_progress=lambda done, total: progress.append((done, total)), policy=LAPTOP)
     assert progress == [(2, 5), (4, 5), (5, 5)]  # a step's batch of prompts at a time
     assert len(found.prompts) == 5 and all(len(c.totals) == config.grpo.group_size for c in found.prompts)
     assert all(0 <= c.longest_tokens <= found.token_limit for c in found.prompts)
     assert {reward.name for reward in found.rewards} == {"numeric", "length"}
     assert found.step_s is not None and found.sampling_s > 0 and found.verdict
-    again = preflight(config, ModelCache().load, prompts=5)
+    again = preflight(config, ModelCache().load, prompts=5, policy=LAPTOP)
     assert [c.number for c in again.prompts] == [c.number for c in found.prompts]  # drawn with the run's seed
     with open(config.data.source, newline="", encoding="utf-8") as file:
         questions = [row["question"] for row in csv.DictReader(file)]
@@ -232,7 +233,7 @@ def test_a_preflight_can_be_cancelled(tiny_config_dict):
         return len(asked) > 3
 
     with pytest.raises(Stopped):
-        preflight(RunConfig.from_dict(tiny_config_dict), ModelCache().load, prompts=6, should_stop=cancel_after_a_while)
+        preflight(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), ModelCache().load, prompts=6, should_stop=cancel_after_a_while, policy=LAPTOP)
 
 
 def test_the_command_line_prints_the_verdict(tiny_config_dict, tmp_path, capsys):

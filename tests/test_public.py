@@ -17,6 +17,7 @@ from dragon_ui.cli import main
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
 from dragon_ui.engine import public_checks, training
 from dragon_ui.errors import ConfigError
+from dragon_ui.public import LAPTOP
 
 MAKE_RUN = "on your own machine (make run)"
 
@@ -108,7 +109,7 @@ def test_a_public_run_of_allowed_settings_trains(public_mode, tiny_config_dict):
     """The same checks let an ordinary run through: the visitor's own upload and a model on the allow-list."""
     tiny_config_dict["data"]["source"] = uploaded_by("someone", tiny_config_dict["data"]["source"])
     with public.visiting(public.Visitor(key="someone")):
-        run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=demo())
+        run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=demo())
         assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
 
 
@@ -122,7 +123,7 @@ def test_uploads_are_the_uploaders_own(public_mode, nothing_is_read, tiny_config
         tiny_config_dict["data"]["source"] = source
         with public.visiting(public.Visitor(key=who)), \
                 pytest.raises(ConfigError, match="reads no other files on the server"):
-            training.train_config(RunConfig.from_dict(tiny_config_dict), policy=demo())
+            training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=demo())
     with public.visiting(public.Visitor(key="alice")):
         assert data.locate(upload, policy=demo()) == Path(upload)
 
@@ -194,13 +195,13 @@ def test_a_public_demo_runs_no_code_of_a_visitors_reward_wherever_it_is_read(tmp
         RunConfig.from_dict(draft, policy=demo_policy)
     with pytest.raises(ConfigError, match="custom Python rewards are turned off"):
         parse_rewards(rewards, policy=demo_policy)
-    assert "turned off in this public demo" in rewards_tab.rewards_problem(rewards, demo_policy)
+    assert "turned off in this public demo" in rewards_tab.rewards_problem(rewards, policy=demo_policy)
     typed = [code if setting == "code" else None for setting in rewards_tab.SETTINGS]
     assert "turned off" in rewards_tab.add_reward([], "custom", "mine", 1.0, *typed, policy=demo_policy)[3]
-    rewards_tab.rewards_table(rewards, demo_policy)
-    same_settings(draft, draft, demo_policy)
+    rewards_tab.rewards_table(rewards, policy=demo_policy)
+    same_settings(draft, draft, policy=demo_policy)
     assert not ran.exists()
-    parse_rewards(rewards)  # the laptop runs it: what the refusals above kept from happening
+    parse_rewards(rewards, policy=LAPTOP)  # the laptop runs it: what the refusals above kept from happening
     assert ran.exists()
 
 
@@ -241,7 +242,7 @@ def test_the_allow_list_has_the_bundled_model_fitting_presets_and_the_owners_add
 def test_outside_public_mode_nothing_is_refused(monkeypatch, tiny_config_dict):
     monkeypatch.delenv(public.PUBLIC_ENV, raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)
-    config = RunConfig.from_dict(with_setting(tiny_config_dict, "grpo.max_new_tokens", 32768))
+    config = RunConfig.from_dict(with_setting(tiny_config_dict, "grpo.max_new_tokens", 32768), policy=LAPTOP)
     assert demo() is public.LAPTOP
     public_checks.check_run(config, demo())
     assert public.LAPTOP.owns(public.visitor(), "anyone") and public.LAPTOP.owns(public.NOBODY, "anyone")
@@ -335,7 +336,7 @@ def test_the_time_limit_ends_a_step_within_a_forward_pass_and_keeps_the_last_who
                                                                                       monkeypatch):
     limit_reached_when(monkeypatch, lambda status: status.get("step", 0) >= 2)
     public_config["training"].update(max_steps=50, save_steps=100)
-    run = training.train_config(RunConfig.from_dict(public_config), policy=demo())
+    run = training.train_config(RunConfig.from_dict(public_config, policy=LAPTOP), policy=demo())
     assert run.read_status()["state"] == "cancelled"
     status = run.read_status()
     assert status["step"] == 2 and status["latest_checkpoint"] == "checkpoint-2"
@@ -351,7 +352,7 @@ def test_the_time_limit_counts_the_held_out_scoring(public_mode, public_config, 
     generated token: scoring is part of a run's time. The trained weights are saved by then, so the run is done,
     and Evaluate now scores both models later."""
     limit_reached_when(monkeypatch, lambda status: status.get("phase", "").startswith("scoring the starting model"))
-    run = training.train_config(RunConfig.from_dict(public_config), policy=demo())
+    run = training.train_config(RunConfig.from_dict(public_config, policy=LAPTOP), policy=demo())
     assert run.read_status()["state"] == "succeeded"
     assert run.has_final_weights() and run.read_status()["step"] == public_config["training"]["max_steps"]
     assert "before" not in run.read_eval() and "after" not in run.read_eval()

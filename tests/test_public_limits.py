@@ -77,10 +77,10 @@ FILES = {"csv": lambda path, rows: write_arithmetic_csv(path.with_suffix(".csv")
 @pytest.mark.parametrize("kind", FILES)
 def test_a_file_is_read_only_as_far_as_the_rows_asked_for(kind, tmp_path):
     path = FILES[kind](tmp_path / "data", 300)
-    assert len(data.read_table(str(path), max_rows=25).rows) == 25
-    assert len(data.read_table(str(path)).rows) == 300
+    assert len(data.read_table(str(path), max_rows=25, policy=LAPTOP).rows) == 25
+    assert len(data.read_table(str(path), policy=LAPTOP).rows) == 300
     config = data.DataConfig(source=str(path), prompt="question", reference="answer", max_rows=40)
-    assert data.load_and_map(config).n_rows == 40
+    assert data.load_and_map(config, policy=LAPTOP).n_rows == 40
 
 
 @pytest.mark.parametrize("kind", FILES)
@@ -263,7 +263,7 @@ def test_a_header_of_thousands_of_repeated_names_is_read_in_linear_time(tmp_path
     path = tmp_path / "wide.csv"
     path.write_text(",".join(["a"] * 3002) + "\n" + ",".join(["1"] * 3002) + "\n")
     started = time.monotonic()
-    table = data.read_table(str(path))
+    table = data.read_table(str(path), policy=LAPTOP)
     assert time.monotonic() - started < 2 and list(table.rows[0])[:3] == ["a", "a (2)", "a (3)"]
     assert len(table.rows[0]) == 3002
 
@@ -404,9 +404,9 @@ def test_a_pattern_that_backtracks_exponentially_is_refused_when_it_is_saved(pat
     started = time.monotonic()
     if refused:
         with pytest.raises(ConfigError, match="takes too long on some replies"):
-            rewards.RewardSpec.from_dict({"kind": "regex", "pattern": pattern})
+            rewards.RewardSpec.from_dict({"kind": "regex", "pattern": pattern}, policy=LAPTOP)
     else:
-        (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "regex", "pattern": pattern})])
+        (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "regex", "pattern": pattern}, policy=LAPTOP)], policy=LAPTOP)
         reward("", "word " * 10_000 + "!", None, {})
     assert time.monotonic() - started < 2
 
@@ -415,7 +415,7 @@ def test_a_slow_match_scores_zero_as_a_failure_within_its_time_limit(monkeypatch
     """A pattern the check let through but that is slow on one reply: that reply scores 0, the failure is
     counted, and other threads run meanwhile (the regex package lets go of the GIL)."""
     monkeypatch.setattr(rewards.code, "_slow_text", lambda *args: None)  # as if the check had missed it
-    (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "regex", "pattern": r"(a|aa)+$"})])
+    (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "regex", "pattern": r"(a|aa)+$"}, policy=LAPTOP)], policy=LAPTOP)
     ticks = []
     done = threading.Event()
 
@@ -447,7 +447,7 @@ def test_the_json_fence_is_read_as_the_old_pattern_read_it_in_linear_time():
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
         old = OLD_FENCE.fullmatch(text)
         assert rewards.builtin._fenced_content(text) == (old.group(1) if old else None), repr(text)
-    (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "json"})])
+    (reward,) = rewards.build_rewards([rewards.RewardSpec.from_dict({"kind": "json"}, policy=LAPTOP)], policy=LAPTOP)
     started = time.monotonic()
     for text in ("```" + "a" * 200_000, "```\n" + "```a" * 50_000, "```json\n{\"a\": 1}" + " " * 100_000 + "```"):
         reward("", text, None, {})
@@ -473,7 +473,7 @@ TOO_LONG = {
 def test_every_text_setting_has_a_length_cap(tiny_config_dict, section, key, length, refusal):
     (tiny_config_dict[section] if section else tiny_config_dict)[key] = "a" * length
     with pytest.raises(ConfigError, match=refusal):
-        RunConfig.from_dict(tiny_config_dict)
+        RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
 
 
 @pytest.mark.parametrize("reward, refusal", [
@@ -484,12 +484,12 @@ def test_every_text_setting_has_a_length_cap(tiny_config_dict, section, key, len
 ])
 def test_reward_settings_have_length_caps(reward, refusal):
     with pytest.raises(ConfigError, match=refusal):
-        rewards.parse_rewards([reward])
+        rewards.parse_rewards([reward], policy=LAPTOP)
 
 
 def test_a_run_has_at_most_twenty_rewards():
     with pytest.raises(ConfigError, match="rewards has 21 rewards, more than the 20"):
-        rewards.parse_rewards([{"kind": "numeric", "name": f"n{i}"} for i in range(21)])
+        rewards.parse_rewards([{"kind": "numeric", "name": f"n{i}"} for i in range(21)], policy=LAPTOP)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -513,7 +513,7 @@ def test_a_public_run_keeps_to_lora_its_rank_the_cores_and_the_main_revision(pub
     tiny_config_dict[section][key] = value
     tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
     with pytest.raises(ConfigError, match=refusal):
-        public_checks.check_run(RunConfig.from_dict(tiny_config_dict), demo())
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), demo())
 
 
 def test_a_run_that_would_need_more_memory_than_the_machine_has_is_refused(public_mode, monkeypatch,
@@ -523,7 +523,7 @@ def test_a_run_that_would_need_more_memory_than_the_machine_has_is_refused(publi
     tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
     with pytest.raises(ConfigError, match=r"This run would need about [\d.]+ GB of memory with prompts of about 56 "
                                           r"tokens, more than the [\d.]+ GB this machine has"):
-        public_checks.check_run(RunConfig.from_dict(tiny_config_dict), demo())
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), demo())
 
 
 @pytest.mark.parametrize("long_words", [0, 150], ids=["short prompts", "some too long"])
@@ -542,9 +542,9 @@ def test_the_memory_check_counts_the_longest_prompt_the_data_really_has(public_m
                                           for n in range(30))
     (tmp_path / "long.csv").write_text(rows, encoding="utf-8")
     tiny_config_dict["data"].update(source=uploaded_by("v", tmp_path / "long.csv"), max_prompt_tokens=200)
-    config = RunConfig.from_dict(tiny_config_dict)
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     with public.visiting(public.Visitor(key="v")):
-        inspection = training.inspect(config, demo())
+        inspection = training.inspect(config, policy=demo())
     fit = inspection.prompts
     assert seen[0] == estimate.PROMPT_TOKENS and seen[-1] == fit.longest_kept == min(fit.longest, 200)
     assert (fit.dropped > 0) == (long_words > 0)
@@ -558,7 +558,7 @@ def test_the_memory_check_counts_the_longest_prompt_the_data_really_has(public_m
     with public.visiting(public.Visitor(key="v")), pytest.raises(
             ConfigError, match=rf"with its longest prompt of {fit.longest_kept} tokens, more than the [\d.]+ GB this "
                                r"machine has; .*, or shorter prompts \(data.max_prompt_tokens\)"):
-        training.inspect(config, demo())
+        training.inspect(config, policy=demo())
 
 
 @pytest.mark.parametrize("chosen, device, limit, why", [
@@ -571,7 +571,7 @@ def test_a_public_run_drops_prompts_past_the_demos_limit_on_any_device(public_mo
     from dragon_ui.engine.prompts import prompt_limit
 
     tiny_config_dict["data"]["max_prompt_tokens"] = chosen
-    assert prompt_limit(RunConfig.from_dict(tiny_config_dict), device, context=None, policy=demo()) == (limit, why)
+    assert prompt_limit(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), device, context=None, policy=demo()) == (limit, why)
 
 
 @pytest.mark.parametrize("column", ["question", "answer"])
@@ -581,15 +581,15 @@ def test_a_public_demo_refuses_a_row_whose_text_is_longer_than_its_limit(public_
     setting = data.DataConfig(source="x.csv", prompt="question", reference="answer")
     with pytest.raises(ConfigError, match=rf"data.{'prompt' if column == 'question' else 'reference'} gives row 8 "
                                           "10,001 characters, more than this public demo's limit of 10,000"):
-        data.map_rows(rows, setting, demo())
-    assert len(data.map_rows(rows, setting).train) > 20  # a laptop's policy trains on it
+        data.map_rows(rows, setting, policy=demo())
+    assert len(data.map_rows(rows, setting, policy=LAPTOP).train) > 20  # a laptop's policy trains on it
 
 
 def test_a_public_run_keeps_only_its_newest_checkpoints(public_mode, tiny_config_dict):
     tiny_config_dict["data"]["source"] = uploaded_by("v", tiny_config_dict["data"]["source"])
     tiny_config_dict["training"].update(max_steps=4, save_steps=1)
     with public.visiting(public.Visitor(key="v")):
-        run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=demo())
+        run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=demo())
         assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     assert [path.name for path in run.checkpoints()] == ["checkpoint-3", "checkpoint-4"]
 
@@ -649,7 +649,8 @@ def test_a_start_that_fails_after_reading_its_data_counts_against_the_starts_an_
     studio = Studio(runs_dir=studio.runs_dir, policy=demo())
     read = []
     real_inspect = training.inspect
-    monkeypatch.setattr(training, "inspect", lambda config, policy: read.append(1) or real_inspect(config, policy))
+    monkeypatch.setattr(training, "inspect",
+                        lambda config, *, policy: read.append(1) or real_inspect(config, policy=policy))
     config = {**tiny_config_dict, "data": {**tiny_config_dict["data"], "prompt": "no such column",
                                            "source": uploaded_by("v", tiny_config_dict["data"]["source"])}}
     with public.visiting(public.Visitor(key="v", address="fails-after-reading")):
@@ -666,11 +667,11 @@ def test_preparing_a_run_holds_up_nobody_elses_start_or_stop(public_mode, studio
     preparing, release = threading.Event(), threading.Event()
     real_inspect = training.inspect
 
-    def slow_inspect(config, policy):
+    def slow_inspect(config, *, policy):
         if config.name == "slow":
             preparing.set()
             release.wait(60)
-        return real_inspect(config, policy)
+        return real_inspect(config, policy=policy)
 
     monkeypatch.setattr(training, "inspect", slow_inspect)
     config = {**tiny_config_dict, "data": {**tiny_config_dict["data"], "source": uploaded_by(
@@ -798,7 +799,7 @@ def test_another_visitors_notes_are_lent_only_when_they_are_a_recipes(public_mod
     from dragon_ui.config import RunConfig
 
     studio.recipes.folder = ASSETS_DIR / "recipes"
-    notes = notes or RunConfig.from_file(ASSETS_DIR / "recipes" / "reward_hacking.yaml").notes
+    notes = notes or RunConfig.from_file(ASSETS_DIR / "recipes" / "reward_hacking.yaml", policy=LAPTOP).notes
     finished_run.update_status(owner="alice")
     config = json.loads(finished_run.config_path.read_text())
     finished_run.config_path.write_text(json.dumps({**config, "notes": notes}))
@@ -882,10 +883,10 @@ def test_starts_sent_at_the_same_moment_cannot_all_pass(public_mode, studio, tin
     data is read (queue._place), so only two of four are accepted."""
     real_inspect, arrived = training.inspect, threading.Barrier(4, timeout=60)
 
-    def inspect_together(config, policy):
+    def inspect_together(config, *, policy):
         with contextlib.suppress(threading.BrokenBarrierError):
             arrived.wait(5)  # the ones let through wait here for the others, which are refused
-        return real_inspect(config, policy)
+        return real_inspect(config, policy=policy)
 
     monkeypatch.setattr(training, "inspect", inspect_together)
     config = long_run({**tiny_config_dict, "data": {**tiny_config_dict["data"], "source": uploaded_by(
@@ -921,7 +922,7 @@ def test_previews_are_refused_beside_a_cpu_training_even_with_the_model_loaded(s
     studio.previews.load(model, settings=settings)
     assert studio.previews.cache.holds(model, None, settings)
     tiny_config_dict["training"].update(max_steps=5000, save_steps=5000)
-    run = training.prepare(RunConfig.from_dict(tiny_config_dict), waiting=True, policy=LAPTOP)
+    run = training.prepare(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), waiting=True, policy=LAPTOP)
     training.start_waiting(run, resume=False, policy=LAPTOP, workers=studio.workers)  # nothing released first
     with pytest.raises(BusyError, match="A training is running on this machine's CPU"):
         studio.previews.load(model, settings=settings)

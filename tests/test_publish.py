@@ -19,6 +19,7 @@ from dragon_ui.errors import ConfigError
 from dragon_ui.public import Visitor, visiting
 from dragon_ui.ui import compare_tab
 from dragon_ui.studio.backend import Studio
+from dragon_ui.public import LAPTOP
 
 REPO = "someone/arith-grpo"
 
@@ -61,7 +62,7 @@ def hub_run(finished_run):
 
 
 def test_the_adapter_goes_up_in_one_commit_with_its_card_and_a_config_that_names_the_hub_model(fake_hub, hub_run):
-    published = hub.publish(hub_run, REPO, private=True, token="hf_mine")
+    published = hub.publish(hub_run, REPO, private=True, token="hf_mine", policy=LAPTOP)
     assert fake_hub.repos == [{"repo_id": REPO, "token": "hf_mine", "private": True, "repo_type": "model",
                                "exist_ok": False}]
     [commit] = fake_hub.commits
@@ -77,7 +78,7 @@ def test_the_adapter_goes_up_in_one_commit_with_its_card_and_a_config_that_names
 
 
 def test_the_merged_model_goes_up_as_a_transformers_model(fake_hub, finished_run):
-    hub.publish(finished_run, REPO, merged=True, token="hf_mine", update=True)
+    hub.publish(finished_run, REPO, merged=True, token="hf_mine", update=True, policy=LAPTOP)
     [commit] = fake_hub.commits
     assert {"config.json", "model.safetensors", "README.md", "reward_curve.png"} <= set(commit["files"])
     assert not any(name.startswith("adapter_") or name == "dragon_merge.json" for name in commit["files"])
@@ -95,7 +96,7 @@ def test_the_merged_model_goes_up_as_a_transformers_model(fake_hub, finished_run
 def test_each_refusal_of_the_hub_is_one_sentence(fake_hub, hub_run, status, sentence):
     fake_hub.refuse = status
     with pytest.raises(hub.PublishError, match=sentence.replace("(", r"\(").replace(")", r"\)")):
-        hub.publish(hub_run, REPO, token="hf_mine")
+        hub.publish(hub_run, REPO, token="hf_mine", policy=LAPTOP)
     assert fake_hub.commits == []
 
 
@@ -104,11 +105,11 @@ def test_no_network_and_offline_mode_are_sentences_not_tracebacks(hub_run, monke
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # as the tests run: the library refuses at once
     with pytest.raises(hub.PublishError, match="set to work offline"):
-        hub.publish(hub_run, REPO, token="hf_mine")
+        hub.publish(hub_run, REPO, token="hf_mine", policy=LAPTOP)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: a real refusal
     with pytest.raises(hub.PublishError, match="cannot be reached from this machine"):
-        hub.publish(hub_run, REPO, token="hf_mine")
+        hub.publish(hub_run, REPO, token="hf_mine", policy=LAPTOP)
 
 
 @pytest.mark.parametrize("repo_id, problem", [
@@ -120,16 +121,16 @@ def test_no_network_and_offline_mode_are_sentences_not_tracebacks(hub_run, monke
 ])
 def test_a_bad_repo_name_is_refused_before_anything_is_uploaded(fake_hub, hub_run, repo_id, problem):
     with pytest.raises(ConfigError, match=problem):
-        hub.publish(hub_run, repo_id, token="hf_mine")
+        hub.publish(hub_run, repo_id, token="hf_mine", policy=LAPTOP)
     assert fake_hub.repos == []
 
 
 def test_without_a_token_it_says_how_to_get_one(fake_hub, hub_run, monkeypatch):
     monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
     with pytest.raises(ConfigError, match="No Hugging Face token: paste one .*hf auth login"):
-        hub.publish(hub_run, REPO)
+        hub.publish(hub_run, REPO, policy=LAPTOP)
     monkeypatch.setattr("huggingface_hub.get_token", lambda: "hf_logged_in")
-    hub.publish(hub_run, REPO)
+    hub.publish(hub_run, REPO, policy=LAPTOP)
     assert fake_hub.repos[-1]["token"] == "hf_logged_in"
 
 

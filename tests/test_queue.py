@@ -109,5 +109,5 @@ def test_a_public_demo_caps_the_queue(studio, tiny_config_dict, monkeypatch, tin
         first = studio.runs.start(long_config(tiny_config_dict, "first"))
         studio.runs.start(tiny_config_dict)
         with pytest.raises(BusyError, match="The queue is full: 1 runs are already waiting"):
-            queue.submit_start(RunConfig.from_dict(tiny_config_dict), policy=studio.policy, workers=studio.workers)
+            queue.submit_start(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=studio.policy, workers=studio.workers)
         studio.runs.stop(first.id)

@@ -13,6 +13,7 @@ from dragon_ui.cli import main
 from dragon_ui.runstore import RECORD_VERSION, RunDir
 from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import compare_tab, experiments_tab, train_tab
+from dragon_ui.public import LAPTOP
 
 RECORDED = Path(__file__).resolve().parent / "recorded"
 
@@ -38,7 +39,7 @@ def test_its_rows_are_read_in_todays_shape(recorded_run):
 
 
 def test_the_train_tab_draws_it(recorded_run, runs_dir):
-    studio = Studio(runs_dir)
+    studio = Studio(runs_dir, policy=LAPTOP)
     view = train_tab.refresh(studio, recorded_run.id, {}, full=True)
     rows = recorded_run.read_progress()
     reward = traces(view.reward_plot)
@@ -49,7 +50,7 @@ def test_the_train_tab_draws_it(recorded_run, runs_dir):
 
 
 def test_the_compare_and_experiments_tabs_show_it(recorded_run, runs_dir):
-    studio = Studio(runs_dir)
+    studio = Studio(runs_dir, policy=LAPTOP)
     summary, chart, table, *_ = compare_tab.comparison_outputs(studio, recorded_run.id)
     assert chart is not None and len(table) == len(recorded_run.read_samples())
     board, _, _ = experiments_tab.board(studio, "", "held-out total")

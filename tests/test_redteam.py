@@ -12,6 +12,7 @@ from dragon_ui.engine.models import load_tokenizer, resolve_model
 from dragon_ui.engine.redteam import REPEATED, red_team
 from dragon_ui.errors import Stopped
 from dragon_ui.rewards import RewardSpec, build_rewards, parse_rewards
+from dragon_ui.public import LAPTOP
 
 pytestmark = pytest.mark.timeout(300)
 RECIPES = ASSETS_DIR / "recipes"
@@ -24,10 +25,10 @@ def tokenizer():
 
 
 def recipe_red_team(name: str, tokenizer):
-    config = RunConfig.from_file(RECIPES / f"{name}.yaml")
+    config = RunConfig.from_file(RECIPES / f"{name}.yaml", policy=LAPTOP)
     rewards = build_rewards(config.rewards, base_dir=config.base_dir, tokenizer=tokenizer,
-                            max_new_tokens=config.grpo.max_new_tokens)
-    examples = load_and_map(config.data, base_dir=config.base_dir).train
+                            max_new_tokens=config.grpo.max_new_tokens, policy=LAPTOP)
+    examples = load_and_map(config.data, base_dir=config.base_dir, policy=LAPTOP).train
     return red_team(rewards, examples, config.grpo.max_new_tokens, tokenizer)
 
 
@@ -66,14 +67,14 @@ KINDS = {  # rewards -> the gaming replies they pay for (flagged)
 
 @pytest.mark.parametrize("specs, flagged", KINDS.values(), ids=KINDS.keys())
 def test_each_kind_is_flagged_for_what_it_pays_for(specs, flagged, tokenizer):
-    rewards = build_rewards([RewardSpec.from_dict(spec) for spec in specs], tokenizer=tokenizer, max_new_tokens=32)
+    rewards = build_rewards([RewardSpec.from_dict(spec, policy=LAPTOP) for spec in specs], tokenizer=tokenizer, max_new_tokens=32, policy=LAPTOP)
     found = red_team(rewards, [ROW], 32, tokenizer)
     assert {check.name for check in found.flagged} == flagged, found.describe()
     assert len(found.checks) == 11
 
 
 def test_text_answers_get_wrong_answers_of_their_own(tokenizer):
-    rewards = build_rewards([RewardSpec.from_dict({"kind": "contains"})], tokenizer=tokenizer, max_new_tokens=16)
+    rewards = build_rewards([RewardSpec.from_dict({"kind": "contains"}, policy=LAPTOP)], tokenizer=tokenizer, max_new_tokens=16, policy=LAPTOP)
     found = red_team(rewards, [TEXT_ROW, {**TEXT_ROW, "reference": "Paris"}], 16, tokenizer)
     examples = {check.name: check.example for check in found.checks}
     assert examples["the reference in a negation"] == "Not Rome, but Paris."
@@ -83,7 +84,7 @@ def test_text_answers_get_wrong_answers_of_their_own(tokenizer):
 
 
 def test_the_red_team_stops_at_its_time_limit_or_when_cancelled(tokenizer):
-    rewards = build_rewards([RewardSpec.from_dict({"kind": "numeric"})], tokenizer=tokenizer, max_new_tokens=16)
+    rewards = build_rewards([RewardSpec.from_dict({"kind": "numeric"}, policy=LAPTOP)], tokenizer=tokenizer, max_new_tokens=16, policy=LAPTOP)
     with pytest.raises(Stopped):
         red_team(rewards, [ROW], 16, tokenizer, time_limit_s=0)
     with pytest.raises(Stopped):
@@ -104,7 +105,7 @@ def test_a_wrong_answer_that_wins_by_its_shape_is_judged_against_a_wrong_one(gat
     settings = [dict(spec) for spec in SHORT_AND_RIGHT]
     if gate:
         settings[1]["only_when"] = gate
-    rewards = build_rewards(parse_rewards(settings), tokenizer=tokenizer, max_new_tokens=16)
+    rewards = build_rewards(parse_rewards(settings, policy=LAPTOP), tokenizer=tokenizer, max_new_tokens=16, policy=LAPTOP)
     found = red_team(rewards, [TEXT_ROW, {**TEXT_ROW, "reference": "Paris"}], 16, tokenizer, no_right=no_right)
     short = next(check for check in found.checks if check.name == "a short wrong answer")
     assert short.example == "Paris"

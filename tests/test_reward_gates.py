@@ -4,6 +4,7 @@ in every place a reward is scored (score_completion, the TRL functions), and the
 import pytest
 
 from dragon_ui.errors import ConfigError
+from dragon_ui.public import LAPTOP
 from dragon_ui.rewards import (RewardFailures, build_rewards, cannot_pay, goal_names, parse_rewards, reward_rule,
                                score_completion, trl_reward_functions)
 
@@ -29,7 +30,7 @@ def test_a_gated_reward_pays_only_where_its_gate_passes(gate, reply, reference, 
     settings = [dict(item) for item in CAPITAL]
     if gate:
         settings[1]["only_when"] = gate
-    rewards = build_rewards(parse_rewards(settings))
+    rewards = build_rewards(parse_rewards(settings, policy=LAPTOP), policy=LAPTOP)
     result = score_completion(rewards, reply, reference)
     assert [result.scores[name] for name in ("exact", "short", "contains")] == pytest.approx(expected)
     assert result.total == pytest.approx(total)
@@ -41,7 +42,7 @@ def test_training_pays_what_the_playground_shows():
     them in, and a gate's failures are counted once."""
     settings = [dict(item) for item in CAPITAL]
     settings[1]["only_when"] = "exact"
-    rewards = build_rewards(parse_rewards(settings))
+    rewards = build_rewards(parse_rewards(settings, policy=LAPTOP), policy=LAPTOP)
     replies = ["Lagos", "Maputo", "The capital is Maputo.", "maputo!"]
     references = ["Maputo"] * len(replies)
     expected = [score_completion(rewards, reply, "Maputo").scores for reply in replies]
@@ -69,7 +70,7 @@ def test_a_gate_must_name_another_reward(gate, error):
     settings = [dict(item) for item in CAPITAL]
     settings[1]["only_when"] = gate
     with pytest.raises(ConfigError, match=error):
-        parse_rewards(settings)
+        parse_rewards(settings, policy=LAPTOP)
 
 
 def test_a_gate_cannot_be_gated_itself():
@@ -77,18 +78,18 @@ def test_a_gate_cannot_be_gated_itself():
     settings[1]["only_when"] = "contains"
     settings[2]["only_when"] = "exact"
     with pytest.raises(ConfigError, match="pays only when exact itself"):
-        parse_rewards(settings)
+        parse_rewards(settings, policy=LAPTOP)
 
 
 def test_a_gate_is_said_and_kept_in_one_spelling():
     settings = [dict(item) for item in CAPITAL]
     settings[1]["only_when"] = " contains>=1.0 "
-    specs = parse_rewards(settings)
+    specs = parse_rewards(settings, policy=LAPTOP)
     assert specs[1].only_when == "contains >= 1"
     assert specs[1].to_dict()["only_when"] == "contains >= 1"
     assert reward_rule(specs[1]).endswith("paid only when contains scores 1 or more")
     settings[1]["only_when"] = "exact"
-    assert reward_rule(parse_rewards(settings)[1]).endswith("paid only when exact passes")
+    assert reward_rule(parse_rewards(settings, policy=LAPTOP)[1]).endswith("paid only when exact passes")
 
 
 @pytest.mark.parametrize(("rewards", "goal"), [
@@ -104,7 +105,7 @@ def test_a_gate_is_said_and_kept_in_one_spelling():
     ([{"kind": "regex", "pattern": "x", "goal": True}, {"kind": "exact"}], ["regex"]),
 ])
 def test_the_goal_is_inferred_from_the_kinds_unless_marked(rewards, goal):
-    assert goal_names(parse_rewards(rewards)) == goal
+    assert goal_names(parse_rewards(rewards, policy=LAPTOP)) == goal
 
 
 def test_a_stored_configs_reward_dicts_name_the_same_goal():
@@ -112,22 +113,22 @@ def test_a_stored_configs_reward_dicts_name_the_same_goal():
     for rewards, goal in [(CAPITAL, ["exact"]), ([{"kind": "exact", "train": False}, {"kind": "contains"}],
                                                  ["contains"]),
                           ([{"kind": "length", "max_chars": 9}], [])]:
-        assert goal_names([spec.to_dict() for spec in parse_rewards(rewards)]) == goal
+        assert goal_names([spec.to_dict() for spec in parse_rewards(rewards, policy=LAPTOP)]) == goal
 
 
 def test_a_reward_that_cannot_pay_on_the_references_is_named_with_the_fix():
     specs = parse_rewards([{"kind": "numeric"}, {"kind": "exact"}, {"kind": "contains", "extract": "answer_tag"},
-                           {"kind": "length", "max_chars": 3}])
-    found = cannot_pay(specs, ["Paris", "", None, "Tokyo"])
+                           {"kind": "length", "max_chars": 3}], policy=LAPTOP)
+    found = cannot_pay(specs, ["Paris", "", None, "Tokyo"], policy=LAPTOP)
     assert list(found) == ["numeric"]  # the extraction aside: the reference itself is the reply
     assert found["numeric"] == ("`numeric` (numeric) cannot pay on this data: the reference answer contains no number, "
                                 "on all 2 references checked, so no reply can earn it. Use exact or contains instead: "
                                 "they compare words.")
-    assert cannot_pay(specs, ["Paris", "12"]) == {}  # one reference it can pay on is enough
-    assert cannot_pay(specs, []) == {}
+    assert cannot_pay(specs, ["Paris", "12"], policy=LAPTOP) == {}  # one reference it can pay on is enough
+    assert cannot_pay(specs, [], policy=LAPTOP) == {}
 
 
 def test_a_slow_reference_ends_the_check_without_a_flag(monkeypatch):
     from dragon_ui.rewards import scoring
     monkeypatch.setattr(scoring, "CHECK_SECONDS", -1.0)  # past the budget at once: nothing is concluded
-    assert cannot_pay(parse_rewards([{"kind": "numeric"}]), ["Paris"] * 5) == {}
+    assert cannot_pay(parse_rewards([{"kind": "numeric"}], policy=LAPTOP), ["Paris"] * 5, policy=LAPTOP) == {}

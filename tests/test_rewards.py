@@ -41,7 +41,7 @@ def private_machine(monkeypatch):
 
 
 def build(settings: dict, base_dir=None):
-    return build_rewards([RewardSpec.from_dict(settings)], base_dir=base_dir)[0]
+    return build_rewards([RewardSpec.from_dict(settings, policy=LAPTOP)], base_dir=base_dir, policy=LAPTOP)[0]
 
 
 def score(settings: dict, completion: str, reference=None, prompt: str = "", row=None):
@@ -308,7 +308,7 @@ def test_unusable_reference_is_a_counted_failure(settings, reference, message):
 ])
 def test_validation_errors_name_the_field(settings, fragment):
     with pytest.raises(ConfigError) as caught:
-        RewardSpec.from_dict(settings)
+        RewardSpec.from_dict(settings, policy=LAPTOP)
     message = str(caught.value)
     assert fragment in message
     assert message.startswith("rewards[0]")
@@ -327,16 +327,16 @@ def test_validation_errors_name_the_field(settings, fragment):
 ])
 def test_parse_rewards_errors(items, fragment):
     with pytest.raises(ConfigError) as caught:
-        parse_rewards(items)
+        parse_rewards(items, policy=LAPTOP)
     assert fragment in str(caught.value)
 
 
 def test_custom_file_errors_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.file \(.*missing\.py\) cannot be read"):
-        build_rewards([RewardSpec.from_dict({"kind": "custom", "file": "missing.py"})], base_dir=str(tmp_path))
+        build_rewards([RewardSpec.from_dict({"kind": "custom", "file": "missing.py"}, policy=LAPTOP)], base_dir=str(tmp_path), policy=LAPTOP)
     (tmp_path / "broken.py").write_text("def reward(p, c, r, row):\n    return 1 +\n")
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.file \(.*broken\.py\) has a syntax error on line 2"):
-        build_rewards([RewardSpec.from_dict({"kind": "custom", "file": "broken.py"})], base_dir=str(tmp_path))
+        build_rewards([RewardSpec.from_dict({"kind": "custom", "file": "broken.py"}, policy=LAPTOP)], base_dir=str(tmp_path), policy=LAPTOP)
 
 
 def test_parse_rewards_defaults_and_coercion():
@@ -347,7 +347,7 @@ def test_parse_rewards_defaults_and_coercion():
         {"kind": "command", "argv": "python -c 'print(1)'", "timeout": "5"},
         {"kind": "length", "min_chars": 3.0},
         {"kind": "format"},
-    ])
+    ], policy=LAPTOP)
     assert [spec.name for spec in specs] == ["numeric", "kw", "json", "command", "length", "format"]
     assert specs[0].weight == 2.0 and isinstance(specs[0].weight, float)
     assert specs[1].words == ["because"]
@@ -371,12 +371,12 @@ def test_parse_rewards_defaults_and_coercion():
     {"kind": "custom", "code": "def check(p, c, r, row):\n    return 1\n", "function": "check"},
 ])
 def test_to_dict_round_trips(settings):
-    spec = RewardSpec.from_dict(settings)
+    spec = RewardSpec.from_dict(settings, policy=LAPTOP)
     data = spec.to_dict()
     assert {"kind", "name", "weight"} <= data.keys()
     assert json.loads(json.dumps(data)) == data
-    assert RewardSpec.from_dict(data) == spec
-    assert "extract" not in RewardSpec.from_dict({"kind": "numeric"}).to_dict()
+    assert RewardSpec.from_dict(data, policy=LAPTOP) == spec
+    assert "extract" not in RewardSpec.from_dict({"kind": "numeric"}, policy=LAPTOP).to_dict()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -391,14 +391,14 @@ def test_to_dict_round_trips(settings):
      "rewards[0].kind: command rewards are turned off in this public demo because they run arbitrary programs"),
 ])
 def test_public_demo_refuses_code_rewards(settings, fragment):
-    spec = RewardSpec.from_dict(settings)  # the settings are fine; a public demo's policy refuses to run them
+    spec = RewardSpec.from_dict(settings, policy=LAPTOP)  # the settings are fine; a public demo's policy refuses to run them
     assert public_refusal(spec, LAPTOP, "rewards[0]") is None
     assert fragment in public_refusal(spec, Policy(limits=Limits()), "rewards[0]")
     build_rewards([spec], policy=LAPTOP)
     with pytest.raises(ConfigError) as caught:
         build_rewards([spec], policy=Policy(limits=Limits()))
     assert fragment in str(caught.value)
-    assert build_rewards([RewardSpec.from_dict({"kind": "numeric"})], policy=Policy(limits=Limits()))
+    assert build_rewards([RewardSpec.from_dict({"kind": "numeric"}, policy=LAPTOP)], policy=Policy(limits=Limits()))
 
 
 @pytest.mark.parametrize("env, public", [({}, False), ({"DRAGON_UI_PUBLIC": "0"}, False),
@@ -430,8 +430,8 @@ def test_custom_reward_gets_all_arguments():
 
 def test_custom_reward_from_file(tmp_path):
     (tmp_path / "my_reward.py").write_text("def check(prompt, completion, reference, row):\n    return -2.5\n")
-    spec = RewardSpec.from_dict({"kind": "custom", "file": "my_reward.py", "function": "check"})
-    assert build_rewards([spec], base_dir=str(tmp_path))[0]("", "", None, {}) == -2.5
+    spec = RewardSpec.from_dict({"kind": "custom", "file": "my_reward.py", "function": "check"}, policy=LAPTOP)
+    assert build_rewards([spec], base_dir=str(tmp_path), policy=LAPTOP)[0]("", "", None, {}) == -2.5
 
 
 @pytest.mark.parametrize("body, score_, message", [
@@ -481,7 +481,7 @@ def test_score_completion_weights_and_errors():
         {"kind": "numeric", "weight": 2},
         {"kind": "format", "weight": 0.5},
         custom("def reward(p, c, r, row):\n    return row['missing']\n", name="broken"),
-    ]))
+    ], policy=LAPTOP), policy=LAPTOP)
     failures = RewardFailures()
     result = score_completion(rewards, "<think>x</think><answer>12</answer>", "12", failures=failures)
     assert isinstance(result, ScoreResult)
@@ -496,15 +496,15 @@ def test_score_completion_weights_and_errors():
 
 def test_a_metric_is_scored_but_adds_nothing_to_the_total():
     specs = parse_rewards([{"kind": "length", "max_chars": 40, "weight": 2},
-                           {"kind": "exact", "name": "accuracy", "weight": 3, "train": False}])
+                           {"kind": "exact", "name": "accuracy", "weight": 3, "train": False}], policy=LAPTOP)
     assert specs[1].to_dict() == {"kind": "exact", "name": "accuracy", "weight": 3.0, "train": False}
     assert "train" not in specs[0].to_dict()  # trained on is the default, and is not written out
     assert [training_weight(spec) for spec in specs] == [2.0, 0.0]
     assert [training_weight(spec.to_dict()) for spec in specs] == [2.0, 0.0]  # a stored config's dict alike
-    result = score_completion(build_rewards(specs), "12", "12")
+    result = score_completion(build_rewards(specs, policy=LAPTOP), "12", "12")
     assert result.scores == {"length": 1.0, "accuracy": 1.0} and result.total == 2.0
     with pytest.raises(ConfigError, match="rewards\\[1\\].train must be true or false"):
-        parse_rewards([specs[0].to_dict(), {"kind": "exact", "train": "no"}])
+        parse_rewards([specs[0].to_dict(), {"kind": "exact", "train": "no"}], policy=LAPTOP)
 
 
 @pytest.mark.parametrize("rewards, says", [
@@ -515,7 +515,7 @@ def test_a_metric_is_scored_but_adds_nothing_to_the_total():
 ])
 def test_a_list_with_nothing_to_train_on_is_refused(rewards, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
-        check_some_weight(parse_rewards(rewards))
+        check_some_weight(parse_rewards(rewards, policy=LAPTOP))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -603,7 +603,7 @@ def test_trl_reward_functions():
         {"kind": "numeric", "name": "correct"},
         custom("def reward(prompt, completion, reference, row):\n    return len(prompt) + row['bonus']\n",
                name="mine"),
-    ]))
+    ], policy=LAPTOP), policy=LAPTOP)
     failures = RewardFailures()
     batches = []
     functions = trl_reward_functions(rewards, failures, on_batch=lambda *args: batches.append(args))
@@ -636,7 +636,7 @@ def test_trl_on_batch_errors_propagate():
         if failed == scored:
             raise RuntimeError(f"reward {name} failed on every completion")
 
-    function = trl_reward_functions(build_rewards(parse_rewards([{"kind": "numeric"}])), RewardFailures(),
+    function = trl_reward_functions(build_rewards(parse_rewards([{"kind": "numeric"}], policy=LAPTOP), policy=LAPTOP), RewardFailures(),
                                     on_batch=on_batch)[0]
     assert function(prompts=["p"], completions=["1"], reference=["1"], row=["{}"]) == [1.0]
     with pytest.raises(RuntimeError, match="reward numeric failed on every completion"):

@@ -13,6 +13,7 @@ import pytest
 from dragon_ui import runstore
 from dragon_ui.config import RunConfig
 from dragon_ui.runstore import RunDir, append_jsonl, list_runs, read_json, read_appended_rows, write_json_atomic
+from dragon_ui.public import LAPTOP
 
 MINIMAL_CONFIG = {
     "model": "some/model",
@@ -351,7 +352,7 @@ def test_log_tail_without_a_log(run):
 
 
 def test_config_round_trips_through_the_run_folder(run, tmp_path):
-    config = RunConfig.from_dict(MINIMAL_CONFIG, base_dir=tmp_path)
+    config = RunConfig.from_dict(MINIMAL_CONFIG, base_dir=tmp_path, policy=LAPTOP)
     run.write_config(config)
     assert run.read_config() == config
 
@@ -372,7 +373,7 @@ def test_list_runs_newest_first_with_summaries(runs_dir, monkeypatch):
     made = []
     for index, name in enumerate(["first", "third", "second"]):
         run = RunDir.create(runs_dir, name)
-        run.write_config(RunConfig.from_dict({**MINIMAL_CONFIG, "model": f"org/model-{index}"}))
+        run.write_config(RunConfig.from_dict({**MINIMAL_CONFIG, "model": f"org/model-{index}"}, policy=LAPTOP))
         made.append(run)
     made[0].update_status(state="succeeded", step=10, total_steps=10, reward=0.8, heldout_before=0.2, heldout_after=0.7)
     made[1].update_status(state="running", step=2, total_steps=5, reward=0.1, pid=os.getpid(), host=socket.gethostname())
@@ -393,7 +394,7 @@ def test_list_runs_newest_first_with_summaries(runs_dir, monkeypatch):
 
 def test_list_runs_reports_abandoned_runs_as_failed(runs_dir):
     run = RunDir.create(runs_dir, "crashed")
-    run.write_config(RunConfig.from_dict(MINIMAL_CONFIG))
+    run.write_config(RunConfig.from_dict(MINIMAL_CONFIG, policy=LAPTOP))
     run.update_status(state="running", pid=dead_pid(), host=socket.gethostname())
     (summary,) = list_runs(runs_dir)
     assert summary["state"] == "failed" and "Interrupted" in summary["error"]

@@ -662,7 +662,7 @@ def test_a_run_samples_its_completions_in_eval_mode(tiny_config_dict, monkeypatc
     monkeypatch.setattr(GenerationMixin, "generate", recording_generate)
     tiny_config_dict["data"]["eval_frac"] = 0.0  # only the trainer generates
     tiny_config_dict["training"]["max_steps"] = 1
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     assert modes and all(mode == sampled_in_training_mode for mode in modes)
     assert dropouts == {dropout_class}
@@ -1034,7 +1034,7 @@ def test_a_run_shares_prompts_and_leaves_the_libraries_as_it_found_them(tiny_con
     libraries_own = (torch.multinomial, utils._use_triton, utils._ChunkedLogProbFunction)
     tiny_config_dict["training"]["max_steps"] = 1
     tiny_config_dict["grpo"]["beta"] = 0.04
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     assert True in sharing_calls and True in prefill_calls
     assert (torch.multinomial, utils._use_triton, utils._ChunkedLogProbFunction) == libraries_own

@@ -129,8 +129,8 @@ ROWS = [{"country": "France", "capital": "Paris", "notes": "Paris is on the Sein
 def test_every_built_in_kind_builds_from_the_data_and_shows_its_schema():
     specs = parse_tools([{"kind": "calculator"}, {"kind": "convert"},
                          {"kind": "lookup", "key_column": "country", "value_column": "capital", "name": "capital"},
-                         {"kind": "search", "column": "notes"}])
-    tools = build_tools(specs, ROWS)
+                         {"kind": "search", "column": "notes"}], policy=LAPTOP)
+    tools = build_tools(specs, ROWS, policy=LAPTOP)
     assert [tool_schema(tool)["function"]["name"] for tool in tools] == ["calculator", "convert_units", "capital",
                                                                          "search"]
     calculate, convert, capital, search = tools
@@ -142,12 +142,12 @@ def test_a_tool_answer_is_cut_and_a_stopped_run_calls_no_tool(tmp_path):
     source = ('def shout(text: str) -> str:\n    """Say it loudly.\n\n    Args:\n        text: What to say.\n    """\n'
               '    return text.upper() * 1000\n')
     stopping = []
-    (tool,) = build_tools(parse_tools([{"kind": "custom", "code": source, "function": "shout"}]), [],
-                          should_stop=lambda: bool(stopping))
+    (tool,) = build_tools(parse_tools([{"kind": "custom", "code": source, "function": "shout"}], policy=LAPTOP), [],
+                          should_stop=lambda: bool(stopping), policy=LAPTOP)
     answer = tool(text="hi")
     assert len(answer) < ANSWER_CHARS + 60 and answer.endswith("(cut: the answer had 2,000 characters)")
-    (lookup,) = build_tools(parse_tools([{"kind": "lookup", "key_column": "k", "value_column": "v"}]),
-                            [{"k": "a" * 5000, "v": "1"}, {"k": "b" * 5000, "v": "2"}])
+    (lookup,) = build_tools(parse_tools([{"kind": "lookup", "key_column": "k", "value_column": "v"}], policy=LAPTOP),
+                            [{"k": "a" * 5000, "v": "1"}, {"k": "b" * 5000, "v": "2"}], policy=LAPTOP)
     with pytest.raises(ToolError) as refused:
         lookup(key="c")
     assert len(str(refused.value)) < 200  # its error quotes the keys cut short
@@ -173,7 +173,7 @@ def test_a_tool_answer_is_cut_and_a_stopped_run_calls_no_tool(tmp_path):
 ])
 def test_bad_tool_settings_are_refused_naming_the_setting(tools, said):
     with pytest.raises(ConfigError, match=said):
-        parse_tools(tools)
+        parse_tools(tools, policy=LAPTOP)
 
 
 def test_a_public_demo_refuses_custom_tools_before_running_their_code(tmp_path):
@@ -181,7 +181,7 @@ def test_a_public_demo_refuses_custom_tools_before_running_their_code(tmp_path):
     code = f"open({str(marker)!r}, 'w').close()\ndef tool(x: str) -> str:\n    return x\n"
     with pytest.raises(ConfigError, match="custom Python tools and environments are turned off in this public demo"):
         parse_tools([{"kind": "custom", "code": code}], policy=PUBLIC)
-    trusted = parse_tools([{"kind": "custom", "code": code}])  # as a run folder's config is read back
+    trusted = parse_tools([{"kind": "custom", "code": code}], policy=LAPTOP)  # as a run folder's config is read back
     with pytest.raises(ConfigError, match=r"tools\[0\].kind: custom Python tools and environments are turned off"):
         build_tools(trusted, [], policy=PUBLIC)
     assert not marker.exists()
@@ -196,19 +196,19 @@ def test_a_public_demo_refuses_custom_tools_before_running_their_code(tmp_path):
 ])
 def test_a_custom_tool_must_be_one_the_model_can_be_shown(code, said):
     with pytest.raises(ConfigError, match=said):
-        build_tools(parse_tools([{"kind": "custom", "code": code}]), [])
+        build_tools(parse_tools([{"kind": "custom", "code": code}], policy=LAPTOP), [], policy=LAPTOP)
 
 
 def test_a_lookup_over_a_missing_column_is_refused_with_the_columns():
     with pytest.raises(ConfigError, match=r"tools\[0\].value_column 'city' is not a column of the data; its columns "
                                           "are: capital, country, notes"):
-        build_tools(parse_tools([{"kind": "lookup", "key_column": "country", "value_column": "city"}]), ROWS)
+        build_tools(parse_tools([{"kind": "lookup", "key_column": "country", "value_column": "city"}], policy=LAPTOP), ROWS, policy=LAPTOP)
 
 
 def test_worked_examples_call_the_tool_for_real_and_sit_before_the_question():
     specs = parse_tools([{"kind": "calculator", "examples": [
-        {"question": "What is 12 * 34?", "arguments": {"expression": "12 * 34"}}]}])
-    messages = demonstration(specs, build_tools(specs, []))
+        {"question": "What is 12 * 34?", "arguments": {"expression": "12 * 34"}}]}], policy=LAPTOP)
+    messages = demonstration(specs, build_tools(specs, [], policy=LAPTOP))
     assert messages == [
         {"role": "user", "content": "What is 12 * 34?"},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -218,20 +218,20 @@ def test_worked_examples_call_the_tool_for_real_and_sit_before_the_question():
     system, question = {"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 3 * 4?"}
     assert with_demonstration([system, question], messages) == [system, *messages, question]
     assert with_demonstration([question], []) == [question]
-    bad = parse_tools([{"kind": "calculator", "examples": [{"question": "?", "arguments": {"expression": "1/0"}}]}])
+    bad = parse_tools([{"kind": "calculator", "examples": [{"question": "?", "arguments": {"expression": "1/0"}}]}], policy=LAPTOP)
     with pytest.raises(ConfigError, match=r"tools\[0\].examples\[0\]: calculator answers with an error: .*zero"):
-        demonstration(bad, build_tools(bad, []))
+        demonstration(bad, build_tools(bad, [], policy=LAPTOP))
 
 
 def test_the_run_config_keeps_its_tools(tiny_config_dict):
-    plain = RunConfig.from_dict(tiny_config_dict)
+    plain = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     assert plain.tools == [] and plain.to_dict()["tools"] == [] and "tools: []" in plain.to_yaml()
     with_tools = RunConfig.from_dict({**tiny_config_dict, "tools": [{"kind": "calculator"}],
-                                      "grpo": {**tiny_config_dict["grpo"], "max_tool_calling_iterations": 3}})
-    again = RunConfig.from_dict(with_tools.to_dict())
+                                      "grpo": {**tiny_config_dict["grpo"], "max_tool_calling_iterations": 3}}, policy=LAPTOP)
+    again = RunConfig.from_dict(with_tools.to_dict(), policy=LAPTOP)
     assert again.tools == with_tools.tools and again.grpo.max_tool_calling_iterations == 3
     with pytest.raises(ConfigError, match="max_tool_calling_iterations"):
-        RunConfig.from_dict({**tiny_config_dict, "grpo": {"max_tool_calling_iterations": 0}})
+        RunConfig.from_dict({**tiny_config_dict, "grpo": {"max_tool_calling_iterations": 0}}, policy=LAPTOP)
     with pytest.raises(ConfigError, match="custom Python tools and environments are turned off"):
         RunConfig.from_dict({**tiny_config_dict, "tools": [{"kind": "custom", "code": "x"}]}, policy=PUBLIC)
     assert LAPTOP.public is False
@@ -241,7 +241,7 @@ def test_a_public_demos_run_check_refuses_a_custom_tool_in_a_config_read_back(ti
     from dragon_ui.engine import public_checks
 
     config = RunConfig.from_dict({**tiny_config_dict, "runs_dir": "", "model": {"id": DEFAULT_MODEL_ID}, "tools": [
-        {"kind": "custom", "code": "def tool(x: str) -> str:\n    return x\n"}]}, load_code=False)
+        {"kind": "custom", "code": "def tool(x: str) -> str:\n    return x\n"}]}, load_code=False, policy=LAPTOP)
     with pytest.raises(ConfigError, match=r"tools\[0\].kind: custom Python tools and environments are turned off"):
         public_checks.check_run(config, PUBLIC, reads_data=False)
 
@@ -252,7 +252,7 @@ def test_the_calculator_lesson_fits_a_free_space_with_its_own_prompts():
     from dragon_ui import ASSETS_DIR
     from dragon_ui.engine.estimate import estimate_memory, model_dims
 
-    config = RunConfig.from_file(ASSETS_DIR / "recipes" / "calculator.yaml")
+    config = RunConfig.from_file(ASSETS_DIR / "recipes" / "calculator.yaml", policy=LAPTOP)
     dims, _ = model_dims(config.model.id)
     assert config.training.gradient_checkpointing
     assert estimate_memory(config, dims, "bfloat16", False, "cpu", 416).total_gb < 8

@@ -61,7 +61,7 @@ def test_a_tools_run_records_every_turn_masks_the_answers_and_scores_the_final_r
         tiny_tool_model_dir, tmp_path, runs_dir, captured_batches):
     from transformers import AutoTokenizer
 
-    run = training.train_config(RunConfig.from_dict(tools_config(tiny_tool_model_dir, tmp_path, runs_dir)), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tools_config(tiny_tool_model_dir, tmp_path, runs_dir), policy=LAPTOP), policy=LAPTOP)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
 
@@ -105,29 +105,29 @@ def test_a_tools_run_records_every_turn_masks_the_answers_and_scores_the_final_r
 
 
 def test_a_model_whose_template_cannot_show_tools_is_refused_before_anything_trains(tiny_config_dict):
-    config = RunConfig.from_dict({**tiny_config_dict, "tools": [{"kind": "calculator"}]})
+    config = RunConfig.from_dict({**tiny_config_dict, "tools": [{"kind": "calculator"}]}, policy=LAPTOP)
     with pytest.raises(ConfigError, match=r"tools: .* cannot call tools: its chat template is not one TRL can show "
                                           "tools with"):
-        training.inspect(config)
+        training.inspect(config, policy=LAPTOP)
 
 
 def test_a_preset_that_cannot_call_tools_is_refused_before_it_is_downloaded(tiny_config_dict):
     config = RunConfig.from_dict({**tiny_config_dict, "model": {"id": "google/gemma-3-1b-it"},
-                                  "tools": [{"kind": "calculator"}]})
+                                  "tools": [{"kind": "calculator"}]}, policy=LAPTOP)
     with pytest.raises(ConfigError, match="tools: google/gemma-3-1b-it cannot call tools: Gemma 3's chat template has "
                                           "no turn for a tool's answer"):
-        training.inspect(config)
+        training.inspect(config, policy=LAPTOP)
 
 
 def test_worked_examples_and_the_tools_schemas_are_counted_in_the_prompts(tiny_tool_model_dir, tmp_path, runs_dir):
     plain = tools_config(tiny_tool_model_dir, tmp_path, runs_dir)
     plain.pop("tools")
-    without = training.inspect(RunConfig.from_dict(plain))
-    with_tools = training.inspect(RunConfig.from_dict(tools_config(tiny_tool_model_dir, tmp_path, runs_dir)))
+    without = training.inspect(RunConfig.from_dict(plain, policy=LAPTOP), policy=LAPTOP)
+    with_tools = training.inspect(RunConfig.from_dict(tools_config(tiny_tool_model_dir, tmp_path, runs_dir), policy=LAPTOP), policy=LAPTOP)
     shown = tools_config(tiny_tool_model_dir, tmp_path, runs_dir)
     shown["tools"] = [{"kind": "calculator", "examples": [{"question": "What is 2 * 3?",
                                                            "arguments": {"expression": "2 * 3"}}]}]
-    with_examples = training.inspect(RunConfig.from_dict(shown))
+    with_examples = training.inspect(RunConfig.from_dict(shown, policy=LAPTOP), policy=LAPTOP)
     assert without.prompts.longest < with_tools.prompts.longest < with_examples.prompts.longest
     prompt = with_examples.mapped.train[0]["prompt"]
     assert [message["role"] for message in prompt] == ["user", "assistant", "tool", "assistant", "user"]
@@ -141,15 +141,15 @@ def test_the_preflight_and_the_playground_sample_calling_the_tools(tiny_tool_mod
     from dragon_ui.engine.preflight import preflight
     from dragon_ui.studio.playground import generate_groups, preview_examples, sampling_tools
 
-    config = RunConfig.from_dict(tools_config(tiny_tool_model_dir, tmp_path, runs_dir))
+    config = RunConfig.from_dict(tools_config(tiny_tool_model_dir, tmp_path, runs_dir), policy=LAPTOP)
     load = ModelCache().load
-    report = preflight(config, load, prompts=2)
+    report = preflight(config, load, prompts=2, policy=LAPTOP)
     assert report.share("all pass") == 1.0, report.verdict
     model, tokenizer = load(config.model, settings=config.hardware)
-    examples, ready, tools = sampling_tools(config, preview_examples(config.data, count=1), tokenizer)
+    examples, ready, tools = sampling_tools(config, preview_examples(config.data, count=1, policy=LAPTOP), tokenizer, policy=LAPTOP)
     from dragon_ui.rewards import build_rewards
 
-    (group,) = generate_groups(model, ready, build_rewards(config.rewards), examples, config.grpo, tools=tools)
+    (group,) = generate_groups(model, ready, build_rewards(config.rewards, policy=LAPTOP), examples, config.grpo, tools=tools)
     shown = f'calculator(expression="{EXPRESSION}")\n→ calculator answered: {ANSWER}\n{ANSWER}'
     assert group.completions == [shown] * config.grpo.group_size  # each turn, to read in the playground's table
     assert group.totals == [1.0] * config.grpo.group_size  # scored on the final answer alone
@@ -202,7 +202,7 @@ def test_each_conversation_plays_its_own_environment_which_scores_it(tiny_tool_m
     its get_reward is the run's environment reward, in the rollouts, the progress rows and the held-out scores,
     not a reward TRL adds beside the run's."""
     config = environment_config(tiny_tool_model_dir, tmp_path, runs_dir, {"easy": 1.0, "hard": 0.25})
-    run = training.train_config(RunConfig.from_dict(config), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(config, policy=LAPTOP), policy=LAPTOP)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
 
@@ -242,7 +242,7 @@ def test_rows_that_pick_no_environment_are_refused_before_training(tiny_tool_mod
             handle.write("\n".join(lines) + "\n")
     config["data"].update(change.get("data", {}))
     with pytest.raises(ConfigError, match=refusal):
-        training.inspect(RunConfig.from_dict(config))
+        training.inspect(RunConfig.from_dict(config, policy=LAPTOP), policy=LAPTOP)
 
 
 def test_a_bundled_environment_alone_is_played_and_scores_itself(tiny_tool_model_dir, tmp_path, runs_dir):
@@ -252,7 +252,7 @@ def test_a_bundled_environment_alone_is_played_and_scores_itself(tiny_tool_model
     config["tools"] = [{"kind": "arithmetic"}]
     config["rewards"] = [{"kind": "exact", "name": "answer"}, {"kind": "environment", "name": "submitted"}]
     config["training"]["max_steps"] = 1
-    run = training.train_config(RunConfig.from_dict(config), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(config, policy=LAPTOP), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     for group in run.read_rollouts()[0]["groups"]:
         for completion in group["completions"]:

@@ -29,35 +29,35 @@ def test_report_to_is_validated_with_the_config(tiny_config_dict, given, expecte
     if given is not None:
         tiny_config_dict["logging"] = {"report_to": given}
     if isinstance(expected, list):
-        assert RunConfig.from_dict(tiny_config_dict).logging.report_to == expected
+        assert RunConfig.from_dict(tiny_config_dict, policy=LAPTOP).logging.report_to == expected
     else:
         with pytest.raises(ConfigError, match=expected.replace("[", r"\[").replace("]", r"\]")):
-            RunConfig.from_dict(tiny_config_dict)
+            RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
 
 
 def test_a_tracker_that_is_not_installed_is_refused_before_a_run_folder_exists(tiny_config_dict, runs_dir, monkeypatch):
     monkeypatch.setattr("transformers.integrations.is_wandb_available", lambda: False)
     tiny_config_dict["logging"] = {"report_to": ["wandb"]}
     with pytest.raises(ConfigError, match=r"lists wandb, which is not installed here: run `pip install wandb`"):
-        training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+        training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     assert not runs_dir.exists() or not any(runs_dir.iterdir())
 
 
 @pytest.mark.parametrize("tracker", ["wandb", "trackio"])
 def test_a_public_demo_sends_metrics_nowhere_outside_it(tiny_config_dict, monkeypatch, tracker):
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
-    config = RunConfig.from_dict({**tiny_config_dict, "logging": {"report_to": [tracker]}})
+    config = RunConfig.from_dict({**tiny_config_dict, "logging": {"report_to": [tracker]}}, policy=LAPTOP)
     with pytest.raises(ConfigError, match="outside this public demo"):
-        trackers.check(config.logging, public.Policy.from_env())
-    trackers.check(RunConfig.from_dict({**tiny_config_dict, "logging": {"report_to": ["tensorboard"]}}).logging,
-                   public.Policy.from_env())
+        trackers.check(config.logging, policy=public.Policy.from_env())
+    trackers.check(RunConfig.from_dict({**tiny_config_dict, "logging": {"report_to": ["tensorboard"]}}, policy=LAPTOP).logging,
+                   policy=public.Policy.from_env())
 
 
 def test_tensorboard_event_files_land_in_the_run_folder(tiny_config_dict):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tiny_config_dict["logging"] = {"report_to": ["tensorboard"]}
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     events = list(run.tensorboard_dir.glob("events.out.tfevents.*"))
     assert events, sorted(p.name for p in run.path.iterdir())

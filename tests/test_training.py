@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def run_to_end(config_dict: dict) -> RunDir:
-    run = training.train_config(RunConfig.from_dict(config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(config_dict, policy=LAPTOP), policy=LAPTOP)
     return run
 
 
@@ -46,7 +46,7 @@ def test_two_steps_write_the_whole_run_store(tiny_config_dict):
     assert set(status["versions"]) == set(speedups.LIBRARIES)
     assert status["versions"]["trl"].startswith("1.16") and status["versions"]["torch"]
 
-    assert RunConfig.from_dict(json.loads(run.config_path.read_text())) == RunConfig.from_dict(tiny_config_dict)
+    assert RunConfig.from_dict(json.loads(run.config_path.read_text()), policy=LAPTOP) == RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
 
     progress = run.read_progress()
     assert [row["step"] for row in progress] == [1, 2]
@@ -299,7 +299,7 @@ def test_only_one_training_per_app(studio, tiny_config_dict):
     slow = "import time\ndef reward(prompt, completion, reference, row):\n    time.sleep(0.2)\n    return 1.0\n"
     tiny_config_dict["rewards"].append(custom_reward(slow, "slow"))
     first = studio.runs.start(tiny_config_dict)
-    second = training.prepare(RunConfig.from_dict(tiny_config_dict), waiting=True, policy=LAPTOP)
+    second = training.prepare(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), waiting=True, policy=LAPTOP)
     try:
         assert training.active_run().run.id == first.id
         with pytest.raises(BusyError, match="already running"):
@@ -311,7 +311,7 @@ def test_only_one_training_per_app(studio, tiny_config_dict):
 
 
 def test_stop_before_training_begins_leaves_a_cancelled_run(tiny_config_dict):
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP, on_start=lambda job: job.stop())
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP, on_start=lambda job: job.stop())
     status = run.read_status()
     assert status["state"] == "cancelled"
     assert status.get("error") is None
@@ -342,12 +342,12 @@ def test_bad_input_is_refused_before_a_run_folder_exists(tiny_config_dict, runs_
 
     tiny_config_dict["data"]["prompt"] = "{nonexistent}"
     with pytest.raises(ConfigError, match="nonexistent"):
-        training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+        training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     tiny_config_dict["data"]["prompt"] = "question"
     tiny_config_dict["training"]["batch_size"] = 100
     with pytest.raises(ConfigError, match=r"Only 24 training prompts \(6 more are held out .* data\.eval_frac 0 trains "
                                           r"on them too\), fewer than training\.batch_size \(100\)"):
-        training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+        training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     assert not runs_dir.exists() or not any(runs_dir.iterdir())
 
 

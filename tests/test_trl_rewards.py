@@ -73,7 +73,7 @@ CASES = [
 
 @pytest.mark.parametrize("kind, settings, reply, reference", CASES)
 def test_each_score_is_trls_own(kind, settings, reply, reference, tokenizer):
-    reward = build_rewards(parse_rewards([{"kind": kind, **settings}]), tokenizer=tokenizer, max_new_tokens=12)
+    reward = build_rewards(parse_rewards([{"kind": kind, **settings}], policy=LAPTOP), tokenizer=tokenizer, max_new_tokens=12, policy=LAPTOP)
     result = score_completion(reward, reply, reference=reference or None)
     assert result.errors == {}
     expected = trls_score(kind, settings, reply, reference, tokenizer, 12)
@@ -93,15 +93,15 @@ def test_the_cases_cover_every_outcome(tokenizer):
 
 
 def test_the_weight_scales_a_penalty_into_the_total(tokenizer):
-    rewards = build_rewards(parse_rewards([{"kind": "numeric"}, {"kind": "repetition", "weight": 0.5}]),
-                            tokenizer=tokenizer)
+    rewards = build_rewards(parse_rewards([{"kind": "numeric"}, {"kind": "repetition", "weight": 0.5}], policy=LAPTOP),
+                            tokenizer=tokenizer, policy=LAPTOP)
     result = score_completion(rewards, REPEATS, reference="12")
     assert result.scores["numeric"] == 1.0 and result.scores["repetition"] < 0
     assert result.total == pytest.approx(1.0 + 0.5 * result.scores["repetition"])
 
 
 def test_without_a_tokenizer_a_token_counting_reward_fails_in_words_and_is_counted():
-    rewards = build_rewards(parse_rewards([{"kind": "repetition"}, {"kind": "think_format"}]))
+    rewards = build_rewards(parse_rewards([{"kind": "repetition"}, {"kind": "think_format"}], policy=LAPTOP), policy=LAPTOP)
     result = score_completion(rewards, "<think>a</think>")
     assert result.scores == {"repetition": 0.0, "think_format": 1.0}
     assert "needs the starting model's tokenizer" in result.errors["repetition"]
@@ -109,10 +109,10 @@ def test_without_a_tokenizer_a_token_counting_reward_fails_in_words_and_is_count
 
 def test_a_length_limit_comes_from_the_reward_or_the_run():
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.max_tokens is missing"):
-        build_rewards(parse_rewards([{"kind": "overlong"}]))
+        build_rewards(parse_rewards([{"kind": "overlong"}], policy=LAPTOP), policy=LAPTOP)
     with pytest.raises(ConfigError, match=r"buffer_tokens \(20\) is larger than grpo.max_new_tokens \(16\), the "
                                           "length limit"):
-        build_rewards(parse_rewards([{"kind": "overlong", "buffer_tokens": 20}]), max_new_tokens=16)
+        build_rewards(parse_rewards([{"kind": "overlong", "buffer_tokens": 20}], policy=LAPTOP), max_new_tokens=16, policy=LAPTOP)
 
 
 @pytest.mark.parametrize("settings, problem", [
@@ -132,19 +132,19 @@ def test_a_length_limit_comes_from_the_reward_or_the_run():
 ])
 def test_bad_settings_are_refused_with_the_field_named(settings, problem):
     with pytest.raises(ConfigError, match=problem):
-        parse_rewards([settings])
+        parse_rewards([settings], policy=LAPTOP)
 
 
 def test_a_buffer_longer_than_the_runs_replies_is_refused_when_the_config_is_checked(tiny_config_dict):
     tiny_config_dict["rewards"].append({"kind": "overlong", "buffer_tokens": 7})
     with pytest.raises(ConfigError, match=r"rewards\[2\]\.buffer_tokens \(7\) is larger than grpo.max_new_tokens \(6\)"):
-        RunConfig.from_dict(tiny_config_dict).validate()
+        RunConfig.from_dict(tiny_config_dict, policy=LAPTOP).validate()
 
 
 def test_each_kind_says_what_it_pays_for():
     rules = {spec.kind: reward_rule(spec) for spec in parse_rewards(
         [{"kind": "think_format"}, {"kind": "overlong", "max_tokens": 64}, {"kind": "repetition"},
-         {"kind": "cosine_length"}])}
+         {"kind": "cosine_length"}], policy=LAPTOP)}
     assert "<think>" in rules["think_format"] and "64 tokens" in rules["overlong"]
     assert "3-token" in rules["repetition"] and "the run's max new tokens" in rules["cosine_length"]
 
@@ -152,11 +152,11 @@ def test_each_kind_says_what_it_pays_for():
 def test_the_playground_counts_with_the_drafts_model_and_its_max_new_tokens(tiny_config_dict, tokenizer):
     draft = {**tiny_config_dict, "rewards": [{"kind": "overlong"}], "grpo": {"max_new_tokens": 10}}
     reply = "12 12 12 12 12 12 12 12 12"
-    score = score_completion(playground_rewards(draft), reply).scores["overlong"]
+    score = score_completion(playground_rewards(draft, policy=LAPTOP), reply).scores["overlong"]
     assert score == get_soft_overlong_punishment(10, 2)([ids(tokenizer, reply)])[0] and -1 < score < 0
     draft["grpo"] = {"max_new_tokens": "half typed"}
     with pytest.raises(ConfigError, match="max_tokens is missing"):
-        playground_rewards(draft)
+        playground_rewards(draft, policy=LAPTOP)
 
 
 def test_a_penalty_that_stays_at_zero_is_not_a_reward_that_never_pays():
@@ -207,7 +207,7 @@ def test_a_training_scores_with_trls_functions_on_the_replies_tokens(tiny_config
     tiny_config_dict["rewards"] = [{"kind": "think_format"}, {"kind": "overlong", "buffer_tokens": 3},
                                    {"kind": "repetition", "ngram_size": 1},
                                    {"kind": "cosine_length", "weight": 0.5}]
-    run = training.train_config(RunConfig.from_dict(tiny_config_dict), policy=LAPTOP)
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
     status = run.read_status()
     assert status["state"] == "succeeded", status.get("error")
     rows = run.read_progress()

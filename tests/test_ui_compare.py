@@ -16,6 +16,7 @@ from dragon_ui.engine import weights
 from dragon_ui.studio import compare
 from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app
+from dragon_ui.public import LAPTOP
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture
 def app(runs_dir, finished_run):
     """The whole app over a runs folder holding one finished tiny run."""
-    return build_app(Studio(runs_dir=runs_dir))
+    return build_app(Studio(runs_dir=runs_dir, policy=LAPTOP))
 
 
 def test_selecting_a_run_shows_chart_and_table(app, finished_run):
@@ -115,6 +116,6 @@ def test_unknown_or_missing_runs_give_sentences(app, runs_dir):
 
 
 def test_the_app_builds_with_no_runs(tmp_path):
-    app = build_app(Studio(runs_dir=tmp_path / "empty"))
+    app = build_app(Studio(runs_dir=tmp_path / "empty", policy=LAPTOP))
     dropdown, summary, *_ = handler(app, "compare_runs")("", "")
     assert dropdown.choices == [] and dropdown.value is None and "No run to compare yet" in summary

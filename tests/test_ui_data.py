@@ -16,6 +16,7 @@ from dragon_ui import ASSETS_DIR
 from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app, data_tab
 from dragon_ui.ui.common import Form
+from dragon_ui.public import LAPTOP
 
 DATASETS = ASSETS_DIR / "datasets"
 ARITHMETIC = str(DATASETS / "arithmetic.csv")
@@ -23,13 +24,13 @@ ARITHMETIC = str(DATASETS / "arithmetic.csv")
 
 @pytest.fixture
 def studio(tmp_path):
-    return Studio(runs_dir=tmp_path / "runs")
+    return Studio(runs_dir=tmp_path / "runs", policy=LAPTOP)
 
 
 @pytest.fixture(scope="module")
 def form(tmp_path_factory) -> Form:
     """The app's form: its fields, their config paths and their labels."""
-    return build_app(Studio(runs_dir=tmp_path_factory.mktemp("runs"))).form
+    return build_app(Studio(runs_dir=tmp_path_factory.mktemp("runs"), policy=LAPTOP)).form
 
 
 @pytest.fixture(scope="module")
@@ -122,12 +123,12 @@ def test_a_loaded_draft_shows_at_once_and_its_preview_follows(draft, labels):
     """fill_fields puts the draft in the fields without reading the data (the form appears at once); show_preview
     then reads it, writing no field the user may be typing in."""
     source, example, hub_config, hub_split, prompt, prompt_column, reference, system, eval_frac, max_rows, sheet = \
-        data_tab.fill_fields(draft)
+        data_tab.fill_fields(draft, policy=LAPTOP)
     assert not sheet.visible  # a CSV has no sheets
     assert source == example == ARITHMETIC
     assert (hub_config, hub_split, eval_frac, max_rows) == ("", "train", 0.05, "")
     assert (prompt, reference.value, system.value) == ("question", "answer", "")
-    out = outputs(last(data_tab.show_preview(draft, labels)))
+    out = outputs(last(data_tab.show_preview(draft, labels, policy=LAPTOP)))
     assert all(is_skip(out[name]) for name in ("source", "hub_config", "hub_split", "prompt"))
     assert out["prompt_column"].choices == [("question", "question"), ("answer", "answer")]
     assert out["source_status"] == out["mapping_status"] == ""
@@ -144,7 +145,7 @@ def test_a_loaded_draft_shows_at_once_and_its_preview_follows(draft, labels):
 def test_upload_a_file_shows_its_columns_and_fits_the_mapping(form, labels, draft, tmp_path):
     upload = homework(tmp_path)
     before = json.dumps(draft, sort_keys=True)
-    out = outputs(data_tab.use_source(on_screen(form, draft), str(upload), shown_table(draft), labels))
+    out = outputs(data_tab.use_source(on_screen(form, draft), str(upload), shown_table(draft), labels, policy=LAPTOP))
     assert json.dumps(draft, sort_keys=True) == before  # the draft it was given is left alone
     assert out["source"] == str(upload) and out["example"] is None
     assert (out["hub_config"], out["hub_split"]) == ("", "train")
@@ -162,12 +163,12 @@ def test_upload_a_file_shows_its_columns_and_fits_the_mapping(form, labels, draf
 def test_pick_an_example_resets_the_hub_settings(form, labels, draft):
     shown = on_screen(form, draft, {"data.hub_config": "main", "data.hub_split": "test"})
     path = str(DATASETS / "think_answer.jsonl")
-    out = outputs(data_tab.use_source(shown, path, shown_table(shown), labels))
+    out = outputs(data_tab.use_source(shown, path, shown_table(shown), labels, policy=LAPTOP))
     assert out["source"] == out["example"] == path
     assert (out["hub_config"], out["hub_split"]) == ("", "train")
     assert out["shown_table"] == [path, None, "train"]
     assert "200 rows" in out["counts"] and out["source_status"] == ""
-    assert data_tab.use_source(shown, None, shown_table(shown), labels) == (gr.skip(),) * len(data_tab.UPDATED)
+    assert data_tab.use_source(shown, None, shown_table(shown), labels, policy=LAPTOP) == (gr.skip(),) * len(data_tab.UPDATED)
 
 
 @pytest.mark.parametrize("typed, refits", [
@@ -180,7 +181,7 @@ def test_the_mapping_is_fitted_only_when_the_table_changes(form, labels, draft, 
     shown = on_screen(form, draft, {"data.source": upload})
     before = {"same table": [upload, None, "train"], "other table": [ARITHMETIC, None, "train"],
               "nothing shown yet": []}[typed]
-    out = outputs(data_tab.update_data(shown, before, labels))
+    out = outputs(data_tab.update_data(shown, before, labels, policy=LAPTOP))
     assert is_skip(out["source"])  # typed by the user: never written back
     assert out["shown_table"] == [upload, None, "train"]
     if refits:
@@ -206,7 +207,7 @@ def test_the_mapping_is_fitted_only_when_the_table_changes(form, labels, draft, 
 def test_bad_settings_give_a_sentence_in_the_forms_words_next_to_the_field(form, labels, draft, shown, where,
                                                                               words):
     composed = on_screen(form, draft, shown)
-    out = outputs(data_tab.update_data(composed, shown_table(composed), labels))
+    out = outputs(data_tab.update_data(composed, shown_table(composed), labels, policy=LAPTOP))
     for fragment in words:
         assert fragment in out[where]
     assert "data." not in out[where]  # no config paths: the labels on the screen
@@ -221,7 +222,7 @@ def test_a_mapping_problem_lists_the_columns_when_the_engine_does_not(form, labe
     data = tmp_path / "blank.csv"
     data.write_text("question,answer\n,1\n,2\n", encoding="utf-8")
     composed = on_screen(form, draft, {"data.source": str(data)})
-    out = outputs(data_tab.update_data(composed, shown_table(composed), labels))
+    out = outputs(data_tab.update_data(composed, shown_table(composed), labels, policy=LAPTOP))
     assert "Prompt gave empty text for all 2 rows" in out["mapping_status"]
     assert "The columns of this data are: question, answer." in out["mapping_status"]
     assert out["source_status"] == ""
@@ -229,14 +230,14 @@ def test_a_mapping_problem_lists_the_columns_when_the_engine_does_not(form, labe
 
 def test_without_labels_the_messages_keep_the_config_paths(draft):
     draft["data"]["prompt"] = "Q: {nope}"
-    out = outputs(data_tab.update_data(draft, shown_table(draft)))
+    out = outputs(data_tab.update_data(draft, shown_table(draft), policy=LAPTOP))
     assert "data.prompt uses the column 'nope'" in out["mapping_status"]
 
 
 def test_template_and_system_message_and_held_out_fraction(form, labels, draft):
     composed = on_screen(form, draft, {"data.prompt": "Q: {question}", "data.system": "Answer briefly.",
                                        "data.eval_frac": 0.5})
-    out = outputs(data_tab.update_data(composed, shown_table(composed), labels))
+    out = outputs(data_tab.update_data(composed, shown_table(composed), labels, policy=LAPTOP))
     assert out["mapping_status"] == out["source_status"] == ""
     assert "400 rows: 200 for training, 200 held out" in out["counts"]
     assert "<|system|>Answer briefly.<|end|><|user|>Q: What is 66 + 24?" in out["rendered"]
@@ -251,14 +252,14 @@ def test_template_and_system_message_and_held_out_fraction(form, labels, draft):
 def test_empty_reference_and_system_mean_not_used(form, labels, draft):
     composed = on_screen(form, draft, {"data.reference": "", "data.system": ""})
     assert composed["data"]["reference"] is None and composed["data"]["system"] is None
-    out = outputs(data_tab.update_data(composed, shown_table(composed), labels))
+    out = outputs(data_tab.update_data(composed, shown_table(composed), labels, policy=LAPTOP))
     assert "<|user|>" in out["rendered"] and "<|system|>" not in out["rendered"]
     assert out["mapping_status"] == ""
 
 
 def test_without_a_tokenizer_prompts_are_plain_text_with_the_reason(form, labels, draft):
     composed = on_screen(form, draft, {"model.id": "/no/such/model"})
-    out = outputs(data_tab.update_data(composed, shown_table(composed), labels))
+    out = outputs(data_tab.update_data(composed, shown_table(composed), labels, policy=LAPTOP))
     assert "could not be loaded: model.id: no folder at /no/such/model" in out["rendered"]
     assert "user: What is 66 + 24?" in out["rendered"]
     assert out["lengths"].startswith("Prompt length in words: min 11")
@@ -272,16 +273,16 @@ def test_while_the_tokenizer_loads_the_table_and_counts_show_first_and_the_promp
     become lengths in tokens."""
     from dragon_ui.studio import playground
 
-    playground.preview_tokenizer(playground.ModelConfig(id=draft["model"]["id"]))  # loaded: answers from now on
+    playground.preview_tokenizer(playground.ModelConfig(id=draft["model"]["id"]), policy=LAPTOP)  # loaded: answers from now on
     loading = {"yes": True}
     waits = []
 
-    def tokenizer_of(draft_, wait=True, policy=playground.LAPTOP):
+    def tokenizer_of(draft_, wait=True, *, policy):
         waits.append(wait)
-        return None if loading["yes"] and not wait else playground.draft_tokenizer(draft_, wait, policy)
+        return None if loading["yes"] and not wait else playground.draft_tokenizer(draft_, wait, policy=policy)
 
     monkeypatch.setattr(data_tab, "draft_tokenizer", tokenizer_of)
-    first, then = (outputs(answer) for answer in data_tab.show_preview(draft, labels))
+    first, then = (outputs(answer) for answer in data_tab.show_preview(draft, labels, policy=LAPTOP))
     assert waits == [False, True]
     assert first["table"].equals(then["table"]) and first["counts"] == then["counts"]
     assert "400 rows: 380 for training, 20 held out" in first["counts"]
@@ -293,25 +294,25 @@ def test_while_the_tokenizer_loads_the_table_and_counts_show_first_and_the_promp
 
     loading["yes"] = False
     waits.clear()
-    assert len(list(data_tab.show_preview(draft, labels))) == 1 and waits == [False]  # no half step
+    assert len(list(data_tab.show_preview(draft, labels, policy=LAPTOP))) == 1 and waits == [False]  # no half step
 
 
 def test_a_new_starting_model_refreshes_the_preview(draft, labels):
-    previewed = last(data_tab.show_preview(draft, labels))[-1]
-    assert data_tab.refresh_for_model(draft, previewed, labels) == (gr.skip(),) * 8  # nothing changed
-    assert data_tab.refresh_for_model(draft, "", labels) == (gr.skip(),) * 8  # no preview yet: show_preview makes it
+    previewed = last(data_tab.show_preview(draft, labels, policy=LAPTOP))[-1]
+    assert data_tab.refresh_for_model(draft, previewed, labels, policy=LAPTOP) == (gr.skip(),) * 8  # nothing changed
+    assert data_tab.refresh_for_model(draft, "", labels, policy=LAPTOP) == (gr.skip(),) * 8  # no preview yet: show_preview makes it
     other = {**draft, "model": {**draft["model"], "id": "/no/such/model"}}
     source_status, table, mapping_status, counts, rendered, lengths, _, now = data_tab.refresh_for_model(
-        other, previewed, labels)
+        other, previewed, labels, policy=LAPTOP)
     assert now == "/no/such/model@" and "plain system:/user: text" in rendered and "in words" in lengths
     assert source_status == mapping_status == "" and "400 rows" in counts
 
 
 def test_refreshing_for_a_model_words_a_mapping_problem_with_the_labels(draft, labels):
-    previewed = last(data_tab.show_preview(draft, labels))[-1]
+    previewed = last(data_tab.show_preview(draft, labels, policy=LAPTOP))[-1]
     other = {**draft, "model": {**draft["model"], "id": "/no/such/model"},
              "data": {**draft["data"], "reference": "solution"}}
-    source_status, table, mapping_status, *_ = data_tab.refresh_for_model(other, previewed, labels)
+    source_status, table, mapping_status, *_ = data_tab.refresh_for_model(other, previewed, labels, policy=LAPTOP)
     assert "Reference answer 'solution' is neither a column" in mapping_status and source_status == ""
 
 
@@ -319,8 +320,8 @@ def test_an_empty_prompt_suggests_the_files_own_columns(draft, tmp_path):
     """The issue's case: a file with columns text, name, city and no prompt chosen yet names those columns."""
     people = tmp_path / "people.csv"
     people.write_text("text,name,city\n" + "Hana moved to Riga last spring.,Hana,Riga\n" * 30, encoding="utf-8")
-    labels = build_app(Studio(runs_dir=tmp_path / "runs")).form.labels
+    labels = build_app(Studio(runs_dir=tmp_path / "runs", policy=LAPTOP)).form.labels
     draft["data"].update(source=str(people), prompt="", reference=None)
-    out = outputs(data_tab.update_data(draft, data_tab.table_identity(data_tab.data_config(draft)), labels))
+    out = outputs(data_tab.update_data(draft, data_tab.table_identity(data_tab.data_config(draft)), labels, policy=LAPTOP))
     assert "Prompt is empty" in out["mapping_status"] and "question" not in out["mapping_status"]
     assert out["mapping_status"].count("text, name, city") == 1, out["mapping_status"]

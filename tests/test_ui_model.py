@@ -19,6 +19,7 @@ from dragon_ui.studio import machine
 from dragon_ui.studio.draft import same_settings
 from dragon_ui.ui import model_tab
 from dragon_ui.ui.common import message
+from dragon_ui.public import LAPTOP
 
 pytestmark = pytest.mark.timeout(300)
 ERROR, OK = message("", "error"), message("", "ok")  # how a check's sentence says what kind it is
@@ -89,7 +90,7 @@ def test_the_form_composes_what_the_screen_shows(app, studio):
     assert draft == original  # composing never changes the loaded draft
     for section in ("data", "rewards", "runs_dir", "base_dir"):
         assert new[section] == original[section]
-    RunConfig.from_dict(new)  # still a complete, valid config
+    RunConfig.from_dict(new, policy=LAPTOP)  # still a complete, valid config
 
 
 def test_a_handler_that_takes_the_draft_gets_what_the_screen_shows(app, studio):
@@ -119,7 +120,7 @@ def test_a_valid_draft_previews_its_yaml_cli_and_estimate(app, studio):
     assert preview.hardware.startswith("**This run will use:** ") and "- device " in preview.hardware
     assert preview.estimate.startswith("**Rough estimate** for HuggingFaceTB/SmolLM2-135M-Instruct (135M parameters")
     assert "Memory ≈" in preview.estimate and "Time per step ≈" in preview.estimate
-    assert RunConfig.from_dict(yaml.safe_load(preview.yaml), base_dir=draft["base_dir"]) == studio.recipes.validate(draft)
+    assert RunConfig.from_dict(yaml.safe_load(preview.yaml), base_dir=draft["base_dir"], policy=LAPTOP) == studio.recipes.validate(draft)
     assert "python -m dragon_ui train arithmetic.yaml" in preview.cli
     outputs = preview.outputs()
     file_name, download = outputs[5:7]  # the browser saves the YAML shown under this name: the server writes nothing
@@ -224,7 +225,7 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
     assert train_status.startswith(f"Run `{run_id}` · ")  # the Train tab at once, not "No run to show yet"
     config = studio.runs.get(run_id).read_config()
     assert config.name == "typed-name" and config.training.save_steps == 2
-    assert same_settings(config.to_dict(), app.form.compose(*inputs))
+    assert same_settings(config.to_dict(), app.form.compose(*inputs), policy=LAPTOP)
 
     queued_id, queued, _ = model_tab.start_run(studio, tiny_draft)  # a busy machine queues the next run
     ((kind, words),) = said(queued)

@@ -35,7 +35,7 @@ LENGTH = {"kind": "length", "name": "length", "weight": 0.3, "max_chars": 12}
 def studio(tmp_path, monkeypatch):
     monkeypatch.delenv("SPACE_ID", raising=False)
     monkeypatch.delenv("DRAGON_UI_PUBLIC", raising=False)
-    return Studio(runs_dir=tmp_path / "runs")
+    return Studio(runs_dir=tmp_path / "runs", policy=LAPTOP)
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def recipe(draft) -> list[dict]:
 @pytest.fixture(scope="module")
 def labels(tmp_path_factory) -> dict[str, str]:
     """The form's labels (config path -> the words on the screen), which the playground's messages use."""
-    return build_app(Studio(runs_dir=tmp_path_factory.mktemp("runs"))).form.labels
+    return build_app(Studio(runs_dir=tmp_path_factory.mktemp("runs"), policy=LAPTOP)).form.labels
 
 
 def settings(kind: str = "numeric", **values) -> list:
@@ -163,7 +163,7 @@ class Screen:
     def form_reward(self) -> dict:
         """The reward the form shows, validated as a run would store it."""
         spec = rewards_tab.form_to_dict(self.kind, self.name, self.weight, self.values)
-        return parse_rewards([spec])[0].to_dict()
+        return parse_rewards([spec], policy=LAPTOP)[0].to_dict()
 
     def check_shows_the_selection(self):
         """The form shows exactly the selected reward, or a fresh new one; the buttons fit."""
@@ -250,7 +250,7 @@ def test_only_the_kinds_settings_are_shown(recipe, kind):
     ("exact", "accuracy", 1.0, {"train": False}, {"kind": "exact", "name": "accuracy", "weight": 1.0, "train": False}),
 ])
 def test_add_reward_appends_to_the_list_and_shows_it(recipe, kind, name, weight, values, stored):
-    out = listing(rewards_tab.add_reward(recipe, kind, name, weight, *settings(kind, **values)))
+    out = listing(rewards_tab.add_reward(recipe, kind, name, weight, *settings(kind, **values), policy=LAPTOP))
     assert out["rewards"] == [NUMERIC, LENGTH, stored]
     assert recipe == [NUMERIC, LENGTH]  # the list it was given is left alone
     assert out["table"].values.tolist()[-1][:3] == [stored["name"], kind, stored["weight"]]
@@ -261,7 +261,7 @@ def test_add_reward_appends_to_the_list_and_shows_it(recipe, kind, name, weight,
 
 def test_save_and_remove(recipe):
     out = listing(rewards_tab.save_reward(recipe, "length", "length", "short", 0.5,
-                                          *settings("length", max_chars=20, min_chars=2)))
+                                          *settings("length", max_chars=20, min_chars=2), policy=LAPTOP))
     assert out["rewards"] == [NUMERIC, {"kind": "length", "name": "short", "weight": 0.5, "min_chars": 2,
                                         "max_chars": 20}]
     assert out["selector"].value == "short" and "Saved the reward short" in out["status"]
@@ -270,10 +270,10 @@ def test_save_and_remove(recipe):
     max_chars = shown["settings"][SETTINGS.index("max_chars")]
     assert max_chars["value"] == "20" and max_chars["visible"]
 
-    out = listing(rewards_tab.remove_reward(out["rewards"], "numeric"))
+    out = listing(rewards_tab.remove_reward(out["rewards"], "numeric", policy=LAPTOP))
     assert [spec["name"] for spec in out["rewards"]] == ["short"] and out["selector"].value == "short"
     assert "Removed the reward numeric" in out["status"]
-    out = listing(rewards_tab.remove_reward(out["rewards"], "short"))
+    out = listing(rewards_tab.remove_reward(out["rewards"], "short", policy=LAPTOP))
     assert out["rewards"] == [] and out["selector"].value == NEW and "add at least one" in out["status"]
     assert out["add"].visible and not out["remove"].visible
 
@@ -286,7 +286,8 @@ def test_a_custom_reward_from_a_file_round_trips_through_the_form(recipe, tmp_pa
     shown = listing(rewards_tab.select_reward(rewards, "mine", policy=LAPTOP))
     values = [update["value"] for update in shown["settings"]]
     assert values[SETTINGS.index("code")] == "" and values[SETTINGS.index("file")] == str(script)
-    out = listing(rewards_tab.save_reward(rewards, "mine", shown["kind"], shown["name"], shown["weight"], *values))
+    out = listing(rewards_tab.save_reward(rewards, "mine", shown["kind"], shown["name"], shown["weight"], *values,
+                                          policy=LAPTOP))
     assert out["rewards"][-1] == spec and "Saved the reward mine." in out["status"]
 
 
@@ -311,12 +312,12 @@ def test_bad_forms_show_the_error_and_leave_the_list(recipe, handler, args, word
     kind, name, weight, values = args
     form = settings(kind, **values)
     if handler == "add":
-        result = rewards_tab.add_reward(recipe, kind, name, weight, *form)
+        result = rewards_tab.add_reward(recipe, kind, name, weight, *form, policy=LAPTOP)
     elif handler == "remove_unselected":
-        result = rewards_tab.remove_reward(recipe, "nothing")
+        result = rewards_tab.remove_reward(recipe, "nothing", policy=LAPTOP)
     else:
         selected = {"save": "numeric", "save_unselected": "nothing", "save_new": NEW}[handler]
-        result = rewards_tab.save_reward(recipe, selected, kind, name, weight, *form)
+        result = rewards_tab.save_reward(recipe, selected, kind, name, weight, *form, policy=LAPTOP)
     rewards, table, selector, status, *editor = result
     assert rewards == [NUMERIC, LENGTH] and is_skip(table) and is_skip(selector)
     assert all(is_skip(update) for update in editor)  # the form keeps what was typed, to be corrected
@@ -454,7 +455,7 @@ def test_change_kind_names_a_new_reward_after_its_kind_unless_typed(rewards, sel
     ([NUMERIC, LENGTH], None),
 ])
 def test_rewards_problem_says_what_stops_training(rewards, words):
-    problem = rewards_tab.rewards_problem(rewards)
+    problem = rewards_tab.rewards_problem(rewards, policy=LAPTOP)
     if words is None:
         assert problem == ""
     else:
@@ -472,26 +473,26 @@ def with_setting(draft: dict, path: str, value) -> dict:
 
 
 def test_playground_rows_and_scoring_a_typed_completion(draft, labels):
-    picker, row_text = rewards_tab.playground_rows(draft, None, labels)
+    picker, row_text = rewards_tab.playground_rows(draft, None, labels, policy=LAPTOP)
     assert len(picker.choices) == 20 and picker.value == 1
     assert picker.choices[0] == ("1: What is 66 + 24? Reply with just the number.", 1)
     assert row_text == "**Prompt:** What is 66 + 24? Reply with just the number.\n\n**Reference:** 90"
-    assert rewards_tab.playground_rows(draft, 5, labels)[0].value == 5  # the chosen row is kept
-    far, far_text = rewards_tab.playground_rows(draft, 250, labels)  # a pre-flight's prompt, beyond the first rows
+    assert rewards_tab.playground_rows(draft, 5, labels, policy=LAPTOP)[0].value == 5  # the chosen row is kept
+    far, far_text = rewards_tab.playground_rows(draft, 250, labels, policy=LAPTOP)  # a pre-flight's prompt, beyond the first rows
     assert far.value == 250 and len(far.choices) == 21 and far.choices[-1][0].startswith("250: What is ")
     assert far_text.startswith("**Prompt:** What is ") and far_text.split("**Reference:** ")[1].isdigit()
     for missing in (401, 0, -3, "7", True, 10**12):  # past the data's 400 rows, or not a row a client may send
-        assert rewards_tab.playground_rows(draft, missing, labels)[0].value == 1
+        assert rewards_tab.playground_rows(draft, missing, labels, policy=LAPTOP)[0].value == 1
 
-    table, total = rewards_tab.score_typed(draft, 1, "90")
+    table, total = rewards_tab.score_typed(draft, 1, "90", policy=LAPTOP)
     assert isinstance(table, pd.DataFrame)
     assert table[["reward", "weight", "score", "weighted"]].values.tolist() == [["numeric", 1.0, 1.0, 1.0],
                                                                                ["length", 0.3, 1.0, 0.3]]
     assert "Total (weighted sum): 1.300" in total
-    table, total = rewards_tab.score_typed(draft, 2, "The sum is 30, I think.")  # row 2 is 10 + 21 = 31
+    table, total = rewards_tab.score_typed(draft, 2, "The sum is 30, I think.", policy=LAPTOP)  # row 2 is 10 + 21 = 31
     assert table["score"].tolist() == [0.0, pytest.approx(1 - (23 - 12) / 12, abs=1e-4)]
     gated = {**draft, "rewards": [draft["rewards"][0], {**draft["rewards"][1], "only_when": "numeric"}]}
-    table, total = rewards_tab.score_typed(gated, 2, "30")  # short, but wrong: the length reward pays nothing
+    table, total = rewards_tab.score_typed(gated, 2, "30", policy=LAPTOP)  # short, but wrong: the length reward pays nothing
     assert table[["reward", "score", "problem"]].values.tolist() == [
         ["numeric", 0.0, ""], ["length", 0.0, "pays only when numeric passes; it would pay 1.00"]]
     assert "Total (weighted sum): 0.000" in total
@@ -509,21 +510,21 @@ def test_the_playground_ignores_settings_it_does_not_use(studio, draft, labels, 
         studio.recipes.validate(bad)  # Start would refuse it ...
     config = studio.recipes.validate_for_sampling(bad)  # ... sampling does not need it
     assert config.grpo.max_new_tokens == draft["grpo"]["max_new_tokens"] and len(config.rewards) == 2
-    picker, row_text = rewards_tab.playground_rows(bad, None, labels)
+    picker, row_text = rewards_tab.playground_rows(bad, None, labels, policy=LAPTOP)
     assert len(picker.choices) == 20 and "What is 66 + 24?" in row_text
-    table, total = rewards_tab.score_typed(bad, 1, "90")
+    table, total = rewards_tab.score_typed(bad, 1, "90", policy=LAPTOP)
     assert "1.300" in total
 
 
 def test_playground_explains_problems(draft, labels):
     no_reference = with_setting(draft, "data.reference", None)
-    table, total = rewards_tab.score_typed(no_reference, 1, "90")
+    table, total = rewards_tab.score_typed(no_reference, 1, "90", policy=LAPTOP)
     assert "no reference answer" in table.loc[0, "problem"] and "Failed rewards score 0" in total
-    picker, row_text = rewards_tab.playground_rows(with_setting(draft, "data.prompt", "{nope}"), 3, labels)
+    picker, row_text = rewards_tab.playground_rows(with_setting(draft, "data.prompt", "{nope}"), 3, labels, policy=LAPTOP)
     assert picker.choices == [] and picker.value is None
     assert "No rows to try: Prompt uses the column 'nope'" in row_text and "(on the Data tab)" in row_text
     with pytest.raises(gr.Error, match="Choose a row"):
-        rewards_tab.score_typed(draft, None, "90")
+        rewards_tab.score_typed(draft, None, "90", policy=LAPTOP)
 
 
 def test_a_public_demo_stops_scoring_a_typed_reply_at_its_time_limit(draft, monkeypatch):
@@ -733,7 +734,7 @@ def test_the_goal_and_the_gate_go_through_the_form_and_back(stored, shown):
     assert back.get("goal") == stored and back["only_when"] == "exact >= 1"
     assert ("goal" in back) is (stored is not None)
     rewards = [{"kind": "exact"}, back]
-    assert parse_rewards(rewards)[1].only_when == "exact >= 1"
+    assert parse_rewards(rewards, policy=LAPTOP)[1].only_when == "exact >= 1"
     unsaved = rewards_tab.form_to_dict("length", "short", 0.3, [value if setting != "only_when" else "" for
                                                                  setting, value in zip(rewards_tab.SETTINGS, values)])
-    assert parse_rewards([{"kind": "exact"}, unsaved])[1].only_when is None  # an empty box: always pays
+    assert parse_rewards([{"kind": "exact"}, unsaved], policy=LAPTOP)[1].only_when is None  # an empty box: always pays

@@ -38,16 +38,16 @@ def test_tools_are_added_shown_tried_and_removed(draft):
     assert chosen.value == "calculator"
     tools, _, chosen, _ = add(tools, "lookup", name="answer_of", key_column="question", value_column="answer")
     draft["tools"] = tools
-    schema, arguments, problem = tools_section.show_tool(draft, "answer_of")
+    schema, arguments, problem = tools_section.show_tool(draft, "answer_of", policy=LAPTOP)
     assert json.loads(schema)["function"]["name"] == "answer_of" and json.loads(arguments) == {"key": ""}
     assert problem == ""
     question = draft_question(draft)
-    answer = tools_section.call_tool(draft, "answer_of", json.dumps({"key": question["question"]}))
+    answer = tools_section.call_tool(draft, "answer_of", json.dumps({"key": question["question"]}), policy=LAPTOP)
     assert answer == f"**answer_of answered:**\n\n```\n{question['answer']}\n```"
-    schema, arguments, _ = tools_section.show_tool(draft, "calculator")
+    schema, arguments, _ = tools_section.show_tool(draft, "calculator", policy=LAPTOP)
     assert json.loads(arguments) == {"expression": "12 × 34"}
-    assert "```\n408\n```" in tools_section.call_tool(draft, "calculator", arguments)
-    tools, table, chosen, status = tools_section.remove_tool(tools, "calculator")
+    assert "```\n408\n```" in tools_section.call_tool(draft, "calculator", arguments, policy=LAPTOP)
+    tools, table, chosen, status = tools_section.remove_tool(tools, "calculator", policy=LAPTOP)
     assert [tool["name"] for tool in tools] == ["answer_of"] and said(status) == [("ok", "Removed the tool calculator.")]
 
 
@@ -104,7 +104,7 @@ def test_a_public_demo_offers_no_custom_tool_and_refuses_one_sent_anyway(tmp_pat
 ])
 def test_try_it_answers_what_the_model_would_read_or_says_why_not(draft, chosen, arguments, words):
     draft["tools"] = [{"kind": "calculator", "name": "calculator"}]
-    assert words in tools_section.call_tool(draft, chosen, arguments)
+    assert words in tools_section.call_tool(draft, chosen, arguments, policy=LAPTOP)
 
 
 def test_a_huge_cell_comes_back_cut_and_a_huge_corpus_is_refused(tmp_path):
@@ -113,19 +113,19 @@ def test_a_huge_cell_comes_back_cut_and_a_huge_corpus_is_refused(tmp_path):
     draft = {"data": {"source": str(data), "prompt": "key"},
              "tools": [{"kind": "lookup", "name": "fact_of", "key_column": "key", "value_column": "fact"},
                        {"kind": "search", "name": "search", "column": "fact"}]}
-    answer = tools_section.call_tool(draft, "fact_of", '{"key": "k1"}')
+    answer = tools_section.call_tool(draft, "fact_of", '{"key": "k1"}', policy=LAPTOP)
     assert "… (cut: the answer had 5,000 characters)" in answer and len(answer) < 1100
-    refused = tools_section.call_tool(draft, "search", '{"query": "x"}')
+    refused = tools_section.call_tool(draft, "search", '{"query": "x"}', policy=LAPTOP)
     assert "more than the 2,000,000 a search tool indexes" in refused
 
 
 def test_the_table_and_the_rounds_follow_a_loaded_draft():
     tools, table, chosen, status, rounds, column = tools_section.fill_tools(
         {"tools": [{"kind": "calculator", "name": "calc"}], "grpo": {"max_tool_calling_iterations": 3},
-         "data": {"environment_column": "game"}})
+         "data": {"environment_column": "game"}}, policy=LAPTOP)
     assert tools == [{"kind": "calculator", "name": "calc"}] and rounds == 3 and chosen.value == "calc"
     assert column == "game"
-    assert studio_tools.tools_table([]) == [] and tools_section.fill_tools({})[0] == []
+    assert studio_tools.tools_table([], policy=LAPTOP) == [] and tools_section.fill_tools({}, policy=LAPTOP)[0] == []
 
 
 def test_an_environment_is_added_shown_and_played_by_hand(draft):
@@ -138,23 +138,23 @@ def test_an_environment_is_added_shown_and_played_by_hand(draft):
     assert table.value["data"][0][:3] == ["guess_number", "guess_number", "A number-guessing game: the row's "
                                           "reference answer is the secret, a whole number. Its tools: guess."]
     draft["tools"] = tools
-    schema, arguments, _ = tools_section.show_tool(draft, "guess_number")
+    schema, arguments, _ = tools_section.show_tool(draft, "guess_number", policy=LAPTOP)
     assert [tool["function"]["name"] for tool in json.loads(schema)] == ["guess"]
     assert json.loads(arguments) == [{"guess": {"number": ""}}]
     secret = int(draft_question(draft)["answer"])  # the first row's reference answer
     played = tools_section.call_tool(draft, "guess_number", json.dumps(
-        [{"guess": {"number": secret + 1}}, {"guess": {"number": secret}}]))
+        [{"guess": {"number": secret + 1}}, {"guess": {"number": secret}}]), policy=LAPTOP)
     assert (f"guess({{\"number\": {secret + 1}}}) → The secret number is lower.\n"
             f"guess({{\"number\": {secret}}}) → Right: the secret number is {secret}.\n"
             "It scores the conversation 0.9 (the environment reward).") in played
     for hostile, words in [("[]", "Play guess_number with a list of at most 20 calls"),
                            ('{"shout": {}}', "guess_number has no tool 'shout'; its tools are: guess"),
                            (json.dumps([{"guess": {"number": 1}}] * 21), "at most 20 calls")]:
-        answer = tools_section.call_tool(draft, "guess_number", hostile)
+        answer = tools_section.call_tool(draft, "guess_number", hostile, policy=LAPTOP)
         assert words is None or words in answer, answer
     draft["data"]["reference"] = "question"
     assert "the GuessNumber environment cannot play it: the reference answer (the secret) must be a number" in \
-        tools_section.call_tool(draft, "guess_number", '{"guess": {"number": 1}}')
+        tools_section.call_tool(draft, "guess_number", '{"guess": {"number": 1}}', policy=LAPTOP)
 
 
 def test_a_custom_environment_is_trusted_only_and_needs_a_class_with_tools(tmp_path):

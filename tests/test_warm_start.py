@@ -34,7 +34,7 @@ def tiny_studio(tiny_config_dict, tmp_path, runs_dir):
 
 def test_the_warm_up_loads_the_default_model_and_a_training_process_that_holds_it(tiny_studio):
     draft = tiny_studio.recipes.default()
-    config = RunConfig.from_dict(draft)
+    config = RunConfig.from_dict(draft, policy=LAPTOP)
     tiny_studio.warm_up().join(timeout=240)
     assert tiny_studio.previews.cache.holds(config.model, settings=config.hardware)
 
@@ -70,13 +70,13 @@ def test_the_warm_up_leaves_the_cpus_to_an_opening_page_until_its_load_event(tin
     assert not warming.is_alive() and started and started[0] >= opened
     started.clear()
     began = time.monotonic()
-    Studio(runs_dir=tiny_studio.runs_dir).warm_up(page_wait_s=0.2).join(timeout=30)
+    Studio(runs_dir=tiny_studio.runs_dir, policy=LAPTOP).warm_up(page_wait_s=0.2).join(timeout=30)
     assert started and started[0] - began >= 0.2  # no page came: it waited that long, and no longer
 
 
 def test_a_run_on_the_taken_over_model_trains_exactly_like_one_that_loaded_its_own(tiny_studio):
     """What a warm training process does (engine/worker_process.py): load the model, set it aside, and train on it."""
-    config = RunConfig.from_dict(tiny_studio.recipes.default())
+    config = RunConfig.from_dict(tiny_studio.recipes.default(), policy=LAPTOP)
     cold = training.train_config(config, policy=LAPTOP)
     cache = models.ModelCache()
     cache.load(config.model, settings=config.hardware)
@@ -90,7 +90,7 @@ def test_a_run_on_the_taken_over_model_trains_exactly_like_one_that_loaded_its_o
 
 
 def test_a_model_set_aside_goes_back_to_the_previews_or_away_when_a_training_needs_another(tiny_studio):
-    config = RunConfig.from_dict(tiny_studio.recipes.default())
+    config = RunConfig.from_dict(tiny_studio.recipes.default(), policy=LAPTOP)
     cache = tiny_studio.previews.cache
     model, _ = cache.load(config.model, settings=config.hardware)
     cache.release(for_training=True)
@@ -110,10 +110,12 @@ def test_a_start_while_the_app_still_imports_its_libraries_waits_for_them(tiny_s
     'transformers'"), every time without engine.libraries. In a fresh interpreter, so that nothing is imported yet."""
     script = ("from dragon_ui.studio.backend import Studio\n"
               "from dragon_ui.engine import training\n"
-              f"studio = Studio(runs_dir={str(tmp_path / 'runs')!r}, recipes_dir={str(tiny_studio.recipes.folder)!r})\n"
+              "from dragon_ui.public import LAPTOP\n"
+              f"studio = Studio(runs_dir={str(tmp_path / 'runs')!r}, recipes_dir={str(tiny_studio.recipes.folder)!r}, "
+              "policy=LAPTOP)\n"
               "draft = studio.recipes.default()\n"
               "warming = studio.warm_up()\n"
-              "inspection = training.inspect(studio.recipes.validate(draft))\n"
+              "inspection = training.inspect(studio.recipes.validate(draft), policy=LAPTOP)\n"
               "warming.join()\n"
               "print(len(inspection.mapped.train), 'prompts')\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

@@ -20,6 +20,7 @@ from dragon_ui.config import HardwareSettings, ModelConfig, RunConfig
 from dragon_ui.engine import training, worker
 from dragon_ui.engine.worker import TrainingProcess
 from dragon_ui.studio.backend import Studio
+from dragon_ui.public import LAPTOP
 from conftest import ended, stop_the_training
 from test_app_client import served_app
 from test_queue import long_config, wait_for
@@ -29,8 +30,8 @@ from test_queue import long_config, wait_for
 def apart_studio(runs_dir, tiny_config_dict):
     """The app's backend as `make run` builds it: each run trains in a worker process; a worker warming the tiny
     model is started at once."""
-    studio = Studio(runs_dir=runs_dir)
-    config = RunConfig.from_dict(tiny_config_dict)
+    studio = Studio(runs_dir=runs_dir, policy=LAPTOP)
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     studio.workers.warm((config.model, config.hardware))
     yield studio
     stop_the_training()
@@ -120,8 +121,9 @@ def test_a_training_stops_with_its_last_step_when_the_app_dies(runs_dir, tiny_co
     script.write_text(textwrap.dedent(f"""
         import time
         import yaml
+        from dragon_ui.public import LAPTOP
         from dragon_ui.studio.backend import Studio
-        studio = Studio(runs_dir={str(runs_dir)!r})
+        studio = Studio(runs_dir={str(runs_dir)!r}, policy=LAPTOP)
         run = studio.runs.start(yaml.safe_load(open({str(tmp_path / "config.yaml")!r})))
         print(run.path, flush=True)
         time.sleep(600)
@@ -145,7 +147,7 @@ def test_closing_the_app_lets_the_warm_worker_go_and_no_worker_holds_the_owner_k
     from dragon_ui import public
 
     monkeypatch.setenv(public.OWNER_KEY_ENV, "the-owners-key")
-    studio = Studio(runs_dir=runs_dir)
+    studio = Studio(runs_dir=runs_dir, policy=LAPTOP)
     studio.workers.warm((ModelConfig(id=tiny_config_dict["model"]["id"]), HardwareSettings(device="cpu")))
     waiting = studio.workers._warm
     environment = (Path("/proc") / str(waiting.pid) / "environ").read_bytes().split(b"\0")

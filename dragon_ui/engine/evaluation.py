@@ -18,7 +18,7 @@ from ..chat import completion_text
 from ..config import GRPOSettings, ModelConfig, RunConfig
 from ..data import prompt_text, read_jsonl
 from ..errors import ConfigError, Stopped
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from .. import speedups
 from ..rewards import (EPISODE_SCORE, Reward, ScoreResult, build_rewards, goal_names, right_by_goal,
                        score_completions)
@@ -457,7 +457,7 @@ def model_for(load: LoadModel, config: RunConfig, weights: TrainedWeights, side:
 
 def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] = lambda: False,
                  rescore_before: bool = False, while_training: bool = False,
-                 policy: Policy = LAPTOP) -> Iterator[str]:
+                 *, policy: Policy) -> Iterator[str]:
     """Score the run's newest weights (and the starting model, if not scored yet or ``rescore_before``) on its
     held-out prompts: the Compare tab's "Evaluate now" and ``python -m dragon_ui eval``, with ``load`` giving the
     models (a ModelCache.load).

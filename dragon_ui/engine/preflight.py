@@ -25,7 +25,7 @@ from ..config import RunConfig
 from ..data import DataConfig, prompt_text
 from ..errors import DragonError, Stopped
 from ..grpo_math import finite_number, has_spread
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..rewards import Reward, build_rewards
 from ..rewards.spec import full_marks
 from ..runstore import excerpt, format_seconds
@@ -295,7 +295,7 @@ def prompts_for_a_minute(config: RunConfig, generation_s_per_step: float | None,
     return max(1, min(available, math.ceil(wanted / batch) * batch))
 
 
-def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, prompts: int | None = None,
+def preflight(config: RunConfig, load: LoadModel, *, policy: Policy, prompts: int | None = None,
               should_stop: Callable[[], bool] | None = None, on_progress: Callable[[int, int], None] | None = None,
               inspection: Inspection | None = None) -> Preflight:
     """The pre-flight of ``config``: every check Start makes (training.inspect), then ``prompts`` of its training
@@ -305,7 +305,7 @@ def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, promp
     from .estimate import estimate_run
     from .hardware import detect_hardware
 
-    inspection = inspection or inspect(config, policy)
+    inspection = inspection or inspect(config, policy=policy)
     train = inspection.mapped.train
     try:
         estimate = estimate_run(config, inspection.hardware, detect_hardware(),
@@ -325,7 +325,7 @@ def preflight(config: RunConfig, load: LoadModel, policy: Policy = LAPTOP, promp
     token_limit = None if fit.limit >= NO_LIMIT else fit.limit + config.grpo.max_new_tokens
     report = sample_preflight(config, model, tokenizer, chosen, rewards, token_limit, training_pass_s, should_stop,
                               policy.limits.sampling_seconds if policy.public else None, on_progress, len(train),
-                              inspection.tools, policy)
+                              inspection.tools, policy=policy)
     limit = policy.limits.scoring_seconds if policy.public else None
     try:
         no_right = report.goal.wrong_wins / len(report.prompts) if report.goal and report.prompts else None
@@ -342,7 +342,7 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
                      token_limit: int | None, training_pass_s: float | None = None,
                      should_stop: Callable[[], bool] | None = None, time_limit_s: float | None = None,
                      on_progress: Callable[[int, int], None] | None = None, training_prompts: int = 0,
-                     tools: ToolUse | None = None, policy: Policy = LAPTOP) -> Preflight:
+                     tools: ToolUse | None = None, *, policy: Policy) -> Preflight:
     """Sample ``config.grpo.group_size`` replies to each of ``examples`` as a training step samples them (a step's
     batch of prompts at a time, the run's temperature and sampling settings, calling its ``tools``), score them,
     and report.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from ..config import RunConfig
 from ..data import MappedData
 from ..errors import ConfigError
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from .libraries import import_all
 
 CPU_PROMPT_TOKENS = 512
@@ -45,7 +45,7 @@ class PromptFit:
 
 
 def prompt_limit(config: RunConfig, device: str, context: int | None,
-                 policy: Policy = LAPTOP) -> tuple[int, str]:
+                 *, policy: Policy) -> tuple[int, str]:
     """(the most tokens a prompt may have, why that many); a public demo's limit when ``policy`` has one."""
     room = None if context is None else context - config.grpo.max_new_tokens
     if room is not None and room < 1:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, DragonError
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..runstore import RunDir
 from . import weights
 from .model_card import CARD_FILE, write_model_card
@@ -36,7 +36,7 @@ class Published:
 
 
 def publish(run: RunDir, repo_id: str, merged: bool = False, private: bool = False, token: str | None = None,
-            update: bool = False, policy: Policy = LAPTOP) -> Published:
+            update: bool = False, *, policy: Policy) -> Published:
     """Upload the run's newest adapter (or, with ``merged``, the merged full model) to ``repo_id``. The repo is
     created; one that exists already is refused unless ``update`` (a new commit on top of it)."""
     from huggingface_hub import CommitOperationAdd, HfApi

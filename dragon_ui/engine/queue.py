@@ -72,7 +72,7 @@ def submit_start(config: RunConfig, *, policy: Policy, workers: Workers) -> RunD
 
 def submit_resume(run_dir: Path, *, policy: Policy, workers: Workers) -> RunDir:
     """Resume the run now if nothing trains and nobody waits, or else put it back in the queue."""
-    run = training.check_resumable(run_dir, policy)
+    run = training.check_resumable(run_dir, policy=policy)
     with _lock:
         _refuse_if_full(run.path.parent, policy)
         public_checks.take_start(run.path.parent, policy, _preparing)

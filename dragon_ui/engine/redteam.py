@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..config import RunConfig
 from ..data import prompt_text
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..rewards import Reward, build_rewards, goal_names
 from ..rewards.spec import FORMAT_PRESETS
 from .evaluation import score_examples
@@ -196,7 +196,7 @@ def close_it(spec) -> str:
     return CLOSE_IT.get(spec.kind, "check what it pays for")
 
 
-def red_team_of(config: RunConfig, examples: list[dict], device: str, policy: Policy = LAPTOP) -> RedTeam:
+def red_team_of(config: RunConfig, examples: list[dict], device: str, *, policy: Policy) -> RedTeam:
     """``red_team`` of a run's rewards, built as a run builds them, on its first training ``examples``."""
     tokenizer = load_tokenizer(resolve_model(config.model))
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, tokenizer=tokenizer,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..rewards import EPISODE_SCORE
 from ..tools import Played, build_environments, build_tools, demonstration, environment_tools, with_demonstration
 from ..tools.environments import check_playable, episode_score
@@ -117,16 +117,16 @@ def played(tools: ToolUse | None, examples: list[dict]) -> list[dict]:
 
 
 def tool_use(config: RunConfig, examples: list[dict], should_stop: Callable[[], bool] | None = None,
-             policy: Policy = LAPTOP) -> ToolUse | None:
+             *, policy: Policy) -> ToolUse | None:
     """The run's tools and environments built on the rows of its mapped ``examples`` (None when it has none);
     ConfigError at the first bad setting, or at a tool ``policy`` refuses."""
     if not config.tools:
         return None
     rows = [json.loads(example.get("row") or "{}") for example in examples]
     base_dir = config.base_dir or None
-    functions = build_tools(config.tools, rows, base_dir, should_stop, policy)
+    functions = build_tools(config.tools, rows, base_dir, should_stop, policy=policy)
     return ToolUse(functions, demonstration(config.tools, functions), config.grpo.max_tool_calling_iterations,
-                   build_environments(config.tools, base_dir, should_stop, policy), config.data.environment_column)
+                   build_environments(config.tools, base_dir, should_stop, policy=policy), config.data.environment_column)
 
 
 def ready_for_tools(tokenizer, label: str):

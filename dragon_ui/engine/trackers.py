@@ -9,7 +9,7 @@ import os
 
 from ..config import LoggingSettings
 from ..errors import ConfigError
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..runstore import RunDir
 from .libraries import import_all
 
@@ -18,7 +18,7 @@ PROJECT = "dragon-grpo-studio"
 INSTALL = {"trackio": "pip install trackio", "tensorboard": "pip install tensorboard", "wandb": "pip install wandb"}
 
 
-def check(settings: LoggingSettings, policy: Policy = LAPTOP) -> None:
+def check(settings: LoggingSettings, *, policy: Policy) -> None:
     """Refuse, before a run is created, a tracker that is not installed, or one that would leave a public demo."""
     if not settings.report_to:
         return  # transformers' integrations take seconds to import: the app's first page does not wait for them

@@ -29,7 +29,7 @@ from ..config import GRPO_VARIANTS, RunConfig
 from .reward_models import check_labels, classifiers_on
 from ..data import MappedData, load_and_map, read_jsonl, write_jsonl
 from ..errors import BusyError, ConfigError, DragonError, Stopped, describe
-from ..public import LAPTOP, Policy, visitor
+from ..public import Policy, visitor
 from ..rewards import Reward, RewardFailures, build_rewards, training_weight, trl_reward_functions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from ..scaleout import distributed
@@ -123,7 +123,7 @@ class Inspection:
     tools: ToolUse | None = None  # the tools the model may call (its prompts already show their worked examples)
 
 
-def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
+def inspect(config: RunConfig, *, policy: Policy) -> Inspection:
     """Every check a run passes before it trains (``policy``'s, the data's, the prompts', the rewards'), with what
     they found; ConfigError with the sentence to show at the first that fails. ``check`` prints it."""
     public_checks.check_run(config, policy)
@@ -134,7 +134,7 @@ def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
     distributed.check_runnable_here(config, hardware.device)
     mapped = load_and_map(config.data, base_dir=config.base_dir or None, policy=policy)
     source = resolve_model(config.model)
-    limit, why = prompt_limit(config, hardware.device, context_length(source), policy)
+    limit, why = prompt_limit(config, hardware.device, context_length(source), policy=policy)
     tokenizer = load_tokenizer(source)
     tools = tool_use(config, mapped.train + mapped.eval, policy=policy)
     if tools is not None:  # the worked examples go before each question, in the prompts the run stores
@@ -152,16 +152,16 @@ def inspect(config: RunConfig, policy: Policy = LAPTOP) -> Inspection:
     for index, spec in enumerate(config.rewards):
         if spec.kind == "classifier":
             check_labels(spec, f"rewards[{index}]")
-    trackers.check(config.logging, policy)
+    trackers.check(config.logging, policy=policy)
     return Inspection(mapped, prompts, hardware, tools)
 
 
 def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool = False,
-            policy: Policy = LAPTOP) -> RunDir:
+            *, policy: Policy) -> RunDir:
     """Everything of ``start`` but the training: the checks, then the run folder with its config and its mapped
     data, in state queued; ``waiting``: in the queue (``queue.py``), from the moment its status is written, which is
     the last thing done here."""
-    inspection = inspect(config, policy)
+    inspection = inspect(config, policy=policy)
     mapped = inspection.mapped
     path = None
     if distributed.is_main_process():  # under accelerate/torchrun, one process creates and fills the folder
@@ -198,7 +198,7 @@ def resume(run_dir: str | Path, *, policy: Policy, workers: Workers) -> Training
 
 def _reopen(run_dir: str | Path, policy: Policy) -> tuple[RunDir, Path | None]:
     """The run, checked resumable and marked queued again, with the checkpoint it continues from."""
-    run = check_resumable(run_dir, policy)
+    run = check_resumable(run_dir, policy=policy)
     _refuse_if_busy()
     checkpoint = run.latest_checkpoint()
     distributed.barrier()  # every process has read the state before the main one changes it
@@ -208,7 +208,7 @@ def _reopen(run_dir: str | Path, policy: Policy) -> tuple[RunDir, Path | None]:
     return run, checkpoint
 
 
-def check_resumable(run_dir: str | Path, policy: Policy = LAPTOP) -> RunDir:
+def check_resumable(run_dir: str | Path, *, policy: Policy) -> RunDir:
     """The run, if it can be resumed (raises BusyError or ConfigError with the reason otherwise)."""
     run = RunDir(Path(run_dir), read_only=not distributed.is_main_process())
     # Its data was read (and checked) when it started.
@@ -312,7 +312,7 @@ def _train(handle: Training, config: RunConfig, resume_from: Path | None) -> str
     eval_rows = read_jsonl(run.eval_data_path)
     log.info("Data: %s", run.read_status().get("data_summary") or f"{len(train_rows)} training prompts")
     # Before the model: under ZeRO-3 the training arguments make transformers shard the weights as they load.
-    args = grpo_args(config, run, hardware, handle.policy)
+    args = grpo_args(config, run, hardware, policy=handle.policy)
     sharded = distributed.shards_weights(config)
 
     phase("loading the model")
@@ -330,7 +330,7 @@ def _train(handle: Training, config: RunConfig, resume_from: Path | None) -> str
     rewards = build_rewards(config.rewards, base_dir=config.base_dir or None, training=True, tokenizer=tokenizer,
                             max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(hardware.device),
                             policy=handle.policy)
-    tools = tool_use(config, train_rows + eval_rows, handle.should_stop, handle.policy)
+    tools = tool_use(config, train_rows + eval_rows, handle.should_stop, policy=handle.policy)
     if tools is not None:
         tokenizer = ready_for_tools(tokenizer, source.label)
 
@@ -501,7 +501,7 @@ def _evaluate_saved_weights(run: RunDir, policy: Policy) -> None:
         cache.release()
 
 
-def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware, policy: Policy = LAPTOP):
+def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware, *, policy: Policy):
     """The RunConfig as TRL's GRPOConfig; TRL's constraints are met here by construction."""
     from trl import GRPOConfig
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..chat import completion_text, last_user_text
 from ..errors import ConfigError, Stopped, one_line
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from .classifier import Classifiers, ClassifierScorer
 from .math_answers import PREVIEWS, TRAINING, math_scorer
 from .builtin import BUILTIN_SCORERS, EPISODE_SCORE, Reward, regex_scorer
@@ -29,7 +29,7 @@ def counts_tokens(specs: list[RewardSpec]) -> bool:
 
 def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training: bool = False, tokenizer=None,
                   max_new_tokens: int | None = None, classifiers: Classifiers | None = None,
-                  policy: Policy = LAPTOP) -> list[Reward]:
+                  *, policy: Policy) -> list[Reward]:
     """Turn validated specs into callables; base_dir resolves relative custom files and is the commands' folder.
     ``training``: the rewards of a training run, whose math checks have a worker of their own, so that what visitors
     try in the playground never waits in front of a run. ``tokenizer`` counts tokens for TRL's length and repetition
@@ -74,7 +74,7 @@ MOST_REFERENCES = 32  # the references a check scores (a math check takes millis
 CHECK_SECONDS = 2.0  # all of them at most: a reference crafted to be slow to verify ends the check, flagging nothing
 
 
-def cannot_pay(specs: list[RewardSpec], references: list[str | None], policy: Policy = LAPTOP) -> dict[str, str]:
+def cannot_pay(specs: list[RewardSpec], references: list[str | None], *, policy: Policy) -> dict[str, str]:
     """The rewards that compare a reply with the reference and would pay nothing on any of ``references``, even for a
     reply that is the reference itself (numeric on names, math on words): reward name -> why, as a sentence with the
     fix. Checked on the first MOST_REFERENCES references that are not empty, within CHECK_SECONDS: a reward not

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 
 from ..errors import ConfigError, check_length, check_unique_names
-from ..public import LAPTOP, LIFT, Policy
+from ..public import LIFT, Policy
 from .code import compile_pattern, load_custom_function
 from .text import EXTRACT_MODES
 
@@ -211,7 +211,7 @@ class RewardSpec:
     function: str = "reward"
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "rewards[0]", policy: Policy = LAPTOP,
+    def from_dict(cls, data: dict, where: str = "rewards[0]", *, policy: Policy,
                   load_code: bool = True) -> RewardSpec:
         """Validate and coerce one reward's settings; every problem is a ConfigError that names the field. What
         ``policy`` refuses is refused first, before a custom reward's code is run to check it (``load_code``; off
@@ -555,7 +555,7 @@ def check_some_weight(specs: list[RewardSpec], where: str = "") -> None:
                           "weight above 0.")
 
 
-def parse_rewards(items: list, where: str = "rewards", policy: Policy = LAPTOP,
+def parse_rewards(items: list, where: str = "rewards", *, policy: Policy,
                   load_code: bool = True) -> list[RewardSpec]:
     """Validate a whole reward list: not empty, each entry valid (and allowed by ``policy``), names unique (they
     become column names)."""
@@ -563,7 +563,8 @@ def parse_rewards(items: list, where: str = "rewards", policy: Policy = LAPTOP,
         raise ConfigError(f"{where} must be a non-empty list of rewards; add at least one reward.")
     if len(items) > MOST_REWARDS:
         raise ConfigError(f"{where} has {len(items)} rewards, more than the {MOST_REWARDS} a run may have.")
-    specs = [RewardSpec.from_dict(item, f"{where}[{index}]", policy, load_code) for index, item in enumerate(items)]
+    specs = [RewardSpec.from_dict(item, f"{where}[{index}]", policy=policy, load_code=load_code)
+             for index, item in enumerate(items)]
     check_unique_names(where, [spec.name for spec in specs], "rewards")
     check_gates(specs, where)
     return specs

@@ -17,7 +17,7 @@ import yaml
 from ..config import RunConfig
 from ..data import locate
 from ..errors import ConfigError
-from ..public import LAPTOP, Policy
+from ..public import Policy
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # dragon_ui, copied into the launch folder
 ACCELERATE_CONFIGS = Path(__file__).resolve().parent / "accelerate_configs"
@@ -37,7 +37,7 @@ def requirements() -> str:
 
 
 def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, nodes: int = 1,
-                         policy: Policy = LAPTOP) -> Path:
+                         *, policy: Policy) -> Path:
     """Write the launch folder for ``gpus`` GPUs per node on ``nodes`` nodes and return its path."""
     if not 1 <= gpus <= 64:
         raise ConfigError(f"--gpus must be between 1 and 64 GPUs per node; got {gpus}.")
@@ -48,7 +48,7 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
         raise ConfigError(f"{target} already exists and is not empty; choose a new folder so nothing is overwritten.")
     exported = copy.deepcopy(config)
     base_dir = config.base_dir or None
-    source = locate(config.data.source, base_dir, policy)  # in a public demo never a file of the server's
+    source = locate(config.data.source, base_dir, policy=policy)  # in a public demo never a file of the server's
     if isinstance(source, Path) and not source.is_file():
         raise ConfigError(f"data.source: no file at {source} to copy into the export.")
     (target / "data").mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from ..engine.preflight import MOST_PROMPTS, Preflight, preflight
 from ..errors import BusyError, ConfigError
 from ..engine.worker import STOP_GRACE_S, Workers
 from ..files import resolve_runs_dir
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..runstore import read_json, write_json_atomic
 from .files import Files
 from .previews import Previews
@@ -44,7 +44,7 @@ class Studio:
     limits, or the laptop's none). Thread-safe: Gradio calls it from several worker threads at once."""
 
     def __init__(self, runs_dir: str | Path | None = None, recipes_dir: str | Path | None = None,
-                 policy: Policy = LAPTOP, workers: Workers | None = None) -> None:
+                 *, policy: Policy, workers: Workers | None = None) -> None:
         self.runs_dir = resolve_runs_dir(runs_dir)
         self.policy = policy
         self._hardware: HardwareInfo | None = None
@@ -145,7 +145,7 @@ class Studio:
             raise BusyError("A pre-flight is running on this machine already; try again when it has finished.")
         try:
             public_checks.take_preflight(self.policy)
-            return preflight(config, self.previews.load, self.policy, prompts, should_stop, on_progress)
+            return preflight(config, self.previews.load, policy=self.policy, prompts=prompts, should_stop=should_stop, on_progress=on_progress)
         finally:
             self._preflight.release()
 

@@ -27,7 +27,7 @@ from typing import Any
 from ..config import NOTES_CHARS, PATH_CHARS, RunConfig
 from ..data import TEMPLATE_CHARS
 from ..errors import DragonError
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..rewards.spec import MOST_ITEMS, MOST_REWARDS, RewardSpec
 from ..runstore import slug
 from ..tools.spec import MOST_EXAMPLES, MOST_TOOLS, ToolSpec
@@ -129,7 +129,7 @@ def compose(base: dict, values: dict[str, Any]) -> dict:
     return draft
 
 
-def same_settings(one: dict, other: dict, policy: Policy = LAPTOP) -> bool:
+def same_settings(one: dict, other: dict, *, policy: Policy) -> bool:
     """Whether two drafts describe the same run: compared after validation (under ``policy``), so 1e-5 and 0.00001
     are equal."""
     try:

@@ -84,7 +84,7 @@ def plan(studio, config: RunConfig) -> Plan:
     """The hardware ``config`` would use on this machine and how long it would take; DragonError when this machine
     cannot run it (an absent device, a tracker that is not installed)."""
     resolved = resolve_hardware(config.hardware, studio.hardware())
-    trackers.check(config.logging, studio.policy)
+    trackers.check(config.logging, policy=studio.policy)
     choice = (f"**This run will use:** {resolved.device} · {resolved.dtype}"
               + (f" · GPU {resolved.gpu}" if resolved.device == "cuda" else "")
               + (" · 4-bit weights" if resolved.load_in_4bit else "")

@@ -27,7 +27,7 @@ from ..data import (MIN_ROWS_FOR_EVAL, DataConfig, HubDataset, columns_of, locat
                    rows_to_read)
 from ..errors import ConfigError, DragonError, Stopped, first_line
 from ..grpo_math import advantages, has_spread
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..rewards import (Reward, ScoreResult, build_rewards, cannot_pay, counts_tokens, parse_rewards,
                        score_completion)
 from ..rewards.scoring import MOST_REFERENCES
@@ -115,14 +115,14 @@ class DataPreview:
         return text
 
 
-def load_rows(data: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP) -> Table:
+def load_rows(data: DataConfig, base_dir: str | None = None, *, policy: Policy) -> Table:
     """read_table with a small cache, so editing the mapping does not re-read (or re-download) the data each time.
 
     A local file is cached by its modification time and size (and the sheet and rows read), so saving it again is
     seen. Callers must not modify the returned rows.
     """
-    place = locate(data.source, base_dir, policy)  # a public demo refuses here, before the disk is looked at
-    limit = rows_to_read(data.max_rows, policy)
+    place = locate(data.source, base_dir, policy=policy)  # a public demo refuses here, before the disk is looked at
+    limit = rows_to_read(data.max_rows, policy=policy)
     if isinstance(place, HubDataset):
         key = (place.id, data.hub_config, data.hub_split, limit, policy)
     elif place.is_file():
@@ -195,7 +195,7 @@ def prompt_lengths(texts: list[str], total: int, tokenizer=None, limit: int | No
 
 
 def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None, tokenizer_note: str = "",
-                 prompt_limit: int | None = None, policy: Policy = LAPTOP) -> DataPreview:
+                 prompt_limit: int | None = None, *, policy: Policy) -> DataPreview:
     """Load, map and measure a data setting the way training will; problems come back as ``error``, never raised.
 
     ``tokenizer`` (with ``tokenizer_note`` saying whose chat template it is) renders prompts and counts tokens;
@@ -208,7 +208,7 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None, 
         if error_field(str(exc)) == "source":
             return replace(empty, error=str(exc), error_field="source")
     try:
-        loaded = load_rows(data, base_dir, policy)
+        loaded = load_rows(data, base_dir, policy=policy)
     except ConfigError as exc:
         return replace(empty, error=str(exc), error_field="source")
     rows = loaded.rows
@@ -216,11 +216,11 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None, 
     table = [{column: display_text(row.get(column)) for column in columns} for row in rows[:PREVIEW_ROWS]]
     preview = replace(empty, columns=columns, rows=table, notes=loaded.notes, sheets=loaded.sheets)
     try:
-        mapped = map_rows(rows, data, policy)
+        mapped = map_rows(rows, data, policy=policy)
     except ConfigError as exc:
         return replace(preview, error=str(exc), error_field="mapping")
     try:  # the first rows in file order, unsplit; they may all be empty even when later rows are not
-        examples = map_rows(rows[:PREVIEW_ROWS], every_row(data), policy).train
+        examples = map_rows(rows[:PREVIEW_ROWS], every_row(data), policy=policy).train
     except ConfigError:
         examples = []
     everything = mapped.train + mapped.eval
@@ -234,14 +234,14 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None, 
     )
 
 
-def prompt_limit_of(draft: dict, setting: DataConfig, policy: Policy = LAPTOP) -> int | None:
+def prompt_limit_of(draft: dict, setting: DataConfig, *, policy: Policy) -> int | None:
     """The prompt length a run of the draft would keep to, where the form alone says it (engine.prompts.prompt_limit
     without the model's context, which is checked when the run starts); None for no limit."""
     try:
         device = resolve_hardware(HardwareSettings(**(draft.get("hardware") or {}))).device
     except (DragonError, TypeError):
         device = "cpu"  # the form's hardware is refused on its own tab; here, the strictest limit
-    limit, _ = prompt_limit(RunConfig(data=setting), device, None, policy)
+    limit, _ = prompt_limit(RunConfig(data=setting), device, None, policy=policy)
     return None if limit == NO_LIMIT else limit
 
 
@@ -251,7 +251,7 @@ def every_row(data: DataConfig) -> DataConfig:
     return replace(data, eval_frac=0.0, max_rows=None, pass_rates=None)
 
 
-def preview_examples(data: DataConfig, base_dir: str | None = None, policy: Policy = LAPTOP, first: int = 1,
+def preview_examples(data: DataConfig, base_dir: str | None = None, *, policy: Policy, first: int = 1,
                      count: int = PREVIEW_ROWS) -> list[dict]:
     """``count`` rows from row ``first`` of the file (1-based) as examples, in file order, unsplit and unfiltered,
     each numbered by its row ("number"): the playground's rows, the first PREVIEW_ROWS of them offered, any other
@@ -260,13 +260,13 @@ def preview_examples(data: DataConfig, base_dir: str | None = None, policy: Poli
     Raises ConfigError with the sentence to show when the data cannot be read or mapped, or has no row ``first``.
     """
     data.validate()
-    rows = load_rows(data, base_dir, policy).rows
+    rows = load_rows(data, base_dir, policy=policy).rows
     if rows and not 1 <= first <= len(rows):  # no rows at all: map_rows says so in its words
         raise ConfigError(f"The data has {len(rows):,} rows; there is no row {first:,}.")
-    return map_rows(rows[first - 1:first - 1 + count], every_row(data), policy, first_row=first).train
+    return map_rows(rows[first - 1:first - 1 + count], every_row(data), policy=policy, first_row=first).train
 
 
-def fit_mapping(data: DataConfig, rows: list[dict], policy: Policy = LAPTOP) -> tuple[DataConfig, list[str]]:
+def fit_mapping(data: DataConfig, rows: list[dict], *, policy: Policy) -> tuple[DataConfig, list[str]]:
     """Adapt the mapping to a newly chosen table: settings that name columns it lacks are replaced by a good guess.
 
     Returns the new setting and one sentence per change, so the user sees what was picked for them. Settings that
@@ -277,7 +277,7 @@ def fit_mapping(data: DataConfig, rows: list[dict], policy: Policy = LAPTOP) -> 
     notes: list[str] = []
     for _ in range(3):  # prompt, reference, system: each is fixed at most once
         try:
-            map_rows(sample, every_row(data), policy)
+            map_rows(sample, every_row(data), policy=policy)
             break
         except ConfigError as exc:
             message = str(exc)
@@ -307,7 +307,7 @@ PLAIN_PREVIEW = "Shown as plain system:/user: text, with lengths in words"  # wh
 
 
 def preview_tokenizer(model: ModelConfig, wait: bool = True,
-                      policy: Policy = LAPTOP) -> tuple[object | None, str] | None:
+                      *, policy: Policy) -> tuple[object | None, str] | None:
     """(tokenizer, note) of the starting model, loaded once per model; (None, reason) when it cannot be loaded.
 
     Only the tokenizer is loaded, so the data preview stays cheap. The offline copy of the default model is the one
@@ -348,7 +348,7 @@ def _usable(cached: tuple | None) -> bool:
     return cached is not None and (cached[0] is not None or time.monotonic() - cached[2] < TOKENIZER_RETRY_S)
 
 
-def draft_tokenizer(draft: dict, wait: bool = True, policy: Policy = LAPTOP) -> tuple[object | None, str] | None:
+def draft_tokenizer(draft: dict, wait: bool = True, *, policy: Policy) -> tuple[object | None, str] | None:
     """(tokenizer, note) of the draft's starting model, as preview_tokenizer gives it (None: not loaded yet, and
     not ``wait``)."""
     model = draft.get("model") or {}
@@ -363,16 +363,16 @@ def draft_tokenizer(draft: dict, wait: bool = True, policy: Policy = LAPTOP) -> 
         config.validate()
     except ConfigError as exc:
         return None, f"{PLAIN_PREVIEW}: {first_line(exc)}"
-    return preview_tokenizer(config, wait, policy)
+    return preview_tokenizer(config, wait, policy=policy)
 
 
-def unpayable(rewards: list, data: DataConfig, base_dir: str | None, policy: Policy = LAPTOP) -> list[str]:
+def unpayable(rewards: list, data: DataConfig, base_dir: str | None, *, policy: Policy) -> list[str]:
     """Why each of ``rewards`` (a draft's list) that compares with the reference cannot pay on ``data``'s first
     references (rewards.cannot_pay), a sentence each; [] while the list or the data cannot be read (their own
     problems are shown where they are)."""
     try:
         specs = parse_rewards(rewards, policy=policy, load_code=False)
-        examples = preview_examples(data, base_dir, policy, count=MOST_REFERENCES) if data.source else []
+        examples = preview_examples(data, base_dir, policy=policy, count=MOST_REFERENCES) if data.source else []
     except DragonError:
         return []
     return list(_unpayable(json.dumps([spec.to_dict() for spec in specs], sort_keys=True),
@@ -382,7 +382,7 @@ def unpayable(rewards: list, data: DataConfig, base_dir: str | None, policy: Pol
 @functools.lru_cache(maxsize=64)  # the form asks again at each edit; a math check takes a moment
 def _unpayable(specs: str, references: tuple[str, ...], policy: Policy) -> tuple[str, ...]:
     return tuple(cannot_pay(parse_rewards(json.loads(specs), policy=policy, load_code=False), list(references),
-                            policy).values())
+                            policy=policy).values())
 
 
 def data_config(draft: dict) -> DataConfig:
@@ -399,7 +399,7 @@ def data_config(draft: dict) -> DataConfig:
 PLAYGROUND_DEVICE = "cpu"  # a typed reply's classifier rewards: one reply needs no GPU, and a training may hold it
 
 
-def playground_rewards(draft: dict, policy: Policy = LAPTOP) -> list[Reward]:
+def playground_rewards(draft: dict, *, policy: Policy) -> list[Reward]:
     """The draft's rewards, validated and built as a run builds them; TRL's length and repetition rewards count with
     the starting model's tokenizer (loaded only for them) up to the draft's max new tokens; classifiers are loaded
     (once) on the CPU."""
@@ -532,7 +532,7 @@ def generate_groups(model, tokenizer, rewards: list[Reward], examples: list[dict
 
 
 def sampling_tools(config: RunConfig, examples: list[dict], tokenizer,
-                   policy: Policy = LAPTOP) -> tuple[list[dict], object, ToolUse | None]:
+                   *, policy: Policy) -> tuple[list[dict], object, ToolUse | None]:
     """(the examples with the tools' worked examples before each question, the tokenizer able to show the tools,
     the tools) for a playground group of a run with tools, as the run would sample it; unchanged without tools."""
     tools = tool_use(config, examples, policy=policy)
@@ -541,11 +541,11 @@ def sampling_tools(config: RunConfig, examples: list[dict], tokenizer,
     return tools.shown(examples), ready_for_tools(tokenizer, config.model.id), tools
 
 
-def red_team_draft(draft: dict, policy: Policy = LAPTOP) -> RedTeam:
+def red_team_draft(draft: dict, *, policy: Policy) -> RedTeam:
     """The red team (engine.redteam) of the draft's rewards on the playground's rows, padded to its max new tokens.
     In a public demo it stops at the limit on scoring a typed reply, and says so."""
-    rewards = playground_rewards(draft, policy)
-    examples = preview_examples(data_config(draft), draft.get("base_dir") or None, policy)
+    rewards = playground_rewards(draft, policy=policy)
+    examples = preview_examples(data_config(draft), draft.get("base_dir") or None, policy=policy)
     max_new_tokens = draft_max_new_tokens(draft) or GRPOSettings().max_new_tokens  # half typed: the default
     if policy.public:  # no run here makes longer replies
         max_new_tokens = min(max_new_tokens, policy.limits.max_new_tokens)

@@ -43,7 +43,7 @@ class Recipes:
         if name not in names:
             shown = name if isinstance(name, str) and len(name) <= 60 else "that"
             raise ConfigError(f"There is no recipe called {shown!r}; choose one of: {', '.join(names)}.")
-        config = RunConfig.from_file(self.folder / f"{name}.yaml", self.policy)
+        config = RunConfig.from_file(self.folder / f"{name}.yaml", policy=self.policy)
         # A recipe's data file lies beside it (the bundled datasets): the recipe's own folder, never a visitor's,
         # resolves it; a Hub id stays as it is.
         beside = Path(config.base_dir, config.data.source.strip())
@@ -60,7 +60,7 @@ class Recipes:
 
     def notes(self) -> set[str]:
         """The recipes' notes: a lesson's, in a run of another visitor, are still the app's own words."""
-        return {RunConfig.from_file(self.folder / f"{name}.yaml", self.policy).notes for name in self.names()}
+        return {RunConfig.from_file(self.folder / f"{name}.yaml", policy=self.policy).notes for name in self.names()}
 
     def validate(self, draft: dict) -> RunConfig:
         """The draft as a validated RunConfig that this demo allows (raises ConfigError with the sentence to show).
@@ -84,7 +84,7 @@ class Recipes:
         nothing."""
         config = self.validate(draft)
         if not self.policy.public:
-            training.inspect(config, self.policy)
+            training.inspect(config, policy=self.policy)
         return config
 
     def check_sampling(self, replies: int) -> None:

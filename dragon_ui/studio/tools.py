@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from ..errors import ConfigError
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..engine.tool_calls import EPISODE_TOOLS, ToolUse
 from ..rewards import EPISODE_SCORE
 from ..tools import (DEFAULT_NAMES, ENVIRONMENT_KINDS, TOOL_KINDS, ToolSpec, build_environments, build_tools,
@@ -24,7 +24,7 @@ SAMPLE_ARGUMENTS = {"calculator": {"expression": "347 * 862"},
 EXAMPLES_CHARS = 4 * 1_400  # MOST_EXAMPLES lines, each a question and its arguments
 
 
-def tools_table(tools: list[dict], policy: Policy = LAPTOP) -> list[list]:
+def tools_table(tools: list[dict], *, policy: Policy) -> list[list]:
     """One row per tool of a validated list: its name, kind, what the model is told of it, and how many worked
     examples every prompt shows."""
     specs = parse_tools(tools, policy=policy)
@@ -56,7 +56,7 @@ def parse_examples(text: str | None) -> list[dict]:
     return examples
 
 
-def validated(tools, policy: Policy = LAPTOP) -> list[dict]:
+def validated(tools, *, policy: Policy) -> list[dict]:
     """A tool list as a run validates it, stored as ToolSpec.to_dict dicts: each tool that needs no data built (a
     custom one's code loaded, where the policy allows one) and its worked examples called; ConfigError saying what is
     wrong."""
@@ -67,16 +67,16 @@ def validated(tools, policy: Policy = LAPTOP) -> list[dict]:
     return [spec.to_dict() for spec in specs]
 
 
-def added(tools: list[dict], spec: dict, policy: Policy = LAPTOP) -> list[dict]:
+def added(tools: list[dict], spec: dict, *, policy: Policy) -> list[dict]:
     """The list with ``spec`` appended, :func:`validated`; ConfigError saying what is wrong, the list unchanged."""
-    return validated([*tools, spec], policy)
+    return validated([*tools, spec], policy=policy)
 
 
 def removed(tools: list[dict], name: str) -> list[dict]:
     return [spec for spec in tools if spec.get("name") != name]
 
 
-def draft_tool(draft: dict, name: str, policy: Policy = LAPTOP):
+def draft_tool(draft: dict, name: str, *, policy: Policy):
     """The draft's tool ``name`` as the run would build it: (its spec, the function the model calls)."""
     specs = parse_tools(draft.get("tools"), policy=policy)
     chosen = [spec for spec in specs if spec.name == name]
@@ -96,15 +96,15 @@ def _data_examples(draft: dict, policy: Policy) -> list[dict]:
     lookups and searches read, and what an environment is reset with)."""
     data = data_config(draft)
     data.validate()
-    mapped = map_rows(load_rows(data, draft.get("base_dir") or None, policy).rows, every_row(data), policy)
+    mapped = map_rows(load_rows(data, draft.get("base_dir") or None, policy=policy).rows, every_row(data), policy=policy)
     return mapped.train + mapped.eval
 
 
-def shown_schema(draft: dict, name: str, policy: Policy = LAPTOP) -> tuple[str, str]:
+def shown_schema(draft: dict, name: str, *, policy: Policy) -> tuple[str, str]:
     """(the tool's JSON schema as the model reads it, arguments to try it with: its first worked example's, or a
     call that shows it working). An environment's: each of its tools' schemas, and a call of its first tool to
     play against the data's first row."""
-    spec, function = draft_tool(draft, name, policy)
+    spec, function = draft_tool(draft, name, policy=policy)
     if spec.is_environment:
         methods = environment_tools(function)
         schema = json.dumps([tool_schema(method) for method in methods], indent=2, ensure_ascii=False)
@@ -120,13 +120,13 @@ def _blank_arguments(schema: dict) -> dict:
     return {parameter: "" for parameter in schema["parameters"].get("properties", {})}
 
 
-def try_tool(draft: dict, name: str, arguments_text: str, policy: Policy = LAPTOP) -> str:
+def try_tool(draft: dict, name: str, arguments_text: str, *, policy: Policy) -> str:
     """What the tool answers these arguments (JSON), as the model would read it; a sentence when it cannot."""
     try:
         arguments = json.loads(arguments_text or "{}")
     except (ValueError, RecursionError):
         raise ConfigError("The arguments are not JSON; write them like {\"expression\": \"2 * 3\"}.") from None
-    spec, function = draft_tool(draft, name, policy)
+    spec, function = draft_tool(draft, name, policy=policy)
     if spec.is_environment:
         return _play(draft, spec, function, arguments, policy)
     if not isinstance(arguments, dict):

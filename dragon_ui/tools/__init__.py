@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 
 from ..errors import ConfigError
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from .bounds import ANSWER_CHARS, answered, cut
 from .builtin import ToolError, calculator, convert_units, make_lookup, make_search
 from .environments import Played, environment_class, environment_factory, environment_tools, tool_methods
@@ -25,7 +25,7 @@ __all__ = ["ANSWER_CHARS", "DEFAULT_NAMES", "ENVIRONMENT_KINDS", "MOST_EXAMPLES"
 
 
 def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = None,
-                should_stop: Callable[[], bool] | None = None, policy: Policy = LAPTOP) -> list[Callable]:
+                should_stop: Callable[[], bool] | None = None, *, policy: Policy) -> list[Callable]:
     """The run's tools as the functions the model calls: ``rows`` (the data's rows, every column as text) fill the
     lookups and searches; every answer and error is cut to ANSWER_CHARS; once ``should_stop()`` (a stop, a time
     limit), a call raises Stopped, which TRL hands back as a failed call before the run's next forward pass ends the
@@ -48,7 +48,7 @@ def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = 
 
 def build_environments(specs: list[ToolSpec], base_dir: str | None = None,
                        should_stop: Callable[[], bool] | None = None,
-                       policy: Policy = LAPTOP) -> dict[str, Callable[[], Played]]:
+                       *, policy: Policy) -> dict[str, Callable[[], Played]]:
     """The environments among ``specs``, by name: what TRL's ``environment_factory`` takes (each a class whose
     instances are Played environments, their tools bounded as build_tools' are). A tool of the environment that
     shares the name of another tool the conversation may call, or that the model cannot be shown, is refused."""

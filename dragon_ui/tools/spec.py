@@ -7,9 +7,10 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from ..errors import ConfigError, check_length, check_unique_names
-from ..public import LAPTOP, LIFT, Policy
+from ..public import LIFT, Policy
 
 TOOL_KINDS = ("calculator", "convert", "lookup", "search", "custom", "guess_number", "arithmetic", "environment")
 # Kinds that are environments (tools.environments): one instance per conversation, whose methods are the tools.
@@ -66,7 +67,7 @@ class ToolSpec:
     class_name: str = "Environment"
 
     @classmethod
-    def from_dict(cls, data, where: str = "tools[0]", policy: Policy = LAPTOP) -> ToolSpec:
+    def from_dict(cls, data: object, where: str = "tools[0]", *, policy: Policy) -> ToolSpec:
         if not isinstance(data, Mapping):
             raise ConfigError(f"{where} must be a mapping of settings like {{'kind': 'calculator'}}, "
                               f"not {type(data).__name__}.")
@@ -115,9 +116,9 @@ class ToolSpec:
     def is_environment(self) -> bool:
         return self.kind in ENVIRONMENT_KINDS
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """kind and name, plus every setting that differs from its default; round-trips via from_dict."""
-        out: dict = {"kind": self.kind, "name": self.name}
+        out: dict[str, Any] = {"kind": self.kind, "name": self.name}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "examples":
@@ -151,7 +152,7 @@ def _check_kind(spec: ToolSpec, where: str) -> None:
             raise ConfigError(f"{where}.{setting} {getattr(spec, setting)[:40]!r} must be a Python name.")
 
 
-def _listed(items, where: str, most: int, what: str, each: str, holder: str) -> list:
+def _listed(items: object, where: str, most: int, what: str, each: str, holder: str) -> list[Any]:
     """``items`` as a list of at most ``most`` (none when not given); ConfigError in words otherwise."""
     if items in (None, ""):
         return []
@@ -162,7 +163,7 @@ def _listed(items, where: str, most: int, what: str, each: str, holder: str) -> 
     return items
 
 
-def _examples(items, where: str) -> list[ToolExample]:
+def _examples(items: object, where: str) -> list[ToolExample]:
     items = _listed(items, where, MOST_EXAMPLES, "examples", "with a question and the call's arguments",
                     "a tool may show")
     examples = []
@@ -186,10 +187,10 @@ def _examples(items, where: str) -> list[ToolExample]:
     return examples
 
 
-def parse_tools(items, where: str = "tools", policy: Policy = LAPTOP) -> list[ToolSpec]:
+def parse_tools(items: object, where: str = "tools", *, policy: Policy) -> list[ToolSpec]:
     """Validate a run's tool list (empty: the run calls no tools): each entry valid and allowed by ``policy``, at
     most MOST_TOOLS, names unique (the model calls each by its name; the data's rows pick an environment by it)."""
     items = _listed(items, where, MOST_TOOLS, "tools", f"with a kind ({', '.join(TOOL_KINDS)})", "a run may have")
-    specs = [ToolSpec.from_dict(item, f"{where}[{index}]", policy) for index, item in enumerate(items)]
+    specs = [ToolSpec.from_dict(item, f"{where}[{index}]", policy=policy) for index, item in enumerate(items)]
     check_unique_names(where, [spec.name for spec in specs], "tools")
     return specs

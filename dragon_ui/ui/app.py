@@ -145,7 +145,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                 new_draft, label = get_draft(*rest)
             except DragonError as exc:
                 return unchanged(message(str(exc), "error"))
-            if not pristine or same_settings(current, pristine, studio.policy):
+            if not pristine or same_settings(current, pristine, policy=studio.policy):
                 return loaded(new_draft, label)
             question = message(f"You have changed the settings since they were loaded. Replace them with {label}? "
                                "What you changed is lost.", "warn")

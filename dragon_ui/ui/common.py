@@ -12,7 +12,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import gradio as gr
 from gradio.context import Context, LocalContext
@@ -215,10 +215,17 @@ def progress_shown_quietly(demo: gr.Blocks, nowhere) -> None:
 UNCHANGED = "{__type__: 'update'}"  # the update that changes nothing (in_the_page)
 
 
-def described(path: str, hint: str = "") -> dict[str, str]:
+class Described(TypedDict):
+    """A field's label and info, as gradio's components take them (``**described(...)``)."""
+
+    label: str
+    info: str
+
+
+def described(path: str, hint: str = "") -> Described:
     """A field's label and info: the setting's own (config.setting_help), then ``hint`` on how this widget behaves."""
     setting = setting_help(path)
-    return {"label": setting.label, "info": f"{setting.help} {hint}".strip()}
+    return Described(label=setting.label, info=f"{setting.help} {hint}".strip())
 
 
 def optional_number(value: float | None = None, **options) -> gr.Textbox:

@@ -19,7 +19,7 @@ from ..errors import DragonError
 from ..studio.draft import place_problem
 from ..studio.files import real_source, shown_source
 from ..studio.preflight import difficulty_filter, without_difficulty_filter
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..studio.playground import (DataPreview, data_config, draft_tokenizer, fit_mapping, load_rows, preview_data,
                                  prompt_limit_of, unpayable)
 from ..tables import SUPPORTED_EXTENSIONS
@@ -90,7 +90,7 @@ def _preview(draft: dict, setting: DataConfig, found: tuple | None, policy: Poli
         return preview_data(setting, draft.get("base_dir") or None, policy=policy), draft["model"]["id"]
     tokenizer, note = found
     return preview_data(setting, draft.get("base_dir") or None, tokenizer, note,
-                        prompt_limit_of(draft, setting, policy), policy=policy), ""
+                        prompt_limit_of(draft, setting, policy=policy), policy=policy), ""
 
 
 def table_identity(data: DataConfig) -> list:
@@ -130,8 +130,8 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
     notes: list[str] = []
     if setting.source and table_identity(setting) != (shown_table or []):
         try:
-            rows = load_rows(setting, draft.get("base_dir") or None, policy).rows
-            setting, notes = fit_mapping(setting, rows, policy)
+            rows = load_rows(setting, draft.get("base_dir") or None, policy=policy).rows
+            setting, notes = fit_mapping(setting, rows, policy=policy)
         except DragonError:  # unreadable data: preview_data reports it next to the source field
             notes = []
     preview, rendering = _preview(draft, setting, found, policy)
@@ -143,7 +143,7 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
         mapping_status = "\n\n".join([message(" ".join(notes), "info"), mapping_status]).strip()
     if not preview.error:  # the rewards that no reply can earn on these references, where the data changed
         mapping_status = "\n\n".join([mapping_status, *(message(said, "warn") for said in unpayable(
-            draft.get("rewards") or [], setting, draft.get("base_dir") or None, policy))]).strip()
+            draft.get("rewards") or [], setting, draft.get("base_dir") or None, policy=policy))]).strip()
 
     def mapping_field(value: str | None):
         """New column choices; the value only when fit_mapping changed it (never overwrite what is being typed)."""
@@ -161,7 +161,7 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
 
 
 def update_data(draft: dict, shown_table: list | None, labels: dict[str, str] | None = None,
-                policy: Policy = LAPTOP) -> tuple:
+                *, policy: Policy) -> tuple:
     """Preview the data settings the form shows.
 
     When the table itself changed (another file, Hub dataset, config or split), mapping settings that do not fit it
@@ -172,7 +172,7 @@ def update_data(draft: dict, shown_table: list | None, labels: dict[str, str] | 
 
 
 def use_source(draft: dict, source: str | None, shown_table: list | None,
-               labels: dict[str, str] | None = None, policy: Policy = LAPTOP) -> tuple:
+               labels: dict[str, str] | None = None, *, policy: Policy) -> tuple:
     """A bundled dataset was picked or a file uploaded: it becomes the source (a local file, so the Hub settings are
     reset). Gradio keeps an upload in its cache folder for the life of the app."""
     if not source:
@@ -181,7 +181,7 @@ def use_source(draft: dict, source: str | None, shown_table: list | None,
     return _apply(draft, setting, shown_table, True, labels or {}, draft_tokenizer(draft, policy=policy), policy)
 
 
-def fill_fields(draft: dict, policy: Policy = LAPTOP) -> tuple:
+def fill_fields(draft: dict, *, policy: Policy) -> tuple:
     """A whole new draft was loaded (recipe, past run, page load): show its data settings, at once (the preview,
     which reads the data, follows: show_preview); its source as the app shows it (files.shown_source).
 
@@ -197,7 +197,7 @@ def fill_fields(draft: dict, policy: Policy = LAPTOP) -> tuple:
                         visible=bool(setting.sheet)))
 
 
-def show_preview(draft: dict, labels: dict[str, str] | None = None, policy: Policy = LAPTOP):
+def show_preview(draft: dict, labels: dict[str, str] | None = None, *, policy: Policy):
     """The preview of the data settings the form shows once a loaded draft is in it. While the starting model's
     tokenizer is still loading (a page opened as the app starts), the table and the counts come first
     (first_preview) and the prompts follow. Yields what UPDATED names."""
@@ -208,7 +208,7 @@ def show_preview(draft: dict, labels: dict[str, str] | None = None, policy: Poli
     yield _as_loaded(draft, labels, found, policy)
 
 
-def first_preview(draft: dict, labels: dict[str, str] | None = None, policy: Policy = LAPTOP) -> tuple:
+def first_preview(draft: dict, labels: dict[str, str] | None = None, *, policy: Policy) -> tuple:
     """show_preview's first answer, with the prompts only if the tokenizer is loaded already: quick enough to run
     while the app is built, for the page's first paint."""
     return _as_loaded(draft, labels, draft_tokenizer(draft, wait=False, policy=policy), policy)
@@ -222,7 +222,7 @@ def _as_loaded(draft: dict, labels: dict[str, str] | None, found: tuple | None, 
 
 
 def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] | None = None,
-                      policy: Policy = LAPTOP) -> tuple:
+                      *, policy: Policy) -> tuple:
     """Another starting model was chosen (Model tab): re-render prompts and token counts with its tokenizer.
 
     Returns (source status, table, mapping status, counts, rendered prompts, lengths, sheet, previewed model).
@@ -294,7 +294,7 @@ def build(shared: Shared) -> Callable[[], None]:
     views = [source_status, table, mapping_status, counts, rendered, lengths, sheet]
     updated = [source, example, hub_config, hub_split, prompt, prompt_column, reference, system, *views, shown_table,
                previewed_model]
-    shared.fills.append((lambda draft: fill_fields(draft, policy), [
+    shared.fills.append((lambda draft: fill_fields(draft, policy=policy), [
         source, example, hub_config, hub_split, prompt, prompt_column, reference, system, eval_frac, max_rows, sheet]))
 
     def show_difficulty(draft: dict) -> tuple:

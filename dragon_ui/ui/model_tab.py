@@ -247,7 +247,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
           f"```\n{CLI_TEMPLATE.format(file=config_file_name(draft))}\n```"
     try:
         config = studio.recipes.validate(draft)
-        preview_examples(config.data, config.base_dir or None, studio.policy)  # read and mapped as the Data tab does
+        preview_examples(config.data, config.base_dir or None, policy=studio.policy)  # read and mapped as the Data tab does
     except DragonError as exc:
         problem = place_problem(str(exc), labels, draft.get("rewards") or [], draft.get("tools") or [])
         check, problems = placed(problem)

@@ -52,7 +52,7 @@ def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
         def open_row(event: gr.SelectData, *shown):
             """A prompt of the table, picked: its row in the playground, to sample or score by hand."""
             row = event.row_value[0] if isinstance(event.row_value, list) and event.row_value else None
-            return playground_rows(form.compose(*shown), row, form.labels, shared.studio.policy)
+            return playground_rows(form.compose(*shown), row, form.labels, policy=shared.studio.policy)
 
         prompts.select(open_row, form.inputs, [shared.playground_row, shared.playground_row_text],
                        api_visibility="private", show_progress="hidden").then(

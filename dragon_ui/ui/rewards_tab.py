@@ -27,7 +27,7 @@ import pandas as pd
 
 from ..data import prompt_text
 from ..errors import ConfigError, DragonError
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..studio.draft import place_problem
 from ..studio.playground import (GroupScores, advantages_of, data_config, display_text, generate_groups,
                                  no_signal_warning, playground_rewards, preview_examples, prompt_limit_of,
@@ -147,7 +147,7 @@ def form_to_dict(kind: str, name: str | None, weight: float | None, values) -> d
     return spec
 
 
-def rewards_table(rewards: list[dict], policy: Policy = LAPTOP) -> pd.DataFrame:
+def rewards_table(rewards: list[dict], *, policy: Policy) -> pd.DataFrame:
     """One line per reward: name, kind, weight, whether it is the goal, what it pays for and the settings that
     differ from their defaults."""
     def settings(spec: dict) -> str:
@@ -233,7 +233,7 @@ def _listing(rewards: list[dict], selected: str, status: str, policy: Policy) ->
         shown = editor(rewards[names.index(selected)], policy.public, editing=True)
     else:
         selected, shown = NEW_REWARD, editor(new_spec("numeric", rewards), policy.public, editing=False)
-    return [rewards, rewards_table(rewards, policy), selector(rewards, selected), status, *shown]
+    return [rewards, rewards_table(rewards, policy=policy), selector(rewards, selected), status, *shown]
 
 
 def _problem(exc: DragonError, rewards: list[dict]) -> str:
@@ -253,7 +253,7 @@ def _validated(rewards: list[dict], keep: list[dict], selected: str, status: str
     return _listing(specs, selected, status, policy)
 
 
-def add_reward(rewards: list[dict], kind: str, name: str, weight: float, *values, policy: Policy = LAPTOP) -> list:
+def add_reward(rewards: list[dict], kind: str, name: str, weight: float, *values, policy: Policy) -> list:
     """Append the form as a new reward and select it. Returns (rewards, table, selector, status, *editor)."""
     spec = form_to_dict(kind, name, weight, values)
     spec["name"] = spec["name"] or unique_name(kind, _names(rewards))
@@ -262,7 +262,7 @@ def add_reward(rewards: list[dict], kind: str, name: str, weight: float, *values
 
 
 def save_reward(rewards: list[dict], selected: str, kind: str, name: str, weight: float, *values,
-                policy: Policy = LAPTOP) -> list:
+                policy: Policy) -> list:
     """Replace the selected reward with the form. Returns (rewards, table, selector, status, *editor)."""
     names = _names(rewards)
     if selected not in names:
@@ -275,7 +275,7 @@ def save_reward(rewards: list[dict], selected: str, kind: str, name: str, weight
     return _validated(changed, rewards, spec["name"], message(f"Saved the reward {spec['name']}.", "ok"), policy)
 
 
-def remove_reward(rewards: list[dict], selected: str, policy: Policy = LAPTOP) -> list:
+def remove_reward(rewards: list[dict], selected: str, *, policy: Policy) -> list:
     """Remove the selected reward; the next one (or a new one) is shown. Returns (rewards, table, selector, status,
     *editor)."""
     names = _names(rewards)
@@ -288,7 +288,7 @@ def remove_reward(rewards: list[dict], selected: str, policy: Policy = LAPTOP) -
     return _validated(left, rewards, following, message(f"Removed the reward {selected}.", "ok"), policy)
 
 
-def select_reward(rewards: list[dict], selected: str, policy: Policy = LAPTOP) -> list:
+def select_reward(rewards: list[dict], selected: str, *, policy: Policy) -> list:
     """Show the chosen reward in the form (or a fresh new one). Returns (rewards, table, selector, status,
     *editor), the list and its table unchanged (skipped): a Remove clicked right after the choice may be answered
     first, and this answer, holding the list as it was, would put the removed reward back."""
@@ -296,7 +296,7 @@ def select_reward(rewards: list[dict], selected: str, policy: Policy = LAPTOP) -
 
 
 def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight: float,
-                policy: Policy = LAPTOP) -> list:
+                *, policy: Policy) -> list:
     """Another kind was chosen: the settings start from that kind's defaults (a saved reward of that kind shows its
     own). A new reward's automatic name follows the kind; the weight shown is kept. Returns the editor."""
     names = _names(rewards)
@@ -310,7 +310,7 @@ def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight
     return editor(spec, policy.public, editing)
 
 
-def fill_rewards(draft: dict, policy: Policy = LAPTOP) -> list:
+def fill_rewards(draft: dict, *, policy: Policy) -> list:
     """A whole new draft was loaded: list its rewards and show the first. Returns (rewards, table, selector, status,
     *editor)."""
     rewards = list(draft.get("rewards") or [])
@@ -318,7 +318,7 @@ def fill_rewards(draft: dict, policy: Policy = LAPTOP) -> list:
     return _listing(rewards, names[0] if names else NEW_REWARD, "", policy)
 
 
-def rewards_problem(rewards: list[dict], policy: Policy = LAPTOP) -> str:
+def rewards_problem(rewards: list[dict], *, policy: Policy) -> str:
     """What stops the list from training, next to it: no rewards, an invalid one, or every weight 0."""
     if not rewards:
         return message("Add at least one reward: training needs something to score replies with.", "warn")
@@ -338,12 +338,12 @@ def _row_label(number: int, example: dict) -> str:
 
 
 def playground_rows(draft: dict, current: int | None, labels: dict[str, str] | None = None,
-                    policy: Policy = LAPTOP) -> tuple:
+                    *, policy: Policy) -> tuple:
     """The rows one can try: the first mapped rows of the draft's data, and the ``current`` one (a row of the file,
     1-based) wherever it is, as a pre-flight's prompt opens it. Returns (row picker, row status)."""
     try:
         config = data_config(draft)
-        examples = preview_examples(config, draft.get("base_dir") or None, policy) if config.source else []
+        examples = preview_examples(config, draft.get("base_dir") or None, policy=policy) if config.source else []
     except DragonError as exc:
         return gr.Dropdown(choices=[], value=None), message(f"No rows to try: {sentence(exc, draft, labels)}", "warn")
     if _is_row(current) and current not in [example["number"] for example in examples]:
@@ -367,7 +367,7 @@ def _example(draft: dict, row: int | None, policy: Policy) -> dict:
 
 def _examples_from(data, base_dir: str | None, policy: Policy, row: int, count: int) -> list[dict]:
     """The examples of ``count`` rows of the file from ``row`` on; ConfigError when the first gives no prompt."""
-    examples = preview_examples(data, base_dir, policy, first=row, count=count)
+    examples = preview_examples(data, base_dir, policy=policy, first=row, count=count)
     if not examples or examples[0]["number"] != row:
         raise ConfigError(f"Row {row} gives an empty prompt; choose another row.")
     return examples
@@ -378,7 +378,7 @@ def _is_row(row) -> bool:
     return isinstance(row, int) and not isinstance(row, bool) and 1 <= row <= MOST_ROW
 
 
-def show_row(draft: dict, row: int | None, examples: list[dict] | None = None, policy: Policy = LAPTOP) -> str:
+def show_row(draft: dict, row: int | None, examples: list[dict] | None = None, *, policy: Policy) -> str:
     """The chosen row's prompt and reference answer, which the rewards will see."""
     if row is None:
         return ""
@@ -393,12 +393,12 @@ def show_row(draft: dict, row: int | None, examples: list[dict] | None = None, p
 
 
 @shows_errors
-def score_typed(draft: dict, row: int | None, completion: str, policy: Policy = LAPTOP) -> tuple:
+def score_typed(draft: dict, row: int | None, completion: str, *, policy: Policy) -> tuple:
     """Score a typed reply to the chosen row with every reward. Returns (scores table, total line)."""
     if isinstance(completion, str) and len(completion) > REPLY_CHARS:
         raise gr.Error(f"The reply has {len(completion):,} characters; score one of at most {REPLY_CHARS:,} (a "
                        "completion is rarely longer than a few thousand).", print_exception=False)
-    rewards = playground_rewards(draft, policy)
+    rewards = playground_rewards(draft, policy=policy)
     try:
         result = score_example(rewards, _example(draft, row, policy), completion if isinstance(completion, str) else "",
                                policy.limits and policy.limits.scoring_seconds)
@@ -427,10 +427,10 @@ RED_TEAM_COLUMNS = ["Gaming reply", "Flagged", "Share of honest", "Its total", "
                     "As made for the first row"]
 
 
-def red_team_shown(draft: dict, policy: Policy = LAPTOP) -> tuple:
+def red_team_shown(draft: dict, *, policy: Policy) -> tuple:
     """The red team of the draft's rewards on the playground's rows: (verdict, table)."""
     try:
-        found = red_team_draft(draft, policy)
+        found = red_team_draft(draft, policy=policy)
     except DragonError as exc:
         return message(str(exc), "error"), gr.Dataframe(visible=False)
     rows = [[check.name, "⚠️ yes" if check.flagged else "no",
@@ -514,8 +514,8 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
         studio.recipes.check_sampling(config.grpo.group_size * len(examples))
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.previews.load(config.model, settings=config.hardware)
-        examples, tokenizer, tools = sampling_tools(config, examples, tokenizer, studio.policy)
-        refuse_long_prompts(examples, tokenizer, prompt_limit_of(draft, config.data, studio.policy), tools)
+        examples, tokenizer, tools = sampling_tools(config, examples, tokenizer, policy=studio.policy)
+        refuse_long_prompts(examples, tokenizer, prompt_limit_of(draft, config.data, policy=studio.policy), tools)
         rewards = sampling_rewards(config, tokenizer, str(model.device), studio.policy)
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
@@ -674,7 +674,7 @@ def build(shared: Shared) -> Callable[[], None]:
     gr.Markdown("Rewards score each reply; GRPO pushes the model towards replies that score above their group's "
                 "average. The total is the weighted sum of the rewards trained on (a metric is only measured).")
     rewards = form.add("rewards", gr.State([]), label="Rewards")
-    table = gr.Dataframe(rewards_table([], policy), label="Rewards (what training uses)", interactive=False, max_height=260,
+    table = gr.Dataframe(rewards_table([], policy=policy), label="Rewards (what training uses)", interactive=False, max_height=260,
                          wrap=True,
                          elem_id="rewards-table")
     problem = gr.Markdown(elem_id="rewards-problem")
@@ -715,9 +715,9 @@ def build(shared: Shared) -> Callable[[], None]:
     shared.fills.append((functools.partial(fill_rewards, policy=policy), listing))
     def problem_line(draft: dict) -> str:
         """What stops the list from training, or else the rewards that cannot pay on the data's references."""
-        return rewards_problem(draft.get("rewards"), policy) or "\n\n".join(
+        return rewards_problem(draft.get("rewards"), policy=policy) or "\n\n".join(
             message(said, "warn") for said in unpayable(draft.get("rewards") or [], data_config(draft),
-                                                        draft.get("base_dir") or None, policy))
+                                                        draft.get("base_dir") or None, policy=policy))
 
     form.watch(problem_line, [problem])
     shared.first_paint.append((problem_line, [problem]))

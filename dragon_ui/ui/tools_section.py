@@ -15,7 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from ..errors import DragonError
-from ..public import LAPTOP, Policy
+from ..public import Policy
 from ..studio.tools import (ENVIRONMENT_KINDS, TABLE_COLUMNS, TOOL_KINDS, added, form_settings, new_spec, removed,
                             shown_schema, tools_table, try_tool, validated)
 from .common import Shared, message
@@ -74,24 +74,24 @@ def listing(tools: list[dict], chosen: str | None, status: str, policy: Policy) 
     """(tools, table, the tool picker, status) for a list that changed (validated by ``policy``)."""
     names = [spec["name"] for spec in tools]
     keep = chosen if chosen in names else (names[-1] if names else None)
-    return [tools, gr.Dataframe(pd.DataFrame(tools_table(tools, policy), columns=TABLE_COLUMNS), visible=bool(tools)),
+    return [tools, gr.Dataframe(pd.DataFrame(tools_table(tools, policy=policy), columns=TABLE_COLUMNS), visible=bool(tools)),
             gr.Dropdown(choices=names, value=keep, visible=bool(tools)), status]
 
 
-def add_tool(tools: list[dict], kind: str, name: str, examples: str, *settings, policy: Policy = LAPTOP) -> list:
+def add_tool(tools: list[dict], kind: str, name: str, examples: str, *settings, policy: Policy) -> list:
     """Append the form's tool, validated as a run validates it; refused, the list stays and the status says why."""
     if kind not in kinds(policy):
         return [gr.skip(), gr.skip(), gr.skip(), message(f"Choose a kind of tool: {', '.join(kinds(policy))}.",
                                                          "warn")]
     try:
         spec = new_spec(kind, name, dict(zip(SETTING_NAMES, settings, strict=True)), examples)
-        changed = added(list(tools or []), spec, policy)
+        changed = added(list(tools or []), spec, policy=policy)
     except DragonError as exc:
         return [gr.skip(), gr.skip(), gr.skip(), message(str(exc), "error")]
     return listing(changed, changed[-1]["name"], message(f"Added the tool {changed[-1]['name']}.", "ok"), policy)
 
 
-def remove_tool(tools: list[dict], chosen: str, policy: Policy = LAPTOP) -> list:
+def remove_tool(tools: list[dict], chosen: str, *, policy: Policy) -> list:
     left = removed(list(tools or []), chosen)
     if len(left) == len(tools or []):
         return [gr.skip(), gr.skip(), gr.skip(), message("Choose the tool to remove first.", "warn")]
@@ -107,35 +107,35 @@ def change_kind(kind: str) -> list:
     return [KIND_HELP.get(kind, ""), *updates.values(), gr.update(visible=kind not in ENVIRONMENT_KINDS)]
 
 
-def show_tool(draft: dict, chosen: str | None, policy: Policy = LAPTOP) -> tuple:
+def show_tool(draft: dict, chosen: str | None, *, policy: Policy) -> tuple:
     """The chosen tool's schema as the model reads it, and arguments to try it with."""
     if not chosen:
         return "", "", ""
     try:
-        schema, arguments = shown_schema(draft, chosen, policy)
+        schema, arguments = shown_schema(draft, chosen, policy=policy)
     except DragonError as exc:
         return "", gr.skip(), message(str(exc), "error")
     return schema, arguments, ""
 
 
-def call_tool(draft: dict, chosen: str | None, arguments: str, policy: Policy = LAPTOP) -> str:
+def call_tool(draft: dict, chosen: str | None, arguments: str, *, policy: Policy) -> str:
     """What the chosen tool answers the typed arguments, as the model would read it."""
     if not chosen:
         return message("Add a tool first, then try it here.", "warn")
     try:
-        answer = try_tool(draft, chosen, str(arguments or "")[:2000], policy)
+        answer = try_tool(draft, chosen, str(arguments or "")[:2000], policy=policy)
     except DragonError as exc:
         return message(str(exc), "error")
     return f"**{chosen} answered:**\n\n```\n{answer}\n```"
 
 
-def fill_tools(draft: dict, policy: Policy = LAPTOP) -> list:
+def fill_tools(draft: dict, *, policy: Policy) -> list:
     """A whole new draft was loaded: its tools and its rounds per reply. A list this demo refuses (a kept draft
     with a custom tool) is shown empty, with why."""
     rounds = (draft.get("grpo") or {}).get("max_tool_calling_iterations", 2)
     column = (draft.get("data") or {}).get("environment_column") or ""
     try:
-        return [*listing(validated(draft.get("tools"), policy), None, "", policy), rounds, column]
+        return [*listing(validated(draft.get("tools"), policy=policy), None, "", policy), rounds, column]
     except DragonError as exc:
         return [*listing([], None, message(str(exc), "error"), policy), rounds, column]
 
