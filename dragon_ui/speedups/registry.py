@@ -40,7 +40,7 @@ class Verified:
     checked_on: tuple[str, ...]
 
 
-TORCH = Verified("torch", ">=2.13,<2.15", ("2.13.0", "2.14.1"))
+TORCH = Verified("torch", ">=2.13,<2.16", ("2.13.0", "2.14.1", "2.15.0"))
 TRL = Verified("trl", ">=1.16,<1.17", ("1.16.0",))
 TRANSFORMERS = Verified("transformers", ">=5.24,<5.25", ("5.24.0",))
 PEFT = Verified("peft", ">=0.21,<0.22", ("0.21.2",))
