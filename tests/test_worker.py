@@ -155,7 +155,7 @@ def test_closing_the_app_lets_the_warm_worker_go_and_no_worker_holds_the_owner_k
     assert not any(entry.startswith(public.OWNER_KEY_ENV.encode()) for entry in environment)  # ...but the key
     started = time.monotonic()
     studio.close()
-    assert waiting.poll() is not None and time.monotonic() - started < 15
+    assert waiting.poll() is not None and time.monotonic() - started < 2  # ended mid-warm-up, not after it
 
 
 def test_a_training_that_never_stops_is_ended_and_the_queue_moves_on(apart_studio, tiny_config_dict, tmp_path,

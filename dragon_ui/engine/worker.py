@@ -129,13 +129,15 @@ class Workers:
         the libraries) and return at once; the worker marks the run its own and trains it. The next worker warms up
         when this one has ended."""
         environment = self._environment()
+        stale = None
         with self._lock:
             process, self._warm = self._warm, None
             if process is not None and self._warm_libraries != _libraries_settings(environment):
-                _let_go(process)
-                process = None
+                stale, process = process, None
             if process is None or process.poll() is not None:  # none yet, or it died warming up (its log says why)
                 process = self._spawn()
+        if stale is not None:  # outside the lock: it ends once it has warmed up
+            _let_go(stale)
         job = {"run_dir": str(run.path), "resume_from": str(resume_from) if resume_from else None,
                "policy": policy.to_json(),
                "settings": {key: value for key, value in environment.items() if key.startswith(OWN_SETTINGS)}}
@@ -213,8 +215,13 @@ def _libraries_settings(environment: dict[str, str]) -> dict[str, str]:
 
 
 def _let_go(process: subprocess.Popen) -> None:
-    """End a warm worker that will train nothing: an empty line, and it exits once it has warmed up."""
+    """End a warm worker that will train nothing. It holds no run, so it is ended at once, in the middle of its
+    warm-up too: an empty line on its input would be read only once that is done (seconds more on a busy machine)."""
     with contextlib.suppress(OSError):
         process.stdin.close()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(10)
+    end_group(process, hard=False)
+    try:
+        process.wait(END_GRACE_S)
+    except subprocess.TimeoutExpired:
+        end_group(process, hard=True)
+        process.wait()
