@@ -93,9 +93,10 @@ test: install
 # .ci/run runs it so that a new release that breaks them shows up in CI, not at a user's first run. Where the newest
 # releases are the locked ones, make test has just tested them, and it says so instead.
 # It asks as a user's pip does: without this machine's pip configuration, which may cap a package at the release
-# lying on its disk (a CI image's torch) where a user's `pipx install .` takes the newest.
+# lying on its disk (a CI image's torch) where a user's `pipx install .` takes the newest. With TORCH_SPEC, the
+# machine's own configuration (that torch may be the wheel on its disk).
 DRIFT_TESTS ?= tests/test_speedups.py tests/test_training.py tests/test_desktop.py
-DRIFT_PIP = PIP_CONFIG_FILE=/dev/null
+DRIFT_PIP = $(if $(TORCH_SPEC),,PIP_CONFIG_FILE=/dev/null)
 test-drift: install
 	@if [ -z "$(TORCH_SPEC)" ] && $(DRIFT_PIP) $(BIN)/python -m pip install -q --dry-run --ignore-installed --report - \
 	    -r requirements-dev.txt | $(BIN)/python .ci/drift.py constraints.txt; then \
