@@ -89,15 +89,11 @@ def active_run() -> TrainingProcess | None:
 
 
 def train_config(config: RunConfig, run_dir: str | Path | None = None, *, policy: Policy,
-          on_start: Callable[[Training], object] | None = None) -> RunDir:
+                 on_start: Callable[[Training], object] | None = None) -> RunDir:
     """Check the data, rewards and hardware, create the run directory and train it here, to its end: the command
     line's way (a process of its own). Mistakes found without loading a model raise ConfigError before any folder
     is created; so does a setting ``policy`` refuses. ``on_start`` gets the training first (to stop it on Ctrl+C)."""
-    job = Training(prepare(config, run_dir, policy=policy), policy=policy)
-    if on_start is not None:
-        on_start(job)
-    train_here(job, None)
-    return job.run
+    return _train_to_the_end(prepare(config, run_dir, policy=policy), None, policy, on_start)
 
 
 def resume_here(run_dir: str | Path, *, policy: Policy,
@@ -105,10 +101,15 @@ def resume_here(run_dir: str | Path, *, policy: Policy,
     """Continue a stopped, failed or interrupted run here from its latest checkpoint (or from the start if it has
     none), to its end: the command line's resume."""
     run, checkpoint = _reopen(run_dir, policy)
+    return _train_to_the_end(run, checkpoint, policy, on_start)
+
+
+def _train_to_the_end(run: RunDir, resume_from: Path | None, policy: Policy,
+                      on_start: Callable[[Training], object] | None) -> RunDir:
     job = Training(run, policy=policy)
     if on_start is not None:
         on_start(job)
-    train_here(job, checkpoint)
+    train_here(job, resume_from)
     return run
 
 

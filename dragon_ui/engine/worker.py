@@ -57,10 +57,6 @@ class TrainingProcess:
         self.time_limit_s = time_limit_s  # a public demo's, counted from now
         self.started = time.monotonic()
 
-    @property
-    def run_dir(self) -> Path:
-        return self.run.path
-
     def stop(self) -> None:
         """Ask the training to stop at its next forward pass; it saves the last whole step."""
         self.run.request_stop()
@@ -195,17 +191,13 @@ class Workers:
                     end_group(handle.process, hard=True)
                     return handle.process.wait(), True
 
-    def close(self, running: TrainingProcess | None = None) -> None:
-        """The app is closing: let the warm worker go, and ask a running training to stop, waiting a while for it
-        to save its last step."""
+    def close(self) -> None:
+        """The app is closing: let the warm worker go, and warm no other."""
         with self._lock:
             self._closed = True
             waiting, self._warm = self._warm, None
         if waiting is not None:
             _let_go(waiting)
-        if running is not None and running.is_alive():
-            running.stop()
-            running.wait(STOP_GRACE_S)
 
 
 def _libraries_settings(environment: dict[str, str]) -> dict[str, str]:

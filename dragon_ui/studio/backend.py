@@ -152,9 +152,9 @@ class Studio:
     def close(self) -> None:
         """The app is closing: a training in a worker process is asked to stop and save its last step, and the warm
         worker goes (unless the workers were given: their owner closes them)."""
-        active = self.runs.training()
         if self._own_workers:
-            self.workers.close(active)
-        elif active is not None:
+            self.workers.close()
+        active = self.runs.training()
+        if active is not None:
             active.stop()
-            active.wait(STOP_GRACE_S)
+            active.wait(STOP_GRACE_S)  # time for it to save its last step
