@@ -118,10 +118,8 @@ def run_apart(function: Callable[..., Any], arguments: dict, limit_bytes: int, w
 
 
 def asker() -> str:
-    """Whose turn a request of the current visitor takes: its network address (a visitor can open sessions at
-    will), its key without one, "" for the operator and a laptop."""
-    who = visitor()
-    return who.address or who.key or ""
+    """Whose turn a request of the visitor being served takes (public.Visitor.turn)."""
+    return visitor().turn
 
 
 def lower_priority() -> None:

@@ -258,7 +258,7 @@ def locate(source: str, base_dir: str | None = None, *, policy: Policy) -> Path 
         if is_hub_dataset_id(source, look_on_disk=False):
             return HubDataset(source)
         path = _as_absolute(source)
-        if is_bundled(source) or is_own_upload(path):
+        if is_bundled(source) or is_own_upload(path, policy.visitor):
             return path
         raise ConfigError("data.source must be one of the bundled datasets, a file you upload here, or a Hub dataset "
                           f"id like openai/gsm8k: this public demo reads no other files on the server ({LIFT} to use "

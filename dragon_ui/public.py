@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -154,6 +154,31 @@ def key_of(text: str) -> str:
 
 
 @dataclass(frozen=True)
+class Visitor:
+    """Who is asking. ``key`` identifies one browser (a hash of the random token it keeps) or one API session; the
+    operator has no key and owns every run, and so does the session (page) in which the owner key was entered
+    (``unlocked``). ``address`` is a hash of the network address the request came from, which
+    counts the runs of an API client that opens a new session for every call."""
+
+    key: str | None = None
+    unlocked: bool = False
+    address: str | None = None
+    session: str | None = field(default=None, compare=False)  # the gradio session asking, where one does
+
+    @property
+    def owns_everything(self) -> bool:
+        return self.key is None or self.unlocked
+
+    @property
+    def turn(self) -> str:
+        """Whose turn this visitor's requests take where they wait in line (apart.FairTurns): its network address
+        (a visitor can open sessions at will), its key without one, "" for the operator and a laptop."""
+        return self.address or self.key or ""
+
+
+OPERATOR = Visitor()
+NOBODY = Visitor(key="")  # an event nobody could be told apart for: it owns nothing and has uploaded nothing
+@dataclass(frozen=True)
 class Policy:
     """What this app allows: on a laptop (``LAPTOP``) everything; in a public demo (``limits`` set) each visitor's
     share of the machine, the models and classifiers it offers, and who may unlock every run."""
@@ -163,6 +188,9 @@ class Policy:
     classifiers: tuple[str, ...] = ()  # the classifier models a public demo's classifier rewards may use
     owner_key: str = field(default="", repr=False)  # unlocks every run for the Space's owner; empty: nobody has it
     proxies: int = 0  # reverse proxies in front of the app that add to X-Forwarded-For (network_address)
+    # Who asks: the app serves each request under its policy asked by its visitor (asked_by), so the engine is
+    # handed who asks with what they may do. NOBODY (the default) owns nothing and has uploaded nothing.
+    visitor: Visitor = field(default=NOBODY, compare=False, repr=False)
 
     @property
     def public(self) -> bool:
@@ -178,6 +206,10 @@ class Policy:
             return LAPTOP
         return cls(limits=Limits.from_env(), models=_listed(MODELS_ENV), classifiers=_listed(CLASSIFIERS_ENV),
                    owner_key=os.environ.get(OWNER_KEY_ENV, "").strip(), proxies=_proxies())
+
+    def asked_by(self, who: Visitor) -> Policy:
+        """This policy as it applies to a request of ``who``."""
+        return self if who == self.visitor else replace(self, visitor=who)
 
     def network_address(self, forwarded_for: str | None, connection: str | None) -> str | None:
         """A hash of the network address a request came from: the address the outermost of the ``proxies`` saw,
@@ -209,10 +241,11 @@ class Policy:
         return (f"{model_id.strip()!r} is not offered as a classifier in this public demo; {offered} ({LIFT} to use "
                 f"any classifier, or add it to {CLASSIFIERS_ENV}).")
 
-    def owns(self, who: Visitor, run_owner: str | None) -> bool:
-        """Whether ``who`` may stop, resume, delete or download a run that ``run_owner`` started: anyone on a
-        laptop; in a public demo its starter, and the operator or a session unlocked with the owner key. A run
+    def owns(self, run_owner: str | None) -> bool:
+        """Whether the visitor asking may stop, resume, delete or download a run that ``run_owner`` started: anyone
+        on a laptop; in a public demo its starter, and the operator or a session unlocked with the owner key. A run
         nobody could be told apart for (its owner empty or unknown) is the operator's alone."""
+        who = self.visitor
         return not self.public or who.owns_everything or (bool(who.key) and run_owner == who.key)
 
 
@@ -277,25 +310,6 @@ class Allowance:
         return spending
 
 
-@dataclass(frozen=True)
-class Visitor:
-    """Who is asking. ``key`` identifies one browser (a hash of the random token it keeps) or one API session; the
-    operator has no key and owns every run, and so does the session (page) in which the owner key was entered
-    (``unlocked``). ``address`` is a hash of the network address the request came from, which
-    counts the runs of an API client that opens a new session for every call."""
-
-    key: str | None = None
-    unlocked: bool = False
-    address: str | None = None
-    session: str | None = field(default=None, compare=False)  # the gradio session asking, where one does
-
-    @property
-    def owns_everything(self) -> bool:
-        return self.key is None or self.unlocked
-
-
-OPERATOR = Visitor()
-NOBODY = Visitor(key="")  # an event nobody could be told apart for: it owns nothing and has uploaded nothing
 _current: ContextVar[Visitor | None] = ContextVar("dragon_ui_visitor", default=None)
 
 
@@ -316,6 +330,23 @@ def visiting(who: Visitor) -> Iterator[None]:
         _current.reset(token)
 
 
+class RequestPolicy:
+    """A class attribute, ``policy = RequestPolicy()``, that keeps the policy its object is given and reads as that
+    policy asked by the visitor of the request being served (``visiting``): the studio hands the engine who asks,
+    with the policy, without every handler passing it along. Outside a request (a background thread, a laptop) the
+    visitor is NOBODY."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.kept = f"_{name}_as_given"
+
+    def __get__(self, instance: object, owner: type | None = None) -> Policy:
+        given: Policy = getattr(instance, self.kept)
+        return given.asked_by(visitor())
+
+    def __set__(self, instance: object, policy: Policy) -> None:
+        setattr(instance, self.kept, policy)
+
+
 UPLOADS_FOLDER = ".uploads"  # in the runs folder: each visitor's uploads, in a folder named by its key
 
 
@@ -327,14 +358,13 @@ def uploads_dir() -> Path:
     return resolve_runs_dir() / UPLOADS_FOLDER
 
 
-def own_uploads_dir(who: Visitor | None = None) -> Path | None:
-    """The folder of ``who``'s (the current visitor's) uploads; None for a visitor nobody could be told apart."""
-    who = who or visitor()
+def own_uploads_dir(who: Visitor) -> Path | None:
+    """The folder of ``who``'s uploads; None for a visitor nobody could be told apart."""
     return uploads_dir() / who.key if who.key else None
 
 
-def is_own_upload(path: Path) -> bool:
-    """Whether ``path`` (resolved) is a file the current visitor uploaded: decided by where it lies, so a browser's
-    uploads stay theirs after a restart of the app, and nobody else's can be named."""
-    folder = own_uploads_dir()
+def is_own_upload(path: Path, who: Visitor) -> bool:
+    """Whether ``path`` (resolved) is a file ``who`` uploaded: decided by where it lies, so a browser's uploads stay
+    theirs after a restart of the app, and nobody else's can be named."""
+    folder = own_uploads_dir(who)
     return folder is not None and path.is_relative_to(folder.resolve())

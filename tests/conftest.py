@@ -113,12 +113,12 @@ def uploaded_by(key: str, path: Path) -> str:
     return str(Path(shutil.copy(path, folder / Path(path).name)).resolve())
 
 
-def demo():
+def demo(who=None):
     """The policy the app would build from this test's environment: a public demo's where a fixture turned public
-    mode on (each limit the test set), else the laptop's."""
-    from dragon_ui.public import Policy
+    mode on (each limit the test set), else the laptop's; asked by ``who`` (a public.Visitor), else by nobody."""
+    from dragon_ui.public import NOBODY, Policy
 
-    return Policy.from_env()
+    return Policy.from_env().asked_by(who or NOBODY)
 
 
 def ended(run, timeout: float = 120) -> str:

@@ -108,9 +108,9 @@ def test_the_command_line_refuses_it_too(public_mode, nothing_is_read, public_co
 def test_a_public_run_of_allowed_settings_trains(public_mode, tiny_config_dict):
     """The same checks let an ordinary run through: the visitor's own upload and a model on the allow-list."""
     tiny_config_dict["data"]["source"] = uploaded_by("someone", tiny_config_dict["data"]["source"])
-    with public.visiting(public.Visitor(key="someone")):
-        run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=demo())
-        assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP),
+                                policy=demo(public.Visitor(key="someone")))
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
 
 
 def test_uploads_are_the_uploaders_own(public_mode, nothing_is_read, tiny_config_dict):
@@ -121,11 +121,10 @@ def test_uploads_are_the_uploaders_own(public_mode, nothing_is_read, tiny_config
     for who, source in (("bob", upload), ("", upload),
                         ("bob", str(public.uploads_dir() / "bob" / ".." / "alice" / "test-upload" / "arithmetic.csv"))):
         tiny_config_dict["data"]["source"] = source
-        with public.visiting(public.Visitor(key=who)), \
-                pytest.raises(ConfigError, match="reads no other files on the server"):
-            training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=demo())
-    with public.visiting(public.Visitor(key="alice")):
-        assert data.locate(upload, policy=demo()) == Path(upload)
+        with pytest.raises(ConfigError, match="reads no other files on the server"):
+            training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP),
+                                  policy=demo(public.Visitor(key=who)))
+    assert data.locate(upload, policy=demo(public.Visitor(key="alice"))) == Path(upload)
 
 
 def test_bundled_datasets_and_hub_ids_are_allowed_without_looking_at_the_disk(public_mode, monkeypatch):
@@ -146,10 +145,10 @@ def test_too_many_rows_are_refused_with_the_limit(public_mode, tmp_path, monkeyp
     csv.write_text("question,answer\n" + "".join(f"{i}+1,{i + 1}\n" for i in range(30)), encoding="utf-8")
     monkeypatch.setenv("DRAGON_UI_MAX_DATASET_ROWS", "20")
     config = data.DataConfig(source=uploaded_by("v", csv), prompt="question", reference="answer")
-    with public.visiting(public.Visitor(key="v")):
-        with pytest.raises(ConfigError, match="data.max_rows must be at most 20 here: the data has more than 20 rows"):
-            data.load_and_map(config, policy=demo())
-        assert len(data.load_and_map(data.DataConfig(**{**vars(config), "max_rows": 20}), policy=demo()).train) > 0
+    visitor = public.Visitor(key="v")
+    with pytest.raises(ConfigError, match="data.max_rows must be at most 20 here: the data has more than 20 rows"):
+        data.load_and_map(config, policy=demo(visitor))
+    assert len(data.load_and_map(data.DataConfig(**{**vars(config), "max_rows": 20}), policy=demo(visitor)).train) > 0
 
 
 def test_the_owner_sets_the_limits_and_a_bad_value_is_refused_at_start(monkeypatch):
@@ -245,7 +244,7 @@ def test_outside_public_mode_nothing_is_refused(monkeypatch, tiny_config_dict):
     config = RunConfig.from_dict(with_setting(tiny_config_dict, "grpo.max_new_tokens", 32768), policy=LAPTOP)
     assert demo() is public.LAPTOP
     public_checks.check_run(config, demo())
-    assert public.LAPTOP.owns(public.visitor(), "anyone") and public.LAPTOP.owns(public.NOBODY, "anyone")
+    assert public.LAPTOP.owns("anyone") and public.LAPTOP.asked_by(public.NOBODY).owns("anyone")
 
 
 def test_the_laptop_reads_a_file_wider_than_a_public_demos_column_limit(monkeypatch, tmp_path):
@@ -258,8 +257,8 @@ def test_the_laptop_reads_a_file_wider_than_a_public_demos_column_limit(monkeypa
     setting = data.DataConfig(source=str(wide), prompt="question", reference="answer")
     assert len(data.load_and_map(setting, policy=demo()).columns) == 3002
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
-    with public.visiting(public.Visitor(key="v")), pytest.raises(ConfigError, match="more than the 1,000"):
-        data.read_table(uploaded_by("v", wide), policy=demo())
+    with pytest.raises(ConfigError, match="more than the 1,000"):
+        data.read_table(uploaded_by("v", wide), policy=demo(public.Visitor(key="v")))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -420,10 +419,9 @@ def test_a_visitor_continues_from_their_own_finished_run_only(public_mode, finis
     from dragon_ui.config import ModelConfig
 
     finished_run.update_status(owner="alice")
-    with public.visiting(public.Visitor(key="alice")):
-        public_checks.check_model(ModelConfig(id=str(finished_run.path)), demo())
-    with public.visiting(public.Visitor(key="bob")), pytest.raises(ConfigError, match="is not offered"):
-        public_checks.check_model(ModelConfig(id=str(finished_run.path)), demo())
+    public_checks.check_model(ModelConfig(id=str(finished_run.path)), demo(public.Visitor(key="alice")))
+    with pytest.raises(ConfigError, match="is not offered"):
+        public_checks.check_model(ModelConfig(id=str(finished_run.path)), demo(public.Visitor(key="bob")))
 
 
 def test_the_row_limit_is_said_in_the_data_tabs_words():

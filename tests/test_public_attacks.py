@@ -86,6 +86,21 @@ class Demo:
         self.attackers.append(visitor)
         return visitor
 
+    def gradio_files(self) -> dict[Path, int]:
+        """Every file in the server's gradio cache (its GRADIO_TEMP_DIR) and its size.
+
+        The server deletes refused and abandoned uploads, and their folders, while this walks the tree: an entry that
+        goes between being listed and being read is gone, not an error (os.walk skips a folder that vanished)."""
+        found = {}
+        for folder, _, names in os.walk(self.folder.parent / "gradio"):
+            for name in names:
+                path = Path(folder) / name
+                try:
+                    found[path] = path.stat().st_size
+                except FileNotFoundError:
+                    continue
+        return found
+
 
 def free_port() -> int:
     with socket.socket() as sock:

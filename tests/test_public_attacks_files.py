@@ -84,11 +84,6 @@ def declared_upload(demo: Demo, address: str) -> httpx.Response:
                       headers={"x-forwarded-for": address}, timeout=60)
 
 
-def upload_files(demo: Demo) -> dict[Path, int]:
-    """Every file in gradio's upload folder (the server's GRADIO_TEMP_DIR) and its size."""
-    return {path: path.stat().st_size for path in (demo.folder.parent / "gradio").rglob("*") if path.is_file()}
-
-
 @pytest.mark.usefixtures("no_training")
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -97,14 +92,14 @@ def test_uploads_that_declare_no_length_count_against_the_address_share(attacked
     19 MB upload was refused, six more chunked ones were taken. Now their bytes count as they arrive; the upload that
     passes the share is refused part way, and what gradio had written of it is deleted."""
     demo, address = attacked, new_address()
-    before = upload_files(demo)
+    before = demo.gradio_files()
     with another_visitor_answered_within(demo):
         answers = [chunked_upload(demo, address) for _ in range(UPLOADS_IN_A_SHARE + 2)]
         declared = declared_upload(demo, address)
     assert [answer.status_code for answer in answers] == [200] * UPLOADS_IN_A_SHARE + [429, 429]
     assert all(SHARE_SPENT in answer.json()["detail"] for answer in [*answers[-2:], declared])
     assert declared.status_code == 429
-    kept = {path: size for path, size in upload_files(demo).items() if path not in before}
+    kept = {path: size for path, size in demo.gradio_files().items() if path not in before}
     assert sorted(kept.values()) == [FILE_BYTES] * UPLOADS_IN_A_SHARE, kept  # no part of a refused one
     assert chunked_upload(demo, new_address()).status_code == 200  # each address has a share of its own
 
@@ -116,12 +111,12 @@ def test_uploads_sent_side_by_side_draw_on_one_share(attacked):
     """Several uploads at once from one address: none may pass the check before the others' bytes are counted."""
     demo, address = attacked, new_address()
     side_by_side = UPLOADS_IN_A_SHARE + 3
-    before = upload_files(demo)
+    before = demo.gradio_files()
     with another_visitor_answered_within(demo), ThreadPoolExecutor(side_by_side) as senders:
         statuses = [answer.status_code for answer in senders.map(lambda _: chunked_upload(demo, address),
                                                                   range(side_by_side))]
     assert 429 in statuses and set(statuses) <= {200, 429}, statuses
-    kept = {path: size for path, size in upload_files(demo).items() if path not in before}
+    kept = {path: size for path, size in demo.gradio_files().items() if path not in before}
     assert sorted(kept.values()) == [FILE_BYTES] * statuses.count(200), kept
     assert sum(kept.values()) <= SHARE
 
@@ -133,7 +128,7 @@ def test_an_upload_abandoned_part_way_leaves_nothing_behind(attacked):
     """The review: gradio keeps what it wrote of an upload whose client leaves part way (until the hourly clean-up),
     so clients that send most of a file and hang up fill the disk outside every share. Now the part is deleted."""
     demo = attacked
-    before = upload_files(demo)
+    before = demo.gradio_files()
     host, port = demo.app.url.removeprefix("http://").split(":")
     with another_visitor_answered_within(demo):
         for _ in range(3):
@@ -143,13 +138,13 @@ def test_an_upload_abandoned_part_way_leaves_nothing_behind(attacked):
                 for part in [FORM_HEAD, *[os.urandom(2**16)] * 16]:
                     sock.sendall(f"{len(part):x}\r\n".encode() + part + b"\r\n")
                 deadline = time.monotonic() + 30
-                while not set(upload_files(demo)) - set(before):  # gradio is writing it
+                while not set(demo.gradio_files()) - set(before):  # gradio is writing it
                     assert time.monotonic() < deadline, "the upload was never written"
                     time.sleep(0.05)
             # the client hangs up here, without the file's end
     deadline = time.monotonic() + 30
-    while set(upload_files(demo)) - set(before):
-        assert time.monotonic() < deadline, set(upload_files(demo)) - set(before)
+    while set(demo.gradio_files()) - set(before):
+        assert time.monotonic() < deadline, set(demo.gradio_files()) - set(before)
         time.sleep(0.1)
 
 
@@ -435,9 +430,9 @@ SHOWN = {  # (the source, as it is shown in a public demo, what alice's page sen
 
 @pytest.mark.parametrize("source, shown, read", SHOWN.values(), ids=SHOWN.keys())
 def test_a_public_demo_shows_a_source_by_its_name_and_reads_the_file_it_stands_for(uploads, source, shown, read):
-    with public.visiting(public.Visitor(key="alice")):
-        assert shown_source(source(uploads), PUBLIC) == shown
-        assert real_source(shown, PUBLIC) == read(uploads)
+    alice = PUBLIC.asked_by(public.Visitor(key="alice"))
+    assert shown_source(source(uploads), alice) == shown
+    assert real_source(shown, alice) == read(uploads)
     assert shown_source(source(uploads), public.LAPTOP) == source(uploads)  # your own machine shows paths whole
     assert real_source(shown, public.LAPTOP) == shown
 
@@ -445,20 +440,19 @@ def test_a_public_demo_shows_a_source_by_its_name_and_reads_the_file_it_stands_f
 @pytest.mark.parametrize("sent", ["uploads/../bob/only/theirs.csv", "uploads/..", "uploads/", "uploads/*.csv",
                                   "uploads/second/mine.csv", " uploads/nothing.csv"])
 def test_only_a_plain_name_in_uploads_stands_for_an_upload(uploads, sent):
-    with public.visiting(public.Visitor(key="alice")):
-        assert real_source(sent, PUBLIC) == sent
-    with public.visiting(public.NOBODY):  # a visitor nobody could tell apart has no uploads
-        assert real_source("uploads/mine.csv", PUBLIC) == "uploads/mine.csv"
+    assert real_source(sent, PUBLIC.asked_by(public.Visitor(key="alice"))) == sent
+    # a visitor nobody could tell apart has no uploads
+    assert real_source("uploads/mine.csv", PUBLIC.asked_by(public.NOBODY)) == "uploads/mine.csv"
 
 
 def test_the_draft_a_browser_keeps_names_no_folder_and_comes_back_whole(uploads):
     from dragon_ui.studio.files import real_draft, shown_draft
 
     draft = {"name": "mine", "data": {"source": str(uploads["alice second"]), "prompt": "question"}}
-    with public.visiting(public.Visitor(key="alice")):
-        kept = shown_draft(draft, PUBLIC)
-        assert kept["data"] == {"source": "uploads/mine.csv", "prompt": "question"}
-        assert real_draft(kept, PUBLIC) == draft and draft["data"]["source"] == str(uploads["alice second"])
+    alice = PUBLIC.asked_by(public.Visitor(key="alice"))
+    kept = shown_draft(draft, alice)
+    assert kept["data"] == {"source": "uploads/mine.csv", "prompt": "question"}
+    assert real_draft(kept, alice) == draft and draft["data"]["source"] == str(uploads["alice second"])
     assert shown_draft(draft, public.LAPTOP) is draft and real_draft({"data": 3}, PUBLIC) == {"data": 3}
 
 

@@ -278,11 +278,6 @@ def test_a_bystanders_preview_never_waits_for_anothers_slow_files(attacked, tmp_
 # The disk.
 
 
-def gradio_files(demo) -> dict[Path, int]:
-    """Every file in the server's gradio cache (its GRADIO_TEMP_DIR), and its size."""
-    return {path: path.stat().st_size for path in (demo.folder.parent / "gradio").rglob("*") if path.is_file()}
-
-
 def test_an_export_is_made_once_as_one_zip_and_counts_against_the_disk_share(attacked, tiny_model_dir, tmp_path):
     """Finding 2: each distinct export wrote a copy of the visitor's data, a zip of it and gradio's copy of the zip,
     kept for an hour, with no limit: 49 MB a click with a 19 MB upload. Now an export is one zip in the server's
@@ -295,7 +290,7 @@ def test_an_export_is_made_once_as_one_zip_and_counts_against_the_disk_share(att
     uploaded = exporter.fire("data-upload", "upload", **{"data-upload": exporter.upload(data)})
     assert uploaded.ok, uploaded.error
     shown = {"data-source": "uploads/mine.csv", "data-prompt": "question", "data-reference": "answer"}
-    before = gradio_files(demo)
+    before = demo.gradio_files()
     with another_visitor_answered_within(demo):
         answers = [exporter.fire("model-export", **shown, **{"model-export-gpus": gpus}) for gpus in range(1, 12)]
         again = exporter.fire("model-export", **shown, **{"model-export-gpus": 1})
@@ -303,7 +298,7 @@ def test_an_export_is_made_once_as_one_zip_and_counts_against_the_disk_share(att
     assert len(made) == DISK_FILES - 1  # the upload took one file of the share
     expect_refusal(answers[len(made)], f"share of {DISK_FILES} files per 10 minutes")
     assert again.ok and again.data[0]["path"] == made[0].data[0]["path"]  # the same zip, not made again
-    new = {path: size for path, size in gradio_files(demo).items() if path not in before}
+    new = {path: size for path, size in demo.gradio_files().items() if path not in before}
     assert sorted(path.suffix for path in new) == [".zip"] * len(made), sorted(new)
     assert sum(new.values()) < len(made) * data.stat().st_size  # a zip each, compressed, and nothing else
 

@@ -68,6 +68,8 @@ def jsonl_of(path: Path, rows: int) -> Path:
     return path
 
 
+A_VISITOR = public.Visitor(key="v")  # the visitor asking, where any one will do
+
 FILES = {"csv": lambda path, rows: write_arithmetic_csv(path.with_suffix(".csv"), rows=rows),
          "parquet": lambda path, rows: parquet_of(path.with_suffix(".parquet"), rows),
          "xlsx": lambda path, rows: spreadsheet_of(path.with_suffix(".xlsx"), rows),
@@ -87,13 +89,12 @@ def test_a_file_is_read_only_as_far_as_the_rows_asked_for(kind, tmp_path):
 def test_a_public_demo_stops_one_row_past_its_limit_and_refuses(kind, public_mode, tmp_path, monkeypatch):
     monkeypatch.setenv("DRAGON_UI_MAX_DATASET_ROWS", "100")
     source = uploaded_by("v", FILES[kind](tmp_path / "data", 250))
-    with public.visiting(public.Visitor(key="v")):
-        assert len(data.read_table(source, policy=demo()).rows) == 101
-        with pytest.raises(ConfigError, match="the data has more than 100 rows"):
-            data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer"), policy=demo())
-        setting = data.DataConfig(source=source, prompt="question", reference="answer", max_rows=90)
-        mapped = data.load_and_map(setting, policy=demo())
-        assert mapped.n_rows == 90
+    assert len(data.read_table(source, policy=demo(A_VISITOR)).rows) == 101
+    with pytest.raises(ConfigError, match="the data has more than 100 rows"):
+        data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer"), policy=demo(A_VISITOR))
+    setting = data.DataConfig(source=source, prompt="question", reference="answer", max_rows=90)
+    mapped = data.load_and_map(setting, policy=demo(A_VISITOR))
+    assert mapped.n_rows == 90
 
 
 def test_millions_of_rows_in_a_small_parquet_file_are_never_decoded(public_mode, tmp_path, monkeypatch):
@@ -110,8 +111,7 @@ def test_millions_of_rows_in_a_small_parquet_file_are_never_decoded(public_mode,
             yield batch
 
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted_batches)
-    with public.visiting(public.Visitor(key="v")):
-        assert len(data.read_table(source, policy=demo()).rows) == 10_001
+    assert len(data.read_table(source, policy=demo(A_VISITOR)).rows) == 10_001
     assert sum(decoded) <= 10_001 + 1024  # batch by batch, stopping at the limit
 
 
@@ -153,8 +153,8 @@ def test_a_small_file_that_unpacks_into_gigabytes_is_refused_and_the_app_never_h
     source = uploaded_by("v", path)
     monkeypatch.setattr(tables, "read_here", lambda *args: pytest.fail("read in the app's own process"))
     started = time.monotonic()
-    with public.visiting(public.Visitor(key="v")), pytest.raises(ConfigError, match=refusal):
-        data.read_table(source, policy=demo())
+    with pytest.raises(ConfigError, match=refusal):
+        data.read_table(source, policy=demo(A_VISITOR))
     assert time.monotonic() - started < apart.SECONDS
 
 
@@ -289,10 +289,8 @@ def test_a_public_demo_counts_the_columns_of_every_kind_of_file(kind, public_mod
     """The header's check covered CSV, TSV and spreadsheets only: a 5.7 MB JSONL upload of 400,001 columns took the
     server's own process 49 s of CPU and 2.4 GB to show."""
     source = uploaded_by("v", WIDE[kind](tmp_path / "wide"))
-    with public.visiting(public.Visitor(key="v")), pytest.raises(ConfigError, match="more than 1,000 columns, the "
-                                                                                      "most a table may have in this "
-                                                                                      "public demo"):
-        data.read_table(source, policy=demo())
+    with pytest.raises(ConfigError, match="more than 1,000 columns, the most a table may have in this public demo"):
+        data.read_table(source, policy=demo(A_VISITOR))
 
 
 @pytest.mark.parametrize("kind", WIDE)
@@ -313,12 +311,11 @@ def test_a_public_demo_reads_no_more_columns_than_its_limit(public_mode, tmp_pat
     path = tmp_path / "wide.csv"
     path.write_text(",".join(["a"] * 1001) + "\n" + ",".join(["1"] * 1001) + "\n")
     source = uploaded_by("v", path)
-    with public.visiting(public.Visitor(key="v")):
-        with pytest.raises(ConfigError, match="the header has 1,001 columns, more than the 1,000 a table may have "
-                                              "in this public demo"):
-            data.read_table(source, policy=demo())
-        monkeypatch.setenv("DRAGON_UI_MAX_COLUMNS", "2000")
-        assert len(data.read_table(source, policy=demo()).rows[0]) == 1001
+    with pytest.raises(ConfigError, match="the header has 1,001 columns, more than the 1,000 a table may have "
+                                          "in this public demo"):
+        data.read_table(source, policy=demo(A_VISITOR))
+    monkeypatch.setenv("DRAGON_UI_MAX_COLUMNS", "2000")
+    assert len(data.read_table(source, policy=demo(A_VISITOR)).rows[0]) == 1001
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -543,8 +540,7 @@ def test_the_memory_check_counts_the_longest_prompt_the_data_really_has(public_m
     (tmp_path / "long.csv").write_text(rows, encoding="utf-8")
     tiny_config_dict["data"].update(source=uploaded_by("v", tmp_path / "long.csv"), max_prompt_tokens=200)
     config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
-    with public.visiting(public.Visitor(key="v")):
-        inspection = training.inspect(config, policy=demo())
+    inspection = training.inspect(config, policy=demo(A_VISITOR))
     fit = inspection.prompts
     assert seen[0] == estimate.PROMPT_TOKENS and seen[-1] == fit.longest_kept == min(fit.longest, 200)
     assert (fit.dropped > 0) == (long_words > 0)
@@ -555,10 +551,10 @@ def test_the_memory_check_counts_the_longest_prompt_the_data_really_has(public_m
     needed = [real(config, estimate.model_dims(config.model.id)[0], "float32", False, "cpu", tokens).total_gb
               for tokens in (estimate.PROMPT_TOKENS, fit.longest_kept)]
     monkeypatch.setattr(public_checks, "_memory_gb", lambda info, hardware: sum(needed) / 2)
-    with public.visiting(public.Visitor(key="v")), pytest.raises(
+    with pytest.raises(
             ConfigError, match=rf"with its longest prompt of {fit.longest_kept} tokens, more than the [\d.]+ GB this "
                                r"machine has; .*, or shorter prompts \(data.max_prompt_tokens\)"):
-        training.inspect(config, policy=demo())
+        training.inspect(config, policy=demo(A_VISITOR))
 
 
 @pytest.mark.parametrize("chosen, device, limit, why", [
@@ -588,17 +584,15 @@ def test_a_public_demo_refuses_a_row_whose_text_is_longer_than_its_limit(public_
 def test_a_public_run_keeps_only_its_newest_checkpoints(public_mode, tiny_config_dict):
     tiny_config_dict["data"]["source"] = uploaded_by("v", tiny_config_dict["data"]["source"])
     tiny_config_dict["training"].update(max_steps=4, save_steps=1)
-    with public.visiting(public.Visitor(key="v")):
-        run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=demo())
-        assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
+    run = training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=demo(A_VISITOR))
+    assert run.read_status()["state"] == "succeeded", run.read_status().get("error")
     assert [path.name for path in run.checkpoints()] == ["checkpoint-3", "checkpoint-4"]
 
 
 def test_the_held_out_prompts_are_capped_and_the_summary_says_so(public_mode, tmp_path):
     source = uploaded_by("v", write_arithmetic_csv(tmp_path / "many.csv", rows=2000))
-    with public.visiting(public.Visitor(key="v")):
-        mapped = data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer",
-                                                   eval_frac=0.5), policy=demo())
+    mapped = data.load_and_map(data.DataConfig(source=source, prompt="question", reference="answer",
+                                               eval_frac=0.5), policy=demo(A_VISITOR))
     assert len(mapped.eval) == 50 and len(mapped.train) == 1950
     assert "Only 50 rows are held out, this public demo's limit of held-out prompts" in mapped.summary()
 
@@ -766,12 +760,12 @@ def test_an_upload_moves_into_its_visitors_own_folder(public_mode, studio, tmp_p
         kept = Path(studio.files.keep_upload(uploaded))
         assert kept.is_relative_to(public.uploads_dir() / "alice") and kept.read_text().startswith("question")
         assert not uploaded.parent.exists()  # the server's copy, which it would serve, is gone
-        assert data.locate(str(kept), policy=demo()) == kept
+        assert data.locate(str(kept), policy=demo(public.Visitor(key="alice"))) == kept
         for other in (tmp_path / "elsewhere.csv", elsewhere):
             with pytest.raises(ConfigError, match="was not uploaded here"):
                 studio.files.keep_upload(other)
-    with public.visiting(public.Visitor(key="bob")), pytest.raises(ConfigError, match="reads no other files"):
-        data.locate(str(kept), policy=demo())
+    with pytest.raises(ConfigError, match="reads no other files"):
+        data.locate(str(kept), policy=demo(public.Visitor(key="bob")))
 
 
 def test_another_visitors_settings_are_lent_without_their_data_or_their_run(public_mode, studio, finished_run):

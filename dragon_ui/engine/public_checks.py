@@ -27,7 +27,7 @@ from ..config import DEFAULT_MODEL_ID, ModelConfig, RunConfig
 from ..files import resolve_runs_dir
 from ..data import locate
 from ..errors import BusyError, ConfigError
-from ..public import LIFT, MODELS_ENV, Allowance, Limits, Policy, Visitor, visitor
+from ..public import LIFT, MODELS_ENV, Allowance, Limits, Policy, Visitor
 from ..rewards import public_refusal
 from ..tools import public_refusal as tool_refusal
 from ..runstore import ACTIVE_STATES, RunDir, list_runs
@@ -118,11 +118,11 @@ def check_model(model: ModelConfig, policy: Policy) -> None:
 
 
 def _is_own_run(model_id: str, runs_dir: Path, policy: Policy) -> bool:
-    """A folder of the demo's runs that the current visitor started (continuing from it reads only their work)."""
+    """A folder of the demo's runs that the asking visitor started (continuing from it reads only their work)."""
     path = Path(os.path.normpath(os.path.abspath(model_id.strip())))
     if path.parent != runs_dir:
         return False  # decided from the text alone, before anything on the disk is looked at
-    return (path / "config.json").is_file() and policy.owns(visitor(), RunDir(path).read_status().get("owner"))
+    return (path / "config.json").is_file() and policy.owns(RunDir(path).read_status().get("owner"))
 
 
 def check_memory(config: RunConfig, policy: Policy, longest_prompt: int | None = None) -> None:
@@ -204,14 +204,14 @@ _preflights = Allowance(window_s=3600)  # and its pre-flights
 
 
 def take_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) -> None:
-    """Refuse a start or resume that would give the current visitor, or its network address, more than its share,
+    """Refuse a start or resume that would give the asking visitor, or its network address, more than its share,
     or else count it: runs training or waiting (an API client can open a new session for every call, so its address
     counts too; the runs of ``preparing``, not in the runs folder yet, count too), and starts in the last hour (a
     start counts whether it then succeeds or not: reading the visitor's data is most of what it costs). Nothing
     outside public mode, or for the operator and the demo's owner."""
-    if not policy.public or visitor().owns_everything:
+    who, limits = policy.visitor, policy.limits
+    if limits is None or who.owns_everything:
         return
-    who, limits = visitor(), policy.limits
     active = [{"owner": run.get("owner"), "address": run.get("address")} for run in list_runs(runs_dir)
               if run["state"] in ACTIVE_STATES]
     active += [{"owner": other.key, "address": other.address} for other in preparing]
@@ -232,7 +232,7 @@ def take_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) ->
 def take_preflight(policy: Policy) -> None:
     """Refuse a pre-flight past its network address's allowance an hour, or else count it: each one samples the
     model for minutes, as a run's first steps do. Nothing outside public mode, or for the operator and the owner."""
-    who = visitor()
+    who = policy.visitor
     if not policy.public or who.owns_everything or not who.address:
         return
     most = policy.limits.preflights_per_hour

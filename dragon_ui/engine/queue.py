@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import BusyError
-from ..public import Policy, Visitor, visitor
+from ..public import Policy, Visitor
 from ..runstore import RunDir, list_runs
 from . import public_checks, training
 from .worker import Workers
@@ -85,10 +85,10 @@ def submit_resume(run_dir: Path, *, policy: Policy, workers: Workers) -> RunDir:
 
 @contextlib.contextmanager
 def _place(runs_dir: Path, policy: Policy):
-    """A place in line for the current visitor's run while it is prepared: the limits count it from the moment it
+    """A place in line for the asking visitor's run while it is prepared: the limits count it from the moment it
     is checked (under the lock), so starts sent at the same moment cannot all pass. It counts as a start at once,
     whether its preparation succeeds or not: reading the visitor's data is most of what a start costs."""
-    who = visitor()
+    who = policy.visitor
     with _lock:
         _refuse_if_full(runs_dir, policy)
         public_checks.take_start(runs_dir, policy, _preparing)

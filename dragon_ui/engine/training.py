@@ -29,7 +29,7 @@ from ..config import GRPO_VARIANTS, RunConfig
 from .reward_models import check_labels, classifiers_on
 from ..data import MappedData, load_and_map, read_jsonl, write_jsonl
 from ..errors import BusyError, ConfigError, DragonError, Stopped, describe
-from ..public import Policy, visitor
+from ..public import Policy
 from ..rewards import Reward, RewardFailures, build_rewards, training_weight, trl_reward_functions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from ..scaleout import distributed
@@ -179,8 +179,8 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
         in_line = {"waiting": "start", "queued_at": time.time()} if waiting else {}
         run.update_status(state="queued", step=0, total_steps=None, created_at=time.time(),
                           phase="waiting for its turn" if waiting else "waiting to start",
-                          owner=visitor().key if policy.public else None,
-                          owner_address=visitor().address if policy.public else None, **in_line,
+                          owner=policy.visitor.key if policy.public else None,
+                          owner_address=policy.visitor.address if policy.public else None, **in_line,
                           reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
                           n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
                           longest_prompt_tokens=inspection.prompts.longest_kept,

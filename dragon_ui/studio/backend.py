@@ -28,7 +28,7 @@ from ..engine.preflight import MOST_PROMPTS, Preflight, preflight
 from ..errors import BusyError, ConfigError
 from ..engine.worker import STOP_GRACE_S, Workers
 from ..files import resolve_runs_dir
-from ..public import Policy
+from ..public import Policy, RequestPolicy
 from ..runstore import read_json, write_json_atomic
 from .files import Files
 from .previews import Previews
@@ -42,6 +42,8 @@ log = logging.getLogger("dragon_ui")
 class Studio:
     """One per app process, serving under one ``policy`` (the app builds it from the environment: a public demo's
     limits, or the laptop's none). Thread-safe: Gradio calls it from several worker threads at once."""
+
+    policy = RequestPolicy()  # asked by the visitor of the request being served
 
     def __init__(self, runs_dir: str | Path | None = None, recipes_dir: str | Path | None = None,
                  *, policy: Policy, workers: Workers | None = None) -> None:

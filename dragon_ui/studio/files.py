@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..data import bundled_datasets, is_bundled
 from ..errors import BusyError, ConfigError
-from ..public import (LIFT, SHARE_WINDOW_S, Allowance, Policy, is_own_upload, own_uploads_dir, uploads_dir,
-                      visitor)
+from ..public import (LIFT, SHARE_WINDOW_S, Allowance, Policy, RequestPolicy, is_own_upload, own_uploads_dir,
+                      uploads_dir)
 
 UPLOADS_KEPT = 3  # a visitor's newest uploads in a public demo; an older one goes when a new one arrives
 UPLOADS_SHOWN = "uploads"  # a visitor's upload as a public demo shows it: uploads/<its file name>
@@ -31,6 +31,8 @@ class Files:
     """Downloads, uploads and shown paths for the app serving ``runs_dir`` under ``policy``. In a public demo each
     network address has a share of the disk (``Limits.disk_mb`` and ``Limits.disk_files`` per SHARE_WINDOW_S): an
     upload, an export and a copy of a run's file each count against it before it is written."""
+
+    policy = RequestPolicy()  # asked by the visitor of the request being served
 
     def __init__(self, runs_dir: Path, policy: Policy) -> None:
         self.runs_dir = runs_dir
@@ -66,9 +68,9 @@ class Files:
 
     def take_share(self, size: int, files: int, address: str | None = None) -> None:
         """Count ``size`` bytes and ``files`` files that the server is about to write for a network address
-        (``address``, else the current visitor's) against its share of the disk; BusyError, counting nothing, when
+        (``address``, else the asking visitor's) against its share of the disk; BusyError, counting nothing, when
         that would pass it. Nothing outside public mode, or for the operator and the demo's owner."""
-        who = visitor()
+        who = self.policy.visitor
         address = address if address is not None else who.address
         if not self.public or not address or (address == who.address and who.owns_everything):
             return
@@ -131,7 +133,7 @@ class Files:
             raise ConfigError("That file was not uploaded here; upload it again.")
         if not self.public:
             return str(uploaded)
-        own = own_uploads_dir()
+        own = own_uploads_dir(self.policy.visitor)
         if own is None:
             raise ConfigError("This page could not be told apart from other visitors' pages; reload it and upload "
                               "the file again.")
@@ -149,7 +151,8 @@ class Files:
     def discard_upload(self, source: str) -> None:
         """Remove an upload kept in a public demo that turned out unreadable: it is no use, and takes room."""
         path = Path(source)
-        if self.public and is_own_upload(path.resolve()) and path.parent.parent == own_uploads_dir():
+        who = self.policy.visitor
+        if self.public and is_own_upload(path.resolve(), who) and path.parent.parent == own_uploads_dir(who):
             shutil.rmtree(path.parent, ignore_errors=True)
 
     def shown_path(self, path: Path) -> str:
@@ -186,7 +189,7 @@ def real_source(shown: str, policy: Policy) -> str:
     if text in bundled:
         return str(bundled[text])
     folder, _, name = text.partition("/")
-    own = own_uploads_dir()
+    own = own_uploads_dir(policy.visitor)
     if folder != UPLOADS_SHOWN or own is None or not own.is_dir() or name in ("", ".", "..") or "/" in name:
         return shown
     kept = [upload / name for upload in own.iterdir() if (upload / name).is_file()]

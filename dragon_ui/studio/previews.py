@@ -15,12 +15,14 @@ from ..engine.estimate import preview_memory_gb
 from ..engine.hardware import HardwareInfo, resolve_for_this_machine
 from ..engine.models import ModelCache
 from ..errors import BusyError, ConfigError
-from ..public import Policy
+from ..public import Policy, RequestPolicy
 
 
 class Previews:
     """The preview model of an app serving under ``policy``; ``hardware(refresh)`` says what this machine has.
     Runs train in worker processes of their own, which load their own model."""
+
+    policy = RequestPolicy()  # asked by the visitor of the request being served
 
     def __init__(self, hardware: Callable[..., HardwareInfo], policy: Policy) -> None:
         self.hardware = hardware

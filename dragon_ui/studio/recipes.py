@@ -13,7 +13,7 @@ from pathlib import Path
 from ..config import RunConfig
 from ..engine import public_checks, training
 from ..errors import ConfigError
-from ..public import Policy
+from ..public import Policy, RequestPolicy
 from .files import real_source
 
 DEFAULT_RECIPE = "arithmetic"
@@ -24,6 +24,8 @@ SAMPLING_SETTINGS = ("model", "data", "rewards", "grpo", "hardware", "lora", "ba
 
 class Recipes:
     """The recipes in ``folder`` and the drafts of an app keeping its runs in ``runs_dir`` under ``policy``."""
+
+    policy = RequestPolicy()  # asked by the visitor of the request being served
 
     def __init__(self, folder: Path, runs_dir: Path, policy: Policy) -> None:
         self.folder = folder

@@ -16,7 +16,7 @@ from ..engine.estimate import estimate_run
 from ..engine.hardware import HardwareInfo, resolve_hardware
 from ..engine.worker import Workers
 from ..errors import ConfigError, DragonError, NotYoursError
-from ..public import Policy, visitor
+from ..public import Policy
 from ..rewards import public_refusal
 from ..runstore import RunDir, format_seconds, list_runs
 from .draft import ordinal
@@ -59,7 +59,7 @@ class Runs:
 
     def owns(self, run_owner: str | None) -> bool:
         """Whether the current visitor may change or take a run that ``run_owner`` started (public.Policy.owns)."""
-        return self.policy.owns(visitor(), run_owner)
+        return self.policy.owns(run_owner)
 
     def owned(self, run_id: str, action: str) -> RunDir:
         """The run, if the current visitor may change or take it (its starter; everyone outside public mode)."""

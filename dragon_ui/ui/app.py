@@ -22,7 +22,7 @@ from gradio.utils import get_upload_folder
 
 from ..files import RUNS_DIR_ENV
 from ..errors import DragonError
-from ..public import Policy, visitor, visiting
+from ..public import Policy, visiting
 from .. import ASSETS_DIR
 from ..studio.backend import Studio
 from ..studio.recipes import DEFAULT_RECIPE
@@ -313,7 +313,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             def unlock_everything(key: str, remember: bool):
                 """Unlock this page with the owner key; the browser keeps the key only when asked to remember it."""
                 try:
-                    who = studio.visitors.unlock(visitor(), key)
+                    who = studio.visitors.unlock(studio.policy.visitor, key)
                 except DragonError as exc:
                     return gr.skip(), message(str(exc), "error"), gr.skip()
                 if who is None:

@@ -301,6 +301,23 @@ def explain(exc: BaseException) -> str:
     return f"Something went wrong: {describe(exc)}"
 
 
+def asked(fn: Callable[..., Any], studio: Studio) -> Callable[..., Any]:
+    """``fn(*inputs, policy=...)`` as a handler of ``inputs`` that passes the policy of the request it serves
+    (``Studio.policy``, asked by that request's visitor), read when it is called; a generator stays one.
+
+    Not functools.wraps, for the reason Form.takes_draft gives."""
+    if inspect.isgeneratorfunction(fn) or inspect.isgeneratorfunction(getattr(fn, "func", None)):
+        def stream(*args):
+            yield from fn(*args, policy=studio.policy)
+
+        return stream
+
+    def handler(*args):
+        return fn(*args, policy=studio.policy)
+
+    return handler
+
+
 def shows_errors(fn):
     """Turn any exception of a handler into a gr.Error popup with a readable sentence (never a raw traceback); a
     generator stays one."""

@@ -237,19 +237,19 @@ def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] 
 def build(shared: Shared) -> Callable[[], None]:
     """The tab's components and fields; returns the function that wires its events once every tab is built (the
     preview renders prompts with the Model tab's starting model)."""
-    form, policy = shared.form, shared.studio.policy
+    form, studio = shared.form, shared.studio
     gr.Markdown("Choose the examples to learn from and say how each row becomes a prompt. The **reference** is what "
                 "rewards compare a reply with (e.g. the correct answer).")
     with gr.Row():
         with gr.Column():
-            example = gr.Dropdown([(name, shown_source(path, policy)) for name, path in bundled_datasets()],
+            example = gr.Dropdown([(name, shown_source(path, studio.policy)) for name, path in bundled_datasets()],
                                   value=None, label="Bundled example",
                                   info="Small datasets that ship with the app.", elem_id="data-example")
             upload = gr.File(label="…or upload a file", file_types=list(SUPPORTED_EXTENSIONS), height=120,
                              elem_id="data-upload")
             # It shows a source as the app shows it (files.shown_source); the draft holds the file it stands for.
             source = form.add("data.source", gr.Textbox(elem_id="data-source", **described(
-                "data.source", "Press Enter to load it.")), lambda value: real_source(_text(value), policy))
+                "data.source", "Press Enter to load it.")), lambda value: real_source(_text(value), studio.policy))
             with gr.Row():
                 hub_config = form.add("data.hub_config", gr.Textbox(**described("data.hub_config"),
                                                                     placeholder="optional, e.g. main",
@@ -294,7 +294,7 @@ def build(shared: Shared) -> Callable[[], None]:
     views = [source_status, table, mapping_status, counts, rendered, lengths, sheet]
     updated = [source, example, hub_config, hub_split, prompt, prompt_column, reference, system, *views, shown_table,
                previewed_model]
-    shared.fills.append((lambda draft: fill_fields(draft, policy=policy), [
+    shared.fills.append((lambda draft: fill_fields(draft, policy=studio.policy), [
         source, example, hub_config, hub_split, prompt, prompt_column, reference, system, eval_frac, max_rows, sheet]))
 
     def show_difficulty(draft: dict) -> tuple:
@@ -307,16 +307,16 @@ def build(shared: Shared) -> Callable[[], None]:
         shared.change_draft(clear_difficulty.click, without_difficulty_filter, [], difficulty)
 
         def update(draft, shown):
-            return update_data(draft, shown, form.labels, policy=policy)
+            return update_data(draft, shown, form.labels, policy=studio.policy)
 
         def preview(draft):
-            yield from show_preview(draft, form.labels, policy=policy)
+            yield from show_preview(draft, form.labels, policy=studio.policy)
 
         shared.refreshes.append((shows_errors(form.takes_draft(preview)), form.inputs, updated, IN_TURN))
-        shared.first_paint.append((lambda draft: first_preview(draft, form.labels, policy=policy), updated))
+        shared.first_paint.append((lambda draft: first_preview(draft, form.labels, policy=studio.policy), updated))
 
         def replace_source(draft, new_source, shown):
-            return use_source(draft, real_source(new_source, policy), shown, form.labels, policy=policy)
+            return use_source(draft, real_source(new_source, studio.policy), shown, form.labels, policy=studio.policy)
 
         def take_upload(draft, new_source, shown):
             """An uploaded file becomes the source: in a public demo, moved into this visitor's own folder first
@@ -324,12 +324,12 @@ def build(shared: Shared) -> Callable[[], None]:
             if not new_source:
                 return replace_source(draft, new_source, shown)
             try:
-                kept = shared.studio.files.keep_upload(new_source)
+                kept = studio.files.keep_upload(new_source)
                 try:  # read once here (the preview reuses it): a file that cannot be read is not kept
                     setting = replace(data_config(draft), source=kept, hub_config=None, sheet=None)
-                    sheets = load_rows(setting, policy=policy).sheets
+                    sheets = load_rows(setting, policy=studio.policy).sheets
                 except DragonError:
-                    shared.studio.files.discard_upload(kept)
+                    studio.files.discard_upload(kept)
                     raise
             except DragonError as exc:
                 return (*[gr.skip()] * UPDATED.index("source_status"), problem_text(DataPreview(
@@ -367,7 +367,7 @@ def build(shared: Shared) -> Callable[[], None]:
                       **previewing, **IN_TURN)
         shared.source_replaced.extend([submitted, picked, uploaded])
         def reshow(draft, shown):
-            return refresh_for_model(draft, shown, form.labels, policy=policy)
+            return refresh_for_model(draft, shown, form.labels, policy=studio.policy)
 
         form.component("model.id").change(
             shows_errors(form.takes_draft(reshow)),

@@ -12,7 +12,6 @@ learning signal.
 from __future__ import annotations
 
 import contextvars
-import functools
 import json
 import queue
 import re
@@ -37,7 +36,7 @@ from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, 
                        goal_names, kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
 from . import tools_section
-from .common import ONE_MODEL_AT_A_TIME, SAMPLING, Shared, explain, message, number, optional_number, shown_number, shows_errors
+from .common import ONE_MODEL_AT_A_TIME, SAMPLING, Shared, asked, explain, message, number, optional_number, shown_number, shows_errors
 from .guard import in_page_order
 
 # The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.
@@ -669,12 +668,12 @@ def _setting_components(shown: set[str]) -> list:
 def build(shared: Shared) -> Callable[[], None]:
     """The editor, the list (a field of the form at "rewards") and the playground; returns the function that wires
     the playground, which reads the whole form, once every tab is built."""
-    studio, policy, form = shared.studio, shared.studio.policy, shared.form
-    public = policy.public
+    studio, form = shared.studio, shared.form
+    public = studio.policy.public
     gr.Markdown("Rewards score each reply; GRPO pushes the model towards replies that score above their group's "
                 "average. The total is the weighted sum of the rewards trained on (a metric is only measured).")
     rewards = form.add("rewards", gr.State([]), label="Rewards")
-    table = gr.Dataframe(rewards_table([], policy=policy), label="Rewards (what training uses)", interactive=False, max_height=260,
+    table = gr.Dataframe(rewards_table([], policy=studio.policy), label="Rewards (what training uses)", interactive=False, max_height=260,
                          wrap=True,
                          elem_id="rewards-table")
     problem = gr.Markdown(elem_id="rewards-problem")
@@ -706,18 +705,18 @@ def build(shared: Shared) -> Callable[[], None]:
     # later one wrote back the list it had read. Each edit takes milliseconds; the queue keeps each page's order.
     edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
              **in_page_order("reward-list-edits")}
-    add.click(functools.partial(add_reward, policy=policy), [rewards, *values], listing, **edits)
-    save.click(functools.partial(save_reward, policy=policy), [rewards, selected, *values], listing, **edits)
-    remove.click(functools.partial(remove_reward, policy=policy), [rewards, selected], listing, **edits)
-    selected.input(functools.partial(select_reward, policy=policy), [rewards, selected], listing, **edits)
-    kind.input(functools.partial(change_kind, policy=policy), [rewards, selected, kind, name, weight], shown_editor,
+    add.click(asked(add_reward, studio), [rewards, *values], listing, **edits)
+    save.click(asked(save_reward, studio), [rewards, selected, *values], listing, **edits)
+    remove.click(asked(remove_reward, studio), [rewards, selected], listing, **edits)
+    selected.input(asked(select_reward, studio), [rewards, selected], listing, **edits)
+    kind.input(asked(change_kind, studio), [rewards, selected, kind, name, weight], shown_editor,
                **edits)
-    shared.fills.append((functools.partial(fill_rewards, policy=policy), listing))
+    shared.fills.append((asked(fill_rewards, studio), listing))
     def problem_line(draft: dict) -> str:
         """What stops the list from training, or else the rewards that cannot pay on the data's references."""
-        return rewards_problem(draft.get("rewards"), policy=policy) or "\n\n".join(
+        return rewards_problem(draft.get("rewards"), policy=studio.policy) or "\n\n".join(
             message(said, "warn") for said in unpayable(draft.get("rewards") or [], data_config(draft),
-                                                        draft.get("base_dir") or None, policy=policy))
+                                                        draft.get("base_dir") or None, policy=studio.policy))
 
     form.watch(problem_line, [problem])
     shared.first_paint.append((problem_line, [problem]))
@@ -764,13 +763,13 @@ def build(shared: Shared) -> Callable[[], None]:
             data = json.dumps([draft.get("data"), draft.get("base_dir")], sort_keys=True, default=str)
             if data == shown_for:
                 return gr.skip(), gr.skip(), gr.skip()
-            picker, said = playground_rows(draft, current, form.labels, policy=policy)
+            picker, said = playground_rows(draft, current, form.labels, policy=studio.policy)
             return picker, said, data if picker.choices else None  # no rows: asked again at the next change
 
         form.watch(rows, [row, row_text, rows_of], [row, rows_of])
         shared.first_paint.append((lambda draft: rows(draft, None, None), [row, row_text, rows_of]))
-        shown_row = functools.partial(show_row, policy=policy)
-        scored = functools.partial(score_typed, policy=policy)
+        shown_row = asked(show_row, studio)
+        scored = asked(score_typed, studio)
         row.input(form.takes_draft(shown_row), [*form.inputs, row], [row_text], **playground)
         score.click(form.takes_draft(scored), [*form.inputs, row, completion], [scores, total], **playground)
         completion.submit(form.takes_draft(scored), [*form.inputs, row, completion], [scores, total], **playground)
@@ -784,7 +783,7 @@ def build(shared: Shared) -> Callable[[], None]:
                                     api_visibility="private", **ONE_MODEL_AT_A_TIME)
         cancel.click(cancel_generation, None, [progress], cancels=[generating], api_visibility="private",
                      show_progress="hidden")
-        game.click(form.takes_draft(functools.partial(red_team_shown, policy=policy)), form.inputs,
+        game.click(form.takes_draft(asked(red_team_shown, studio)), form.inputs,
                    [red_team_said, red_team_table], **playground, **RED_TEAM_TURNS)
 
     return connect

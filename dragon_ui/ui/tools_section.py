@@ -8,7 +8,6 @@ handed to the same bounded tools a run calls, and a custom tool is refused befor
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import gradio as gr
@@ -18,7 +17,7 @@ from ..errors import DragonError
 from ..public import Policy
 from ..studio.tools import (ENVIRONMENT_KINDS, TABLE_COLUMNS, TOOL_KINDS, added, form_settings, new_spec, removed,
                             shown_schema, tools_table, try_tool, validated)
-from .common import Shared, message
+from .common import Shared, asked, message
 
 SETTING_NAMES = ("key_column", "value_column", "column", "description", "code", "function", "class_name")
 CODE_KINDS = ("custom", "environment")
@@ -143,7 +142,7 @@ def fill_tools(draft: dict, *, policy: Policy) -> list:
 def build(shared: Shared) -> Callable[[], None]:
     """The section; returns the function that wires what reads the whole form (the schema, Try it), to be called
     once every tab has added its fields."""
-    form, policy = shared.form, shared.studio.policy
+    form, studio = shared.form, shared.studio
     gr.Markdown("## Tools\nTools the model may call while it answers: it writes a call, the tool's answer is added "
                 "to the conversation, and it goes on. The rewards score its final answer; the tools' answers are "
                 "never trained on. Worked examples put a call before every question, which a small model copies far "
@@ -160,8 +159,8 @@ def build(shared: Shared) -> Callable[[], None]:
                          interactive=False, wrap=True, visible=False, elem_id="tools-table")
     with gr.Row():
         with gr.Column(scale=1):
-            kind = gr.Dropdown(kinds(policy), value="calculator", label="Kind of tool", elem_id="tools-kind",
-                               info="Custom tools and environments are turned off in this public demo." if policy.public
+            kind = gr.Dropdown(kinds(studio.policy), value="calculator", label="Kind of tool", elem_id="tools-kind",
+                               info="Custom tools and environments are turned off in this public demo." if studio.policy.public
                 else None)
             kind_help = gr.Markdown(KIND_HELP["calculator"], elem_id="tools-kind-help")
             name = gr.Textbox(label="Name", placeholder="the kind's own", elem_id="tools-name",
@@ -196,17 +195,17 @@ def build(shared: Shared) -> Callable[[], None]:
     listed = [tools, table, chosen, status]
     edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
              "concurrency_limit": 1, "concurrency_id": "tool-list-edits"}  # as the reward list's: one edit at a time
-    add.click(functools.partial(add_tool, policy=policy), [tools, kind, name, examples, *settings], listed, **edits)
-    remove.click(functools.partial(remove_tool, policy=policy), [tools, chosen], listed, **edits)
+    add.click(asked(add_tool, studio), [tools, kind, name, examples, *settings], listed, **edits)
+    remove.click(asked(remove_tool, studio), [tools, chosen], listed, **edits)
     kind.input(change_kind, [kind], [kind_help, *settings, examples], show_progress="hidden",
                api_visibility="private")
-    shared.fills.append((functools.partial(fill_tools, policy=policy), [*listed, rounds, column]))
+    shared.fills.append((asked(fill_tools, studio), [*listed, rounds, column]))
 
     def connect() -> None:
         quick = {"show_progress": "hidden", "api_visibility": "private"}
-        shown = form.takes_draft(functools.partial(show_tool, policy=policy))
+        shown = form.takes_draft(asked(show_tool, studio))
         chosen.change(shown, [*form.inputs, chosen], [schema, arguments, answer], **quick)
-        call.click(form.takes_draft(functools.partial(call_tool, policy=policy)), [*form.inputs, chosen, arguments],
+        call.click(form.takes_draft(asked(call_tool, studio)), [*form.inputs, chosen, arguments],
                    [answer], **quick)
 
     return connect
