@@ -26,6 +26,7 @@ DRAGON_UI_SPEEDUPS chooses the speed-ups (dragon_ui/speedups/); bench/speedups.p
 import argparse
 import contextlib
 import json
+import os
 import tempfile
 import threading
 import time
@@ -215,6 +216,7 @@ def main() -> None:
     from dragon_ui.public import LAPTOP
 
     torch.set_num_threads(args.threads)
+    speedups.choose(os.environ.get(speedups.ENV, ""))
     timers = Timers()
     instrument(timers)
     with tempfile.TemporaryDirectory() as tmp:

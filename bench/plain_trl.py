@@ -18,6 +18,7 @@ so the engine's own cost can be measured at the speed users actually train at.
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -88,6 +89,7 @@ def main():
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from dragon_ui import speedups
 
+        speedups.choose(os.environ.get(speedups.ENV, ""))
         speedups.apply_to_loaded_model(model)
         trainer_class = speedups.grpo_trainer_class()  # GRPOTrainer sampling and scoring with the speed-ups
     config = GRPOConfig(

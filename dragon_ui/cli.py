@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 from .errors import ConfigError, DragonError
+from .files import resolve_runs_dir
+from . import speedups
 from .public import Policy
 from .runstore import state_label
 
@@ -33,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        args.policy = Policy.from_env()  # a public demo's limits apply to its command line too
+        # A public demo's limits apply to its command line too, in the runs folder its app keeps.
+        args.policy = Policy.from_env(resolve_runs_dir(getattr(args, "runs_dir", None)))
+        speedups.choose(os.environ.get(speedups.ENV, ""))
         return args.func(args)
     except DragonError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -156,8 +160,9 @@ def load_config_with_overrides(path: str, overrides: list[str], policy):
 def _cmd_train(args) -> int:
     """Train here, in this process (the runner the app's worker processes run), to the end or to a Ctrl+C, which
     stops at the next forward pass and saves the last whole step (a second one quits at once)."""
-    from .engine import training
+    from .engine import trackers, training
 
+    os.environ.update(trackers.missing_environment(os.environ))
     interrupts = 0
     stopping: list = []  # the training, once it has its folder
 
@@ -186,6 +191,7 @@ def _cmd_train(args) -> int:
             run = training.resume_here(args.resume, policy=args.policy, on_start=on_start)
         else:
             config = load_config_with_overrides(args.config, args.set, args.policy)
+            config.runs_dir = str(resolve_runs_dir(config.runs_dir))
             run = training.train_config(config, run_dir=args.run_dir, policy=args.policy, on_start=on_start)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -276,7 +282,6 @@ def _cmd_settings(args) -> int:
 
 
 def _cmd_runs(args) -> int:
-    from .files import resolve_runs_dir
     from .runstore import list_runs
 
     runs_dir = resolve_runs_dir(args.runs_dir)

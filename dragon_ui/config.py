@@ -21,7 +21,6 @@ from typing import Any
 from .data import DataConfig
 from .described import is_described, setting, shown_default
 from .errors import ConfigError, check_length, check_seed, first_line
-from .files import resolve_runs_dir
 from .grpo_math import AGGREGATIONS, SCALE_REWARDS
 from .public import Policy
 from .rewards import RewardSpec, check_some_weight, parse_rewards
@@ -551,7 +550,10 @@ class RunConfig:
         return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True)
 
     def resolved_runs_dir(self) -> Path:
-        return resolve_runs_dir(self.runs_dir)
+        """The folder this config's run goes in: ``runs_dir``, else ./runs. The command line and the app fill an
+        empty one with their own choice first (files.resolve_runs_dir: --runs-dir, $DRAGON_UI_RUNS_DIR), so that
+        nothing below them reads the environment."""
+        return Path(self.runs_dir or "runs").expanduser().resolve()
 
     @property
     def completions_per_step(self) -> int:

@@ -27,7 +27,7 @@ from dragon_ui import ASSETS_DIR
 from dragon_ui.apart import run_apart, runs_apart
 from dragon_ui.errors import ConfigError, check_length, check_seed, first_line
 from dragon_ui.files import replaced_atomically
-from dragon_ui.public import LIFT, Policy, is_own_upload
+from dragon_ui.public import LIFT, Policy
 from dragon_ui.chat import last_user_text
 from dragon_ui.described import setting
 from dragon_ui.tables import (SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, check_columns, read_file,
@@ -258,7 +258,7 @@ def locate(source: str, base_dir: str | None = None, *, policy: Policy) -> Path 
         if is_hub_dataset_id(source, look_on_disk=False):
             return HubDataset(source)
         path = _as_absolute(source)
-        if is_bundled(source) or is_own_upload(path, policy.visitor):
+        if is_bundled(source) or policy.is_own_upload(path):
             return path
         raise ConfigError("data.source must be one of the bundled datasets, a file you upload here, or a Hub dataset "
                           f"id like openai/gsm8k: this public demo reads no other files on the server ({LIFT} to use "

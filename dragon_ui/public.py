@@ -26,6 +26,7 @@ MODELS_ENV = "DRAGON_UI_PUBLIC_MODELS"
 CLASSIFIERS_ENV = "DRAGON_UI_PUBLIC_CLASSIFIERS"
 OWNER_KEY_ENV = "DRAGON_UI_OWNER_KEY"
 PROXIES_ENV = "DRAGON_UI_PROXIES"
+UPLOADS_FOLDER = ".uploads"  # in the runs folder: each visitor's uploads, in a folder named by its key
 LIFT = "run Dragon GRPO Studio on your own machine (make run)"  # how every refusal says a limit is lifted
 HUB_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH")  # how the Hub's libraries find a token
 SHARE_WINDOW_S = 600  # the window of each network address's share of the disk (Limits.disk_mb, Limits.disk_files)
@@ -188,6 +189,9 @@ class Policy:
     classifiers: tuple[str, ...] = ()  # the classifier models a public demo's classifier rewards may use
     owner_key: str = field(default="", repr=False)  # unlocks every run for the Space's owner; empty: nobody has it
     proxies: int = 0  # reverse proxies in front of the app that add to X-Forwarded-For (network_address)
+    # A public demo's one runs folder, chosen by its entry point: every run and upload lives there. None: a
+    # laptop's, where a run's config says where it goes (and a public policy without one has no uploads).
+    runs_dir: Path | None = None
     # Who asks: the app serves each request under its policy asked by its visitor (asked_by), so the engine is
     # handed who asks with what they may do. NOBODY (the default) owns nothing and has uploaded nothing.
     visitor: Visitor = field(default=NOBODY, compare=False, repr=False)
@@ -197,15 +201,16 @@ class Policy:
         return self.limits is not None
 
     @classmethod
-    def from_env(cls) -> Policy:
+    def from_env(cls, runs_dir: Path) -> Policy:
         """Public on Hugging Face Spaces (``SPACE_ID``) or with ``DRAGON_UI_PUBLIC=1``, with the limits, models,
         classifiers (``DRAGON_UI_PUBLIC_MODELS``, ``DRAGON_UI_PUBLIC_CLASSIFIERS``, comma-separated) and owner key
-        the environment sets; the laptop otherwise. A limit that is not a positive number is refused here, when the
-        app starts, not when a visitor meets it."""
+        the environment sets, keeping its runs in ``runs_dir`` (the entry point's choice: files.resolve_runs_dir);
+        the laptop otherwise. A limit that is not a positive number is refused here, when the app starts, not when
+        a visitor meets it."""
         if not (os.environ.get("SPACE_ID") or os.environ.get(PUBLIC_ENV) == "1"):
             return LAPTOP
         return cls(limits=Limits.from_env(), models=_listed(MODELS_ENV), classifiers=_listed(CLASSIFIERS_ENV),
-                   owner_key=os.environ.get(OWNER_KEY_ENV, "").strip(), proxies=_proxies())
+                   owner_key=os.environ.get(OWNER_KEY_ENV, "").strip(), proxies=_proxies(), runs_dir=runs_dir)
 
     def asked_by(self, who: Visitor) -> Policy:
         """This policy as it applies to a request of ``who``."""
@@ -224,13 +229,13 @@ class Policy:
     def to_json(self) -> dict[str, Any]:
         """What a training process needs of it (not the owner key): the app hands it over with each run."""
         return {"limits": None if self.limits is None else asdict(self.limits), "models": list(self.models),
-                "classifiers": list(self.classifiers)}
+                "classifiers": list(self.classifiers), "runs_dir": None if self.runs_dir is None else str(self.runs_dir)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Policy:
-        limits = data.get("limits")
+        limits, runs_dir = data.get("limits"), data.get("runs_dir")
         return cls(limits=None if limits is None else Limits(**limits), models=tuple(data.get("models") or ()),
-                   classifiers=tuple(data.get("classifiers") or ()))
+                   classifiers=tuple(data.get("classifiers") or ()), runs_dir=None if runs_dir is None else Path(runs_dir))
 
     def classifier_refusal(self, model_id: str) -> str | None:
         """Why this demo refuses this classifier model, or None when it offers it (or is not public): each one is a
@@ -240,6 +245,22 @@ class Policy:
         offered = f"choose one of {', '.join(self.classifiers)}" if self.classifiers else "it offers none"
         return (f"{model_id.strip()!r} is not offered as a classifier in this public demo; {offered} ({LIFT} to use "
                 f"any classifier, or add it to {CLASSIFIERS_ENV}).")
+
+    @property
+    def uploads_dir(self) -> Path | None:
+        """Where a public demo keeps uploaded files: inside its runs folder (persistent storage on a Space), one
+        folder per visitor. Gradio never serves it: only the runs' owners' downloads leave the server, as copies."""
+        return None if self.runs_dir is None else self.runs_dir / UPLOADS_FOLDER
+
+    def own_uploads_dir(self) -> Path | None:
+        """The folder of the asking visitor's uploads; None for a visitor nobody could be told apart."""
+        return self.uploads_dir / self.visitor.key if self.uploads_dir and self.visitor.key else None
+
+    def is_own_upload(self, path: Path) -> bool:
+        """Whether ``path`` (resolved) is a file the asking visitor uploaded: decided by where it lies, so a
+        browser's uploads stay theirs after a restart of the app, and nobody else's can be named."""
+        folder = self.own_uploads_dir()
+        return folder is not None and path.is_relative_to(folder.resolve())
 
     def owns(self, run_owner: str | None) -> bool:
         """Whether the visitor asking may stop, resume, delete or download a run that ``run_owner`` started: anyone
@@ -345,26 +366,3 @@ class RequestPolicy:
 
     def __set__(self, instance: object, policy: Policy) -> None:
         setattr(instance, self.kept, policy)
-
-
-UPLOADS_FOLDER = ".uploads"  # in the runs folder: each visitor's uploads, in a folder named by its key
-
-
-def uploads_dir() -> Path:
-    """Where a public demo keeps uploaded files: inside its runs folder (persistent storage on a Space), one folder
-    per visitor. Gradio never serves it: only the runs' owners' downloads leave the server, as copies."""
-    from .files import resolve_runs_dir
-
-    return resolve_runs_dir() / UPLOADS_FOLDER
-
-
-def own_uploads_dir(who: Visitor) -> Path | None:
-    """The folder of ``who``'s uploads; None for a visitor nobody could be told apart."""
-    return uploads_dir() / who.key if who.key else None
-
-
-def is_own_upload(path: Path, who: Visitor) -> bool:
-    """Whether ``path`` (resolved) is a file ``who`` uploaded: decided by where it lies, so a browser's uploads stay
-    theirs after a restart of the app, and nobody else's can be named."""
-    folder = own_uploads_dir(who)
-    return folder is not None and path.is_relative_to(folder.resolve())

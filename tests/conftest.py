@@ -108,17 +108,19 @@ def uploaded_by(key: str, path: Path) -> str:
 
     from dragon_ui import public
 
-    folder = public.own_uploads_dir(public.Visitor(key=key)) / "test-upload"
+    folder = demo(public.Visitor(key=key)).own_uploads_dir() / "test-upload"
     folder.mkdir(parents=True, exist_ok=True)
     return str(Path(shutil.copy(path, folder / Path(path).name)).resolve())
 
 
 def demo(who=None):
     """The policy the app would build from this test's environment: a public demo's where a fixture turned public
-    mode on (each limit the test set), else the laptop's; asked by ``who`` (a public.Visitor), else by nobody."""
+    mode on (each limit the test set, the runs folder the runs_dir fixture chose), else the laptop's; asked by
+    ``who`` (a public.Visitor), else by nobody."""
+    from dragon_ui.files import resolve_runs_dir
     from dragon_ui.public import NOBODY, Policy
 
-    return Policy.from_env().asked_by(who or NOBODY)
+    return Policy.from_env(resolve_runs_dir()).asked_by(who or NOBODY)
 
 
 def ended(run, timeout: float = 120) -> str:

@@ -36,7 +36,7 @@ def public_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir, training_proc
 
     # The arithmetic recipe on the tiny model, with nothing a public demo refuses, long enough to be stopped.
     recipes = write_recipe(tmp_path / "recipes", tiny_model_dir, custom_reward=False, max_steps=5000)
-    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes, policy=public.Policy.from_env(),
+    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes, policy=public.Policy.from_env(runs_dir),
                     workers=training_processes(public=True))
     scheduler = studio.runs.start_queue()
     yield studio

@@ -12,7 +12,7 @@ import yaml
 
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig, documented_settings, setting_help, settings_table
 from dragon_ui.described import plain
-from dragon_ui.files import RUNS_DIR_ENV
+from dragon_ui.files import RUNS_DIR_ENV, resolve_runs_dir
 from dragon_ui.errors import ConfigError
 from dragon_ui.public import LAPTOP
 
@@ -340,13 +340,16 @@ def test_base_dir_argument_does_not_override_a_stored_one(tmp_path):
 # ------------------------------------------------------------------------------------------- derived values
 
 
-def test_resolved_runs_dir_prefers_setting_then_environment_then_cwd(tmp_path, monkeypatch):
+def test_the_entry_points_choose_the_runs_folder_and_a_config_keeps_to_its_own(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(RUNS_DIR_ENV, raising=False)
-    assert RunConfig.from_dict(MINIMAL, policy=LAPTOP).resolved_runs_dir() == (tmp_path / "runs").resolve()
-
     monkeypatch.setenv(RUNS_DIR_ENV, str(tmp_path / "from-env"))
-    assert RunConfig.from_dict(MINIMAL, policy=LAPTOP).resolved_runs_dir() == (tmp_path / "from-env").resolve()
+    # The command line and the app: --runs-dir, else the environment, else ./runs.
+    assert resolve_runs_dir("chosen") == (tmp_path / "chosen").resolve()
+    assert resolve_runs_dir() == (tmp_path / "from-env").resolve()
+    # A config: its runs_dir (which they fill), else ./runs; the environment is theirs to read, not its.
+    assert RunConfig.from_dict(MINIMAL, policy=LAPTOP).resolved_runs_dir() == (tmp_path / "runs").resolve()
+    monkeypatch.delenv(RUNS_DIR_ENV)
+    assert resolve_runs_dir() == (tmp_path / "runs").resolve()
 
     config = RunConfig.from_dict({**MINIMAL, "runs_dir": str(tmp_path / "from-config")}, policy=LAPTOP)
     assert config.resolved_runs_dir() == (tmp_path / "from-config").resolve()

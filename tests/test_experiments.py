@@ -265,7 +265,7 @@ def test_a_public_demo_lists_everyones_runs_as_whose_they_are(monkeypatch, runs_
     write_json_atomic(three_runs[1].status_path, {**status, "owner": "someone"})
     write_json_atomic(three_runs[0].status_path, {**json.loads(three_runs[0].status_path.read_text()), "owner": "me"})
     with public.visiting(public.Visitor(key="me")):  # the app serves each event so (tests/test_public.py)
-        board, _, _ = experiments_tab.board(Studio(runs_dir=runs_dir, policy=public.Policy.from_env()), "",
+        board, _, _ = experiments_tab.board(Studio(runs_dir=runs_dir, policy=public.Policy.from_env(runs_dir)), "",
                                             experiments.HELDOUT_TOTAL)
     assert list(board.columns) == [*experiments.LEADERBOARD_COLUMNS, "Whose"]
     whose = dict(zip(board["Run"], board["Whose"]))

@@ -249,7 +249,7 @@ def test_starting_the_app_and_detecting_hardware_leave_bitsandbytes_unimported(t
         "from dragon_ui.studio.backend import Studio\n"
         "from dragon_ui.ui import build_app\n"
         "import dragon_ui.engine.training, dragon_ui.engine.weights, dragon_ui.studio.compare\n"
-        "studio = Studio(policy=LAPTOP)\n"
+        "studio = Studio('runs', policy=LAPTOP)\n"
         "build_app(studio)\n"
         "detected = studio.hardware().bitsandbytes\n"
         f"print(json.dumps([{LOADED_BITSANDBYTES}, detected]))\n", tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -240,6 +241,29 @@ def test_the_policy_check_sees_a_forgotten_policy():
     assert calls_without_a_policy(source, taking) == ["locate() on line 1", "check_run() on line 4"]
 
 
+# The modules that may read or write the environment, and why; everything else is handed what it needs.
+ENVIRONMENT_READERS = {
+    "cli.py": "an entry point",
+    "ui/app.py": "an entry point",
+    "ui/desktop.py": "an entry point: the window's toolkit reads its display and flags from the environment",
+    "engine/worker_process.py": "a training process's entry point: takes the app's settings with each job",
+    "public.py": "Policy.from_env, which the entry points call",
+    "files.py": "resolve_runs_dir, which the entry points call, and the cache folder (like HF_HOME for the Hub)",
+    "scaleout/distributed.py": "what accelerate and torchrun tell each process they start",
+    "apart.py": "the environment of a child process that reads what a visitor sent",
+}
+ENVIRONMENT_USE = re.compile(r"os\.getenv\(|os\.environ(\.(get|setdefault|update|pop)\(|\[)|in os\.environ\b|del os\.environ")
+
+
+def test_only_the_entry_points_read_or_write_the_environment():
+    """Below them a setting is passed in: the runs folder, the speed-ups chosen, a public demo's policy. A copy of
+    the environment for a child process (``dict(os.environ)``) reads no setting."""
+    users = {str(path.relative_to(PACKAGE)) for path in files() if ENVIRONMENT_USE.search(path.read_text("utf-8"))}
+    assert users == set(ENVIRONMENT_READERS), (sorted(users - set(ENVIRONMENT_READERS)), "or an entry no longer needed")
+    assert ENVIRONMENT_USE.search("x = os.environ.get('A')") and ENVIRONMENT_USE.search("os.environ['A'] = '1'")
+    assert not ENVIRONMENT_USE.search("env = dict(os.environ, A='1')")
+
+
 def test_only_the_entry_points_read_public_mode_from_the_environment():
-    readers = {module_of(path) for path in files() if "Policy.from_env()" in path.read_text(encoding="utf-8")}
+    readers = {module_of(path) for path in files() if "Policy.from_env(" in path.read_text(encoding="utf-8")}
     assert readers == {"dragon_ui.cli", "dragon_ui.ui.app"}

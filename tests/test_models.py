@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from huggingface_hub import constants as hub_settings
 
 from dragon_ui.config import DEFAULT_MODEL_ID, ModelConfig, RunConfig
 from dragon_ui.engine import models
@@ -33,20 +34,20 @@ def test_folder_without_a_model_is_refused(tmp_path):
 
 
 def test_unreachable_hub_answers_fast(monkeypatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", "https://dragon-ui-test.invalid")
+    monkeypatch.setattr(hub_settings, "HF_HUB_OFFLINE", False)  # huggingface_hub reads its environment on import
+    monkeypatch.setattr(hub_settings, "ENDPOINT", "https://dragon-ui-test.invalid")
     started = time.monotonic()
     assert models.hub_reachable(timeout=2.0) is False
     assert time.monotonic() - started < 5
 
 
 def test_hf_hub_offline_means_unreachable(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub_settings, "HF_HUB_OFFLINE", True)
     assert models.hub_reachable() is False
 
 
 def test_uncached_hub_model_offline_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub_settings, "HF_HUB_OFFLINE", True)
     with pytest.raises(ConfigError, match="cannot be reached"):
         models.resolve_model(ModelConfig(id="someone/not-cached-model"))
 

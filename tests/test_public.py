@@ -119,7 +119,7 @@ def test_uploads_are_the_uploaders_own(public_mode, nothing_is_read, tiny_config
     upload = uploaded_by("alice", tiny_config_dict["data"]["source"])
     tiny_config_dict["data"]["source"] = upload
     for who, source in (("bob", upload), ("", upload),
-                        ("bob", str(public.uploads_dir() / "bob" / ".." / "alice" / "test-upload" / "arithmetic.csv"))):
+                        ("bob", str(demo().uploads_dir / "bob" / ".." / "alice" / "test-upload" / "arithmetic.csv"))):
         tiny_config_dict["data"]["source"] = source
         with pytest.raises(ConfigError, match="reads no other files on the server"):
             training.train_config(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP),
@@ -169,9 +169,9 @@ def test_the_policy_is_read_from_the_environment_once_and_only_in_public_mode(mo
     monkeypatch.setenv(public.MODELS_ENV, "a/b, c/d")
     monkeypatch.setenv(public.CLASSIFIERS_ENV, "e/f")
     monkeypatch.setenv("DRAGON_UI_MAX_COLUMNS", "5")
-    assert public.Policy.from_env() is public.LAPTOP  # a laptop gets none of a demo's limits or keys
+    assert public.Policy.from_env(Path("runs")) is public.LAPTOP  # a laptop gets none of a demo's limits or keys
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
-    demo_policy = public.Policy.from_env()
+    demo_policy = public.Policy.from_env(Path("runs"))
     assert demo_policy.public and demo_policy.limits.columns == 5 and demo_policy.owner_key == "key"
     assert demo_policy.models == ("a/b", "c/d") and demo_policy.classifiers == ("e/f",)
     assert "key" not in repr(demo_policy)  # the owner key never reaches a log line

@@ -397,13 +397,18 @@ def test_the_csv_quotes_what_could_run_as_a_formula(tmp_path, value, exported):
 
 
 @pytest.fixture
-def uploads(monkeypatch, tmp_path) -> dict[str, Path]:
+def demo_policy(tmp_path) -> public.Policy:
+    """A public demo's policy, keeping its runs in tmp_path/runs."""
+    return public.Policy(limits=public.Limits(), runs_dir=tmp_path / "runs")
+
+
+@pytest.fixture
+def uploads(demo_policy) -> dict[str, Path]:
     """A public demo's runs folder in which alice uploaded mine.csv twice (the second newer) and bob theirs.csv."""
-    monkeypatch.setenv("DRAGON_UI_RUNS_DIR", str(tmp_path / "runs"))
     files = {}
     for who, folder, name in (("alice", "first", "mine.csv"), ("alice", "second", "mine.csv"),
                               ("bob", "only", "theirs.csv")):
-        path = public.uploads_dir() / who / folder / name
+        path = demo_policy.uploads_dir / who / folder / name
         path.parent.mkdir(parents=True)
         path.write_text(folder)
         os.utime(path, (1000 + len(files), 1000 + len(files)))
@@ -411,7 +416,6 @@ def uploads(monkeypatch, tmp_path) -> dict[str, Path]:
     return files
 
 
-PUBLIC = public.Policy(limits=public.Limits())
 ARITHMETIC = BUNDLED_DATASETS_DIR / "arithmetic.csv"
 SHOWN = {  # (the source, as it is shown in a public demo, what alice's page sends back is read as)
     "a bundled dataset": (lambda _: str(ARITHMETIC), "arithmetic.csv", lambda _: str(ARITHMETIC)),
@@ -420,7 +424,7 @@ SHOWN = {  # (the source, as it is shown in a public demo, what alice's page sen
                                               lambda f: str(f["alice second"])),
     "another's upload": (lambda f: str(f["bob only"]), "uploads/theirs.csv", lambda _: "uploads/theirs.csv"),
     "another's upload, by a path through one's own": (
-        lambda f: str(public.uploads_dir() / "alice" / ".." / "bob" / "only" / "theirs.csv"), "uploads/theirs.csv",
+        lambda f: str(f["alice first"].parents[1] / ".." / "bob" / "only" / "theirs.csv"), "uploads/theirs.csv",
         lambda _: "uploads/theirs.csv"),
     "a Hub dataset": (lambda _: "openai/gsm8k", "openai/gsm8k", lambda _: "openai/gsm8k"),
     "a path typed": (lambda _: "/proc/self/environ", "/proc/self/environ", lambda _: "/proc/self/environ"),
@@ -429,8 +433,9 @@ SHOWN = {  # (the source, as it is shown in a public demo, what alice's page sen
 
 
 @pytest.mark.parametrize("source, shown, read", SHOWN.values(), ids=SHOWN.keys())
-def test_a_public_demo_shows_a_source_by_its_name_and_reads_the_file_it_stands_for(uploads, source, shown, read):
-    alice = PUBLIC.asked_by(public.Visitor(key="alice"))
+def test_a_public_demo_shows_a_source_by_its_name_and_reads_the_file_it_stands_for(uploads, demo_policy, source, shown,
+                                                                                   read):
+    alice = demo_policy.asked_by(public.Visitor(key="alice"))
     assert shown_source(source(uploads), alice) == shown
     assert real_source(shown, alice) == read(uploads)
     assert shown_source(source(uploads), public.LAPTOP) == source(uploads)  # your own machine shows paths whole
@@ -439,25 +444,25 @@ def test_a_public_demo_shows_a_source_by_its_name_and_reads_the_file_it_stands_f
 
 @pytest.mark.parametrize("sent", ["uploads/../bob/only/theirs.csv", "uploads/..", "uploads/", "uploads/*.csv",
                                   "uploads/second/mine.csv", " uploads/nothing.csv"])
-def test_only_a_plain_name_in_uploads_stands_for_an_upload(uploads, sent):
-    assert real_source(sent, PUBLIC.asked_by(public.Visitor(key="alice"))) == sent
+def test_only_a_plain_name_in_uploads_stands_for_an_upload(uploads, demo_policy, sent):
+    assert real_source(sent, demo_policy.asked_by(public.Visitor(key="alice"))) == sent
     # a visitor nobody could tell apart has no uploads
-    assert real_source("uploads/mine.csv", PUBLIC.asked_by(public.NOBODY)) == "uploads/mine.csv"
+    assert real_source("uploads/mine.csv", demo_policy.asked_by(public.NOBODY)) == "uploads/mine.csv"
 
 
-def test_the_draft_a_browser_keeps_names_no_folder_and_comes_back_whole(uploads):
+def test_the_draft_a_browser_keeps_names_no_folder_and_comes_back_whole(uploads, demo_policy):
     from dragon_ui.studio.files import real_draft, shown_draft
 
     draft = {"name": "mine", "data": {"source": str(uploads["alice second"]), "prompt": "question"}}
-    alice = PUBLIC.asked_by(public.Visitor(key="alice"))
+    alice = demo_policy.asked_by(public.Visitor(key="alice"))
     kept = shown_draft(draft, alice)
     assert kept["data"] == {"source": "uploads/mine.csv", "prompt": "question"}
     assert real_draft(kept, alice) == draft and draft["data"]["source"] == str(uploads["alice second"])
-    assert shown_draft(draft, public.LAPTOP) is draft and real_draft({"data": 3}, PUBLIC) == {"data": 3}
+    assert shown_draft(draft, public.LAPTOP) is draft and real_draft({"data": 3}, demo_policy) == {"data": 3}
 
 
-def test_a_public_recipe_names_no_folder_of_the_servers(uploads):
-    recipes = Recipes(Path(dragon_ui.__file__).parent / "assets" / "recipes", public.uploads_dir().parent, PUBLIC)
+def test_a_public_recipe_names_no_folder_of_the_servers(demo_policy):
+    recipes = Recipes(Path(dragon_ui.__file__).parent / "assets" / "recipes", demo_policy.runs_dir, demo_policy)
     recipe = recipes.load("arithmetic")
     assert recipe["runs_dir"] == recipe["base_dir"] == ""
     laptop = Recipes(recipes.folder, recipes.runs_dir, public.LAPTOP).load("arithmetic")

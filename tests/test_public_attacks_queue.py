@@ -459,15 +459,15 @@ def test_the_number_of_proxies_is_checked_when_the_app_starts(monkeypatch, setti
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.PROXIES_ENV, setting)
     with pytest.raises(public.ConfigError, match=refusal):
-        public.Policy.from_env()
+        public.Policy.from_env(Path("runs"))
 
 
 def test_a_space_counts_one_proxy_unless_told(monkeypatch):
     monkeypatch.setenv("SPACE_ID", "someone/demo")
     monkeypatch.delenv(public.PROXIES_ENV, raising=False)
-    assert public.Policy.from_env().proxies == 1
+    assert public.Policy.from_env(Path("runs")).proxies == 1
     monkeypatch.setenv(public.PROXIES_ENV, "2")
-    assert public.Policy.from_env().proxies == 2
+    assert public.Policy.from_env(Path("runs")).proxies == 2
 
 
 def test_a_stalled_upload_is_cut_and_leaves_nothing(tmp_path, monkeypatch):

@@ -758,7 +758,7 @@ def test_an_upload_moves_into_its_visitors_own_folder(public_mode, studio, tmp_p
     write_arithmetic_csv(elsewhere)
     with public.visiting(public.Visitor(key="alice")):
         kept = Path(studio.files.keep_upload(uploaded))
-        assert kept.is_relative_to(public.uploads_dir() / "alice") and kept.read_text().startswith("question")
+        assert kept.is_relative_to(demo().uploads_dir / "alice") and kept.read_text().startswith("question")
         assert not uploaded.parent.exists()  # the server's copy, which it would serve, is gone
         assert data.locate(str(kept), policy=demo(public.Visitor(key="alice"))) == kept
         for other in (tmp_path / "elsewhere.csv", elsewhere):

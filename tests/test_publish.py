@@ -5,6 +5,7 @@ that would be uploaded are real, and "no network" is a real connection to a clos
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -139,14 +140,14 @@ def test_a_public_demo_uploads_only_with_the_visitors_own_token(fake_hub, hub_ru
     monkeypatch.setenv("HF_TOKEN", "hf_the_spaces_own")
     monkeypatch.setattr("huggingface_hub.get_token", lambda: "hf_the_spaces_own")
     with pytest.raises(ConfigError, match="never uploads with the Space's token"):
-        hub.publish(hub_run, REPO, policy=public.Policy.from_env())
-    hub.publish(hub_run, REPO, token="hf_visitors", policy=public.Policy.from_env())
+        hub.publish(hub_run, REPO, policy=public.Policy.from_env(Path("runs")))
+    hub.publish(hub_run, REPO, token="hf_visitors", policy=public.Policy.from_env(Path("runs")))
     assert [repo["token"] for repo in fake_hub.repos] == ["hf_visitors"]
 
 
 def test_the_compare_tab_publishes_the_visitors_own_run_only(fake_hub, hub_run, studio, monkeypatch):
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
-    studio = Studio(runs_dir=studio.runs_dir, policy=public.Policy.from_env())  # as the app would start
+    studio = Studio(runs_dir=studio.runs_dir, policy=public.Policy.from_env(studio.runs_dir))  # as the app would start
     hub_run.update_status(owner="alice")
     kind = next(iter(compare_tab.PUBLISH_KINDS))
     with visiting(Visitor(key="bob")):

@@ -102,7 +102,7 @@ def test_a_public_demo_caps_the_queue(studio, tiny_config_dict, monkeypatch, tin
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
     monkeypatch.setenv("DRAGON_UI_MAX_QUEUE", "1")
-    studio = Studio(runs_dir=studio.runs_dir, policy=public.Policy.from_env(),  # as the app would start
+    studio = Studio(runs_dir=studio.runs_dir, policy=public.Policy.from_env(studio.runs_dir),  # as the app would start
                     workers=training_processes(public=True))
     tiny_config_dict["data"]["source"] = uploaded_by("v", tiny_config_dict["data"]["source"])
     with public.visiting(public.Visitor(key="v")):

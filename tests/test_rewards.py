@@ -7,6 +7,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -408,7 +409,7 @@ def test_public_demo_flag(monkeypatch, env, public):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert Policy.from_env().public is public
+    assert Policy.from_env(Path("runs")).public is public
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -5,36 +5,46 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import re
 
 import pytest
 import torch
 
 from dragon_ui import speedups
 from dragon_ui.speedups import attention, lm_head, lora_layers, registry, sampling, selfcheck, shared_prompts
-from dragon_ui.errors import ConfigError
 from dragon_ui.public import LAPTOP
 
 
+@pytest.fixture(autouse=True)
+def choice_undone():
+    """The process's choice of speed-ups (speedups.choose, which the entry points make) as it was, after each test
+    (not through monkeypatch: a test may undo its own patches part way)."""
+    chosen = registry._chosen_names
+    yield
+    registry._chosen_names = chosen
+
+
 @pytest.mark.parametrize("setting, expected", [
-    (None, set(speedups.ALL)),
     ("", set(speedups.ALL)),
     ("all", set(speedups.ALL)),
     ("none", set()),
     ("contiguous_lm_head", {"contiguous_lm_head"}),
     (" completion_logprobs , sampling_without_dropout ", {"completion_logprobs", "sampling_without_dropout"}),
 ])
-def test_the_environment_variable_chooses_the_speedups(monkeypatch, setting, expected):
-    if setting is None:
-        monkeypatch.delenv(speedups.ENV, raising=False)
-    else:
-        monkeypatch.setenv(speedups.ENV, setting)
+def test_a_setting_chooses_the_speedups(setting, expected):
+    speedups.choose(setting)
     assert {name for name in speedups.ALL if speedups.enabled(name)} == expected
 
 
-def test_an_unknown_speedup_name_is_an_error_that_lists_the_known_ones(monkeypatch):
+def test_the_command_line_takes_the_environment_variable_and_refuses_an_unknown_name_as_it_starts(monkeypatch, capsys):
+    from dragon_ui.cli import main
+
     monkeypatch.setenv(speedups.ENV, "contiguous_lm_head,turbo")
-    with pytest.raises(ConfigError, match="turbo.*known: completion_logprobs"):
-        speedups.enabled("contiguous_lm_head")
+    assert main(["speedups", "--json"]) == 2
+    assert re.search("turbo.*known: completion_logprobs", capsys.readouterr().err)
+    monkeypatch.setenv(speedups.ENV, "none")
+    assert main(["speedups", "--json"]) == 0
+    assert not any(speedups.enabled(name) for name in speedups.ALL)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -47,7 +57,7 @@ def fresh_registry(monkeypatch, tmp_path):
     """The registry's per-process memory (versions read, reasons said, speed-ups switched off, self-checks' results),
     cleared around a test, and a cache folder of its own, so what one test switches off does not leak into the
     next."""
-    monkeypatch.delenv(speedups.ENV, raising=False)
+    speedups.choose("")
     monkeypatch.setenv("DRAGON_UI_CACHE", str(tmp_path / "cache"))
 
     caches = (registry.outside_verified, registry._say_off, registry.library_version,  # before a test replaces one
@@ -469,7 +479,7 @@ def test_the_lean_logprob_head_trains_a_model_like_trl_and_leaves_other_cases_to
         model.lm_head.weight.requires_grad_(True)  # full fine-tuning trains the head: TRL's function's gradient
         assert logprobs_and_grads()[0].shape == trls[0].shape and lean_calls == [1]
         model.lm_head.weight.requires_grad_(False)
-        monkeypatch.setenv(speedups.ENV, "cache_sized_logprob_tiles")  # read on each call, in a running process
+        speedups.choose("cache_sized_logprob_tiles")  # read on each call, in a running process
         torch.testing.assert_close(logprobs_and_grads()[0], trls[0])
         assert lean_calls == [1]
 
@@ -516,7 +526,7 @@ def test_sampling_mode_turns_dropout_off_then_restores_the_mode(tiny_model_dir):
 
 
 def test_sampling_mode_does_nothing_when_its_speedup_is_off(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv(speedups.ENV, "none")
+    speedups.choose("none")
     model = _tiny(tiny_model_dir).train()
     with speedups.sampling_mode(model):
         assert model.training
@@ -650,7 +660,7 @@ def test_a_run_samples_its_completions_in_eval_mode(tiny_config_dict, monkeypatc
     from dragon_ui.config import RunConfig
     from dragon_ui.engine import training
 
-    monkeypatch.setenv(speedups.ENV, setting)
+    speedups.choose(setting)
     modes, dropouts = [], set()
     original = GenerationMixin.generate
 
@@ -880,9 +890,9 @@ def test_merged_sampling_needs_the_memory_and_its_speedups(tiny_model_dir, monke
     monkeypatch.setattr(lora_layers, "system_memory_gb", lambda: None)  # a platform that does not say
     assert merged_layers() == 0
     monkeypatch.undo()
-    monkeypatch.setenv(speedups.ENV, ",".join(name for name in speedups.ALL if name != "merged_sampling"))
+    speedups.choose(",".join(name for name in speedups.ALL if name != "merged_sampling"))
     assert merged_layers() == 0
-    monkeypatch.setenv(speedups.ENV, "merged_sampling")  # sampling in training mode: dropout must apply
+    speedups.choose("merged_sampling")  # sampling in training mode: dropout must apply
     assert merged_layers() == 0
 
 
@@ -911,7 +921,7 @@ def test_lean_adapter_layers_keep_the_adapter_file_and_can_be_turned_off(tiny_mo
     for config in configs:
         config["target_modules"] = sorted(config["target_modules"])  # saved from a set, in any order
     assert configs[0] == configs[1]
-    monkeypatch.setenv(speedups.ENV, "none")
+    speedups.choose("none")
     _, untouched = _lora_pair(tiny_model_dir, torch.float32)
     assert not any(type(m) is lora_layers.lean_lora_class() for m in untouched.modules())
 
@@ -1017,7 +1027,7 @@ def test_shared_prompts_leave_alone_distinct_prompts_dropout_checkpointing_and_a
     undropped.train()
     _score(undropped, (input_ids, attention_mask, labels), 9, shared=True, grad=True)
     model.eval()
-    monkeypatch.setenv(speedups.ENV, "none")
+    speedups.choose("none")
     _score(model, (input_ids, attention_mask, labels), 9, shared=True, grad=False)
     assert sharing_calls == [False]
 

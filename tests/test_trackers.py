@@ -3,6 +3,8 @@ a public demo, and TensorBoard for real: a tiny run writes its event files into 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dragon_ui import public
@@ -48,9 +50,9 @@ def test_a_public_demo_sends_metrics_nowhere_outside_it(tiny_config_dict, monkey
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     config = RunConfig.from_dict({**tiny_config_dict, "logging": {"report_to": [tracker]}}, policy=LAPTOP)
     with pytest.raises(ConfigError, match="outside this public demo"):
-        trackers.check(config.logging, policy=public.Policy.from_env())
+        trackers.check(config.logging, policy=public.Policy.from_env(Path("runs")))
     trackers.check(RunConfig.from_dict({**tiny_config_dict, "logging": {"report_to": ["tensorboard"]}}, policy=LAPTOP).logging,
-                   policy=public.Policy.from_env())
+                   policy=public.Policy.from_env(Path("runs")))
 
 
 def test_tensorboard_event_files_land_in_the_run_folder(tiny_config_dict):

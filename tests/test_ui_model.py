@@ -190,7 +190,7 @@ def test_the_presets_table(studio, monkeypatch, tiny_model_dir):
     assert len(rows) == 8 and rows[0][:2] == ["HuggingFaceTB/SmolLM2-135M-Instruct", "135M"]
     monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")  # a public demo offers only the presets it allows
     monkeypatch.setenv("DRAGON_UI_PUBLIC_MODELS", "Qwen/Qwen3-0.6B")
-    monkeypatch.setattr(studio, "policy", Policy.from_env())
+    monkeypatch.setattr(studio, "policy", Policy.from_env(studio.runs_dir))
     assert [preset.id for preset in machine.offered_presets(studio)][-1] == "Qwen/Qwen3-0.6B"
     assert "google/gemma-3-1b-it" not in [preset.id for preset in machine.offered_presets(studio)]
     memories = [float(row[2].strip("~ GB")) for row in rows]

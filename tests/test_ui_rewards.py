@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from types import SimpleNamespace
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
@@ -41,7 +42,7 @@ def studio(tmp_path, monkeypatch):
 @pytest.fixture
 def public_studio(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
-    return Studio(runs_dir=tmp_path / "runs", policy=Policy.from_env())
+    return Studio(runs_dir=tmp_path / "runs", policy=Policy.from_env(tmp_path / "runs"))
 
 
 @pytest.fixture
@@ -545,7 +546,7 @@ def test_a_public_demo_stops_scoring_a_typed_reply_at_its_time_limit(draft, monk
     started = time.monotonic()
     with pytest.raises(gr.Error, match="Scoring stopped: the rewards took longer than this public demo's limit of 0.5 "
                                        "seconds on one reply"):
-        rewards_tab.score_typed(draft, 1, "90", policy=Policy.from_env())
+        rewards_tab.score_typed(draft, 1, "90", policy=Policy.from_env(Path("runs")))
     assert len(scored) == 2 and time.monotonic() - started < 2
 
 
@@ -701,7 +702,7 @@ def test_a_public_demos_group_stops_at_its_time_limit(tiny_model_dir, paced_samp
     monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
     monkeypatch.setenv("DRAGON_UI_PUBLIC_MODELS", str(tiny_model_dir))
     monkeypatch.setenv("DRAGON_UI_MAX_SAMPLING_SECONDS", "0.5")
-    public = Studio(runs_dir=runs_dir, policy=Policy.from_env())
+    public = Studio(runs_dir=runs_dir, policy=Policy.from_env(runs_dir))
     draft = public.recipes.default()
     draft["model"]["id"], draft["grpo"]["max_new_tokens"] = str(tiny_model_dir), 4
     generation = rewards_tab.generate_samples(public, draft, 1, 3, request=SimpleNamespace(session_hash="s-3"))

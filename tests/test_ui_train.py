@@ -298,7 +298,7 @@ def test_the_page_shows_only_the_fields_the_tabs_placed(app):
 
 def test_only_its_owner_follows_a_starting_run_so_no_visitor_holds_the_follower(tmp_path, monkeypatch):
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
-    studio = Studio(runs_dir=tmp_path / "runs", policy=public.Policy.from_env())
+    studio = Studio(runs_dir=tmp_path / "runs", policy=public.Policy.from_env(tmp_path / "runs"))
     starting = {"snapshot": {"status": {"state": "running", "phase": "starting", "owner": "alice"}}}
     with public.visiting(public.Visitor(key="bob")):
         began = time.monotonic()

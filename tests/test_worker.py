@@ -200,7 +200,7 @@ def test_a_public_demos_worker_has_no_hub_token(runs_dir, tiny_config_dict, monk
 
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv("HF_TOKEN", "hf_the_servers_token")
-    studio = Studio(runs_dir=runs_dir, policy=public.Policy.from_env())
+    studio = Studio(runs_dir=runs_dir, policy=public.Policy.from_env(runs_dir))
     studio.workers.warm((ModelConfig(id=tiny_config_dict["model"]["id"]), HardwareSettings(device="cpu")))
     try:
         environment = (Path("/proc") / str(studio.workers._warm.pid) / "environ").read_bytes().split(b"\0")

@@ -233,7 +233,7 @@ def default_cpu_threads(cores: int | None = None) -> int:
     Under torchrun/accelerate the cores are shared by the processes on this machine (LOCAL_WORLD_SIZE): giving each
     of 2 processes both cores of a 2-core machine made a step about 5x slower.
     """
-    cores = (cores or available_cpu_cores()) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    cores = (cores or available_cpu_cores()) // distributed.local_world_size()
     return max(1, cores if cores <= 3 else cores - 1)
 
 

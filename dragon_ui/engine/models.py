@@ -59,10 +59,13 @@ class ModelSource:
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
-    """Answer within ``timeout`` seconds whether the Hub can be reached (HF_HUB_OFFLINE=1 means no), cached for a minute."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+    """Answer within ``timeout`` seconds whether the Hub can be reached (huggingface_hub's offline mode, HF_HUB_OFFLINE,
+    means no; HF_ENDPOINT is where it is), cached for a minute."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
         return False
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    endpoint = constants.ENDPOINT
     cached = _HUB_CHECK.get(endpoint)
     if cached and time.monotonic() - cached[0] < 60:
         return cached[1]

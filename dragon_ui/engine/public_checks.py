@@ -24,7 +24,6 @@ import os
 from pathlib import Path
 
 from ..config import DEFAULT_MODEL_ID, ModelConfig, RunConfig
-from ..files import resolve_runs_dir
 from ..data import locate
 from ..errors import BusyError, ConfigError
 from ..public import LIFT, MODELS_ENV, Allowance, Limits, Policy, Visitor
@@ -44,7 +43,7 @@ def check_run(config: RunConfig, policy: Policy, reads_data: bool = True, longes
     if not policy.public:
         return
     limits = policy.limits
-    if config.runs_dir and resolve_runs_dir(config.runs_dir) != resolve_runs_dir():
+    if config.runs_dir and Path(config.runs_dir).expanduser().resolve() != policy.runs_dir:
         raise PublicDemoRefusal(f"runs_dir must be left empty in this public demo: runs are kept in its own folder "
                                 f"({LIFT} to keep them elsewhere).")
     check_model(config.model, policy)
@@ -109,7 +108,7 @@ def check_model(model: ModelConfig, policy: Policy) -> None:
         raise PublicDemoRefusal("model.revision must be left empty in this public demo: a branch or pull request of "
                                 "the model's repository could hold other weights and another chat template than the "
                                 f"ones offered ({LIFT} to pick a revision).")
-    if _is_own_run(model.id, resolve_runs_dir(), policy):
+    if policy.runs_dir is not None and _is_own_run(model.id, policy.runs_dir, policy):
         return
     allowed = allowed_models(policy)
     if model.id.strip() not in allowed:  # as listed: each other spelling would be another download and cache

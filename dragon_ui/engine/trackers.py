@@ -5,7 +5,7 @@ and puts TensorBoard's event files into the run folder, where they travel with i
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 
 from ..config import LoggingSettings
 from ..errors import ConfigError
@@ -14,6 +14,10 @@ from ..runstore import RunDir
 from .libraries import import_all
 
 PROJECT = "dragon-grpo-studio"
+# What a tracker reads from the environment only, where the user has not set it: W&B takes its project from
+# $WANDB_PROJECT alone. The processes that train (the command line's, the app's training processes) set it as they
+# start (missing_environment), so nothing below them writes the environment.
+ENVIRONMENT = {"WANDB_PROJECT": PROJECT}
 # What to install for each tracker; transformers' own availability checks decide (they are what TRL consults).
 INSTALL = {"trackio": "pip install trackio", "tensorboard": "pip install tensorboard", "wandb": "pip install wandb"}
 
@@ -36,11 +40,14 @@ def check(settings: LoggingSettings, *, policy: Policy) -> None:
                               "(or take it out of the list).")
 
 
+def missing_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """What of ENVIRONMENT ``environment`` (a training process's, as it starts) does not set yet."""
+    return {key: value for key, value in ENVIRONMENT.items() if key not in environment}
+
+
 def training_arguments(settings: LoggingSettings, run: RunDir) -> dict:
     """The GRPOConfig arguments: the trackers, the run's id as their run name, and the project trackio logs to
-    (W&B reads its project from $WANDB_PROJECT, set here only when the user has not chosen one)."""
-    if "wandb" in settings.report_to:
-        os.environ.setdefault("WANDB_PROJECT", PROJECT)
+    (W&B's comes from the environment: ENVIRONMENT)."""
     return {"report_to": list(settings.report_to) or "none", "run_name": run.id, "project": PROJECT}
 
 

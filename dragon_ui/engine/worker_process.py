@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from .. import speedups
 from ..config import HardwareSettings, ModelConfig
 from ..public import Policy
 from ..runstore import RunDir
@@ -47,7 +48,9 @@ def main(argv: list[str]) -> int:
     """A worker: warm up, then train the run the app hands over on standard input (none: exit)."""
     if sys.platform.startswith("linux"):
         os.nice(WORKER_NICENESS)  # before any thread starts: torch's and the reward workers inherit it
-    from . import training
+    from . import trackers, training
+    os.environ.update(trackers.missing_environment(os.environ))
+    speedups.choose(os.environ.get(speedups.ENV, ""))  # the app's, as it started this worker: for the warm-up
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     app = os.getppid()
     try:
@@ -73,6 +76,7 @@ def _take_settings(settings: dict[str, str]) -> None:
     for key in [key for key in os.environ if key.startswith(OWN_SETTINGS)]:
         del os.environ[key]
     os.environ.update(settings)
+    speedups.choose(os.environ.get(speedups.ENV, ""))
 
 
 def _stop_when_orphaned(app: int, training_job) -> None:

@@ -29,6 +29,11 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def local_world_size() -> int:
+    """The processes of this run on this machine, which share its cores."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def local_rank() -> int:
     """This process's number on its own machine, which is also the number of the GPU it owns."""
     return int(os.environ.get("LOCAL_RANK", "0"))

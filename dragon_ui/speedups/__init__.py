@@ -22,13 +22,14 @@ import contextlib
 from .attention import short_sequence_attention
 from .lm_head import contiguous_lm_head_input
 from .lora_layers import lean_adapter_layers, sparse_adapter_dropout
-from .registry import ALL, ENV, LIBRARIES, SPEEDUPS, enabled, enter_or_switch_off, library_versions, status
+from .registry import (ALL, ENV, LIBRARIES, SPEEDUPS, choose, enabled, enter_or_switch_off, library_versions,
+                       status)
 from .sampling import inverse_cdf_sampler
 from .selfcheck import ensure as ensure_checked, start as start_checking
 from .shared_prompts import generate_sharing_prompts
 from .trainer_hooks import grpo_trainer_class, sampling_mode, scoring_mode
 
-__all__ = ["ALL", "ENV", "LIBRARIES", "SPEEDUPS", "apply_to_loaded_model", "apply_to_trainer_model", "enabled",
+__all__ = ["ALL", "ENV", "LIBRARIES", "SPEEDUPS", "apply_to_loaded_model", "apply_to_trainer_model", "choose", "enabled",
            "ensure_checked", "generate", "grpo_trainer_class", "library_versions", "sampling_mode", "scoring_mode",
            "start_checking", "status"]
 

@@ -61,7 +61,7 @@ def cpu_logprob_head():
 
     TRL passes its tile width to ``_ChunkedLogProbFunction.apply`` on every call, so the function is wrapped rather
     than the module constant changed: a CUDA run in the same process still gets TRL's own tiles. Which speed-ups
-    apply is read on each call, so ``DRAGON_UI_SPEEDUPS`` can rule either out in a running process.
+    apply is read on each call, so ``speedups.choose`` can rule either out in a running process.
     """
     from trl.trainer import utils
 

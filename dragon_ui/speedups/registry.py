@@ -2,7 +2,8 @@
 each is on, and each one's self-check on the libraries this machine has; plus the two ways a speed-up changes a
 library: for the length of a block, then undone.
 
-A speed-up is on unless ``DRAGON_UI_SPEEDUPS`` leaves it out, it raised while installing or running, its self-check
+A speed-up is on unless ``DRAGON_UI_SPEEDUPS`` leaves it out (the processes that train or sample read it as they
+start and pass it to ``choose``), it raised while installing or running, its self-check
 failed on this machine's libraries, or a library is outside the versions CI verified it with and no self-check on
 these versions has passed yet (``selfcheck`` runs them, once per set of versions). Off, the libraries' own code runs
 and one log line says why; a run never fails because a library moved under a speed-up.
@@ -16,7 +17,6 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import os
 import platform
 import sys
 import threading
@@ -87,6 +87,7 @@ ALL = tuple(SPEEDUPS)
 ENV = "DRAGON_UI_SPEEDUPS"
 LIBRARIES = ("torch", "trl", "transformers", "peft", "accelerate", "gradio")
 _failed: dict[str, str] = {}  # speed-up -> why it was switched off in this process (it raised)
+_chosen_names: frozenset[str] | None = None  # choose's; None: every speed-up
 _checking = threading.local()  # .names: the speed-ups a self-check in this thread has on
 
 
@@ -110,18 +111,24 @@ def checking(names: tuple[str, ...]):
         del _checking.names
 
 
+def choose(setting: str) -> None:
+    """Use the speed-ups ``setting`` names (``DRAGON_UI_SPEEDUPS``): every one when it is empty or ``all``, none for
+    ``none``, else the names it lists, separated by commas. A ConfigError names an unknown one, as a process starts
+    rather than when a speed-up is first asked for."""
+    global _chosen_names
+    setting = setting.strip()
+    names = None if setting in ("", "all") else frozenset(part.strip() for part in setting.split(",") if part.strip())
+    unknown = (names or frozenset()) - set(ALL) - {"none"}
+    if unknown:
+        raise ConfigError(f"{ENV} names unknown speed-ups: {', '.join(sorted(unknown))}; known: {', '.join(ALL)}, "
+                          "or none")
+    _chosen_names = names
+
+
 def _chosen(name: str) -> bool:
     if name not in SPEEDUPS:
         raise ValueError(f"unknown speed-up {name!r}; known: {', '.join(ALL)}")
-    chosen = os.environ.get(ENV, "").strip()
-    if not chosen or chosen == "all":
-        return True
-    names = {part.strip() for part in chosen.split(",") if part.strip()}
-    unknown = names - set(ALL) - {"none"}
-    if unknown:
-        raise ConfigError(f"{ENV} names unknown speed-ups: {', '.join(sorted(unknown))}; known: {', '.join(ALL)}, "
-                         "or none")
-    return name in names
+    return _chosen_names is None or name in _chosen_names
 
 
 def off_reason(name: str) -> str | None:

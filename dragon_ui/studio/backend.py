@@ -27,7 +27,6 @@ from ..engine.libraries import import_all
 from ..engine.preflight import MOST_PROMPTS, Preflight, preflight
 from ..errors import BusyError, ConfigError
 from ..engine.worker import STOP_GRACE_S, Workers
-from ..files import resolve_runs_dir
 from ..public import Policy, RequestPolicy
 from ..runstore import read_json, write_json_atomic
 from .files import Files
@@ -45,9 +44,11 @@ class Studio:
 
     policy = RequestPolicy()  # asked by the visitor of the request being served
 
-    def __init__(self, runs_dir: str | Path | None = None, recipes_dir: str | Path | None = None,
+    def __init__(self, runs_dir: str | Path, recipes_dir: str | Path | None = None,
                  *, policy: Policy, workers: Workers | None = None) -> None:
-        self.runs_dir = resolve_runs_dir(runs_dir)
+        self.runs_dir = Path(runs_dir).expanduser().resolve()
+        if policy.public and policy.runs_dir != self.runs_dir:
+            raise ValueError(f"a public demo's policy keeps its runs in {policy.runs_dir}, not in {self.runs_dir}")
         self.policy = policy
         self._hardware: HardwareInfo | None = None
         self._hardware_lock = threading.Lock()  # the warm-up and a page's first request may both ask at once

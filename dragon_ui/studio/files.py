@@ -20,8 +20,7 @@ from pathlib import Path
 
 from ..data import bundled_datasets, is_bundled
 from ..errors import BusyError, ConfigError
-from ..public import (LIFT, SHARE_WINDOW_S, Allowance, Policy, RequestPolicy, is_own_upload, own_uploads_dir,
-                      uploads_dir)
+from ..public import LIFT, SHARE_WINDOW_S, Allowance, Policy, RequestPolicy
 
 UPLOADS_KEPT = 3  # a visitor's newest uploads in a public demo; an older one goes when a new one arrives
 UPLOADS_SHOWN = "uploads"  # a visitor's upload as a public demo shows it: uploads/<its file name>
@@ -124,7 +123,7 @@ class Files:
     def keep_upload(self, uploaded: str | Path) -> str:
         """The data source an upload becomes. In a public demo the file moves out of the web server's cache (which
         it serves to anyone who knows a file's address) into the visitor's own folder, which nothing serves and
-        only that visitor's runs may read (public.is_own_upload); elsewhere it stays where it arrived.
+        only that visitor's runs may read (Policy.is_own_upload); elsewhere it stays where it arrived.
 
         ``uploaded`` must lie where uploads arrive (``arrivals``): an event can be sent with any path."""
         uploaded = Path(uploaded).resolve()
@@ -133,7 +132,7 @@ class Files:
             raise ConfigError("That file was not uploaded here; upload it again.")
         if not self.public:
             return str(uploaded)
-        own = own_uploads_dir(self.policy.visitor)
+        own = self.policy.own_uploads_dir()
         if own is None:
             raise ConfigError("This page could not be told apart from other visitors' pages; reload it and upload "
                               "the file again.")
@@ -151,8 +150,8 @@ class Files:
     def discard_upload(self, source: str) -> None:
         """Remove an upload kept in a public demo that turned out unreadable: it is no use, and takes room."""
         path = Path(source)
-        who = self.policy.visitor
-        if self.public and is_own_upload(path.resolve(), who) and path.parent.parent == own_uploads_dir(who):
+        policy = self.policy
+        if self.public and policy.is_own_upload(path.resolve()) and path.parent.parent == policy.own_uploads_dir():
             shutil.rmtree(path.parent, ignore_errors=True)
 
     def shown_path(self, path: Path) -> str:
@@ -173,7 +172,7 @@ def shown_source(source: str, policy: Policy) -> str:
     if is_bundled(source):
         return Path(source).name
     path = Path(os.path.normpath(source))
-    if path.is_absolute() and path.is_relative_to(uploads_dir()):
+    if path.is_absolute() and policy.uploads_dir and path.is_relative_to(policy.uploads_dir):
         return f"{UPLOADS_SHOWN}/{path.name}"
     return source
 
@@ -189,7 +188,7 @@ def real_source(shown: str, policy: Policy) -> str:
     if text in bundled:
         return str(bundled[text])
     folder, _, name = text.partition("/")
-    own = own_uploads_dir(policy.visitor)
+    own = policy.own_uploads_dir()
     if folder != UPLOADS_SHOWN or own is None or not own.is_dir() or name in ("", ".", "..") or "/" in name:
         return shown
     kept = [upload / name for upload in own.iterdir() if (upload / name).is_file()]

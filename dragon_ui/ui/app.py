@@ -20,10 +20,11 @@ import gradio as gr
 from gradio.context import LocalContext
 from gradio.utils import get_upload_folder
 
-from ..files import RUNS_DIR_ENV
+from ..files import resolve_runs_dir
 from ..errors import DragonError
 from ..public import Policy, visiting
 from .. import ASSETS_DIR
+from ..studio import machine
 from ..studio.backend import Studio
 from ..studio.recipes import DEFAULT_RECIPE
 from ..studio.files import real_draft, shown_draft
@@ -58,7 +59,11 @@ FIRST_PAGE_S = 3.0  # how long the warm-up leaves the CPUs to a page opening as 
 
 
 def build_app(studio: Studio | None = None) -> gr.Blocks:
-    studio = studio or Studio(policy=Policy.from_env())
+    """The app serving ``studio``; without one, a backend configured as ``main`` configures it from the
+    environment (the runs folder, public mode), for a script that embeds the app."""
+    if studio is None:
+        runs_dir = resolve_runs_dir()
+        studio = Studio(runs_dir, policy=Policy.from_env(runs_dir))
     # A public demo's copies of downloads and uploads in gradio's cache go after an hour (ours: engine.retention).
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600) if studio.public else None) as demo:
         with gr.Row(equal_height=True):
@@ -455,11 +460,10 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
                              "or pip install 'dragon-grpo-studio[desktop]'; make desktop installs it)")
     parser.add_argument("--runs-dir", help="folder for runs (default: $DRAGON_UI_RUNS_DIR or ./runs)")
     args = parser.parse_args(argv)
-    if args.runs_dir:  # every part of the app (the queue, a public demo's checks, uploads) keeps to this folder
-        os.environ[RUNS_DIR_ENV] = str(Path(args.runs_dir).expanduser().resolve())
-
     _log_to_terminal()
-    studio = Studio(runs_dir=args.runs_dir, policy=Policy.from_env())
+    machine.choose_speedups(os.environ.get(machine.SPEEDUPS_ENV, ""))  # the previews' (each run's process: its own)
+    runs_dir = resolve_runs_dir(args.runs_dir)
+    studio = Studio(runs_dir, policy=Policy.from_env(runs_dir))
     demo = build_app(studio)
     studio.runs.start_queue()  # waiting runs (from before a restart, too) start by themselves from now on
 
