@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from .errors import ConfigError, DragonError
-from .files import resolve_runs_dir
+from .system.disk import resolve_runs_dir
 from . import speedups
 from .public import Policy
 from .runstore import state_label
@@ -265,7 +265,7 @@ def _cmd_settings(args) -> int:
     import textwrap
 
     from .config import RunConfig, documented_settings, settings_table
-    from .described import plain
+    from .settings import plain
 
     if args.markdown:
         print(settings_table(), end="")

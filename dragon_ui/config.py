@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import DataConfig
-from .described import is_described, setting, shown_default
+from .settings import is_described, setting, shown_default
 from .errors import ConfigError, check_length, check_seed, first_line
 from .grpo_math import AGGREGATIONS, SCALE_REWARDS
 from .public import Policy
@@ -551,7 +551,7 @@ class RunConfig:
 
     def resolved_runs_dir(self) -> Path:
         """The folder this config's run goes in: ``runs_dir``, else ./runs. The command line and the app fill an
-        empty one with their own choice first (files.resolve_runs_dir: --runs-dir, $DRAGON_UI_RUNS_DIR), so that
+        empty one with their own choice first (system.disk.resolve_runs_dir: --runs-dir, $DRAGON_UI_RUNS_DIR), so that
         nothing below them reads the environment."""
         return Path(self.runs_dir or "runs").expanduser().resolve()
 

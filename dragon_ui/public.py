@@ -172,7 +172,7 @@ class Visitor:
 
     @property
     def turn(self) -> str:
-        """Whose turn this visitor's requests take where they wait in line (apart.FairTurns): its network address
+        """Whose turn this visitor's requests take where they wait in line (system.processes.FairTurns): its network address
         (a visitor can open sessions at will), its key without one, "" for the operator and a laptop."""
         return self.address or self.key or ""
 
@@ -204,7 +204,7 @@ class Policy:
     def from_env(cls, runs_dir: Path) -> Policy:
         """Public on Hugging Face Spaces (``SPACE_ID``) or with ``DRAGON_UI_PUBLIC=1``, with the limits, models,
         classifiers (``DRAGON_UI_PUBLIC_MODELS``, ``DRAGON_UI_PUBLIC_CLASSIFIERS``, comma-separated) and owner key
-        the environment sets, keeping its runs in ``runs_dir`` (the entry point's choice: files.resolve_runs_dir);
+        the environment sets, keeping its runs in ``runs_dir`` (the entry point's choice: system.disk.resolve_runs_dir);
         the laptop otherwise. A limit that is not a positive number is refused here, when the app starts, not when
         a visitor meets it."""
         if not (os.environ.get("SPACE_ID") or os.environ.get(PUBLIC_ENV) == "1"):

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from .files import replaced_atomically
+from .system.disk import replaced_atomically
 
 ACTIVE_STATES = ("queued", "running")
 RECORDED_TEXT_CHARS = 2_000  # of a prompt or a reference in rollouts.jsonl and sampling.json: more than a view shows

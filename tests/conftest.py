@@ -117,7 +117,7 @@ def demo(who=None):
     """The policy the app would build from this test's environment: a public demo's where a fixture turned public
     mode on (each limit the test set, the runs folder the runs_dir fixture chose), else the laptop's; asked by
     ``who`` (a public.Visitor), else by nobody."""
-    from dragon_ui.files import resolve_runs_dir
+    from dragon_ui.system.disk import resolve_runs_dir
     from dragon_ui.public import NOBODY, Policy
 
     return Policy.from_env(resolve_runs_dir()).asked_by(who or NOBODY)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig, documented_settings, setting_help, settings_table
-from dragon_ui.described import plain
-from dragon_ui.files import RUNS_DIR_ENV, resolve_runs_dir
+from dragon_ui.settings import plain
+from dragon_ui.system.disk import RUNS_DIR_ENV, resolve_runs_dir
 from dragon_ui.errors import ConfigError
 from dragon_ui.public import LAPTOP
 

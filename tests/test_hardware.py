@@ -23,7 +23,7 @@ from dragon_ui.engine.hardware import (
     resolve_hardware,
 )
 from dragon_ui.engine.quantization import bitsandbytes_installed
-from dragon_ui import system
+from dragon_ui.system import memory
 from dragon_ui.errors import ConfigError
 
 
@@ -283,11 +283,11 @@ def test_free_memory_counts_what_the_kernel_can_hand_back(tmp_path, monkeypatch,
     path = tmp_path / "meminfo"
     if meminfo is not None:
         path.write_text(meminfo)
-    monkeypatch.setattr(system, "MEMINFO", path)
-    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / system.GB
-    found = system.system_memory_gb()
+    monkeypatch.setattr(memory, "MEMINFO", path)
+    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / memory.GB
+    found = memory.system_memory_gb()
     assert found == pytest.approx(expected_gb if expected_gb is not None else pages, rel=0.05)
-    assert system.system_memory_gb(free=False) >= found
+    assert memory.system_memory_gb(free=False) >= found
 
 
 # --- one GPU per process, and native bf16 only --------------------------------------------------------------------

@@ -63,7 +63,7 @@ def test_the_engine_and_the_command_line_know_nothing_of_the_app(part):
     assert importers(modules, ("dragon_ui.studio", "dragon_ui.ui", "gradio")) == {}
 
 
-@pytest.mark.parametrize("module", ["data.py", "rewards", "config.py", "errors.py", "runstore.py", "files.py",
+@pytest.mark.parametrize("module", ["data", "rewards", "config.py", "errors.py", "runstore.py", "system",
                                     "grpo_math.py"])
 def test_the_runs_description_needs_no_torch(module):
     """Validating a config, mapping data and scoring rewards happen before (and without) a model."""
@@ -248,9 +248,9 @@ ENVIRONMENT_READERS = {
     "ui/desktop.py": "an entry point: the window's toolkit reads its display and flags from the environment",
     "engine/worker_process.py": "a training process's entry point: takes the app's settings with each job",
     "public.py": "Policy.from_env, which the entry points call",
-    "files.py": "resolve_runs_dir, which the entry points call, and the cache folder (like HF_HOME for the Hub)",
+    "system/disk.py": "resolve_runs_dir, which the entry points call, and the cache folder (like HF_HOME for the Hub)",
     "scaleout/distributed.py": "what accelerate and torchrun tell each process they start",
-    "apart.py": "the environment of a child process that reads what a visitor sent",
+    "system/processes.py": "the environment of a child process that reads what a visitor sent",
 }
 ENVIRONMENT_USE = re.compile(r"os\.getenv\(|os\.environ(\.(get|setdefault|update|pop)\(|\[)|in os\.environ\b|del os\.environ")
 

@@ -13,6 +13,7 @@ import yaml
 
 from conftest import demo, ended, uploaded_by
 from dragon_ui import data, public
+from dragon_ui.data import mapping
 from dragon_ui.cli import main
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
 from dragon_ui.engine import public_checks, training
@@ -45,7 +46,7 @@ def nothing_is_read(monkeypatch):
         raise AssertionError(f"a data file was read: {args[:1]}")
 
     for reader in ("read_file", "_load_hub"):  # every local file, and the Hub
-        monkeypatch.setattr(data, reader, read)
+        monkeypatch.setattr(mapping, reader, read)
 
 
 def with_setting(config: dict, dotted: str, value) -> dict:
@@ -135,7 +136,7 @@ def test_bundled_datasets_and_hub_ids_are_allowed_without_looking_at_the_disk(pu
     assert data.locate("etc/passwd", policy=demo()) == data.HubDataset("etc/passwd")  # shaped like a Hub id
     assert not data.is_hub_dataset_id("etc/passwd")  # looking on the disk, the same text is a local path
     fetched = []
-    monkeypatch.setattr(data, "_load_hub", lambda source, *args: fetched.append(source) or [{"q": "1"}])
+    monkeypatch.setattr(mapping, "_load_hub", lambda source, *args: fetched.append(source) or [{"q": "1"}])
     rows = data.read_table("etc/passwd", policy=demo()).rows
     assert rows == [{"q": "1"}] and fetched == ["etc/passwd"]  # the Hub's, not /etc's
 
@@ -359,14 +360,14 @@ def test_the_time_limit_counts_the_held_out_scoring(public_mode, public_config, 
 
 
 def test_a_spaces_persistent_storage_keeps_the_runs(monkeypatch, tmp_path):
-    from dragon_ui import files
+    from dragon_ui.system import disk
 
     monkeypatch.delenv("DRAGON_UI_RUNS_DIR", raising=False)
-    monkeypatch.setattr(files, "SPACE_STORAGE", tmp_path)
+    monkeypatch.setattr(disk, "SPACE_STORAGE", tmp_path)
     monkeypatch.setenv("SPACE_ID", "someone/dragon")
-    assert files.resolve_runs_dir() == tmp_path / "runs"
-    monkeypatch.setattr(files, "SPACE_STORAGE", tmp_path / "none")  # a Space without persistent storage
-    assert files.resolve_runs_dir() == (files.Path("runs")).resolve()
+    assert disk.resolve_runs_dir() == tmp_path / "runs"
+    monkeypatch.setattr(disk, "SPACE_STORAGE", tmp_path / "none")  # a Space without persistent storage
+    assert disk.resolve_runs_dir() == (disk.Path("runs")).resolve()
 
 
 def test_every_event_of_the_app_knows_its_visitor(public_mode, studio):

@@ -20,7 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import demo, ended, uploaded_by, write_arithmetic_csv
 
-from dragon_ui import apart, data, public, rewards, tables
+from dragon_ui import data, public, rewards
+from dragon_ui.data import tables
+from dragon_ui.system import processes
 from dragon_ui.public import LAPTOP
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
 from dragon_ui.engine import public_checks, queue, retention, training
@@ -155,13 +157,13 @@ def test_a_small_file_that_unpacks_into_gigabytes_is_refused_and_the_app_never_h
     started = time.monotonic()
     with pytest.raises(ConfigError, match=refusal):
         data.read_table(source, policy=demo(A_VISITOR))
-    assert time.monotonic() - started < apart.SECONDS
+    assert time.monotonic() - started < processes.SECONDS
 
 
 def test_reads_take_turns_by_address_and_one_address_cannot_fill_the_line():
     """42, item 5: three 60-second reads from one address made a bystander's Start fail after 121 s. Now the waiting
     reads take turns by address (a bystander's comes next), and an address has at most two waiting."""
-    turns, order, holding = apart.FairTurns(), [], threading.Event()
+    turns, order, holding = processes.FairTurns(), [], threading.Event()
 
     def read(asker: str, name: str, hold: bool = False):
         with turns.turn(asker, timeout=60):
@@ -179,7 +181,7 @@ def test_reads_take_turns_by_address_and_one_address_cannot_fill_the_line():
         thread.start()
     while len(turns._waiting) < 2:
         time.sleep(0.01)
-    with pytest.raises(apart.TurnRefused) as refused:
+    with pytest.raises(processes.TurnRefused) as refused:
         read("attacker", "attacker 4")
     assert refused.value.crowded
     bystander = threading.Thread(target=read, args=("bystander", "bystander"))
@@ -201,7 +203,7 @@ def test_the_bundled_datasets_never_wait_for_a_visitors_read(public_mode, monkey
 
 def test_the_unnamed_asker_is_never_refused_for_crowding():
     """A laptop's checks (or a training's) all ask as "": they wait their turn, as behind a plain lock."""
-    turns, release, holding = apart.FairTurns(), threading.Event(), threading.Event()
+    turns, release, holding = processes.FairTurns(), threading.Event(), threading.Event()
 
     def hold():
         with turns.turn("", timeout=60):
@@ -229,7 +231,7 @@ def _take_turn(turns, asker: str) -> bool:
 
 
 def test_a_read_that_waits_too_long_is_refused_and_the_line_goes_on():
-    turns, release = apart.FairTurns(), threading.Event()
+    turns, release = processes.FairTurns(), threading.Event()
 
     def hold():
         with turns.turn("a", timeout=60):
@@ -239,7 +241,7 @@ def test_a_read_that_waits_too_long_is_refused_and_the_line_goes_on():
     holder.start()
     while not turns._busy:
         time.sleep(0.01)
-    with pytest.raises(apart.TurnRefused) as refused, turns.turn("b", timeout=0.2):
+    with pytest.raises(processes.TurnRefused) as refused, turns.turn("b", timeout=0.2):
         pass
     assert not refused.value.crowded
     release.set()
@@ -999,8 +1001,8 @@ def test_the_reading_process_runs_only_functions_marked_to_run_apart(tmp_path):
     """Reviewer's finding: the child ran any top-level function of dragon_ui it was sent (a file writer among them).
     Only the server builds its requests, but the process itself is the boundary."""
     target = tmp_path / "written.jsonl"
-    done = apart._child("dragon_ui.data:write_jsonl", {"path": str(target), "rows": [{"a": 1}]}, 2**20, "x",
+    done = processes._child("dragon_ui.data:write_jsonl", {"path": str(target), "rows": [{"a": 1}]}, 2**20, "x",
                         str(tmp_path))
     assert done.returncode != 0 and "marked @runs_apart" in done.stderr and not target.exists()
-    done = apart._child("os:system", {"command": f"touch {target}"}, 2**20, "x", str(tmp_path))
+    done = processes._child("os:system", {"command": f"touch {target}"}, 2**20, "x", str(tmp_path))
     assert done.returncode != 0 and not target.exists()

@@ -13,7 +13,7 @@ from conftest import tiny_config
 from dragon_ui.cli import main
 from dragon_ui.public import LAPTOP
 from dragon_ui.studio.playground import data_config, draft_tokenizer
-from dragon_ui.tables import cell_text, unique_columns
+from dragon_ui.data.tables import cell_text, unique_columns
 from dragon_ui.ui import data_tab
 
 ROWS = [("What is 2 + 2? Réponds vite.", "4"), ("What is 3 + 4? Réponds vite.", "7")] * 15

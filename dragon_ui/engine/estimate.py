@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import RunConfig
-from ..system import system_memory_gb
+from ..system.memory import system_memory_gb
 from .hardware import HardwareInfo, ResolvedHardware
 from ..errors import ConfigError
 from ..runstore import format_seconds

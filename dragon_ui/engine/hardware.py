@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import HardwareSettings
 from ..errors import ConfigError
-from ..files import cache_dir
+from ..system.disk import cache_dir
 from ..scaleout import distributed
 from .libraries import import_all
 from .quantization import bitsandbytes_installed

@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 from .. import speedups
 from ..config import DEFAULT_MODEL_ID, HardwareSettings, ModelConfig
 from ..errors import ConfigError
-from ..files import cache_dir
+from ..system.disk import cache_dir
 from .hardware import (HardwareInfo, ResolvedHardware, detect_hardware, release_openmp_threads,
                        resolve_for_this_machine)
 from .libraries import import_all

@@ -163,7 +163,7 @@ def _machine():
 
 def _memory_gb(info, hardware) -> float | None:
     """All the memory of the device a run uses (not what is free now: that moves while another run trains)."""
-    from ..system import system_memory_gb
+    from ..system.memory import system_memory_gb
 
     return info.cuda[hardware.gpu].total_gb if hardware.device == "cuda" else system_memory_gb(free=False)
 

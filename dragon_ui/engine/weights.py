@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..files import replaced_atomically
+from ..system.disk import replaced_atomically
 from ..runstore import RunDir
 from .model_card import write_model_card
 from .trained import TrainedWeights, example_prompt, trained_weights

@@ -33,7 +33,7 @@ from pathlib import Path
 from ..config import HardwareSettings, ModelConfig
 from ..public import Policy, without_secrets
 from ..runstore import ACTIVE_STATES, RunDir, read_json
-from ..system import end_group
+from ..system.processes import end_group
 
 log = logging.getLogger("dragon_ui")
 

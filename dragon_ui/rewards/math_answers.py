@@ -11,7 +11,7 @@ main thread with math-verify's own time limits, and the caller waits at most :da
 that takes longer ends with that worker, and the next check starts a fresh one. The worker's memory is capped where
 the system allows it. A training has a worker of its own (:data:`TRAINING`), so that what visitors of a public demo
 send to the playground (:data:`PREVIEWS`, where a wait for the worker is limited too) never holds up a run. Checks
-take turns by network address (apart.FairTurns), so one visitor's many slow checks cannot crowd out another's,
+take turns by network address (system.processes.FairTurns), so one visitor's many slow checks cannot crowd out another's,
 and the worker runs at a low priority.
 """
 
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 
-from ..apart import (PACKAGE_PARENT, WAITING_PER_ASKER, FairTurns, TurnRefused, asker, child_environment,
+from ..system.processes import (PACKAGE_PARENT, WAITING_PER_ASKER, FairTurns, TurnRefused, asker, child_environment,
                      lower_priority)
 from ..errors import RewardError, one_line
 from .text import extract_answer, require_reference
@@ -114,7 +114,7 @@ def serve() -> None:
 class MathChecker:
     """The worker process, started with the same Python as the app (not a fork: the app holds a model and threads),
     and a thread that reads its answers, so that the wait for one can have a time limit on every platform. Checks
-    take turns from any thread, fairly between network addresses (apart.FairTurns)."""
+    take turns from any thread, fairly between network addresses (system.processes.FairTurns)."""
 
     def __init__(self) -> None:
         self._turns = FairTurns()

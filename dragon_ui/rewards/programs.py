@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 
 from ..errors import RewardError
-from ..system import end_group
+from ..system.processes import end_group
 from .builtin import Scorer
 from .spec import RewardSpec
 from .text import last_number

@@ -32,7 +32,7 @@ import contextlib
 import functools
 import math
 
-from ..system import system_memory_gb
+from ..system.memory import system_memory_gb
 from .registry import enabled, falls_back
 
 MERGED_SAMPLING_MEMORY_SHARE = 0.25  # of the machine's free memory, at most, for the merged copy of the weights

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, describe
-from ..files import cache_dir, replaced_atomically
+from ..system.disk import cache_dir, replaced_atomically
 
 log = logging.getLogger("dragon_ui.speedups")
 

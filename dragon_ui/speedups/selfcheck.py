@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import describe
-from ..files import cache_dir
+from ..system.disk import cache_dir
 from . import lm_head, lora_layers, sampling, shared_prompts
 from .attention import short_sequence_attention
 from .registry import ALL, checking, record_self_checks, self_checks, stack_key

@@ -18,7 +18,7 @@ from ..engine.presets import PRESETS
 from ..errors import DragonError
 from ..scaleout.launch_folder import export_launch_folder
 from ..speedups import ENV as SPEEDUPS_ENV, choose as choose_speedups  # for the app's entry point
-from ..system import system_memory_gb
+from ..system.memory import system_memory_gb
 
 __all__ = ["MINIMUM_SETTINGS", "PRESET_COLUMNS", "PRESET_IDS", "SPEEDUPS_ENV", "Plan", "choose_speedups", "export",
            "hardware_markdown", "offered_presets", "plan", "preset_rows", "redetect", "speedups_markdown"]

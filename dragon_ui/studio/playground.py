@@ -1,6 +1,6 @@
 """What the Data tab preview and the Rewards playground compute, without gradio, so tests can call it directly.
 
-Both show what training will see before a run starts: the same loading and mapping (data.py), the model's own chat
+Both show what training will see before a run starts: the same loading and mapping (data/mapping.py), the model's own chat
 template, the one scoring function (rewards.score_completion) and GRPO's group-relative advantage. A mapping mistake
 or a reward that gives every reply the same score then shows up here instead of twenty minutes into a run.
 """
@@ -31,7 +31,7 @@ from ..public import Policy
 from ..rewards import (Reward, ScoreResult, build_rewards, cannot_pay, counts_tokens, parse_rewards,
                        score_completion)
 from ..rewards.scoring import MOST_REFERENCES
-from ..tables import Table
+from ..data.tables import Table
 
 PREVIEW_ROWS = 20  # rows shown in the preview table (and offered in the playground)
 RENDERED_ROWS = 3  # rows whose full chat prompt is shown

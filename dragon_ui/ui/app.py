@@ -20,7 +20,7 @@ import gradio as gr
 from gradio.context import LocalContext
 from gradio.utils import get_upload_folder
 
-from ..files import resolve_runs_dir
+from ..system.disk import resolve_runs_dir
 from ..errors import DragonError
 from ..public import Policy, visiting
 from .. import ASSETS_DIR

@@ -22,7 +22,7 @@ from ..studio.preflight import difficulty_filter, without_difficulty_filter
 from ..public import Policy
 from ..studio.playground import (DataPreview, data_config, draft_tokenizer, fit_mapping, load_rows, preview_data,
                                  prompt_limit_of, unpayable)
-from ..tables import SUPPORTED_EXTENSIONS
+from ..data.tables import SUPPORTED_EXTENSIONS
 from .common import Shared, described, message, number, optional_number, shown_number, shows_errors
 from .guard import in_page_order
 

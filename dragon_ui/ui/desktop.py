@@ -26,7 +26,7 @@ from typing import NoReturn
 from pathlib import Path
 
 from .. import ASSETS_DIR
-from ..files import cache_dir
+from ..system.disk import cache_dir
 from ..runstore import write_json_atomic
 from ..studio.backend import Studio
 

@@ -17,9 +17,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .apart import run_apart, runs_apart
-from .errors import ConfigError
-from .public import LIFT
+from ..system.processes import run_apart, runs_apart
+from ..errors import ConfigError
+from ..public import LIFT
 
 SPREADSHEET_EXTENSIONS = (".xlsx", ".xlsm", ".xls", ".ods")
 SUPPORTED_EXTENSIONS = (".csv", ".tsv", ".jsonl", ".ndjson", ".json", ".parquet", *SPREADSHEET_EXTENSIONS)
@@ -49,7 +49,7 @@ def read_file(path: Path, sheet: str | None = None, max_rows: int | None = None,
 
     Reading stops after ``max_rows`` rows (the caller's row limit, plus one to tell that there were more), so a
     small file that holds millions of rows is never read whole. ``max_read_mb``: a public demo reads the file in a
-    separate process with limits on its memory and time, which hands back at most this many MB of rows (apart.py),
+    separate process with limits on its memory and time, which hands back at most this many MB of rows (system/processes.py),
     and none at all when a cell has more than ``max_cell_chars`` characters (a small compressed file can hold
     megabytes of one repeated text).
     """
@@ -64,7 +64,7 @@ def read_file(path: Path, sheet: str | None = None, max_rows: int | None = None,
 @runs_apart
 def read_here_as_json(path: str, sheet: str | None, max_rows: int | None, max_columns: int | None,
                       max_cell_chars: int | None = None) -> dict:
-    """read_here's table as the reading process hands it back (apart.run_apart)."""
+    """read_here's table as the reading process hands it back (system.processes.run_apart)."""
     table = read_here(Path(path), sheet, max_rows, max_columns)
     check_cells(table.rows, max_cell_chars, Path(path).name)
     return {"rows": table.rows, "notes": table.notes, "sheets": table.sheets}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,12 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .public import visitor, without_secrets
+from ..errors import ConfigError
+from ..public import visitor, without_secrets
 
 MEMORY_MB = 2048  # the reading process's address space: Python, the reading library, and the rows
 SECONDS = 60  # one read, from the process's start to its answer
-PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])  # holds dragon_ui: a child imports this copy of it
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # holds dragon_ui: a child imports this copy of it
 WAIT_SECONDS = 120  # how long a read waits for the one before it
 
 READER_NICENESS = 10  # the Linux nice of a process that serves visitors: the server's handlers and the training first
@@ -143,7 +144,7 @@ def _child(target: str, arguments: dict, limit_bytes: int, what: str,
     request = json.dumps({"target": target, "arguments": arguments, "limit_bytes": limit_bytes, "what": what,
                           "memory": MEMORY_MB * 2**20})
     try:
-        return subprocess.run([sys.executable, "-c", "from dragon_ui.apart import main; main()"], input=request,
+        return subprocess.run([sys.executable, "-c", "from dragon_ui.system.processes import main; main()"], input=request,
                               capture_output=True, text=True, timeout=SECONDS, env=child_environment(), cwd=folder)
     except subprocess.TimeoutExpired:
         return None
@@ -170,3 +171,16 @@ def main() -> None:
     except ConfigError as exc:
         answer = json.dumps({"error": str(exc)})
     sys.stdout.write(answer)
+
+
+def end_group(process: subprocess.Popen, hard: bool) -> None:
+    """End a child started in a session of its own, and everything it started: SIGTERM, or with ``hard`` SIGKILL, to
+    its process group. The child is not reaped yet, so its group id cannot have been reused. Where there are no
+    process groups (Windows), the child alone."""
+    if hasattr(os, "killpg"):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL if hard else signal.SIGTERM)
+    elif hard:
+        process.kill()
+    else:
+        process.terminate()

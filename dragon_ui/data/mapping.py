@@ -23,14 +23,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from dragon_ui import ASSETS_DIR
-from dragon_ui.apart import run_apart, runs_apart
-from dragon_ui.errors import ConfigError, check_length, check_seed, first_line
-from dragon_ui.files import replaced_atomically
-from dragon_ui.public import LIFT, Policy
-from dragon_ui.chat import last_user_text
-from dragon_ui.described import setting
-from dragon_ui.tables import (SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, check_columns, read_file,
+from .. import ASSETS_DIR
+from ..chat import last_user_text
+from ..errors import ConfigError, check_length, check_seed, first_line
+from ..public import LIFT, Policy
+from ..settings import setting
+from ..system.disk import replaced_atomically
+from ..system.processes import run_apart, runs_apart
+from .tables import (SPREADSHEET_EXTENSIONS, SUPPORTED_EXTENSIONS, Table, check_columns, read_file,
                               read_json_lines)
 
 BUNDLED_DATASETS_DIR = ASSETS_DIR / "datasets"
@@ -320,7 +320,7 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
         raise ConfigError(f"data.sheet is only for spreadsheets ({', '.join(SPREADSHEET_EXTENSIONS)}); "
                           f"{place.name} has no sheets, so leave it empty.")
     # None on a laptop, which reads any file whole, in its own process; and for the bundled datasets, the app's own
-    # small files, which every first page shows and which never wait for a visitor's read (apart.py).
+    # small files, which every first page shows and which never wait for a visitor's read (system/processes.py).
     limits = None if is_bundled(str(place)) else policy.limits
     try:
         table = read_file(place, sheet, limit, limits and limits.upload_mb * UNPACKED_TIMES_UPLOAD,
@@ -334,7 +334,7 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
 
 def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int | None, policy: Policy) -> list[dict]:
     """The rows of a Hub dataset split (the first ``max_rows``). A public demo streams them in a separate process
-    with limits on its memory and time (stream_hub_rows, apart.py)."""
+    with limits on its memory and time (stream_hub_rows, system/processes.py)."""
     if policy.public:
         limits = policy.limits
         arguments = {"source": source, "hub_config": hub_config, "hub_split": hub_split, "max_rows": max_rows,
@@ -385,7 +385,7 @@ def _hub_errors(source: str, hub_config: str | None, hub_split: str):
     """Any failure of a Hub load as one sentence; offline is the common workshop case, so it gets its own advice."""
     try:
         yield
-    except (ConfigError, MemoryError):  # too big is the reading process's to report (apart.py)
+    except (ConfigError, MemoryError):  # too big is the reading process's to report (system/processes.py)
         raise
     except Exception as exc:
         if _is_network_error(exc):

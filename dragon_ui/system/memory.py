@@ -1,11 +1,8 @@
-"""What every layer may ask of the operating system: the machine's memory, and the end of a process it started."""
+"""The machine's memory, as every layer may ask it."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 GB = 1024**3
@@ -31,16 +28,3 @@ def system_memory_gb(free: bool = True) -> float | None:
         return pages * os.sysconf("SC_PAGE_SIZE") / GB
     except (ValueError, OSError, AttributeError):  # not every platform names these
         return None
-
-
-def end_group(process: subprocess.Popen, hard: bool) -> None:
-    """End a child started in a session of its own, and everything it started: SIGTERM, or with ``hard`` SIGKILL, to
-    its process group. The child is not reaped yet, so its group id cannot have been reused. Where there are no
-    process groups (Windows), the child alone."""
-    if hasattr(os, "killpg"):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL if hard else signal.SIGTERM)
-    elif hard:
-        process.kill()
-    else:
-        process.terminate()
