@@ -146,7 +146,7 @@ def config_file(name_or_path: str, what: str = "configuration file") -> Path:
     raise ConfigError(f"No {what} at {path}; give a YAML/JSON file or a bundled recipe: {names}.")
 
 
-def load_config_with_overrides(path: str, overrides: list[str], policy):
+def load_config_with_overrides(path: str, overrides: list[str], *, policy):
     """Read a config file and apply ``section.key=value`` overrides (values parsed as YAML) before validating."""
     from .config import RunConfig, apply_overrides
 
@@ -190,7 +190,7 @@ def _cmd_train(args) -> int:
         if args.resume:
             run = training.resume_here(args.resume, policy=args.policy, on_start=on_start)
         else:
-            config = load_config_with_overrides(args.config, args.set, args.policy)
+            config = load_config_with_overrides(args.config, args.set, policy=args.policy)
             config.runs_dir = str(resolve_runs_dir(config.runs_dir))
             run = training.train_config(config, run_dir=args.run_dir, policy=args.policy, on_start=on_start)
     finally:
@@ -218,7 +218,7 @@ def _cmd_check(args) -> int:
     from .engine.redteam import red_team_of
     from .rewards import cannot_pay, goal_names
 
-    config = load_config_with_overrides(args.config, args.set, args.policy)
+    config = load_config_with_overrides(args.config, args.set, policy=args.policy)
     found = training.inspect(config, policy=args.policy)
     hardware = found.hardware
     threads = f", {hardware.cpu_threads} thread{'s' if hardware.cpu_threads > 1 else ''}" \
@@ -389,7 +389,7 @@ def _cmd_score(args) -> int:
 def _cmd_export(args) -> int:
     from .scaleout.launch_folder import export_launch_folder
 
-    config = load_config_with_overrides(args.config, args.set, args.policy)
+    config = load_config_with_overrides(args.config, args.set, policy=args.policy)
     folder = export_launch_folder(config, args.to, args.gpus, args.nodes, policy=args.policy)
     print(f"Exported to {folder}:")
     for path in sorted(p for p in folder.iterdir() if p.name != "dragon_ui"):

@@ -364,5 +364,5 @@ class RequestPolicy:
         given: Policy = getattr(instance, self.kept)
         return given.asked_by(visitor())
 
-    def __set__(self, instance: object, policy: Policy) -> None:
-        setattr(instance, self.kept, policy)
+    def __set__(self, instance: object, value: Policy) -> None:
+        setattr(instance, self.kept, value)

@@ -137,10 +137,10 @@ def test_a_public_run_uses_one_classifier_model(tiny_config_dict, classifier_dir
     tiny_config_dict["rewards"] = [{"kind": "classifier", "name": f"c{i}", "model": model, "label": "1"}
                                    for i, model in enumerate(("org/other", str(classifier_dir)))]
     with pytest.raises(ConfigError, match="The rewards use 2 classifier models; a run in this public demo may use one"):
-        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), demo, reads_data=False)
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), reads_data=False, policy=demo)
     tiny_config_dict["rewards"][0]["model"] = "org/unlisted"
     with pytest.raises(ConfigError, match=r"rewards\[0\]\.model 'org/unlisted' is not offered as a classifier"):
-        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), demo, reads_data=False)
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), reads_data=False, policy=demo)
 
 
 def test_the_estimate_counts_the_classifiers_memory(tiny_config_dict, classifier_dir):

@@ -81,7 +81,7 @@ def test_the_alternatives_are_measured_on_the_sampled_replies_and_fix_the_draft(
     rewards = build_rewards(specs, policy=LAPTOP)
     groups = sampled(rewards)
     check = check_goal(rewards, groups)
-    found = alternatives(check, rewards, groups, specs, scorer, None, False, None, 24, None, LAPTOP)
+    found = alternatives(check, rewards, groups, specs, scorer, None, False, None, 24, None, policy=LAPTOP)
     labels = [alternative.label for alternative in found]
     assert labels[0] == "Make `contains` the goal; pay `short` only when it passes"
     assert "Make `contains` the goal, keep `exact` as a metric" in labels
@@ -113,14 +113,14 @@ def test_a_system_message_is_measured_on_replies_sampled_again():
         example = {**groups[0].examples[0], "prompt": [{"role": "system", "content": system}]}
         return [example] * 4, ["cold", "Cold.", "The opposite is cold.", "warm"]
 
-    found = alternatives(check, rewards, groups, specs, scorer, resample, False, None, 24, None, LAPTOP)
+    found = alternatives(check, rewards, groups, specs, scorer, resample, False, None, 24, None, policy=LAPTOP)
     system = next(alternative for alternative in found if "system message" in alternative.label)
     assert system.pays == 0.5 and system.keeps_goal and "50 % of 4 replies sampled again pass `exact`" in system.effect
     assert system.fix == {"settings": {"data": {"system": asked[0]}}}
     assert "No change measured here" not in " ".join(
         check.__class__(**{**vars(check), "alternatives": found}).sentences())
-    assert not any("system message" in a.label for a in alternatives(check, rewards, groups, specs, scorer, resample,
-                                                                      True, None, 24, None, LAPTOP))  # the data has one
+    found = alternatives(check, rewards, groups, specs, scorer, resample, True, None, 24, None, policy=LAPTOP)
+    assert not any("system message" in a.label for a in found)  # the data has one
 
 
 def test_room_and_a_larger_model_are_offered_one_measured_one_not():
@@ -129,7 +129,7 @@ def test_room_and_a_larger_model_are_offered_one_measured_one_not():
     groups = sampled(rewards)
     check = check_goal(rewards, groups)
     found = {a.label: a for a in alternatives(check, rewards, groups, specs, scorer, None, False, 0.4, 24,
-                                              "HuggingFaceTB/SmolLM2-360M-Instruct", LAPTOP)}
+                                              "HuggingFaceTB/SmolLM2-360M-Instruct", policy=LAPTOP)}
     room = found["Give replies room: 48 new tokens"]
     assert room.measured and room.fix == {"settings": {"grpo": {"max_new_tokens": 48}}}
     assert room.effect == ("40 % of replies were cut off at 24 tokens; the goal passed on none of those and 0 % of "
@@ -138,7 +138,7 @@ def test_room_and_a_larger_model_are_offered_one_measured_one_not():
     assert not larger.measured and larger.effect.startswith("Not measured")
     assert larger.fix == {"settings": {"model": {"id": "HuggingFaceTB/SmolLM2-360M-Instruct"}}}
     assert not any("room" in label for label in (a.label for a in alternatives(
-        check, rewards, groups, specs, scorer, None, False, None, 24, None, LAPTOP)))
+        check, rewards, groups, specs, scorer, None, False, None, 24, None, policy=LAPTOP)))
 
 
 def test_a_goal_that_pays_a_little_is_gated_on_the_goal_that_pays_most():
@@ -152,6 +152,6 @@ def test_a_goal_that_pays_a_little_is_gated_on_the_goal_that_pays_most():
     check = check_goal(rewards, groups)
     assert check.passed == 1 and check.spread == pytest.approx(1 / 3)
     assert check.teaches  # a third of the groups differ in the goal: enough (GOAL_SEPARATES)
-    found = alternatives(check, rewards, groups, specs, scorer, None, False, None, 24, None, LAPTOP)
+    found = alternatives(check, rewards, groups, specs, scorer, None, False, None, 24, None, policy=LAPTOP)
     assert found[0].label == "Make `contains` the goal; pay `short` only when it passes"
     assert found[0].fix["change_rewards"]["short"] == {"only_when": "contains"}

@@ -170,75 +170,56 @@ def test_no_file_imports_one_that_imports_it_back():
     assert cycle is None, " -> ".join(cycle)
 
 
-def policy_parameters() -> dict[str, int]:
-    """The functions of the package that take a ``policy`` (public.Policy) with a default, by name: where the
-    policy sits among their positional arguments (a method's ``self`` not counted). A name that some other function
+def policy_parameters() -> set[str]:
+    """The functions of the package that take a ``policy`` (public.Policy), by name. A name that some other function
     of the package also has without one is left out, since a call cannot be told apart by its name."""
-    taking, other = {}, set()
+    taking, other = set(), set()
+    for path in files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [argument.arg for argument in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+                (taking if "policy" in names else other).add(node.name)
+    return taking - other
+
+
+def calls_without_a_policy(source: str, taking: set[str]) -> list[str]:
+    """The calls in ``source`` to a function of ``taking`` that do not name the policy they pass."""
+    return [f"{name}() on line {node.lineno}" for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and (name := node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None))
+            in taking and not any(keyword.arg in ("policy", None) for keyword in node.keywords)]
+
+
+def test_every_policy_is_a_required_keyword_argument():
+    """A policy fails closed: every function that takes one requires it, by name, so a call that forgot it fails at
+    once instead of quietly giving a public demo's visitor the laptop's freedom (public.LAPTOP), and a call cannot
+    pass it in another argument's place."""
+    loose = []
     for path in files():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            names = [argument.arg for argument in node.args.posonlyargs + node.args.args]
-            if names[:1] in (["self"], ["cls"]):
-                names = names[1:]
-            keywords = [argument.arg for argument in node.args.kwonlyargs]
-            if "policy" in names:
-                taking[node.name] = names.index("policy")
-            elif "policy" in keywords:
-                taking[node.name] = len(names) + 1  # never reached by position
-            else:
-                other.add(node.name)
-    return {name: index for name, index in taking.items() if name not in other}
-
-
-def calls_without_a_policy(source: str, taking: dict[str, int]) -> list[str]:
-    """The calls in ``source`` to a function of ``taking`` that leave its policy to the default."""
-    missing = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Call):
-            continue
-        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-        if name not in taking or any(keyword.arg in ("policy", None) for keyword in node.keywords):
-            continue
-        if len(node.args) <= taking[name] and not any(isinstance(arg, ast.Starred) for arg in node.args):
-            missing.append(f"{name}() on line {node.lineno}")
-    return missing
-
-
-def test_no_policy_below_the_entry_points_has_a_default():
-    """A policy fails closed: every function that takes one requires it, so a call that forgot it fails at once
-    instead of quietly giving a public demo's visitor the laptop's freedom (public.LAPTOP)."""
-    defaulted = []
-    for path in files():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            positional = node.args.posonlyargs + node.args.args
-            defaults = dict(zip([argument.arg for argument in positional[len(positional) - len(node.args.defaults):]],
-                                node.args.defaults))
             keywords = {argument.arg: default for argument, default in zip(node.args.kwonlyargs, node.args.kw_defaults)}
-            if "policy" in defaults or keywords.get("policy") is not None:
-                defaulted.append(f"{module_of(path)}.{node.name}")
-    assert defaulted == []
+            positional = [argument.arg for argument in node.args.posonlyargs + node.args.args]
+            if "policy" in positional or keywords.get("policy") is not None:
+                loose.append(f"{module_of(path)}.{node.name}")
+    assert loose == []
 
 
-def test_every_call_in_the_package_passes_the_policy_on():
-    """One policy, built from the environment by the entry points (public.Policy.from_env) and passed down: a
-    default (the laptop's) is for tests and scripts, so a call of the package that left it out would quietly give a
-    public demo's visitor the laptop's freedom."""
+def test_every_call_in_the_package_names_the_policy_it_passes():
+    """One policy, built from the environment by the entry points (public.Policy.from_env) and passed down by name."""
     taking = policy_parameters()
     assert {"locate", "read_table", "load_and_map", "build_rewards", "check_run", "submit_start",
-            "preview_data"} <= set(taking)
+            "preview_data"} <= taking
     missing = {module_of(path): calls for path in files()
                if (calls := calls_without_a_policy(path.read_text(encoding="utf-8"), taking))}
     assert missing == {}
 
 
 def test_the_policy_check_sees_a_forgotten_policy():
-    taking = {"locate": 2, "check_run": 1}
-    source = "locate(s)\nlocate(s, b, p)\ndata.locate(s, policy=p)\nx.check_run(c)\ncheck_run(c, p)\nlocate(*a)\n"
-    assert calls_without_a_policy(source, taking) == ["locate() on line 1", "check_run() on line 4"]
+    taking = {"locate", "check_run"}
+    source = "locate(s)\nlocate(s, b, p)\ndata.locate(s, policy=p)\nx.check_run(c)\ncheck_run(c, **p)\nother(c)\n"
+    assert calls_without_a_policy(source, taking) == ["locate() on line 1", "locate() on line 2",
+                                                      "check_run() on line 4"]
 
 
 # The modules that may read or write the environment, and why; everything else is handed what it needs.

@@ -234,7 +234,7 @@ def test_an_app_built_without_a_backend_takes_the_environments_policy(public_mod
 def test_the_allow_list_has_the_bundled_model_fitting_presets_and_the_owners_additions(monkeypatch):
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, "my-org/tiny-model, other/model")
-    allowed = public_checks.allowed_models(demo())
+    allowed = public_checks.allowed_models(policy=demo())
     assert allowed[0] == DEFAULT_MODEL_ID and allowed[-2:] == ["my-org/tiny-model", "other/model"]
     assert not {"google/gemma-3-1b-it", "meta-llama/Llama-3.2-1B-Instruct"} & set(allowed)  # gated: need a login
 
@@ -244,7 +244,7 @@ def test_outside_public_mode_nothing_is_refused(monkeypatch, tiny_config_dict):
     monkeypatch.delenv("SPACE_ID", raising=False)
     config = RunConfig.from_dict(with_setting(tiny_config_dict, "grpo.max_new_tokens", 32768), policy=LAPTOP)
     assert demo() is public.LAPTOP
-    public_checks.check_run(config, demo())
+    public_checks.check_run(config, policy=demo())
     assert public.LAPTOP.owns("anyone") and public.LAPTOP.asked_by(public.NOBODY).owns("anyone")
 
 
@@ -420,9 +420,9 @@ def test_a_visitor_continues_from_their_own_finished_run_only(public_mode, finis
     from dragon_ui.config import ModelConfig
 
     finished_run.update_status(owner="alice")
-    public_checks.check_model(ModelConfig(id=str(finished_run.path)), demo(public.Visitor(key="alice")))
+    public_checks.check_model(ModelConfig(id=str(finished_run.path)), policy=demo(public.Visitor(key="alice")))
     with pytest.raises(ConfigError, match="is not offered"):
-        public_checks.check_model(ModelConfig(id=str(finished_run.path)), demo(public.Visitor(key="bob")))
+        public_checks.check_model(ModelConfig(id=str(finished_run.path)), policy=demo(public.Visitor(key="bob")))
 
 
 def test_the_row_limit_is_said_in_the_data_tabs_words():

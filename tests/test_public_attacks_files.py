@@ -243,7 +243,7 @@ def share_of(tmp_path, monkeypatch):
     and the folder its uploads arrive in."""
     monkeypatch.setattr(public, "time", FakeTime())
     limits = public.Limits(disk_mb=(SHARE_BYTES + 2 * FORM_BYTES) / 2**20)
-    files = Files(tmp_path / "runs", public.Policy(limits=limits))
+    files = Files(tmp_path / "runs", policy=public.Policy(limits=limits))
     files.serve_from(tmp_path / "cache")
     return guard.RequestLimits(None, files=files, policy=files.policy), files.arrivals
 
@@ -436,18 +436,18 @@ SHOWN = {  # (the source, as it is shown in a public demo, what alice's page sen
 def test_a_public_demo_shows_a_source_by_its_name_and_reads_the_file_it_stands_for(uploads, demo_policy, source, shown,
                                                                                    read):
     alice = demo_policy.asked_by(public.Visitor(key="alice"))
-    assert shown_source(source(uploads), alice) == shown
-    assert real_source(shown, alice) == read(uploads)
-    assert shown_source(source(uploads), public.LAPTOP) == source(uploads)  # your own machine shows paths whole
-    assert real_source(shown, public.LAPTOP) == shown
+    assert shown_source(source(uploads), policy=alice) == shown
+    assert real_source(shown, policy=alice) == read(uploads)
+    assert shown_source(source(uploads), policy=public.LAPTOP) == source(uploads)  # your own machine shows paths whole
+    assert real_source(shown, policy=public.LAPTOP) == shown
 
 
 @pytest.mark.parametrize("sent", ["uploads/../bob/only/theirs.csv", "uploads/..", "uploads/", "uploads/*.csv",
                                   "uploads/second/mine.csv", " uploads/nothing.csv"])
 def test_only_a_plain_name_in_uploads_stands_for_an_upload(uploads, demo_policy, sent):
-    assert real_source(sent, demo_policy.asked_by(public.Visitor(key="alice"))) == sent
+    assert real_source(sent, policy=demo_policy.asked_by(public.Visitor(key="alice"))) == sent
     # a visitor nobody could tell apart has no uploads
-    assert real_source("uploads/mine.csv", demo_policy.asked_by(public.NOBODY)) == "uploads/mine.csv"
+    assert real_source("uploads/mine.csv", policy=demo_policy.asked_by(public.NOBODY)) == "uploads/mine.csv"
 
 
 def test_the_draft_a_browser_keeps_names_no_folder_and_comes_back_whole(uploads, demo_policy):
@@ -455,15 +455,16 @@ def test_the_draft_a_browser_keeps_names_no_folder_and_comes_back_whole(uploads,
 
     draft = {"name": "mine", "data": {"source": str(uploads["alice second"]), "prompt": "question"}}
     alice = demo_policy.asked_by(public.Visitor(key="alice"))
-    kept = shown_draft(draft, alice)
+    kept = shown_draft(draft, policy=alice)
     assert kept["data"] == {"source": "uploads/mine.csv", "prompt": "question"}
-    assert real_draft(kept, alice) == draft and draft["data"]["source"] == str(uploads["alice second"])
-    assert shown_draft(draft, public.LAPTOP) is draft and real_draft({"data": 3}, demo_policy) == {"data": 3}
+    assert real_draft(kept, policy=alice) == draft and draft["data"]["source"] == str(uploads["alice second"])
+    assert shown_draft(draft, policy=public.LAPTOP) is draft
+    assert real_draft({"data": 3}, policy=demo_policy) == {"data": 3}
 
 
 def test_a_public_recipe_names_no_folder_of_the_servers(demo_policy):
-    recipes = Recipes(Path(dragon_ui.__file__).parent / "assets" / "recipes", demo_policy.runs_dir, demo_policy)
+    recipes = Recipes(Path(dragon_ui.__file__).parent / "assets" / "recipes", demo_policy.runs_dir, policy=demo_policy)
     recipe = recipes.load("arithmetic")
     assert recipe["runs_dir"] == recipe["base_dir"] == ""
-    laptop = Recipes(recipes.folder, recipes.runs_dir, public.LAPTOP).load("arithmetic")
+    laptop = Recipes(recipes.folder, recipes.runs_dir, policy=public.LAPTOP).load("arithmetic")
     assert laptop["runs_dir"] == str(recipes.runs_dir) and laptop["base_dir"] == str(recipes.folder)

@@ -500,7 +500,7 @@ def test_a_stalled_upload_is_cut_and_leaves_nothing(tmp_path, monkeypatch):
 def public_files(tmp_path: Path):
     from dragon_ui.studio.files import Files
 
-    files = Files(tmp_path / "runs", public.Policy(limits=public.Limits()))
+    files = Files(tmp_path / "runs", policy=public.Policy(limits=public.Limits()))
     files.serve_from(tmp_path / "cache")
     return files
 

@@ -44,7 +44,7 @@ demo, demo_limits = attacks.demo, attacks.demo_limits  # its fixtures, used here
 pytestmark = pytest.mark.timeout(600)
 RETURNING_S = 8  # how long a returning visitor's page may take to open while 40 others open (it was 12.4 s)
 NOT_OPENED = "The settings this browser kept were not opened"
-RECIPES = Recipes(ASSETS_DIR / "recipes", Path("runs"), LAPTOP)
+RECIPES = Recipes(ASSETS_DIR / "recipes", Path("runs"), policy=LAPTOP)
 
 
 def nested(depth: int):

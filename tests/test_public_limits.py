@@ -512,7 +512,7 @@ def test_a_public_run_keeps_to_lora_its_rank_the_cores_and_the_main_revision(pub
     tiny_config_dict[section][key] = value
     tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
     with pytest.raises(ConfigError, match=refusal):
-        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), demo())
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=demo())
 
 
 def test_a_run_that_would_need_more_memory_than_the_machine_has_is_refused(public_mode, monkeypatch,
@@ -522,7 +522,7 @@ def test_a_run_that_would_need_more_memory_than_the_machine_has_is_refused(publi
     tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
     with pytest.raises(ConfigError, match=r"This run would need about [\d.]+ GB of memory with prompts of about 56 "
                                           r"tokens, more than the [\d.]+ GB this machine has"):
-        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), demo())
+        public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=demo())
 
 
 @pytest.mark.parametrize("long_words", [0, 150], ids=["short prompts", "some too long"])
@@ -990,7 +990,7 @@ def test_a_request_body_over_the_limit_is_refused_before_it_is_read_whole(public
         asyncio.run(limits(scope, receive, send))
         return sent[0]["status"]
 
-    limits = RequestLimits(app, files=Files(tmp_path, demo()), policy=demo(), body_bytes=1000)
+    limits = RequestLimits(app, files=Files(tmp_path, policy=demo()), policy=demo(), body_bytes=1000)
     assert request("/gradio_api/queue/join", [b"x" * 500], 500, limits) == 200 and seen == [500]
     assert request("/gradio_api/queue/join", [b"x" * 2000], 2000, limits) == 413  # declared too large
     assert request("/gradio_api/queue/join", [b"x" * 600] * 3, None, limits) == 413  # sent too large, undeclared

@@ -393,8 +393,8 @@ def test_to_dict_round_trips(settings):
 ])
 def test_public_demo_refuses_code_rewards(settings, fragment):
     spec = RewardSpec.from_dict(settings, policy=LAPTOP)  # the settings are fine; a public demo's policy refuses to run them
-    assert public_refusal(spec, LAPTOP, "rewards[0]") is None
-    assert fragment in public_refusal(spec, Policy(limits=Limits()), "rewards[0]")
+    assert public_refusal(spec, "rewards[0]", policy=LAPTOP) is None
+    assert fragment in public_refusal(spec, "rewards[0]", policy=Policy(limits=Limits()))
     build_rewards([spec], policy=LAPTOP)
     with pytest.raises(ConfigError) as caught:
         build_rewards([spec], policy=Policy(limits=Limits()))

@@ -133,7 +133,7 @@ def test_the_data_tab_shows_the_same_findings(kind, outcome, config_for, studio)
     draft = {**studio.recipes.default(), **{key: config[key] for key in ("data", "model", "hardware", "grpo")}}
     labels = {"data.source": "Data source", "data.sheet": "Sheet", "data.max_prompt_tokens": "Max prompt tokens"}
     source_status, _, mapping_status, counts, _, lengths, sheets = data_tab.preview_views(
-        data_tab._preview(draft, data_config(draft), draft_tokenizer(draft, policy=LAPTOP), LAPTOP)[0], labels)
+        data_tab._preview(draft, data_config(draft), draft_tokenizer(draft, policy=LAPTOP), policy=LAPTOP)[0], labels)
     if kind.startswith(("one prompt", "every prompt")):  # counted on the Data tab, dropped when the run starts
         limit = 512 if kind.startswith("one") else 5
         assert f"longer than {limit} tokens (data.max_prompt_tokens) and will be dropped" in lengths

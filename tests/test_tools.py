@@ -243,7 +243,7 @@ def test_a_public_demos_run_check_refuses_a_custom_tool_in_a_config_read_back(ti
     config = RunConfig.from_dict({**tiny_config_dict, "runs_dir": "", "model": {"id": DEFAULT_MODEL_ID}, "tools": [
         {"kind": "custom", "code": "def tool(x: str) -> str:\n    return x\n"}]}, load_code=False, policy=LAPTOP)
     with pytest.raises(ConfigError, match=r"tools\[0\].kind: custom Python tools and environments are turned off"):
-        public_checks.check_run(config, PUBLIC, reads_data=False)
+        public_checks.check_run(config, reads_data=False, policy=PUBLIC)
 
 
 def test_the_calculator_lesson_fits_a_free_space_with_its_own_prompts():

@@ -83,7 +83,7 @@ def test_a_tool_the_run_would_refuse_is_refused_here_and_the_list_stays(kind, se
 
 def test_a_public_demo_offers_no_custom_tool_and_refuses_one_sent_anyway(tmp_path):
     marker = tmp_path / "ran"
-    assert "custom" not in tools_section.kinds(PUBLIC) and "custom" in tools_section.kinds(LAPTOP)
+    assert "custom" not in tools_section.kinds(policy=PUBLIC) and "custom" in tools_section.kinds(policy=LAPTOP)
     answer = add([], "custom", policy=PUBLIC, code=f"open({str(marker)!r}, 'w')\ndef tool(x: str) -> str:\n    return x\n")
     assert said(answer[3]) == [("warn", "Choose a kind of tool: calculator, convert, lookup, search, guess_number, "
                                         "arithmetic.")]

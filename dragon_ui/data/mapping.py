@@ -304,7 +304,7 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     place = locate(source, base_dir, policy=policy)
     limit = rows_to_read(max_rows, policy=policy)
     if isinstance(place, HubDataset):
-        return Table(_load_hub(place.id, hub_config, hub_split, limit, policy))
+        return Table(_load_hub(place.id, hub_config, hub_split, limit, policy=policy))
     if not place.exists():
         tried = " or ".join(str(p.absolute()) for p in _candidate_paths(source, base_dir))
         raise ConfigError(f"data.source: no file at {tried}.")
@@ -332,7 +332,8 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     return table
 
 
-def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int | None, policy: Policy) -> list[dict]:
+def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int | None,
+              *, policy: Policy) -> list[dict]:
     """The rows of a Hub dataset split (the first ``max_rows``). A public demo streams them in a separate process
     with limits on its memory and time (stream_hub_rows, system/processes.py)."""
     if policy.public:

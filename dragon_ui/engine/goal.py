@@ -247,7 +247,7 @@ def alternatives(check: GoalCheck, rewards: list[Reward], groups: list[SampledGr
                  score: Callable[[list[Reward], list[dict], list[str]], list[ScoreResult]],
                  resample: Callable[[str], tuple[list[dict], list[str]]] | None, data_has_system: bool,
                  cut_off: float | None, max_new_tokens: int, larger_model: str | None,
-                 policy: Policy) -> list[Alternative]:
+                 *, policy: Policy) -> list[Alternative]:
     """What could make training teach the goal, each measured where it can be: ``score(rewards, examples,
     replies)`` scores replies (the pre-flight's score_examples); ``resample(system)`` samples some prompts again with
     that system message (None: no time for it). ``cut_off``: the share of replies cut off at ``max_new_tokens``,
@@ -257,7 +257,7 @@ def alternatives(check: GoalCheck, rewards: list[Reward], groups: list[SampledGr
     replies = [reply for group in groups for reply in group.replies]
     found: list[Alternative] = []
     best: tuple[float, Swap, list[float]] | None = None  # the swap of goal that pays most, and its scores
-    for swap in (swap for reward in goal for swap in goal_swaps(reward.spec, specs, policy)):
+    for swap in (swap for reward in goal for swap in goal_swaps(reward.spec, specs, policy=policy)):
         scores = [result.scores[swap.goal.name]
                   for result in score(build_rewards([swap.goal], policy=policy), examples, replies)]
         share = sum(passes(value, swap.goal) for value in scores) / len(scores)
@@ -315,7 +315,7 @@ class Swap:
     weights: dict[str, float]  # the training weights the change sets
 
 
-def goal_swaps(spec: RewardSpec, specs: list[RewardSpec], policy: Policy) -> list[Swap]:
+def goal_swaps(spec: RewardSpec, specs: list[RewardSpec], *, policy: Policy) -> list[Swap]:
     """For a goal reward that compares the answer: another extraction of it, or, for `exact`, `contains` as the
     goal (the list's own `contains`, or a new one) with `exact` kept as a metric."""
     swaps = []

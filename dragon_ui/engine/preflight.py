@@ -421,7 +421,7 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
                              lambda some, asked, replies: score_examples(some, asked, replies, should_stop),
                              resample if tools is None and in_time else None, bool(config.data.system),
                              report.capped_share if report.capped_share >= CAPPED_TOO_MANY else None,
-                             grpo.max_new_tokens, _larger_model(config.model.id), policy)
+                             grpo.max_new_tokens, _larger_model(config.model.id), policy=policy)
         report = dataclasses.replace(report, goal=dataclasses.replace(report.goal, alternatives=found))
     return dataclasses.replace(report, fixes=fixes_for(report, config))
 

@@ -36,7 +36,7 @@ class PublicDemoRefusal(ConfigError):
     """A setting this public demo does not allow; the message names the limit and how to lift it."""
 
 
-def check_run(config: RunConfig, policy: Policy, reads_data: bool = True, longest_prompt: int | None = None) -> None:
+def check_run(config: RunConfig, reads_data: bool = True, longest_prompt: int | None = None, *, policy: Policy) -> None:
     """Refuse the first setting of ``config`` that a public demo does not allow (nothing outside public mode),
     before any data is read or model loaded; ``reads_data`` False for a run whose data is already in its folder,
     ``longest_prompt`` its longest prompt in tokens, where it is known (check_memory)."""
@@ -46,7 +46,7 @@ def check_run(config: RunConfig, policy: Policy, reads_data: bool = True, longes
     if config.runs_dir and Path(config.runs_dir).expanduser().resolve() != policy.runs_dir:
         raise PublicDemoRefusal(f"runs_dir must be left empty in this public demo: runs are kept in its own folder "
                                 f"({LIFT} to keep them elsewhere).")
-    check_model(config.model, policy)
+    check_model(config.model, policy=policy)
     if reads_data:
         locate(config.data.source, policy=policy)  # refuses a source this demo does not read
     if config.data.max_rows is not None and config.data.max_rows > limits.dataset_rows:
@@ -78,7 +78,7 @@ def check_run(config: RunConfig, policy: Policy, reads_data: bool = True, longes
         raise PublicDemoRefusal(f"hardware.cpu_threads must be at most {cores} in this public demo, the cores of "
                                 f"this machine; got {config.hardware.cpu_threads} (empty picks the best number).")
     for index, spec in enumerate(config.rewards):
-        refusal = public_refusal(spec, policy, f"rewards[{index}]")
+        refusal = public_refusal(spec, f"rewards[{index}]", policy=policy)
         if refusal is not None:
             raise PublicDemoRefusal(refusal)
     for index, tool in enumerate(config.tools):  # a run's folder holds its config: what made it is not trusted
@@ -92,10 +92,10 @@ def check_run(config: RunConfig, policy: Policy, reads_data: bool = True, longes
     if config.generation.backend == "vllm-server":
         raise PublicDemoRefusal("generation.backend vllm-server is turned off in this public demo: it would send "
                                 f"requests from the server to an address you choose ({LIFT} to use a vLLM server).")
-    check_memory(config, policy, longest_prompt)
+    check_memory(config, longest_prompt, policy=policy)
 
 
-def check_model(model: ModelConfig, policy: Policy) -> None:
+def check_model(model: ModelConfig, *, policy: Policy) -> None:
     """Refuse a model a public demo does not offer: one that runs its repository's code, a revision of its
     repository other than the main one, or one off the allow-list (a large model would take the machine from every
     other visitor) that is not one of the visitor's own finished runs in the demo's runs folder."""
@@ -108,15 +108,15 @@ def check_model(model: ModelConfig, policy: Policy) -> None:
         raise PublicDemoRefusal("model.revision must be left empty in this public demo: a branch or pull request of "
                                 "the model's repository could hold other weights and another chat template than the "
                                 f"ones offered ({LIFT} to pick a revision).")
-    if policy.runs_dir is not None and _is_own_run(model.id, policy.runs_dir, policy):
+    if policy.runs_dir is not None and _is_own_run(model.id, policy.runs_dir, policy=policy):
         return
-    allowed = allowed_models(policy)
+    allowed = allowed_models(policy=policy)
     if model.id.strip() not in allowed:  # as listed: each other spelling would be another download and cache
         raise PublicDemoRefusal(f"model.id {model.id.strip()!r} is not offered in this public demo; choose one of "
                                 f"{', '.join(allowed)} ({LIFT} to train any model, or add it to {MODELS_ENV}).")
 
 
-def _is_own_run(model_id: str, runs_dir: Path, policy: Policy) -> bool:
+def _is_own_run(model_id: str, runs_dir: Path, *, policy: Policy) -> bool:
     """A folder of the demo's runs that the asking visitor started (continuing from it reads only their work)."""
     path = Path(os.path.normpath(os.path.abspath(model_id.strip())))
     if path.parent != runs_dir:
@@ -124,7 +124,7 @@ def _is_own_run(model_id: str, runs_dir: Path, policy: Policy) -> bool:
     return (path / "config.json").is_file() and policy.owns(RunDir(path).read_status().get("owner"))
 
 
-def check_memory(config: RunConfig, policy: Policy, longest_prompt: int | None = None) -> None:
+def check_memory(config: RunConfig, longest_prompt: int | None = None, *, policy: Policy) -> None:
     """Refuse a run whose estimated memory is more than this machine has: it would end out of memory, or push the
     app into swap for every visitor. ``longest_prompt``: the longest prompt the run keeps, in tokens, once its data
     is read (engine.training.inspect checks again then: a visitor chooses the data, and the demo caps it at
@@ -168,7 +168,7 @@ def _memory_gb(info, hardware) -> float | None:
     return info.cuda[hardware.gpu].total_gb if hardware.device == "cuda" else system_memory_gb(free=False)
 
 
-def allowed_models(policy: Policy) -> list[str]:
+def allowed_models(*, policy: Policy) -> list[str]:
     """The models a public demo offers: the presets (not gated) that a run at the public limits fits in this
     machine's memory, then the ones the owner adds with ``DRAGON_UI_PUBLIC_MODELS``."""
     return list(dict.fromkeys([*_fitting_presets(policy.limits or Limits()), *policy.models]))
@@ -202,7 +202,7 @@ _starts = Allowance(window_s=3600)  # each network address's starts and resumes 
 _preflights = Allowance(window_s=3600)  # and its pre-flights
 
 
-def take_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) -> None:
+def take_start(runs_dir: Path, preparing: list[Visitor] = (), *, policy: Policy) -> None:
     """Refuse a start or resume that would give the asking visitor, or its network address, more than its share,
     or else count it: runs training or waiting (an API client can open a new session for every call, so its address
     counts too; the runs of ``preparing``, not in the runs folder yet, count too), and starts in the last hour (a
@@ -228,7 +228,7 @@ def take_start(runs_dir: Path, policy: Policy, preparing: list[Visitor] = ()) ->
                         f"in {_starts.minutes_to_wait(who.address)} minutes ({LIFT} without limits).")
 
 
-def take_preflight(policy: Policy) -> None:
+def take_preflight(*, policy: Policy) -> None:
     """Refuse a pre-flight past its network address's allowance an hour, or else count it: each one samples the
     model for minutes, as a run's first steps do. Nothing outside public mode, or for the operator and the owner."""
     who = policy.visitor

@@ -42,7 +42,7 @@ def publish(run: RunDir, repo_id: str, merged: bool = False, private: bool = Fal
     from huggingface_hub import CommitOperationAdd, HfApi
 
     repo_id = check_repo_id(repo_id)
-    token = _token(token, policy)
+    token = _token(token, policy=policy)
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory(prefix="dragon-publish-") as staging:
         if merged:
@@ -78,7 +78,7 @@ def check_repo_id(repo_id: str) -> str:
     return repo_id
 
 
-def _token(token: str | None, policy: Policy) -> str:
+def _token(token: str | None, *, policy: Policy) -> str:
     """The token to upload with: the one given, else (not in a public demo) the one this machine is logged in with."""
     from huggingface_hub import get_token
 

@@ -61,7 +61,7 @@ def submit_start(config: RunConfig, *, policy: Policy, workers: Workers) -> RunD
     written, and starts at once if it is first in line with nothing training.
     """
     runs_dir = config.resolved_runs_dir()
-    with _place(runs_dir, policy):
+    with _place(runs_dir, policy=policy):
         run = training.prepare(config, waiting=True, policy=policy)
     with _lock:
         waiting = waiting_runs(runs_dir)
@@ -74,8 +74,8 @@ def submit_resume(run_dir: Path, *, policy: Policy, workers: Workers) -> RunDir:
     """Resume the run now if nothing trains and nobody waits, or else put it back in the queue."""
     run = training.check_resumable(run_dir, policy=policy)
     with _lock:
-        _refuse_if_full(run.path.parent, policy)
-        public_checks.take_start(run.path.parent, policy, _preparing)
+        _refuse_if_full(run.path.parent, policy=policy)
+        public_checks.take_start(run.path.parent, _preparing, policy=policy)
         if _free(run.path.parent):
             return training.resume(run.path, policy=policy, workers=workers).run
         run.update_status(state="queued", waiting="resume", queued_at=time.time(), phase="waiting for its turn",
@@ -84,14 +84,14 @@ def submit_resume(run_dir: Path, *, policy: Policy, workers: Workers) -> RunDir:
 
 
 @contextlib.contextmanager
-def _place(runs_dir: Path, policy: Policy):
+def _place(runs_dir: Path, *, policy: Policy):
     """A place in line for the asking visitor's run while it is prepared: the limits count it from the moment it
     is checked (under the lock), so starts sent at the same moment cannot all pass. It counts as a start at once,
     whether its preparation succeeds or not: reading the visitor's data is most of what a start costs."""
     who = policy.visitor
     with _lock:
-        _refuse_if_full(runs_dir, policy)
-        public_checks.take_start(runs_dir, policy, _preparing)
+        _refuse_if_full(runs_dir, policy=policy)
+        public_checks.take_start(runs_dir, _preparing, policy=policy)
         _preparing.append(who)
     try:
         yield
@@ -131,7 +131,7 @@ def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None,
             return None
 
 
-def _refuse_if_full(runs_dir: Path, policy: Policy) -> None:
+def _refuse_if_full(runs_dir: Path, *, policy: Policy) -> None:
     """In a public demo, refuse to queue one run more than its limit of runs waiting (those being prepared count)."""
     if not policy.public:
         return

@@ -93,19 +93,19 @@ def train_config(config: RunConfig, run_dir: str | Path | None = None, *, policy
     """Check the data, rewards and hardware, create the run directory and train it here, to its end: the command
     line's way (a process of its own). Mistakes found without loading a model raise ConfigError before any folder
     is created; so does a setting ``policy`` refuses. ``on_start`` gets the training first (to stop it on Ctrl+C)."""
-    return _train_to_the_end(prepare(config, run_dir, policy=policy), None, policy, on_start)
+    return _train_to_the_end(prepare(config, run_dir, policy=policy), None, on_start, policy=policy)
 
 
 def resume_here(run_dir: str | Path, *, policy: Policy,
                 on_start: Callable[[Training], object] | None = None) -> RunDir:
     """Continue a stopped, failed or interrupted run here from its latest checkpoint (or from the start if it has
     none), to its end: the command line's resume."""
-    run, checkpoint = _reopen(run_dir, policy)
-    return _train_to_the_end(run, checkpoint, policy, on_start)
+    run, checkpoint = _reopen(run_dir, policy=policy)
+    return _train_to_the_end(run, checkpoint, on_start, policy=policy)
 
 
-def _train_to_the_end(run: RunDir, resume_from: Path | None, policy: Policy,
-                      on_start: Callable[[Training], object] | None) -> RunDir:
+def _train_to_the_end(run: RunDir, resume_from: Path | None,
+                      on_start: Callable[[Training], object] | None, *, policy: Policy) -> RunDir:
     job = Training(run, policy=policy)
     if on_start is not None:
         on_start(job)
@@ -127,7 +127,7 @@ class Inspection:
 def inspect(config: RunConfig, *, policy: Policy) -> Inspection:
     """Every check a run passes before it trains (``policy``'s, the data's, the prompts', the rewards'), with what
     they found; ConfigError with the sentence to show at the first that fails. ``check`` prints it."""
-    public_checks.check_run(config, policy)
+    public_checks.check_run(config, policy=policy)
     preset = find_preset(config.model.id)
     if config.tools and preset is not None and preset.no_tools:  # said before anything is downloaded
         raise ConfigError(f"tools: {preset.id} cannot call tools: {preset.no_tools}; pick {TOOL_FAMILIES}.")
@@ -142,7 +142,7 @@ def inspect(config: RunConfig, *, policy: Policy) -> Inspection:
         tokenizer = ready_for_tools(tokenizer, source.label)
         mapped = replace(mapped, train=tools.shown(mapped.train), eval=tools.shown(mapped.eval))
     mapped, prompts = fit_prompts(mapped, tokenizer, limit, why, tools.every_function if tools else None)
-    public_checks.check_memory(config, policy, prompts.longest_kept)
+    public_checks.check_memory(config, prompts.longest_kept, policy=policy)
     if len(mapped.train) < config.training.batch_size:
         held_out = (f" ({len(mapped.eval)} more are held out for the before/after comparison; data.eval_frac 0 "
                     "trains on them too)") if mapped.eval else ""
@@ -193,11 +193,11 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
 def resume(run_dir: str | Path, *, policy: Policy, workers: Workers) -> TrainingProcess:
     """Continue a stopped, failed or interrupted run from its latest checkpoint (or from the start if it has none),
     in a process of ``workers``: the app's resume."""
-    run, checkpoint = _reopen(run_dir, policy)
-    return _launch(run, checkpoint, policy, workers)
+    run, checkpoint = _reopen(run_dir, policy=policy)
+    return _launch(run, checkpoint, workers, policy=policy)
 
 
-def _reopen(run_dir: str | Path, policy: Policy) -> tuple[RunDir, Path | None]:
+def _reopen(run_dir: str | Path, *, policy: Policy) -> tuple[RunDir, Path | None]:
     """The run, checked resumable and marked queued again, with the checkpoint it continues from."""
     run = check_resumable(run_dir, policy=policy)
     _refuse_if_busy()
@@ -213,8 +213,8 @@ def check_resumable(run_dir: str | Path, *, policy: Policy) -> RunDir:
     """The run, if it can be resumed (raises BusyError or ConfigError with the reason otherwise)."""
     run = RunDir(Path(run_dir), read_only=not distributed.is_main_process())
     # Its data was read (and checked) when it started.
-    public_checks.check_run(run.read_config(), policy, reads_data=False,
-                            longest_prompt=run.read_status().get("longest_prompt_tokens"))
+    public_checks.check_run(run.read_config(), reads_data=False,
+                            longest_prompt=run.read_status().get("longest_prompt_tokens"), policy=policy)
     state = run.read_status().get("state")
     if state in ACTIVE_STATES:
         raise BusyError(f"The run {run.id} is still {state}; stop it before resuming.")
@@ -231,7 +231,7 @@ def start_waiting(run: RunDir, resume: bool, *, policy: Policy, workers: Workers
     run.clear_stop_request()
     run.update_status(waiting=None, phase="waiting to resume" if resume else "waiting to start", stop_reason=None,
                       pid=None)  # owned by no process until one takes it (mark_owner)
-    return _launch(run, run.latest_checkpoint() if resume else None, policy, workers)
+    return _launch(run, run.latest_checkpoint() if resume else None, workers, policy=policy)
 
 
 def _refuse_if_busy() -> None:
@@ -240,12 +240,12 @@ def _refuse_if_busy() -> None:
         raise BusyError(f"A training is already running ({running.run.id}); stop it or wait for it to finish first.")
 
 
-def _launch(run: RunDir, resume_from: Path | None, policy: Policy, workers: Workers) -> TrainingProcess:
+def _launch(run: RunDir, resume_from: Path | None, workers: Workers, *, policy: Policy) -> TrainingProcess:
     """Hand the run to a process of ``workers``, which trains it (train_here) while the app serves."""
     global _active
     with _ACTIVE_LOCK:
         _refuse_if_busy()
-        _active = workers.take(run, resume_from, policy)
+        _active = workers.take(run, resume_from, policy=policy)
         return _active
 
 
@@ -398,7 +398,7 @@ def _train(handle: Training, config: RunConfig, resume_from: Path | None) -> str
         _free_accelerator_memory()
         distributed.barrier()
         if not run.read_only:
-            _evaluate_saved_weights(run, handle.policy)
+            _evaluate_saved_weights(run, policy=handle.policy)
     elif eval_rows and not run.read_only:
         sides = ["before"] if config.lora.enabled and "before" not in run.read_eval() else []
         try:
@@ -481,7 +481,7 @@ def _gpu_name(hardware: ResolvedHardware) -> str | None:
     return torch.cuda.get_device_properties(hardware.gpu).name
 
 
-def _evaluate_saved_weights(run: RunDir, policy: Policy) -> None:
+def _evaluate_saved_weights(run: RunDir, *, policy: Policy) -> None:
     """Score the starting and the trained model from the saved weights, loaded whole on the main process's GPU once
     the sharded trainer has let go of every GPU (the others wait at a barrier).
 

@@ -120,7 +120,7 @@ class Workers:
                                 env=environment, text=True,
                                 start_new_session=True)  # a Ctrl+C in the app's terminal is for the app to handle
 
-    def take(self, run: RunDir, resume_from: Path | None, policy: Policy) -> TrainingProcess:
+    def take(self, run: RunDir, resume_from: Path | None, *, policy: Policy) -> TrainingProcess:
         """Hand ``run`` to the warm worker (starting one if there is none, or if it warmed under other settings of
         the libraries) and return at once; the worker marks the run its own and trains it. The next worker warms up
         when this one has ended."""

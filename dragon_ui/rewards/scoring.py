@@ -42,7 +42,7 @@ def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training
     rewards = []
     for index, spec in enumerate(specs):
         where = f"rewards[{index}]"
-        refusal = public_refusal(spec, policy, where)
+        refusal = public_refusal(spec, where, policy=policy)
         if refusal is not None:
             raise ConfigError(refusal)
         if spec.kind == "custom":

@@ -158,13 +158,13 @@ def public_demo_refusal(kind: str) -> str | None:
     return PUBLIC_REFUSALS.get(kind)
 
 
-def public_refusal(spec: RewardSpec, policy: Policy, where: str) -> str | None:
+def public_refusal(spec: RewardSpec, where: str, *, policy: Policy) -> str | None:
     """Why ``policy`` refuses this reward (its kind runs code on the server, or its classifier is not offered), as
     the sentence to show; None when it allows it (always, outside public mode)."""
-    return _refusal(spec.kind, spec.model, policy, where)
+    return _refusal(spec.kind, spec.model, where, policy=policy)
 
 
-def _refusal(kind: str, model, policy: Policy, where: str) -> str | None:
+def _refusal(kind: str, model, where: str, *, policy: Policy) -> str | None:
     if not policy.public:
         return None
     if kind in PUBLIC_REFUSALS:
@@ -229,7 +229,7 @@ class RewardSpec:
         if kind not in REWARD_KINDS:
             raise ConfigError(f"{where}.kind {kind!r} is not a known reward kind; "
                               f"choose one of: {', '.join(REWARD_KINDS)}.")
-        refusal = _refusal(kind, data.get("model"), policy, where)
+        refusal = _refusal(kind, data.get("model"), where, policy=policy)
         if refusal is not None:
             raise ConfigError(refusal)
         allowed = _COMMON_FIELDS + _KIND_FIELDS[kind]

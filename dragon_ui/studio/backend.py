@@ -57,9 +57,9 @@ class Studio:
         self._preflight = threading.Lock()  # held by the one pre-flight running (Studio.preflight)
         # Each part asks for the hardware through this Studio, so that one detection (or a test's) serves all.
         machine = lambda refresh=False: self.hardware(refresh)  # noqa: E731
-        self.recipes = Recipes(Path(recipes_dir or ASSETS_DIR / "recipes").resolve(), self.runs_dir, policy)
-        self.previews = Previews(machine, policy)
-        self.files = Files(self.runs_dir, policy)
+        self.recipes = Recipes(Path(recipes_dir or ASSETS_DIR / "recipes").resolve(), self.runs_dir, policy=policy)
+        self.previews = Previews(machine, policy=policy)
+        self.files = Files(self.runs_dir, policy=policy)
         # ``workers``: a test's, shared between the Studios it makes, which closes it itself.
         self._own_workers = workers is None
         self.runs = Runs(self.recipes, self.previews, self.files, machine,
@@ -76,7 +76,7 @@ class Studio:
 
     def allowed_models(self) -> list[str]:
         """The models this demo offers (engine.public_checks.allowed_models)."""
-        return public_checks.allowed_models(self.policy)
+        return public_checks.allowed_models(policy=self.policy)
 
     def browser_storage_key(self) -> str:
         """The key gradio's BrowserState encodes what a browser keeps with (the draft, the visitor's token), kept
@@ -147,7 +147,7 @@ class Studio:
         if not self._preflight.acquire(blocking=False):
             raise BusyError("A pre-flight is running on this machine already; try again when it has finished.")
         try:
-            public_checks.take_preflight(self.policy)
+            public_checks.take_preflight(policy=self.policy)
             return preflight(config, self.previews.load, policy=self.policy, prompts=prompts, should_stop=should_stop, on_progress=on_progress)
         finally:
             self._preflight.release()

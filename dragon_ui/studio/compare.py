@@ -178,7 +178,7 @@ ASK_PROMPT_CHARS = 4000  # a free prompt's length: a question, not a document
 ASK_TEMPERATURE_MAX = 3.0
 
 
-def most_new_tokens(policy: Policy) -> int:
+def most_new_tokens(*, policy: Policy) -> int:
     """The longest reply "Ask both models" may ask for: a public demo's limit of new tokens per completion."""
     return policy.limits.max_new_tokens if policy.public else ASK_MAX_NEW_TOKENS
 
@@ -193,7 +193,7 @@ def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = N
         raise ConfigError(f"The prompt has {len(prompt):,} characters; ask with at most {ASK_PROMPT_CHARS:,}.")
     config = run.read_config()
     tokens = config.grpo.max_new_tokens if max_new_tokens is None else max_new_tokens
-    most = most_new_tokens(studio.policy)
+    most = most_new_tokens(policy=studio.policy)
     if isinstance(tokens, bool) or not isinstance(tokens, numbers.Real) or not 1 <= tokens <= most \
             or tokens != int(tokens):
         raise ConfigError(f"Max new tokens must be a whole number from 1 to {most}.")

@@ -33,7 +33,7 @@ class Files:
 
     policy = RequestPolicy()  # asked by the visitor of the request being served
 
-    def __init__(self, runs_dir: Path, policy: Policy) -> None:
+    def __init__(self, runs_dir: Path, *, policy: Policy) -> None:
         self.runs_dir = runs_dir
         self.policy = policy
         self.cache_dir = Path(tempfile.gettempdir())  # the web server's cache (serve_from)
@@ -163,7 +163,7 @@ class Files:
             self.runs_dir) else Path(path).name
 
 
-def shown_source(source: str, policy: Policy) -> str:
+def shown_source(source: str, *, policy: Policy) -> str:
     """A data source as the app shows it: as it is on your own machine; in a public demo a bundled dataset by its
     file name and an upload as uploads/<its name>, since where the server keeps its files (and the visitor key that
     names an upload's folder) is nobody's business. Other text (a Hub id, what a visitor typed) is shown as it is."""
@@ -177,7 +177,7 @@ def shown_source(source: str, policy: Policy) -> str:
     return source
 
 
-def real_source(shown: str, policy: Policy) -> str:
+def real_source(shown: str, *, policy: Policy) -> str:
     """The data source that a shown one stands for (shown_source's inverse, for what a page or an API client sends
     back): a bundled dataset's file name is that dataset, uploads/<name> the visitor's newest upload of that name.
     Any other text is left as it is, for the data loader to judge (data.locate)."""
@@ -195,18 +195,18 @@ def real_source(shown: str, policy: Policy) -> str:
     return str(max(kept, key=lambda path: path.stat().st_mtime)) if kept else shown
 
 
-def shown_draft(draft: dict, policy: Policy) -> dict:
+def shown_draft(draft: dict, *, policy: Policy) -> dict:
     """A draft as it leaves the server (the HTTP API's /recipe, the copy a browser keeps): its data source as
     shown_source shows it."""
-    return _with_source(draft, shown_source, policy)
+    return _with_source(draft, shown_source, policy=policy)
 
 
-def real_draft(draft: dict, policy: Policy) -> dict:
+def real_draft(draft: dict, *, policy: Policy) -> dict:
     """A draft as it comes back (a browser's kept copy): its data source as the file it stands for (real_source)."""
-    return _with_source(draft, real_source, policy)
+    return _with_source(draft, real_source, policy=policy)
 
 
-def _with_source(draft, change, policy: Policy):
+def _with_source(draft, change, *, policy: Policy):
     data = draft.get("data") if isinstance(draft, dict) else None
     if not policy.public or not isinstance(data, dict) or not isinstance(data.get("source"), str):
         return draft

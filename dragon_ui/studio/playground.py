@@ -319,7 +319,7 @@ def preview_tokenizer(model: ModelConfig, wait: bool = True,
     from ..engine.public_checks import PublicDemoRefusal, check_model
 
     try:
-        check_model(model, policy)  # a public demo loads no tokenizer of a model it does not offer
+        check_model(model, policy=policy)  # a public demo loads no tokenizer of a model it does not offer
     except PublicDemoRefusal as refusal:
         return None, f"{PLAIN_PREVIEW}: {refusal}"
     key = (model.id.strip(), model.revision, model.trust_remote_code)
@@ -376,11 +376,11 @@ def unpayable(rewards: list, data: DataConfig, base_dir: str | None, *, policy: 
     except DragonError:
         return []
     return list(_unpayable(json.dumps([spec.to_dict() for spec in specs], sort_keys=True),
-                           tuple(example.get("reference") or "" for example in examples), policy))
+                           tuple(example.get("reference") or "" for example in examples), policy=policy))
 
 
 @functools.lru_cache(maxsize=64)  # the form asks again at each edit; a math check takes a moment
-def _unpayable(specs: str, references: tuple[str, ...], policy: Policy) -> tuple[str, ...]:
+def _unpayable(specs: str, references: tuple[str, ...], *, policy: Policy) -> tuple[str, ...]:
     return tuple(cannot_pay(parse_rewards(json.loads(specs), policy=policy, load_code=False), list(references),
                             policy=policy).values())
 
@@ -420,7 +420,7 @@ def draft_max_new_tokens(draft: dict) -> int | None:
     return grpo.max_new_tokens
 
 
-def sampling_rewards(config: RunConfig, tokenizer, device: str, policy: Policy) -> list[Reward]:
+def sampling_rewards(config: RunConfig, tokenizer, device: str, *, policy: Policy) -> list[Reward]:
     """The rewards a sampled group is scored with: the run's, as a run builds them, classifiers on the model's
     device."""
     return build_rewards(config.rewards, base_dir=config.base_dir or None, tokenizer=tokenizer,

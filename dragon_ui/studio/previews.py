@@ -24,7 +24,7 @@ class Previews:
 
     policy = RequestPolicy()  # asked by the visitor of the request being served
 
-    def __init__(self, hardware: Callable[..., HardwareInfo], policy: Policy) -> None:
+    def __init__(self, hardware: Callable[..., HardwareInfo], *, policy: Policy) -> None:
         self.hardware = hardware
         self.policy = policy
         self.cache = ModelCache(hardware)
@@ -32,7 +32,7 @@ class Previews:
     def load(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
         """(model, tokenizer) for previews from the one cached load (engine.models.ModelCache); refused while a
         training uses this machine's CPU."""
-        public_checks.check_model(model, self.policy)
+        public_checks.check_model(model, policy=self.policy)
         settings = settings or HardwareSettings()
         if training.active_run() is not None:
             self._refuse_unless_room_beside_training(model, settings, self.cache.holds(model, adapter_dir, settings))

@@ -27,7 +27,7 @@ class Recipes:
 
     policy = RequestPolicy()  # asked by the visitor of the request being served
 
-    def __init__(self, folder: Path, runs_dir: Path, policy: Policy) -> None:
+    def __init__(self, folder: Path, runs_dir: Path, *, policy: Policy) -> None:
         self.folder = folder
         self.runs_dir = runs_dir
         self.policy = policy
@@ -74,8 +74,8 @@ class Recipes:
         config.runs_dir = str(self.runs_dir)
         if self.policy.public:
             config.base_dir = ""
-            config.data.source = real_source(config.data.source, self.policy)  # the file a shown name stands for
-        public_checks.check_run(config, self.policy)
+            config.data.source = real_source(config.data.source, policy=self.policy)  # the file a shown name stands for
+        public_checks.check_run(config, policy=self.policy)
         return config
 
     def check(self, draft: dict) -> RunConfig:

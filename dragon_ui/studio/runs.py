@@ -86,7 +86,7 @@ class Runs:
         config.runs_dir = str(self.folder)
         label = f"the settings of run {run_id}"
         for index, spec in enumerate(config.rewards):  # a run made outside this demo may use what it refuses
-            if (refusal := public_refusal(spec, self.policy, f"rewards[{index}]")) is not None:
+            if (refusal := public_refusal(spec, f"rewards[{index}]", policy=self.policy)) is not None:
                 raise ConfigError(f"The settings of run {run_id} cannot be used here: {refusal}")
         if not self.owns(run.read_status().get("owner")):
             withheld = []
@@ -94,7 +94,7 @@ class Runs:
             if not (is_hub_dataset_id(source, look_on_disk=False) or is_bundled(source)):
                 config.data.source, config.data.sheet = "", None
                 withheld.append("its data (choose yours on the Data tab)")
-            if config.model.id not in public_checks.allowed_models(self.policy):
+            if config.model.id not in public_checks.allowed_models(policy=self.policy):
                 config.model.id = DEFAULT_MODEL_ID
                 withheld.append(f"its starting model, a run of theirs ({DEFAULT_MODEL_ID} instead)")
             if config.notes and config.notes not in self.recipes.notes():  # their words, shown as if the app's

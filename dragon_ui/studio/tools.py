@@ -85,13 +85,13 @@ def draft_tool(draft: dict, name: str, *, policy: Policy):
     if chosen[0].is_environment:
         (factory,) = build_environments(chosen, draft.get("base_dir") or None, policy=policy).values()
         return chosen[0], factory
-    rows = [json.loads(example["row"]) for example in _data_examples(draft, policy)] \
+    rows = [json.loads(example["row"]) for example in _data_examples(draft, policy=policy)] \
         if chosen[0].kind in ("lookup", "search") else []
     (function,) = build_tools(chosen, rows, draft.get("base_dir") or None, policy=policy)
     return chosen[0], function
 
 
-def _data_examples(draft: dict, policy: Policy) -> list[dict]:
+def _data_examples(draft: dict, *, policy: Policy) -> list[dict]:
     """Every row of the draft's data, mapped (each its prompt, reference and row, every column as text: what a run's
     lookups and searches read, and what an environment is reset with)."""
     data = data_config(draft)
@@ -128,7 +128,7 @@ def try_tool(draft: dict, name: str, arguments_text: str, *, policy: Policy) -> 
         raise ConfigError("The arguments are not JSON; write them like {\"expression\": \"2 * 3\"}.") from None
     spec, function = draft_tool(draft, name, policy=policy)
     if spec.is_environment:
-        return _play(draft, spec, function, arguments, policy)
+        return _play(draft, spec, function, arguments, policy=policy)
     if not isinstance(arguments, dict):
         raise ConfigError("The arguments must be a JSON object of each argument's value, like "
                           "{\"expression\": \"2 * 3\"}.")
@@ -147,7 +147,7 @@ def _called(function, name: str, arguments: dict) -> str:
 MOST_PLAYED_CALLS = 20
 
 
-def _play(draft: dict, spec: ToolSpec, factory, calls, policy: Policy) -> str:
+def _play(draft: dict, spec: ToolSpec, factory, calls, *, policy: Policy) -> str:
     """Play the environment by hand: reset with the data's first row as a run resets it, the ``calls`` made in
     order (a list of {tool: arguments}), each answer, and what the environment says the conversation earned."""
     if isinstance(calls, dict):
@@ -157,7 +157,7 @@ def _play(draft: dict, spec: ToolSpec, factory, calls, policy: Policy) -> str:
             for call in calls):
         raise ConfigError(f"Play {spec.name} with a list of at most {MOST_PLAYED_CALLS} calls, each its tool and "
                           "arguments, like [{\"guess\": {\"number\": 50}}, {\"guess\": {\"number\": 25}}].")
-    examples = _data_examples(draft, policy)
+    examples = _data_examples(draft, policy=policy)
     use = ToolUse([], environments={spec.name: factory})
     (episode,) = use.episodes(use.shown(examples[:1]))
     tools = {function.__name__: function for function in episode[EPISODE_TOOLS]}

@@ -36,7 +36,7 @@ def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = 
         if spec.is_environment:
             continue
         where = f"tools[{index}]"
-        _refuse(spec, policy, where)
+        _refuse(spec, where, policy=policy)
         function = _function(spec, rows, base_dir, where)
         try:
             tool_schema(function)
@@ -58,7 +58,7 @@ def build_environments(specs: list[ToolSpec], base_dir: str | None = None,
         if not spec.is_environment:
             continue
         where = f"tools[{index}]"
-        _refuse(spec, policy, where)
+        _refuse(spec, where, policy=policy)
         factory = environment_factory(spec, base_dir, should_stop, where)
         for method in environment_tools(factory):
             if method.__name__ in names:
@@ -73,8 +73,8 @@ def build_environments(specs: list[ToolSpec], base_dir: str | None = None,
     return factories
 
 
-def _refuse(spec: ToolSpec, policy: Policy, where: str) -> None:
-    refusal = public_refusal(spec.kind, policy)
+def _refuse(spec: ToolSpec, where: str, *, policy: Policy) -> None:
+    refusal = public_refusal(spec.kind, policy=policy)
     if refusal is not None:
         raise ConfigError(f"{where}.kind: {refusal}")
 

@@ -75,7 +75,7 @@ class ToolSpec:
         if kind not in TOOL_KINDS:
             said = "has no kind" if kind is None else f".kind {str(kind)[:40]!r} is not a known tool kind"
             raise ConfigError(f"{where}{' ' if kind is None else ''}{said}; choose one of: {', '.join(TOOL_KINDS)}.")
-        refusal = public_refusal(kind, policy)
+        refusal = public_refusal(kind, policy=policy)
         if refusal is not None:
             raise ConfigError(f"{where}.kind: {refusal}")
         allowed = _COMMON_FIELDS + _KIND_FIELDS[kind]
@@ -134,7 +134,7 @@ def form_settings(kind: str) -> tuple[str, ...]:
     return tuple(setting for setting in _KIND_FIELDS.get(kind, ()) if setting != "file")
 
 
-def public_refusal(kind: str, policy: Policy) -> str | None:
+def public_refusal(kind: str, *, policy: Policy) -> str | None:
     """Why ``policy`` refuses a tool of this kind (its code would run on the server); None where it allows it."""
     return PUBLIC_REFUSAL if policy.public and kind in CODE_KINDS else None
 

@@ -233,8 +233,8 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
 
         def remember(draft: dict, pristine: dict, auto_name: str):
             """What the browser keeps: the drafts without the server's folders (files.shown_draft)."""
-            return {"draft": shown_draft(draft, studio.policy), "pristine": shown_draft(pristine, studio.policy),
-                    "auto_name": auto_name}
+            return {"draft": shown_draft(draft, policy=studio.policy),
+                    "pristine": shown_draft(pristine, policy=studio.policy), "auto_name": auto_name}
 
         form.watch(remember, [saved], [shared.pristine, shared.auto_name], alone=True)
         form.connect_watchers()
@@ -281,8 +281,9 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
                     shown = list(unchanged(message(f"{refusal} The page shows the {DEFAULT_RECIPE} recipe.", "warn")))
                 elif isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
                     pristine, auto_name = kept.get("pristine"), kept.get("auto_name")  # anything, as the browser kept
-                    shown = list(loaded(real_draft(kept["draft"], studio.policy), "",
-                                        real_draft(pristine, studio.policy) if isinstance(pristine, dict) else {},
+                    policy = studio.policy
+                    shown = list(loaded(real_draft(kept["draft"], policy=policy), "",
+                                        real_draft(pristine, policy=policy) if isinstance(pristine, dict) else {},
                                         auto_name if isinstance(auto_name, str) else ""))
                 else:  # the page shows the default recipe since its first paint: what was done since stays
                     shown = [gr.skip()] * (len(asking) + len(loading()))
@@ -335,7 +336,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         # The HTTP API (gradio_client): whole configs in, the same validation and run control as the buttons.
         def recipe(name: str) -> dict:
             """A recipe as a configuration to change and start (its data source as a public demo shows it)."""
-            return shown_draft(studio.recipes.load(name), studio.policy)
+            return shown_draft(studio.recipes.load(name), policy=studio.policy)
 
         def check(config: dict) -> str:
             """"valid", or the first problem, in the configuration file's words (dotted setting names): what

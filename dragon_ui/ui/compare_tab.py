@@ -198,7 +198,7 @@ def build(shared: Shared) -> None:
         prompt = gr.Textbox(label="Your prompt", lines=2, scale=4, elem_id="compare-prompt",
                             info="Any prompt; the example is one of the run's held-out prompts.")
         with gr.Column(scale=1, min_width=220):
-            most = compare.most_new_tokens(studio.policy)
+            most = compare.most_new_tokens(policy=studio.policy)
             max_new_tokens = gr.Slider(8, most, value=min(128, most), step=8, label="Max new tokens",
                                        elem_id="compare-max-tokens")
             temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)",

@@ -82,7 +82,7 @@ def preview_views(preview: DataPreview, labels: dict[str, str] | None = None, re
     return source_status, table, mapping_status, counts, rendered, lengths, sheets
 
 
-def _preview(draft: dict, setting: DataConfig, found: tuple | None, policy: Policy) -> tuple[DataPreview, str]:
+def _preview(draft: dict, setting: DataConfig, found: tuple | None, *, policy: Policy) -> tuple[DataPreview, str]:
     """The preview of a data setting rendered with ``found``, the draft's starting model's (tokenizer, note)
     (draft_tokenizer), and "". With None, while that tokenizer is still loading: the preview without it, and the
     model's name."""
@@ -114,13 +114,13 @@ def _column_picker(columns: list[str], value=_KEEP) -> gr.Dropdown:
     return gr.Dropdown(choices=columns, value=value or "", allow_custom_value=True)
 
 
-def _example_value(source: str, policy: Policy) -> str | None:
+def _example_value(source: str, *, policy: Policy) -> str | None:
     """The bundled example a source is, as the picker offers it (files.shown_source); None for any other source."""
-    return shown_source(source, policy) if source in {path for _, path in bundled_datasets()} else None
+    return shown_source(source, policy=policy) if source in {path for _, path in bundled_datasets()} else None
 
 
 def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_source: bool,
-           labels: dict[str, str], found: tuple | None, policy: Policy) -> tuple:
+           labels: dict[str, str], found: tuple | None, *, policy: Policy) -> tuple:
     """Preview a data setting with the tokenizer ``found`` (_preview); when it reads another table than the one
     shown, first fit the mapping to it.
 
@@ -134,7 +134,7 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
             setting, notes = fit_mapping(setting, rows, policy=policy)
         except DragonError:  # unreadable data: preview_data reports it next to the source field
             notes = []
-    preview, rendering = _preview(draft, setting, found, policy)
+    preview, rendering = _preview(draft, setting, found, policy=policy)
     source_status, table, mapping_status, counts, rendered, lengths, sheets = preview_views(preview, labels,
                                                                                             rendering)
     if show_source and preview.sheets:  # another file: the sheet read is its first, whichever the last one read
@@ -152,7 +152,7 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
     def source_field(value):
         return value if show_source else gr.skip()
 
-    return (source_field(shown_source(setting.source, policy)), _example_value(setting.source, policy),
+    return (source_field(shown_source(setting.source, policy=policy)), _example_value(setting.source, policy=policy),
             source_field(setting.hub_config or ""), source_field(setting.hub_split),
             setting.prompt if notes else gr.skip(),
             gr.Dropdown(choices=preview.columns, value=None), mapping_field(setting.reference),
@@ -168,7 +168,7 @@ def update_data(draft: dict, shown_table: list | None, labels: dict[str, str] | 
     are replaced by a guess (playground.fit_mapping) and the fields show the new values with a note saying so.
     """
     return _apply(draft, data_config(draft), shown_table, False, labels or {},
-                  draft_tokenizer(draft, policy=policy), policy)
+                  draft_tokenizer(draft, policy=policy), policy=policy)
 
 
 def use_source(draft: dict, source: str | None, shown_table: list | None,
@@ -178,7 +178,7 @@ def use_source(draft: dict, source: str | None, shown_table: list | None,
     if not source:
         return (gr.skip(),) * len(UPDATED)
     setting = replace(data_config(draft), source=source, hub_config=None, hub_split="train", sheet=None)
-    return _apply(draft, setting, shown_table, True, labels or {}, draft_tokenizer(draft, policy=policy), policy)
+    return _apply(draft, setting, shown_table, True, labels or {}, draft_tokenizer(draft, policy=policy), policy=policy)
 
 
 def fill_fields(draft: dict, *, policy: Policy) -> tuple:
@@ -189,8 +189,8 @@ def fill_fields(draft: dict, *, policy: Policy) -> tuple:
     fraction, max rows, sheet).
     """
     setting = data_config(draft)
-    return (shown_source(setting.source, policy), _example_value(setting.source, policy), setting.hub_config or "",
-            setting.hub_split, setting.prompt, gr.Dropdown(choices=[], value=None),
+    return (shown_source(setting.source, policy=policy), _example_value(setting.source, policy=policy),
+            setting.hub_config or "", setting.hub_split, setting.prompt, gr.Dropdown(choices=[], value=None),
             _column_picker([], setting.reference),
             _column_picker([], setting.system), setting.eval_frac, shown_number(setting.max_rows),
             gr.Dropdown(choices=[setting.sheet] if setting.sheet else [], value=setting.sheet,
@@ -203,22 +203,22 @@ def show_preview(draft: dict, labels: dict[str, str] | None = None, *, policy: P
     (first_preview) and the prompts follow. Yields what UPDATED names."""
     found = draft_tokenizer(draft, wait=False, policy=policy)
     if found is None:
-        yield _as_loaded(draft, labels, None, policy)
+        yield _as_loaded(draft, labels, None, policy=policy)
         found = draft_tokenizer(draft, policy=policy)
-    yield _as_loaded(draft, labels, found, policy)
+    yield _as_loaded(draft, labels, found, policy=policy)
 
 
 def first_preview(draft: dict, labels: dict[str, str] | None = None, *, policy: Policy) -> tuple:
     """show_preview's first answer, with the prompts only if the tokenizer is loaded already: quick enough to run
     while the app is built, for the page's first paint."""
-    return _as_loaded(draft, labels, draft_tokenizer(draft, wait=False, policy=policy), policy)
+    return _as_loaded(draft, labels, draft_tokenizer(draft, wait=False, policy=policy), policy=policy)
 
 
-def _as_loaded(draft: dict, labels: dict[str, str] | None, found: tuple | None, policy: Policy) -> tuple:
+def _as_loaded(draft: dict, labels: dict[str, str] | None, found: tuple | None, *, policy: Policy) -> tuple:
     """The preview of a loaded draft: its table is the one the settings were made for, so nothing is refitted, and
     no field the user may be typing in is written."""
     setting = data_config(draft)
-    return _apply(draft, setting, table_identity(setting), False, labels or {}, found, policy)
+    return _apply(draft, setting, table_identity(setting), False, labels or {}, found, policy=policy)
 
 
 def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] | None = None,
@@ -229,7 +229,7 @@ def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] 
     """
     if not previewed_model or _model_key(draft) == previewed_model:
         return (gr.skip(),) * 8
-    preview = _preview(draft, data_config(draft), draft_tokenizer(draft, policy=policy), policy)[0]
+    preview = _preview(draft, data_config(draft), draft_tokenizer(draft, policy=policy), policy=policy)[0]
     return (*preview_views(preview, labels),
             _model_key(draft))
 
@@ -242,14 +242,15 @@ def build(shared: Shared) -> Callable[[], None]:
                 "rewards compare a reply with (e.g. the correct answer).")
     with gr.Row():
         with gr.Column():
-            example = gr.Dropdown([(name, shown_source(path, studio.policy)) for name, path in bundled_datasets()],
-                                  value=None, label="Bundled example",
+            example = gr.Dropdown([(name, shown_source(path, policy=studio.policy))
+                                   for name, path in bundled_datasets()], value=None, label="Bundled example",
                                   info="Small datasets that ship with the app.", elem_id="data-example")
             upload = gr.File(label="…or upload a file", file_types=list(SUPPORTED_EXTENSIONS), height=120,
                              elem_id="data-upload")
             # It shows a source as the app shows it (files.shown_source); the draft holds the file it stands for.
             source = form.add("data.source", gr.Textbox(elem_id="data-source", **described(
-                "data.source", "Press Enter to load it.")), lambda value: real_source(_text(value), studio.policy))
+                "data.source", "Press Enter to load it.")),
+                lambda value: real_source(_text(value), policy=studio.policy))
             with gr.Row():
                 hub_config = form.add("data.hub_config", gr.Textbox(**described("data.hub_config"),
                                                                     placeholder="optional, e.g. main",
@@ -316,7 +317,8 @@ def build(shared: Shared) -> Callable[[], None]:
         shared.first_paint.append((lambda draft: first_preview(draft, form.labels, policy=studio.policy), updated))
 
         def replace_source(draft, new_source, shown):
-            return use_source(draft, real_source(new_source, studio.policy), shown, form.labels, policy=studio.policy)
+            policy = studio.policy
+            return use_source(draft, real_source(new_source, policy=policy), shown, form.labels, policy=policy)
 
         def take_upload(draft, new_source, shown):
             """An uploaded file becomes the source: in a public demo, moved into this visitor's own folder first

@@ -224,7 +224,7 @@ def new_spec(kind: str, rewards: list[dict]) -> dict:
     return {"kind": kind, "name": unique_name(kind, _names(rewards)), "weight": 1.0}
 
 
-def _listing(rewards: list[dict], selected: str, status: str, policy: Policy) -> list:
+def _listing(rewards: list[dict], selected: str, status: str, *, policy: Policy) -> list:
     """Everything the editor shows after the list or the selection changed: (rewards, table, selector, status,
     *editor), with the form showing exactly the selected reward (or a fresh new one)."""
     names = _names(rewards)
@@ -239,7 +239,7 @@ def _problem(exc: DragonError, rewards: list[dict]) -> str:
     return message(place_problem(str(exc), {}, rewards).text, "error")
 
 
-def _validated(rewards: list[dict], keep: list[dict], selected: str, status: str, policy: Policy) -> list:
+def _validated(rewards: list[dict], keep: list[dict], selected: str, status: str, *, policy: Policy) -> list:
     """The new list validated as a run would (``policy``'s refusals included); rejected, the list and the form stay
     as they are and the status says why (``keep`` is the list before)."""
     try:
@@ -249,7 +249,7 @@ def _validated(rewards: list[dict], keep: list[dict], selected: str, status: str
     specs = [spec.to_dict() for spec in parsed]
     if not specs:
         status = message("There are no rewards left; add at least one before training.", "warn")
-    return _listing(specs, selected, status, policy)
+    return _listing(specs, selected, status, policy=policy)
 
 
 def add_reward(rewards: list[dict], kind: str, name: str, weight: float, *values, policy: Policy) -> list:
@@ -257,7 +257,7 @@ def add_reward(rewards: list[dict], kind: str, name: str, weight: float, *values
     spec = form_to_dict(kind, name, weight, values)
     spec["name"] = spec["name"] or unique_name(kind, _names(rewards))
     return _validated([*rewards, spec], rewards, spec["name"], message(f"Added the reward {spec['name']}.", "ok"),
-                      policy)
+                      policy=policy)
 
 
 def save_reward(rewards: list[dict], selected: str, kind: str, name: str, weight: float, *values,
@@ -271,7 +271,7 @@ def save_reward(rewards: list[dict], selected: str, kind: str, name: str, weight
     spec["name"] = spec["name"] or kind
     changed = list(rewards)
     changed[names.index(selected)] = spec
-    return _validated(changed, rewards, spec["name"], message(f"Saved the reward {spec['name']}.", "ok"), policy)
+    return _validated(changed, rewards, spec["name"], message(f"Saved the reward {spec['name']}.", "ok"), policy=policy)
 
 
 def remove_reward(rewards: list[dict], selected: str, *, policy: Policy) -> list:
@@ -284,14 +284,14 @@ def remove_reward(rewards: list[dict], selected: str, *, policy: Policy) -> list
     position = names.index(selected)
     left = [spec for spec, name in zip(rewards, names, strict=True) if name != selected]
     following = _names(left)[min(position, len(left) - 1)] if left else NEW_REWARD
-    return _validated(left, rewards, following, message(f"Removed the reward {selected}.", "ok"), policy)
+    return _validated(left, rewards, following, message(f"Removed the reward {selected}.", "ok"), policy=policy)
 
 
 def select_reward(rewards: list[dict], selected: str, *, policy: Policy) -> list:
     """Show the chosen reward in the form (or a fresh new one). Returns (rewards, table, selector, status,
     *editor), the list and its table unchanged (skipped): a Remove clicked right after the choice may be answered
     first, and this answer, holding the list as it was, would put the removed reward back."""
-    return [gr.skip(), gr.skip(), *_listing(rewards, selected, "", policy)[2:]]
+    return [gr.skip(), gr.skip(), *_listing(rewards, selected, "", policy=policy)[2:]]
 
 
 def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight: float,
@@ -314,7 +314,7 @@ def fill_rewards(draft: dict, *, policy: Policy) -> list:
     *editor)."""
     rewards = list(draft.get("rewards") or [])
     names = _names(rewards)
-    return _listing(rewards, names[0] if names else NEW_REWARD, "", policy)
+    return _listing(rewards, names[0] if names else NEW_REWARD, "", policy=policy)
 
 
 def rewards_problem(rewards: list[dict], *, policy: Policy) -> str:
@@ -347,7 +347,7 @@ def playground_rows(draft: dict, current: int | None, labels: dict[str, str] | N
         return gr.Dropdown(choices=[], value=None), message(f"No rows to try: {sentence(exc, draft, labels)}", "warn")
     if _is_row(current) and current not in [example["number"] for example in examples]:
         try:
-            examples += [_example(draft, current, policy)]
+            examples += [_example(draft, current, policy=policy)]
         except DragonError:  # no such row in this data: the first is shown instead
             pass
     choices = [(_row_label(example["number"], example), example["number"]) for example in examples]
@@ -356,15 +356,15 @@ def playground_rows(draft: dict, current: int | None, labels: dict[str, str] | N
     return gr.Dropdown(choices=choices, value=keep), show_row(draft, keep, examples, policy=policy)
 
 
-def _example(draft: dict, row: int | None, policy: Policy) -> dict:
+def _example(draft: dict, row: int | None, *, policy: Policy) -> dict:
     """The mapped example of a row of the file (raises ConfigError when the data cannot be mapped or the row gives no
     prompt)."""
     if not _is_row(row):
         raise gr.Error("Choose a row to try first.")
-    return _examples_from(data_config(draft), draft.get("base_dir") or None, policy, row, 1)[0]
+    return _examples_from(data_config(draft), draft.get("base_dir") or None, row, 1, policy=policy)[0]
 
 
-def _examples_from(data, base_dir: str | None, policy: Policy, row: int, count: int) -> list[dict]:
+def _examples_from(data, base_dir: str | None, row: int, count: int, *, policy: Policy) -> list[dict]:
     """The examples of ``count`` rows of the file from ``row`` on; ConfigError when the first gives no prompt."""
     examples = preview_examples(data, base_dir, policy=policy, first=row, count=count)
     if not examples or examples[0]["number"] != row:
@@ -383,7 +383,7 @@ def show_row(draft: dict, row: int | None, examples: list[dict] | None = None, *
         return ""
     try:
         shown = [example for example in examples or [] if example["number"] == row]
-        example = shown[0] if shown else _example(draft, row, policy)
+        example = shown[0] if shown else _example(draft, row, policy=policy)
     except DragonError as exc:
         return message(sentence(exc, draft, None), "error")
     system = next((m["content"] for m in example["prompt"] if m["role"] == "system"), "")
@@ -399,7 +399,8 @@ def score_typed(draft: dict, row: int | None, completion: str, *, policy: Policy
                        "completion is rarely longer than a few thousand).", print_exception=False)
     rewards = playground_rewards(draft, policy=policy)
     try:
-        result = score_example(rewards, _example(draft, row, policy), completion if isinstance(completion, str) else "",
+        result = score_example(rewards, _example(draft, row, policy=policy),
+                               completion if isinstance(completion, str) else "",
                                policy.limits and policy.limits.scoring_seconds)
     except ConfigError as exc:  # its time limit
         raise gr.Error(str(exc), print_exception=False) from None
@@ -509,13 +510,13 @@ def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, sess
         return
     try:
         config = studio.recipes.validate_for_sampling(draft)
-        examples = _examples_from(config.data, config.base_dir or None, studio.policy, row, int(n_prompts))
+        examples = _examples_from(config.data, config.base_dir or None, row, int(n_prompts), policy=studio.policy)
         studio.recipes.check_sampling(config.grpo.group_size * len(examples))
         yield message(f"Loading {config.model.id}…", "info"), gr.skip(), ""
         model, tokenizer = studio.previews.load(config.model, settings=config.hardware)
         examples, tokenizer, tools = sampling_tools(config, examples, tokenizer, policy=studio.policy)
         refuse_long_prompts(examples, tokenizer, prompt_limit_of(draft, config.data, policy=studio.policy), tools)
-        rewards = sampling_rewards(config, tokenizer, str(model.device), studio.policy)
+        rewards = sampling_rewards(config, tokenizer, str(model.device), policy=studio.policy)
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
         return

@@ -65,11 +65,11 @@ KIND_HELP = {
 }
 
 
-def kinds(policy: Policy) -> list[str]:
+def kinds(*, policy: Policy) -> list[str]:
     return [kind for kind in TOOL_KINDS if not (policy.public and kind in CODE_KINDS)]
 
 
-def listing(tools: list[dict], chosen: str | None, status: str, policy: Policy) -> list:
+def listing(tools: list[dict], chosen: str | None, status: str, *, policy: Policy) -> list:
     """(tools, table, the tool picker, status) for a list that changed (validated by ``policy``)."""
     names = [spec["name"] for spec in tools]
     keep = chosen if chosen in names else (names[-1] if names else None)
@@ -79,22 +79,22 @@ def listing(tools: list[dict], chosen: str | None, status: str, policy: Policy) 
 
 def add_tool(tools: list[dict], kind: str, name: str, examples: str, *settings, policy: Policy) -> list:
     """Append the form's tool, validated as a run validates it; refused, the list stays and the status says why."""
-    if kind not in kinds(policy):
-        return [gr.skip(), gr.skip(), gr.skip(), message(f"Choose a kind of tool: {', '.join(kinds(policy))}.",
+    if kind not in kinds(policy=policy):
+        return [gr.skip(), gr.skip(), gr.skip(), message(f"Choose a kind of tool: {', '.join(kinds(policy=policy))}.",
                                                          "warn")]
     try:
         spec = new_spec(kind, name, dict(zip(SETTING_NAMES, settings, strict=True)), examples)
         changed = added(list(tools or []), spec, policy=policy)
     except DragonError as exc:
         return [gr.skip(), gr.skip(), gr.skip(), message(str(exc), "error")]
-    return listing(changed, changed[-1]["name"], message(f"Added the tool {changed[-1]['name']}.", "ok"), policy)
+    return listing(changed, changed[-1]["name"], message(f"Added the tool {changed[-1]['name']}.", "ok"), policy=policy)
 
 
 def remove_tool(tools: list[dict], chosen: str, *, policy: Policy) -> list:
     left = removed(list(tools or []), chosen)
     if len(left) == len(tools or []):
         return [gr.skip(), gr.skip(), gr.skip(), message("Choose the tool to remove first.", "warn")]
-    return listing(left, None, message(f"Removed the tool {chosen}.", "ok"), policy)
+    return listing(left, None, message(f"Removed the tool {chosen}.", "ok"), policy=policy)
 
 
 def change_kind(kind: str) -> list:
@@ -134,9 +134,9 @@ def fill_tools(draft: dict, *, policy: Policy) -> list:
     rounds = (draft.get("grpo") or {}).get("max_tool_calling_iterations", 2)
     column = (draft.get("data") or {}).get("environment_column") or ""
     try:
-        return [*listing(validated(draft.get("tools"), policy=policy), None, "", policy), rounds, column]
+        return [*listing(validated(draft.get("tools"), policy=policy), None, "", policy=policy), rounds, column]
     except DragonError as exc:
-        return [*listing([], None, message(str(exc), "error"), policy), rounds, column]
+        return [*listing([], None, message(str(exc), "error"), policy=policy), rounds, column]
 
 
 def build(shared: Shared) -> Callable[[], None]:
@@ -159,9 +159,9 @@ def build(shared: Shared) -> Callable[[], None]:
                          interactive=False, wrap=True, visible=False, elem_id="tools-table")
     with gr.Row():
         with gr.Column(scale=1):
-            kind = gr.Dropdown(kinds(studio.policy), value="calculator", label="Kind of tool", elem_id="tools-kind",
-                               info="Custom tools and environments are turned off in this public demo." if studio.policy.public
-                else None)
+            turned_off = "Custom tools and environments are turned off in this public demo."
+            kind = gr.Dropdown(kinds(policy=studio.policy), value="calculator", label="Kind of tool",
+                               elem_id="tools-kind", info=turned_off if studio.policy.public else None)
             kind_help = gr.Markdown(KIND_HELP["calculator"], elem_id="tools-kind-help")
             name = gr.Textbox(label="Name", placeholder="the kind's own", elem_id="tools-name",
                               info="What the model calls it: letters, digits and _.")

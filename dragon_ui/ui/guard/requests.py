@@ -56,7 +56,7 @@ class RequestLimits:
     """ASGI middleware of a public demo: the body limit, and uploads (see the module). A refusal is HTTP 400, 408,
     413 or 429 with one sentence."""
 
-    def __init__(self, app, files: Files, policy: Policy, body_bytes: int = BODY_BYTES) -> None:
+    def __init__(self, app, files: Files, body_bytes: int = BODY_BYTES, *, policy: Policy) -> None:
         self.app, self.files, self.policy, self.body_bytes = app, files, policy, body_bytes
 
     async def __call__(self, scope, receive, send):

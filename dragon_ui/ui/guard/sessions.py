@@ -48,7 +48,7 @@ class SessionDoor:
     gradio's queue only within its page's and its address's share (waiting.Waiting). A refusal is HTTP 400, 413 or
     429, with the sentence."""
 
-    def __init__(self, app, visitors: Visitors, policy: Policy, files: Files) -> None:
+    def __init__(self, app, visitors: Visitors, files: Files, *, policy: Policy) -> None:
         self.app, self.visitors, self.policy, self.files = app, visitors, policy, files
         self._turns = asyncio.Lock()  # the costly requests', one at a time
         self._waiting = Waiting()
