@@ -1,4 +1,4 @@
-"""The app's training in a worker process (engine/worker.py) against the command line's, which runs the same runner
+"""The app's training in a worker process (engine/workers.py) against the command line's, which runs the same runner
 in its own main thread (``dragon train``): the arithmetic recipe as the app ships it, alternating between the two
 ways in a rotating order so drift on a shared machine hits both equally. The first step of every run is dropped
 (warm-up) and the medians of the rest are compared, with the completions' mean length beside them: a step's time

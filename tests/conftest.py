@@ -146,11 +146,11 @@ def stop_the_training() -> None:
 
 @pytest.fixture(scope="session")
 def training_processes(tiny_model_dir):
-    """The app's training processes (engine/worker.py), shared by the tests' Studios as one app's are by its runs:
+    """The app's training processes (engine/workers.py), shared by the tests' Studios as one app's are by its runs:
     a worker warms up (the libraries and the tiny model) while the tests before its run go on, so a Start trains at
     once. ``training_processes(public)``: a public demo's, whose workers hold no Hub token."""
     from dragon_ui.config import HardwareSettings, ModelConfig
-    from dragon_ui.engine.worker import Workers
+    from dragon_ui.engine.workers import Workers
 
     pools: dict[bool, Workers] = {}
 

@@ -251,7 +251,7 @@ def drive(window) -> None:
             return
         from dragon_ui.config import RunConfig
         from dragon_ui.engine import queue
-        from dragon_ui.engine.worker import Workers
+        from dragon_ui.engine.workers import Workers
         from dragon_ui.public import LAPTOP
 
         reached("page")

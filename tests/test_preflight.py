@@ -266,7 +266,7 @@ def test_the_check_names_the_goal_and_a_reward_that_cannot_pay(tiny_config_dict,
 
 
 def test_a_fix_applies_only_what_the_last_preflight_offered(tiny_config_dict):
-    from dragon_ui.studio.preflight import apply_fix
+    from dragon_ui.studio.preflight_view import apply_fix
 
     warmer = Fix("Raise the temperature to 1.3", "why", settings={"grpo": {"temperature": 1.3}})
     draft, said = apply_fix(tiny_config_dict, [warmer], 0)
@@ -312,7 +312,7 @@ def test_cancel_reaches_the_preflights_thread_at_once(tiny_config_dict):
     batch meanwhile: Cancel sets the session's stop flag itself, so the sampling ends at its next token."""
     from types import SimpleNamespace
 
-    from dragon_ui.ui import preflight as panel
+    from dragon_ui.ui import preflight_section as panel
 
     asked, ended = threading.Event(), threading.Event()
 

@@ -75,7 +75,7 @@ def test_the_warm_up_leaves_the_cpus_to_an_opening_page_until_its_load_event(tin
 
 
 def test_a_run_on_the_taken_over_model_trains_exactly_like_one_that_loaded_its_own(tiny_studio):
-    """What a warm training process does (engine/worker_process.py): load the model, set it aside, and train on it."""
+    """What a warm training process does (engine/worker_main.py): load the model, set it aside, and train on it."""
     config = RunConfig.from_dict(tiny_studio.recipes.default(), policy=LAPTOP)
     cold = training.train_config(config, policy=LAPTOP)
     cache = models.ModelCache()

@@ -1,4 +1,4 @@
-"""The app trains each run in a process of its own (engine/worker.py): a Start hands the run to a warm worker that
+"""The app trains each run in a process of its own (engine/workers.py): a Start hands the run to a warm worker that
 has its model loaded, and a worker killed mid-run (as the out-of-memory killer does) or crashing leaves the app
 answering and the run failed, with its checkpoints, to be resumed."""
 
@@ -18,7 +18,7 @@ import yaml
 
 from dragon_ui.config import HardwareSettings, ModelConfig, RunConfig
 from dragon_ui.engine import training, worker
-from dragon_ui.engine.worker import TrainingProcess
+from dragon_ui.engine.workers import TrainingProcess
 from dragon_ui.studio.backend import Studio
 from dragon_ui.public import LAPTOP
 from conftest import ended, stop_the_training

@@ -259,7 +259,7 @@ def loaded_as(source: ModelSource, hardware: ResolvedHardware, dtype: str) -> tu
 
 
 # The model a warm training process loaded before its run came (ModelCache.release(for_training=True), see
-# engine/worker_process.py): the training takes it when it is what it would load itself (take_set_aside), which
+# engine/worker_main.py): the training takes it when it is what it would load itself (take_set_aside), which
 # spares the Start the load.
 _set_aside_lock = threading.Lock()
 _set_aside: tuple[tuple, object, object] | None = None  # (loaded_as key, model, tokenizer)

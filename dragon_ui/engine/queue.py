@@ -22,7 +22,7 @@ from ..errors import BusyError
 from ..public import Policy, Visitor
 from ..runstore import RunDir, list_runs
 from . import public_checks, training
-from .worker import Workers
+from .workers import Workers
 
 log = logging.getLogger("dragon_ui")
 

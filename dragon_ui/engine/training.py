@@ -1,6 +1,6 @@
 """GRPO training of one run, in the calling thread, writing everything it does into the run directory.
 
-One runner, two hosts: the app hands each run to a process of its own (engine/worker.py, which calls
+One runner, two hosts: the app hands each run to a process of its own (engine/workers.py, which calls
 :func:`train_here`), and the command line, a process of its own already, calls it in its main thread
 (:func:`train_config`). Either way :func:`prepare` checks the run and creates its folder first, in the process that was
 asked, so mistakes are said there; then the runner loads data and model, runs TRL's ``GRPOTrainer`` (the algorithm
@@ -42,7 +42,7 @@ from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokeniz
 from .prompts import PromptFit, context_length, fit_prompts, prompt_limit
 from .presets import find_preset
 from .tool_calls import TOOL_FAMILIES, ToolUse, ready_for_tools, scoring_episodes, tool_use
-from .worker import TrainingProcess, Workers
+from .workers import TrainingProcess, Workers
 
 log = logging.getLogger("dragon_ui")
 
@@ -255,7 +255,7 @@ def _launch(run: RunDir, resume_from: Path | None, workers: Workers, *, policy: 
 
 def train_here(job: Training, resume_from: Path | None) -> None:
     """Train ``job``'s run in the calling thread, to its end, and leave its final state in its status: the whole
-    work of a worker process (engine/worker_process.py) and of ``dragon train``."""
+    work of a worker process (engine/worker_main.py) and of ``dragon train``."""
     run = job.run
     run.mark_owner()
     job.started = time.monotonic()

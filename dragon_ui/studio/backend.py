@@ -6,7 +6,7 @@
 - ``files``: downloads, uploads and the paths the app shows (studio/files.py).
 
 The Studio itself holds what they share: the policy it serves under, the machine's hardware, the warm-up, and the
-training processes (engine/worker.py: every run trains in a process of its own). The UI receives a Studio as an argument, so tests can give it one pointed at a temporary runs
+training processes (engine/workers.py: every run trains in a process of its own). The UI receives a Studio as an argument, so tests can give it one pointed at a temporary runs
 folder and a tiny model.
 """
 
@@ -26,7 +26,7 @@ from ..engine.hardware import HardwareInfo, detect_hardware, resolve_hardware
 from ..engine.libraries import import_all
 from ..engine.preflight import MOST_PROMPTS, Preflight, preflight
 from ..errors import BusyError, ConfigError
-from ..engine.worker import STOP_GRACE_S, Workers
+from ..engine.workers import STOP_GRACE_S, Workers
 from ..public import Policy, RequestPolicy
 from ..runstore import read_json, write_json_atomic
 from .files import Files
@@ -71,7 +71,7 @@ class Studio:
 
     @property
     def workers(self) -> Workers:
-        """The training processes (engine/worker.py), which the runs own."""
+        """The training processes (engine/workers.py), which the runs own."""
         return self.runs.workers
 
     def allowed_models(self) -> list[str]:
@@ -115,7 +115,7 @@ class Studio:
         """Import the libraries (engine.libraries: whatever needs them meanwhile waits, rather than racing the
         import), detect the hardware, measure the CPU for the estimate while nothing else runs, and load the default
         recipe's model and tokenizer for previews; then warm a training process with that model
-        (engine/worker.py). Nothing is loaded beside a training, and a failure here only means the first use loads
+        (engine/workers.py). Nothing is loaded beside a training, and a failure here only means the first use loads
         what it needs."""
         self._page_opened.wait(page_wait_s)
         started = time.monotonic()

@@ -72,5 +72,5 @@ class Previews:
 
     def release(self) -> None:
         """Let go of the preview model: a training about to start needs the memory more (its worker process loads
-        its own, engine/worker.py)."""
+        its own, engine/workers.py)."""
         self.cache.release()

@@ -14,7 +14,7 @@ from ..data import is_bundled, is_hub_dataset_id
 from ..engine import public_checks, queue, retention, training
 from ..engine.estimate import estimate_run
 from ..engine.hardware import HardwareInfo, resolve_hardware
-from ..engine.worker import Workers
+from ..engine.workers import Workers
 from ..errors import ConfigError, DragonError, NotYoursError
 from ..public import Policy
 from ..rewards import public_refusal
@@ -178,7 +178,7 @@ class Runs:
         return seconds
 
     def training(self):
-        """The training this app started that is still going (engine.worker.TrainingProcess), or None."""
+        """The training this app started that is still going (engine.workers.TrainingProcess), or None."""
         return training.active_run()
 
     def waiting(self) -> list[RunDir]:

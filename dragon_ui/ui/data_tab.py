@@ -18,7 +18,7 @@ from ..data import DataConfig, bundled_datasets as shipped_datasets
 from ..errors import DragonError
 from ..studio.draft import place_problem
 from ..studio.files import real_source, shown_source
-from ..studio.preflight import difficulty_filter, without_difficulty_filter
+from ..studio.preflight_view import difficulty_filter, without_difficulty_filter
 from ..public import Policy
 from ..studio.playground import (DataPreview, data_config, draft_tokenizer, fit_mapping, load_rows, preview_data,
                                  prompt_limit_of, unpayable)

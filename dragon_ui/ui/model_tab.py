@@ -22,7 +22,7 @@ from ..studio import machine
 from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
 from ..studio.playground import preview_examples
-from . import preflight
+from . import preflight_section
 from .common import (MESSAGE_ICONS, TAB_TRAIN, Form, Shared, described, in_the_page, message, shows_errors,
                      number, optional_number, shown_number, tab_selected)
 
@@ -387,7 +387,7 @@ def build(shared: Shared) -> Callable[[], None]:
         start = gr.Button("Start training", variant="primary", scale=1, elem_id="model-start", interactive=False)
     areas["name"] = problem_area("name")
     start_status = gr.Markdown(elem_id="model-start-status")
-    connect_preflight = preflight.build(shared, will_it_learn)
+    connect_preflight = preflight_section.build(shared, will_it_learn)
     own = [f for f in form.fields if f.path in SETTINGS_AT or f.path == "name"]  # not the Rewards tab's tool rounds
     own_fields, own_paths = [f.component for f in own], [f.path for f in own]
 

@@ -1,4 +1,4 @@
-"""A training process of the app (engine/worker.py starts it): it warms up, then trains the one run the app hands
+"""A training process of the app (engine/workers.py starts it): it warms up, then trains the one run the app hands
 it on standard input, and ends."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .. import speedups
 from ..config import HardwareSettings, ModelConfig
 from ..public import Policy
 from ..runstore import RunDir
-from .worker import OWN_SETTINGS
+from .workers import OWN_SETTINGS
 
 log = logging.getLogger("dragon_ui")
 
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
 
 
 def _take_settings(settings: dict[str, str]) -> None:
-    """Our own settings as the app has them now (engine/worker.py): this worker may have warmed up before they
+    """Our own settings as the app has them now (engine/workers.py): this worker may have warmed up before they
     changed."""
     for key in [key for key in os.environ if key.startswith(OWN_SETTINGS)]:
         del os.environ[key]

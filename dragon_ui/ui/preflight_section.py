@@ -14,7 +14,7 @@ import gradio as gr
 from ..errors import Stopped
 from ..runstore import format_seconds
 from ..studio.backend import Studio
-from ..studio.preflight import MOST_FIXES, PROMPT_COLUMNS, Preflight, apply_fix, prompt_rows
+from ..studio.preflight_view import MOST_FIXES, PROMPT_COLUMNS, Preflight, apply_fix, prompt_rows
 from .common import (ONE_MODEL_AT_A_TIME, SAMPLING, TAB_REWARDS, Shared, explain, in_the_page, message,
                      tab_selected)
 from .rewards_tab import playground_rows

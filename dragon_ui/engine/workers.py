@@ -9,7 +9,7 @@ checkpoint to resume from, the policy it trains under) and it trains at once. Th
 run has ended, so it never takes cores or memory from a training. The app waits for each worker to end
 (:meth:`TrainingProcess.wait`): one that ends while its run still reads as active has its run marked failed, with why.
 
-``python -m dragon_ui.engine.worker_process`` is the worker itself; the command line and ``accelerate launch``
+``python -m dragon_ui.engine.worker_main`` is the worker itself; the command line and ``accelerate launch``
 train in their own process already, with the same runner (``training.train_here``).
 
 Our own settings (``DRAGON_UI_*``) are read when they are used, so they travel with each run (the job) and a warm
@@ -37,7 +37,7 @@ from ..system.processes import end_group
 
 log = logging.getLogger("dragon_ui")
 
-WORKER_MODULE = "dragon_ui.engine.worker_process"
+WORKER_MODULE = "dragon_ui.engine.worker_main"
 STOP_GRACE_S = 60  # how long a closing app waits for a stopped training to save its last step
 # How long a training asked to stop (Stop, or a public demo's time limit) may take to end before it is ended: a
 # stop acts at the next forward pass or reward, so only something that never returns (a reward, a library) is late.
