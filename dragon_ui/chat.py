@@ -7,9 +7,12 @@ the run's records read the text of one message from them.
 from __future__ import annotations
 
 import json
+from typing import Any
+
+Chat = list[dict[str, Any]]  # messages as TRL and chat templates take them: role, content, tool calls
 
 
-def _message_text(content) -> str:
+def _message_text(content: object) -> str:
     """Message content as text: a plain string, or the text parts of a multimodal content list."""
     if isinstance(content, str):
         return content
@@ -18,7 +21,7 @@ def _message_text(content) -> str:
     return ""
 
 
-def last_user_text(prompt) -> str:
+def last_user_text(prompt: str | Chat | None) -> str:
     """The last user message of a conversational prompt (what the reward calls "the prompt"), or a plain string."""
     if isinstance(prompt, str):
         return prompt
@@ -28,7 +31,7 @@ def last_user_text(prompt) -> str:
     return ""
 
 
-def completion_text(completion) -> str:
+def completion_text(completion: str | Chat | None) -> str:
     """The last assistant message's text of a conversational completion, or a plain string."""
     if isinstance(completion, str):
         return completion
@@ -38,14 +41,14 @@ def completion_text(completion) -> str:
     return ""
 
 
-def call_text(name, arguments) -> str:
+def call_text(name: object, arguments: object) -> str:
     """A tool call as one reads it: name(argument="value", ...)."""
     shown = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in arguments.items()) \
         if isinstance(arguments, dict) else json.dumps(arguments, ensure_ascii=False, default=str)
     return f"{name}({shown})"
 
 
-def turns_text(messages: list[dict]) -> str:
+def turns_text(messages: Chat) -> str:
     """A reply that called tools as plain text, one line a turn: its text and calls, each tool's answer after an
     arrow, and the final answer."""
     lines = []

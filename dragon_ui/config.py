@@ -14,9 +14,10 @@ import math
 import os
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from .data import DataConfig
 from .settings import is_described, setting, shown_default
@@ -443,7 +444,7 @@ class RunConfig:
     base_dir: str = ""
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], base_dir: str | os.PathLike | None = None,
+    def from_dict(cls, data: dict[str, Any], base_dir: str | os.PathLike[str] | None = None,
                   *, policy: Policy, load_code: bool = True) -> RunConfig:
         """The settings, validated; the rewards ``policy`` refuses are refused before any of their code runs.
         ``load_code`` False reads settings checked when they were saved without running a custom reward's code."""
@@ -454,7 +455,7 @@ class RunConfig:
             data["model"] = {"id": data["model"]}
         rewards = data.pop("rewards", None)
         tools = data.pop("tools", None)
-        config = _build(cls, data, "config", skip={"rewards", "tools"})
+        config: RunConfig = _build(cls, data, "config", skip={"rewards", "tools"})
         if rewards is None:
             raise ConfigError("rewards is missing; add at least one reward, for example `- kind: numeric`.")
         if not isinstance(rewards, list):
@@ -467,7 +468,7 @@ class RunConfig:
         return config
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, *, policy: Policy) -> RunConfig:
+    def from_file(cls, path: str | os.PathLike[str], *, policy: Policy) -> RunConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"No configuration file at {path}.")
@@ -538,16 +539,16 @@ class RunConfig:
         """The config as a YAML file a person can read: sections in order, multi-line code as literal blocks."""
         import yaml
 
-        class Dumper(yaml.SafeDumper):
+        class Dumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML ships no types
             pass
 
-        def text(dumper, value: str):
+        def text(dumper: Any, value: str) -> Any:
             return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
 
         Dumper.add_representer(str, text)
         data = self.to_dict()
         data.pop("base_dir")
-        return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True)
+        return str(yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True))
 
     def resolved_runs_dir(self) -> Path:
         """The folder this config's run goes in: ``runs_dir``, else ./runs. The command line and the app fill an
@@ -577,7 +578,7 @@ def documented_settings(section: type = RunConfig, prefix: str = "") -> list[Set
     own, nested = [], []
     for spec in dataclasses.fields(section):
         hint = typing.get_type_hints(section)[spec.name]
-        if dataclasses.is_dataclass(hint):
+        if _is_section(hint):
             nested += documented_settings(hint, f"{prefix}{spec.name}.")
         elif is_described(spec):
             own.append(SettingHelp(prefix + spec.name, spec.metadata["label"], spec.metadata["help"],
@@ -602,7 +603,7 @@ def settings_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` overrides to a config dict, before it is validated. A text setting takes the
     value as typed (``data.prompt=Q: {question}`` is that text; empty is none where the setting may be empty);
     any other setting is read as YAML (``5``, ``1e-5``, ``true``, ``[q_proj, v_proj]``)."""
@@ -626,13 +627,13 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def _setting_type(sections: list[str], name: str):
+def _setting_type(sections: list[str], name: str) -> Any:
     """The annotated type of the setting at ``sections`` + ``name`` (None when there is no such setting: the
     validation that follows says so in its own words)."""
     owner: type = RunConfig
     for section in sections:
         hint = typing.get_type_hints(owner).get(section)
-        if not dataclasses.is_dataclass(hint):
+        if not _is_section(hint):
             return None
         owner = hint
     return typing.get_type_hints(owner).get(name)
@@ -642,7 +643,12 @@ def _setting_type(sections: list[str], name: str):
 # Generic, strict loading of the dataclass sections from plain dicts.
 
 
-def _build(cls: type, data: Any, where: str, skip: set[str] = frozenset()) -> Any:
+def _is_section(hint: object) -> TypeGuard[type]:
+    """Whether a setting's annotated type is a section of settings (a dataclass), not a value."""
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+def _build(cls: type, data: Any, where: str, skip: Collection[str] = ()) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping of settings, not {type(data).__name__}.")
     hints = typing.get_type_hints(cls)
@@ -656,7 +662,7 @@ def _build(cls: type, data: Any, where: str, skip: set[str] = frozenset()) -> An
             continue
         path = name if where == "config" else f"{where}.{name}"
         hint = hints[name]
-        if dataclasses.is_dataclass(hint):
+        if _is_section(hint):
             kwargs[name] = _build(hint, data[name], path)
         else:
             kwargs[name] = _coerce(data[name], hint, path)

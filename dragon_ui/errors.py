@@ -51,7 +51,7 @@ def one_line(error: BaseException | str) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-def check_length(where: str, text: str | None, most: int) -> None:
+def check_length(where: str, text: object, most: int) -> None:
     """Refuse a text setting longer than ``most`` characters: any client can send megabytes in a field, and every
     check, preview and saved config would carry them."""
     if isinstance(text, str) and len(text) > most:
@@ -71,7 +71,7 @@ def check_unique_names(where: str, names: list[str], what: str) -> None:
 MAX_SEED = 2**32 - 1  # NumPy's seeds are 32-bit
 
 
-def check_seed(where: str, seed) -> None:
+def check_seed(where: str, seed: object) -> None:
     """Refuse a seed that is not a whole number NumPy and PyTorch both take."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise ConfigError(f"{where} must be a whole number from 0 to {MAX_SEED:,}, got {seed!r}.")

@@ -35,9 +35,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 from .system.disk import replaced_atomically
+
+if TYPE_CHECKING:
+    from .config import RunConfig
+
+Row = dict[str, Any]  # a JSON object as a run's files hold it
 
 ACTIVE_STATES = ("queued", "running")
 RECORDED_TEXT_CHARS = 2_000  # of a prompt or a reference in rollouts.jsonl and sampling.json: more than a view shows
@@ -56,11 +62,11 @@ class Turn(TypedDict, total=False):
 
     role: str  # "assistant": the model's text and calls (trained on); "tool": a tool's answer (not trained on)
     text: str | None
-    calls: list[dict]  # assistant: each call's {"name", "arguments"}
+    calls: list[Row]  # assistant: each call's {"name", "arguments"}
     name: str  # tool: which tool answered
 
 
-def recorded_turns(completion) -> list[Turn] | None:
+def recorded_turns(completion: object) -> list[Turn] | None:
     """A completion's turns when it called a tool (each text an excerpt), None for a one-message reply: the final
     answer is the last assistant turn, which the record's text already holds."""
     if not isinstance(completion, list) or not any(m.get("tool_calls") or m.get("role") == "tool"
@@ -85,7 +91,7 @@ STATE_LABELS = {"cancelled": "stopped — can resume"}
 
 def state_label(state: str | None) -> str:
     """A run state as the UI and the CLI show it."""
-    return STATE_LABELS.get(state, state or "unknown")
+    return STATE_LABELS.get(state or "", state or "unknown")
 
 
 def format_seconds(seconds: float) -> str:
@@ -113,13 +119,13 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
-def append_jsonl(path: Path, row: dict) -> None:
+def append_jsonl(path: Path, row: Mapping[str, Any]) -> None:
     line = json.dumps(row, ensure_ascii=False, allow_nan=False, default=str) + "\n"
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line)
 
 
-def read_appended_rows(path: Path, start: int = 0) -> tuple[list[dict], int]:
+def read_appended_rows(path: Path, start: int = 0) -> tuple[list[Row], int]:
     """Rows appended after byte offset ``start``, and the offset to pass next time (cheap polling for the UI).
 
     For the append-only logs a training writes while others read them (progress, rollouts): a line still being
@@ -144,7 +150,7 @@ def read_appended_rows(path: Path, start: int = 0) -> tuple[list[dict], int]:
 TAIL_CHUNK = 64 * 2**10
 
 
-def read_last_appended_row(path: Path, start: int = 0) -> tuple[list[dict], int]:
+def read_last_appended_row(path: Path, start: int = 0) -> tuple[list[Row], int]:
     """The newest whole row appended after byte offset ``start`` (a list of none or one), and the offset to pass
     next time: read_appended_rows for a view that shows only the newest row. The file is read back from its end,
     TAIL_CHUNK at a time, so a long run's history costs nothing."""
@@ -163,7 +169,7 @@ def read_last_appended_row(path: Path, start: int = 0) -> tuple[list[dict], int]
                 lines = whole.splitlines()
                 for line in reversed(lines[1:] if position > start else lines):  # the first may be cut
                     try:
-                        return [json.loads(line)], end
+                        return [json.loads(line)], start if end is None else end
                     except ValueError:  # a damaged or blank line: the one before it
                         continue
     except FileNotFoundError:
@@ -218,7 +224,7 @@ class RunStatus(TypedDict, total=False):
     hardware_reasons: list[str]
     model_label: str
     versions: dict[str, str]  # torch, TRL, transformers, PEFT, accelerate, gradio
-    speedups: dict  # {"active": [...], "disabled": {name: why}}
+    speedups: dict[str, Any]  # {"active": [...], "disabled": {name: why}}
     data_summary: str
     n_train: int
     n_eval: int
@@ -294,7 +300,7 @@ def errors_key(name: str) -> str:
     return f"errors/{name}"
 
 
-def value_at(row: dict, key: str) -> Any:
+def value_at(row: Mapping[str, Any], key: str) -> Any:
     """The row's value at ``key``: a top-level name, or "rewards/<name>" and "errors/<name>" inside their section."""
     section, _, name = key.partition("/")
     if name and section in NESTED:
@@ -303,7 +309,7 @@ def value_at(row: dict, key: str) -> Any:
     return row.get(key)
 
 
-def current_row(row: dict) -> dict:
+def current_row(row: object) -> Row:
     """A progress or held-out row in this version's shape. A version 1 row's reward_<name> and errors_<name> move
     under "rewards" and "errors" (its reward_std stays TRL's: that version could not tell a reward named "std" from
     it), and its frac_reward_zero_std becomes no_spread_share."""
@@ -313,23 +319,33 @@ def current_row(row: dict) -> dict:
     if isinstance(version, int) and version >= RECORD_VERSION:
         return row
     upgraded: dict[str, Any] = {}
-    nested: dict[str, dict] = {"rewards": {}, "errors": {}}
+    nested: dict[str, Row] = {"rewards": {}, "errors": {}}
     for key, value in row.items():
         if key.startswith("reward_") and key != "reward_std":
             nested["rewards"][key.removeprefix("reward_")] = value
         elif key.startswith("errors_"):
             nested["errors"][key.removeprefix("errors_")] = value
         elif key not in nested:
-            upgraded[_RENAMED.get(key, key)] = value
+            upgraded[_RENAMED.get(str(key), str(key))] = value
     return {**upgraded, **nested, "version": RECORD_VERSION}
 
 
-def read_record_rows(path: Path, start: int = 0) -> tuple[list[dict], int]:
+def read_record_rows(path: Path, start: int = 0) -> tuple[list[Row], int]:
     """read_appended_rows for progress.jsonl and heldout.jsonl, each row in this version's shape; a row without a
     whole-number step (a damaged file) is left out: every chart and alert is drawn against the step."""
     rows, offset = read_appended_rows(path, start)
     rows = [current_row(row) for row in rows]
     return [row for row in rows if isinstance(row.get("step"), int) and not isinstance(row["step"], bool)], offset
+
+
+class _InRun:
+    """A path inside the run folder, as an attribute of RunDir: ``_InRun("data", "train.jsonl")``."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, run: RunDir, owner: type | None = None) -> Path:
+        return run.path.joinpath(*self.parts)
 
 
 @dataclass
@@ -365,33 +381,33 @@ class RunDir:
     def id(self) -> str:
         return self.path.name
 
-    config_path = property(lambda self: self.path / "config.json")
-    status_path = property(lambda self: self.path / "status.json")
-    log_path = property(lambda self: self.path / "log.txt")
-    progress_path = property(lambda self: self.path / "progress.jsonl")
-    rollouts_path = property(lambda self: self.path / "rollouts.jsonl")
-    heldout_path = property(lambda self: self.path / "heldout.jsonl")
-    sampling_path = property(lambda self: self.path / "sampling.json")
-    data_dir = property(lambda self: self.path / "data")
-    train_data_path = property(lambda self: self.data_dir / "train.jsonl")  # the mapped training examples
-    eval_data_path = property(lambda self: self.data_dir / "eval.jsonl")  # the held-out ones (empty when none)
-    dropped_rows_path = property(lambda self: self.data_dir / "dropped.json")  # rows the difficulty filter left out
-    checkpoints_dir = property(lambda self: self.path / "checkpoints")
-    adapter_dir = property(lambda self: self.path / "adapter")
-    full_model_dir = property(lambda self: self.path / "model")
-    merged_dir = property(lambda self: self.path / "merged")  # the adapter folded into its model (merge)
-    tensorboard_dir = property(lambda self: self.path / "tensorboard")  # logging.report_to: [tensorboard]
-    eval_path = property(lambda self: self.path / "eval.json")
-    samples_path = property(lambda self: self.path / "samples.json")
-    stop_request_path = property(lambda self: self.path / "stop.request")
+    config_path = _InRun("config.json")
+    status_path = _InRun("status.json")
+    log_path = _InRun("log.txt")
+    progress_path = _InRun("progress.jsonl")
+    rollouts_path = _InRun("rollouts.jsonl")
+    heldout_path = _InRun("heldout.jsonl")
+    sampling_path = _InRun("sampling.json")
+    data_dir = _InRun("data")
+    train_data_path = _InRun("data", "train.jsonl")  # the mapped training examples
+    eval_data_path = _InRun("data", "eval.jsonl")  # the held-out ones (empty when none)
+    dropped_rows_path = _InRun("data", "dropped.json")  # rows the difficulty filter left out
+    checkpoints_dir = _InRun("checkpoints")
+    adapter_dir = _InRun("adapter")
+    full_model_dir = _InRun("model")
+    merged_dir = _InRun("merged")  # the adapter folded into its model (merge)
+    tensorboard_dir = _InRun("tensorboard")  # logging.report_to: [tensorboard]
+    eval_path = _InRun("eval.json")
+    samples_path = _InRun("samples.json")
+    stop_request_path = _InRun("stop.request")
 
     # --- config ------------------------------------------------------------------------------------------------
-    def write_config(self, config) -> None:
+    def write_config(self, config: RunConfig) -> None:
         if self.read_only:
             return
         write_json_atomic(self.config_path, config.to_dict())
 
-    def read_config(self):
+    def read_config(self) -> RunConfig:
         """The run's settings, as they were checked when the run was prepared: nothing is refused here and no
         custom reward's code runs (whoever builds its rewards applies the policy then)."""
         from .config import RunConfig
@@ -408,7 +424,7 @@ class RunDir:
     def read_status(self) -> RunStatus:
         """The status, with a run left "running" by a process that no longer exists reported (and saved) as failed.
         A run waiting in the queue belongs to no process until its turn comes."""
-        status = read_json(self.status_path, default={}) or {}
+        status = self._saved_status()
         if (status.get("state") in ACTIVE_STATES and not status.get("waiting")
                 and status.get("host") == socket.gethostname() and isinstance(status.get("pid"), int)
                 and not _pid_alive(status["pid"])):
@@ -417,14 +433,23 @@ class RunDir:
                                               "(closed, killed or out of memory). Resume continues from the latest checkpoint.")
         return status
 
-    def update_status(self, **fields: Any) -> RunStatus:
+    def update_status(self, **fields: Unpack[RunStatus]) -> RunStatus:
+        """Set ``fields`` (keys of RunStatus only: status.json is a contract every reader relies on) and
+        updated_at; the status as saved."""
+        unknown = fields.keys() - RunStatus.__annotations__.keys()
+        if unknown:
+            raise TypeError(f"status.json has no {', '.join(sorted(unknown))}: add it to RunStatus first")
         if self.read_only:
-            return read_json(self.status_path, default={}) or {}
+            return self._saved_status()
         with self._status_lock:
-            status = read_json(self.status_path, default={}) or {}
-            status.update(fields, updated_at=time.time())
+            status = self._saved_status()
+            status.update(fields)
+            status["updated_at"] = time.time()
             write_json_atomic(self.status_path, status)
             return status
+
+    def _saved_status(self) -> RunStatus:
+        return cast(RunStatus, read_json(self.status_path, default={}) or {})
 
     def mark_owner(self, pid: int | None = None) -> None:
         """Record which process owns the run (this one, or ``pid``: the training process it was handed to), so
@@ -436,7 +461,7 @@ class RunDir:
         if not self.read_only:
             append_jsonl(self.progress_path, {"version": RECORD_VERSION, **row})
 
-    def append_rollouts(self, row: dict) -> None:
+    def append_rollouts(self, row: Row) -> None:
         if not self.read_only:
             append_jsonl(self.rollouts_path, row)
 
@@ -444,20 +469,21 @@ class RunDir:
         if not self.read_only:
             append_jsonl(self.heldout_path, {"version": RECORD_VERSION, **row})
 
-    def write_sampling(self, batch: dict) -> None:
+    def write_sampling(self, batch: Row) -> None:
         if not self.read_only:
             write_json_atomic(self.sampling_path, batch)
 
-    def read_sampling(self) -> dict | None:
-        return read_json(self.sampling_path, default=None)
+    def read_sampling(self) -> Row | None:
+        batch: Row | None = read_json(self.sampling_path, default=None)
+        return batch
 
     def read_progress(self) -> list[ProgressRow]:
-        return read_record_rows(self.progress_path)[0]
+        return cast(list[ProgressRow], read_record_rows(self.progress_path)[0])
 
     def read_heldout(self) -> list[HeldOutRow]:
-        return read_record_rows(self.heldout_path)[0]
+        return cast(list[HeldOutRow], read_record_rows(self.heldout_path)[0])
 
-    def read_rollouts(self) -> list[dict]:
+    def read_rollouts(self) -> list[Row]:
         return read_appended_rows(self.rollouts_path)[0]
 
     def truncate_after_step(self, step: int) -> None:
@@ -496,11 +522,13 @@ class RunDir:
         self.stop_request_path.unlink(missing_ok=True)
 
     # --- evaluation and log ------------------------------------------------------------------------------------
-    def read_eval(self) -> dict:
-        return read_json(self.eval_path, default={}) or {}
+    def read_eval(self) -> Row:
+        found: Row = read_json(self.eval_path, default={}) or {}
+        return found
 
-    def read_samples(self) -> list[dict]:
-        return read_json(self.samples_path, default=[]) or []
+    def read_samples(self) -> list[Row]:
+        found: list[Row] = read_json(self.samples_path, default=[]) or []
+        return found
 
     def log_tail(self, max_chars: int = 20_000) -> str:
         try:
@@ -511,7 +539,7 @@ class RunDir:
             return ""
 
 
-def list_runs(runs_dir: Path) -> list[dict]:
+def list_runs(runs_dir: Path) -> list[Row]:
     """One summary per run folder, newest first: what ``python -m dragon_ui runs`` and the UI's run list show."""
     if not runs_dir.is_dir():
         return []

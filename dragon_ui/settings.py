@@ -22,7 +22,7 @@ def setting(default: Any = MISSING, *, label: str, help: str, factory: Callable[
     return field(default=default, metadata=metadata)
 
 
-def is_described(spec: Field) -> bool:
+def is_described(spec: Field[Any]) -> bool:
     return "help" in spec.metadata
 
 
@@ -31,11 +31,12 @@ def plain(markdown: str) -> str:
     return re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", markdown).replace("`", "")
 
 
-def shown_default(spec: Field) -> str:
+def shown_default(spec: Field[Any]) -> str:
     """The default as the reference writes it: a word for "none", code marks around names and lists."""
     if spec.metadata.get("shown_default"):
-        return spec.metadata["shown_default"]
-    value = spec.default_factory() if spec.default is MISSING else spec.default
+        return str(spec.metadata["shown_default"])
+    factory = spec.default_factory
+    value = factory() if spec.default is MISSING and callable(factory) else spec.default
     if value is None or value == "":
         return "–"
     if isinstance(value, bool):

@@ -7,6 +7,7 @@ import numbers
 import re
 import shlex
 from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass, fields
 
 
@@ -84,7 +85,7 @@ class Gate:
 _GATE_RE = re.compile(r"\s*([A-Za-z0-9_]+)\s*(?:>=\s*([-+0-9.eE]+)\s*)?")
 
 
-def gate_of(spec: RewardSpec | Mapping) -> Gate | None:
+def gate_of(spec: RewardSpec | Mapping[str, Any]) -> Gate | None:
     """The gate ``only_when`` sets (of a spec, or of a stored config's reward dict), or None for a reward that
     always pays."""
     text = spec.get("only_when") if isinstance(spec, Mapping) else spec.only_when
@@ -96,14 +97,14 @@ def is_goal(spec: RewardSpec, specs: list[RewardSpec]) -> bool:
     return spec.name in goal_names(specs)
 
 
-def goal_names(specs: list[RewardSpec] | list[Mapping]) -> list[str]:
+def goal_names(specs: list[RewardSpec] | list[Mapping[str, Any]]) -> list[str]:
     """The rewards (specs, or a stored config's reward dicts) that say the answer is right: those marked ``goal:
     true``; where none is, the heaviest (by training weight) of the GOAL_KINDS not marked ``goal: false``. [] when
     no reward says so (a run of format or length rewards alone): the whole total stands for the goal."""
-    def read(spec, key: str):
+    def read(spec: RewardSpec | Mapping[str, Any], key: str) -> Any:
         return spec.get(key) if isinstance(spec, Mapping) else getattr(spec, key)
 
-    def name(spec) -> str:
+    def name(spec: RewardSpec | Mapping[str, Any]) -> str:
         return str(read(spec, "name") or read(spec, "kind"))
 
     marked = [name(spec) for spec in specs if read(spec, "goal") is True]
@@ -134,7 +135,7 @@ def full_marks(spec: RewardSpec) -> float:
     return 0.0 if spec.kind in PENALTY_KINDS else 1.0
 
 
-def training_weight(reward: RewardSpec | Mapping) -> float:
+def training_weight(reward: RewardSpec | Mapping[str, Any]) -> float:
     """What a reward (a spec, or a stored config's dict) adds to the total that training maximizes: its weight, or
     0 for a metric (``train: false``), which is scored and shown everywhere but never trained on."""
     if isinstance(reward, Mapping):
@@ -142,7 +143,7 @@ def training_weight(reward: RewardSpec | Mapping) -> float:
     return reward.weight if reward.train else 0.0
 
 
-def stored_metrics(config: Mapping) -> set[str]:
+def stored_metrics(config: Mapping[str, Any]) -> set[str]:
     """The names of the rewards of a stored run config (config.json) that are metrics (``train: false``)."""
     return {str(reward.get("name") or reward.get("kind")) for reward in config.get("rewards") or []
             if isinstance(reward, Mapping) and reward.get("train") is False}
@@ -164,7 +165,7 @@ def public_refusal(spec: RewardSpec, where: str, *, policy: Policy) -> str | Non
     return _refusal(spec.kind, spec.model, where, policy=policy)
 
 
-def _refusal(kind: str, model, where: str, *, policy: Policy) -> str | None:
+def _refusal(kind: str, model: str | None, where: str, *, policy: Policy) -> str | None:
     if not policy.public:
         return None
     if kind in PUBLIC_REFUSALS:
@@ -211,7 +212,7 @@ class RewardSpec:
     function: str = "reward"
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "rewards[0]", *, policy: Policy,
+    def from_dict(cls, data: dict[str, Any], where: str = "rewards[0]", *, policy: Policy,
                   load_code: bool = True) -> RewardSpec:
         """Validate and coerce one reward's settings; every problem is a ConfigError that names the field. What
         ``policy`` refuses is refused first, before a custom reward's code is run to check it (``load_code``; off
@@ -251,7 +252,7 @@ class RewardSpec:
         _check_kind(spec, where, load_code)
         return spec
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """kind, name and weight, plus every setting that differs from its default; round-trips via from_dict."""
         out = {"kind": self.kind, "name": self.name or self.kind, "weight": self.weight}
         for f in fields(self):
@@ -276,7 +277,7 @@ def reward_rule(spec: RewardSpec) -> str:
         "json": "the reply is JSON" + (f" with the keys {', '.join(spec.keys)}" if spec.keys else ""),
         "length": f"the reply has {spec.min_chars or 0} to {spec.max_chars or 'any number of'} characters",
         "keyword": f"the reply contains {spec.mode} of: {', '.join(spec.words or [])}",
-        "format": f"the reply is laid out in the tags {', '.join(spec.tags or FORMAT_PRESETS.get(spec.preset, ()))}",
+        "format": f"the reply is laid out in the tags {', '.join(spec.tags or FORMAT_PRESETS.get(spec.preset or '', ()))}",
         "think_format": "the reply starts with one <think>…</think> block (TRL's think_format_reward)",
         "overlong": f"nothing, and takes up to 1 away as the reply nears {_tokens(spec.max_tokens)} (TRL's soft "
                     "overlong punishment)",
@@ -304,7 +305,7 @@ _LONGEST_ITEM, MOST_ITEMS, MOST_REWARDS = 200, 100, 20
 MOST_NGRAM, MOST_TOKENS = 32, 32768  # MOST_TOKENS: the largest grpo.max_new_tokens
 
 
-def _check_size(value, label: str, longest: int) -> None:
+def _check_size(value: object, label: str, longest: int) -> None:
     """Refuse a text longer than ``longest``, or a list of more than MOST_ITEMS items or with a longer item."""
     items = value if isinstance(value, (list, tuple)) else [value]
     if len(items) > MOST_ITEMS:
@@ -318,11 +319,11 @@ def _a(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
-def _given(value) -> bool:
+def _given(value: object) -> bool:
     return value is not None and value != ""
 
 
-def _as_float(value, label: str) -> float:
+def _as_float(value: object, label: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
         raise ConfigError(f"{label} must be a number, not {value!r}.")
     try:
@@ -334,21 +335,21 @@ def _as_float(value, label: str) -> float:
     return number
 
 
-def _non_negative(value, label: str) -> float:
+def _non_negative(value: object, label: str) -> float:
     number = _as_float(value, label)
     if number < 0:
         raise ConfigError(f"{label} must be zero or more, not {value!r}.")
     return number
 
 
-def _positive(value, label: str) -> float:
+def _positive(value: object, label: str) -> float:
     number = _as_float(value, label)
     if number <= 0:
         raise ConfigError(f"{label} must be more than zero, not {value!r}.")
     return number
 
 
-def _char_count(value, label: str) -> int:
+def _char_count(value: object, label: str) -> int:
     """A non-negative whole number; integral floats are accepted because UI number boxes return floats."""
     number = _as_float(value, label)
     if number != int(number) or number < 0:
@@ -356,7 +357,7 @@ def _char_count(value, label: str) -> int:
     return int(number)
 
 
-def _token_count(value, label: str) -> int:
+def _token_count(value: object, label: str) -> int:
     """A whole number of tokens, at least 1 (integral floats accepted, as for characters), at most a reply's cap."""
     number = _as_float(value, label)
     if number != int(number) or not 1 <= number <= MOST_TOKENS:
@@ -364,21 +365,21 @@ def _token_count(value, label: str) -> int:
     return int(number)
 
 
-def _ngram_size(value, label: str) -> int:
+def _ngram_size(value: object, label: str) -> int:
     number = _token_count(value, label)
     if number > MOST_NGRAM:
         raise ConfigError(f"{label} must be at most {MOST_NGRAM} tokens; repeats of longer sequences are rare.")
     return number
 
 
-def _as_label(value, label: str) -> str:
+def _as_label(value: object, label: str) -> str:
     """A label name, or its index (a whole number, also typed as text)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return str(value)
     return _as_text(value, label).strip()
 
 
-def _as_gate(value, label: str) -> str:
+def _as_gate(value: object, label: str) -> str:
     """``only_when``: a reward's name, optionally ``>= threshold``; kept in one spelling ("exact >= 0.5")."""
     found = _GATE_RE.fullmatch(value) if isinstance(value, str) else None
     if found is None:
@@ -389,26 +390,26 @@ def _as_gate(value, label: str) -> str:
     return f"{found[1]} >= {_as_float(found[2], label):g}"
 
 
-def _as_bool(value, label: str) -> bool:
+def _as_bool(value: object, label: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{label} must be true or false, not {value!r}.")
     return value
 
 
-def _as_text(value, label: str) -> str:
+def _as_text(value: object, label: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{label} must be a non-empty text, not {value!r}.")
     return value
 
 
-def _as_name(value, label: str) -> str:
+def _as_name(value: object, label: str) -> str:
     if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise ConfigError(f"{label} {value!r} may only use letters, digits and underscores, because it becomes the "
                           f"column name reward_<name>.")
     return value
 
 
-def _as_text_list(value, label: str) -> list[str]:
+def _as_text_list(value: object, label: str) -> list[str]:
     """A list of non-empty texts; a single text is taken as a one-item list."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items:
@@ -419,12 +420,12 @@ def _as_text_list(value, label: str) -> list[str]:
     return list(items)
 
 
-def _as_keys(value, label: str) -> list[str] | None:
+def _as_keys(value: object, label: str) -> list[str] | None:
     """JSON keys are optional, so an empty list means "just check that it parses"."""
     return _as_text_list(value, label) if value != [] else None
 
 
-def _as_tags(value, label: str) -> list[str]:
+def _as_tags(value: object, label: str) -> list[str]:
     tags = _as_text_list(value, label)
     for tag in tags:
         if not _TAG_RE.fullmatch(tag):
@@ -434,7 +435,7 @@ def _as_tags(value, label: str) -> list[str]:
     return tags
 
 
-def _as_argv(value, label: str) -> list[str]:
+def _as_argv(value: object, label: str) -> list[str]:
     """A list of arguments; a single text is split like a shell would (but no shell ever runs)."""
     if isinstance(value, str):
         try:
@@ -450,14 +451,14 @@ def _as_argv(value, label: str) -> list[str]:
 
 
 def _choice(*choices: str) -> Callable[[object, str], str]:
-    def parse(value, label: str) -> str:
-        if value not in choices:
+    def parse(value: object, label: str) -> str:
+        if not isinstance(value, str) or value not in choices:
             raise ConfigError(f"{label} {value!r} is not one of: {', '.join(choices)}.")
         return value
     return parse
 
 
-def _as_function_name(value, label: str) -> str:
+def _as_function_name(value: object, label: str) -> str:
     if not isinstance(value, str) or not value.isidentifier():
         raise ConfigError(f"{label} must be a Python function name like 'reward', not {value!r}.")
     return value
@@ -519,7 +520,7 @@ def _check_kind(spec: RewardSpec, where: str, load_code: bool) -> None:
             raise ConfigError(f"{where}.preset and {where}.tags are both set; use one of them.")
         if spec.tags is None:
             spec.preset = spec.preset or "think_answer"
-    elif kind == "overlong" and None not in (spec.max_tokens, spec.buffer_tokens) \
+    elif kind == "overlong" and spec.max_tokens is not None and spec.buffer_tokens is not None \
             and spec.buffer_tokens > spec.max_tokens:
         raise ConfigError(f"{where}.buffer_tokens ({spec.buffer_tokens}) is larger than {where}.max_tokens "
                           f"({spec.max_tokens}); the penalty starts that many tokens before the limit.")
@@ -555,7 +556,7 @@ def check_some_weight(specs: list[RewardSpec], where: str = "") -> None:
                           "weight above 0.")
 
 
-def parse_rewards(items: list, where: str = "rewards", *, policy: Policy,
+def parse_rewards(items: list[Any], where: str = "rewards", *, policy: Policy,
                   load_code: bool = True) -> list[RewardSpec]:
     """Validate a whole reward list: not empty, each entry valid (and allowed by ``policy``), names unique (they
     become column names)."""

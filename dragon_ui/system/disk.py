@@ -36,7 +36,7 @@ RUNS_DIR_ENV = "DRAGON_UI_RUNS_DIR"
 SPACE_STORAGE = Path("/data")  # a Hugging Face Space's persistent storage, where it has some
 
 
-def resolve_runs_dir(chosen: str | os.PathLike | None = None) -> Path:
+def resolve_runs_dir(chosen: str | os.PathLike[str] | None = None) -> Path:
     """Where runs live: the folder chosen (a config's runs_dir, --runs-dir), else $DRAGON_UI_RUNS_DIR, else
     ``runs`` in a Space's persistent storage (which outlives a restart of the Space), else ./runs."""
     default = "runs"

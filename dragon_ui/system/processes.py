@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ class FairTurns:
         self._tickets = 0
 
     @contextlib.contextmanager
-    def turn(self, asker: str, timeout: float):
+    def turn(self, asker: str, timeout: float) -> Iterator[None]:
         with self._condition:
             if asker and sum(waiting == asker for waiting, _ in self._waiting) >= WAITING_PER_ASKER:
                 raise TurnRefused(crowded=True)
@@ -88,11 +88,11 @@ _turns = FairTurns()
 
 def runs_apart(function: Callable[..., Any]) -> Callable[..., Any]:
     """Mark a top-level function of dragon_ui's as one run_apart may run: the process runs no other."""
-    function.runs_apart = True
+    setattr(function, "runs_apart", True)  # main runs only what carries this mark
     return function
 
 
-def run_apart(function: Callable[..., Any], arguments: dict, limit_bytes: int, what: str) -> Any:
+def run_apart(function: Callable[..., Any], arguments: dict[str, Any], limit_bytes: int, what: str) -> Any:
     """``function(**arguments)`` (marked @runs_apart, at its module's top level, whose answer is JSON) in a
     separate process; a ConfigError naming ``what`` (the file's or dataset's name) when it fails, runs out of memory
     or time, or hands back more than ``limit_bytes``, or waits too long for its turn (FairTurns)."""
@@ -137,15 +137,15 @@ def child_environment() -> dict[str, str]:
     return environment
 
 
-def _child(target: str, arguments: dict, limit_bytes: int, what: str,
-           folder: str) -> subprocess.CompletedProcess | None:
+def _child(target: str, arguments: dict[str, Any], limit_bytes: int, what: str,
+           folder: str) -> subprocess.CompletedProcess[str] | None:
     """The process, started in an empty folder (so nothing relative to the app's own folder is found there) without
     the server's Hub tokens; None when it ran out of time."""
     request = json.dumps({"target": target, "arguments": arguments, "limit_bytes": limit_bytes, "what": what,
                           "memory": MEMORY_MB * 2**20})
     try:
-        return subprocess.run([sys.executable, "-c", "from dragon_ui.system.processes import main; main()"], input=request,
-                              capture_output=True, text=True, timeout=SECONDS, env=child_environment(), cwd=folder)
+        return subprocess.run([sys.executable, "-c", "from dragon_ui.system.processes import main; main()"],
+                              input=request, capture_output=True, text=True, timeout=SECONDS, env=child_environment(), cwd=folder)
     except subprocess.TimeoutExpired:
         return None
 
@@ -160,7 +160,7 @@ def main() -> None:
     lower_priority()
     module, _, name = request["target"].partition(":")
     function = getattr(importlib.import_module(module), name, None) if module.startswith("dragon_ui.") else None
-    if not getattr(function, "runs_apart", False):
+    if function is None or not getattr(function, "runs_apart", False):
         raise SystemExit(f"apart runs the functions marked @runs_apart only, not {request['target']!r}")
     try:
         value = function(**request["arguments"])
@@ -173,7 +173,7 @@ def main() -> None:
     sys.stdout.write(answer)
 
 
-def end_group(process: subprocess.Popen, hard: bool) -> None:
+def end_group(process: subprocess.Popen[Any], hard: bool) -> None:
     """End a child started in a session of its own, and everything it started: SIGTERM, or with ``hard`` SIGKILL, to
     its process group. The child is not reaped yet, so its group id cannot have been reused. Where there are no
     process groups (Windows), the child alone."""
