@@ -17,7 +17,7 @@ import typing
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypedDict, TypeGuard
 
 from .data import DataConfig
 from .settings import is_described, setting, shown_default
@@ -410,6 +410,31 @@ class LoggingSettings:
             _check_choice(f"{where}.report_to[{i}]", name, TRACKERS)
         if len(set(self.report_to)) < len(self.report_to):
             raise ConfigError(f"{where}.report_to names a tracker twice: {', '.join(self.report_to)}.")
+
+
+Section = dict[str, Any]  # one section of a draft: its settings by name
+
+
+class Draft(TypedDict, total=False):
+    """A run's settings as the form, a kept browser draft or an API client holds them: RunConfig.to_dict's shape,
+    not validated yet (RunConfig.from_dict validates it). Its keys are RunConfig's fields."""
+
+    model: Section
+    data: Section
+    rewards: list[Section]
+    tools: list[Section]
+    grpo: Section
+    training: Section
+    lora: Section
+    hardware: Section
+    distributed: Section
+    generation: Section
+    logging: Section
+    n_samples: int
+    name: str
+    notes: str
+    runs_dir: str
+    base_dir: str
 
 
 @dataclass

@@ -450,3 +450,11 @@ def test_the_settings_table_has_a_row_per_setting_with_its_reference_link():
     assert len(rows) == len(documented_settings())
     (dropout,) = [row for row in rows if row.startswith("| `lora.dropout` |")]
     assert dropout.endswith("See [performance](performance.md#the-speed-ups). |")
+
+
+def test_a_draft_has_the_sections_and_settings_of_a_config():
+    """Draft types what the form, a kept browser draft and an API client hold: RunConfig.to_dict's keys."""
+    from dragon_ui.config import Draft
+
+    assert set(Draft.__annotations__) == {spec.name for spec in dataclasses.fields(RunConfig)}
+    assert set(RunConfig().to_dict()) <= set(Draft.__annotations__)

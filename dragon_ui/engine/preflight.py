@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from ..config import RunConfig
+from ..config import Draft, RunConfig
 from ..data import DataConfig, prompt_text
 from ..errors import DragonError, Stopped
 from ..grpo_math import finite_number, has_spread
@@ -96,7 +96,7 @@ class Fix:
     add_rewards: list[dict] = field(default_factory=list)
     change_rewards: dict[str, dict] = field(default_factory=dict)
 
-    def applied_to(self, draft: dict) -> dict:
+    def applied_to(self, draft: Draft) -> dict:
         """``draft`` with this fix: its settings set, its rewards changed and added (one of the same name is kept
         instead)."""
         changed = {**draft}

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..config import Draft
 from .. import ASSETS_DIR
 from ..engine import public_checks, queue
 from ..engine.estimate import estimate_run
@@ -133,7 +134,7 @@ class Studio:
                      config.model.id)
             self.workers.warm((config.model, config.hardware))
 
-    def preflight(self, draft: dict, prompts=None, should_stop: Callable[[], bool] | None = None,
+    def preflight(self, draft: Draft, prompts=None, should_stop: Callable[[], bool] | None = None,
                   on_progress: Callable[[int, int], None] | None = None) -> Preflight:
         """Will the draft learn? (engine.preflight) With the preview model, so it is refused while a training uses
         this machine's CPU, as previews are. ``prompts``: how many to sample, as anyone may send it."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import NOTES_CHARS, PATH_CHARS, RunConfig
+from ..config import Draft, NOTES_CHARS, PATH_CHARS, RunConfig
 from ..data import TEMPLATE_CHARS
 from ..errors import DragonError
 from ..public import Policy
@@ -109,7 +109,7 @@ def json_shape(value: Any, most_values: float = math.inf) -> tuple[int, int]:
     return values, deepest
 
 
-def set_path(draft: dict, path: str, value: Any) -> None:
+def set_path(draft: Draft, path: str, value: Any) -> None:
     """Set ``draft["a"]["b"]`` for the path "a.b", creating missing sections and replacing any that is not one (a
     draft kept by a browser may hold anything)."""
     *parents, leaf = path.split(".")

@@ -18,6 +18,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..config import Draft
 from ..data import bundled_datasets, is_bundled
 from ..errors import BusyError, ConfigError
 from ..public import LIFT, SHARE_WINDOW_S, Allowance, Policy, RequestPolicy
@@ -195,13 +196,13 @@ def real_source(shown: str, *, policy: Policy) -> str:
     return str(max(kept, key=lambda path: path.stat().st_mtime)) if kept else shown
 
 
-def shown_draft(draft: dict, *, policy: Policy) -> dict:
+def shown_draft(draft: Draft, *, policy: Policy) -> dict:
     """A draft as it leaves the server (the HTTP API's /recipe, the copy a browser keeps): its data source as
     shown_source shows it."""
     return _with_source(draft, shown_source, policy=policy)
 
 
-def real_draft(draft: dict, *, policy: Policy) -> dict:
+def real_draft(draft: Draft, *, policy: Policy) -> dict:
     """A draft as it comes back (a browser's kept copy): its data source as the file it stands for (real_source)."""
     return _with_source(draft, real_source, policy=policy)
 

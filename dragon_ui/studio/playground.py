@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from ..config import GRPOSettings, HardwareSettings, ModelConfig, RunConfig
+from ..config import Draft, GRPOSettings, HardwareSettings, ModelConfig, RunConfig
 from ..engine.hardware import resolve_hardware
 from ..engine.prompts import NO_LIMIT, prompt_limit, token_counts
 from ..chat import completion_text, turns_text
@@ -234,7 +234,7 @@ def preview_data(data: DataConfig, base_dir: str | None = None, tokenizer=None, 
     )
 
 
-def prompt_limit_of(draft: dict, setting: DataConfig, *, policy: Policy) -> int | None:
+def prompt_limit_of(draft: Draft, setting: DataConfig, *, policy: Policy) -> int | None:
     """The prompt length a run of the draft would keep to, where the form alone says it (engine.prompts.prompt_limit
     without the model's context, which is checked when the run starts); None for no limit."""
     try:
@@ -348,7 +348,7 @@ def _usable(cached: tuple | None) -> bool:
     return cached is not None and (cached[0] is not None or time.monotonic() - cached[2] < TOKENIZER_RETRY_S)
 
 
-def draft_tokenizer(draft: dict, wait: bool = True, *, policy: Policy) -> tuple[object | None, str] | None:
+def draft_tokenizer(draft: Draft, wait: bool = True, *, policy: Policy) -> tuple[object | None, str] | None:
     """(tokenizer, note) of the draft's starting model, as preview_tokenizer gives it (None: not loaded yet, and
     not ``wait``)."""
     model = draft.get("model") or {}
@@ -385,7 +385,7 @@ def _unpayable(specs: str, references: tuple[str, ...], *, policy: Policy) -> tu
                             policy=policy).values())
 
 
-def data_config(draft: dict) -> DataConfig:
+def data_config(draft: Draft) -> DataConfig:
     """The data section of a draft (a RunConfig.to_dict() shape) as a DataConfig; a missing section is empty."""
     try:
         return DataConfig(**(draft.get("data") or {}))
@@ -399,7 +399,7 @@ def data_config(draft: dict) -> DataConfig:
 PLAYGROUND_DEVICE = "cpu"  # a typed reply's classifier rewards: one reply needs no GPU, and a training may hold it
 
 
-def playground_rewards(draft: dict, *, policy: Policy) -> list[Reward]:
+def playground_rewards(draft: Draft, *, policy: Policy) -> list[Reward]:
     """The draft's rewards, validated and built as a run builds them; TRL's length and repetition rewards count with
     the starting model's tokenizer (loaded only for them) up to the draft's max new tokens; classifiers are loaded
     (once) on the CPU."""
@@ -410,7 +410,7 @@ def playground_rewards(draft: dict, *, policy: Policy) -> list[Reward]:
                          policy=policy)
 
 
-def draft_max_new_tokens(draft: dict) -> int | None:
+def draft_max_new_tokens(draft: Draft) -> int | None:
     """The draft's grpo.max_new_tokens, validated (at most 32,768); None while the Model tab is half typed."""
     try:
         grpo = GRPOSettings(**(draft.get("grpo") or {}))
@@ -541,7 +541,7 @@ def sampling_tools(config: RunConfig, examples: list[dict], tokenizer,
     return tools.shown(examples), ready_for_tools(tokenizer, config.model.id), tools
 
 
-def red_team_draft(draft: dict, *, policy: Policy) -> RedTeam:
+def red_team_draft(draft: Draft, *, policy: Policy) -> RedTeam:
     """The red team (engine.redteam) of the draft's rewards on the playground's rows, padded to its max new tokens.
     In a public demo it stops at the limit on scoring a typed reply, and says so."""
     rewards = playground_rewards(draft, policy=policy)

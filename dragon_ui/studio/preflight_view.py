@@ -3,6 +3,7 @@ fixes applied to the settings shown."""
 
 from __future__ import annotations
 
+from ..config import Draft
 from ..data import DataConfig
 from ..engine.preflight import Fix, Preflight
 from ..errors import ConfigError
@@ -23,7 +24,7 @@ def prompt_rows(report: Preflight) -> list[list]:
             for check in report.ranked()]
 
 
-def difficulty_filter(draft: dict) -> str:
+def difficulty_filter(draft: Draft) -> str:
     """The difficulty filter the draft sets, in a sentence ("" for none): how many rows the pre-flight measured, the
     range kept, and how many of them fall outside it."""
     data = draft.get("data") if isinstance(draft.get("data"), dict) else {}
@@ -38,14 +39,14 @@ def difficulty_filter(draft: dict) -> str:
             f"whose pass rate is outside {low:g} to {high:g}; the other rows all train.")
 
 
-def without_difficulty_filter(draft: dict) -> tuple[dict, str]:
+def without_difficulty_filter(draft: Draft) -> tuple[dict, str]:
     """The draft with no difficulty filter (every row trains again), and the sentence saying so."""
     data = {key: value for key, value in (draft.get("data") or {}).items()
             if key not in ("pass_rates", "min_pass_rate", "max_pass_rate")}
     return {**draft, "data": data}, "Cleared the difficulty filter: every row trains."
 
 
-def apply_fix(draft: dict, found: list[Fix], number: int) -> tuple[dict, str]:
+def apply_fix(draft: Draft, found: list[Fix], number: int) -> tuple[dict, str]:
     """The draft with the ``number``th fix of the last pre-flight, and the sentence saying so."""
     if not isinstance(found, list) or not 0 <= number < len(found):
         raise ConfigError("There is no such fix: press Will it learn? again.")

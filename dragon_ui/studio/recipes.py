@@ -10,7 +10,7 @@ import copy
 import os
 from pathlib import Path
 
-from ..config import RunConfig
+from ..config import Draft, RunConfig
 from ..engine import public_checks, training
 from ..errors import ConfigError
 from ..public import Policy, RequestPolicy
@@ -64,7 +64,7 @@ class Recipes:
         """The recipes' notes: a lesson's, in a run of another visitor, are still the app's own words."""
         return {RunConfig.from_file(self.folder / f"{name}.yaml", policy=self.policy).notes for name in self.names()}
 
-    def validate(self, draft: dict) -> RunConfig:
+    def validate(self, draft: Draft) -> RunConfig:
         """The draft as a validated RunConfig that this demo allows (raises ConfigError with the sentence to show).
 
         The app keeps runs in its own folder, whatever a draft says; in a public demo no folder of a draft is used
@@ -78,7 +78,7 @@ class Recipes:
         public_checks.check_run(config, policy=self.policy)
         return config
 
-    def check(self, draft: dict) -> RunConfig:
+    def check(self, draft: Draft) -> RunConfig:
         """What ``dragon check`` checks: the settings, then the data, prompts and rewards read as a Start reads them
         (a Hub dataset that cannot be reached is refused here, not at Start). A public demo checks the settings and
         its limits only: reading a visitor's data takes the demo's one reading slot, and a Start, which reads it,
@@ -97,7 +97,7 @@ class Recipes:
             raise ConfigError(f"That samples {replies} replies, more than this public demo's limit of {most} "
                               "completions per step; sample fewer rows or lower the group size.")
 
-    def validate_for_sampling(self, draft: dict) -> RunConfig:
+    def validate_for_sampling(self, draft: Draft) -> RunConfig:
         """The settings the playground's sampling uses, validated; the others are left at their defaults, so a
         learning rate half typed on the Model tab does not stop anyone trying rewards."""
         return self.validate({key: value for key, value in draft.items() if key in SAMPLING_SETTINGS})

@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Callable
 
-from ..config import DEFAULT_MODEL_ID
+from ..config import DEFAULT_MODEL_ID, Draft
 from ..data import is_bundled, is_hub_dataset_id
 from ..engine import public_checks, queue, retention, training
 from ..engine.estimate import estimate_run
@@ -105,7 +105,7 @@ class Runs:
         return config.to_dict(), label
 
     # --- training and the queue ------------------------------------------------------------------------------------
-    def start(self, draft: dict) -> RunDir:
+    def start(self, draft: Draft) -> RunDir:
         """Start the draft, or queue it while another run trains (engine.queue)."""
         config = self.recipes.validate(draft)
         if queue.training_run_id(self.folder) is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from ..config import Draft
 from ..errors import ConfigError
 from ..public import Policy
 from ..engine.tool_calls import EPISODE_TOOLS, ToolUse
@@ -76,7 +77,7 @@ def removed(tools: list[dict], name: str) -> list[dict]:
     return [spec for spec in tools if spec.get("name") != name]
 
 
-def draft_tool(draft: dict, name: str, *, policy: Policy):
+def draft_tool(draft: Draft, name: str, *, policy: Policy):
     """The draft's tool ``name`` as the run would build it: (its spec, the function the model calls)."""
     specs = parse_tools(draft.get("tools"), policy=policy)
     chosen = [spec for spec in specs if spec.name == name]
@@ -91,7 +92,7 @@ def draft_tool(draft: dict, name: str, *, policy: Policy):
     return chosen[0], function
 
 
-def _data_examples(draft: dict, *, policy: Policy) -> list[dict]:
+def _data_examples(draft: Draft, *, policy: Policy) -> list[dict]:
     """Every row of the draft's data, mapped (each its prompt, reference and row, every column as text: what a run's
     lookups and searches read, and what an environment is reset with)."""
     data = data_config(draft)
@@ -100,7 +101,7 @@ def _data_examples(draft: dict, *, policy: Policy) -> list[dict]:
     return mapped.train + mapped.eval
 
 
-def shown_schema(draft: dict, name: str, *, policy: Policy) -> tuple[str, str]:
+def shown_schema(draft: Draft, name: str, *, policy: Policy) -> tuple[str, str]:
     """(the tool's JSON schema as the model reads it, arguments to try it with: its first worked example's, or a
     call that shows it working). An environment's: each of its tools' schemas, and a call of its first tool to
     play against the data's first row."""
@@ -120,7 +121,7 @@ def _blank_arguments(schema: dict) -> dict:
     return {parameter: "" for parameter in schema["parameters"].get("properties", {})}
 
 
-def try_tool(draft: dict, name: str, arguments_text: str, *, policy: Policy) -> str:
+def try_tool(draft: Draft, name: str, arguments_text: str, *, policy: Policy) -> str:
     """What the tool answers these arguments (JSON), as the model would read it; a sentence when it cannot."""
     try:
         arguments = json.loads(arguments_text or "{}")
@@ -147,7 +148,7 @@ def _called(function, name: str, arguments: dict) -> str:
 MOST_PLAYED_CALLS = 20
 
 
-def _play(draft: dict, spec: ToolSpec, factory, calls, *, policy: Policy) -> str:
+def _play(draft: Draft, spec: ToolSpec, factory, calls, *, policy: Policy) -> str:
     """Play the environment by hand: reset with the data's first row as a run resets it, the ``calls`` made in
     order (a list of {tool: arguments}), each answer, and what the environment says the conversation earned."""
     if isinstance(calls, dict):

@@ -20,6 +20,7 @@ import gradio as gr
 from gradio.context import LocalContext
 from gradio.utils import get_upload_folder
 
+from ..config import Draft
 from ..system.disk import resolve_runs_dir
 from ..errors import DragonError
 from ..public import Policy, visiting
@@ -121,7 +122,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
             return [form.loaded, shared.pristine, shared.auto_name, opening,
                     *(output for _, outputs in shared.fills for output in outputs)]
 
-        def loaded(new_draft: dict, label: str, pristine: dict | None = None, auto_name: str | None = None) -> tuple:
+        def loaded(new_draft: Draft, label: str, pristine: Draft | None = None, auto_name: str | None = None) -> tuple:
             """``asking`` answered, and the draft shown in every tab, in one answer: each event the page runs costs
             it time, more so while a run trains (the fills were an event each)."""
             status = message(f"Loaded {label}: data, rewards and settings.", "ok") if label else gr.skip()
@@ -231,7 +232,7 @@ def build_app(studio: Studio | None = None) -> gr.Blocks:
         keep_button.click(lambda: (gr.Row(visible=False), "", None, message("Kept your settings.", "info")), None,
                           asking, api_visibility="private", show_progress="hidden")
 
-        def remember(draft: dict, pristine: dict, auto_name: str):
+        def remember(draft: Draft, pristine: dict, auto_name: str):
             """What the browser keeps: the drafts without the server's folders (files.shown_draft)."""
             return {"draft": shown_draft(draft, policy=studio.policy),
                     "pristine": shown_draft(pristine, policy=studio.policy), "auto_name": auto_name}
@@ -514,7 +515,7 @@ def serving_options(studio: Studio) -> dict:
     return {**options, "allowed_paths": [str(studio.runs_dir)]}
 
 
-def _notes(draft: dict) -> tuple:
+def _notes(draft: Draft) -> tuple:
     """The loaded settings' notes (a lesson recipe's: what to try, what to look for), shown only when there are some."""
     notes = draft.get("notes") if isinstance(draft.get("notes"), str) else ""
     return gr.Accordion(visible=bool(notes.strip())), notes

@@ -14,6 +14,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
+from ..config import Draft
 from ..data import DataConfig, bundled_datasets as shipped_datasets
 from ..errors import DragonError
 from ..studio.draft import place_problem
@@ -31,7 +32,7 @@ def bundled_datasets() -> list[tuple[str, str]]:
     return [(path.name, str(path)) for path in shipped_datasets()]
 
 
-def _model_key(draft: dict) -> str:
+def _model_key(draft: Draft) -> str:
     """Which starting model the preview's chat template and token counts belong to."""
     model = draft.get("model") or {}
     return f"{model.get('id', '')}@{model.get('revision') or ''}"
@@ -82,7 +83,7 @@ def preview_views(preview: DataPreview, labels: dict[str, str] | None = None, re
     return source_status, table, mapping_status, counts, rendered, lengths, sheets
 
 
-def _preview(draft: dict, setting: DataConfig, found: tuple | None, *, policy: Policy) -> tuple[DataPreview, str]:
+def _preview(draft: Draft, setting: DataConfig, found: tuple | None, *, policy: Policy) -> tuple[DataPreview, str]:
     """The preview of a data setting rendered with ``found``, the draft's starting model's (tokenizer, note)
     (draft_tokenizer), and "". With None, while that tokenizer is still loading: the preview without it, and the
     model's name."""
@@ -119,7 +120,7 @@ def _example_value(source: str, *, policy: Policy) -> str | None:
     return shown_source(source, policy=policy) if source in {path for _, path in bundled_datasets()} else None
 
 
-def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_source: bool,
+def _apply(draft: Draft, setting: DataConfig, shown_table: list | None, show_source: bool,
            labels: dict[str, str], found: tuple | None, *, policy: Policy) -> tuple:
     """Preview a data setting with the tokenizer ``found`` (_preview); when it reads another table than the one
     shown, first fit the mapping to it.
@@ -160,7 +161,7 @@ def _apply(draft: dict, setting: DataConfig, shown_table: list | None, show_sour
             table_identity(setting), _model_key(draft))
 
 
-def update_data(draft: dict, shown_table: list | None, labels: dict[str, str] | None = None,
+def update_data(draft: Draft, shown_table: list | None, labels: dict[str, str] | None = None,
                 *, policy: Policy) -> tuple:
     """Preview the data settings the form shows.
 
@@ -171,7 +172,7 @@ def update_data(draft: dict, shown_table: list | None, labels: dict[str, str] | 
                   draft_tokenizer(draft, policy=policy), policy=policy)
 
 
-def use_source(draft: dict, source: str | None, shown_table: list | None,
+def use_source(draft: Draft, source: str | None, shown_table: list | None,
                labels: dict[str, str] | None = None, *, policy: Policy) -> tuple:
     """A bundled dataset was picked or a file uploaded: it becomes the source (a local file, so the Hub settings are
     reset). Gradio keeps an upload in its cache folder for the life of the app."""
@@ -181,7 +182,7 @@ def use_source(draft: dict, source: str | None, shown_table: list | None,
     return _apply(draft, setting, shown_table, True, labels or {}, draft_tokenizer(draft, policy=policy), policy=policy)
 
 
-def fill_fields(draft: dict, *, policy: Policy) -> tuple:
+def fill_fields(draft: Draft, *, policy: Policy) -> tuple:
     """A whole new draft was loaded (recipe, past run, page load): show its data settings, at once (the preview,
     which reads the data, follows: show_preview); its source as the app shows it (files.shown_source).
 
@@ -197,7 +198,7 @@ def fill_fields(draft: dict, *, policy: Policy) -> tuple:
                         visible=bool(setting.sheet)))
 
 
-def show_preview(draft: dict, labels: dict[str, str] | None = None, *, policy: Policy):
+def show_preview(draft: Draft, labels: dict[str, str] | None = None, *, policy: Policy):
     """The preview of the data settings the form shows once a loaded draft is in it. While the starting model's
     tokenizer is still loading (a page opened as the app starts), the table and the counts come first
     (first_preview) and the prompts follow. Yields what UPDATED names."""
@@ -208,20 +209,20 @@ def show_preview(draft: dict, labels: dict[str, str] | None = None, *, policy: P
     yield _as_loaded(draft, labels, found, policy=policy)
 
 
-def first_preview(draft: dict, labels: dict[str, str] | None = None, *, policy: Policy) -> tuple:
+def first_preview(draft: Draft, labels: dict[str, str] | None = None, *, policy: Policy) -> tuple:
     """show_preview's first answer, with the prompts only if the tokenizer is loaded already: quick enough to run
     while the app is built, for the page's first paint."""
     return _as_loaded(draft, labels, draft_tokenizer(draft, wait=False, policy=policy), policy=policy)
 
 
-def _as_loaded(draft: dict, labels: dict[str, str] | None, found: tuple | None, *, policy: Policy) -> tuple:
+def _as_loaded(draft: Draft, labels: dict[str, str] | None, found: tuple | None, *, policy: Policy) -> tuple:
     """The preview of a loaded draft: its table is the one the settings were made for, so nothing is refitted, and
     no field the user may be typing in is written."""
     setting = data_config(draft)
     return _apply(draft, setting, table_identity(setting), False, labels or {}, found, policy=policy)
 
 
-def refresh_for_model(draft: dict, previewed_model: str, labels: dict[str, str] | None = None,
+def refresh_for_model(draft: Draft, previewed_model: str, labels: dict[str, str] | None = None,
                       *, policy: Policy) -> tuple:
     """Another starting model was chosen (Model tab): re-render prompts and token counts with its tokenizer.
 
@@ -298,7 +299,7 @@ def build(shared: Shared) -> Callable[[], None]:
     shared.fills.append((lambda draft: fill_fields(draft, policy=studio.policy), [
         source, example, hub_config, hub_split, prompt, prompt_column, reference, system, eval_frac, max_rows, sheet]))
 
-    def show_difficulty(draft: dict) -> tuple:
+    def show_difficulty(draft: Draft) -> tuple:
         said = difficulty_filter(draft)
         return said, gr.Button(visible=bool(said))
 

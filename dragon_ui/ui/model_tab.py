@@ -15,7 +15,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from ..config import (AGGREGATIONS, DEVICES, DTYPES, GENERATION_BACKENDS, IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES,
-                      SCALE_REWARDS, STRATEGIES, TRACKERS)
+                      SCALE_REWARDS, STRATEGIES, TRACKERS, Draft)
 from ..errors import DragonError
 from ..runstore import slug
 from ..studio import machine
@@ -142,7 +142,7 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
 }
 
 
-def widgets(section: str, draft: dict, form: Form, advanced: bool = False, part: slice = slice(None)) -> list:
+def widgets(section: str, draft: Draft, form: Form, advanced: bool = False, part: slice = slice(None)) -> list:
     """The form fields of one section (its advanced ones, or the others; ``part`` of them), showing the draft's
     values (elem_id model-<section>-<key>), each added to the form at its config path."""
     stored = draft.get(section) or {}
@@ -158,7 +158,7 @@ def widgets(section: str, draft: dict, form: Form, advanced: bool = False, part:
 SETTINGS_AT = {f"{section}.{setting.key}": setting for section, settings in SECTIONS.items() for setting in settings}
 
 
-def field_values(draft: dict, paths: list[str]) -> list[Any]:
+def field_values(draft: Draft, paths: list[str]) -> list[Any]:
     """The form's values for a draft, for the fields at these config paths (in the order the tab added them)."""
     values = []
     for path in paths:
@@ -211,7 +211,7 @@ class Preview:
                 *(self.problems.get(area, "") for area in PROBLEM_AREAS), gr.Button(interactive=self.ready))
 
 
-def config_file_name(draft: dict) -> str:
+def config_file_name(draft: Draft) -> str:
     return f"{slug((draft.get('name') or '').strip(), empty='my-run')}.yaml"
 
 
@@ -237,7 +237,7 @@ def placed(problem: Problem) -> tuple[str, dict[str, str]]:
     return message(problem.seen_from(TAB_TITLE), "error"), ({area: message(problem.text, "error")} if area else {})
 
 
-def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = None) -> Preview:
+def build_preview(studio: Studio, draft: Draft, labels: dict[str, str] | None = None) -> Preview:
     """Validate the draft and describe it: the first problem, placed next to its fields and worded with their
     ``labels``; the hardware choice with its reasons, the estimate, the YAML and the equivalent command line."""
     if not draft:
@@ -266,7 +266,7 @@ def build_preview(studio: Studio, draft: dict, labels: dict[str, str] | None = N
                    ready=True)
 
 
-def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tuple:
+def export_for_cluster(studio: Studio, draft: Draft, gpus: Any, nodes: Any) -> tuple:
     """(zip path or skip, message): the draft as a self-contained launch folder for ``nodes`` x ``gpus`` GPUs
     (studio.machine.export)."""
     try:
@@ -278,7 +278,7 @@ def export_for_cluster(studio: Studio, draft: dict, gpus: Any, nodes: Any) -> tu
                                  "explains the SLURM template and where results appear).", "ok")
 
 
-def start_run(studio: Studio, draft: dict, labels: dict[str, str] | None = None) -> tuple:
+def start_run(studio: Studio, draft: Draft, labels: dict[str, str] | None = None) -> tuple:
     """Start training the draft: (run id, message, the Train tab's status line); a busy machine or a bad setting is
     explained in the message, in the screen's words (``labels``), and nothing else changes. The page then shows the
     Train tab when the message says it started (``STARTED``), which follows the new run (train_tab.follow_start)."""
@@ -400,7 +400,7 @@ def build(shared: Shared) -> Callable[[], None]:
 
     presets.select(pick_preset, None, [model_id], api_visibility="private")
 
-    def fill_fields(draft: dict):
+    def fill_fields(draft: Draft):
         return *field_values(draft, own_paths), gr.Dropdown(choices=finished_runs(studio), value=None)
 
     shared.fills.append((fill_fields, [*own_fields, continue_from]))
@@ -412,7 +412,7 @@ def build(shared: Shared) -> Callable[[], None]:
         preview_outputs = [check, hardware_choice, estimate, yaml_view, cli, file_name, download,
                            *(areas[area] for area in PROBLEM_AREAS), start]
 
-        def describe(draft: dict) -> tuple:
+        def describe(draft: Draft) -> tuple:
             return build_preview(studio, draft, form.labels).outputs()
 
         # A failed Start's message goes as soon as the settings change.
@@ -422,7 +422,7 @@ def build(shared: Shared) -> Callable[[], None]:
         shared.refreshes.append((lambda: machine.hardware_markdown(studio.hardware()), [], [detected]))
 
         @shows_errors
-        def redetect(draft: dict):
+        def redetect(draft: Draft):
             return (machine.hardware_markdown(machine.redetect(studio)), *describe(draft))
 
         detect_again.click(form.takes_draft(redetect), form.inputs, [detected, *preview_outputs],

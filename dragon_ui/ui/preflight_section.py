@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import gradio as gr
 
+from ..config import Draft
 from ..errors import Stopped
 from ..runstore import format_seconds
 from ..studio.backend import Studio
@@ -74,7 +75,7 @@ def cancel_preflight(request: gr.Request | None = None) -> tuple:
     return message("Cancelled: nothing was changed.", "info"), gr.Button(visible=False)
 
 
-def checked(studio: Studio, draft: dict, session: str | None = None):
+def checked(studio: Studio, draft: Draft, session: str | None = None):
     """The pre-flight on a thread of its own, so the page sees its progress: yields (status, prompts, Cancel, each
     fix button, the fixes). Cancel (cancel_preflight), or closing it when the page goes away, stops the sampling within
     a token."""

@@ -24,6 +24,7 @@ from dataclasses import fields
 import gradio as gr
 import pandas as pd
 
+from ..config import Draft
 from ..data import prompt_text
 from ..errors import ConfigError, DragonError
 from ..public import Policy
@@ -309,7 +310,7 @@ def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight
     return editor(spec, policy.public, editing)
 
 
-def fill_rewards(draft: dict, *, policy: Policy) -> list:
+def fill_rewards(draft: Draft, *, policy: Policy) -> list:
     """A whole new draft was loaded: list its rewards and show the first. Returns (rewards, table, selector, status,
     *editor)."""
     rewards = list(draft.get("rewards") or [])
@@ -336,7 +337,7 @@ def _row_label(number: int, example: dict) -> str:
     return f"{number}: {text[:70]}{'…' if len(text) > 70 else ''}"
 
 
-def playground_rows(draft: dict, current: int | None, labels: dict[str, str] | None = None,
+def playground_rows(draft: Draft, current: int | None, labels: dict[str, str] | None = None,
                     *, policy: Policy) -> tuple:
     """The rows one can try: the first mapped rows of the draft's data, and the ``current`` one (a row of the file,
     1-based) wherever it is, as a pre-flight's prompt opens it. Returns (row picker, row status)."""
@@ -356,7 +357,7 @@ def playground_rows(draft: dict, current: int | None, labels: dict[str, str] | N
     return gr.Dropdown(choices=choices, value=keep), show_row(draft, keep, examples, policy=policy)
 
 
-def _example(draft: dict, row: int | None, *, policy: Policy) -> dict:
+def _example(draft: Draft, row: int | None, *, policy: Policy) -> dict:
     """The mapped example of a row of the file (raises ConfigError when the data cannot be mapped or the row gives no
     prompt)."""
     if not _is_row(row):
@@ -377,7 +378,7 @@ def _is_row(row) -> bool:
     return isinstance(row, int) and not isinstance(row, bool) and 1 <= row <= MOST_ROW
 
 
-def show_row(draft: dict, row: int | None, examples: list[dict] | None = None, *, policy: Policy) -> str:
+def show_row(draft: Draft, row: int | None, examples: list[dict] | None = None, *, policy: Policy) -> str:
     """The chosen row's prompt and reference answer, which the rewards will see."""
     if row is None:
         return ""
@@ -392,7 +393,7 @@ def show_row(draft: dict, row: int | None, examples: list[dict] | None = None, *
 
 
 @shows_errors
-def score_typed(draft: dict, row: int | None, completion: str, *, policy: Policy) -> tuple:
+def score_typed(draft: Draft, row: int | None, completion: str, *, policy: Policy) -> tuple:
     """Score a typed reply to the chosen row with every reward. Returns (scores table, total line)."""
     if isinstance(completion, str) and len(completion) > REPLY_CHARS:
         raise gr.Error(f"The reply has {len(completion):,} characters; score one of at most {REPLY_CHARS:,} (a "
@@ -427,7 +428,7 @@ RED_TEAM_COLUMNS = ["Gaming reply", "Flagged", "Share of honest", "Its total", "
                     "As made for the first row"]
 
 
-def red_team_shown(draft: dict, *, policy: Policy) -> tuple:
+def red_team_shown(draft: Draft, *, policy: Policy) -> tuple:
     """The red team of the draft's rewards on the playground's rows: (verdict, table)."""
     try:
         found = red_team_draft(draft, policy=policy)
@@ -478,13 +479,13 @@ def cancel_generation(request: gr.Request | None = None) -> str:
     return message("Cancelled.", "info")
 
 
-def sentence(exc: BaseException, draft: dict, labels: dict[str, str] | None) -> str:
+def sentence(exc: BaseException, draft: Draft, labels: dict[str, str] | None) -> str:
     """An error as this tab says it: in the form's words, naming the tab it concerns when that is another one."""
     return place_problem(explain(exc), labels or {}, draft.get("rewards") or [],
                          draft.get("tools") or []).seen_from(TAB_TITLE)
 
 
-def generate_samples(studio: Studio, draft: dict, row: int | None, n_prompts: int, request: gr.Request | None = None,
+def generate_samples(studio: Studio, draft: Draft, row: int | None, n_prompts: int, request: gr.Request | None = None,
                      labels: dict[str, str] | None = None):
     """Sample a GRPO group (group_size replies) for 1-3 rows from the starting model and score them.
 
@@ -500,7 +501,7 @@ def generate_samples(studio: Studio, draft: dict, row: int | None, n_prompts: in
         _cancelled_sessions.discard(session)
 
 
-def _generate(studio: Studio, draft: dict, row: int | None, n_prompts: int, session: str | None,
+def _generate(studio: Studio, draft: Draft, row: int | None, n_prompts: int, session: str | None,
               labels: dict[str, str] | None):
     if not _is_row(row):
         yield message("Choose a row to try first.", "warn"), gr.skip(), ""
@@ -713,7 +714,7 @@ def build(shared: Shared) -> Callable[[], None]:
     kind.input(asked(change_kind, studio), [rewards, selected, kind, name, weight], shown_editor,
                **edits)
     shared.fills.append((asked(fill_rewards, studio), listing))
-    def problem_line(draft: dict) -> str:
+    def problem_line(draft: Draft) -> str:
         """What stops the list from training, or else the rewards that cannot pay on the data's references."""
         return rewards_problem(draft.get("rewards"), policy=studio.policy) or "\n\n".join(
             message(said, "warn") for said in unpayable(draft.get("rewards") or [], data_config(draft),
@@ -759,7 +760,7 @@ def build(shared: Shared) -> Callable[[], None]:
         playground = {"show_progress": "hidden", "api_visibility": "private"}
         rows_of = gr.State(None)  # the data settings the row picker shows rows of
 
-        def rows(draft: dict, current, shown_for) -> tuple:
+        def rows(draft: Draft, current, shown_for) -> tuple:
             """The row picker, anew only when the data settings changed."""
             data = json.dumps([draft.get("data"), draft.get("base_dir")], sort_keys=True, default=str)
             if data == shown_for:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import gradio as gr
 import pandas as pd
 
+from ..config import Draft
 from ..errors import DragonError
 from ..public import Policy
 from ..studio.tools import (ENVIRONMENT_KINDS, TABLE_COLUMNS, TOOL_KINDS, added, form_settings, new_spec, removed,
@@ -106,7 +107,7 @@ def change_kind(kind: str) -> list:
     return [KIND_HELP.get(kind, ""), *updates.values(), gr.update(visible=kind not in ENVIRONMENT_KINDS)]
 
 
-def show_tool(draft: dict, chosen: str | None, *, policy: Policy) -> tuple:
+def show_tool(draft: Draft, chosen: str | None, *, policy: Policy) -> tuple:
     """The chosen tool's schema as the model reads it, and arguments to try it with."""
     if not chosen:
         return "", "", ""
@@ -117,7 +118,7 @@ def show_tool(draft: dict, chosen: str | None, *, policy: Policy) -> tuple:
     return schema, arguments, ""
 
 
-def call_tool(draft: dict, chosen: str | None, arguments: str, *, policy: Policy) -> str:
+def call_tool(draft: Draft, chosen: str | None, arguments: str, *, policy: Policy) -> str:
     """What the chosen tool answers the typed arguments, as the model would read it."""
     if not chosen:
         return message("Add a tool first, then try it here.", "warn")
@@ -128,7 +129,7 @@ def call_tool(draft: dict, chosen: str | None, arguments: str, *, policy: Policy
     return f"**{chosen} answered:**\n\n```\n{answer}\n```"
 
 
-def fill_tools(draft: dict, *, policy: Policy) -> list:
+def fill_tools(draft: Draft, *, policy: Policy) -> list:
     """A whole new draft was loaded: its tools and its rounds per reply. A list this demo refuses (a kept draft
     with a custom tool) is shown empty, with why."""
     rounds = (draft.get("grpo") or {}).get("max_tool_calling_iterations", 2)
