@@ -597,6 +597,11 @@ class SettingHelp:
     see: str | None  # a link into the reference, shown there only
 
 
+def _is_section(hint: object) -> TypeGuard[type]:
+    """Whether a setting's annotated type is a section of settings (a dataclass), not a value."""
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
 def documented_settings(section: type = RunConfig, prefix: str = "") -> list[SettingHelp]:
     """Every setting a config file may hold, in the order of the reference: a section's own settings before its
     subsections, each in field order."""
@@ -666,11 +671,6 @@ def _setting_type(sections: list[str], name: str) -> Any:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Generic, strict loading of the dataclass sections from plain dicts.
-
-
-def _is_section(hint: object) -> TypeGuard[type]:
-    """Whether a setting's annotated type is a section of settings (a dataclass), not a value."""
-    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
 
 
 def _build(cls: type, data: Any, where: str, skip: Collection[str] = ()) -> Any:

@@ -196,6 +196,10 @@ class Policy:
     # handed who asks with what they may do. NOBODY (the default) owns nothing and has uploaded nothing.
     visitor: Visitor = field(default=NOBODY, compare=False, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.runs_dir is not None:  # one spelling of the folder: the public checks compare paths with it
+            object.__setattr__(self, "runs_dir", Path(self.runs_dir).expanduser().resolve())
+
     @property
     def public(self) -> bool:
         return self.limits is not None

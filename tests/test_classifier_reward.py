@@ -132,7 +132,8 @@ def test_a_public_run_uses_one_classifier_model(tiny_config_dict, classifier_dir
     from dragon_ui.engine import public_checks
     from dragon_ui.public import Limits, Policy
 
-    demo = Policy(limits=Limits(), classifiers=("org/other", str(classifier_dir)))
+    demo = Policy(limits=Limits(), classifiers=("org/other", str(classifier_dir)),
+                  runs_dir=tiny_config_dict["runs_dir"])  # the demo's runs folder, which the config names
     monkeypatch.setattr(public_checks, "check_model", lambda model, policy: None)  # the tiny model is not offered
     tiny_config_dict["rewards"] = [{"kind": "classifier", "name": f"c{i}", "model": model, "label": "1"}
                                    for i, model in enumerate(("org/other", str(classifier_dir)))]
