@@ -136,7 +136,7 @@ def test_bundled_datasets_and_hub_ids_are_allowed_without_looking_at_the_disk(pu
     assert data.locate("etc/passwd", policy=demo()) == data.HubDataset("etc/passwd")  # shaped like a Hub id
     assert not data.is_hub_dataset_id("etc/passwd")  # looking on the disk, the same text is a local path
     fetched = []
-    monkeypatch.setattr(mapping, "_load_hub", lambda source, *args: fetched.append(source) or [{"q": "1"}])
+    monkeypatch.setattr(mapping, "_load_hub", lambda source, *args, policy: fetched.append(source) or [{"q": "1"}])
     rows = data.read_table("etc/passwd", policy=demo()).rows
     assert rows == [{"q": "1"}] and fetched == ["etc/passwd"]  # the Hub's, not /etc's
 

@@ -10,9 +10,9 @@ import pytest
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
 from dragon_ui.errors import ConfigError, Stopped
 from dragon_ui.public import LAPTOP, Limits, Policy
-from dragon_ui.tools import (ANSWER_CHARS, ToolError, build_tools, calculator, demonstration, parse_tools, tool_schema,
+from dragon_ui.tools import (ANSWER_CHARS, ToolError, build_tools, demonstration, parse_tools, tool_schema,
                              with_demonstration)
-from dragon_ui.tools.builtin import convert_units, make_lookup, make_search
+from dragon_ui.tools.builtin import calculator, convert_units, make_lookup, make_search
 
 PUBLIC = Policy(limits=Limits())
 

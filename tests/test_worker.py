@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from dragon_ui.config import HardwareSettings, ModelConfig, RunConfig
-from dragon_ui.engine import training, worker
+from dragon_ui.engine import training, workers
 from dragon_ui.engine.workers import TrainingProcess
 from dragon_ui.studio.backend import Studio
 from dragon_ui.public import LAPTOP
@@ -163,7 +163,7 @@ def test_a_training_that_never_stops_is_ended_and_the_queue_moves_on(apart_studi
     """A reward that never returns: a stop acts at the next forward pass or reward, so the run never hears it, and
     held the queue forever. Once the grace has passed the app ends its worker: the run is stopped with its last
     checkpoint, and the run waiting behind it starts."""
-    monkeypatch.setattr(worker, "WATCHDOG_GRACE_S", 3)
+    monkeypatch.setattr(workers, "WATCHDOG_GRACE_S", 3)
     hang, hung = tmp_path / "hang", tmp_path / "hung"
     stuck = long_config(tiny_config_dict, "stuck")
     stuck["rewards"] = [*stuck["rewards"], {"kind": "custom", "name": "stuck", "code": (
