@@ -183,8 +183,12 @@ def policy_parameters() -> set[str]:
 
 
 def calls_without_a_policy(source: str, taking: set[str]) -> list[str]:
-    """The calls in ``source`` to a function of ``taking`` that do not name the policy they pass."""
-    return [f"{name}() on line {node.lineno}" for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+    """The calls in ``source`` to a function of ``taking`` (or to one imported under another name) that do not name
+    the policy they pass."""
+    tree = ast.parse(source)
+    taking = taking | {alias.asname for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                       for alias in node.names if alias.asname and alias.name in taking}
+    return [f"{name}() on line {node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Call)
             and (name := node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None))
             in taking and not any(keyword.arg in ("policy", None) for keyword in node.keywords)]
 
@@ -217,9 +221,10 @@ def test_every_call_in_the_package_names_the_policy_it_passes():
 
 def test_the_policy_check_sees_a_forgotten_policy():
     taking = {"locate", "check_run"}
-    source = "locate(s)\nlocate(s, b, p)\ndata.locate(s, policy=p)\nx.check_run(c)\ncheck_run(c, **p)\nother(c)\n"
+    source = ("locate(s)\nlocate(s, b, p)\ndata.locate(s, policy=p)\nx.check_run(c)\ncheck_run(c, **p)\nother(c)\n"
+              "from .x import check_run as checked\nchecked(c, p)\n")
     assert calls_without_a_policy(source, taking) == ["locate() on line 1", "locate() on line 2",
-                                                      "check_run() on line 4"]
+                                                      "check_run() on line 4", "checked() on line 8"]
 
 
 # The modules that may read or write the environment, and why; everything else is handed what it needs.

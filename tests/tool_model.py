@@ -137,7 +137,7 @@ def _batch(tokenizer, variants):
     """Right-padded input ids and the labels of the taught tokens (-100 elsewhere), as tensors."""
     import torch
 
-    examples = [_example(tokenizer, tools, policy=conversation) for tools, conversation in variants]
+    examples = [_example(tokenizer, tools, conversation) for tools, conversation in variants]
     width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), tokenizer.pad_token_id)
     labels = torch.full((len(examples), width), -100)

@@ -82,7 +82,7 @@ def check_run(config: RunConfig, reads_data: bool = True, longest_prompt: int | 
         if refusal is not None:
             raise PublicDemoRefusal(refusal)
     for index, tool in enumerate(config.tools):  # a run's folder holds its config: what made it is not trusted
-        refusal = tool_refusal(tool.kind, policy)
+        refusal = tool_refusal(tool.kind, policy=policy)
         if refusal is not None:
             raise PublicDemoRefusal(f"tools[{index}].kind: {refusal}")
     classifiers = {spec.model.strip() for spec in config.rewards if spec.kind == "classifier"}

@@ -211,4 +211,4 @@ def _with_source(draft, change, *, policy: Policy):
     data = draft.get("data") if isinstance(draft, dict) else None
     if not policy.public or not isinstance(data, dict) or not isinstance(data.get("source"), str):
         return draft
-    return {**draft, "data": {**data, "source": change(data["source"], policy)}}
+    return {**draft, "data": {**data, "source": change(data["source"], policy=policy)}}
