@@ -66,7 +66,7 @@ def submit_start(config: RunConfig, *, policy: Policy, workers: Workers) -> RunD
     with _lock:
         waiting = waiting_runs(runs_dir)
         if training_run_id(runs_dir) is None and waiting and waiting[0].id == run.id:
-            return training.start_waiting(run, resume=False, policy=policy, workers=workers).run
+            return training.start_prepared(run, policy=policy, workers=workers).run
     return run
 
 

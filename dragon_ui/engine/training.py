@@ -225,9 +225,20 @@ def check_resumable(run_dir: str | Path, *, policy: Policy) -> RunDir:
 
 def start_waiting(run: RunDir, resume: bool, *, policy: Policy, workers: Workers) -> TrainingProcess:
     """Train a run that waited in the queue, in a process of ``workers``: from its start, or (``resume``) from its
-    latest checkpoint."""
+    latest checkpoint. A folder whose config cannot be read (ConfigError) never takes the machine."""
     _refuse_if_busy()
-    run.read_config()  # a folder whose config cannot be read (ConfigError) never takes the machine
+    run.read_config()
+    return _start(run, resume, policy=policy, workers=workers)
+
+
+def start_prepared(run: RunDir, *, policy: Policy, workers: Workers) -> TrainingProcess:
+    """Train a run queue.submit_start has just prepared, from its start: its config was checked as it was written,
+    so it is not read back."""
+    _refuse_if_busy()
+    return _start(run, False, policy=policy, workers=workers)
+
+
+def _start(run: RunDir, resume: bool, *, policy: Policy, workers: Workers) -> TrainingProcess:
     run.clear_stop_request()
     run.update_status(waiting=None, phase="waiting to resume" if resume else "waiting to start", stop_reason=None,
                       pid=None)  # owned by no process until one takes it (mark_owner)
