@@ -36,6 +36,7 @@ from dragon_ui.runstore import RunDir, slug
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
 from dragon_ui.ui.app import DRAFT_STORAGE_KEY
+from dragon_ui.ui import rewards_tab
 from dragon_ui.ui.rewards_tab import KIND_HELP
 from conftest import stop_the_training
 from test_app_client import served_app
@@ -578,6 +579,42 @@ def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, stu
     assert [(r["name"], r["kind"], r["weight"], r.get("train", True)) for r in config["rewards"]] == [
         ("json", "json", 2.0, True), ("length", "length", 1.0, True), ("accuracy", "exact", 1.0, False)]
     assert config["rewards"][1]["max_chars"] == 40
+
+
+SLOW_ANSWER_S = 2.0  # a busy server's answer to one edit of the rewards list
+
+
+@pytest.fixture
+def slow_list_edits(monkeypatch):
+    """Add and a choice of reward answered as a busy server answers them, before the page is built."""
+    for handler in ("add_reward", "select_reward"):
+        fast = getattr(rewards_tab, handler)
+
+        def slow(*args, _fast=fast, **kwargs):
+            time.sleep(SLOW_ANSWER_S)
+            return _fast(*args, **kwargs)
+
+        monkeypatch.setattr(rewards_tab, handler, slow)
+
+
+def test_a_kind_chosen_while_a_slow_answer_lands_changes_the_reward_chosen(slow_list_edits, page, studio):
+    """The answer to Add selects the added reward. Where it lands after the person has already picked "New reward",
+    the picker shows the added reward again until the choice is answered; a kind chosen in that moment changes the
+    new reward the person picked, and leaves Add to add it."""
+    wait_until_loaded(page)
+    open_tab(page, "rewards")
+    choose(page, "#rewards-selected", "➕ New reward")
+    choose_kind(page, "json")
+    page.locator("#rewards-add").click()
+    choose(page, "#rewards-selected", "➕ New reward")  # picked before Add is answered
+    expect(page.locator("#rewards-table")).to_contain_text("json")  # Add answered; the choice is still under way
+    choose_kind(page, "exact")
+    expect(page.locator("#rewards-selected input")).to_have_value("➕ New reward")
+    expect(page.locator("#rewards-name textarea")).to_have_value("exact")
+    page.locator("#rewards-add").click()
+    table = page.locator("#rewards-table")
+    for name, kind in (("json", "json"), ("exact", "exact")):  # both added, the json reward still a json one
+        expect(table.get_by_role("row", name=re.compile(rf"^{name} {kind} "))).to_be_visible()
 
 
 def test_will_it_learn_says_why_not_and_its_fix_changes_the_settings_shown(page, studio, screenshots, monkeypatch):

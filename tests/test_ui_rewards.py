@@ -75,11 +75,13 @@ def is_skip(value) -> bool:
 
 
 def split_editor(editor: list) -> dict:
-    """The editor outputs by name: kind, name, weight, help, settings (list of updates), add, save, remove."""
+    """The editor outputs by name: kind, name, weight, help, settings (list of updates), add, save, remove, and the
+    name of the reward shown (kept on the server)."""
     assert len(editor) == rewards_tab.EDITOR_SIZE
     kind, name, weight, help_text, *rest = editor
     return {"kind": kind, "name": name, "weight": weight, "help": help_text, "settings": rest[:len(SETTINGS)],
-            "add": rest[len(SETTINGS)], "save": rest[len(SETTINGS) + 1], "remove": rest[len(SETTINGS) + 2]}
+            "add": rest[len(SETTINGS)], "save": rest[len(SETTINGS) + 1], "remove": rest[len(SETTINGS) + 2],
+            "edited": rest[len(SETTINGS) + 3]}
 
 
 def visible(editor: dict) -> set[str]:
@@ -113,7 +115,7 @@ class Screen:
 
     def kind_(self, kind: str):
         self.kind = kind
-        self._show_editor(rewards_tab.change_kind(self.rewards, self.selected, kind, self.name, self.weight,
+        self._show_editor(rewards_tab.change_kind(self.rewards, self.edited, kind, self.name, self.weight,
                                                   policy=self.policy))
 
     def type(self, field: str, value):
@@ -127,11 +129,11 @@ class Screen:
                                                   policy=self.policy))
 
     def save(self):
-        self._show_listing(rewards_tab.save_reward(self.rewards, self.selected, self.kind, self.name, self.weight,
+        self._show_listing(rewards_tab.save_reward(self.rewards, self.edited, self.kind, self.name, self.weight,
                                                    *self.values, policy=self.policy))
 
     def remove(self):
-        self._show_listing(rewards_tab.remove_reward(self.rewards, self.selected, policy=self.policy))
+        self._show_listing(rewards_tab.remove_reward(self.rewards, self.edited, policy=self.policy))
 
     def do(self, step: tuple):
         action, *args = step
@@ -160,6 +162,8 @@ class Screen:
                 self.values[index] = update["value"]
         if not is_skip(shown["add"]):
             self.buttons = {button for button in ("add", "save", "remove") if shown[button].visible}
+        if not is_skip(shown["edited"]):
+            self.edited = shown["edited"]  # a State: Save, Remove and a kind change read it on the server
 
     def form_reward(self) -> dict:
         """The reward the form shows, validated as a run would store it."""
@@ -169,6 +173,7 @@ class Screen:
     def check_shows_the_selection(self):
         """The form shows exactly the selected reward, or a fresh new one; the buttons fit."""
         names = [spec["name"] for spec in self.rewards]
+        assert self.edited == self.selected
         assert self.choices == [(name, name) for name in names] + [(rewards_tab.NEW_REWARD_LABEL, NEW)]
         assert self.table["name"].tolist() == names
         if self.selected == NEW:

@@ -42,7 +42,8 @@ from .guard import in_page_order
 
 # The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.
 SETTINGS = tuple(f.name for f in fields(RewardSpec) if f.name not in ("kind", "name", "weight"))
-EDITOR_SIZE = 4 + len(SETTINGS) + 3  # kind, name, weight, help, the settings, and the Add / Save / Remove buttons
+# kind, name, weight, help, the settings, the Add / Save / Remove buttons, and the name of the reward shown
+EDITOR_SIZE = 4 + len(SETTINGS) + 4
 TAB_TITLE = "Rewards"
 REPLY_CHARS = 20_000  # a typed reply to score
 SCORE_COLUMNS = ["reward", "weight", "score", "weighted", "problem"]
@@ -207,17 +208,22 @@ def selector(rewards: list[dict], selected: str) -> gr.Dropdown:
     return gr.Dropdown(choices=choices, value=selected)
 
 
-def editor(spec: dict, public: bool, editing: bool) -> list:
-    """The editor showing one reward: (kind, name, weight, help, *settings, add, save, remove).
+def editor(spec: dict, public: bool, editing: str | None) -> list:
+    """The editor showing one reward: (kind, name, weight, help, *settings, add, save, remove, edited).
 
-    ``editing``: an existing reward (Save and Remove), or a new one (Add). Every setting is set, hidden ones to
-    their defaults, so nothing of a reward shown before stays behind in the form.
+    ``editing``: the stored name of the reward shown (Save and Remove), or None for a new one (Add). ``edited``
+    keeps that name on the server, where Save, Remove and a kind change read it: the picker's value is read in the
+    browser as the click is sent, and a slow answer to an earlier click may have just put another name there while
+    the person's own choice is still on its way. Every setting is set, hidden ones to their defaults, so nothing of
+    a reward shown before stays behind in the form.
     """
     kind = spec["kind"]
     shown = visible_settings(kind, public)
+    existing = editing is not None
     return [kind, spec.get("name") or kind, spec.get("weight", 1.0), kind_help(kind, public),
             *(gr.update(value=value, visible=setting in shown) for setting, value in zip(SETTINGS, form_values(spec))),
-            gr.Button(visible=not editing), gr.Button(visible=editing), gr.Button(visible=editing)]
+            gr.Button(visible=not existing), gr.Button(visible=existing), gr.Button(visible=existing),
+            editing if existing else NEW_REWARD]
 
 
 def new_spec(kind: str, rewards: list[dict]) -> dict:
@@ -230,9 +236,9 @@ def _listing(rewards: list[dict], selected: str, status: str, *, policy: Policy)
     *editor), with the form showing exactly the selected reward (or a fresh new one)."""
     names = _names(rewards)
     if selected in names:
-        shown = editor(rewards[names.index(selected)], policy.public, editing=True)
+        shown = editor(rewards[names.index(selected)], policy.public, editing=selected)
     else:
-        selected, shown = NEW_REWARD, editor(new_spec("numeric", rewards), policy.public, editing=False)
+        selected, shown = NEW_REWARD, editor(new_spec("numeric", rewards), policy.public, editing=None)
     return [rewards, rewards_table(rewards, policy=policy), selector(rewards, selected), status, *shown]
 
 
@@ -307,7 +313,7 @@ def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight
         spec.update(name=name, weight=weight)
     else:
         spec.update(name=unique_name(kind, names) if _is_automatic_name(name) else name, weight=weight)
-    return editor(spec, policy.public, editing)
+    return editor(spec, policy.public, selected if editing else None)
 
 
 def fill_rewards(draft: Draft, *, policy: Policy) -> list:
@@ -699,7 +705,8 @@ def build(shared: Shared) -> Callable[[], None]:
     status = gr.Markdown(elem_id="rewards-status")
 
     values = [kind, name, weight, *settings]
-    shown_editor = [kind, name, weight, help_text, *settings, add, save, remove]
+    edited = gr.State(NEW_REWARD)  # the reward the editor shows, as the server last answered (editor())
+    shown_editor = [kind, name, weight, help_text, *settings, add, save, remove, edited]
     listing = [rewards, table, selected, status, *shown_editor]
     # always_last everywhere: a click while the previous one is still being handled runs after it, on the list
     # that one left, instead of being dropped. One queue for every edit of the list: gradio reads a State input as
@@ -708,10 +715,10 @@ def build(shared: Shared) -> Callable[[], None]:
     edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
              **in_page_order("reward-list-edits")}
     add.click(asked(add_reward, studio), [rewards, *values], listing, **edits)
-    save.click(asked(save_reward, studio), [rewards, selected, *values], listing, **edits)
-    remove.click(asked(remove_reward, studio), [rewards, selected], listing, **edits)
+    save.click(asked(save_reward, studio), [rewards, edited, *values], listing, **edits)
+    remove.click(asked(remove_reward, studio), [rewards, edited], listing, **edits)
     selected.input(asked(select_reward, studio), [rewards, selected], listing, **edits)
-    kind.input(asked(change_kind, studio), [rewards, selected, kind, name, weight], shown_editor,
+    kind.input(asked(change_kind, studio), [rewards, edited, kind, name, weight], shown_editor,
                **edits)
     shared.fills.append((asked(fill_rewards, studio), listing))
     def problem_line(draft: Draft) -> str:
