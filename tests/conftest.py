@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,20 @@ def uploaded_by(key: str, path: Path) -> str:
     folder = demo(public.Visitor(key=key)).own_uploads_dir() / "test-upload"
     folder.mkdir(parents=True, exist_ok=True)
     return str(Path(shutil.copy(path, folder / Path(path).name)).resolve())
+
+
+def environment_of(pid: int, timeout: float = 30) -> list[bytes]:
+    """The environment of a process as the kernel shows it (/proc/<pid>/environ), one b"NAME=value" per entry.
+
+    A process started a moment ago may still be inside execve: the kernel lets the parent go on (subprocess.Popen
+    returns) once the old program is gone, and sets where the new program's environment lies a moment later; in
+    between /proc shows it empty. So this waits until the kernel has set it (a busy machine widens the moment)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        entries = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+        if entries != [b""] or time.monotonic() > deadline:
+            return entries
+        time.sleep(0.01)
 
 
 def demo(who=None):

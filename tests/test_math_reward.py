@@ -12,6 +12,7 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from dragon_ui.rewards import build_rewards, parse_rewards, score_completion
 from dragon_ui.rewards import math_answers
 from dragon_ui.public import LAPTOP
+from conftest import environment_of
 
 CASES = [  # reference, reply, the right verdict
     # fractions
@@ -143,6 +144,7 @@ def test_the_worker_runs_without_the_servers_secrets(monkeypatch):
     monkeypatch.setenv("DRAGON_UI_OWNER_KEY", "owner-secret")
     checker = math_answers.MathChecker()
     assert checker.verify("2", r"\boxed{2}", True) is True
-    environment = Path(f"/proc/{checker._process.pid}/environ").read_bytes()
+    environment = b"\0".join(environment_of(checker._process.pid))
+    assert b"PATH=" in environment  # read after the checker's program started, not in the moment before
     assert b"hf_secret" not in environment and b"owner-secret" not in environment
     checker._stop()

@@ -21,7 +21,7 @@ from dragon_ui.engine import training, workers
 from dragon_ui.engine.workers import TrainingProcess
 from dragon_ui.studio.backend import Studio
 from dragon_ui.public import LAPTOP
-from conftest import ended, stop_the_training
+from conftest import ended, environment_of, stop_the_training
 from test_app_client import served_app
 from test_queue import long_config, wait_for
 
@@ -150,7 +150,7 @@ def test_closing_the_app_lets_the_warm_worker_go_and_no_worker_holds_the_owner_k
     studio = Studio(runs_dir=runs_dir, policy=LAPTOP)
     studio.workers.warm((ModelConfig(id=tiny_config_dict["model"]["id"]), HardwareSettings(device="cpu")))
     waiting = studio.workers._warm
-    environment = (Path("/proc") / str(waiting.pid) / "environ").read_bytes().split(b"\0")
+    environment = environment_of(waiting.pid)
     assert b"PATH=" + os.environ["PATH"].encode() in environment  # the app's environment...
     assert not any(entry.startswith(public.OWNER_KEY_ENV.encode()) for entry in environment)  # ...but the key
     started = time.monotonic()
@@ -203,7 +203,7 @@ def test_a_public_demos_worker_has_no_hub_token(runs_dir, tiny_config_dict, monk
     studio = Studio(runs_dir=runs_dir, policy=public.Policy.from_env(runs_dir))
     studio.workers.warm((ModelConfig(id=tiny_config_dict["model"]["id"]), HardwareSettings(device="cpu")))
     try:
-        environment = (Path("/proc") / str(studio.workers._warm.pid) / "environ").read_bytes().split(b"\0")
+        environment = environment_of(studio.workers._warm.pid)
         assert not any(entry.startswith((b"HF_TOKEN", public.OWNER_KEY_ENV.encode())) for entry in environment)
         assert b"HF_HUB_DISABLE_IMPLICIT_TOKEN=1" in environment  # nor a login's token on the disk
     finally:
