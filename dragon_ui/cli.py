@@ -345,9 +345,10 @@ def _print_eval(evaluation: dict) -> None:
     print(f"Held-out reward on {evaluation.get('n_prompts', '?')} prompts (greedy):")
     print(f"  {'reward':<20}{'before':>10}{'after':>10}{'change':>10}")
     metrics = metric_names(evaluation)
-    for name, *values in before_and_after(evaluation):
-        change = values[1] - values[0] if None not in values else None
-        print(f"  {shown_reward_name(name, metrics):<20}" + "".join(f"{'-' if v is None else f'{v:.3f}':>10}" for v in values)
+    for name, before, after in before_and_after(evaluation):
+        change = after - before if before is not None and after is not None else None
+        print(f"  {shown_reward_name(name, metrics):<20}"
+              + "".join(f"{'-' if v is None else f'{v:.3f}':>10}" for v in (before, after))
               + (f"{change:>+10.3f}" if change is not None else f"{'-':>10}"))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import is_hub_dataset_id
-from .runstore import RunDir, read_json, state_label
+from .runstore import HeldOutRow, ProgressRow, RunDir, read_json, state_label
 
 MAX_OVERLAID = 8  # more lines than a legend can tell apart
 LEADERBOARD_COLUMNS = ["Run", "Name", "Data", "Held-out before", "Held-out after", "Change", "Steps", "Minutes",
@@ -121,7 +121,8 @@ def leaderboard(summaries: list[dict], whose: Callable[[dict], str] | None = Non
             state=state_label(summary.get("state")),
             started=time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else "",
             whose=whose(summary) if whose else ""))
-    scored = sorted((e for e in entries if e.heldout_after is not None), key=lambda e: -e.heldout_after)
+    scored = sorted((e for e in entries if e.heldout_after is not None), key=lambda e: e.heldout_after or 0.0,
+                    reverse=True)
     return scored + [e for e in entries if e.heldout_after is None]
 
 
@@ -227,18 +228,18 @@ class RunCurves:
 
     run_id: str
     label: str
-    rows: list[dict]
+    rows: list[ProgressRow]
     reward_names: list[str]
     config: dict
-    heldout: list[dict]
+    heldout: list[HeldOutRow]
 
 
 def run_curves(run: RunDir) -> RunCurves:
     config = read_json(run.config_path, default={}) or {}
     status = run.read_status()
-    names = status.get("reward_names") or [r.get("name") for r in config.get("rewards") or [] if isinstance(r, dict)]
-    return RunCurves(run.id, config.get("name") or run.id, run.read_progress(), [n for n in names if n], config,
-                     run.read_heldout())
+    names = status.get("reward_names") or [str(r["name"]) for r in config.get("rewards") or []
+                                           if isinstance(r, dict) and r.get("name")]
+    return RunCurves(run.id, config.get("name") or run.id, run.read_progress(), names, config, run.read_heldout())
 
 
 def legend_labels(curves: list[RunCurves]) -> list[str]:

@@ -199,31 +199,31 @@ class RunStatus(TypedDict, total=False):
     state: str  # queued, running, succeeded, failed, cancelled (state_label says how a person reads it)
     phase: str  # what the state is doing now, in words ("loading the model", "step 3 of 10", ...)
     step: int
-    total_steps: int
+    total_steps: int | None  # None until the data is loaded
     eta_s: float
     elapsed_s: float
     created_at: float
     started_at: float  # the first start
     resumed_at: float  # the latest resume
-    finished_at: float
+    finished_at: float | None
     updated_at: float
     waiting: str | None  # "start" or "resume" while in the queue
-    queued_at: float
+    queued_at: float | None
     stop_reason: str | None  # why a run stopped by itself (the public time limit) or left the queue
-    error: str  # on failure, the reason in plain words
-    traceback: str  # and the traceback's tail
-    pid: int  # the process that trains it, and its host: a run left running by a dead process reads as failed
+    error: str | None  # on failure, the reason in plain words (None again on a resume)
+    traceback: str | None  # and the traceback's tail
+    pid: int | None  # the process that trains it, and its host: a run left running by a dead process reads as failed
     host: str
-    owner: str  # a public demo's visitor who started it (a hash of their browser's token)
-    owner_address: str  # a hash of the network address it came from
+    owner: str | None  # a public demo's visitor who started it (a hash of their browser's token)
+    owner_address: str | None  # a hash of the network address it came from
     device: str
     dtype: str
     cpu_threads: int
-    gpu_name: str
+    gpu_name: str | None
     world_size: int
     hardware_reasons: list[str]
     model_label: str
-    versions: dict[str, str]  # torch, TRL, transformers, PEFT, accelerate, gradio
+    versions: dict[str, str | None]  # torch, TRL, transformers, PEFT, accelerate, gradio
     speedups: dict[str, Any]  # {"active": [...], "disabled": {name: why}}
     data_summary: str
     n_train: int
@@ -425,9 +425,9 @@ class RunDir:
         """The status, with a run left "running" by a process that no longer exists reported (and saved) as failed.
         A run waiting in the queue belongs to no process until its turn comes."""
         status = self._saved_status()
+        pid = status.get("pid")
         if (status.get("state") in ACTIVE_STATES and not status.get("waiting")
-                and status.get("host") == socket.gethostname() and isinstance(status.get("pid"), int)
-                and not _pid_alive(status["pid"])):
+                and status.get("host") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid)):
             status = self.update_status(state="failed", finished_at=time.time(),
                                         error="Interrupted: the process running this training stopped unexpectedly "
                                               "(closed, killed or out of memory). Resume continues from the latest checkpoint.")

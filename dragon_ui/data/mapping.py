@@ -20,6 +20,7 @@ import string
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 import pandas as pd
 
@@ -291,7 +292,7 @@ def rows_to_read(max_rows: int | None, *, policy: Policy) -> int | None:
     """How many rows to read at most: the rows asked for (``data.max_rows``); in a public demo one more than its
     limit whatever is asked (enough to tell that a file has too many, and the same read for every Max rows, so a
     visitor cannot make the app read a file again and again)."""
-    return policy.limits.dataset_rows + 1 if policy.public else max_rows
+    return policy.limits.dataset_rows + 1 if policy.limits else max_rows
 
 
 def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | None = None,
@@ -323,8 +324,9 @@ def read_table(source: str, hub_config=None, hub_split="train", base_dir: str | 
     # small files, which every first page shows and which never wait for a visitor's read (system/processes.py).
     limits = None if is_bundled(str(place)) else policy.limits
     try:
-        table = read_file(place, sheet, limit, limits and limits.upload_mb * UNPACKED_TIMES_UPLOAD,
-                          limits and limits.columns, limits and limits.text_chars)
+        table = (read_file(place, sheet, limit) if limits is None else
+                 read_file(place, sheet, limit, limits.upload_mb * UNPACKED_TIMES_UPLOAD, limits.columns,
+                           limits.text_chars))
     except OSError as exc:
         raise ConfigError(f"data.source: {place} could not be read ({exc.strerror or exc}).") from None
     if not table.rows:
@@ -336,8 +338,8 @@ def _load_hub(source: str, hub_config: str | None, hub_split: str, max_rows: int
               *, policy: Policy) -> list[dict]:
     """The rows of a Hub dataset split (the first ``max_rows``). A public demo streams them in a separate process
     with limits on its memory and time (stream_hub_rows, system/processes.py)."""
-    if policy.public:
-        limits = policy.limits
+    limits = policy.limits
+    if limits is not None:
         arguments = {"source": source, "hub_config": hub_config, "hub_split": hub_split, "max_rows": max_rows,
                      "limit_bytes": int(limits.upload_mb * 2**20), "max_columns": limits.columns}
         rows = run_apart(stream_hub_rows, arguments, int(limits.upload_mb * UNPACKED_TIMES_UPLOAD * 2**20),
@@ -364,7 +366,8 @@ def stream_hub_rows(source: str, hub_config: str | None, hub_split: str, max_row
     ``token=False``, so the server's own token never reaches a private or gated dataset for a visitor."""
     import datasets
 
-    rows, size = [], 0
+    rows: list[dict] = []
+    size = 0
     with _hub_errors(source, hub_config, hub_split):
         stream = datasets.load_dataset(f"hf://datasets/{source}", name=hub_config, split=hub_split, streaming=True,
                                        token=False)
@@ -400,7 +403,7 @@ def _hub_errors(source: str, hub_config: str | None, hub_split: str):
         ) from None
 
 
-def _is_network_error(exc: BaseException) -> bool:
+def _is_network_error(exc: BaseException | None) -> bool:
     """datasets/huggingface_hub signal 'offline' or 'unreachable' as (a cause chain ending in) a ConnectionError."""
     while exc is not None:
         if isinstance(exc, ConnectionError | TimeoutError):
@@ -516,7 +519,7 @@ def map_rows(rows: list[dict], config: DataConfig, *, policy: Policy, first_row:
     rows = rows[: config.max_rows] if config.max_rows is not None else rows
     if not rows:
         raise ConfigError("data.source: the dataset has no rows.")
-    limit = policy.limits and policy.limits.dataset_rows
+    limit = policy.limits.dataset_rows if policy.limits else None
     if limit is not None and len(rows) > limit:  # read_table stops one row past the limit
         raise ConfigError(f"data.max_rows must be at most {limit:,} here: the data has more than {limit:,} rows, this "
                           f"public demo's limit of rows of data; set it to {limit:,} or fewer ({LIFT} to train on "
@@ -525,13 +528,14 @@ def map_rows(rows: list[dict], config: DataConfig, *, policy: Policy, first_row:
     prompt = _Mapping("data.prompt", config.prompt, columns, constant_allowed=False)
     reference = _Mapping("data.reference", config.reference, columns, False) if _given(config.reference) else None
     system = _Mapping("data.system", config.system, columns, True) if _given(config.system) else None
-    mapped = {}
+    mapped: dict[str, str] = {}
     for mapping in (prompt, reference, system):
-        for column in mapping.used_columns if mapping else ():
-            mapped.setdefault(column, mapping.label)
+        if mapping is not None:
+            for column in mapping.used_columns:
+                mapped.setdefault(column, mapping.label)
 
     examples = []
-    most_chars = policy.limits and policy.limits.text_chars
+    most_chars = policy.limits.text_chars if policy.limits else None
     for number, row in enumerate(rows, start=first_row):
         fields = _row_fields(row, number, mapped)
         user_text = prompt.render(fields)
@@ -540,7 +544,7 @@ def map_rows(rows: list[dict], config: DataConfig, *, policy: Policy, first_row:
         system_text = system.render(fields) if system else ""
         reference_text = reference.render(fields) if reference else ""
         for mapping, text in ((prompt, user_text), (system, system_text), (reference, reference_text)):
-            if most_chars is not None and len(text) > most_chars:
+            if mapping is not None and most_chars is not None and len(text) > most_chars:
                 raise ConfigError(f"{mapping.label} gives row {number} {len(text):,} characters, more than this "
                                   f"public demo's limit of {most_chars:,} characters in one row's prompt, reference "
                                   f"answer or system message; shorten it or leave that row out ({LIFT} for longer "
@@ -560,7 +564,7 @@ def map_rows(rows: list[dict], config: DataConfig, *, policy: Policy, first_row:
             f"data.prompt gave empty text for all {len(rows)} rows, so there is nothing to train on; "
             f"check that {what} filled in."
         )
-    held_out_limit = policy.limits and policy.limits.held_out_prompts
+    held_out_limit = policy.limits.held_out_prompts if policy.limits else None
     train, held_out = _split(examples, config.eval_frac, config.seed, held_out_limit)
     kept, dropped = [], []
     for example in train:  # after the split: filtering first would move rows between training and held out
@@ -588,7 +592,7 @@ def _shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _given(text: str | None) -> bool:
+def _given(text: str | None) -> TypeGuard[str]:
     """An empty reference or system box in the UI means 'not used'."""
     return text is not None and bool(text.strip())
 

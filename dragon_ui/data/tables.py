@@ -308,7 +308,7 @@ def _read_json(text: str, name: str, max_rows: int | None = None) -> list[dict]:
 def read_json_lines(text: str, name: str, prefix: str = "data.source: ", max_rows: int | None = None) -> list[dict]:
     """One JSON object per line, the first ``max_rows`` of them; blank lines are ignored and a bad line is reported
     by its number."""
-    rows = []
+    rows: list[dict] = []
     for number, line in enumerate(io.StringIO(text, newline=None), start=1):
         if max_rows is not None and len(rows) >= max_rows:
             break

@@ -22,7 +22,7 @@ from ..public import Policy
 from .. import speedups
 from ..rewards import (EPISODE_SCORE, Reward, ScoreResult, build_rewards, goal_names, right_by_goal,
                        score_completions)
-from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
+from ..runstore import ACTIVE_STATES, HeldOutRow, RunDir, write_json_atomic
 from .hardware import release_openmp_threads
 from .reward_models import classifiers_on
 from .tool_calls import EPISODE_TOOLS, ToolUse, played, ready_for_tools, tool_use
@@ -322,8 +322,12 @@ def record_eval(run: RunDir, stage: str, result: EvalResult, examples: list[dict
     for sample, reply, total, scores in zip(samples, result.replies, result.totals, result.scores):
         sample[stage] = {"reply": reply, "reward": total, "scores": scores}
     write_json_atomic(run.samples_path, samples)
-    run.update_status(**{f"heldout_{stage}": result.reward_mean, f"heldout_{stage}_scores": result.breakdown,
-                         f"heldout_{stage}_right": result.right, "goal": result.goal})
+    if stage == "before":
+        run.update_status(heldout_before=result.reward_mean, heldout_before_scores=result.breakdown,
+                          heldout_before_right=result.right, goal=result.goal)
+    else:
+        run.update_status(heldout_after=result.reward_mean, heldout_after_scores=result.breakdown,
+                          heldout_after_right=result.right, goal=result.goal)
     log.info("Held-out reward %s training: %.3f (%s) on %d prompts in %.1f s", stage, result.reward_mean,
              ", ".join(f"{k} {v:.3f}" for k, v in result.breakdown.items()), len(examples), result.seconds)
     return evaluation
@@ -408,7 +412,8 @@ def before_and_after(evaluation: dict) -> list[tuple[str | None, float | None, f
     and metric (metric_names); a side not scored yet is None. The Compare tab's chart, ``eval`` and the model card
     all show these rows."""
     before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
-    rows = [(None, before.get("reward_mean"), after.get("reward_mean"))]
+    rows: list[tuple[str | None, float | None, float | None]] = [
+        (None, before.get("reward_mean"), after.get("reward_mean"))]
     for name in (before or after).get("reward_breakdown", {}):
         rows.append((name, *(side.get("reward_breakdown", {}).get(name) for side in (before, after))))
     return rows
@@ -426,7 +431,7 @@ def shown_reward_name(name: str | None, metrics: set[str]) -> str:
     return f"{name} (metric)" if name in metrics else name
 
 
-def heldout_curve(rows: list[dict]) -> str:
+def heldout_curve(rows: list[HeldOutRow]) -> str:
     """The held-out checks during training in one line ("step 0: 0.420 · step 10: 0.550 · ..."), for the command
     line and the model card; "" when the run made none."""
     points = [(row["step"], row["reward"]) for row in rows if isinstance(row.get("reward"), (int, float))]

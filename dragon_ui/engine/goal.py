@@ -11,8 +11,9 @@ change (a system message asking for the answer alone); what cannot be measured h
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..grpo_math import advantages, finite_number, has_spread
 from ..public import Policy
@@ -196,7 +197,7 @@ def check_goal(rewards: list[Reward], groups: list[SampledGroup], scale_rewards:
                      winners[:MOST_WINNERS], wrong_wins, checks_answer)
 
 
-def spread_by_reward(groups: list[list[Mapping[str, float | None]]],
+def spread_by_reward(groups: Sequence[Sequence[Mapping[str, float | None]]],
                      weights: Mapping[str, float]) -> dict[str, tuple[float, float]]:
     """Each reward of ``weights`` (those trained on) over the groups (each its replies' scores) whose weighted
     totals have a spread: (its share of the spread, the share of those groups only it separates). A group's share
@@ -235,7 +236,7 @@ def _winner(group: SampledGroup, trained: list[Reward], weights: dict, scale_rew
     lift = {reward.name: reward.weight * (scores[best][reward.name]
                                           - statistics.fmean(s[reward.name] for s in scores)) for reward in trained}
     return Winner(group.number, group.prompt, group.reference, excerpt(group.replies[best], REPLY_CHARS) or "",
-                  round(values[best], 2), max(lift, key=lift.get),
+                  round(values[best], 2), max(lift, key=lambda name: lift[name]),
                   not any(passes(scores[best][reward.name], reward.spec) for reward in checking))
 
 
@@ -335,7 +336,7 @@ def goal_swaps(spec: RewardSpec, specs: list[RewardSpec], *, policy: Policy) -> 
         weight = max(spec.weight, existing.weight if existing else 0.0)
         candidate = parse_rewards([{"kind": "contains", "name": name, "extract": spec.extract,
                                     "case_sensitive": spec.case_sensitive}], policy=policy)[0]
-        change = {spec.name: {"goal": False, "train": False}}
+        change: dict[str, dict[str, Any]] = {spec.name: {"goal": False, "train": False}}
         if existing is not None:
             change[name] = {"goal": True, "weight": weight}
         added = [] if existing else [{"kind": "contains", "name": name, "goal": True, "weight": weight,
@@ -365,7 +366,7 @@ def _gated(check: GoalCheck, rewards: list[Reward], groups: list[SampledGroup],
     if not shaping:
         return None
     weights = {reward.name: reward.weight for reward in rewards} | (swap.weights if swap else {})
-    gate_scores = iter(best[2] if swap else [])
+    gate_scores = iter(best[2] if best is not None else [])
     wrong_wins = spread = 0
     for group in groups:
         totals, opened = [], []
@@ -387,4 +388,4 @@ def _gated(check: GoalCheck, rewards: list[Reward], groups: list[SampledGroup],
             f"; pay {_listed(sorted(shaping))} only when it passes"
     return Alternative(label, f"Groups that a wrong reply wins: {check.wrong_wins} → {wrong_wins} of {len(groups)}; "
                        f"groups with a spread: {check.spread_groups} → {spread}.", True, fix,
-                       best[0] if swap else check.pays)
+                       best[0] if best is not None else check.pays)

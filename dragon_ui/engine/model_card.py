@@ -8,6 +8,7 @@ written after training, after a merge or at upload time says the same. The rewar
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from ..config import RunConfig
 from ..data import is_hub_dataset_id
 from ..rewards import reward_rule
 from ..tools import described
-from ..runstore import RunDir, reward_key, value_at
+from ..runstore import RunDir, RunStatus, reward_key, value_at
 from .models import OFFLINE_NOTE, is_hub_id, is_run_dir
 
 
@@ -158,15 +159,15 @@ def _eval_table(run: RunDir) -> list[str]:
     rows = [f"Mean reward on {evaluation.get('n_prompts', '?')} held-out prompts, greedy replies:", "",
             "| reward | before | after | change |", "|---|---:|---:|---:|"]
     metrics = metric_names(evaluation)
-    for name, *values in before_and_after(evaluation):
-        change = f"{values[1] - values[0]:+.3f}" if None not in values else "-"
+    for name, before, after in before_and_after(evaluation):
+        change = f"{after - before:+.3f}" if before is not None and after is not None else "-"
         shown = shown_reward_name(name, metrics)
-        rows.append(f"| {f'**{shown}**' if name is None else shown} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values)
-                    + f" | {change} |")
+        rows.append(f"| {f'**{shown}**' if name is None else shown} | "
+                    + " | ".join("-" if v is None else f"{v:.3f}" for v in (before, after)) + f" | {change} |")
     return rows
 
 
-def _settings(config: RunConfig, status: dict) -> list[tuple[str, str]]:
+def _settings(config: RunConfig, status: RunStatus) -> list[tuple[str, str]]:
     lora = (f"r {config.lora.r}, alpha {config.lora.alpha}, dropout {config.lora.dropout:g}" if config.lora.enabled
             else "off (every weight trained)")
     steps = (f"{config.training.max_steps} steps" if config.training.max_steps else
@@ -219,7 +220,7 @@ def _chat_lines(run: RunDir, config: RunConfig) -> list[str]:
             "print(tokenizer.decode(reply[0, inputs['input_ids'].shape[1]:], skip_special_tokens=True))"]
 
 
-def _training_facts(status: dict) -> list[str]:
+def _training_facts(status: RunStatus) -> list[str]:
     from ..runstore import format_seconds
 
     device = status.get("device", "?")
@@ -228,8 +229,9 @@ def _training_facts(status: dict) -> list[str]:
     facts = [f"- Hardware: {where} ({device}, {status.get('dtype', '?')})"]
     if status.get("world_size", 1) > 1:
         facts.append(f"- Processes: {status['world_size']}")
-    if status.get("started_at") and status.get("finished_at"):
-        facts.append(f"- Took {format_seconds(status['finished_at'] - status['started_at'])} from start to finish, "
+    started, finished = status.get("started_at"), status.get("finished_at")
+    if started and finished:
+        facts.append(f"- Took {format_seconds(finished - started)} from start to finish, "
                      f"{format_seconds(status.get('elapsed_s') or 0)} of it training")
     versions = status.get("versions") or {}
     if versions:
@@ -253,7 +255,7 @@ def _plot_reward_curve(run: RunDir, target: Path) -> bool:
     figure = Figure(figsize=(7, 3.6), dpi=110)
     axes = figure.add_subplot()
     steps = [row["step"] for row in points]
-    axes.plot(steps, [row["reward"] for row in points], label="total (weighted)", linewidth=2.2, color="#059669")
+    axes.plot(steps, [math.nan if row["reward"] is None else row["reward"] for row in points], label="total (weighted)", linewidth=2.2, color="#059669")
     for name in sorted({name for row in points for name in row.get("rewards") or {}}):
         series = [(row["step"], value) for row in points
                   if (value := value_at(row, reward_key(name))) is not None]

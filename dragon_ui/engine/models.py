@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from .. import speedups
@@ -161,7 +162,7 @@ def resolve_model(config: ModelConfig, check_hub: bool = True) -> ModelSource:
     """Decide where the weights come from, failing early with a sentence when they cannot be had."""
     model_id = config.id.strip()
     path = Path(model_id).expanduser()
-    common = dict(revision=config.revision, trust_remote_code=config.trust_remote_code)
+    common: dict[str, Any] = dict(revision=config.revision, trust_remote_code=config.trust_remote_code)
     if path.is_dir():
         path = path.resolve()
         if is_run_dir(path):
@@ -262,7 +263,7 @@ def loaded_as(source: ModelSource, hardware: ResolvedHardware, dtype: str) -> tu
 # engine/worker_main.py): the training takes it when it is what it would load itself (take_set_aside), which
 # spares the Start the load.
 _set_aside_lock = threading.Lock()
-_set_aside: tuple[tuple, object, object] | None = None  # (loaded_as key, model, tokenizer)
+_set_aside: tuple[tuple, Any, Any] | None = None  # (loaded_as key, model, tokenizer)
 
 
 def take_set_aside(source: ModelSource, hardware: ResolvedHardware, dtype: str) -> tuple | None:
@@ -287,7 +288,7 @@ class ModelCache:
     def __init__(self, hardware: Callable[[], HardwareInfo] = detect_hardware) -> None:
         self._hardware = hardware
         self._lock = threading.Lock()
-        self._cached: tuple[tuple, object, object, tuple] | None = None  # (key, model, tokenizer, loaded_as)
+        self._cached: tuple[tuple, Any, Any, tuple | None] | None = None  # (key, model, tokenizer, loaded_as)
 
     def load(self, model: ModelConfig, adapter_dir: Path | None = None, settings: HardwareSettings | None = None):
         """(model, tokenizer), in eval mode, on the device and precision ``settings`` resolve to here."""

@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..config import Draft, RunConfig
 from ..data import DataConfig, prompt_text
@@ -99,10 +100,10 @@ class Fix:
     def applied_to(self, draft: Draft) -> dict:
         """``draft`` with this fix: its settings set, its rewards changed and added (one of the same name is kept
         instead)."""
-        changed = {**draft}
+        changed: dict[str, Any] = {**draft}
         for section, values in self.settings.items():
-            changed[section] = {**(draft.get(section) or {}), **values}
-        rewards = [{**reward, **self.change_rewards.get(reward.get("name") or reward.get("kind"), {})}
+            changed[section] = {**(changed.get(section) or {}), **values}
+        rewards = [{**reward, **self.change_rewards.get(str(reward.get("name") or reward.get("kind")), {})}
                    if isinstance(reward, dict) else reward for reward in draft.get("rewards") or []]
         names = {reward.get("name") or reward.get("kind") for reward in rewards if isinstance(reward, dict)}
         changed["rewards"] = rewards + [reward for reward in self.add_rewards if reward["name"] not in names]
@@ -172,8 +173,8 @@ class Preflight:
                 sentences = [head + f"{passes} % all pass. {'Too easy' if hopeless else 'Mostly too easy'}: most "
                              f"replies already earn the reward.{slowly} Drop those prompts, or use harder data or a "
                              "stricter reward."]
-        elif not self.teaches_goal:
-            sentences = [*self.goal.sentences(),
+        elif self.untaught_goal is not None:
+            sentences = [*self.untaught_goal.sentences(),
                          f"({100 - no_spread} % of groups have a spread; {groups}.)"]
         else:
             sentences = [f"It can learn: {100 - no_spread} % of groups have a spread to learn from ({groups}; "
@@ -186,7 +187,7 @@ class Preflight:
                 sentences.append(f"The reward {reward.name} failed on {round(100 * reward.failed)} % of replies "
                                  "(each scores 0): try it in the playground.")
             elif reward.spread == 0 and len(self.prompts) > 1 and reward.trained and not (
-                    self.learns and not self.teaches_goal and reward.name in self.goal.names):  # said already
+                    self.learns and self.untaught_goal is not None and reward.name in self.untaught_goal.names):
                 sentences.append(f"The reward {reward.name} gave every reply {reward.mean:g}: it teaches nothing "
                                  "here.")
         if self.ended_early:
@@ -220,15 +221,15 @@ class Preflight:
         return self.share("no spread") < NO_SPREAD_TOO_MUCH
 
     @property
-    def teaches_goal(self) -> bool:
-        """Whether enough groups differ in the goal for training to learn it (engine.goal.GoalCheck.teaches); true
-        where no reward is the goal."""
-        return self.goal is None or self.goal.teaches
+    def untaught_goal(self) -> GoalCheck | None:
+        """The goal's check where too few groups differ in it for training to learn it (GoalCheck.teaches); None
+        where training would learn it, or no reward is the goal."""
+        return None if self.goal is None or self.goal.teaches else self.goal
 
     @property
     def good(self) -> bool:
         """The verdict's colour: it learns, and what it learns is the goal."""
-        return self.learns and self.teaches_goal
+        return self.learns and self.untaught_goal is None
 
     def facts(self) -> list[str]:
         """The numbers behind the verdict, a sentence each (the app shows them as a list, the command line as
@@ -307,6 +308,8 @@ def preflight(config: RunConfig, load: LoadModel, *, policy: Policy, prompts: in
 
     inspection = inspection or inspect(config, policy=policy)
     train = inspection.mapped.train
+    generation_s: float | None
+    training_pass_s: float | None
     try:
         estimate = estimate_run(config, inspection.hardware, detect_hardware(),
                                 prompt_tokens=max(1, round(inspection.prompts.mean)))
@@ -324,9 +327,9 @@ def preflight(config: RunConfig, load: LoadModel, *, policy: Policy, prompts: in
     fit = inspection.prompts
     token_limit = None if fit.limit >= NO_LIMIT else fit.limit + config.grpo.max_new_tokens
     report = sample_preflight(config, model, tokenizer, chosen, rewards, token_limit, training_pass_s, should_stop,
-                              policy.limits.sampling_seconds if policy.public else None, on_progress, len(train),
+                              policy.limits.sampling_seconds if policy.limits else None, on_progress, len(train),
                               inspection.tools, policy=policy)
-    limit = policy.limits.scoring_seconds if policy.public else None
+    limit = policy.limits.scoring_seconds if policy.limits else None
     try:
         no_right = report.goal.wrong_wins / len(report.prompts) if report.goal and report.prompts else None
         gamed = red_team(rewards, chosen, config.grpo.max_new_tokens, tokenizer, should_stop, limit, no_right)
@@ -408,7 +411,8 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
                        None if training_pass_s is None else step_sampling + training_pass_s, ended_early,
                        training_prompts=training_prompts,
                        goal=check_goal(rewards, sampled, grpo.scale_rewards, grpo.multi_objective_aggregation))
-    if report.learns and not report.teaches_goal:
+    goal = report.untaught_goal
+    if report.learns and goal is not None:
         def resample(system: str) -> tuple[list[dict], list[str]]:
             """The first step's prompts, sampled again with ``system`` as their system message."""
             asked = [{**example, "prompt": [{"role": "system", "content": system},
@@ -417,12 +421,12 @@ def sample_preflight(config: RunConfig, model, tokenizer, examples: list[dict], 
             return asked, sampled_replies(model, tokenizer, asked, grpo, None, should_stop)
 
         in_time = deadline is None or time.monotonic() < deadline
-        found = alternatives(report.goal, rewards, sampled, config.rewards,
+        found = alternatives(goal, rewards, sampled, config.rewards,
                              lambda some, asked, replies: score_examples(some, asked, replies, should_stop),
                              resample if tools is None and in_time else None, bool(config.data.system),
                              report.capped_share if report.capped_share >= CAPPED_TOO_MANY else None,
                              grpo.max_new_tokens, _larger_model(config.model.id), policy=policy)
-        report = dataclasses.replace(report, goal=dataclasses.replace(report.goal, alternatives=found))
+        report = dataclasses.replace(report, goal=dataclasses.replace(goal, alternatives=found))
     return dataclasses.replace(report, fixes=fixes_for(report, config))
 
 
@@ -450,9 +454,10 @@ def fixes_for(report: Preflight, config: RunConfig) -> list[Fix]:
     (data.pass_rates), when some training prompt would stay."""
     dropping = [] if (drop := _drop_fix(report)) is None else [drop]
     fixes = []
-    if report.learns and not report.teaches_goal:
+    goal = report.untaught_goal
+    if report.learns and goal is not None:
         return [Fix(alternative.label, alternative.effect, **alternative.fix)
-                for alternative in sorted(report.goal.alternatives, key=_recommended_first)] + dropping
+                for alternative in sorted(goal.alternatives, key=_recommended_first)] + dropping
     if report.learns:
         return dropping
     temperature = config.grpo.temperature

@@ -11,6 +11,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from transformers import TrainerCallback
 
@@ -65,7 +66,7 @@ class RunStoreCallback(TrainerCallback):
     def __init__(self, run: RunDir, should_stop: Callable[[], bool], rewards: list[Reward],
                  failures: RewardFailures, config: RunConfig, checks: HeldOutChecks) -> None:
         self.run, self.should_stop = run, should_stop  # a stop asked for, or the time limit reached (training.Training)
-        self.trainer = None  # the trainer is built with this callback's ``sampled``; it is set right after
+        self.trainer: Any = None  # the trainer is built with this callback's ``sampled``; it is set right after
         self._sampled_once = False
         self.rewards, self.failures, self.config, self.checks = rewards, failures, config, checks
         self.stopped = False

@@ -52,7 +52,7 @@ def prompt_limit(config: RunConfig, device: str, context: int | None,
         raise ConfigError(f"grpo.max_new_tokens ({config.grpo.max_new_tokens}) leaves no room for a prompt in the "
                           f"model's context of {context} tokens; lower it.")
     chosen = config.data.max_prompt_tokens
-    if policy.public and chosen is None:
+    if policy.limits and chosen is None:
         chosen, why = policy.limits.prompt_tokens, "this public demo's limit of tokens per prompt"
     elif chosen is None and room is None and device != "cpu":
         return NO_LIMIT, "no limit: the model does not say its context"
@@ -60,10 +60,10 @@ def prompt_limit(config: RunConfig, device: str, context: int | None,
         chosen, why = CPU_PROMPT_TOKENS, "the default on the CPU; set data.max_prompt_tokens to change it"
     else:
         why = "data.max_prompt_tokens"
-    if chosen is None or (room is not None and room < chosen):
+    if room is not None and (chosen is None or room < chosen):
         return room, (f"the model's context of {context} tokens less grpo.max_new_tokens "
                       f"({config.grpo.max_new_tokens})")
-    return chosen, why
+    return NO_LIMIT if chosen is None else chosen, why
 
 
 def context_length(source) -> int | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import DEFAULT_MODEL_ID, ModelConfig, RunConfig
@@ -40,9 +41,9 @@ def check_run(config: RunConfig, reads_data: bool = True, longest_prompt: int | 
     """Refuse the first setting of ``config`` that a public demo does not allow (nothing outside public mode),
     before any data is read or model loaded; ``reads_data`` False for a run whose data is already in its folder,
     ``longest_prompt`` its longest prompt in tokens, where it is known (check_memory)."""
-    if not policy.public:
-        return
     limits = policy.limits
+    if limits is None:
+        return
     if config.runs_dir and Path(config.runs_dir).expanduser().resolve() != policy.runs_dir:
         raise PublicDemoRefusal(f"runs_dir must be left empty in this public demo: runs are kept in its own folder "
                                 f"({LIFT} to keep them elsewhere).")
@@ -202,7 +203,7 @@ _starts = Allowance(window_s=3600)  # each network address's starts and resumes 
 _preflights = Allowance(window_s=3600)  # and its pre-flights
 
 
-def take_start(runs_dir: Path, preparing: list[Visitor] = (), *, policy: Policy) -> None:
+def take_start(runs_dir: Path, preparing: Sequence[Visitor] = (), *, policy: Policy) -> None:
     """Refuse a start or resume that would give the asking visitor, or its network address, more than its share,
     or else count it: runs training or waiting (an API client can open a new session for every call, so its address
     counts too; the runs of ``preparing``, not in the runs folder yet, count too), and starts in the last hour (a
@@ -232,7 +233,7 @@ def take_preflight(*, policy: Policy) -> None:
     """Refuse a pre-flight past its network address's allowance an hour, or else count it: each one samples the
     model for minutes, as a run's first steps do. Nothing outside public mode, or for the operator and the owner."""
     who = policy.visitor
-    if not policy.public or who.owns_everything or not who.address:
+    if policy.limits is None or who.owns_everything or not who.address:
         return
     most = policy.limits.preflights_per_hour
     if not _preflights.take(who.address, 1, most):

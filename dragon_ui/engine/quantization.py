@@ -26,7 +26,7 @@ def bitsandbytes_installed() -> bool:
 
 def defer_bitsandbytes() -> None:
     """Keep bitsandbytes unimported until allow_bitsandbytes(); leaves it alone if something imported it already."""
-    sys.modules.setdefault(PACKAGE, None)
+    sys.modules.setdefault(PACKAGE, None)  # type: ignore[arg-type]  # None there makes an import fail, as documented
 
 
 def allow_bitsandbytes() -> None:

@@ -133,7 +133,7 @@ def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None,
 
 def _refuse_if_full(runs_dir: Path, *, policy: Policy) -> None:
     """In a public demo, refuse to queue one run more than its limit of runs waiting (those being prepared count)."""
-    if not policy.public:
+    if policy.limits is None:
         return
     limit = policy.limits.queue_length
     if len(waiting_runs(runs_dir)) + len(_preparing) >= limit:

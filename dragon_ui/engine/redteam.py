@@ -203,7 +203,7 @@ def red_team_of(config: RunConfig, examples: list[dict], device: str, *, policy:
                             max_new_tokens=config.grpo.max_new_tokens, classifiers=classifiers_on(device),
                             policy=policy)
     return red_team(rewards, examples, config.grpo.max_new_tokens, tokenizer,
-                    time_limit_s=policy.limits.scoring_seconds if policy.public else None)
+                    time_limit_s=policy.limits.scoring_seconds if policy.limits else None)
 
 
 def _wrong_answers(references: list[str], index: int) -> list[str]:

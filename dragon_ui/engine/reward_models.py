@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import ModelConfig
 from ..errors import ConfigError, first_line
@@ -27,8 +28,8 @@ class LoadedClassifier:
     remembers the last batch, which several rewards naming the same model ask for in a row."""
 
     name: str
-    model: object
-    tokenizer: object
+    model: Any
+    tokenizer: Any
     device: str
     labels: dict[int, str] = field(default_factory=dict)
     multi_label: bool = False

@@ -6,6 +6,7 @@ and puts TensorBoard's event files into the run folder, where they travel with i
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ..config import LoggingSettings
 from ..errors import ConfigError
@@ -45,7 +46,7 @@ def missing_environment(environment: Mapping[str, str]) -> dict[str, str]:
     return {key: value for key, value in ENVIRONMENT.items() if key not in environment}
 
 
-def training_arguments(settings: LoggingSettings, run: RunDir) -> dict:
+def training_arguments(settings: LoggingSettings, run: RunDir) -> dict[str, Any]:
     """The GRPOConfig arguments: the trackers, the run's id as their run name, and the project trackio logs to
     (W&B's comes from the environment: ENVIRONMENT)."""
     return {"report_to": list(settings.report_to) or "none", "run_name": run.id, "project": PROJECT}

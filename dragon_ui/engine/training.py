@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from .. import speedups
 from ..config import GRPO_VARIANTS, RunConfig
@@ -61,7 +62,7 @@ class Training:
         self.run = run
         self.policy = policy
         self.stop_event = threading.Event()
-        self.time_limit_s = policy.limits.run_minutes * 60 if policy.public else None
+        self.time_limit_s = policy.limits.run_minutes * 60 if policy.limits else None
         self.started = time.monotonic()  # set again when the runner starts
 
     def stop(self) -> None:
@@ -176,11 +177,11 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
         write_jsonl(run.eval_data_path, mapped.eval)
         if mapped.dropped:
             write_json_atomic(run.dropped_rows_path, mapped.dropped)
-        in_line = {"waiting": "start", "queued_at": time.time()} if waiting else {}
-        run.update_status(state="queued", step=0, total_steps=None, created_at=time.time(),
+        run.update_status(waiting="start" if waiting else None, queued_at=time.time() if waiting else None,
+                          state="queued", step=0, total_steps=None, created_at=time.time(),
                           phase="waiting for its turn" if waiting else "waiting to start",
                           owner=policy.visitor.key if policy.public else None,
-                          owner_address=policy.visitor.address if policy.public else None, **in_line,
+                          owner_address=policy.visitor.address if policy.public else None,
                           reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
                           n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
                           longest_prompt_tokens=inspection.prompts.longest_kept,
@@ -272,8 +273,11 @@ def train_here(job: Training, resume_from: Path | None) -> None:
     job.started = time.monotonic()
     log_handler = None if run.read_only else _attach_run_log(run)
     now = time.time()
-    first_run = not run.read_status().get("started_at")  # a resume keeps the first start: the runs list shows it
-    run.update_status(state="running", phase="starting", **{"started_at" if first_run else "resumed_at": now})
+    first_run = not run.read_status().get("started_at")
+    if first_run:
+        run.update_status(state="running", phase="starting", started_at=now)
+    else:  # a resume keeps the first start: the runs list shows it
+        run.update_status(state="running", phase="starting", resumed_at=now)
     try:
         config = run.read_config()
         if resume_from is not None:
@@ -286,7 +290,7 @@ def train_here(job: Training, resume_from: Path | None) -> None:
             _write_card(run, config)
     except Stopped:
         log.info("Run %s stopped before training began.", run.id)
-        run.update_status(state="cancelled", phase="done", finished_at=time.time(), **_time_limit_reason(job))
+        run.update_status(state="cancelled", phase="done", finished_at=time.time(), stop_reason=_time_limit_reason(job))
     except BaseException as exc:  # the runner must never end without saying why
         reason = explain_failure(exc)
         log.error("Run %s failed: %s", run.id, reason)
@@ -392,8 +396,8 @@ def _train(handle: Training, config: RunConfig, resume_from: Path | None) -> str
     if callback.stopped:
         said = _time_limit_reason(handle)
         if said:
-            run.update_status(**said)
-            log.info("%s", said["stop_reason"])
+            run.update_status(stop_reason=said)
+            log.info("%s", said)
         log.info("Stopped at step %d; checkpoint saved.", trainer.state.global_step)
         return "cancelled"
 
@@ -428,13 +432,12 @@ def _train(handle: Training, config: RunConfig, resume_from: Path | None) -> str
     return "succeeded"
 
 
-def _time_limit_reason(handle: Training) -> dict:
-    """The status's stop_reason when a public demo's time limit ended the run; {} when something else did."""
-    if not handle.out_of_time():
-        return {}
-    return {"stop_reason": f"It reached this public demo's limit of {handle.time_limit_s / 60:g} minutes per run "
-                           "(held-out scoring included); Resume trains it further (after any runs waiting before "
-                           "it)."}
+def _time_limit_reason(handle: Training) -> str | None:
+    """The status's stop_reason when a public demo's time limit ended the run; None when something else did."""
+    if handle.time_limit_s is None or not handle.out_of_time():
+        return None
+    return (f"It reached this public demo's limit of {handle.time_limit_s / 60:g} minutes per run (held-out scoring "
+            "included); Resume trains it further (after any runs waiting before it).")
 
 
 @contextlib.contextmanager
@@ -518,7 +521,7 @@ def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware, *, pol
     from trl import GRPOConfig
 
     group, batch = config.grpo.group_size, config.training.batch_size
-    vllm = {}
+    vllm: dict[str, Any] = {}
     if config.generation.backend != "transformers":
         vllm = dict(use_vllm=True, vllm_mode=config.generation.backend.removeprefix("vllm-"),
                     vllm_gpu_memory_utilization=config.generation.vllm_gpu_memory_utilization)
@@ -559,7 +562,7 @@ def grpo_args(config: RunConfig, run: RunDir, hardware: ResolvedHardware, *, pol
         ddp_timeout=int(distributed.COLLECTIVE_TIMEOUT.total_seconds()),
         **vllm,
     )
-    if hardware.device == "cuda" and not distributed.is_distributed():
+    if hardware.device == "cuda" and hardware.gpu is not None and not distributed.is_distributed():
         _train_on_one_gpu(args, hardware.gpu)
     return args
 

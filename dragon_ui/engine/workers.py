@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from ..config import HardwareSettings, ModelConfig
 from ..public import Policy, without_secrets
@@ -137,11 +138,11 @@ class Workers:
         job = {"run_dir": str(run.path), "resume_from": str(resume_from) if resume_from else None,
                "policy": policy.to_json(),
                "settings": {key: value for key, value in environment.items() if key.startswith(OWN_SETTINGS)}}
-        handle = TrainingProcess(run, process, policy.limits.run_minutes * 60 if policy.public else None)
+        handle = TrainingProcess(run, process, policy.limits.run_minutes * 60 if policy.limits else None)
         run.mark_owner(process.pid)  # from now: the status the last worker left names a process that has ended
         try:
-            process.stdin.write(json.dumps(job) + "\n")
-            process.stdin.close()
+            _input(process).write(json.dumps(job) + "\n")
+            _input(process).close()
         except OSError:  # it died while it waited: the watch below says how
             pass
         threading.Thread(target=self._watch, args=(handle,), name=f"dragon-watch-{run.id}", daemon=True).start()
@@ -206,11 +207,17 @@ def _libraries_settings(environment: dict[str, str]) -> dict[str, str]:
     return {key: value for key, value in environment.items() if not key.startswith(OWN_SETTINGS)}
 
 
+def _input(process: subprocess.Popen) -> IO[str]:
+    """A worker's input: every worker is spawned with a pipe there (Workers._spawn)."""
+    assert process.stdin is not None
+    return process.stdin
+
+
 def _let_go(process: subprocess.Popen) -> None:
     """End a warm worker that will train nothing. It holds no run, so it is ended at once, in the middle of its
     warm-up too: an empty line on its input would be read only once that is done (seconds more on a busy machine)."""
     with contextlib.suppress(OSError):
-        process.stdin.close()
+        _input(process).close()
     end_group(process, hard=False)
     try:
         process.wait(END_GRACE_S)

@@ -201,6 +201,7 @@ def table() -> list[dict]:
     rows = []
     for name in ALL:
         on = enabled(name)
+        why: str | None
         if on:
             checked = ("its self-check passed on this machine" if name in self_checks()
                        else "its self-check has not run here yet")

@@ -164,9 +164,10 @@ def _tiny_model(dtype=None, vocab_size: int = 101):
 
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, pad_token_id=0,
-                         eos_token_id=1, bos_token_id=None, tie_word_embeddings=True, attn_implementation="sdpa")
+                         eos_token_id=1, bos_token_id=None, tie_word_embeddings=True,
+                         attn_implementation="sdpa")  # type: ignore[call-arg]  # taken through **kwargs
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(dtype or torch.float32).eval()  # as loaded
+    model = LlamaForCausalLM(config).to(dtype or torch.float32).eval()  # type: ignore[arg-type]  # as loaded
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 1
     return model
 

@@ -70,7 +70,7 @@ def comparison(run: RunDir) -> Comparison:
     evaluation = run.read_eval()
     before, after = evaluation.get("before"), evaluation.get("after")
     rows = before_and_after(evaluation)
-    names, metrics = [name for name, _, _ in rows[1:]], metric_names(evaluation)
+    names, metrics = [name for name, _, _ in rows[1:] if name is not None], metric_names(evaluation)
     bars = [{"reward": "total" if name is None else shown_reward_name(name, metrics), **dict(zip(SIDES, values))}
             for name, *values in rows]
     samples = run.read_samples()
@@ -84,7 +84,7 @@ def comparison(run: RunDir) -> Comparison:
     stale = after is not None and weights is not None and scored_from is not None and scored_from != weights.label
     can_evaluate = (state not in ACTIVE_STATES and weights is not None and (after is None or stale)
                     and _has_held_out(run))
-    summary = _summary(run, evaluation, state, weights, can_evaluate)
+    summary = _summary(run, evaluation, state, weights if can_evaluate else None)
     if shared_text:
         summary += f" Every prompt reads “{shared_text}”; the table shows the part that differs."
     return Comparison(summary, bars if before or after else [], table, can_evaluate, prompts[0] if prompts else "")
@@ -128,7 +128,8 @@ def _rounded(value):
     return None if value is None else round(value, 3)
 
 
-def _summary(run: RunDir, evaluation: dict, state: str, weights: TrainedWeights | None, can_evaluate: bool) -> str:
+def _summary(run: RunDir, evaluation: dict, state: str, to_evaluate: TrainedWeights | None) -> str:
+    """The Compare tab's sentence; ``to_evaluate``: the weights Evaluate now would score (None: nothing to score)."""
     before, after = evaluation.get("before"), evaluation.get("after")
     n = evaluation.get("n_prompts", 0)
     if before and after:
@@ -138,8 +139,8 @@ def _summary(run: RunDir, evaluation: dict, state: str, weights: TrainedWeights 
         if before.get("right") is not None and after.get("right") is not None:
             text += (f" Right answers by the goal ({', '.join(after.get('goal') or [])}): "
                      f"{round(before['right'] * n)} of {n} before → {round(after['right'] * n)} of {n} after.")
-        if can_evaluate:
-            text += f" Newer weights exist ({weights.label}): press Evaluate now to score them."
+        if to_evaluate is not None:
+            text += f" Newer weights exist ({to_evaluate.label}): press Evaluate now to score them."
         metrics = sorted(metric_names(evaluation))
         if metrics:
             text += (f" {', '.join(metrics)} {'is a metric' if len(metrics) == 1 else 'are metrics'}: scored, but "
@@ -151,11 +152,11 @@ def _summary(run: RunDir, evaluation: dict, state: str, weights: TrainedWeights 
     if state in ACTIVE_STATES:
         start = f"The starting model scored {before['reward_mean']:.3f} on {n} held-out prompts. " if before else ""
         return start + f"The run is {state}; the trained side is scored when it finishes."
-    if can_evaluate:
+    if to_evaluate is not None:
         start = f"The starting model scored {before['reward_mean']:.3f} on {n} held-out prompts, but" if before else \
             "There is no held-out score yet:"
         return (f"{start} the run ended ({state_label(state)}) before scoring the trained model. Press Evaluate now "
-                f"to score {weights.label} on the held-out prompts.")
+                f"to score {to_evaluate.label} on the held-out prompts.")
     if before:
         return (f"The starting model scored {before['reward_mean']:.3f} on {n} held-out prompts, but the run ended "
                 f"({state_label(state)}) before saving any trained weights, so there is nothing to compare it with.")
@@ -180,7 +181,7 @@ ASK_TEMPERATURE_MAX = 3.0
 
 def most_new_tokens(*, policy: Policy) -> int:
     """The longest reply "Ask both models" may ask for: a public demo's limit of new tokens per completion."""
-    return policy.limits.max_new_tokens if policy.public else ASK_MAX_NEW_TOKENS
+    return policy.limits.max_new_tokens if policy.limits else ASK_MAX_NEW_TOKENS
 
 
 def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,7 +265,7 @@ def step_spread(rollout: dict | None, config: dict) -> str:
     "" when no group had a spread."""
     groups = [[_scores(c) for c in g.get("completions") or [] if isinstance(c, dict)]
               for g in (rollout or {}).get("groups") or [] if isinstance(g, dict)]
-    rewards = [r for r in config.get("rewards") or [] if isinstance(r, dict)]
+    rewards: list[Mapping[str, Any]] = [r for r in config.get("rewards") or [] if isinstance(r, dict)]
     weights = {str(r.get("name") or r.get("kind")): training_weight(r) for r in rewards}
     by_reward = spread_by_reward(groups, {name: weight for name, weight in weights.items() if weight > 0})
     if not by_reward:

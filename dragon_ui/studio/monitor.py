@@ -18,14 +18,16 @@ import os
 import re
 import statistics
 import time
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from ..config import usual_learning_rates
 from ..grpo_math import finite_number
 from ..rewards import PENALTY_KINDS, goal_names, stored_metrics, training_weight
-from ..runstore import (ACTIVE_STATES, RunDir, errors_key, read_appended_rows, read_last_appended_row, read_record_rows,
-                        reward_key, value_at)
+from ..runstore import (ACTIVE_STATES, HeldOutRow, ProgressRow, RunDir, RunStatus, errors_key, read_appended_rows,
+                        read_last_appended_row, read_record_rows, reward_key, value_at)
 
 LOG_LINES = 40
 LOG_TAIL_CHARS = 16_000
@@ -39,9 +41,9 @@ class Snapshot:
     """What a run looks like now, and which parts changed since the previous snapshot."""
 
     run_dir: str
-    status: dict = field(default_factory=dict)
-    progress: list[dict] = field(default_factory=list)  # every progress row so far
-    heldout: list[dict] = field(default_factory=list)  # every held-out check so far (heldout.jsonl)
+    status: RunStatus = field(default_factory=lambda: RunStatus())
+    progress: list[ProgressRow] = field(default_factory=list)  # every progress row so far
+    heldout: list[HeldOutRow] = field(default_factory=list)  # every held-out check so far (heldout.jsonl)
     rollouts: dict | None = None  # the latest step's sampled groups
     sampling: dict | None = None  # before the first step ends: the batch it is scoring and training on
     log: str = ""  # the last LOG_LINES lines
@@ -83,18 +85,18 @@ def read_snapshot(run_dir: str | os.PathLike, since: dict | None = None) -> Snap
         snap.status = run.read_status()
         snap.cursor["status"], snap.cursor["status_read_at"] = status_stamp, now
     else:
-        snap.status = previous_status
+        snap.status = previous["status"]
         snap.cursor["status"], snap.cursor["status_read_at"] = old_cursor["status"], old_cursor["status_read_at"]
     snap.status_changed = snap.status != previous_status
 
     rows, reset, snap.cursor["progress"] = _read_new_rows(run.progress_path, old_cursor.get("progress"),
                                                           read_record_rows)
-    snap.progress = rows if reset or previous is None else previous["progress"] + rows
+    snap.progress = cast(list[ProgressRow], rows if reset or previous is None else previous["progress"] + rows)
     snap.progress_changed = previous is None or reset or bool(rows)
 
     rows, reset, snap.cursor["heldout"] = _read_new_rows(run.heldout_path, old_cursor.get("heldout"),
                                                          read_record_rows)
-    snap.heldout = rows if reset or previous is None else (previous.get("heldout") or []) + rows
+    snap.heldout = cast(list[HeldOutRow], rows if reset or previous is None else (previous.get("heldout") or []) + rows)
     snap.progress_changed = snap.progress_changed or reset or bool(rows)  # the reward chart draws both
 
     rows, reset, snap.cursor["rollouts"] = _read_new_rows(run.rollouts_path, old_cursor.get("rollouts"),
@@ -140,7 +142,9 @@ def _same_run(since: dict | None, run: RunDir) -> dict | None:
 
 def _status_recheck_due(previous: dict | None, now: float) -> bool:
     """Whether an active run's status is due to be read again although its file did not change."""
-    status = previous["status"] if previous else None
+    if previous is None:
+        return False
+    status = previous["status"]
     return status is not None and status.get("state") in ACTIVE_STATES \
         and now - previous["cursor"].get("status_read_at", 0.0) >= STATUS_RECHECK_S
 
@@ -179,18 +183,24 @@ def tail_lines(text: str, count: int) -> str:
 # Progress series: what the Train tab's charts draw, and what the health alerts read.
 
 
-def series(rows: list[dict], key: str) -> tuple[list, list[float | None]]:
+def series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list, list[float | None]]:
     """(steps, values) of one progress key, one point per row; None where a row has no finite number (a gap in the
     chart). The charts draw exactly this and the alerts read exactly this, so they cannot disagree."""
     return [row.get("step") for row in rows], [finite_number(value_at(row, key)) for row in rows]
 
 
-def points(rows: list[dict], key: str) -> list[tuple[int, float]]:
+def _known(values: Sequence[float | None]) -> list[float] | None:
+    """``values`` where every one is a number; None where any is missing (a gap in its chart)."""
+    known = [value for value in values if value is not None]
+    return known if len(known) == len(values) else None
+
+
+def points(rows: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
     """The (step, value) points a chart of ``key`` shows, oldest first."""
     return [(step, value) for step, value in zip(*series(rows, key)) if value is not None]
 
 
-def reward_names_of(rows: list[dict]) -> list[str]:
+def reward_names_of(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The rewards the rows hold a value of, in first-seen order."""
     names: dict[str, None] = {}
     for row in rows:
@@ -232,8 +242,8 @@ class Alert:
     value: float | None = None
 
 
-def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: str = "",
-                  rollout: dict | None = None, heldout: list[dict] | None = None) -> list[Alert]:
+def health_alerts(progress_rows: list[ProgressRow], status: RunStatus, config: dict, log: str = "",
+                  rollout: dict | None = None, heldout: list[HeldOutRow] | None = None) -> list[Alert]:
     """Warnings about the run so far, each with a suggested fix, computed from the values the charts draw (see
     :func:`series`). ``config`` is the run's config as a dict (config.json); ``log`` is the log tail, where the
     trainer writes each failing reward's first error; ``rollout`` the latest step's sampled groups (rollouts.jsonl),
@@ -254,8 +264,8 @@ def health_alerts(progress_rows: list[dict], status: dict, config: dict, log: st
     grpo = config.get("grpo") or {}
     training = config.get("training") or {}
     alerts = _reward_error_alerts(progress_rows, status, log)
-    failing = {alert.key.removeprefix(errors_key("")) for alert in alerts}  # their zeros are explained already
-    penalties = {spec.get("name") or spec.get("kind") for spec in config.get("rewards") or []
+    failing = {alert.key.removeprefix(errors_key("")) for alert in alerts if alert.key is not None}  # their zeros are explained already
+    penalties = {str(spec.get("name") or spec.get("kind")) for spec in config.get("rewards") or []
                  if isinstance(spec, dict) and spec.get("kind") in PENALTY_KINDS}  # at 0 when no penalty is due
     alerts += _flat_reward_alerts(progress_rows, skip=failing | penalties)
     alerts += _spread_alerts(progress_rows, grpo)
@@ -279,7 +289,7 @@ def _parameters(model_id: str) -> float | None:
         return None
 
 
-def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert]:
+def _reward_error_alerts(rows: list[ProgressRow], status: RunStatus, log: str) -> list[Alert]:
     """The counts are cumulative (progress.RunStoreCallback), so the latest row has them all; the row before tells
     whether the reward is still failing."""
     latest = rows[-1] if rows else {}
@@ -287,13 +297,13 @@ def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert
     errors = latest.get("errors")
     counts = {str(name): finite_number(value) for name, value in (errors if isinstance(errors, dict) else {}).items()}
     kept = status.get("reward_errors")
-    for name, count in (kept if isinstance(kept, dict) else {}).items():
-        counts.setdefault(name, finite_number(count))
+    for name, kept_count in (kept if isinstance(kept, dict) else {}).items():
+        counts.setdefault(name, finite_number(kept_count))
     first_errors = {m["name"]: m["error"].strip() for m in _REWARD_ERROR_LINE.finditer(log)}
     per_step = finite_number(latest.get("completions_per_step"))
     alerts = []
     for name, count in counts.items():
-        if (count or 0) <= 0:
+        if count is None or count <= 0:
             continue
         title = f"The reward '{name}' failed on {int(count)} completion{'s' if count != 1 else ''} so far"
         if latest:
@@ -309,7 +319,7 @@ def _reward_error_alerts(rows: list[dict], status: dict, log: str) -> list[Alert
     return alerts
 
 
-def _flat_reward_alerts(rows: list[dict], skip: set[str]) -> list[Alert]:
+def _flat_reward_alerts(rows: list[ProgressRow], skip: Set[str]) -> list[Alert]:
     """A reward that teaches nothing: a mean of 0 on each of the last FLAT_STEPS steps (it never gives credit), or
     one mean on every step of the run (it gives everything the same score). A mean between 0 and 1 can repeat over a
     few steps by chance, hence the whole run for that one."""
@@ -319,16 +329,16 @@ def _flat_reward_alerts(rows: list[dict], skip: set[str]) -> list[Alert]:
             continue
         key = reward_key(name)
         steps, values = series(rows, key)
-        recent = values[-FLAT_STEPS:]
-        if len(recent) < FLAT_STEPS or None in recent:
+        recent = _known(values[-FLAT_STEPS:])
+        if recent is None or len(recent) < FLAT_STEPS:
             continue
-        step, value = steps[-1], values[-1]
+        step, value = steps[-1], recent[-1]
         if all(abs(v) <= SAME for v in recent):
             alerts.append(Alert("warn", f"The reward '{name}' scored 0 on each of the last {FLAT_STEPS} steps",
                                 "It never gives credit, so it teaches nothing. Test it on the Rewards tab with a reply "
                                 "that should score (a wrong answer format or reference column is the usual cause), or "
                                 "give partial credit.", "reward_flat", key, step, value))
-        elif None not in values and max(values) - min(values) <= SAME:
+        elif (whole := _known(values)) is not None and max(whole) - min(whole) <= SAME:
             alerts.append(Alert("warn", f"The reward '{name}' gave {value:.3f} on every step so far ({len(values)} "
                                 "steps)", "It gives every completion the same score, so it teaches nothing. If that is "
                                 "full marks, it is too easy: make it stricter or remove it; otherwise test it on the "
@@ -337,14 +347,15 @@ def _flat_reward_alerts(rows: list[dict], skip: set[str]) -> list[Alert]:
     return alerts
 
 
-def _spread_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
+def _spread_alerts(rows: list[ProgressRow], grpo: dict) -> list[Alert]:
     """no_spread_share is the share of groups whose completions all scored the same (the spread chart's "groups
     with no spread"); GRPO learns only from the others. The chart's other line, reward_std, is TRL's spread over the
     whole batch: above 0 whenever groups differ from each other, even if each group agrees within itself."""
     steps, recent = series(rows[-WINDOW:], "no_spread_share")
-    if not recent or recent[-1] is None:
+    frac = recent[-1] if recent else None
+    if frac is None:
         return []
-    step, frac = steps[-1], recent[-1]
+    step = steps[-1]
     knobs = f"group_size (now {grpo.get('group_size', '?')}) or temperature (now {grpo.get('temperature', '?')})"
     if frac >= 1 - SAME:
         reward = finite_number(rows[-1].get("reward"))
@@ -357,7 +368,7 @@ def _spread_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
                       "of its group", "GRPO learns from differences within a group. Add a reward that tells better "
                       f"answers from worse ones (partial credit), or raise {knobs}. If all already score full marks, "
                       "the task is learned: make it harder.", "no_spread", "no_spread_share", step, frac)]
-    if len(recent) == WINDOW and None not in recent and min(recent) >= MOST_GROUPS_SAME:
+    if len(recent) == WINDOW and (known := _known(recent)) is not None and min(known) >= MOST_GROUPS_SAME:
         return [Alert("warn", f"Almost every group scores the same ({frac:.0%} of them at step {step}, "
                       f"{WINDOW} steps running)", "Only the few groups with different scores teach anything. Add a "
                       f"reward that gives partial credit, or raise {knobs}.",
@@ -365,7 +376,7 @@ def _spread_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
     return []
 
 
-def _length_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
+def _length_alerts(rows: list[ProgressRow], grpo: dict) -> list[Alert]:
     """Completions cut off at max_new_tokens: the length chart's mean length sits at its dashed cap."""
     if not rows or (clipped := finite_number(rows[-1].get("clipped_ratio"))) is None or clipped <= CLIPPED_FRAC:
         return []
@@ -377,7 +388,7 @@ def _length_alerts(rows: list[dict], grpo: dict) -> list[Alert]:
                   "clipped", "clipped_ratio", step, clipped)]
 
 
-def _kl_alerts(rows: list[dict], grpo: dict, training: dict, learning_rates: str) -> list[Alert]:
+def _kl_alerts(rows: list[ProgressRow], grpo: dict, training: dict, learning_rates: str) -> list[Alert]:
     """At most one KL alert: a spike first (the most specific), then a high KL, then a steady rise; none while the
     training reward is not falling. KL only says how far the model moved from where it started, and a run that
     learns its task must move: a high KL is a warning when the reward has stopped paying for the distance."""
@@ -410,11 +421,10 @@ def _kl_alerts(rows: list[dict], grpo: dict, training: dict, learning_rates: str
     return []
 
 
-def _reward_falling(rows: list[dict]) -> bool:
+def _reward_falling(rows: list[ProgressRow]) -> bool:
     """Whether the training reward of the last WINDOW steps is below that of the WINDOW before, by more than noise
     (a twentieth of its level, at least 0.02). Too few steps to tell counts as falling: nothing vouches for it yet."""
-    _, rewards = series(rows, "reward")
-    rewards = [value for value in rewards if value is not None]
+    rewards = [value for _, value in points(rows, "reward")]
     if len(rewards) < 2 * WINDOW:
         return True
     earlier, recent = statistics.fmean(rewards[-2 * WINDOW:-WINDOW]), statistics.fmean(rewards[-WINDOW:])
@@ -441,8 +451,8 @@ REPEATED_MIN_WORDS = 8  # shorter replies are too short to call repetitive
 REPEATED_DISTINCT = 0.5  # a reply whose distinct word 3-grams are at most this share of its 3-grams repeats itself
 
 
-def hacking_alerts(rows: list[dict], rollout: dict | None, config: dict, heldout: list[dict] | None = None,
-                   skip: set[str] = frozenset()) -> list[Alert]:
+def hacking_alerts(rows: list[ProgressRow], rollout: dict | None, config: dict, heldout: list[HeldOutRow] | None = None,
+                   skip: Set[str] = frozenset()) -> list[Alert]:
     """The usual signs that a model games its rewards, each with the numbers and a fix:
 
     - the training reward rising over the last three held-out checks while the held-out reward stays flat or falls;
@@ -466,7 +476,7 @@ def hacking_alerts(rows: list[dict], rollout: dict | None, config: dict, heldout
 HELDOUT_FLAT = 0.02  # a held-out reward that gained less than this (on its own scale, at least 1) did not improve
 
 
-def _heldout_alerts(rows: list[dict], heldout: list[dict]) -> list[Alert]:
+def _heldout_alerts(rows: list[ProgressRow], heldout: list[HeldOutRow]) -> list[Alert]:
     checks = points(heldout, "reward")[-3:]
     if len(checks) < 3:
         return []
@@ -488,12 +498,12 @@ def _heldout_alerts(rows: list[dict], heldout: list[dict]) -> list[Alert]:
                   "heldout_gap", None, last, held_last)]
 
 
-def _goal_alerts(rows: list[dict], config: dict) -> list[Alert]:
+def _goal_alerts(rows: list[ProgressRow], config: dict) -> list[Alert]:
     """The training reward risen since the first WINDOW steps while the goal stayed where it was: what training
     learns is paid by the other rewards (a goal that fell is the trade-off and metric alerts'). A goal that never
     pays is said here too, beside the failing-reward alert: that one says the goal teaches nothing, this one what
     is learnt instead."""
-    stored = [reward for reward in config.get("rewards") or [] if isinstance(reward, dict)]
+    stored: list[Mapping[str, Any]] = [reward for reward in config.get("rewards") or [] if isinstance(reward, dict)]
     goal = goal_names(stored)
     trained = _first_and_last_means(rows, "reward")
     if len(goal) != 1 or trained is None or trained[1] - trained[0] < TRADE_OFF:
@@ -513,7 +523,7 @@ def _goal_alerts(rows: list[dict], config: dict) -> list[Alert]:
                   "measures both before a run.", "goal_flat", reward_key(name), step, moved[1])]
 
 
-def _metric_alerts(rows: list[dict], heldout: list[dict], metrics: set[str]) -> list[Alert]:
+def _metric_alerts(rows: list[ProgressRow], heldout: list[HeldOutRow], metrics: set[str]) -> list[Alert]:
     """A metric that falls while the training reward rises: what training optimises is not what the metric
     measures, the very gap a metric is there to show. Held-out checks are the stronger sign, so they come first."""
     alerts = []
@@ -532,18 +542,18 @@ def _metric_alerts(rows: list[dict], heldout: list[dict], metrics: set[str]) -> 
     return alerts
 
 
-def _metric_fall_heldout(rows: list[dict], heldout: list[dict], name: str):
+def _metric_fall_heldout(rows: list[ProgressRow], heldout: list[HeldOutRow], name: str):
     checks = points(heldout, reward_key(name))[-3:]
     if len(checks) < 3:
         return None
     (first, before), (last, after) = checks[0], checks[-1]
-    trained = _training_reward_at(rows, first), _training_reward_at(rows, last)
-    if None in trained or trained[1] - trained[0] < TRADE_OFF or before - after < TRADE_OFF:
+    start, end = _training_reward_at(rows, first), _training_reward_at(rows, last)
+    if start is None or end is None or end - start < TRADE_OFF or before - after < TRADE_OFF:
         return None
-    return f"in the held-out checks of steps {first} to {last}", trained, (before, after), last
+    return f"in the held-out checks of steps {first} to {last}", (start, end), (before, after), last
 
 
-def _metric_fall_training(rows: list[dict], name: str):
+def _metric_fall_training(rows: list[ProgressRow], name: str):
     metric, trained = _window_means(rows, reward_key(name)), _window_means(rows, "reward")
     if metric is None or trained is None or trained[1] - trained[0] < TRADE_OFF or metric[0] - metric[1] < TRADE_OFF:
         return None
@@ -551,7 +561,7 @@ def _metric_fall_training(rows: list[dict], name: str):
             rows[-1].get("step"))
 
 
-def _training_reward_at(rows: list[dict], step: int) -> float | None:
+def _training_reward_at(rows: list[ProgressRow], step: int) -> float | None:
     """The training reward around ``step``: the mean of the WINDOW steps up to it (the first WINDOW for step 0, the
     starting model's check)."""
     near = [value for at, value in points(rows, "reward") if at <= step][-WINDOW:] if step else \
@@ -559,15 +569,16 @@ def _training_reward_at(rows: list[dict], step: int) -> float | None:
     return statistics.fmean(near) if near else None
 
 
-def _window_means(rows: list[dict], key: str) -> tuple[float, float] | None:
+def _window_means(rows: list[ProgressRow], key: str) -> tuple[float, float] | None:
     """(mean of the WINDOW steps before the last WINDOW, mean of the last WINDOW) of a progress key."""
     _, values = series(rows[-2 * WINDOW:], key)
-    if len(values) < 2 * WINDOW or None in values:
+    known = _known(values)
+    if known is None or len(known) < 2 * WINDOW:
         return None
-    return statistics.fmean(values[:WINDOW]), statistics.fmean(values[WINDOW:])
+    return statistics.fmean(known[:WINDOW]), statistics.fmean(known[WINDOW:])
 
 
-def _trade_off_alerts(rows: list[dict], config: dict, skip: set[str]) -> list[Alert]:
+def _trade_off_alerts(rows: list[ProgressRow], config: dict, skip: Set[str]) -> list[Alert]:
     moves = {name: means for name in reward_names_of(rows)
              if name not in skip and (means := _window_means(rows, reward_key(name)))}
     rising = sorted((after - before, name) for name, (before, after) in moves.items() if after - before >= TRADE_OFF)
@@ -588,7 +599,7 @@ def _trade_off_alerts(rows: list[dict], config: dict, skip: set[str]) -> list[Al
                   "reward_trade_off", reward_key(up), step, now_up)]
 
 
-def _padding_alerts(rows: list[dict], config: dict) -> list[Alert]:
+def _padding_alerts(rows: list[ProgressRow], config: dict) -> list[Alert]:
     """Most replies now stop at the cap, unlike in the first WINDOW steps, while a length reward that pays for long
     replies (min_chars) rose: the model writes more to be paid for writing more."""
     paying = [str(r.get("name") or r.get("kind")) for r in config.get("rewards") or []
@@ -615,41 +626,45 @@ def _padding_alerts(rows: list[dict], config: dict) -> list[Alert]:
                   "padding", "completion_len", step, late)]
 
 
-def _first_and_last_means(rows: list[dict], key: str) -> tuple[float, float] | None:
+def _first_and_last_means(rows: list[ProgressRow], key: str) -> tuple[float, float] | None:
     """(mean of the first WINDOW steps, mean of the last WINDOW) of a progress key: how far it moved in the run."""
     _, values = series(rows, key)
-    if len(values) < 2 * WINDOW or None in values[:WINDOW] + values[-WINDOW:]:
+    first, last = _known(values[:WINDOW]), _known(values[-WINDOW:])
+    if len(values) < 2 * WINDOW or first is None or last is None:
         return None
-    return statistics.fmean(values[:WINDOW]), statistics.fmean(values[-WINDOW:])
+    return statistics.fmean(first), statistics.fmean(last)
 
 
-def _tool_alerts(rows: list[dict], rollout: dict | None, grpo: dict) -> list[Alert]:
+def _tool_alerts(rows: list[ProgressRow], rollout: dict | None, grpo: dict) -> list[Alert]:
     """A tools run whose model does not use them, uses them wrongly, or never gets past them to an answer."""
     alerts = []
-    steps, calls = series(rows[-WINDOW:], "tool_calls")
-    if len(calls) == WINDOW and None not in calls and max(calls) <= SAME:
+    steps, every_calls = series(rows[-WINDOW:], "tool_calls")
+    calls = _known(every_calls) if len(every_calls) == WINDOW else None
+    if calls is not None and max(calls) <= SAME:
         alerts.append(Alert("warn", f"No completion called a tool in the last {WINDOW} steps (to step {steps[-1]})",
                             "GRPO can only reinforce a call the model makes sometimes. Give each tool worked examples "
                             "(Tools: examples) so every prompt shows a call, raise the temperature, or pick a model "
                             "that was trained to call tools.", "tools_unused", "tool_calls", steps[-1], 0.0))
-    _, failures = series(rows[-WINDOW:], "tool_failures")
-    if len(failures) == WINDOW and None not in failures and min(failures) >= 1 - SAME and min(calls) > SAME:
+    _, every_failure = series(rows[-WINDOW:], "tool_failures")
+    failures = _known(every_failure) if len(every_failure) == WINDOW else None
+    if failures is not None and calls is not None and min(failures) >= 1 - SAME and min(calls) > SAME:
         alerts.append(Alert("warn", f"Every tool call failed in the last {WINDOW} steps (to step {steps[-1]})",
                             "Read a call and the tool's answer in the sampled groups below: the error says what was "
                             "wrong (an unknown tool name, missing arguments, arguments the tool cannot read). Show "
                             "the right call in a worked example, or try the tool with such arguments on the Rewards "
                             "tab.", "tool_failures", "tool_failures", steps[-1], 1.0))
-    completions = [c for g in (rollout or {}).get("groups") or [] if isinstance(g, dict)
+    sampled = rollout or {}
+    completions = [c for g in sampled.get("groups") or [] if isinstance(g, dict)
                    for c in g.get("completions") or [] if isinstance(c, dict)]
     stuck = sum(ends_calling(c) for c in completions)
     if completions and stuck / len(completions) >= MOST_REPLIES:
         rounds, tokens = grpo.get("max_tool_calling_iterations", "?"), grpo.get("max_new_tokens", "?")
-        alerts.append(Alert("warn", f"{stuck} of {len(completions)} completions at step {rollout.get('step')} end in a "
+        alerts.append(Alert("warn", f"{stuck} of {len(completions)} completions at step {sampled.get('step')} end in a "
                             "tool call, not an answer", "They run out of rounds or tokens before they answer, and the "
                             "rewards see no answer. Raise tool rounds per completion (now "
                             f"{rounds}) or max new tokens (now {tokens}; the tools' answers use them too), or show in "
                             "a worked example that the answer follows the call.", "no_final_answer", None,
-                            rollout.get("step"), stuck / len(completions)))
+                            sampled.get("step"), stuck / len(completions)))
     return alerts
 
 
@@ -662,12 +677,13 @@ def ends_calling(completion: dict) -> bool:
 
 
 def _reply_alerts(rollout: dict | None) -> list[Alert]:
-    groups = [g for g in (rollout or {}).get("groups") or [] if isinstance(g, dict)]
+    sampled = rollout or {}
+    groups = [g for g in sampled.get("groups") or [] if isinstance(g, dict)]
     completions = [(g, c) for g in groups for c in g.get("completions") or [] if isinstance(c, dict)]
     replies = [(str(g.get("reference", "")), str(c.get("text", ""))) for g, c in completions]
     if not replies:
         return []
-    step, total, alerts = rollout.get("step"), len(replies), []
+    step, total, alerts = sampled.get("step"), len(replies), []
     said = collections.Counter(" ".join(text.split()).lower() for _, text in replies)
     text, count = said.most_common(1)[0]
     references = {reference for reference, reply in replies if " ".join(reply.split()).lower() == text}

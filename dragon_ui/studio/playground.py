@@ -13,6 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from typing import Any, Literal, TypeGuard, overload
 from dataclasses import dataclass, field, replace
 
 from ..config import Draft, GRPOSettings, HardwareSettings, ModelConfig, RunConfig
@@ -43,9 +44,11 @@ PROMPT_GUESSES = ("prompt", "question", "problem", "instruction", "query", "inpu
 REFERENCE_GUESSES = ("answer", "reference", "solution", "target", "output", "label", "response")
 
 _CACHED_TABLES = 4
-_tables: OrderedDict[tuple, list[dict]] = OrderedDict()
+_tables: OrderedDict[tuple | None, Table] = OrderedDict()
 _tables_lock = threading.Lock()
-_tokenizers: dict[tuple, tuple[object | None, str, float]] = {}  # key -> (tokenizer or None, note, time of failure)
+Tokenizer = tuple[Any, str]  # (the tokenizer, or None where it cannot be loaded; the note that says which)
+_Cached = tuple[Any, str, float]  # (tokenizer or None, note, time of failure)
+_tokenizers: dict[tuple, _Cached] = {}
 _tokenizers_lock = threading.Lock()
 
 
@@ -123,13 +126,14 @@ def load_rows(data: DataConfig, base_dir: str | None = None, *, policy: Policy) 
     """
     place = locate(data.source, base_dir, policy=policy)  # a public demo refuses here, before the disk is looked at
     limit = rows_to_read(data.max_rows, policy=policy)
+    key: tuple | None
     if isinstance(place, HubDataset):
         key = (place.id, data.hub_config, data.hub_split, limit, policy)
     elif place.is_file():
         stat = place.stat()
         key = (str(place), stat.st_mtime_ns, stat.st_size, data.sheet, limit, policy)
     else:
-        key = None  # a missing path or a folder: read_table explains the problem
+        key = None  # a missing path or a folder: read_table explains the problem, and nothing is cached
     with _tables_lock:
         if key in _tables:
             _tables.move_to_end(key)
@@ -306,8 +310,11 @@ def _guess(columns: list[str], names: tuple[str, ...]) -> str | None:
 PLAIN_PREVIEW = "Shown as plain system:/user: text, with lengths in words"  # what the Data tab does without a tokenizer
 
 
-def preview_tokenizer(model: ModelConfig, wait: bool = True,
-                      *, policy: Policy) -> tuple[object | None, str] | None:
+@overload
+def preview_tokenizer(model: ModelConfig, wait: Literal[True] = ..., *, policy: Policy) -> Tokenizer: ...
+@overload
+def preview_tokenizer(model: ModelConfig, wait: bool, *, policy: Policy) -> Tokenizer | None: ...
+def preview_tokenizer(model: ModelConfig, wait: bool = True, *, policy: Policy) -> Tokenizer | None:
     """(tokenizer, note) of the starting model, loaded once per model; (None, reason) when it cannot be loaded.
 
     Only the tokenizer is loaded, so the data preview stays cheap. The offline copy of the default model is the one
@@ -343,12 +350,16 @@ def preview_tokenizer(model: ModelConfig, wait: bool = True,
         return _tokenizers[key][0], _tokenizers[key][1]
 
 
-def _usable(cached: tuple | None) -> bool:
+def _usable(cached: _Cached | None) -> TypeGuard[_Cached]:
     """Whether a cached tokenizer (or its failure, while it is recent) answers without loading."""
     return cached is not None and (cached[0] is not None or time.monotonic() - cached[2] < TOKENIZER_RETRY_S)
 
 
-def draft_tokenizer(draft: Draft, wait: bool = True, *, policy: Policy) -> tuple[object | None, str] | None:
+@overload
+def draft_tokenizer(draft: Draft, wait: Literal[True] = ..., *, policy: Policy) -> Tokenizer: ...
+@overload
+def draft_tokenizer(draft: Draft, wait: bool, *, policy: Policy) -> Tokenizer | None: ...
+def draft_tokenizer(draft: Draft, wait: bool = True, *, policy: Policy) -> Tokenizer | None:
     """(tokenizer, note) of the draft's starting model, as preview_tokenizer gives it (None: not loaded yet, and
     not ``wait``)."""
     model = draft.get("model") or {}
@@ -500,7 +511,7 @@ def refuse_long_prompts(examples: list[dict], tokenizer, limit: int | None, tool
     group would show what training never sees, and a long prompt takes the machine for minutes."""
     if limit is None:
         return
-    for example, length in zip(examples, token_counts(examples, tokenizer, tools and tools.every_function),
+    for example, length in zip(examples, token_counts(examples, tokenizer, tools.every_function if tools else None),
                                strict=True):
         if length > limit:
             raise ConfigError(f"Row {example['number']}'s prompt has {length:,} tokens, more than the {limit:,} a "
@@ -547,9 +558,9 @@ def red_team_draft(draft: Draft, *, policy: Policy) -> RedTeam:
     rewards = playground_rewards(draft, policy=policy)
     examples = preview_examples(data_config(draft), draft.get("base_dir") or None, policy=policy)
     max_new_tokens = draft_max_new_tokens(draft) or GRPOSettings().max_new_tokens  # half typed: the default
-    if policy.public:  # no run here makes longer replies
+    if policy.limits:  # no run here makes longer replies
         max_new_tokens = min(max_new_tokens, policy.limits.max_new_tokens)
-    limit = policy.limits.scoring_seconds if policy.public else None
+    limit = policy.limits.scoring_seconds if policy.limits else None
     try:
         return red_team(rewards, examples, max_new_tokens, draft_tokenizer(draft, policy=policy)[0],
                         time_limit_s=limit)

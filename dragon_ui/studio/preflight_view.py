@@ -27,7 +27,9 @@ def prompt_rows(report: Preflight) -> list[list]:
 def difficulty_filter(draft: Draft) -> str:
     """The difficulty filter the draft sets, in a sentence ("" for none): how many rows the pre-flight measured, the
     range kept, and how many of them fall outside it."""
-    data = draft.get("data") if isinstance(draft.get("data"), dict) else {}
+    data = draft.get("data")
+    if not isinstance(data, dict):
+        return ""
     rates = data.get("pass_rates")
     if not isinstance(rates, dict) or not rates:
         return ""

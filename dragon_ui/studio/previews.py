@@ -49,7 +49,7 @@ class Previews:
                             "Wait for it to finish or stop it first.")
         if held:
             return
-        free = info.cuda[hardware.gpu].free_gb
+        free = info.cuda[hardware.gpu or 0].free_gb
         try:
             needed = preview_memory_gb(model.id, hardware.dtype, hardware.load_in_4bit)
         except ConfigError:

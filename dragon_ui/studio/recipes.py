@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
+from typing import cast
 
 from ..config import Draft, RunConfig
 from ..engine import public_checks, training
@@ -35,7 +36,7 @@ class Recipes:
     def names(self) -> list[str]:
         return sorted(p.stem for p in self.folder.glob("*.yaml"))
 
-    def load(self, name: str) -> dict:
+    def load(self, name: str) -> Draft:
         """A recipe as a draft: the config dict the UI edits, with paths made absolute so they survive any cwd (in
         a public demo without the runs and recipes folders, which it does not use). The name must be one of the
         recipes listed (it is never joined to a folder as it was sent)."""
@@ -55,9 +56,9 @@ class Recipes:
             config.runs_dir = config.base_dir = ""
         else:
             config.runs_dir = str(self.runs_dir)
-        return config.to_dict()
+        return cast(Draft, config.to_dict())
 
-    def default(self) -> dict:
+    def default(self) -> Draft:
         return self.load(DEFAULT_RECIPE)
 
     def notes(self) -> set[str]:
@@ -70,7 +71,7 @@ class Recipes:
         The app keeps runs in its own folder, whatever a draft says; in a public demo no folder of a draft is used
         at all (``base_dir`` would make relative paths read files of the server's choosing of the visitor's), and a
         data source shown without the server's folders (files.shown_source) is the file it stands for."""
-        config = RunConfig.from_dict(copy.deepcopy(draft), policy=self.policy)
+        config = RunConfig.from_dict(copy.deepcopy(dict(draft)), policy=self.policy)
         config.runs_dir = str(self.runs_dir)
         if self.policy.public:
             config.base_dir = ""
@@ -92,7 +93,7 @@ class Recipes:
     def check_sampling(self, replies: int) -> None:
         """Refuse a playground group larger than a public demo's limit of completions per step: sampling it takes
         the machine from everyone like a training step does."""
-        most = self.policy.limits and self.policy.limits.completions_per_step
+        most = self.policy.limits.completions_per_step if self.policy.limits else None
         if most is not None and replies > most:
             raise ConfigError(f"That samples {replies} replies, more than this public demo's limit of {most} "
                               "completions per step; sample fewer rows or lower the group size.")
@@ -100,4 +101,4 @@ class Recipes:
     def validate_for_sampling(self, draft: Draft) -> RunConfig:
         """The settings the playground's sampling uses, validated; the others are left at their defaults, so a
         learning rate half typed on the Model tab does not stop anyone trying rewards."""
-        return self.validate({key: value for key, value in draft.items() if key in SAMPLING_SETTINGS})
+        return self.validate(cast(Draft, {key: value for key, value in draft.items() if key in SAMPLING_SETTINGS}))

@@ -5,6 +5,8 @@ Which runs a visitor may change is the policy's rule (public.Policy.owns); this 
 
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 from collections.abc import Callable
@@ -133,14 +135,15 @@ class Runs:
     def start_queue(self) -> queue.Scheduler:
         """Start the waiting runs one after another, from now on (the app does this once, when it starts); in a
         public demo the same thread removes old runs, uploads and download copies (engine.retention)."""
-        housekeeping = self._clean_up if self.policy.public else None
+        limits = self.policy.limits
+        housekeeping = functools.partial(self._clean_up, limits.keep_hours) if limits else None
         return queue.Scheduler(self.folder, housekeeping=housekeeping, policy=self.policy, workers=self.workers,
                                before_start=self.previews.release).start()
 
-    def _clean_up(self) -> list:
-        """Remove what a public demo keeps no longer: its owner's retention for runs and uploads, an hour for
-        downloads and for uploads nobody claimed."""
-        return retention.clean_up(self.folder, self.policy.limits.keep_hours,
+    def _clean_up(self, keep_hours: float) -> list:
+        """Remove what a public demo keeps no longer: its owner's retention (``keep_hours``) for runs and uploads, an
+        hour for downloads and for uploads nobody claimed."""
+        return retention.clean_up(self.folder, keep_hours,
                                   passing=[self.files.downloads_dir, self.files.arrivals])
 
     def place(self, run_id: str) -> str:
@@ -153,7 +156,8 @@ class Runs:
         ahead = [self.get(active)] if (active := self.active_id()) else []
         ahead += waiting[:place - 1]
         seconds = [self._seconds_left(other) for other in ahead]
-        when = (f"expected to start in about {format_seconds(sum(seconds))}" if None not in seconds
+        known = [left for left in seconds if left is not None]
+        when = (f"expected to start in about {format_seconds(sum(known))}" if len(known) == len(seconds)
                 else "its start time is not known yet")
         return f"{ordinal(place)} in line; {when}"
 
@@ -161,7 +165,7 @@ class Runs:
         """How long ``run`` should still train: its own ETA once it trains, else its estimate; never more than a
         public demo's time limit."""
         status = run.read_status()
-        limit = self.policy.limits.run_minutes * 60 if self.policy.public else None
+        limit = self.policy.limits.run_minutes * 60 if self.policy.limits else None
         seconds = status.get("eta_s") if status.get("state") == "running" and status.get("step") else None
         if seconds is None:
             try:

@@ -154,7 +154,7 @@ class Visitors:
         now = time.monotonic()
         with self._lock:
             known = self._sessions.get(who.session) if who.session else None
-            wrong = self._wrong_keys.get(who.address or "", ())
+            wrong = self._wrong_keys.get(who.address or "") or collections.deque()
             guessed_enough = len(wrong) == WRONG_KEYS_ALLOWED and now - wrong[0] < WRONG_KEYS_WINDOW_S
             last_guess = known.wrong_key_at if known is not None else now
             if guessed_enough and last_guess is not None and now - last_guess < WRONG_KEYS_WINDOW_S:
@@ -178,7 +178,7 @@ class Visitors:
         known = self._sessions.get(session)
         coming = known is None or not self._in_use(known, now)
         if coming:
-            self._check_room(address or (known and known.address), now)
+            self._check_room(address or (known.address if known is not None else None), now)
         if known is None:
             self._count_new_session(address, now)
             if len(self._sessions) >= MAX_SESSIONS:  # forget the stalest not in use (_check_room: there is one)
