@@ -21,7 +21,9 @@ import pytest
 from conftest import said
 from dragon_ui.errors import BusyError, DragonError
 from dragon_ui.public import LAPTOP, Policy
-from dragon_ui.rewards import REWARD_KINDS, kind_fields, parse_rewards, public_demo_refusal
+from dragon_ui.rewards import (EXTRACT_MODES, REWARD_KINDS, REWARD_SETTINGS, kind_fields, parse_rewards,
+                               public_demo_refusal)
+from dragon_ui.settings import plain
 from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app, common, rewards_tab
 from dragon_ui.ui.common import message
@@ -231,6 +233,45 @@ def test_only_the_kinds_settings_are_shown(recipe, kind):
     assert shown["kind"] == kind and shown["weight"] == 1.0
     # every setting is set, hidden ones to their defaults, so nothing of a reward shown before stays behind
     assert [update["value"] for update in shown["settings"]] == rewards_tab.form_values({"kind": kind})
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_each_field_is_labelled_explained_and_filled_as_its_setting_is_declared(setting):
+    declared = REWARD_SETTINGS[setting]
+    with gr.Blocks():
+        field = rewards_tab.setting_field(setting, visible=False)
+    assert field.label == declared.metadata["label"] and not field.visible
+    shown = rewards_tab.form_values({"kind": "numeric"})[SETTINGS.index(setting)]
+    if isinstance(field, gr.Code):  # no help line (the reference shows it); gradio keeps no final newline
+        assert field.value == shown.rstrip("\n")
+    else:
+        assert field.info.startswith(plain(declared.metadata["help"])) and field.value == shown
+
+
+def test_a_list_is_typed_with_commas_and_a_choice_is_offered_as_declared():
+    with gr.Blocks():
+        words, extract, mode = (rewards_tab.setting_field(name, visible=True) for name in ("words", "extract", "mode"))
+    assert words.info.endswith("Comma-separated.")
+    assert [value for value, _ in extract.choices] == list(EXTRACT_MODES) and isinstance(extract, gr.Dropdown)
+    assert [value for value, _ in mode.choices] == ["any", "all"] and isinstance(mode, gr.Radio)
+
+
+def test_the_problem_line_says_what_stops_training_or_what_cannot_pay(draft, tmp_path):
+    assert rewards_tab.problem_line(draft, policy=LAPTOP) == ""  # the arithmetic recipe: numbers, numeric
+    assert "weight 0" in rewards_tab.problem_line({**draft, "rewards": [{**NUMERIC, "weight": 0}]}, policy=LAPTOP)
+    capitals = tmp_path / "capitals.csv"
+    capitals.write_text("question,answer\nThe capital of France?,Paris\nThe capital of Peru?,Lima\n", encoding="utf-8")
+    words = with_setting(draft, "data.source", str(capitals))  # numeric on answers that are words
+    assert "`numeric` (numeric) cannot pay on this data" in rewards_tab.problem_line(words, policy=LAPTOP)
+
+
+def test_the_row_picker_is_made_anew_only_when_the_data_changes(draft, labels):
+    picker, said, shown_for = rewards_tab.rows_for(draft, None, None, labels=labels, policy=LAPTOP)
+    assert picker.value == 1 and "Reference:" in said and shown_for
+    assert all(is_skip(value) for value in rewards_tab.rows_for(draft, 1, shown_for, labels=labels, policy=LAPTOP))
+    moved = with_setting(draft, "data.reference", "question")
+    picker, said, again = rewards_tab.rows_for(moved, 1, shown_for, labels=labels, policy=LAPTOP)
+    assert again != shown_for and picker.value == 1
 
 
 @pytest.mark.parametrize("kind, name, weight, values, stored", [
@@ -530,7 +571,8 @@ def test_playground_explains_problems(draft, labels):
 
 def test_a_public_demo_stops_scoring_a_typed_reply_at_its_time_limit(draft, monkeypatch):
     """42, item 7: twenty math rewards on a reply that keeps math-verify busy held a request for over 100 s."""
-    from dragon_ui.rewards import Reward, RewardSpec
+    from dragon_ui.rewards import Reward
+    from dragon_ui.rewards.spec import NumericReward
 
     monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
     monkeypatch.setenv("DRAGON_UI_MAX_SCORING_SECONDS", "0.5")
@@ -542,7 +584,7 @@ def test_a_public_demo_stops_scoring_a_typed_reply_at_its_time_limit(draft, monk
         return 1.0
 
     monkeypatch.setattr(rewards_tab, "playground_rewards", lambda draft, policy: [
-        Reward(RewardSpec(kind="numeric", name=f"slow{n}"), slow) for n in range(20)])
+        Reward(NumericReward(name=f"slow{n}"), slow) for n in range(20)])
     started = time.monotonic()
     with pytest.raises(gr.Error, match="Scoring stopped: the rewards took longer than this public demo's limit of 0.5 "
                                        "seconds on one reply"):
