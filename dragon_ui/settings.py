@@ -1,8 +1,9 @@
 """Settings that carry their own label and help, as TRL's configs do.
 
 The Model tab's fields, `dragon settings` and docs/reference.md's table are all made from this metadata, so a
-setting is explained in one place. The help is Markdown with absolute links only (it is shown in the app as well
-as in the docs); ``see`` is a pointer into the reference that only the reference shows.
+setting is explained in one place; so are the fields of each kind of reward and tool (a dataclass of the settings
+it takes) and the reference's tables of them. The help is Markdown with absolute links only (it is shown in the app
+as well as in the docs); ``see`` is a pointer into the reference that only the reference shows.
 """
 
 from __future__ import annotations

@@ -221,10 +221,9 @@ class RewardSpec:
     refused_in_public: ClassVar[str | None] = None  # why a public demo refuses it (it runs code on the server)
 
     name: str = setting("", label="Name", shown_default="its kind", read=_as_name, help=(
-        "Letters, digits and `_`; it names the reward's column and chart line, and its values in `progress.jsonl` "
-        "(under `rewards` and `errors`)."))
+        "Letters, digits and `_`; it names the reward's column, its chart line and its values in `progress.jsonl`."))
     weight: float = setting(1.0, label="Weight", read=_non_negative, help=(
-        "What its score counts for in the total that training maximizes, the weighted sum of the rewards."))
+        "What its score counts for in the total that training maximizes."))
     train: bool = setting(True, label="Train on it", read=_as_bool, help=(
         "Off: a metric. It is scored in the held-out checks, Compare, the model card and the leaderboard, and watched "
         "for falling, but adds nothing to what training maximizes."))
@@ -691,7 +690,7 @@ REWARD_SETTINGS = {spec.name: spec for cls in REWARD_CLASSES for spec in fields(
 
 
 def kind_fields(kind: str) -> tuple[str, ...]:
-    """The settings a reward of this kind takes besides kind, name, weight and train (what an editor should show)."""
+    """The settings a reward of this kind takes besides those every reward takes (what an editor should show)."""
     return tuple(spec.name for spec in own_settings(KINDS[kind], RewardSpec))
 
 
