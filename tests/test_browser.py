@@ -37,6 +37,7 @@ from dragon_ui.settings import plain
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
 from dragon_ui.ui.app import DRAFT_STORAGE_KEY
+from dragon_ui.ui import rewards_tab
 from dragon_ui.ui.rewards_tab import KIND_HELP
 from conftest import stop_the_training
 from test_app_client import served_app
@@ -529,6 +530,33 @@ def test_a_classifier_reward_is_added_and_scores_a_typed_reply(page, studio, cla
     page.locator("#rewards-score").click()
     row = page.locator("#rewards-scores").get_by_role("row", name=re.compile(r"^classifier 1 0\.\d+"))
     expect(row).to_be_visible()
+
+
+@pytest.fixture
+def busy_editor(monkeypatch):
+    """A busy server, built before the page: the answer to a pick in "Reward to edit" takes 2 s, an Add's 0.5 s."""
+    for handler, seconds in (("select_reward", 2.0), ("add_reward", 0.5)):
+        def slowly(*args, handler=getattr(rewards_tab, handler), seconds=seconds, **kwargs):
+            time.sleep(seconds)
+            return handler(*args, **kwargs)
+
+        monkeypatch.setattr(rewards_tab, handler, slowly)
+
+
+def test_a_kind_chosen_while_answers_are_on_their_way_changes_the_reward_picked(busy_editor, page, studio):
+    """An answer still on its way (the Add's) shows its reward in the picker for a moment, after the person picked
+    a new one: the kind chosen then changes the new reward, not the one the Add added."""
+    wait_until_loaded(page)
+    open_tab(page, "rewards")
+    choose(page, "#rewards-selected", "➕ New reward")
+    choose_kind(page, "exact")
+    page.locator("#rewards-add").click()
+    choose(page, "#rewards-selected", "➕ New reward")
+    page.wait_for_timeout(1000)  # the Add's answer has landed; the pick's has not
+    choose_kind(page, "keyword")
+    expect(page.locator("#rewards-add")).to_be_visible()
+    expect(page.locator("#rewards-save")).to_be_hidden()
+    expect(page.locator("#rewards-table")).to_contain_text("exact")
 
 
 def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, studio, screenshots):

@@ -77,11 +77,12 @@ def is_skip(value) -> bool:
 
 
 def split_editor(editor: list) -> dict:
-    """The editor outputs by name: kind, name, weight, help, settings (list of updates), add, save, remove."""
+    """The editor outputs by name: kind, name, weight, help, settings (list of updates), add, save, remove, and
+    the reward it shows (its name, or NEW)."""
     assert len(editor) == rewards_tab.EDITOR_SIZE
-    kind, name, weight, help_text, *rest = editor
-    return {"kind": kind, "name": name, "weight": weight, "help": help_text, "settings": rest[:len(SETTINGS)],
-            "add": rest[len(SETTINGS)], "save": rest[len(SETTINGS) + 1], "remove": rest[len(SETTINGS) + 2]}
+    kind, name, weight, help_text, *settings_, add, save, remove, editing = editor
+    return {"kind": kind, "name": name, "weight": weight, "help": help_text, "settings": settings_, "add": add,
+            "save": save, "remove": remove, "editing": editing}
 
 
 def visible(editor: dict) -> set[str]:
@@ -97,7 +98,7 @@ def listing(result: list) -> dict:
 
 class Screen:
     """The Rewards editor as the browser shows it: each handler's outputs land in the fields (a skip keeps what the
-    field holds), and the next click sends what the fields hold."""
+    field holds), and the next click sends what the fields hold, and which reward the form shows (``editing``)."""
 
     def __init__(self, rewards: list[dict], policy: Policy = LAPTOP):
         self.policy = policy
@@ -115,7 +116,7 @@ class Screen:
 
     def kind_(self, kind: str):
         self.kind = kind
-        self._show_editor(rewards_tab.change_kind(self.rewards, self.selected, kind, self.name, self.weight,
+        self._show_editor(rewards_tab.change_kind(self.rewards, self.editing, kind, self.name, self.weight,
                                                   policy=self.policy))
 
     def type(self, field: str, value):
@@ -129,11 +130,11 @@ class Screen:
                                                   policy=self.policy))
 
     def save(self):
-        self._show_listing(rewards_tab.save_reward(self.rewards, self.selected, self.kind, self.name, self.weight,
+        self._show_listing(rewards_tab.save_reward(self.rewards, self.editing, self.kind, self.name, self.weight,
                                                    *self.values, policy=self.policy))
 
     def remove(self):
-        self._show_listing(rewards_tab.remove_reward(self.rewards, self.selected, policy=self.policy))
+        self._show_listing(rewards_tab.remove_reward(self.rewards, self.editing, policy=self.policy))
 
     def do(self, step: tuple):
         action, *args = step
@@ -154,7 +155,7 @@ class Screen:
 
     def _show_editor(self, editor: list):
         shown = split_editor(editor)
-        for field in ("kind", "name", "weight"):
+        for field in ("kind", "name", "weight", "editing"):
             if not is_skip(shown[field]):
                 setattr(self, field, shown[field])
         for index, update in enumerate(shown["settings"]):
@@ -171,6 +172,7 @@ class Screen:
     def check_shows_the_selection(self):
         """The form shows exactly the selected reward, or a fresh new one; the buttons fit."""
         names = [spec["name"] for spec in self.rewards]
+        assert self.editing == self.selected  # the edits that follow act on the reward the picker shows
         assert self.choices == [(name, name) for name in names] + [(rewards_tab.NEW_REWARD_LABEL, NEW)]
         assert self.table["name"].tolist() == names
         if self.selected == NEW:

@@ -47,7 +47,8 @@ from .guard import in_page_order
 
 # The settings the form shows after kind, name and weight: every kind's, then each kind's own, in declared order.
 SETTINGS = tuple(name for name in REWARD_SETTINGS if name not in ("name", "weight"))
-EDITOR_SIZE = 4 + len(SETTINGS) + 3  # kind, name, weight, help, the settings, and the Add / Save / Remove buttons
+# kind, name, weight, help, the settings, the Add / Save / Remove buttons, and which reward the form shows
+EDITOR_SIZE = 4 + len(SETTINGS) + 3 + 1
 TAB_TITLE = "Rewards"
 REPLY_CHARS = 20_000  # a typed reply to score
 SCORE_COLUMNS = ["reward", "weight", "score", "weighted", "problem"]
@@ -197,17 +198,18 @@ def selector(rewards: list[dict], selected: str) -> gr.Dropdown:
     return gr.Dropdown(choices=choices, value=selected)
 
 
-def editor(spec: dict, public: bool, editing: bool) -> list:
-    """The editor showing one reward: (kind, name, weight, help, *settings, add, save, remove).
+def editor(spec: dict, public: bool, selected: str) -> list:
+    """The editor showing one reward: (kind, name, weight, help, *settings, add, save, remove, selected).
 
-    ``editing``: an existing reward (Save and Remove), or a new one (Add). Every setting is set, hidden ones to
-    their defaults, so nothing of a reward shown before stays behind in the form.
+    ``selected``: the name of the reward of the list it shows (Save and Remove), or NEW_REWARD (Add); the form keeps
+    it (a gr.State) for the edits that follow. Every setting is set, hidden ones to their defaults, so nothing of a
+    reward shown before stays behind in the form.
     """
-    kind = spec["kind"]
+    kind, editing = spec["kind"], selected != NEW_REWARD
     shown = visible_settings(kind, public)
     return [kind, spec.get("name") or kind, spec.get("weight", 1.0), kind_help(kind, public),
             *(gr.update(value=value, visible=setting in shown) for setting, value in zip(SETTINGS, form_values(spec))),
-            gr.Button(visible=not editing), gr.Button(visible=editing), gr.Button(visible=editing)]
+            gr.Button(visible=not editing), gr.Button(visible=editing), gr.Button(visible=editing), selected]
 
 
 def new_spec(kind: str, rewards: list[dict]) -> dict:
@@ -220,9 +222,9 @@ def _listing(rewards: list[dict], selected: str, status: str, *, policy: Policy)
     *editor), with the form showing exactly the selected reward (or a fresh new one)."""
     names = _names(rewards)
     if selected in names:
-        shown = editor(rewards[names.index(selected)], policy.public, editing=True)
+        shown = editor(rewards[names.index(selected)], policy.public, selected)
     else:
-        selected, shown = NEW_REWARD, editor(new_spec("numeric", rewards), policy.public, editing=False)
+        selected, shown = NEW_REWARD, editor(new_spec("numeric", rewards), policy.public, NEW_REWARD)
     return [rewards, rewards_table(rewards, policy=policy), selector(rewards, selected), status, *shown]
 
 
@@ -291,13 +293,14 @@ def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight
     own). A new reward's automatic name follows the kind; the weight shown is kept. Returns the editor."""
     names = _names(rewards)
     editing = selected in names
+    selected = selected if editing else NEW_REWARD
     stored = rewards[names.index(selected)] if editing else {}
     spec = dict(stored) if stored.get("kind") == kind else {"kind": kind}
     if editing:
         spec.update(name=name, weight=weight)
     else:
         spec.update(name=unique_name(kind, names) if _is_automatic_name(name) else name, weight=weight)
-    return editor(spec, policy.public, editing)
+    return editor(spec, policy.public, selected)
 
 
 def fill_rewards(draft: Draft, *, policy: Policy) -> list:
@@ -667,6 +670,10 @@ def _build_editor(shared: Shared) -> None:
             weight = gr.Number(DEFAULTS["weight"], **described("weight"), step=0.1, minimum=0,
                                elem_id="rewards-weight")
             help_text = gr.Markdown(kind_help("numeric", public), elem_id="rewards-kind-help")
+            # The reward the form shows, as the answers to its edits left it: an edit reads it as it starts, after
+            # the edits before it (the picker, by contrast, sends what it showed when clicked, which an answer
+            # still on its way can have changed back for a moment).
+            editing = gr.State(NEW_REWARD)
         with gr.Column(scale=2):
             settings = [setting_field(setting, setting in visible_settings("numeric", public))
                         for setting in SETTINGS]
@@ -677,7 +684,7 @@ def _build_editor(shared: Shared) -> None:
     status = gr.Markdown(elem_id="rewards-status")
 
     values = [kind, name, weight, *settings]
-    shown_editor = [kind, name, weight, help_text, *settings, add, save, remove]
+    shown_editor = [kind, name, weight, help_text, *settings, add, save, remove, editing]
     listing = [rewards, table, selected, status, *shown_editor]
     # always_last everywhere: a click while the previous one is still being handled runs after it, on the list
     # that one left, instead of being dropped. One queue for every edit of the list: gradio reads a State input as
@@ -686,10 +693,10 @@ def _build_editor(shared: Shared) -> None:
     edits: dict[str, Any] = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
              **in_page_order("reward-list-edits")}
     add.click(asked(add_reward, studio), [rewards, *values], listing, **edits)
-    save.click(asked(save_reward, studio), [rewards, selected, *values], listing, **edits)
-    remove.click(asked(remove_reward, studio), [rewards, selected], listing, **edits)
+    save.click(asked(save_reward, studio), [rewards, editing, *values], listing, **edits)
+    remove.click(asked(remove_reward, studio), [rewards, editing], listing, **edits)
     selected.input(asked(select_reward, studio), [rewards, selected], listing, **edits)
-    kind.input(asked(change_kind, studio), [rewards, selected, kind, name, weight], shown_editor, **edits)
+    kind.input(asked(change_kind, studio), [rewards, editing, kind, name, weight], shown_editor, **edits)
     shared.fills.append((asked(fill_rewards, studio), listing))
     form.watch(asked(problem_line, studio), [problem])
     shared.first_paint.append((asked(problem_line, studio), [problem]))
