@@ -121,7 +121,7 @@ screenshots: install
 	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_browser_tools.py -p no:cacheprovider
 	DRAGON_UI_SCREENSHOTS=$(CURDIR)/assets/screenshots $(BIN)/python -m pytest tests/test_desktop.py -k real_window -p no:cacheprovider
 
-# docs/reference.md's tables of settings and public limits, made from the fields' own help.
+# docs/reference.md's tables of settings, reward and tool kinds, and public limits, made from the code's own help.
 reference: install
 	$(BIN)/python .ci/reference.py docs/reference.md
 

@@ -25,6 +25,7 @@ from .errors import ConfigError, check_length, check_seed, first_line
 from .grpo_math import AGGREGATIONS, SCALE_REWARDS
 from .public import Policy
 from .rewards import RewardSpec, check_some_weight, parse_rewards
+from .rewards.spec import OverlongReward
 from .rewards.trl_rewards import overlong_window
 from .tools import ToolSpec, parse_tools
 
@@ -533,7 +534,7 @@ class RunConfig:
         check_some_weight(self.rewards, "rewards")
         self._check_environments()
         for index, spec in enumerate(self.rewards):
-            if spec.kind == "overlong":
+            if isinstance(spec, OverlongReward):
                 overlong_window(spec, self.grpo.max_new_tokens, f"rewards[{index}]")
 
     def _check_environments(self) -> None:

@@ -1,22 +1,29 @@
 """Settings that carry their own label and help, as TRL's configs do.
 
 The Model tab's fields, `dragon settings` and docs/reference.md's table are all made from this metadata, so a
-setting is explained in one place. The help is Markdown with absolute links only (it is shown in the app as well
-as in the docs); ``see`` is a pointer into the reference that only the reference shows.
+setting is explained in one place; so are the fields of each kind of reward and tool (a dataclass of the settings
+it takes) and the reference's tables of them. The help is Markdown with absolute links only (it is shown in the app
+as well as in the docs); ``see`` is a pointer into the reference that only the reference shows.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import MISSING, Field, field
-from typing import Any, Callable
+from collections.abc import Sequence
+from dataclasses import MISSING, Field, field, fields
+from typing import Any, Callable, ClassVar, Protocol
 
 
 def setting(default: Any = MISSING, *, label: str, help: str, factory: Callable[[], Any] | None = None,
-            shown_default: str | None = None, see: str | None = None) -> Any:
+            shown_default: str | None = None, see: str | None = None,
+            read: Callable[[object, str], Any] | None = None, longest: int | None = None) -> Any:
     """A dataclass field with its label (a few words, as a form names it) and help (what it does, in sentences).
-    ``shown_default`` says the default in words where the value itself would mislead (None that means "automatic")."""
-    metadata = {"label": label, "help": help, "shown_default": shown_default, "see": see}
+    ``shown_default`` says the default in words where the value itself would mislead (None that means "automatic").
+    A setting checked one by one as it is read (a reward's, a tool's) says how: ``read(value, where)`` returns the
+    value or raises ConfigError naming ``where``, after a text (or each item of a list) longer than ``longest``
+    characters was refused."""
+    metadata = {"label": label, "help": help, "shown_default": shown_default, "see": see, "read": read,
+                "longest": longest}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -46,3 +53,49 @@ def shown_default(spec: Field[Any]) -> str:
     if isinstance(value, int):
         return str(value)
     return f"`{value}`" if isinstance(value, str) else f"`{value!r}`"
+
+
+class Kind(Protocol):
+    """A kind of reward or of tool: a dataclass of the settings it takes, which names itself and says what it does
+    (``help``, shown by the app and the reference; ``details``, by the reference only)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    kind: ClassVar[str]
+    help: ClassVar[str]
+    details: ClassVar[str]
+
+
+def own_settings(kind: type[Kind], base: type[Kind]) -> list[Field[Any]]:
+    """The settings a kind (a dataclass extending ``base``, as a reward's or a tool's kind does) adds to ``base``'s."""
+    shared = {spec.name for spec in fields(base)}
+    return [spec for spec in fields(kind) if spec.name not in shared]
+
+
+def kinds_table(kinds: Sequence[type[Kind]], base: type[Kind], what: str) -> str:
+    """docs/reference.md's table of kinds (of reward, of tool), in Markdown: each kind's own settings and ``what``
+    it does: its ``help`` (the app shows it too), then its ``details`` (only the reference does)."""
+    rows = [f"| kind | settings | {what} |", "|---|---|---|"]
+    for kind in kinds:
+        own = ", ".join(f"`{spec.name}`" for spec in own_settings(kind, base)) or "–"
+        rows.append(f"| `{kind.kind}` | {own} | {_cell(f'{kind.help} {kind.details}'.strip())} |")
+    return "\n".join(rows) + "\n"
+
+
+def kind_settings_table(kinds: Sequence[type[Kind]], base: type[Kind]) -> str:
+    """docs/reference.md's table of the settings of kinds, in Markdown: each setting once, with the kinds that take
+    it (every kind takes ``base``'s), its default and its help."""
+    owners: dict[str, list[str]] = {spec.name: ["every"] for spec in fields(base)}
+    described: dict[str, Field[Any]] = {spec.name: spec for spec in fields(base)}
+    for kind in kinds:
+        for spec in own_settings(kind, base):
+            described.setdefault(spec.name, spec)
+            owners.setdefault(spec.name, []).append(f"`{kind.kind}`")
+    rows = ["| setting | kinds | default | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{name}` | {', '.join(owners[name])} | {shown_default(spec)} | {_cell(spec.metadata['help'])} |"
+             for name, spec in described.items()]
+    return "\n".join(rows) + "\n"
+
+
+def _cell(markdown: str) -> str:
+    """Text as one cell of a Markdown table."""
+    return markdown.replace("|", "&#124;")

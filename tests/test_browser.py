@@ -33,6 +33,7 @@ from playwright import sync_api
 from dragon_ui.config import DEFAULT_MODEL_ID
 from dragon_ui.engine import preflight, training
 from dragon_ui.runstore import RunDir, slug
+from dragon_ui.settings import plain
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
 from dragon_ui.ui.app import DRAFT_STORAGE_KEY
@@ -295,7 +296,7 @@ def choose_kind(page, kind: str) -> None:
     that follows the kind, the kind's settings), so typing before it lands would be overwritten, as a person's
     would be who typed within those milliseconds."""
     choose(page, "#rewards-kind", kind)
-    expect(page.locator("#rewards-kind-help")).to_contain_text(KIND_HELP[kind][:40])
+    expect(page.locator("#rewards-kind-help")).to_contain_text(plain(KIND_HELP[kind])[:40])  # as Markdown shows it
 
 
 def wait_until_loaded(page) -> None:

@@ -1,5 +1,6 @@
 """Tests for dragon_ui.rewards: every kind and extraction mode, validation messages, failure handling, TRL adapter."""
 
+import dataclasses
 import json
 import os
 import re
@@ -15,7 +16,11 @@ from dragon_ui.errors import ConfigError
 from dragon_ui.public import LAPTOP, Limits, Policy
 from dragon_ui.rewards import (
     EXTRACT_MODES,
+    GOAL_KINDS,
+    PENALTY_KINDS,
+    REWARD_CLASSES,
     REWARD_KINDS,
+    REWARD_SETTINGS,
     RewardFailures,
     RewardSpec,
     ScoreResult,
@@ -57,6 +62,27 @@ def test_kind_and_mode_lists():
                             "think_format", "overlong", "repetition", "cosine_length", "classifier", "command", "custom",
                             "environment")
     assert EXTRACT_MODES == ("whole", "last_number", "after_hashes", "boxed", "answer_tag")
+
+
+def test_each_kind_says_what_it_is():
+    """The traits the goal, the pre-flight, the monitor and scoring read, each said by its kind's class."""
+    assert GOAL_KINDS == ("exact", "contains", "numeric", "math", "json", "cosine_length", "environment")
+    assert PENALTY_KINDS == ("overlong", "repetition")
+    assert [cls.kind for cls in REWARD_CLASSES if cls.reads_reference] == ["exact", "contains", "numeric", "math",
+                                                                         "cosine_length"]
+    assert [cls.kind for cls in REWARD_CLASSES if cls.from_trl] == ["think_format", "overlong", "repetition",
+                                                                  "cosine_length"]
+    assert [cls.kind for cls in REWARD_CLASSES if cls.counts_tokens] == ["overlong", "repetition", "cosine_length"]
+    assert all(cls.help.strip() for cls in REWARD_CLASSES)
+
+
+def test_a_setting_several_kinds_take_is_declared_alike_in_each():
+    """The Rewards tab has one field for it and the reference one row, made from its first declaration."""
+    for cls in REWARD_CLASSES:
+        for spec in dataclasses.fields(cls):
+            first = REWARD_SETTINGS[spec.name]
+            assert (spec.default, dict(spec.metadata)) == (first.default, dict(first.metadata)), (cls.kind, spec.name)
+            assert spec.metadata["label"] and spec.metadata["help"] and callable(spec.metadata["read"])
 
 
 # ---------------------------------------------------------------------------------------------------------------------

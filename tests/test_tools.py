@@ -3,6 +3,7 @@ what a call hands back, and the worked examples shown before each question."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -10,8 +11,8 @@ import pytest
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
 from dragon_ui.errors import ConfigError, Stopped
 from dragon_ui.public import LAPTOP, Limits, Policy
-from dragon_ui.tools import (ANSWER_CHARS, ToolError, build_tools, demonstration, parse_tools, tool_schema,
-                             with_demonstration)
+from dragon_ui.tools import (ANSWER_CHARS, TOOL_CLASSES, TOOL_SETTINGS, ToolError, ToolSpec, build_tools, demonstration,
+                             parse_tools, tool_schema, with_demonstration)
 from dragon_ui.tools.builtin import calculator, convert_units, make_lookup, make_search
 
 PUBLIC = Policy(limits=Limits())
@@ -174,6 +175,32 @@ def test_a_tool_answer_is_cut_and_a_stopped_run_calls_no_tool(tmp_path):
 def test_bad_tool_settings_are_refused_naming_the_setting(tools, said):
     with pytest.raises(ConfigError, match=said):
         parse_tools(tools, policy=LAPTOP)
+
+
+@pytest.mark.parametrize("tool", [
+    {"kind": "lookup", "name": "capital_of", "key_column": "country", "value_column": "capital",
+     "description": "Give the capital of a country.", "examples": [{"question": "Peru?", "arguments": {"key": "Peru"}}]},
+    {"kind": "search", "column": "notes"},
+    {"kind": "custom", "code": "def ask(x: str) -> str:\n    return x\n", "function": "ask"},
+    {"kind": "environment", "file": "game.py", "class_name": "Game"},
+    {"kind": "guess_number"},
+])
+def test_a_tool_round_trips_through_its_dict(tool):
+    spec = ToolSpec.from_dict(tool, policy=LAPTOP)
+    assert ToolSpec.from_dict(spec.to_dict(), policy=LAPTOP) == spec
+    assert {key: value for key, value in spec.to_dict().items() if key != "name"} == \
+        {key: value for key, value in tool.items() if key != "name"}
+
+
+def test_a_setting_several_kinds_take_is_declared_alike_in_each():
+    """The Tools section has one field for it and the reference one row, made from its first declaration."""
+    for cls in TOOL_CLASSES:
+        for spec in dataclasses.fields(cls):
+            first = TOOL_SETTINGS[spec.name]
+            assert (spec.default, dict(spec.metadata)) == (first.default, dict(first.metadata)), (cls.kind, spec.name)
+            assert spec.metadata["label"] and spec.metadata["help"] and callable(spec.metadata["read"])
+    assert [cls.kind for cls in TOOL_CLASSES if cls.is_environment] == ["guess_number", "arithmetic", "environment"]
+    assert [cls.kind for cls in TOOL_CLASSES if cls.runs_code] == ["custom", "environment"]
 
 
 def test_a_public_demo_refuses_custom_tools_before_running_their_code(tmp_path):

@@ -21,7 +21,9 @@ import pytest
 from conftest import said
 from dragon_ui.errors import BusyError, DragonError
 from dragon_ui.public import LAPTOP, Policy
-from dragon_ui.rewards import REWARD_KINDS, kind_fields, parse_rewards, public_demo_refusal
+from dragon_ui.rewards import (EXTRACT_MODES, REWARD_KINDS, REWARD_SETTINGS, kind_fields, parse_rewards,
+                               public_demo_refusal)
+from dragon_ui.settings import plain
 from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app, common, rewards_tab
 from dragon_ui.ui.common import message
@@ -75,13 +77,12 @@ def is_skip(value) -> bool:
 
 
 def split_editor(editor: list) -> dict:
-    """The editor outputs by name: kind, name, weight, help, settings (list of updates), add, save, remove, and the
-    name of the reward shown (kept on the server)."""
+    """The editor outputs by name: kind, name, weight, help, settings (list of updates), add, save, remove, and
+    the reward it shows (its name, or NEW)."""
     assert len(editor) == rewards_tab.EDITOR_SIZE
-    kind, name, weight, help_text, *rest = editor
-    return {"kind": kind, "name": name, "weight": weight, "help": help_text, "settings": rest[:len(SETTINGS)],
-            "add": rest[len(SETTINGS)], "save": rest[len(SETTINGS) + 1], "remove": rest[len(SETTINGS) + 2],
-            "edited": rest[len(SETTINGS) + 3]}
+    kind, name, weight, help_text, *settings_, add, save, remove, editing = editor
+    return {"kind": kind, "name": name, "weight": weight, "help": help_text, "settings": settings_, "add": add,
+            "save": save, "remove": remove, "editing": editing}
 
 
 def visible(editor: dict) -> set[str]:
@@ -97,7 +98,7 @@ def listing(result: list) -> dict:
 
 class Screen:
     """The Rewards editor as the browser shows it: each handler's outputs land in the fields (a skip keeps what the
-    field holds), and the next click sends what the fields hold."""
+    field holds), and the next click sends what the fields hold, and which reward the form shows (``editing``)."""
 
     def __init__(self, rewards: list[dict], policy: Policy = LAPTOP):
         self.policy = policy
@@ -115,7 +116,7 @@ class Screen:
 
     def kind_(self, kind: str):
         self.kind = kind
-        self._show_editor(rewards_tab.change_kind(self.rewards, self.edited, kind, self.name, self.weight,
+        self._show_editor(rewards_tab.change_kind(self.rewards, self.editing, kind, self.name, self.weight,
                                                   policy=self.policy))
 
     def type(self, field: str, value):
@@ -129,11 +130,11 @@ class Screen:
                                                   policy=self.policy))
 
     def save(self):
-        self._show_listing(rewards_tab.save_reward(self.rewards, self.edited, self.kind, self.name, self.weight,
+        self._show_listing(rewards_tab.save_reward(self.rewards, self.editing, self.kind, self.name, self.weight,
                                                    *self.values, policy=self.policy))
 
     def remove(self):
-        self._show_listing(rewards_tab.remove_reward(self.rewards, self.edited, policy=self.policy))
+        self._show_listing(rewards_tab.remove_reward(self.rewards, self.editing, policy=self.policy))
 
     def do(self, step: tuple):
         action, *args = step
@@ -154,7 +155,7 @@ class Screen:
 
     def _show_editor(self, editor: list):
         shown = split_editor(editor)
-        for field in ("kind", "name", "weight"):
+        for field in ("kind", "name", "weight", "editing"):
             if not is_skip(shown[field]):
                 setattr(self, field, shown[field])
         for index, update in enumerate(shown["settings"]):
@@ -162,8 +163,6 @@ class Screen:
                 self.values[index] = update["value"]
         if not is_skip(shown["add"]):
             self.buttons = {button for button in ("add", "save", "remove") if shown[button].visible}
-        if not is_skip(shown["edited"]):
-            self.edited = shown["edited"]  # a State: Save, Remove and a kind change read it on the server
 
     def form_reward(self) -> dict:
         """The reward the form shows, validated as a run would store it."""
@@ -173,7 +172,7 @@ class Screen:
     def check_shows_the_selection(self):
         """The form shows exactly the selected reward, or a fresh new one; the buttons fit."""
         names = [spec["name"] for spec in self.rewards]
-        assert self.edited == self.selected
+        assert self.editing == self.selected  # the edits that follow act on the reward the picker shows
         assert self.choices == [(name, name) for name in names] + [(rewards_tab.NEW_REWARD_LABEL, NEW)]
         assert self.table["name"].tolist() == names
         if self.selected == NEW:
@@ -236,6 +235,45 @@ def test_only_the_kinds_settings_are_shown(recipe, kind):
     assert shown["kind"] == kind and shown["weight"] == 1.0
     # every setting is set, hidden ones to their defaults, so nothing of a reward shown before stays behind
     assert [update["value"] for update in shown["settings"]] == rewards_tab.form_values({"kind": kind})
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_each_field_is_labelled_explained_and_filled_as_its_setting_is_declared(setting):
+    declared = REWARD_SETTINGS[setting]
+    with gr.Blocks():
+        field = rewards_tab.setting_field(setting, visible=False)
+    assert field.label == declared.metadata["label"] and not field.visible
+    shown = rewards_tab.form_values({"kind": "numeric"})[SETTINGS.index(setting)]
+    if isinstance(field, gr.Code):  # no help line (the reference shows it); gradio keeps no final newline
+        assert field.value == shown.rstrip("\n")
+    else:
+        assert field.info.startswith(plain(declared.metadata["help"])) and field.value == shown
+
+
+def test_a_list_is_typed_with_commas_and_a_choice_is_offered_as_declared():
+    with gr.Blocks():
+        words, extract, mode = (rewards_tab.setting_field(name, visible=True) for name in ("words", "extract", "mode"))
+    assert words.info.endswith("Comma-separated.")
+    assert [value for value, _ in extract.choices] == list(EXTRACT_MODES) and isinstance(extract, gr.Dropdown)
+    assert [value for value, _ in mode.choices] == ["any", "all"] and isinstance(mode, gr.Radio)
+
+
+def test_the_problem_line_says_what_stops_training_or_what_cannot_pay(draft, tmp_path):
+    assert rewards_tab.problem_line(draft, policy=LAPTOP) == ""  # the arithmetic recipe: numbers, numeric
+    assert "weight 0" in rewards_tab.problem_line({**draft, "rewards": [{**NUMERIC, "weight": 0}]}, policy=LAPTOP)
+    capitals = tmp_path / "capitals.csv"
+    capitals.write_text("question,answer\nThe capital of France?,Paris\nThe capital of Peru?,Lima\n", encoding="utf-8")
+    words = with_setting(draft, "data.source", str(capitals))  # numeric on answers that are words
+    assert "`numeric` (numeric) cannot pay on this data" in rewards_tab.problem_line(words, policy=LAPTOP)
+
+
+def test_the_row_picker_is_made_anew_only_when_the_data_changes(draft, labels):
+    picker, said, shown_for = rewards_tab.rows_for(draft, None, None, labels=labels, policy=LAPTOP)
+    assert picker.value == 1 and "Reference:" in said and shown_for
+    assert all(is_skip(value) for value in rewards_tab.rows_for(draft, 1, shown_for, labels=labels, policy=LAPTOP))
+    moved = with_setting(draft, "data.reference", "question")
+    picker, said, again = rewards_tab.rows_for(moved, 1, shown_for, labels=labels, policy=LAPTOP)
+    assert again != shown_for and picker.value == 1
 
 
 @pytest.mark.parametrize("kind, name, weight, values, stored", [
@@ -535,7 +573,8 @@ def test_playground_explains_problems(draft, labels):
 
 def test_a_public_demo_stops_scoring_a_typed_reply_at_its_time_limit(draft, monkeypatch):
     """42, item 7: twenty math rewards on a reply that keeps math-verify busy held a request for over 100 s."""
-    from dragon_ui.rewards import Reward, RewardSpec
+    from dragon_ui.rewards import Reward
+    from dragon_ui.rewards.spec import NumericReward
 
     monkeypatch.setenv("DRAGON_UI_PUBLIC", "1")
     monkeypatch.setenv("DRAGON_UI_MAX_SCORING_SECONDS", "0.5")
@@ -547,7 +586,7 @@ def test_a_public_demo_stops_scoring_a_typed_reply_at_its_time_limit(draft, monk
         return 1.0
 
     monkeypatch.setattr(rewards_tab, "playground_rewards", lambda draft, policy: [
-        Reward(RewardSpec(kind="numeric", name=f"slow{n}"), slow) for n in range(20)])
+        Reward(NumericReward(name=f"slow{n}"), slow) for n in range(20)])
     started = time.monotonic()
     with pytest.raises(gr.Error, match="Scoring stopped: the rewards took longer than this public demo's limit of 0.5 "
                                        "seconds on one reply"):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import time
 
+import gradio as gr
 import pytest
 from conftest import said, write_arithmetic_csv
 
 from dragon_ui.public import LAPTOP, Limits, Policy
+from dragon_ui.settings import plain
 from dragon_ui.studio import tools as studio_tools
+from dragon_ui.tools import TOOL_SETTINGS
 from dragon_ui.ui import tools_section
 
 PUBLIC = Policy(limits=Limits())
@@ -91,6 +94,27 @@ def test_a_public_demo_offers_no_custom_tool_and_refuses_one_sent_anyway(tmp_pat
                                     policy=PUBLIC)
     assert kept[0] == [] and "custom Python tools and environments are turned off" in said(kept[3])[0][1]
     assert not marker.exists()
+
+
+def test_the_form_has_a_field_for_every_setting_a_kind_takes_labelled_as_declared():
+    every = {name for kind in studio_tools.TOOL_KINDS for name in studio_tools.form_settings(kind)}
+    assert sorted(tools_section.SETTING_NAMES) == sorted(every)
+    with gr.Blocks():
+        fields = {name: tools_section.setting_field(name) for name in tools_section.SETTING_NAMES}
+    for name, field in fields.items():
+        declared = TOOL_SETTINGS[name].metadata
+        assert field.label == declared["label"] and not field.visible
+        assert isinstance(field, gr.Code) or field.info == plain(declared["help"])
+    assert fields["function"].value == "tool" and fields["class_name"].value == "Environment"
+
+
+@pytest.mark.parametrize("kind", studio_tools.TOOL_KINDS)
+def test_a_kind_shows_its_help_its_settings_and_examples_unless_an_environment(kind):
+    help_text, *settings, examples = tools_section.change_kind(kind)
+    assert help_text == tools_section.KIND_HELP[kind]
+    shown = {name for name, update in zip(tools_section.SETTING_NAMES, settings, strict=True) if update["visible"]}
+    assert shown == set(studio_tools.form_settings(kind))
+    assert examples["visible"] is (kind not in studio_tools.ENVIRONMENT_KINDS)
 
 
 @pytest.mark.parametrize("chosen, arguments, words", [

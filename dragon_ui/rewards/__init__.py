@@ -13,13 +13,13 @@ from ..errors import RewardError
 from .builtin import EPISODE_SCORE, Reward
 from .scoring import (RewardFailures, ScoreResult, build_rewards, cannot_pay, counts_tokens, safe_score,
                       score_completion, score_completions, trl_reward_functions)
-from .spec import (FORMAT_PRESETS, GOAL_KINDS, PENALTY_KINDS, REWARD_KINDS, Gate, RewardSpec, check_some_weight,
-                   gate_of, goal_names, kind_fields, parse_rewards, passes, public_demo_refusal, public_refusal,
-                   reward_rule, right_by_goal, stored_metrics, training_weight)
+from .spec import (FORMAT_PRESETS, GOAL_KINDS, PENALTY_KINDS, REWARD_CLASSES, REWARD_KINDS, REWARD_SETTINGS, Choice,
+                   Gate, RewardSpec, check_some_weight, gate_of, goal_names, kind_fields, parse_rewards, passes,
+                   public_demo_refusal, public_refusal, reward_rule, right_by_goal, stored_metrics, training_weight)
 from .text import EXTRACT_MODES, extract_answer
 
-__all__ = ["EPISODE_SCORE", "EXTRACT_MODES", "FORMAT_PRESETS", "GOAL_KINDS", "Gate", "PENALTY_KINDS", "REWARD_KINDS",
-           "Reward", "RewardError", "RewardFailures", "RewardSpec", "ScoreResult", "build_rewards", "cannot_pay",
+__all__ = ["Choice", "EPISODE_SCORE", "EXTRACT_MODES", "FORMAT_PRESETS", "GOAL_KINDS", "Gate", "PENALTY_KINDS",
+           "REWARD_CLASSES", "REWARD_KINDS", "REWARD_SETTINGS", "Reward", "RewardError", "RewardFailures", "RewardSpec", "ScoreResult", "build_rewards", "cannot_pay",
            "check_some_weight", "counts_tokens", "extract_answer", "gate_of", "goal_names", "kind_fields",
            "parse_rewards", "passes", "public_demo_refusal", "public_refusal", "reward_rule", "right_by_goal",
            "safe_score", "score_completion", "score_completions", "stored_metrics", "trl_reward_functions",

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 from ..errors import RewardError
 from .code import compile_pattern
-from .spec import FORMAT_PRESETS, RewardSpec, training_weight
+from .spec import (ContainsReward, EnvironmentReward, ExactReward, FormatReward, JsonReward, KeywordReward,
+                   LengthReward, NumericReward, RegexReward, RewardSpec, training_weight)
 from .text import extract_answer, last_number, normalise, require_reference
 
 Scorer = Callable[[str, str, "str | None", dict], object]
@@ -66,21 +67,21 @@ def _normalised_reference(reference: str | None, case_sensitive: bool) -> str:
     return expected
 
 
-def _exact(spec: RewardSpec) -> Scorer:
+def _exact(spec: ExactReward) -> Scorer:
     def score(prompt, completion, reference, row):
         expected = _normalised_reference(reference, spec.case_sensitive)
         return float(normalise(extract_answer(completion, spec.extract), spec.case_sensitive) == expected)
     return score
 
 
-def _contains(spec: RewardSpec) -> Scorer:
+def _contains(spec: ContainsReward) -> Scorer:
     def score(prompt, completion, reference, row):
         expected = _normalised_reference(reference, spec.case_sensitive)
         return float(expected in normalise(extract_answer(completion, spec.extract), spec.case_sensitive))
     return score
 
 
-def _numeric(spec: RewardSpec) -> Scorer:
+def _numeric(spec: NumericReward) -> Scorer:
     def score(prompt, completion, reference, row):
         expected = last_number(require_reference(reference))
         if expected is None:
@@ -95,7 +96,7 @@ def _numeric(spec: RewardSpec) -> Scorer:
 REGEX_TIMEOUT_S = 0.25  # one reply: a pattern that takes longer scores it 0, counted as a failure
 
 
-def regex_scorer(spec: RewardSpec, where: str) -> Scorer:
+def regex_scorer(spec: RegexReward, where: str) -> Scorer:
     pattern = compile_pattern(spec.pattern, spec.case_sensitive, where)
 
     def score(prompt, completion, reference, row):
@@ -106,7 +107,7 @@ def regex_scorer(spec: RewardSpec, where: str) -> Scorer:
     return score
 
 
-_FENCE_LANGUAGE = re.compile(r"[\w+-]*[ \t]*\n?")  # what may follow an opening fence: ```json, then a newline
+_FENCE_LANGUAGE = re.compile(r"\A[\w+-]*[ \t]*\n?")  # what may follow an opening fence: ```json, then a newline
 
 
 def _fenced_content(text: str) -> str | None:
@@ -115,12 +116,12 @@ def _fenced_content(text: str) -> str | None:
     if len(text) < 6 or not (text.startswith("```") and text.endswith("```")):
         return None
     inner = text[3:-3]
-    inner = inner[_FENCE_LANGUAGE.match(inner).end():]
+    inner = _FENCE_LANGUAGE.sub("", inner, count=1)
     body = inner.rstrip(" \t")
     return body[:-1] if body.endswith("\n") else body
 
 
-def _json(spec: RewardSpec) -> Scorer:
+def _json(spec: JsonReward) -> Scorer:
     """1 if the completion (stripped, one optional code fence around it) parses; with keys, the fraction present.
 
     Text around a fenced block is not ignored: "Here it is: ```{...}```" does not parse and scores 0.
@@ -140,7 +141,7 @@ def _json(spec: RewardSpec) -> Scorer:
     return score
 
 
-def _length(spec: RewardSpec) -> Scorer:
+def _length(spec: LengthReward) -> Scorer:
     """1 inside [min_chars, max_chars]; n/min below; falls linearly from 1 at max to 0 at twice max above."""
     low, high = spec.min_chars, spec.max_chars
 
@@ -154,9 +155,9 @@ def _length(spec: RewardSpec) -> Scorer:
     return score
 
 
-def _keyword(spec: RewardSpec) -> Scorer:
+def _keyword(spec: KeywordReward) -> Scorer:
     """Case-insensitive substring search; "any" is 1/0, "all" is the fraction of words found."""
-    words = [word.casefold() for word in spec.words]
+    words = [word.casefold() for word in spec.words or []]
 
     def score(prompt, completion, reference, row):
         text = completion.casefold()
@@ -165,7 +166,7 @@ def _keyword(spec: RewardSpec) -> Scorer:
     return score
 
 
-def _format(spec: RewardSpec) -> Scorer:
+def _format(spec: FormatReward) -> Scorer:
     """Reward the tag layout, e.g. ``<think>…</think><answer>…</answer>`` for the preset ``think_answer``.
 
     With n tags the rule is:
@@ -178,7 +179,7 @@ def _format(spec: RewardSpec) -> Scorer:
 
     Tags are matched case-sensitively and without attributes.
     """
-    tags = spec.tags or list(FORMAT_PRESETS[spec.preset])
+    tags = spec.tag_names()
     any_tag = "|".join(re.escape(tag) for tag in tags)
     content = rf"(?:(?!</?(?:{any_tag})>).)*"
     shape = re.compile(
@@ -197,7 +198,7 @@ def _format(spec: RewardSpec) -> Scorer:
     return score
 
 
-def _environment(spec: RewardSpec) -> Scorer:
+def _environment(spec: EnvironmentReward) -> Scorer:
     def score(prompt, completion, reference, row):
         scored = row.get(EPISODE_SCORE)
         if scored is None:
@@ -207,7 +208,7 @@ def _environment(spec: RewardSpec) -> Scorer:
     return score
 
 
-BUILTIN_SCORERS: dict[str, Callable[[RewardSpec], Scorer]] = {
+BUILTIN_SCORERS: dict[str, Callable[..., Scorer]] = {  # by kind, each a function of its kind's spec
     "exact": _exact, "contains": _contains, "numeric": _numeric, "json": _json,
     "length": _length, "keyword": _keyword, "format": _format, "environment": _environment,
 }

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..errors import ConfigError, RewardError
 
 if TYPE_CHECKING:
-    from .spec import RewardSpec
+    from .spec import ClassifierReward
 
 
 class Classifier(Protocol):
@@ -47,7 +47,7 @@ def label_index(labels: dict[int, str], label: str, model: str, where: str) -> i
 class ClassifierScorer:
     """One label's probability (or logit) for each reply; ``prepare`` scores a batch in one go."""
 
-    def __init__(self, spec: RewardSpec, classifiers: Classifiers | None, where: str):
+    def __init__(self, spec: ClassifierReward, classifiers: Classifiers | None, where: str):
         if classifiers is None:
             self._classifier, self._index = None, 0
         else:
@@ -73,13 +73,13 @@ class ClassifierScorer:
         if self._classifier is None:
             raise RewardError("the classifier model is not loaded here (the run, evaluation and the Rewards tab "
                               "load it)")
-        return [self._score(row) for row in self._classifier.logits(texts)]
+        return [self._score(row, self._classifier.multi_label) for row in self._classifier.logits(texts)]
 
-    def _score(self, logits: list[float]) -> float:
+    def _score(self, logits: list[float], multi_label: bool) -> float:
         value = logits[self._index]
         if self._logit:
             return value
-        if self._classifier.multi_label:
+        if multi_label:
             return 1 / (1 + math.exp(-value)) if value >= 0 else math.exp(value) / (1 + math.exp(value))
         top = max(logits)
         return math.exp(value - top) / sum(math.exp(v - top) for v in logits)

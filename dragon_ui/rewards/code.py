@@ -58,6 +58,8 @@ def load_function(code: str | None, file: str | None, function_name: str, module
     ``function_name``, the setting's label for errors). ``usage`` says how the function should be defined."""
     if code is not None:
         source, label, filename = code, f"{where}.code", f"<{where}.code>"
+    elif file is None:
+        raise ConfigError(f"{where}.code and {where}.file are both missing; give the Python source or a .py file.")
     else:
         filename = file if os.path.isabs(file) or not base_dir else os.path.join(base_dir, file)
         label = f"{where}.file ({filename})"

@@ -22,6 +22,7 @@ import queue
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 from ..system.processes import (PACKAGE_PARENT, WAITING_PER_ASKER, FairTurns, TurnRefused, asker, child_environment,
                      lower_priority)
@@ -81,10 +82,10 @@ def _limit_trls_math_verify() -> None:
     parse, verify = accuracy.parse, accuracy.verify
     accuracy.parse = lambda *args, parsing_timeout=None, **kwargs: parse(*args, parsing_timeout=CHECK_S, **kwargs)
     accuracy.verify = lambda *args, timeout_seconds=None, **kwargs: verify(*args, timeout_seconds=CHECK_S, **kwargs)
-    accuracy.limited_by_dragon = True
+    setattr(accuracy, "limited_by_dragon", True)  # a mark of ours on TRL's module, which declares no such attribute
 
 
-CHECKS = {"verify": check, "cosine_length": cosine_length}
+CHECKS: dict[str, Callable[..., object]] = {"verify": check, "cosine_length": cosine_length}
 
 
 def serve() -> None:
@@ -144,9 +145,11 @@ class MathChecker:
 
     def _ask(self, request: list) -> list:
         """The worker's answer to one request; a worker that is too slow or gone is replaced by the next check."""
+        process = self._process
+        assert process is not None and process.stdin is not None  # ask started it, writing to its input
         try:
-            self._process.stdin.write(json.dumps(request) + "\n")
-            self._process.stdin.flush()
+            process.stdin.write(json.dumps(request) + "\n")
+            process.stdin.flush()
             answer = self._answers.get(timeout=LIMIT_S)
         except queue.Empty:
             self._stop()
@@ -178,6 +181,7 @@ class MathChecker:
     @staticmethod
     def _read(process: subprocess.Popen, answers: queue.Queue) -> None:
         """Hand each answer line over; a closed pipe (the worker gone) is handed over as None."""
+        assert process.stdout is not None  # _start reads its output
         for line in process.stdout:
             answers.put(json.loads(line))
         answers.put(None)

@@ -1,5 +1,5 @@
 """The command reward: a program that scores the reply (unit tests, a checker), run with a time limit. Refused in a
-public demo (spec.public_demo_refusal), as the custom Python function is (code.load_custom_function)."""
+public demo (CommandReward.refused_in_public), as the custom Python function is (code.load_custom_function)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tempfile
 from ..errors import RewardError
 from ..system.processes import end_group
 from .builtin import Scorer
-from .spec import RewardSpec
+from .spec import CommandReward
 from .text import last_number
 
 # Environment strings are capped by the kernel (128 KiB each); 32,000 characters stay below that even in UTF-8.
@@ -22,7 +22,7 @@ def _env_text(text: str | None) -> str:
     return (text or "").replace("\0", "")[:_ENV_TEXT_LIMIT]
 
 
-def command_scorer(spec: RewardSpec, base_dir: str | None) -> Scorer:
+def command_scorer(spec: CommandReward, base_dir: str | None) -> Scorer:
     """Run a program per completion (no shell); score from its exit code or the last number it prints.
 
     input "stdin" sends the completion on standard input. input "file" writes it to a temporary file whose path

@@ -14,17 +14,17 @@ from ..errors import ConfigError, Stopped, one_line
 from ..public import Policy
 from .classifier import Classifiers, ClassifierScorer
 from .math_answers import PREVIEWS, TRAINING, math_scorer
-from .builtin import BUILTIN_SCORERS, EPISODE_SCORE, Reward, regex_scorer
+from .builtin import BUILTIN_SCORERS, EPISODE_SCORE, Reward, Scorer, regex_scorer
 from .code import load_custom_function
 from .programs import command_scorer
-from .spec import (REFERENCE_KINDS, REWARD_KINDS, TOKEN_KINDS, TRL_KINDS, Gate, RewardSpec, gate_of, passes,
-                   public_refusal)
+from .spec import (REWARD_KINDS, AnswerReward, ClassifierReward, CommandReward, CustomReward, Gate, MathReward,
+                   RegexReward, RewardSpec, gate_of, passes, public_refusal)
 from .trl_rewards import trl_scorer
 
 
 def counts_tokens(specs: list[RewardSpec]) -> bool:
     """Whether scoring with these rewards needs the starting model's tokenizer (to load it only then)."""
-    return any(spec.kind in TOKEN_KINDS for spec in specs)
+    return any(spec.counts_tokens for spec in specs)
 
 
 def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training: bool = False, tokenizer=None,
@@ -45,18 +45,19 @@ def build_rewards(specs: list[RewardSpec], base_dir: str | None = None, training
         refusal = public_refusal(spec, where, policy=policy)
         if refusal is not None:
             raise ConfigError(refusal)
-        if spec.kind == "custom":
+        scorer: Scorer
+        if isinstance(spec, CustomReward):
             scorer = load_custom_function(spec.code, spec.file, spec.function, spec.name or spec.kind, base_dir,
                                           where)
-        elif spec.kind == "command":
+        elif isinstance(spec, CommandReward):
             scorer = command_scorer(spec, base_dir)
-        elif spec.kind == "regex":
+        elif isinstance(spec, RegexReward):
             scorer = regex_scorer(spec, where)
-        elif spec.kind == "math":
+        elif isinstance(spec, MathReward):
             scorer = math_scorer(spec, TRAINING if training else PREVIEWS)
-        elif spec.kind == "classifier":
+        elif isinstance(spec, ClassifierReward):
             scorer = ClassifierScorer(spec, classifiers, where)
-        elif spec.kind in TRL_KINDS:
+        elif spec.from_trl:
             scorer = trl_scorer(spec, where, tokenizer, max_new_tokens, TRAINING if training else PREVIEWS)
         elif spec.kind in BUILTIN_SCORERS:
             scorer = BUILTIN_SCORERS[spec.kind](spec)
@@ -83,10 +84,11 @@ def cannot_pay(specs: list[RewardSpec], references: list[str | None], *, policy:
     deadline = time.monotonic() + CHECK_SECONDS
     found = {}
     for spec in specs:
-        if spec.kind not in REFERENCE_KINDS or not checked:
+        if not spec.reads_reference or not checked:
             continue
         # The reference is the whole reply; ``policy`` refuses what it refused when the list was checked.
-        (reward,) = build_rewards([dataclasses.replace(spec, extract="whole")], policy=policy)
+        whole = dataclasses.replace(spec, extract="whole") if isinstance(spec, AnswerReward) else spec
+        (reward,) = build_rewards([whole], policy=policy)
         errors = []
         for reference in checked:
             score, error = safe_score(reward, "", reference, reference, {})

@@ -8,16 +8,11 @@ not part of the reply), the same way in training, evaluation and the playground,
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 from ..errors import ConfigError, RewardError
 from .builtin import Scorer
 from .math_answers import MathChecker
+from .spec import CosineLengthReward, OverlongReward, RepetitionReward, RewardSpec
 from .text import require_reference
-
-if TYPE_CHECKING:
-    from .spec import RewardSpec
 
 # DAPO's buffer: the last fifth of the length limit (4,096 of 20,480 tokens in the paper).
 BUFFER_SHARE = 0.2
@@ -49,7 +44,7 @@ def think_format_scorer(spec: RewardSpec) -> Scorer:
     return score
 
 
-def _length_limit(spec: RewardSpec, max_new_tokens: int | None, where: str) -> int:
+def _length_limit(spec: OverlongReward | CosineLengthReward, max_new_tokens: int | None, where: str) -> int:
     if spec.max_tokens is not None:
         return spec.max_tokens
     if max_new_tokens is None:
@@ -57,7 +52,7 @@ def _length_limit(spec: RewardSpec, max_new_tokens: int | None, where: str) -> i
     return max_new_tokens
 
 
-def overlong_window(spec: RewardSpec, max_new_tokens: int | None, where: str) -> tuple[int, int]:
+def overlong_window(spec: OverlongReward, max_new_tokens: int | None, where: str) -> tuple[int, int]:
     """(the length limit, the buffer before it where the penalty grows) of an overlong reward. A buffer longer than
     its own max_tokens is refused with the settings; here, one longer than the run's max new tokens it falls back on."""
     limit = _length_limit(spec, max_new_tokens, where)
@@ -68,7 +63,7 @@ def overlong_window(spec: RewardSpec, max_new_tokens: int | None, where: str) ->
     return limit, buffer
 
 
-def overlong_scorer(spec: RewardSpec, count: TokenCounter, max_new_tokens: int | None, where: str) -> Scorer:
+def overlong_scorer(spec: OverlongReward, count: TokenCounter, max_new_tokens: int | None, where: str) -> Scorer:
     from trl.rewards import get_soft_overlong_punishment
 
     limit, buffer = overlong_window(spec, max_new_tokens, where)
@@ -79,7 +74,7 @@ def overlong_scorer(spec: RewardSpec, count: TokenCounter, max_new_tokens: int |
     return score
 
 
-def repetition_scorer(spec: RewardSpec, count: TokenCounter) -> Scorer:
+def repetition_scorer(spec: RepetitionReward, count: TokenCounter) -> Scorer:
     from trl.rewards import get_repetition_penalty_reward
 
     penalty = get_repetition_penalty_reward(ngram_size=spec.ngram_size, max_penalty=-1.0)  # the weight scales it
@@ -89,7 +84,7 @@ def repetition_scorer(spec: RewardSpec, count: TokenCounter) -> Scorer:
     return score
 
 
-def cosine_length_scorer(spec: RewardSpec, count: TokenCounter, max_new_tokens: int | None, where: str,
+def cosine_length_scorer(spec: CosineLengthReward, count: TokenCounter, max_new_tokens: int | None, where: str,
                          checker: MathChecker) -> Scorer:
     limit = _length_limit(spec, max_new_tokens, where)
 
@@ -101,12 +96,12 @@ def cosine_length_scorer(spec: RewardSpec, count: TokenCounter, max_new_tokens: 
 
 def trl_scorer(spec: RewardSpec, where: str, tokenizer, max_new_tokens: int | None,
                checker: MathChecker) -> Scorer:
-    """The scorer of one of TRL's kinds (spec.TRL_KINDS)."""
+    """The scorer of one of TRL's kinds (RewardSpec.from_trl)."""
     count = TokenCounter(tokenizer)
-    builders: dict[str, Callable[[], Scorer]] = {
-        "think_format": lambda: think_format_scorer(spec),
-        "overlong": lambda: overlong_scorer(spec, count, max_new_tokens, where),
-        "repetition": lambda: repetition_scorer(spec, count),
-        "cosine_length": lambda: cosine_length_scorer(spec, count, max_new_tokens, where, checker),
-    }
-    return builders[spec.kind]()
+    if isinstance(spec, OverlongReward):
+        return overlong_scorer(spec, count, max_new_tokens, where)
+    if isinstance(spec, RepetitionReward):
+        return repetition_scorer(spec, count)
+    if isinstance(spec, CosineLengthReward):
+        return cosine_length_scorer(spec, count, max_new_tokens, where, checker)
+    return think_format_scorer(spec)

@@ -57,8 +57,9 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
         exported.data.source = f"data/{source.name}"
     for what, specs in (("reward", exported.rewards), ("tool", exported.tools)):
         for spec in specs:  # a custom one's .py file travels with the config, which names it relative to the folder
-            if spec.file:  # only custom rewards, and custom tools and environments, read a file
-                source = Path(spec.file) if Path(spec.file).is_absolute() else Path(base_dir or ".") / spec.file
+            file = getattr(spec, "file", None)  # only custom rewards, and custom tools and environments, read one
+            if file:
+                source = Path(file) if Path(file).is_absolute() else Path(base_dir or ".") / file
                 if not source.is_file():
                     raise ConfigError(f"The custom {what} '{spec.name}' reads {source}, which does not exist.")
                 (target / f"{what}s").mkdir(exist_ok=True)

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import Draft, NOTES_CHARS, PATH_CHARS, RunConfig
+from ..config import NOTES_CHARS, PATH_CHARS, RunConfig
 from ..data import TEMPLATE_CHARS
 from ..errors import DragonError
 from ..public import Policy
-from ..rewards.spec import MOST_ITEMS, MOST_REWARDS, RewardSpec
+from ..rewards.spec import MOST_ITEMS, MOST_REWARDS, REWARD_SETTINGS
 from ..runstore import slug
-from ..tools.spec import MOST_EXAMPLES, MOST_TOOLS, ToolSpec
+from ..tools.spec import MOST_EXAMPLES, MOST_TOOLS, TOOL_SETTINGS
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))  # the first word of every config path
 # A config path at the start of an engine message: "training.learning_rate", "rewards[3].code", "data.source".
@@ -62,12 +62,12 @@ KEPT_DRAFT_BYTES = 2 * (3 * TEMPLATE_CHARS + NOTES_CHARS + MOST_REWARDS * PATH_C
 KEPT_DRAFT_DEPTH = 10
 # The most JSON values a kept draft may hold (each object, list, text and number is one): what it costs the server
 # once parsed, which its bytes do not say (a body of empty objects takes 30 times its size). Each of its two drafts
-# may have MOST_REWARDS rewards with every field a reward has and two lists of MOST_ITEMS items, MOST_TOOLS tools with
-# every field and MOST_EXAMPLES examples, and far fewer than OTHER_SETTINGS_VALUES values besides (a bundled recipe's
-# whole draft has about 100).
+# may have MOST_REWARDS rewards with its kind and every setting any kind has and two lists of MOST_ITEMS items,
+# MOST_TOOLS tools with their kind, every setting and MOST_EXAMPLES examples, and far fewer than OTHER_SETTINGS_VALUES
+# values besides (a bundled recipe's whole draft has about 100).
 OTHER_SETTINGS_VALUES = 500
-KEPT_DRAFT_VALUES = 2 * (MOST_REWARDS * (len(dataclasses.fields(RewardSpec)) + 2 * MOST_ITEMS)
-                         + MOST_TOOLS * (len(dataclasses.fields(ToolSpec)) + MOST_EXAMPLES * 8)
+KEPT_DRAFT_VALUES = 2 * (MOST_REWARDS * (1 + len(REWARD_SETTINGS) + 2 * MOST_ITEMS)
+                         + MOST_TOOLS * (1 + len(TOOL_SETTINGS) + MOST_EXAMPLES * 8)
                          + OTHER_SETTINGS_VALUES)
 
 
@@ -109,7 +109,7 @@ def json_shape(value: Any, most_values: float = math.inf) -> tuple[int, int]:
     return values, deepest
 
 
-def set_path(draft: Draft, path: str, value: Any) -> None:
+def set_path(draft: dict[str, Any], path: str, value: Any) -> None:
     """Set ``draft["a"]["b"]`` for the path "a.b", creating missing sections and replacing any that is not one (a
     draft kept by a browser may hold anything)."""
     *parents, leaf = path.split(".")

@@ -11,10 +11,10 @@ from .bounds import ANSWER_CHARS
 from .building import build_environments, build_tools, demonstration, described, tool_schema, with_demonstration
 from .builtin import ToolError
 from .environments import Played, environment_tools
-from .spec import (DEFAULT_NAMES, ENVIRONMENT_KINDS, MOST_EXAMPLES, MOST_TOOLS, TOOL_KINDS, ToolExample, ToolSpec,
-                   form_settings, parse_tools, public_refusal)
+from .spec import (DEFAULT_NAMES, ENVIRONMENT_KINDS, MOST_EXAMPLES, MOST_TOOLS, TOOL_CLASSES, TOOL_KINDS, TOOL_SETTINGS,
+                   ToolExample, ToolSpec, form_settings, parse_tools, public_refusal)
 
-__all__ = ["ANSWER_CHARS", "DEFAULT_NAMES", "ENVIRONMENT_KINDS", "MOST_EXAMPLES", "MOST_TOOLS", "TOOL_KINDS",
-           "Played", "ToolError", "ToolExample", "ToolSpec", "build_environments", "build_tools", "demonstration",
+__all__ = ["ANSWER_CHARS", "DEFAULT_NAMES", "ENVIRONMENT_KINDS", "MOST_EXAMPLES", "MOST_TOOLS", "TOOL_CLASSES",
+           "TOOL_KINDS", "TOOL_SETTINGS", "Played", "ToolError", "ToolExample", "ToolSpec", "build_environments", "build_tools", "demonstration",
            "described", "environment_tools", "form_settings", "parse_tools", "public_refusal", "tool_schema",
            "with_demonstration"]

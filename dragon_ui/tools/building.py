@@ -11,7 +11,9 @@ from ..public import Policy
 from .bounds import answered, cut
 from .builtin import ToolError, calculator, convert_units, make_lookup, make_search
 from .environments import Played, environment_class, environment_factory, environment_tools, tool_methods
-from .spec import ToolSpec, public_refusal
+from .spec import CustomTool, EnvironmentTool, LookupTool, SearchTool, ToolSpec, public_refusal
+
+BUILT_IN: dict[str, Callable[..., str]] = {"calculator": calculator, "convert": convert_units}  # one function of ours
 
 
 def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = None,
@@ -38,7 +40,7 @@ def build_tools(specs: list[ToolSpec], rows: list[dict], base_dir: str | None = 
 
 def build_environments(specs: list[ToolSpec], base_dir: str | None = None,
                        should_stop: Callable[[], bool] | None = None,
-                       *, policy: Policy) -> dict[str, Callable[[], Played]]:
+                       *, policy: Policy) -> dict[str, type[Played]]:
     """The environments among ``specs``, by name: what TRL's ``environment_factory`` takes (each a class whose
     instances are Played environments, their tools bounded as build_tools' are). A tool of the environment that
     shares the name of another tool the conversation may call, or that the model cannot be shown, is refused."""
@@ -70,45 +72,41 @@ def _refuse(spec: ToolSpec, where: str, *, policy: Policy) -> None:
 
 
 def _function(spec: ToolSpec, rows: list[dict], base_dir: str | None, where: str) -> Callable:
-    if spec.kind == "calculator":
-        return _renamed(calculator, spec.name)
-    if spec.kind == "convert":
-        return _renamed(convert_units, spec.name)
-    if spec.kind == "lookup":
+    if isinstance(spec, LookupTool):
         _check_columns(rows, (spec.key_column, spec.value_column), where, ("key_column", "value_column"))
         table = {row[spec.key_column]: row[spec.value_column] for row in rows
                  if row.get(spec.key_column) and spec.value_column in row}
         return make_lookup(spec.name, described(spec), f"The {spec.key_column} to look up.", table)
-    if spec.kind == "search":
+    if isinstance(spec, SearchTool):
         _check_columns(rows, (spec.column,), where, ("column",))
         try:
             return make_search(spec.name, described(spec), [row.get(spec.column, "") for row in rows])
         except ToolError as error:
             raise ConfigError(f"{where}.column {spec.column!r}: {error}") from None
-    from ..rewards.code import load_function
+    if isinstance(spec, CustomTool):
+        from ..rewards.code import load_function
 
-    function, _ = load_function(spec.code, spec.file, spec.function, f"dragon_tool_{spec.name}", base_dir, where,
-                                f"def {spec.function}(argument: str) -> str with a docstring that says what it does "
-                                "and, under Args:, what each argument is")
-    return _renamed(function, spec.name)
+        function, _ = load_function(spec.code, spec.file, spec.function, f"dragon_tool_{spec.name}", base_dir,
+                                    where, f"def {spec.function}(argument: str) -> str with a docstring that says what "
+                                    "it does and, under Args:, what each argument is")
+        return _renamed(function, spec.name)
+    return _renamed(BUILT_IN[spec.kind], spec.name)
 
 
 def described(spec: ToolSpec) -> str:
     """What the model is told a tool does (its schema's description), known without building it."""
-    if spec.description:
-        return spec.description
-    if spec.kind == "lookup":
-        return f"Look up the {spec.value_column} of a {spec.key_column}."
-    if spec.kind == "search":
-        return f"Search the {spec.column} for the passages that best match some words."
-    if spec.kind == "custom":
+    if isinstance(spec, LookupTool):
+        return spec.description or f"Look up the {spec.value_column} of a {spec.key_column}."
+    if isinstance(spec, SearchTool):
+        return spec.description or f"Search the {spec.column} for the passages that best match some words."
+    if isinstance(spec, CustomTool):
         return f"Your function {spec.function}, as its docstring says."
-    if spec.kind == "environment":  # its code is not run to say so
+    if isinstance(spec, EnvironmentTool):  # its code is not run to say so
         return f"Your environment {spec.class_name}: its methods are the tools."
     if spec.is_environment:
         kind = environment_class(spec, None, "")
-        return f"{' '.join(kind.__doc__.split()).split('. ')[0]}. Its tools: {', '.join(tool_methods(kind))}."
-    return (calculator if spec.kind == "calculator" else convert_units).__doc__.strip().splitlines()[0]
+        return f"{' '.join((kind.__doc__ or '').split()).split('. ')[0]}. Its tools: {', '.join(tool_methods(kind))}."
+    return (BUILT_IN[spec.kind].__doc__ or "").strip().splitlines()[0]
 
 
 def _check_columns(rows: list[dict], columns: tuple, where: str, settings: tuple[str, ...]) -> None:

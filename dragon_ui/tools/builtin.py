@@ -60,7 +60,7 @@ def calculator(expression: str) -> str:
 
 def _evaluate(node: ast.AST) -> Fraction | float:
     """Exact fractions while the arithmetic is exact; a float (shown to 12 digits) once a fractional power is taken."""
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
         if isinstance(node.value, float) and not math.isfinite(node.value):
             raise ToolError("the numbers must be finite.")
         return _bounded(Fraction(repr(node.value)) if isinstance(node.value, float) else Fraction(node.value))

@@ -22,7 +22,6 @@ from ..errors import ConfigError, RewardError
 from .bounds import answered
 from .builtin import ToolError, calculator
 
-ENVIRONMENT_KINDS = ("guess_number", "arithmetic", "environment")
 NOT_TOOLS = ("reset", "get_reward")  # an environment's methods that the model is not shown (as TRL has it)
 ENVIRONMENT_USAGE = ("class Environment: with reset(self, question, reference, row), methods with type hints and "
                      "docstrings (the model's tools) and, to score itself, get_reward(self)")
@@ -192,7 +191,7 @@ def environment_class(spec, base_dir: str | None, where: str) -> type:
 
 
 def environment_factory(spec, base_dir: str | None = None, should_stop: Callable[[], bool] | None = None,
-                        where: str = "tools[0]") -> Callable[[], Played]:
+                        where: str = "tools[0]") -> type[Played]:
     """What TRL's ``environment_factory`` takes for one environment spec: a class whose instances are Played
     environments, each method bounded as every tool is."""
     kind = environment_class(spec, base_dir, where)

@@ -268,7 +268,7 @@ def tab_selected(tab_id: str, when: str = "true") -> str:
 
 # What loads or writes a whole model (previews, scoring, merging, zipping, publishing) takes turns across the app,
 # whoever asks: two at once would hold two models in memory and share the cores with a training.
-ONE_MODEL_AT_A_TIME = {"concurrency_limit": 1, "concurrency_id": "models"}
+ONE_MODEL_AT_A_TIME: dict[str, Any] = {"concurrency_limit": 1, "concurrency_id": "models"}
 # Held by the thread that samples for such an event (the playground's group, the pre-flight): gradio lets the next
 # model event start once it has closed a cancelled one, while that thread may still be finishing its token.
 SAMPLING = threading.Lock()

@@ -1,7 +1,8 @@
 """Tab 2 · Rewards: build the list of rewards, then try it in a playground before spending a training run on it.
 
-The editor is one form for every kind; only the settings of the selected kind are shown (rewards.kind_fields).
-Each add or save goes through rewards.parse_rewards, the same validation as a run, and writes draft["rewards"] as
+The editor is one form for every kind; only the settings of the selected kind are shown (rewards.kind_fields), each
+field labelled, explained and filled with its default as the kind's class declares it (rewards.spec). Each add or
+save goes through rewards.parse_rewards, the same validation as a run, and writes draft["rewards"] as
 RewardSpec.to_dict() dicts; a rejected form leaves the draft as it was and says why next to the buttons.
 
 The playground scores a typed reply with rewards.score_completion, or samples a group of replies from the starting
@@ -12,14 +13,16 @@ learning signal.
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import queue
 import re
 import shlex
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import fields
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, TypeGuard, cast
 
 import gradio as gr
 import pandas as pd
@@ -28,66 +31,45 @@ from ..config import Draft
 from ..data import prompt_text
 from ..errors import ConfigError, DragonError
 from ..public import Policy
+from ..settings import plain
 from ..studio.draft import place_problem
 from ..studio.playground import (GroupScores, advantages_of, data_config, display_text, generate_groups,
                                  no_signal_warning, playground_rewards, preview_examples, prompt_limit_of,
                                  red_team_draft, refuse_long_prompts, reward_failures, sampling_rewards,
                                  sampling_tools, score_example, unpayable)
-from ..rewards import (EXTRACT_MODES, FORMAT_PRESETS, REWARD_KINDS, RewardSpec, check_some_weight, gate_of,
+from ..rewards import (REWARD_CLASSES, REWARD_KINDS, REWARD_SETTINGS, Choice, RewardSpec, check_some_weight, gate_of,
                        goal_names, kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
 from . import tools_section
-from .common import ONE_MODEL_AT_A_TIME, SAMPLING, Shared, asked, explain, message, number, optional_number, shown_number, shows_errors
+from .common import (ONE_MODEL_AT_A_TIME, SAMPLING, Shared, asked, explain, message, number, optional_number,
+                     shown_number, shows_errors)
 from .guard import in_page_order
 
-# The per-kind settings in RewardSpec order: the form's components come in this order after kind, name and weight.
-SETTINGS = tuple(f.name for f in fields(RewardSpec) if f.name not in ("kind", "name", "weight"))
-# kind, name, weight, help, the settings, the Add / Save / Remove buttons, and the name of the reward shown
-EDITOR_SIZE = 4 + len(SETTINGS) + 4
+# The settings the form shows after kind, name and weight: every kind's, then each kind's own, in declared order.
+SETTINGS = tuple(name for name in REWARD_SETTINGS if name not in ("name", "weight"))
+# kind, name, weight, help, the settings, the Add / Save / Remove buttons, and which reward the form shows
+EDITOR_SIZE = 4 + len(SETTINGS) + 3 + 1
 TAB_TITLE = "Rewards"
 REPLY_CHARS = 20_000  # a typed reply to score
 SCORE_COLUMNS = ["reward", "weight", "score", "weighted", "problem"]
 SAMPLED_ROWS = (1, 2, 3)  # rows one "Generate a group" samples
 MOST_ROW = 10**9  # the largest row number a client may send for the playground (no file read here has more)
-DEFAULTS = {f.name: f.default for f in fields(RewardSpec)}
-LIST_SETTINGS = ("keys", "words", "tags")  # typed as comma-separated text
-COMMON_SETTINGS = ("train", "goal", "only_when")  # the settings every kind shows
+DEFAULTS: dict[str, Any] = {name: spec.default for name, spec in REWARD_SETTINGS.items()}
+# Each setting's declared type, which picks its field: a list is typed as comma-separated text (argv as a command
+# line), and a whole number that may stay empty (its default then) is an optional number.
+TYPES = {name: hint for cls in REWARD_CLASSES for name, hint in typing.get_type_hints(cls).items()
+         if name in REWARD_SETTINGS}
+LIST_SETTINGS = tuple(name for name in SETTINGS if TYPES[name] == list[str] | None and name != "argv")
+OPTIONAL_NUMBERS = tuple(name for name in SETTINGS if TYPES[name] == int | None)
+COMMON_SETTINGS = tuple(name for name in SETTINGS if name not in {own for kind in REWARD_KINDS
+                                                                  for own in kind_fields(kind)})
 GOAL_CHOICES = {"automatic": None, "yes": True, "no": False}  # the goal radio's choices and what each stores
-OPTIONAL_NUMBERS = ("min_chars", "max_chars", "max_tokens", "buffer_tokens")  # empty: the setting's default
+NUMBER_STEPS = {"tolerance": 0.01}  # what a number field's arrows add, where 1 is too much
 STARTER_CODE = '''def reward(prompt, completion, reference, row):
     """Return a number; higher means a better reply. row holds every column of the data row as text."""
     return 1.0 if reference and reference.strip() in completion else 0.0
 '''
-KIND_HELP = {
-    "exact": "1 when the (extracted) reply equals the reference answer, else 0; case (unless Case-sensitive), extra "
-             "spaces and trailing . , ; : ! ? do not count.",
-    "contains": "1 when the reference answer appears in the (extracted) reply, else 0; case (unless Case-sensitive) "
-                "and extra spaces do not count.",
-    "numeric": "1 when the reply's number equals the reference's number (within the tolerance), else 0.",
-    "math": "1 when the reply's final answer equals the reference mathematically, else 0, as math-verify checks it: "
-            "\\frac{1}{2}, 0.5 and 50\\% agree, and so do sets, intervals and expressions like \\sqrt{8} and 2\\sqrt{2}. "
-            "It finds the answer itself (\\boxed{} first), or takes the part an extraction mode picks.",
-    "regex": "1 when the regular expression matches anywhere in the reply, else 0.",
-    "json": "1 when the reply is valid JSON; with keys, the share of those keys it has (partial credit).",
-    "length": "1 inside the character bounds, less the further outside them (partial credit).",
-    "keyword": "'any': 1 when one of the words appears; 'all': the share of the words that appear.",
-    "format": "1 for exactly the tag layout, e.g. <think>…</think><answer>…</answer>; partial credit per tag pair.",
-    "think_format": "TRL's think_format_reward: 1 when the reply starts with <think>…</think> (one <think> only), "
-                    "whatever follows, else 0. The format kind asks for the whole <think>…</think><answer>…</answer> "
-                    "layout and gives partial credit.",
-    "overlong": "TRL's soft overlong punishment (DAPO): 0 for a reply well under the length limit, falling to -1 over "
-                "the last tokens before it; it only takes away. Lengths are counted in the starting model's tokens.",
-    "repetition": "TRL's repetition penalty: 0 when no sequence of tokens repeats, down to -1 for a reply that only "
-                  "repeats itself; it only takes away.",
-    "cosine_length": "TRL's cosine-scaled reward: a correct answer (math-verify, in \\boxed{} or $…$) earns 1 when "
-                     "short down to 0.5 at the length limit; a wrong one -1 when short, -0.5 when long.",
-    "classifier": "A classifier model reads each reply and the score is one label's probability (or logit), e.g. "
-                  "POSITIVE of a sentiment model. It is loaded once and scores replies in batches.",
-    "command": "Runs a program for each reply; the score comes from its exit code or the last number it prints.",
-    "custom": "Your own Python function reward(prompt, completion, reference, row) that returns a number.",
-    "environment": "What the environment the model played says the conversation earned (its get_reward): add an "
-                   "environment on the Tools section first.",
-}
+KIND_HELP = {cls.kind: cls.help for cls in REWARD_CLASSES}  # Markdown, as the tab shows it
 
 
 # --------------------------------------------------------------------------------------------- the editor
@@ -107,6 +89,14 @@ def kind_help(kind: str, public: bool) -> str:
     return KIND_HELP.get(kind, "")
 
 
+def described(name: str) -> dict:
+    """A setting's label and info as its field shows them: its declared label and help (as plain text), and how a
+    list is typed there."""
+    spec = REWARD_SETTINGS[name]
+    said = plain(spec.metadata["help"])
+    return {"label": spec.metadata["label"], "info": f"{said} Comma-separated." if name in LIST_SETTINGS else said}
+
+
 def form_values(spec: dict) -> list:
     """A reward dict (RewardSpec.to_dict shape) as the form shows it, in SETTINGS order; unset settings as defaults."""
     values = []
@@ -122,8 +112,8 @@ def form_values(spec: dict) -> list:
             value = value or ("" if spec.get("file") else STARTER_CODE)
         elif setting == "goal":
             value = next((choice for choice, stored in GOAL_CHOICES.items() if stored is value), "automatic")
-        elif value is None and setting in ("pattern", "file", "model", "label", "only_when"):
-            value = ""
+        elif value is None and not isinstance(REWARD_SETTINGS[setting].metadata["read"], Choice):
+            value = ""  # a text box shows no value as empty (a menu, as nothing chosen)
         values.append(value)
     return values
 
@@ -208,22 +198,18 @@ def selector(rewards: list[dict], selected: str) -> gr.Dropdown:
     return gr.Dropdown(choices=choices, value=selected)
 
 
-def editor(spec: dict, public: bool, editing: str | None) -> list:
-    """The editor showing one reward: (kind, name, weight, help, *settings, add, save, remove, edited).
+def editor(spec: dict, public: bool, selected: str) -> list:
+    """The editor showing one reward: (kind, name, weight, help, *settings, add, save, remove, selected).
 
-    ``editing``: the stored name of the reward shown (Save and Remove), or None for a new one (Add). ``edited``
-    keeps that name on the server, where Save, Remove and a kind change read it: the picker's value is read in the
-    browser as the click is sent, and a slow answer to an earlier click may have just put another name there while
-    the person's own choice is still on its way. Every setting is set, hidden ones to their defaults, so nothing of
-    a reward shown before stays behind in the form.
+    ``selected``: the name of the reward of the list it shows (Save and Remove), or NEW_REWARD (Add); the form keeps
+    it (a gr.State) for the edits that follow. Every setting is set, hidden ones to their defaults, so nothing of a
+    reward shown before stays behind in the form.
     """
-    kind = spec["kind"]
+    kind, editing = spec["kind"], selected != NEW_REWARD
     shown = visible_settings(kind, public)
-    existing = editing is not None
     return [kind, spec.get("name") or kind, spec.get("weight", 1.0), kind_help(kind, public),
             *(gr.update(value=value, visible=setting in shown) for setting, value in zip(SETTINGS, form_values(spec))),
-            gr.Button(visible=not existing), gr.Button(visible=existing), gr.Button(visible=existing),
-            editing if existing else NEW_REWARD]
+            gr.Button(visible=not editing), gr.Button(visible=editing), gr.Button(visible=editing), selected]
 
 
 def new_spec(kind: str, rewards: list[dict]) -> dict:
@@ -236,9 +222,9 @@ def _listing(rewards: list[dict], selected: str, status: str, *, policy: Policy)
     *editor), with the form showing exactly the selected reward (or a fresh new one)."""
     names = _names(rewards)
     if selected in names:
-        shown = editor(rewards[names.index(selected)], policy.public, editing=selected)
+        shown = editor(rewards[names.index(selected)], policy.public, selected)
     else:
-        selected, shown = NEW_REWARD, editor(new_spec("numeric", rewards), policy.public, editing=None)
+        selected, shown = NEW_REWARD, editor(new_spec("numeric", rewards), policy.public, NEW_REWARD)
     return [rewards, rewards_table(rewards, policy=policy), selector(rewards, selected), status, *shown]
 
 
@@ -307,13 +293,14 @@ def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight
     own). A new reward's automatic name follows the kind; the weight shown is kept. Returns the editor."""
     names = _names(rewards)
     editing = selected in names
+    selected = selected if editing else NEW_REWARD
     stored = rewards[names.index(selected)] if editing else {}
     spec = dict(stored) if stored.get("kind") == kind else {"kind": kind}
     if editing:
         spec.update(name=name, weight=weight)
     else:
         spec.update(name=unique_name(kind, names) if _is_automatic_name(name) else name, weight=weight)
-    return editor(spec, policy.public, selected if editing else None)
+    return editor(spec, policy.public, selected)
 
 
 def fill_rewards(draft: Draft, *, policy: Policy) -> list:
@@ -324,7 +311,7 @@ def fill_rewards(draft: Draft, *, policy: Policy) -> list:
     return _listing(rewards, names[0] if names else NEW_REWARD, "", policy=policy)
 
 
-def rewards_problem(rewards: list[dict], *, policy: Policy) -> str:
+def rewards_problem(rewards: list[dict] | None, *, policy: Policy) -> str:
     """What stops the list from training, next to it: no rewards, an invalid one, or every weight 0."""
     if not rewards:
         return message("Add at least one reward: training needs something to score replies with.", "warn")
@@ -379,7 +366,7 @@ def _examples_from(data, base_dir: str | None, row: int, count: int, *, policy: 
     return examples
 
 
-def _is_row(row) -> bool:
+def _is_row(row: object) -> TypeGuard[int]:
     """A row of a file (1-based), as the picker offers them; any client can send anything in its place."""
     return isinstance(row, int) and not isinstance(row, bool) and 1 <= row <= MOST_ROW
 
@@ -408,15 +395,15 @@ def score_typed(draft: Draft, row: int | None, completion: str, *, policy: Polic
     try:
         result = score_example(rewards, _example(draft, row, policy=policy),
                                completion if isinstance(completion, str) else "",
-                               policy.limits and policy.limits.scoring_seconds)
+                               policy.limits.scoring_seconds if policy.limits else None)
     except ConfigError as exc:  # its time limit
         raise gr.Error(str(exc), print_exception=False) from None
     by_name = {reward.name: reward for reward in rewards}
 
     def problem(name: str) -> str:
-        if name in result.withheld:  # its gate stayed shut: say what it would have paid
-            return (f"pays only when {gate_of(by_name[name].spec).describe()}; it would pay "
-                    f"{result.withheld[name]:.2f}")
+        gate = gate_of(by_name[name].spec)
+        if name in result.withheld and gate is not None:  # its gate stayed shut: say what it would have paid
+            return f"pays only when {gate.describe()}; it would pay {result.withheld[name]:.2f}"
         return result.errors.get(name, "")
 
     table = pd.DataFrame([[f"{name} (metric)" if by_name[name].metric else name, by_name[name].weight, round(score, 4),
@@ -429,7 +416,7 @@ def score_typed(draft: Draft, row: int | None, completion: str, *, policy: Polic
 
 
 # One red team at a time, whoever asks: each scores about a hundred replies, and the default turns are everyone's clicks.
-RED_TEAM_TURNS = {"concurrency_limit": 1, "concurrency_id": "red-team"}
+RED_TEAM_TURNS: dict[str, Any] = {"concurrency_limit": 1, "concurrency_id": "red-team"}
 RED_TEAM_COLUMNS = ["Gaming reply", "Flagged", "Share of honest", "Its total", "Honest total", "Paid by",
                     "As made for the first row"]
 
@@ -448,8 +435,8 @@ def red_team_shown(draft: Draft, *, policy: Policy) -> tuple:
             gr.Dataframe(pd.DataFrame(rows, columns=RED_TEAM_COLUMNS), visible=True))
 
 
-def group_table(groups: list[GroupScores], rows: list[int], advantages: list[list[float]] = (),
-                reward_names: list[str] | None = None, unscored: list[str] = ()) -> pd.DataFrame:
+def group_table(groups: list[GroupScores], rows: list[int], advantages: Sequence[list[float]] = (),
+                reward_names: list[str] | None = None, unscored: Sequence[str] = ()) -> pd.DataFrame:
     """One line per sampled reply: its row (``rows``: the file rows sampled, in order), the reply, each reward's
     score, the total and the advantage (one list per group: advantages_of); then the ``unscored`` replies to the next
     row as far as they are generated, their scores still blank."""
@@ -527,14 +514,16 @@ def _generate(studio: Studio, draft: Draft, row: int | None, n_prompts: int, ses
     except Exception as exc:  # a BusyError (CPU training running), a bad setting, an unloadable model
         yield message(sentence(exc, draft, labels), "error"), gr.skip(), ""
         return
-    group_size, started, groups, shown = config.grpo.group_size, time.monotonic(), [], []
+    group_size, started = config.grpo.group_size, time.monotonic()
+    groups: list[GroupScores] = []
+    shown: list[list[float]] = []
     numbers = [example["number"] for example in examples]
     yield (message(f"Generating {group_size} replies to row {row} (temperature {config.grpo.temperature:g}, up "
                    f"to {config.grpo.max_new_tokens} tokens each)…", "info"), gr.skip(), "")
     names = [reward.name for reward in rewards]
     limits = studio.policy.limits
     for sampled in _sampled(model, tokenizer, rewards, examples, config.grpo, session,
-                            limits and limits.sampling_seconds, tools):
+                            limits.sampling_seconds if limits else None, tools):
         if isinstance(sampled, str):
             yield message(sampled, "error"), gr.skip(), gr.skip()
             return
@@ -607,97 +596,87 @@ def _sampled(model, tokenizer, rewards, examples: list[dict], grpo, session: str
 # --------------------------------------------------------------------------------------------- layout and events
 
 
-def _setting_components(shown: set[str]) -> list:
-    """One input per RewardSpec setting, in SETTINGS order, labelled for a workshop participant.
+def setting_field(name: str, visible: bool):
+    """The field of one setting, made from its declaration: labelled and explained as it says, filled with its
+    default, and chosen by its type (a choice of two: buttons; of more: a menu)."""
+    spec, hint = REWARD_SETTINGS[name], TYPES[name]
+    default: Any = spec.default
+    words = {**described(name), "visible": visible, "elem_id": f"rewards-settings-{name.replace('_', '-')}"}
+    placeholder = plain(spec.metadata["shown_default"] or "") or None
+    choices = getattr(spec.metadata["read"], "choices", None)
+    if name == "goal":
+        return gr.Radio(list(GOAL_CHOICES), value="automatic", **words)
+    if name == "code":
+        return gr.Code(STARTER_CODE, language="python", label=words["label"], visible=visible, elem_id="rewards-code")
+    if choices is not None:
+        return (gr.Radio if len(choices) == 2 else gr.Dropdown)(list(choices), value=default, **words)
+    if hint is bool:
+        return gr.Checkbox(default, **words)
+    if name in OPTIONAL_NUMBERS:
+        return optional_number(placeholder=placeholder, **words)
+    if hint in (int, float):
+        return gr.Number(default, precision=0 if hint is int else None, step=NUMBER_STEPS.get(name, 1), **words)
+    return gr.Textbox(default or "", placeholder=placeholder, **words)
 
-    Only the ``shown`` ones start visible; show_kind and select_reward switch them when the kind changes.
-    """
-    components = {
-        "train": gr.Checkbox(True, label="Train on it",
-                             info="Off: a metric. It is scored in the held-out checks, Compare, the model card and "
-                                  "the leaderboard, and watched for falling, but adds nothing to what training "
-                                  "maximizes."),
-        "goal": gr.Radio(list(GOAL_CHOICES), value="automatic", label="The goal: says the answer is right",
-                         info="automatic: the heaviest of the rewards that check the answer (exact, contains, "
-                              "numeric, math, json, …). The pre-flight asks whether training teaches the goal."),
-        "only_when": gr.Textbox(label="Pays only when", placeholder="always",
-                                info="Another reward's name (exact), or a name and a score (exact >= 0.5): this "
-                                     "reward then pays only where that one passes, so a wrong reply earns nothing "
-                                     "for its length or layout."),
-        "extract": gr.Dropdown(list(EXTRACT_MODES), value="whole", label="Compare which part of the reply",
-                               info="whole; last_number; after_hashes (text after ####); boxed (\\boxed{…}); "
-                                    "answer_tag (<answer>…</answer>)."),
-        "case_sensitive": gr.Checkbox(False, label="Case-sensitive"),
-        "tolerance": gr.Number(DEFAULTS["tolerance"], label="Tolerance", step=0.01,
-                               info="Relative: 0.01 accepts numbers within 1% of the reference."),
-        "pattern": gr.Textbox(label="Regular expression",
-                              info="Python syntax, e.g. ^\\d+$ for a reply that is only digits."),
-        "keys": gr.Textbox(label="Required keys", info="Comma-separated, e.g. name, age, city; empty only checks that "
-                                                       "the reply is JSON."),
-        "min_chars": optional_number(label="At least this many characters", placeholder="no minimum"),
-        "max_chars": optional_number(label="At most this many characters", placeholder="no maximum"),
-        "words": gr.Textbox(label="Words", info="Comma-separated; case does not matter."),
-        "mode": gr.Radio(["any", "all"], value="any", label="Needs",
-                         info="any: one of the words; all: the share found."),
-        "preset": gr.Dropdown(list(FORMAT_PRESETS), value=None, label="Preset", info="think_answer: <think>…</think> "
-                                                                                      "then <answer>…</answer>."),
-        "tags": gr.Textbox(label="…or your own tags",
-                           info="Comma-separated tag names in order, e.g. reasoning, answer."),
-        "max_tokens": optional_number(label="Length limit in tokens",
-                                      info="Empty: the Model & Hardware tab's max new tokens."),
-        "buffer_tokens": optional_number(label="Penalty starts this many tokens before the limit",
-                                         info="Empty: the last fifth of the limit, as in DAPO."),
-        "ngram_size": gr.Number(DEFAULTS["ngram_size"], precision=0, label="Repeated sequences of this many tokens",
-                                info="3 by default: the same three tokens in a row again."),
-        "model": gr.Textbox(label="Classifier model", info="A sequence-classification model: a Hub id (e.g. "
-                            "distilbert/distilbert-base-uncased-finetuned-sst-2-english) or a local folder."),
-        "label": gr.Textbox(label="Label", info="The label whose score pays: its name (POSITIVE) or its index (1)."),
-        "output": gr.Radio(["probability", "logit"], value="probability", label="Score",
-                           info="probability: from 0 to 1; logit: the raw number (any size)."),
-        "argv": gr.Textbox(label="Command",
-                           info="The program and its arguments, e.g. python check.py {completion_file}."),
-        "input": gr.Radio(["stdin", "file"], value="stdin", label="The reply goes to",
-                          info="stdin, or a temporary file whose path replaces {completion_file}."),
-        "score_from": gr.Radio(["exit_code", "stdout"], value="exit_code", label="Score from",
-                               info="exit_code: 1 when it exits with 0; stdout: the last number it prints."),
-        "min_score": gr.Number(DEFAULTS["min_score"], label="Printed number that means 0"),
-        "max_score": gr.Number(DEFAULTS["max_score"], label="Printed number that means 1"),
-        "timeout": gr.Number(DEFAULTS["timeout"], label="Timeout in seconds"),
-        "code": gr.Code(STARTER_CODE, language="python", label="Python code", elem_id="rewards-code"),
-        "file": gr.Textbox(label="…or a .py file", info="Used instead of the code above when the code is empty."),
-        "function": gr.Textbox(DEFAULTS["function"], label="Function name"),
-    }
-    for setting, component in components.items():
-        component.visible = setting in shown
-        component.elem_id = component.elem_id or f"rewards-settings-{setting.replace('_', '-')}"
-    return [components[setting] for setting in SETTINGS]
+
+def problem_line(draft: Draft, *, policy: Policy) -> str:
+    """What stops the list from training, or else the rewards that cannot pay on the data's references."""
+    return rewards_problem(draft.get("rewards"), policy=policy) or "\n\n".join(
+        message(said, "warn") for said in unpayable(draft.get("rewards") or [], data_config(draft),
+                                                    draft.get("base_dir") or None, policy=policy))
+
+
+def rows_for(draft: Draft, current, shown_for, *, labels: dict[str, str], policy: Policy) -> tuple:
+    """The playground's row picker, its row and the data settings it shows rows of, anew only when the data settings
+    (``shown_for``: those it shows now) changed."""
+    data = json.dumps([draft.get("data"), draft.get("base_dir")], sort_keys=True, default=str)
+    if data == shown_for:
+        return gr.skip(), gr.skip(), gr.skip()
+    picker, said = playground_rows(draft, current, labels, policy=policy)
+    return picker, said, data if picker.choices else None  # no rows: asked again at the next change
 
 
 def build(shared: Shared) -> Callable[[], None]:
-    """The editor, the list (a field of the form at "rewards") and the playground; returns the function that wires
-    the playground, which reads the whole form, once every tab is built."""
-    studio, form = shared.studio, shared.form
-    public = studio.policy.public
+    """The editor, the list (a field of the form at "rewards"), the Tools section and the playground; returns the
+    function that wires what reads the whole form, once every tab is built."""
     gr.Markdown("Rewards score each reply; GRPO pushes the model towards replies that score above their group's "
                 "average. The total is the weighted sum of the rewards trained on (a metric is only measured).")
+    _build_editor(shared)
+    connect_tools = tools_section.build(shared)
+    connect_playground = _build_playground(shared)
+
+    def connect() -> None:
+        connect_tools()
+        connect_playground()
+
+    return connect
+
+
+def _build_editor(shared: Shared) -> None:
+    """The list of rewards, what stops it from training, and the form that adds, changes and removes them."""
+    studio, form = shared.studio, shared.form
+    public = studio.policy.public
     rewards = form.add("rewards", gr.State([]), label="Rewards")
-    table = gr.Dataframe(rewards_table([], policy=studio.policy), label="Rewards (what training uses)", interactive=False, max_height=260,
-                         wrap=True,
-                         elem_id="rewards-table")
+    table = gr.Dataframe(rewards_table([], policy=studio.policy), label="Rewards (what training uses)",
+                         interactive=False, max_height=260, wrap=True, elem_id="rewards-table")
     problem = gr.Markdown(elem_id="rewards-problem")
     with gr.Row():
         with gr.Column(scale=1):
             selected = gr.Dropdown([(NEW_REWARD_LABEL, NEW_REWARD)], value=NEW_REWARD, label="Reward to edit",
-                                   elem_id="rewards-selected",
-                                   info="A reward of the list, or a new one to add.")
+                                   elem_id="rewards-selected", info="A reward of the list, or a new one to add.")
             kind = gr.Dropdown(list(REWARD_KINDS), value="numeric", label="Kind", elem_id="rewards-kind",
                                info="custom and command are turned off in this public demo." if public else None)
-            name = gr.Textbox("numeric", label="Name", elem_id="rewards-name",
-                              info="Letters, digits and _; it names the reward's column and chart line.")
-            weight = gr.Number(1.0, label="Weight", step=0.1, minimum=0, elem_id="rewards-weight")
+            name = gr.Textbox("numeric", **described("name"), elem_id="rewards-name")
+            weight = gr.Number(DEFAULTS["weight"], **described("weight"), step=0.1, minimum=0,
+                               elem_id="rewards-weight")
             help_text = gr.Markdown(kind_help("numeric", public), elem_id="rewards-kind-help")
+            # The reward the form shows, as the answers to its edits left it: an edit reads it as it starts, after
+            # the edits before it (the picker, by contrast, sends what it showed when clicked, which an answer
+            # still on its way can have changed back for a moment).
+            editing = gr.State(NEW_REWARD)
         with gr.Column(scale=2):
-            settings = _setting_components(visible_settings("numeric", public))
+            settings = [setting_field(setting, setting in visible_settings("numeric", public))
+                        for setting in SETTINGS]
     with gr.Row():
         add = gr.Button("Add reward", variant="primary", elem_id="rewards-add")
         save = gr.Button("Save changes", variant="primary", visible=False, elem_id="rewards-save")
@@ -705,33 +684,28 @@ def build(shared: Shared) -> Callable[[], None]:
     status = gr.Markdown(elem_id="rewards-status")
 
     values = [kind, name, weight, *settings]
-    edited = gr.State(NEW_REWARD)  # the reward the editor shows, as the server last answered (editor())
-    shown_editor = [kind, name, weight, help_text, *settings, add, save, remove, edited]
+    shown_editor = [kind, name, weight, help_text, *settings, add, save, remove, editing]
     listing = [rewards, table, selected, status, *shown_editor]
     # always_last everywhere: a click while the previous one is still being handled runs after it, on the list
     # that one left, instead of being dropped. One queue for every edit of the list: gradio reads a State input as
     # an event starts, so an Add still being handled while a Remove (or a choice) started lost its reward when the
     # later one wrote back the list it had read. Each edit takes milliseconds; the queue keeps each page's order.
-    edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
+    edits: dict[str, Any] = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
              **in_page_order("reward-list-edits")}
     add.click(asked(add_reward, studio), [rewards, *values], listing, **edits)
-    save.click(asked(save_reward, studio), [rewards, edited, *values], listing, **edits)
-    remove.click(asked(remove_reward, studio), [rewards, edited], listing, **edits)
+    save.click(asked(save_reward, studio), [rewards, editing, *values], listing, **edits)
+    remove.click(asked(remove_reward, studio), [rewards, editing], listing, **edits)
     selected.input(asked(select_reward, studio), [rewards, selected], listing, **edits)
-    kind.input(asked(change_kind, studio), [rewards, edited, kind, name, weight], shown_editor,
-               **edits)
+    kind.input(asked(change_kind, studio), [rewards, editing, kind, name, weight], shown_editor, **edits)
     shared.fills.append((asked(fill_rewards, studio), listing))
-    def problem_line(draft: Draft) -> str:
-        """What stops the list from training, or else the rewards that cannot pay on the data's references."""
-        return rewards_problem(draft.get("rewards"), policy=studio.policy) or "\n\n".join(
-            message(said, "warn") for said in unpayable(draft.get("rewards") or [], data_config(draft),
-                                                        draft.get("base_dir") or None, policy=studio.policy))
+    form.watch(asked(problem_line, studio), [problem])
+    shared.first_paint.append((asked(problem_line, studio), [problem]))
 
-    form.watch(problem_line, [problem])
-    shared.first_paint.append((problem_line, [problem]))
 
-    connect_tools = tools_section.build(shared)
-
+def _build_playground(shared: Shared) -> Callable[[], None]:
+    """The playground: a typed reply scored, a group sampled, the rewards gamed; returns the function that wires
+    it to the whole form."""
+    studio, form = shared.studio, shared.form
     gr.Markdown("## Playground\nTry the rewards on a reply before training: type one, or let the starting model "
                 "sample a group of replies the way one GRPO step would.")
     with gr.Row():
@@ -761,32 +735,22 @@ def build(shared: Shared) -> Callable[[], None]:
     red_team_said = gr.Markdown(elem_id="rewards-red-team-verdict")
     red_team_table = gr.Dataframe(headers=RED_TEAM_COLUMNS, visible=False, interactive=False, wrap=True,
                                   elem_id="rewards-red-team-table")
+    playground: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
 
     def connect() -> None:
-        connect_tools()
-        playground = {"show_progress": "hidden", "api_visibility": "private"}
         rows_of = gr.State(None)  # the data settings the row picker shows rows of
-
-        def rows(draft: Draft, current, shown_for) -> tuple:
-            """The row picker, anew only when the data settings changed."""
-            data = json.dumps([draft.get("data"), draft.get("base_dir")], sort_keys=True, default=str)
-            if data == shown_for:
-                return gr.skip(), gr.skip(), gr.skip()
-            picker, said = playground_rows(draft, current, form.labels, policy=studio.policy)
-            return picker, said, data if picker.choices else None  # no rows: asked again at the next change
-
-        form.watch(rows, [row, row_text, rows_of], [row, rows_of])
-        shared.first_paint.append((lambda draft: rows(draft, None, None), [row, row_text, rows_of]))
-        shown_row = asked(show_row, studio)
-        scored = asked(score_typed, studio)
+        picker = asked(functools.partial(rows_for, labels=form.labels), studio)
+        form.watch(picker, [row, row_text, rows_of], [row, rows_of])
+        shared.first_paint.append((lambda draft: picker(draft, None, None), [row, row_text, rows_of]))
+        shown_row, scored = asked(show_row, studio), asked(score_typed, studio)
         row.input(form.takes_draft(shown_row), [*form.inputs, row], [row_text], **playground)
         score.click(form.takes_draft(scored), [*form.inputs, row, completion], [scores, total], **playground)
         completion.submit(form.takes_draft(scored), [*form.inputs, row, completion], [scores, total], **playground)
-        count = len(form.inputs)
+        count, labels = len(form.inputs), form.labels
 
-        def sample(request: gr.Request, *args):
-            yield from generate_samples(studio, form.compose(*args[:count]), *args[count:], request=request,
-                                        labels=form.labels)
+        def sample(request: gr.Request, *args):  # gradio hands the request to a parameter of this type
+            draft, (chosen, rows) = cast(Draft, form.compose(*args[:count])), args[count:]
+            yield from generate_samples(studio, draft, chosen, rows, request, labels)
 
         generating = generate.click(sample, [*form.inputs, row, n_prompts], [progress, groups, warnings],
                                     api_visibility="private", **ONE_MODEL_AT_A_TIME)

@@ -1,14 +1,16 @@
 """The Rewards tab's Tools section: the tools the model may call while it answers (multi-turn GRPO).
 
 A list (a field of the form at "tools") edited through studio.tools, which validates it as a run does; each tool
-shown as the model will see it (its JSON schema) and called on typed arguments (Try it). Every handler's inputs may
-come from any client in a public demo: names are looked up in the validated list, arguments are parsed as JSON and
-handed to the same bounded tools a run calls, and a custom tool is refused before its code runs.
+shown as the model will see it (its JSON schema) and called on typed arguments (Try it). Each field is labelled,
+explained and filled with its default as the kind's class declares it (tools.spec). Every handler's inputs may come
+from any client in a public demo: names are looked up in the validated list, arguments are parsed as JSON and handed
+to the same bounded tools a run calls, and a custom tool is refused before its code runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import gradio as gr
 import pandas as pd
@@ -16,12 +18,16 @@ import pandas as pd
 from ..config import Draft
 from ..errors import DragonError
 from ..public import Policy
-from ..studio.tools import (ENVIRONMENT_KINDS, TABLE_COLUMNS, TOOL_KINDS, added, form_settings, new_spec, removed,
-                            shown_schema, tools_table, try_tool, validated)
+from ..settings import plain
+from ..studio.tools import (TABLE_COLUMNS, TOOL_KINDS, added, form_settings, new_spec, removed, shown_schema,
+                            tools_table, try_tool, validated)
+from ..tools import TOOL_CLASSES, TOOL_SETTINGS
 from .common import Shared, asked, message
 
+# The kinds' settings the form sets, in the order it shows them (a search tool's column above what the model is told).
 SETTING_NAMES = ("key_column", "value_column", "column", "description", "code", "function", "class_name")
-CODE_KINDS = ("custom", "environment")
+KINDS = {cls.kind: cls for cls in TOOL_CLASSES}
+KIND_HELP = {cls.kind: cls.help for cls in TOOL_CLASSES}  # Markdown, as the section shows it
 STARTER_CODE = '''def tool(city: str) -> str:
     """Say what the weather is in a city.
 
@@ -50,31 +56,24 @@ STARTER_ENVIRONMENT = '''class Environment:
     def get_reward(self) -> float:
         return 1.0 if self.found else 0.0
 '''
-KIND_HELP = {
-    "calculator": "Works out arithmetic exactly (+ - * / ** and brackets; × and ÷ too).",
-    "convert": "Converts amounts between units: miles to km, degC to degF, km/h to m/s.",
-    "lookup": "Answers the value column of the data row whose key column matches what the model asks.",
-    "search": "Answers the three passages of a column of the data that best match the model's words.",
-    "custom": "Your own Python function: type hints and a docstring with Args (the model is shown them).",
-    "guess_number": "An environment: a game per conversation whose secret is the row's reference answer (a whole "
-                    "number); the model calls guess and hears higher or lower. It scores itself (the environment "
-                    "reward).",
-    "arithmetic": "An environment: the model works with its calculator, then submits one result, scored 1 when it "
-                  "equals the row's reference answer (the environment reward).",
-    "environment": "Your own environment: a class with reset(self, question, reference, row); its other methods "
-                   "are the tools, and get_reward(self) scores the conversation (the environment reward).",
-}
 
 
 def kinds(*, policy: Policy) -> list[str]:
-    return [kind for kind in TOOL_KINDS if not (policy.public and kind in CODE_KINDS)]
+    return [kind for kind in TOOL_KINDS if not (policy.public and KINDS[kind].runs_code)]
+
+
+def described(name: str) -> dict:
+    """A setting's label and info as its field shows them: its declared label and help (as plain text)."""
+    spec = TOOL_SETTINGS[name]
+    return {"label": spec.metadata["label"], "info": plain(spec.metadata["help"])}
 
 
 def listing(tools: list[dict], chosen: str | None, status: str, *, policy: Policy) -> list:
     """(tools, table, the tool picker, status) for a list that changed (validated by ``policy``)."""
     names = [spec["name"] for spec in tools]
     keep = chosen if chosen in names else (names[-1] if names else None)
-    return [tools, gr.Dataframe(pd.DataFrame(tools_table(tools, policy=policy), columns=TABLE_COLUMNS), visible=bool(tools)),
+    return [tools, gr.Dataframe(pd.DataFrame(tools_table(tools, policy=policy), columns=TABLE_COLUMNS),
+                                visible=bool(tools)),
             gr.Dropdown(choices=names, value=keep, visible=bool(tools)), status]
 
 
@@ -102,9 +101,11 @@ def change_kind(kind: str) -> list:
     """The settings of the chosen kind, its help, its starter code, and the worked examples (not an environment's)."""
     shown = form_settings(kind)
     updates = {setting: gr.update(visible=setting in shown) for setting in SETTING_NAMES}
-    if kind in CODE_KINDS:
-        updates["code"] = gr.update(visible=True, value=STARTER_ENVIRONMENT if kind == "environment" else STARTER_CODE)
-    return [KIND_HELP.get(kind, ""), *updates.values(), gr.update(visible=kind not in ENVIRONMENT_KINDS)]
+    known = KINDS.get(kind)
+    if known is not None and known.runs_code:
+        updates["code"] = gr.update(visible=True, value=STARTER_ENVIRONMENT if known.is_environment else STARTER_CODE)
+    return [KIND_HELP.get(kind, ""), *updates.values(),
+            gr.update(visible=not (known is not None and known.is_environment))]
 
 
 def show_tool(draft: Draft, chosen: str | None, *, policy: Policy) -> tuple:
@@ -140,6 +141,15 @@ def fill_tools(draft: Draft, *, policy: Policy) -> list:
         return [*listing([], None, message(str(exc), "error"), policy=policy), rounds, column]
 
 
+def setting_field(name: str):
+    """The field of one kind's setting, made from its declaration; hidden until a kind that takes it is chosen."""
+    words = {**described(name), "visible": False, "elem_id": f"tools-{name.replace('_', '-')}"}
+    if name == "code":
+        return gr.Code(STARTER_CODE, language="python", label=words["label"], visible=False, elem_id="tools-code")
+    default: Any = TOOL_SETTINGS[name].default
+    return gr.Textbox(default or "", **words)
+
+
 def build(shared: Shared) -> Callable[[], None]:
     """The section; returns the function that wires what reads the whole form (the schema, Try it), to be called
     once every tab has added its fields."""
@@ -164,22 +174,12 @@ def build(shared: Shared) -> Callable[[], None]:
             kind = gr.Dropdown(kinds(policy=studio.policy), value="calculator", label="Kind of tool",
                                elem_id="tools-kind", info=turned_off if studio.policy.public else None)
             kind_help = gr.Markdown(KIND_HELP["calculator"], elem_id="tools-kind-help")
-            name = gr.Textbox(label="Name", placeholder="the kind's own", elem_id="tools-name",
-                              info="What the model calls it: letters, digits and _.")
+            name = gr.Textbox(**described("name"), elem_id="tools-name",
+                              placeholder=TOOL_SETTINGS["name"].metadata["shown_default"])
         with gr.Column(scale=2):
-            settings = [
-                gr.Textbox(label="Key column", visible=False, elem_id="tools-key-column",
-                           info="The data column the model looks up by (e.g. country)."),
-                gr.Textbox(label="Value column", visible=False, elem_id="tools-value-column",
-                           info="The data column it gets back (e.g. capital)."),
-                gr.Textbox(label="Column to search", visible=False, elem_id="tools-column"),
-                gr.Textbox(label="What the model is told it does", visible=False, elem_id="tools-description"),
-                gr.Code(STARTER_CODE, language="python", label="Python function", visible=False,
-                        elem_id="tools-code"),
-                gr.Textbox("tool", label="Function name", visible=False, elem_id="tools-function"),
-                gr.Textbox("Environment", label="Class name", visible=False, elem_id="tools-class-name"),
-            ]
+            settings = [setting_field(setting) for setting in SETTING_NAMES]
             examples = gr.Textbox(label="Worked examples, one a line: question → arguments (JSON)", lines=2,
+                                  info=plain(TOOL_SETTINGS["examples"].metadata["help"]),
                                   placeholder='What is 12 × 34? → {"expression": "12 × 34"}', elem_id="tools-examples")
     add = gr.Button("Add tool", variant="primary", elem_id="tools-add")
     status = gr.Markdown(elem_id="tools-status")
@@ -194,7 +194,7 @@ def build(shared: Shared) -> Callable[[], None]:
             answer = gr.Markdown(elem_id="tools-answer")
 
     listed = [tools, table, chosen, status]
-    edits = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
+    edits: dict[str, Any] = {"trigger_mode": "always_last", "show_progress": "hidden", "api_visibility": "private",
              "concurrency_limit": 1, "concurrency_id": "tool-list-edits"}  # as the reward list's: one edit at a time
     add.click(asked(add_tool, studio), [tools, kind, name, examples, *settings], listed, **edits)
     remove.click(asked(remove_tool, studio), [tools, chosen], listed, **edits)
@@ -203,7 +203,7 @@ def build(shared: Shared) -> Callable[[], None]:
     shared.fills.append((asked(fill_tools, studio), [*listed, rounds, column]))
 
     def connect() -> None:
-        quick = {"show_progress": "hidden", "api_visibility": "private"}
+        quick: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
         shown = form.takes_draft(asked(show_tool, studio))
         chosen.change(shown, [*form.inputs, chosen], [schema, arguments, answer], **quick)
         call.click(form.takes_draft(asked(call_tool, studio)), [*form.inputs, chosen, arguments],
