@@ -30,6 +30,7 @@ from ..config import RunConfig
 from ..system.memory import system_memory_gb
 from .hardware import HardwareInfo, ResolvedHardware
 from ..errors import ConfigError
+from ..rewards.spec import ClassifierReward
 from ..runstore import format_seconds
 from .presets import ModelDims, find_preset
 
@@ -225,7 +226,7 @@ def estimate_memory(config: RunConfig, dims: ModelDims, dtype: str, load_in_4bit
 def classifier_memory(config: RunConfig) -> tuple[float, list[str]]:
     """GB of the classifier rewards' models (each loaded once, in fp32), and the models whose size is unknown."""
     gigabytes, unknown = 0.0, []
-    for model in dict.fromkeys(spec.model for spec in config.rewards if spec.kind == "classifier"):
+    for model in dict.fromkeys(spec.model for spec in config.rewards if isinstance(spec, ClassifierReward)):
         try:
             gigabytes += model_dims(model)[0].params * BYTES_PER_VALUE["float32"] / GB
         except ConfigError:

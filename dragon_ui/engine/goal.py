@@ -18,7 +18,8 @@ from typing import Any
 from ..grpo_math import advantages, finite_number, has_spread
 from ..public import Policy
 from ..rewards import EXTRACT_MODES, Reward, ScoreResult, build_rewards, goal_names, parse_rewards, right_by_goal
-from ..rewards.spec import GOAL_KINDS, PENALTY_KINDS, RewardSpec, gate_of, passes
+from ..rewards.spec import (GOAL_KINDS, PENALTY_KINDS, ContainsReward, ExactReward, MathReward, NumericReward, RewardSpec,
+                            gate_of, passes)
 from ..runstore import excerpt
 
 GOAL_SEPARATES = 0.1  # below this share of the spread groups differing in the goal, training teaches other things
@@ -320,15 +321,15 @@ def goal_swaps(spec: RewardSpec, specs: list[RewardSpec], *, policy: Policy) -> 
     """For a goal reward that compares the answer: another extraction of it, or, for `exact`, `contains` as the
     goal (the list's own `contains`, or a new one) with `exact` kept as a metric."""
     swaps = []
-    if spec.kind in ("exact", "numeric", "math"):
+    if isinstance(spec, (ExactReward, NumericReward, MathReward)):
         for mode in EXTRACT_MODES:
-            if mode in ("whole", spec.extract) or (spec.kind == "exact" and mode == "last_number"):
+            if mode in ("whole", spec.extract) or (isinstance(spec, ExactReward) and mode == "last_number"):
                 continue
             candidate = parse_rewards([{**_settings(spec), "extract": mode}], policy=policy)[0]
             swaps.append(Swap(f"Read `{spec.name}`'s answer from {mode.replace('_', ' ')}", candidate,
                               {"change_rewards": {spec.name: {"extract": mode}}}, True, {}))
-    if spec.kind == "exact":
-        existing = next((other for other in specs if other.kind == "contains" and other.extract == spec.extract
+    if isinstance(spec, ExactReward):
+        existing = next((other for other in specs if isinstance(other, ContainsReward) and other.extract == spec.extract
                          and other.case_sensitive == spec.case_sensitive and gate_of(other) is None), None)
         name = existing.name if existing else "answer_in_reply"
         if existing is None and name in {other.name for other in specs}:

@@ -29,6 +29,7 @@ from ..data import locate
 from ..errors import BusyError, ConfigError
 from ..public import LIFT, MODELS_ENV, Allowance, Limits, Policy, Visitor
 from ..rewards import public_refusal
+from ..rewards.spec import ClassifierReward
 from ..tools import public_refusal as tool_refusal
 from ..runstore import ACTIVE_STATES, RunDir, list_runs
 
@@ -86,7 +87,7 @@ def check_run(config: RunConfig, reads_data: bool = True, longest_prompt: int | 
         refusal = tool_refusal(tool.kind, policy=policy)
         if refusal is not None:
             raise PublicDemoRefusal(f"tools[{index}].kind: {refusal}")
-    classifiers = {spec.model.strip() for spec in config.rewards if spec.kind == "classifier"}
+    classifiers = {spec.model.strip() for spec in config.rewards if isinstance(spec, ClassifierReward)}
     if len(classifiers) > 1:
         raise PublicDemoRefusal(f"The rewards use {len(classifiers)} classifier models; a run in this public demo may "
                                 f"use one (each takes memory from every visitor; {LIFT} to use more).")

@@ -22,7 +22,7 @@ from ..config import RunConfig
 from ..data import prompt_text
 from ..public import Policy
 from ..rewards import Reward, build_rewards, goal_names
-from ..rewards.spec import FORMAT_PRESETS
+from ..rewards.spec import FORMAT_PRESETS, FormatReward, JsonReward
 from .evaluation import score_examples
 from .models import load_tokenizer, resolve_model
 from .reward_models import classifiers_on
@@ -236,7 +236,7 @@ def _tags(rewards: list[Reward]) -> list[str]:
     tags: list[str] = []
     for reward in rewards:
         spec = reward.spec
-        if spec.kind == "format":
+        if isinstance(spec, FormatReward):
             tags += list(spec.tags or FORMAT_PRESETS.get(spec.preset or "", ()))
         elif spec.kind == "think_format":
             tags.append("think")
@@ -259,7 +259,7 @@ def _honest(example: dict, rewards: list[Reward], reference: str) -> list[str]:
         replies.append(f"I work it out.\n#### {reference}")
     row = json.loads(example.get("row") or "{}")
     for reward in rewards:
-        if reward.spec.kind == "json":
+        if isinstance(reward.spec, JsonReward):
             keys = reward.spec.keys or ["answer"]
             replies.append(json.dumps({key: row.get(key, reference) for key in keys}, ensure_ascii=False))
     return replies

@@ -18,6 +18,8 @@ from ..config import RunConfig
 from ..data import locate
 from ..errors import ConfigError
 from ..public import Policy
+from ..rewards.spec import CustomReward
+from ..tools.spec import CodeTool
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # dragon_ui, copied into the launch folder
 ACCELERATE_CONFIGS = Path(__file__).resolve().parent / "accelerate_configs"
@@ -55,16 +57,19 @@ def export_launch_folder(config: RunConfig, target: str | Path, gpus: int = 8, n
     if isinstance(source, Path):  # a Hub dataset is downloaded by the cluster itself
         shutil.copy2(source, target / "data" / source.name)
         exported.data.source = f"data/{source.name}"
-    for what, specs in (("reward", exported.rewards), ("tool", exported.tools)):
-        for spec in specs:  # a custom one's .py file travels with the config, which names it relative to the folder
-            file = getattr(spec, "file", None)  # only custom rewards, and custom tools and environments, read one
-            if file:
-                source = Path(file) if Path(file).is_absolute() else Path(base_dir or ".") / file
-                if not source.is_file():
-                    raise ConfigError(f"The custom {what} '{spec.name}' reads {source}, which does not exist.")
-                (target / f"{what}s").mkdir(exist_ok=True)
-                shutil.copy2(source, target / f"{what}s" / source.name)
-                spec.file = f"{what}s/{source.name}"
+    # A custom reward's, tool's or environment's .py file travels with the config, which names it relative to the
+    # folder.
+    with_code: list[tuple[str, CustomReward | CodeTool]] = [
+        *(("reward", spec) for spec in exported.rewards if isinstance(spec, CustomReward)),
+        *(("tool", spec) for spec in exported.tools if isinstance(spec, CodeTool))]
+    for what, spec in with_code:
+        if spec.file:
+            source = Path(spec.file) if Path(spec.file).is_absolute() else Path(base_dir or ".") / spec.file
+            if not source.is_file():
+                raise ConfigError(f"The custom {what} '{spec.name}' reads {source}, which does not exist.")
+            (target / f"{what}s").mkdir(exist_ok=True)
+            shutil.copy2(source, target / f"{what}s" / source.name)
+            spec.file = f"{what}s/{source.name}"
     # The cluster decides its own devices (a precision chosen in the settings is kept); runs land next to the
     # launch files.
     exported.hardware.device, exported.hardware.cpu_threads, exported.hardware.gpu = "auto", None, None

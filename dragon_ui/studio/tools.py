@@ -8,6 +8,7 @@ engine.tool_calls.tool_use does), so what Try it answers is what the model would
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ..config import Draft
 from ..errors import ConfigError
@@ -178,7 +179,7 @@ def _play(draft: Draft, spec: ToolSpec, factory, calls, *, policy: Policy) -> st
 
 def new_spec(kind: str, name: str, settings: dict, examples: str) -> dict:
     """The tool the Tools section's form describes: its kind, name, the kind's settings, its worked examples."""
-    spec = {"kind": kind, "name": (name or "").strip() or DEFAULT_NAMES.get(kind) or None}
+    spec: dict[str, Any] = {"kind": kind, "name": (name or "").strip() or DEFAULT_NAMES.get(kind) or None}
     allowed = form_settings(kind)
     spec.update({key: value for key, value in settings.items() if key in allowed and value not in (None, "")})
     spec["examples"] = parse_examples(examples)
