@@ -15,7 +15,7 @@ import pytest
 from dragon_ui import ASSETS_DIR
 from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app, data_tab
-from dragon_ui.ui.common import Form
+from dragon_ui.ui.common import Form, message
 from dragon_ui.public import LAPTOP
 
 DATASETS = ASSETS_DIR / "datasets"
@@ -325,3 +325,52 @@ def test_an_empty_prompt_suggests_the_files_own_columns(draft, tmp_path):
     out = outputs(data_tab.update_data(draft, data_tab.table_identity(data_tab.data_config(draft)), labels, policy=LAPTOP))
     assert "Prompt is empty" in out["mapping_status"] and "question" not in out["mapping_status"]
     assert out["mapping_status"].count("text, name, city") == 1, out["mapping_status"]
+
+
+def test_an_upload_becomes_the_source_and_says_which_file_it_is(studio, form, labels, draft, tmp_path):
+    """The handler the upload event runs, called alone: the file where the web server put it is the source, and the
+    source's line names the file, as it does again once the previews queued before it have answered."""
+    studio.files.serve_from(tmp_path)  # where uploads arrive on your own machine
+    upload = homework(tmp_path)
+    shown = on_screen(form, draft)
+    out = outputs(data_tab.take_upload(studio, shown, str(upload), shown_table(draft), labels))
+    assert out["source"] == str(upload) and out["prompt"] == "problem"  # the mapping fitted to its columns
+    assert out["source_status"] == message("Your file homework.jsonl.", "ok")
+    shown["data"].update(source=str(upload), prompt="problem", reference="solution")
+    again = outputs(data_tab.reshow_upload(shown, out["shown_table"], labels, policy=LAPTOP))
+    assert again["source_status"] == message("Your file homework.jsonl.", "ok") and len(again["table"]) == 20
+    assert data_tab.take_upload(studio, shown, None, shown_table(draft), labels) == (gr.skip(),) * len(data_tab.UPDATED)
+
+
+@pytest.mark.parametrize("where, said", [
+    ("elsewhere", "That file was not uploaded here; upload it again."),
+    ("unreadable", "broken.xlsx"),
+])
+def test_an_upload_that_cannot_be_used_is_explained_next_to_the_source_alone(studio, labels, draft, tmp_path, where,
+                                                                              said):
+    studio.files.serve_from(tmp_path / "uploads")
+    if where == "elsewhere":  # a path an event may name, outside where uploads arrive
+        path = ARITHMETIC
+    else:
+        path = tmp_path / "uploads" / "broken.xlsx"
+        path.parent.mkdir()
+        path.write_bytes(b"not a spreadsheet")
+    out = outputs(data_tab.take_upload(studio, draft, str(path), shown_table(draft), labels))
+    assert {name for name, value in out.items() if not is_skip(value)} == {"source_status"}
+    assert out["source_status"].startswith(message("", "error")) and said in out["source_status"]
+
+
+def test_a_picked_example_is_the_source_it_shows(form, labels, draft):
+    path = str(DATASETS / "opposites.csv")
+    out = outputs(data_tab.use_picked_source(on_screen(form, draft), path, shown_table(draft), labels, policy=LAPTOP))
+    assert out["source"] == out["example"] == path and out["shown_table"] == [path, None, "train"]
+    assert data_tab.use_picked_source(draft, None, shown_table(draft), labels, policy=LAPTOP) == (
+        (gr.skip(),) * len(data_tab.UPDATED))
+
+
+def test_the_difficulty_filter_shows_with_its_clear_button_only_when_set(draft):
+    said, button = data_tab.show_difficulty(draft)
+    assert said == "" and button.visible is False
+    draft["data"].update(pass_rates={"1": 0.0, "2": 0.5, "3": 1.0}, min_pass_rate=0.1, max_pass_rate=0.9)
+    said, button = data_tab.show_difficulty(draft)
+    assert "leaves out the 2 of 3 rows" in said and button.visible is True

@@ -271,3 +271,27 @@ def test_export_for_a_cluster_gives_a_zip_of_the_launch_folder(studio):
     draft["grpo"]["group_size"] = 4
     archive, note = model_tab.export_for_cluster(studio, draft, None, 1)
     assert archive == gr.skip() and "GPUs and nodes must be whole numbers" in note
+
+
+def test_the_run_name_follows_the_data_file_until_one_is_typed():
+    assert model_tab.follow_the_data("arithmetic", "arithmetic", "/data/homework.csv") == ("homework", "homework")
+    assert model_tab.follow_the_data("", "", "/data/homework.csv") == ("homework", "homework")
+    assert model_tab.follow_the_data("my run", "arithmetic", "/data/homework.csv") == ("my run", "arithmetic")
+    assert model_tab.follow_the_data("arithmetic", "arithmetic", None) == ("arithmetic", "arithmetic")
+
+
+def test_a_loaded_draft_fills_the_fields_and_lists_the_runs_to_continue_anew(studio):
+    draft = studio.recipes.default()
+    draft["training"]["max_steps"], draft["lora"]["target_modules"] = None, ["q_proj", "v_proj"]
+    *values, runs = model_tab.fill_fields(studio, ["training.max_steps", "lora.target_modules", "name"], draft)
+    assert values == ["", "q_proj, v_proj", draft["name"]]  # as each field shows its setting
+    assert runs.choices == [] and runs.value is None
+
+
+def test_an_edit_previews_the_settings_anew_and_clears_starts_message(studio, tiny_draft):
+    edited = model_tab.preview_after_edit(studio, tiny_draft, {})
+    assert edited[0] == message("The settings are valid.", "ok") and edited[-1] == ""
+    assert len(edited) == len(model_tab.preview_outputs(studio, tiny_draft)) + 1
+    tiny_draft["training"]["learning_rate"] = -1
+    check = model_tab.preview_after_edit(studio, tiny_draft, {"training.learning_rate": "Learning rate"})[0]
+    assert check.startswith(ERROR) and "Learning rate" in check

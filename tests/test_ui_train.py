@@ -328,3 +328,34 @@ def test_a_completion_that_called_tools_shows_each_turn_escaped_and_the_tools_an
     sampled = {"step": 1, "groups": [{"prompt": "q", "reference": "r", "completions": ["208886", "12"],
                                       "turns": [turns, None]}]}
     assert rollouts_html(None, ["answer"], sampling=sampled).count("(not trained on)") == 1
+
+
+def test_the_explain_handler_gets_the_clicked_groups_data_from_gradio(studio):
+    """The handler is explain_clicked with the studio given (common.bound): gradio still sees its ``event``
+    parameter, and so passes the click's data. With functools.partial it saw no annotation and passed none."""
+    from gradio.helpers import special_args
+
+    from dragon_ui.ui.common import bound
+
+    clicked = bound(train_tab.explain_clicked, studio)
+    inputs, _, at, _ = special_args(clicked, ["a-run"], None, gr.EventData(None, {"step": 1, "group": 2}))
+    assert at == 1 and inputs[0] == "a-run" and inputs[1]._data == {"step": 1, "group": 2}
+    ((kind, words),) = said(clicked("a-run", gr.EventData(None, {"step": "1", "group": 2})))
+    assert (kind, words) == ("warn", "Press <b>What did this step do?</b> under a group of completions.")
+
+
+def test_load_these_settings_takes_the_run_picked_else_the_run_shown(studio, finished_run):
+    draft, what = train_tab.settings_of_run(studio, None, finished_run.id)
+    assert what == f"the settings of run {finished_run.id}"
+    assert draft["grpo"] == finished_run.read_config().to_dict()["grpo"]
+    assert train_tab.settings_of_run(studio, finished_run.id, "another-run")[1] == what
+    with pytest.raises(ConfigError, match="Choose a run first."):
+        train_tab.settings_of_run(studio, "", "")
+
+
+def test_a_refresh_of_an_unchanged_run_leaves_every_output_alone(studio, finished_run):
+    first = train_tab.refresh(studio, finished_run.id, {})
+    assert train_tab.shown_status(first.watch)["state"] == "succeeded" and not skipped(first.status)
+    again = train_tab.refresh(studio, finished_run.id, first.watch)
+    assert again.watch["run_id"] == finished_run.id and all(skipped(value) for value in again.outputs()[1:])
+    assert train_tab.shown_status({}) == {} and train_tab.shown_status(None) == {}

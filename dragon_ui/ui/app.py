@@ -14,16 +14,20 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import gradio as gr
 from gradio.context import LocalContext
+from gradio.queueing import Event
 from gradio.utils import get_upload_folder
 
 from ..config import Draft
 from ..system.disk import resolve_runs_dir
 from ..errors import DragonError
-from ..public import Policy, visiting
+from ..public import Limits, Policy, visiting
 from .. import ASSETS_DIR
 from ..studio import machine
 from ..studio.backend import Studio
@@ -34,8 +38,8 @@ from ..studio.visitors import SESSIONS_IN_USE
 from .guard import NO_SESSION, guards, keeping_sessions_small, take_turns_fairly
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
 from .common import (ONE_MODEL_AT_A_TIME, TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN,
-                     UNCHANGED, Form, Shared, client_left, explain, in_the_page, made_apart, message,
-                     progress_shown_quietly, show_at_first, shows_errors, tab_selected, visible)
+                     UNCHANGED, DraftMaker, Form, Shared, as_draft, bound, client_left, explain, in_the_page,
+                     made_apart, message, progress_shown_quietly, show_at_first, shows_errors, tab_selected, visible)
 
 log = logging.getLogger(__name__)
 
@@ -59,319 +63,432 @@ def kept_none_of(storage_keys: list[str]) -> str:
 FIRST_PAGE_S = 3.0  # how long the warm-up leaves the CPUs to a page opening as the app starts (make run opens one)
 
 
-def build_app(studio: Studio | None = None) -> gr.Blocks:
+class StudioApp(gr.Blocks):
+    """The app: gradio's Blocks, with the form its tabs fill (its fields and their config paths, for tests and for
+    apps that embed this one) and the studio it serves, under its policy."""
+
+    form: Form
+    studio: Studio
+
+
+@dataclass
+class OwnerPanel:
+    """A public demo's owner unlocks every run with the key it was started with."""
+
+    key: gr.Textbox
+    remember: gr.Checkbox
+    unlock: gr.Button
+    status: gr.Markdown
+
+
+@dataclass
+class Header:
+    """What the page shows above the tabs: the recipe picker, the loaded settings' notes, the question before an
+    edited draft is replaced, a public demo's notice and owner panel, and the banner of a run training now."""
+
+    recipe: gr.Dropdown
+    load_recipe: gr.Button
+    recipe_status: gr.Markdown
+    notes_box: gr.Accordion
+    notes_text: gr.Markdown
+    confirm_row: gr.Row
+    confirm_text: gr.Markdown
+    replace_button: gr.Button
+    keep_button: gr.Button
+    owner: OwnerPanel | None
+    running_banner: gr.Row
+    running_text: gr.Markdown
+    watch_it: gr.Button
+
+
+def build_app(studio: Studio | None = None) -> StudioApp:
     """The app serving ``studio``; without one, a backend configured as ``main`` configures it from the
     environment (the runs folder, public mode), for a script that embeds the app."""
     if studio is None:
         runs_dir = resolve_runs_dir()
         studio = Studio(runs_dir, policy=Policy.from_env(runs_dir))
     # A public demo's copies of downloads and uploads in gradio's cache go after an hour (ours: engine.retention).
-    with gr.Blocks(title=TITLE, delete_cache=(3600, 3600) if studio.public else None) as demo:
-        with gr.Row(equal_height=True):
-            gr.Markdown(f"# 🐉 {TITLE}\n{INTRO}", elem_id="intro")
-            with gr.Column(scale=0, min_width=320):
-                recipe = gr.Dropdown(studio.recipes.names(), value=DEFAULT_RECIPE, label="Recipe",
-                                     info="Loads data, rewards and settings in one click.", elem_id="recipe")
-                load_recipe = gr.Button("Load recipe", size="sm", elem_id="load-recipe")
-        recipe_status = gr.Markdown(elem_id="recipe-status")
-        with gr.Accordion("Notes on these settings", open=True, visible=False, elem_id="draft-notes") as notes_box:
-            notes_text = gr.Markdown(elem_id="draft-notes-text")
-        with gr.Row(visible=False, elem_id="replace-draft") as confirm_row:
-            confirm_text = gr.Markdown(elem_id="replace-draft-text")
-            replace_button = gr.Button("Replace my settings", variant="stop", scale=0, min_width=200,
-                                       elem_id="replace-draft-yes")
-            keep_button = gr.Button("Keep my settings", scale=0, min_width=180, elem_id="replace-draft-no")
-        if studio.public:
-            limits = studio.policy.limits
-            gr.Markdown(message(
-                "This is a public demo shared with other visitors: your runs are yours (others see them, but only "
-                f"this browser can stop or download them); each run trains for at most {limits.run_minutes:g} "
-                "minutes; custom Python and command rewards are turned off, and only the bundled datasets, your "
-                "uploads and Hub datasets can be read. Run it on your own machine (`make run`) without limits.",
-                "warn"), elem_id="public-notice")
-            with gr.Accordion("Owner of this demo?", open=False, elem_id="owner-panel"):
-                with gr.Row():
-                    owner_key = gr.Textbox(label="Owner key", type="password", scale=3, elem_id="owner-key",
-                                           info="The DRAGON_UI_OWNER_KEY this demo was started with: lets this "
-                                                "page stop, resume and download every run.")
-                    with gr.Column(scale=1):
-                        remember_key = gr.Checkbox(False, label="Remember on this browser", elem_id="owner-remember",
-                                                   info="Only on a computer nobody else uses.")
-                        unlock = gr.Button("Unlock", elem_id="owner-unlock")
-                owner_status = gr.Markdown(elem_id="owner-status")
-        with gr.Row(visible=False, equal_height=True, elem_id="running-banner") as running_banner:
-            running_text = gr.Markdown(elem_id="running-banner-text")
-            watch_it = gr.Button("Open the Train tab", size="sm", scale=0, min_width=200, elem_id="running-banner-open")
+    with StudioApp(title=TITLE, delete_cache=(3600, 3600) if studio.public else None) as demo:
+        top = header(studio)
         shared = Shared(studio=studio, form=Form(gr.State({})), pristine=gr.State({}),
                         auto_name=gr.State(""), run_id=gr.State(""), timer=gr.Timer(1.0, active=False))
-        shared.fills.append((_notes, [notes_box, notes_text]))
+        shared.fills.append((_notes, [top.notes_box, top.notes_text]))
         pending = gr.State(None)  # {"draft", "label"} waiting for the user to confirm replacing an edited draft
         # The draft lives in the browser too: a reload, or another tab of the same browser, finds it as it was.
         storage_key = studio.browser_storage_key()  # no secret: gradio sends it to every page (see the method)
-        saved = gr.BrowserState(None, storage_key=DRAFT_STORAGE_KEY, secret=storage_key)
-        visitor_token = gr.BrowserState(None, storage_key=VISITOR_STORAGE_KEY, secret=storage_key)
-        kept_owner_key = gr.BrowserState("", storage_key=OWNER_KEY_STORAGE_KEY, secret=storage_key)
-        form = shared.form
-        asking = [confirm_row, confirm_text, pending, recipe_status]
-        opening = gr.Markdown(message("Opening your settings…"), elem_id="form-opening")
-
-        def loading() -> list:
-            """What loading a whole draft writes, after ``asking``: the form's draft, pristine, auto-name, the
-            "Opening…" line (emptied by the page's load alone: the page then shows the form) and every tab's fill of
-            the draft. Known once every tab is built."""
-            return [form.loaded, shared.pristine, shared.auto_name, opening,
-                    *(output for _, outputs in shared.fills for output in outputs)]
-
-        def loaded(new_draft: Draft, label: str, pristine: Draft | None = None, auto_name: str | None = None) -> tuple:
-            """``asking`` answered, and the draft shown in every tab, in one answer: each event the page runs costs
-            it time, more so while a run trains (the fills were an event each)."""
-            status = message(f"Loaded {label}: data, rewards and settings.", "ok") if label else gr.skip()
-            shown = []
-            for fill, outputs in shared.fills:
-                try:
-                    filled = fill(new_draft)
-                    shown.extend(filled if len(outputs) > 1 else [filled])
-                except Exception as exc:  # a draft kept by the browser may be anything: the other tabs still show
-                    log.warning("A tab could not show a draft: %s", exc)
-                    status = message(f"Some settings could not be shown: {explain(exc)}", "warn")
-                    shown.extend([gr.skip()] * len(outputs))
-            return (gr.Row(visible=False), "", None, status, new_draft,
-                    new_draft if pristine is None else pristine,
-                    new_draft.get("name", "") if auto_name is None else auto_name, gr.skip(), *shown)
-
-        def unchanged(status: str) -> tuple:
-            """``asking`` answered with ``status``; nothing loaded."""
-            return (gr.skip(), gr.skip(), gr.skip(), status, *[gr.skip()] * len(loading()))
-
-        def offer(get_draft, pristine: dict, *args) -> tuple:
-            """Load the draft ``get_draft`` gives (a recipe, a past run's settings), asking first when the form has
-            been edited since the last load. ``args``: the form's inputs, then ``get_draft``'s."""
-            current, rest = form.compose(*args[:len(form.inputs)]), args[len(form.inputs):]
-            try:
-                new_draft, label = get_draft(*rest)
-            except DragonError as exc:
-                return unchanged(message(str(exc), "error"))
-            if not pristine or same_settings(current, pristine, policy=studio.policy):
-                return loaded(new_draft, label)
-            question = message(f"You have changed the settings since they were loaded. Replace them with {label}? "
-                               "What you changed is lost.", "warn")
-            return (gr.Row(visible=True), question, {"draft": new_draft, "label": label}, "",
-                    *[gr.skip()] * len(loading()))
-
-        offers = []
-
-        def offer_draft(trigger, get_draft, inputs: list) -> None:
-            """Wire ``trigger`` to load the draft that ``get_draft(*inputs)`` returns as (draft, what it is), once
-            every tab has said what it fills (fill_loaded)."""
-            offers.append((trigger, get_draft, inputs))
-
-        shared.offer_draft = offer_draft
-
-        def change(make_change, pristine: dict, auto_name: str, *args) -> tuple:
-            """Show the settings ``make_change`` makes of the ones shown, without asking (nothing shown is lost);
-            the last load stays the pristine one, so the change counts as an edit. ``args``: the form's inputs, then
-            ``make_change``'s."""
-            current, rest = form.compose(*args[:len(form.inputs)]), args[len(form.inputs):]
-            try:
-                new_draft, said = make_change(current, *rest)
-            except DragonError as exc:
-                return unchanged(message(str(exc), "error"))
-            shown = list(loaded(new_draft, "", pristine, auto_name))
-            shown[asking.index(recipe_status)] = message(said, "ok")
-            return tuple(shown)
-
-        changes = []
-
-        def change_draft(trigger, make_change, inputs: list, said_in) -> None:
-            """Wire ``trigger`` to show the settings ``make_change(draft, *inputs)`` returns as (draft, a sentence
-            saying what changed), which is shown in ``said_in`` too, once every tab has said what it fills."""
-            changes.append((trigger, make_change, inputs, said_in))
-
-        shared.change_draft = change_draft
-        with gr.Column(visible=False, elem_id="form-area") as form_area, gr.Tabs(elem_id="tabs") as tabs:
-            shared.tabs = tabs
-            with gr.Tab("1 · Data", id=TAB_DATA, elem_id="tab-data"):
-                connectors = [data_tab.build(shared)]
-            with gr.Tab("2 · Rewards", id=TAB_REWARDS, elem_id="tab-rewards"):
-                connectors.append(rewards_tab.build(shared))
-            with gr.Tab("3 · Model & Hardware", id=TAB_MODEL, elem_id="tab-model"):
-                connectors.append(model_tab.build(shared))
-            with gr.Tab("4 · Train", id=TAB_TRAIN, elem_id="tab-train"):
-                train_tab.build(shared)
-            with gr.Tab("5 · Compare", id=TAB_COMPARE, elem_id="tab-compare"):
-                compare_tab.build(shared)
-            with gr.Tab("6 · Experiments", id=TAB_EXPERIMENTS, elem_id="tab-experiments"):
-                experiments_tab.build(shared)
-        for connect in connectors:  # events that read the whole form, now that every tab has added its fields
-            connect()
-
-        def fill_loaded(start):
-            """``start(outputs)`` wires an event that may load a whole draft (``loaded``) into ``outputs``; after it,
-            the tabs' refreshes run on what the form shows, side by side."""
-            event = start([*asking, *loading()])
-            for refresh, inputs, outputs, *options in shared.refreshes:
-                event.then(refresh, inputs, outputs, api_visibility="private", show_progress="hidden",
-                           **(options[0] if options else {}))
-            return event
-
-        offer_draft(load_recipe.click, lambda name: (studio.recipes.load(name), f"the {name} recipe"), [recipe])
-        def offered(trigger, get_draft, inputs: list):
-            return lambda outputs: trigger(functools.partial(offer, get_draft), [shared.pristine, *form.inputs, *inputs],
-                                           outputs, api_visibility="private", show_progress="hidden")
-
-        for trigger, get_draft, inputs in offers:
-            fill_loaded(offered(trigger, get_draft, inputs))
-        for trigger, make_change, inputs, said_in in changes:
-            fill_loaded(lambda outputs, trigger=trigger, make_change=make_change, inputs=inputs: trigger(
-                functools.partial(change, make_change), [shared.pristine, shared.auto_name, *form.inputs, *inputs],
-                outputs, api_visibility="private", show_progress="hidden")).then(
-                lambda said: said, [recipe_status], [said_in], api_visibility="private", show_progress="hidden")
-        fill_loaded(lambda outputs: replace_button.click(
-            lambda wanted: loaded(wanted["draft"], wanted["label"]) if wanted else unchanged(""),
-            [pending], outputs, api_visibility="private", show_progress="hidden"))
-        keep_button.click(lambda: (gr.Row(visible=False), "", None, message("Kept your settings.", "info")), None,
-                          asking, api_visibility="private", show_progress="hidden")
-
-        def remember(draft: Draft, pristine: dict, auto_name: str):
-            """What the browser keeps: the drafts without the server's folders (files.shown_draft)."""
-            return {"draft": shown_draft(draft, policy=studio.policy),
-                    "pristine": shown_draft(pristine, policy=studio.policy), "auto_name": auto_name}
-
-        form.watch(remember, [saved], [shared.pristine, shared.auto_name], alone=True)
-        form.connect_watchers()
-        # The page's first paint shows the default recipe, before any event is answered: every tab's fill of it,
-        # and what the tabs work out from it quickly (the Data tab's table, the playground's rows), made the
-        # components' own values now. A browser that kept no draft shows the form at once (a step in the page); one
-        # that did shows "Opening…" until its own draft is in.
-        first_draft = studio.recipes.default()
-        with made_apart():
-            for block, update in zip(loading(), loaded(first_draft, "")[len(asking):], strict=True):
-                if block is not opening:
-                    show_at_first(block, update)
-            for view, outputs in shared.first_paint:
-                try:
-                    painted = view(first_draft)
-                except Exception:  # noqa: BLE001 - its components show what they were built with, until an answer
-                    log.exception("The first paint of the default recipe left out %s", outputs)
-                    continue
-                for block, update in zip(outputs, painted if len(outputs) > 1 else [painted], strict=True):
-                    show_at_first(block, update)
-        # In a public demo a browser that kept its token waits for its load too: what it did before would be done
-        # as a visitor of its own (Visitors.of), not as the one its token makes it. A new browser takes that visitor.
-        kept_keys = [DRAFT_STORAGE_KEY, *([VISITOR_STORAGE_KEY] if studio.public else [])]
-        demo.load(**in_the_page([form_area, opening], kept_none_of(kept_keys) + f" ? [{visible(True)}, "
-                                                                             f"{visible(False)}] : [{UNCHANGED}, "
-                                                                             f"{UNCHANGED}]"))
-
-        def on_page_load(token: str | None, owner_key_kept: str, kept: dict | None, request: gr.Request):
-            """Who this browser is (the token it keeps), the draft it kept (or the default recipe), and re-attach
-            to a running (or the latest) run."""
-            studio.page_opened()
-            token = studio.visitors.arrive(request.session_hash, token)
-            who = studio.visitors.of(request.session_hash, request_address(studio, request))
-            try:  # the owner key this browser was asked to remember
-                who = studio.visitors.unlock(who, owner_key_kept) or who
-            except DragonError:  # too many wrong keys from here: the page opens locked
-                pass
-            with visiting(who):
-                active = studio.runs.active_id()
-                runs = studio.runs.summaries()
-                run_id = active or (runs[0]["id"] if runs else "")
-                refusal = studio.public and kept_draft_refusal(kept)
-                if refusal:  # the browser forgets it, and the page shows the default recipe it was drawn with
-                    shown = list(unchanged(message(f"{refusal} The page shows the {DEFAULT_RECIPE} recipe.", "warn")))
-                elif isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
-                    pristine, auto_name = kept.get("pristine"), kept.get("auto_name")  # anything, as the browser kept
-                    policy = studio.policy
-                    shown = list(loaded(real_draft(kept["draft"], policy=policy), "",
-                                        real_draft(pristine, policy=policy) if isinstance(pristine, dict) else {},
-                                        auto_name if isinstance(auto_name, str) else ""))
-                else:  # the page shows the default recipe since its first paint: what was done since stays
-                    shown = [gr.skip()] * (len(asking) + len(loading()))
-                opening_at = next(at for at, block in enumerate(loading()) if block is opening)
-                shown[len(asking) + opening_at] = ""  # then the page shows the form (page_loaded)
-                return (token, None if refusal else gr.skip(), *shown, run_id, gr.Timer(active=bool(active)),
-                        *train_tab.runs_outputs(studio), *running_now(active))
-
-        def running_now(active: str | None) -> tuple:
-            """The banner a page opens with while a run trains: a second browser, or a reload, sees it at once."""
-            if not active:
-                return gr.Row(visible=False), ""
-            status = studio.runs.get(active).read_status()
-            step = f"step {status.get('step') or 0} of {status.get('total_steps') or '?'}"
-            return gr.Row(visible=True), message(f"A run is training: `{active}`, {step}.", "info")
-
-        page_loaded = fill_loaded(lambda outputs: demo.load(
-            on_page_load, [visitor_token, kept_owner_key, saved],
-            [visitor_token, saved, *outputs, shared.run_id, shared.timer, *shared.runs_list, running_banner,
-             running_text],
-            api_visibility="private", show_progress="hidden", **PAGE_LOADS))  # "Opening…" is its progress
-        # A page that kept a draft or a token shows the form once its load is answered: it was hidden until then, so
-        # that nothing typed meanwhile is overwritten, nor done as another visitor than the token's. Only the load
-        # shows it (a recipe loaded before it would show it early); a page whose load failed keeps "Opening…".
-        page_loaded.then(**in_the_page([form_area, opening], f"inputs[0] === '' ? [{visible(True)}, "
-                                                             f"{visible(False)}] : [{UNCHANGED}, {UNCHANGED}]"),
-                         inputs=[opening])
-        watch_it.click(**in_the_page([tabs, running_banner], f"[{tab_selected(TAB_TRAIN)}, {visible(False)}]"))
+        kept = KeptInBrowser(gr.BrowserState(None, storage_key=DRAFT_STORAGE_KEY, secret=storage_key),
+                             gr.BrowserState(None, storage_key=VISITOR_STORAGE_KEY, secret=storage_key),
+                             gr.BrowserState("", storage_key=OWNER_KEY_STORAGE_KEY, secret=storage_key))
+        drafts = Drafts(shared, top, pending, gr.Markdown(message("Opening your settings…"), elem_id="form-opening"))
+        form_area, tabs = build_tabs(shared)
+        shared.offer_draft(top.load_recipe.click, functools.partial(recipe_offered, studio), [top.recipe])
+        drafts.connect()
+        shared.form.watch(functools.partial(remember, studio), [kept.draft], [shared.pristine, shared.auto_name],
+                          alone=True)
+        shared.form.connect_watchers()
+        paint_first(studio, shared, drafts)
+        connect_page_load(demo, shared, drafts, kept, top, form_area)
+        top.watch_it.click(**in_the_page([tabs, top.running_banner], f"[{tab_selected(TAB_TRAIN)}, {visible(False)}]"))
         for replaced in shared.source_replaced:  # the user's own data: no recipe is what the form shows now
-            replaced.then(lambda: gr.Dropdown(value=None), None, [recipe], api_visibility="private",
-                          show_progress="hidden")
-        if studio.public:
-            def unlock_everything(key: str, remember: bool):
-                """Unlock this page with the owner key; the browser keeps the key only when asked to remember it."""
-                try:
-                    who = studio.visitors.unlock(studio.policy.visitor, key)
-                except DragonError as exc:
-                    return gr.skip(), message(str(exc), "error"), gr.skip()
-                if who is None:
-                    return "", message("That is not this demo's owner key.", "error"), gr.skip()
-                kept = key if remember is True else ""
-                where = "this browser" if kept else "this page (until it is closed)"
-                with visiting(who):
-                    return kept, message(f"Unlocked: {where} can stop, resume and download every run.", "ok"), \
-                        train_tab.runs_outputs(studio)[0]
-
-            unlock.click(unlock_everything, [owner_key, remember_key],
-                         [kept_owner_key, owner_status, shared.runs_list[0]], api_visibility="private")
-
-        # The HTTP API (gradio_client): whole configs in, the same validation and run control as the buttons.
-        def recipe(name: str) -> dict:
-            """A recipe as a configuration to change and start (its data source as a public demo shows it)."""
-            return shown_draft(studio.recipes.load(name), policy=studio.policy)
-
-        def check(config: dict) -> str:
-            """"valid", or the first problem, in the configuration file's words (dotted setting names): what
-            ``dragon check`` says of the same file."""
-            try:
-                studio.recipes.check(config)
-            except DragonError as exc:
-                return str(exc)
-            return "valid"
-
-        def start(config: dict) -> str:
-            """Start training a configuration; returns the run's id (follow it with /train_tick or the run list)."""
-            return studio.runs.start(config).id
-
-        def preflight(config: dict, prompts: int | None = None) -> dict:
-            """Will it learn? Sample the configuration's groups for some of its training prompts (by default about a
-            minute's worth, at least 16) and report: the verdict, the shares of groups with no spread (all fail, all
-            pass), each reward's mean, spread and failures, the prompts hardest first, and the fixes as settings. It
-            stops once its client has gone."""
-            return studio.preflight(config, prompts, should_stop=client_left()).to_dict()
-
-        for endpoint in (recipe, check, start):
-            gr.api(shows_errors(endpoint), api_name=endpoint.__name__)
-        gr.api(shows_errors(preflight), api_name="preflight", **ONE_MODEL_AT_A_TIME)
+            replaced.then(no_recipe, None, [top.recipe], api_visibility="private", show_progress="hidden")
+        if top.owner is not None:
+            top.owner.unlock.click(functools.partial(unlock_everything, studio), [top.owner.key, top.owner.remember],
+                                   [kept.owner_key, top.owner.status, shared.runs_list[0]], api_visibility="private")
+        serve_the_api(studio)
         progress_shown_quietly(demo, gr.Markdown(visible=False, elem_id="no-progress"))
     serve_as_visitors(demo, studio)
     # A public demo's events run only through the queue, with its shares per visitor (gradio lets off-Space clients
     # skip it through /gradio_api/run/<api name>), and every app's queue takes turns fairly (guard.turns).
     demo.queue(default_concurrency_limit=4, api_open=not studio.public)
-    take_turns_fairly(demo._queue, lambda event: request_address(studio, event.request) or "")
+    take_turns_fairly(demo._queue, functools.partial(event_address, studio))
     studio.files.serve_from(get_upload_folder())  # downloads go where the server hands them out without a copy
-    demo.form = form  # the fields and their config paths, for tests and for apps that embed this one
-    demo.studio = studio  # the backend it serves, under its policy
+    demo.form, demo.studio = shared.form, studio
     return demo
+
+
+def header(studio: Studio) -> Header:
+    with gr.Row(equal_height=True):
+        gr.Markdown(f"# 🐉 {TITLE}\n{INTRO}", elem_id="intro")
+        with gr.Column(scale=0, min_width=320):
+            recipe = gr.Dropdown(studio.recipes.names(), value=DEFAULT_RECIPE, label="Recipe",
+                                 info="Loads data, rewards and settings in one click.", elem_id="recipe")
+            load_recipe = gr.Button("Load recipe", size="sm", elem_id="load-recipe")
+    recipe_status = gr.Markdown(elem_id="recipe-status")
+    with gr.Accordion("Notes on these settings", open=True, visible=False, elem_id="draft-notes") as notes_box:
+        notes_text = gr.Markdown(elem_id="draft-notes-text")
+    with gr.Row(visible=False, elem_id="replace-draft") as confirm_row:
+        confirm_text = gr.Markdown(elem_id="replace-draft-text")
+        replace_button = gr.Button("Replace my settings", variant="stop", scale=0, min_width=200,
+                                   elem_id="replace-draft-yes")
+        keep_button = gr.Button("Keep my settings", scale=0, min_width=180, elem_id="replace-draft-no")
+    owner = owner_panel(studio.policy.limits) if studio.policy.limits is not None else None
+    with gr.Row(visible=False, equal_height=True, elem_id="running-banner") as running_banner:
+        running_text = gr.Markdown(elem_id="running-banner-text")
+        watch_it = gr.Button("Open the Train tab", size="sm", scale=0, min_width=200, elem_id="running-banner-open")
+    return Header(recipe, load_recipe, recipe_status, notes_box, notes_text, confirm_row, confirm_text, replace_button,
+                  keep_button, owner, running_banner, running_text, watch_it)
+
+
+def owner_panel(limits: Limits) -> OwnerPanel:
+    """A public demo's notice of what it allows (``limits``), and the panel where its owner unlocks every run."""
+    gr.Markdown(message(
+        "This is a public demo shared with other visitors: your runs are yours (others see them, but only "
+        f"this browser can stop or download them); each run trains for at most {limits.run_minutes:g} "
+        "minutes; custom Python and command rewards are turned off, and only the bundled datasets, your "
+        "uploads and Hub datasets can be read. Run it on your own machine (`make run`) without limits.",
+        "warn"), elem_id="public-notice")
+    with gr.Accordion("Owner of this demo?", open=False, elem_id="owner-panel"):
+        with gr.Row():
+            key = gr.Textbox(label="Owner key", type="password", scale=3, elem_id="owner-key",
+                             info="The DRAGON_UI_OWNER_KEY this demo was started with: lets this "
+                                  "page stop, resume and download every run.")
+            with gr.Column(scale=1):
+                remember_key = gr.Checkbox(False, label="Remember on this browser", elem_id="owner-remember",
+                                           info="Only on a computer nobody else uses.")
+                unlock = gr.Button("Unlock", elem_id="owner-unlock")
+        status = gr.Markdown(elem_id="owner-status")
+    return OwnerPanel(key, remember_key, unlock, status)
+
+
+def build_tabs(shared: Shared) -> tuple[gr.Column, gr.Tabs]:
+    """The six tabs, in the form's area (hidden until the page's draft is in), their events wired once every tab
+    has added its fields to the form."""
+    with gr.Column(visible=False, elem_id="form-area") as form_area, gr.Tabs(elem_id="tabs") as tabs:
+        shared.tabs = tabs
+        with gr.Tab("1 · Data", id=TAB_DATA, elem_id="tab-data"):
+            connectors = [data_tab.build(shared)]
+        with gr.Tab("2 · Rewards", id=TAB_REWARDS, elem_id="tab-rewards"):
+            connectors.append(rewards_tab.build(shared))
+        with gr.Tab("3 · Model & Hardware", id=TAB_MODEL, elem_id="tab-model"):
+            connectors.append(model_tab.build(shared))
+        with gr.Tab("4 · Train", id=TAB_TRAIN, elem_id="tab-train"):
+            train_tab.build(shared)
+        with gr.Tab("5 · Compare", id=TAB_COMPARE, elem_id="tab-compare"):
+            compare_tab.build(shared)
+        with gr.Tab("6 · Experiments", id=TAB_EXPERIMENTS, elem_id="tab-experiments"):
+            experiments_tab.build(shared)
+    for connect in connectors:  # events that read the whole form, now that every tab has added its fields
+        connect()
+    return form_area, tabs
+
+
+class Drafts:
+    """Loading a whole draft (a recipe, a past run's settings, the browser's kept one) into every tab, asking first
+    when the form has been edited since the last load; and changing the settings shown (a pre-flight's fix).
+
+    ``pending`` holds the draft waiting for the answer to the question ({"draft", "label"}); ``opening`` is the
+    "Opening…" line a page shows until its own draft is in."""
+
+    def __init__(self, shared: Shared, top: Header, pending: gr.State, opening: gr.Markdown) -> None:
+        self.shared, self.top, self.pending, self.opening = shared, top, pending, opening
+        # What every answer to a load writes first: the question's row and text, the draft waiting, the status line.
+        self.asking = [top.confirm_row, top.confirm_text, pending, top.recipe_status]
+
+    @property
+    def filled(self) -> list:
+        """What loading a whole draft writes, after ``asking``: the form's draft, pristine, auto-name, the
+        "Opening…" line (emptied by the page's load alone: the page then shows the form) and every tab's fill of
+        the draft. Known once every tab is built."""
+        shared = self.shared
+        return [shared.loaded, shared.pristine, shared.auto_name, self.opening,
+                *(output for _, outputs in shared.fills for output in outputs)]
+
+    def loaded(self, new_draft: Draft | dict, label: str, pristine: Draft | dict | None = None,
+               auto_name: str | None = None) -> tuple:
+        """``asking`` answered, and the draft shown in every tab, in one answer: each event the page runs costs
+        it time, more so while a run trains (the fills were an event each)."""
+        status = message(f"Loaded {label}: data, rewards and settings.", "ok") if label else gr.skip()
+        shown: list[Any] = []
+        for fill, outputs in self.shared.fills:
+            try:
+                filled = fill(new_draft)
+                shown.extend(filled if len(outputs) > 1 else [filled])
+            except Exception as exc:  # a draft kept by the browser may be anything: the other tabs still show
+                log.warning("A tab could not show a draft: %s", exc)
+                status = message(f"Some settings could not be shown: {explain(exc)}", "warn")
+                shown.extend([gr.skip()] * len(outputs))
+        return (gr.Row(visible=False), "", None, status, new_draft,
+                new_draft if pristine is None else pristine,
+                new_draft.get("name", "") if auto_name is None else auto_name, gr.skip(), *shown)
+
+    def unchanged(self, status: str) -> tuple:
+        """``asking`` answered with ``status``; nothing loaded."""
+        return (gr.skip(), gr.skip(), gr.skip(), status, *[gr.skip()] * len(self.filled))
+
+    def offer(self, get_draft: DraftMaker, pristine: dict, *args: Any) -> tuple:
+        """Load the draft ``get_draft`` gives (a recipe, a past run's settings), asking first when the form has
+        been edited since the last load. ``args``: the form's inputs, then ``get_draft``'s."""
+        form, policy = self.shared.form, self.shared.studio.policy
+        current, rest = form.compose(*args[:len(form.inputs)]), args[len(form.inputs):]
+        try:
+            new_draft, label = get_draft(*rest)
+        except DragonError as exc:
+            return self.unchanged(message(str(exc), "error"))
+        if not pristine or same_settings(cast(dict, current), pristine, policy=policy):  # it reads plain dicts
+            return self.loaded(new_draft, label)
+        question = message(f"You have changed the settings since they were loaded. Replace them with {label}? "
+                           "What you changed is lost.", "warn")
+        return (gr.Row(visible=True), question, {"draft": new_draft, "label": label}, "",
+                *[gr.skip()] * len(self.filled))
+
+    def change(self, make_change: DraftMaker, pristine: dict, auto_name: str, *args: Any) -> tuple:
+        """Show the settings ``make_change`` makes of the ones shown, without asking (nothing shown is lost);
+        the last load stays the pristine one, so the change counts as an edit. ``args``: the form's inputs, then
+        ``make_change``'s."""
+        form = self.shared.form
+        current, rest = form.compose(*args[:len(form.inputs)]), args[len(form.inputs):]
+        try:
+            new_draft, said = make_change(current, *rest)
+        except DragonError as exc:
+            return self.unchanged(message(str(exc), "error"))
+        shown = list(self.loaded(new_draft, "", pristine, auto_name))
+        shown[self.asking.index(self.top.recipe_status)] = message(said, "ok")
+        return tuple(shown)
+
+    def replace(self, wanted: dict | None) -> tuple:
+        """"Replace my settings": the draft that waited for the answer, shown."""
+        return self.loaded(wanted["draft"], wanted["label"]) if wanted else self.unchanged("")
+
+    def fill_loaded(self, trigger: Any, fn: Callable[..., Any], inputs: list, before: Sequence[Any] = (),
+                    after: Sequence[Any] = (), **options: Any) -> Any:
+        """Wire ``trigger`` to ``fn``, which may load a whole draft (``loaded``) into ``asking`` and ``filled``
+        (between the outputs ``before`` and ``after``); after it, the tabs' refreshes run on what the form shows,
+        side by side."""
+        event = trigger(fn, inputs, [*before, *self.asking, *self.filled, *after], api_visibility="private",
+                        show_progress="hidden", **options)
+        for refresh, refresh_inputs, outputs, *refresh_options in self.shared.refreshes:
+            event.then(refresh, refresh_inputs, outputs, api_visibility="private", show_progress="hidden",
+                       **(refresh_options[0] if refresh_options else {}))
+        return event
+
+    def connect(self) -> None:
+        """The loads and changes the tabs asked for (Shared.offer_draft, Shared.change_draft), and the answers to
+        the question."""
+        shared, top = self.shared, self.top
+        for trigger, get_draft, inputs in shared.offers:
+            self.fill_loaded(trigger, functools.partial(self.offer, get_draft),
+                             [shared.pristine, *shared.form.inputs, *inputs])
+        for trigger, make_change, inputs, said_in in shared.changes:
+            self.fill_loaded(trigger, functools.partial(self.change, make_change),
+                             [shared.pristine, shared.auto_name, *shared.form.inputs, *inputs]).then(
+                said_again, [top.recipe_status], [said_in], api_visibility="private", show_progress="hidden")
+        self.fill_loaded(top.replace_button.click, self.replace, [self.pending])
+        top.keep_button.click(keep_settings, None, self.asking, api_visibility="private", show_progress="hidden")
+
+
+@dataclass
+class KeptInBrowser:
+    """What the browser keeps between visits: the draft, this browser's visitor token, an owner key it was asked to
+    remember."""
+
+    draft: gr.BrowserState
+    visitor_token: gr.BrowserState
+    owner_key: gr.BrowserState
+
+
+def recipe_offered(studio: Studio, name: str) -> tuple[Draft | dict, str]:
+    return studio.recipes.load(name), f"the {name} recipe"
+
+
+def said_again(said: str) -> str:
+    """A change's sentence, shown next to what was pressed too."""
+    return said
+
+
+def keep_settings() -> tuple:
+    """"Keep my settings": the question goes, and nothing is loaded."""
+    return gr.Row(visible=False), "", None, message("Kept your settings.", "info")
+
+
+def no_recipe() -> gr.Dropdown:
+    """The recipe picker once the user's own data is in the form: no recipe is what it shows."""
+    return gr.Dropdown(value=None)
+
+
+def remember(studio: Studio, draft: Draft, pristine: Draft, auto_name: str) -> dict:
+    """What the browser keeps: the drafts without the server's folders (files.shown_draft)."""
+    return {"draft": shown_draft(draft, policy=studio.policy),
+            "pristine": shown_draft(pristine, policy=studio.policy), "auto_name": auto_name}
+
+
+def paint_first(studio: Studio, shared: Shared, drafts: Drafts) -> None:
+    """The page's first paint shows the default recipe, before any event is answered: every tab's fill of it, and
+    what the tabs work out from it quickly (the Data tab's table, the playground's rows), made the components' own
+    values now."""
+    first_draft = studio.recipes.default()
+    with made_apart():
+        for block, update in zip(drafts.filled, drafts.loaded(first_draft, "")[len(drafts.asking):], strict=True):
+            if block is not drafts.opening:
+                show_at_first(block, update)
+        for view, outputs in shared.first_paint:
+            try:
+                painted = view(first_draft)
+            except Exception:  # noqa: BLE001 - its components show what they were built with, until an answer
+                log.exception("The first paint of the default recipe left out %s", outputs)
+                continue
+            for block, update in zip(outputs, painted if len(outputs) > 1 else [painted], strict=True):
+                show_at_first(block, update)
+
+
+def connect_page_load(demo: gr.Blocks, shared: Shared, drafts: Drafts, kept: KeptInBrowser, top: Header,
+                      form_area: gr.Column) -> None:
+    """A browser that kept no draft shows the form at once (a step in the page); one that did shows "Opening…"
+    until its own draft is in. In a public demo a browser that kept its token waits for its load too: what it did
+    before would be done as a visitor of its own (Visitors.of), not as the one its token makes it. A new browser
+    takes that visitor."""
+    kept_keys = [DRAFT_STORAGE_KEY, *([VISITOR_STORAGE_KEY] if shared.studio.public else [])]
+    opening = drafts.opening
+    demo.load(**in_the_page([form_area, opening], kept_none_of(kept_keys) + f" ? [{visible(True)}, "
+                                                                         f"{visible(False)}] : [{UNCHANGED}, "
+                                                                         f"{UNCHANGED}]"))
+    page_loaded = drafts.fill_loaded(
+        demo.load, bound(on_page_load, shared.studio, drafts), [kept.visitor_token, kept.owner_key, kept.draft],
+        before=[kept.visitor_token, kept.draft],
+        after=[shared.run_id, shared.timer, *shared.runs_list, top.running_banner, top.running_text],
+        **PAGE_LOADS)  # "Opening…" is its progress
+    # A page that kept a draft or a token shows the form once its load is answered: it was hidden until then, so
+    # that nothing typed meanwhile is overwritten, nor done as another visitor than the token's. Only the load
+    # shows it (a recipe loaded before it would show it early); a page whose load failed keeps "Opening…".
+    page_loaded.then(**in_the_page([form_area, opening], f"inputs[0] === '' ? [{visible(True)}, "
+                                                         f"{visible(False)}] : [{UNCHANGED}, {UNCHANGED}]"),
+                     inputs=[opening])
+
+
+def on_page_load(studio: Studio, drafts: Drafts, token: str | None, owner_key_kept: str, kept: dict | None,
+              request: gr.Request) -> tuple:
+    """Who this browser is (the token it keeps), the draft it kept (or the default recipe), and re-attach to a
+    running (or the latest) run."""
+    session = request.session_hash
+    if not session:  # a page always has one
+        raise gr.Error(NO_SESSION, print_exception=False)
+    studio.page_opened()
+    token = studio.visitors.arrive(session, token)
+    who = studio.visitors.of(session, request_address(studio, request))
+    try:  # the owner key this browser was asked to remember
+        who = studio.visitors.unlock(who, owner_key_kept) or who
+    except DragonError:  # too many wrong keys from here: the page opens locked
+        pass
+    with visiting(who):
+        active = studio.runs.active_id()
+        runs = studio.runs.summaries()
+        run_id = active or (runs[0]["id"] if runs else "")
+        refusal = studio.public and kept_draft_refusal(kept)
+        if refusal:  # the browser forgets it, and the page shows the default recipe it was drawn with
+            shown = list(drafts.unchanged(message(f"{refusal} The page shows the {DEFAULT_RECIPE} recipe.", "warn")))
+        elif isinstance(kept, dict) and isinstance(kept.get("draft"), dict) and kept["draft"]:
+            pristine, auto_name = kept.get("pristine"), kept.get("auto_name")  # anything, as the browser kept
+            policy = studio.policy
+            shown = list(drafts.loaded(real_draft(as_draft(kept["draft"]), policy=policy), "",
+                                       real_draft(as_draft(pristine), policy=policy) if isinstance(pristine, dict)
+                                       else {},
+                                       auto_name if isinstance(auto_name, str) else ""))
+        else:  # the page shows the default recipe since its first paint: what was done since stays
+            shown = [gr.skip()] * (len(drafts.asking) + len(drafts.filled))
+        opening_at = next(at for at, block in enumerate(drafts.filled) if block is drafts.opening)
+        shown[len(drafts.asking) + opening_at] = ""  # then the page shows the form (page_loaded)
+        return (token, None if refusal else gr.skip(), *shown, run_id, gr.Timer(active=bool(active)),
+                *train_tab.runs_outputs(studio), *running_now(studio, active))
+
+
+def running_now(studio: Studio, active: str | None) -> tuple:
+    """The banner a page opens with while a run trains: a second browser, or a reload, sees it at once."""
+    if not active:
+        return gr.Row(visible=False), ""
+    status = studio.runs.get(active).read_status()
+    step = f"step {status.get('step') or 0} of {status.get('total_steps') or '?'}"
+    return gr.Row(visible=True), message(f"A run is training: `{active}`, {step}.", "info")
+
+
+def unlock_everything(studio: Studio, key: str, remember: bool) -> tuple:
+    """Unlock this page with the owner key; the browser keeps the key only when asked to remember it."""
+    try:
+        who = studio.visitors.unlock(studio.policy.visitor, key)
+    except DragonError as exc:
+        return gr.skip(), message(str(exc), "error"), gr.skip()
+    if who is None:
+        return "", message("That is not this demo's owner key.", "error"), gr.skip()
+    kept = key if remember is True else ""
+    where = "this browser" if kept else "this page (until it is closed)"
+    with visiting(who):
+        return kept, message(f"Unlocked: {where} can stop, resume and download every run.", "ok"), \
+            train_tab.runs_outputs(studio)[0]
+
+
+# The HTTP API (gradio_client): whole configs in, the same validation and run control as the buttons.
+
+
+def recipe(studio: Studio, name: str) -> dict:
+    """A recipe as a configuration to change and start (its data source as a public demo shows it)."""
+    return shown_draft(studio.recipes.load(name), policy=studio.policy)
+
+
+def check(studio: Studio, config: dict) -> str:
+    """"valid", or the first problem, in the configuration file's words (dotted setting names): what
+    ``dragon check`` says of the same file."""
+    try:
+        studio.recipes.check(as_draft(config))
+    except DragonError as exc:
+        return str(exc)
+    return "valid"
+
+
+def start(studio: Studio, config: dict) -> str:
+    """Start training a configuration; returns the run's id (follow it with /train_tick or the run list)."""
+    return studio.runs.start(as_draft(config)).id
+
+
+def preflight(studio: Studio, config: dict, prompts: int | None = None) -> dict:
+    """Will it learn? Sample the configuration's groups for some of its training prompts (by default about a
+    minute's worth, at least 16) and report: the verdict, the shares of groups with no spread (all fail, all
+    pass), each reward's mean, spread and failures, the prompts hardest first, and the fixes as settings. It
+    stops once its client has gone."""
+    return studio.preflight(as_draft(config), prompts, should_stop=client_left()).to_dict()
+
+
+def serve_the_api(studio: Studio) -> None:
+    for endpoint in (recipe, check, start):
+        gr.api(shows_errors(bound(endpoint, studio)), api_name=endpoint.__name__)
+    gr.api(shows_errors(bound(preflight, studio)), api_name="preflight", **ONE_MODEL_AT_A_TIME)
 
 
 def serve_as_visitors(demo: gr.Blocks, studio: Studio) -> None:
@@ -442,7 +559,12 @@ def request_address(studio: Studio, request) -> str | None:
     return studio.policy.network_address(", ".join(hops), getattr(getattr(request, "client", None), "host", None))
 
 
-def launch(demo: gr.Blocks, **options) -> None:
+def event_address(studio: Studio, event: Event) -> str:
+    """The network address a queued event came from, for the queue's fair turns ("" where none is known)."""
+    return request_address(studio, event.request) or ""
+
+
+def launch(demo: StudioApp, **options) -> None:
     """Serve ``demo`` (built by build_app) with what its studio's policy allows (serving_options) and ``options``."""
     demo.launch(**serving_options(demo.studio), **options)
 
@@ -478,6 +600,8 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
         if block:
             demo.block_thread()  # until Ctrl+C
             studio.close()
+        if demo.local_url is None:
+            raise RuntimeError("The app's server did not start.")
         return demo.local_url
 
     if args.desktop:
@@ -506,10 +630,11 @@ def serving_options(studio: Studio) -> dict:
     (keeping_sessions_small). No run history (in a public demo it could make the server use its Hugging Face token)
     and no monitoring (it shows every visitor's requests to anyone)."""
     options = {"run_history": False, "enable_monitoring": False}
-    if studio.public:
+    limits = studio.policy.limits
+    if limits is not None:  # a public demo
         # gradio forgets its oldest session past this many, in use or not: never reached, since at most
         # SESSIONS_IN_USE are in use and the others are forgotten within SWEEP_S.
-        return {**options, "max_file_size": f"{studio.policy.limits.upload_mb:g}mb",
+        return {**options, "max_file_size": f"{limits.upload_mb:g}mb",
                 "state_session_capacity": 2 * SESSIONS_IN_USE,
                 "app_kwargs": {"middleware": guards(studio), "lifespan": keeping_sessions_small(studio.visitors)}}
     return {**options, "allowed_paths": [str(studio.runs_dir)]}
@@ -517,6 +642,7 @@ def serving_options(studio: Studio) -> dict:
 
 def _notes(draft: Draft) -> tuple:
     """The loaded settings' notes (a lesson recipe's: what to try, what to look for), shown only when there are some."""
-    notes = draft.get("notes") if isinstance(draft.get("notes"), str) else ""
-    return gr.Accordion(visible=bool(notes.strip())), notes
+    notes = draft.get("notes")
+    text = notes if isinstance(notes, str) else ""
+    return gr.Accordion(visible=bool(text.strip())), text
 

@@ -10,14 +10,14 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 import gradio as gr
-from gradio.context import Context, LocalContext
+from gradio.context import Context, LocalContext, get_render_context
 
-from ..config import setting_help
+from ..config import Draft, setting_help
 from ..errors import DragonError, describe
 from ..studio import draft as drafts
 from ..studio.backend import Studio
@@ -71,8 +71,9 @@ class Form:
     def labels(self) -> dict[str, str]:
         return {f.path: f.label for f in self.fields}
 
-    def compose(self, loaded: dict, *values) -> dict:
-        return drafts.compose(loaded, {f.path: f.to_draft(value) for f, value in zip(self.fields, values, strict=True)})
+    def compose(self, loaded: dict, *values: Any) -> Draft:
+        return as_draft(drafts.compose(loaded, {f.path: f.to_draft(value)
+                                                for f, value in zip(self.fields, values, strict=True)}))
 
     def takes_draft(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn(draft, *rest)`` as a handler whose inputs are ``[*self.inputs, *rest]`` (a generator stays one).
@@ -91,7 +92,7 @@ class Form:
 
         return handler
 
-    def watch(self, fn: Callable[..., Any], outputs: list, inputs: list = (), alone: bool = False) -> None:
+    def watch(self, fn: Callable[..., Any], outputs: list, inputs: Sequence[Any] = (), alone: bool = False) -> None:
         """Run ``fn(draft, *inputs)`` for ``outputs`` after every change of the form; ``alone``: in an event of its
         own, so that its answer does not wait for the slowest of the others (the draft the browser keeps, which a
         reload seconds after an edit must find, waited for a cold start's hardware detection)."""
@@ -109,28 +110,29 @@ class Form:
         when they change together (it only notices the first is running after it was sent), so a loaded draft was
         worked out six times over. The fields' changes first count up a hidden number in the page, once for all
         the changes made together (FORM_EDITED); the watchers run on its change."""
-        count = len(self.inputs)
-
-        def on_change(*args):
-            draft, rest, shown = self.compose(*args[:count]), list(args[count:]), []
-            for fn, outputs, inputs in self._watchers:
-                values, rest = rest[:len(inputs)], rest[len(inputs):]
-                try:
-                    result = fn(draft, *values)
-                    shown.extend(result if len(outputs) > 1 else [result])
-                except Exception:  # one watcher's failure leaves the others' answers (the kept draft among them)
-                    log.exception("a watcher of the form failed")
-                    shown.extend([gr.skip()] * len(outputs))
-            return shown
-
         edits = gr.Number(0, visible="hidden", interactive=False, elem_id="form-edits")
         gr.on(self.triggers, **in_the_page([edits], FORM_EDITED))
-        edits.change(on_change, [*self.inputs, *(c for _, _, inputs in self._watchers for c in inputs)],
+        edits.change(self.on_change, [*self.inputs, *(c for _, _, inputs in self._watchers for c in inputs)],
                      [c for _, outputs, _ in self._watchers for c in outputs], trigger_mode="always_last",
                      show_progress="hidden", api_visibility="private")
         for fn, outputs, inputs in self._alone:
             edits.change(self.takes_draft(fn), [*self.inputs, *inputs], outputs, trigger_mode="always_last",
                          show_progress="hidden", api_visibility="private")
+
+    def on_change(self, *args: Any) -> list:
+        """Every watcher's answer to one change of the form: ``args`` are the form's inputs, then each watcher's."""
+        count = len(self.inputs)
+        draft, rest = self.compose(*args[:count]), list(args[count:])
+        shown: list[Any] = []
+        for fn, outputs, inputs in self._watchers:
+            values, rest = rest[:len(inputs)], rest[len(inputs):]
+            try:
+                result = fn(draft, *values)
+                shown.extend(result if len(outputs) > 1 else [result])
+            except Exception:  # one watcher's failure leaves the others' answers (the kept draft among them)
+                log.exception("a watcher of the form failed")
+                shown.extend([gr.skip()] * len(outputs))
+        return shown
 
 
 # The count of the form's edits (Form.connect_watchers). The first change of a burst opens it and every change until
@@ -141,6 +143,18 @@ FORM_EDITED = ("(() => { const burst = (window.dragonFormEdits ??= {count: 0, ne
                "if (!burst.next) { burst.next = new Promise((resolve) => { const channel = new MessageChannel(); "
                "channel.port1.onmessage = () => { burst.next = null; burst.count += 1; resolve(burst.count); }; "
                "channel.port2.postMessage(null); }); } return burst.next; })()")
+
+
+def as_draft(settings: Mapping[str, Any]) -> Draft:
+    """``settings`` as the Draft the studio's functions take: a client's config or the draft a browser kept (not
+    validated yet, as a Draft never is), or a draft that a function of the studio hands on as a plain dict
+    (studio.draft.compose, files.real_draft)."""
+    return cast(Draft, settings)
+
+
+# A function of an event's inputs that makes a whole draft: (the draft, what it is or what changed), the draft as
+# the studio's function gives it, a Draft or a plain dict (Runs.settings_of, preflight_view.apply_fix).
+DraftMaker = Callable[..., tuple[Draft | dict, str]]
 
 
 @dataclass
@@ -164,14 +178,13 @@ class Shared:
     # The Rewards tab's playground row picker and the row it shows: a pre-flight's prompt opens there.
     playground_row: Any = None
     playground_row_text: Any = None
-    # Tabs that replace the whole draft (a past run's "Load these settings") call this with their trigger and a
-    # function of their inputs that returns (draft, what it is); app.build_app sets it before building the tabs.
-    offer_draft: Callable[..., Any] | None = None
-    # Events that change the settings shown (a pre-flight's fix) call this with their trigger, a function of the draft
-    # and their inputs that returns (the changed draft, a sentence saying what changed), and where to say it.
-    change_draft: Callable[..., Any] | None = None
+    # Events that replace the whole draft (a past run's "Load these settings") and events that change the settings
+    # shown (a pre-flight's fix), as offer_draft and change_draft take them; app.build_app wires them once every tab
+    # has said what it fills.
+    offers: list[tuple[Any, DraftMaker, list]] = field(default_factory=list)
+    changes: list[tuple[Any, DraftMaker, list, Any]] = field(default_factory=list)
     # What each tab shows of a whole draft just loaded: (function of the draft, its outputs), run one after another
-    # before the form appears (app.build_app's fill_loaded)...
+    # before the form appears (app.Drafts.loaded)...
     fills: list = field(default_factory=list)
     # ...and what each tab then works out from the form as it shows: (function, inputs, outputs[, event options]),
     # the Data tab's preview among them, which may take seconds and must not hold the form back.
@@ -183,6 +196,16 @@ class Shared:
     @property
     def loaded(self) -> gr.State:
         return self.form.loaded
+
+    def offer_draft(self, trigger: Any, get_draft: DraftMaker, inputs: list) -> None:
+        """Have ``trigger`` load the draft that ``get_draft(*inputs)`` returns as (draft, what it is) in every tab,
+        asking first if the form was edited."""
+        self.offers.append((trigger, get_draft, inputs))
+
+    def change_draft(self, trigger: Any, make_change: DraftMaker, inputs: list, said_in: Any) -> None:
+        """Have ``trigger`` show the settings ``make_change(draft, *inputs)`` returns as (draft, a sentence saying
+        what changed) in every tab, the sentence in ``said_in`` too."""
+        self.changes.append((trigger, make_change, inputs, said_in))
 
 
 def in_the_page(outputs: list, updates: str) -> dict:
@@ -266,13 +289,37 @@ def tab_selected(tab_id: str, when: str = "true") -> str:
     return f"(({when}) ? {{__type__: 'update', selected: {json.dumps(tab_id)}}} : {UNCHANGED})"
 
 
+class EventOptions(TypedDict, total=False):
+    """Options that a tab gives several of its events alike (``**options``), as gradio's listeners take them."""
+
+    trigger_mode: Literal["once", "multiple", "always_last"]
+    api_visibility: Literal["public", "private", "undocumented"]
+    show_progress_on: Sequence[gr.components.Component]
+
+
+class Turns(TypedDict):
+    """How many events of a group run at once, across the app (gradio's concurrency group)."""
+
+    concurrency_limit: int
+    concurrency_id: str
+
+
 # What loads or writes a whole model (previews, scoring, merging, zipping, publishing) takes turns across the app,
 # whoever asks: two at once would hold two models in memory and share the cores with a training.
-ONE_MODEL_AT_A_TIME: dict[str, Any] = {"concurrency_limit": 1, "concurrency_id": "models"}
+ONE_MODEL_AT_A_TIME: Turns = {"concurrency_limit": 1, "concurrency_id": "models"}
 # Held by the thread that samples for such an event (the playground's group, the pre-flight): gradio lets the next
 # model event start once it has closed a cancelled one, while that thread may still be finishing its token.
 SAMPLING = threading.Lock()
 
+
+
+def tab_being_built() -> gr.Tab:
+    """The tab that app.build_app builds the calling tab's components in: its selection re-reads what may have
+    changed meanwhile."""
+    tab = get_render_context()
+    if not isinstance(tab, gr.Tab):
+        raise TypeError("A tab is built inside its gr.Tab (app.build_tabs).")
+    return tab
 
 
 def client_left() -> Callable[[], bool]:
@@ -316,6 +363,34 @@ def asked(fn: Callable[..., Any], studio: Studio) -> Callable[..., Any]:
         return fn(*args, policy=studio.policy)
 
     return handler
+
+
+def bound(fn: Callable[..., Any], *first: Any) -> Callable[..., Any]:
+    """``fn`` with its first parameters given ``first``, as a handler of the rest: functools.partial, except that
+    gradio still reads the annotations of the rest, by which it passes the request (``gr.Request``) or the event's
+    data (``gr.EventData``, ``gr.SelectData``); a generator stays one."""
+    if inspect.isgeneratorfunction(fn):
+        def handler(*args, **kwargs):
+            yield from fn(*first, *args, **kwargs)
+    else:
+        def handler(*args, **kwargs):
+            return fn(*first, *args, **kwargs)
+
+    functools.update_wrapper(handler, fn)  # its annotations, resolved in fn's module
+    signature = inspect.signature(fn)
+    setattr(handler, "__signature__", signature.replace(parameters=list(signature.parameters.values())[len(first):]))
+    return handler
+
+
+def first_cell(event: gr.SelectData) -> Any:
+    """The first cell of a table's row that was picked (a run's id, a preset's model); None when there is none."""
+    row = event.row_value
+    return row[0] if isinstance(row, list) and row else None
+
+
+def chosen_or_unchanged(value: Any) -> Any:
+    """A picker's value for the field it fills, leaving the field as it is when nothing was picked."""
+    return value or gr.skip()
 
 
 def shows_errors(fn):

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import functools
 import threading
+from dataclasses import dataclass
 
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
-from gradio.context import get_render_context
 
 from ..studio import compare
 from ..studio.backend import Studio
-from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, shows_errors
+from .common import ONE_MODEL_AT_A_TIME, Shared, explain, message, shows_errors, tab_being_built
 
 CHART_HEIGHT = 340
 BEFORE_COLOR, AFTER_COLOR = "#94a3b8", "#10b981"
@@ -171,9 +171,41 @@ def publish(studio: Studio, run_id: str | None, repo: str, kind: str, private: b
                    f"[{published.repo_id}]({published.url})", "ok")
 
 
+@dataclass
+class AskBoth:
+    """The free prompt, answered by both models."""
+
+    prompt: gr.Textbox
+    max_new_tokens: gr.Slider
+    temperature: gr.Slider
+    button: gr.Button
+    cancel: gr.Button
+    before: gr.Textbox
+    after: gr.Textbox
+
+
+@dataclass
+class TakeAway:
+    """The trained model as a download, merged, or published to the Hub."""
+
+    zip_button: gr.Button
+    merge_button: gr.Button
+    zip_file: gr.File
+    merged_file: gr.File
+    merged_folder: gr.Textbox
+    merge_status: gr.Markdown
+    repo: gr.Textbox
+    token: gr.Textbox
+    kind: gr.Radio
+    private: gr.Checkbox
+    update: gr.Checkbox
+    publish_button: gr.Button
+    publish_status: gr.Markdown
+
+
 def build(shared: Shared) -> None:
     studio = shared.studio
-    this_tab = get_render_context()  # the gr.Tab that app.build_app builds this tab in
+    this_tab = tab_being_built()
     choices = run_choices(studio)
     with gr.Row(equal_height=True):
         # Custom values: API clients name any run id (an unknown one gets a sentence, not gradio's choice check).
@@ -192,7 +224,28 @@ def build(shared: Shared) -> None:
     samples = gr.Dataframe(value=table([]), headers=compare.TABLE_HEADERS, interactive=False, wrap=True,
                            max_height=420, label="Held-out prompts answered by both models", elem_id="compare-table",
                            column_widths=["22%", "8%", "20%", "20%", "8%", "8%", "14%"])
+    asking = ask_both(studio)
+    away = take_away(studio)
+    shown = [summary, plot, samples, evaluate_row, asking.prompt]
+    refresh_button.click(functools.partial(refresh, studio), [run_picker, shared.run_id], [run_picker, *shown],
+                         api_name="compare_runs")
+    shared.run_id.change(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
+                         api_visibility="private")
+    # A run becomes comparable (its starting model scored, a stop, the end of training) while another tab is open:
+    # opening this tab re-lists the runs and shows the one the Train tab shows.
+    this_tab.select(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
+                    api_visibility="private", show_progress="hidden")
+    run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
+    shared.offer_draft(load_settings.click, studio.runs.settings_of, [run_picker])
+    evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
+                                       api_name="compare_evaluate", **ONE_MODEL_AT_A_TIME)
+    cancel_button.click(functools.partial(cancel_evaluation, studio), [run_picker], [evaluate_status],
+                        cancels=[evaluation], api_name="compare_cancel")
+    connect_ask_both(studio, run_picker, asking)
+    connect_take_away(studio, run_picker, away)
 
+
+def ask_both(studio: Studio) -> AskBoth:
     gr.Markdown("### Ask both models")
     with gr.Row():
         prompt = gr.Textbox(label="Your prompt", lines=2, scale=4, elem_id="compare-prompt",
@@ -204,12 +257,15 @@ def build(shared: Shared) -> None:
             temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)",
                                     elem_id="compare-temperature")
     with gr.Row():
-        ask_button = gr.Button("Ask both", variant="primary", elem_id="compare-ask")
-        ask_cancel = gr.Button("Cancel", elem_id="compare-ask-cancel")
+        button = gr.Button("Ask both", variant="primary", elem_id="compare-ask")
+        cancel = gr.Button("Cancel", elem_id="compare-ask-cancel")
     with gr.Row():
-        before_reply = gr.Textbox(label="Before training", lines=4, interactive=False, elem_id="compare-before")
-        after_reply = gr.Textbox(label="After training", lines=4, interactive=False, elem_id="compare-after")
+        before = gr.Textbox(label="Before training", lines=4, interactive=False, elem_id="compare-before")
+        after = gr.Textbox(label="After training", lines=4, interactive=False, elem_id="compare-after")
+    return AskBoth(prompt, max_new_tokens, temperature, button, cancel, before, after)
 
+
+def take_away(studio: Studio) -> TakeAway:
     gr.Markdown("### Take the trained model with you")
     with gr.Row():
         zip_button = gr.Button("Zip the adapter", elem_id="compare-zip")
@@ -223,7 +279,6 @@ def build(shared: Shared) -> None:
             merged_folder = gr.Textbox(label="Merged model folder on the server", interactive=False,
                                        elem_id="compare-merged-folder")
     merge_status = gr.Markdown(elem_id="compare-merge-status")
-
     with gr.Accordion("Publish to the Hugging Face Hub", open=False, elem_id="compare-publish"):
         with gr.Row():
             repo = gr.Textbox(label="Repo name", placeholder="your-user-name/arith-grpo", scale=2,
@@ -240,28 +295,23 @@ def build(shared: Shared) -> None:
                 update = gr.Checkbox(value=False, label="Update it if it exists", elem_id="compare-publish-update")
         publish_button = gr.Button("Publish", variant="primary", elem_id="compare-publish-button")
         publish_status = gr.Markdown(elem_id="compare-publish-status")
+    return TakeAway(zip_button, merge_button, zip_file, merged_file, merged_folder, merge_status, repo, token, kind,
+                    private, update, publish_button, publish_status)
 
-    shown = [summary, plot, samples, evaluate_row, prompt]
-    refresh_button.click(functools.partial(refresh, studio), [run_picker, shared.run_id], [run_picker, *shown],
-                         api_name="compare_runs")
-    shared.run_id.change(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
-                         api_visibility="private")
-    # A run becomes comparable (its starting model scored, a stop, the end of training) while another tab is open:
-    # opening this tab re-lists the runs and shows the one the Train tab shows.
-    this_tab.select(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
-                    api_visibility="private", show_progress="hidden")
-    run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
-    shared.offer_draft(load_settings.click, studio.runs.settings_of, [run_picker])
-    evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
-                                       api_name="compare_evaluate", **ONE_MODEL_AT_A_TIME)
-    cancel_button.click(functools.partial(cancel_evaluation, studio), [run_picker], [evaluate_status], cancels=[evaluation],
-                        api_name="compare_cancel")
-    answering = ask_button.click(functools.partial(ask, studio), [run_picker, prompt, max_new_tokens, temperature],
-                                 [before_reply, after_reply], api_name="compare_ask", **ONE_MODEL_AT_A_TIME)
-    ask_cancel.click(None, cancels=[answering], api_visibility="private")
-    zip_button.click(functools.partial(download_adapter, studio), [run_picker], [zip_file], api_name="compare_zip",
-                     **ONE_MODEL_AT_A_TIME)
-    merge_button.click(functools.partial(merge, studio), [run_picker], [merged_file, merged_folder, merge_status],
-                       api_name="compare_merge", **ONE_MODEL_AT_A_TIME)
-    publish_button.click(functools.partial(publish, studio), [run_picker, repo, kind, private, update, token],
-                         [publish_status], api_name="compare_publish", **ONE_MODEL_AT_A_TIME)
+
+def connect_ask_both(studio: Studio, run_picker: gr.Dropdown, asking: AskBoth) -> None:
+    answering = asking.button.click(functools.partial(ask, studio),
+                                    [run_picker, asking.prompt, asking.max_new_tokens, asking.temperature],
+                                    [asking.before, asking.after], api_name="compare_ask", **ONE_MODEL_AT_A_TIME)
+    asking.cancel.click(None, cancels=[answering], api_visibility="private")
+
+
+def connect_take_away(studio: Studio, run_picker: gr.Dropdown, away: TakeAway) -> None:
+    away.zip_button.click(functools.partial(download_adapter, studio), [run_picker], [away.zip_file],
+                          api_name="compare_zip", **ONE_MODEL_AT_A_TIME)
+    away.merge_button.click(functools.partial(merge, studio), [run_picker],
+                            [away.merged_file, away.merged_folder, away.merge_status], api_name="compare_merge",
+                            **ONE_MODEL_AT_A_TIME)
+    away.publish_button.click(functools.partial(publish, studio),
+                              [run_picker, away.repo, away.kind, away.private, away.update, away.token],
+                              [away.publish_status], api_name="compare_publish", **ONE_MODEL_AT_A_TIME)

@@ -7,9 +7,11 @@ from a recipe does not trigger one recomputation per field.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 import pandas as pd
@@ -24,7 +26,9 @@ from ..public import Policy
 from ..studio.playground import (DataPreview, data_config, draft_tokenizer, fit_mapping, load_rows, preview_data,
                                  prompt_limit_of, unpayable)
 from ..data.tables import SUPPORTED_EXTENSIONS
-from .common import Shared, described, message, number, optional_number, shown_number, shows_errors
+from ..studio.backend import Studio
+from .common import (EventOptions, Form, Shared, asked, chosen_or_unchanged, described, message, number,
+                     optional_number, shown_number, shows_errors)
 from .guard import in_page_order
 
 def bundled_datasets() -> list[tuple[str, str]]:
@@ -235,148 +239,219 @@ def refresh_for_model(draft: Draft, previewed_model: str, labels: dict[str, str]
             _model_key(draft))
 
 
+def show_difficulty(draft: Draft) -> tuple:
+    """The difficulty filter a pre-flight set, and its Clear button, shown only when there is one."""
+    said = difficulty_filter(draft)
+    return said, gr.Button(visible=bool(said))
+
+
+def preview_loaded(draft: Draft, labels: dict[str, str] | None = None, *, policy: Policy) -> Iterator[tuple]:
+    """show_preview as a page's load runs it, once the form shows the loaded draft: looked up when it runs, so a
+    test may stand a slow one in for it."""
+    yield from show_preview(draft, labels, policy=policy)
+
+
+def use_picked_source(draft: Draft, picked: str | None, shown_table: list | None, labels: dict[str, str] | None = None,
+                      *, policy: Policy) -> tuple:
+    """A bundled example picked (as the picker shows it, files.shown_source) becomes the source."""
+    return use_source(draft, real_source(picked, policy=policy) if picked else None, shown_table, labels,
+                      policy=policy)
+
+
+def take_upload(studio: Studio, draft: Draft, uploaded: str | None, shown_table: list | None,
+                labels: dict[str, str] | None = None) -> tuple:
+    """An uploaded file becomes the source: in a public demo, moved into this visitor's own folder first
+    (Files.keep_upload), where nobody else can read it. See UPDATED for what comes back."""
+    if not uploaded:
+        return use_source(draft, None, shown_table, labels, policy=studio.policy)
+    try:
+        kept = studio.files.keep_upload(uploaded)
+        try:  # read once here (the preview reuses it): a file that cannot be read is not kept
+            setting = replace(data_config(draft), source=kept, hub_config=None, sheet=None)
+            sheets = load_rows(setting, policy=studio.policy).sheets
+        except DragonError:
+            studio.files.discard_upload(kept)
+            raise
+    except DragonError as exc:
+        return _said_at_source(problem_text(DataPreview([], [], [], "", error=str(exc), error_field="source"),
+                                            labels or {}))
+    # The first sheet is the one read.
+    return _which_file(use_picked_source(draft, kept, shown_table, labels, policy=studio.policy), Path(uploaded).name,
+                       sheets[0] if sheets else None)
+
+
+def reshow_upload(draft: Draft, shown_table: list | None, labels: dict[str, str] | None = None, *,
+                  policy: Policy) -> tuple:
+    """The uploaded file's preview again, once every preview queued before the upload has answered."""
+    setting = data_config(draft)
+    return _which_file(update_data(draft, shown_table, labels, policy=policy), Path(setting.source).name,
+                       setting.sheet)
+
+
+@dataclass
+class SourceFields:
+    """Where the data comes from: a bundled example, an upload, or a path or Hub dataset typed in."""
+
+    example: gr.Dropdown
+    upload: gr.File
+    source: gr.Textbox
+    hub_config: gr.Textbox
+    hub_split: gr.Textbox
+    status: gr.Markdown
+
+
+@dataclass
+class MappingFields:
+    """How a row becomes a prompt, and what the data holds."""
+
+    prompt: gr.Textbox
+    prompt_column: gr.Dropdown
+    reference: gr.Dropdown
+    system: gr.Dropdown
+    status: gr.Markdown
+    eval_frac: gr.Slider
+    sheet: gr.Dropdown
+    max_rows: gr.Textbox
+    counts: gr.Markdown
+    difficulty: gr.Markdown
+    clear_difficulty: gr.Button
+    lengths: gr.Markdown
+
+
+@dataclass
+class DataTab:
+    """The components the tab's events use."""
+
+    source: SourceFields
+    mapping: MappingFields
+    table: gr.Dataframe
+    rendered: gr.Markdown
+    shown_table: gr.State  # table_identity of the table previewed now
+    previewed_model: gr.State
+
+    @property
+    def views(self) -> list:
+        """What a preview shows (preview_views)."""
+        return [self.source.status, self.table, self.mapping.status, self.mapping.counts, self.rendered,
+                self.mapping.lengths, self.mapping.sheet]
+
+    @property
+    def updated(self) -> list:
+        """What a preview writes, as UPDATED names it."""
+        source, mapping = self.source, self.mapping
+        return [source.source, source.example, source.hub_config, source.hub_split, mapping.prompt,
+                mapping.prompt_column, mapping.reference, mapping.system, *self.views, self.shown_table,
+                self.previewed_model]
+
+
 def build(shared: Shared) -> Callable[[], None]:
     """The tab's components and fields; returns the function that wires its events once every tab is built (the
     preview renders prompts with the Model tab's starting model)."""
-    form, studio = shared.form, shared.studio
     gr.Markdown("Choose the examples to learn from and say how each row becomes a prompt. The **reference** is what "
                 "rewards compare a reply with (e.g. the correct answer).")
     with gr.Row():
         with gr.Column():
-            example = gr.Dropdown([(name, shown_source(path, policy=studio.policy))
-                                   for name, path in bundled_datasets()], value=None, label="Bundled example",
-                                  info="Small datasets that ship with the app.", elem_id="data-example")
-            upload = gr.File(label="…or upload a file", file_types=list(SUPPORTED_EXTENSIONS), height=120,
-                             elem_id="data-upload")
-            # It shows a source as the app shows it (files.shown_source); the draft holds the file it stands for.
-            source = form.add("data.source", gr.Textbox(elem_id="data-source", **described(
-                "data.source", "Press Enter to load it.")),
-                lambda value: real_source(_text(value), policy=studio.policy))
-            with gr.Row():
-                hub_config = form.add("data.hub_config", gr.Textbox(**described("data.hub_config"),
-                                                                    placeholder="optional, e.g. main",
-                                                                    elem_id="data-hub-config"), _text_or_none)
-                hub_split = form.add("data.hub_split", gr.Textbox(**described("data.hub_split"), value="train",
-                                                                  elem_id="data-hub-split"),
-                                     lambda value: _text(value) or "train")
-            source_status = gr.Markdown(elem_id="data-source-status")
+            source = source_fields(shared)
         with gr.Column():
-            prompt = form.add("data.prompt", gr.Textbox(
-                lines=2, max_lines=12, elem_id="data-prompt", **described("data.prompt", "Enter starts a new line.")),
-                lambda value: value or "")
-            prompt_column = gr.Dropdown(label="…or use a column as the prompt", choices=[], value=None,
-                                        elem_id="data-prompt-column")
-            reference = form.add("data.reference", gr.Dropdown(
-                allow_custom_value=True, elem_id="data-reference", **described("data.reference")),
-                lambda value: value or None)
-            system = form.add("data.system", gr.Dropdown(
-                allow_custom_value=True, elem_id="data-system", **described("data.system")), lambda value: value or None)
-            mapping_status = gr.Markdown(elem_id="data-mapping-status")
-            eval_frac = form.add("data.eval_frac", gr.Slider(
-                0, 0.5, value=0.05, step=0.01, elem_id="data-eval-frac", **described("data.eval_frac")),
-                lambda value: float(value) if value is not None else 0.05)
-            sheet = form.add("data.sheet", gr.Dropdown(
-                choices=[], value=None, allow_custom_value=True, visible=False, elem_id="data-sheet",
-                **described("data.sheet")), _text_or_none)
-            max_rows = form.add("data.max_rows", optional_number(
-                placeholder="all", elem_id="data-max-rows", **described("data.max_rows")), number)
-            counts = gr.Markdown(elem_id="data-counts")
-            with gr.Row(equal_height=True):
-                difficulty = gr.Markdown(elem_id="data-difficulty")
-                clear_difficulty = gr.Button("Clear the filter", size="sm", scale=0, min_width=150, visible=False,
-                                             elem_id="data-difficulty-clear")
-            lengths = gr.Markdown(elem_id="data-lengths")
+            mapping = mapping_fields(shared.form)
     table = gr.Dataframe(EMPTY_TABLE, label="First rows", interactive=False, max_height=360, wrap=True,
                          elem_id="data-preview")
     with gr.Accordion("Prompts as the model reads them", open=True):
         rendered = gr.Markdown(elem_id="data-rendered")
-    shown_table = gr.State([])  # table_identity of the table previewed now
-    previewed_model = gr.State("")
+    tab = DataTab(source, mapping, table, rendered, gr.State([]), gr.State(""))
+    shared.fills.append((asked(fill_fields, shared.studio), [
+        source.source, source.example, source.hub_config, source.hub_split, mapping.prompt, mapping.prompt_column,
+        mapping.reference, mapping.system, mapping.eval_frac, mapping.max_rows, mapping.sheet]))
+    shared.fills.append((show_difficulty, [mapping.difficulty, mapping.clear_difficulty]))
+    return functools.partial(connect, shared, tab)
 
-    views = [source_status, table, mapping_status, counts, rendered, lengths, sheet]
-    updated = [source, example, hub_config, hub_split, prompt, prompt_column, reference, system, *views, shown_table,
-               previewed_model]
-    shared.fills.append((lambda draft: fill_fields(draft, policy=studio.policy), [
-        source, example, hub_config, hub_split, prompt, prompt_column, reference, system, eval_frac, max_rows, sheet]))
 
-    def show_difficulty(draft: Draft) -> tuple:
-        said = difficulty_filter(draft)
-        return said, gr.Button(visible=bool(said))
+def source_fields(shared: Shared) -> SourceFields:
+    form, policy = shared.form, shared.studio.policy
+    example = gr.Dropdown([(name, shown_source(path, policy=policy)) for name, path in bundled_datasets()],
+                          value=None, label="Bundled example", info="Small datasets that ship with the app.",
+                          elem_id="data-example")
+    upload = gr.File(label="…or upload a file", file_types=list(SUPPORTED_EXTENSIONS), height=120,
+                     elem_id="data-upload")
+    # It shows a source as the app shows it (files.shown_source); the draft holds the file it stands for.
+    source = form.add("data.source", gr.Textbox(elem_id="data-source", **described(
+        "data.source", "Press Enter to load it.")), asked(_real_source, shared.studio))
+    with gr.Row():
+        hub_config = form.add("data.hub_config", gr.Textbox(**described("data.hub_config"),
+                                                            placeholder="optional, e.g. main",
+                                                            elem_id="data-hub-config"), _text_or_none)
+        hub_split = form.add("data.hub_split", gr.Textbox(**described("data.hub_split"), value="train",
+                                                          elem_id="data-hub-split"),
+                             lambda value: _text(value) or "train")
+    return SourceFields(example, upload, source, hub_config, hub_split, gr.Markdown(elem_id="data-source-status"))
 
-    shared.fills.append((show_difficulty, [difficulty, clear_difficulty]))
 
-    def connect() -> None:
-        shared.change_draft(clear_difficulty.click, without_difficulty_filter, [], difficulty)
+def mapping_fields(form: Form) -> MappingFields:
+    prompt = form.add("data.prompt", gr.Textbox(
+        lines=2, max_lines=12, elem_id="data-prompt", **described("data.prompt", "Enter starts a new line.")),
+        lambda value: value or "")
+    prompt_column = gr.Dropdown(label="…or use a column as the prompt", choices=[], value=None,
+                                elem_id="data-prompt-column")
+    reference = form.add("data.reference", gr.Dropdown(
+        allow_custom_value=True, elem_id="data-reference", **described("data.reference")), lambda value: value or None)
+    system = form.add("data.system", gr.Dropdown(
+        allow_custom_value=True, elem_id="data-system", **described("data.system")), lambda value: value or None)
+    status = gr.Markdown(elem_id="data-mapping-status")
+    eval_frac = form.add("data.eval_frac", gr.Slider(
+        0, 0.5, value=0.05, step=0.01, elem_id="data-eval-frac", **described("data.eval_frac")),
+        lambda value: float(value) if value is not None else 0.05)
+    sheet = form.add("data.sheet", gr.Dropdown(
+        choices=[], value=None, allow_custom_value=True, visible=False, elem_id="data-sheet",
+        **described("data.sheet")), _text_or_none)
+    max_rows = form.add("data.max_rows", optional_number(
+        placeholder="all", elem_id="data-max-rows", **described("data.max_rows")), number)
+    counts = gr.Markdown(elem_id="data-counts")
+    with gr.Row(equal_height=True):
+        difficulty = gr.Markdown(elem_id="data-difficulty")
+        clear_difficulty = gr.Button("Clear the filter", size="sm", scale=0, min_width=150, visible=False,
+                                     elem_id="data-difficulty-clear")
+    return MappingFields(prompt, prompt_column, reference, system, status, eval_frac, sheet, max_rows, counts,
+                         difficulty, clear_difficulty, gr.Markdown(elem_id="data-lengths"))
 
-        def update(draft, shown):
-            return update_data(draft, shown, form.labels, policy=studio.policy)
 
-        def preview(draft):
-            yield from show_preview(draft, form.labels, policy=studio.policy)
+def preview_handler(shared: Shared, labels: dict[str, str], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(draft, *inputs, labels=..., policy=...)`` as a handler of the form's inputs, then ``inputs``, that shows
+    its errors as sentences. Each call makes a handler of its own, so each event takes its own turns (gradio's
+    concurrency group is the handler's)."""
+    return shows_errors(shared.form.takes_draft(asked(functools.partial(fn, labels=labels), shared.studio)))
 
-        shared.refreshes.append((shows_errors(form.takes_draft(preview)), form.inputs, updated, IN_TURN))
-        shared.first_paint.append((lambda draft: first_preview(draft, form.labels, policy=studio.policy), updated))
 
-        def replace_source(draft, new_source, shown):
-            policy = studio.policy
-            return use_source(draft, real_source(new_source, policy=policy), shown, form.labels, policy=policy)
-
-        def take_upload(draft, new_source, shown):
-            """An uploaded file becomes the source: in a public demo, moved into this visitor's own folder first
-            (Files.keep_upload), where nobody else can read it."""
-            if not new_source:
-                return replace_source(draft, new_source, shown)
-            try:
-                kept = studio.files.keep_upload(new_source)
-                try:  # read once here (the preview reuses it): a file that cannot be read is not kept
-                    setting = replace(data_config(draft), source=kept, hub_config=None, sheet=None)
-                    sheets = load_rows(setting, policy=studio.policy).sheets
-                except DragonError:
-                    studio.files.discard_upload(kept)
-                    raise
-            except DragonError as exc:
-                return (*[gr.skip()] * UPDATED.index("source_status"), problem_text(DataPreview(
-                    [], [], [], "", error=str(exc), error_field="source"), form.labels),
-                        *[gr.skip()] * (len(UPDATED) - UPDATED.index("source_status") - 1))
-            # The first sheet is the one read.
-            return _which_file(replace_source(draft, kept, shown), Path(new_source).name, (sheets or [None])[0])
-
-        def reshow_upload(draft, shown):
-            """The uploaded file's preview again, once every preview queued before the upload has answered."""
-            setting = data_config(draft)
-            return _which_file(update(draft, shown), Path(setting.source).name, setting.sheet)
-
-        # always_last: a field changed while the preview computes is previewed again with what the form shows then.
-        modes = {"trigger_mode": "always_last", "api_visibility": "private"}
-        # The prompt is previewed as it is typed: always_last keeps one preview waiting at most, of the latest text.
-        gr.on([source.blur, hub_config.submit, hub_config.blur, hub_split.submit, hub_split.blur, prompt.input,
-               reference.input, system.input, eval_frac.release, max_rows.submit, max_rows.blur, sheet.input],
-              shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, show_progress="hidden",
-              **modes)
-        # A new source or prompt column may take seconds to read: the preview table shows that it is coming.
-        previewing = {**modes, "show_progress_on": [table]}
-        prompt_column.input(lambda column: column or gr.skip(), [prompt_column], [prompt], show_progress="hidden",
-                            **modes).then(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated,
-                                          **previewing)
-        submitted = source.submit(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated,
-                                  **previewing, **IN_TURN)
-        picked = example.input(shows_errors(form.takes_draft(replace_source)), [*form.inputs, example, shown_table],
-                               updated, **previewing, **IN_TURN)
-        picked.then(shows_errors(form.takes_draft(update)), [*form.inputs, shown_table], updated, **previewing,
-                    **IN_TURN)
-        uploaded = upload.upload(shows_errors(form.takes_draft(take_upload)), [*form.inputs, upload, shown_table],
-                                 updated, **previewing, **IN_TURN)
-        uploaded.then(shows_errors(form.takes_draft(reshow_upload)), [*form.inputs, shown_table], updated,
-                      **previewing, **IN_TURN)
-        shared.source_replaced.extend([submitted, picked, uploaded])
-        def reshow(draft, shown):
-            return refresh_for_model(draft, shown, form.labels, policy=studio.policy)
-
-        form.component("model.id").change(
-            shows_errors(form.takes_draft(reshow)),
-            [*form.inputs, previewed_model], [*views, previewed_model], show_progress="hidden", **modes)
-
-    return connect
+def connect(shared: Shared, tab: DataTab) -> None:
+    """The tab's events, once every tab has added its fields to the form."""
+    form, source, mapping = shared.form, tab.source, tab.mapping
+    previews = functools.partial(preview_handler, shared, form.labels)
+    updated, with_table = tab.updated, [*form.inputs, tab.shown_table]
+    shared.change_draft(mapping.clear_difficulty.click, without_difficulty_filter, [], mapping.difficulty)
+    shared.refreshes.append((previews(preview_loaded), form.inputs, updated, IN_TURN))
+    shared.first_paint.append((asked(functools.partial(first_preview, labels=form.labels), shared.studio), updated))
+    # always_last: a field changed while the preview computes is previewed again with what the form shows then.
+    modes: EventOptions = {"trigger_mode": "always_last", "api_visibility": "private"}
+    # The prompt is previewed as it is typed: always_last keeps one preview waiting at most, of the latest text.
+    gr.on([source.source.blur, source.hub_config.submit, source.hub_config.blur, source.hub_split.submit,
+           source.hub_split.blur, mapping.prompt.input, mapping.reference.input, mapping.system.input,
+           mapping.eval_frac.release, mapping.max_rows.submit, mapping.max_rows.blur, mapping.sheet.input],
+          previews(update_data), with_table, updated, show_progress="hidden", **modes)
+    # A new source or prompt column may take seconds to read: the preview table shows that it is coming.
+    previewing: EventOptions = {**modes, "show_progress_on": [tab.table]}
+    mapping.prompt_column.input(chosen_or_unchanged, [mapping.prompt_column], [mapping.prompt],
+                                show_progress="hidden", **modes).then(previews(update_data), with_table, updated,
+                                                                      **previewing)
+    submitted = source.source.submit(previews(update_data), with_table, updated, **previewing, **IN_TURN)
+    picked = source.example.input(previews(use_picked_source), [*form.inputs, source.example, tab.shown_table],
+                                  updated, **previewing, **IN_TURN)
+    picked.then(previews(update_data), with_table, updated, **previewing, **IN_TURN)
+    uploaded = source.upload.upload(
+        shows_errors(form.takes_draft(functools.partial(take_upload, shared.studio, labels=form.labels))),
+        [*form.inputs, source.upload, tab.shown_table], updated, **previewing, **IN_TURN)
+    uploaded.then(previews(reshow_upload), with_table, updated, **previewing, **IN_TURN)
+    shared.source_replaced.extend([submitted, picked, uploaded])
+    form.component("model.id").change(previews(refresh_for_model), [*form.inputs, tab.previewed_model],
+                                      [*tab.views, tab.previewed_model], show_progress="hidden", **modes)
 
 
 # A page's preview of the loaded settings and its new source's take turns, in the order they came, and a new source is
@@ -385,13 +460,25 @@ def build(shared: Shared) -> Callable[[], None]:
 IN_TURN = in_page_order("data-source")
 
 
+def _said_at_source(said: str) -> tuple:
+    """What UPDATED names, with only the source's status line written."""
+    outputs: list = [gr.skip()] * len(UPDATED)
+    outputs[UPDATED.index("source_status")] = said
+    return tuple(outputs)
+
+
 def _which_file(outputs: tuple, name: str, sheet: str | None) -> tuple:
     """``outputs`` (UPDATED) saying which uploaded file (and sheet) the source is, where nothing else is said: the
     source field holds where the file is kept."""
-    outputs, where = list(outputs), UPDATED.index("source_status")
-    if not outputs[where]:
-        outputs[where] = message(f"Your file {name}" + (f", sheet '{sheet}'" if sheet else "") + ".", "ok")
-    return tuple(outputs)
+    said, where = list(outputs), UPDATED.index("source_status")
+    if not said[where]:
+        said[where] = message(f"Your file {name}" + (f", sheet '{sheet}'" if sheet else "") + ".", "ok")
+    return tuple(said)
+
+
+def _real_source(value: str | None, *, policy: Policy) -> str:
+    """The source field's value as the draft holds it: the file a shown source stands for (files.real_source)."""
+    return real_source(_text(value), policy=policy)
 
 
 def _text(value) -> str:

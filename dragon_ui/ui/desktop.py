@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Literal, NoReturn
 from pathlib import Path
 
 from .. import ASSETS_DIR
@@ -43,9 +43,10 @@ CLOSE_QUESTION = ("A run is still training. Stop it now? A checkpoint is saved f
 SERVER_FILE = ".desktop-server.json"
 
 Driver = Callable[[object], None]  # runs with the window once it is shown (tests and screenshots drive it)
+Gui = Literal["native", "qt", "gtk"]  # the system's own web view, Qt WebEngine, or GTK's WebKit
 
 
-def window_backend() -> tuple[str | None, str | None]:
+def window_backend() -> tuple[Gui | None, str | None]:
     """(pywebview's GUI to use, None) where a window can open here, else (None, the sentence saying why)."""
     if importlib.util.find_spec("webview") is None:
         return None, f"The desktop window needs pywebview: {INSTALL}."
@@ -106,7 +107,7 @@ def run(studio: Studio, serve: Callable[..., str], driver: Driver | None = None)
         _leave(0)
     url = serve("127.0.0.1", free_port(), inbrowser=False, block=False)
     guard = _open_window(url, gui, driver, guarded_for=studio)
-    _leave(_after_the_window(studio, url, guard))
+    _leave(_after_the_window(studio, url, stop=guard is not None and guard.decided == "stop"))
 
 
 def _leave(status: int) -> NoReturn:
@@ -122,7 +123,7 @@ def _leave(status: int) -> NoReturn:
     os._exit(status)
 
 
-def _open_window(url: str, gui: str, driver: Driver | None, guarded_for: Studio | None) -> CloseGuard | None:
+def _open_window(url: str, gui: Gui, driver: Driver | None, guarded_for: Studio | None) -> CloseGuard | None:
     """Show the window until it is closed; ``guarded_for``: its closing asks about a run this app trains (the
     returned guard says what was answered)."""
     if gui in ("qt", "gtk"):
@@ -137,6 +138,8 @@ def _open_window(url: str, gui: str, driver: Driver | None, guarded_for: Studio 
     width, height = remembered_size()
     window = webview.create_window(TITLE, url, width=width, height=height, min_size=MIN_SIZE, text_select=True,
                                    zoomable=True)
+    if window is None:  # pywebview makes none only for a window added to a GUI loop already running
+        raise RuntimeError("The window could not be made.")
     if gui == "qt":
         # pywebview reads the storage path when its Qt module is imported, inside start(): patch it after that, and
         # before the window's view exists ("initialized" runs on the main thread, between the two).
@@ -146,7 +149,7 @@ def _open_window(url: str, gui: str, driver: Driver | None, guarded_for: Studio 
     if guard is not None:
         window.events.closing += guard.on_closing
     # Not private: the browser storage keeps the draft settings from one start to the next, as a browser tab does.
-    webview.start(driver, window, gui=None if gui == "native" else gui, private_mode=False,
+    webview.start(driver, (window,), gui=None if gui == "native" else gui, private_mode=False,
                   storage_path=str(cache_dir() / "webview"), icon=str(ICON) if ICON.is_file() else None)
     return guard
 
@@ -187,11 +190,12 @@ def save_download(view, download) -> None:
         suffix = Path(name).suffix.lstrip(".")
         folder = download.downloadDirectory() if qt6 else ""
         suggested = str(Path(folder if folder and Path(folder).is_dir() else Path.home()) / name)
-        path = ask_save_path(view, "Save file", suggested, f"*.{suffix};;All files (*)" if suffix else "All files (*)")
-        if not path:
+        chosen = ask_save_path(view, "Save file", suggested,
+                               f"*.{suffix};;All files (*)" if suffix else "All files (*)")
+        if not chosen:
             download.cancel()
             return
-        path = Path(path).resolve()
+        path = Path(chosen).resolve()
         if qt6:
             download.setDownloadDirectory(str(path.parent))
             download.setDownloadFileName(path.name)
@@ -230,13 +234,14 @@ class CloseGuard:
         self.window.destroy()
 
 
-def _after_the_window(studio: Studio, url: str, guard: CloseGuard) -> int:
-    """Once the window is closed: wait for a stopped run to save; keep serving a run that trains on in the background
-    until it and the runs queued after it have finished, so no process is left behind."""
+def _after_the_window(studio: Studio, url: str, stop: bool) -> int:
+    """Once the window is closed: wait for a run its closing stopped (``stop``) to save; keep serving a run that
+    trains on in the background until it and the runs queued after it have finished, so no process is left
+    behind."""
     handle = studio.runs.training()
     if handle is None:
         return 0
-    if guard.decided == "stop":
+    if stop:
         print(f"Stopping {handle.run.id}; a checkpoint is being saved...")
         handle.wait()
         return 0

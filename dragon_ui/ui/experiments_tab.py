@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Literal, cast
 
 import gradio as gr
 import pandas as pd
-from gradio.context import get_render_context
 
 from ..errors import ConfigError
 from .. import experiments
 from ..studio.backend import Studio
 from . import plots
-from .common import Shared, message, shows_errors
+from .common import Shared, message, shows_errors, tab_being_built
 
 MAX_FILTER_CHARS = 200
+ColumnKind = Literal["str", "number"]  # gradio's name for what a leaderboard column holds (leaderboard_types)
 CHARTS = [  # (key, title, y axis, of the held-out checks rather than the progress rows); each reward's third
     ("reward", "Training reward (total)", "mean reward", False),
     ("reward", "Held-out reward during training", "mean reward", True),
@@ -107,7 +108,7 @@ def export(studio: Studio, words: str, by: str) -> gr.File:
 
 def build(shared: Shared) -> None:
     studio = shared.studio
-    this_tab = get_render_context()  # the gr.Tab that app.build_app builds this tab in
+    this_tab = tab_being_built()
     gr.Markdown("Every run, best held-out score first (a column's ⋮ menu sorts by it). Totals compare only runs with "
                 "the same rewards: rank by one reward or metric to compare the others. Choose runs below to draw them "
                 "over each other and to see which settings differ.")
@@ -120,7 +121,8 @@ def build(shared: Shared) -> None:
         refresh_button = gr.Button("↻ Refresh", size="sm", scale=0, min_width=110, elem_id="experiments-refresh")
         export_button = gr.Button("Export CSV", size="sm", scale=0, min_width=130, elem_id="experiments-export")
     columns = experiments.leaderboard_columns(studio.public)
-    leaderboard = gr.Dataframe(pd.DataFrame([], columns=columns), datatype=experiments.leaderboard_types(studio.public),
+    leaderboard = gr.Dataframe(pd.DataFrame([], columns=columns),
+                               datatype=cast(list[ColumnKind], experiments.leaderboard_types(studio.public)),
                                interactive=False, wrap=True, max_height=360, label="Leaderboard",
                                column_widths=["19%", "10%", "13%", "8%", "8%", "8%", "6%", "7%", "9%", "12%",
                                               *(["10%"] if studio.public else [])],

@@ -7,6 +7,7 @@ every change of the draft, from any tab, refreshes the checks, the estimate and 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -23,8 +24,8 @@ from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
 from ..studio.playground import preview_examples
 from . import preflight_section
-from .common import (MESSAGE_ICONS, TAB_TRAIN, Form, Shared, described, in_the_page, message, shows_errors,
-                     number, optional_number, shown_number, tab_selected)
+from .common import (MESSAGE_ICONS, TAB_TRAIN, Form, Shared, chosen_or_unchanged, described, first_cell,
+                     in_the_page, message, number, optional_number, shown_number, shows_errors, tab_selected)
 
 TAB_TITLE = "Model & Hardware"
 STARTED = MESSAGE_ICONS["ok"]  # how Start's message begins when the run started or was queued (start_run)
@@ -142,10 +143,16 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
 }
 
 
+def section_of(draft: Draft, section: str) -> dict:
+    """A section of the draft, empty where a kept draft has none (or something else)."""
+    found = draft.get(section)
+    return found if isinstance(found, dict) else {}
+
+
 def widgets(section: str, draft: Draft, form: Form, advanced: bool = False, part: slice = slice(None)) -> list:
     """The form fields of one section (its advanced ones, or the others; ``part`` of them), showing the draft's
     values (elem_id model-<section>-<key>), each added to the form at its config path."""
-    stored = draft.get(section) or {}
+    stored = section_of(draft, section)
     chosen = [setting for setting in SECTIONS[section] if setting.advanced == advanced][part]
     return [form.add(f"{section}.{setting.key}",
                      setting.widget(value=setting.to_field(stored.get(setting.key)),
@@ -166,7 +173,7 @@ def field_values(draft: Draft, paths: list[str]) -> list[Any]:
             values.append(draft.get("name", ""))
         else:
             section, key = path.split(".", 1)
-            values.append(SETTINGS_AT[path].to_field((draft.get(section) or {}).get(key)))
+            values.append(SETTINGS_AT[path].to_field(section_of(draft, section).get(key)))
     return values
 
 
@@ -295,6 +302,43 @@ def start_run(studio: Studio, draft: Draft, labels: dict[str, str] | None = None
     return run.id, message(said, "ok"), f"Run `{run.id}` · {message('starting…', 'info')}"
 
 
+def continue_choices(studio: Studio) -> gr.Dropdown:
+    """The "continue from a finished run" picker, listing the runs as they are now, none picked."""
+    return gr.Dropdown(choices=finished_runs(studio), value=None)
+
+
+def fill_fields(studio: Studio, paths: list[str], draft: Draft) -> tuple:
+    """A whole new draft was loaded: the tab's fields (at config ``paths``) show it, and the runs to continue from
+    are listed anew."""
+    return *field_values(draft, paths), continue_choices(studio)
+
+
+def preview_outputs(studio: Studio, draft: Draft, labels: dict[str, str] | None = None) -> tuple:
+    """build_preview as the events show it (Preview.outputs)."""
+    return build_preview(studio, draft, labels).outputs()
+
+
+def preview_after_edit(studio: Studio, draft: Draft, labels: dict[str, str] | None = None) -> tuple:
+    """The preview, and Start's message emptied: a failed Start's message goes as soon as the settings change."""
+    return *preview_outputs(studio, draft, labels), ""
+
+
+def hardware_found(studio: Studio) -> str:
+    return machine.hardware_markdown(studio.hardware())
+
+
+@shows_errors
+def redetect(studio: Studio, draft: Draft, labels: dict[str, str] | None = None) -> tuple:
+    """"Detect again": the hardware found now, and the preview of the draft on it."""
+    return machine.hardware_markdown(machine.redetect(studio)), *preview_outputs(studio, draft, labels)
+
+
+def follow_the_data(name: str, auto_name: str, source: str | None) -> tuple[str, str]:
+    """(run name, the name the app chose): the run name follows the data file while the app chose it; a typed
+    name is kept."""
+    return renamed(name, auto_name, source or "")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The tab.
 
@@ -303,16 +347,59 @@ def problem_area(area: str) -> gr.Markdown:
     return gr.Markdown(elem_id=f"model-{area}-problem", show_label=False)
 
 
+@dataclass
+class ModelTab:
+    """The components the tab's events use; ``areas``: where each PROBLEM_AREAS problem shows."""
+
+    model_id: gr.Dropdown
+    continue_from: gr.Dropdown
+    presets: gr.Dataframe
+    detected: gr.Markdown
+    detect_again: gr.Button
+    hardware_choice: gr.Markdown
+    areas: dict[str, gr.Markdown]
+    export: ClusterExport
+    start: StartRow
+
+    @property
+    def preview(self) -> list:
+        """What Preview.outputs fills, in order."""
+        start = self.start
+        return [start.check, self.hardware_choice, start.estimate, start.yaml_view, start.cli, start.file_name,
+                start.download, *(self.areas[area] for area in PROBLEM_AREAS), start.start]
+
+
+@dataclass
+class ClusterExport:
+    gpus: gr.Number
+    nodes: gr.Number
+    button: gr.Button
+    status: gr.Markdown
+    file: gr.File
+
+
+@dataclass
+class StartRow:
+    """Before you start: the check, the estimate, the YAML, the run name, "Will it learn?" and Start."""
+
+    check: gr.Markdown
+    estimate: gr.Markdown
+    yaml_view: gr.Code
+    cli: gr.Markdown
+    download: gr.Button
+    file_name: gr.Textbox
+    run_name: gr.Textbox
+    will_it_learn: gr.Button
+    start: gr.Button
+    status: gr.Markdown
+
+
 def build(shared: Shared) -> Callable[[], None]:
     """The tab's components; returns the function that wires the events that read the whole form (app.build_app
     calls it once every tab has added its fields)."""
     studio, form = shared.studio, shared.form
     initial = studio.recipes.default()
-    # Filled when the page opens the settings (shared.refreshes); the build imports no torch, so the server answers
-    # sooner, and the app's warm-up (Studio.warm_up) has measured the CPU for the estimate by then.
-    preview = build_preview(studio, {})
     areas: dict[str, gr.Markdown] = {}
-
     gr.Markdown("### Model")
     with gr.Row():
         with gr.Column(scale=3):
@@ -323,13 +410,7 @@ def build(shared: Shared) -> Callable[[], None]:
                                     scale=2, elem_id="model-continue",
                                     info="Starts from that run's trained model; its folder becomes the model id.")
     areas["model"] = problem_area("model")
-    with gr.Accordion("Presets (click a row to use it)", open=False):
-        gr.Markdown(f"Min. memory: {machine.MINIMUM_SETTINGS}; CPU training is practical up to about 360M "
-                    "parameters. Tools: whether a run with tools (Rewards tab) can train it to call them.")
-        presets = gr.Dataframe(machine.preset_rows(machine.offered_presets(studio)),
-                               headers=machine.PRESET_COLUMNS, interactive=False, wrap=True,
-                               elem_id="model-presets")
-
+    presets = presets_table(studio)
     gr.Markdown("### Hardware")
     with gr.Row():
         detected = gr.Markdown("Detecting the hardware…", elem_id="model-hardware-detected")
@@ -337,8 +418,37 @@ def build(shared: Shared) -> Callable[[], None]:
     with gr.Row():
         widgets("hardware", initial, form)
     areas["hardware"] = problem_area("hardware")
+    # Filled when the page opens the settings (shared.refreshes); the build imports no torch, so the server answers
+    # sooner, and the app's warm-up (Studio.warm_up) has measured the CPU for the estimate by then.
+    preview = build_preview(studio, {})
     hardware_choice = gr.Markdown(preview.hardware, elem_id="model-hardware-choice")
+    settings_columns(form, initial, areas)
+    advanced_settings(form, initial, areas)
+    export = scale_out(form, initial, areas)
+    tab = ModelTab(model_id, continue_from, presets, detected, detect_again, hardware_choice, areas, export,
+                   start_row(form, initial, areas, preview))
+    connect_preflight = preflight_section.build(shared, tab.start.will_it_learn)
+    own = [f for f in form.fields if f.path in SETTINGS_AT or f.path == "name"]  # not the Rewards tab's tool rounds
+    continue_from.input(chosen_or_unchanged, [continue_from], [model_id], api_visibility="private")
+    continue_from.focus(functools.partial(continue_choices, studio), None, [continue_from], api_visibility="private",
+                        show_progress="hidden")
+    presets.select(first_cell, None, [model_id], api_visibility="private")
+    shared.fills.append((functools.partial(fill_fields, studio, [f.path for f in own]),
+                         [*(f.component for f in own), continue_from]))
+    return functools.partial(connect, shared, tab, connect_preflight)
 
+
+def presets_table(studio: Studio) -> gr.Dataframe:
+    with gr.Accordion("Presets (click a row to use it)", open=False):
+        gr.Markdown(f"Min. memory: {machine.MINIMUM_SETTINGS}; CPU training is practical up to about 360M "
+                    "parameters. Tools: whether a run with tools (Rewards tab) can train it to call them.")
+        presets = gr.Dataframe(machine.preset_rows(machine.offered_presets(studio)), headers=machine.PRESET_COLUMNS,
+                               interactive=False, wrap=True, elem_id="model-presets")
+    return presets
+
+
+def settings_columns(form: Form, initial: Draft, areas: dict[str, gr.Markdown]) -> None:
+    """LoRA, GRPO and Training side by side, each with its problem area."""
     with gr.Row(equal_height=False):
         for section, title in (("lora", "LoRA"), ("grpo", "GRPO"), ("training", "Training")):
             with gr.Column():
@@ -348,6 +458,8 @@ def build(shared: Shared) -> Callable[[], None]:
                     widgets("logging", initial, form)
                 areas[section] = problem_area(section)
 
+
+def advanced_settings(form: Form, initial: Draft, areas: dict[str, gr.Markdown]) -> None:
     with gr.Accordion("Advanced GRPO: TRL's variants (DAPO, GSPO, GDPO, …)", open=False, elem_id="model-advanced"):
         gr.Markdown(ADVANCED_HELP)
         for first in range(0, sum(setting.advanced for setting in SECTIONS["grpo"]), ADVANCED_PER_ROW):
@@ -355,6 +467,8 @@ def build(shared: Shared) -> Callable[[], None]:
                 widgets("grpo", initial, form, advanced=True, part=slice(first, first + ADVANCED_PER_ROW))
     areas["advanced"] = problem_area("advanced")  # outside, so a problem shows while the accordion is closed
 
+
+def scale_out(form: Form, initial: Draft, areas: dict[str, gr.Markdown]) -> ClusterExport:
     with gr.Accordion("Scale out: several GPUs or a cluster", open=False):
         gr.Markdown("Train this exact run on a multi-GPU machine or a SLURM cluster: the download is a folder with "
                     "the config, the data, the engine, an accelerate config, `launch.sh` and a SLURM template.")
@@ -365,10 +479,14 @@ def build(shared: Shared) -> Callable[[], None]:
         with gr.Row(equal_height=True):
             gpus = gr.Number(8, label="GPUs per node", precision=0, minimum=1, elem_id="model-export-gpus")
             nodes = gr.Number(1, label="Nodes", precision=0, minimum=1, elem_id="model-export-nodes")
-            export = gr.Button("Export launch folder", elem_id="model-export")
-        export_status = gr.Markdown(elem_id="model-export-status")
-        export_file = gr.File(label="Launch folder (zip)", interactive=False, elem_id="model-export-file")
+            button = gr.Button("Export launch folder", elem_id="model-export")
+        status = gr.Markdown(elem_id="model-export-status")
+        file = gr.File(label="Launch folder (zip)", interactive=False, elem_id="model-export-file")
+    return ClusterExport(gpus, nodes, button, status, file)
 
+
+def start_row(form: Form, initial: Draft, areas: dict[str, gr.Markdown], preview: Preview) -> StartRow:
+    """Before you start, showing ``preview`` until the page's own comes."""
     gr.Markdown("### Before you start")
     check = gr.Markdown(preview.check, elem_id="model-check")
     estimate = gr.Markdown(preview.estimate, elem_id="model-estimate")
@@ -386,60 +504,34 @@ def build(shared: Shared) -> Callable[[], None]:
         will_it_learn = gr.Button("Will it learn?", scale=1, elem_id="model-preflight")
         start = gr.Button("Start training", variant="primary", scale=1, elem_id="model-start", interactive=False)
     areas["name"] = problem_area("name")
-    start_status = gr.Markdown(elem_id="model-start-status")
-    connect_preflight = preflight_section.build(shared, will_it_learn)
-    own = [f for f in form.fields if f.path in SETTINGS_AT or f.path == "name"]  # not the Rewards tab's tool rounds
-    own_fields, own_paths = [f.component for f in own], [f.path for f in own]
+    return StartRow(check, estimate, yaml_view, cli, download, file_name, run_name, will_it_learn, start,
+                    gr.Markdown(elem_id="model-start-status"))
 
-    continue_from.input(lambda folder: folder or gr.skip(), [continue_from], [model_id], api_visibility="private")
-    continue_from.focus(lambda: gr.Dropdown(choices=finished_runs(studio)), None, [continue_from],
-                        api_visibility="private", show_progress="hidden")
 
-    def pick_preset(event: gr.SelectData) -> str:
-        return event.row_value[0]
-
-    presets.select(pick_preset, None, [model_id], api_visibility="private")
-
-    def fill_fields(draft: Draft):
-        return *field_values(draft, own_paths), gr.Dropdown(choices=finished_runs(studio), value=None)
-
-    shared.fills.append((fill_fields, [*own_fields, continue_from]))
-
-    def connect() -> None:
-        connect_preflight()
-        download.click(None, [yaml_view, file_name], None, js=SAVE_IN_THE_BROWSER, api_visibility="private",
-                       show_progress="hidden")
-        preview_outputs = [check, hardware_choice, estimate, yaml_view, cli, file_name, download,
-                           *(areas[area] for area in PROBLEM_AREAS), start]
-
-        def describe(draft: Draft) -> tuple:
-            return build_preview(studio, draft, form.labels).outputs()
-
-        # A failed Start's message goes as soon as the settings change.
-        form.watch(lambda draft: (*describe(draft), ""), [*preview_outputs, start_status])
-        # Start is offered once the loaded settings are in the form and checked.
-        shared.refreshes.append((form.takes_draft(describe), form.inputs, preview_outputs))
-        shared.refreshes.append((lambda: machine.hardware_markdown(studio.hardware()), [], [detected]))
-
-        @shows_errors
-        def redetect(draft: Draft):
-            return (machine.hardware_markdown(machine.redetect(studio)), *describe(draft))
-
-        detect_again.click(form.takes_draft(redetect), form.inputs, [detected, *preview_outputs],
-                           show_progress_on=[detected], api_visibility="private")
-        export.click(form.takes_draft(lambda draft, gpus, nodes: export_for_cluster(studio, draft, gpus, nodes)),
-                     [*form.inputs, gpus, nodes], [export_file, export_status], api_visibility="private",
-                     concurrency_limit=1, concurrency_id="exports")
-        started = f"(inputs[0] || '').startsWith({json.dumps(STARTED)})"
-        start.click(form.takes_draft(shows_errors(lambda draft: start_run(studio, draft, form.labels))), form.inputs,
-                    [shared.run_id, start_status, shared.train_status], api_visibility="private",
-                    show_progress="hidden").success(**in_the_page([shared.tabs], tab_selected(TAB_TRAIN, started)),
-                                                    inputs=[start_status])
-
-        # The run name follows the data file while the app chose it; a typed name is kept.
-        source = form.component("data.source")
-        for replaced in shared.source_replaced:
-            replaced.then(lambda name, auto, src: renamed(name, auto, src or ""), [run_name, shared.auto_name, source],
-                          [run_name, shared.auto_name], api_visibility="private", show_progress="hidden")
-
-    return connect
+def connect(shared: Shared, tab: ModelTab, connect_preflight: Callable[[], None]) -> None:
+    """The events that read the whole form, once every tab has added its fields."""
+    studio, form, start = shared.studio, shared.form, tab.start
+    labels, preview = form.labels, tab.preview
+    connect_preflight()
+    start.download.click(None, [start.yaml_view, start.file_name], None, js=SAVE_IN_THE_BROWSER,
+                         api_visibility="private", show_progress="hidden")
+    form.watch(functools.partial(preview_after_edit, studio, labels=labels), [*preview, start.status])
+    # Start is offered once the loaded settings are in the form and checked.
+    shared.refreshes.append((form.takes_draft(functools.partial(preview_outputs, studio, labels=labels)),
+                             form.inputs, preview))
+    shared.refreshes.append((functools.partial(hardware_found, studio), [], [tab.detected]))
+    tab.detect_again.click(form.takes_draft(functools.partial(redetect, studio, labels=labels)), form.inputs,
+                           [tab.detected, *preview], show_progress_on=[tab.detected], api_visibility="private")
+    export = tab.export
+    export.button.click(form.takes_draft(functools.partial(export_for_cluster, studio)),
+                        [*form.inputs, export.gpus, export.nodes], [export.file, export.status],
+                        api_visibility="private", concurrency_limit=1, concurrency_id="exports")
+    started = f"(inputs[0] || '').startsWith({json.dumps(STARTED)})"
+    start.start.click(form.takes_draft(shows_errors(functools.partial(start_run, studio, labels=labels))),
+                      form.inputs, [shared.run_id, start.status, shared.train_status], api_visibility="private",
+                      show_progress="hidden").success(**in_the_page([shared.tabs], tab_selected(TAB_TRAIN, started)),
+                                                      inputs=[start.status])
+    source = form.component("data.source")
+    for replaced in shared.source_replaced:
+        replaced.then(follow_the_data, [start.run_name, shared.auto_name, source], [start.run_name, shared.auto_name],
+                      api_visibility="private", show_progress="hidden")

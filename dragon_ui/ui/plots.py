@@ -8,10 +8,12 @@ and the chart beside it always show the same numbers. The Experiments tab draws 
 
 from __future__ import annotations
 
+from collections.abc import Set
+
 import plotly.graph_objects as go
 
 from ..experiments import RunCurves
-from ..runstore import reward_key
+from ..runstore import HeldOutRow, ProgressRow, reward_key
 from ..grpo_math import finite_number
 from ..studio.monitor import reward_names_of, series
 
@@ -20,7 +22,7 @@ UIREVISION = "dragon-train"
 NO_STEPS = "No steps yet"
 
 
-def line_figure(rows: list[dict], lines: list[tuple[str, str]], title: str, y_title: str,
+def line_figure(rows: list[ProgressRow], lines: list[tuple[str, str]], title: str, y_title: str,
                 empty_text: str = "No values yet") -> go.Figure:
     """One line per (row key, legend label), against the step; an annotation instead of an empty plot."""
     figure = go.Figure()
@@ -45,8 +47,8 @@ def _laid_out(figure: go.Figure, title: str, x_title: str, y_title: str, uirevis
     return figure
 
 
-def reward_figure(rows: list[dict], reward_names: list[str] | None = None,
-                  heldout: list[dict] | None = None, metrics: set[str] = frozenset()) -> go.Figure:
+def reward_figure(rows: list[ProgressRow], reward_names: list[str] | None = None,
+                  heldout: list[HeldOutRow] | None = None, metrics: Set[str] = frozenset()) -> go.Figure:
     """Total reward (weighted sum) and each reward's mean: what the model is being pushed towards, and each metric's
     (``metrics``, named so: not trained on); and the held-out reward of the checks during training (dashed): whether
     that carries over to prompts it does not train on."""
@@ -62,22 +64,22 @@ def reward_figure(rows: list[dict], reward_names: list[str] | None = None,
     return figure
 
 
-def spread_figure(rows: list[dict]) -> go.Figure:
+def spread_figure(rows: list[ProgressRow]) -> go.Figure:
     """How different the completions of a group score: no spread, no learning signal."""
     return line_figure(rows, [("reward_std", "reward std"), ("no_spread_share", "groups with no spread")],
                        "Reward spread", "std / fraction")
 
 
-def kl_figure(rows: list[dict]) -> go.Figure:
+def kl_figure(rows: list[ProgressRow]) -> go.Figure:
     return line_figure(rows, [("kl", "KL to the starting model")], "KL divergence", "KL",
                        empty_text="No KL: it is only computed when beta > 0")
 
 
-def length_figure(rows: list[dict], max_new_tokens: int | None = None) -> go.Figure:
+def length_figure(rows: list[ProgressRow], max_new_tokens: int | None = None) -> go.Figure:
     """Mean completion length, with the cap (max new tokens) dashed: lengths at the cap mean cut-off answers."""
     figure = line_figure(rows, [("completion_len", "mean completion length")], "Completion length", "tokens")
     if figure.data and max_new_tokens:
-        steps = [row.get("step") for row in rows]
+        steps = [step for row in rows if (step := row.get("step")) is not None]
         figure.add_trace(go.Scatter(x=[min(steps), max(steps)], y=[max_new_tokens] * 2, mode="lines", name="cap",
                                     line={"dash": "dash", "color": "#999"}))
     return figure
@@ -92,7 +94,7 @@ X_AXES = {"step": "step", "minutes": "minutes"}
 NO_RUNS = "Choose runs to draw"
 
 
-def _x_values(rows: list[dict], x: str, progress: list[dict]) -> list:
+def _x_values(rows: list[ProgressRow] | list[HeldOutRow], x: str, progress: list[ProgressRow]) -> list:
     """The step of each row, or the minutes its run had trained by then (a progress row's elapsed_s; for a held-out
     check, that of the progress row of its step)."""
     if x == "step":

@@ -4,10 +4,13 @@ Cancel, the verdict, the prompts hardest first, and its fixes as buttons that ch
 from __future__ import annotations
 
 import contextvars
+import functools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import gradio as gr
 
@@ -16,9 +19,19 @@ from ..errors import Stopped
 from ..runstore import format_seconds
 from ..studio.backend import Studio
 from ..studio.preflight_view import MOST_FIXES, PROMPT_COLUMNS, Preflight, apply_fix, prompt_rows
-from .common import (ONE_MODEL_AT_A_TIME, SAMPLING, TAB_REWARDS, Shared, explain, in_the_page, message,
-                     tab_selected)
+from .common import (ONE_MODEL_AT_A_TIME, SAMPLING, TAB_REWARDS, Form, Shared, bound, explain, first_cell,
+                     in_the_page, message, tab_selected)
 from .rewards_tab import playground_rows
+
+
+@dataclass
+class PreflightSection:
+    button: gr.Button  # "Will it learn?"
+    cancel: gr.Button
+    fix_buttons: list[gr.Button]
+    status: gr.Markdown
+    prompts: gr.Dataframe
+    fixes: gr.State  # the last report's fixes, held by the server: a fix button applies one of these alone
 
 
 def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
@@ -27,39 +40,41 @@ def build(shared: Shared, button: gr.Button) -> Callable[[], None]:
     with gr.Row():
         cancel = gr.Button("Cancel the pre-flight", variant="stop", size="sm", scale=0, min_width=220,
                            visible=False, elem_id="preflight-cancel")  # shown while one runs
-        fixes_shown = [gr.Button(visible=False, size="sm", scale=0, min_width=220, elem_id=f"preflight-fix-{n}")
+        fix_buttons = [gr.Button(visible=False, size="sm", scale=0, min_width=220, elem_id=f"preflight-fix-{n}")
                        for n in range(MOST_FIXES)]
     status = gr.Markdown(elem_id="preflight-status")
     prompts = gr.Dataframe(headers=PROMPT_COLUMNS, visible=False, interactive=False, wrap=True, max_height=360,
                            label="Prompts, hardest first (pick one to try it in the Rewards tab's playground)",
                            elem_id="preflight-prompts")
-    fixes = gr.State([])  # the last report's fixes, held by the server: a fix button applies one of these alone
+    section = PreflightSection(button, cancel, fix_buttons, status, prompts, gr.State([]))
+    return functools.partial(connect, shared, section)
 
-    def connect() -> None:
-        form = shared.form
 
-        def check_draft(request: gr.Request, *shown):
-            yield from checked(shared.studio, form.compose(*shown), request.session_hash)
+def connect(shared: Shared, section: PreflightSection) -> None:
+    form = shared.form
+    checking = section.button.click(bound(check_shown, shared.studio, form), form.inputs,
+                                    [section.status, section.prompts, section.cancel, *section.fix_buttons,
+                                     section.fixes], api_visibility="private", show_progress="hidden",
+                                    **ONE_MODEL_AT_A_TIME)
+    section.cancel.click(cancel_preflight, None, [section.status, section.cancel], cancels=[checking],
+                         api_visibility="private", show_progress="hidden")
+    for number, fix_button in enumerate(section.fix_buttons):
+        shared.change_draft(fix_button.click, functools.partial(apply_fix, number=number), [section.fixes],
+                            section.status)
+    section.prompts.select(bound(open_prompt, shared.studio, form), form.inputs,
+                           [shared.playground_row, shared.playground_row_text], api_visibility="private",
+                           show_progress="hidden").then(**in_the_page([shared.tabs], f"[{tab_selected(TAB_REWARDS)}]"))
 
-        checking = button.click(check_draft, form.inputs,
-                                [status, prompts, cancel, *fixes_shown, fixes], api_visibility="private",
-                                show_progress="hidden", **ONE_MODEL_AT_A_TIME)
-        cancel.click(cancel_preflight, None, [status, cancel], cancels=[checking], api_visibility="private",
-                     show_progress="hidden")
-        for number, shown_fix in enumerate(fixes_shown):
-            shared.change_draft(shown_fix.click, lambda draft, found, number=number: apply_fix(draft, found, number),
-                                [fixes], status)
 
-        def open_row(event: gr.SelectData, *shown):
-            """A prompt of the table, picked: its row in the playground, to sample or score by hand."""
-            row = event.row_value[0] if isinstance(event.row_value, list) and event.row_value else None
-            return playground_rows(form.compose(*shown), row, form.labels, policy=shared.studio.policy)
+def check_shown(studio: Studio, form: Form, request: gr.Request, *shown: Any) -> Iterator[tuple]:
+    """"Will it learn?" on the settings the form shows (checked), as the session that asked."""
+    yield from checked(studio, form.compose(*shown), request.session_hash)
 
-        prompts.select(open_row, form.inputs, [shared.playground_row, shared.playground_row_text],
-                       api_visibility="private", show_progress="hidden").then(
-            **in_the_page([shared.tabs], f"[{tab_selected(TAB_REWARDS)}]"))
 
-    return connect
+def open_prompt(studio: Studio, form: Form, event: gr.SelectData, *shown: Any) -> tuple:
+    """A prompt of the table, picked: its row in the playground, to sample or score by hand."""
+    row = first_cell(event)
+    return playground_rows(form.compose(*shown), row, form.labels, policy=studio.policy)
 
 
 # The stop flag of each session's running pre-flight: Cancel sets it at once. gradio closes the cancelled generator

@@ -8,25 +8,27 @@ next to nothing while the same CPU trains.
 
 from __future__ import annotations
 
+import functools
 import html
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypedDict, TypeGuard, cast
 
 import gradio as gr
 
 from ..chat import call_text
+from ..config import Draft
 from ..errors import DragonError
 from ..grpo_math import has_spread, known
 from ..rewards import stored_metrics
-from ..runstore import ACTIVE_STATES, format_seconds, read_json, state_label
+from ..runstore import ACTIVE_STATES, RunStatus, format_seconds, read_json, state_label
 from ..studio.backend import Studio
 from ..studio.explain import (GroupExplanation, explain_run_group, formula_lines, plain_words, shown_number,
                              step_spread)
 from ..studio.monitor import Alert, Snapshot, ends_calling, fingerprint, health_alerts, read_snapshot
 from . import plots
-from .common import Shared, message, shows_errors
+from .common import Shared, bound, chosen_or_unchanged, first_cell, message, shows_errors
 from .guard import in_page_order
 
 MAX_GROUPS_SHOWN = 4
@@ -48,7 +50,7 @@ TOOL_ANSWER_STYLE = "color:#6b7280;background:#f3f4f6;border-left:3px solid #d1d
 # Pieces of the view, as pure functions of the run's data.
 
 
-def status_markdown(run_id: str, status: dict, queue_place: str = "") -> str:
+def status_markdown(run_id: str, status: RunStatus, queue_place: str = "") -> str:
     """The run's state line, then what to know about it: why it failed, how it resumes, where it is in the
     queue (``queue_place``, for a waiting run), how it scored."""
     state = status.get("state", "unknown")
@@ -64,21 +66,21 @@ def status_markdown(run_id: str, status: dict, queue_place: str = "") -> str:
     if status.get("waiting") and queue_place:
         text += "\n\n" + message(f"Waiting in the queue: {queue_place}. It starts by itself; Stop takes it out of "
                                  "the queue.", "info")
-    elif state == "failed" and status.get("error"):
-        text += "\n\n" + message(status["error"], "error")
+    elif state == "failed" and (error := status.get("error")):
+        text += "\n\n" + message(error, "error")
     elif state == "cancelled":
         resumes_from = (f"continues from {status['latest_checkpoint']}" if status.get("latest_checkpoint")
                         else "starts it again, since it stopped before its first checkpoint")
         text += "\n\n" + message(f"Stopped, not finished: Resume {resumes_from}.", "info")
-        if status.get("stop_reason"):
-            text += "\n\n" + message(status["stop_reason"], "info")
+        if stop_reason := status.get("stop_reason"):
+            text += "\n\n" + message(stop_reason, "info")
     elif state == "succeeded" and status.get("heldout_after") is not None and status.get("heldout_before") is not None:
         text += "\n\n" + message(f"Held-out reward {status['heldout_before']:.3f} → {status['heldout_after']:.3f}"
                                  f"{right_answers(status)}; compare replies on the Compare tab.", "ok")
     return text
 
 
-def right_answers(status: dict) -> str:
+def right_answers(status: RunStatus) -> str:
     """"; right answers by the goal (exact): 10 % → 35 %", from a run's status; "" for a run with no goal."""
     before, after, goal = status.get("heldout_before_right"), status.get("heldout_after_right"), status.get("goal")
     if not isinstance(before, (int, float)) or not isinstance(after, (int, float)) or not goal:
@@ -86,7 +88,7 @@ def right_answers(status: dict) -> str:
     return f"; right answers by the goal ({', '.join(goal)}): {before:.0%} → {after:.0%}"
 
 
-def progress_html(status: dict) -> str:
+def progress_html(status: RunStatus) -> str:
     """A bar with step / total, elapsed time and ETA."""
     step, total = status.get("step") or 0, status.get("total_steps")
     fraction = min(1.0, step / total) if total else 0.0
@@ -131,7 +133,7 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
     for number, group in enumerate(groups[:max_groups], start=1):
         completions = group.get("completions") or []
         totals = known(c.get("total") for c in completions)
-        spread = has_spread(totals)
+        differ = has_spread(totals)
         parts.append(f"<div class='rollout-group' style='margin:12px 0'><div><b>Prompt:</b> "
                      "<span style='white-space:pre-wrap'>"
                      f"{html.escape(str(group.get('prompt', '')))}</span></div>"
@@ -139,9 +141,9 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
         rows = []
         for index, completion in enumerate(completions, start=1):
             style = ""
-            if spread and completion.get("total") == max(totals):
+            if differ and completion.get("total") == max(totals):
                 style = BEST_STYLE
-            elif spread and completion.get("total") == min(totals):
+            elif differ and completion.get("total") == min(totals):
                 style = WORST_STYLE
             scores = completion.get("scores") or {}
             cells = [str(index), completion_html(completion.get("text", ""), completion.get("turns")),
@@ -150,7 +152,7 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
             rows.append(f"<tr style='{style}'>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
         parts.append(f"<table style='width:100%'><thead><tr>{header}</tr></thead>"
                      f"<tbody>{''.join(rows)}</tbody></table>")
-        if not spread:
+        if not differ:
             parts.append("<div><i>Every completion scored the same, so this prompt teaches nothing this step.</i>"
                          "</div>")
         if isinstance(step, int):
@@ -237,8 +239,7 @@ def explain_clicked(studio: Studio, run_id: str, event: gr.EventData) -> str:
     they are checked before a file is read, and a wrong one is answered in the panel."""
     data = getattr(event, "_data", None)
     step, group = (data.get("step"), data.get("group")) if isinstance(data, dict) else (None, None)
-    if not all(isinstance(value, int) and not isinstance(value, bool) for value in (step, group)) \
-            or not (0 <= step <= 10**9 and 1 <= group <= 10**4):
+    if not (whole_number(step) and whole_number(group) and 0 <= step <= 10**9 and 1 <= group <= 10**4):
         return message("Press <b>What did this step do?</b> under a group of completions.", "warn")
     try:
         return explanation_html(explain_run_group(studio.runs.get(run_id), step, group))
@@ -246,6 +247,11 @@ def explain_clicked(studio: Studio, run_id: str, event: gr.EventData) -> str:
         return message(html.escape(str(exc)), "warn")
     except (ArithmeticError, ValueError):  # totals beyond a float's range, from weights of 1e308
         return message("This group's numbers are too large to work out.", "warn")
+
+
+def whole_number(value: object) -> TypeGuard[int]:
+    """Whether a value the page sent is a whole number (JSON's true is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def runs_table(runs: list[dict], whose: Callable[[dict], str] | None = None) -> list[list[Any]]:
@@ -292,6 +298,28 @@ class TrainView:
     def outputs(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
 
+    @classmethod
+    def unchanged(cls, **changed: Any) -> TrainView:
+        """The view that changes nothing but ``changed``."""
+        return cls(**{**{f.name: gr.skip() for f in fields(cls)}, **changed})
+
+
+class Watched(TypedDict, total=False):
+    """What the tab keeps between refreshes (a gr.State): the run shown, what was read of its files
+    (monitor.Snapshot.to_state), its config and its place in the queue."""
+
+    run_id: str
+    snapshot: dict
+    config: dict
+    queue_place: str
+
+
+def shown_status(watch: Watched | None) -> RunStatus:
+    """The status of the run as the view shows it: the last refresh's reading (monitor keeps it as a plain dict)."""
+    return cast(RunStatus, ((watch or {}).get("snapshot") or {}).get("status") or {})
+
+
+
 
 def runs_outputs(studio: Studio) -> tuple[list[list[Any]], gr.Dropdown]:
     """The runs list and the run picker's choices (only in an event: a Dropdown made while the page is built is
@@ -312,29 +340,29 @@ def empty_view(studio: Studio, text: str = NO_RUN) -> TrainView:
                      gr.Timer(active=False))
 
 
-def refresh(studio: Studio, run_id: str, watch: dict, full: bool = False) -> TrainView:
+def refresh(studio: Studio, run_id: str, watch: Watched, full: bool = False) -> TrainView:
     """What changed in ``run_id`` since ``watch`` (the previous refresh's state); ``full`` redraws everything, as
     when another run is shown. Turns the timer off once the run is no longer active."""
     skip = gr.skip()
     if not run_id:
         if full or watch:
             return empty_view(studio)
-        return TrainView(*[skip] * (len(fields(TrainView)) - 1), timer=gr.Timer(active=False))
+        return TrainView.unchanged(timer=gr.Timer(active=False))
     try:
         run = studio.runs.get(run_id)
     except DragonError as exc:
         return empty_view(studio, message(str(exc), "error"))
     same_run = not full and watch.get("run_id") == run_id
     snap: Snapshot = read_snapshot(run.path, since=watch.get("snapshot") if same_run else None)
-    config = watch["config"] if same_run else read_json(run.config_path, default={}) or {}
-    queue_place = studio.runs.place(run_id) if snap.status.get("waiting") else ""
-    new_watch = {"run_id": run_id, "snapshot": snap.to_state(), "config": config, "queue_place": queue_place}
-    if same_run and not snap.changed and queue_place == watch.get("queue_place", ""):
-        return TrainView(new_watch, *[skip] * (len(fields(TrainView)) - 1))
-
     status, rows = snap.status, snap.progress
+    config = watch["config"] if same_run else read_json(run.config_path, default={}) or {}
+    queue_place = studio.runs.place(run_id) if status.get("waiting") else ""
+    new_watch = Watched(run_id=run_id, snapshot=snap.to_state(), config=config, queue_place=queue_place)
+    if same_run and not snap.changed and queue_place == watch.get("queue_place", ""):
+        return TrainView.unchanged(watch=new_watch)
+
     reward_names = status.get("reward_names") or plots.reward_names_of(rows)
-    state_changed = not same_run or status.get("state") != watch["snapshot"]["status"].get("state")
+    state_changed = not same_run or status.get("state") != shown_status(watch).get("state")
     runs, run_choices = runs_outputs(studio) if state_changed else (skip, skip)
     mine = studio.runs.owns(status.get("owner"))
     max_new_tokens = (config.get("grpo") or {}).get("max_new_tokens")
@@ -366,7 +394,7 @@ FOLLOW_EVERY_S = 0.1  # how often a starting run's files are looked at from the 
 FOLLOW_AT_MOST_S = 10  # then the timer alone follows it, however the start goes
 
 
-def follow_start(studio: Studio, run_id: str, watch: dict) -> Iterator[tuple]:
+def follow_start(studio: Studio, run_id: str, watch: Watched) -> Iterator[tuple]:
     """One's own run while it starts: each change as it comes, looked for on the server every FOLLOW_EVERY_S, so that
     the page says it trains as soon as it does (the timer's next tick would come up to a second later, and quicker
     ticks cost the page more than they save). Ends once the run trains, waits in the queue or ends, and after
@@ -374,7 +402,7 @@ def follow_start(studio: Studio, run_id: str, watch: dict) -> Iterator[tuple]:
     (its own concurrency group), and nobody else's events wait for it."""
     deadline = time.monotonic() + FOLLOW_AT_MOST_S
     while time.monotonic() < deadline:
-        status = ((watch or {}).get("snapshot") or {}).get("status") or {}
+        status = shown_status(watch)
         starting = (status.get("state") in ACTIVE_STATES and not status.get("waiting") and not status.get("step")
                     and not str(status.get("phase") or "").startswith("training"))
         if not (starting and studio.runs.owns(status.get("owner"))):
@@ -387,7 +415,7 @@ def follow_start(studio: Studio, run_id: str, watch: dict) -> Iterator[tuple]:
     yield (gr.skip(),) * len(fields(TrainView))  # gradio clears every output of a generator that yields nothing
 
 
-def tick(studio: Studio, run_id: str, watch: dict) -> list:
+def tick(studio: Studio, run_id: str, watch: Watched) -> list:
     """The once-a-second tick's answer: which run is shown, its files' fingerprint and, while it waits, its place in
     the queue. The view is refreshed (``refresh``, through the change of what the tick saw) only when these change.
 
@@ -399,9 +427,9 @@ def tick(studio: Studio, run_id: str, watch: dict) -> list:
         run = studio.runs.get(run_id) if run_id else None
     except DragonError:
         return [run_id]  # refresh says what is wrong
-    shown = (watch or {}).get("snapshot")
-    waiting = (shown or {}).get("status", {}).get("waiting")
-    return [run_id, fingerprint(run.path, shown) if run else None, studio.runs.place(run_id) if waiting else ""]
+    waiting = shown_status(watch).get("waiting")
+    return [run_id, fingerprint(run.path, (watch or {}).get("snapshot")) if run else None,
+            studio.runs.place(run_id) if waiting else ""]
 
 
 def stop_run(studio: Studio, run_id: str) -> str:
@@ -430,15 +458,34 @@ def resume_run(studio: Studio, run_id: str) -> tuple[str, Any]:
     return message(f"Resuming {run_id} {where}.", "ok"), gr.Timer(active=True)
 
 
+def view_outputs(studio: Studio, run_id: str, watch: Watched, full: bool = False) -> tuple:
+    """``refresh`` as the events answer it: the view's outputs, in order."""
+    return refresh(studio, run_id, watch, full).outputs()
+
+
+def settings_of_run(studio: Studio, picked: str | None, shown: str) -> tuple[Draft | dict, str]:
+    """"Load these settings": those of the run picked in the list, else of the run shown."""
+    return studio.runs.settings_of(picked or shown)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The tab.
 
 
+@dataclass
+class PastRuns:
+    """The past runs list and what acts on it."""
+
+    runs: gr.Dataframe
+    choice: gr.Dropdown
+    open: gr.Button
+    load_settings: gr.Button
+    refresh: gr.Button
+
+
 def build(shared: Shared) -> None:
     studio = shared.studio
-    past_runs = studio.runs.summaries()
     watch = gr.State({})
-
     status = gr.Markdown(NO_RUN, elem_id="train-status")
     shared.train_status = status
     progress = gr.HTML(progress_html({}), elem_id="train-progress")
@@ -458,50 +505,51 @@ def build(shared: Shared) -> None:
     explanation = gr.HTML(NO_EXPLANATION, elem_id="train-explain")
     log = gr.Textbox(label="Log (last 40 lines)", lines=10, max_lines=40, autoscroll=True, interactive=False,
                      elem_id="train-log")
+    past = past_runs(studio)
+    view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, explanation,
+            log, stop, resume, past.runs, past.choice, shared.timer]
+    seen = gr.State()  # what the last tick saw of the run's files (tick)
+    shared.timer.tick(functools.partial(tick, studio), [shared.run_id, watch], [seen], api_visibility="private",
+                      show_progress="hidden")
+    seen.change(functools.partial(view_outputs, studio), [shared.run_id, watch], view, api_name="train_tick",
+                show_progress="hidden")
+    shared.run_id.change(functools.partial(view_outputs, studio, full=True), [shared.run_id, watch], view,
+                         api_name="train_show", show_progress="hidden").then(
+        functools.partial(follow_start, studio), [shared.run_id, watch], view, api_name="train_follow",
+        api_visibility="private", show_progress="hidden", **in_page_order("follow-start"))
+    rollouts.click(bound(explain_clicked, studio), [shared.run_id], [explanation], api_name="train_explain",
+                   show_progress="hidden").then(
+        None, js="() => document.getElementById('train-explain')?.scrollIntoView({block: 'nearest'})",
+        api_visibility="private")
+    stop.click(shows_errors(functools.partial(stop_run, studio)), [shared.run_id], [action], api_name="train_stop",
+               show_progress="hidden")
+    resume.click(shows_errors(functools.partial(resume_run, studio)), [shared.run_id], [action, shared.timer],
+                 api_name="train_resume", show_progress="hidden")
+    connect_past_runs(shared, past)
+
+
+def past_runs(studio: Studio) -> PastRuns:
+    """The accordion of past runs: the list, and a picker to open one or load its settings."""
+    listed = studio.runs.summaries()
     with gr.Accordion("Past runs", open=False):
-        runs = gr.Dataframe(runs_rows(studio, past_runs), headers=run_columns(studio), interactive=False,
+        runs = gr.Dataframe(runs_rows(studio, listed), headers=run_columns(studio), interactive=False,
                             max_height=320, elem_id="train-runs")
         with gr.Row():
-            run_choice = gr.Dropdown([run["id"] for run in past_runs], value=None, label="Run", scale=3,
-                                     elem_id="train-run-choice", info="Click a row above or pick a run, then Open.")
+            choice = gr.Dropdown([run["id"] for run in listed], value=None, label="Run", scale=3,
+                                 elem_id="train-run-choice", info="Click a row above or pick a run, then Open.")
             open_run = gr.Button("Open", scale=1, elem_id="train-open")
             load_settings = gr.Button("Load these settings", scale=1, elem_id="train-load-settings")
             refresh_runs = gr.Button("Refresh list", scale=1, elem_id="train-refresh-runs")
+    return PastRuns(runs, choice, open_run, load_settings, refresh_runs)
 
-    view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, explanation, log, stop,
-            resume, runs, run_choice, shared.timer]
-    seen = gr.State()  # what the last tick saw of the run's files (tick)
-    shared.timer.tick(lambda run_id, state: tick(studio, run_id, state), [shared.run_id, watch], [seen],
-                      api_visibility="private", show_progress="hidden")
-    seen.change(lambda run_id, state: refresh(studio, run_id, state).outputs(), [shared.run_id, watch], view,
-                api_name="train_tick", show_progress="hidden")
-    def follow(run_id: str, state: dict):
-        yield from follow_start(studio, run_id, state)
 
-    shared.run_id.change(lambda run_id, state: refresh(studio, run_id, state, full=True).outputs(),
-                         [shared.run_id, watch], view, api_name="train_show", show_progress="hidden").then(
-        follow, [shared.run_id, watch], view, api_name="train_follow", api_visibility="private",
-        show_progress="hidden", **in_page_order("follow-start"))
-
-    def explain(run_id: str, event: gr.EventData) -> str:
-        return explain_clicked(studio, run_id, event)
-
-    rollouts.click(explain, [shared.run_id], [explanation], api_name="train_explain", show_progress="hidden").then(
-        None, js="() => document.getElementById('train-explain')?.scrollIntoView({block: 'nearest'})",
-        api_visibility="private")
-    stop.click(shows_errors(lambda run_id: stop_run(studio, run_id)), [shared.run_id], [action], api_name="train_stop",
-               show_progress="hidden")
-    resume.click(shows_errors(lambda run_id: resume_run(studio, run_id)), [shared.run_id], [action, shared.timer],
-                 api_name="train_resume", show_progress="hidden")
-
-    def pick_row(event: gr.SelectData):
-        return event.row_value[0]
-
-    shared.runs_list = [runs, run_choice]
-    runs.select(pick_row, None, [run_choice], api_visibility="private")
-    open_run.click(lambda run_id: run_id or gr.skip(), [run_choice], [shared.run_id], api_name="train_open")
+def connect_past_runs(shared: Shared, past: PastRuns) -> None:
+    studio = shared.studio
+    shared.runs_list = [past.runs, past.choice]
+    past.runs.select(first_cell, None, [past.choice], api_visibility="private")
+    past.open.click(chosen_or_unchanged, [past.choice], [shared.run_id], api_name="train_open")
     # The picked run's settings, or the shown run's, back in every tab (asking first if the form was edited).
-    shared.offer_draft(load_settings.click, lambda picked, shown: studio.runs.settings_of(picked or shown),
-                       [run_choice, shared.run_id])
-    refresh_runs.click(lambda: runs_outputs(studio), None, [runs, run_choice], api_name="train_runs",
+    shared.offer_draft(past.load_settings.click, functools.partial(settings_of_run, studio),
+                       [past.choice, shared.run_id])
+    past.refresh.click(functools.partial(runs_outputs, studio), None, [past.runs, past.choice], api_name="train_runs",
                        show_progress="hidden")

@@ -57,7 +57,10 @@ class RequestLimits:
     413 or 429 with one sentence."""
 
     def __init__(self, app, files: Files, body_bytes: int = BODY_BYTES, *, policy: Policy) -> None:
+        if policy.limits is None:
+            raise TypeError("Only a public demo's server limits its requests: its policy has limits.")
         self.app, self.files, self.policy, self.body_bytes = app, files, policy, body_bytes
+        self.upload_mb = policy.limits.upload_mb
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
@@ -110,7 +113,7 @@ class RequestLimits:
         folder = self.files.arrivals / secrets.token_hex(16)
         folder.mkdir(parents=True)
         try:
-            paths = await _take_files(Request(scope, counting_receive), folder, self.files.policy.limits.upload_mb)
+            paths = await _take_files(Request(scope, counting_receive), folder, self.upload_mb)
         except MultiPartException as exc:
             shutil.rmtree(folder, ignore_errors=True)
             if isinstance(exc, ShareSpent | Stalled):
@@ -154,8 +157,9 @@ async def _take_files(request: Request, folder: Path, most_mb: float) -> list[st
     upload_id = request.query_params.get("upload_id")
     if upload_id and len(upload_id) > UPLOAD_ID_CHARS:
         raise MultiPartException(f"An upload's name has at most {UPLOAD_ID_CHARS} characters.")
-    progress = file_upload_statuses if upload_id else None
-    if progress is not None:
+    progress = None
+    if upload_id:
+        progress = file_upload_statuses
         progress.track(upload_id)
     parser = GradioMultiPartParser(request.headers, request.stream(), max_files=FILES_PER_UPLOAD, max_fields=4,
                                    upload_dir=folder, max_file_size=int(most_mb * 2**20), upload_id=upload_id,

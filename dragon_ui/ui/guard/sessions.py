@@ -12,7 +12,9 @@ import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
+from gradio.blocks import Blocks
 from gradio.state_holder import SessionState, StateHolder
 from starlette.datastructures import QueryParams
 
@@ -188,8 +190,8 @@ class SessionPage(SessionState):
     (this session's BlocksConfig is its own, and gr.render, its one other reader of block configs, is not used)."""
 
     def __init__(self, blocks) -> None:
-        super().__init__(SimpleNamespace(default_config=blocks.default_config, blocks={}))
-        self.blocks_config.config_for_block = _no_config
+        super().__init__(cast(Blocks, SimpleNamespace(default_config=blocks.default_config, blocks={})))
+        setattr(self.blocks_config, "config_for_block", _no_config)  # this session's own, in place of the method
 
 
 def _no_config(*_args, **_kwargs) -> dict:

@@ -13,6 +13,7 @@ pages' beside it: the order a page's edits need, without one page's slow read ho
 from __future__ import annotations
 
 import random
+import weakref
 from collections.abc import Callable
 
 from gradio.queueing import Event, Queue
@@ -32,6 +33,7 @@ class FairQueue(Queue):
     with ``asker`` telling an event's network address from its request."""
 
     asker: Callable[[Event], str]
+    askers: weakref.WeakKeyDictionary[Event, str]  # each waiting event's, worked out once
     served: dict[str, dict[str, int]]  # group -> asker -> when it was last served (a count of events served)
     count: int
 
@@ -75,9 +77,9 @@ class FairQueue(Queue):
 
     def _asker(self, event: Event) -> str:
         """The event's network address, worked out once."""
-        if not hasattr(event, "dragon_asker"):
-            event.dragon_asker = self.asker(event)
-        return event.dragon_asker
+        if event not in self.askers:
+            self.askers[event] = self.asker(event)
+        return self.askers[event]
 
 
 def take_turns_fairly(queue: Queue, asker: Callable[[Event], str]) -> FairQueue:
@@ -86,5 +88,6 @@ def take_turns_fairly(queue: Queue, asker: Callable[[Event], str]) -> FairQueue:
     if any(fn.batch for fn in queue.blocks.fns.values()):
         raise TypeError("A FairQueue runs one event at a time: the app's events may not be batched.")
     queue.__class__ = FairQueue
-    queue.asker, queue.served, queue.count = asker, {}, 0
+    assert isinstance(queue, FairQueue)  # the same queue, of its new class
+    queue.asker, queue.askers, queue.served, queue.count = asker, weakref.WeakKeyDictionary(), {}, 0
     return queue
