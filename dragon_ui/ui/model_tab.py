@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from ..config import (AGGREGATIONS, DEVICES, DTYPES, GENERATION_BACKENDS, IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES,
-                      SCALE_REWARDS, STRATEGIES, TRACKERS, Draft)
+from ..config import DEVICES, DTYPES, GENERATION_BACKENDS, IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, STRATEGIES, TRACKERS, Draft
+from ..grpo_math import AGGREGATIONS, SCALE_REWARDS
 from ..errors import DragonError
 from ..runstore import slug
 from ..studio import machine

@@ -22,7 +22,7 @@ import threading
 import time
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, TypeGuard, cast
+from typing import Any, TypeGuard
 
 import gradio as gr
 import pandas as pd
@@ -749,7 +749,7 @@ def _build_playground(shared: Shared) -> Callable[[], None]:
         count, labels = len(form.inputs), form.labels
 
         def sample(request: gr.Request, *args):  # gradio hands the request to a parameter of this type
-            draft, (chosen, rows) = cast(Draft, form.compose(*args[:count])), args[count:]
+            draft, (chosen, rows) = form.compose(*args[:count]), args[count:]
             yield from generate_samples(studio, draft, chosen, rows, request, labels)
 
         generating = generate.click(sample, [*form.inputs, row, n_prompts], [progress, groups, warnings],
