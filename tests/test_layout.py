@@ -258,10 +258,6 @@ def test_only_the_entry_points_read_public_mode_from_the_environment():
 # --- the UI's functions: a screen long at most, and handlers named at module level ------------------------------------
 
 LONGEST_UI_FUNCTION = 80  # lines, from its ``def`` to its last line
-# The Rewards tab and the Tools section, rewritten on another branch: each entry goes once that is merged, and the tests
-# below fail on an entry no longer needed.
-STILL_LONG = {"ui/rewards_tab.py:build"}
-STILL_NESTING = {"ui/rewards_tab.py:build", "ui/rewards_tab.py:build.connect", "ui/tools_section.py:build"}
 
 
 def functions_in(source: str) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
@@ -311,8 +307,7 @@ def nested_handlers(function: ast.AST, events: set[str]) -> list[str]:
 def test_no_function_of_the_ui_is_longer_than_a_screen():
     """A tab's builder lays out its parts through named helpers; none reads as one long page."""
     long = {name: lines_of(node) for name, node in ui_functions().items() if lines_of(node) > LONGEST_UI_FUNCTION}
-    assert {name: lines for name, lines in long.items() if name not in STILL_LONG} == {}
-    assert STILL_LONG <= set(long), "an entry of STILL_LONG is no longer needed"
+    assert long == {}
 
 
 def test_the_ui_wires_events_to_handlers_named_in_its_modules():
@@ -320,8 +315,7 @@ def test_the_ui_wires_events_to_handlers_named_in_its_modules():
     functools.partial, common.asked or common.bound, so a test calls exactly what the button calls."""
     events = gradio_events()
     nesting = {name: found for name, node in ui_functions().items() if (found := nested_handlers(node, events))}
-    assert {name: found for name, found in nesting.items() if name not in STILL_NESTING} == {}
-    assert STILL_NESTING <= set(nesting), "an entry of STILL_NESTING is no longer needed"
+    assert nesting == {}
 
 
 def test_the_ui_checks_see_long_functions_and_closures():

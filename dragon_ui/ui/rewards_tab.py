@@ -21,7 +21,8 @@ import shlex
 import threading
 import time
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import gradio as gr
@@ -41,8 +42,8 @@ from ..rewards import (REWARD_CLASSES, REWARD_KINDS, REWARD_SETTINGS, Choice, Re
                        goal_names, kind_fields, parse_rewards, public_demo_refusal, reward_rule)
 from ..studio.backend import Studio
 from . import tools_section
-from .common import (ONE_MODEL_AT_A_TIME, SAMPLING, Shared, asked, explain, message, number, optional_number,
-                     shown_number, shows_errors)
+from .common import (ONE_MODEL_AT_A_TIME, SAMPLING, asked, bound, explain, Form, message, number, optional_number,
+                     Shared, shown_number, shows_errors)
 from .guard import in_page_order
 
 # The settings the form shows after kind, name and weight: every kind's, then each kind's own, in declared order.
@@ -702,10 +703,30 @@ def _build_editor(shared: Shared) -> None:
     shared.first_paint.append((asked(problem_line, studio), [problem]))
 
 
+@dataclass
+class PlaygroundFields:
+    """The playground's components, wired to the whole form by connect_playground once every tab is built."""
+
+    row: gr.Dropdown
+    row_text: gr.Markdown
+    completion: gr.Textbox
+    score: gr.Button
+    scores: gr.Dataframe
+    total: gr.Markdown
+    n_prompts: gr.Slider
+    generate: gr.Button
+    cancel: gr.Button
+    progress: gr.Markdown
+    groups: gr.Dataframe
+    warnings: gr.Markdown
+    game: gr.Button
+    red_team_said: gr.Markdown
+    red_team_table: gr.Dataframe
+
+
 def _build_playground(shared: Shared) -> Callable[[], None]:
     """The playground: a typed reply scored, a group sampled, the rewards gamed; returns the function that wires
     it to the whole form."""
-    studio, form = shared.studio, shared.form
     gr.Markdown("## Playground\nTry the rewards on a reply before training: type one, or let the starting model "
                 "sample a group of replies the way one GRPO step would.")
     with gr.Row():
@@ -735,28 +756,38 @@ def _build_playground(shared: Shared) -> Callable[[], None]:
     red_team_said = gr.Markdown(elem_id="rewards-red-team-verdict")
     red_team_table = gr.Dataframe(headers=RED_TEAM_COLUMNS, visible=False, interactive=False, wrap=True,
                                   elem_id="rewards-red-team-table")
-    playground: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
+    return functools.partial(connect_playground, shared, PlaygroundFields(
+        row, row_text, completion, score, scores, total, n_prompts, generate, cancel, progress, groups, warnings,
+        game, red_team_said, red_team_table))
 
-    def connect() -> None:
-        rows_of = gr.State(None)  # the data settings the row picker shows rows of
-        picker = asked(functools.partial(rows_for, labels=form.labels), studio)
-        form.watch(picker, [row, row_text, rows_of], [row, rows_of])
-        shared.first_paint.append((lambda draft: picker(draft, None, None), [row, row_text, rows_of]))
-        shown_row, scored = asked(show_row, studio), asked(score_typed, studio)
-        row.input(form.takes_draft(shown_row), [*form.inputs, row], [row_text], **playground)
-        score.click(form.takes_draft(scored), [*form.inputs, row, completion], [scores, total], **playground)
-        completion.submit(form.takes_draft(scored), [*form.inputs, row, completion], [scores, total], **playground)
-        count, labels = len(form.inputs), form.labels
 
-        def sample(request: gr.Request, *args):  # gradio hands the request to a parameter of this type
-            draft, (chosen, rows) = form.compose(*args[:count]), args[count:]
-            yield from generate_samples(studio, draft, chosen, rows, request, labels)
+PLAYGROUND_EVENTS: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
 
-        generating = generate.click(sample, [*form.inputs, row, n_prompts], [progress, groups, warnings],
-                                    api_visibility="private", **ONE_MODEL_AT_A_TIME)
-        cancel.click(cancel_generation, None, [progress], cancels=[generating], api_visibility="private",
-                     show_progress="hidden")
-        game.click(form.takes_draft(asked(red_team_shown, studio)), form.inputs,
-                   [red_team_said, red_team_table], **playground, **RED_TEAM_TURNS)
 
-    return connect
+def connect_playground(shared: Shared, fields: PlaygroundFields) -> None:
+    """Wire the playground to the whole form: it reads every tab's settings, so this runs once all are built."""
+    studio, form, shown = shared.studio, shared.form, fields
+    rows_of = gr.State(None)  # the data settings the row picker shows rows of
+    form.watch(asked(functools.partial(rows_for, labels=form.labels), studio), [shown.row, shown.row_text, rows_of],
+               [shown.row, rows_of])
+    shared.first_paint.append((asked(functools.partial(rows_for, current=None, shown_for=None, labels=form.labels),
+                                     studio), [shown.row, shown.row_text, rows_of]))
+    scored = form.takes_draft(asked(score_typed, studio))
+    shown.row.input(form.takes_draft(asked(show_row, studio)), [*form.inputs, shown.row], [shown.row_text],
+                    **PLAYGROUND_EVENTS)
+    for scoring in (shown.score.click, shown.completion.submit):
+        scoring(scored, [*form.inputs, shown.row, shown.completion], [shown.scores, shown.total], **PLAYGROUND_EVENTS)
+    generating = shown.generate.click(bound(sample_shown, studio, form), [*form.inputs, shown.row, shown.n_prompts],
+                                      [shown.progress, shown.groups, shown.warnings], api_visibility="private",
+                                      **ONE_MODEL_AT_A_TIME)
+    shown.cancel.click(cancel_generation, None, [shown.progress], cancels=[generating], api_visibility="private",
+                       show_progress="hidden")
+    shown.game.click(form.takes_draft(asked(red_team_shown, studio)), form.inputs,
+                     [shown.red_team_said, shown.red_team_table], **PLAYGROUND_EVENTS, **RED_TEAM_TURNS)
+
+
+def sample_shown(studio: Studio, form: Form, request: gr.Request, *shown: Any) -> Iterator[tuple]:
+    """A group sampled for the rows chosen (the last two of ``shown``), on the settings the form shows (the rest),
+    as the session that asked."""
+    draft, (chosen, rows) = form.compose(*shown[:-2]), shown[-2:]
+    yield from generate_samples(studio, draft, chosen, rows, request, form.labels)

@@ -9,6 +9,7 @@ to the same bounded tools a run calls, and a custom tool is refused before its c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -202,11 +203,14 @@ def build(shared: Shared) -> Callable[[], None]:
                api_visibility="private")
     shared.fills.append((asked(fill_tools, studio), [*listed, rounds, column]))
 
-    def connect() -> None:
-        quick: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
-        shown = form.takes_draft(asked(show_tool, studio))
-        chosen.change(shown, [*form.inputs, chosen], [schema, arguments, answer], **quick)
-        call.click(form.takes_draft(asked(call_tool, studio)), [*form.inputs, chosen, arguments],
-                   [answer], **quick)
+    return functools.partial(connect_trying, shared, chosen, schema, arguments, call, answer)
 
-    return connect
+
+def connect_trying(shared: Shared, chosen: gr.Dropdown, schema: gr.Code, arguments: gr.Textbox, call: gr.Button,
+                   answer: gr.Markdown) -> None:
+    """Wire what reads the whole form (the schema shown, Try it), once every tab has added its fields."""
+    form, studio = shared.form, shared.studio
+    quick: dict[str, Any] = {"show_progress": "hidden", "api_visibility": "private"}
+    chosen.change(form.takes_draft(asked(show_tool, studio)), [*form.inputs, chosen], [schema, arguments, answer],
+                  **quick)
+    call.click(form.takes_draft(asked(call_tool, studio)), [*form.inputs, chosen, arguments], [answer], **quick)
