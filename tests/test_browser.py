@@ -291,6 +291,25 @@ def choose(page, selector: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
+NEW_REWARD = "➕ New reward"
+
+
+def pick_reward(page, name: str) -> None:
+    """Pick a reward of the list to edit (or NEW_REWARD) and wait for the editor to show it, as a person looks
+    before the next click: two clicks sent within milliseconds reach gradio's queue in either order."""
+    choose(page, "#rewards-selected", name)
+    if name == NEW_REWARD:
+        expect(page.locator("#rewards-add")).to_be_visible()
+    else:
+        expect(page.locator("#rewards-name textarea")).to_have_value(name)
+
+
+def edit_rewards(page, button: str, said: str) -> None:
+    """Click Add, Save or Remove and wait for its answer (``said`` in the status), for the reason pick_reward gives."""
+    page.locator(f"#rewards-{button}").click()
+    expect(page.locator("#rewards-status")).to_contain_text(said)
+
+
 def choose_kind(page, kind: str) -> None:
     """Pick a reward kind and wait for the editor to show it: the answer writes every field of the editor (the name
     that follows the kind, the kind's settings), so typing before it lands would be overwritten, as a person's
@@ -537,41 +556,39 @@ def test_rewards_added_edited_and_removed_in_any_order_are_what_trains(page, stu
     open_tab(page, "rewards")
     table = page.locator("#rewards-table")
     for name in ("numeric", "length", "digits_only"):  # the recipe's rewards, removed in list order
-        choose(page, "#rewards-selected", name)
+        pick_reward(page, name)
         page.locator("#rewards-remove").click()
-        expect(table).not_to_contain_text(name)
+        expect(table).not_to_contain_text(name)  # its answer (the last one's status says no reward is left)
     expect(page.locator("#rewards-name textarea")).to_have_value("numeric")  # a new reward, with its defaults
     choose_kind(page, "json")
     expect(page.locator("#rewards-name textarea")).to_have_value("json")
     expect(page.locator("#rewards-weight input")).to_have_value("1")
-    page.locator("#rewards-add").click()
-    expect(table).to_contain_text("json")
-    choose(page, "#rewards-selected", "➕ New reward")
+    edit_rewards(page, "add", "Added the reward json")
+    pick_reward(page, NEW_REWARD)
     choose_kind(page, "keyword")
     type_into(page, "#rewards-settings-words textarea", "hello, world")
-    page.locator("#rewards-add").click()
-    expect(table).to_contain_text("keyword")
-    choose(page, "#rewards-selected", "json")
+    edit_rewards(page, "add", "Added the reward keyword")
+    pick_reward(page, "json")
     expect(page.locator("#rewards-kind input")).to_have_value("json")
     type_into(page, "#rewards-weight input", "2")
-    page.locator("#rewards-save").click()
-    choose(page, "#rewards-selected", "➕ New reward")
+    edit_rewards(page, "save", "Saved the reward json")
+    pick_reward(page, NEW_REWARD)
     choose_kind(page, "length")
     type_into(page, "#rewards-settings-max-chars input", "40")
-    page.locator("#rewards-add").click()
-    choose(page, "#rewards-selected", "➕ New reward")
+    edit_rewards(page, "add", "Added the reward length")
+    pick_reward(page, NEW_REWARD)
     choose_kind(page, "exact")
     type_into(page, "#rewards-name textarea", "accuracy")
     page.locator("#rewards-settings-train input").uncheck()  # a metric: measured, never trained on
-    page.locator("#rewards-add").click()
+    edit_rewards(page, "add", "Added the reward accuracy")
     expect(table).to_contain_text("a metric: not trained on")
     page.locator("#rewards-completion textarea").fill("12")
     page.locator("#rewards-score").click()
     expect(page.locator("#rewards-scores").get_by_role("row", name=re.compile(r"^accuracy \(metric\) 0 "))) \
         .to_be_visible()
     screenshot(page, screenshots, "rewards-metric")
-    choose(page, "#rewards-selected", "keyword")
-    page.locator("#rewards-remove").click()
+    pick_reward(page, "keyword")
+    edit_rewards(page, "remove", "Removed the reward keyword")
     expect(table).not_to_contain_text("keyword")
     open_tab(page, "model")
     page.locator("#model-start").click()
@@ -586,16 +603,21 @@ SLOW_ANSWER_S = 2.0  # a busy server's answer to one edit of the rewards list
 
 
 @pytest.fixture
-def slow_list_edits(monkeypatch):
-    """Add and a choice of reward answered as a busy server answers them, before the page is built."""
+def slow_list_edits(monkeypatch) -> dict[str, threading.Event]:
+    """Add and a choice of reward answered as a busy server answers them, before the page is built. Each handler
+    sets its Event as it starts: two clicks sent within milliseconds reach gradio's queue in either order (each is
+    its own request), so the test sends the next click once it knows the queue has the one before."""
+    started = {}
     for handler in ("add_reward", "select_reward"):
-        fast = getattr(rewards_tab, handler)
+        fast, started[handler] = getattr(rewards_tab, handler), threading.Event()
 
-        def slow(*args, _fast=fast, **kwargs):
+        def slow(*args, _fast=fast, _started=started[handler], **kwargs):
+            _started.set()
             time.sleep(SLOW_ANSWER_S)
             return _fast(*args, **kwargs)
 
         monkeypatch.setattr(rewards_tab, handler, slow)
+    return started
 
 
 def test_a_kind_chosen_while_a_slow_answer_lands_changes_the_reward_chosen(slow_list_edits, page, studio):
@@ -604,13 +626,16 @@ def test_a_kind_chosen_while_a_slow_answer_lands_changes_the_reward_chosen(slow_
     new reward the person picked, and leaves Add to add it."""
     wait_until_loaded(page)
     open_tab(page, "rewards")
-    choose(page, "#rewards-selected", "➕ New reward")
+    pick_reward(page, NEW_REWARD)
     choose_kind(page, "json")
+    slow_list_edits["select_reward"].clear()
     page.locator("#rewards-add").click()
-    choose(page, "#rewards-selected", "➕ New reward")  # picked before Add is answered
-    expect(page.locator("#rewards-table")).to_contain_text("json")  # Add answered; the choice is still under way
+    assert slow_list_edits["add_reward"].wait(WAIT_MS / 1000)
+    choose(page, "#rewards-selected", NEW_REWARD)  # picked before Add is answered
+    assert slow_list_edits["select_reward"].wait(WAIT_MS / 1000)  # the pick runs: the Add's answer is on its way
+    expect(page.locator("#rewards-table")).to_contain_text("json")  # and has landed; the pick's has not
     choose_kind(page, "exact")
-    expect(page.locator("#rewards-selected input")).to_have_value("➕ New reward")
+    expect(page.locator("#rewards-selected input")).to_have_value(NEW_REWARD)
     expect(page.locator("#rewards-name textarea")).to_have_value("exact")
     page.locator("#rewards-add").click()
     table = page.locator("#rewards-table")
@@ -684,11 +709,10 @@ def test_the_playground_tries_to_game_the_rewards(page, studio, screenshots):
     page.locator("#rewards-red-team").click()
     verdict = page.locator("#rewards-red-team-verdict")
     expect(verdict).to_contain_text("No gaming reply earns half of what an honest one does (11 tried on 8 rows)")
-    choose(page, "#rewards-selected", "➕ New reward")
+    pick_reward(page, NEW_REWARD)
     choose_kind(page, "contains")
     type_into(page, "#rewards-weight input", "3")
-    page.locator("#rewards-add").click()
-    expect(page.locator("#rewards-table")).to_contain_text("contains")
+    edit_rewards(page, "add", "Added the reward contains")
     page.locator("#rewards-red-team").click()
     expect(verdict).to_contain_text("These rewards can be gamed: 'the reference in a negation'")
     expect(verdict).to_contain_text("contains: it pays for the reference anywhere in the reply")

@@ -23,8 +23,9 @@ PAGES_AT_ONCE = 4  # pages whose events of one such group may run side by side
 
 
 def in_page_order(group: str) -> dict:
-    """An event's options: its page's events of ``group`` run one at a time, in the order the page sent them, and
-    other pages' beside them (up to PAGES_AT_ONCE)."""
+    """An event's options: its page's events of ``group`` run one at a time, in the order they joined the queue,
+    and other pages' beside them (up to PAGES_AT_ONCE). Each event is its own request, so two a page sends within
+    milliseconds may join in either order."""
     return {"concurrency_id": PAGE_ORDER + group, "concurrency_limit": PAGES_AT_ONCE}
 
 
