@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from ..config import Draft, RunConfig
 from ..engine import public_checks, training
@@ -71,7 +71,8 @@ class Recipes:
         The app keeps runs in its own folder, whatever a draft says; in a public demo no folder of a draft is used
         at all (``base_dir`` would make relative paths read files of the server's choosing of the visitor's), and a
         data source shown without the server's folders (files.shown_source) is the file it stands for."""
-        config = RunConfig.from_dict(copy.deepcopy(dict(draft)), policy=self.policy)
+        # A client may send anything in a draft's place: from_dict refuses what is not settings with a sentence.
+        config = RunConfig.from_dict(copy.deepcopy(cast(dict[str, Any], draft)), policy=self.policy)
         config.runs_dir = str(self.runs_dir)
         if self.policy.public:
             config.base_dir = ""
