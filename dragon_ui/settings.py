@@ -9,9 +9,14 @@ as well as in the docs); ``see`` is a pointer into the reference that only the r
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, Field, field, fields
 from typing import Any, Callable, ClassVar, Protocol
+
+from .errors import ConfigError, check_length
+
+# A list setting (a reward's keywords, say) may have at most this many items: any client can send millions.
+MOST_ITEMS = 100
 
 
 def setting(default: Any = MISSING, *, label: str, help: str, factory: Callable[[], Any] | None = None,
@@ -69,6 +74,50 @@ def own_settings(kind: type[Kind], base: type[Kind]) -> list[Field[Any]]:
     """The settings a kind (a dataclass extending ``base``, as a reward's or a tool's kind does) adds to ``base``'s."""
     shared = {spec.name for spec in fields(base)}
     return [spec for spec in fields(kind) if spec.name not in shared]
+
+
+def read_kind_settings(data: Mapping[Any, object], where: str, kind: type[Kind], kinds: Sequence[type[Kind]],
+                       base: type[Kind], *, noun: str, longest: int) -> dict[str, Any]:
+    """The settings ``data`` gives a ``kind`` (one of ``kinds``, which all extend ``base``), each read and checked by
+    its own ``read`` after its size: a text longer than its ``longest`` (else ``longest``), or a list of more than
+    MOST_ITEMS items. A key no kind takes, or that only other kinds take, is a ConfigError naming it (``noun``:
+    "reward", "tool"). A value of None or "" counts as not given: it falls back to its default."""
+    allowed = ("kind", *(spec.name for spec in fields(kind)))
+    known = {spec.name for other in kinds for spec in fields(other)}
+    for key, value in data.items():
+        shown = str(key)[:40]
+        if key not in known and key != "kind":
+            raise ConfigError(f"{where} has an unknown setting {shown!r}; known settings for {a_kind(kind, noun)} "
+                              f"are: {', '.join(allowed)}.")
+        if key not in allowed and _given(value):
+            owners = [other.kind for other in kinds if key in {spec.name for spec in own_settings(other, base)}]
+            raise ConfigError(f"{where}.{shown} does not apply to {a_kind(kind, noun)}; it is a setting of "
+                              f"{' and '.join(owners)} {noun}s.")
+    values = {}
+    for spec in fields(kind):
+        value = data.get(spec.name)
+        if _given(value):
+            label = f"{where}.{spec.name}"
+            _check_size(value, label, spec.metadata["longest"] or longest)
+            values[spec.name] = spec.metadata["read"](value, label)
+    return values
+
+
+def a_kind(kind: type[Kind], noun: str) -> str:
+    """"an exact reward", "a lookup tool"."""
+    return f"{'an' if kind.kind[0] in 'aeiou' else 'a'} {kind.kind} {noun}"
+
+
+def _given(value: object) -> bool:
+    return value is not None and value != ""
+
+
+def _check_size(value: object, label: str, longest: int) -> None:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if len(items) > MOST_ITEMS:
+        raise ConfigError(f"{label} has {len(items)} items, more than the {MOST_ITEMS} it may have.")
+    for item in items:
+        check_length(label, item, longest)
 
 
 def kinds_table(kinds: Sequence[type[Kind]], base: type[Kind], what: str) -> str:

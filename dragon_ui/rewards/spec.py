@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from ..errors import ConfigError, check_length, check_unique_names
+from ..errors import ConfigError, check_unique_names
 from ..public import LIFT, Policy
-from ..settings import kind_settings_table, kinds_table, own_settings, setting
+from ..settings import kind_settings_table, kinds_table, own_settings, read_kind_settings, setting
 from .code import compile_pattern, load_custom_function
 from .text import EXTRACT_MODES
 
@@ -26,26 +26,8 @@ _GATE_RE = re.compile(r"\s*([A-Za-z0-9_]+)\s*(?:>=\s*([-+0-9.eE]+)\s*)?")
 
 # The longest a text setting may be unless it says (any client can send megabytes); list settings: each item, and
 # how many.
-_LONGEST_ITEM, MOST_ITEMS, MOST_REWARDS = 200, 100, 20
+_LONGEST_ITEM, MOST_REWARDS = 200, 20
 MOST_NGRAM, MOST_TOKENS = 32, 32768  # MOST_TOKENS: the largest grpo.max_new_tokens
-
-
-def _check_size(value: object, label: str, longest: int) -> None:
-    """Refuse a text longer than ``longest``, or a list of more than MOST_ITEMS items or with a longer item."""
-    items = value if isinstance(value, (list, tuple)) else [value]
-    if len(items) > MOST_ITEMS:
-        raise ConfigError(f"{label} has {len(items)} items, more than the {MOST_ITEMS} it may have.")
-    for item in items:
-        check_length(label, item, longest)
-
-
-def _a(kind: str) -> str:
-    """"an exact reward", "a numeric reward"."""
-    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
-
-
-def _given(value: object) -> bool:
-    return value is not None and value != ""
 
 
 def _as_float(value: object, label: str) -> float:
@@ -257,21 +239,8 @@ class RewardSpec:
         if refusal is not None:
             raise ConfigError(refusal)
         cls = KINDS[kind]
-        allowed = ("kind", *(spec.name for spec in fields(cls)))
-        for key, value in data.items():
-            if key not in REWARD_SETTINGS and key != "kind":
-                raise ConfigError(f"{where} has an unknown setting {key!r}; known settings for {_a(kind)} reward "
-                                  f"are: {', '.join(allowed)}.")
-            if key not in allowed and _given(value):
-                owners = [other.kind for other in KINDS.values() if key in kind_fields(other.kind)]
-                raise ConfigError(f"{where}.{key} does not apply to {_a(kind)} reward; it is a setting of "
-                                  f"{' and '.join(owners)} rewards.")
-        values = {}
-        for spec in fields(cls):
-            if _given(data.get(spec.name)):
-                label = f"{where}.{spec.name}"
-                _check_size(data[spec.name], label, spec.metadata["longest"] or _LONGEST_ITEM)
-                values[spec.name] = spec.metadata["read"](data[spec.name], label)
+        values = read_kind_settings(data, where, cls, REWARD_CLASSES, RewardSpec, noun="reward",
+                                    longest=_LONGEST_ITEM)
         reward = cls(**values)
         reward.name = reward.name or kind
         reward.check(where, load_code)

@@ -28,8 +28,9 @@ from ..config import NOTES_CHARS, PATH_CHARS, RunConfig
 from ..data import TEMPLATE_CHARS
 from ..errors import DragonError
 from ..public import Policy
-from ..rewards.spec import MOST_ITEMS, MOST_REWARDS, REWARD_SETTINGS
+from ..rewards.spec import MOST_REWARDS, REWARD_SETTINGS
 from ..runstore import slug
+from ..settings import MOST_ITEMS
 from ..tools.spec import MOST_EXAMPLES, MOST_TOOLS, TOOL_SETTINGS
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))  # the first word of every config path

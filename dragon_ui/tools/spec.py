@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from ..errors import ConfigError, check_length, check_unique_names
 from ..public import LIFT, Policy
-from ..settings import kind_settings_table, kinds_table, own_settings, setting
+from ..settings import kind_settings_table, kinds_table, own_settings, read_kind_settings, setting
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 _SECTION_RE = re.compile(r"^\s*(Args|Arguments|Returns|Raises|Yields)\s*:", re.MULTILINE)  # a docstring's own
@@ -122,21 +122,7 @@ class ToolSpec:
         if refusal is not None:
             raise ConfigError(f"{where}.kind: {refusal}")
         cls = KINDS[kind]
-        allowed = ("kind", *(spec.name for spec in fields(cls)))
-        for key, value in data.items():
-            if key not in TOOL_SETTINGS and key != "kind":
-                raise ConfigError(f"{where} has an unknown setting {str(key)[:40]!r}; known settings for a {kind} "
-                                  f"tool are: {', '.join(allowed)}.")
-            if key not in allowed and value not in (None, ""):
-                owners = [other.kind for other in TOOL_CLASSES if key in _own_names(other)]
-                raise ConfigError(f"{where}.{key} does not apply to a {kind} tool; it is a setting of "
-                                  f"{' and '.join(owners)} tools.")
-        values = {}
-        for spec in fields(cls):
-            if data.get(spec.name) not in (None, ""):
-                label = f"{where}.{spec.name}"
-                check_length(label, data[spec.name], spec.metadata["longest"] or _LONGEST_TEXT)
-                values[spec.name] = spec.metadata["read"](data[spec.name], label)
+        values = read_kind_settings(data, where, cls, TOOL_CLASSES, ToolSpec, noun="tool", longest=_LONGEST_TEXT)
         tool = cls(**values)
         tool.name = tool.name or tool.own_name()
         if not _NAME_RE.fullmatch(tool.name):
