@@ -68,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
                             "say whether they give GRPO a signal, with fixes")
     check.add_argument("--prompts", type=int, metavar="N",
                        help="with --preflight: sample this many prompts (default: about a minute's worth, at least 16)")
+    check.add_argument("--dry-run", action="store_true",
+                       help="train one real step of the run's settings on its longest prompts, in a process of its "
+                            "own, and say how long it took and the memory it needed at its peak (leaves nothing "
+                            "behind)")
     check.set_defaults(func=_cmd_check)
 
     described = sub.add_parser("settings", help="every setting a configuration may hold: its default and what it does")
@@ -244,6 +248,11 @@ def _cmd_check(args) -> int:
         print("Red team: " + red_team_of(config, found.mapped.train, hardware.device, policy=args.policy).describe())
     print(f"A training could start: python -m dragon_ui train {args.config}"
           + "".join(f" --set {item}" for item in args.set))
+    if args.dry_run:
+        from .engine.dry_run import dry_run
+
+        print("\nDry run: training one step…", flush=True)
+        print(dry_run(config, policy=args.policy).describe())
     if args.preflight:
         _preflight(config, found, args)
     return 0

@@ -1,0 +1,157 @@
+"""A one-step dry run: one real training step of a run's own settings, on its longest prompts, in a process of its
+own, which says how long the step took and how much memory the process needed at its peak.
+
+An estimate counts; a dry run measures. It uses the run's model, LoRA, precision, gradient checkpointing, group size
+and new tokens, and the prompts of one step, the longest the data has (its memory is their worst case). It trains in
+a temporary folder that is gone when it ends, with no held-out scoring and no trackers, so it touches no run folder
+and leaves nothing behind. The peak is what the device's own books say: the process's peak resident memory on the
+CPU, ``torch.cuda.max_memory_allocated`` plus the CUDA context on a GPU, the MPS driver's figure on a Mac.
+
+``python -m dragon_ui.engine.dry_run`` is the process; :func:`dry_run` starts it and reads its answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import RunConfig
+from ..errors import DragonError
+from ..public import Policy, without_secrets
+from ..runstore import format_seconds
+from ..data import read_jsonl, write_jsonl
+
+log = logging.getLogger("dragon_ui")
+
+GB = 1024**3
+ANSWER = "dry run: "  # the line of the process's output that holds its answer (JSON), after the libraries' logs
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What one measured step of a run's settings took."""
+
+    step_s: float
+    peak_gb: float
+    device: str
+    peak_is: str  # what the peak counts, in words
+    prompts: int  # the step's prompts
+    longest_prompt_chars: int
+
+    def describe(self) -> str:
+        return (f"Dry run: one step of {self.prompts} prompt{'s' if self.prompts != 1 else ''} (the longest, up to "
+                f"{self.longest_prompt_chars} characters) took {format_seconds(self.step_s)} on the {self.device}; "
+                f"peak memory {self.peak_gb:.2f} GB ({self.peak_is}).")
+
+
+def dry_run(config: RunConfig, *, policy: Policy, timeout_s: float = 3600) -> DryRun:
+    """Train one step of ``config`` in a process of its own and say what it took; DragonError with the run's own
+    sentence where the step could not be trained."""
+    request = json.dumps({"config": config.to_dict(), "base_dir": config.base_dir, "policy": policy.to_json()})
+    try:
+        finished = subprocess.run([sys.executable, "-m", __name__], input=request, capture_output=True, text=True,
+                                  env=without_secrets(dict(os.environ), hub_token=not policy.public),
+                                  timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise DragonError(f"The dry run took more than {format_seconds(timeout_s)}; the step is longer than that, "
+                          "or it hung.") from None
+    answers = [line[len(ANSWER):] for line in finished.stdout.splitlines() if line.startswith(ANSWER)]
+    if not answers:
+        tail = (finished.stderr or finished.stdout).strip().splitlines()[-3:]
+        raise DragonError(f"The dry run's process ended (code {finished.returncode}) without an answer: "
+                          + " ".join(tail))
+    answer = json.loads(answers[-1])
+    if "error" in answer:
+        raise DragonError(f"The dry run's step failed: {answer['error']}")
+    return DryRun(**answer)
+
+
+def one_step_of(config: RunConfig, *, policy: Policy) -> RunConfig:
+    """``config`` as a dry run trains it: one step, no checkpoint before it ends, no held-out prompts, no trackers."""
+    data = config.to_dict()
+    data["training"].update(max_steps=1, save_steps=10**7, eval_every=0)
+    data["data"]["eval_frac"] = 0
+    data["logging"]["report_to"] = []
+    return RunConfig.from_dict(data, base_dir=config.base_dir or None, policy=policy, load_code=False)
+
+
+def measure(config: RunConfig, *, policy: Policy) -> DryRun:
+    """The dry run itself, in this process (which it should have to itself: its peak is the answer)."""
+    from . import training
+
+    trial = one_step_of(config, policy=policy)
+    with tempfile.TemporaryDirectory(prefix="dragon-dry-run-") as folder:
+        run = training.prepare(trial, Path(folder) / "run", policy=policy)
+        rows = _longest(read_jsonl(run.train_data_path), trial.training.batch_size * trial.training.grad_accum)
+        write_jsonl(run.train_data_path, rows)
+        training.train_here(training.Training(run, policy=policy), None)
+        status = run.read_status()
+        if status.get("state") != "succeeded":
+            raise DragonError(status.get("error") or f"the step ended {status.get('state')}")
+        progress = run.read_progress()
+        step_s = progress[-1].get("step_time_s") if progress else None
+        if step_s is None:
+            raise DragonError("the step logged no time")
+        device = str(status.get("device", "cpu"))
+        peak_gb, peak_is = peak_memory(device)
+        return DryRun(step_s=float(step_s), peak_gb=peak_gb, device=device,
+                      peak_is=peak_is, prompts=len(rows),
+                      longest_prompt_chars=max((len(_prompt_text(row)) for row in rows), default=0))
+
+
+def _longest(rows: list[dict[str, Any]], wanted: int) -> list[dict[str, Any]]:
+    """The ``wanted`` rows with the longest prompts, in their order."""
+    chosen = sorted(range(len(rows)), key=lambda index: -len(_prompt_text(rows[index])))[:max(1, wanted)]
+    return [rows[index] for index in sorted(chosen)]
+
+
+def _prompt_text(row: dict[str, Any]) -> str:
+    prompt = row.get("prompt")
+    if isinstance(prompt, list):
+        return "".join(str(message.get("content", "")) for message in prompt if isinstance(message, dict))
+    return str(prompt or "")
+
+
+def peak_memory(device: str) -> tuple[float, str]:
+    """This process's peak memory in GB, as the device's own books keep it, and what that counts in words."""
+    if device == "cuda":
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        context = max(0, total - free - torch.cuda.memory_reserved())  # and whatever else uses the GPU
+        return ((torch.cuda.max_memory_allocated() + context) / GB,
+                "torch.cuda.max_memory_allocated plus the CUDA context")
+    if device == "mps":
+        import torch
+
+        return torch.mps.driver_allocated_memory() / GB, "the MPS driver's allocated memory at the end"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_bytes = peak if sys.platform == "darwin" else peak * 1024  # macOS says bytes, Linux kilobytes
+    return peak_bytes / GB, "the process's peak resident memory"
+
+
+def main() -> int:
+    """The dry run's process: the request (config, base folder, policy) on standard input, the answer on a line of
+    standard output that starts with ANSWER."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    request = json.loads(sys.stdin.read())
+    policy = Policy.from_json(request["policy"])
+    try:
+        config = RunConfig.from_dict(request["config"], base_dir=request["base_dir"] or None, policy=policy)
+        answer: dict[str, Any] = asdict(measure(config, policy=policy))
+    except DragonError as error:
+        answer = {"error": str(error)}
+    print(ANSWER + json.dumps(answer), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
