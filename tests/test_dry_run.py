@@ -33,11 +33,12 @@ def test_dragon_check_dry_run_trains_one_step_of_the_longest_prompts_and_leaves_
     assert checked.returncode == 0, checked.stderr[-2000:]
     said = checked.stdout.splitlines()[-1]
     longest = max(len(row) for row in _questions(tiny_config_dict))
-    measured = re.fullmatch(rf"Dry run: one step of 2 prompts \(the longest, up to {longest} characters\) took "
-                            r"(?P<step>.+) on the cpu; peak memory (?P<peak>[\d.]+) GB \(the process's peak resident "
+    measured = re.fullmatch(rf"Dry run: one step of 2 prompts \(the longest, up to {longest} characters; replies of "
+                            r"(?P<tokens>\d+) tokens on average\) took (?P<step>.+) on the cpu; peak memory (?P<peak>[\d.]+) GB \(the process's peak resident "
                             r"memory\)\.", said)
     assert measured, said
     assert 0.2 < float(measured["peak"]) < 8 and measured["step"].endswith(" s")
+    assert 1 <= int(measured["tokens"]) <= tiny_config_dict["grpo"]["max_new_tokens"]
     assert not runs_dir.exists() and list(scratch.iterdir()) == []  # no run folder, no temporary one left
     assert sorted(path.name for path in tmp_path.iterdir()) == ["arithmetic.csv", "scratch", "tiny.yaml"]
 
@@ -75,7 +76,8 @@ def test_the_peak_on_a_gpu_is_the_allocators_peak_plus_the_context(monkeypatch):
 
 def test_the_answer_line_survives_the_libraries_own_output(monkeypatch, tiny_config_dict):
     """The libraries print to standard output too; the answer is the line that says it is one."""
-    measured = dry_run.DryRun(step_s=1.5, peak_gb=2.0, device="cpu", peak_is="p", prompts=2, longest_prompt_chars=9)
+    measured = dry_run.DryRun(step_s=1.5, peak_gb=2.0, device="cpu", peak_is="p", prompts=2, longest_prompt_chars=9,
+                              completion_tokens=5.5)
     output = "Loading weights 100%\n" + dry_run.ANSWER + json.dumps(measured.__dict__) + "\n{'loss': 0.1}\n"
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, 0, output, ""))
     config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)

@@ -45,11 +45,13 @@ class DryRun:
     peak_is: str  # what the peak counts, in words
     prompts: int  # the step's prompts
     longest_prompt_chars: int
+    completion_tokens: float  # the step's completions' mean length: a step's time follows the tokens it samples
 
     def describe(self) -> str:
         return (f"Dry run: one step of {self.prompts} prompt{'s' if self.prompts != 1 else ''} (the longest, up to "
-                f"{self.longest_prompt_chars} characters) took {format_seconds(self.step_s)} on the {self.device}; "
-                f"peak memory {self.peak_gb:.2f} GB ({self.peak_is}).")
+                f"{self.longest_prompt_chars} characters; replies of {self.completion_tokens:.0f} tokens on average) "
+                f"took {format_seconds(self.step_s)} on the {self.device}; peak memory {self.peak_gb:.2f} GB "
+                f"({self.peak_is}).")
 
 
 def dry_run(config: RunConfig, *, policy: Policy, timeout_s: float = 3600) -> DryRun:
@@ -100,11 +102,13 @@ def measure(config: RunConfig, *, policy: Policy) -> DryRun:
         step_s = progress[-1].get("step_time_s") if progress else None
         if step_s is None:
             raise DragonError("the step logged no time")
+        completion_tokens = progress[-1].get("completion_len") or 0.0
         device = str(status.get("device", "cpu"))
         peak_gb, peak_is = peak_memory(device)
         return DryRun(step_s=float(step_s), peak_gb=peak_gb, device=device,
                       peak_is=peak_is, prompts=len(rows),
-                      longest_prompt_chars=max((len(_prompt_text(row)) for row in rows), default=0))
+                      longest_prompt_chars=max((len(_prompt_text(row)) for row in rows), default=0),
+                      completion_tokens=float(completion_tokens))
 
 
 def _longest(rows: list[dict[str, Any]], wanted: int) -> list[dict[str, Any]]:

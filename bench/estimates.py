@@ -1,0 +1,94 @@
+"""The estimate and the dry run against a real run, for every bundled recipe (and any config given): the step's time
+and the peak memory each says, beside what a short run of the same settings measured.
+
+For each config, in one sitting: the estimate (`dragon check`'s, on the config's mean prompt length), the one-step
+dry run (`dragon check --dry-run`), then a run of ``--steps`` steps through the command line with no held-out
+prompts, in a process of its own whose peak resident memory the kernel reports (wait4). The run's step time is the
+median of its steps after the first. docs/performance.md's table of estimates is this benchmark's.
+
+    python bench/estimates.py [--steps 4] [--configs more.yaml ...] [--recipes arithmetic calculator]
+
+It reports; it does not assert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import median, table, write_result
+
+from dragon_ui import ASSETS_DIR
+from dragon_ui.config import RunConfig
+from dragon_ui.engine import training
+from dragon_ui.engine.dry_run import dry_run
+from dragon_ui.engine.estimate import estimate_run
+from dragon_ui.engine.hardware import detect_hardware
+from dragon_ui.public import LAPTOP
+
+GB = 1024**3
+RECIPES_DIR = ASSETS_DIR / "recipes"
+
+
+def measured_run(config_path: Path, steps: int, folder: Path) -> tuple[float, float, float]:
+    """(median step time after the first, peak RSS in GB, the same steps' median completion length) of a run of
+    ``steps`` steps."""
+    run_dir = folder / "run"
+    command = [sys.executable, "-m", "dragon_ui", "train", str(config_path), "--run-dir", str(run_dir),
+               "--set", f"training.max_steps={steps}", "--set", "training.eval_every=0", "--set", "data.eval_frac=0",
+               "--set", "logging.report_to=[]", "--set", "training.save_steps=10000"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=False)
+    _, status, usage = os.wait4(process.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{config_path.name}: the run failed: {process.stderr.read()[-800:].decode()}")
+    rows = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    timed = rows[1:] or rows
+    return (median([row["step_time_s"] for row in timed]), usage.ru_maxrss * 1024 / GB,
+            median([row["completion_len"] or 0.0 for row in timed]))
+
+
+def one_config(path: Path, steps: int) -> dict:
+    config = RunConfig.from_file(path, policy=LAPTOP)
+    found = training.inspect(config, policy=LAPTOP)
+    estimate = estimate_run(config, found.hardware, detect_hardware(), prompt_tokens=max(1, round(found.prompts.mean)))
+    started = time.monotonic()
+    dry = dry_run(config, policy=LAPTOP)
+    dry_s = time.monotonic() - started
+    with tempfile.TemporaryDirectory(prefix="dragon-bench-estimates-") as folder:
+        step_s, peak_gb, completion_tokens = measured_run(path, steps, Path(folder))
+    return {"config": path.stem, "estimate_step_s": estimate.step.total_s, "estimate_gb": estimate.memory.total_gb,
+            "dry_step_s": dry.step_s, "dry_peak_gb": dry.peak_gb, "dry_run_s": dry_s,
+            "dry_completion_tokens": dry.completion_tokens, "run_step_s": step_s, "run_peak_gb": peak_gb,
+            "run_completion_tokens": completion_tokens, "run_steps": steps,
+            "device": dry.device, "max_new_tokens": config.grpo.max_new_tokens,
+            "completions_per_step": config.completions_per_step,
+            "gradient_checkpointing": config.training.gradient_checkpointing}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=4, help="steps of each measured run (the first is not timed)")
+    parser.add_argument("--recipes", nargs="*", help="bundled recipes by name (default: all of them)")
+    parser.add_argument("--configs", nargs="*", default=[], help="more run configs (YAML) to measure")
+    args = parser.parse_args()
+    recipes = sorted(RECIPES_DIR.glob("*.yaml"))
+    if args.recipes:
+        recipes = [RECIPES_DIR / f"{name}.yaml" for name in args.recipes]
+    results = [one_config(path, args.steps) for path in [*recipes, *map(Path, args.configs)]]
+    rows = [[r["config"], f"{r['run_step_s']:.2f}", f"{r['dry_step_s']:.2f} ({r['dry_step_s'] / r['run_step_s'] - 1:+.0%})",
+             f"{r['estimate_step_s']:.2f} ({r['estimate_step_s'] / r['run_step_s'] - 1:+.0%})", f"{r['run_peak_gb']:.2f}",
+             f"{r['dry_peak_gb']:.2f} ({r['dry_peak_gb'] / r['run_peak_gb'] - 1:+.0%})",
+             f"{r['estimate_gb']:.2f} ({r['estimate_gb'] / r['run_peak_gb'] - 1:+.0%})"] for r in results]
+    print(table(rows, ["config", "run step s", "dry run step s", "estimate step s", "run peak GB", "dry run peak GB",
+                       "estimate GB"]))
+    print(f"wrote {write_result('estimates', {'settings': vars(args), 'results': results})}")
+
+
+if __name__ == "__main__":
+    main()
