@@ -87,11 +87,11 @@ def read_kind_settings(data: Mapping[Any, object], where: str, kind: type[Kind],
     for key, value in data.items():
         shown = str(key)[:40]
         if key not in known and key != "kind":
-            raise ConfigError(f"{where} has an unknown setting {shown!r}; known settings for {a_kind(kind, noun)} "
+            raise ConfigError(f"{where} has an unknown setting {shown!r}; known settings for {_a_kind(kind, noun)} "
                               f"are: {', '.join(allowed)}.")
         if key not in allowed and _given(value):
             owners = [other.kind for other in kinds if key in {spec.name for spec in own_settings(other, base)}]
-            raise ConfigError(f"{where}.{shown} does not apply to {a_kind(kind, noun)}; it is a setting of "
+            raise ConfigError(f"{where}.{shown} does not apply to {_a_kind(kind, noun)}; it is a setting of "
                               f"{' and '.join(owners)} {noun}s.")
     values = {}
     for spec in fields(kind):
@@ -103,7 +103,7 @@ def read_kind_settings(data: Mapping[Any, object], where: str, kind: type[Kind],
     return values
 
 
-def a_kind(kind: type[Kind], noun: str) -> str:
+def _a_kind(kind: type[Kind], noun: str) -> str:
     """"an exact reward", "a lookup tool"."""
     return f"{'an' if kind.kind[0] in 'aeiou' else 'a'} {kind.kind} {noun}"
 

@@ -29,8 +29,6 @@ from ..public import Policy, without_secrets
 from ..runstore import format_seconds
 from ..data import read_jsonl, write_jsonl
 
-log = logging.getLogger("dragon_ui")
-
 GB = 1024**3
 ANSWER = "dry run: "  # the line of the process's output that holds its answer (JSON), after the libraries' logs
 
