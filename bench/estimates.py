@@ -43,10 +43,12 @@ def measured_run(config_path: Path, steps: int, folder: Path) -> tuple[float, fl
     command = [sys.executable, "-m", "dragon_ui", "train", str(config_path), "--run-dir", str(run_dir),
                "--set", f"training.max_steps={steps}", "--set", "training.eval_every=0", "--set", "data.eval_frac=0",
                "--set", "logging.report_to=[]", "--set", "training.save_steps=10000"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=False)
-    _, status, usage = os.wait4(process.pid, 0)
+    log_path = folder / "train.log"
+    with log_path.open("wb") as log:  # a file, not a pipe: nobody reads a pipe while wait4 waits, and it fills
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+        _, status, usage = os.wait4(process.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{config_path.name}: the run failed: {process.stderr.read()[-800:].decode()}")
+        raise RuntimeError(f"{config_path.name}: the run failed: {log_path.read_text(errors='replace')[-800:]}")
     rows = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
     timed = rows[1:] or rows
     return (median([row["step_time_s"] for row in timed]), usage.ru_maxrss * 1024 / GB,
