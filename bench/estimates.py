@@ -4,9 +4,12 @@ and the peak memory each says, beside what a short run of the same settings meas
 For each config, in one sitting: the estimate (`dragon check`'s, on the config's mean prompt length), the one-step
 dry run (`dragon check --dry-run`), then a run of ``--steps`` steps through the command line with no held-out
 prompts, in a process of its own whose peak resident memory the kernel reports (wait4). The run's step time is the
-median of its steps after the first. docs/performance.md's table of estimates is this benchmark's.
+median of its steps after the first. The CPU probe the estimate uses is kept with the results, so ``--report``
+works the estimates out again from them (after a change to the estimate) without measuring anything.
+docs/performance.md's table of estimates is this benchmark's; bench/configs/ holds its own three configurations.
 
     python bench/estimates.py [--steps 4] [--configs more.yaml ...] [--recipes arithmetic calculator]
+    python bench/estimates.py --report
 
 It reports; it does not assert.
 """
@@ -22,13 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import median, table, write_result
+from common import REPO, RESULTS, median, write_result
 
 from dragon_ui import ASSETS_DIR
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import training
 from dragon_ui.engine.dry_run import dry_run
-from dragon_ui.engine.estimate import estimate_run
+from dragon_ui.engine.estimate import Estimate, cpu_flops_per_thread, estimate_run
 from dragon_ui.engine.hardware import detect_hardware
 from dragon_ui.public import LAPTOP
 
@@ -55,16 +58,25 @@ def measured_run(config_path: Path, steps: int, folder: Path) -> tuple[float, fl
             median([row["completion_len"] or 0.0 for row in timed]))
 
 
-def one_config(path: Path, steps: int) -> dict:
+def estimated(path: Path, probe: dict[str, float]) -> tuple[Estimate, int]:
+    """The estimate of the config at ``path`` with the stored probe, and the prompt length it assumed."""
     config = RunConfig.from_file(path, policy=LAPTOP)
     found = training.inspect(config, policy=LAPTOP)
-    estimate = estimate_run(config, found.hardware, detect_hardware(), prompt_tokens=max(1, round(found.prompts.mean)))
+    prompt_tokens = max(1, round(found.prompts.mean))
+    return estimate_run(config, found.hardware, detect_hardware(), probe=probe.__getitem__,
+                        prompt_tokens=prompt_tokens), prompt_tokens
+
+
+def one_config(path: Path, steps: int, probe: dict[str, float]) -> dict:
+    config = RunConfig.from_file(path, policy=LAPTOP)
+    estimate, _ = estimated(path, probe)
     started = time.monotonic()
     dry = dry_run(config, policy=LAPTOP)
     dry_s = time.monotonic() - started
     with tempfile.TemporaryDirectory(prefix="dragon-bench-estimates-") as folder:
         step_s, peak_gb, completion_tokens = measured_run(path, steps, Path(folder))
-    return {"config": path.stem, "estimate_step_s": estimate.step.total_s, "estimate_gb": estimate.memory.total_gb,
+    return {"config": path.stem, "path": str(path.resolve().relative_to(REPO)),
+            "estimate_step_s": estimate.step.total_s, "estimate_gb": estimate.memory.total_gb,
             "dry_step_s": dry.step_s, "dry_peak_gb": dry.peak_gb, "dry_run_s": dry_s,
             "dry_completion_tokens": dry.completion_tokens, "run_step_s": step_s, "run_peak_gb": peak_gb,
             "run_completion_tokens": completion_tokens, "run_steps": steps,
@@ -73,23 +85,43 @@ def one_config(path: Path, steps: int) -> dict:
             "gradient_checkpointing": config.training.gradient_checkpointing}
 
 
+def report(results: list[dict], probe: dict[str, float]) -> None:
+    """The table docs/performance.md shows (Markdown), the estimate worked out with the stored probe."""
+    print("| config | new tokens | run: step, peak | dry run: step, peak | estimate: step, memory |\n|---|---|---|---|---|")
+    for row in results:
+        estimate, _ = estimated(REPO / row["path"], probe)
+        step, memory = estimate.step.total_s, estimate.memory.total_gb
+        checkpointing = " (checkpointing)" if row["gradient_checkpointing"] else ""
+        print(f"| {row['config']}{checkpointing} | {row['max_new_tokens']} | {row['run_step_s']:.1f} s, "
+              f"{row['run_peak_gb']:.2f} GB | {row['dry_step_s']:.1f} s ({error(row['dry_step_s'], row['run_step_s'])}), "
+              f"{row['dry_peak_gb']:.2f} GB ({error(row['dry_peak_gb'], row['run_peak_gb'])}) | {step:.1f} s "
+              f"({error(step, row['run_step_s'])}), {memory:.2f} GB ({error(memory, row['run_peak_gb'])}) |")
+
+
+def error(estimated: float, measured: float) -> str:
+    points = round(100 * (estimated / measured - 1))
+    return f"{'+' if points > 0 else '−' if points < 0 else '±'}{abs(points)} %"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4, help="steps of each measured run (the first is not timed)")
     parser.add_argument("--recipes", nargs="*", help="bundled recipes by name (default: all of them)")
     parser.add_argument("--configs", nargs="*", default=[], help="more run configs (YAML) to measure")
+    parser.add_argument("--report", action="store_true", help="report on the stored results; measure nothing")
     args = parser.parse_args()
+    if args.report:
+        stored = json.loads((RESULTS / "estimates.json").read_text())
+        report(stored["results"], stored["probe"])
+        return
     recipes = sorted(RECIPES_DIR.glob("*.yaml"))
     if args.recipes:
         recipes = [RECIPES_DIR / f"{name}.yaml" for name in args.recipes]
-    results = [one_config(path, args.steps) for path in [*recipes, *map(Path, args.configs)]]
-    rows = [[r["config"], f"{r['run_step_s']:.2f}", f"{r['dry_step_s']:.2f} ({r['dry_step_s'] / r['run_step_s'] - 1:+.0%})",
-             f"{r['estimate_step_s']:.2f} ({r['estimate_step_s'] / r['run_step_s'] - 1:+.0%})", f"{r['run_peak_gb']:.2f}",
-             f"{r['dry_peak_gb']:.2f} ({r['dry_peak_gb'] / r['run_peak_gb'] - 1:+.0%})",
-             f"{r['estimate_gb']:.2f} ({r['estimate_gb'] / r['run_peak_gb'] - 1:+.0%})"] for r in results]
-    print(table(rows, ["config", "run step s", "dry run step s", "estimate step s", "run peak GB", "dry run peak GB",
-                       "estimate GB"]))
-    print(f"wrote {write_result('estimates', {'settings': vars(args), 'results': results})}")
+    probe = {dtype: cpu_flops_per_thread(dtype) for dtype in ("float32", "bfloat16")}
+    results = [one_config(path, args.steps, probe) for path in [*recipes, *map(Path, args.configs)]]
+    report(results, probe)
+    settings = {key: value for key, value in vars(args).items() if key != "report"}
+    print(f"wrote {write_result('estimates', {'settings': settings, 'probe': probe, 'results': results})}")
 
 
 if __name__ == "__main__":

@@ -251,7 +251,7 @@ def _cmd_check(args) -> int:
     if args.dry_run:
         from .engine.dry_run import dry_run
 
-        print("\nDry run: training one step…", flush=True)
+        print("\nDry run: training one step, after a first to warm up…", flush=True)
         print(dry_run(config, policy=args.policy).describe())
     if args.preflight:
         _preflight(config, found, args)

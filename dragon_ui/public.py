@@ -68,6 +68,8 @@ class Limits:
     keep_hours: float = _limit(72, "DRAGON_UI_KEEP_HOURS", "hours a finished run and an upload are kept")
     preflights_per_hour: int = _limit(20, "DRAGON_UI_MAX_PREFLIGHTS_PER_HOUR", "pre-flights (Will it learn?) per "
                                       "network address per hour")
+    dry_runs_per_hour: int = _limit(0, "DRAGON_UI_MAX_DRY_RUNS_PER_HOUR", "dry runs (Measure one step) per network "
+                                    "address per hour; none unless the owner sets it")
     waiting_per_session: int = _limit(12, "DRAGON_UI_MAX_WAITING_PER_SESSION", "events one page (or API session) "
                                       "may have in the server's queue: waiting, running, or answered but not read")
     waiting_mb_per_address: float = _limit(64, "DRAGON_UI_MAX_WAITING_MB_PER_ADDRESS", "MB the events from one "

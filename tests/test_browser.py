@@ -643,6 +643,22 @@ def test_a_kind_chosen_while_a_slow_answer_lands_changes_the_reward_chosen(slow_
         expect(table.get_by_role("row", name=re.compile(rf"^{name} {kind} "))).to_be_visible()
 
 
+def test_measure_one_step_says_its_time_and_peak_until_a_setting_changes(page, studio, screenshots):
+    """The Model tab's dry run: one real step of the settings shown, its time and peak memory under the estimate,
+    forgotten as soon as a setting changes (it measured other settings)."""
+    open_tab(page, "model")
+    expect(page.locator("#model-check")).to_contain_text("The settings are valid")
+    measured = page.locator("#model-measured")
+    expect(measured).to_contain_text("trains one real step of these settings")
+    page.get_by_role("button", name="Measure one step").click()
+    expect(measured).to_contain_text(re.compile(r"Dry run: one step of \d+ prompts .* took .+ on the cpu, after a first "
+                                                r"step to warm up; peak memory [\d.]+ GB"), timeout=120_000)
+    measured.scroll_into_view_if_needed()
+    screenshot(page, screenshots, "model-measured")
+    type_into(page, "#model-grpo-group-size input", "3")
+    expect(measured).to_contain_text("trains one real step of these settings")
+
+
 def test_will_it_learn_says_why_not_and_its_fix_changes_the_settings_shown(page, studio, screenshots, monkeypatch):
     """The pre-flight on the Model tab: the verdict with the numbers, the prompts hardest first, and fixes that write
     into the form. At a temperature of 0.01 the tiny model's replies to a prompt are all alike and fail: too hard."""

@@ -14,9 +14,9 @@ import torch
 import yaml
 
 from dragon_ui.config import RunConfig
-from dragon_ui.engine import dry_run
+from dragon_ui.engine import dry_run, public_checks
 from dragon_ui.errors import DragonError
-from dragon_ui.public import LAPTOP
+from dragon_ui.public import LAPTOP, Allowance, Limits, Policy, Visitor
 
 GB = 1024**3
 
@@ -34,8 +34,9 @@ def test_dragon_check_dry_run_trains_one_step_of_the_longest_prompts_and_leaves_
     said = checked.stdout.splitlines()[-1]
     longest = max(len(row) for row in _questions(tiny_config_dict))
     measured = re.fullmatch(rf"Dry run: one step of 2 prompts \(the longest, up to {longest} characters; replies of "
-                            r"(?P<tokens>\d+) tokens on average\) took (?P<step>.+) on the cpu; peak memory (?P<peak>[\d.]+) GB \(the process's peak resident "
-                            r"memory\)\.", said)
+                            r"(?P<tokens>\d+) tokens on average\) took (?P<step>.+) on the cpu, after a first step "
+                            r"to warm up; peak memory (?P<peak>[\d.]+) GB \(the process's peak resident memory\)\.",
+                            said)
     assert measured, said
     assert 0.2 < float(measured["peak"]) < 8 and measured["step"].endswith(" s")
     assert 1 <= int(measured["tokens"]) <= tiny_config_dict["grpo"]["max_new_tokens"]
@@ -48,11 +49,17 @@ def _questions(config: dict) -> list[str]:
     return [line.split(",")[0] for line in lines]
 
 
-def test_a_dry_run_that_cannot_train_says_why(tiny_config_dict):
+def test_a_dry_run_that_cannot_train_says_why(tiny_config_dict, monkeypatch):
+    """Data that cannot be read is said in the run's own sentence, before any process starts; a step that fails in
+    its process says so, with that process's sentence."""
     config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     config.data.source = config.data.source + ".gone"
-    with pytest.raises(DragonError, match=r"^The dry run's step failed: .*arithmetic\.csv\.gone"):
+    with pytest.raises(DragonError, match=r"^data.source: no file at .*arithmetic\.csv\.gone"):
         dry_run.dry_run(config, policy=LAPTOP)
+    failed = dry_run.ANSWER + json.dumps({"error": "the step ran out of memory"}) + "\n"
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, 0, failed, ""))
+    with pytest.raises(DragonError, match=r"^The dry run's step failed: the step ran out of memory$"):
+        dry_run.dry_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
 
 
 @pytest.mark.parametrize("lengths, wanted, kept", [
@@ -76,9 +83,85 @@ def test_the_peak_on_a_gpu_is_the_allocators_peak_plus_the_context(monkeypatch):
 
 def test_the_answer_line_survives_the_libraries_own_output(monkeypatch, tiny_config_dict):
     """The libraries print to standard output too; the answer is the line that says it is one."""
-    measured = dry_run.DryRun(step_s=1.5, peak_gb=2.0, device="cpu", peak_is="p", prompts=2, longest_prompt_chars=9,
-                              completion_tokens=5.5)
-    output = "Loading weights 100%\n" + dry_run.ANSWER + json.dumps(measured.__dict__) + "\n{'loss': 0.1}\n"
+    answer = {"step_s": 1.5, "peak_gb": 2.0, "device": "cpu", "peak_is": "p", "completion_tokens": 5.5}
+    output = "Loading weights 100%\n" + dry_run.ANSWER + json.dumps(answer) + "\n{'loss': 0.1}\n"
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, 0, output, ""))
     config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
-    assert dry_run.dry_run(config, policy=LAPTOP) == measured
+    longest = max(len(row) for row in _questions(tiny_config_dict))
+    assert dry_run.dry_run(config, policy=LAPTOP) == dry_run.DryRun(**answer, prompts=2,
+                                                                     longest_prompt_chars=longest)
+
+
+def test_the_model_tab_measures_one_step_and_forgets_it_when_the_settings_change(studio, tiny_config_dict):
+    from dragon_ui.ui import model_tab
+
+    said = model_tab.measure_step(studio, tiny_config_dict)
+    assert re.fullmatch(r"✅ Dry run: one step of 2 prompts .* took .+ on the cpu, after a first step to warm up; "
+                        r"peak memory [\d.]+ GB \(.+\)\.",
+                        said), said
+    assert model_tab.preview_after_edit(studio, tiny_config_dict)[-1] == model_tab.MEASURE_HELP
+
+
+def test_no_step_is_measured_beside_a_training_or_with_settings_that_are_not_valid(studio, tiny_config_dict,
+                                                                                   monkeypatch):
+    from dragon_ui.engine import queue
+    from dragon_ui.ui import model_tab
+
+    monkeypatch.setattr(dry_run.subprocess, "run", lambda *args, **kwargs: pytest.fail("a step was measured"))
+    tiny_config_dict["grpo"]["group_size"] = 1
+    assert model_tab.measure_step(studio, tiny_config_dict).startswith("❌ ")
+    tiny_config_dict["grpo"]["group_size"] = 2
+    monkeypatch.setattr(queue, "training_run_id", lambda runs_dir: "someone-else")
+    assert model_tab.measure_step(studio, tiny_config_dict) == (
+        "❌ A training is running on this machine; a step measured beside it would take longer than it will, and "
+        "slow the training down. Wait for it to finish or stop it first.")
+
+
+@pytest.mark.parametrize("per_hour, visitor, allowed", [
+    (0, Visitor(key="v", address="a"), [False]),  # the default: a demo measures no steps for its visitors
+    (0, Visitor(key="v", address="a", unlocked=True), [True, True]),  # its owner measures as on a laptop
+    (2, Visitor(key="v", address="a"), [True, True, False]),  # an owner's allowance per address an hour
+])
+def test_a_public_demo_measures_steps_only_where_its_owner_allows(monkeypatch, per_hour, visitor, allowed):
+    monkeypatch.setattr(public_checks, "_dry_runs", Allowance(window_s=3600))
+    policy = Policy(limits=Limits(dry_runs_per_hour=per_hour)).asked_by(visitor)
+    for expected in allowed:
+        if expected:
+            public_checks.take_dry_run(policy=policy)
+            continue
+        with pytest.raises(DragonError, match="(measures no steps for its visitors|2 dry runs were asked for from "
+                                              "your network address in the last hour)"):
+            public_checks.take_dry_run(policy=policy)
+    public_checks.take_dry_run(policy=LAPTOP)  # a laptop's are never counted
+
+
+@pytest.fixture
+def public_demo_measuring_steps(monkeypatch, tiny_model_dir, runs_dir):
+    """A public demo whose owner allows two dry runs an hour for each network address."""
+    from dragon_ui import public
+
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
+    for env, _, _ in public.Limits.documented():
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv("DRAGON_UI_MAX_DRY_RUNS_PER_HOUR", "2")
+    monkeypatch.setattr(public_checks, "_dry_runs", Allowance(window_s=3600))
+
+
+def test_a_visitor_measures_a_step_of_their_own_upload_where_the_owner_allows(public_demo_measuring_steps, studio,
+                                                                               tiny_config_dict, tmp_path):
+    """The step trains on the visitor's own upload, which only they may read: the data is read in the app, as the
+    visitor, and the process that trains the step reads nothing of anyone's."""
+    from conftest import uploaded_by, write_arithmetic_csv
+
+    from dragon_ui import public
+
+    alice = public.Visitor(key="alice", address="10.0.0.1")
+    tiny_config_dict["data"]["source"] = uploaded_by("alice", write_arithmetic_csv(tmp_path / "mine.csv"))
+    del tiny_config_dict["runs_dir"]  # a public demo keeps its own
+    with public.visiting(alice):
+        measured = studio.measure_step(tiny_config_dict)
+    assert measured.prompts == 2 and measured.peak_gb > 0.2
+    with public.visiting(public.Visitor(key="bob", address="10.0.0.2")), \
+            pytest.raises(DragonError, match="must be one of the bundled datasets, a file you upload here"):
+        studio.measure_step(tiny_config_dict)  # another visitor's upload stays theirs

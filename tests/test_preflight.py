@@ -293,8 +293,10 @@ def test_one_preflight_runs_at_a_time_and_none_beside_a_training(studio, tiny_co
     first = threading.Thread(target=studio.preflight, args=(tiny_config_dict,))
     first.start()
     assert started.wait(30)
-    with pytest.raises(BusyError, match="A pre-flight is running on this machine already"):
+    with pytest.raises(BusyError, match="A pre-flight or a dry run is running on this machine already; a pre-f"):
         studio.preflight(tiny_config_dict)
+    with pytest.raises(BusyError, match="already; a dry run beside it would slow both down"):
+        studio.measure_step(tiny_config_dict)  # a step measured beside the sampling would take too long
     release.set()
     first.join(30)
     assert studio.preflight(tiny_config_dict) == "report"  # free again once it ended

@@ -26,6 +26,7 @@ from dragon_ui.system import processes
 from dragon_ui.public import LAPTOP
 from dragon_ui.config import DEFAULT_MODEL_ID, RunConfig
 from dragon_ui.engine import public_checks, queue, retention, training
+from dragon_ui.engine.hardware import resolve_hardware
 from dragon_ui.errors import BusyError, ConfigError, NotYoursError
 from dragon_ui.studio.visitors import WRONG_KEYS_ALLOWED, Visitors
 from dragon_ui.studio.backend import Studio
@@ -521,8 +522,49 @@ def test_a_run_that_would_need_more_memory_than_the_machine_has_is_refused(publi
     tiny_config_dict["model"] = {"id": "someone/giant-400B"}
     tiny_config_dict["data"]["source"] = str(data.BUNDLED_DATASETS_DIR / "arithmetic.csv")
     with pytest.raises(ConfigError, match=r"This run would need about [\d.]+ GB of memory with prompts of about 56 "
-                                          r"tokens, more than the [\d.]+ GB this machine has"):
+                                          r"tokens, [\d.]+ GB with the estimate's margin of 25 %: more than the "
+                                          r"[\d.]+ GB this machine has"):
         public_checks.check_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=demo())
+
+
+@pytest.mark.parametrize("checkpointing, machine_gb, admitted", [
+    (False, 24, True),  # measured peak 15.4 GB: it fits a 24 GB machine, checkpointing or not
+    (False, 16, False),  # not a 16 GB Space, with the margin
+    (True, 16, True),  # where gradient checkpointing (measured peak 5.5 GB) does
+])
+def test_the_calculator_lesson_is_admitted_where_its_estimate_with_the_margin_fits(public_mode, monkeypatch,
+                                                                                   checkpointing, machine_gb, admitted):
+    """A public demo admits by the fitted estimate and its stated margin: the lesson's 24 prompts of ~416 tokens
+    peaked at 15.4 GB without gradient checkpointing (the old estimate said 36 GB and refused it everywhere)."""
+    from dragon_ui import ASSETS_DIR
+
+    config = RunConfig.from_file(ASSETS_DIR / "recipes" / "calculator.yaml", policy=LAPTOP)
+    config.training.gradient_checkpointing = checkpointing
+    config.hardware.device, config.hardware.dtype = "cpu", "bfloat16"  # the measured precision, on any machine
+    monkeypatch.setattr(public_checks, "_memory_gb", lambda info, hardware: machine_gb)
+    if admitted:
+        public_checks.check_memory(config, longest_prompt=416, policy=demo())
+        return
+    with pytest.raises(ConfigError, match=rf"with its longest prompt of 416 tokens, [\d.]+ GB with the estimate's "
+                                          rf"margin of 25 %: more than the {machine_gb:.1f} GB this machine has"):
+        public_checks.check_memory(config, longest_prompt=416, policy=demo())
+
+
+@pytest.mark.parametrize("share, admitted", [(1.01, True), (0.99, False)])
+def test_a_run_is_refused_only_when_its_estimate_with_the_margin_passes_the_machines_memory(
+        public_mode, monkeypatch, tiny_config_dict, share, admitted):
+    from dragon_ui.engine import estimate
+
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
+    hardware = resolve_hardware(config.hardware)
+    needed = estimate.estimate_memory(config, estimate.model_dims(config.model.id)[0], hardware.dtype, False, "cpu",
+                                      estimate.PROMPT_TOKENS).total_gb * (1 + estimate.MEMORY_MARGIN)
+    monkeypatch.setattr(public_checks, "_memory_gb", lambda info, hardware: needed * share)
+    if admitted:
+        public_checks.check_memory(config, policy=demo())
+    else:
+        with pytest.raises(ConfigError, match="with the estimate's margin of 25 %: more than the"):
+            public_checks.check_memory(config, policy=demo())
 
 
 @pytest.mark.parametrize("long_words", [0, 150], ids=["short prompts", "some too long"])
@@ -550,12 +592,14 @@ def test_the_memory_check_counts_the_longest_prompt_the_data_really_has(public_m
     if not long_words:
         return
     # A machine on which the settings fit with usual prompts, and this data's do not.
-    needed = [real(config, estimate.model_dims(config.model.id)[0], "float32", False, "cpu", tokens).total_gb
-              for tokens in (estimate.PROMPT_TOKENS, fit.longest_kept)]
+    dtype = resolve_hardware(config.hardware).dtype
+    needed = [real(config, estimate.model_dims(config.model.id)[0], dtype, False, "cpu", tokens).total_gb
+              * (1 + estimate.MEMORY_MARGIN) for tokens in (estimate.PROMPT_TOKENS, fit.longest_kept)]
     monkeypatch.setattr(public_checks, "_memory_gb", lambda info, hardware: sum(needed) / 2)
     with pytest.raises(
-            ConfigError, match=rf"with its longest prompt of {fit.longest_kept} tokens, more than the [\d.]+ GB this "
-                               r"machine has; .*, or shorter prompts \(data.max_prompt_tokens\)"):
+            ConfigError, match=rf"with its longest prompt of {fit.longest_kept} tokens, [\d.]+ GB with the estimate's "
+                               r"margin of 25 %: more than the [\d.]+ GB this machine has; .*, use shorter prompts "
+                               r"\(data.max_prompt_tokens\)"):
         training.inspect(config, policy=demo(A_VISITOR))
 
 

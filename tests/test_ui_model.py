@@ -118,7 +118,8 @@ def test_a_valid_draft_previews_its_yaml_cli_and_estimate(app, studio):
     preview = model_tab.build_preview(studio, draft, app.form.labels)
     assert preview.check == message("The settings are valid.", "ok") and preview.problems == {}
     assert preview.hardware.startswith("**This run will use:** ") and "- device " in preview.hardware
-    assert preview.estimate.startswith("**Rough estimate** for HuggingFaceTB/SmolLM2-135M-Instruct (135M parameters")
+    assert preview.estimate.startswith("**Estimate** for HuggingFaceTB/SmolLM2-135M-Instruct (135M parameters")
+    assert "within about a third of a measured step's time" in preview.estimate  # how sure, on the CPU
     assert "Memory ≈" in preview.estimate and "Time per step ≈" in preview.estimate
     assert RunConfig.from_dict(yaml.safe_load(preview.yaml), base_dir=draft["base_dir"], policy=LAPTOP) == studio.recipes.validate(draft)
     assert "python -m dragon_ui train arithmetic.yaml" in preview.cli
@@ -288,10 +289,10 @@ def test_a_loaded_draft_fills_the_fields_and_lists_the_runs_to_continue_anew(stu
     assert runs.choices == [] and runs.value is None
 
 
-def test_an_edit_previews_the_settings_anew_and_clears_starts_message(studio, tiny_draft):
+def test_an_edit_previews_the_settings_anew_and_clears_starts_message_and_the_measured_step(studio, tiny_draft):
     edited = model_tab.preview_after_edit(studio, tiny_draft, {})
-    assert edited[0] == message("The settings are valid.", "ok") and edited[-1] == ""
-    assert len(edited) == len(model_tab.preview_outputs(studio, tiny_draft)) + 1
+    assert edited[0] == message("The settings are valid.", "ok") and edited[-2:] == ("", model_tab.MEASURE_HELP)
+    assert len(edited) == len(model_tab.preview_outputs(studio, tiny_draft)) + 2
     tiny_draft["training"]["learning_rate"] = -1
     check = model_tab.preview_after_edit(studio, tiny_draft, {"training.learning_rate": "Learning rate"})[0]
     assert check.startswith(ERROR) and "Learning rate" in check

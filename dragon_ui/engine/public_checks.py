@@ -127,12 +127,12 @@ def _is_own_run(model_id: str, runs_dir: Path, *, policy: Policy) -> bool:
 
 
 def check_memory(config: RunConfig, longest_prompt: int | None = None, *, policy: Policy) -> None:
-    """Refuse a run whose estimated memory is more than this machine has: it would end out of memory, or push the
-    app into swap for every visitor. ``longest_prompt``: the longest prompt the run keeps, in tokens, once its data
-    is read (engine.training.inspect checks again then: a visitor chooses the data, and the demo caps it at
-    ``Limits.prompt_tokens``); before that, prompts of a usual length. Nothing is refused where the model's size is
-    unknown (a model the owner added to the allow-list), or the machine's memory."""
-    from .estimate import PROMPT_TOKENS, estimate_memory, model_dims
+    """Refuse a run whose estimated memory, with the estimate's margin, is more than this machine has: it would end
+    out of memory, or push the app into swap for every visitor. ``longest_prompt``: the longest prompt the run
+    keeps, in tokens, once its data is read (engine.training.inspect checks again then: a visitor chooses the data,
+    and the demo caps it at ``Limits.prompt_tokens``); before that, prompts of a usual length. Nothing is refused
+    where the model's size is unknown (a model the owner added to the allow-list), or the machine's memory."""
+    from .estimate import MEMORY_MARGIN, PROMPT_TOKENS, model_dims
     from .hardware import resolve_hardware
 
     if not policy.public:
@@ -144,15 +144,24 @@ def check_memory(config: RunConfig, longest_prompt: int | None = None, *, policy
     except ConfigError:
         return  # an impossible device is refused where the run resolves it, with its own sentence
     memory_gb = _memory_gb(info, hardware)
-    needed = estimate_memory(config, dims, hardware.dtype, hardware.load_in_4bit, hardware.device,
-                             longest_prompt or PROMPT_TOKENS).total_gb
+    needed = _needed_gb(config, dims, hardware, longest_prompt or PROMPT_TOKENS)
     if memory_gb is not None and needed > memory_gb:
         prompts = (f"with its longest prompt of {longest_prompt:,} tokens" if longest_prompt else
                    f"with prompts of about {PROMPT_TOKENS} tokens")
-        shorter = ", or shorter prompts (data.max_prompt_tokens)" if longest_prompt else ""
-        raise PublicDemoRefusal(f"This run would need about {needed:.1f} GB of memory {prompts}, more than the "
-                                f"{memory_gb:.1f} GB this machine has; lower the batch size, the group size or max "
-                                f"new tokens{shorter} ({LIFT} on a bigger machine).")
+        shorter = ", use shorter prompts (data.max_prompt_tokens)" if longest_prompt else ""
+        raise PublicDemoRefusal(f"This run would need about {needed / (1 + MEMORY_MARGIN):.1f} GB of memory "
+                                f"{prompts}, {needed:.1f} GB with the estimate's margin of "
+                                f"{round(100 * MEMORY_MARGIN)} %: more than the {memory_gb:.1f} GB this machine has; "
+                                f"lower the batch size, the group size or max new tokens{shorter}, or turn on "
+                                f"gradient checkpointing ({LIFT} on a bigger machine).")
+
+
+def _needed_gb(config: RunConfig, dims, hardware, prompt_tokens: int) -> float:
+    """The memory a run is admitted by: its estimate with the estimate's margin (estimate.MEMORY_MARGIN)."""
+    from .estimate import MEMORY_MARGIN, estimate_memory
+
+    return estimate_memory(config, dims, hardware.dtype, hardware.load_in_4bit, hardware.device,
+                           prompt_tokens).total_gb * (1 + MEMORY_MARGIN)
 
 
 @functools.cache
@@ -178,7 +187,7 @@ def allowed_models(*, policy: Policy) -> list[str]:
 
 @functools.cache
 def _fitting_presets(limits: Limits) -> tuple[str, ...]:
-    from .estimate import estimate_memory
+    from .estimate import PROMPT_TOKENS
     from .hardware import resolve_hardware
     from .presets import PRESETS
 
@@ -191,8 +200,7 @@ def _fitting_presets(limits: Limits) -> tuple[str, ...]:
     for preset in PRESETS:
         if preset.gated or memory_gb is None:
             continue
-        needed = estimate_memory(config, preset.dims, hardware.dtype, load_in_4bit=False, device=hardware.device)
-        if needed.total_gb <= memory_gb:
+        if _needed_gb(config, preset.dims, hardware, PROMPT_TOKENS) <= memory_gb:
             fitting.append(preset.id)
     return tuple(dict.fromkeys(fitting))
 
@@ -202,6 +210,7 @@ def _fitting_presets(limits: Limits) -> tuple[str, ...]:
 
 _starts = Allowance(window_s=3600)  # each network address's starts and resumes in the last hour
 _preflights = Allowance(window_s=3600)  # and its pre-flights
+_dry_runs = Allowance(window_s=3600)  # and its dry runs
 
 
 def take_start(runs_dir: Path, preparing: Sequence[Visitor] = (), *, policy: Policy) -> None:
@@ -233,11 +242,25 @@ def take_start(runs_dir: Path, preparing: Sequence[Visitor] = (), *, policy: Pol
 def take_preflight(*, policy: Policy) -> None:
     """Refuse a pre-flight past its network address's allowance an hour, or else count it: each one samples the
     model for minutes, as a run's first steps do. Nothing outside public mode, or for the operator and the owner."""
+    _take(_preflights, "preflights_per_hour", "pre-flights", policy=policy)
+
+
+def take_dry_run(*, policy: Policy) -> None:
+    """Refuse a dry run where this demo's owner allows none, or past its network address's allowance an hour; or
+    else count it: each one trains a step on the machine every visitor shares. Nothing outside public mode, or for
+    the operator and the owner."""
+    if policy.limits is not None and not policy.visitor.owns_everything and not policy.limits.dry_runs_per_hour:
+        raise PublicDemoRefusal("This public demo measures no steps for its visitors: a dry run trains on the machine "
+                                f"every visitor shares. The estimate above is what it offers ({LIFT} to measure).")
+    _take(_dry_runs, "dry_runs_per_hour", "dry runs", policy=policy)
+
+
+def _take(allowance: Allowance, limit: str, what: str, *, policy: Policy) -> None:
     who = policy.visitor
     if policy.limits is None or who.owns_everything or not who.address:
         return
-    most = policy.limits.preflights_per_hour
-    if not _preflights.take(who.address, 1, most):
-        raise BusyError(f"{most} pre-flights were asked for from your network address in the last hour, this public "
-                        f"demo's limit of pre-flights per network address per hour; try again in "
-                        f"{_preflights.minutes_to_wait(who.address)} minutes ({LIFT} without limits).")
+    most = getattr(policy.limits, limit)
+    if not allowance.take(who.address, 1, most):
+        raise BusyError(f"{most} {what} were asked for from your network address in the last hour, this public "
+                        f"demo's limit of {what} per network address per hour; try again in "
+                        f"{allowance.minutes_to_wait(who.address)} minutes ({LIFT} without limits).")

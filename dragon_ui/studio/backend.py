@@ -12,16 +12,18 @@ folder and a tiny model.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..config import Draft
 from .. import ASSETS_DIR
 from ..engine import public_checks, queue
+from ..engine.dry_run import DryRun, dry_run
 from ..engine.estimate import estimate_run
 from ..engine.hardware import HardwareInfo, detect_hardware, resolve_hardware
 from ..engine.libraries import import_all
@@ -55,7 +57,9 @@ class Studio:
         self._hardware_lock = threading.Lock()  # the warm-up and a page's first request may both ask at once
         self.visitors = Visitors(policy.owner_key)
         self._page_opened = threading.Event()  # see warm_up
-        self._preflight = threading.Lock()  # held by the one pre-flight running (Studio.preflight)
+        # Held by the one pre-flight or dry run running (Studio.preflight, Studio.measure_step): each measures or
+        # samples on the CPU, and one beside the other would give both wrong times.
+        self._measuring = threading.Lock()
         # Each part asks for the hardware through this Studio, so that one detection (or a test's) serves all.
         machine = lambda refresh=False: self.hardware(refresh)  # noqa: E731
         self.recipes = Recipes(Path(recipes_dir or ASSETS_DIR / "recipes").resolve(), self.runs_dir, policy=policy)
@@ -145,13 +149,32 @@ class Studio:
         self.previews.refuse_while_training("a pre-flight")  # before its data is read
         # One at a time in this process, whoever asks: a request gradio cancelled may still be sampling (its thread
         # ends at its next token once told to stop), and a new one must not start beside it.
-        if not self._preflight.acquire(blocking=False):
-            raise BusyError("A pre-flight is running on this machine already; try again when it has finished.")
-        try:
+        with self._one_measure("a pre-flight"):
             public_checks.take_preflight(policy=self.policy)
             return preflight(config, self.previews.load, policy=self.policy, prompts=prompts, should_stop=should_stop, on_progress=on_progress)
+
+    def measure_step(self, draft: Draft) -> DryRun:
+        """One real training step of the draft, timed and its peak memory measured (engine.dry_run), in a process
+        of its own. Refused beside a training (each would slow the other, and the time would be wrong), and on a
+        public demo unless its owner allows dry runs (public_checks.take_dry_run)."""
+        config = self.recipes.validate(draft)
+        if queue.training_run_id(self.runs_dir) is not None:
+            raise BusyError("A training is running on this machine; a step measured beside it would take longer "
+                            "than it will, and slow the training down. Wait for it to finish or stop it first.")
+        with self._one_measure("a dry run"):
+            public_checks.take_dry_run(policy=self.policy)
+            return dry_run(config, policy=self.policy,
+                           timeout_s=60 * self.policy.limits.run_minutes if self.policy.limits else 3600)
+
+    @contextlib.contextmanager
+    def _one_measure(self, what: str) -> Iterator[None]:
+        if not self._measuring.acquire(blocking=False):
+            raise BusyError(f"A pre-flight or a dry run is running on this machine already; {what} beside it would "
+                            "slow both down. Try again when it has finished.")
+        try:
+            yield
         finally:
-            self._preflight.release()
+            self._measuring.release()
 
     def close(self) -> None:
         """The app is closing: a training in a worker process is asked to stop and save its last step, and the warm

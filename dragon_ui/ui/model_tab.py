@@ -24,8 +24,9 @@ from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
 from ..studio.playground import preview_examples
 from . import preflight_section
-from .common import (MESSAGE_ICONS, TAB_TRAIN, Form, Shared, chosen_or_unchanged, described, first_cell,
-                     in_the_page, message, number, optional_number, shown_number, shows_errors, tab_selected)
+from .common import (MESSAGE_ICONS, ONE_MODEL_AT_A_TIME, TAB_TRAIN, Form, Shared, chosen_or_unchanged, described,
+                     first_cell, in_the_page, message, number, optional_number, shown_number, shows_errors,
+                     tab_selected)
 
 TAB_TITLE = "Model & Hardware"
 STARTED = MESSAGE_ICONS["ok"]  # how Start's message begins when the run started or was queued (start_run)
@@ -319,8 +320,24 @@ def preview_outputs(studio: Studio, draft: Draft, labels: dict[str, str] | None 
 
 
 def preview_after_edit(studio: Studio, draft: Draft, labels: dict[str, str] | None = None) -> tuple:
-    """The preview, and Start's message emptied: a failed Start's message goes as soon as the settings change."""
-    return *preview_outputs(studio, draft, labels), ""
+    """The preview, Start's message emptied and the measured step forgotten: a failed Start's message, and a step
+    measured with other settings, go as soon as the settings change."""
+    return *preview_outputs(studio, draft, labels), "", MEASURE_HELP
+
+
+MEASURE_HELP = ("*Measure one step* trains one real step of these settings on the data's longest prompts, in a "
+                "process of its own, and says its time and peak memory (about a step's time, plus loading the model).")
+
+
+def measure_step(studio: Studio, draft: Draft, labels: dict[str, str] | None = None) -> str:
+    """"Measure one step": the draft's dry run (Studio.measure_step) in a sentence under the estimate, or why there
+    is none, in the screen's words."""
+    try:
+        measured = studio.measure_step(draft)
+    except DragonError as exc:
+        problem = place_problem(str(exc), labels or {}, draft.get("rewards") or [], draft.get("tools") or [])
+        return message(problem.seen_from(TAB_TITLE), "error")
+    return message(measured.describe(), "ok")
 
 
 def hardware_found(studio: Studio) -> str:
@@ -392,6 +409,8 @@ class StartRow:
     will_it_learn: gr.Button
     start: gr.Button
     status: gr.Markdown
+    measure: gr.Button
+    measured: gr.Markdown
 
 
 def build(shared: Shared) -> Callable[[], None]:
@@ -490,6 +509,9 @@ def start_row(form: Form, initial: Draft, areas: dict[str, gr.Markdown], preview
     gr.Markdown("### Before you start")
     check = gr.Markdown(preview.check, elem_id="model-check")
     estimate = gr.Markdown(preview.estimate, elem_id="model-estimate")
+    with gr.Row(equal_height=True):
+        measure = gr.Button("Measure one step", size="sm", scale=0, min_width=180, elem_id="model-measure")
+        measured = gr.Markdown(MEASURE_HELP, elem_id="model-measured")
     with gr.Accordion("The whole configuration (YAML) and the command line", open=False):
         yaml_view = gr.Code(preview.yaml, language="yaml", label="Configuration", interactive=False,
                             elem_id="model-yaml")
@@ -505,7 +527,7 @@ def start_row(form: Form, initial: Draft, areas: dict[str, gr.Markdown], preview
         start = gr.Button("Start training", variant="primary", scale=1, elem_id="model-start", interactive=False)
     areas["name"] = problem_area("name")
     return StartRow(check, estimate, yaml_view, cli, download, file_name, run_name, will_it_learn, start,
-                    gr.Markdown(elem_id="model-start-status"))
+                    gr.Markdown(elem_id="model-start-status"), measure, measured)
 
 
 def connect(shared: Shared, tab: ModelTab, connect_preflight: Callable[[], None]) -> None:
@@ -515,7 +537,9 @@ def connect(shared: Shared, tab: ModelTab, connect_preflight: Callable[[], None]
     connect_preflight()
     start.download.click(None, [start.yaml_view, start.file_name], None, js=SAVE_IN_THE_BROWSER,
                          api_visibility="private", show_progress="hidden")
-    form.watch(functools.partial(preview_after_edit, studio, labels=labels), [*preview, start.status])
+    form.watch(functools.partial(preview_after_edit, studio, labels=labels), [*preview, start.status, start.measured])
+    start.measure.click(form.takes_draft(shows_errors(functools.partial(measure_step, studio, labels=labels))),
+                        form.inputs, [start.measured], api_visibility="private", **ONE_MODEL_AT_A_TIME)
     # Start is offered once the loaded settings are in the form and checked.
     shared.refreshes.append((form.takes_draft(functools.partial(preview_outputs, studio, labels=labels)),
                              form.inputs, preview))
