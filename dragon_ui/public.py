@@ -206,6 +206,12 @@ class Policy:
     def public(self) -> bool:
         return self.limits is not None
 
+    @property
+    def measures_steps(self) -> bool:
+        """Whether the visitor asking may have a dry run (Measure one step): anywhere but on a public demo whose
+        owner allows its visitors none (Limits.dry_runs_per_hour), and there the owner."""
+        return self.limits is None or self.visitor.owns_everything or self.limits.dry_runs_per_hour > 0
+
     @classmethod
     def from_env(cls, runs_dir: Path) -> Policy:
         """Public on Hugging Face Spaces (``SPACE_ID``) or with ``DRAGON_UI_PUBLIC=1``, with the limits, models,

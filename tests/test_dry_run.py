@@ -15,7 +15,7 @@ import yaml
 
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import dry_run, public_checks
-from dragon_ui.errors import DragonError
+from dragon_ui.errors import BusyError, DragonError
 from dragon_ui.public import LAPTOP, Allowance, Limits, Policy, Visitor
 
 GB = 1024**3
@@ -57,7 +57,7 @@ def test_a_dry_run_that_cannot_train_says_why(tiny_config_dict, monkeypatch):
     with pytest.raises(DragonError, match=r"^data.source: no file at .*arithmetic\.csv\.gone"):
         dry_run.dry_run(config, policy=LAPTOP)
     failed = dry_run.ANSWER + json.dumps({"error": "the step ran out of memory"}) + "\n"
-    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, 0, failed, ""))
+    monkeypatch.setattr(dry_run, "_run_measuring", lambda *args: (failed, "", 0))
     with pytest.raises(DragonError, match=r"^The dry run's step failed: the step ran out of memory$"):
         dry_run.dry_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP)
 
@@ -85,7 +85,7 @@ def test_the_answer_line_survives_the_libraries_own_output(monkeypatch, tiny_con
     """The libraries print to standard output too; the answer is the line that says it is one."""
     answer = {"step_s": 1.5, "peak_gb": 2.0, "device": "cpu", "peak_is": "p", "completion_tokens": 5.5}
     output = "Loading weights 100%\n" + dry_run.ANSWER + json.dumps(answer) + "\n{'loss': 0.1}\n"
-    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, 0, output, ""))
+    monkeypatch.setattr(dry_run, "_run_measuring", lambda *args: (output, "", 0))
     config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
     longest = max(len(row) for row in _questions(tiny_config_dict))
     assert dry_run.dry_run(config, policy=LAPTOP) == dry_run.DryRun(**answer, prompts=2,
@@ -107,7 +107,7 @@ def test_no_step_is_measured_beside_a_training_or_with_settings_that_are_not_val
     from dragon_ui.engine import queue
     from dragon_ui.ui import model_tab
 
-    monkeypatch.setattr(dry_run.subprocess, "run", lambda *args, **kwargs: pytest.fail("a step was measured"))
+    monkeypatch.setattr(dry_run, "_run_measuring", lambda *args: pytest.fail("a step was measured"))
     tiny_config_dict["grpo"]["group_size"] = 1
     assert model_tab.measure_step(studio, tiny_config_dict).startswith("❌ ")
     tiny_config_dict["grpo"]["group_size"] = 2
@@ -121,6 +121,7 @@ def test_no_step_is_measured_beside_a_training_or_with_settings_that_are_not_val
     (0, Visitor(key="v", address="a"), [False]),  # the default: a demo measures no steps for its visitors
     (0, Visitor(key="v", address="a", unlocked=True), [True, True]),  # its owner measures as on a laptop
     (2, Visitor(key="v", address="a"), [True, True, False]),  # an owner's allowance per address an hour
+    (2, Visitor(key="v"), [False]),  # a visitor it cannot count
 ])
 def test_a_public_demo_measures_steps_only_where_its_owner_allows(monkeypatch, per_hour, visitor, allowed):
     monkeypatch.setattr(public_checks, "_dry_runs", Allowance(window_s=3600))
@@ -130,8 +131,10 @@ def test_a_public_demo_measures_steps_only_where_its_owner_allows(monkeypatch, p
             public_checks.take_dry_run(policy=policy)
             continue
         with pytest.raises(DragonError, match="(measures no steps for its visitors|2 dry runs were asked for from "
-                                              "your network address in the last hour)"):
+                                              "your network address in the last hour|measures steps only for "
+                                              "visitors it can count)"):
             public_checks.take_dry_run(policy=policy)
+    assert policy.measures_steps == (per_hour > 0 or visitor.unlocked)  # what the Model tab offers
     public_checks.take_dry_run(policy=LAPTOP)  # a laptop's are never counted
 
 
@@ -165,3 +168,54 @@ def test_a_visitor_measures_a_step_of_their_own_upload_where_the_owner_allows(pu
     with public.visiting(public.Visitor(key="bob", address="10.0.0.2")), \
             pytest.raises(DragonError, match="must be one of the bundled datasets, a file you upload here"):
         studio.measure_step(tiny_config_dict)  # another visitor's upload stays theirs
+
+
+@pytest.mark.parametrize("iterations, steps", [(1, 2), (2, 4), (3, 6)])
+def test_the_timed_steps_come_after_as_many_that_warm_up_and_include_a_sampling_one(tiny_config_dict, iterations,
+                                                                                     steps):
+    """With num_iterations μ a batch is sampled once every μ steps: the dry run trains 2μ and times the last μ."""
+    tiny_config_dict["grpo"]["num_iterations"] = iterations
+    config = RunConfig.from_dict(tiny_config_dict, policy=LAPTOP)
+    assert dry_run.one_step_of(config, policy=LAPTOP).training.max_steps == steps
+
+
+def test_a_dry_run_stops_at_once_when_asked_and_leaves_no_process_or_folder(tiny_config_dict, monkeypatch, tmp_path):
+    """The page went away, or a training started: the measuring process and all it started end, and its
+    temporary folder goes."""
+    import tempfile
+    import time
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    started = []
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(dry_run.subprocess, "Popen",
+                        lambda *args, **kwargs: started.append(real_popen(*args, **kwargs)) or started[-1])
+    asked = time.monotonic()
+    with pytest.raises(BusyError, match="^The page went away"):
+        dry_run.dry_run(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), policy=LAPTOP,
+                        interrupted=lambda: "The page went away." if time.monotonic() > asked + 3 else None)
+    (process,) = started
+    assert process.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)  # its group is gone: nothing it started goes on
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_public_demo_offers_measure_one_step_only_where_its_owner_allows(monkeypatch, runs_dir, tiny_model_dir):
+    from dragon_ui import public
+    from dragon_ui.studio.backend import Studio
+    from dragon_ui.ui import build_app
+
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    for per_hour, offered in ((None, False), ("3", True)):
+        if per_hour:
+            monkeypatch.setenv("DRAGON_UI_MAX_DRY_RUNS_PER_HOUR", per_hour)
+        studio = Studio(runs_dir, policy=public.Policy.from_env(runs_dir))
+        try:
+            app = build_app(studio)
+            (button,) = [block for block in app.blocks.values() if getattr(block, "elem_id", None) == "model-measure"]
+            assert button.parent.visible is offered
+        finally:
+            studio.close()

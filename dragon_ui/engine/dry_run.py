@@ -4,7 +4,10 @@ own, which says how long the step took and how much memory the process needed at
 An estimate counts; a dry run measures. It uses the run's model, LoRA, precision, gradient checkpointing, group size
 and new tokens, and the prompts of one step, the longest the data has (its memory is their worst case). It trains
 that step twice and times the second: a process's first step also pays, once, for what every later step reuses
-(the first step of the arithmetic recipe took 11.7 s where the run's steps took 5.0). It trains in
+(the first step of the arithmetic recipe took 11.7 s where the run's steps took 5.0); with ``num_iterations`` μ, twice
+μ steps, and the time is the mean of the last μ (one of which samples). The process is niced, as a training
+process is, and ends with everything it started when the caller stops it, when time runs out, or when the app
+that started it ends. It trains in
 a temporary folder that is gone when it ends, with no held-out scoring and no trackers, so it touches no run folder
 and leaves nothing behind. The peak is what the device's own books say: the process's peak resident memory on the
 CPU, ``torch.cuda.max_memory_allocated`` plus the CUDA context on a GPU, the MPS driver's figure on a Mac.
@@ -21,19 +24,25 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import speedups
 from ..config import RunConfig
-from ..errors import DragonError
+from ..errors import BusyError, DragonError
 from ..public import Policy, without_secrets
 from ..runstore import RunDir, format_seconds
 from ..data import read_jsonl, write_jsonl
+from ..system.processes import end_group
+from .worker_main import WORKER_NICENESS, stop_when_orphaned
 
 GB = 1024**3
 ANSWER = "dry run: "  # the line of the process's output that holds its answer (JSON), after the libraries' logs
-WARM_UP_STEPS = 1  # steps trained before the one that is timed
+STEPS_PER_ITERATION = 2  # the steps that warm up, then the timed ones: each num_iterations steps long
 
 
 @dataclass(frozen=True)
@@ -55,9 +64,11 @@ class DryRun:
                 f"memory {self.peak_gb:.2f} GB ({self.peak_is}).")
 
 
-def dry_run(config: RunConfig, *, policy: Policy, timeout_s: float = 3600) -> DryRun:
+def dry_run(config: RunConfig, *, policy: Policy, timeout_s: float = 3600,
+            interrupted: Callable[[], str | None] = lambda: None) -> DryRun:
     """Train one step of ``config`` in a process of its own and say what it took; DragonError with the run's own
-    sentence where the step could not be trained.
+    sentence where the step could not be trained. ``interrupted``: asked every second, a sentence when the dry run
+    must stop now (BusyError with it).
 
     The run's folder is prepared here, under ``policy`` (its data read as the visitor who asks may read it); the
     process only trains it, and measures."""
@@ -67,20 +78,15 @@ def dry_run(config: RunConfig, *, policy: Policy, timeout_s: float = 3600) -> Dr
     with tempfile.TemporaryDirectory(prefix="dragon-dry-run-") as folder:
         run = training.prepare(trial, Path(folder) / "run", policy=policy)
         rows = _longest(read_jsonl(run.train_data_path), trial.training.batch_size * trial.training.grad_accum)
-        write_jsonl(run.train_data_path, rows * (1 + WARM_UP_STEPS))  # every step trains on the longest prompts
+        # Every step trains on the longest prompts.
+        write_jsonl(run.train_data_path, rows * STEPS_PER_ITERATION * config.grpo.num_iterations)
         request = json.dumps({"run_dir": str(run.path), "policy": policy.to_json()})
-        try:
-            finished = subprocess.run([sys.executable, "-m", __name__], input=request, capture_output=True,
-                                      text=True, env=without_secrets(dict(os.environ), hub_token=not policy.public),
-                                      timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise DragonError(f"The dry run took more than {format_seconds(timeout_s)}; the step is longer than that, "
-                              "or it hung.") from None
-    answers = [line[len(ANSWER):] for line in finished.stdout.splitlines() if line.startswith(ANSWER)]
+        stdout, stderr, code = _run_measuring(request, without_secrets(dict(os.environ), hub_token=not policy.public),
+                                              timeout_s, interrupted)
+    answers = [line[len(ANSWER):] for line in stdout.splitlines() if line.startswith(ANSWER)]
     if not answers:
-        tail = (finished.stderr or finished.stdout).strip().splitlines()[-3:]
-        raise DragonError(f"The dry run's process ended (code {finished.returncode}) without an answer: "
-                          + " ".join(tail))
+        tail = (stderr or stdout).strip().splitlines()[-3:]
+        raise DragonError(f"The dry run's process ended (code {code}) without an answer: " + " ".join(tail))
     answer = json.loads(answers[-1])
     if "error" in answer:
         raise DragonError(f"The dry run's step failed: {answer['error']}")
@@ -88,11 +94,34 @@ def dry_run(config: RunConfig, *, policy: Policy, timeout_s: float = 3600) -> Dr
                   longest_prompt_chars=max((len(_prompt_text(row)) for row in rows), default=0))
 
 
+def _run_measuring(request: str, environment: dict[str, str], timeout_s: float,
+                   interrupted: Callable[[], str | None]) -> tuple[str, str, int]:
+    """The measuring process's output and exit code, once it has ended; it and all it started end at once when
+    ``interrupted`` says why or the time runs out."""
+    process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    given: str | None = request  # written once: a later call only goes on reading the output
+    while True:
+        try:
+            stdout, stderr = process.communicate(given, timeout=1)
+            return stdout, stderr, process.returncode
+        except subprocess.TimeoutExpired:
+            given = None
+            why = (f"The dry run took more than {format_seconds(timeout_s)}; the step is longer than that, or it hung."
+                   if time.monotonic() > deadline else interrupted())
+            if why:
+                end_group(process, hard=True)
+                process.communicate()
+                raise BusyError(why) from None
+
+
 def one_step_of(config: RunConfig, *, policy: Policy) -> RunConfig:
-    """``config`` as a dry run trains it: the step and the one that warms up, no checkpoint before it ends, no
-    held-out prompts, no trackers."""
+    """``config`` as a dry run trains it: the timed steps and as many before them that warm up, no checkpoint before
+    it ends, no held-out prompts, no trackers."""
     data = config.to_dict()
-    data["training"].update(max_steps=1 + WARM_UP_STEPS, save_steps=10**7, eval_every=0)
+    data["training"].update(max_steps=STEPS_PER_ITERATION * config.grpo.num_iterations, save_steps=10**7,
+                            eval_every=0)
     data["data"]["eval_frac"] = 0
     data["logging"]["report_to"] = []
     return RunConfig.from_dict(data, base_dir=config.base_dir or None, policy=policy, load_code=False)
@@ -103,18 +132,21 @@ def measure(run: RunDir, *, policy: Policy) -> dict[str, Any]:
     the timed step's time, its replies' mean length, and the peak memory."""
     from . import training
 
-    training.train_here(training.Training(run, policy=policy), None)
+    job = training.Training(run, policy=policy)
+    threading.Thread(target=stop_when_orphaned, args=(os.getppid(), job), name="dragon-orphaned", daemon=True).start()
+    training.train_here(job, None)
     status = run.read_status()
     if status.get("state") != "succeeded":
         raise DragonError(status.get("error") or f"the step ended {status.get('state')}")
     progress = run.read_progress()
-    step_s = progress[-1].get("step_time_s") if progress else None
-    if step_s is None:
+    timed = progress[len(progress) // 2:]  # after as many steps that warmed up
+    times = [seconds for row in timed if (seconds := row.get("step_time_s")) is not None]
+    if not times or len(times) < len(timed):
         raise DragonError("the step logged no time")
     device = str(status.get("device", "cpu"))
     peak_gb, peak_is = peak_memory(device)
-    return {"step_s": float(step_s), "peak_gb": peak_gb, "device": device, "peak_is": peak_is,
-            "completion_tokens": float(progress[-1].get("completion_len") or 0.0)}
+    return {"step_s": sum(times) / len(times), "peak_gb": peak_gb, "device": device, "peak_is": peak_is,
+            "completion_tokens": float(timed[-1].get("completion_len") or 0.0)}
 
 
 def _longest(rows: list[dict[str, Any]], wanted: int) -> list[dict[str, Any]]:
@@ -151,6 +183,9 @@ def peak_memory(device: str) -> tuple[float, str]:
 def main() -> int:
     """The dry run's process: the request (the prepared run's folder, the policy) on standard input, the answer on
     a line of standard output that starts with ANSWER."""
+    if sys.platform.startswith("linux"):
+        os.nice(WORKER_NICENESS)  # as a training process: the app's server stays responsive
+    speedups.choose(os.environ.get(speedups.ENV, ""))  # the app's choice, as its training processes make it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     request = json.loads(sys.stdin.read())
     try:

@@ -246,12 +246,14 @@ def take_preflight(*, policy: Policy) -> None:
 
 
 def take_dry_run(*, policy: Policy) -> None:
-    """Refuse a dry run where this demo's owner allows none, or past its network address's allowance an hour; or
-    else count it: each one trains a step on the machine every visitor shares. Nothing outside public mode, or for
-    the operator and the owner."""
-    if policy.limits is not None and not policy.visitor.owns_everything and not policy.limits.dry_runs_per_hour:
+    """Refuse a dry run where this demo's owner allows none (Policy.measures_steps), or to a visitor it cannot count,
+    or past its network address's allowance an hour; or else count it: each one trains a step on the machine every
+    visitor shares. Nothing outside public mode, or for the operator and the owner."""
+    if not policy.measures_steps:
         raise PublicDemoRefusal("This public demo measures no steps for its visitors: a dry run trains on the machine "
                                 f"every visitor shares. The estimate above is what it offers ({LIFT} to measure).")
+    if policy.limits is not None and not policy.visitor.owns_everything and not policy.visitor.address:
+        raise PublicDemoRefusal("This public demo measures steps only for visitors it can count by network address.")
     _take(_dry_runs, "dry_runs_per_hour", "dry runs", policy=policy)
 
 

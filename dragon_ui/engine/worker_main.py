@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     _take_settings(job["settings"])
     run = RunDir(Path(job["run_dir"]))
     training_job = training.Training(run, policy=Policy.from_json(job["policy"]))
-    threading.Thread(target=_stop_when_orphaned, args=(app, training_job), name="dragon-orphaned",
+    threading.Thread(target=stop_when_orphaned, args=(app, training_job), name="dragon-orphaned",
                      daemon=True).start()
     training.train_here(training_job, Path(job["resume_from"]) if job["resume_from"] else None)
     return 0
@@ -79,7 +79,7 @@ def _take_settings(settings: dict[str, str]) -> None:
     speedups.choose(os.environ.get(speedups.ENV, ""))
 
 
-def _stop_when_orphaned(app: int, training_job) -> None:
+def stop_when_orphaned(app: int, training_job) -> None:
     """The app ended (closed, killed or crashed) while this trained: stop as Stop does, saving the last whole step,
     so no training goes on unseen and Resume continues from there."""
     while os.getppid() == app:

@@ -39,6 +39,8 @@ from .runs import Runs
 from .visitors import Visitors
 
 log = logging.getLogger("dragon_ui")
+DRY_RUN_BESIDE_A_TRAINING = ("A training is running on this machine; a step measured beside it would take longer than "
+                             "it will, and slow the training down. Wait for it to finish or stop it first.")
 
 
 class Studio:
@@ -153,17 +155,25 @@ class Studio:
             public_checks.take_preflight(policy=self.policy)
             return preflight(config, self.previews.load, policy=self.policy, prompts=prompts, should_stop=should_stop, on_progress=on_progress)
 
-    def measure_step(self, draft: Draft) -> DryRun:
+    def measure_step(self, draft: Draft, should_stop: Callable[[], bool] = lambda: False) -> DryRun:
         """One real training step of the draft, timed and its peak memory measured (engine.dry_run), in a process
-        of its own. Refused beside a training (each would slow the other, and the time would be wrong), and on a
-        public demo unless its owner allows dry runs (public_checks.take_dry_run)."""
+        of its own, which ends at once when ``should_stop`` (the page went away) or a training starts. Refused
+        beside a training (each would slow the other, and the time would be wrong), and on a public demo unless
+        its owner allows dry runs (public_checks.take_dry_run). The preview model makes room for it, as for a
+        training."""
         config = self.recipes.validate(draft)
         if queue.training_run_id(self.runs_dir) is not None:
-            raise BusyError("A training is running on this machine; a step measured beside it would take longer "
-                            "than it will, and slow the training down. Wait for it to finish or stop it first.")
+            raise BusyError(DRY_RUN_BESIDE_A_TRAINING)
+
+        def interrupted() -> str | None:
+            if queue.training_run_id(self.runs_dir) is not None:
+                return DRY_RUN_BESIDE_A_TRAINING
+            return "The page went away, so the dry run stopped." if should_stop() else None
+
         with self._one_measure("a dry run"):
             public_checks.take_dry_run(policy=self.policy)
-            return dry_run(config, policy=self.policy,
+            self.previews.release()
+            return dry_run(config, policy=self.policy, interrupted=interrupted,
                            timeout_s=60 * self.policy.limits.run_minutes if self.policy.limits else 3600)
 
     @contextlib.contextmanager

@@ -24,7 +24,7 @@ from ..studio.backend import Studio
 from ..studio.draft import Problem, place_problem, renamed
 from ..studio.playground import preview_examples
 from . import preflight_section
-from .common import (MESSAGE_ICONS, ONE_MODEL_AT_A_TIME, TAB_TRAIN, Form, Shared, chosen_or_unchanged, described,
+from .common import (MESSAGE_ICONS, TAB_TRAIN, Form, Shared, chosen_or_unchanged, client_left, described,
                      first_cell, in_the_page, message, number, optional_number, shown_number, shows_errors,
                      tab_selected)
 
@@ -333,7 +333,7 @@ def measure_step(studio: Studio, draft: Draft, labels: dict[str, str] | None = N
     """"Measure one step": the draft's dry run (Studio.measure_step) in a sentence under the estimate, or why there
     is none, in the screen's words."""
     try:
-        measured = studio.measure_step(draft)
+        measured = studio.measure_step(draft, should_stop=client_left())
     except DragonError as exc:
         problem = place_problem(str(exc), labels or {}, draft.get("rewards") or [], draft.get("tools") or [])
         return message(problem.seen_from(TAB_TITLE), "error")
@@ -445,7 +445,7 @@ def build(shared: Shared) -> Callable[[], None]:
     advanced_settings(form, initial, areas)
     export = scale_out(form, initial, areas)
     tab = ModelTab(model_id, continue_from, presets, detected, detect_again, hardware_choice, areas, export,
-                   start_row(form, initial, areas, preview))
+                   start_row(form, initial, areas, preview, measures=studio.policy.measures_steps))
     connect_preflight = preflight_section.build(shared, tab.start.will_it_learn)
     own = [f for f in form.fields if f.path in SETTINGS_AT or f.path == "name"]  # not the Rewards tab's tool rounds
     continue_from.input(chosen_or_unchanged, [continue_from], [model_id], api_visibility="private")
@@ -504,12 +504,13 @@ def scale_out(form: Form, initial: Draft, areas: dict[str, gr.Markdown]) -> Clus
     return ClusterExport(gpus, nodes, button, status, file)
 
 
-def start_row(form: Form, initial: Draft, areas: dict[str, gr.Markdown], preview: Preview) -> StartRow:
-    """Before you start, showing ``preview`` until the page's own comes."""
+def start_row(form: Form, initial: Draft, areas: dict[str, gr.Markdown], preview: Preview,
+              measures: bool = True) -> StartRow:
+    """Before you start, showing ``preview`` until the page's own comes; ``measures``: with Measure one step."""
     gr.Markdown("### Before you start")
     check = gr.Markdown(preview.check, elem_id="model-check")
     estimate = gr.Markdown(preview.estimate, elem_id="model-estimate")
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=True, visible=measures):  # a public demo's owner allows its visitors dry runs, or not
         measure = gr.Button("Measure one step", size="sm", scale=0, min_width=180, elem_id="model-measure")
         measured = gr.Markdown(MEASURE_HELP, elem_id="model-measured")
     with gr.Accordion("The whole configuration (YAML) and the command line", open=False):
@@ -538,8 +539,10 @@ def connect(shared: Shared, tab: ModelTab, connect_preflight: Callable[[], None]
     start.download.click(None, [start.yaml_view, start.file_name], None, js=SAVE_IN_THE_BROWSER,
                          api_visibility="private", show_progress="hidden")
     form.watch(functools.partial(preview_after_edit, studio, labels=labels), [*preview, start.status, start.measured])
+    # Turns of their own: the step trains in a process of its own, and the model events need not wait minutes for it.
     start.measure.click(form.takes_draft(shows_errors(functools.partial(measure_step, studio, labels=labels))),
-                        form.inputs, [start.measured], api_visibility="private", **ONE_MODEL_AT_A_TIME)
+                        form.inputs, [start.measured], api_visibility="private", concurrency_limit=1,
+                        concurrency_id="dry-runs")
     # Start is offered once the loaded settings are in the form and checked.
     shared.refreshes.append((form.takes_draft(functools.partial(preview_outputs, studio, labels=labels)),
                              form.inputs, preview))
