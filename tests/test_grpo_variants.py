@@ -127,7 +127,7 @@ def test_the_yaml_and_the_model_card_show_the_variants_that_differ(tiny_config_d
 def test_the_estimate_samples_once_every_num_iterations_steps(tiny_config_dict):
     from dragon_ui.engine.estimate import DeviceSpeed, estimate_step_time, generic_dims
 
-    speed = DeviceSpeed(description="test", flops=1e11, bandwidth=1e10, layer_latency_s=1e-4)
+    speed = DeviceSpeed(description="test", flops=1e11, bandwidth=1e10, layer_latency_s=1e-4, generation_flops=5e10)
     once = estimate_step_time(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), generic_dims(135e6), speed, "float32", False)
     tiny_config_dict["grpo"]["num_iterations"] = 2
     twice = estimate_step_time(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), generic_dims(135e6), speed, "float32", False)

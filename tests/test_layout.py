@@ -233,6 +233,7 @@ ENVIRONMENT_READERS = {
     "ui/app.py": "an entry point",
     "ui/desktop.py": "an entry point: the window's toolkit reads its display and flags from the environment",
     "engine/worker_main.py": "a training process's entry point: takes the app's settings with each job",
+    "engine/dry_run.py": "the dry run's process entry point: takes the app's speed-up choice, as a training process",
     "public.py": "Policy.from_env, which the entry points call",
     "system/disk.py": "resolve_runs_dir, which the entry points call, and the cache folder (like HF_HOME for the Hub)",
     "scaleout/distributed.py": "what accelerate and torchrun tell each process they start",
