@@ -136,6 +136,12 @@ def write_result(name: str, payload: dict) -> Path:
     return path
 
 
+def off_by(estimated: float, measured: float) -> str:
+    """How far an estimate is from a measurement, as the docs' tables write it: "+12 %", "−8 %", "±0 %"."""
+    points = round(100 * (estimated / measured - 1))
+    return f"{'+' if points > 0 else '−' if points < 0 else '±'}{abs(points)} %"
+
+
 def percentile(values: list[float], q: float) -> float:
     """The value ``q`` of the way up the sorted values (the nearest one); NaN when there are none."""
     if not values:

@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from common import RECIPE, RESULTS, write_result
+from common import RECIPE, RESULTS, off_by, write_result
 
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import estimate
@@ -112,8 +112,7 @@ def probe() -> dict:
 def estimated(row: dict, machine: dict) -> estimate.Estimate:
     """The estimate of ``row``'s settings on the CPU the stored probe describes (the preset's shape: the model is
     not needed)."""
-    config = config_of(row, str(RECIPE))  # any existing path: the model is not read
-    config.model.id = row["model"]
+    config = config_of(row, row["model"])
     hardware = replace(resolve_hardware(config.hardware, detect_hardware()), cpu_threads=machine["threads"])
     return estimate.estimate_run(config, hardware, detect_hardware(), probe=machine["flops_per_thread"].__getitem__,
                                  prompt_tokens=row["prompt_tokens"])
@@ -129,12 +128,7 @@ def report(measured: list[dict], machine: dict) -> None:
         print(f"| {row['model'].split('/')[-1].removesuffix('-Instruct')} | {row['dtype']} | "
               f"{'on' if row['gradient_checkpointing'] else 'off'} | {'LoRA' if row['lora'] else 'full'} | "
               f"{row['max_new_tokens']} | {row['group_size']} | {row['step_s']:.1f} s, {step:.1f} s "
-              f"({error(step, row['step_s'])}) | {row['peak_gb']:.2f} GB, {peak:.2f} GB ({error(peak, row['peak_gb'])}) |")
-
-
-def error(estimated: float, measured: float) -> str:
-    points = round(100 * (estimated / measured - 1))
-    return f"{'+' if points > 0 else '−' if points < 0 else '±'}{abs(points)} %"
+              f"({off_by(step, row['step_s'])}) | {row['peak_gb']:.2f} GB, {peak:.2f} GB ({off_by(peak, row['peak_gb'])}) |")
 
 
 def fit(measured: list[dict], machine: dict) -> None:
@@ -148,7 +142,7 @@ def fit(measured: list[dict], machine: dict) -> None:
     fitted = [name for name in estimate.ACTIVATION_FACTORS if name != "attention"]
     memory_columns, memory_targets, time_columns, time_targets = [], [], [], []
     for row in measured:
-        config = config_of(row, str(RECIPE))
+        config = config_of(row, row["model"])
         dims, dtype, prompt_tokens = find_preset(row["model"]).dims, row["dtype"], row["prompt_tokens"]
         counted = estimate.estimate_memory(config, dims, dtype, False, "cpu", prompt_tokens)
         terms = {name: held / estimate.GB

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, RESULTS, median, write_result
+from common import REPO, RESULTS, median, off_by, write_result
 
 from dragon_ui import ASSETS_DIR
 from dragon_ui.config import RunConfig
@@ -93,14 +93,9 @@ def report(results: list[dict], probe: dict[str, float]) -> None:
         step, memory = estimate.step.total_s, estimate.memory.total_gb
         checkpointing = " (checkpointing)" if row["gradient_checkpointing"] else ""
         print(f"| {row['config']}{checkpointing} | {row['max_new_tokens']} | {row['run_step_s']:.1f} s, "
-              f"{row['run_peak_gb']:.2f} GB | {row['dry_step_s']:.1f} s ({error(row['dry_step_s'], row['run_step_s'])}), "
-              f"{row['dry_peak_gb']:.2f} GB ({error(row['dry_peak_gb'], row['run_peak_gb'])}) | {step:.1f} s "
-              f"({error(step, row['run_step_s'])}), {memory:.2f} GB ({error(memory, row['run_peak_gb'])}) |")
-
-
-def error(estimated: float, measured: float) -> str:
-    points = round(100 * (estimated / measured - 1))
-    return f"{'+' if points > 0 else '−' if points < 0 else '±'}{abs(points)} %"
+              f"{row['run_peak_gb']:.2f} GB | {row['dry_step_s']:.1f} s ({off_by(row['dry_step_s'], row['run_step_s'])}), "
+              f"{row['dry_peak_gb']:.2f} GB ({off_by(row['dry_peak_gb'], row['run_peak_gb'])}) | {step:.1f} s "
+              f"({off_by(step, row['run_step_s'])}), {memory:.2f} GB ({off_by(memory, row['run_peak_gb'])}) |")
 
 
 def main() -> None:

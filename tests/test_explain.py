@@ -90,7 +90,11 @@ def test_the_words_say_which_completions_go_up_and_down_and_what_beta_adds():
     rollout = {"step": 5, "groups": [group(1.0, 0.0, 0.0, 1.0, advantages=[HALF, -HALF, -HALF, HALF])]}
     explained = explain.explain_group(rollout, 1, config(beta=0.04), kl=0.25)
     words = " ".join(explain.plain_words(explained))
-    assert "completions 1 and 4 scored above the mean" in words and "completions 2 and 3 scored below it" in words
+    assert "completions 1 and 4 scored above the mean, so the step makes replies like them more likely" in words
+    assert "completions 2 and 3 scored below it, so the step makes replies like them less likely" in words
+    one_down = {"step": 5, "groups": [group(1.0, 1.0, 0.0, advantages=[HALF, HALF, -2 * HALF])]}
+    words_one = " ".join(explain.plain_words(explain.explain_group(one_down, 1, config())))
+    assert "completion 3 scored below it, so the step makes replies like it less likely" in words_one
     assert "Beta is 0.04" in words and "This step's KL was 0.25, so the pull costs about 0.010 per token" in words
     assert "match the ones TRL logged" in words and explained.agrees is True
     tiny = explain.explain_group(rollout, 1, config(beta=0.04), kl=0.0012)

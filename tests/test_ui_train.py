@@ -107,12 +107,16 @@ def test_rollouts_are_escaped_and_best_and_worst_highlighted():
     ({"state": "cancelled"}, "**stopped — can resume**",
      [("info", "Stopped, not finished: Resume starts it again, since it stopped before its first checkpoint.")]),
     ({"state": "running", "phase": "training"}, "**running** · training", []),
-    ({"state": "succeeded"}, "**succeeded**", []),
+    ({"state": "queued", "phase": "waiting to resume"}, "**queued** · waiting to resume", []),
+    ({"state": "succeeded", "phase": "done"}, "**succeeded**", []),
+    ({"state": "cancelled", "phase": "done", "latest_checkpoint": "checkpoint-4"}, "**stopped — can resume**",
+     [("info", "Stopped, not finished: Resume continues from checkpoint-4.")]),
 ])
 def test_states_read_as_people_read_them(status, shown, note):
-    """A stopped run said "cancelled", which sounds final; it resumes from its latest checkpoint."""
+    """A stopped run said "cancelled", which sounds final; it resumes from its latest checkpoint. An ended run's
+    header reads its state alone: "stopped — can resume · done" said two."""
     line, *notes = said(train_tab.status_markdown("run-1", status))
-    assert shown in line[1] and notes == note and "cancelled" not in line[1]
+    assert line[1].endswith(shown) and notes == note and "cancelled" not in line[1]
 
 
 @pytest.mark.parametrize("state, shown", [("cancelled", "stopped — can resume"), ("failed", "failed"),
@@ -128,7 +132,7 @@ def test_status_line_and_progress_bar():
     status = {"state": "failed", "phase": "done", "device": "cpu", "dtype": "float32", "cpu_threads": 1,
               "error": "The model ran out of memory."}
     (_, line), reason = said(train_tab.status_markdown("run-1", status))
-    assert line.startswith("Run `run-1` · ") and line.endswith(" **failed** · done · cpu float32, 1 thread")
+    assert line.startswith("Run `run-1` · ") and line.endswith(" **failed** · cpu float32, 1 thread")
     assert reason == ("error", "The model ran out of memory.")
     bar = train_tab.progress_html({"state": "running", "step": 5, "total_steps": 20, "elapsed_s": 50, "eta_s": 150})
     assert "width:25.0%" in bar and "Step 5 / 20 · 25% · elapsed 50 s · about 2 min left" in bar

@@ -197,8 +197,8 @@ def plain_words(explained: GroupExplanation) -> list[str]:
             moves.append(f"{'completion' if len(up) == 1 else 'completions'} {_numbers(up)} scored above the mean, "
                          f"so the step makes replies like {'it' if len(up) == 1 else 'them'} more likely")
         if down:
-            moves.append(f"{'completion' if len(down) == 1 else 'completions'} {_numbers(down)} scored below it and "
-                         "become less likely")
+            moves.append(f"{'completion' if len(down) == 1 else 'completions'} {_numbers(down)} scored below it, "
+                         f"so the step makes replies like {'it' if len(down) == 1 else 'them'} less likely")
         lines.append(f"Each completion's advantage is {how}: " + "; ".join(moves) + ".")
         lines.append(f"How much each one moves the model: with loss type {e.loss_type}, "
                      f"{LOSS_WEIGHTING.get(e.loss_type, 'each token carries its completion’s advantage')}.")

@@ -171,6 +171,9 @@ def rewards_table(rewards: list[dict], *, policy: Policy) -> pd.DataFrame:
                         columns=["name", "kind", "weight", "goal", "pays for", "settings"])
 
 
+# name, kind, weight, goal, pays for, settings: the short columns wide enough for their headers ("weight" wrapped as
+# "weig ht" once the sentences took the room), the sentences the rest.
+REWARD_COLUMN_WIDTHS = ["13%", "10%", "9%", "9%", "35%", "24%"]
 NEW_REWARD = "+ new"  # the selector's "New reward" entry; no reward can have this name (it has a space)
 NEW_REWARD_LABEL = "➕ New reward"
 
@@ -659,7 +662,8 @@ def _build_editor(shared: Shared) -> None:
     public = studio.policy.public
     rewards = form.add("rewards", gr.State([]), label="Rewards")
     table = gr.Dataframe(rewards_table([], policy=studio.policy), label="Rewards (what training uses)",
-                         interactive=False, max_height=260, wrap=True, elem_id="rewards-table")
+                         interactive=False, max_height=260, wrap=True, elem_id="rewards-table",
+                         column_widths=REWARD_COLUMN_WIDTHS)
     problem = gr.Markdown(elem_id="rewards-problem")
     with gr.Row():
         with gr.Column(scale=1):

@@ -54,7 +54,8 @@ def status_markdown(run_id: str, status: RunStatus, queue_place: str = "") -> st
     """The run's state line, then what to know about it: why it failed, how it resumes, where it is in the
     queue (``queue_place``, for a waiting run), how it scored."""
     state = status.get("state", "unknown")
-    parts = [f"{STATE_ICONS.get(state, '')} **{state_label(state)}**", status.get("phase") or ""]
+    phase = status.get("phase") if state in ACTIVE_STATES else ""  # an ended run's state says it all: one state
+    parts = [f"{STATE_ICONS.get(state, '')} **{state_label(state)}**", phase or ""]
     if status.get("model_label"):  # its id: the label's account of where it came from is in the log
         parts.append(status["model_label"].split(" (")[0])
     if status.get("device"):
