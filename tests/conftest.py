@@ -128,6 +128,17 @@ def environment_of(pid: int, timeout: float = 30) -> list[bytes]:
         time.sleep(0.01)
 
 
+def turn_public_mode_on(monkeypatch, model_dir: Path) -> None:
+    """DRAGON_UI_PUBLIC=1 for this test, with ``model_dir`` on the allow-list (as an owner would add a model) and
+    every limit at its default."""
+    from dragon_ui import public
+
+    monkeypatch.setenv(public.PUBLIC_ENV, "1")
+    monkeypatch.setenv(public.MODELS_ENV, str(model_dir))
+    for env, _, _ in public.Limits.documented():
+        monkeypatch.delenv(env, raising=False)
+
+
 def demo(who=None):
     """The policy the app would build from this test's environment: a public demo's where a fixture turned public
     mode on (each limit the test set, the runs folder the runs_dir fixture chose), else the laptop's; asked by

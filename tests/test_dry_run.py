@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 import yaml
+from conftest import turn_public_mode_on
 
 from dragon_ui.config import RunConfig
 from dragon_ui.engine import dry_run, public_checks
@@ -141,12 +142,7 @@ def test_a_public_demo_measures_steps_only_where_its_owner_allows(monkeypatch, p
 @pytest.fixture
 def public_demo_measuring_steps(monkeypatch, tiny_model_dir, runs_dir):
     """A public demo whose owner allows two dry runs an hour for each network address."""
-    from dragon_ui import public
-
-    monkeypatch.setenv(public.PUBLIC_ENV, "1")
-    monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
-    for env, _, _ in public.Limits.documented():
-        monkeypatch.delenv(env, raising=False)
+    turn_public_mode_on(monkeypatch, tiny_model_dir)
     monkeypatch.setenv("DRAGON_UI_MAX_DRY_RUNS_PER_HOUR", "2")
     monkeypatch.setattr(public_checks, "_dry_runs", Allowance(window_s=3600))
 

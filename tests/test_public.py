@@ -11,7 +11,7 @@ import gradio as gr
 import pytest
 import yaml
 
-from conftest import demo, ended, uploaded_by
+from conftest import demo, ended, turn_public_mode_on, uploaded_by
 from dragon_ui import data, public
 from dragon_ui.data import mapping
 from dragon_ui.cli import main
@@ -26,10 +26,7 @@ MAKE_RUN = "on your own machine (make run)"
 @pytest.fixture
 def public_mode(monkeypatch, tiny_model_dir):
     """DRAGON_UI_PUBLIC=1, with the tiny test model on the allow-list (as an owner would add a model)."""
-    monkeypatch.setenv(public.PUBLIC_ENV, "1")
-    monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
-    for limit in public.Limits.documented():
-        monkeypatch.delenv(limit[0], raising=False)
+    turn_public_mode_on(monkeypatch, tiny_model_dir)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import demo, ended, uploaded_by, write_arithmetic_csv
+from conftest import demo, ended, turn_public_mode_on, uploaded_by, write_arithmetic_csv
 
 from dragon_ui import data, public, rewards
 from dragon_ui.data import tables
@@ -36,10 +36,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture
 def public_mode(monkeypatch, tiny_model_dir, runs_dir):
-    monkeypatch.setenv(public.PUBLIC_ENV, "1")
-    monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
-    for env, _, _ in public.Limits.documented():
-        monkeypatch.delenv(env, raising=False)
+    turn_public_mode_on(monkeypatch, tiny_model_dir)
     monkeypatch.setattr(public_checks, "_starts", public.Allowance(window_s=3600))
     monkeypatch.setattr(public_checks, "_preflights", public.Allowance(window_s=3600))
 
