@@ -173,7 +173,7 @@ def rewards_table(rewards: list[dict], *, policy: Policy) -> pd.DataFrame:
 
 # name, kind, weight, goal, pays for, settings: the short columns wide enough for their headers ("weight" wrapped as
 # "weig ht" once the sentences took the room), the sentences the rest.
-REWARD_COLUMN_WIDTHS = ["13%", "10%", "9%", "9%", "35%", "24%"]
+REWARD_COLUMN_WIDTHS: list[str | int] = ["13%", "10%", "9%", "9%", "35%", "24%"]
 NEW_REWARD = "+ new"  # the selector's "New reward" entry; no reward can have this name (it has a space)
 NEW_REWARD_LABEL = "➕ New reward"
 
