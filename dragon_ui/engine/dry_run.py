@@ -78,8 +78,7 @@ def dry_run(config: RunConfig, *, policy: Policy, timeout_s: float = 3600,
     with tempfile.TemporaryDirectory(prefix="dragon-dry-run-") as folder:
         run = training.prepare(trial, Path(folder) / "run", policy=policy)
         rows = _longest(read_jsonl(run.train_data_path), trial.training.batch_size * trial.training.grad_accum)
-        # Every step trains on the longest prompts.
-        write_jsonl(run.train_data_path, rows * STEPS_PER_ITERATION * config.grpo.num_iterations)
+        write_jsonl(run.train_data_path, rows * (trial.training.max_steps or 1))  # each step: the longest prompts
         request = json.dumps({"run_dir": str(run.path), "policy": policy.to_json()})
         stdout, stderr, code = _run_measuring(request, without_secrets(dict(os.environ), hub_token=not policy.public),
                                               timeout_s, interrupted)
