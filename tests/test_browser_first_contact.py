@@ -14,7 +14,7 @@ from test_browser import (CHROMIUM, CHROMIUM_ARGS, VIEWPORT, WAIT_MS, open_tab, 
                           started_config, studio, type_into, wait_until_loaded)
 
 from conftest import stop_the_training
-from dragon_ui.ui.app import DRAFT_STORAGE_KEY, VISITOR_STORAGE_KEY
+from dragon_ui.ui.app import DRAFT_STORAGE_KEY, OWN_SETTINGS, VISITOR_STORAGE_KEY
 
 expect = sync_api.expect
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
@@ -81,7 +81,7 @@ def test_an_uploaded_spreadsheet_says_which_file_and_sheet_and_the_recipe_lets_g
     expect(page.locator("#data-source-status")).to_contain_text("Your file reviews.xlsx, sheet 'Reviews'")
     expect(page.locator("#data-sheet input")).to_have_value("Reviews")
     expect(page.locator("#data-counts")).to_contain_text("30 rows")
-    expect(page.locator("#recipe input")).to_have_value("")  # no recipe is what the form shows now
+    expect(page.locator("#recipe input")).to_have_value(OWN_SETTINGS)  # no recipe is what the form shows now
 
 
 def test_a_second_page_opens_saying_that_a_run_trains(page, studio, tmp_path):

@@ -8,6 +8,7 @@ The messages are the engine's own, produced by validating real bad configs, and 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -337,8 +338,10 @@ def test_loading_a_recipe_replaces_an_unedited_draft_and_asks_about_an_edited_on
     assert new_draft == pristine == wanted and auto_name == wanted["name"]
     assert repr(opening) == repr(gr.skip())  # the "Opening…" line is the page's load's to empty (it shows the form)
     assert not confirm.visible and pending is None and "json_answers" in status
-    # Every tab shows the loaded draft from this one answer: the Data tab's source among the fills.
-    assert wanted["data"]["source"] in filled
+    # Every tab shows the loaded draft from this one answer: the Data tab's source among the fills, a bundled
+    # dataset by its name (the folder the package lies in is nobody's business, nor in a screenshot).
+    texts = [value for value in filled if isinstance(value, str)]
+    assert Path(wanted["data"]["source"]).name in texts and wanted["data"]["source"] not in texts
 
     # The same value shown differently (a whole number in a number field) is no edit.
     epochs = current["training"]["epochs"]
@@ -363,6 +366,21 @@ def test_loading_a_recipe_replaces_an_unedited_draft_and_asks_about_an_edited_on
     assert unknown[3].startswith(message("", "error")) and "There is no recipe called 'nope'" in unknown[3]
 
 
+def test_the_recipe_box_says_your_own_settings_once_the_form_holds_no_recipe(studio):
+    from dragon_ui.ui.app import OWN_SETTINGS, recipe_offered, recipe_shown
+
+    arithmetic, lesson = studio.recipes.default(), studio.recipes.load("json_answers")
+    assert recipe_shown(studio, arithmetic, "arithmetic") == gr.skip()  # it says the truth: left as it is
+    edited = copy.deepcopy(arithmetic)
+    edited["training"]["max_steps"] = 7
+    assert recipe_shown(studio, edited, "arithmetic") == OWN_SETTINGS
+    assert recipe_shown(studio, edited, OWN_SETTINGS) == gr.skip()
+    assert recipe_shown(studio, lesson, OWN_SETTINGS) == "json_answers"  # edited back to a recipe, or loaded
+    assert recipe_shown(studio, lesson, None) == "json_answers"
+    with pytest.raises(DragonError, match="already holds your own settings"):
+        recipe_offered(studio, OWN_SETTINGS)
+
+
 def test_the_page_first_paints_the_default_recipe_and_nothing_else(app, studio):
     """Every page starts from the app's config: it holds the default recipe in every tab (common.show_at_first),
     with the Data tab's table and counts, so a browser that kept no draft shows real values before any event is
@@ -374,7 +392,7 @@ def test_the_page_first_paints_the_default_recipe_and_nothing_else(app, studio):
     assert same_settings(shown, draft, policy=LAPTOP), shown
     props = {component["props"]["elem_id"]: component["props"] for component in app.config["components"]
              if component["props"].get("elem_id")}
-    assert props["data-source"]["value"] == draft["data"]["source"]
+    assert props["data-source"]["value"] == Path(draft["data"]["source"]).name
     assert props["data-preview"]["value"]["headers"] == ["question", "answer"]
     assert props["data-preview"]["value"]["data"][0][0] == "What is 66 + 24? Reply with just the number."
     assert "400 rows: 380 for training, 20 held out" in props["data-counts"]["value"]

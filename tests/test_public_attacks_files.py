@@ -438,8 +438,18 @@ def test_a_public_demo_shows_a_source_by_its_name_and_reads_the_file_it_stands_f
     alice = demo_policy.asked_by(public.Visitor(key="alice"))
     assert shown_source(source(uploads), policy=alice) == shown
     assert real_source(shown, policy=alice) == read(uploads)
-    assert shown_source(source(uploads), policy=public.LAPTOP) == source(uploads)  # your own machine shows paths whole
-    assert real_source(shown, policy=public.LAPTOP) == shown
+    # Your own machine shows a bundled dataset by its name too (no folder of the package in a screenshot), and
+    # every other path whole.
+    on_laptop = shown if shown == ARITHMETIC.name else source(uploads)
+    assert shown_source(source(uploads), policy=public.LAPTOP) == on_laptop
+    assert real_source(on_laptop, policy=public.LAPTOP) == (read(uploads) if shown == ARITHMETIC.name else on_laptop)
+
+
+def test_your_own_file_named_like_a_bundled_dataset_is_read_on_your_own_machine(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert real_source(ARITHMETIC.name, policy=public.LAPTOP) == str(ARITHMETIC)
+    (tmp_path / ARITHMETIC.name).write_text("question,answer\n", encoding="utf-8")
+    assert real_source(ARITHMETIC.name, policy=public.LAPTOP) == ARITHMETIC.name
 
 
 @pytest.mark.parametrize("sent", ["uploads/../bob/only/theirs.csv", "uploads/..", "uploads/", "uploads/*.csv",

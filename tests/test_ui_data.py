@@ -7,6 +7,7 @@ it the same way, from the app's own form, so empty boxes mean what they mean on 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
@@ -125,7 +126,7 @@ def test_a_loaded_draft_shows_at_once_and_its_preview_follows(draft, labels):
     source, example, hub_config, hub_split, prompt, prompt_column, reference, system, eval_frac, max_rows, sheet = \
         data_tab.fill_fields(draft, policy=LAPTOP)
     assert not sheet.visible  # a CSV has no sheets
-    assert source == example == ARITHMETIC
+    assert source == example == Path(ARITHMETIC).name  # a bundled dataset shown by its name, not the package's folder
     assert (hub_config, hub_split, eval_frac, max_rows) == ("", "train", 0.05, "")
     assert (prompt, reference.value, system.value) == ("question", "answer", "")
     out = outputs(last(data_tab.show_preview(draft, labels, policy=LAPTOP)))
@@ -164,7 +165,7 @@ def test_pick_an_example_resets_the_hub_settings(form, labels, draft):
     shown = on_screen(form, draft, {"data.hub_config": "main", "data.hub_split": "test"})
     path = str(DATASETS / "think_answer.jsonl")
     out = outputs(data_tab.use_source(shown, path, shown_table(shown), labels, policy=LAPTOP))
-    assert out["source"] == out["example"] == path
+    assert out["source"] == out["example"] == Path(path).name
     assert (out["hub_config"], out["hub_split"]) == ("", "train")
     assert out["shown_table"] == [path, None, "train"]
     assert "200 rows" in out["counts"] and out["source_status"] == ""
@@ -363,7 +364,7 @@ def test_an_upload_that_cannot_be_used_is_explained_next_to_the_source_alone(stu
 def test_a_picked_example_is_the_source_it_shows(form, labels, draft):
     path = str(DATASETS / "opposites.csv")
     out = outputs(data_tab.use_picked_source(on_screen(form, draft), path, shown_table(draft), labels, policy=LAPTOP))
-    assert out["source"] == out["example"] == path and out["shown_table"] == [path, None, "train"]
+    assert out["source"] == out["example"] == Path(path).name and out["shown_table"] == [path, None, "train"]
     assert data_tab.use_picked_source(draft, None, shown_table(draft), labels, policy=LAPTOP) == (
         (gr.skip(),) * len(data_tab.UPDATED))
 

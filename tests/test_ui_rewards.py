@@ -423,10 +423,15 @@ SEQUENCES = {
     "save a rename": (
         [("select", "numeric"), ("type", "name", "correct"), ("save",)],
         [{"kind": "numeric", "name": "correct", "weight": 1.0}, LENGTH], "correct", "Saved the reward correct"),
-    "save another kind under the same name": (
+    "save another kind: its automatic name follows": (
         [("select", "length"), ("kind", "regex"), ("type", "pattern", r"^\d+$"), ("save",)],
-        [NUMERIC, {"kind": "regex", "name": "length", "weight": 0.3, "pattern": r"^\d+$"}], "length",
-        "Saved the reward length"),
+        [NUMERIC, {"kind": "regex", "name": "regex", "weight": 0.3, "pattern": r"^\d+$"}], "regex",
+        "Saved the reward regex"),
+    "save another kind under a typed name": (
+        [("select", "length"), ("type", "name", "short"), ("kind", "regex"), ("type", "pattern", r"^\d+$"),
+         ("save",)],
+        [NUMERIC, {"kind": "regex", "name": "short", "weight": 0.3, "pattern": r"^\d+$"}], "short",
+        "Saved the reward short"),
     "back to its own kind shows its own settings": (
         [("select", "length"), ("kind", "numeric"), ("kind", "length"), ("save",)], [NUMERIC, LENGTH], "length",
         "Saved the reward length"),
@@ -482,9 +487,13 @@ def test_the_editor_after_removing_everything_starts_from_the_kinds_defaults(rec
     ([NUMERIC, LENGTH], NEW, "json", "", "json"),  # an emptied name is automatic too
     ([NUMERIC, LENGTH], NEW, "json", "mine", "mine"),  # typed: kept
     ([NUMERIC, LENGTH], NEW, "json", "json_answers", "json_answers"),
-    ([NUMERIC, LENGTH], "length", "numeric", "length", "length"),  # an existing reward keeps its name
+    # A saved reward's automatic name follows its kind too: an `exact` reward called "numeric" misleads...
+    ([NUMERIC, LENGTH], "numeric", "exact", "numeric", "exact"),
+    ([NUMERIC, LENGTH], "length", "numeric", "length", "numeric_2"),  # ...made unique among the others
+    ([NUMERIC, LENGTH], "numeric", "numeric", "exact", "numeric"),  # its own kind again: its own name back
+    ([NUMERIC, {"kind": "length", "name": "short"}], "short", "numeric", "short", "short"),  # typed: kept
 ])
-def test_change_kind_names_a_new_reward_after_its_kind_unless_typed(rewards, selected, kind, name, shows):
+def test_change_kind_names_a_reward_after_its_kind_unless_typed(rewards, selected, kind, name, shows):
     shown = split_editor(rewards_tab.change_kind(rewards, selected, kind, name, 0.7, policy=LAPTOP))
     assert (shown["kind"], shown["name"], shown["weight"]) == (kind, shows, 0.7)  # the weight shown is kept
     editing = selected != NEW

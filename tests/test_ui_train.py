@@ -153,7 +153,7 @@ def test_alerts_markdown():
 
 def test_tick_without_a_run_changes_nothing_and_stops_the_timer(app):
     result = view(handler(app, "train_tick")("", {}))
-    assert result.outputs()[:-1] == (SKIP,) * (len(result.outputs()) - 1)
+    assert all(skipped(getattr(result, f.name)) for f in fields(TrainView) if f.name != "timer")
     assert isinstance(result.timer, gr.Timer) and not result.timer.active
     shown = view(handler(app, "train_show")("", {}))
     assert shown.status == train_tab.NO_RUN and not shown.timer.active
@@ -200,7 +200,7 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
     assert run_id in [row[0] for row in shown.runs]
 
     tick, watch = handler(app, "train_tick"), shown.watch
-    seen = {"status": [], "plots": 0, "rollouts": [], "timer": [], "stop": []}
+    seen = {"status": [], "plots": 0, "rollouts": [], "timer": [], "stop": [], "banner": [], "banner_shown": []}
     handle = training.active_run()
     while True:
         alive = handle.is_alive()
@@ -215,6 +215,10 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
         if not skipped(result.timer):
             seen["timer"].append(result.timer.active)
             seen["stop"].append(result.stop.interactive)
+        if not skipped(result.banner_text):
+            seen["banner"].append(said(result.banner_text))
+        if not skipped(result.banner):
+            seen["banner_shown"].append(result.banner.visible)
         if not alive:
             break
         time.sleep(0.2)
@@ -222,6 +226,9 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
     line, held_out = said(seen["status"][-1])
     assert "**succeeded**" in line[1] and held_out[0] == "ok" and held_out[1].startswith("Held-out reward")
     assert seen["timer"][-1] is False and seen["stop"][-1] is False  # the run ended: the timer stops, Stop greys out
+    # The banner above the tabs (a reload while it trained shows it) follows each step, and goes when the run ends.
+    steps = [int(re.search(r"step (\d+) of", words).group(1)) for ((kind, words),) in seen["banner"]]
+    assert steps == sorted(steps) and seen["banner_shown"] == [False]
     assert seen["plots"] >= 1 and "<b>Step 2</b>" in seen["rollouts"][-1]
     assert [row["step"] for row in watch["snapshot"]["progress"]] == [1, 2]
     assert "Run " in watch["snapshot"]["log"] and "succeeded" in watch["snapshot"]["log"]

@@ -165,13 +165,16 @@ class Files:
 
 
 def shown_source(source: str, *, policy: Policy) -> str:
-    """A data source as the app shows it: as it is on your own machine; in a public demo a bundled dataset by its
-    file name and an upload as uploads/<its name>, since where the server keeps its files (and the visitor key that
-    names an upload's folder) is nobody's business. Other text (a Hub id, what a visitor typed) is shown as it is."""
-    if not policy.public or not source:
+    """A data source as the app shows it: a bundled dataset by its file name (where the package is installed says
+    nothing, and a screenshot would carry the machine's folders); in a public demo an upload as uploads/<its name>,
+    since where the server keeps its files (and the visitor key that names an upload's folder) is nobody's business.
+    Other text (a path on your own machine, a Hub id, what a visitor typed) is shown as it is."""
+    if not source:
         return source
     if is_bundled(source):
         return Path(source).name
+    if not policy.public:
+        return source
     path = Path(os.path.normpath(source))
     if path.is_absolute() and policy.uploads_dir and path.is_relative_to(policy.uploads_dir):
         return f"{UPLOADS_SHOWN}/{path.name}"
@@ -181,13 +184,16 @@ def shown_source(source: str, *, policy: Policy) -> str:
 def real_source(shown: str, *, policy: Policy) -> str:
     """The data source that a shown one stands for (shown_source's inverse, for what a page or an API client sends
     back): a bundled dataset's file name is that dataset, uploads/<name> the visitor's newest upload of that name.
-    Any other text is left as it is, for the data loader to judge (data.locate)."""
-    if not policy.public or not shown:
+    Any other text is left as it is, for the data loader to judge (data.locate); on your own machine that includes a
+    file of a bundled dataset's name in the folder the app runs in."""
+    if not shown:
         return shown
     text = shown.strip()
     bundled = {path.name: path for path in bundled_datasets()}
-    if text in bundled:
+    if text in bundled and (policy.public or not Path(text).is_file()):
         return str(bundled[text])
+    if not policy.public:
+        return shown
     folder, _, name = text.partition("/")
     own = policy.own_uploads_dir()
     if folder != UPLOADS_SHOWN or own is None or not own.is_dir() or name in ("", ".", "..") or "/" in name:
@@ -209,6 +215,7 @@ def real_draft(draft: Draft, *, policy: Policy) -> dict:
 
 def _with_source(draft, change, *, policy: Policy):
     data = draft.get("data") if isinstance(draft, dict) else None
-    if not policy.public or not isinstance(data, dict) or not isinstance(data.get("source"), str):
+    if not isinstance(data, dict) or not isinstance(data.get("source"), str):
         return draft
-    return {**draft, "data": {**data, "source": change(data["source"], policy=policy)}}
+    source = change(data["source"], policy=policy)
+    return draft if source == data["source"] else {**draft, "data": {**data, "source": source}}

@@ -74,9 +74,9 @@ class Recipes:
         # A client may send anything in a draft's place: from_dict refuses what is not settings with a sentence.
         config = RunConfig.from_dict(copy.deepcopy(cast(dict[str, Any], draft)), policy=self.policy)
         config.runs_dir = str(self.runs_dir)
+        config.data.source = real_source(config.data.source, policy=self.policy)  # the file a shown name stands for
         if self.policy.public:
             config.base_dir = ""
-            config.data.source = real_source(config.data.source, policy=self.policy)  # the file a shown name stands for
         public_checks.check_run(config, policy=self.policy)
         return config
 

@@ -26,7 +26,7 @@ from gradio.utils import get_upload_folder
 
 from ..config import Draft
 from ..system.disk import resolve_runs_dir
-from ..errors import DragonError
+from ..errors import ConfigError, DragonError
 from ..public import Limits, Policy, visiting
 from .. import ASSETS_DIR
 from ..studio import machine
@@ -48,6 +48,8 @@ INTRO = ("Teach a small language model with rewards you can check: pick data, bu
          "press **Start**, then watch it learn and compare it with where it began.")
 
 
+# What the recipe box says once the form holds no recipe (recipe_shown); loading it is refused in a sentence.
+OWN_SETTINGS = "your own settings"
 DRAFT_STORAGE_KEY = "dragon-grpo-studio-draft"
 VISITOR_STORAGE_KEY = "dragon-grpo-studio-visitor"  # the random token that tells this browser's runs from others'
 OWNER_KEY_STORAGE_KEY = "dragon-grpo-studio-owner-key"
@@ -111,7 +113,8 @@ def build_app(studio: Studio | None = None) -> StudioApp:
     with StudioApp(title=TITLE, delete_cache=(3600, 3600) if studio.public else None) as demo:
         top = header(studio)
         shared = Shared(studio=studio, form=Form(gr.State({})), pristine=gr.State({}),
-                        auto_name=gr.State(""), run_id=gr.State(""), timer=gr.Timer(1.0, active=False))
+                        auto_name=gr.State(""), run_id=gr.State(""), timer=gr.Timer(1.0, active=False),
+                        banner=top.running_banner, banner_text=top.running_text)
         shared.fills.append((_notes, [top.notes_box, top.notes_text]))
         pending = gr.State(None)  # {"draft", "label"} waiting for the user to confirm replacing an edited draft
         # The draft lives in the browser too: a reload, or another tab of the same browser, finds it as it was.
@@ -125,12 +128,11 @@ def build_app(studio: Studio | None = None) -> StudioApp:
         drafts.connect()
         shared.form.watch(functools.partial(remember, studio), [kept.draft], [shared.pristine, shared.auto_name],
                           alone=True)
+        shared.form.watch(functools.partial(recipe_shown, studio), [top.recipe], [top.recipe])
         shared.form.connect_watchers()
         paint_first(studio, shared, drafts)
         connect_page_load(demo, shared, drafts, kept, top, form_area)
         top.watch_it.click(**in_the_page([tabs, top.running_banner], f"[{tab_selected(TAB_TRAIN)}, {visible(False)}]"))
-        for replaced in shared.source_replaced:  # the user's own data: no recipe is what the form shows now
-            replaced.then(no_recipe, None, [top.recipe], api_visibility="private", show_progress="hidden")
         if top.owner is not None:
             top.owner.unlock.click(functools.partial(unlock_everything, studio), [top.owner.key, top.owner.remember],
                                    [kept.owner_key, top.owner.status, shared.runs_list[0]], api_visibility="private")
@@ -150,7 +152,7 @@ def header(studio: Studio) -> Header:
     with gr.Row(equal_height=True):
         gr.Markdown(f"# 🐉 {TITLE}\n{INTRO}", elem_id="intro")
         with gr.Column(scale=0, min_width=320):
-            recipe = gr.Dropdown(studio.recipes.names(), value=DEFAULT_RECIPE, label="Recipe",
+            recipe = gr.Dropdown([*studio.recipes.names(), OWN_SETTINGS], value=DEFAULT_RECIPE, label="Recipe",
                                  info="Loads data, rewards and settings in one click.", elem_id="recipe")
             load_recipe = gr.Button("Load recipe", size="sm", elem_id="load-recipe")
     recipe_status = gr.Markdown(elem_id="recipe-status")
@@ -327,6 +329,8 @@ class KeptInBrowser:
 
 
 def recipe_offered(studio: Studio, name: str) -> tuple[Draft | dict, str]:
+    if name == OWN_SETTINGS:
+        raise ConfigError("The form already holds your own settings: choose a recipe to load one instead.")
     return studio.recipes.load(name), f"the {name} recipe"
 
 
@@ -340,9 +344,18 @@ def keep_settings() -> tuple:
     return gr.Row(visible=False), "", None, message("Kept your settings.", "info")
 
 
-def no_recipe() -> gr.Dropdown:
-    """The recipe picker once the user's own data is in the form: no recipe is what it shows."""
-    return gr.Dropdown(value=None)
+def recipe_shown(studio: Studio, draft: Draft, shown: str | None) -> str | dict:
+    """The recipe box after a change of the form: the recipe the form holds, or "your own settings" once it holds
+    none (an edit, one's own data, a kept draft after a reload); unchanged while it says the truth."""
+    recipes = studio.recipes
+
+    def holds(name: str) -> bool:
+        return same_settings(cast(dict, draft), cast(dict, recipes.load(name)), policy=studio.policy)
+
+    if shown in recipes.names() and holds(shown):
+        return gr.skip()
+    held = next((name for name in recipes.names() if holds(name)), OWN_SETTINGS)
+    return gr.skip() if held == shown else held
 
 
 def remember(studio: Studio, draft: Draft, pristine: Draft, auto_name: str) -> dict:
@@ -434,9 +447,7 @@ def running_now(studio: Studio, active: str | None) -> tuple:
     """The banner a page opens with while a run trains: a second browser, or a reload, sees it at once."""
     if not active:
         return gr.Row(visible=False), ""
-    status = studio.runs.get(active).read_status()
-    step = f"step {status.get('step') or 0} of {status.get('total_steps') or '?'}"
-    return gr.Row(visible=True), message(f"A run is training: `{active}`, {step}.", "info")
+    return gr.Row(visible=True), train_tab.banner_markdown(active, studio.runs.get(active).read_status())
 
 
 def unlock_everything(studio: Studio, key: str, remember: bool) -> tuple:

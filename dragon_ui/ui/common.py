@@ -168,6 +168,9 @@ class Shared:
     run_id: gr.State  # the run shown on the Train and Compare tabs ("" when none)
     timer: gr.Timer  # drives the Train tab's refresh while a run is active
     tabs: gr.Tabs | None = None
+    # The banner above the tabs naming a run that trains (its row and its line): the Train tab keeps it current.
+    banner: Any = None
+    banner_text: Any = None
     # Events that put a new data source in the form (a pick, an upload, a typed path): the run name follows them.
     source_replaced: list = field(default_factory=list)
     # The Train tab's list of past runs and its run picker, refreshed when a page loads (each visitor sees whose

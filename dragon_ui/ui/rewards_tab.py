@@ -294,16 +294,18 @@ def select_reward(rewards: list[dict], selected: str, *, policy: Policy) -> list
 def change_kind(rewards: list[dict], selected: str, kind: str, name: str, weight: float,
                 *, policy: Policy) -> list:
     """Another kind was chosen: the settings start from that kind's defaults (a saved reward of that kind shows its
-    own). A new reward's automatic name follows the kind; the weight shown is kept. Returns the editor."""
+    own). An automatic name follows the kind, a saved reward's too (an `exact` reward called "numeric" would
+    mislead); a typed name and the weight shown are kept. Returns the editor."""
     names = _names(rewards)
     editing = selected in names
     selected = selected if editing else NEW_REWARD
     stored = rewards[names.index(selected)] if editing else {}
     spec = dict(stored) if stored.get("kind") == kind else {"kind": kind}
-    if editing:
-        spec.update(name=name, weight=weight)
-    else:
-        spec.update(name=unique_name(kind, names) if _is_automatic_name(name) else name, weight=weight)
+    if _is_automatic_name(name):
+        others = [other for other in names if other != selected]
+        name = stored["name"] if stored.get("kind") == kind and stored.get("name") not in others \
+            else unique_name(kind, others)
+    spec.update(name=name, weight=weight)
     return editor(spec, policy.public, selected)
 
 

@@ -89,6 +89,13 @@ def right_answers(status: RunStatus) -> str:
     return f"; right answers by the goal ({', '.join(goal)}): {before:.0%} → {after:.0%}"
 
 
+def banner_markdown(run_id: str, status: RunStatus) -> str:
+    """The line above the tabs while the run a page opened with trains: kept up to date by the Train tab's refresh,
+    so that it never shows a step or a state the run has left."""
+    step = f"step {status.get('step') or 0} of {status.get('total_steps') or '?'}"
+    return message(f"A run is training: `{run_id}`, {step}.", "info")
+
+
 def progress_html(status: RunStatus) -> str:
     """A bar with step / total, elapsed time and ETA."""
     step, total = status.get("step") or 0, status.get("total_steps")
@@ -295,6 +302,8 @@ class TrainView:
     runs: Any
     run_choices: Any
     timer: Any
+    banner: Any  # the row above the tabs: hidden once the run it names is no longer active
+    banner_text: Any
 
     def outputs(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -338,7 +347,7 @@ def empty_view(studio: Studio, text: str = NO_RUN) -> TrainView:
     return TrainView({}, text, progress_html({}), plots.reward_figure([]), plots.spread_figure([]),
                      plots.kl_figure([]), plots.length_figure([]), "", rollouts_html(None, []), NO_EXPLANATION, "",
                      gr.Button(interactive=False), gr.Button(interactive=False), *runs_outputs(studio),
-                     gr.Timer(active=False))
+                     gr.Timer(active=False), gr.Row(visible=False), "")
 
 
 def refresh(studio: Studio, run_id: str, watch: Watched, full: bool = False) -> TrainView:
@@ -388,6 +397,8 @@ def refresh(studio: Studio, run_id: str, watch: Watched, full: bool = False) -> 
         runs=runs,
         run_choices=run_choices,
         timer=gr.Timer(active=snap.active) if state_changed else skip,
+        banner=gr.Row(visible=False) if state_changed and not snap.active else skip,
+        banner_text=banner_markdown(run_id, status) if snap.status_changed and snap.active else skip,
     )
 
 
@@ -508,7 +519,7 @@ def build(shared: Shared) -> None:
                      elem_id="train-log")
     past = past_runs(studio)
     view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, explanation,
-            log, stop, resume, past.runs, past.choice, shared.timer]
+            log, stop, resume, past.runs, past.choice, shared.timer, shared.banner, shared.banner_text]
     seen = gr.State()  # what the last tick saw of the run's files (tick)
     shared.timer.tick(functools.partial(tick, studio), [shared.run_id, watch], [seen], api_visibility="private",
                       show_progress="hidden")
