@@ -227,7 +227,7 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     expect(page.locator("#train-resume")).to_be_enabled()
     # What did this step do? A group's numbers worked out in words, checked against TRL's, the formula on request.
     page.locator("#train-rollouts button.explain-group").first.click()
-    explanation = page.locator("#train-explain")
+    explanation = page.locator("#train-rollouts .rollout-group").first.locator(".explain-panel")  # under its group
     expect(explanation).to_contain_text("group 1: what did this step do?")
     expect(explanation).to_contain_text("match the ones TRL logged for this step")
     expect(explanation.locator("table tbody tr")).to_have_count(SCENARIO["group_size"])

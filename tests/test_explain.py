@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 
+import gradio as gr
 import pytest
 
 from dragon_ui.config import LOSS_TYPES, RunConfig
@@ -165,23 +166,76 @@ class Event:
 
 @pytest.mark.parametrize("data", [None, "x", [], {"step": "1", "group": 1}, {"step": 1, "group": 0},
                                   {"step": True, "group": 1}, {"step": -1, "group": 1}, {"step": 1.5, "group": 1},
-                                  {"step": 10**12, "group": 1}, {"step": 1}])
-def test_a_click_with_made_up_numbers_is_answered_in_the_panel(studio, data):
-    assert "What did this step do?" in train_tab.explain_clicked(studio, "", Event(data))
+                                  {"step": 10**12, "group": 1}, {"step": 1}, {"close": "yes"},
+                                  {"step": 1, "group": train_tab.MAX_GROUPS_SHOWN + 1}])
+def test_a_click_with_made_up_numbers_is_answered_in_a_sentence(studio, data):
+    with pytest.raises(gr.Error, match="under a group of completions"):
+        train_tab.explain_clicked(studio, "", {}, Event(data))
 
 
-def test_a_click_on_a_run_that_is_not_there_is_answered_in_the_panel(studio):
-    assert "There is no run" in train_tab.explain_clicked(studio, "../../etc", Event({"step": 1, "group": 1}))
+def test_a_click_on_a_run_or_step_that_is_not_there_is_answered_in_a_sentence(studio, tmp_path):
+    with pytest.raises(gr.Error, match="There is no run"):
+        train_tab.explain_clicked(studio, "../../etc", {}, Event({"step": 1, "group": 1}))
+    run = listed_run(studio, "explained")
+    run.append_rollouts({"step": 1, "groups": [group(1.0, 0.0)]})
+    with pytest.raises(gr.Error, match="no completions recorded for group 2 of step 1"):
+        train_tab.explain_clicked(studio, run.id, {}, Event({"step": 1, "group": 2}))
+    with pytest.raises(gr.Error, match="no completions recorded for group 1 of step 3"):
+        train_tab.explain_clicked(studio, run.id, {}, Event({"step": 3, "group": 1}))
 
 
-def test_a_group_whose_totals_overflow_is_answered_in_the_panel(studio, tmp_path, monkeypatch):
+def test_the_explanation_opens_under_its_group_and_holds_the_step_until_closed(studio):
+    """It answered below the fourth group, far from the button pressed under the first."""
+    run = listed_run(studio, "explained")
+    for step in (1, 2):
+        run.append_rollouts({"step": step, "groups": [group(float(step), 0.0), group(0.0, 1.0), group(1.0, 1.0)]})
+    run.update_status(state="running", step=2)
+    shown = train_tab.refresh(studio, run.id, {})
+    assert "<b>Step 2</b>" in shown.rollouts and shown.reading is None
+
+    rollouts, reading = train_tab.explain_clicked(studio, run.id, shown.watch, Event({"step": 1, "group": 2}))
+    assert reading == {"run_id": run.id, "step": 1, "group": 2} and "<b>Step 1</b>" in rollouts
+    groups = rollouts.split("class='rollout-group'")[1:]
+    assert [("explain-panel" in part) for part in groups] == [False, True, False]  # under group 2, not below all
+    assert "Step 1, group 2: what did this step do?" in groups[1] and "explain-close" in groups[1]
+    assert "group 2)</button>" not in rollouts and "group 1)</button>" in rollouts  # its button gives way to it
+
+    run.append_rollouts({"step": 3, "groups": [group(3.0, 0.0)]})  # a new step while it is read: the view holds
+    run.update_status(state="running", step=3)
+    held = train_tab.refresh(studio, run.id, shown.watch, reading=reading)
+    assert skipped(held.rollouts) and skipped(held.reading) and "step 3" in held.banner_text
+    closed, reading = train_tab.explain_clicked(studio, run.id, held.watch, Event({"close": True}))
+    assert reading is None and "<b>Step 3</b>" in closed and "explain-panel" not in closed
+    other = train_tab.refresh(studio, run.id, held.watch, full=True, reading={**reading_of(run), "run_id": "x"})
+    assert "<b>Step 3</b>" in other.rollouts and other.reading is None  # another run shown: nothing held
+
+
+def listed_run(studio, name: str) -> RunDir:
+    """A run the studio lists: its config and status written."""
+    run = RunDir.create(studio.runs_dir, name)
+    (run.path / "config.json").write_text(json.dumps(config()), encoding="utf-8")
+    run.update_status(state="succeeded")
+    return run
+
+
+def skipped(value) -> bool:
+    return isinstance(value, dict) and value == gr.skip()
+
+
+def reading_of(run) -> dict:
+    return {"run_id": run.id, "step": 1, "group": 1}
+
+
+def test_a_group_whose_totals_overflow_is_answered_in_the_panel(studio, monkeypatch):
     """Weights may be as large as a float allows, and so may the totals a run writes (a visitor's own run)."""
     huge = {"step": 1, "groups": [{"prompt": "p", "reference": "r", "completions": [
         {"text": "a", "scores": {"a": 1.0}, "total": 1e308, "advantage": 0.0}] * 2}]}
+    run = listed_run(studio, "huge")
+    run.append_rollouts(huge)
     monkeypatch.setattr(train_tab, "explain_run_group", lambda run, step, group: explain.explain_group(
         huge, group, {"rewards": [{"name": "a", "weight": 1e308}]}))
-    monkeypatch.setattr(studio.runs, "get", lambda run_id: None)
-    assert "too large to work out" in train_tab.explain_clicked(studio, "any", Event({"step": 1, "group": 1}))
+    rollouts, _ = train_tab.explain_clicked(studio, run.id, {}, Event({"step": 1, "group": 1}))
+    assert "too large to work out" in rollouts.split("explain-panel")[1]
 
 
 def test_gdpo_normalises_each_reward_in_its_group_before_adding_them_up():

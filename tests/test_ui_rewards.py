@@ -551,6 +551,23 @@ def test_playground_rows_and_scoring_a_typed_completion(draft, labels):
     assert "Total (weighted sum): 0.000" in total
 
 
+def test_the_playground_follows_a_change_of_the_rewards(draft):
+    """A removed reward's row and its "Failed rewards score 0" line stayed after the rewards changed."""
+    no_reference = with_setting(draft, "data.reference", None)
+    scores, total = rewards_tab.score_typed(no_reference, 1, "90", policy=LAPTOP)
+    assert "Failed rewards score 0" in total
+    sampled = pd.DataFrame([[1, "90", 1.0, 1.0, 0.0]], columns=["row", "completion", "numeric", "total", "advantage"])
+    fixed = {**draft, "rewards": [{"kind": "length", "name": "short", "max_chars": 12}]}
+    new_scores, new_total, progress, groups, warnings, red_team, red_team_table = rewards_tab.rewards_changed(
+        fixed, 1, "90", scores, sampled, "Flagged: …", policy=LAPTOP)
+    assert new_scores["reward"].tolist() == ["short"] and "Failed" not in new_total  # the typed reply, scored anew
+    assert said(progress) == [("info", rewards_tab.STALE_GROUPS)] and groups.empty and warnings == ""
+    assert red_team == "" and not red_team_table.visible
+    # Nothing scored yet: nothing to change.
+    empty = pd.DataFrame(columns=rewards_tab.SCORE_COLUMNS)
+    assert rewards_tab.rewards_changed(fixed, 1, "", empty, empty, "", policy=LAPTOP) == (gr.skip(),) * 7
+
+
 @pytest.mark.parametrize("path, value", [
     ("training.learning_rate", -1),
     ("training.learning_rate", None),  # an emptied box

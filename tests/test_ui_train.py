@@ -349,10 +349,10 @@ def test_the_explain_handler_gets_the_clicked_groups_data_from_gradio(studio):
     from dragon_ui.ui.common import bound
 
     clicked = bound(train_tab.explain_clicked, studio)
-    inputs, _, at, _ = special_args(clicked, ["a-run"], None, gr.EventData(None, {"step": 1, "group": 2}))
-    assert at == 1 and inputs[0] == "a-run" and inputs[1]._data == {"step": 1, "group": 2}
-    ((kind, words),) = said(clicked("a-run", gr.EventData(None, {"step": "1", "group": 2})))
-    assert (kind, words) == ("warn", "Press <b>What did this step do?</b> under a group of completions.")
+    inputs, _, at, _ = special_args(clicked, ["a-run", {}], None, gr.EventData(None, {"step": 1, "group": 2}))
+    assert at == 2 and inputs[:2] == ["a-run", {}] and inputs[2]._data == {"step": 1, "group": 2}
+    with pytest.raises(gr.Error, match=re.escape(train_tab.PRESS_EXPLAIN)):
+        clicked("a-run", {}, gr.EventData(None, {"step": "1", "group": 2}))
 
 
 def test_load_these_settings_takes_the_run_picked_else_the_run_shown(studio, finished_run):

@@ -421,6 +421,27 @@ def score_typed(draft: Draft, row: int | None, completion: str, *, policy: Polic
     return table, total
 
 
+STALE_GROUPS = ("The rewards changed since these replies were scored: press **Generate a group** to sample and "
+                "score new ones.")
+
+
+def rewards_changed(draft: Draft, row: int | None, completion: str, scores: Any, groups: Any, red_team_said: str,
+                    *, policy: Policy) -> tuple:
+    """The playground once the rewards changed: a typed reply scored by the new ones, and the sampled replies and the
+    red team's verdict (scored by the old ones) cleared, so no row of a removed reward, nor its warning, stays.
+    Returns (scores, total, progress, groups, warnings, red team verdict, red team table)."""
+    skip = gr.skip()
+    typed = score_typed(draft, row, completion, policy=policy) if shows_rows(scores) else (skip, skip)
+    sampled = (message(STALE_GROUPS, "info"), group_table([], []), "") if shows_rows(groups) else (skip,) * 3
+    gamed = ("", gr.Dataframe(visible=False)) if red_team_said else (skip, skip)
+    return (*typed, *sampled, *gamed)
+
+
+def shows_rows(table: Any) -> bool:
+    """Whether a table the page sent back shows any row."""
+    return isinstance(table, pd.DataFrame) and not table.empty
+
+
 # One red team at a time, whoever asks: each scores about a hundred replies, and the default turns are everyone's clicks.
 RED_TEAM_TURNS: dict[str, Any] = {"concurrency_limit": 1, "concurrency_id": "red-team"}
 RED_TEAM_COLUMNS = ["Gaming reply", "Flagged", "Share of honest", "Its total", "Honest total", "Paid by",
@@ -790,6 +811,11 @@ def connect_playground(shared: Shared, fields: PlaygroundFields) -> None:
                        show_progress="hidden")
     shown.game.click(form.takes_draft(asked(red_team_shown, studio)), form.inputs,
                      [shown.red_team_said, shown.red_team_table], **PLAYGROUND_EVENTS, **RED_TEAM_TURNS)
+    form.component("rewards").change(
+        form.takes_draft(asked(rewards_changed, studio)),
+        [*form.inputs, shown.row, shown.completion, shown.scores, shown.groups, shown.red_team_said],
+        [shown.scores, shown.total, shown.progress, shown.groups, shown.warnings, shown.red_team_said,
+         shown.red_team_table], **PLAYGROUND_EVENTS)
 
 
 def sample_shown(studio: Studio, form: Form, request: gr.Request, *shown: Any) -> Iterator[tuple]:

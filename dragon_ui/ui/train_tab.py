@@ -24,8 +24,8 @@ from ..grpo_math import has_spread, known
 from ..rewards import stored_metrics
 from ..runstore import ACTIVE_STATES, RunStatus, format_seconds, read_json, state_label
 from ..studio.backend import Studio
-from ..studio.explain import (GroupExplanation, explain_run_group, formula_lines, plain_words, shown_number,
-                             step_spread)
+from ..studio.explain import (GroupExplanation, explain_run_group, formula_lines, plain_words, read_step_rollout,
+                             shown_number, step_spread)
 from ..studio.monitor import Alert, Snapshot, ends_calling, fingerprint, health_alerts, read_snapshot
 from . import plots
 from .common import Shared, bound, chosen_or_unchanged, first_cell, message, shows_errors
@@ -35,11 +35,12 @@ MAX_GROUPS_SHOWN = 4
 # By stored state; "cancelled" (shown as "stopped — can resume", see runstore.STATE_LABELS) pauses, it does not end.
 STATE_ICONS = {"queued": "⏳", "running": "🏃", "succeeded": "✅", "failed": "❌", "cancelled": "⏸️"}
 RUN_COLUMNS = ["Run", "State", "Step", "Reward", "Held-out before", "Held-out after", "Model", "Started"]
-NO_EXPLANATION = "<p><i>Press <b>What did this step do?</b> under a group of completions to see its numbers.</i></p>"
+PRESS_EXPLAIN = "Press <b>What did this step do?</b> under a group of completions."
 # The rollout view is redrawn at every step, so its buttons are handled on the element that stays (delegation).
 EXPLAIN_CLICKS = ("element.addEventListener('click', (event) => { const button = event.target.closest("
                   "'button.explain-group'); if (button) trigger('click', {step: Number(button.dataset.step), "
-                  "group: Number(button.dataset.group)}); });")
+                  "group: Number(button.dataset.group)}); else if (event.target.closest('button.explain-close')) "
+                  "trigger('click', {close: true}); });")
 MOVES = {"up": "↑ more likely", "down": "↓ less likely", "same": "– unchanged"}
 NO_RUN = "No run to show yet: press **Start training** on the Model & Hardware tab, or open a past run below."
 BEST_STYLE, WORST_STYLE = "background:#e7f6ec", "background:#fdecec"
@@ -120,11 +121,13 @@ def alerts_markdown(alerts: list[Alert]) -> str:
 
 
 def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int = MAX_GROUPS_SHOWN,
-                  sampling: dict | None = None, config: dict | None = None) -> str:
+                  sampling: dict | None = None, config: dict | None = None,
+                  explained: tuple[int, str] | None = None) -> str:
     """The latest step's groups: where their spread came from (the run's ``config`` says the weights and the
     goal), each completion with its per-reward scores, total and advantage; the best and worst of a group
-    highlighted. Before the first step ends, the completions it sampled (``sampling``), unscored. Everything from
-    the run is escaped: completions are untrusted text."""
+    highlighted; ``explained``: (a group's number, its explanation panel), shown under that group. Before the first
+    step ends, the completions it sampled (``sampling``), unscored. Everything from the run is escaped: completions
+    are untrusted text."""
     if not rollout or not rollout.get("groups"):
         return sampled_html(sampling, max_groups) if sampling and sampling.get("groups") else \
             "<p>No completions yet: they appear as soon as the first step has sampled them.</p>"
@@ -163,7 +166,9 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
         if not differ:
             parts.append("<div><i>Every completion scored the same, so this prompt teaches nothing this step.</i>"
                          "</div>")
-        if isinstance(step, int):
+        if explained is not None and explained[0] == number:
+            parts.append(explained[1])
+        elif isinstance(step, int):
             parts.append(f"<button class='explain-group' data-step='{step}' data-group='{number}'>What did this step "
                          f"do? (group {number})</button>")
         parts.append("</div>")
@@ -234,27 +239,69 @@ def explanation_html(explained: GroupExplanation) -> str:
                       "This step makes it"))
     words = "".join(f"<p>{html.escape(line)}</p>" for line in plain_words(e))
     formula = "<br>".join(html.escape(line) for line in formula_lines(e))
-    return (f"<div class='explain-panel'><h4>Step {e.step}, group {e.group}: what did this step do?</h4>"
-            f"<div><b>Prompt:</b> <span style='white-space:pre-wrap'>{html.escape(prompt)}</span></div>"
-            f"<div><b>Reference:</b> {html.escape(e.reference)}</div>{words}"
-            f"<table style='width:100%'><thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-            f"<details><summary>Show the formula</summary><p style='font-family:monospace'>{formula}</p></details>"
-            "</div>")
+    return panel_html(f"<h4>Step {e.step}, group {e.group}: what did this step do?</h4>"
+                      f"<div><b>Prompt:</b> <span style='white-space:pre-wrap'>{html.escape(prompt)}</span></div>"
+                      f"<div><b>Reference:</b> {html.escape(e.reference)}</div>{words}"
+                      f"<table style='width:100%'><thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody>"
+                      "</table><details><summary>Show the formula</summary>"
+                      f"<p style='font-family:monospace'>{formula}</p></details>")
 
 
-def explain_clicked(studio: Studio, run_id: str, event: gr.EventData) -> str:
-    """The panel for the group whose button was pressed. The step and group come from the page, so from anyone:
-    they are checked before a file is read, and a wrong one is answered in the panel."""
+def panel_html(inner: str) -> str:
+    """The explain panel under its group, with the button that closes it: until then the completions stay on the
+    step explained (refresh leaves them), so that what is being read does not move away."""
+    return (f"<div class='explain-panel' role='region' aria-label='What did this step do?'>{inner}"
+            "<p><i>The completions shown stay on this step until you close this.</i> "
+            "<button class='explain-close'>Close this explanation</button></p></div>")
+
+
+class Reading(TypedDict):
+    """The group whose explanation is open (a gr.State): its run, step and number."""
+
+    run_id: str
+    step: int
+    group: int
+
+
+def explain_clicked(studio: Studio, run_id: str, watch: Watched, event: gr.EventData) -> tuple[Any, Reading | None]:
+    """(rollouts, reading): the step's groups with the explain panel under the group whose button was pressed, held
+    there while it is read; "Close this explanation" shows the run's latest step again. The step and group come
+    from the page, so from anyone: they are checked before a file is read, and a wrong one is said in a sentence."""
     data = getattr(event, "_data", None)
+    if isinstance(data, dict) and data.get("close") is True:
+        return latest_rollouts(watch), None
     step, group = (data.get("step"), data.get("group")) if isinstance(data, dict) else (None, None)
-    if not (whole_number(step) and whole_number(group) and 0 <= step <= 10**9 and 1 <= group <= 10**4):
-        return message("Press <b>What did this step do?</b> under a group of completions.", "warn")
+    if not (whole_number(step) and whole_number(group) and 0 <= step <= 10**9 and 1 <= group <= MAX_GROUPS_SHOWN):
+        raise gr.Error(PRESS_EXPLAIN, print_exception=False)
     try:
-        return explanation_html(explain_run_group(studio.runs.get(run_id), step, group))
+        run = studio.runs.get(run_id)
     except DragonError as exc:
-        return message(html.escape(str(exc)), "warn")
+        raise gr.Error(str(exc), print_exception=False) from None
+    rollout = read_step_rollout(run, step)
+    if rollout is None or len(rollout.get("groups") or []) < group:
+        raise gr.Error(f"The run has no completions recorded for group {group} of step {step}.",
+                       print_exception=False)
+    config = read_json(run.config_path, default={}) or {}
+    try:
+        panel = explanation_html(explain_run_group(run, step, group))
+    except DragonError as exc:
+        panel = panel_html(message(html.escape(str(exc)), "warn"))
     except (ArithmeticError, ValueError):  # totals beyond a float's range, from weights of 1e308
-        return message("This group's numbers are too large to work out.", "warn")
+        panel = panel_html(message("This group's numbers are too large to work out.", "warn"))
+    shown = rollouts_html(rollout, shown_reward_names(shown_snapshot(watch)), config=config, explained=(group, panel))
+    return shown, Reading(run_id=run_id, step=step, group=group)
+
+
+def latest_rollouts(watch: Watched | None) -> str:
+    """The rollout view of the run's latest step, as the last refresh read it."""
+    snapshot = shown_snapshot(watch)
+    return rollouts_html(snapshot.get("rollouts"), shown_reward_names(snapshot), sampling=snapshot.get("sampling"),
+                         config=(watch or {}).get("config"))
+
+
+def shown_reward_names(snapshot: dict) -> list[str]:
+    """The reward columns of a run's view: as its status names them, else as its progress rows do."""
+    return (snapshot.get("status") or {}).get("reward_names") or plots.reward_names_of(snapshot.get("progress") or [])
 
 
 def whole_number(value: object) -> TypeGuard[int]:
@@ -295,7 +342,7 @@ class TrainView:
     length_plot: Any
     alerts: Any
     rollouts: Any
-    explanation: Any  # reset when another run is shown; a new step leaves the group being read in peace
+    reading: Any  # the group whose explanation is open (Reading): reset when another run is shown
     log: Any
     stop: Any
     resume: Any
@@ -324,9 +371,14 @@ class Watched(TypedDict, total=False):
     queue_place: str
 
 
+def shown_snapshot(watch: Watched | None) -> dict:
+    """What the last refresh read of the run's files (monitor.Snapshot.to_state)."""
+    return (watch or {}).get("snapshot") or {}
+
+
 def shown_status(watch: Watched | None) -> RunStatus:
     """The status of the run as the view shows it: the last refresh's reading (monitor keeps it as a plain dict)."""
-    return cast(RunStatus, ((watch or {}).get("snapshot") or {}).get("status") or {})
+    return cast(RunStatus, shown_snapshot(watch).get("status") or {})
 
 
 
@@ -345,14 +397,15 @@ def runs_rows(studio: Studio, runs: list[dict]) -> list[list[Any]]:
 
 def empty_view(studio: Studio, text: str = NO_RUN) -> TrainView:
     return TrainView({}, text, progress_html({}), plots.reward_figure([]), plots.spread_figure([]),
-                     plots.kl_figure([]), plots.length_figure([]), "", rollouts_html(None, []), NO_EXPLANATION, "",
+                     plots.kl_figure([]), plots.length_figure([]), "", rollouts_html(None, []), None, "",
                      gr.Button(interactive=False), gr.Button(interactive=False), *runs_outputs(studio),
                      gr.Timer(active=False), gr.Row(visible=False), "")
 
 
-def refresh(studio: Studio, run_id: str, watch: Watched, full: bool = False) -> TrainView:
+def refresh(studio: Studio, run_id: str, watch: Watched, full: bool = False, reading: Reading | None = None) -> TrainView:
     """What changed in ``run_id`` since ``watch`` (the previous refresh's state); ``full`` redraws everything, as
-    when another run is shown. Turns the timer off once the run is no longer active."""
+    when another run is shown. Turns the timer off once the run is no longer active. The completions stay as they
+    are while a group of this run is being read (``reading``)."""
     skip = gr.skip()
     if not run_id:
         if full or watch:
@@ -371,7 +424,8 @@ def refresh(studio: Studio, run_id: str, watch: Watched, full: bool = False) -> 
     if same_run and not snap.changed and queue_place == watch.get("queue_place", ""):
         return TrainView.unchanged(watch=new_watch)
 
-    reward_names = status.get("reward_names") or plots.reward_names_of(rows)
+    reward_names = shown_reward_names({"status": status, "progress": rows})
+    held = same_run and isinstance(reading, dict) and reading.get("run_id") == run_id
     state_changed = not same_run or status.get("state") != shown_status(watch).get("state")
     runs, run_choices = runs_outputs(studio) if state_changed else (skip, skip)
     mine = studio.runs.owns(status.get("owner"))
@@ -388,8 +442,8 @@ def refresh(studio: Studio, run_id: str, watch: Watched, full: bool = False) -> 
         length_plot=plots.length_figure(rows, max_new_tokens) if snap.progress_changed else skip,
         alerts=alerts_markdown(health_alerts(rows, status, config, snap.log, snap.rollouts, snap.heldout)),
         rollouts=rollouts_html(snap.rollouts, reward_names, sampling=snap.sampling, config=config)
-        if snap.rollouts_changed else skip,
-        explanation=skip if same_run else NO_EXPLANATION,
+        if snap.rollouts_changed and not held else skip,
+        reading=skip if same_run else None,
         log=snap.log if snap.log_changed else skip,
         stop=gr.Button(interactive=snap.active and mine) if state_changed else skip,
         resume=gr.Button(interactive=mine and status.get("state") in ("failed", "cancelled")) if state_changed
@@ -470,9 +524,10 @@ def resume_run(studio: Studio, run_id: str) -> tuple[str, Any]:
     return message(f"Resuming {run_id} {where}.", "ok"), gr.Timer(active=True)
 
 
-def view_outputs(studio: Studio, run_id: str, watch: Watched, full: bool = False) -> tuple:
+def view_outputs(studio: Studio, run_id: str, watch: Watched, reading: Reading | None = None,
+                 full: bool = False) -> tuple:
     """``refresh`` as the events answer it: the view's outputs, in order."""
-    return refresh(studio, run_id, watch, full).outputs()
+    return refresh(studio, run_id, watch, full, reading).outputs()
 
 
 def settings_of_run(studio: Studio, picked: str | None, shown: str) -> tuple[Draft | dict, str]:
@@ -514,24 +569,24 @@ def build(shared: Shared) -> None:
         length_plot = gr.Plot(plots.length_figure([]), show_label=False, elem_id="train-plot-length")
     gr.Markdown("### What the model writes now")
     rollouts = gr.HTML(rollouts_html(None, []), elem_id="train-rollouts", js_on_load=EXPLAIN_CLICKS)
-    explanation = gr.HTML(NO_EXPLANATION, elem_id="train-explain")
+    reading = gr.State(None)
     log = gr.Textbox(label="Log (last 40 lines)", lines=10, max_lines=40, autoscroll=True, interactive=False,
                      elem_id="train-log")
     past = past_runs(studio)
-    view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, explanation,
+    view = [watch, status, progress, reward_plot, spread_plot, kl_plot, length_plot, alerts, rollouts, reading,
             log, stop, resume, past.runs, past.choice, shared.timer, shared.banner, shared.banner_text]
     seen = gr.State()  # what the last tick saw of the run's files (tick)
     shared.timer.tick(functools.partial(tick, studio), [shared.run_id, watch], [seen], api_visibility="private",
                       show_progress="hidden")
-    seen.change(functools.partial(view_outputs, studio), [shared.run_id, watch], view, api_name="train_tick",
+    seen.change(functools.partial(view_outputs, studio), [shared.run_id, watch, reading], view, api_name="train_tick",
                 show_progress="hidden")
-    shared.run_id.change(functools.partial(view_outputs, studio, full=True), [shared.run_id, watch], view,
+    shared.run_id.change(functools.partial(view_outputs, studio, full=True), [shared.run_id, watch, reading], view,
                          api_name="train_show", show_progress="hidden").then(
         functools.partial(follow_start, studio), [shared.run_id, watch], view, api_name="train_follow",
         api_visibility="private", show_progress="hidden", **in_page_order("follow-start"))
-    rollouts.click(bound(explain_clicked, studio), [shared.run_id], [explanation], api_name="train_explain",
-                   show_progress="hidden").then(
-        None, js="() => document.getElementById('train-explain')?.scrollIntoView({block: 'nearest'})",
+    rollouts.click(bound(explain_clicked, studio), [shared.run_id, watch], [rollouts, reading],
+                   api_name="train_explain", show_progress="hidden").then(
+        None, js="() => document.querySelector('#train-rollouts .explain-panel')?.scrollIntoView({block: 'nearest'})",
         api_visibility="private")
     stop.click(shows_errors(functools.partial(stop_run, studio)), [shared.run_id], [action], api_name="train_stop",
                show_progress="hidden")
