@@ -288,6 +288,7 @@ class HeldOutRow(TypedDict, total=False):
     rewards: dict[str, float | None]
     right: float | None  # the share of replies that pass every goal reward (rewards.goal_names)
     n_prompts: int
+    of_prompts: int  # the held-out set's size: a check answers its first n_prompts
     seconds: float
 
 

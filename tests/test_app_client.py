@@ -127,7 +127,7 @@ def test_a_client_trains_the_tiny_model_and_compares_it(studio, client, tmp_path
     assert "succeeded" in latest["status"] and "Held-out reward" in latest["status"], latest["status"]
     assert 'aria-valuenow="2"' in latest["progress"] and "Step 2 / 2" in latest["progress"]
     traces = {trace["name"]: trace["x"] for trace in plot_traces(latest["reward_plot"])}
-    assert traces == {"total": [1, 2], "numeric": [1, 2], "length": [1, 2], "held-out (6 prompts)": [0, 1, 2]}
+    assert traces == {"total": [1, 2], "numeric": [1, 2], "length": [1, 2], "held-out check (6 prompts)": [0, 1, 2]}
 
     picker, summary, *_ = client.predict("", api_name="/compare_runs")  # the Refresh button picks the session's run
     assert picker["value"] == run_id and "before" in summary, (picker, summary)

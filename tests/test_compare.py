@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -22,6 +23,7 @@ from dragon_ui.errors import BusyError, ConfigError
 from dragon_ui.rewards import build_rewards
 from dragon_ui.studio import compare
 from dragon_ui.studio.backend import Studio
+from dragon_ui.ui import plots
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,7 +66,7 @@ def test_comparison_of_a_finished_run(finished_run, studio):
         assert row[4] == pytest.approx(sample["before"]["reward"], abs=1e-3)
         assert "numeric" in row[6] and "length" in row[6] and "→" in row[6]
     assert not shown.can_evaluate
-    assert f"{evaluation['before']['reward_mean']:.3f} before" in shown.summary and "6 prompts" in shown.summary
+    assert f"{evaluation['before']['reward_mean']:.3f} before" in shown.summary and "6 held-out prompts" in shown.summary
     # numeric (0 or 1) is the goal: a reply is right where it pays, so the share right is its mean
     for side in ("before", "after"):
         assert evaluation[side]["goal"] == ["numeric"]
@@ -73,6 +75,20 @@ def test_comparison_of_a_finished_run(finished_run, studio):
     assert f"Right answers by the goal (numeric): {right[0]} of 6 before → {right[1]} of 6 after." in shown.summary
 
     assert compare.comparable_runs(studio.runs.summaries()) == [(f"{finished_run.id} · succeeded", finished_run.id)]
+    assert "Train tab's held-out checks" not in shown.summary  # they answered all 6 prompts too
+
+
+def test_held_out_checks_on_fewer_prompts_are_told_apart_from_the_whole_set(finished_run):
+    """0.473 on 8 prompts in the Train tab and 0.458 on 10 in Compare, both called "held-out", for one model."""
+    checks = finished_run.read_heldout()
+    assert checks and all((row["n_prompts"], row["of_prompts"]) == (6, 6) for row in checks)
+    assert plots.heldout_check_name(checks[-1]) == "held-out check (6 prompts)"
+    fewer = [{**row, "n_prompts": 4} for row in checks]
+    finished_run.heldout_path.write_text("".join(json.dumps(row) + "\n" for row in fewer), encoding="utf-8")
+    assert plots.heldout_check_name(fewer[-1]) == "held-out check (first 4 of 6 prompts)"
+    summary = compare.comparison(finished_run).summary
+    assert "on all 6 held-out prompts" in summary
+    assert "The Train tab's held-out checks answer the first 4 of them, so their numbers differ." in summary
 
 
 def test_evaluate_now_scores_a_stopped_run_from_its_latest_checkpoint(finished_run, studio, tiny_model_dir):

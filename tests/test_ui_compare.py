@@ -17,6 +17,7 @@ from dragon_ui.studio import compare
 from dragon_ui.studio.backend import Studio
 from dragon_ui.ui import build_app
 from dragon_ui.public import LAPTOP
+from dragon_ui.runstore import format_seconds
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -100,6 +101,28 @@ def test_evaluate_now_streams_progress_and_can_be_cancelled(app, finished_run):
     assert figure.data[1].y[0] == pytest.approx(finished_run.read_eval()["after"]["reward_mean"])
     assert evaluate_row.visible is False
     assert any("answered" in output[0] for output in outputs[:-1])
+
+
+def test_a_stopped_run_is_scored_as_it_is_shown_saying_how_long_it_takes(runs_dir, finished_run, monkeypatch):
+    """A stopped run had no "after" in Compare until Evaluate now was found and pressed (62 s)."""
+    from dragon_ui.ui import compare_tab
+
+    studio = Studio(runs_dir=runs_dir, policy=LAPTOP)
+    stop_after_last_checkpoint(finished_run)
+    before_took = finished_run.read_eval()["before"]["seconds"]
+    summary = compare_tab.comparison_outputs(studio, finished_run.id)[0]
+    assert "is being scored on the held-out prompts now" in summary and "Press Evaluate now" not in summary
+
+    monkeypatch.setattr(studio.runs, "owns", lambda owner: False)  # another visitor's run: left as it is
+    assert list(compare_tab.evaluate_unscored(studio, finished_run.id)) == [(gr.skip(),) * 6]
+    assert "Press Evaluate now" in compare_tab.comparison_outputs(studio, finished_run.id)[0]
+    monkeypatch.undo()
+
+    outputs = list(compare_tab.evaluate_unscored(studio, finished_run.id))
+    assert f"It takes about {format_seconds(before_took)}" in outputs[0][0]
+    assert "Done" in outputs[-1][0] and "after" in finished_run.read_eval()
+    assert list(compare_tab.evaluate_unscored(studio, finished_run.id)) == [(gr.skip(),) * 6]  # scored: nothing to do
+    assert list(compare_tab.evaluate_unscored(studio, "")) == [(gr.skip(),) * 6]
 
 
 def test_unknown_or_missing_runs_give_sentences(app, runs_dir):

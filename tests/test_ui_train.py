@@ -237,7 +237,7 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
     assert again.outputs()[1:] == (SKIP,) * (len(again.outputs()) - 1)
 
     reopened = view(handler(app, "train_show")(run_id, {}))  # a page reload re-renders everything from the files
-    assert [t.name for t in reopened.reward_plot.data] == ["total", "numeric", "length", "held-out (6 prompts)"]
+    assert [t.name for t in reopened.reward_plot.data] == ["total", "numeric", "length", "held-out check (6 prompts)"]
     assert list(reopened.reward_plot.data[0].x) == [1, 2]
     assert list(reopened.reward_plot.data[-1].x) == [0, 1, 2]  # the starting model, then a check after each step
     assert list(reopened.reward_plot.data[-1].y) == [row["reward"] for row in studio.runs.get(run_id).read_heldout()]

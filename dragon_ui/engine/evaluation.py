@@ -22,7 +22,7 @@ from ..public import Policy
 from .. import speedups
 from ..rewards import (EPISODE_SCORE, Reward, ScoreResult, build_rewards, goal_names, right_by_goal,
                        score_completions)
-from ..runstore import ACTIVE_STATES, HeldOutRow, RunDir, write_json_atomic
+from ..runstore import ACTIVE_STATES, HeldOutRow, RunDir, format_seconds, write_json_atomic
 from .hardware import release_openmp_threads
 from .reward_models import classifiers_on
 from .tool_calls import EPISODE_TOOLS, ToolUse, played, ready_for_tools, tool_use
@@ -352,6 +352,7 @@ class HeldOutChecks:
         self.run, self.config, self.rewards, self.tokenizer, self.tools = run, config, rewards, tokenizer, tools
         wanted = config.training.eval_every != 0 and processes == 1 and not run.read_only
         self.examples = eval_rows[:config.training.eval_prompts] if wanted else []
+        self.held_out = len(eval_rows)
         self.should_stop = should_stop
         self.every = 0
         self.start_pending = config.lora.enabled and not any(row.get("step") == 0 for row in run.read_heldout())
@@ -393,7 +394,8 @@ class HeldOutChecks:
     def _append(self, step: int, result: EvalResult) -> None:
         self.run.append_heldout({"step": step, "reward": result.reward_mean,
                                  "rewards": dict(result.breakdown), "right": result.right,
-                                 "n_prompts": len(result.totals), "seconds": round(result.seconds, 2)})
+                                 "n_prompts": len(result.totals), "of_prompts": self.held_out,
+                                 "seconds": round(result.seconds, 2)})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -460,6 +462,17 @@ def model_for(load: LoadModel, config: RunConfig, weights: TrainedWeights, side:
             yield load(model_config, settings=config.hardware)
 
 
+def expected_time(run: RunDir, sides: int) -> str:
+    """" It takes about 40 s, …": a scoring of the held-out prompts takes about as long as the run's last one of
+    them (greedy replies to the same prompts, by a model of the same size); "" when none was timed."""
+    timed = [side.get("seconds") for side in (run.read_eval().get(name) or {} for name in SIDES)]
+    seconds = max((value for value in timed if isinstance(value, (int, float))), default=None)
+    if not seconds:
+        return ""
+    return (f" It takes about {format_seconds(seconds * sides)}, as long as the last scoring of these prompts "
+            "took.")
+
+
 def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] = lambda: False,
                  rescore_before: bool = False, while_training: bool = False,
                  *, policy: Policy) -> Iterator[str]:
@@ -484,7 +497,7 @@ def evaluate_now(load: LoadModel, run: RunDir, should_stop: Callable[[], bool] =
     rewards: list[Reward] = []  # built with the first model's tokenizer, which TRL's length rewards count with
     tools = tool_use(config, read_jsonl(run.train_data_path) + examples, policy=policy) if config.tools else None
     sides = [side for side in SIDES if side == "after" or rescore_before or "before" not in run.read_eval()]
-    yield f"Loading the model with {weights.label}..."
+    yield f"Loading the model with {weights.label}...{expected_time(run, len(sides))}"
     for side in sides:
         started = time.monotonic()
         replies: list[str] = []

@@ -65,8 +65,9 @@ def _newest_weights(run: RunDir) -> TrainedWeights | None:
         return None
 
 
-def comparison(run: RunDir) -> Comparison:
-    """Chart bars, table rows and a summary sentence from the run's eval.json and samples.json."""
+def comparison(run: RunDir, scored_on_opening: bool = False) -> Comparison:
+    """Chart bars, table rows and a summary sentence from the run's eval.json and samples.json;
+    ``scored_on_opening``: the tab scores its trained model as it shows it (awaits_its_after)."""
     evaluation = run.read_eval()
     before, after = evaluation.get("before"), evaluation.get("after")
     rows = before_and_after(evaluation)
@@ -84,7 +85,7 @@ def comparison(run: RunDir) -> Comparison:
     stale = after is not None and weights is not None and scored_from is not None and scored_from != weights.label
     can_evaluate = (state not in ACTIVE_STATES and weights is not None and (after is None or stale)
                     and _has_held_out(run))
-    summary = _summary(run, evaluation, state, weights if can_evaluate else None)
+    summary = _summary(run, evaluation, state, weights if can_evaluate else None, scored_on_opening)
     if shared_text:
         summary += f" Every prompt reads “{shared_text}”; the table shows the part that differs."
     return Comparison(summary, bars if before or after else [], table, can_evaluate, prompts[0] if prompts else "")
@@ -128,14 +129,26 @@ def _rounded(value):
     return None if value is None else round(value, 3)
 
 
-def _summary(run: RunDir, evaluation: dict, state: str, to_evaluate: TrainedWeights | None) -> str:
+def _checks_note(run: RunDir, n: int) -> str:
+    """Where the Train tab's held-out checks answered fewer prompts than the whole set scored here, say so: the two
+    "before" numbers differ for that reason alone."""
+    checks = [row.get("n_prompts") for row in run.read_heldout()]
+    fewer = checks[-1] if checks else None
+    if not isinstance(fewer, int) or not 0 < fewer < n:
+        return ""
+    return f" (The Train tab's held-out checks answer the first {fewer} of them, so their numbers differ.)"
+
+
+def _summary(run: RunDir, evaluation: dict, state: str, to_evaluate: TrainedWeights | None,
+             scored_on_opening: bool = False) -> str:
     """The Compare tab's sentence; ``to_evaluate``: the weights Evaluate now would score (None: nothing to score)."""
     before, after = evaluation.get("before"), evaluation.get("after")
     n = evaluation.get("n_prompts", 0)
     if before and after:
         source = f" The trained side was scored from {after['weights']}." if after.get("weights") else ""
-        text = (f"Held-out reward on {n} prompts (greedy replies): {before['reward_mean']:.3f} before → "
-                f"{after['reward_mean']:.3f} after ({after['reward_mean'] - before['reward_mean']:+.3f}).{source}")
+        text = (f"Held-out reward on all {n} held-out prompts (greedy replies): {before['reward_mean']:.3f} before → "
+                f"{after['reward_mean']:.3f} after ({after['reward_mean'] - before['reward_mean']:+.3f}).{source}"
+                f"{_checks_note(run, n)}")
         if before.get("right") is not None and after.get("right") is not None:
             text += (f" Right answers by the goal ({', '.join(after.get('goal') or [])}): "
                      f"{round(before['right'] * n)} of {n} before → {round(after['right'] * n)} of {n} after.")
@@ -155,8 +168,10 @@ def _summary(run: RunDir, evaluation: dict, state: str, to_evaluate: TrainedWeig
     if to_evaluate is not None:
         start = f"The starting model scored {before['reward_mean']:.3f} on {n} held-out prompts, but" if before else \
             "There is no held-out score yet:"
-        return (f"{start} the run ended ({state_label(state)}) before scoring the trained model. Press Evaluate now "
-                f"to score {to_evaluate.label} on the held-out prompts.")
+        then = (f"The trained model ({to_evaluate.label}) is being scored on the held-out prompts now: see below"
+                if scored_on_opening else
+                f"Press Evaluate now to score {to_evaluate.label} on the held-out prompts")
+        return f"{start} the run ended ({state_label(state)}) before scoring the trained model. {then}."
     if before:
         return (f"The starting model scored {before['reward_mean']:.3f} on {n} held-out prompts, but the run ended "
                 f"({state_label(state)}) before saving any trained weights, so there is nothing to compare it with.")
@@ -212,6 +227,17 @@ def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = N
 
 # ---------------------------------------------------------------------------------------------------------------
 # What the Compare tab's buttons do with one's own run.
+
+
+def awaits_its_after(studio, run_id: str) -> bool:
+    """Whether a run is one's own, ended, and has trained weights but no "after" score yet: what a stop leaves."""
+    try:
+        run = studio.runs.get(run_id)
+    except ConfigError:
+        return False
+    status = run.read_status()
+    return (studio.runs.owns(status.get("owner")) and status.get("state") not in ACTIVE_STATES
+            and "after" not in run.read_eval() and _has_held_out(run) and _newest_weights(run) is not None)
 
 
 def rescore(studio, run_id: str, should_stop: Callable[[], bool]) -> Iterator[str]:

@@ -74,7 +74,7 @@ def comparison_outputs(studio: Studio, run_id: str | None):
     prompt, for one run."""
     if not run_id:
         return message(NO_RUN, "info"), None, table([]), gr.Row(visible=False), gr.Textbox(placeholder="")
-    shown = compare.comparison(studio.runs.get(run_id))
+    shown = compare.comparison(studio.runs.get(run_id), compare.awaits_its_after(studio, run_id))
     return (message(shown.summary, "info"), chart(shown.bars), table(shown.table), gr.Row(visible=shown.can_evaluate),
             gr.Textbox(placeholder=shown.example_prompt))
 
@@ -116,6 +116,15 @@ def evaluate(studio: Studio, run_id: str | None):
         yield message(progress, "warn" if stopped.is_set() else "ok"), *comparison_outputs(studio, run_id)
     except Exception as exc:
         yield message(explain(exc), "error"), *keep
+
+
+def evaluate_unscored(studio: Studio, run_id: str | None):
+    """A run shown here that ended without scoring its trained model (a stop) is scored at once, as Evaluate now
+    would, when it is one's own: nobody should have to find the button. Anything else is left as it is."""
+    if run_id and compare.awaits_its_after(studio, run_id):
+        yield from evaluate(studio, run_id)
+    else:  # gradio clears every output of a generator that yields nothing
+        yield (gr.skip(),) * 6
 
 
 @shows_errors
@@ -233,9 +242,12 @@ def build(shared: Shared) -> None:
                          api_visibility="private")
     # A run becomes comparable (its starting model scored, a stop, the end of training) while another tab is open:
     # opening this tab re-lists the runs and shows the one the Train tab shows.
-    this_tab.select(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
-                    api_visibility="private", show_progress="hidden")
-    run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
+    opened = this_tab.select(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
+                             api_visibility="private", show_progress="hidden")
+    picked = run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
+    for shown_now in (opened, picked):
+        shown_now.then(functools.partial(evaluate_unscored, studio), [run_picker], [evaluate_status, *shown],
+                       api_visibility="private", **ONE_MODEL_AT_A_TIME)
     shared.offer_draft(load_settings.click, studio.runs.settings_of, [run_picker])
     evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
                                        api_name="compare_evaluate", **ONE_MODEL_AT_A_TIME)

@@ -57,11 +57,21 @@ def reward_figure(rows: list[ProgressRow], reward_names: list[str] | None = None
                                                         for n in names)], "Reward", "mean reward")
     steps, values = series(heldout or [], "reward")
     if rows and any(value is not None for value in values):
-        prompts = (heldout or [{}])[-1].get("n_prompts")
         figure.add_trace(go.Scatter(x=steps, y=values, mode="lines+markers", connectgaps=False,
-                                    name=f"held-out ({prompts} prompts)" if prompts else "held-out",
+                                    name=heldout_check_name((heldout or [{}])[-1]),
                                     line={"dash": "dash", "color": "#111827"}))
     return figure
+
+
+def heldout_check_name(check: HeldOutRow) -> str:
+    """The held-out checks' line, named apart from the whole held-out set that Compare scores: "held-out check
+    (first 8 of 10 prompts)"."""
+    prompts, of = check.get("n_prompts"), check.get("of_prompts")
+    if not prompts:
+        return "held-out check"
+    if of and of > prompts:
+        return f"held-out check (first {prompts} of {of} prompts)"
+    return f"held-out check ({prompts} prompts)"
 
 
 def spread_figure(rows: list[ProgressRow]) -> go.Figure:

@@ -77,7 +77,8 @@ def status_markdown(run_id: str, status: RunStatus, queue_place: str = "") -> st
         if stop_reason := status.get("stop_reason"):
             text += "\n\n" + message(stop_reason, "info")
     elif state == "succeeded" and status.get("heldout_after") is not None and status.get("heldout_before") is not None:
-        text += "\n\n" + message(f"Held-out reward {status['heldout_before']:.3f} → {status['heldout_after']:.3f}"
+        text += "\n\n" + message(f"Held-out reward on the whole held-out set {status['heldout_before']:.3f} → "
+                                 f"{status['heldout_after']:.3f}"
                                  f"{right_answers(status)}; compare replies on the Compare tab.", "ok")
     return text
 
