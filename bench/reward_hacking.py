@@ -89,7 +89,6 @@ def region_shot(page, path: Path, top: str, bottom: str) -> None:
 
 def screenshots(runs: list[Path], folder: Path) -> None:
     """The two runs as a workshop sees them: the first one's Train tab with its alerts, both on the Experiments tab."""
-    import gradio as gr
     from playwright.sync_api import expect, sync_playwright
 
     from dragon_ui.studio.backend import Studio
@@ -99,8 +98,7 @@ def screenshots(runs: list[Path], folder: Path) -> None:
     (runs_dir,) = {Path(run).resolve().parent for run in runs}
     ids = [Path(run).name for run in runs]
     demo = build_app(Studio(runs_dir, policy=LAPTOP))
-    launch(demo, prevent_thread_lock=True, quiet=True, theme=gr.themes.Soft(primary_hue="emerald"),
-           css_paths=[str(REPO / "dragon_ui" / "assets" / "app.css")])
+    launch(demo, prevent_thread_lock=True, quiet=True)
     folder.mkdir(parents=True, exist_ok=True)
     try:
         with sync_playwright() as playwright:

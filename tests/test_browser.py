@@ -23,7 +23,6 @@ import threading
 import time
 from pathlib import Path
 
-import gradio as gr
 import pytest
 import yaml
 from cryptography.hazmat.primitives import padding
@@ -134,8 +133,7 @@ def page(studio):
     if not CHROMIUM.exists():
         message = "Debian's chromium is needed for the browser test: sudo apt-get install chromium"
         pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
-    look = {"theme": gr.themes.Soft(primary_hue="emerald"), "css_paths": [str(ASSETS_DIR / "app.css")]}
-    with served_app(build_app(studio), **look) as url, sync_api.sync_playwright() as playwright:
+    with served_app(build_app(studio)) as url, sync_api.sync_playwright() as playwright:
         expect.set_options(timeout=WAIT_MS)
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:

@@ -15,7 +15,6 @@ from playwright import sync_api
 
 from dragon_ui import public
 from dragon_ui.engine import training
-from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
 from dragon_ui.ui.app import DRAFT_STORAGE_KEY, OWNER_KEY_STORAGE_KEY, VISITOR_STORAGE_KEY
 from test_app_client import served_app
@@ -54,9 +53,8 @@ def need_chromium() -> None:
 
 def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
     need_chromium()
-    look = {"theme": gr.themes.Soft(primary_hue="emerald"), "css_paths": [str(ASSETS_DIR / "app.css")]}
     demo = build_app(public_studio)
-    with served_app(demo, **look) as url, sync_api.sync_playwright() as playwright:
+    with served_app(demo) as url, sync_api.sync_playwright() as playwright:
         expect.set_options(timeout=WAIT_MS)
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
@@ -153,9 +151,8 @@ def test_an_upload_is_its_visitors_alone_and_the_owner_key_is_kept_only_when_ask
 
     need_chromium()
     reviews = write_arithmetic_csv(tmp_path / "my-sums.csv", rows=40)
-    look = {"theme": gr.themes.Soft(primary_hue="emerald"), "css_paths": [str(ASSETS_DIR / "app.css")]}
     demo = build_app(public_studio)
-    with served_app(demo, **look) as url, sync_api.sync_playwright() as playwright:
+    with served_app(demo) as url, sync_api.sync_playwright() as playwright:
         expect.set_options(timeout=WAIT_MS)
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:

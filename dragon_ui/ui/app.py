@@ -575,9 +575,23 @@ def event_address(studio: Studio, event: Event) -> str:
     return request_address(studio, event.request) or ""
 
 
+def look() -> dict:
+    """The app's theme, CSS and page script, as every server of it launches them. The Soft theme's emerald labels,
+    grey help and white-on-emerald buttons read below WCAG's 4.5:1 contrast (axe-core): darker shades of the same
+    colours instead."""
+    theme = gr.themes.Soft(primary_hue="emerald").set(
+        block_label_text_color="*primary_800", block_title_text_color="*primary_800",
+        body_text_color_subdued="*neutral_600", input_placeholder_color="*neutral_500",
+        button_primary_background_fill="*primary_700", button_primary_background_fill_hover="*primary_800",
+        checkbox_label_background_fill_selected="*primary_700", color_accent="*primary_700")
+    return {"theme": theme, "css_paths": [str(ASSETS_DIR / "app.css")],
+            "js": (ASSETS_DIR / "app.js").read_text(encoding="utf-8")}
+
+
 def launch(demo: StudioApp, **options) -> None:
-    """Serve ``demo`` (built by build_app) with what its studio's policy allows (serving_options) and ``options``."""
-    demo.launch(**serving_options(demo.studio), **options)
+    """Serve ``demo`` (built by build_app) with what its studio's policy allows (serving_options), its look, and
+    ``options``."""
+    demo.launch(**serving_options(demo.studio), **{**look(), **options})
 
 
 def main(argv: list[str] | None = None, desktop_driver=None) -> int:
@@ -605,8 +619,7 @@ def main(argv: list[str] | None = None, desktop_driver=None) -> int:
     def serve(host: str, port: int, inbrowser: bool, block: bool = True) -> str:
         """Serve the app; with ``block`` until the process is stopped, else in the background. Its address."""
         launch(demo, server_name=host, server_port=port, share=args.share, inbrowser=inbrowser,
-               prevent_thread_lock=True, theme=gr.themes.Soft(primary_hue="emerald"),
-               css_paths=[str(ASSETS_DIR / "app.css")], show_error=True, footer_links=["api", "gradio"])
+               prevent_thread_lock=True, show_error=True, footer_links=["api", "gradio"])
         studio.warm_up(FIRST_PAGE_S)  # the hardware, the libraries and the default model, once a page is up
         if block:
             demo.block_thread()  # until Ctrl+C

@@ -247,7 +247,7 @@ def build(shared: Shared) -> None:
     picked = run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
     for shown_now in (opened, picked):
         shown_now.then(functools.partial(evaluate_unscored, studio), [run_picker], [evaluate_status, *shown],
-                       api_visibility="private", **ONE_MODEL_AT_A_TIME)
+                       api_visibility="private", show_progress="hidden", **ONE_MODEL_AT_A_TIME)
     shared.offer_draft(load_settings.click, studio.runs.settings_of, [run_picker])
     evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
                                        api_name="compare_evaluate", **ONE_MODEL_AT_A_TIME)

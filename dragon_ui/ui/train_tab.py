@@ -109,7 +109,7 @@ def progress_html(status: RunStatus) -> str:
         caption.append(f"elapsed {format_seconds(status['elapsed_s'])}")
     if status.get("state") in ACTIVE_STATES and status.get("eta_s") and step:
         caption.append(f"about {format_seconds(status['eta_s'])} left")
-    return (f'<div role="progressbar" aria-valuemin="0" aria-valuemax="{total or 0}" aria-valuenow="{step}">'
+    return (f'<div role="progressbar" aria-label="Training progress" aria-valuemin="0" aria-valuemax="{total or 0}" aria-valuenow="{step}">'
             '<div style="background:#e5e7eb;border-radius:6px;height:12px;overflow:hidden">'
             f'<div style="width:{fraction * 100:.1f}%;height:100%;background:#10b981"></div></div>'
             f'<div style="font-size:0.9em;margin-top:4px">{html.escape(" · ".join(caption))}</div></div>')
@@ -162,7 +162,8 @@ def rollouts_html(rollout: dict | None, reward_names: list[str], max_groups: int
                      *(shown_number(scores.get(name)) for name in reward_names),
                      shown_number(completion.get("total")), shown_number(completion.get("advantage"))]
             rows.append(f"<tr style='{style}'>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
-        parts.append(f"<table style='width:100%'><thead><tr>{header}</tr></thead>"
+        parts.append(f"<table style='width:100%' aria-label='Group {number}: its completions, scores and "
+                     f"advantages'><thead><tr>{header}</tr></thead>"
                      f"<tbody>{''.join(rows)}</tbody></table>")
         if not differ:
             parts.append("<div><i>Every completion scored the same, so this prompt teaches nothing this step.</i>"
@@ -243,7 +244,8 @@ def explanation_html(explained: GroupExplanation) -> str:
     return panel_html(f"<h4>Step {e.step}, group {e.group}: what did this step do?</h4>"
                       f"<div><b>Prompt:</b> <span style='white-space:pre-wrap'>{html.escape(prompt)}</span></div>"
                       f"<div><b>Reference:</b> {html.escape(e.reference)}</div>{words}"
-                      f"<table style='width:100%'><thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody>"
+                      f"<table style='width:100%' aria-label='Group {e.group}: how each completion moves'>"
+                      f"<thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody>"
                       "</table><details><summary>Show the formula</summary>"
                       f"<p style='font-family:monospace'>{formula}</p></details>")
 
