@@ -35,7 +35,7 @@ from dragon_ui.runstore import RunDir, slug
 from dragon_ui.settings import plain
 from dragon_ui import ASSETS_DIR
 from dragon_ui.ui import build_app
-from dragon_ui.ui.app import DRAFT_STORAGE_KEY
+from dragon_ui.ui.app import DRAFT_STORAGE_KEY, OWN_SETTINGS
 from dragon_ui.ui import rewards_tab
 from dragon_ui.ui.rewards_tab import KIND_HELP
 from conftest import stop_the_training
@@ -502,12 +502,17 @@ def test_a_reload_mid_edit_keeps_the_draft(page, studio):
     expect(page.locator("#rewards-table")).to_contain_text("length")
     expect(page.locator("#rewards-table")).not_to_contain_text("digits_only")
 
-    # Loading a recipe over the edited draft asks first; keeping it changes nothing.
+    # The recipe box says the form holds one's own settings; loading a recipe over them asks first, and keeping
+    # them changes nothing (the box says so again).
+    expect(page.locator("#recipe input")).to_have_value(OWN_SETTINGS)
+    choose(page, "#recipe", "arithmetic")
     page.locator("#load-recipe").click()
     expect(page.locator("#replace-draft-text")).to_contain_text("Replace them with the arithmetic recipe?")
     page.locator("#replace-draft-no").click()
+    expect(page.locator("#recipe input")).to_have_value(OWN_SETTINGS)
     open_tab(page, "model")
     expect(page.locator("#model-training-max-steps input")).to_have_value("37")
+    choose(page, "#recipe", "arithmetic")
     page.locator("#load-recipe").click()
     page.locator("#replace-draft-yes").click()
     expect(page.locator("#model-training-max-steps input")).to_have_value("200")

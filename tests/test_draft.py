@@ -300,9 +300,12 @@ def test_the_model_tab_fields_round_trip_a_recipe(form, tmp_path, recipe):
 # Loading a whole draft (a recipe) asks first when the form was edited since the last load.
 
 
-def wired(app, elem_id: str, event: str = "click"):
+def wired(app, elem_id: str, event: str = "click", named: str | None = None):
+    """The server function ``event`` of ``elem_id`` runs (``named`` so, where it runs several)."""
     ids = {block_id for block_id, block in app.blocks.items() if getattr(block, "elem_id", None) == elem_id}
-    (fn,) = [f.fn for f in app.fns.values() if any(target in ids and name == event for target, name in f.targets)]
+    (fn,) = [f.fn for f in app.fns.values() if f.fn is not None  # not a step run in the page alone
+             and any(target in ids and name == event for target, name in f.targets)
+             and named in (None, getattr(f.fn, "__name__", None))]
     return fn
 
 
@@ -356,7 +359,8 @@ def test_loading_a_recipe_replaces_an_unedited_draft_and_asks_about_an_edited_on
                                                                                "label": "the json_answers recipe"}
     replaced = wired(app, "replace-draft-yes")(edited[2])
     assert replaced[4] == wanted and not replaced[0].visible and repr(replaced[7]) == repr(gr.skip())
-    kept = wired(app, "replace-draft-no")()
+    kept = wired(app, "replace-draft-no", named="keep_settings")()
+    assert wired(app, "replace-draft-no", named="recipe_kept")("your own settings") == "your own settings"
     assert not kept[0].visible and kept[2] is None and kept[3] == message("Kept your settings.", "info")
 
     nothing_loaded = load({}, *form_inputs(app, current, training__max_steps=7), "json_answers")
@@ -367,16 +371,17 @@ def test_loading_a_recipe_replaces_an_unedited_draft_and_asks_about_an_edited_on
 
 
 def test_the_recipe_box_says_your_own_settings_once_the_form_holds_no_recipe(studio):
-    from dragon_ui.ui.app import OWN_SETTINGS, recipe_offered, recipe_shown
+    from dragon_ui.ui.app import OWN_SETTINGS, recipe_held, recipe_offered
 
+    skip = (gr.skip(), gr.skip())
     arithmetic, lesson = studio.recipes.default(), studio.recipes.load("json_answers")
-    assert recipe_shown(studio, arithmetic, "arithmetic") == gr.skip()  # it says the truth: left as it is
+    assert recipe_held(studio, arithmetic, "arithmetic") == skip  # it says the truth: left as it is
     edited = copy.deepcopy(arithmetic)
     edited["training"]["max_steps"] = 7
-    assert recipe_shown(studio, edited, "arithmetic") == OWN_SETTINGS
-    assert recipe_shown(studio, edited, OWN_SETTINGS) == gr.skip()
-    assert recipe_shown(studio, lesson, OWN_SETTINGS) == "json_answers"  # edited back to a recipe, or loaded
-    assert recipe_shown(studio, lesson, None) == "json_answers"
+    assert recipe_held(studio, edited, "arithmetic") == (OWN_SETTINGS, OWN_SETTINGS)
+    assert recipe_held(studio, edited, OWN_SETTINGS) == skip  # a recipe picked meanwhile, not loaded, stays picked
+    assert recipe_held(studio, lesson, OWN_SETTINGS) == ("json_answers", "json_answers")  # edited back, or loaded
+    assert recipe_held(studio, lesson, None) == ("json_answers", "json_answers")
     with pytest.raises(DragonError, match="already holds your own settings"):
         recipe_offered(studio, OWN_SETTINGS)
 

@@ -128,7 +128,9 @@ def build_app(studio: Studio | None = None) -> StudioApp:
         drafts.connect()
         shared.form.watch(functools.partial(remember, studio), [kept.draft], [shared.pristine, shared.auto_name],
                           alone=True)
-        shared.form.watch(functools.partial(recipe_shown, studio), [top.recipe], [top.recipe])
+        held = gr.State(DEFAULT_RECIPE)  # what the form holds, as recipe_held last said (the first paint's recipe)
+        shared.form.watch(functools.partial(recipe_held, studio), [top.recipe, held], [held])
+        top.keep_button.click(recipe_kept, [held], [top.recipe], api_visibility="private", show_progress="hidden")
         shared.form.connect_watchers()
         paint_first(studio, shared, drafts)
         connect_page_load(demo, shared, drafts, kept, top, form_area)
@@ -328,6 +330,11 @@ class KeptInBrowser:
     owner_key: gr.BrowserState
 
 
+def recipe_kept(held: str) -> str:
+    """The recipe box after "Keep my settings": what the form holds (recipe_held), not the recipe picked."""
+    return held
+
+
 def recipe_offered(studio: Studio, name: str) -> tuple[Draft | dict, str]:
     if name == OWN_SETTINGS:
         raise ConfigError("The form already holds your own settings: choose a recipe to load one instead.")
@@ -344,18 +351,19 @@ def keep_settings() -> tuple:
     return gr.Row(visible=False), "", None, message("Kept your settings.", "info")
 
 
-def recipe_shown(studio: Studio, draft: Draft, shown: str | None) -> str | dict:
-    """The recipe box after a change of the form: the recipe the form holds, or "your own settings" once it holds
-    none (an edit, one's own data, a kept draft after a reload); unchanged while it says the truth."""
+def recipe_held(studio: Studio, draft: Draft, last: str | None) -> tuple:
+    """(recipe box, what the form holds) after a change of the form: the recipe it holds, or "your own settings"
+    once it holds none (an edit, one's own data, a kept draft after a reload). Written only when that changed
+    (``last``), so that a recipe picked in the box and not loaded yet stays picked."""
     recipes = studio.recipes
 
     def holds(name: str) -> bool:
         return same_settings(cast(dict, draft), cast(dict, recipes.load(name)), policy=studio.policy)
 
-    if shown in recipes.names() and holds(shown):
-        return gr.skip()
+    if last in recipes.names() and holds(last):
+        return gr.skip(), gr.skip()
     held = next((name for name in recipes.names() if holds(name)), OWN_SETTINGS)
-    return gr.skip() if held == shown else held
+    return (gr.skip(), gr.skip()) if held == last else (held, held)
 
 
 def remember(studio: Studio, draft: Draft, pristine: Draft, auto_name: str) -> dict:
