@@ -8,18 +8,16 @@ starting model, switched off for the "before" side.
 
 from __future__ import annotations
 
-import json
 import numbers
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..data import read_jsonl
 from ..engine import weights
 from ..engine.evaluation import (SIDES, before_and_after, evaluate_now, generate_replies, metric_names, model_for,
                                  shown_reward_name)
 from ..engine.publish import Published, publish
-from ..engine.trained import TrainedWeights, trained_weights
+from ..engine.trained import TrainedWeights, shared_system_message, trained_weights
 from ..errors import ConfigError
 from ..public import Policy
 from ..runstore import ACTIVE_STATES, RunDir, state_label
@@ -167,14 +165,6 @@ def _summary(run: RunDir, evaluation: dict, state: str, to_evaluate: TrainedWeig
 # Generating with both models.
 
 
-def _shared_system_message(run: RunDir) -> list[dict]:
-    """The system message every training prompt had (recipes use one), so a free prompt is asked the same way."""
-    path = run.train_data_path
-    examples = read_jsonl(path) if path.is_file() else []
-    systems = {json.dumps([m for m in ex["prompt"] if m.get("role") == "system"]) for ex in examples}
-    return json.loads(systems.pop()) if len(systems) == 1 else []
-
-
 ASK_PROMPT_CHARS = 4000  # a free prompt's length: a question, not a document
 ASK_TEMPERATURE_MAX = 3.0
 
@@ -202,7 +192,7 @@ def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = N
             or not 0 <= temperature <= ASK_TEMPERATURE_MAX:
         raise ConfigError(f"The temperature must be a number from 0 to {ASK_TEMPERATURE_MAX:g}.")
     weights = trained_weights(run)
-    conversation = _shared_system_message(run) + [{"role": "user", "content": prompt.strip()}]
+    conversation = shared_system_message(run) + [{"role": "user", "content": prompt.strip()}]
     replies = []
     for side in SIDES:
         with model_for(studio.previews.load, config, weights, side) as (model, tokenizer):
