@@ -1,5 +1,6 @@
 """GGUF export: the file transformers' own GGUF loader reads back answers like the model it came from (tokens, logits,
-greedy replies), for a trained tiny Llama run and tiny Qwen2 and Qwen3 models; the Modelfile; refusals."""
+greedy replies), for a trained tiny Llama run and tiny Qwen2 and Qwen3 models; the Modelfile; refusals; the command
+line."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from conftest import strengthen_adapter
 
+from dragon_ui.cli import main
 from dragon_ui.data import read_jsonl, write_jsonl
 from dragon_ui.engine import gguf_export
 from dragon_ui.errors import ConfigError
@@ -298,3 +300,26 @@ def test_llama3_rope_factors_match_transformers_scaling():
     factors = gguf_export.llama3_rope_factors(config.to_dict())
     assert factors[0] == 1.0 and factors[-1] == 32.0
     assert torch.allclose(factors, unscaled / scaled, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command line
+
+
+def test_export_gguf_command(finished_run, tmp_path, capsys):
+    target = tmp_path / "take-home"
+    assert main(["export-gguf", str(finished_run.path), "--quant", "f16", "--to", str(target)]) == 0
+    out = capsys.readouterr().out
+    path = target / f"{finished_run.id}-f16.gguf"
+    name = f"{finished_run.id}-f16".lower()
+    for piece in (str(path), str(target / "Modelfile"), "the final adapter", "GGUF f16",
+                  gguf_export.format_size(path.stat().st_size),
+                  f"cd {target} && ollama create {name} -f Modelfile && ollama run {name}",
+                  f"llama-cli -m {path} -cnv"):
+        assert piece in out, piece
+    read_back(path)
+
+    assert main(["export-gguf", str(tmp_path / "no-such-run")]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's own refusal of a precision it does not offer
+        main(["export-gguf", str(finished_run.path), "--quant", "q4_k"])
