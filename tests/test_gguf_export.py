@@ -1,6 +1,6 @@
 """GGUF export: the file transformers' own GGUF loader reads back answers like the model it came from (tokens, logits,
 greedy replies), for a trained tiny Llama run and tiny Qwen2 and Qwen3 models; the Modelfile; refusals; the command
-line."""
+line and the Compare tab's download."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from pathlib import Path
 import gguf
 import pytest
 import torch
-from conftest import strengthen_adapter
+from conftest import handler, strengthen_adapter, turn_public_mode_on
 
+from dragon_ui import public
 from dragon_ui.cli import main
 from dragon_ui.data import read_jsonl, write_jsonl
 from dragon_ui.engine import gguf_export
-from dragon_ui.errors import ConfigError
+from dragon_ui.errors import ConfigError, NotYoursError
+from dragon_ui.runstore import RunDir
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -303,7 +305,7 @@ def test_llama3_rope_factors_match_transformers_scaling():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The command line
+# The command line and the Compare tab
 
 
 def test_export_gguf_command(finished_run, tmp_path, capsys):
@@ -323,3 +325,45 @@ def test_export_gguf_command(finished_run, tmp_path, capsys):
     assert "not a run folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse's own refusal of a precision it does not offer
         main(["export-gguf", str(finished_run.path), "--quant", "q4_k"])
+
+
+def test_the_compare_tab_hands_out_the_file_and_its_modelfile(finished_run, runs_dir):
+    import gradio as gr
+
+    from dragon_ui.public import LAPTOP
+    from dragon_ui.studio.backend import Studio
+    from dragon_ui.ui import build_app
+
+    app = build_app(Studio(runs_dir=runs_dir, policy=LAPTOP))
+    files, status = handler(app, "compare_gguf")(finished_run.id, "f16")
+    assert files == [str(finished_run.path / "gguf" / f"{finished_run.id}-f16.gguf"),
+                     str(finished_run.path / "gguf" / "Modelfile")]
+    assert f"{finished_run.id}-f16.gguf" in status and "ollama create" in status and "llama-cli" in status
+    with pytest.raises(gr.Error, match="Choose a run first"):
+        handler(app, "compare_gguf")("", "q8_0")
+    with pytest.raises(gr.Error, match="GGUF precision must be q8_0"):
+        handler(app, "compare_gguf")(finished_run.id, "q2_k")
+
+
+def test_a_public_demo_hands_the_gguf_to_its_owner_only_and_counts_it(monkeypatch, tiny_model_dir, runs_dir,
+                                                                        finished_run):
+    """Another visitor is refused; the owner gets copies of her own (both counted against her share of the disk),
+    and the sentence names no folder of the server's."""
+    from dragon_ui.errors import BusyError
+    from dragon_ui.studio import compare
+    from dragon_ui.studio.backend import Studio
+
+    turn_public_mode_on(monkeypatch, tiny_model_dir)
+    monkeypatch.setenv("DRAGON_UI_MAX_DISK_FILES", "2")
+    studio = Studio(runs_dir=runs_dir, policy=public.Policy.from_env(runs_dir))
+    RunDir(finished_run.path).update_status(owner="alice")
+    with public.visiting(public.Visitor(key="bob", address="bobs-address")), pytest.raises(NotYoursError):
+        compare.gguf_download(studio, finished_run.id, "q8_0")
+    assert not (finished_run.path / "gguf").exists()
+    with public.visiting(public.Visitor(key="alice", address="alices-address")):
+        files, said = compare.gguf_download(studio, finished_run.id, "q8_0")
+        assert [Path(file).name for file in files] == [f"{finished_run.id}-q8_0.gguf", "Modelfile"]
+        assert all(Path(file).parent.parent == studio.files.downloads_dir for file in files)
+        assert str(runs_dir) not in said
+        with pytest.raises(BusyError, match="share of 2 files"):  # the two files took her share
+            compare.gguf_download(studio, finished_run.id, "q8_0")
