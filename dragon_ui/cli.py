@@ -1,5 +1,5 @@
-"""Command line: ``python -m dragon_ui train|check|settings|runs|eval|score|export|stop|merge|push|speedups`` (installed:
-``dragon``).
+"""Command line: ``python -m dragon_ui train|check|settings|runs|eval|score|export|stop|merge|export-gguf|push|speedups``
+(installed: ``dragon``).
 
 Bad input ends with one line on stderr and exit status 2; a training that fails exits with 1.
 """
@@ -117,6 +117,15 @@ def _parser() -> argparse.ArgumentParser:
     merge.add_argument("run_dir")
     merge.add_argument("--to", metavar="DIR", help="folder to save the merged model in (default: RUN_DIR/merged)")
     merge.set_defaults(func=_cmd_merge)
+
+    gguf = sub.add_parser("export-gguf", help="save a run's trained model as one GGUF file for llama.cpp, Ollama and LM "
+                                              "Studio, with an Ollama Modelfile")
+    gguf.add_argument("run_dir")
+    gguf.add_argument("--quant", choices=("q8_0", "f16"), default="q8_0",
+                      help="precision of the weights: q8_0 (the default) is half the size of f16 and answers almost "
+                           "exactly alike")
+    gguf.add_argument("--to", metavar="DIR", help="folder to write the files in (default: RUN_DIR/gguf)")
+    gguf.set_defaults(func=_cmd_export_gguf)
 
     push = sub.add_parser("push", help="publish a run's adapter (or merged model) to the Hugging Face Hub, with its "
                                        "model card")
@@ -428,6 +437,18 @@ def _cmd_merge(args) -> int:
     run = RunDir(Path(args.run_dir))
     folder = merge_model(run, target_dir=args.to)
     print(merge_message(run, folder))
+    return 0
+
+
+def _cmd_export_gguf(args) -> int:
+    from .engine.gguf_export import export_gguf, export_message, run_commands
+    from .runstore import RunDir
+
+    run = RunDir(Path(args.run_dir))
+    export = export_gguf(run, args.quant, target_dir=args.to)
+    ollama, llama_cpp = run_commands(export, export.path.parent)
+    print(f"{export_message(run, export)}\n  {export.path}\n  {export.modelfile}")
+    print(f"Run it in Ollama:  {ollama}\nor in llama.cpp:   {llama_cpp}")
     return 0
 
 

@@ -17,6 +17,8 @@ Layout of ``runs/<id>/``::
                      lists the training rows the difficulty filter left out ({"row", "why"}), when it left out any
     checkpoints/     checkpoint-<step>/ with adapter, optimiser, scheduler and RNG state
     adapter/         the final LoRA adapter plus tokenizer (model/ instead for full fine-tuning)
+    merged/          after a merge: the starting model with the adapter folded in
+    gguf/            after a GGUF export: <id>-<precision>.gguf, and the Ollama Modelfile of the latest one
     eval.json        held-out reward before and after training, per reward
     samples.json     n_samples held-out prompts answered by both models
     stop.request     present while a stop has been asked for (seen by every training process)
@@ -397,6 +399,7 @@ class RunDir:
     adapter_dir = _InRun("adapter")
     full_model_dir = _InRun("model")
     merged_dir = _InRun("merged")  # the adapter folded into its model (merge)
+    gguf_dir = _InRun("gguf")  # the merged model as GGUF files, with the Ollama Modelfile of the latest (export-gguf)
     tensorboard_dir = _InRun("tensorboard")  # logging.report_to: [tensorboard]
     eval_path = _InRun("eval.json")
     samples_path = _InRun("samples.json")

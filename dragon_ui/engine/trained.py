@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data import read_jsonl
 from ..errors import ConfigError
 from ..runstore import RunDir, state_label
 
@@ -52,3 +53,12 @@ def example_prompt(run: RunDir) -> tuple[list[dict], str]:
         except (OSError, ValueError):  # no such file, or an empty one (nothing was held out)
             continue
     return PLACEHOLDER_PROMPT, "a placeholder: this run's data files are gone"
+
+
+def shared_system_message(run: RunDir) -> list[dict]:
+    """The system message every training prompt had (recipes use one), as a list of none or one message: a prompt
+    asked elsewhere (the free prompt, an exported model's Modelfile) is then asked the same way."""
+    path = run.train_data_path
+    examples = read_jsonl(path) if path.is_file() else []
+    systems = {json.dumps([m for m in ex["prompt"] if m.get("role") == "system"]) for ex in examples}
+    return json.loads(systems.pop()) if len(systems) == 1 else []

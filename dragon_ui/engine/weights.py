@@ -148,7 +148,7 @@ def _check_merge_target(target: Path) -> None:
         raise ConfigError(f"{target} already exists and is not a model merged here; choose a new or empty folder.")
 
 
-def _newest_change(folder: Path) -> int:
+def newest_change(folder: Path) -> int:
     """The latest modification time (ns) of any file in ``folder``, 0 for an empty or missing one."""
     return max((path.stat().st_mtime_ns for path in folder.rglob("*") if path.is_file()), default=0)
 
@@ -160,7 +160,7 @@ def _merged_from(target: Path, weights: TrainedWeights) -> bool:
         marker = json.loads((target / MERGE_MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return marker.get("weights") == weights.label and _newest_change(target) >= _newest_change(weights.path)
+    return marker.get("weights") == weights.label and newest_change(target) >= newest_change(weights.path)
 
 
 def merge_model(run: RunDir, target_dir: str | Path | None = None) -> Path:
@@ -251,7 +251,7 @@ def merged_download(run: RunDir) -> MergedDownload:
     """
     folder = merge_model(run)
     archive = run.path / f"{run.id}-merged.zip"
-    if not archive.is_file() or archive.stat().st_mtime_ns < _newest_change(folder):
+    if not archive.is_file() or archive.stat().st_mtime_ns < newest_change(folder):
         with replaced_atomically(archive) as tmp, zipfile.ZipFile(tmp, "w") as zipped:
             for path in model_files(folder):
                 weights = path.suffix in (".safetensors", ".bin", ".pt")

@@ -8,18 +8,16 @@ starting model, switched off for the "before" side.
 
 from __future__ import annotations
 
-import json
 import numbers
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..data import read_jsonl
-from ..engine import weights
+from ..engine import gguf_export, weights
 from ..engine.evaluation import (SIDES, before_and_after, evaluate_now, generate_replies, metric_names, model_for,
                                  shown_reward_name)
 from ..engine.publish import Published, publish
-from ..engine.trained import TrainedWeights, trained_weights
+from ..engine.trained import TrainedWeights, shared_system_message, trained_weights
 from ..errors import ConfigError
 from ..public import Policy
 from ..runstore import ACTIVE_STATES, RunDir, state_label
@@ -182,14 +180,6 @@ def _summary(run: RunDir, evaluation: dict, state: str, to_evaluate: TrainedWeig
 # Generating with both models.
 
 
-def _shared_system_message(run: RunDir) -> list[dict]:
-    """The system message every training prompt had (recipes use one), so a free prompt is asked the same way."""
-    path = run.train_data_path
-    examples = read_jsonl(path) if path.is_file() else []
-    systems = {json.dumps([m for m in ex["prompt"] if m.get("role") == "system"]) for ex in examples}
-    return json.loads(systems.pop()) if len(systems) == 1 else []
-
-
 ASK_PROMPT_CHARS = 4000  # a free prompt's length: a question, not a document
 ASK_TEMPERATURE_MAX = 3.0
 
@@ -217,7 +207,7 @@ def answer_both(studio, run: RunDir, prompt: str, max_new_tokens: int | None = N
             or not 0 <= temperature <= ASK_TEMPERATURE_MAX:
         raise ConfigError(f"The temperature must be a number from 0 to {ASK_TEMPERATURE_MAX:g}.")
     weights = trained_weights(run)
-    conversation = _shared_system_message(run) + [{"role": "user", "content": prompt.strip()}]
+    conversation = shared_system_message(run) + [{"role": "user", "content": prompt.strip()}]
     replies = []
     for side in SIDES:
         with model_for(studio.previews.load, config, weights, side) as (model, tokenizer):
@@ -251,13 +241,32 @@ def adapter_download(studio, run_id: str) -> str:
     return studio.files.handed_out(weights.zip_adapter(studio.runs.owned(run_id, "download its adapter")))
 
 
+def _own_run_to_merge(studio, run_id: str, action: str, doing: str) -> RunDir:
+    """One's own run, to ``action`` with work that merges its whole model (``doing``): refused beside a training
+    on this machine's CPU, which it would slow down badly."""
+    run = studio.runs.owned(run_id, action)
+    studio.previews.refuse_while_training(doing)
+    return run
+
+
 def merged_download(studio, run_id: str) -> tuple[str, str, str]:
     """(zip handed out, the merged folder as the app shows it, a sentence with both sizes) of one's own run."""
-    run = studio.runs.owned(run_id, "merge and download its model")
-    studio.previews.refuse_while_training("merging a model")
+    run = _own_run_to_merge(studio, run_id, "merge and download its model", "merging a model")
     merged = weights.merged_download(run)
     shown = studio.files.shown_path(merged.folder)
     return studio.files.handed_out(merged.archive), shown, weights.merged_download_message(run, merged, shown)
+
+
+def gguf_download(studio, run_id: str, quant: str) -> tuple[list[str], str]:
+    """([the .gguf file, its Modelfile] handed out, a sentence saying how to run them) of one's own run. Two files
+    rather than a zip: a GGUF is already one file, and a copy of it in a zip would double gigabytes on the disk."""
+    gguf_export.check_quant(quant)
+    run = _own_run_to_merge(studio, run_id, "convert and download its model", "converting a model to GGUF")
+    export = gguf_export.export_gguf(run, quant)
+    ollama, llama_cpp = gguf_export.run_commands(export)
+    said = (f"{gguf_export.export_message(run, export)} Save both files in one folder and run it there, in Ollama: "
+            f"`{ollama}`, or in llama.cpp: `{llama_cpp}`; LM Studio imports the .gguf file.")
+    return [studio.files.handed_out(export.path), studio.files.handed_out(export.modelfile)], said
 
 
 def publish_run(studio, run_id: str, repo: str, merged: bool, private: bool, update: bool, token: str) -> Published:

@@ -161,6 +161,20 @@ def merge(studio: Studio, run_id: str | None):
     return archive, shown, message(said, "ok")
 
 
+GGUF_BUTTON = "Download as GGUF (llama.cpp, Ollama)"
+GGUF_PRECISIONS = [("q8_0 (smaller)", "q8_0"), ("f16", "f16")]
+GGUF_FILES = "GGUF model and its Ollama Modelfile (save both in one folder)"
+
+
+@shows_errors
+def download_gguf(studio: Studio, run_id: str | None, quant: str):
+    """([.gguf, Modelfile], sentence): the merged model as one GGUF file for llama.cpp, Ollama or LM Studio."""
+    if not run_id:
+        raise gr.Error("Choose a run first.", print_exception=False)
+    files, said = compare.gguf_download(studio, run_id, quant)
+    return files, message(said, "ok")
+
+
 PUBLISH_KINDS = {"The LoRA adapter (small; loads on the Hub model it names)": False,
                  "The merged full model (loads with transformers alone)": True}
 
@@ -195,7 +209,7 @@ class AskBoth:
 
 @dataclass
 class TakeAway:
-    """The trained model as a download, merged, or published to the Hub."""
+    """The trained model as a download (the adapter, the merged model, a GGUF file), or published to the Hub."""
 
     zip_button: gr.Button
     merge_button: gr.Button
@@ -203,6 +217,10 @@ class TakeAway:
     merged_file: gr.File
     merged_folder: gr.Textbox
     merge_status: gr.Markdown
+    gguf_quant: gr.Radio
+    gguf_button: gr.Button
+    gguf_files: gr.File
+    gguf_status: gr.Markdown
     repo: gr.Textbox
     token: gr.Textbox
     kind: gr.Radio
@@ -291,6 +309,12 @@ def take_away(studio: Studio) -> TakeAway:
             merged_folder = gr.Textbox(label="Merged model folder on the server", interactive=False,
                                        elem_id="compare-merged-folder")
     merge_status = gr.Markdown(elem_id="compare-merge-status")
+    with gr.Row(equal_height=True):
+        gguf_quant = gr.Radio(GGUF_PRECISIONS, value="q8_0", label="GGUF precision", scale=1,
+                              elem_id="compare-gguf-quant")
+        gguf_button = gr.Button(GGUF_BUTTON, scale=1, elem_id="compare-gguf")
+    gguf_files = gr.File(label=GGUF_FILES, file_count="multiple", interactive=False, elem_id="compare-gguf-file")
+    gguf_status = gr.Markdown(label="GGUF export", elem_id="compare-gguf-status")
     with gr.Accordion("Publish to the Hugging Face Hub", open=False, elem_id="compare-publish"):
         with gr.Row():
             repo = gr.Textbox(label="Repo name", placeholder="your-user-name/arith-grpo", scale=2,
@@ -307,8 +331,9 @@ def take_away(studio: Studio) -> TakeAway:
                 update = gr.Checkbox(value=False, label="Update it if it exists", elem_id="compare-publish-update")
         publish_button = gr.Button("Publish", variant="primary", elem_id="compare-publish-button")
         publish_status = gr.Markdown(elem_id="compare-publish-status")
-    return TakeAway(zip_button, merge_button, zip_file, merged_file, merged_folder, merge_status, repo, token, kind,
-                    private, update, publish_button, publish_status)
+    return TakeAway(zip_button, merge_button, zip_file, merged_file, merged_folder, merge_status, gguf_quant,
+                    gguf_button, gguf_files, gguf_status, repo, token, kind, private, update, publish_button,
+                    publish_status)
 
 
 def connect_ask_both(studio: Studio, run_picker: gr.Dropdown, asking: AskBoth) -> None:
@@ -324,6 +349,8 @@ def connect_take_away(studio: Studio, run_picker: gr.Dropdown, away: TakeAway) -
     away.merge_button.click(functools.partial(merge, studio), [run_picker],
                             [away.merged_file, away.merged_folder, away.merge_status], api_name="compare_merge",
                             **ONE_MODEL_AT_A_TIME)
+    away.gguf_button.click(functools.partial(download_gguf, studio), [run_picker, away.gguf_quant],
+                           [away.gguf_files, away.gguf_status], api_name="compare_gguf", **ONE_MODEL_AT_A_TIME)
     away.publish_button.click(functools.partial(publish, studio),
                               [run_picker, away.repo, away.kind, away.private, away.update, away.token],
                               [away.publish_status], api_name="compare_publish", **ONE_MODEL_AT_A_TIME)
