@@ -355,15 +355,16 @@ def recipe_held(studio: Studio, draft: Draft, last: str | None) -> tuple:
     """(recipe box, what the form holds) after a change of the form: the recipe it holds, or "your own settings"
     once it holds none (an edit, one's own data, a kept draft after a reload). Written only when that changed
     (``last``), so that a recipe picked in the box and not loaded yet stays picked."""
-    recipes = studio.recipes
-
-    def holds(name: str) -> bool:
-        return same_settings(cast(dict, draft), cast(dict, recipes.load(name)), policy=studio.policy)
-
-    if last in recipes.names() and holds(last):
+    names = studio.recipes.names()
+    if last in names and holds_recipe(studio, draft, last):
         return gr.skip(), gr.skip()
-    held = next((name for name in recipes.names() if holds(name)), OWN_SETTINGS)
+    held = next((name for name in names if holds_recipe(studio, draft, name)), OWN_SETTINGS)
     return (gr.skip(), gr.skip()) if held == last else (held, held)
+
+
+def holds_recipe(studio: Studio, draft: Draft, name: str) -> bool:
+    """Whether the form's draft is the recipe ``name`` as it loads."""
+    return same_settings(cast(dict, draft), cast(dict, studio.recipes.load(name)), policy=studio.policy)
 
 
 def remember(studio: Studio, draft: Draft, pristine: Draft, auto_name: str) -> dict:
