@@ -367,3 +367,45 @@ def test_a_public_demo_hands_the_gguf_to_its_owner_only_and_counts_it(monkeypatc
         assert str(runs_dir) not in said
         with pytest.raises(BusyError, match="share of 2 files"):  # the two files took her share
             compare.gguf_download(studio, finished_run.id, "q8_0")
+
+
+@pytest.mark.parametrize("system, written", [
+    ('Say """hi""".', 'Say "hi".'),
+    ('a"""""b', 'a"b'),  # no run of three quotes is left to close the block
+    ('He said "go"', ' He said "go" '),  # a quote at the end would join the closing ones
+    ('"""\nFROM other-model\nSYSTEM """', ' "\nFROM other-model\nSYSTEM " '),
+])
+def test_a_system_message_cannot_end_the_modelfiles_block(system, written):
+    """A data file's system message is the run's: it must not end SYSTEM's triple quotes and add lines of its own."""
+    assert gguf_export._quoted(system) == written
+
+
+def test_a_public_demo_refuses_a_gguf_no_share_could_hold_before_any_work(monkeypatch, tiny_model_dir, runs_dir,
+                                                                         finished_run):
+    """On a Space whose runs lie on its persistent disk, a download is a copy counted against the visitor's share:
+    a file larger than the whole share is refused in a sentence, before minutes of merging and converting."""
+    from dragon_ui.errors import BusyError
+    from dragon_ui.studio import compare, files
+    from dragon_ui.studio.backend import Studio
+
+    turn_public_mode_on(monkeypatch, tiny_model_dir)
+    monkeypatch.setenv("DRAGON_UI_MAX_DISK_MB", "1")
+    studio = Studio(runs_dir=runs_dir, policy=public.Policy.from_env(runs_dir))
+    RunDir(finished_run.path).update_status(owner="alice")
+    monkeypatch.setattr(gguf_export, "expected_bytes", lambda run, quant: 3 * 2**20)
+    monkeypatch.setattr(files, "same_disk", lambda one, other: False)
+    with public.visiting(public.Visitor(key="alice", address="alices-address")):
+        with pytest.raises(BusyError, match=r"The GGUF file of this run would be about 3 MB, more than this public "
+                                            r"demo hands one visitor \(1 MB per"):
+            compare.gguf_download(studio, finished_run.id, "q8_0")
+        assert not (finished_run.path / "gguf").exists() and not (finished_run.path / "merged").exists()
+        monkeypatch.setattr(files, "same_disk", lambda one, other: True)  # a link costs nothing: handed out
+        assert len(compare.gguf_download(studio, finished_run.id, "q8_0")[0]) == 2
+
+
+def test_the_expected_size_is_the_weights_at_the_precision(finished_run):
+    from dragon_ui.engine.estimate import model_dims
+
+    params = model_dims(finished_run.read_config().model.id)[0].params
+    assert gguf_export.expected_bytes(finished_run, "f16") == 2 * params
+    assert gguf_export.expected_bytes(finished_run, "q8_0") == int(params * 34 / 32)

@@ -104,25 +104,42 @@ def test_evaluate_now_streams_progress_and_can_be_cancelled(app, finished_run):
 
 
 def test_a_stopped_run_is_scored_as_it_is_shown_saying_how_long_it_takes(runs_dir, finished_run, monkeypatch):
-    """A stopped run had no "after" in Compare until Evaluate now was found and pressed (62 s)."""
+    """A stopped run had no "after" in Compare until Evaluate now was found and pressed (62 s). Shown, one's own run
+    becomes the page's run due for scoring, whose change starts it: once, not again at every look after a cancel."""
     from dragon_ui.ui import compare_tab
 
     studio = Studio(runs_dir=runs_dir, policy=LAPTOP)
     stop_after_last_checkpoint(finished_run)
     before_took = finished_run.read_eval()["before"]["seconds"]
     summary = compare_tab.comparison_outputs(studio, finished_run.id)[0]
-    assert "is being scored on the held-out prompts now" in summary and "Press Evaluate now" not in summary
+    assert "is scored on them by itself" in summary and "Press Evaluate now" not in summary
 
-    monkeypatch.setattr(studio.runs, "owns", lambda owner: False)  # another visitor's run: left as it is
+    monkeypatch.setattr(studio.runs, "owns", lambda owner: False)  # another visitor's run: not due, left as it is
+    assert compare_tab.scoring_due(studio, finished_run.id) == gr.skip()
     assert list(compare_tab.evaluate_unscored(studio, finished_run.id)) == [(gr.skip(),) * 6]
     assert "Press Evaluate now" in compare_tab.comparison_outputs(studio, finished_run.id)[0]
     monkeypatch.undo()
 
+    assert compare_tab.scoring_due(studio, finished_run.id) == finished_run.id
     outputs = list(compare_tab.evaluate_unscored(studio, finished_run.id))
     assert f"It takes about {format_seconds(before_took)}" in outputs[0][0]
     assert "Done" in outputs[-1][0] and "after" in finished_run.read_eval()
-    assert list(compare_tab.evaluate_unscored(studio, finished_run.id)) == [(gr.skip(),) * 6]  # scored: nothing to do
-    assert list(compare_tab.evaluate_unscored(studio, "")) == [(gr.skip(),) * 6]
+    assert compare_tab.scoring_due(studio, finished_run.id) == gr.skip()  # scored: nothing due
+    assert list(compare_tab.evaluate_unscored(studio, finished_run.id)) == [(gr.skip(),) * 6]
+    assert compare_tab.scoring_due(studio, "") == gr.skip()
+
+
+def test_the_scoring_starts_on_a_change_of_the_run_due_in_its_turns(app):
+    """Showing the tab asks only whether a run is due (no turn of the model); the scoring runs on the change of
+    the run due, one model at a time."""
+    from dragon_ui.ui import compare_tab
+
+    checks = [fn for fn in app.fns.values() if getattr(fn.fn, "func", None) is compare_tab.scoring_due]
+    (scoring,) = [fn for fn in app.fns.values() if getattr(fn.fn, "func", None) is compare_tab.evaluate_unscored]
+    assert len(checks) == 2  # the tab opened, a run picked
+    ((due,),) = {tuple(check.outputs) for check in checks}
+    assert isinstance(due, gr.State) and scoring.targets == [(due._id, "change")]
+    assert scoring.concurrency_id == "models" and all(check.concurrency_id != "models" for check in checks)
 
 
 def test_unknown_or_missing_runs_give_sentences(app, runs_dir):

@@ -563,6 +563,11 @@ def test_the_playground_follows_a_change_of_the_rewards(draft):
     assert new_scores["reward"].tolist() == ["short"] and "Failed" not in new_total  # the typed reply, scored anew
     assert said(progress) == [("info", rewards_tab.STALE_GROUPS)] and groups.empty and warnings == ""
     assert red_team == "" and not red_team_table.visible
+    # A reply that cannot be scored now: said where its total was, and the rest still cleared.
+    too_long = rewards_tab.rewards_changed(fixed, 1, "9" * (rewards_tab.REPLY_CHARS + 1), scores, sampled, "",
+                                           policy=LAPTOP)
+    assert too_long[0].empty and said(too_long[1])[0][0] == "warn" and "characters" in too_long[1]
+    assert too_long[3].empty
     # Nothing scored yet: nothing to change.
     empty = pd.DataFrame(columns=rewards_tab.SCORE_COLUMNS)
     assert rewards_tab.rewards_changed(fixed, 1, "", empty, empty, "", policy=LAPTOP) == (gr.skip(),) * 7

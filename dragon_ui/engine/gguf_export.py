@@ -77,6 +77,15 @@ class GgufExport:
     ollama_name: str  # what `ollama create` calls it
 
 
+def expected_bytes(run: RunDir, quant: str) -> int:
+    """About how large the run's GGUF file will be: its weights at the precision's bytes per weight (q8_0 keeps 34
+    bytes for each 32 weights), known before minutes of merging and converting."""
+    from .estimate import model_dims
+
+    dims, _ = model_dims(run.read_config().model.id)
+    return int(dims.params * (34 / 32 if quant == "q8_0" else 2))
+
+
 def check_quant(quant: str) -> None:
     """Refuse a precision this export does not write (any client can send any value)."""
     if not isinstance(quant, str) or quant not in QUANTS:
@@ -365,8 +374,10 @@ def write_modelfile(folder: Path, path: Path, quant: str, system: str | None) ->
 
 
 def _quoted(text: str) -> str:
-    """Text for a Modelfile's triple quotes, which cannot hold three quotes in a row."""
-    return text.replace('"""', '"')
+    """Text for a Modelfile's triple quotes, which cannot hold three quotes in a row, nor begin or end with one (it
+    would join the closing ones): a data file's system message must not end the block and add lines of its own."""
+    text = re.sub(r'"{3,}', '"', text)
+    return f" {text} " if text.startswith('"') or text.endswith('"') else text
 
 
 def chatml_default_system(tokenizer) -> str | None:

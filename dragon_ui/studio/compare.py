@@ -166,8 +166,8 @@ def _summary(run: RunDir, evaluation: dict, state: str, to_evaluate: TrainedWeig
     if to_evaluate is not None:
         start = f"The starting model scored {before['reward_mean']:.3f} on {n} held-out prompts, but" if before else \
             "There is no held-out score yet:"
-        then = (f"The trained model ({to_evaluate.label}) is being scored on the held-out prompts now: see below"
-                if scored_on_opening else
+        then = (f"Shown here, its trained model ({to_evaluate.label}) is scored on them by itself (see below); "
+                "Evaluate now scores it at any time" if scored_on_opening else
                 f"Press Evaluate now to score {to_evaluate.label} on the held-out prompts")
         return f"{start} the run ended ({state_label(state)}) before scoring the trained model. {then}."
     if before:
@@ -262,6 +262,7 @@ def gguf_download(studio, run_id: str, quant: str) -> tuple[list[str], str]:
     rather than a zip: a GGUF is already one file, and a copy of it in a zip would double gigabytes on the disk."""
     gguf_export.check_quant(quant)
     run = _own_run_to_merge(studio, run_id, "convert and download its model", "converting a model to GGUF")
+    studio.files.refuse_beyond_share(gguf_export.expected_bytes(run, quant), "The GGUF file of this run")
     export = gguf_export.export_gguf(run, quant)
     ollama, llama_cpp = gguf_export.run_commands(export)
     said = (f"{gguf_export.export_message(run, export)} Save both files in one folder and run it there, in Ollama: "

@@ -133,11 +133,16 @@ def compose(base: dict, values: dict[str, Any]) -> dict:
 def same_settings(one: dict, other: dict, *, policy: Policy) -> bool:
     """Whether two drafts describe the same run: compared after validation (under ``policy``), so 1e-5 and 0.00001
     are equal."""
+    return settings_of(one, policy=policy) == settings_of(other, policy=policy)
+
+
+def settings_of(draft: dict, *, policy: Policy) -> dict:
+    """The run a draft describes, validated (under ``policy``) and written back: what same_settings compares. A
+    draft that is no valid run stays as it is."""
     try:
-        return (RunConfig.from_dict(copy.deepcopy(one), policy=policy).to_dict()
-                == RunConfig.from_dict(copy.deepcopy(other), policy=policy).to_dict())
+        return RunConfig.from_dict(copy.deepcopy(draft), policy=policy).to_dict()
     except DragonError:
-        return one == other
+        return draft
 
 
 def run_name_for(source: str) -> str:

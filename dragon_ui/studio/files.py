@@ -89,6 +89,18 @@ class Files:
                         f"{spent} per {SHARE_WINDOW_S // 60} minutes; try again in {wait} minutes ({LIFT} without "
                         "limits).")
 
+    def refuse_beyond_share(self, size: int, what: str) -> None:
+        """In a public demo whose runs lie on another disk than its downloads (a Space's persistent storage), where
+        a run's file is handed out as a copy counted against the visitor's share: refuse up front, in a sentence, a
+        download of about ``size`` bytes that no share could hold, before minutes of work that would end refused."""
+        limits = self.policy.limits
+        if limits is None or self.policy.visitor.owns_everything or size <= limits.disk_mb * 2**20:
+            return
+        if same_disk(self.runs_dir, self.downloads_dir):
+            return  # handed out as a link: it costs the disk nothing more
+        raise BusyError(f"{what} would be about {size / 2**20:,.0f} MB, more than this public demo hands one visitor "
+                        f"({limits.disk_mb:g} MB per {SHARE_WINDOW_S // 60} minutes); {LIFT} to take it with you.")
+
     def new_download(self, name: str) -> Path:
         """Where to write one new download named ``name``: in a folder of its own, counted as a file against the
         visitor's share. The folder's name cannot be guessed: the server hands out its cache to anyone who names a
@@ -162,6 +174,11 @@ class Files:
             return str(path)
         return str(Path(path).resolve().relative_to(self.runs_dir)) if Path(path).resolve().is_relative_to(
             self.runs_dir) else Path(path).name
+
+
+def same_disk(one: Path, other: Path) -> bool:
+    """Whether two folders lie on one file system, where a file of one can be linked into the other."""
+    return os.stat(one).st_dev == os.stat(other).st_dev
 
 
 def shown_source(source: str, *, policy: Policy) -> str:

@@ -32,6 +32,7 @@ class Recipes:
         self.folder = folder
         self.runs_dir = runs_dir
         self.policy = policy
+        self._read: dict[tuple, tuple[int, Draft]] = {}  # (file, public) -> its change time, as load last read it
 
     def names(self) -> list[str]:
         return sorted(p.stem for p in self.folder.glob("*.yaml"))
@@ -46,7 +47,14 @@ class Recipes:
         if name not in names:
             shown = name if isinstance(name, str) and len(name) <= 60 else "that"
             raise ConfigError(f"There is no recipe called {shown!r}; choose one of: {', '.join(names)}.")
-        config = RunConfig.from_file(self.folder / f"{name}.yaml", policy=self.policy)
+        path = self.folder / f"{name}.yaml"
+        key, changed = (path, self.policy.public), path.stat().st_mtime_ns  # the recipe box asks at every edit
+        if self._read.get(key, (None,))[0] != changed:
+            self._read[key] = changed, self._read_recipe(path)
+        return copy.deepcopy(self._read[key][1])
+
+    def _read_recipe(self, path: Path) -> Draft:
+        config = RunConfig.from_file(path, policy=self.policy)
         # A recipe's data file lies beside it (the bundled datasets): the recipe's own folder, never a visitor's,
         # resolves it; a Hub id stays as it is.
         beside = Path(config.base_dir, config.data.source.strip())

@@ -33,7 +33,7 @@ from ..studio import machine
 from ..studio.backend import Studio
 from ..studio.recipes import DEFAULT_RECIPE
 from ..studio.files import real_draft, shown_draft
-from ..studio.draft import kept_draft_refusal, same_settings
+from ..studio.draft import kept_draft_refusal, same_settings, settings_of
 from ..studio.visitors import SESSIONS_IN_USE
 from .guard import NO_SESSION, guards, keeping_sessions_small, take_turns_fairly
 from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
@@ -355,16 +355,16 @@ def recipe_held(studio: Studio, draft: Draft, last: str | None) -> tuple:
     """(recipe box, what the form holds) after a change of the form: the recipe it holds, or "your own settings"
     once it holds none (an edit, one's own data, a kept draft after a reload). Written only when that changed
     (``last``), so that a recipe picked in the box and not loaded yet stays picked."""
-    names = studio.recipes.names()
-    if last in names and holds_recipe(studio, draft, last):
+    names, settings = studio.recipes.names(), settings_of(cast(dict, draft), policy=studio.policy)
+    if last in names and holds_recipe(studio, settings, last):
         return gr.skip(), gr.skip()
-    held = next((name for name in names if holds_recipe(studio, draft, name)), OWN_SETTINGS)
+    held = next((name for name in names if holds_recipe(studio, settings, name)), OWN_SETTINGS)
     return (gr.skip(), gr.skip()) if held == last else (held, held)
 
 
-def holds_recipe(studio: Studio, draft: Draft, name: str) -> bool:
-    """Whether the form's draft is the recipe ``name`` as it loads."""
-    return same_settings(cast(dict, draft), cast(dict, studio.recipes.load(name)), policy=studio.policy)
+def holds_recipe(studio: Studio, settings: dict, name: str) -> bool:
+    """Whether ``settings`` (a draft's, settings_of) are the recipe ``name`` as it loads."""
+    return settings_of(cast(dict, studio.recipes.load(name)), policy=studio.policy) == settings
 
 
 def remember(studio: Studio, draft: Draft, pristine: Draft, auto_name: str) -> dict:

@@ -118,9 +118,16 @@ def evaluate(studio: Studio, run_id: str | None):
         yield message(explain(exc), "error"), *keep
 
 
+def scoring_due(studio: Studio, run_id: str | None) -> str | dict:
+    """The run shown, when it is one's own and ended without scoring its trained model (a stop): nobody should
+    have to find Evaluate now. It becomes the page's run due for scoring, which starts the scoring when it changes:
+    once per run shown, so that a cancelled or failed scoring is not started again at every look, and a page with
+    nothing to score waits for no turn."""
+    return run_id if run_id and compare.awaits_its_after(studio, run_id) else gr.skip()
+
+
 def evaluate_unscored(studio: Studio, run_id: str | None):
-    """A run shown here that ended without scoring its trained model (a stop) is scored at once, as Evaluate now
-    would, when it is one's own: nobody should have to find the button. Anything else is left as it is."""
+    """The scoring of the run due (scoring_due), as Evaluate now does it, if it is still due."""
     if run_id and compare.awaits_its_after(studio, run_id):
         yield from evaluate(studio, run_id)
     else:  # gradio clears every output of a generator that yields nothing
@@ -263,9 +270,12 @@ def build(shared: Shared) -> None:
     opened = this_tab.select(functools.partial(refresh, studio), [shared.run_id, run_picker], [run_picker, *shown],
                              api_visibility="private", show_progress="hidden")
     picked = run_picker.input(functools.partial(show_run, studio), [run_picker], shown, api_name="compare_show")
+    due = gr.State("")  # the run whose trained model is scored without a click (scoring_due)
     for shown_now in (opened, picked):
-        shown_now.then(functools.partial(evaluate_unscored, studio), [run_picker], [evaluate_status, *shown],
-                       api_visibility="private", show_progress="hidden", **ONE_MODEL_AT_A_TIME)
+        shown_now.then(functools.partial(scoring_due, studio), [run_picker], [due], api_visibility="private",
+                       show_progress="hidden")
+    due.change(functools.partial(evaluate_unscored, studio), [due], [evaluate_status, *shown],
+               api_visibility="private", show_progress="hidden", **ONE_MODEL_AT_A_TIME)
     shared.offer_draft(load_settings.click, studio.runs.settings_of, [run_picker])
     evaluation = evaluate_button.click(functools.partial(evaluate, studio), [run_picker], [evaluate_status, *shown],
                                        api_name="compare_evaluate", **ONE_MODEL_AT_A_TIME)

@@ -431,7 +431,10 @@ def rewards_changed(draft: Draft, row: int | None, completion: str, scores: Any,
     red team's verdict (scored by the old ones) cleared, so no row of a removed reward, nor its warning, stays.
     Returns (scores, total, progress, groups, warnings, red team verdict, red team table)."""
     skip = gr.skip()
-    typed = score_typed(draft, row, completion, policy=policy) if shows_rows(scores) else (skip, skip)
+    try:
+        typed = score_typed(draft, row, completion, policy=policy) if shows_rows(scores) else (skip, skip)
+    except gr.Error as exc:  # the reply cannot be scored now: said where its total was, the rest still cleared
+        typed = (pd.DataFrame(columns=SCORE_COLUMNS), message(str(exc.message), "warn"))
     sampled = (message(STALE_GROUPS, "info"), group_table([], []), "") if shows_rows(groups) else (skip,) * 3
     gamed = ("", gr.Dataframe(visible=False)) if red_team_said else (skip, skip)
     return (*typed, *sampled, *gamed)
