@@ -129,6 +129,35 @@ def test_a_stopped_run_is_scored_as_it_is_shown_saying_how_long_it_takes(runs_di
     assert compare_tab.scoring_due(studio, "") == gr.skip()
 
 
+def test_scoring_right_after_stop_waits_for_the_training_to_exit(runs_dir, finished_run, monkeypatch):
+    """A stopped training writes "stopped" a moment before its process exits: Compare opened at once was refused
+    ("A training is running on this machine's CPU") and its automatic scoring was not tried again."""
+    from dragon_ui.engine import training
+    from dragon_ui.ui import compare_tab
+
+    waited: list[float] = []
+
+    class Ending:
+        run = finished_run
+
+        def is_alive(self) -> bool:
+            return not waited
+
+        def wait(self, timeout: float) -> str:
+            waited.append(timeout)
+            return "cancelled"
+
+    stop_after_last_checkpoint(finished_run)
+    monkeypatch.setattr(training, "_active", Ending())
+    outputs = list(compare_tab.evaluate_unscored(Studio(runs_dir=runs_dir, policy=LAPTOP), finished_run.id))
+    assert waited == [training.ENDING_S] and "Done" in outputs[-1][0]
+
+    finished_run.update_status(state="running")  # one still training is not waited for
+    waited.clear()
+    training.wait_while_ending()
+    assert waited == []
+
+
 def test_the_scoring_starts_on_a_change_of_the_run_due_in_its_turns(app):
     """Showing the tab asks only whether a run is due (no turn of the model); the scoring runs on the change of
     the run due, one model at a time."""

@@ -355,6 +355,13 @@ def test_the_explain_handler_gets_the_clicked_groups_data_from_gradio(studio):
         clicked("a-run", {}, gr.EventData(None, {"step": "1", "group": 2}))
 
 
+def test_an_explanation_and_the_refreshes_take_turns_within_a_page(app):
+    """A refresh that read no open explanation, answering after the click, drew the completions over the panel."""
+    groups = {fn.api_name: fn.concurrency_id for fn in app.fns.values()
+              if fn.api_name in ("train_tick", "train_show", "train_explain")}
+    assert len(groups) == 3 and len(set(groups.values())) == 1, groups
+
+
 def test_load_these_settings_takes_the_run_picked_else_the_run_shown(studio, finished_run):
     draft, what = train_tab.settings_of_run(studio, None, finished_run.id)
     assert what == f"the settings of run {finished_run.id}"

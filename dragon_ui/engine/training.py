@@ -89,6 +89,18 @@ def active_run() -> TrainingProcess | None:
     return _active if _active is not None and _active.is_alive() else None
 
 
+ENDING_S = 60  # how long a training that has ended is waited for while its process saves and exits
+
+
+def wait_while_ending(timeout_s: float = ENDING_S) -> None:
+    """A stopped or finished training writes its run's state a moment before its process exits: what would be
+    refused beside a training (a preview, a scoring) waits for that moment rather than being refused just after
+    Stop. A training still going on is not waited for."""
+    handle = active_run()
+    if handle is not None and handle.run.read_status().get("state") not in ACTIVE_STATES:
+        handle.wait(timeout_s)
+
+
 def train_config(config: RunConfig, run_dir: str | Path | None = None, *, policy: Policy,
                  on_start: Callable[[Training], object] | None = None) -> RunDir:
     """Check the data, rewards and hardware, create the run directory and train it here, to its end: the command

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..engine import gguf_export, weights
+from ..engine import gguf_export, training, weights
 from ..engine.evaluation import (SIDES, before_and_after, evaluate_now, generate_replies, metric_names, model_for,
                                  shown_reward_name)
 from ..engine.publish import Published, publish
@@ -233,6 +233,7 @@ def awaits_its_after(studio, run_id: str) -> bool:
 def rescore(studio, run_id: str, should_stop: Callable[[], bool]) -> Iterator[str]:
     """"Evaluate now": score one's own run again on its held-out prompts; a sentence per batch (evaluate_now)."""
     run = studio.runs.owned(run_id, "score it again")
+    training.wait_while_ending()  # Compare opened right after Stop
     yield from evaluate_now(studio.previews.load, run, should_stop=should_stop, policy=studio.policy)
 
 

@@ -581,14 +581,16 @@ def build(shared: Shared) -> None:
     seen = gr.State()  # what the last tick saw of the run's files (tick)
     shared.timer.tick(functools.partial(tick, studio), [shared.run_id, watch], [seen], api_visibility="private",
                       show_progress="hidden")
+    # The view's refreshes and an explanation's click take turns within a page: a refresh that read no open
+    # explanation and answered after the click drew the completions over it.
     seen.change(functools.partial(view_outputs, studio), [shared.run_id, watch, reading], view, api_name="train_tick",
-                show_progress="hidden")
+                show_progress="hidden", **in_page_order("train-view"))
     shared.run_id.change(functools.partial(view_outputs, studio, full=True), [shared.run_id, watch, reading], view,
-                         api_name="train_show", show_progress="hidden").then(
+                         api_name="train_show", show_progress="hidden", **in_page_order("train-view")).then(
         functools.partial(follow_start, studio), [shared.run_id, watch], view, api_name="train_follow",
         api_visibility="private", show_progress="hidden", **in_page_order("follow-start"))
     rollouts.click(bound(explain_clicked, studio), [shared.run_id, watch], [rollouts, reading],
-                   api_name="train_explain", show_progress="hidden").then(
+                   api_name="train_explain", show_progress="hidden", **in_page_order("train-view")).then(
         None, js="() => document.querySelector('#train-rollouts .explain-panel')?.scrollIntoView({block: 'nearest'})",
         api_visibility="private")
     stop.click(shows_errors(functools.partial(stop_run, studio)), [shared.run_id], [action], api_name="train_stop",
