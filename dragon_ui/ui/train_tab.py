@@ -35,7 +35,7 @@ MAX_GROUPS_SHOWN = 4
 # By stored state; "cancelled" (shown as "stopped — can resume", see runstore.STATE_LABELS) pauses, it does not end.
 STATE_ICONS = {"queued": "⏳", "running": "🏃", "succeeded": "✅", "failed": "❌", "cancelled": "⏸️"}
 RUN_COLUMNS = ["Run", "State", "Step", "Reward", "Held-out before", "Held-out after", "Model", "Started"]
-PRESS_EXPLAIN = "Press <b>What did this step do?</b> under a group of completions."
+PRESS_EXPLAIN = "Press “What did this step do?” under a group of completions."  # a sentence in a pop-up: plain text
 # The rollout view is redrawn at every step, so its buttons are handled on the element that stays (delegation).
 EXPLAIN_CLICKS = ("element.addEventListener('click', (event) => { const button = event.target.closest("
                   "'button.explain-group'); if (button) trigger('click', {step: Number(button.dataset.step), "
