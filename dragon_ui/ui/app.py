@@ -48,7 +48,7 @@ INTRO = ("Teach a small language model with rewards you can check: pick data, bu
          "press **Start**, then watch it learn and compare it with where it began.")
 
 
-# What the recipe box says once the form holds no recipe (recipe_shown); loading it is refused in a sentence.
+# What the recipe box says once the form holds no recipe (recipe_held); loading it is refused in a sentence.
 OWN_SETTINGS = "your own settings"
 DRAFT_STORAGE_KEY = "dragon-grpo-studio-draft"
 VISITOR_STORAGE_KEY = "dragon-grpo-studio-visitor"  # the random token that tells this browser's runs from others'
