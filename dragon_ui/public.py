@@ -25,6 +25,8 @@ PUBLIC_ENV = "DRAGON_UI_PUBLIC"
 MODELS_ENV = "DRAGON_UI_PUBLIC_MODELS"
 CLASSIFIERS_ENV = "DRAGON_UI_PUBLIC_CLASSIFIERS"
 OWNER_KEY_ENV = "DRAGON_UI_OWNER_KEY"
+CLASS_CODE_ENV = "DRAGON_UI_CLASS_CODE"
+CLASS_CODE_CHARS = 6  # the shortest class code: each guess costs a session, and a short word is guessed first
 PROXIES_ENV = "DRAGON_UI_PROXIES"
 UPLOADS_FOLDER = ".uploads"  # in the runs folder: each visitor's uploads, in a folder named by its key
 LIFT = "run Dragon GRPO Studio on your own machine (make run)"  # how every refusal says a limit is lifted
@@ -79,6 +81,10 @@ class Limits:
                             f"network address per {SHARE_WINDOW_S // 60} minutes")
     disk_files: int = _limit(30, "DRAGON_UI_MAX_DISK_FILES", f"files (uploads and downloads) the server writes for "
                              f"one network address per {SHARE_WINDOW_S // 60} minutes")
+    class_seats: int = _limit(30, "DRAGON_UI_CLASS_SEATS", "seats a class code gives out; each seat has the limits of "
+                              "one network address")
+    class_runs: int = _limit(30, "DRAGON_UI_CLASS_RUNS", "runs the whole class may have training or waiting (runs "
+                             "of visitors without a seat count against the queue's limit)")
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -114,6 +120,16 @@ class Limits:
         return "\n".join(rows) + "\n"
 
 
+def checked_class_code(code: str, where: str) -> str:
+    """``code`` as a class code (stripped), or ConfigError naming ``where`` it was set when it is too short to resist
+    guessing; empty stays empty (no class)."""
+    code = code.strip() if isinstance(code, str) else ""
+    if code and len(code) < CLASS_CODE_CHARS:
+        raise ConfigError(f"{where} must have at least {CLASS_CODE_CHARS} characters, so that it cannot be guessed in "
+                          f"a few tries; got {len(code)}.")
+    return code
+
+
 def _listed(env: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in os.environ.get(env, "").split(",") if part.strip())
 
@@ -131,9 +147,9 @@ def _proxies() -> int:
 
 
 def without_secrets(environment: dict[str, str], hub_token: bool = False) -> dict[str, str]:
-    """``environment`` for a process of the app's: without the demo's owner key, and unless ``hub_token`` without
+    """``environment`` for a process of the app's: without the demo's owner key and class code, and unless ``hub_token`` without
     the Hub tokens, nor the token a login saved on the disk (HF_HUB_DISABLE_IMPLICIT_TOKEN)."""
-    kept_out = {OWNER_KEY_ENV, *(() if hub_token else HUB_TOKENS)}
+    kept_out = {OWNER_KEY_ENV, CLASS_CODE_ENV, *(() if hub_token else HUB_TOKENS)}
     kept = {key: value for key, value in environment.items() if key not in kept_out}
     return kept if hub_token else {**kept, "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
 
@@ -160,12 +176,15 @@ def key_of(text: str) -> str:
 class Visitor:
     """Who is asking. ``key`` identifies one browser (a hash of the random token it keeps) or one API session; the
     operator has no key and owns every run, and so does the session (page) in which the owner key was entered
-    (``unlocked``). ``address`` is a hash of the network address the request came from, which
-    counts the runs of an API client that opens a new session for every call."""
+    (``unlocked``). ``address`` is what the visitor's share is counted by: a hash of the network address the request
+    came from (it counts the runs of an API client that opens a new session for every call), or for a learner with
+    a seat in a class (``seat``, the name they typed) the seat's own (``seat_address``), so that a class behind one
+    address has each seat's share instead of one between them."""
 
     key: str | None = None
     unlocked: bool = False
     address: str | None = None
+    seat: str = ""
     session: str | None = field(default=None, compare=False)  # the gradio session asking, where one does
 
     @property
@@ -179,6 +198,11 @@ class Visitor:
         return self.address or self.key or ""
 
 
+def seat_address(key: str) -> str:
+    """What a seat's share is counted by in place of a network address: its visitor's own, never an address's."""
+    return key_of(f"seat:{key}")
+
+
 OPERATOR = Visitor()
 NOBODY = Visitor(key="")  # an event nobody could be told apart for: it owns nothing and has uploaded nothing
 @dataclass(frozen=True)
@@ -190,6 +214,7 @@ class Policy:
     models: tuple[str, ...] = ()  # model ids the owner adds to the public allow-list
     classifiers: tuple[str, ...] = ()  # the classifier models a public demo's classifier rewards may use
     owner_key: str = field(default="", repr=False)  # unlocks every run for the Space's owner; empty: nobody has it
+    class_code: str = field(default="", repr=False)  # gives a learner a seat (studio.classroom); empty: no class yet
     proxies: int = 0  # reverse proxies in front of the app that add to X-Forwarded-For (network_address)
     # A public demo's one runs folder, chosen by its entry point: every run and upload lives there. None: a
     # laptop's, where a run's config says where it goes (and a public policy without one has no uploads).
@@ -222,7 +247,9 @@ class Policy:
         if not (os.environ.get("SPACE_ID") or os.environ.get(PUBLIC_ENV) == "1"):
             return LAPTOP
         return cls(limits=Limits.from_env(), models=_listed(MODELS_ENV), classifiers=_listed(CLASSIFIERS_ENV),
-                   owner_key=os.environ.get(OWNER_KEY_ENV, "").strip(), proxies=_proxies(), runs_dir=runs_dir)
+                   owner_key=os.environ.get(OWNER_KEY_ENV, "").strip(),
+                   class_code=checked_class_code(os.environ.get(CLASS_CODE_ENV, ""), CLASS_CODE_ENV),
+                   proxies=_proxies(), runs_dir=runs_dir)
 
     def asked_by(self, who: Visitor) -> Policy:
         """This policy as it applies to a request of ``who``."""

@@ -218,6 +218,7 @@ class RunStatus(TypedDict, total=False):
     host: str
     owner: str | None  # a public demo's visitor who started it (a hash of their browser's token)
     owner_address: str | None  # a hash of the network address it came from
+    seat: str | None  # in a class (studio.classroom), the name of the seat that started it
     device: str
     dtype: str
     cpu_threads: int
@@ -565,6 +566,7 @@ def list_runs(runs_dir: Path) -> list[Row]:
             "name": config.get("name") or "", "data": (config.get("data") or {}).get("source") or "",
             "elapsed_s": status.get("elapsed_s"),
             "error": status.get("error"), "owner": status.get("owner"), "address": status.get("owner_address"),
+            "seat": status.get("seat"),
             "waiting": status.get("waiting"),
             "queued_at": status.get("queued_at"),
         })

@@ -135,6 +135,7 @@ def turn_public_mode_on(monkeypatch, model_dir: Path) -> None:
 
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, str(model_dir))
+    monkeypatch.delenv(public.CLASS_CODE_ENV, raising=False)
     for env, _, _ in public.Limits.documented():
         monkeypatch.delenv(env, raising=False)
 

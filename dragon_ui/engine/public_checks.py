@@ -214,27 +214,32 @@ _dry_runs = Allowance(window_s=3600)  # and its dry runs
 
 
 def take_start(runs_dir: Path, preparing: Sequence[Visitor] = (), *, policy: Policy) -> None:
-    """Refuse a start or resume that would give the asking visitor, or its network address, more than its share,
-    or else count it: runs training or waiting (an API client can open a new session for every call, so its address
-    counts too; the runs of ``preparing``, not in the runs folder yet, count too), and starts in the last hour (a
+    """Refuse a start or resume that would give the asking visitor, or its network address (a learner's seat, in a
+    class: public.Visitor.address), or the whole class, more than its share, or else count it: runs training or
+    waiting (an API client can open a new session for every call, so its address counts too; the runs of
+    ``preparing``, not in the runs folder yet, count too), and starts in the last hour (a
     start counts whether it then succeeds or not: reading the visitor's data is most of what it costs). Nothing
     outside public mode, or for the operator and the demo's owner."""
     who, limits = policy.visitor, policy.limits
     if limits is None or who.owns_everything:
         return
-    active = [{"owner": run.get("owner"), "address": run.get("address")} for run in list_runs(runs_dir)
-              if run["state"] in ACTIVE_STATES]
-    active += [{"owner": other.key, "address": other.address} for other in preparing]
+    active = [{"owner": run.get("owner"), "address": run.get("address"), "seat": run.get("seat")}
+              for run in list_runs(runs_dir) if run["state"] in ACTIVE_STATES]
+    active += [{"owner": other.key, "address": other.address, "seat": other.seat} for other in preparing]
+    if who.seat and sum(bool(run.get("seat")) for run in active) >= limits.class_runs:
+        raise BusyError(f"The class has {limits.class_runs} runs training or waiting already, its teacher's limit "
+                        "(DRAGON_UI_CLASS_RUNS); wait for one to finish.")
     if sum(run.get("owner") == who.key for run in active) >= limits.runs_per_visitor:
         raise BusyError(f"You already have {limits.runs_per_visitor} runs training or waiting, this public demo's "
                         "limit of runs one visitor may have training or waiting; stop one, or wait for one to "
                         f"finish ({LIFT} without limits).")
+    yours = "your seat" if who.seat else "your network address"
     if who.address and sum(run.get("address") == who.address for run in active) >= limits.runs_per_address:
-        raise BusyError(f"{limits.runs_per_address} runs from your network address are already training or waiting, "
+        raise BusyError(f"{limits.runs_per_address} runs from {yours} are already training or waiting, "
                         "this public demo's limit of runs training or waiting from one network address; wait for "
                         f"one to finish ({LIFT} without limits).")
     if who.address and not _starts.take(who.address, 1, limits.starts_per_hour):
-        raise BusyError(f"{limits.starts_per_hour} runs were started from your network address in the last hour, "
+        raise BusyError(f"{limits.starts_per_hour} runs were started from {yours} in the last hour, "
                         f"this public demo's limit of starts and resumes per network address per hour; try again "
                         f"in {_starts.minutes_to_wait(who.address)} minutes ({LIFT} without limits).")
 
@@ -263,6 +268,7 @@ def _take(allowance: Allowance, limit: str, what: str, *, policy: Policy) -> Non
         return
     most = getattr(policy.limits, limit)
     if not allowance.take(who.address, 1, most):
-        raise BusyError(f"{most} {what} were asked for from your network address in the last hour, this public "
+        yours = "your seat" if who.seat else "your network address"
+        raise BusyError(f"{most} {what} were asked for from {yours} in the last hour, this public "
                         f"demo's limit of {what} per network address per hour; try again in "
                         f"{allowance.minutes_to_wait(who.address)} minutes ({LIFT} without limits).")

@@ -132,11 +132,14 @@ def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None,
 
 
 def _refuse_if_full(runs_dir: Path, *, policy: Policy) -> None:
-    """In a public demo, refuse to queue one run more than its limit of runs waiting (those being prepared count)."""
-    if policy.limits is None:
+    """In a public demo, refuse to queue one run more than its limit of runs waiting (those being prepared count).
+    A class's runs wait within the class's own total instead (public_checks.take_start), so a class of 25 fills the
+    queue of nobody without a seat."""
+    if policy.limits is None or policy.visitor.seat:
         return
     limit = policy.limits.queue_length
-    if len(waiting_runs(runs_dir)) + len(_preparing) >= limit:
+    waiting = [run for run in waiting_runs(runs_dir) if not run.read_status().get("seat")]
+    if len(waiting) + sum(not other.seat for other in _preparing) >= limit:
         raise BusyError(f"The queue is full: {limit} runs are already waiting, this public demo's limit of runs "
                         "waiting in the queue. Try again when one of them has started, or run Dragon GRPO Studio on "
                         "your own machine (make run).")

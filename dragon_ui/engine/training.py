@@ -194,6 +194,7 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
                           phase="waiting for its turn" if waiting else "waiting to start",
                           owner=policy.visitor.key if policy.public else None,
                           owner_address=policy.visitor.address if policy.public else None,
+                          seat=(policy.visitor.seat or None) if policy.public else None,
                           reward_names=[spec.name for spec in config.rewards], data_summary=mapped.summary(),
                           n_train=len(mapped.train), n_eval=len(mapped.eval), n_skipped=mapped.n_skipped,
                           longest_prompt_tokens=inspection.prompts.longest_kept,

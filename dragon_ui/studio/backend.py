@@ -32,6 +32,7 @@ from ..errors import BusyError, ConfigError
 from ..engine.workers import STOP_GRACE_S, Workers
 from ..public import Policy, RequestPolicy
 from ..runstore import read_json, write_json_atomic
+from .classroom import Classroom, Teacher
 from .files import Files
 from .previews import Previews
 from .recipes import Recipes
@@ -57,7 +58,8 @@ class Studio:
         self.policy = policy
         self._hardware: HardwareInfo | None = None
         self._hardware_lock = threading.Lock()  # the warm-up and a page's first request may both ask at once
-        self.visitors = Visitors(policy.owner_key)
+        self.classroom = Classroom(self.runs_dir, policy.class_code, policy.limits) if policy.limits else None
+        self.visitors = Visitors(policy.owner_key, self.classroom)
         self._page_opened = threading.Event()  # see warm_up
         # Held by the one pre-flight or dry run running (Studio.preflight, Studio.measure_step): each measures or
         # samples on the CPU, and one beside the other would give both wrong times.
@@ -71,6 +73,7 @@ class Studio:
         self._own_workers = workers is None
         self.runs = Runs(self.recipes, self.previews, self.files, machine,
                          Workers(hub_token=not policy.public) if workers is None else workers)
+        self.teacher = Teacher(self.classroom, self.runs, policy=policy) if self.classroom is not None else None
 
     @property
     def public(self) -> bool:

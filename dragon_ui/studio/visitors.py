@@ -11,7 +11,11 @@ A session is in use while its page's heartbeat is open (gradio's page and gradio
 after its last event: the server holds gradio's copy of its page meanwhile, and forgets it after (ui/guard.py). A
 session in use is never pushed out by others: a new one is refused instead when the demo, or its network address,
 has as many in use as it may. Wrong owner keys are counted per network address; past a few, a session that sent
-one must wait, while any other session's key is still checked, so the owner behind a shared address gets in.
+one must wait, while any other session's key is still checked, so the owner behind a shared address gets in. Wrong
+class codes are counted alike, with an allowance a room of learners mistyping it does not exhaust.
+
+A browser that took a seat in a class (studio.classroom, with the class code) is a visitor counted as its seat:
+its ``Visitor.address`` is the seat's own, and so are its turns in the server's queue (``turn_of``).
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import BusyError, ConfigError
 from ..public import LIFT, NOBODY, Visitor, key_of
+from .classroom import Classroom
 
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,200}")  # what a browser's token looks like (secrets.token_urlsafe)
 MAX_SESSION_CHARS = 100  # a page's session names have 11 characters, gradio_client's 36
@@ -51,6 +56,8 @@ NEW_SESSIONS_WINDOW_S = 10 * 60
 STREAMS_PER_SESSION = 4
 WRONG_KEYS_ALLOWED = 5  # wrong owner keys from one address within WRONG_KEYS_WINDOW_S, before guessing is limited
 WRONG_KEYS_WINDOW_S = 15 * 60
+OWNER_KEY, CLASS_CODE = "owner key", "class code"  # the secrets a visitor may guess at
+WRONG_CODES_ALLOWED = 20  # wrong class codes from one address in that window: a room of learners mistypes some
 
 
 @dataclass
@@ -61,22 +68,23 @@ class _Session:
     address: str | None = None  # the network address it last came from
     seen: float = 0.0  # time.monotonic() of its last sign of life: an event, its heartbeat opening or closing
     heartbeats: int = 0  # its heartbeats open now
-    wrong_key_at: float | None = None  # when it last sent a wrong owner key
+    wrong_at: dict[str, float] = field(default_factory=dict)  # secret guessed -> when it last sent a wrong one
 
 
 class Visitors:
     """Sessions (one per open page or API client) mapped to visitors; thread-safe."""
 
-    def __init__(self, owner_key: str = "") -> None:
+    def __init__(self, owner_key: str = "", classroom: Classroom | None = None) -> None:
         self._owner_key = owner_key  # public.Policy's: empty, nobody can unlock
+        self.classroom = classroom  # a public demo's: its seats
         self._lock = threading.Lock()
         self._sessions: collections.OrderedDict[str, _Session] = collections.OrderedDict()  # the stalest first
         self._heartbeating: dict[str, _Session] = {}  # the sessions with a heartbeat open
         # address -> [start of its window, sessions it opened in it], the newest window last
         self._new_sessions: collections.OrderedDict[str, list] = collections.OrderedDict()
-        # address -> times of its latest wrong owner keys (as many as it may send: whether it sent more is all
-        # that is asked)
-        self._wrong_keys: dict[str, collections.deque] = {}
+        # secret -> address -> times of its latest wrong guesses of it (as many as it may send: whether it sent
+        # more is all that is asked)
+        self._wrong: dict[str, dict[str, collections.deque]] = {OWNER_KEY: {}, CLASS_CODE: {}}
 
     def arrive(self, session: str, token: str | None) -> str:
         """A page loaded in ``session`` with the token its browser kept; returns the token it is to keep from now
@@ -98,7 +106,33 @@ class Visitors:
             return NOBODY
         with self._lock:
             known, _ = self._enter(session, address)
-            return Visitor(key=known.key, unlocked=known.unlocked, address=address, session=session)
+            who = Visitor(key=known.key, unlocked=known.unlocked, address=address, session=session)
+        seat = self.classroom.seat_of(who.key) if self.classroom is not None else None
+        return who if seat is None else replace(who, seat=seat.name, address=seat.address)
+
+    def turn_of(self, session: str | None, address: str | None) -> str | None:
+        """What an event of ``session`` from ``address`` takes its turns in the server's queue as: its seat, for a
+        learner with one; else its network address. Nothing is counted or remembered here."""
+        with self._lock:
+            known = self._sessions.get(session) if session else None
+        seat = self.classroom.seat_of(known.key) if known is not None and self.classroom is not None else None
+        return seat.address if seat is not None else address
+
+    def sit(self, who: Visitor, code: object, name: object) -> Visitor:
+        """``who``, seated in the class under ``name`` if ``code`` is the class code: ConfigError for a wrong code
+        or name, BusyError once its address has guessed too often (as unlock does, with WRONG_CODES_ALLOWED)."""
+        classroom = self.classroom
+        if classroom is None or not classroom.open:
+            raise ConfigError(f"This demo has no class open: its owner opens one with a class code ({LIFT} to train "
+                              "without limits).")
+        if not who.key:
+            raise ConfigError("A seat is taken from a page of this demo (or an API session).")
+        if not isinstance(code, str) or not code.strip():
+            raise ConfigError("Type the class code your teacher gave you.")
+        if not self._guessed(who, CLASS_CODE, classroom.is_code(code)):
+            raise ConfigError("That is not this class's code; check it with your teacher.")
+        seat = classroom.sit(who.key, name)
+        return replace(who, seat=seat.name, address=seat.address)
 
     def enter(self, session: str, address: str | None) -> bool:
         """``session`` sent a request from ``address``: it is in use from now on; whether it was not before. A
@@ -151,24 +185,34 @@ class Visitors:
         if not expected or not isinstance(key, str) or not key.strip():
             return None  # no key to guess, or nothing entered: not a wrong guess
         right = hmac.compare_digest(key.strip().encode("utf-8"), expected.encode("utf-8"))
-        now = time.monotonic()
+        if not self._guessed(who, OWNER_KEY, right):
+            return None
         with self._lock:
             known = self._sessions.get(who.session) if who.session else None
-            wrong = self._wrong_keys.get(who.address or "") or collections.deque()
-            guessed_enough = len(wrong) == WRONG_KEYS_ALLOWED and now - wrong[0] < WRONG_KEYS_WINDOW_S
-            last_guess = known.wrong_key_at if known is not None else now
-            if guessed_enough and last_guess is not None and now - last_guess < WRONG_KEYS_WINDOW_S:
-                minutes = max(1, round((WRONG_KEYS_WINDOW_S - (now - last_guess)) / 60))
-                raise BusyError(f"Too many wrong owner keys from your network address; try again in {minutes} "
-                                "minutes.")
-            if not right:
-                self._wrong_keys.setdefault(who.address or "", collections.deque(maxlen=WRONG_KEYS_ALLOWED)).append(now)
-                if known is not None:
-                    known.wrong_key_at = now
-                return None
             if who.key and known is not None:
                 known.unlocked = True
         return replace(who, unlocked=bool(who.key))
+
+    def _guessed(self, who: Visitor, secret: str, right: bool) -> bool:
+        """Count a guess of ``secret`` from ``who`` (``right`` or not) and return ``right``; BusyError, whatever the
+        guess, for a session that guessed wrong within the window once its address has guessed wrong as often as
+        it may (see unlock)."""
+        allowed = WRONG_KEYS_ALLOWED if secret == OWNER_KEY else WRONG_CODES_ALLOWED
+        now = time.monotonic()
+        with self._lock:
+            known = self._sessions.get(who.session) if who.session else None
+            wrong = self._wrong[secret].get(who.address or "") or collections.deque()
+            guessed_enough = len(wrong) == allowed and now - wrong[0] < WRONG_KEYS_WINDOW_S
+            last_guess = known.wrong_at.get(secret) if known is not None else now
+            if guessed_enough and last_guess is not None and now - last_guess < WRONG_KEYS_WINDOW_S:
+                minutes = max(1, round((WRONG_KEYS_WINDOW_S - (now - last_guess)) / 60))
+                raise BusyError(f"Too many wrong {secret}s from your network address; try again in {minutes} "
+                                "minutes.")
+            if not right:
+                self._wrong[secret].setdefault(who.address or "", collections.deque(maxlen=allowed)).append(now)
+                if known is not None:
+                    known.wrong_at[secret] = now
+        return right
 
     def _enter(self, session: str, address: str | None) -> tuple[_Session, bool]:
         """enter, for a caller that holds the lock: the session's record, and whether it came into use now."""

@@ -36,7 +36,7 @@ from ..studio.files import real_draft, shown_draft
 from ..studio.draft import kept_draft_refusal, same_settings, settings_of
 from ..studio.visitors import SESSIONS_IN_USE
 from .guard import NO_SESSION, guards, keeping_sessions_small, take_turns_fairly
-from . import compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
+from . import class_section, compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
 from .common import (ONE_MODEL_AT_A_TIME, TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN,
                      UNCHANGED, DraftMaker, Form, Shared, as_draft, bound, client_left, explain, in_the_page,
                      made_apart, message, progress_shown_quietly, show_at_first, shows_errors, tab_selected, visible)
@@ -81,6 +81,8 @@ class OwnerPanel:
     remember: gr.Checkbox
     unlock: gr.Button
     status: gr.Markdown
+    class_code: gr.Textbox  # a class's: learners take a seat with it (class_section)
+    open_class: gr.Button
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Header:
     replace_button: gr.Button
     keep_button: gr.Button
     owner: OwnerPanel | None
+    seat: class_section.SeatPanel | None
     running_banner: gr.Row
     running_text: gr.Markdown
     watch_it: gr.Button
@@ -111,20 +114,22 @@ def build_app(studio: Studio | None = None) -> StudioApp:
         studio = Studio(runs_dir, policy=Policy.from_env(runs_dir))
     # A public demo's copies of downloads and uploads in gradio's cache go after an hour (ours: engine.retention).
     with StudioApp(title=TITLE, delete_cache=(3600, 3600) if studio.public else None) as demo:
-        top = header(studio)
+        # The draft lives in the browser too: a reload, or another tab of the same browser, finds it as it was.
+        storage_key = studio.browser_storage_key()  # no secret: gradio sends it to every page (see the method)
+        top = header(studio, storage_key)
         shared = Shared(studio=studio, form=Form(gr.State({})), pristine=gr.State({}),
                         auto_name=gr.State(""), run_id=gr.State(""), timer=gr.Timer(1.0, active=False),
                         banner=top.running_banner, banner_text=top.running_text)
         shared.fills.append((_notes, [top.notes_box, top.notes_text]))
         pending = gr.State(None)  # {"draft", "label"} waiting for the user to confirm replacing an edited draft
-        # The draft lives in the browser too: a reload, or another tab of the same browser, finds it as it was.
-        storage_key = studio.browser_storage_key()  # no secret: gradio sends it to every page (see the method)
         kept = KeptInBrowser(gr.BrowserState(None, storage_key=DRAFT_STORAGE_KEY, secret=storage_key),
                              gr.BrowserState(None, storage_key=VISITOR_STORAGE_KEY, secret=storage_key),
                              gr.BrowserState("", storage_key=OWNER_KEY_STORAGE_KEY, secret=storage_key))
         drafts = Drafts(shared, top, pending, gr.Markdown(message("Opening your settings…"), elem_id="form-opening"))
         form_area, tabs = build_tabs(shared)
         shared.offer_draft(top.load_recipe.click, functools.partial(recipe_offered, studio), [top.recipe])
+        if top.seat is not None:
+            class_section.offer_handouts(shared, top.seat)
         drafts.connect()
         shared.form.watch(functools.partial(remember, studio), [kept.draft], [shared.pristine, shared.auto_name],
                           alone=True)
@@ -133,11 +138,15 @@ def build_app(studio: Studio | None = None) -> StudioApp:
         top.keep_button.click(recipe_kept, [held], [top.recipe], api_visibility="private", show_progress="hidden")
         shared.form.connect_watchers()
         paint_first(studio, shared, drafts)
-        connect_page_load(demo, shared, drafts, kept, top, form_area)
+        page_loaded = connect_page_load(demo, shared, drafts, kept, top, form_area)
+        if top.seat is not None:
+            class_section.connect_seat(shared, top.seat, page_loaded)
         top.watch_it.click(**in_the_page([tabs, top.running_banner], f"[{tab_selected(TAB_TRAIN)}, {visible(False)}]"))
         if top.owner is not None:
             top.owner.unlock.click(functools.partial(unlock_everything, studio), [top.owner.key, top.owner.remember],
                                    [kept.owner_key, top.owner.status, shared.runs_list[0]], api_visibility="private")
+            top.owner.open_class.click(functools.partial(class_section.class_opened, studio), [top.owner.class_code],
+                                       [top.owner.status], api_visibility="private")
         serve_the_api(studio)
         progress_shown_quietly(demo, gr.Markdown(visible=False, elem_id="no-progress"))
     serve_as_visitors(demo, studio)
@@ -150,7 +159,7 @@ def build_app(studio: Studio | None = None) -> StudioApp:
     return demo
 
 
-def header(studio: Studio) -> Header:
+def header(studio: Studio, storage_key: str) -> Header:
     with gr.Row(equal_height=True):
         gr.Markdown(f"# 🐉 {TITLE}\n{INTRO}", elem_id="intro")
         with gr.Column(scale=0, min_width=320):
@@ -166,11 +175,12 @@ def header(studio: Studio) -> Header:
                                    elem_id="replace-draft-yes")
         keep_button = gr.Button("Keep my settings", scale=0, min_width=180, elem_id="replace-draft-no")
     owner = owner_panel(studio.policy.limits) if studio.policy.limits is not None else None
+    seat = class_section.seat_panel(storage_key) if studio.policy.limits is not None else None
     with gr.Row(visible=False, equal_height=True, elem_id="running-banner") as running_banner:
         running_text = gr.Markdown(elem_id="running-banner-text")
         watch_it = gr.Button("Open the Train tab", size="sm", scale=0, min_width=200, elem_id="running-banner-open")
     return Header(recipe, load_recipe, recipe_status, notes_box, notes_text, confirm_row, confirm_text, replace_button,
-                  keep_button, owner, running_banner, running_text, watch_it)
+                  keep_button, owner, seat, running_banner, running_text, watch_it)
 
 
 def owner_panel(limits: Limits) -> OwnerPanel:
@@ -190,8 +200,13 @@ def owner_panel(limits: Limits) -> OwnerPanel:
                 remember_key = gr.Checkbox(False, label="Remember on this browser", elem_id="owner-remember",
                                            info="Only on a computer nobody else uses.")
                 unlock = gr.Button("Unlock", elem_id="owner-unlock")
+        with gr.Row(equal_height=True):
+            class_code = gr.Textbox(label="Class code to give out", type="password", scale=3, elem_id="owner-class-code",
+                                    info="Teaching a class here? Learners who type this code take a seat each, with "
+                                         "the limits of one network address (at least 6 characters).")
+            open_class = gr.Button("Open the class", scale=1, elem_id="owner-open-class")
         status = gr.Markdown(elem_id="owner-status")
-    return OwnerPanel(key, remember_key, unlock, status)
+    return OwnerPanel(key, remember_key, unlock, status, class_code, open_class)
 
 
 def build_tabs(shared: Shared) -> tuple[gr.Column, gr.Tabs]:
@@ -393,7 +408,7 @@ def paint_first(studio: Studio, shared: Shared, drafts: Drafts) -> None:
 
 
 def connect_page_load(demo: gr.Blocks, shared: Shared, drafts: Drafts, kept: KeptInBrowser, top: Header,
-                      form_area: gr.Column) -> None:
+                      form_area: gr.Column) -> Any:
     """A browser that kept no draft shows the form at once (a step in the page); one that did shows "Opening…"
     until its own draft is in. In a public demo a browser that kept its token waits for its load too: what it did
     before would be done as a visitor of its own (Visitors.of), not as the one its token makes it. A new browser
@@ -414,6 +429,7 @@ def connect_page_load(demo: gr.Blocks, shared: Shared, drafts: Drafts, kept: Kep
     page_loaded.then(**in_the_page([form_area, opening], f"inputs[0] === '' ? [{visible(True)}, "
                                                          f"{visible(False)}] : [{UNCHANGED}, {UNCHANGED}]"),
                      inputs=[opening])
+    return page_loaded
 
 
 def on_page_load(studio: Studio, drafts: Drafts, token: str | None, owner_key_kept: str, kept: dict | None,
@@ -580,8 +596,9 @@ def request_address(studio: Studio, request) -> str | None:
 
 
 def event_address(studio: Studio, event: Event) -> str:
-    """The network address a queued event came from, for the queue's fair turns ("" where none is known)."""
-    return request_address(studio, event.request) or ""
+    """Whose turn a queued event takes, for the queue's fair turns: its seat's in a class, else the network address
+    it came from ("" where none is known)."""
+    return studio.visitors.turn_of(event.session_hash, request_address(studio, event.request)) or ""
 
 
 def look() -> dict:

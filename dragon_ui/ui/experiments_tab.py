@@ -15,7 +15,7 @@ import pandas as pd
 from ..errors import ConfigError
 from .. import experiments
 from ..studio.backend import Studio
-from . import plots
+from . import class_section, plots
 from .common import Shared, message, shows_errors, tab_being_built
 
 MAX_FILTER_CHARS = 200
@@ -156,3 +156,5 @@ def build(shared: Shared) -> None:
           trigger_mode="always_last", show_progress="hidden")
     export_button.click(shows_errors(functools.partial(export, studio)), [words, by], [csv_file],
                         api_name="experiments_export")
+    if studio.public:
+        class_section.teacher_board(shared)
