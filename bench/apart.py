@@ -35,7 +35,8 @@ def step_times(processes: bool, steps: int, runs_dir: Path) -> tuple[list[float]
         studio.workers.warm((config.model, config.hardware))
         time.sleep(20)  # warm, as the app's worker is by the time anyone presses Start
         run = studio.runs.start(draft)
-        state = training.active_run().wait(1800)
+        (handle,) = training.active_runs()
+        state = handle.wait(1800)
     else:
         run = training.train_config(config, policy=LAPTOP)
         state = run.read_status()["state"]

@@ -45,8 +45,7 @@ def main() -> None:
         steps = len(run.read_progress())
         from dragon_ui.engine import training
 
-        handle = training.active_run()
-        if handle is not None:
+        for handle in training.active_runs():
             handle.wait()
 
     def stats(values):

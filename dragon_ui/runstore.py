@@ -544,6 +544,15 @@ class RunDir:
             return ""
 
 
+def _completions_per_step(config: Row) -> int | None:
+    """RunConfig.completions_per_step, read from a config.json as written (None where it cannot be)."""
+    training, grpo = config.get("training") or {}, config.get("grpo") or {}
+    try:
+        return int(training["batch_size"]) * int(grpo["group_size"]) * int(training.get("grad_accum", 1))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def list_runs(runs_dir: Path) -> list[Row]:
     """One summary per run folder, newest first: what ``python -m dragon_ui runs`` and the UI's run list show."""
     if not runs_dir.is_dir():
@@ -563,6 +572,7 @@ def list_runs(runs_dir: Path) -> list[Row]:
             "heldout_before_right": status.get("heldout_before_right"),
             "heldout_after_right": status.get("heldout_after_right"), "goal": status.get("goal") or [],
             "model": (config.get("model") or {}).get("id", ""), "started_at": status.get("started_at"),
+            "completions_per_step": _completions_per_step(config),
             "name": config.get("name") or "", "data": (config.get("data") or {}).get("source") or "",
             "elapsed_s": status.get("elapsed_s"),
             "error": status.get("error"), "owner": status.get("owner"), "address": status.get("owner_address"),

@@ -152,22 +152,23 @@ def demo(who=None):
 
 def ended(run, timeout: float = 120) -> str:
     """The state ``run`` ended in, once the training process this app runs it in (if any) has finished. Asking
-    ``active_run()`` after a stop races the run: one stopped at its first step may have ended already."""
+    ``active_runs()`` after a stop races the run: one stopped at its first step may have ended already."""
     from dragon_ui.engine import training
 
-    handle = training.active_run()
-    if handle is not None and handle.run.id == run.id:
-        handle.wait(timeout)
+    for handle in training.active_runs():
+        if handle.run.id == run.id:
+            handle.wait(timeout)
     return run.read_status().get("state", "unknown")
 
 
 def stop_the_training() -> None:
-    """Stop the training this app started, if one still runs, and wait for it to save and end."""
+    """Stop the trainings this app started that still run, and wait for them to save and end."""
     from dragon_ui.engine import training
 
-    handle = training.active_run()
-    if handle is not None:
+    handles = training.active_runs()
+    for handle in handles:
         handle.stop()
+    for handle in handles:
         handle.wait(120)
 
 
@@ -204,7 +205,7 @@ def studio(runs_dir, training_processes):
     studio = Studio(runs_dir=runs_dir, policy=policy, workers=training_processes(policy.public))
     yield studio
     stop_the_training()
-    assert training.active_run() is None
+    assert not training.active_runs()
 
 
 @pytest.fixture

@@ -255,7 +255,7 @@ def drive(window) -> None:
         from dragon_ui.public import LAPTOP
 
         reached("page")
-        # In a training process of the app's, as Start does: the window's app sees it (training.active_run).
+        # In a training process of the app's, as Start does: the window's app sees it (training.active_runs).
         run = queue.submit_start(RunConfig.from_file(config_path, policy=LAPTOP), policy=LAPTOP, workers=Workers())
         seen["run_dir"] = str(run.path)
         deadline = time.monotonic() + 180
@@ -274,7 +274,7 @@ def drive(window) -> None:
                 "Return" if scenario == "close-stop" else "Escape")
     except BaseException as exc:
         seen["error"] = f"{type(exc).__name__}: {exc}"
-        if (handle := training.active_run()) is not None:
+        for handle in training.active_runs():
             handle.stop()  # else closing the window asks about it, and nobody is here to answer
             handle.wait(60)
         window.destroy()

@@ -236,9 +236,8 @@ def test_click_through_every_tab_train_stop_and_compare(page, studio, tiny_model
     (run,) = studio.runs.summaries()
     assert run["state"] == "cancelled" and STEPS_BEFORE_STOP <= run["step"] < run["total_steps"] == 200, run
     # The worker thread writes "cancelled" just before it exits; Evaluate now refuses while it is alive.
-    handle = training.active_run()
-    assert handle is None or handle.wait(30) == "cancelled"
-    assert training.active_run() is None
+    assert all(handle.wait(30) == "cancelled" for handle in training.active_runs())
+    assert not training.active_runs()
 
     # 5 · Compare: opening the tab shows the stopped run, which has a checkpoint but no "after" score yet, and
     # scores it without a click, saying how long that takes.
@@ -325,7 +324,7 @@ def started_config(studio) -> dict:
         time.sleep(0.1)
     (run,) = studio.runs.summaries()
     # The folder is written first; the run is handed to a training process a moment later (training._launch).
-    while training.active_run() is None and RunDir(Path(run["dir"])).read_status().get("state") == "queued" \
+    while not training.active_runs() and RunDir(Path(run["dir"])).read_status().get("state") == "queued" \
             and time.monotonic() < deadline:
         time.sleep(0.05)
     stop_the_training()

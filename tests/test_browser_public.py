@@ -14,9 +14,9 @@ import pytest
 from playwright import sync_api
 
 from dragon_ui import public
-from dragon_ui.engine import training
 from dragon_ui.ui import build_app
 from dragon_ui.ui.app import DRAFT_STORAGE_KEY, OWNER_KEY_STORAGE_KEY, VISITOR_STORAGE_KEY
+from conftest import stop_the_training
 from test_app_client import served_app
 from test_browser import (CHROMIUM, CHROMIUM_ARGS, VIEWPORT, open_tab, screenshot, type_into, wait_until_loaded,
                           write_recipe)
@@ -40,9 +40,7 @@ def public_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir, training_proc
     scheduler = studio.runs.start_queue()
     yield studio
     scheduler.stop()
-    while (handle := training.active_run()) is not None:
-        handle.stop()
-        handle.wait(120)
+    stop_the_training()
 
 
 def need_chromium() -> None:

@@ -112,7 +112,7 @@ def test_no_step_is_measured_beside_a_training_or_with_settings_that_are_not_val
     tiny_config_dict["grpo"]["group_size"] = 1
     assert model_tab.measure_step(studio, tiny_config_dict).startswith("❌ ")
     tiny_config_dict["grpo"]["group_size"] = 2
-    monkeypatch.setattr(queue, "training_run_id", lambda runs_dir: "someone-else")
+    monkeypatch.setattr(queue, "training_run_ids", lambda runs_dir: ["someone-else"])
     assert model_tab.measure_step(studio, tiny_config_dict) == (
         "❌ A training is running on this machine; a step measured beside it would take longer than it will, and "
         "slow the training down. Wait for it to finish or stop it first.")

@@ -18,6 +18,7 @@ import yaml
 
 from dragon_ui.config import HardwareSettings, ModelConfig, RunConfig
 from dragon_ui.engine import models, training
+from dragon_ui.engine.capacity import Share
 from dragon_ui.engine.hardware import CudaDevice, HardwareInfo, ResolvedHardware
 from dragon_ui.errors import BusyError, ConfigError
 from dragon_ui.scaleout import distributed
@@ -57,10 +58,18 @@ def test_one_process_on_a_two_gpu_machine_trains_on_the_chosen_gpu_alone(two_gpu
 
 def test_the_worker_thread_selects_its_own_gpu(two_gpus):
     """A new thread's current CUDA device is GPU 0, whatever the main thread chose."""
-    thread = threading.Thread(target=training._use_hardware, args=(CUDA_1,))
+    thread = threading.Thread(target=training._use_hardware, args=(CUDA_1, Share()))
     thread.start()
     thread.join()
     assert two_gpus == [1]
+
+
+def test_a_run_beside_others_holds_itself_to_its_share_of_its_gpu(two_gpus, monkeypatch):
+    held: list = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda share, gpu: held.append((share, gpu)))
+    training._use_hardware(CUDA_1, Share(gpu_memory_fraction=0.25))
+    training._use_hardware(CUDA_1, Share())  # alone on its GPU, or of a size unknown: the whole GPU
+    assert two_gpus == [1, 1] and held == [(0.25, 1)]
 
 
 def test_collectives_name_the_process_device_and_wait_long_enough(monkeypatch):
@@ -147,7 +156,7 @@ def test_the_run_builds_its_arguments_before_it_loads_the_model(monkeypatch, tin
     run = training.prepare(config, policy=LAPTOP)
     order: list = []
     monkeypatch.setattr(training, "resolve_hardware", lambda settings: ResolvedHardware("cuda", dtype, False, 1, gpu=0))
-    monkeypatch.setattr(training, "_use_hardware", lambda hardware: order.append("gpu selected"))
+    monkeypatch.setattr(training, "_use_hardware", lambda hardware, share: order.append("gpu selected"))
     monkeypatch.setattr(training, "_gpu_name", lambda hardware: "NVIDIA H100 80GB HBM3")  # no CUDA to ask here
     monkeypatch.setattr(training, "grpo_args", lambda *args, **kwargs: order.append("arguments"))
     monkeypatch.setattr(distributed, "shards_weights", lambda config: sharded)
@@ -208,10 +217,10 @@ with FileLock(str(target.parent / f".{{target.name}}.lock")):
 
 @pytest.fixture
 def training_elsewhere(monkeypatch):
-    """training.active_run() as while a run trains in this process, until the test ends (before the studio
+    """training.active_runs() as while a run trains in this process, until the test ends (before the studio
     fixture checks that no training is left)."""
     with monkeypatch.context() as patch:
-        patch.setattr(training, "active_run", lambda: "a training")
+        patch.setattr(training, "active_runs", lambda: ["a training"])
         yield
 
 

@@ -174,7 +174,7 @@ def test_snapshots_follow_a_real_training_run(studio, tiny_config_dict):
     """Polling while a tiny run trains in its process gives, row for row, what the run wrote, and ends on its final
     state."""
     run = studio.runs.start(tiny_config_dict)
-    handle = training.active_run()
+    (handle,) = training.active_runs()
     state: dict | None = None
     seen_states = set()
     while True:

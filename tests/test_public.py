@@ -11,7 +11,7 @@ import gradio as gr
 import pytest
 import yaml
 
-from conftest import demo, ended, turn_public_mode_on, uploaded_by
+from conftest import demo, ended, stop_the_training, turn_public_mode_on, uploaded_by
 from dragon_ui import data, public
 from dragon_ui.data import mapping
 from dragon_ui.cli import main
@@ -89,7 +89,7 @@ def test_the_engine_refuses_a_hostile_run_before_reading_or_writing_anything(pub
     with pytest.raises(ConfigError, match=refusal) as raised:
         training.train_config(RunConfig.from_dict(hostile, policy=demo()), policy=demo())
     assert MAKE_RUN in str(raised.value) and "\n" not in str(raised.value)
-    assert training.active_run() is None
+    assert not training.active_runs()
     assert not runs_dir.exists() or not any(runs_dir.iterdir())
 
 
@@ -445,9 +445,7 @@ def public_client(public_mode, runs_dir, training_processes):
     studio = Studio(runs_dir=runs_dir, policy=demo(), workers=training_processes(public=True))
     with served_app(build_app(studio)) as url:
         yield studio, Client(url, verbose=False), Client(url, verbose=False)
-    while (handle := training.active_run()) is not None:
-        handle.stop()
-        handle.wait(120)
+    stop_the_training()
 
 
 REFUSED_OVER_HTTP = {name: case for name, case in HOSTILE.items() if case[0] != "runs_dir"}
@@ -465,7 +463,7 @@ def test_the_http_api_refuses_it_too(public_client, nothing_is_read, public_conf
     with pytest.raises(AppError) as started:
         client.predict(hostile, api_name="/start")
     assert re.search(refusal, checked) and re.search(refusal, str(started.value)), (checked, started.value)
-    assert training.active_run() is None and studio.runs.summaries() == []
+    assert not training.active_runs() and studio.runs.summaries() == []
 
 
 def test_the_http_apis_check_reads_no_data_in_a_public_demo(public_client, nothing_is_read, public_config):
@@ -504,8 +502,7 @@ def test_over_the_api_one_visitor_cannot_stop_anothers_run(public_client, public
     alice.predict(api_name="/train_runs")
     alice.predict(run_id, api_name="/train_open")
     assert "Stopping: the step under way ends at once" in alice.predict(api_name="/train_stop")
-    handle = training.active_run()  # None when the stop came while it still waited for its turn
-    if handle is not None:
+    for handle in training.active_runs():  # none when the stop came while it still waited for its turn
         handle.wait(120)
     assert studio.runs.get(run_id).read_status()["state"] == "cancelled"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import demo, ended, turn_public_mode_on, uploaded_by, write_arithmetic_csv
+from conftest import demo, ended, stop_the_training, turn_public_mode_on, uploaded_by, write_arithmetic_csv
 
 from dragon_ui import data, public, rewards
 from dragon_ui.data import tables
@@ -730,9 +730,7 @@ def test_preparing_a_run_holds_up_nobody_elses_start_or_stop(public_mode, studio
     assert time.monotonic() - started < 5
     release.set()
     slow.join(60)
-    while (handle := training.active_run()) is not None:
-        handle.stop()
-        handle.wait(120)
+    stop_the_training()
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def test_runs_started_while_one_trains_wait_their_turn_and_start_by_themselves(s
     assert [second.read_status()["waiting"], third.read_status()["waiting"]] == ["start", "start"]
     assert second.read_status()["state"] == "queued" and place_in_line(third) == 2
     assert studio.runs.place(second.id).startswith("1st in line; ")
-    assert studio.runs.active_id() == first.id
+    assert studio.runs.active_ids() == [first.id]
 
     studio.runs.stop(third.id)  # out of the queue, kept to be resumed later
     assert third.read_status()["state"] == "cancelled" and place_in_line(third) is None
@@ -78,7 +78,7 @@ def test_the_queue_is_the_runs_folder_and_survives_a_restart(studio, tiny_config
         status = resumed.read_status()
         assert status["state"] in ("running", "queued") and not status.get("waiting")
         studio.runs.stop(first.id)
-        wait_for(lambda: training.active_run() is None, what="the resumed run to stop")
+        wait_for(lambda: not training.active_runs(), what="the resumed run to stop")
     finally:
         scheduler.stop()
 
@@ -90,11 +90,11 @@ def test_a_queued_run_that_cannot_start_is_marked_failed_and_the_queue_goes_on(s
     broken.config_path.write_text("{not json", encoding="utf-8")
     studio.runs.stop(first.id)
     assert ended(first) == "cancelled"
-    queue.start_next(runs_dir, policy=LAPTOP, workers=studio.workers)
+    assert queue.start_next(runs_dir, policy=LAPTOP, workers=studio.workers) == []
     assert broken.read_status()["state"] == "failed" and "could not start when its turn came" in \
         broken.read_status()["error"]
-    started = queue.start_next(runs_dir, policy=LAPTOP, workers=studio.workers)
-    assert started is not None and started.id == after.id
+    (started,) = queue.start_next(runs_dir, policy=LAPTOP, workers=studio.workers)
+    assert started.id == after.id
     assert ended(started) == "succeeded"
 
 

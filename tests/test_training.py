@@ -301,13 +301,13 @@ def test_only_one_training_per_app(studio, tiny_config_dict):
     first = studio.runs.start(tiny_config_dict)
     second = training.prepare(RunConfig.from_dict(tiny_config_dict, policy=LAPTOP), waiting=True, policy=LAPTOP)
     try:
-        assert training.active_run().run.id == first.id
+        assert [handle.run.id for handle in training.active_runs()] == [first.id]
         with pytest.raises(BusyError, match="already running"):
             training.start_waiting(second, resume=False, policy=LAPTOP, workers=studio.workers)
     finally:
         studio.runs.stop(first.id)
     assert ended(first) == "cancelled"
-    assert training.active_run() is None
+    assert not training.active_runs()
 
 
 def test_stop_before_training_begins_leaves_a_cancelled_run(tiny_config_dict):

@@ -148,7 +148,7 @@ def test_scoring_right_after_stop_waits_for_the_training_to_exit(runs_dir, finis
             return "cancelled"
 
     stop_after_last_checkpoint(finished_run)
-    monkeypatch.setattr(training, "_active", Ending())
+    monkeypatch.setattr(training, "_active", [Ending()])
     outputs = list(compare_tab.evaluate_unscored(Studio(runs_dir=runs_dir, policy=LAPTOP), finished_run.id))
     assert waited == [training.ENDING_S] and "Done" in outputs[-1][0]
 

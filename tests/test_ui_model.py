@@ -219,7 +219,7 @@ def test_start_trains_what_the_screen_shows_then_busy_then_continue(app, studio,
     # (here the run name and the steps) is what trains.
     inputs = screen(app, tiny_draft, name="typed-name", training__max_steps=2, training__save_steps=2)
     run_id, status, train_status = button(app, "model-start")(*inputs)
-    handle = training.active_run()
+    (handle,) = training.active_runs()
     assert handle is not None and handle.run.id == run_id and run_id.endswith("-typed-name")
     assert status == message(f"Started {run_id}; follow it on the Train tab.", "ok")
     assert status.startswith(model_tab.STARTED)  # what the page reads to show the Train tab
@@ -249,7 +249,7 @@ def test_start_with_a_bad_draft_explains_and_stays(studio, tiny_draft):
     run_id, status, train_status = model_tab.start_run(studio, tiny_draft)
     assert (run_id, train_status) == (gr.skip(),) * 2
     assert status.startswith(ERROR) and "Only " in status and "fewer than training.batch_size (500)" in status
-    assert training.active_run() is None and studio.runs.summaries() == []
+    assert not training.active_runs() and studio.runs.summaries() == []
 
 
 def test_export_for_a_cluster_gives_a_zip_of_the_launch_folder(studio):

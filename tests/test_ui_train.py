@@ -201,7 +201,7 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
 
     tick, watch = handler(app, "train_tick"), shown.watch
     seen = {"status": [], "plots": 0, "rollouts": [], "timer": [], "stop": [], "banner": [], "banner_shown": []}
-    handle = training.active_run()
+    (handle,) = training.active_runs()
     while True:
         alive = handle.is_alive()
         result = view(tick(run_id, watch))
@@ -254,7 +254,7 @@ def test_start_then_ticks_follow_the_run_to_its_end(app, studio, tiny_draft):
 def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
     tiny_draft["training"].update(max_steps=200, save_steps=100)
     run_id, *_ = model_tab.start_run(studio, tiny_draft)
-    handle = training.active_run()
+    (handle,) = training.active_runs()
     run = studio.runs.get(run_id)
     deadline = time.time() + 120
     while not run.read_progress() and time.time() < deadline:  # wait for the first step
@@ -274,7 +274,7 @@ def test_stop_cancels_then_resume_continues(app, studio, tiny_draft):
     text, timer = handler(app, "train_resume")(run_id)
     ((kind, words),) = said(text)
     assert kind == "ok" and words.startswith(f"Resuming {run_id} from checkpoint-") and timer.active
-    resumed = training.active_run()
+    (resumed,) = training.active_runs()
     busy_text, busy_timer = handler(app, "train_resume")(run_id)
     ((kind, words),) = said(busy_text)
     assert kind == "error" and busy_timer == SKIP  # still starting (queued) or already running

@@ -39,7 +39,7 @@ def test_the_warm_up_loads_the_default_model_and_a_training_process_that_holds_i
     assert tiny_studio.previews.cache.holds(config.model, settings=config.hardware)
 
     run = tiny_studio.runs.start(draft)
-    handle = training.active_run()
+    (handle,) = training.active_runs()
     assert handle is not None and handle.run.id == run.id and handle.wait(240) == "succeeded"
     assert "The model was loaded already" in run.log_tail()  # by the warm training process
     assert not tiny_studio.previews.cache.holds(config.model, settings=config.hardware)  # one copy: the training's

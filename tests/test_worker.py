@@ -36,12 +36,12 @@ def apart_studio(runs_dir, tiny_config_dict):
     yield studio
     stop_the_training()
     studio.close()
-    assert training.active_run() is None
+    assert not training.active_runs()
 
 
 def test_a_start_trains_in_a_warm_worker_process_that_already_holds_the_model(apart_studio, tiny_config_dict):
     run = apart_studio.runs.start(tiny_config_dict)
-    handle = training.active_run()
+    (handle,) = training.active_runs()
     assert isinstance(handle, TrainingProcess) and handle.run.id == run.id
     assert handle.wait(240) == "succeeded", run.read_status().get("error")
     status = run.read_status()
@@ -71,7 +71,7 @@ def test_a_worker_killed_mid_run_leaves_the_app_answering_and_the_run_failed_wit
     from dragon_ui.ui import build_app
 
     run = apart_studio.runs.start(long_config(tiny_config_dict, "doomed"))
-    handle = training.active_run()
+    (handle,) = training.active_runs()
     wait_for(lambda: run.latest_checkpoint() is not None and len(run.read_progress()) >= 2, what="a checkpoint")
     os.kill(handle.process.pid, signal.SIGKILL)
     assert handle.wait(60) == "failed"
@@ -81,7 +81,7 @@ def test_a_worker_killed_mid_run_leaves_the_app_answering_and_the_run_failed_wit
     checkpoint = run.latest_checkpoint()
     assert status["error"].endswith(f"Resume continues from its {checkpoint.name}.")
     assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "trainer_state.json").is_file()
-    assert training.active_run() is None
+    assert not training.active_runs()
     with served_app(build_app(apart_studio)) as url:  # the app still serves, and shows the run as failed
         client = Client(url, verbose=False)
         runs = client.predict(api_name="/train_runs")

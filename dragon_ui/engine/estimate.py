@@ -224,6 +224,14 @@ def estimate_memory(config: RunConfig, dims: ModelDims, dtype: str, load_in_4bit
                           classifier_memory(config)[0])
 
 
+def admitted_gb(config: RunConfig, dims: ModelDims, hardware: ResolvedHardware,
+                prompt_tokens: int = PROMPT_TOKENS) -> float:
+    """The memory a run is admitted by, in a public demo and beside other runs on a GPU: its estimate with the
+    estimate's margin (MEMORY_MARGIN)."""
+    return estimate_memory(config, dims, hardware.dtype, hardware.load_in_4bit, hardware.device,
+                           prompt_tokens).total_gb * (1 + MEMORY_MARGIN)
+
+
 def training_terms(config: RunConfig, dims: ModelDims, dtype: str, load_in_4bit: bool, device: str,
                    prompt_tokens: int = PROMPT_TOKENS) -> dict[str, float]:
     """Bytes one micro-batch's forward keeps for its backward, by term, before ACTIVATION_FACTORS scale them:

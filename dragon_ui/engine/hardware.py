@@ -227,6 +227,13 @@ def detect_hardware() -> HardwareInfo:
     return info
 
 
+@functools.cache
+def this_machine() -> HardwareInfo:
+    """This machine's hardware, asked once: what a public demo admits, and how many runs train side by side, must
+    not move while runs use it (its totals do not; its free memory, asked once here, is not for reading)."""
+    return detect_hardware()
+
+
 def default_cpu_threads(cores: int | None = None) -> int:
     """All cores on small machines (2 threads: 36-39 s/step vs 53-67 s on 1), one spare from 4 cores up.
 

@@ -132,19 +132,19 @@ def check_memory(config: RunConfig, longest_prompt: int | None = None, *, policy
     keeps, in tokens, once its data is read (engine.training.inspect checks again then: a visitor chooses the data,
     and the demo caps it at ``Limits.prompt_tokens``); before that, prompts of a usual length. Nothing is refused
     where the model's size is unknown (a model the owner added to the allow-list), or the machine's memory."""
-    from .estimate import MEMORY_MARGIN, PROMPT_TOKENS, model_dims
-    from .hardware import resolve_hardware
+    from .estimate import MEMORY_MARGIN, PROMPT_TOKENS, admitted_gb, model_dims
+    from .hardware import resolve_hardware, this_machine
 
     if not policy.public:
         return
-    info = _machine()
+    info = this_machine()
     try:
         hardware = resolve_hardware(config.hardware, info)
         dims, _ = model_dims(config.model.id)
     except ConfigError:
         return  # an impossible device is refused where the run resolves it, with its own sentence
     memory_gb = _memory_gb(info, hardware)
-    needed = _needed_gb(config, dims, hardware, longest_prompt or PROMPT_TOKENS)
+    needed = admitted_gb(config, dims, hardware, longest_prompt or PROMPT_TOKENS)
     if memory_gb is not None and needed > memory_gb:
         prompts = (f"with its longest prompt of {longest_prompt:,} tokens" if longest_prompt else
                    f"with prompts of about {PROMPT_TOKENS} tokens")
@@ -154,22 +154,6 @@ def check_memory(config: RunConfig, longest_prompt: int | None = None, *, policy
                                 f"{round(100 * MEMORY_MARGIN)} %: more than the {memory_gb:.1f} GB this machine has; "
                                 f"lower the batch size, the group size or max new tokens{shorter}, or turn on "
                                 f"gradient checkpointing ({LIFT} on a bigger machine).")
-
-
-def _needed_gb(config: RunConfig, dims, hardware, prompt_tokens: int) -> float:
-    """The memory a run is admitted by: its estimate with the estimate's margin (estimate.MEMORY_MARGIN)."""
-    from .estimate import MEMORY_MARGIN, estimate_memory
-
-    return estimate_memory(config, dims, hardware.dtype, hardware.load_in_4bit, hardware.device,
-                           prompt_tokens).total_gb * (1 + MEMORY_MARGIN)
-
-
-@functools.cache
-def _machine():
-    """This machine's hardware, asked once: a public demo's limits must not move while visitors' runs use it."""
-    from .hardware import detect_hardware
-
-    return detect_hardware()
 
 
 def _memory_gb(info, hardware) -> float | None:
@@ -187,11 +171,11 @@ def allowed_models(*, policy: Policy) -> list[str]:
 
 @functools.cache
 def _fitting_presets(limits: Limits) -> tuple[str, ...]:
-    from .estimate import PROMPT_TOKENS
-    from .hardware import resolve_hardware
+    from .estimate import PROMPT_TOKENS, admitted_gb
+    from .hardware import resolve_hardware, this_machine
     from .presets import PRESETS
 
-    info = _machine()
+    info = this_machine()
     hardware = resolve_hardware(RunConfig().hardware, info)
     memory_gb = _memory_gb(info, hardware)
     config = RunConfig()  # the defaults (4 prompts a step, LoRA), at the public limit of completion length
@@ -200,7 +184,7 @@ def _fitting_presets(limits: Limits) -> tuple[str, ...]:
     for preset in PRESETS:
         if preset.gated or memory_gb is None:
             continue
-        if _needed_gb(config, preset.dims, hardware, PROMPT_TOKENS) <= memory_gb:
+        if admitted_gb(config, preset.dims, hardware, PROMPT_TOKENS) <= memory_gb:
             fitting.append(preset.id)
     return tuple(dict.fromkeys(fitting))
 

@@ -6,8 +6,8 @@ One runner, two hosts: the app hands each run to a process of its own (engine/wo
 asked, so mistakes are said there; then the runner loads data and model, runs TRL's ``GRPOTrainer`` (the algorithm
 is TRL's, not ours) and scores the starting and the trained model on held-out prompts (a full fine-tune scores the
 starting one first; LoRA after training, with the adapter off, so Start trains at once). ``progress.RunStoreCallback``
-turns TRL's logs into ``progress.jsonl`` / ``rollouts.jsonl`` rows and honours stop requests. One training at a
-time per app: a model this size already takes the whole machine.
+turns TRL's logs into ``progress.jsonl`` / ``rollouts.jsonl`` rows and honours stop requests. An app trains
+several runs side by side only where the machine has room for them (engine/capacity.py), each held to its share.
 
 Failure policy: every exception ends the run as ``failed`` with a readable reason; checkpoints already written stay;
 a resume continues from the latest one with step count, optimiser and schedule intact.
@@ -34,9 +34,10 @@ from ..public import Policy
 from ..rewards import Reward, RewardFailures, build_rewards, training_weight, trl_reward_functions
 from ..runstore import ACTIVE_STATES, RunDir, write_json_atomic
 from ..scaleout import distributed
-from . import public_checks, trackers
+from . import capacity, public_checks, trackers
+from .capacity import Share
 from .evaluation import HeldOutChecks, evaluate_model, evaluate_now, record_eval, starting_weights
-from .hardware import ResolvedHardware, resolve_hardware
+from .hardware import HardwareInfo, ResolvedHardware, resolve_hardware
 from .model_card import write_model_card
 from .weights import make_portable
 from .models import BY_LAUNCHER, ON_DEVICE, ModelCache, load_model, load_tokenizer, resolve_model, take_set_aside
@@ -48,19 +49,21 @@ from .workers import TrainingProcess, Workers
 log = logging.getLogger("dragon_ui")
 
 _ACTIVE_LOCK = threading.Lock()
-_active: TrainingProcess | None = None
+_active: list[TrainingProcess] = []  # first started first; those that have ended leave at the next start
 
 
 PUBLIC_CHECKPOINTS_KEPT = 2  # a public demo keeps a run's newest checkpoints only: the disk is everyone's
 
 
 class Training:
-    """A run being trained by this process: its run directory, a thread-safe stop, and the policy it trains under,
-    whose time limit (in a public demo) ends it, counted from the moment the runner starts."""
+    """A run being trained by this process: its run directory, a thread-safe stop, the policy it trains under,
+    whose time limit (in a public demo) ends it, counted from the moment the runner starts, and the ``share`` of the
+    machine it holds itself to (engine/capacity.py; none for the command line's, alone in its process)."""
 
-    def __init__(self, run: RunDir, *, policy: Policy) -> None:
+    def __init__(self, run: RunDir, *, policy: Policy, share: Share | None = None) -> None:
         self.run = run
         self.policy = policy
+        self.share = share or Share()
         self.stop_event = threading.Event()
         self.time_limit_s = policy.limits.run_minutes * 60 if policy.limits else None
         self.started = time.monotonic()  # set again when the runner starts
@@ -83,10 +86,10 @@ class Training:
         return self.stop_requested() or self.out_of_time()
 
 
-def active_run() -> TrainingProcess | None:
-    """The training this app has running in a process of its own, if any (the UI re-attaches to it after a page
-    reload)."""
-    return _active if _active is not None and _active.is_alive() else None
+def active_runs() -> list[TrainingProcess]:
+    """The trainings this app has running, each in a process of its own, first started first (the UI re-attaches
+    to them after a page reload)."""
+    return [handle for handle in list(_active) if handle.is_alive()]
 
 
 ENDING_S = 60  # how long a training that has ended is waited for while its process saves and exits
@@ -95,10 +98,10 @@ ENDING_S = 60  # how long a training that has ended is waited for while its proc
 def wait_while_ending(timeout_s: float = ENDING_S) -> None:
     """A stopped or finished training writes its run's state a moment before its process exits: what would be
     refused beside a training (a preview, a scoring) waits for that moment rather than being refused just after
-    Stop. A training still going on is not waited for."""
-    handle = active_run()
-    if handle is not None and handle.run.read_status().get("state") not in ACTIVE_STATES:
-        handle.wait(timeout_s)
+    Stop. The trainings still going on are not waited for."""
+    for handle in active_runs():  # those ending end side by side: after the first, the others wait little
+        if handle.run.read_status().get("state") not in ACTIVE_STATES:
+            handle.wait(timeout_s)
 
 
 def train_config(config: RunConfig, run_dir: str | Path | None = None, *, policy: Policy,
@@ -206,7 +209,9 @@ def prepare(config: RunConfig, run_dir: str | Path | None = None, waiting: bool 
 
 def resume(run_dir: str | Path, *, policy: Policy, workers: Workers) -> TrainingProcess:
     """Continue a stopped, failed or interrupted run from its latest checkpoint (or from the start if it has none),
-    in a process of ``workers``: the app's resume."""
+    in a process of ``workers``: the app's resume, refused (BusyError) where the machine has no room for it beside
+    the trainings of this app, before anything of the run changes."""
+    _refuse_if_no_room(RunDir(Path(run_dir)), workers)
     run, checkpoint = _reopen(run_dir, policy=policy)
     return _launch(run, checkpoint, workers, policy=policy)
 
@@ -214,7 +219,6 @@ def resume(run_dir: str | Path, *, policy: Policy, workers: Workers) -> Training
 def _reopen(run_dir: str | Path, *, policy: Policy) -> tuple[RunDir, Path | None]:
     """The run, checked resumable and marked queued again, with the checkpoint it continues from."""
     run = check_resumable(run_dir, policy=policy)
-    _refuse_if_busy()
     checkpoint = run.latest_checkpoint()
     distributed.barrier()  # every process has read the state before the main one changes it
     run.clear_stop_request()
@@ -240,7 +244,6 @@ def check_resumable(run_dir: str | Path, *, policy: Policy) -> RunDir:
 def start_waiting(run: RunDir, resume: bool, *, policy: Policy, workers: Workers) -> TrainingProcess:
     """Train a run that waited in the queue, in a process of ``workers``: from its start, or (``resume``) from its
     latest checkpoint. A folder whose config cannot be read (ConfigError) never takes the machine."""
-    _refuse_if_busy()
     run.read_config()
     return _start(run, resume, policy=policy, workers=workers)
 
@@ -248,30 +251,49 @@ def start_waiting(run: RunDir, resume: bool, *, policy: Policy, workers: Workers
 def start_prepared(run: RunDir, *, policy: Policy, workers: Workers) -> TrainingProcess:
     """Train a run queue.submit_start has just prepared, from its start: its config was checked as it was written,
     so it is not read back."""
-    _refuse_if_busy()
     return _start(run, False, policy=policy, workers=workers)
 
 
 def _start(run: RunDir, resume: bool, *, policy: Policy, workers: Workers) -> TrainingProcess:
+    _refuse_if_no_room(run, workers)
     run.clear_stop_request()
     run.update_status(waiting=None, phase="waiting to resume" if resume else "waiting to start", stop_reason=None,
                       pid=None)  # owned by no process until one takes it (mark_owner)
     return _launch(run, run.latest_checkpoint() if resume else None, workers, policy=policy)
 
 
-def _refuse_if_busy() -> None:
-    running = active_run()
-    if running is not None:
-        raise BusyError(f"A training is already running ({running.run.id}); stop it or wait for it to finish first.")
+def need_of(run: RunDir, machine: HardwareInfo) -> capacity.Need:
+    """What ``run`` takes of ``machine`` (engine/capacity.py); capacity.UNKNOWN for a folder whose config cannot be
+    read, which then takes its turn alone."""
+    try:
+        config = run.read_config()
+    except ConfigError:
+        return capacity.UNKNOWN
+    return capacity.need_of(config, machine, run.read_status().get("longest_prompt_tokens"))
+
+
+def _refuse_if_no_room(run: RunDir, workers: Workers) -> capacity.Need:
+    """What ``run`` takes of the machine, if it fits beside the trainings of this app; BusyError if not."""
+    running = active_runs()
+    if any(handle.run.id == run.id for handle in running):
+        raise BusyError(f"The run {run.id} is training already.")
+    need = need_of(run, workers.machine)
+    if not capacity.fits(workers.machine, [handle.need or capacity.UNKNOWN for handle in running], need):
+        names = ", ".join(handle.run.id for handle in running)
+        raise BusyError(f"A training is already running ({names}) and this machine has no room for another beside "
+                        "it; stop it or wait for it to finish first.")
+    return need
 
 
 def _launch(run: RunDir, resume_from: Path | None, workers: Workers, *, policy: Policy) -> TrainingProcess:
-    """Hand the run to a process of ``workers``, which trains it (train_here) while the app serves."""
-    global _active
+    """Hand the run to a process of ``workers``, which trains it (train_here) while the app serves, held to its
+    share of the machine."""
     with _ACTIVE_LOCK:
-        _refuse_if_busy()
-        _active = workers.take(run, resume_from, policy=policy)
-        return _active
+        need = _refuse_if_no_room(run, workers)
+        share = capacity.share_of(run.read_config(), need, workers.machine)
+        handle = workers.take(run, resume_from, policy=policy, need=need, share=share)
+        _active[:] = [*active_runs(), handle]
+        return handle
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -330,8 +352,9 @@ def _train(handle: Training, config: RunConfig, resume_from: Path | None) -> str
 
     phase("checking the hardware")
     hardware = resolve_hardware(config.hardware)  # imports the libraries first
+    handle.share.apply(hardware)
     speedups.start_checking()  # once per set of library versions, while the data and the model load
-    _use_hardware(hardware)
+    _use_hardware(hardware, handle.share)
     run.update_status(device=hardware.device, dtype=hardware.dtype, cpu_threads=hardware.cpu_threads,
                       hardware_reasons=hardware.reasons, gpu_name=_gpu_name(hardware))
     for reason in hardware.reasons:
@@ -704,15 +727,18 @@ def _detach_run_log(handler: logging.Handler) -> None:
     handler.close()
 
 
-def _use_hardware(hardware: ResolvedHardware) -> None:
+def _use_hardware(hardware: ResolvedHardware, share: Share) -> None:
     """Set up the training's thread: its torch threads on the CPU; its GPU on CUDA, since a thread's current CUDA
-    device starts at GPU 0 whatever accelerate chose for the process's main thread."""
+    device starts at GPU 0 whatever accelerate chose for the process's main thread, and its share of that GPU's
+    memory, so that it cannot take what the runs beside it were promised (engine/capacity.py)."""
     import torch
 
     if hardware.device == "cpu":
         torch.set_num_threads(hardware.cpu_threads)
     elif hardware.device == "cuda":
         torch.cuda.set_device(hardware.gpu)
+        if share.gpu_memory_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(share.gpu_memory_fraction, hardware.gpu)
 
 
 def _free_accelerator_memory() -> None:

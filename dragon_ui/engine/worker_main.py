@@ -1,5 +1,5 @@
 """A training process of the app (engine/workers.py starts it): it warms up, then trains the one run the app hands
-it on standard input, and ends."""
+it on standard input, held to the share of the machine the job gives it (engine/capacity.py), and ends."""
 
 from __future__ import annotations
 
@@ -60,10 +60,12 @@ def main(argv: list[str]) -> int:
     line = sys.stdin.readline()  # empty: the app let this worker go, or has ended
     if not line.strip():
         return 0
+    from .capacity import Share
+
     job = json.loads(line)
     _take_settings(job["settings"])
     run = RunDir(Path(job["run_dir"]))
-    training_job = training.Training(run, policy=Policy.from_json(job["policy"]))
+    training_job = training.Training(run, policy=Policy.from_json(job["policy"]), share=Share.from_json(job["share"]))
     threading.Thread(target=stop_when_orphaned, args=(app, training_job), name="dragon-orphaned",
                      daemon=True).start()
     training.train_here(training_job, Path(job["resume_from"]) if job["resume_from"] else None)

@@ -5,9 +5,11 @@ request, which every process honours.
 
 A worker is started *warm* (:class:`Workers`): it imports the training libraries, detects the hardware and loads the
 app's default model, then waits on its standard input. Start hands it a run (one line of JSON: the run folder, the
-checkpoint to resume from, the policy it trains under) and it trains at once. The next worker warms up once that
-run has ended, so it never takes cores or memory from a training. The app waits for each worker to end
-(:meth:`TrainingProcess.wait`): one that ends while its run still reads as active has its run marked failed, with why.
+checkpoint to resume from, the policy it trains under, its share of the machine: engine/capacity.py) and it trains at
+once. Several runs may train side by side, each in a worker of its own: the warm one goes to the first, the others
+start fresh. The next worker warms up once no run trains any more, so it never takes cores or memory from a
+training. The app waits for each worker to end (:meth:`TrainingProcess.wait`): one that ends while its run still
+reads as active has its run marked failed, with why.
 
 ``python -m dragon_ui.engine.worker_main`` is the worker itself; the command line and ``accelerate launch``
 train in their own process already, with the same runner (``training.train_here``).
@@ -29,12 +31,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from ..config import HardwareSettings, ModelConfig
 from ..public import Policy, without_secrets
 from ..runstore import ACTIVE_STATES, RunDir, read_json
 from ..system.processes import end_group
+
+if TYPE_CHECKING:
+    from .capacity import Need, Share
+    from .hardware import HardwareInfo
 
 log = logging.getLogger("dragon_ui")
 
@@ -50,10 +56,12 @@ OWN_SETTINGS = "DRAGON_UI_"  # the environment variables of ours, which a job ca
 
 
 class TrainingProcess:
-    """A run training in a worker process: what the app holds of it."""
+    """A run training in a worker process: what the app holds of it, and what it takes of the machine (``need``,
+    engine/capacity.py)."""
 
-    def __init__(self, run: RunDir, process: subprocess.Popen, time_limit_s: float | None = None) -> None:
-        self.run, self.process = run, process
+    def __init__(self, run: RunDir, process: subprocess.Popen, time_limit_s: float | None = None,
+                 need: Need | None = None) -> None:
+        self.run, self.process, self.need = run, process, need
         self.ended = threading.Event()  # set once the process has ended and its run's state says so
         self.time_limit_s = time_limit_s  # a public demo's, counted from now
         self.started = time.monotonic()
@@ -86,25 +94,36 @@ def _exit_reason(code: int) -> str:
 
 
 class Workers:
-    """The app's one warm worker (thread-safe). ``env`` adds to the workers' environment; without ``hub_token`` (a
-    public demo's) a worker has none of the app's Hugging Face tokens, nor its login's."""
+    """The app's training processes (thread-safe): the one warm worker, and those training. ``env`` adds to the
+    workers' environment; without ``hub_token`` (a public demo's) a worker has none of the app's Hugging Face tokens,
+    nor its login's. ``machine``: the hardware they train on, which decides how many train side by side
+    (engine/capacity.py); this machine's when not given (a test gives a simulated one)."""
 
-    def __init__(self, env: dict[str, str] | None = None, hub_token: bool = True) -> None:
+    def __init__(self, env: dict[str, str] | None = None, hub_token: bool = True,
+                 machine: HardwareInfo | None = None) -> None:
         self.env = env or {}
         self.hub_token = hub_token
+        self._machine = machine
         self.preload: tuple[ModelConfig, HardwareSettings] | None = None
         self._lock = threading.Lock()
         self._warm: subprocess.Popen | None = None
+        self._training: set[TrainingProcess] = set()
         self._warm_libraries: dict[str, str] = {}  # the libraries' settings the warm worker started with
         self._closed = False
 
+    @property
+    def machine(self) -> HardwareInfo:
+        from .hardware import this_machine
+
+        return self._machine or this_machine()
+
     def warm(self, preload: tuple[ModelConfig, HardwareSettings] | None = None) -> None:
-        """Start a worker warming up, unless one is (or the app is closing). ``preload``: the model and hardware
-        settings it (and every later one) loads while it waits, the app's default, so a Start of it trains at
-        once."""
+        """Start a worker warming up, unless one is, a run trains (the last to end warms it) or the app is closing.
+        ``preload``: the model and hardware settings it (and every later one) loads while it waits, the app's
+        default, so a Start of it trains at once."""
         with self._lock:
             self.preload = preload or self.preload
-            if self._warm is None and not self._closed:
+            if self._warm is None and not self._training and not self._closed:
                 self._warm = self._spawn()
 
     def _environment(self) -> dict[str, str]:
@@ -121,10 +140,11 @@ class Workers:
                                 env=environment, text=True,
                                 start_new_session=True)  # a Ctrl+C in the app's terminal is for the app to handle
 
-    def take(self, run: RunDir, resume_from: Path | None, *, policy: Policy) -> TrainingProcess:
+    def take(self, run: RunDir, resume_from: Path | None, *, policy: Policy, need: Need | None = None,
+             share: Share | None = None) -> TrainingProcess:
         """Hand ``run`` to the warm worker (starting one if there is none, or if it warmed under other settings of
-        the libraries) and return at once; the worker marks the run its own and trains it. The next worker warms up
-        when this one has ended."""
+        the libraries) and return at once; the worker marks the run its own and trains it, held to ``share`` of
+        the machine (taking ``need`` of it). The next worker warms up when no run trains any more."""
         environment = self._environment()
         stale = None
         with self._lock:
@@ -133,12 +153,13 @@ class Workers:
                 stale, process = process, None
             if process is None or process.poll() is not None:  # none yet, or it died warming up (its log says why)
                 process = self._spawn()
+            handle = TrainingProcess(run, process, policy.limits.run_minutes * 60 if policy.limits else None, need)
+            self._training.add(handle)  # from now no worker warms up (warm) until it has ended
         if stale is not None:  # outside the lock: it ends once it has warmed up
             _let_go(stale)
         job = {"run_dir": str(run.path), "resume_from": str(resume_from) if resume_from else None,
-               "policy": policy.to_json(),
+               "policy": policy.to_json(), "share": share.to_json() if share is not None else None,
                "settings": {key: value for key, value in environment.items() if key.startswith(OWN_SETTINGS)}}
-        handle = TrainingProcess(run, process, policy.limits.run_minutes * 60 if policy.limits else None)
         run.mark_owner(process.pid)  # from now: the status the last worker left names a process that has ended
         try:
             _input(process).write(json.dumps(job) + "\n")
@@ -151,7 +172,7 @@ class Workers:
     def _watch(self, handle: TrainingProcess) -> None:
         """Wait for the worker to end (which also frees its process entry, so its pid reads as gone), ending it
         once it is WATCHDOG_GRACE_S late to stop; mark its run stopped if it was ended so, failed if it ended
-        before its run did; and warm the next one."""
+        before its run did; and warm the next one once no run trains."""
         code, late = self._waited(handle)
         try:
             # The status as written: read_status would see the process gone and say so without knowing how.
@@ -173,6 +194,8 @@ class Workers:
                     log.error("Run %s failed: its training process ended (%s).", handle.run.id, code)
         finally:
             handle.ended.set()
+            with self._lock:
+                self._training.discard(handle)
             self.warm()
 
     @staticmethod

@@ -134,7 +134,7 @@ class Studio:
             info = self.hardware()
             config = self.recipes.validate(self.recipes.default())
             estimate_run(config, resolve_hardware(config.hardware, info), info)
-            if queue.training_run_id(self.runs_dir) is None:
+            if not queue.training_run_ids(self.runs_dir):
                 self.previews.cache.load(config.model, settings=config.hardware)
         except Exception:  # noqa: BLE001 - warming up is an optimisation; the first use reports its own errors
             log.exception("Warming up failed; the first use loads what it needs")
@@ -165,11 +165,11 @@ class Studio:
         its owner allows dry runs (public_checks.take_dry_run). The preview model makes room for it, as for a
         training."""
         config = self.recipes.validate(draft)
-        if queue.training_run_id(self.runs_dir) is not None:
+        if queue.training_run_ids(self.runs_dir):
             raise BusyError(DRY_RUN_BESIDE_A_TRAINING)
 
         def interrupted() -> str | None:
-            if queue.training_run_id(self.runs_dir) is not None:
+            if queue.training_run_ids(self.runs_dir):
                 return DRY_RUN_BESIDE_A_TRAINING
             return "The page went away, so the dry run stopped." if should_stop() else None
 
@@ -190,11 +190,13 @@ class Studio:
             self._measuring.release()
 
     def close(self) -> None:
-        """The app is closing: a training in a worker process is asked to stop and save its last step, and the warm
-        worker goes (unless the workers were given: their owner closes them)."""
+        """The app is closing: the trainings in worker processes are asked to stop and save their last step, and
+        the warm worker goes (unless the workers were given: their owner closes them)."""
         if self._own_workers:
             self.workers.close()
-        active = self.runs.training()
-        if active is not None:
-            active.stop()
-            active.wait(STOP_GRACE_S)  # time for it to save its last step
+        trainings = self.runs.trainings()
+        for handle in trainings:
+            handle.stop()
+        deadline = time.monotonic() + STOP_GRACE_S  # time for them to save their last step
+        for handle in trainings:
+            handle.wait(max(0.0, deadline - time.monotonic()))

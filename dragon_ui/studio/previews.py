@@ -34,7 +34,7 @@ class Previews:
         training uses this machine's CPU."""
         public_checks.check_model(model, policy=self.policy)
         settings = settings or HardwareSettings()
-        if training.active_run() is not None:
+        if training.active_runs():
             self._refuse_unless_room_beside_training(model, settings, self.cache.holds(model, adapter_dir, settings))
         return self.cache.load(model, adapter_dir, settings)
 
@@ -63,7 +63,7 @@ class Previews:
     def refuse_while_training(self, doing: str) -> None:
         """BusyError while a training uses this machine's CPU (or a Mac's GPU): ``doing`` something as heavy as
         loading a whole model beside it would slow it down badly."""
-        if training.active_run() is None:
+        if not training.active_runs():
             return
         device = resolve_for_this_machine(HardwareSettings(), self.hardware()).device
         if device != "cuda":

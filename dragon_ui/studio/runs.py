@@ -6,9 +6,10 @@ Which runs a visitor may change is the policy's rule (public.Policy.owns); this 
 from __future__ import annotations
 
 import functools
-
 import math
 import re
+import threading
+import time
 from collections.abc import Callable
 
 from ..config import DEFAULT_MODEL_ID, Draft
@@ -16,7 +17,7 @@ from ..data import is_bundled, is_hub_dataset_id
 from ..engine import public_checks, queue, retention, training
 from ..engine.estimate import estimate_run
 from ..engine.hardware import HardwareInfo, resolve_hardware
-from ..engine.workers import Workers
+from ..engine.workers import TrainingProcess, Workers
 from ..errors import ConfigError, DragonError, NotYoursError
 from ..public import Policy
 from ..rewards import public_refusal
@@ -28,6 +29,7 @@ from .recipes import Recipes
 
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,120}")  # a run folder's name (runstore.RunDir.create makes them so)
 ESTIMATED_START_S = 60  # loading the model and scoring it on the held-out prompts, before a run's first step
+EXPECTED_STARTS_S = 2.0  # how long the queue's expected starts are shown before they are worked out again
 
 
 class Runs:
@@ -40,6 +42,9 @@ class Runs:
         self.files = files
         self.hardware = hardware
         self.workers = workers
+        self._starts_lock = threading.Lock()
+        self._changes = 0  # Starts, Resumes and Stops here so far: each makes the expected starts out of date
+        self._starts: tuple[int, float, dict[str, tuple[int, float | None]]] | None = None  # (_changes, when, them)
 
     @property
     def folder(self):
@@ -108,33 +113,33 @@ class Runs:
 
     # --- training and the queue ------------------------------------------------------------------------------------
     def start(self, draft: Draft) -> RunDir:
-        """Start the draft, or queue it while another run trains (engine.queue)."""
+        """Start the draft, or queue it while the machine has no room for it (engine.queue); the preview model makes
+        room for a run that starts now."""
         config = self.recipes.validate(draft)
-        if queue.training_run_id(self.folder) is None:
-            self.previews.release()  # training needs the memory more than a preview does
-        return queue.submit_start(config, policy=self.policy, workers=self.workers)
+        try:
+            return queue.submit_start(config, self.previews.release, policy=self.policy, workers=self.workers)
+        finally:
+            self._changes += 1
 
     def resume(self, run_id: str) -> RunDir:
         run = self.owned(run_id, "resume it")
-        if queue.training_run_id(self.folder) is None:
-            self.previews.release()
-        return queue.submit_resume(run.path, policy=self.policy, workers=self.workers)
+        try:
+            return queue.submit_resume(run.path, self.previews.release, policy=self.policy, workers=self.workers)
+        finally:
+            self._changes += 1
 
     def stop(self, run_id: str) -> None:
         """Ask a run to stop after its current step, whichever process trains it; a waiting run leaves the queue."""
         run = self.owned(run_id, "stop it")
         if run.read_status().get("waiting"):
             queue.take_out(run)
-            return
-        handle = training.active_run()
-        if handle is not None and handle.run.id == run_id:
-            handle.stop()
         else:
-            run.request_stop()
+            run.request_stop()  # what TrainingProcess.stop does, and what a training in another process hears
+        self._changes += 1
 
     def start_queue(self) -> queue.Scheduler:
-        """Start the waiting runs one after another, from now on (the app does this once, when it starts); in a
-        public demo the same thread removes old runs, uploads and download copies (engine.retention)."""
+        """Start the waiting runs as the machine has room for them, from now on (the app does this once, when it
+        starts); in a public demo the same thread removes old runs, uploads and download copies (engine.retention)."""
         limits = self.policy.limits
         housekeeping = functools.partial(self._clean_up, limits.keep_hours) if limits else None
         return queue.Scheduler(self.folder, housekeeping=housekeeping, policy=self.policy, workers=self.workers,
@@ -149,49 +154,71 @@ class Runs:
     def place(self, run_id: str) -> str:
         """Where a waiting run is in the queue and when it should start: "2nd in line; expected to start in
         about 20 min"; "" for a run that is not waiting."""
-        waiting = self.waiting()
-        place = next((number for number, run in enumerate(waiting, start=1) if run.id == run_id), None)
+        place, seconds = self.expected_starts().get(run_id, (None, None))
         if place is None:
             return ""
-        ahead = [self.get(active)] if (active := self.active_id()) else []
-        ahead += waiting[:place - 1]
-        seconds = [self._seconds_left(other) for other in ahead]
-        known = [left for left in seconds if left is not None]
-        when = (f"expected to start in about {format_seconds(sum(known))}" if len(known) == len(seconds)
-                else "its start time is not known yet")
+        when = ("the queue is paused" if queue.paused(self.folder) else "its start time is not known yet"
+                if seconds is None else f"expected to start in about {format_seconds(seconds)}")
         return f"{ordinal(place)} in line; {when}"
 
-    def _seconds_left(self, run: RunDir) -> float | None:
-        """How long ``run`` should still train: its own ETA once it trains, else its estimate; never more than a
-        public demo's time limit."""
+    def expected_starts(self) -> dict[str, tuple[int, float | None]]:
+        """Every waiting run's (place in line, seconds until it should start; None: not known, or the queue is
+        paused), by id (engine.queue.expected_starts). Worked out once every EXPECTED_STARTS_S, however many pages
+        ask on their timers, and again after a Start, Resume or Stop here."""
+        with self._starts_lock:
+            changes, now = self._changes, time.monotonic()
+            if self._starts is None or self._starts[0] != changes or now - self._starts[1] >= EXPECTED_STARTS_S:
+                summaries = list_runs(self.folder)
+                seconds = functools.partial(self._seconds_left, summaries)
+                self._starts = (changes, now, queue.expected_starts(self.folder, seconds, summaries,
+                                                                   workers=self.workers))
+            return self._starts[2]
+
+    def _seconds_left(self, summaries: list[dict], run: RunDir) -> float | None:
+        """How long ``run`` should still train: its own ETA once it trains; else its steps left at the measured pace
+        of the latest run here of the same model and completions per step (``summaries``: the runs folder), or at
+        its estimate's; never more than a public demo's time limit."""
         status = run.read_status()
         limit = self.policy.limits.run_minutes * 60 if self.policy.limits else None
         seconds = status.get("eta_s") if status.get("state") == "running" and status.get("step") else None
         if seconds is None:
             try:
                 config = run.read_config()
-                estimate = estimate_run(config, resolve_hardware(config.hardware, self.hardware()), self.hardware())
                 steps = config.training.max_steps or math.ceil(
                     config.training.epochs * (status.get("n_train") or 0)
                     / (config.training.batch_size * config.training.grad_accum))
-                seconds = estimate.step.total_s * steps + ESTIMATED_START_S
+                per_step = measured_step_s(summaries, config.model.id, config.completions_per_step)
+                if per_step is None:
+                    hardware = self.hardware()
+                    per_step = estimate_run(config, resolve_hardware(config.hardware, hardware), hardware).step.total_s
+                seconds = per_step * max(0, steps - (status.get("step") or 0)) + ESTIMATED_START_S
             except DragonError:
                 seconds = None
         if limit is not None:  # an unknown length is the whole limit
             seconds = min(limit + ESTIMATED_START_S, math.inf if seconds is None else seconds)
         return seconds
 
-    def training(self):
-        """The training this app started that is still going (engine.workers.TrainingProcess), or None."""
-        return training.active_run()
+    def trainings(self) -> list[TrainingProcess]:
+        """The trainings this app started that are still going, first started first."""
+        return training.active_runs()
 
     def waiting(self) -> list[RunDir]:
         """The runs waiting in the queue, first in line first."""
         return queue.waiting_runs(self.folder)
 
-    def active_id(self) -> str | None:
-        """The run training right now, in this process or (seen through the run store) in another one."""
-        return queue.training_run_id(self.folder)
+    def active_ids(self) -> list[str]:
+        """The runs training right now, in this process or (seen through the run store) in another one."""
+        return queue.training_run_ids(self.folder)
 
     def summaries(self) -> list[dict]:
         return list_runs(self.folder)
+
+
+def measured_step_s(summaries: list[dict], model_id: str, completions_per_step: int) -> float | None:
+    """The mean time of a step measured here for this model and this many completions a step: that of the latest
+    run of ``summaries`` (newest first) that has trained steps of them (running, or done); None if none has."""
+    for summary in summaries:
+        if (summary.get("model") == model_id and summary.get("completions_per_step") == completions_per_step
+                and summary.get("step") and summary.get("elapsed_s")):
+            return summary["elapsed_s"] / summary["step"]
+    return None

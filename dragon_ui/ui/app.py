@@ -447,8 +447,10 @@ def on_page_load(studio: Studio, drafts: Drafts, token: str | None, owner_key_ke
     except DragonError:  # too many wrong keys from here: the page opens locked
         pass
     with visiting(who):
-        active = studio.runs.active_id()
         runs = studio.runs.summaries()
+        training_now = studio.runs.active_ids()
+        own = [run["id"] for run in runs if run["id"] in training_now and studio.runs.owns(run.get("owner"))]
+        active = next(iter(own + training_now), None)  # the visitor's own training first
         run_id = active or (runs[0]["id"] if runs else "")
         refusal = studio.public and kept_draft_refusal(kept)
         if refusal:  # the browser forgets it, and the page shows the default recipe it was drawn with

@@ -220,7 +220,7 @@ class CloseGuard:
         self.decided: str | None = None  # "stop" or "keep" once asked; then the window may close
 
     def on_closing(self) -> bool:
-        if self.decided is not None or self.studio.runs.training() is None:
+        if self.decided is not None or not self.studio.runs.trainings():
             return True
         threading.Thread(target=self._ask, name="dragon-close-question", daemon=True).start()
         return False  # closes once the question is answered
@@ -228,29 +228,30 @@ class CloseGuard:
     def _ask(self) -> None:
         stop = self.window.create_confirmation_dialog(TITLE, CLOSE_QUESTION)
         self.decided = "stop" if stop else "keep"
-        handle = self.studio.runs.training()
-        if handle is not None and stop:
+        for handle in self.studio.runs.trainings() if stop else []:
             handle.stop()
         self.window.destroy()
 
 
 def _after_the_window(studio: Studio, url: str, stop: bool) -> int:
-    """Once the window is closed: wait for a run its closing stopped (``stop``) to save; keep serving a run that
-    trains on in the background until it and the runs queued after it have finished, so no process is left
+    """Once the window is closed: wait for the runs its closing stopped (``stop``) to save; keep serving the runs
+    that train on in the background until they and the runs queued after them have finished, so no process is left
     behind."""
-    handle = studio.runs.training()
-    if handle is None:
+    trainings = studio.runs.trainings()
+    if not trainings:
         return 0
+    names = ", ".join(handle.run.id for handle in trainings)
     if stop:
-        print(f"Stopping {handle.run.id}; a checkpoint is being saved...")
-        handle.wait()
+        print(f"Stopping {names}; a checkpoint is being saved...")
+        for handle in trainings:
+            handle.wait()
         return 0
     marker = studio.runs_dir / SERVER_FILE
     write_json_atomic(marker, {"url": url, "pid": os.getpid()})
-    print(f"{handle.run.id} trains on in the background; make desktop (or make run) shows it again. This process "
-          "ends when the last run has finished.")
+    print(f"{names} train{'s' if len(trainings) == 1 else ''} on in the background; make desktop (or make run) shows "
+          "it again. This process ends when the last run has finished.")
     try:
-        while studio.runs.training() is not None or studio.runs.waiting():
+        while studio.runs.trainings() or studio.runs.waiting():
             time.sleep(2)
     finally:
         marker.unlink(missing_ok=True)
