@@ -101,7 +101,7 @@ def test_a_teacher_hands_out_a_recipe_and_stops_every_run(class_studio, tmp_path
             board = teacher.locator("#class-board-table")
             expect(board).to_contain_text(run["id"])
             screenshot(teacher, tmp_path, "class-teacher-board")
-            board.get_by_text("Ana", exact=True).click()
+            board.get_by_test_id("cell-0-0").click()  # the seat "Ana", in the first row
             expect(teacher.locator("#tab-train")).to_be_visible()
             expect(teacher.locator("#train-status")).to_contain_text(run["id"])
 

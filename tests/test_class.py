@@ -169,7 +169,7 @@ def test_each_seat_has_an_addresses_share_and_the_class_a_total(public_mode, stu
                                                                 monkeypatch, training_processes):
     """One room, one network address: strangers share its limits, each seat has its own, the class its total."""
     for env, value in (("DRAGON_UI_MAX_RUNS_PER_ADDRESS", "2"), ("DRAGON_UI_MAX_STARTS_PER_HOUR", "3"),
-                       ("DRAGON_UI_CLASS_RUNS", "3"), ("DRAGON_UI_MAX_QUEUE", "2")):
+                       ("DRAGON_UI_CLASS_RUNS", "3"), ("DRAGON_UI_MAX_QUEUE", "3")):
         monkeypatch.setenv(env, value)
     studio = Studio(runs_dir=studio.runs_dir, policy=demo(), workers=training_processes(public=True))
     room = Visitors(classroom=studio.classroom)

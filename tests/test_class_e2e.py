@@ -93,7 +93,7 @@ def test_a_class_of_25_behind_one_address_trains_with_a_seat_each(demo, tiny_mod
     assert board.ok, board.error
     table = teacher.app.output(teacher.app.api("class_board"), board, "class-board-table")
     assert [row[0] for row in table["data"]] == [f"Learner {number:02d}" for number in range(LEARNERS)]
-    assert [row[1] for row in table["data"]] == run_ids
+    assert [row[1] for row in table["data"]] == run_ids  # by name, as learners were numbered
     assert "25 seats taken; the queue is running" in board.data[0]
     learner_asks = learners[0].call("class_board")
     assert learner_asks.ok and "Only this demo's owner can see the class board" in learner_asks.data[0]

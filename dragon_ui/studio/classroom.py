@@ -140,9 +140,9 @@ class Classroom:
         return self._seats.get(key) if key else None
 
     def seats(self) -> list[Seat]:
-        """Every seat, in the order they were taken."""
+        """Every seat, by name: as a teacher looks a learner up."""
         with self._lock:
-            return sorted(self._seats.values(), key=lambda seat: seat.joined_at)
+            return sorted(self._seats.values(), key=lambda seat: seat.name.casefold())
 
     def hand_out(self, draft: dict, label: str) -> Handout:
         """Hand ``draft`` (settings as the form holds them, checked by the caller) to every seat: each page fills its

@@ -1,6 +1,7 @@
 """Tab 6 · Experiments: every run on a leaderboard, and 2–8 runs side by side (their curves over each other and the
 settings in which they differ). It reads the run folders only (dragon_ui.experiments), so it shows running, stopped
-and finished runs alike; in a public demo everyone's runs are there to read, as in the runs list.
+and finished runs alike; in a public demo everyone's runs are there to read, as in the runs list, and above them
+the teacher's board of a class (class_section).
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ def export(studio: Studio, words: str, by: str) -> gr.File:
 def build(shared: Shared) -> None:
     studio = shared.studio
     this_tab = tab_being_built()
+    if studio.public:  # a teacher's first look, above everyone's runs
+        class_section.teacher_board(shared)
     gr.Markdown("Every run, best held-out score first (a column's ⋮ menu sorts by it). Totals compare only runs with "
                 "the same rewards: rank by one reward or metric to compare the others. Choose runs below to draw them "
                 "over each other and to see which settings differ.")
@@ -156,5 +159,3 @@ def build(shared: Shared) -> None:
           trigger_mode="always_last", show_progress="hidden")
     export_button.click(shows_errors(functools.partial(export, studio)), [words, by], [csv_file],
                         api_name="experiments_export")
-    if studio.public:
-        class_section.teacher_board(shared)
