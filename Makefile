@@ -134,6 +134,7 @@ bench: install
 	cd bench && ../$(BIN)/python speedups.py --dtype float32 --rounds 1
 	cd bench && ../$(BIN)/python ui_latency.py --seconds 120
 	cd bench && ../$(BIN)/python page_latency.py --repeats 12
+	cd bench && ../$(BIN)/python class_arrival.py --visitors 25 --waves 4
 	cd bench && ../$(BIN)/python apart.py --steps 16 --repeats 2
 	cd bench && ../$(BIN)/python learning.py --minutes 5 10 15
 	cd bench && ../$(BIN)/python reward_hacking.py --steps 16

@@ -198,3 +198,25 @@ def test_check_says_what_dragon_check_says(client, tmp_path, tiny_model_dir, cap
     assert main(["check", str(tmp_path / "config.yaml")]) == 2
     said = capsys.readouterr().err.strip()
     assert said == f"error: {problem}" and "data.source" in problem, (said, problem)
+
+
+def test_outputs_left_as_they_are_are_answered_as_gradio_answers_them(studio):
+    """StudioApp.postprocess_data answers a skipped output without making its component anew (100 ms of the server's
+    event loop for every page that opened): what it answers is gradio's own, for the page load's 120 outputs."""
+    import asyncio
+
+    from dragon_ui.ui.guard import SessionPage
+
+    demo = build_app(studio)
+    (load,) = [fn for fn in demo.fns.values() if fn.name == "on_page_load"]
+    markdowns = [at for at, block in enumerate(load.outputs) if isinstance(block, gr.Markdown)]
+    stateful = [at for at, block in enumerate(load.outputs) if block.stateful]
+    assert len(load.outputs) > 100 and len(markdowns) > 2 and stateful
+    given = {"all skipped": [gr.skip()] * len(load.outputs), "one skip for all": gr.skip(),
+             "some": [f"**{at}**" if at in markdowns[::2] else "kept" if at in stateful else gr.skip()
+                      for at in range(len(load.outputs))],
+             "all but one": [f"**{at}**" if at == markdowns[0] else gr.skip() for at in range(len(load.outputs))]}
+    for name, predictions in given.items():
+        ours = asyncio.run(demo.postprocess_data(load, predictions, SessionPage(demo)))
+        gradios = asyncio.run(gr.Blocks.postprocess_data(demo, load, predictions, SessionPage(demo)))
+        assert ours == gradios, name

@@ -516,8 +516,11 @@ def test_uploads_are_capped_at_the_limit(public_mode, monkeypatch, runs_dir):
     options = serving_options(Studio(runs_dir=runs_dir, policy=demo()))
     assert options["max_file_size"] == "5mb" and "allowed_paths" not in options  # the runs folder is not served
     assert not options["run_history"] and not options["enable_monitoring"]
-    routes, limits, door = options["app_kwargs"]["middleware"]
-    assert (routes.cls, limits.cls, door.cls) == (guard.OpenRoutes, guard.RequestLimits, guard.SessionDoor)
+    routes, limits, door, pages = options["app_kwargs"]["middleware"]
+    assert (routes.cls, limits.cls, door.cls, pages.cls) == (guard.OpenRoutes, guard.RequestLimits, guard.SessionDoor,
+                                                             guard.PageCache)
+    (pages,) = serving_options(Studio(runs_dir=runs_dir, policy=LAPTOP))["app_kwargs"]["middleware"]
+    assert pages.cls is guard.PageCache  # every app's server makes its page once
 
 
 def test_the_data_preview_reads_no_server_path(public_mode, nothing_is_read):

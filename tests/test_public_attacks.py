@@ -438,8 +438,8 @@ def stop(visitor: RawVisitor, run_id: str) -> None:
 @contextlib.contextmanager
 def another_visitor_answered_within(demo, seconds: float = 1.0):
     """While the attack runs, a bystander's page keeps asking: its run list (an event through the queue) every 50 ms,
-    and the page itself and its /config every 250 ms (each takes the server some 40 ms: asked every 50 ms, they
-    would be an attack too). Each must be answered within ``seconds``."""
+    and the page itself and its /config every 250 ms (gradio makes them once: guard.PageCache). Each must be
+    answered within ``seconds``."""
     bystander = RawVisitor(demo.app)
     events: list[float] = []
     pages: list[tuple[float, str]] = []

@@ -10,7 +10,10 @@ five wrong owner keys from a shared address locked its owner out. Floods come fr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
+import gzip
 import json
 import multiprocessing
 import os
@@ -19,7 +22,9 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
+import brotli
 import httpx
 import pytest
 import test_public_attacks as attacks
@@ -38,7 +43,8 @@ from dragon_ui.studio.draft import KEPT_DRAFT_BYTES, kept_draft_refusal
 from dragon_ui.studio.recipes import Recipes
 from dragon_ui.studio.visitors import (QUIET_S, SESSIONS_IN_USE_PER_ADDRESS, WRONG_KEYS_ALLOWED, WRONG_KEYS_WINDOW_S,
                                        Visitors)
-from dragon_ui.ui.guard import SWEEP_S, SessionPage
+from dragon_ui.ui.guard import SWEEP_S, PageCache, SessionPage
+from dragon_ui.ui.guard.pages import ANSWERS_KEPT
 
 demo, demo_limits = attacks.demo, attacks.demo_limits  # its fixtures, used here by name
 pytestmark = pytest.mark.timeout(600)
@@ -230,6 +236,43 @@ def test_the_right_owner_key_unlocks_a_page_whoever_guessed_from_its_address(dem
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Pages: the attacks.
+
+
+@pytest.mark.slow
+def test_a_class_opening_the_page_at_once_is_answered_within_a_second(demo):
+    """Issue 58: a class of 25 opening the page at once waited 2.4 s for the page and /config (gradio made each anew,
+    some 40 ms of the server's one interpreter). Now they are made once, and each is gradio's own answer (the same as
+    one asked with a query, which gradio makes anew), compressed as the request accepts."""
+    gradios = {path: httpx.get(f"{demo.app.url}{path}?deep_link=", timeout=30) for path in ("/", "/config")}
+    assert all(answer.status_code == 200 and "content-encoding" not in answer.headers for answer in gradios.values())
+    with (httpx.Client(timeout=30, limits=httpx.Limits(max_connections=50)) as client,  # one, as a browser each
+          ThreadPoolExecutor(50) as pool):
+        answers = list(pool.map(functools.partial(timed_get, client),
+                                [f"{demo.app.url}{path}" for path in ("/", "/config") for _ in range(25)]))
+    assert max(seconds for seconds, _ in answers) < 1.0, sorted(seconds for seconds, _ in answers)[-5:]
+    for path, (_, answer) in zip(["/"] * 25 + ["/config"] * 25, answers, strict=True):
+        assert answer.status_code == 200 and answer.headers["content-encoding"] in ("br", "gzip")
+        assert answer.content == gradios[path].content
+        assert int(answer.headers["content-length"]) < len(answer.content) / 5
+
+
+@pytest.mark.slow
+def test_no_one_can_put_their_own_address_in_anothers_page(demo):
+    """gradio writes the root address it reads from a request's headers into the page and its config: a page kept for
+    one root is never handed to a request under another, and a flood of roots keeps only a few pages."""
+    evil = "evil.example"
+    with another_visitor_answered_within(demo):
+        for n in range(20):
+            for path in ("/", "/config"):
+                asked = httpx.get(f"{demo.app.url}{path}", headers={"x-forwarded-host": f"{n}.{evil}"}, timeout=30)
+                assert asked.status_code == 200 and f"{n}.{evil}" in asked.text
+    for path in ("/", "/config"):
+        plain = httpx.get(f"{demo.app.url}{path}", timeout=30)
+        assert plain.status_code == 200 and evil not in plain.text and demo.app.url in plain.text
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # What the attacks send and look at.
 
 
@@ -272,6 +315,12 @@ def heartbeat(app: App, session: str):
     with contextlib.ExitStack() as held_open:
         assert open_heartbeat(app, session, "127.0.0.1", held_open).startswith("HTTP/1.1 200")
         yield
+
+
+def timed_get(client: httpx.Client, url: str) -> tuple[float, httpx.Response]:
+    started = time.monotonic()
+    answer = client.get(url)
+    return time.monotonic() - started, answer
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -456,3 +505,118 @@ def test_a_page_that_guessed_past_the_allowance_guesses_no_more_and_may_again_la
     assert visitors.unlock(visitors.of("guesser", "shared"), "the-key").owns_everything
 
 
+
+
+class Gradio:
+    """A stand-in for gradio's server behind guard.PageCache: its answer names the root headers it was asked under
+    and its config, and it counts the answers it made."""
+
+    def __init__(self) -> None:
+        self.config, self.made, self.status, self.headers = {"made": 1}, 0, 200, []
+        self.auth = self.auth_dependency = None
+        self.tokens: dict = {}
+        self.root_path = ""
+
+    def get_blocks(self):
+        return SimpleNamespace(config=self.config, custom_mount_path=None)
+
+    async def __call__(self, scope, receive, send):
+        self.made += 1
+        await asyncio.sleep(0.05)  # long enough for every asker of a class to be waiting
+        body = json.dumps({"host": dict(scope["headers"]).get(b"host", b"").decode(), "config": id(self.config),
+                           "path": scope["path"], "made": self.made}).encode() * 50
+        await send({"type": "http.response.start", "status": self.status,
+                    "headers": [(b"content-type", b"text/html"), (b"content-length", str(len(body)).encode()),
+                                *self.headers]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def ask(cache, gradio: Gradio, path: str = "/", host: str = "demo.example", method: str = "GET", query: bytes = b"",
+        encodings: str = "") -> tuple[int, dict, bytes]:
+    """(status, headers, body) of one request through ``cache``, in the running loop."""
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": query,
+             "scheme": "http", "server": ("127.0.0.1", 7860), "app": gradio,
+             "headers": [(b"host", host.encode()), *([(b"accept-encoding", encodings.encode())] if encodings else [])]}
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    async def asked():
+        await cache(scope, receive, send)
+        return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+    return asked()
+
+
+def decoded(headers: dict, body: bytes) -> bytes:
+    encoding = headers.get(b"content-encoding")
+    return brotli.decompress(body) if encoding == b"br" else gzip.decompress(body) if encoding == b"gzip" else body
+
+
+async def at_once(*asked):
+    return await asyncio.gather(*asked)
+
+
+def test_a_class_arriving_at_once_has_the_page_made_once_and_each_as_it_accepts_it():
+    gradio = Gradio()
+    cache = PageCache(gradio)
+    encodings = ["br", "gzip, deflate", "", "gzip, br;q=0", "identity"] * 5
+    answers = asyncio.run(at_once(*(ask(cache, gradio, encodings=accepted) for accepted in encodings)))
+    assert gradio.made == 1
+    bodies = {decoded(headers, body) for _, headers, body in answers}
+    assert len(bodies) == 1 and json.loads(next(iter(bodies))[:len(next(iter(bodies))) // 50])["made"] == 1
+    said = [headers.get(b"content-encoding") for _, headers, _ in answers]
+    assert said == [b"br", b"gzip", None, b"gzip", None] * 5
+    for _, headers, body in answers:
+        assert int(headers[b"content-length"]) == len(body)
+    asyncio.run(at_once(ask(cache, gradio), ask(cache, gradio, "/config"), ask(cache, gradio, "/config")))
+    assert gradio.made == 2  # the config, once
+
+
+def test_a_page_is_kept_for_its_own_root_and_only_a_few_roots_are_kept():
+    gradio = Gradio()
+    cache = PageCache(gradio)
+    for n in range(3 * ANSWERS_KEPT):
+        _, headers, body = asyncio.run(ask(cache, gradio, host=f"{n}.evil.example"))
+        assert f'"host": "{n}.evil.example"' in body.decode()
+    assert gradio.made == 3 * ANSWERS_KEPT and len(cache._kept) == ANSWERS_KEPT
+    _, _, body = asyncio.run(ask(cache, gradio))
+    assert '"host": "demo.example"' in body.decode() and gradio.made == 3 * ANSWERS_KEPT + 1
+    asyncio.run(ask(cache, gradio))
+    assert gradio.made == 3 * ANSWERS_KEPT + 1
+
+
+ASKED_ANEW = {  # (what is asked, what gradio's server is like): gradio makes each answer anew
+    "a query": ({"query": b"deep_link=abc"}, {}),
+    "another route": ({"path": "/theme.css"}, {}),
+    "HEAD": ({"method": "HEAD"}, {}),
+    "POST": ({"method": "POST"}, {}),
+    "a login": ({}, {"auth": {"user": "pass"}}),
+    "an auth dependency": ({}, {"auth_dependency": lambda request: "someone"}),
+    "a refusal": ({}, {"status": 401}),
+    "a cookie set": ({}, {"headers": [(b"set-cookie", b"access-token=x")]}),
+}
+
+
+@pytest.mark.parametrize("asked, server", ASKED_ANEW.values(), ids=ASKED_ANEW.keys())
+def test_what_could_differ_between_askers_is_asked_of_gradio_every_time(asked, server):
+    gradio = Gradio()
+    for name, value in server.items():
+        setattr(gradio, name, value)
+    cache = PageCache(gradio)
+    for _ in range(3):
+        asyncio.run(ask(cache, gradio, **asked))
+    assert gradio.made == 3 and not cache._kept
+
+
+def test_a_new_app_config_makes_the_page_anew():
+    gradio = Gradio()
+    cache = PageCache(gradio)
+    asyncio.run(ask(cache, gradio))
+    gradio.config = {"made": 2}
+    _, _, body = asyncio.run(ask(cache, gradio))
+    assert gradio.made == 2 and f'"config": {id(gradio.config)}' in body.decode()

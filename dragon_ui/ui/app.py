@@ -8,6 +8,7 @@ in the form (common.Form) and, between visits, in the browser (``gr.BrowserState
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import inspect
 import json
@@ -23,6 +24,7 @@ import gradio as gr
 from gradio.context import LocalContext
 from gradio.queueing import Event
 from gradio.utils import get_upload_folder
+from starlette.middleware import Middleware
 
 from ..config import Draft
 from ..system.disk import resolve_runs_dir
@@ -35,7 +37,7 @@ from ..studio.recipes import DEFAULT_RECIPE
 from ..studio.files import real_draft, shown_draft
 from ..studio.draft import kept_draft_refusal, same_settings, settings_of
 from ..studio.visitors import SESSIONS_IN_USE
-from .guard import NO_SESSION, guards, keeping_sessions_small, take_turns_fairly
+from .guard import NO_SESSION, PageCache, guards, keeping_sessions_small, take_turns_fairly
 from . import class_section, compare_tab, data_tab, experiments_tab, model_tab, rewards_tab, train_tab
 from .common import (ONE_MODEL_AT_A_TIME, TAB_COMPARE, TAB_DATA, TAB_EXPERIMENTS, TAB_MODEL, TAB_REWARDS, TAB_TRAIN,
                      UNCHANGED, DraftMaker, Form, Shared, as_draft, bound, client_left, explain, in_the_page,
@@ -62,6 +64,7 @@ def kept_none_of(storage_keys: list[str]) -> str:
     return f"(() => {{ try {{ return !({kept}); }} catch {{ return true; }} }})()"
 
 
+SKIPPED = gr.skip()  # what gradio answers for an output an event leaves as it is: {"__type__": "update"}
 FIRST_PAGE_S = 3.0  # how long the warm-up leaves the CPUs to a page opening as the app starts (make run opens one)
 
 
@@ -71,6 +74,29 @@ class StudioApp(gr.Blocks):
 
     form: Form
     studio: Studio
+
+    async def postprocess_data(self, block_fn, predictions, state):
+        """gradio's, but an output an event leaves as it is (``gr.skip()``) is answered as such at once. gradio makes
+        the component anew for it, through inspect, in the server's event loop: the page load's 120 outputs, most of
+        them skipped, took 100 ms of it for every page that opened, and a class opening the page at once held up
+        every other request by seconds."""
+        outputs = block_fn.outputs
+        if isinstance(predictions, dict) and predictions == SKIPPED and len(outputs) > 1:  # one skip for them all
+            predictions = [SKIPPED] * len(outputs)
+        if (block_fn.batch or not isinstance(predictions, list | tuple) or len(outputs) < 2
+                or len(predictions) != len(outputs)):
+            return await super().postprocess_data(block_fn, predictions, state)
+        skipped = {at for at, (block, value) in enumerate(zip(outputs, predictions, strict=True))
+                   if not block.stateful and isinstance(value, dict) and value == SKIPPED}
+        if not skipped:
+            return await super().postprocess_data(block_fn, predictions, state)
+        rest = [at for at in range(len(outputs)) if at not in skipped]
+        if rest:
+            some = copy.copy(block_fn)
+            some.outputs = [outputs[at] for at in rest]
+            given = [predictions[at] for at in rest]
+            made = iter(await super().postprocess_data(some, given if len(given) > 1 else given[0], state))
+        return [dict(SKIPPED) if at in skipped else next(made) for at in range(len(outputs))]
 
 
 @dataclass
@@ -680,7 +706,8 @@ def serving_options(studio: Studio) -> dict:
     it); in a public demo nothing of it (downloads are copies, handed to their owner alone), uploads up to the limit,
     only what its guards let through (guard.guards), and what it holds of sessions kept to those in use
     (keeping_sessions_small). No run history (in a public demo it could make the server use its Hugging Face token)
-    and no monitoring (it shows every visitor's requests to anyone)."""
+    and no monitoring (it shows every visitor's requests to anyone). Every server makes its page and its config once
+    (guard.PageCache), not for every request."""
     options = {"run_history": False, "enable_monitoring": False}
     limits = studio.policy.limits
     if limits is not None:  # a public demo
@@ -689,7 +716,7 @@ def serving_options(studio: Studio) -> dict:
         return {**options, "max_file_size": f"{limits.upload_mb:g}mb",
                 "state_session_capacity": 2 * SESSIONS_IN_USE,
                 "app_kwargs": {"middleware": guards(studio), "lifespan": keeping_sessions_small(studio.visitors)}}
-    return {**options, "allowed_paths": [str(studio.runs_dir)]}
+    return {**options, "allowed_paths": [str(studio.runs_dir)], "app_kwargs": {"middleware": [Middleware(PageCache)]}}
 
 
 def _notes(draft: Draft) -> tuple:
