@@ -4,6 +4,7 @@ whole class of 25 against the running app."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import pytest
@@ -62,6 +63,11 @@ def test_a_class_code_too_short_to_resist_guessing_is_refused_when_the_app_start
     ("x" * 41, None, "at most 40 characters"),
     ("Ana\x00", None, r"letters, digits, spaces and \. ' - _ only"),
     ("Ana\u202eevil", None, r"letters, digits, spaces and \. ' - _ only"),  # text drawn right to left
+    ("Ａna", "Ana", None),  # full-width: one spelling of each letter
+    ("\u3164", None, r"letters, digits, spaces and \. ' - _ only"),  # a letter that draws nothing
+    ("Ana\u3164", None, r"letters, digits, spaces and \. ' - _ only"),
+    ("._.", None, "has a letter in it"),
+    ("42", None, "has a letter in it"),
 ])
 def test_a_seats_name_is_what_was_typed_tidied(typed, shown, refusal):
     if refusal:
@@ -105,7 +111,12 @@ def test_the_code_given_on_the_owner_panel_is_kept_unless_the_environment_sets_o
     assert classroom(tmp_path, code="").is_code("a-new-code")
     started_with = classroom(tmp_path, code=CODE)
     assert started_with.is_code(CODE) and not started_with.is_code("a-new-code")
-    assert "a-new-code" not in "".join(path.read_text() for path in (tmp_path / ".class").iterdir())
+    kept = "".join(path.read_text() for path in (tmp_path / ".class").iterdir())
+    assert "a-new-code" not in kept and hashlib.sha256(b"a-new-code").hexdigest() not in kept  # salted, slow
+    room.sit("ana", "Ana")
+    room.close()
+    assert not room.open and room.seats() == [] and not classroom(tmp_path, code="").open
+    assert classroom(tmp_path, code="").seats() == []
 
 
 def test_no_seat_without_a_class_or_with_a_wrong_code(tmp_path):
@@ -121,30 +132,42 @@ def test_no_seat_without_a_class_or_with_a_wrong_code(tmp_path):
 
 
 def test_wrong_class_codes_are_limited_per_address_and_apart_from_owner_keys(tmp_path, monkeypatch):
+    """A new session per guess would guess on at the rate sessions open: past its allowance, the whole address
+    waits (or the teacher opens the class again), and its owner key is still checked."""
     visitors = Visitors(owner_key="the-owner-key", classroom=classroom(tmp_path))
-    guesser = visitors.of("guesser", address="room")
     for attempt in range(WRONG_CODES_ALLOWED):
         with pytest.raises(ConfigError, match="not this class's code"):
-            visitors.sit(guesser, f"guess-{attempt}", "Eve")
-    with pytest.raises(BusyError, match="Too many wrong class codes from your network address; try again in 15"):
-        visitors.sit(guesser, CODE, "Eve")
-    assert visitors.sit(visitors.of("learner", address="room"), CODE, "Ana").seat == "Ana"  # another page still can
+            visitors.sit(visitors.of(f"guess-{attempt}", address="room"), f"guess-{attempt}", "Eve")
+    for page in ("guess-0", "a-new-page"):
+        with pytest.raises(BusyError, match="Too many wrong class codes from your network address; try again in 15 "
+                                            "minutes, or ask your teacher to open the class again"):
+            visitors.sit(visitors.of(page, address="room"), CODE, "Eve")
+    assert visitors.sit(visitors.of("elsewhere", address="home"), CODE, "Ana").seat == "Ana"
     assert visitors.unlock(visitors.of("owner", address="room"), "the-owner-key").owns_everything
+    visitors.forgive(visitors_module.CLASS_CODE)  # the teacher opened the class again
+    assert visitors.sit(visitors.of("a-new-page", address="room"), CODE, "Eve").seat == "Eve"
+    for attempt in range(WRONG_CODES_ALLOWED):
+        with pytest.raises(ConfigError, match="not this class's code"):
+            visitors.sit(visitors.of("bob", address="room"), f"guess-{attempt}", "Bob")
     later = time.monotonic() + visitors_module.WRONG_KEYS_WINDOW_S
     monkeypatch.setattr(visitors_module.time, "monotonic", lambda: later)
-    assert visitors.sit(guesser, CODE, "Eve").seat == "Eve"
+    assert visitors.sit(visitors.of("bob", address="room"), CODE, "Bob").seat == "Bob"
 
 
 def test_the_teachers_controls_are_the_owners_alone(public_mode, studio, tiny_config_dict):
     teacher = studio.teacher
     learner = public.Visitor(key="ana", address=public.seat_address("ana"), seat="Ana")
     with public.visiting(learner):
-        for act in (teacher.board, teacher.stop_all, lambda: teacher.pause_queue(True),
-                    lambda: teacher.open_class(CODE), lambda: teacher.hand_out(tiny_config_dict)):
+        for act in (teacher.board, teacher.stop_all, lambda: teacher.pause_queue(True), teacher.close_class,
+                    lambda: teacher.open_class(CODE), lambda: teacher.hand_out(tiny_config_dict),
+                    lambda: teacher.seat_run(0)):
             with pytest.raises(NotYoursError, match="Only this demo's owner can"):
                 act()
     owner = public.Visitor(key="teacher", unlocked=True)
     with public.visiting(owner):
+        made = teacher.open_class("")  # none typed: one is made, that nobody guesses
+        assert len(made) == 10 and studio.classroom.is_code(made) and teacher.open_class(CODE) == ""
+        assert studio.classroom.is_code(CODE)
         upload = uploaded_by("teacher", tiny_config_dict["data"]["source"])
         with pytest.raises(ConfigError, match="A learner could not start these settings: .*upload"):
             teacher.hand_out({**tiny_config_dict, "data": {**tiny_config_dict["data"], "source": upload}})
@@ -209,6 +232,11 @@ def test_each_seat_has_an_addresses_share_and_the_class_a_total(public_mode, stu
         board = studio.teacher.board()
         assert [row[0] for row in board] == ["Learner 0", "Learner 1", "Learner 2"]
         assert board[0][1] == runs[-2].id and board[2][1:3] == ["", "no run yet"]
+        assert studio.teacher.seat_run(0) == runs[-2].id and studio.teacher.seat_run(1) == runs[2].id
+        for row, refusal in ((2, "Learner 2 has no run yet"), (3, "Click a seat's row"), (-1, "Click a seat's row"),
+                             ("0", "Click a seat's row"), (True, "Click a seat's row")):
+            with pytest.raises(ConfigError, match=refusal):
+                studio.teacher.seat_run(row)
         assert studio.teacher.stop_all() == 2
     assert [ended(run) for run in runs[-2:]] == ["cancelled"] * 2
     assert queue.waiting_runs(studio.runs_dir) == []

@@ -47,6 +47,19 @@ def test_each_cpu_run_has_at_least_four_cores(cores, slots, threads):
     assert capacity.share_of(RunConfig(), CPU, machine) == Share(cpu_threads=threads)
 
 
+@pytest.mark.parametrize("running, new, fits", [
+    ([], Need("cpu", gb=30.0), True),  # alone, a run always trains
+    ([Need("cpu", gb=6.0)], Need("cpu", gb=6.0), True),  # 12 of the 16 GB less the app's 2
+    ([Need("cpu", gb=6.0), Need("cpu", gb=6.0)], Need("cpu", gb=2.5), False),
+    ([Need("cpu", gb=6.0)], Need("cpu", gb=8.5), False),
+    ([Need("cpu", gb=1.0)], Need("cpu"), False),  # a model of unknown size trains alone
+    ([Need("cpu")], Need("cpu", gb=1.0), False),
+])
+def test_cpu_runs_share_the_machine_while_their_estimates_fit_its_memory(running, new, fits):
+    """Cores alone let four runs of the biggest allowed model start on 16 cores and 16 GB: the memory decides too."""
+    assert capacity.fits(HardwareInfo(cpu_cores=16, memory_gb=16.0), running, new) is fits
+
+
 @pytest.mark.parametrize("asked, given", [(None, 3), (1, 1), (3, 3), (8, 3)])
 def test_a_runs_own_threads_above_its_share_are_lowered_to_it(asked, given):
     config = RunConfig()
@@ -57,10 +70,10 @@ def test_a_runs_own_threads_above_its_share_are_lowered_to_it(asked, given):
 @pytest.mark.parametrize("total_gb, running, new, fits", [
     (24.0, [], on_gpu(30.0), True),  # alone, a run always trains (as a laptop's only run did)
     (24.0, [on_gpu(10.0)], on_gpu(10.0), True),
-    (24.0, [on_gpu(10.0), on_gpu(10.0)], on_gpu(4.0), True),  # exactly full
-    (24.0, [on_gpu(10.0), on_gpu(10.0)], on_gpu(4.5), False),
-    (80.0, [on_gpu(10.0)] * 7, on_gpu(10.0), True),
-    (80.0, [on_gpu(10.0)] * 8, on_gpu(1.0), False),
+    (24.0, [on_gpu(9.0), on_gpu(9.0)], on_gpu(3.0), True),  # exactly full, each with its CUDA context's 1 GB
+    (24.0, [on_gpu(9.0), on_gpu(9.0)], on_gpu(3.5), False),
+    (80.0, [on_gpu(9.0)] * 7, on_gpu(9.0), True),
+    (80.0, [on_gpu(9.0)] * 8, on_gpu(1.0), False),
     (80.0, [on_gpu(10.0)], on_gpu(None), False),  # a model of unknown size trains alone on its GPU
     (80.0, [on_gpu(None)], on_gpu(1.0), False),
     (80.0, [on_gpu(10.0)], CPU, False),  # runs share the machine only on one device
@@ -95,7 +108,7 @@ def test_a_runs_need_on_a_gpu_is_its_estimate_with_the_margin_and_its_share_hold
     fitting = 0
     while capacity.fits(machine, [need] * fitting, need):
         fitting += 1
-    assert fitting == max(1, math.floor(total_gb / need.gb))
+    assert fitting == max(1, math.floor(total_gb / (need.gb + capacity.CUDA_CONTEXT_GB)))
     assert capacity.share_of(config, need, machine) == Share(gpu_memory_fraction=need.gb / total_gb)
     assert capacity.share_of(config, on_gpu(None), machine) == Share()  # unknown size: alone, uncapped
 

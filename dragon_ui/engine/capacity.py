@@ -3,12 +3,15 @@
 Runs share the machine only where they train on the same device:
 
 - on the CPU, while each has at least ``CORES_PER_RUN`` cores: ``max(1, cores // 4)`` runs, so a machine of under 8
-  cores trains one at a time. Where several fit, every run gets its share of threads, ``(cores - 1) // slots``
+  cores trains one at a time; and while their memory estimates, each with the estimate's margin, add up to the
+  machine's memory less ``APP_GB`` (the app, its warm worker and the system). A run whose size is not known
+  trains alone. Where several fit, every run gets its share of threads, ``(cores - 1) // slots``
   (one core stays free for the app, as hardware.default_cpu_threads leaves it), whether others train beside it yet
   or not: a run's threads cannot change once it trains, and more threads than idle cores make torch's thread pool
   collapse. A run's own ``hardware.cpu_threads`` above its share is lowered to it;
 - on a CUDA GPU, while the memory estimates of the runs on it, each with the estimate's margin (the estimate
-  a public demo admits a run by, estimate.admitted_gb), add up to no more than the GPU's memory. Each run is held to
+  a public demo admits a run by, estimate.admitted_gb) and ``CUDA_CONTEXT_GB`` for its process's CUDA context
+  (which the cap below does not hold), add up to no more than the GPU's memory. Each run is held to
   its estimate there (torch.cuda.set_per_process_memory_fraction), so that one that outgrows it ends out of memory
   itself instead of ending its neighbours; a run whose size is not known trains alone on its GPU, uncapped;
 - on Apple MPS, or where a run's device cannot be told (its config cannot be read), one at a time.
@@ -29,13 +32,15 @@ from .estimate import PROMPT_TOKENS, admitted_gb, model_dims
 from .hardware import HardwareInfo, ResolvedHardware, resolve_hardware
 
 CORES_PER_RUN = 4
+APP_GB = 2.0  # kept for the app, its warm worker and the system when CPU runs share the memory
+CUDA_CONTEXT_GB = 1.0  # what each process's CUDA context takes beside what torch allocates (0.3-0.9 GB measured)
 SHARING_DEVICES = ("cpu", "cuda")  # every other device (mps, or one unknown) trains one run at a time
 
 
 @dataclass(frozen=True)
 class Need:
-    """What one run takes of the machine: the device it trains on, its GPU, and on CUDA the memory it is admitted
-    by (None: its model's size is unknown)."""
+    """What one run takes of the machine: the device it trains on, its GPU, and the memory it is admitted by
+    (None: its model's size is unknown)."""
 
     device: str
     gpu: int | None = None
@@ -81,13 +86,14 @@ def need_of(config: RunConfig, machine: HardwareInfo, longest_prompt: int | None
         hardware = resolve_hardware(config.hardware, machine)
     except ConfigError:
         return UNKNOWN
-    if hardware.device != "cuda":
+    gpu = hardware.gpu if hardware.device == "cuda" else None
+    if hardware.device not in SHARING_DEVICES:
         return Need(hardware.device)
     try:
         dims, _ = model_dims(config.model.id)
     except ConfigError:
-        return Need("cuda", hardware.gpu)
-    return Need("cuda", hardware.gpu, admitted_gb(config, dims, hardware, longest_prompt or PROMPT_TOKENS))
+        return Need(hardware.device, gpu)
+    return Need(hardware.device, gpu, admitted_gb(config, dims, hardware, longest_prompt or PROMPT_TOKENS))
 
 
 def share_of(config: RunConfig, need: Need, machine: HardwareInfo) -> Share:
@@ -109,13 +115,21 @@ def fits(machine: HardwareInfo, training: Sequence[Need], new: Need) -> bool:
     if new.device not in SHARING_DEVICES or any(need.device != new.device for need in training):
         return False
     if new.device == "cpu":
-        return len(training) < cpu_slots(machine)
+        return len(training) < cpu_slots(machine) and _within(
+            [*training, new], None if machine.memory_gb is None else machine.memory_gb - APP_GB, 0.0)
     on_its_gpu = [need for need in training if need.gpu == new.gpu]
     if not on_its_gpu:
         return True
-    if new.gb is None or new.gpu is None or any(need.gb is None for need in on_its_gpu):
-        return False
-    return sum(need.gb for need in on_its_gpu if need.gb is not None) + new.gb <= machine.cuda[new.gpu].total_gb
+    return new.gpu is not None and _within([*on_its_gpu, new], machine.cuda[new.gpu].total_gb, CUDA_CONTEXT_GB)
+
+
+def _within(needs: Sequence[Need], memory_gb: float | None, each_gb: float) -> bool:
+    """Whether runs of ``needs``, each with ``each_gb`` more, fit in ``memory_gb`` together (unknown memory: yes;
+    a run of unknown size: no, it trains alone)."""
+    if memory_gb is None:
+        return True
+    sizes = [need.gb for need in needs]
+    return all(size is not None for size in sizes) and sum(size + each_gb for size in sizes if size is not None) <= memory_gb
 
 
 def expected_starts(machine: HardwareInfo, training: Sequence[tuple[Need, float | None]],

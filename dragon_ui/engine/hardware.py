@@ -19,6 +19,7 @@ from pathlib import Path
 from ..config import HardwareSettings
 from ..errors import ConfigError
 from ..system.disk import cache_dir
+from ..system.memory import system_memory_gb
 from ..scaleout import distributed
 from .libraries import import_all
 from .quantization import bitsandbytes_installed
@@ -46,6 +47,7 @@ class HardwareInfo:
     cpu_cores: int = 1
     cpu_bf16: bool = False
     bitsandbytes: bool = False
+    memory_gb: float | None = None  # the machine's whole memory (None: the platform does not tell)
 
     def summary(self) -> str:
         parts = [f"CUDA {d.index}: {d.name}, " + (f"{d.free_gb:.1f} of {d.total_gb:.1f} GB free" if d.free_gb is not None
@@ -209,7 +211,8 @@ def detect_hardware() -> HardwareInfo:
     import_all()  # the first use of transformers and torch waits for an import under way
     import torch
 
-    info = HardwareInfo(cpu_cores=available_cpu_cores(), cpu_bf16=cpu_bf16_is_fast())
+    info = HardwareInfo(cpu_cores=available_cpu_cores(), cpu_bf16=cpu_bf16_is_fast(),
+                        memory_gb=system_memory_gb(free=False))
     if torch.cuda.is_available():
         own = distributed.local_rank() if distributed.is_distributed() else None
         for index in range(torch.cuda.device_count()):

@@ -101,6 +101,8 @@ def submit_resume(run_dir: Path, before_start: Callable[[], object] | None = Non
     with _lock:
         _refuse_if_full(run.path.parent, policy=policy)
         public_checks.take_start(run.path.parent, _preparing, policy=policy)
+        if policy.visitor.seat:  # resumed from a seat: it counts as the seat's now, within the class's total
+            run.update_status(seat=policy.visitor.seat, owner_address=policy.visitor.address)
         training_now, waiting = _line(run.path.parent)
         if not waiting and _room_for(run, training_now, workers):
             if before_start is not None:

@@ -13,6 +13,7 @@ folder and a tiny model.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import secrets
 import threading
@@ -37,7 +38,7 @@ from .files import Files
 from .previews import Previews
 from .recipes import Recipes
 from .runs import Runs
-from .visitors import Visitors
+from .visitors import CLASS_CODE, Visitors
 
 log = logging.getLogger("dragon_ui")
 DRY_RUN_BESIDE_A_TRAINING = ("A training is running on this machine; a step measured beside it would take longer than "
@@ -73,7 +74,8 @@ class Studio:
         self._own_workers = workers is None
         self.runs = Runs(self.recipes, self.previews, self.files, machine,
                          Workers(hub_token=not policy.public) if workers is None else workers)
-        self.teacher = Teacher(self.classroom, self.runs, policy=policy) if self.classroom is not None else None
+        self.teacher = None if self.classroom is None else Teacher(
+            self.classroom, self.runs, functools.partial(self.visitors.forgive, CLASS_CODE), policy=policy)
 
     @property
     def public(self) -> bool:

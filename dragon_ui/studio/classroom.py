@@ -14,13 +14,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
+import secrets
 import threading
 import time
-import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from ..config import Draft
 from ..engine import queue
@@ -34,6 +36,9 @@ from .runs import Runs
 CLASS_FOLDER = ".class"  # in the runs folder, beside the runs (list_runs reads only folders with a config)
 NAME_CHARS = 40
 NAME = re.compile(r"[\w .'-]+")  # a name, never markup: the board and the seat's line show it as it was typed
+# Letters that draw nothing (Hangul fillers): a name of them would look empty, or like another's.
+BLANK_LETTERS = {"\u115f", "\u1160", "\u3164", "\uffa0"}
+CODE_ALPHABET = "23456789abcdefghjkmnpqrstuvwxyz"
 # Who a hand-out is checked as: a learner with a seat, no uploads of their own, and no runs.
 A_LEARNER = Visitor(key="a-learner-of-the-class", seat="a learner")
 HANDOUT_LABEL = "your teacher's recipe"
@@ -69,13 +74,16 @@ def seat_name(text: object) -> str:
     """The name a learner typed, tidied (spaces collapsed), or ConfigError in the screen's words."""
     if not isinstance(text, str):
         raise ConfigError("Type your name to take a seat.")
-    name = " ".join(text.split())
+    # One spelling of each letter (full-width "Ａ" is "A"), so that two names that look alike are alike.
+    name = " ".join(unicodedata.normalize("NFKC", text[:NAME_CHARS * 4]).split())
     if not name:
         raise ConfigError("Type your name to take a seat.")
     if len(name) > NAME_CHARS:
         raise ConfigError(f"A seat's name has at most {NAME_CHARS} characters; type a shorter one.")
-    if not NAME.fullmatch(name):
+    if not NAME.fullmatch(name) or BLANK_LETTERS & set(name):
         raise ConfigError("A seat's name is letters, digits, spaces and . ' - _ only.")
+    if not any(char.isalpha() for char in name):
+        raise ConfigError("A seat's name has a letter in it: type your name.")
     return name
 
 
@@ -88,7 +96,7 @@ class Classroom:
         self.limits = limits
         self._lock = threading.Lock()
         kept = read_json(self._path("code"))
-        self._code_hash = _hashed(code) if code else kept if isinstance(kept, str) else ""
+        self._code = _Hashed.of(code) if code else _Hashed.from_json(kept)
         seats = read_json(self._path("seats"))
         self._seats: dict[str, Seat] = {}
         for key, seat in (seats if isinstance(seats, dict) else {}).items():
@@ -101,22 +109,31 @@ class Classroom:
     @property
     def open(self) -> bool:
         """Whether a class code is set: without one, nobody can take a seat."""
-        return bool(self._code_hash)
+        return self._code is not None
 
     def set_code(self, code: str) -> None:
-        """The teacher's new class code (the owner panel): kept as a hash, beside the runs. Seats already taken stay."""
+        """The teacher's new class code (the owner panel): kept as a salted hash, beside the runs. Seats already
+        taken stay."""
         code = checked_class_code(code, "The class code")
         if not code:
             raise ConfigError("Type a class code to open the class.")
         with self._lock:
-            self._code_hash = _hashed(code)
-            self._write("code", self._code_hash)
+            self._code = _Hashed.of(code)
+            self._write("code", self._code.to_json())
+
+    def close(self) -> None:
+        """The workshop is over: no code, no seats, no recipe handed out (the runs stay, as every visitor's do)."""
+        with self._lock:
+            self._code, self._seats, self._handout = None, {}, None
+            for name in ("code", "seats", "handout"):
+                self._path(name).unlink(missing_ok=True)
 
     def is_code(self, given: object) -> bool:
         """Whether ``given`` is the class code, compared in constant time (hashes of equal length)."""
-        if not self._code_hash or not isinstance(given, str) or not given.strip():
+        code = self._code
+        if code is None or not isinstance(given, str) or not given.strip():
             return False
-        return hmac.compare_digest(_hashed(given.strip()), self._code_hash)
+        return code.matches(given.strip())
 
     def sit(self, key: str, name: object) -> Seat:
         """Give the browser of visitor ``key`` a seat named ``name`` (its seat renamed, if it has one): refused for a
@@ -161,14 +178,19 @@ class Classroom:
         runstore.list_runs gives them, newest first; ``turn`` says a waiting run's place and expected start."""
         rows: list[list[Any]] = []
         for seat in self.seats():
-            own = [summary for summary in summaries if summary.get("owner") == seat.key]
-            run = next((summary for summary in own if summary["state"] in ACTIVE_STATES), own[0] if own else None)
+            run = self.run_of(seat, summaries)
             if run is None:
                 rows.append([seat.name, "", "no run yet", "", None, "", "", ""])
                 continue
             rows.append([seat.name, run["id"], _state(run), turn(run["id"]) if run.get("waiting") else "",
                          _rounded(run.get("reward")), _held_out(run), *_alerts_and_rewards(Path(run["dir"]))])
         return rows
+
+    @staticmethod
+    def run_of(seat: Seat, summaries: list[dict]) -> dict | None:
+        """The seat's run the board shows: the one training or waiting, else its newest (``summaries`` newest first)."""
+        own = [summary for summary in summaries if summary.get("owner") == seat.key]
+        return next((summary for summary in own if summary["state"] in ACTIVE_STATES), own[0] if own else None)
 
     def _path(self, name: str) -> Path:
         return self.folder / f"{name}.json"
@@ -178,8 +200,41 @@ class Classroom:
         write_json_atomic(self._path(name), value)
 
 
-def _hashed(code: str) -> str:
-    return hashlib.sha256(f"dragon-class:{code}".encode()).hexdigest()
+@dataclass(frozen=True)
+class _Hashed:
+    """A class code as it is kept: a salted PBKDF2 hash (a runs folder copied elsewhere does not give the code away
+    to a dictionary of short words in a second)."""
+
+    salt: str
+    digest: str
+
+    ROUNDS = 20_000  # about 5 ms a guess here: slow for a dictionary, nothing for a class taking its seats
+
+    @classmethod
+    def of(cls, code: str) -> _Hashed:
+        salt = secrets.token_hex(16)
+        return cls(salt, cls._digest(code, salt))
+
+    @classmethod
+    def from_json(cls, kept: object) -> _Hashed | None:
+        if isinstance(kept, dict) and isinstance(kept.get("salt"), str) and isinstance(kept.get("digest"), str):
+            return cls(kept["salt"], kept["digest"])
+        return None
+
+    def to_json(self) -> dict:
+        return {"salt": self.salt, "digest": self.digest}
+
+    def matches(self, code: str) -> bool:
+        return hmac.compare_digest(self._digest(code, self.salt), self.digest)
+
+    @classmethod
+    def _digest(cls, code: str, salt: str) -> str:
+        return hashlib.pbkdf2_hmac("sha256", code.encode(), bytes.fromhex(salt), cls.ROUNDS).hex()
+
+
+def new_code() -> str:
+    """A class code nobody guesses: 10 letters and digits that cannot be misread for one another (no 0/O, 1/l/I)."""
+    return "".join(secrets.choice(CODE_ALPHABET) for _ in range(10))
 
 
 def _rounded(value: object) -> float | None:
@@ -220,17 +275,41 @@ class Teacher:
 
     policy = RequestPolicy()  # asked by the visitor of the request being served
 
-    def __init__(self, classroom: Classroom, runs: Runs, *, policy: Policy) -> None:
+    def __init__(self, classroom: Classroom, runs: Runs, forgive_guesses: Callable[[], object], *,
+                 policy: Policy) -> None:
         self.classroom, self.runs, self.policy = classroom, runs, policy
+        self.forgive_guesses = forgive_guesses  # forgets the wrong class codes counted (visitors.Visitors.forgive)
 
-    def board(self) -> list[list]:
+    def board(self) -> list[list[Any]]:
         """One row per seat (Classroom.board)."""
         self._check("see the class board")
         return self.classroom.board(self.runs.summaries(), self.runs.place)
 
-    def open_class(self, code: object) -> None:
+    def seat_run(self, row: object) -> str:
+        """The run shown in the board's row ``row`` (counted from 0), read without the rest of the board."""
+        self._check("open a seat's run")
+        seats = self.classroom.seats()
+        if not isinstance(row, int) or isinstance(row, bool) or not 0 <= row < len(seats):
+            raise ConfigError("Click a seat's row to open its run.")
+        run = self.classroom.run_of(seats[row], self.runs.summaries())
+        if run is None:
+            raise ConfigError(f"{seats[row].name} has no run yet.")
+        return run["id"]
+
+    def open_class(self, code: object) -> str:
+        """Open the class with ``code``, or with a new one made here when none is typed; the code when it was made
+        here (for the teacher to give out), else "". Learners locked out by wrong codes may try again."""
         self._check("open the class")
-        self.classroom.set_code(code if isinstance(code, str) else "")
+        typed = code.strip() if isinstance(code, str) else ""
+        made = "" if typed else new_code()
+        self.classroom.set_code(typed or made)
+        self.forgive_guesses()
+        return made
+
+    def close_class(self) -> None:
+        """No code, no seats: learners become visitors counted by address again."""
+        self._check("close the class")
+        self.classroom.close()
 
     def hand_out(self, draft: Draft) -> Handout:
         """Hand ``draft`` to every seat, checked first as a learner's Start would check it: data the teacher

@@ -193,21 +193,33 @@ class Visitors:
                 known.unlocked = True
         return replace(who, unlocked=bool(who.key))
 
+    def forgive(self, secret: str) -> None:
+        """Forget the wrong guesses of ``secret`` (CLASS_CODE: the teacher opened the class again)."""
+        with self._lock:
+            self._wrong[secret].clear()
+
     def _guessed(self, who: Visitor, secret: str, right: bool) -> bool:
         """Count a guess of ``secret`` from ``who`` (``right`` or not) and return ``right``; BusyError, whatever the
-        guess, for a session that guessed wrong within the window once its address has guessed wrong as often as
-        it may (see unlock)."""
+        guess, once its address has guessed wrong as often as it may within the window: for an owner key, from a
+        session that guessed wrong meanwhile (see unlock); for a class code, from any session (a new session per
+        guess would go on guessing at the rate sessions open), until the teacher opens the class again (forgive)."""
         allowed = WRONG_KEYS_ALLOWED if secret == OWNER_KEY else WRONG_CODES_ALLOWED
         now = time.monotonic()
         with self._lock:
             known = self._sessions.get(who.session) if who.session else None
             wrong = self._wrong[secret].get(who.address or "") or collections.deque()
             guessed_enough = len(wrong) == allowed and now - wrong[0] < WRONG_KEYS_WINDOW_S
-            last_guess = known.wrong_at.get(secret) if known is not None else now
-            if guessed_enough and last_guess is not None and now - last_guess < WRONG_KEYS_WINDOW_S:
+            if not guessed_enough:
+                last_guess = None
+            elif secret == CLASS_CODE:
+                last_guess = wrong[0]
+            else:
+                last_guess = known.wrong_at.get(secret) if known is not None else now
+            if last_guess is not None and now - last_guess < WRONG_KEYS_WINDOW_S:
                 minutes = max(1, round((WRONG_KEYS_WINDOW_S - (now - last_guess)) / 60))
+                ask = ", or ask your teacher to open the class again" if secret == CLASS_CODE else ""
                 raise BusyError(f"Too many wrong {secret}s from your network address; try again in {minutes} "
-                                "minutes.")
+                                f"minutes{ask}.")
             if not right:
                 self._wrong[secret].setdefault(who.address or "", collections.deque(maxlen=allowed)).append(now)
                 if known is not None:

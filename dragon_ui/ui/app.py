@@ -172,7 +172,7 @@ def build_app(studio: Studio | None = None) -> StudioApp:
             top.owner.unlock.click(functools.partial(unlock_everything, studio), [top.owner.key, top.owner.remember],
                                    [kept.owner_key, top.owner.status, shared.runs_list[0]], api_visibility="private")
             top.owner.open_class.click(functools.partial(class_section.class_opened, studio), [top.owner.class_code],
-                                       [top.owner.status], api_visibility="private")
+                                       [top.owner.class_code, top.owner.status], api_visibility="private")
         serve_the_api(studio)
         progress_shown_quietly(demo, gr.Markdown(visible=False, elem_id="no-progress"))
     serve_as_visitors(demo, studio)
@@ -229,7 +229,7 @@ def owner_panel(limits: Limits) -> OwnerPanel:
         with gr.Row(equal_height=True):
             class_code = gr.Textbox(label="Class code to give out", type="password", scale=3, elem_id="owner-class-code",
                                     info="Teaching a class here? Learners who type this code take a seat each, with "
-                                         "the limits of one network address (at least 6 characters).")
+                                         "the limits of one network address. Leave it empty to have one made.")
             open_class = gr.Button("Open the class", scale=1, elem_id="owner-open-class")
         status = gr.Markdown(elem_id="owner-status")
     return OwnerPanel(key, remember_key, unlock, status, class_code, open_class)

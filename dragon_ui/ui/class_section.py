@@ -44,6 +44,7 @@ class TeacherBoard:
     stop_all: gr.Button
     pause: gr.Button
     export: gr.Button
+    close: gr.Button
     csv: gr.File
     timer: gr.Timer
 
@@ -114,10 +115,11 @@ def teacher_board(shared: Shared) -> TeacherBoard:
             pause = gr.Button("Pause the queue", size="sm", scale=1, elem_id="class-pause")
             stop_all = gr.Button("Stop all runs", size="sm", variant="stop", scale=1, elem_id="class-stop-all")
             export = gr.Button("Export results (CSV)", size="sm", scale=1, elem_id="class-export")
+            close = gr.Button("Close the class", size="sm", scale=1, elem_id="class-close")
         table = gr.Dataframe(pd.DataFrame([], columns=BOARD_COLUMNS), interactive=False, wrap=True, max_height=480,
                              label="Seats (click a row to open its run)", elem_id="class-board-table")
         csv = gr.File(label="Class results (.csv)", interactive=False, visible=False, elem_id="class-csv")
-    board = TeacherBoard(said, table, refresh, hand_out, stop_all, pause, export, csv,
+    board = TeacherBoard(said, table, refresh, hand_out, stop_all, pause, export, close, csv,
                          gr.Timer(BOARD_TICK_S, active=False))
     connect_board(shared, board, box)
     return board
@@ -179,19 +181,15 @@ def queue_toggled(studio: Studio) -> tuple:
 def board_exported(studio: Studio) -> gr.File:
     teacher = studio.teacher
     assert teacher is not None
-    path = write_csv(studio.files.new_download("dragon-class.csv"), BOARD_COLUMNS, teacher.board())
-    return gr.File(str(path), visible=True)
+    rows = teacher.board()  # the owner's alone, before any file is made
+    return gr.File(str(write_csv(studio.files.new_download("dragon-class.csv"), BOARD_COLUMNS, rows)), visible=True)
 
 
 def seat_run_opened(studio: Studio, event: gr.SelectData) -> str:
     """The run of the seat whose row was clicked, shown on the Train tab."""
     teacher = studio.teacher
     assert teacher is not None
-    rows = teacher.board()
-    row = event.index[0] if isinstance(event.index, list | tuple) and event.index else None
-    if not isinstance(row, int) or not 0 <= row < len(rows) or not rows[row][1]:
-        raise ConfigError("That seat has no run yet.")
-    return rows[row][1]
+    return teacher.seat_run(event.index[0] if isinstance(event.index, list | tuple) and event.index else None)
 
 
 def connect_board(shared: Shared, board: TeacherBoard, box: gr.Accordion) -> None:
@@ -209,6 +207,8 @@ def connect_board(shared: Shared, board: TeacherBoard, box: gr.Accordion) -> Non
                       api_name="class_pause")
     board.export.click(shows_errors(functools.partial(board_exported, studio)), None, [board.csv],
                        api_name="class_export")
+    board.close.click(shows_errors(functools.partial(class_closed, studio)), None, [board.said],
+                      api_name="class_close")
     assert shared.tabs is not None
     board.table.select(shows_errors(bound(seat_run_opened, studio)), None, [shared.run_id],
                        api_visibility="private").then(**in_the_page([shared.tabs], f"[{tab_selected(TAB_TRAIN)}]"))
@@ -219,15 +219,24 @@ def offer_handouts(shared: Shared, panel: SeatPanel) -> None:
     shared.offer_draft(panel.due.change, functools.partial(handout_offered, shared.studio), [panel.due])
 
 
-def class_opened(studio: Studio, code: Any) -> str:
-    """The owner panel's "Open the class": the code learners type to take a seat."""
+def class_opened(studio: Studio, code: Any) -> tuple[str, str]:
+    """The owner panel's "Open the class": with the code typed, or one made now (shown to the owner alone)."""
     teacher = studio.teacher
     assert teacher is not None
     try:
-        teacher.open_class(code)
+        made = teacher.open_class(code)
     except DragonError as exc:
-        return message(str(exc), "error")
-    return message("The class is open: learners take a seat with this code above the tabs.", "ok")
+        return gr.skip(), message(str(exc), "error")
+    code_is = f"with the code **{made}** (write it on the board)" if made else "with the code you typed"
+    return "", message(f"The class is open {code_is}: learners take a seat with it above the tabs.", "ok")
+
+
+def class_closed(studio: Studio) -> str:
+    teacher = studio.teacher
+    assert teacher is not None
+    teacher.close_class()
+    return message("The class is closed: no code, no seats. Learners' runs stay; they count by network address "
+                   "again.", "ok")
 
 
 def connect_seat(shared: Shared, panel: SeatPanel, page_loaded: Any) -> None:
