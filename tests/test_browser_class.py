@@ -1,7 +1,7 @@
 """A class in real browsers: the teacher (the demo's owner) opens a class on the owner panel, a learner takes a seat
 with its code, the teacher hands out a recipe and the learner's page loads it (asking first, since the learner had
 edited theirs), the learner's run is on the teacher's board, a click on its row opens it, and "Stop all runs" stops
-it. Two chromium contexts: two people's browsers."""
+it, and closing the class ends the seats. Two chromium contexts: two people's browsers."""
 
 from __future__ import annotations
 
@@ -110,5 +110,12 @@ def test_a_teacher_hands_out_a_recipe_and_stops_every_run(class_studio, tmp_path
             teacher.get_by_role("button", name="Stop all runs").click()
             expect(teacher.locator("#class-board-said")).to_contain_text("Asked 1 run to stop")
             expect(learner.locator("#train-status")).to_contain_text("stopped — can resume", timeout=90_000)
+
+            # The workshop is over: no seats; the learner's next page counts by address again.
+            teacher.get_by_role("button", name="Close the class").click()
+            expect(teacher.locator("#class-board-said")).to_contain_text("The class is closed")
+            learner.reload()
+            wait_until_loaded(learner)
+            expect(learner.locator("#class-seat")).not_to_contain_text("You sit as")
         finally:
             browser.close()

@@ -19,7 +19,6 @@ from .common import TAB_TRAIN, Shared, bound, in_the_page, message, shows_errors
 
 HANDOUT_TICK_S = 10.0  # how often a seated page asks whether the teacher handed out a recipe
 BOARD_TICK_S = 5.0  # how often an open board is read again
-SEAT_NONE = "Not seated: your runs count with your network address's."
 
 
 @dataclass
@@ -37,6 +36,8 @@ class SeatPanel:
 
 @dataclass
 class TeacherBoard:
+    """The owner's view of the class: a row per seat, and what acts on every seat at once."""
+
     said: gr.Markdown
     table: gr.Dataframe
     refresh: gr.Button
@@ -53,7 +54,7 @@ def seat_panel(storage_key: str) -> SeatPanel:
     """The learner's panel, above the tabs of a public demo."""
     with gr.Accordion("In a class? Take your seat", open=False, elem_id="class-join"):
         with gr.Row(equal_height=True):
-            code = gr.Textbox(label="Class code", type="password", scale=2, elem_id="class-code",
+            code = gr.Textbox(label="Class code", scale=2, max_length=200, elem_id="class-code",
                               info="The code your teacher gave you.")
             name = gr.Textbox(label="Your name", scale=2, max_length=NAME_CHARS, elem_id="class-name",
                               info="How your teacher's board shows you.")
