@@ -95,6 +95,9 @@ def test_a_class_of_25_behind_one_address_trains_with_a_seat_each(demo, tiny_mod
     assert [row[0] for row in table["data"]] == [f"Learner {number:02d}" for number in range(LEARNERS)]
     assert [row[1] for row in table["data"]] == run_ids  # by name, as learners were numbered
     assert "25 seats taken; the queue is running" in board.data[0]
+    waiting_rows = [row for row in table["data"] if row[2] == "waiting"]
+    assert waiting_rows and all(re.search(r"in line; expected to start in about", row[3]) for row in waiting_rows)
+    assert all(row[7] == "numeric × 1, length × 0.3" for row in table["data"])  # the default recipe's rewards
     learner_asks = learners[0].call("class_board")
     assert learner_asks.ok and "Only this demo's owner can see the class board" in learner_asks.data[0]
 

@@ -243,7 +243,11 @@ def _rounded(value: object) -> float | None:
 
 def _state(run: dict) -> str:
     step, total = run.get("step") or 0, run.get("total_steps")
-    return f"{run['state']} (step {step} of {total})" if run["state"] == "running" and total else run["state"]
+    if run["state"] == "running" and total:
+        return f"running (step {step} of {total})"
+    if run["state"] == "queued":  # in the line, or handed to its training process a moment ago
+        return "waiting" if run.get("waiting") else "starting"
+    return run["state"]
 
 
 def _held_out(run: dict) -> str:
