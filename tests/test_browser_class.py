@@ -8,114 +8,78 @@ from __future__ import annotations
 import pytest
 from playwright import sync_api
 
-from dragon_ui import public
-from dragon_ui.engine import training
 from dragon_ui.ui import build_app
-from test_app_client import served_app
-from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, open_tab, screenshot, wait_until_loaded, write_recipe
-from test_browser_public import need_chromium
+from test_browser import open_tab, screenshot, wait_until_loaded
+from test_browser_public import OWNER_KEY, people, public_studio  # noqa: F401 (a fixture, used by name)
 
 expect = sync_api.expect
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
-WAIT_MS = 60_000
-OWNER_KEY, CODE = "the-teachers-key", "dragons-of-room-4"
+CODE = "dragons-of-room-4"
 
 
-@pytest.fixture
-def class_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir, training_processes):
-    monkeypatch.setenv(public.PUBLIC_ENV, "1")
-    monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
-    monkeypatch.setenv(public.OWNER_KEY_ENV, OWNER_KEY)
-    monkeypatch.delenv(public.CLASS_CODE_ENV, raising=False)  # the teacher sets it on the owner panel
-    from dragon_ui.studio.backend import Studio
+def test_a_teacher_hands_out_a_recipe_and_stops_every_run(public_studio, tmp_path):
+    with people(build_app(public_studio), 2) as (teacher, learner):
+        # The teacher unlocks the demo and opens a class.
+        teacher.get_by_text("Owner of this demo?").click()
+        teacher.get_by_label("Owner key", exact=True).fill(OWNER_KEY)
+        teacher.get_by_role("button", name="Unlock").click()
+        expect(teacher.locator("#owner-status")).to_contain_text("Unlocked")
+        teacher.get_by_label("Class code to give out", exact=True).fill(CODE)
+        teacher.get_by_role("button", name="Open the class").click()
+        expect(teacher.locator("#owner-status")).to_contain_text("The class is open")
 
-    recipes = write_recipe(tmp_path / "recipes", tiny_model_dir, custom_reward=False, max_steps=5000)
-    studio = Studio(runs_dir=runs_dir, recipes_dir=recipes, policy=public.Policy.from_env(runs_dir),
-                    workers=training_processes(public=True))
-    scheduler = studio.runs.start_queue()
-    yield studio
-    scheduler.stop()
-    for handle in training.active_runs():
-        handle.stop()
-        handle.wait(120)
+        # A learner takes a seat, and edits their settings.
+        learner.get_by_text("In a class? Take your seat").click()
+        learner.get_by_label("Class code", exact=True).fill("not-the-code")
+        learner.get_by_label("Your name", exact=True).fill("Ana")
+        learner.get_by_role("button", name="Take my seat").click()
+        expect(learner.locator("#class-seat")).to_contain_text("not this class's code")
+        learner.get_by_label("Class code", exact=True).fill(CODE)
+        learner.get_by_role("button", name="Take my seat").click()
+        expect(learner.locator("#class-seat")).to_contain_text("You sit as Ana")
+        open_tab(learner, "model")
+        learner.get_by_label("Max steps", exact=True).fill("777")
+        learner.get_by_label("Max steps", exact=True).press("Tab")
 
+        # The teacher's settings, handed out.
+        open_tab(teacher, "model")
+        teacher.get_by_label("Max steps", exact=True).fill("4321")
+        teacher.get_by_label("Max steps", exact=True).press("Tab")
+        open_tab(teacher, "experiments")
+        teacher.get_by_text("Class board (the teacher's)").click()
+        expect(teacher.locator("#class-board-said")).to_contain_text("1 seat taken; the queue is running")
+        teacher.get_by_role("button", name="Give everyone this recipe").click()
+        expect(teacher.locator("#class-board-said")).to_contain_text("Handed out to every seat")
 
-def test_a_teacher_hands_out_a_recipe_and_stops_every_run(class_studio, tmp_path):
-    need_chromium()
-    demo = build_app(class_studio)
-    with served_app(demo) as url, sync_api.sync_playwright() as playwright:
-        expect.set_options(timeout=WAIT_MS)
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            teacher, learner = (browser.new_context(viewport=VIEWPORT).new_page() for _ in range(2))
-            for page in (teacher, learner):
-                page.set_default_timeout(WAIT_MS)
-                page.goto(url)
-                wait_until_loaded(page)
+        # The learner's page asks before replacing what they edited, then shows the teacher's recipe.
+        expect(learner.locator("#replace-draft-text")).to_contain_text("Replace them with your teacher's recipe?")
+        screenshot(learner, tmp_path, "class-learner-handout")
+        learner.get_by_role("button", name="Replace my settings").click()
+        expect(learner.locator("#recipe-status")).to_contain_text("Loaded your teacher's recipe")
+        expect(learner.get_by_label("Max steps", exact=True)).to_have_value("4321")
 
-            # The teacher unlocks the demo and opens a class.
-            teacher.get_by_text("Owner of this demo?").click()
-            teacher.get_by_label("Owner key", exact=True).fill(OWNER_KEY)
-            teacher.get_by_role("button", name="Unlock").click()
-            expect(teacher.locator("#owner-status")).to_contain_text("Unlocked")
-            teacher.get_by_label("Class code to give out", exact=True).fill(CODE)
-            teacher.get_by_role("button", name="Open the class").click()
-            expect(teacher.locator("#owner-status")).to_contain_text("The class is open")
+        # The learner starts it; it is on the board, and its row opens it.
+        learner.locator("#model-start").click()
+        expect(learner.locator("#train-status")).to_contain_text("running")
+        (run,) = public_studio.runs.summaries()
+        assert run["seat"] == "Ana"
+        teacher.get_by_role("button", name="↻ Refresh").last.click()
+        board = teacher.locator("#class-board-table")
+        expect(board).to_contain_text(run["id"])
+        screenshot(teacher, tmp_path, "class-teacher-board")
+        board.get_by_test_id("cell-0-0").click()  # the seat "Ana", in the first row
+        expect(teacher.locator("#tab-train")).to_be_visible()
+        expect(teacher.locator("#train-status")).to_contain_text(run["id"])
 
-            # A learner takes a seat, and edits their settings.
-            learner.get_by_text("In a class? Take your seat").click()
-            learner.get_by_label("Class code", exact=True).fill("not-the-code")
-            learner.get_by_label("Your name", exact=True).fill("Ana")
-            learner.get_by_role("button", name="Take my seat").click()
-            expect(learner.locator("#class-seat")).to_contain_text("not this class's code")
-            learner.get_by_label("Class code", exact=True).fill(CODE)
-            learner.get_by_role("button", name="Take my seat").click()
-            expect(learner.locator("#class-seat")).to_contain_text("You sit as Ana")
-            open_tab(learner, "model")
-            learner.get_by_label("Max steps", exact=True).fill("777")
-            learner.get_by_label("Max steps", exact=True).press("Tab")
+        # Stop all: the learner's run stops.
+        open_tab(teacher, "experiments")
+        teacher.get_by_role("button", name="Stop all runs").click()
+        expect(teacher.locator("#class-board-said")).to_contain_text("Asked 1 run to stop")
+        expect(learner.locator("#train-status")).to_contain_text("stopped — can resume", timeout=90_000)
 
-            # The teacher's settings, handed out.
-            open_tab(teacher, "model")
-            teacher.get_by_label("Max steps", exact=True).fill("4321")
-            teacher.get_by_label("Max steps", exact=True).press("Tab")
-            open_tab(teacher, "experiments")
-            teacher.get_by_text("Class board (the teacher's)").click()
-            expect(teacher.locator("#class-board-said")).to_contain_text("1 seat taken; the queue is running")
-            teacher.get_by_role("button", name="Give everyone this recipe").click()
-            expect(teacher.locator("#class-board-said")).to_contain_text("Handed out to every seat")
-
-            # The learner's page asks before replacing what they edited, then shows the teacher's recipe.
-            expect(learner.locator("#replace-draft-text")).to_contain_text("Replace them with your teacher's recipe?")
-            screenshot(learner, tmp_path, "class-learner-handout")
-            learner.get_by_role("button", name="Replace my settings").click()
-            expect(learner.locator("#recipe-status")).to_contain_text("Loaded your teacher's recipe")
-            expect(learner.get_by_label("Max steps", exact=True)).to_have_value("4321")
-
-            # The learner starts it; it is on the board, and its row opens it.
-            learner.locator("#model-start").click()
-            expect(learner.locator("#train-status")).to_contain_text("running")
-            (run,) = class_studio.runs.summaries()
-            assert run["seat"] == "Ana"
-            teacher.get_by_role("button", name="↻ Refresh").last.click()
-            board = teacher.locator("#class-board-table")
-            expect(board).to_contain_text(run["id"])
-            screenshot(teacher, tmp_path, "class-teacher-board")
-            board.get_by_test_id("cell-0-0").click()  # the seat "Ana", in the first row
-            expect(teacher.locator("#tab-train")).to_be_visible()
-            expect(teacher.locator("#train-status")).to_contain_text(run["id"])
-
-            # Stop all: the learner's run stops.
-            open_tab(teacher, "experiments")
-            teacher.get_by_role("button", name="Stop all runs").click()
-            expect(teacher.locator("#class-board-said")).to_contain_text("Asked 1 run to stop")
-            expect(learner.locator("#train-status")).to_contain_text("stopped — can resume", timeout=90_000)
-
-            # The workshop is over: no seats; the learner's next page counts by address again.
-            teacher.get_by_role("button", name="Close the class").click()
-            expect(teacher.locator("#class-board-said")).to_contain_text("The class is closed")
-            learner.reload()
-            wait_until_loaded(learner)
-            expect(learner.locator("#class-seat")).not_to_contain_text("You sit as")
-        finally:
-            browser.close()
+        # The workshop is over: no seats; the learner's next page counts by address again.
+        teacher.get_by_role("button", name="Close the class").click()
+        expect(teacher.locator("#class-board-said")).to_contain_text("The class is closed")
+        learner.reload()
+        wait_until_loaded(learner)
+        expect(learner.locator("#class-seat")).not_to_contain_text("You sit as")

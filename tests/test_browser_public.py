@@ -4,8 +4,10 @@ by itself when A's run ends. An upload is its visitor's alone, and the owner key
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 import time
 from pathlib import Path
 
@@ -24,13 +26,15 @@ from test_browser import (CHROMIUM, CHROMIUM_ARGS, VIEWPORT, open_tab, screensho
 expect = sync_api.expect
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
 WAIT_MS = 60_000
+OWNER_KEY = "the-owners-key"
 
 
 @pytest.fixture
 def public_studio(monkeypatch, tmp_path, tiny_model_dir, runs_dir, training_processes):
     monkeypatch.setenv(public.PUBLIC_ENV, "1")
     monkeypatch.setenv(public.MODELS_ENV, str(tiny_model_dir))
-    monkeypatch.setenv(public.OWNER_KEY_ENV, "the-owners-key")  # the instructor's, unlocking every run
+    monkeypatch.setenv(public.OWNER_KEY_ENV, OWNER_KEY)  # the instructor's, unlocking every run
+    monkeypatch.delenv(public.CLASS_CODE_ENV, raising=False)  # a class is opened on the owner panel
     from dragon_ui.studio.backend import Studio
 
     # The arithmetic recipe on the tiny model, with nothing a public demo refuses, long enough to be stopped.
@@ -49,66 +53,74 @@ def need_chromium() -> None:
         pytest.fail(message) if os.environ.get("CI") else pytest.skip(message)
 
 
-def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
+@contextlib.contextmanager
+def people(demo: gr.Blocks, count: int) -> Iterator[list]:
+    """``count`` people's pages on ``demo``, served: a chromium context each (their own browser storage, as two
+    laptops), each page opened and its data shown."""
     need_chromium()
-    demo = build_app(public_studio)
     with served_app(demo) as url, sync_api.sync_playwright() as playwright:
         expect.set_options(timeout=WAIT_MS)
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            alice, bob = (browser.new_context(viewport=VIEWPORT).new_page() for _ in range(2))
-            for page in (alice, bob):
+            pages = [browser.new_context(viewport=VIEWPORT).new_page() for _ in range(count)]
+            for page in pages:
                 page.set_default_timeout(WAIT_MS)
                 page.goto(url)
                 wait_until_loaded(page)
-            expect(alice.locator("#public-notice")).to_contain_text("your runs are yours")
-
-            # Alice starts a run; it trains.
-            open_tab(alice, "model")
-            alice.locator("#model-start").click()
-            expect(alice.locator("#train-status")).to_contain_text("running")
-            (alices_run,) = public_studio.runs.summaries()
-
-            # A browser that kept its token but not its draft (one closed before the draft was written) waits for its
-            # load before it may act: what it did before would be done as a visitor of its own, not as its token's.
-            bob.evaluate(f"() => localStorage.removeItem({json.dumps(DRAFT_STORAGE_KEY)})")
-            bobs_load = HeldPageLoad(bob, demo)
-            bob.reload()
-            bobs_load.wait(bob)
-            bob.locator("#load-recipe").click()  # a recipe loaded meanwhile does not show the form early either
-            expect(bob.locator("#recipe-status")).to_contain_text("Loaded the")
-            expect(bob.locator("#form-opening")).to_be_visible()
-            expect(bob.locator("#form-area")).to_be_hidden()
-            assert bobs_load.release() == 1
-            # Bob sees it, read-only: his Stop stays greyed out, and the list says whose it is.
-            wait_until_loaded(bob)
-            open_tab(bob, "train")
-            expect(bob.locator("#train-status")).to_contain_text(alices_run["id"])
-            expect(bob.locator("#train-status")).to_contain_text("running")
-            expect(bob.locator("#train-stop")).to_be_disabled()
-            bob.get_by_text("Past runs").click()
-            expect(bob.locator("#train-runs")).to_contain_text("another visitor's")
-
-            # Bob's Start does not fail: his run waits its turn.
-            open_tab(bob, "model")
-            bob.locator("#model-start").click()
-            expect(bob.locator("#train-status")).to_contain_text("Waiting in the queue: 1st in line")
-            screenshot(bob, tmp_path, "public-bob-queued")
-            bobs_run = next(run for run in public_studio.runs.summaries() if run["id"] != alices_run["id"])
-            assert bobs_run["waiting"] == "start" and bobs_run["owner"] != alices_run["owner"]
-
-            # Alice stops hers (Stop is hers to press); Bob's run then starts by itself.
-            expect(alice.locator("#train-stop")).to_be_enabled()
-            alice.locator("#train-stop").click()
-            expect(alice.locator("#train-action")).to_contain_text("Stopping: the step under way ends at once")
-            expect(alice.locator("#train-status")).to_contain_text("stopped — can resume")
-            expect(bob.locator("#train-status")).to_contain_text("running", timeout=90_000)
-            expect(bob.locator("#train-stop")).to_be_enabled()
-            screenshot(bob, tmp_path, "public-bob-running")
-            bob.locator("#train-stop").click()
-            expect(bob.locator("#train-status")).to_contain_text("stopped — can resume")
+            yield pages
         finally:
             browser.close()
+
+
+def test_two_visitors_own_their_runs_and_take_turns(public_studio, tmp_path):
+    demo = build_app(public_studio)
+    with people(demo, 2) as (alice, bob):
+        expect(alice.locator("#public-notice")).to_contain_text("your runs are yours")
+
+        # Alice starts a run; it trains.
+        open_tab(alice, "model")
+        alice.locator("#model-start").click()
+        expect(alice.locator("#train-status")).to_contain_text("running")
+        (alices_run,) = public_studio.runs.summaries()
+
+        # A browser that kept its token but not its draft (one closed before the draft was written) waits for its
+        # load before it may act: what it did before would be done as a visitor of its own, not as its token's.
+        bob.evaluate(f"() => localStorage.removeItem({json.dumps(DRAFT_STORAGE_KEY)})")
+        bobs_load = HeldPageLoad(bob, demo)
+        bob.reload()
+        bobs_load.wait(bob)
+        bob.locator("#load-recipe").click()  # a recipe loaded meanwhile does not show the form early either
+        expect(bob.locator("#recipe-status")).to_contain_text("Loaded the")
+        expect(bob.locator("#form-opening")).to_be_visible()
+        expect(bob.locator("#form-area")).to_be_hidden()
+        assert bobs_load.release() == 1
+        # Bob sees it, read-only: his Stop stays greyed out, and the list says whose it is.
+        wait_until_loaded(bob)
+        open_tab(bob, "train")
+        expect(bob.locator("#train-status")).to_contain_text(alices_run["id"])
+        expect(bob.locator("#train-status")).to_contain_text("running")
+        expect(bob.locator("#train-stop")).to_be_disabled()
+        bob.get_by_text("Past runs").click()
+        expect(bob.locator("#train-runs")).to_contain_text("another visitor's")
+
+        # Bob's Start does not fail: his run waits its turn.
+        open_tab(bob, "model")
+        bob.locator("#model-start").click()
+        expect(bob.locator("#train-status")).to_contain_text("Waiting in the queue: 1st in line")
+        screenshot(bob, tmp_path, "public-bob-queued")
+        bobs_run = next(run for run in public_studio.runs.summaries() if run["id"] != alices_run["id"])
+        assert bobs_run["waiting"] == "start" and bobs_run["owner"] != alices_run["owner"]
+
+        # Alice stops hers (Stop is hers to press); Bob's run then starts by itself.
+        expect(alice.locator("#train-stop")).to_be_enabled()
+        alice.locator("#train-stop").click()
+        expect(alice.locator("#train-action")).to_contain_text("Stopping: the step under way ends at once")
+        expect(alice.locator("#train-status")).to_contain_text("stopped — can resume")
+        expect(bob.locator("#train-status")).to_contain_text("running", timeout=90_000)
+        expect(bob.locator("#train-stop")).to_be_enabled()
+        screenshot(bob, tmp_path, "public-bob-running")
+        bob.locator("#train-stop").click()
+        expect(bob.locator("#train-status")).to_contain_text("stopped — can resume")
 
 
 class HeldPageLoad:
@@ -173,7 +185,7 @@ def test_an_upload_is_its_visitors_alone_and_the_owner_key_is_kept_only_when_ask
             screenshot(page, tmp_path, "public-upload")
 
             page.get_by_text("Owner of this demo?").click()
-            page.locator("#owner-key input").fill("the-owners-key")
+            page.locator("#owner-key input").fill(OWNER_KEY)
             page.locator("#owner-unlock").click()
             expect(page.locator("#owner-status")).to_contain_text("Unlocked: this page (until it is closed)")
             screenshot(page, tmp_path, "public-owner")
@@ -189,7 +201,7 @@ def test_an_upload_is_its_visitors_alone_and_the_owner_key_is_kept_only_when_ask
             assert not page.evaluate(f"() => localStorage.getItem('{OWNER_KEY_STORAGE_KEY}')")
             page.get_by_text("Owner of this demo?").click()
             page.locator("#owner-remember input").check()
-            page.locator("#owner-key input").fill("the-owners-key")
+            page.locator("#owner-key input").fill(OWNER_KEY)
             page.locator("#owner-unlock").click()
             expect(page.locator("#owner-status")).to_contain_text("Unlocked: this browser can stop")
             # Kept now, encoded with the key every page gets: readable by whoever uses this browser, as promised.
