@@ -184,7 +184,7 @@ def training_processes(tiny_model_dir):
 
     def pool(public: bool) -> Workers:
         if public not in pools:
-            pools[public] = Workers(hub_token=not public)
+            pools[public] = Workers(hub_token=not public, side_by_side=public)
             pools[public].warm((ModelConfig(id=str(tiny_model_dir)), HardwareSettings(device="cpu")))
         return pools[public]
 

@@ -47,6 +47,18 @@ def test_each_cpu_run_has_at_least_four_cores(cores, slots, threads):
     assert capacity.share_of(RunConfig(), CPU, machine) == Share(cpu_threads=threads)
 
 
+@pytest.mark.parametrize("machine", [HardwareInfo(cpu_cores=64, memory_gb=512.0), gpu_machine(80.0)])
+def test_on_your_own_machine_runs_train_one_at_a_time_each_with_the_whole_machine(machine):
+    """Side by side only where the machine is shared (a public demo, a workshop's): your own run is not held to a
+    share while nothing trains beside it."""
+    need = CPU if not machine.cuda else on_gpu(4.0)
+    assert capacity.fits(machine, [], need, side_by_side=False)
+    assert not capacity.fits(machine, [need], need, side_by_side=False)
+    assert capacity.share_of(RunConfig(), need, machine, side_by_side=False) == Share()
+    assert capacity.expected_starts(machine, [(need, 100.0)], [("a", need, 50.0), ("b", need, 10.0)],
+                                    side_by_side=False) == {"a": 100.0, "b": 150.0}
+
+
 @pytest.mark.parametrize("running, new, fits", [
     ([], Need("cpu", gb=30.0), True),  # alone, a run always trains
     ([Need("cpu", gb=6.0)], Need("cpu", gb=6.0), True),  # 12 of the 16 GB less the app's 2
@@ -155,7 +167,7 @@ def test_the_pace_of_a_waiting_run_is_the_latest_measured_on_its_model_and_step_
 def eight_cores(runs_dir):
     """The app's backend on a machine said to have 8 cores (two runs side by side, 3 threads each), with training
     processes of its own (none warm: each run's starts fresh)."""
-    workers = Workers(machine=HardwareInfo(cpu_cores=8))
+    workers = Workers(machine=HardwareInfo(cpu_cores=8), side_by_side=True)
     studio = Studio(runs_dir=runs_dir, policy=LAPTOP, workers=workers)
     yield studio
     stop_the_training()

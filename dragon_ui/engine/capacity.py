@@ -16,7 +16,9 @@ Runs share the machine only where they train on the same device:
   itself instead of ending its neighbours; a run whose size is not known trains alone on its GPU, uncapped;
 - on Apple MPS, or where a run's device cannot be told (its config cannot be read), one at a time.
 
-A run alone always trains, whatever its estimate (as a laptop's only run always did). The machine's facts are
+Only a shared machine (a public demo, a workshop's: ``side_by_side``) trains runs side by side. On your own machine
+runs train one at a time, each with the whole machine (its threads, its GPU uncapped), as they always did: the run
+you started is the one you wait for. A run alone always trains, whatever its estimate. The machine's facts are
 an argument everywhere (hardware.HardwareInfo: its cores, its GPUs' memory), so tests give a simulated one.
 """
 
@@ -96,8 +98,11 @@ def need_of(config: RunConfig, machine: HardwareInfo, longest_prompt: int | None
     return Need(hardware.device, gpu, admitted_gb(config, dims, hardware, longest_prompt or PROMPT_TOKENS))
 
 
-def share_of(config: RunConfig, need: Need, machine: HardwareInfo) -> Share:
-    """What the run of ``config`` holds itself to on ``machine`` (see the module's docstring)."""
+def share_of(config: RunConfig, need: Need, machine: HardwareInfo, side_by_side: bool = True) -> Share:
+    """What the run of ``config`` holds itself to on ``machine`` (see the module's docstring); nothing of ours
+    where runs do not train ``side_by_side``."""
+    if not side_by_side:
+        return Share()
     if need.device == "cpu" and (slots := cpu_slots(machine)) > 1:
         share = max(1, (machine.cpu_cores - 1) // slots)
         return Share(cpu_threads=min(config.hardware.cpu_threads or share, share))
@@ -108,10 +113,13 @@ def share_of(config: RunConfig, need: Need, machine: HardwareInfo) -> Share:
     return Share()
 
 
-def fits(machine: HardwareInfo, training: Sequence[Need], new: Need) -> bool:
-    """Whether a run that takes ``new`` may start beside the runs ``training`` now."""
+def fits(machine: HardwareInfo, training: Sequence[Need], new: Need, side_by_side: bool = True) -> bool:
+    """Whether a run that takes ``new`` may start beside the runs ``training`` now (without ``side_by_side``, only
+    when none trains)."""
     if not training:
         return True
+    if not side_by_side:
+        return False
     if new.device not in SHARING_DEVICES or any(need.device != new.device for need in training):
         return False
     if new.device == "cpu":
@@ -133,7 +141,8 @@ def _within(needs: Sequence[Need], memory_gb: float | None, each_gb: float) -> b
 
 
 def expected_starts(machine: HardwareInfo, training: Sequence[tuple[Need, float | None]],
-                    waiting: Sequence[tuple[str, Need, float | None]]) -> dict[str, float | None]:
+                    waiting: Sequence[tuple[str, Need, float | None]], side_by_side: bool = True,
+                    ) -> dict[str, float | None]:
     """In how many seconds each waiting run should start, by id (None: not known): the runs ``training`` (each with
     the seconds it has left) and the runs ``waiting`` (first in line first, each with the seconds it should train)
     played forward by the rule the queue starts runs by, first in line first, none jumping the line."""
@@ -141,7 +150,7 @@ def expected_starts(machine: HardwareInfo, training: Sequence[tuple[Need, float 
     now, starts = 0.0, {}
     for run_id, need, seconds in waiting:
         ends = [(end, other) for end, other in ends if end > now]
-        while not fits(machine, [other for _, other in ends], need):
+        while not fits(machine, [other for _, other in ends], need, side_by_side):
             first = min(ends, key=lambda pair: pair[0])
             now = first[0]
             ends.remove(first)

@@ -1,5 +1,6 @@
-"""The run queue: every run waiting its turn in the runs folder, and as many training side by side as the machine
-has room for (engine/capacity.py: one at a time on a machine of under 8 cores).
+"""The run queue: every run waiting its turn in the runs folder, and on a shared machine (a public demo's) as many
+training side by side as the machine has room for (engine/capacity.py: one at a time under 8 cores, and on your own
+machine).
 
 A run started (or resumed) while the machine is full is prepared at once, so its mistakes are found while its owner
 is there to read them, and then waits in state ``queued`` with ``"waiting": "start"`` (or ``"resume"``) and the time
@@ -68,7 +69,7 @@ def _room_for(run: RunDir, training_now: list[RunDir], workers: Workers) -> bool
     if paused(run.path.parent):
         return False
     machine = workers.machine
-    return capacity.fits(machine, _needs(training_now, workers), training.need_of(run, machine))
+    return capacity.fits(machine, _needs(training_now, workers), training.need_of(run, machine), workers.side_by_side)
 
 
 def submit_start(config: RunConfig, before_start: Callable[[], object] | None = None, *, policy: Policy,
@@ -127,7 +128,7 @@ def expected_starts(runs_dir: Path, seconds_left: Callable[[RunDir], float | Non
     machine = workers.machine
     starts = capacity.expected_starts(
         machine, [(need, seconds_left(run)) for run, need in zip(training_now, _needs(training_now, workers))],
-        [(run.id, training.need_of(run, machine), seconds_left(run)) for run in waiting])
+        [(run.id, training.need_of(run, machine), seconds_left(run)) for run in waiting], workers.side_by_side)
     return {run.id: (place, starts[run.id]) for place, run in enumerate(waiting, start=1)}
 
 
@@ -175,7 +176,7 @@ def start_next(runs_dir: Path, before_start: Callable[[], object] | None = None,
         needs = _needs(training_now, workers)
         for run in waiting:
             need = training.need_of(run, machine)
-            if not capacity.fits(machine, needs, need):
+            if not capacity.fits(machine, needs, need, workers.side_by_side):
                 break
             resume = run.read_status().get("waiting") == "resume"
             if before_start is not None and not started:

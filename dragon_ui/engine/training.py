@@ -278,7 +278,8 @@ def _refuse_if_no_room(run: RunDir, workers: Workers) -> capacity.Need:
     if any(handle.run.id == run.id for handle in running):
         raise BusyError(f"The run {run.id} is training already.")
     need = need_of(run, workers.machine)
-    if not capacity.fits(workers.machine, [handle.need or capacity.UNKNOWN for handle in running], need):
+    if not capacity.fits(workers.machine, [handle.need or capacity.UNKNOWN for handle in running], need,
+                         workers.side_by_side):
         names = ", ".join(handle.run.id for handle in running)
         raise BusyError(f"A training is already running ({names}) and this machine has no room for another beside "
                         "it; stop it or wait for it to finish first.")
@@ -290,7 +291,7 @@ def _launch(run: RunDir, resume_from: Path | None, workers: Workers, *, policy: 
     share of the machine."""
     with _ACTIVE_LOCK:
         need = _refuse_if_no_room(run, workers)
-        share = capacity.share_of(run.read_config(), need, workers.machine)
+        share = capacity.share_of(run.read_config(), need, workers.machine, workers.side_by_side)
         handle = workers.take(run, resume_from, policy=policy, need=need, share=share)
         _active[:] = [*active_runs(), handle]
         return handle

@@ -96,13 +96,15 @@ def _exit_reason(code: int) -> str:
 class Workers:
     """The app's training processes (thread-safe): the one warm worker, and those training. ``env`` adds to the
     workers' environment; without ``hub_token`` (a public demo's) a worker has none of the app's Hugging Face tokens,
-    nor its login's. ``machine``: the hardware they train on, which decides how many train side by side
-    (engine/capacity.py); this machine's when not given (a test gives a simulated one)."""
+    nor its login's. ``side_by_side`` (a public demo's, a workshop's shared machine): runs train side by side where
+    ``machine`` has room for them (engine/capacity.py; this machine's when not given, a test gives a simulated one);
+    elsewhere one at a time, each with the whole machine."""
 
     def __init__(self, env: dict[str, str] | None = None, hub_token: bool = True,
-                 machine: HardwareInfo | None = None) -> None:
+                 machine: HardwareInfo | None = None, side_by_side: bool = False) -> None:
         self.env = env or {}
         self.hub_token = hub_token
+        self.side_by_side = side_by_side
         self._machine = machine
         self.preload: tuple[ModelConfig, HardwareSettings] | None = None
         self._lock = threading.Lock()

@@ -73,7 +73,7 @@ class Studio:
         # ``workers``: a test's, shared between the Studios it makes, which closes it itself.
         self._own_workers = workers is None
         self.runs = Runs(self.recipes, self.previews, self.files, machine,
-                         Workers(hub_token=not policy.public) if workers is None else workers)
+                         Workers(hub_token=not policy.public, side_by_side=policy.public) if workers is None else workers)
         self.teacher = None if self.classroom is None else Teacher(
             self.classroom, self.runs, functools.partial(self.visitors.forgive, CLASS_CODE), policy=policy)
 
