@@ -16,7 +16,7 @@ from dragon_ui.errors import BusyError, ConfigError, NotYoursError
 from dragon_ui.studio import visitors as visitors_module
 from dragon_ui.studio.backend import Studio
 from dragon_ui.studio.classroom import Classroom, seat_name
-from dragon_ui.studio.visitors import WRONG_CODES_ALLOWED, Visitors
+from dragon_ui.studio.visitors import WRONG_CODES_PER_ADDRESS, WRONG_CODES_PER_PAGE, WRONG_KEYS_ALLOWED, Visitors
 
 pytestmark = pytest.mark.timeout(300)
 CODE = "dragons-of-room-4"
@@ -131,27 +131,51 @@ def test_no_seat_without_a_class_or_with_a_wrong_code(tmp_path):
         visitors.sit(public.NOBODY, CODE, "Ana")
 
 
-def test_wrong_class_codes_are_limited_per_address_and_apart_from_owner_keys(tmp_path, monkeypatch):
-    """A new session per guess would guess on at the rate sessions open: past its allowance, the whole address
-    waits (or the teacher opens the class again), and its owner key is still checked."""
+def test_wrong_class_codes_hold_up_a_page_then_its_address_and_are_not_compared(tmp_path, monkeypatch):
+    """A page that mistypes a few times waits; a guesser opening a new page per guess is held up once their address
+    has sent many (then every page there waits, until the teacher opens the class again), and a held-up guess is
+    not even compared: it costs no hashing. Owner keys are counted apart."""
     visitors = Visitors(owner_key="the-owner-key", classroom=classroom(tmp_path))
-    for attempt in range(WRONG_CODES_ALLOWED):
+    compared = []
+    real_is_code = visitors.classroom.is_code
+    monkeypatch.setattr(visitors.classroom, "is_code", lambda code: compared.append(code) or real_is_code(code))
+    for attempt in range(WRONG_CODES_PER_PAGE):
+        with pytest.raises(ConfigError, match="not this class's code"):
+            visitors.sit(visitors.of("mistyper", address="room"), f"typo-{attempt}", "Eve")
+    with pytest.raises(BusyError, match="Too many wrong class codes from this page; try again in 15 minutes"):
+        visitors.sit(visitors.of("mistyper", address="room"), CODE, "Eve")
+    assert visitors.sit(visitors.of("neighbour", address="room"), CODE, "Ana").seat == "Ana"
+
+    for attempt in range(WRONG_CODES_PER_ADDRESS - WRONG_CODES_PER_PAGE):
         with pytest.raises(ConfigError, match="not this class's code"):
             visitors.sit(visitors.of(f"guess-{attempt}", address="room"), f"guess-{attempt}", "Eve")
-    for page in ("guess-0", "a-new-page"):
+    guesses = len(compared)
+    for page in ("neighbour", "a-new-page"):
         with pytest.raises(BusyError, match="Too many wrong class codes from your network address; try again in 15 "
                                             "minutes, or ask your teacher to open the class again"):
             visitors.sit(visitors.of(page, address="room"), CODE, "Eve")
-    assert visitors.sit(visitors.of("elsewhere", address="home"), CODE, "Ana").seat == "Ana"
+    assert len(compared) == guesses  # refused before the code was hashed
+    assert visitors.sit(visitors.of("elsewhere", address="home"), CODE, "Bob").seat == "Bob"
     assert visitors.unlock(visitors.of("owner", address="room"), "the-owner-key").owns_everything
     visitors.forgive(visitors_module.CLASS_CODE)  # the teacher opened the class again
-    assert visitors.sit(visitors.of("a-new-page", address="room"), CODE, "Eve").seat == "Eve"
-    for attempt in range(WRONG_CODES_ALLOWED):
-        with pytest.raises(ConfigError, match="not this class's code"):
-            visitors.sit(visitors.of("bob", address="room"), f"guess-{attempt}", "Bob")
+    assert visitors.sit(visitors.of("mistyper", address="room"), CODE, "Eve").seat == "Eve"
+    for attempt in range(WRONG_CODES_PER_PAGE):
+        with pytest.raises(ConfigError):
+            visitors.sit(visitors.of("carol", address="room"), f"typo-{attempt}", "Carol")
     later = time.monotonic() + visitors_module.WRONG_KEYS_WINDOW_S
     monkeypatch.setattr(visitors_module.time, "monotonic", lambda: later)
-    assert visitors.sit(visitors.of("bob", address="room"), CODE, "Bob").seat == "Bob"
+    assert visitors.sit(visitors.of("carol", address="room"), CODE, "Carol").seat == "Carol"
+
+
+def test_a_seated_learners_wrong_owner_keys_count_by_their_network_address(tmp_path):
+    """A seat is counted as an address of its own for shares, not for guesses: one person may hold many seats."""
+    visitors = Visitors(owner_key="the-owner-key", classroom=classroom(tmp_path))
+    seats = [visitors.sit(visitors.of(f"seat-{number}", address="room"), CODE, f"Seat {number}")
+             for number in range(3)]
+    for attempt in range(WRONG_KEYS_ALLOWED):
+        assert visitors.unlock(seats[attempt % 3], f"guess-{attempt}") is None
+    with pytest.raises(BusyError, match="Too many wrong owner keys from your network address"):
+        visitors.unlock(seats[0], "the-owner-key")
 
 
 def test_the_teachers_controls_are_the_owners_alone(public_mode, studio, tiny_config_dict):
@@ -159,6 +183,7 @@ def test_the_teachers_controls_are_the_owners_alone(public_mode, studio, tiny_co
     learner = public.Visitor(key="ana", address=public.seat_address("ana"), seat="Ana")
     with public.visiting(learner):
         for act in (teacher.board, teacher.stop_all, lambda: teacher.pause_queue(True), teacher.close_class,
+                    lambda: teacher.free_seat("Ana"),
                     lambda: teacher.open_class(CODE), lambda: teacher.hand_out(tiny_config_dict),
                     lambda: teacher.seat_run(0)):
             with pytest.raises(NotYoursError, match="Only this demo's owner can"):
@@ -166,8 +191,9 @@ def test_the_teachers_controls_are_the_owners_alone(public_mode, studio, tiny_co
     owner = public.Visitor(key="teacher", unlocked=True)
     with public.visiting(owner):
         made = teacher.open_class("")  # none typed: one is made, that nobody guesses
-        assert len(made) == 10 and studio.classroom.is_code(made) and teacher.open_class(CODE) == ""
-        assert studio.classroom.is_code(CODE)
+        assert len(made) == 10 and studio.classroom.is_code(made)
+        assert teacher.open_class("  ") == "" and studio.classroom.is_code(made)  # open: its code stays
+        assert teacher.open_class(CODE) == "" and studio.classroom.is_code(CODE)
         upload = uploaded_by("teacher", tiny_config_dict["data"]["source"])
         with pytest.raises(ConfigError, match="A learner could not start these settings: .*upload"):
             teacher.hand_out({**tiny_config_dict, "data": {**tiny_config_dict["data"], "source": upload}})
@@ -237,6 +263,11 @@ def test_each_seat_has_an_addresses_share_and_the_class_a_total(public_mode, stu
                              ("0", "Click a seat's row"), (True, "Click a seat's row")):
             with pytest.raises(ConfigError, match=refusal):
                 studio.teacher.seat_run(row)
+        for name in ("Nobody", None, ["Learner 2"]):
+            with pytest.raises(ConfigError, match="Choose a seat of the class to free"):
+                studio.teacher.free_seat(name)
+        studio.teacher.free_seat("Learner 2")
+        assert [row[0] for row in studio.teacher.board()] == ["Learner 0", "Learner 1"]
         assert studio.teacher.stop_all() == 2
     assert [ended(run) for run in runs[-2:]] == ["cancelled"] * 2
     assert queue.waiting_runs(studio.runs_dir) == []

@@ -404,3 +404,39 @@ def test_a_run_trained_elsewhere_is_looked_at_with_what_this_machine_has(setting
 def test_a_gpu_number_on_a_machine_without_cuda_says_it_is_not_used():
     resolved = resolve_hardware(HardwareSettings(gpu=1), CPU_ONLY)
     assert resolved.gpu is None and "hardware.gpu 1 is not used: the run trains on cpu" in resolved.reasons
+
+
+@pytest.mark.parametrize("files, cpus, memory_gb", [
+    ({}, None, None),  # no control groups: the host's
+    ({"cpu.max": "max 100000", "memory.max": "max"}, None, None),  # v2, no limit
+    ({"cpu.max": "200000 100000", "memory.max": str(16 * 2**30)}, 2, 16.0),  # a 2-vCPU, 16 GB Space
+    ({"cpu.max": "150000 100000"}, 2, None),  # 1.5 CPUs: both cores run, slower
+    ({"cpu.max": "50000 100000"}, 1, None),
+    ({"cpu/cpu.cfs_quota_us": "400000", "cpu/cpu.cfs_period_us": "100000",
+      "memory/memory.limit_in_bytes": str(8 * 2**30)}, 4, 8.0),  # v1
+    ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000",
+      "memory/memory.limit_in_bytes": "9223372036854771712"}, None, None),  # v1, no limit
+    ({"cpu.max": "garbage", "memory.max": "-5"}, None, None),
+])
+def test_a_containers_cpu_quota_and_memory_limit_are_read(tmp_path, files, cpus, memory_gb):
+    """A Space reports its host's cores and memory to the affinity API and /proc/meminfo: runs side by side and
+    their threads count the container's."""
+    from dragon_ui.system import cgroups
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    assert cgroups.cpu_quota(tmp_path) == cpus
+    assert cgroups.memory_limit_gb(tmp_path) == memory_gb
+
+
+def test_the_cores_and_memory_asked_are_no_more_than_the_containers(monkeypatch):
+    from dragon_ui.engine import hardware
+    from dragon_ui.system import cgroups, memory
+
+    monkeypatch.setattr(cgroups, "cpu_quota", lambda root=cgroups.CGROUP: 1)
+    monkeypatch.setattr(cgroups, "memory_limit_gb", lambda root=cgroups.CGROUP: 0.5)
+    monkeypatch.setattr(cgroups, "memory_used_gb", lambda root=cgroups.CGROUP: 0.2)
+    assert hardware.available_cpu_cores() == 1
+    assert memory.system_memory_gb(free=False) == 0.5
+    assert memory.system_memory_gb(free=True) == pytest.approx(0.3)

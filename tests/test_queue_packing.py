@@ -22,7 +22,13 @@ from dragon_ui.studio.runs import measured_step_s
 
 pytestmark = pytest.mark.timeout(600)
 
-CPU, MPS, UNKNOWN = Need("cpu"), Need("mps"), capacity.UNKNOWN
+CPU, MPS, UNKNOWN = Need("cpu", gb=1.0), Need("mps"), capacity.UNKNOWN
+ROOMY_GB = 512.0  # a machine's memory where cores alone decide
+
+
+def cores(count: int) -> HardwareInfo:
+    """A machine of ``count`` cores and memory enough for any number of runs."""
+    return HardwareInfo(cpu_cores=count, memory_gb=ROOMY_GB)
 
 
 def gpu_machine(total_gb: float) -> HardwareInfo:
@@ -40,7 +46,7 @@ def on_gpu(gb: float | None, gpu: int = 0) -> Need:
 @pytest.mark.parametrize("cores, slots, threads", [(1, 1, None), (2, 1, None), (4, 1, None), (7, 1, None),
                                                    (8, 2, 3), (12, 3, 3), (16, 4, 3), (64, 16, 3)])
 def test_each_cpu_run_has_at_least_four_cores(cores, slots, threads):
-    machine = HardwareInfo(cpu_cores=cores)
+    machine = HardwareInfo(cpu_cores=cores, memory_gb=ROOMY_GB)
     assert capacity.cpu_slots(machine) == slots
     assert [capacity.fits(machine, [CPU] * running, CPU) for running in range(slots + 1)] == [True] * slots + [False]
     # Under 8 cores a run has the machine to itself and picks its threads as it always has (no share).
@@ -70,13 +76,14 @@ def test_on_your_own_machine_runs_train_one_at_a_time_each_with_the_whole_machin
 def test_cpu_runs_share_the_machine_while_their_estimates_fit_its_memory(running, new, fits):
     """Cores alone let four runs of the biggest allowed model start on 16 cores and 16 GB: the memory decides too."""
     assert capacity.fits(HardwareInfo(cpu_cores=16, memory_gb=16.0), running, new) is fits
+    assert not capacity.fits(HardwareInfo(cpu_cores=16), [Need("cpu", gb=1.0)], Need("cpu", gb=1.0))  # memory unknown
 
 
 @pytest.mark.parametrize("asked, given", [(None, 3), (1, 1), (3, 3), (8, 3)])
 def test_a_runs_own_threads_above_its_share_are_lowered_to_it(asked, given):
     config = RunConfig()
     config.hardware.cpu_threads = asked
-    assert capacity.share_of(config, CPU, HardwareInfo(cpu_cores=8)) == Share(cpu_threads=given)
+    assert capacity.share_of(config, CPU, cores(8)) == Share(cpu_threads=given)
 
 
 @pytest.mark.parametrize("total_gb, running, new, fits", [
@@ -104,7 +111,7 @@ def test_runs_on_two_gpus_count_each_gpus_memory():
 
 @pytest.mark.parametrize("need", [MPS, UNKNOWN])
 def test_apple_mps_and_a_run_that_cannot_be_read_train_one_at_a_time(need):
-    machine = HardwareInfo(cpu_cores=64, mps=True)
+    machine = HardwareInfo(cpu_cores=64, mps=True, memory_gb=ROOMY_GB)
     assert capacity.fits(machine, [], need) and not capacity.fits(machine, [need], need)
     assert not capacity.fits(machine, [CPU], need) and not capacity.fits(machine, [need], CPU)
 
@@ -130,14 +137,14 @@ def test_a_runs_need_on_a_gpu_is_its_estimate_with_the_margin_and_its_share_hold
 
 @pytest.mark.parametrize("machine, training_now, waiting, starts", [
     # One at a time (2 cores): each waits for all before it.
-    (HardwareInfo(cpu_cores=2), [(CPU, 100.0)], [("a", CPU, 200.0), ("b", CPU, 50.0)], {"a": 100.0, "b": 300.0}),
+    (cores(2), [(CPU, 100.0)], [("a", CPU, 200.0), ("b", CPU, 50.0)], {"a": 100.0, "b": 300.0}),
     # Two at a time (8 cores): each takes the first slot to free up, in the order of the line.
-    (HardwareInfo(cpu_cores=8), [(CPU, 100.0), (CPU, 300.0)], [("a", CPU, 200.0), ("b", CPU, 100.0),
+    (cores(8), [(CPU, 100.0), (CPU, 300.0)], [("a", CPU, 200.0), ("b", CPU, 100.0),
                                                                ("c", CPU, 50.0)],
      {"a": 100.0, "b": 300.0, "c": 300.0}),
-    (HardwareInfo(cpu_cores=8), [(CPU, 100.0)], [("a", CPU, 200.0), ("b", CPU, 100.0)], {"a": 0.0, "b": 100.0}),
+    (cores(8), [(CPU, 100.0)], [("a", CPU, 200.0), ("b", CPU, 100.0)], {"a": 0.0, "b": 100.0}),
     # A run of unknown length holds its slot for good; the other slot goes on.
-    (HardwareInfo(cpu_cores=8), [(CPU, None), (CPU, 100.0)], [("a", CPU, 50.0), ("b", CPU, None), ("c", CPU, 10.0)],
+    (cores(8), [(CPU, None), (CPU, 100.0)], [("a", CPU, 50.0), ("b", CPU, None), ("c", CPU, 10.0)],
      {"a": 100.0, "b": 150.0, "c": None}),
     # A big run that does not fit waits, and the small one behind it does not jump it.
     (gpu_machine(24.0), [(on_gpu(16.0), 600.0)], [("big", on_gpu(16.0), 60.0), ("small", on_gpu(4.0), 60.0)],
@@ -167,7 +174,7 @@ def test_the_pace_of_a_waiting_run_is_the_latest_measured_on_its_model_and_step_
 def eight_cores(runs_dir):
     """The app's backend on a machine said to have 8 cores (two runs side by side, 3 threads each), with training
     processes of its own (none warm: each run's starts fresh)."""
-    workers = Workers(machine=HardwareInfo(cpu_cores=8), side_by_side=True)
+    workers = Workers(machine=cores(8), side_by_side=True)
     studio = Studio(runs_dir=runs_dir, policy=LAPTOP, workers=workers)
     yield studio
     stop_the_training()

@@ -4,8 +4,9 @@ Runs share the machine only where they train on the same device:
 
 - on the CPU, while each has at least ``CORES_PER_RUN`` cores: ``max(1, cores // 4)`` runs, so a machine of under 8
   cores trains one at a time; and while their memory estimates, each with the estimate's margin, add up to the
-  machine's memory less ``APP_GB`` (the app, its warm worker and the system). A run whose size is not known
-  trains alone. Where several fit, every run gets its share of threads, ``(cores - 1) // slots``
+  machine's memory less ``APP_GB`` (the app, its warm worker and the system). A run whose size is not known, or
+  a machine whose memory is not, trains one at a time. Cores and memory are the container's where it is held to
+  less than the host's (system/cgroups.py). Where several fit, every run gets its share of threads, ``(cores - 1) // slots``
   (one core stays free for the app, as hardware.default_cpu_threads leaves it), whether others train beside it yet
   or not: a run's threads cannot change once it trains, and more threads than idle cores make torch's thread pool
   collapse. A run's own ``hardware.cpu_threads`` above its share is lowered to it;
@@ -132,12 +133,12 @@ def fits(machine: HardwareInfo, training: Sequence[Need], new: Need, side_by_sid
 
 
 def _within(needs: Sequence[Need], memory_gb: float | None, each_gb: float) -> bool:
-    """Whether runs of ``needs``, each with ``each_gb`` more, fit in ``memory_gb`` together (unknown memory: yes;
-    a run of unknown size: no, it trains alone)."""
-    if memory_gb is None:
-        return True
+    """Whether runs of ``needs``, each with ``each_gb`` more, fit in ``memory_gb`` together: never where the memory
+    or a run's size is not known (it trains alone)."""
     sizes = [need.gb for need in needs]
-    return all(size is not None for size in sizes) and sum(size + each_gb for size in sizes if size is not None) <= memory_gb
+    if memory_gb is None or any(size is None for size in sizes):
+        return False
+    return sum(size + each_gb for size in sizes if size is not None) <= memory_gb
 
 
 def expected_starts(machine: HardwareInfo, training: Sequence[tuple[Need, float | None]],

@@ -19,6 +19,7 @@ from pathlib import Path
 from ..config import HardwareSettings
 from ..errors import ConfigError
 from ..system.disk import cache_dir
+from ..system import cgroups
 from ..system.memory import system_memory_gb
 from ..scaleout import distributed
 from .libraries import import_all
@@ -88,10 +89,12 @@ class ResolvedHardware:
 
 
 def available_cpu_cores() -> int:
+    """The cores this process may use: those it may run on, no more than its container's CPU quota."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS and Windows have no affinity API
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return min(cores, cgroups.cpu_quota() or cores)
 
 
 def release_openmp_threads() -> bool:

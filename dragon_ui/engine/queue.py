@@ -102,8 +102,9 @@ def submit_resume(run_dir: Path, before_start: Callable[[], object] | None = Non
     with _lock:
         _refuse_if_full(run.path.parent, policy=policy)
         public_checks.take_start(run.path.parent, _preparing, policy=policy)
-        if policy.visitor.seat:  # resumed from a seat: it counts as the seat's now, within the class's total
-            run.update_status(seat=policy.visitor.seat, owner_address=policy.visitor.address)
+        if policy.public and run.read_status().get("owner") == policy.visitor.key:  # its starter's, counted as now:
+            run.update_status(seat=policy.visitor.seat or None,  # their seat (within the class's total), or
+                              owner_address=policy.visitor.address)  # their network address, seat or none
         training_now, waiting = _line(run.path.parent)
         if not waiting and _room_for(run, training_now, workers):
             if before_start is not None:

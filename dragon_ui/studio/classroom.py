@@ -121,6 +121,16 @@ class Classroom:
             self._code = _Hashed.of(code)
             self._write("code", self._code.to_json())
 
+    def free(self, name: object) -> Seat:
+        """Give up the seat called ``name``: its browser counts by network address again, and another may take it."""
+        with self._lock:
+            seat = next((seat for seat in self._seats.values() if seat.name == name), None)
+            if seat is None:
+                raise ConfigError("Choose a seat of the class to free.")
+            del self._seats[seat.key]
+            self._write_seats()
+        return seat
+
     def close(self) -> None:
         """The workshop is over: no code, no seats, no recipe handed out (the runs stay, as every visitor's do)."""
         with self._lock:
@@ -140,6 +150,8 @@ class Classroom:
         name another seat has, or when every seat is taken."""
         name = seat_name(name)
         with self._lock:
+            if self._code is None:  # closed meanwhile
+                raise ConfigError("This class has just been closed: ask your teacher.")
             taken = next((seat for other, seat in self._seats.items()
                           if other != key and seat.name.casefold() == name.casefold()), None)
             if taken is not None:
@@ -149,8 +161,7 @@ class Classroom:
                                 "(DRAGON_UI_CLASS_SEATS); ask your teacher for one.")
             before = self._seats.get(key)
             seat = self._seats[key] = Seat(name, key, before.joined_at if before else time.time())
-            self._write("seats", {other: {"name": each.name, "joined_at": each.joined_at}
-                                  for other, each in self._seats.items()})
+            self._write_seats()
         return seat
 
     def seat_of(self, key: str | None) -> Seat | None:
@@ -191,6 +202,9 @@ class Classroom:
         """The seat's run the board shows: the one training or waiting, else its newest (``summaries`` newest first)."""
         own = [summary for summary in summaries if summary.get("owner") == seat.key]
         return next((summary for summary in own if summary["state"] in ACTIVE_STATES), own[0] if own else None)
+
+    def _write_seats(self) -> None:
+        self._write("seats", {key: {"name": seat.name, "joined_at": seat.joined_at} for key, seat in self._seats.items()})
 
     def _path(self, name: str) -> Path:
         return self.folder / f"{name}.json"
@@ -301,14 +315,21 @@ class Teacher:
         return run["id"]
 
     def open_class(self, code: object) -> str:
-        """Open the class with ``code``, or with a new one made here when none is typed; the code when it was made
-        here (for the teacher to give out), else "". Learners locked out by wrong codes may try again."""
+        """Open the class with ``code``; with none typed, keep the code of a class open already, or make a new one.
+        The code when it was made here (for the teacher to give out), else "". Learners held up by wrong codes may
+        try again."""
         self._check("open the class")
         typed = code.strip() if isinstance(code, str) else ""
-        made = "" if typed else new_code()
-        self.classroom.set_code(typed or made)
+        made = "" if typed or self.classroom.open else new_code()
+        if typed or made:
+            self.classroom.set_code(typed or made)
         self.forgive_guesses()
         return made
+
+    def free_seat(self, name: object) -> None:
+        """Free a learner's seat (one taken by mistake, or by someone who should not have the code)."""
+        self._check("free a seat")
+        self.classroom.free(name)
 
     def close_class(self) -> None:
         """No code, no seats: learners become visitors counted by address again."""

@@ -57,7 +57,9 @@ STREAMS_PER_SESSION = 4
 WRONG_KEYS_ALLOWED = 5  # wrong owner keys from one address within WRONG_KEYS_WINDOW_S, before guessing is limited
 WRONG_KEYS_WINDOW_S = 15 * 60
 OWNER_KEY, CLASS_CODE = "owner key", "class code"  # the secrets a visitor may guess at
-WRONG_CODES_ALLOWED = 20  # wrong class codes from one address in that window: a room of learners mistypes some
+# Wrong class codes in that window: from one page, before it waits; from one address, before every page there waits
+# (a room of learners mistypes some, and a guesser with a new page per guess is held up there).
+WRONG_CODES_PER_PAGE, WRONG_CODES_PER_ADDRESS = 5, 200
 
 
 @dataclass
@@ -68,7 +70,8 @@ class _Session:
     address: str | None = None  # the network address it last came from
     seen: float = 0.0  # time.monotonic() of its last sign of life: an event, its heartbeat opening or closing
     heartbeats: int = 0  # its heartbeats open now
-    wrong_at: dict[str, float] = field(default_factory=dict)  # secret guessed -> when it last sent a wrong one
+    # secret guessed -> when it sent its latest wrong ones (as many as are counted: WRONG_CODES_PER_PAGE)
+    wrong: dict[str, collections.deque] = field(default_factory=dict)
 
 
 class Visitors:
@@ -120,7 +123,8 @@ class Visitors:
 
     def sit(self, who: Visitor, code: object, name: object) -> Visitor:
         """``who``, seated in the class under ``name`` if ``code`` is the class code: ConfigError for a wrong code
-        or name, BusyError once its address has guessed too often (as unlock does, with WRONG_CODES_ALLOWED)."""
+        or name; BusyError once its page, or its network address, has sent too many wrong codes (_refuse_guessing),
+        before the code is even compared."""
         classroom = self.classroom
         if classroom is None or not classroom.open:
             raise ConfigError(f"This demo has no class open: its owner opens one with a class code ({LIFT} to train "
@@ -129,7 +133,10 @@ class Visitors:
             raise ConfigError("A seat is taken from a page of this demo (or an API session).")
         if not isinstance(code, str) or not code.strip():
             raise ConfigError("Type the class code your teacher gave you.")
-        if not self._guessed(who, CLASS_CODE, classroom.is_code(code)):
+        with self._lock:
+            self._refuse_guessing(who, CLASS_CODE)
+        if not classroom.is_code(code):
+            self._count_wrong(who, CLASS_CODE)
             raise ConfigError("That is not this class's code; check it with your teacher.")
         seat = classroom.sit(who.key, name)
         return replace(who, seat=seat.name, address=seat.address)
@@ -184,8 +191,10 @@ class Visitors:
         expected = self._owner_key
         if not expected or not isinstance(key, str) or not key.strip():
             return None  # no key to guess, or nothing entered: not a wrong guess
-        right = hmac.compare_digest(key.strip().encode("utf-8"), expected.encode("utf-8"))
-        if not self._guessed(who, OWNER_KEY, right):
+        with self._lock:
+            self._refuse_guessing(who, OWNER_KEY)
+        if not hmac.compare_digest(key.strip().encode("utf-8"), expected.encode("utf-8")):
+            self._count_wrong(who, OWNER_KEY)
             return None
         with self._lock:
             known = self._sessions.get(who.session) if who.session else None
@@ -197,34 +206,51 @@ class Visitors:
         """Forget the wrong guesses of ``secret`` (CLASS_CODE: the teacher opened the class again)."""
         with self._lock:
             self._wrong[secret].clear()
+            for known in self._sessions.values():
+                known.wrong.pop(secret, None)
 
-    def _guessed(self, who: Visitor, secret: str, right: bool) -> bool:
-        """Count a guess of ``secret`` from ``who`` (``right`` or not) and return ``right``; BusyError, whatever the
-        guess, once its address has guessed wrong as often as it may within the window: for an owner key, from a
-        session that guessed wrong meanwhile (see unlock); for a class code, from any session (a new session per
-        guess would go on guessing at the rate sessions open), until the teacher opens the class again (forgive)."""
-        allowed = WRONG_KEYS_ALLOWED if secret == OWNER_KEY else WRONG_CODES_ALLOWED
+    def _refuse_guessing(self, who: Visitor, secret: str) -> None:
+        """BusyError, whatever is guessed, while ``who`` may not guess ``secret``; the caller holds the lock.
+
+        Owner keys: once WRONG_KEYS_ALLOWED came from its network address within WRONG_KEYS_WINDOW_S, a page that
+        sent one of them waits (see unlock). Class codes: a page that sent WRONG_CODES_PER_PAGE waits; once its
+        address sent WRONG_CODES_PER_ADDRESS, every page there does, until the window passes or the teacher opens
+        the class again (forgive). Guesses count by the network address, even a seated learner's."""
+        now = time.monotonic()
+        known = self._sessions.get(who.session) if who.session else None
+        from_address = self._wrong[secret].get(self._address_of(who, known)) or collections.deque()
+        own = known.wrong.get(secret) if known is not None else None
+        since, where = None, "your network address"
+        if secret == OWNER_KEY:
+            if len(from_address) == WRONG_KEYS_ALLOWED and now - from_address[0] < WRONG_KEYS_WINDOW_S:
+                since = own[-1] if own else (now if known is None else None)
+        elif len(from_address) == WRONG_CODES_PER_ADDRESS and now - from_address[0] < WRONG_KEYS_WINDOW_S:
+            since = from_address[0]
+        elif own is not None and len(own) == WRONG_CODES_PER_PAGE:
+            since, where = own[0], "this page"
+        if since is None or now - since >= WRONG_KEYS_WINDOW_S:
+            return
+        minutes = max(1, round((WRONG_KEYS_WINDOW_S - (now - since)) / 60))
+        ask = ", or ask your teacher to open the class again" if secret == CLASS_CODE and where != "this page" else ""
+        raise BusyError(f"Too many wrong {secret}s from {where}; try again in {minutes} minute{'s' * (minutes != 1)}"
+                        f"{ask}.")
+
+    def _count_wrong(self, who: Visitor, secret: str) -> None:
+        """A wrong guess of ``secret`` from ``who``, counted for its page and its network address."""
         now = time.monotonic()
         with self._lock:
             known = self._sessions.get(who.session) if who.session else None
-            wrong = self._wrong[secret].get(who.address or "") or collections.deque()
-            guessed_enough = len(wrong) == allowed and now - wrong[0] < WRONG_KEYS_WINDOW_S
-            if not guessed_enough:
-                last_guess = None
-            elif secret == CLASS_CODE:
-                last_guess = wrong[0]
-            else:
-                last_guess = known.wrong_at.get(secret) if known is not None else now
-            if last_guess is not None and now - last_guess < WRONG_KEYS_WINDOW_S:
-                minutes = max(1, round((WRONG_KEYS_WINDOW_S - (now - last_guess)) / 60))
-                ask = ", or ask your teacher to open the class again" if secret == CLASS_CODE else ""
-                raise BusyError(f"Too many wrong {secret}s from your network address; try again in {minutes} "
-                                f"minutes{ask}.")
-            if not right:
-                self._wrong[secret].setdefault(who.address or "", collections.deque(maxlen=allowed)).append(now)
-                if known is not None:
-                    known.wrong_at[secret] = now
-        return right
+            most = WRONG_KEYS_ALLOWED if secret == OWNER_KEY else WRONG_CODES_PER_ADDRESS
+            self._wrong[secret].setdefault(self._address_of(who, known), collections.deque(maxlen=most)).append(now)
+            if known is not None:
+                per_page = 1 if secret == OWNER_KEY else WRONG_CODES_PER_PAGE
+                known.wrong.setdefault(secret, collections.deque(maxlen=per_page)).append(now)
+
+    @staticmethod
+    def _address_of(who: Visitor, known: _Session | None) -> str:
+        """The network address guesses count by: the session's own, not a seat's (which one person may hold many
+        of)."""
+        return (known.address if known is not None else None) or who.address or ""
 
     def _enter(self, session: str, address: str | None) -> tuple[_Session, bool]:
         """enter, for a caller that holds the lock: the session's record, and whether it came into use now."""

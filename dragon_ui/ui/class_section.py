@@ -46,6 +46,8 @@ class TeacherBoard:
     pause: gr.Button
     export: gr.Button
     close: gr.Button
+    seat: gr.Dropdown
+    free: gr.Button
     csv: gr.File
     timer: gr.Timer
 
@@ -117,24 +119,28 @@ def teacher_board(shared: Shared) -> TeacherBoard:
             stop_all = gr.Button("Stop all runs", size="sm", variant="stop", scale=1, elem_id="class-stop-all")
             export = gr.Button("Export results (CSV)", size="sm", scale=1, elem_id="class-export")
             close = gr.Button("Close the class", size="sm", scale=1, elem_id="class-close")
+        with gr.Row(equal_height=True):
+            seat = gr.Dropdown([], value=None, label="Seat", scale=3, elem_id="class-seat-choice",
+                               info="A seat taken by mistake, or by someone who should not have the code.")
+            free = gr.Button("Free this seat", size="sm", scale=1, elem_id="class-free-seat")
         table = gr.Dataframe(pd.DataFrame([], columns=BOARD_COLUMNS), interactive=False, wrap=True, max_height=480,
                              label="Seats (click a row to open its run)", elem_id="class-board-table")
         csv = gr.File(label="Class results (.csv)", interactive=False, visible=False, elem_id="class-csv")
-    board = TeacherBoard(said, table, refresh, hand_out, stop_all, pause, export, close, csv,
+    board = TeacherBoard(said, table, refresh, hand_out, stop_all, pause, export, close, seat, free, csv,
                          gr.Timer(BOARD_TICK_S, active=False))
     connect_board(shared, board, box)
     return board
 
 
 def board_shown(studio: Studio) -> tuple:
-    """(sentence, rows, the pause button, the board's timer): read again every BOARD_TICK_S while an owner has it
-    open."""
+    """(sentence, rows, the pause button, the seats to free, the board's timer): read again every BOARD_TICK_S while
+    an owner has it open."""
     teacher = studio.teacher
     assert teacher is not None  # the board is built in a public demo alone
     try:
         rows = teacher.board()
     except DragonError as exc:
-        return message(str(exc), "info"), gr.skip(), gr.skip(), gr.Timer(active=False)
+        return message(str(exc), "info"), gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
     classroom = studio.classroom
     assert classroom is not None
     paused = teacher.queue_paused()
@@ -145,7 +151,8 @@ def board_shown(studio: Studio) -> tuple:
     handout = f" Recipe handed out {handed.number} time{'s' * (handed.number > 1)}." if handed else ""
     said = message(f"{len(rows)} seat{'s' * (len(rows) != 1)} taken; {state}.{handout}{opened}", "info")
     return (said, pd.DataFrame(rows, columns=BOARD_COLUMNS),
-            gr.Button("Resume the queue" if paused else "Pause the queue"), gr.Timer(active=True))
+            gr.Button("Resume the queue" if paused else "Pause the queue"),
+            gr.Dropdown(choices=[row[0] for row in rows]), gr.Timer(active=True))
 
 
 def board_closed() -> gr.Timer:
@@ -196,7 +203,7 @@ def seat_run_opened(studio: Studio, event: gr.SelectData) -> str:
 def connect_board(shared: Shared, board: TeacherBoard, box: gr.Accordion) -> None:
     studio = shared.studio
     shown = shows_errors(functools.partial(board_shown, studio))
-    outputs = [board.said, board.table, board.pause, board.timer]
+    outputs = [board.said, board.table, board.pause, board.seat, board.timer]
     gr.on([board.refresh.click, box.expand, board.timer.tick], shown, None, outputs, api_name="class_board",
           show_progress="hidden", trigger_mode="always_last")
     box.collapse(board_closed, None, [board.timer], api_visibility="private", show_progress="hidden")
@@ -210,6 +217,8 @@ def connect_board(shared: Shared, board: TeacherBoard, box: gr.Accordion) -> Non
                        api_name="class_export")
     board.close.click(shows_errors(functools.partial(class_closed, studio)), None, [board.said],
                       api_name="class_close")
+    board.free.click(shows_errors(functools.partial(seat_freed, studio)), [board.seat], [board.said],
+                     api_name="class_free_seat")
     assert shared.tabs is not None
     board.table.select(shows_errors(bound(seat_run_opened, studio)), None, [shared.run_id],
                        api_visibility="private").then(**in_the_page([shared.tabs], f"[{tab_selected(TAB_TRAIN)}]"))
@@ -228,8 +237,20 @@ def class_opened(studio: Studio, code: Any) -> tuple[str, str]:
         made = teacher.open_class(code)
     except DragonError as exc:
         return gr.skip(), message(str(exc), "error")
-    code_is = f"with the code **{made}** (write it on the board)" if made else "with the code you typed"
-    return "", message(f"The class is open {code_is}: learners take a seat with it above the tabs.", "ok")
+    if made:
+        said = f"The class is open with the code **{made}** (write it on the board)"
+    elif isinstance(code, str) and code.strip():
+        said = "The class is open with the code you typed"
+    else:
+        said = "The class stays open with its code, and pages held up by wrong codes may try again"
+    return "", message(f"{said}: learners take a seat with it above the tabs.", "ok")
+
+
+def seat_freed(studio: Studio, name: Any) -> str:
+    teacher = studio.teacher
+    assert teacher is not None
+    teacher.free_seat(name)
+    return message(f"Freed {name}'s seat: that browser counts by network address again, and its runs stay.", "ok")
 
 
 def class_closed(studio: Studio) -> str:
