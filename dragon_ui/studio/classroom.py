@@ -61,8 +61,9 @@ class Seat:
 
 @dataclass(frozen=True)
 class Handout:
-    """The recipe the teacher handed every seat: its settings (a draft's), its number (each hand-out counts up, so a
-    page knows whether it has filled its form with this one), and when."""
+    """The recipe the teacher handed every seat: its settings (a draft's), its number (each hand-out's is higher than
+    any before it, through a closed class and a restart too: a browser keeps the number it was last offered), and
+    when."""
 
     number: int
     draft: dict
@@ -176,8 +177,9 @@ class Classroom:
         """Hand ``draft`` (settings as the form holds them, checked by the caller) to every seat: each page fills its
         form with it at its next load or tick, asking first where its learner has edited theirs."""
         with self._lock:
-            number = (self._handout.number if self._handout else 0) + 1
-            self._handout = Handout(number, draft, label, time.time())
+            now = time.time()
+            number = max(int(now * 1000), (self._handout.number + 1) if self._handout else 0)  # in ms: see Handout
+            self._handout = Handout(number, draft, label, now)
             self._write("handout", vars(self._handout))
             return self._handout
 

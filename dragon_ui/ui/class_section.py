@@ -5,6 +5,7 @@ the recipe the teacher hands every seat, which each seated page offers at its ne
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,7 +149,7 @@ def board_shown(studio: Studio) -> tuple:
              "the queue is running")
     opened = "" if classroom.open else " No class code is set yet: set one on the owner panel."
     handed = classroom.handout()
-    handout = f" Recipe handed out {handed.number} time{'s' * (handed.number > 1)}." if handed else ""
+    handout = f" Recipe handed out at {time.strftime('%H:%M', time.localtime(handed.at))}." if handed else ""
     said = message(f"{len(rows)} seat{'s' * (len(rows) != 1)} taken; {state}.{handout}{opened}", "info")
     return (said, pd.DataFrame(rows, columns=BOARD_COLUMNS),
             gr.Button("Resume the queue" if paused else "Pause the queue"),
@@ -164,7 +165,8 @@ def recipe_handed_out(studio: Studio, draft: Any) -> str:
     teacher = studio.teacher
     assert teacher is not None
     handout = teacher.hand_out(draft)
-    return message(f"Handed out to every seat (hand-out {handout.number}): each page loads it within "
+    return message(f"Handed out to every seat at {time.strftime('%H:%M', time.localtime(handout.at))}: each page "
+                   f"loads it within "
                    f"{HANDOUT_TICK_S:g} s, asking first where its learner has edited the settings.", "ok")
 
 
