@@ -54,8 +54,13 @@ def _line(runs_dir: Path, summaries: list[dict] | None = None) -> tuple[list[Run
     ids = {run.id for run in training_now}
     training_now += [RunDir(Path(summary["dir"])) for summary in summaries if summary["id"] not in ids and (
         summary["state"] == "running" or (summary["state"] == "queued" and not summary.get("waiting")))]
-    waiting = [summary for summary in summaries if summary["state"] == "queued" and summary.get("waiting")]
+    waiting = [summary for summary in summaries if _is_waiting(summary)]
     return training_now, [RunDir(Path(summary["dir"])) for summary in sorted(waiting, key=lambda s: s.get("queued_at") or 0)]
+
+
+def _is_waiting(summary: dict) -> bool:
+    """Whether a run (list_runs's summary of it) waits in the queue."""
+    return summary["state"] == "queued" and bool(summary.get("waiting"))
 
 
 def _needs(runs: list[RunDir], workers: Workers) -> list[capacity.Need]:
@@ -231,7 +236,7 @@ def _refuse_if_full(runs_dir: Path, *, policy: Policy) -> None:
     if policy.limits is None or policy.visitor.seat:
         return
     limit = policy.limits.queue_length
-    waiting = [run for run in waiting_runs(runs_dir) if not run.read_status().get("seat")]
+    waiting = [summary for summary in list_runs(runs_dir) if _is_waiting(summary) and not summary.get("seat")]
     if len(waiting) + sum(not other.seat for other in _preparing) >= limit:
         raise BusyError(f"The queue is full: {limit} runs are already waiting, this public demo's limit of runs "
                         "waiting in the queue. Try again when one of them has started, or run Dragon GRPO Studio on "

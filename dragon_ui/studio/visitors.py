@@ -12,7 +12,8 @@ after its last event: the server holds gradio's copy of its page meanwhile, and 
 session in use is never pushed out by others: a new one is refused instead when the demo, or its network address,
 has as many in use as it may. Wrong owner keys are counted per network address; past a few, a session that sent
 one must wait, while any other session's key is still checked, so the owner behind a shared address gets in. Wrong
-class codes are counted alike, with an allowance a room of learners mistyping it does not exhaust.
+class codes are counted per page and per address (``_refuse_guessing``), with allowances a room of learners
+mistyping it does not exhaust; every guess counts by the network address, even a seated learner's.
 
 A browser that took a seat in a class (studio.classroom, with the class code) is a visitor counted as its seat:
 its ``Visitor.address`` is the seat's own, and so are its turns in the server's queue (``turn_of``).
